@@ -1,0 +1,483 @@
+//! The drain state machine: states, the transition table, `advance()`, and what
+//! each state answers to each audience. Pure: no proxy-wasm types, no clock.
+//!
+//! ```text
+//!             POST /drain               active=0 (after min_drain),
+//!   OPEN ───────────────────▶ DRAINING ─ drain_timeout (forced), ─▶ CLOSING ─ lb_buffer, ─▶ CLOSED
+//!     ▲                          │        POST /close-lb                │     POST /close
+//!     └──────── POST /reopen ────┴──────────────────────────────────────┘
+//!   any state except FAULT ── POST /fault ──▶ FAULT
+//! ```
+//!
+//! | state    | /health_check.html (LB)       | /health (readiness) | /live (liveness) |
+//! |----------|-------------------------------|---------------------|------------------|
+//! | OPEN     | 200                           | 200                 | 200              |
+//! | DRAINING | `draining_lb_status` (200/404)| 200                 | 200              |
+//! | CLOSING  | 503                           | 200                 | 200              |
+//! | CLOSED   | 503                           | 503                 | 200              |
+//! | FAULT    | 503                           | 503                 | 500              |
+
+use serde::{Deserialize, Serialize};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "UPPERCASE")]
+pub enum State {
+    Open,
+    Draining,
+    Closing,
+    Closed,
+    Fault,
+}
+
+impl State {
+    pub const ALL: [State; 5] = [
+        State::Open,
+        State::Draining,
+        State::Closing,
+        State::Closed,
+        State::Fault,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            State::Open => "OPEN",
+            State::Draining => "DRAINING",
+            State::Closing => "CLOSING",
+            State::Closed => "CLOSED",
+            State::Fault => "FAULT",
+        }
+    }
+
+    /// Numeric value of the `drain_gate_state` gauge.
+    pub fn code(self) -> u64 {
+        match self {
+            State::Open => 0,
+            State::Draining => 1,
+            State::Closing => 2,
+            State::Closed => 3,
+            State::Fault => 4,
+        }
+    }
+
+    /// What the external load balancer's check (`/health_check.html`) gets.
+    /// `draining_lb_status` is 200 (seed behaviour) or 404 (HAProxy soft drain).
+    pub fn lb_status(self, draining_lb_status: u16) -> u16 {
+        match self {
+            State::Open => 200,
+            State::Draining => draining_lb_status,
+            State::Closing | State::Closed | State::Fault => 503,
+        }
+    }
+
+    /// Kubernetes readiness (`/health`): the endpoint stays until CLOSED.
+    pub fn ready(self) -> bool {
+        matches!(self, State::Open | State::Draining | State::Closing)
+    }
+
+    /// Kubernetes liveness (`/live`): only FAULT asks for a restart.
+    pub fn live(self) -> bool {
+        self != State::Fault
+    }
+
+    pub fn readiness_status(self) -> u16 {
+        if self.ready() {
+            200
+        } else {
+            503
+        }
+    }
+
+    pub fn liveness_status(self) -> u16 {
+        if self.live() {
+            200
+        } else {
+            500
+        }
+    }
+}
+
+/// Why a transition happened. Serialized as the `reason` string in logs and status.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Reason {
+    /// The process started (initial record).
+    Start,
+    /// `POST /drain`, `POST /drain?wait=closed` or `GET /prestop`.
+    DrainRequested,
+    /// The last in-flight request ended while DRAINING.
+    ActiveZero,
+    /// `drain_timeout` passed with requests still in flight (forced).
+    DrainTimeout,
+    /// `POST /close-lb`.
+    CloseLbRequested,
+    /// `lb_buffer` passed in CLOSING.
+    LbBufferElapsed,
+    /// `POST /close`.
+    CloseRequested,
+    /// `POST /reopen`.
+    ReopenRequested,
+    /// `POST /fault`.
+    FaultRequested,
+}
+
+impl Reason {
+    pub fn name(self) -> &'static str {
+        match self {
+            Reason::Start => "start",
+            Reason::DrainRequested => "drain_requested",
+            Reason::ActiveZero => "active_zero",
+            Reason::DrainTimeout => "drain_timeout",
+            Reason::CloseLbRequested => "close_lb_requested",
+            Reason::LbBufferElapsed => "lb_buffer_elapsed",
+            Reason::CloseRequested => "close_requested",
+            Reason::ReopenRequested => "reopen_requested",
+            Reason::FaultRequested => "fault_requested",
+        }
+    }
+
+    /// A forced transition leaves the LB with requests still in flight.
+    pub fn forced(self) -> bool {
+        self == Reason::DrainTimeout
+    }
+}
+
+/// The only legal moves. Everything else is an illegal transition (HTTP 409).
+pub fn legal(from: State, to: State) -> bool {
+    use State::*;
+    matches!(
+        (from, to),
+        (Open, Draining)
+            | (Draining, Closing)
+            | (Closing, Closed)
+            | (Draining, Open)
+            | (Closing, Open)
+            | (Open, Fault)
+            | (Draining, Fault)
+            | (Closing, Fault)
+            | (Closed, Fault)
+    )
+}
+
+/// Timings fixed when a drain starts, so that every worker (and the traffic
+/// role, which has no timing configuration) applies the same deadlines.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DrainPlan {
+    pub min_drain_ms: u64,
+    pub drain_timeout_ms: u64,
+    pub lb_buffer_ms: u64,
+}
+
+/// One line of the transition history.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Step {
+    pub from: State,
+    pub to: State,
+    pub reason: Reason,
+    pub at_ms: u64,
+    pub active: u64,
+}
+
+/// How many transitions the record remembers.
+pub const HISTORY: usize = 16;
+
+/// The whole shared state: one value for every worker of the Envoy.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Record {
+    pub state: State,
+    /// When the current state was entered (ms since the Unix epoch).
+    pub since_ms: u64,
+    /// Reason of the last transition.
+    pub reason: Reason,
+    /// Present from `/drain` until the record leaves the drain (reopen).
+    pub plan: Option<DrainPlan>,
+    pub drain_started_ms: Option<u64>,
+    pub closing_ms: Option<u64>,
+    pub closed_ms: Option<u64>,
+    /// In-flight requests when CLOSING was entered (non-zero only when forced).
+    pub active_at_closing: Option<u64>,
+    pub forced: bool,
+    /// Oldest first, at most `HISTORY` entries.
+    pub history: Vec<Step>,
+}
+
+impl Record {
+    pub fn new(now_ms: u64) -> Record {
+        Record {
+            state: State::Open,
+            since_ms: now_ms,
+            reason: Reason::Start,
+            plan: None,
+            drain_started_ms: None,
+            closing_ms: None,
+            closed_ms: None,
+            active_at_closing: None,
+            forced: false,
+            history: Vec::new(),
+        }
+    }
+
+    /// Milliseconds the drain has run (until CLOSING, or until now).
+    pub fn drain_duration_ms(&self, now_ms: u64) -> Option<u64> {
+        let start = self.drain_started_ms?;
+        let end = self.closing_ms.unwrap_or(now_ms);
+        Some(end.saturating_sub(start))
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Illegal {
+    pub state: State,
+    pub requested: State,
+}
+
+/// A transition request: move from `expected_from` to `to`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Move {
+    pub expected_from: State,
+    pub to: State,
+    pub reason: Reason,
+    /// Required when `to` is DRAINING.
+    pub plan: Option<DrainPlan>,
+}
+
+/// The one transition function. Fails (409) when the record is not in
+/// `expected_from` or the move is not in the table.
+pub fn advance(rec: &Record, mv: Move, now_ms: u64, active: u64) -> Result<Record, Illegal> {
+    let illegal = Illegal {
+        state: rec.state,
+        requested: mv.to,
+    };
+    if rec.state != mv.expected_from || !legal(rec.state, mv.to) {
+        return Err(illegal);
+    }
+    let mut next = rec.clone();
+    next.state = mv.to;
+    next.since_ms = now_ms;
+    next.reason = mv.reason;
+    match mv.to {
+        State::Draining => {
+            next.plan = Some(mv.plan.ok_or(illegal)?);
+            next.drain_started_ms = Some(now_ms);
+            next.closing_ms = None;
+            next.closed_ms = None;
+            next.active_at_closing = None;
+            next.forced = false;
+        }
+        State::Closing => {
+            next.closing_ms = Some(now_ms);
+            next.active_at_closing = Some(active);
+            next.forced = mv.reason.forced();
+        }
+        State::Closed => next.closed_ms = Some(now_ms),
+        State::Open => {
+            next.plan = None;
+            next.forced = false;
+        }
+        State::Fault => {}
+    }
+    next.history.push(Step {
+        from: rec.state,
+        to: mv.to,
+        reason: mv.reason,
+        at_ms: now_ms,
+        active,
+    });
+    if next.history.len() > HISTORY {
+        let extra = next.history.len() - HISTORY;
+        next.history.drain(..extra);
+    }
+    Ok(next)
+}
+
+/// The automatic transition that is due now, if any: what the tick and the
+/// end of the last traffic stream apply.
+pub fn due(rec: &Record, now_ms: u64, active: u64) -> Option<Move> {
+    let plan = rec.plan?;
+    let started = rec.drain_started_ms?;
+    let auto = |to, reason| {
+        Some(Move {
+            expected_from: rec.state,
+            to,
+            reason,
+            plan: None,
+        })
+    };
+    match rec.state {
+        State::Draining if active == 0 && now_ms >= started.saturating_add(plan.min_drain_ms) => {
+            auto(State::Closing, Reason::ActiveZero)
+        }
+        State::Draining if now_ms >= started.saturating_add(plan.drain_timeout_ms) => {
+            auto(State::Closing, Reason::DrainTimeout)
+        }
+        State::Closing => {
+            let closing = rec.closing_ms?;
+            if now_ms >= closing.saturating_add(plan.lb_buffer_ms) {
+                auto(State::Closed, Reason::LbBufferElapsed)
+            } else {
+                None
+            }
+        }
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::indexing_slicing)]
+mod tests {
+    use super::*;
+    use State::*;
+
+    const PLAN: DrainPlan = DrainPlan {
+        min_drain_ms: 1_000,
+        drain_timeout_ms: 10_000,
+        lb_buffer_ms: 3_000,
+    };
+
+    fn mv(from: State, to: State, reason: Reason) -> Move {
+        Move {
+            expected_from: from,
+            to,
+            reason,
+            plan: Some(PLAN),
+        }
+    }
+
+    fn at(state: State) -> Record {
+        let mut r = Record::new(0);
+        r.state = state;
+        r.plan = Some(PLAN);
+        r.drain_started_ms = Some(100);
+        r.closing_ms = Some(200);
+        r
+    }
+
+    #[test]
+    fn state_table_matches_the_seed() {
+        let rows = [
+            (Open, 200, 200, 200),
+            (Draining, 200, 200, 200),
+            (Closing, 503, 200, 200),
+            (Closed, 503, 503, 200),
+            (Fault, 503, 503, 500),
+        ];
+        for (s, lb, ready, live) in rows {
+            assert_eq!(s.lb_status(200), lb, "{s:?} lb");
+            assert_eq!(s.readiness_status(), ready, "{s:?} ready");
+            assert_eq!(s.liveness_status(), live, "{s:?} live");
+        }
+        assert_eq!(Draining.lb_status(404), 404);
+        assert_eq!(Open.lb_status(404), 200);
+    }
+
+    #[test]
+    fn exactly_the_documented_moves_are_legal() {
+        let mut legal_moves = vec![];
+        for from in State::ALL {
+            for to in State::ALL {
+                if legal(from, to) {
+                    legal_moves.push((from, to));
+                }
+            }
+        }
+        assert_eq!(
+            legal_moves,
+            vec![
+                (Open, Draining),
+                (Open, Fault),
+                (Draining, Open),
+                (Draining, Closing),
+                (Draining, Fault),
+                (Closing, Open),
+                (Closing, Closed),
+                (Closing, Fault),
+                (Closed, Fault),
+            ]
+        );
+    }
+
+    #[test]
+    fn advance_refuses_a_stale_expected_state() {
+        let r = at(Draining);
+        let err = advance(&r, mv(Open, Draining, Reason::DrainRequested), 5, 0).unwrap_err();
+        assert_eq!(
+            err,
+            Illegal {
+                state: Draining,
+                requested: Draining
+            }
+        );
+        let err = advance(&at(Closed), mv(Closed, Open, Reason::ReopenRequested), 5, 0);
+        assert!(err.is_err(), "CLOSED -> OPEN must be illegal");
+    }
+
+    #[test]
+    fn drain_records_plan_and_start() {
+        let r = Record::new(0);
+        let d = advance(&r, mv(Open, Draining, Reason::DrainRequested), 50, 7).unwrap();
+        assert_eq!(d.state, Draining);
+        assert_eq!(d.drain_started_ms, Some(50));
+        assert_eq!(d.plan, Some(PLAN));
+        assert_eq!(d.history.len(), 1);
+        assert_eq!(d.history[0].active, 7);
+    }
+
+    #[test]
+    fn drain_without_plan_is_refused() {
+        let r = Record::new(0);
+        let m = Move {
+            plan: None,
+            ..mv(Open, Draining, Reason::DrainRequested)
+        };
+        assert!(advance(&r, m, 1, 0).is_err());
+    }
+
+    #[test]
+    fn forced_close_keeps_the_active_count() {
+        let r = at(Draining);
+        let c = advance(&r, mv(Draining, Closing, Reason::DrainTimeout), 10_100, 3).unwrap();
+        assert!(c.forced);
+        assert_eq!(c.active_at_closing, Some(3));
+        let c = advance(&r, mv(Draining, Closing, Reason::ActiveZero), 900, 0).unwrap();
+        assert!(!c.forced);
+    }
+
+    #[test]
+    fn due_respects_min_drain_timeout_and_lb_buffer() {
+        let r = at(Draining); // started at 100, min_drain 1000, timeout 10000
+        assert_eq!(due(&r, 500, 0), None, "min_drain not yet passed");
+        assert_eq!(due(&r, 1_100, 0).unwrap().reason, Reason::ActiveZero);
+        assert_eq!(due(&r, 5_000, 2), None, "still active, not yet timed out");
+        assert_eq!(due(&r, 10_100, 2).unwrap().reason, Reason::DrainTimeout);
+        let c = at(Closing); // closing at 200, lb_buffer 3000
+        assert_eq!(due(&c, 3_199, 0), None);
+        let m = due(&c, 3_200, 0).unwrap();
+        assert_eq!((m.to, m.reason), (Closed, Reason::LbBufferElapsed));
+        assert_eq!(due(&Record::new(0), 1 << 40, 0), None);
+        assert_eq!(due(&at(Closed), 1 << 40, 0), None);
+    }
+
+    #[test]
+    fn history_is_bounded() {
+        let mut r = Record::new(0);
+        for i in 0..40 {
+            r = advance(&r, mv(Open, Draining, Reason::DrainRequested), i, 0).unwrap();
+            r = advance(&r, mv(Draining, Open, Reason::ReopenRequested), i, 0).unwrap();
+        }
+        assert_eq!(r.history.len(), HISTORY);
+        assert_eq!(r.history.last().unwrap().to, Open);
+    }
+
+    #[test]
+    fn record_round_trips_through_json() {
+        let r = advance(
+            &Record::new(0),
+            mv(Open, Draining, Reason::DrainRequested),
+            9,
+            1,
+        )
+        .unwrap();
+        let s = serde_json::to_string(&r).unwrap();
+        assert!(s.contains("\"DRAINING\""), "{s}");
+        assert_eq!(serde_json::from_str::<Record>(&s).unwrap(), r);
+    }
+}

@@ -1,0 +1,168 @@
+//! The active-request count across every worker of the Envoy.
+//!
+//! Primary: the `drain_gate_active_requests` gauge. A gauge defined by name is
+//! one stat for all worker VMs, +1/-1 is one host call each, and `get_metric`
+//! reads the global value. But a `stats_matcher` that excludes the name turns
+//! it into a null stat that silently reads 0, so the gauge is used only after
+//! a probe proves it live; otherwise the count lives in shared data (CAS),
+//! where the stats configuration cannot reach.
+//!
+//! Every failure errs toward "still active": a stream that could not be
+//! counted marks the count unreliable, and an unreliable count never reads 0.
+
+use proxy_wasm::hostcalls;
+use proxy_wasm::types::Status;
+use std::cell::Cell;
+
+use super::metrics::Metrics;
+
+const SHARED_KEY: &str = "drain_gate.active.v1";
+const UNRELIABLE_KEY: &str = "drain_gate.count_unreliable.v1";
+const RETRIES: usize = 64;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Source {
+    Gauge(u32),
+    SharedData,
+}
+
+/// One per root context.
+#[derive(Debug)]
+pub struct Counter {
+    source: Source,
+    /// Streams this root context counted and has not yet released.
+    local: Cell<u64>,
+}
+
+/// Adds 1 to the gauge, reads it back, removes the 1: a null stat reads 0.
+fn gauge_is_live(id: u32) -> bool {
+    if hostcalls::increment_metric(id, 1).is_err() {
+        return false;
+    }
+    let seen = hostcalls::get_metric(id).unwrap_or(0);
+    let _ = hostcalls::increment_metric(id, -1);
+    seen >= 1
+}
+
+fn shared_read() -> Result<(u64, Option<u32>), Status> {
+    let (bytes, cas) = hostcalls::get_shared_data(SHARED_KEY)?;
+    let value = bytes
+        .and_then(|b| <[u8; 8]>::try_from(b.as_slice()).ok())
+        .map_or(0, u64::from_le_bytes);
+    Ok((value, cas))
+}
+
+fn shared_add(delta: i64) -> bool {
+    for _ in 0..RETRIES {
+        let Ok((value, cas)) = shared_read() else {
+            return false;
+        };
+        let next = value.saturating_add_signed(delta);
+        // cas None: the key does not exist yet; create it unconditionally only
+        // when adding (a decrement always follows an increment that created it).
+        let cas = match (cas, delta > 0) {
+            (Some(c), _) => Some(c),
+            (None, true) => None,
+            (None, false) => return false,
+        };
+        match hostcalls::set_shared_data(SHARED_KEY, Some(&next.to_le_bytes()), cas) {
+            Ok(()) => return true,
+            Err(Status::CasMismatch) => continue,
+            Err(_) => return false,
+        }
+    }
+    false
+}
+
+impl Counter {
+    pub fn new(metrics: &Metrics) -> Counter {
+        let source = match metrics.active {
+            Some(id) if gauge_is_live(id) => Source::Gauge(id),
+            _ => {
+                log::warn!(
+                    "event=count_source source=shared_data why=\"gauge {} is not live (stats_matcher?)\"",
+                    crate::metrics::ACTIVE_REQUESTS
+                );
+                Source::SharedData
+            }
+        };
+        Counter {
+            source,
+            local: Cell::new(0),
+        }
+    }
+
+    pub fn source_name(&self) -> &'static str {
+        match self.source {
+            Source::Gauge(_) => "gauge",
+            Source::SharedData => "shared_data",
+        }
+    }
+
+    fn add(&self, delta: i64) -> bool {
+        match self.source {
+            Source::Gauge(id) => hostcalls::increment_metric(id, delta).is_ok(),
+            Source::SharedData => shared_add(delta),
+        }
+    }
+
+    /// A traffic stream started. Returns whether it was counted; if not, the
+    /// count is marked unreliable (the drain waits for its timeout).
+    pub fn enter(&self, metrics: &Metrics) -> bool {
+        if self.add(1) {
+            self.local.set(self.local.get() + 1);
+            return true;
+        }
+        metrics.count_error();
+        log::error!(
+            "event=count_error what=\"stream not counted; drain will wait for drain_timeout\""
+        );
+        let _ = hostcalls::set_shared_data(UNRELIABLE_KEY, Some(b"1"), None);
+        false
+    }
+
+    /// A counted traffic stream ended. Returns how many streams this root
+    /// context still holds: when that is not 0, the global count is not 0 either.
+    pub fn exit(&self) -> u64 {
+        if !self.add(-1) {
+            // Left over-counted: the drain waits longer, never flips early.
+            log::error!("event=count_error what=\"stream end not counted\"");
+        }
+        let left = self.local.get().saturating_sub(1);
+        self.local.set(left);
+        left
+    }
+}
+
+/// The global count as a role reads it.
+#[derive(Clone, Copy, Debug)]
+pub struct Reading {
+    pub active: u64,
+    pub reliable: bool,
+}
+
+impl Reading {
+    /// What automatic transitions may act on: an unreliable count is never 0.
+    pub fn for_decisions(self) -> u64 {
+        if self.reliable {
+            self.active
+        } else {
+            self.active.max(1)
+        }
+    }
+}
+
+impl Counter {
+    /// The count over every worker. A failed read is unreliable, never 0.
+    pub fn read(&self) -> Reading {
+        let value = match self.source {
+            Source::Gauge(id) => hostcalls::get_metric(id).ok(),
+            Source::SharedData => shared_read().ok().map(|(v, _)| v),
+        };
+        let flagged = !matches!(hostcalls::get_shared_data(UNRELIABLE_KEY), Ok((None, _)));
+        Reading {
+            active: value.unwrap_or(0),
+            reliable: value.is_some() && !flagged,
+        }
+    }
+}

@@ -1,0 +1,255 @@
+//! Health role: answers every request of the health listener locally from the
+//! FSM (see `crate::api`), holds `wait=closed` answers, and runs the timers.
+
+use proxy_wasm::hostcalls;
+use proxy_wasm::traits::{Context, HttpContext};
+use proxy_wasm::types::{Action, MapType};
+use std::cell::RefCell;
+use std::net::{IpAddr, SocketAddr};
+use std::rc::Rc;
+
+use super::count::Counter;
+use super::metrics::Metrics;
+use super::{now_ms, store};
+use crate::api::{self, CountInfo, Endpoint, Reply, View};
+use crate::config::Config;
+use crate::fsm::{Move, Record, State};
+
+/// A held `wait=closed` request.
+#[derive(Clone, Copy, Debug)]
+struct Waiter {
+    context_id: u32,
+    deadline_ms: u64,
+}
+
+/// Shared by every stream of one health root context.
+#[derive(Debug)]
+pub struct Health {
+    pub config: Config,
+    pub counter: Counter,
+    pub metrics: Metrics,
+    waiters: RefCell<Vec<Waiter>>,
+}
+
+fn send(reply: &Reply) {
+    let headers: Vec<(&str, &str)> = reply
+        .headers
+        .iter()
+        .map(|(n, v)| (*n, v.as_str()))
+        .collect();
+    if let Err(e) =
+        hostcalls::send_http_response(u32::from(reply.status), headers, Some(&reply.body))
+    {
+        log::warn!("event=send_failed status={e:?}");
+    }
+}
+
+fn unavailable(error: &str) -> Reply {
+    log::error!("event=state_unavailable role=health error=\"{error}\"");
+    Reply {
+        status: 503,
+        headers: vec![("content-type", "application/json".to_string()), ("cache-control", "no-store".to_string())],
+        body: br#"{"error":"state_unavailable","message":"the drain state could not be read; failing closed"}"#.to_vec(),
+    }
+}
+
+impl Health {
+    pub fn new(config: Config, metrics: Metrics) -> Health {
+        let counter = Counter::new(&metrics);
+        Health {
+            config,
+            counter,
+            metrics,
+            waiters: RefCell::new(Vec::new()),
+        }
+    }
+
+    fn view<'a>(&self, rec: &'a Record, active: u64, reliable: bool) -> View<'a> {
+        View {
+            rec,
+            active,
+            now_ms: now_ms(),
+            count: CountInfo {
+                source: self.counter.source_name(),
+                reliable,
+            },
+            draining_lb_status: self.config.draining_lb_status,
+        }
+    }
+
+    fn status_reply(&self, rec: &Record, head: bool) -> Reply {
+        let r = self.counter.read();
+        api::status(&self.view(rec, r.active, r.reliable), head)
+    }
+
+    /// Moves the FSM for an admin command, then applies whatever became due
+    /// (a drain with nothing in flight flips at once).
+    fn command(&self, choose: impl Fn(&Record) -> Move) -> Result<Record, store::Error> {
+        let reading = self.counter.read();
+        store::advance(choose, reading.active, &self.metrics)?;
+        store::apply_due(self.counter.read().for_decisions(), &self.metrics)
+            .map_err(store::Error::Store)
+    }
+
+    /// The answer to one request, or `None` when it is held.
+    fn handle(&self, req: &api::Request, context_id: u32) -> Option<Reply> {
+        let endpoint = match api::route(req, &self.config) {
+            Ok(e) => e,
+            Err(reply) => return Some(reply),
+        };
+        let rec = match store::load() {
+            Ok(r) => r,
+            Err(e) => return Some(unavailable(&e)),
+        };
+        match endpoint {
+            Endpoint::Check { audience, head } => Some(api::check(
+                audience,
+                head,
+                rec.state,
+                &self.config,
+                req.if_none_match,
+            )),
+            Endpoint::Status { head } => Some(self.status_reply(&rec, head)),
+            Endpoint::Transition(cmd) => {
+                let plan = self.config.plan();
+                let result = self.command(|r| Move {
+                    expected_from: cmd.expected_from(r.state),
+                    to: cmd.target(),
+                    reason: cmd.reason(),
+                    plan: Some(plan),
+                });
+                Some(match result {
+                    Ok(next) => self.status_reply(&next, false),
+                    Err(store::Error::Illegal(e)) => api::illegal(e),
+                    Err(store::Error::Store(e)) => unavailable(&e),
+                })
+            }
+            Endpoint::DrainAndWait { timeout_ms } => {
+                let rec = if rec.state == State::Open {
+                    let cmd = api::Command::Drain;
+                    let plan = self.config.plan();
+                    match self.command(|r| Move {
+                        expected_from: cmd.expected_from(r.state),
+                        to: cmd.target(),
+                        reason: cmd.reason(),
+                        plan: Some(plan),
+                    }) {
+                        Ok(next) => next,
+                        // Someone else started it first: join.
+                        Err(store::Error::Illegal(_)) => match store::load() {
+                            Ok(r) => r,
+                            Err(e) => return Some(unavailable(&e)),
+                        },
+                        Err(store::Error::Store(e)) => return Some(unavailable(&e)),
+                    }
+                } else {
+                    rec
+                };
+                if let Some(end) = api::wait_end(rec.state, false) {
+                    let r = self.counter.read();
+                    return Some(api::wait_reply(end, &self.view(&rec, r.active, r.reliable)));
+                }
+                self.waiters.borrow_mut().push(Waiter {
+                    context_id,
+                    deadline_ms: now_ms().saturating_add(timeout_ms),
+                });
+                None
+            }
+        }
+    }
+
+    /// Runs every `tick` on each worker: automatic transitions, then the
+    /// release of held answers that are over.
+    pub fn tick(&self) {
+        let reading = self.counter.read();
+        let rec = match store::apply_due(reading.for_decisions(), &self.metrics) {
+            Ok(r) => r,
+            Err(e) => {
+                log::error!("event=state_unavailable role=health error=\"{e}\"");
+                return;
+            }
+        };
+        if self.waiters.borrow().is_empty() {
+            return;
+        }
+        let now = now_ms();
+        let (over, held): (Vec<Waiter>, Vec<Waiter>) = self
+            .waiters
+            .borrow()
+            .iter()
+            .partition(|w| api::wait_end(rec.state, now >= w.deadline_ms).is_some());
+        *self.waiters.borrow_mut() = held;
+        for w in over {
+            if let Some(end) = api::wait_end(rec.state, now >= w.deadline_ms) {
+                let reply =
+                    api::wait_reply(end, &self.view(&rec, reading.active, reading.reliable));
+                if hostcalls::set_effective_context(w.context_id).is_ok() {
+                    send(&reply);
+                }
+            }
+        }
+    }
+
+    fn forget(&self, context_id: u32) {
+        self.waiters
+            .borrow_mut()
+            .retain(|w| w.context_id != context_id);
+    }
+}
+
+pub struct HealthStream {
+    context_id: u32,
+    health: Rc<Health>,
+}
+
+impl HealthStream {
+    pub fn new(context_id: u32, health: Rc<Health>) -> HealthStream {
+        HealthStream { context_id, health }
+    }
+}
+
+fn header(name: &str) -> Option<String> {
+    match hostcalls::get_map_value_bytes(MapType::HttpRequestHeaders, name) {
+        Ok(Some(v)) => Some(String::from_utf8_lossy(&v).into_owned()),
+        _ => None,
+    }
+}
+
+/// The downstream peer address (`source.address` is "ip:port").
+fn source_ip() -> Option<IpAddr> {
+    let bytes = hostcalls::get_property(vec!["source", "address"]).ok()??;
+    let text = std::str::from_utf8(&bytes).ok()?;
+    text.parse::<SocketAddr>()
+        .map(|s| s.ip())
+        .or_else(|_| text.parse::<IpAddr>())
+        .ok()
+}
+
+impl Context for HealthStream {}
+
+impl HttpContext for HealthStream {
+    fn on_http_request_headers(&mut self, _: usize, _: bool) -> Action {
+        let method = header(":method").unwrap_or_default();
+        let path = header(":path").unwrap_or_default();
+        let if_none_match = header("if-none-match");
+        let authorization = header("authorization");
+        let req = api::Request {
+            method: &method,
+            path: &path,
+            if_none_match: if_none_match.as_deref(),
+            authorization: authorization.as_deref(),
+            source: source_ip(),
+        };
+        if let Some(reply) = self.health.handle(&req, self.context_id) {
+            send(&reply);
+        }
+        // Answered locally or held: never forwarded.
+        Action::Pause
+    }
+}
+
+impl Drop for HealthStream {
+    fn drop(&mut self) {
+        self.health.forget(self.context_id);
+    }
+}

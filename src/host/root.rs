@@ -1,0 +1,93 @@
+//! The root context: parses the plugin configuration once, picks the role,
+//! and hands each HTTP stream the role's shared state.
+
+use proxy_wasm::hostcalls;
+use proxy_wasm::traits::{Context, HttpContext, RootContext};
+use proxy_wasm::types::ContextType;
+use std::rc::Rc;
+use std::time::Duration;
+
+use super::health::{Health, HealthStream};
+use super::metrics::Metrics;
+use super::store;
+use super::traffic::{Traffic, TrafficStream};
+use crate::config::{Config, Role};
+
+/// A stream of an unconfigured root: does nothing.
+struct Passthrough;
+impl Context for Passthrough {}
+impl HttpContext for Passthrough {}
+
+#[derive(Default)]
+pub enum Root {
+    /// Not (or not successfully) configured: creates no streams.
+    #[default]
+    Unconfigured,
+    Traffic(Rc<Traffic>),
+    Health(Rc<Health>),
+}
+
+impl Context for Root {}
+
+impl RootContext for Root {
+    fn on_configure(&mut self, _: usize) -> bool {
+        let bytes = match hostcalls::get_buffer(
+            proxy_wasm::types::BufferType::PluginConfiguration,
+            0,
+            usize::MAX,
+        ) {
+            Ok(b) => b.unwrap_or_default(),
+            Err(e) => {
+                log::error!("invalid configuration: (configuration): cannot be read: {e:?}");
+                return false;
+            }
+        };
+        let config = match Config::parse(&bytes) {
+            Ok(c) => c,
+            Err(e) => {
+                log::error!("{e}");
+                return false;
+            }
+        };
+        let metrics = Metrics::define();
+        match store::load() {
+            Ok(rec) => metrics.set_state(rec.state),
+            Err(e) => log::error!("event=state_unavailable error=\"{e}\""),
+        }
+        *self = match config.role {
+            Role::Traffic => Root::Traffic(Rc::new(Traffic {
+                counter: super::count::Counter::new(&metrics),
+                metrics,
+            })),
+            Role::Health => {
+                let tick = Duration::from_millis(config.tick_ms);
+                if let Err(e) = hostcalls::set_tick_period(tick) {
+                    log::error!("invalid configuration: tick: the host refused it: {e:?}");
+                    return false;
+                }
+                Root::Health(Rc::new(Health::new(config, metrics)))
+            }
+        };
+        true
+    }
+
+    fn on_tick(&mut self) {
+        if let Root::Health(h) = self {
+            h.tick();
+        }
+    }
+
+    fn create_http_context(&self, context_id: u32) -> Option<Box<dyn HttpContext>> {
+        match self {
+            Root::Traffic(t) => Some(Box::new(TrafficStream::new(Rc::clone(t)))),
+            Root::Health(h) => Some(Box::new(HealthStream::new(context_id, Rc::clone(h)))),
+            // The host does not create streams for a plugin whose
+            // configuration was refused; if it ever did, pass them through.
+            Root::Unconfigured => Some(Box::new(Passthrough)),
+        }
+    }
+
+    fn get_type(&self) -> Option<ContextType> {
+        Some(ContextType::HttpContext)
+    }
+}

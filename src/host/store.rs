@@ -1,0 +1,109 @@
+//! The FSM record in Envoy shared data: one value per `vm_id`, process-wide,
+//! written only by compare-and-swap so that every worker sees one state and
+//! two racing callers of a transition get one success and one 409.
+
+use proxy_wasm::hostcalls;
+use proxy_wasm::types::Status;
+
+use super::metrics::Metrics;
+use super::now_ms;
+use crate::fsm::{self, Illegal, Move, Record};
+
+const KEY: &str = "drain_gate.fsm.v1";
+/// CAS retries before a transition gives up (only under pathological contention).
+const RETRIES: usize = 64;
+
+#[derive(Debug)]
+pub enum Error {
+    /// The move is not legal from the current state (HTTP 409).
+    Illegal(Illegal),
+    /// Shared data could not be read or written (HTTP 503).
+    Store(String),
+}
+
+fn read() -> Result<Option<(Record, u32)>, String> {
+    match hostcalls::get_shared_data(KEY) {
+        Ok((Some(bytes), Some(cas))) => serde_json::from_slice(&bytes)
+            .map(|r| Some((r, cas)))
+            .map_err(|e| format!("unreadable state record: {e}")),
+        Ok(_) => Ok(None),
+        Err(e) => Err(format!("shared data read failed: {e:?}")),
+    }
+}
+
+fn write(rec: &Record, cas: Option<u32>) -> Result<(), Status> {
+    let bytes = serde_json::to_vec(rec).map_err(|_| Status::SerializationFailure)?;
+    hostcalls::set_shared_data(KEY, Some(&bytes), cas)
+}
+
+/// The current record and its CAS version, creating the OPEN record on first use.
+pub fn load_versioned() -> Result<(Record, u32), String> {
+    for _ in 0..RETRIES {
+        if let Some(found) = read()? {
+            return Ok(found);
+        }
+        // First VM in the process: create the initial record. Another VM may
+        // do the same concurrently; both write OPEN before any transition can
+        // have happened, and the read above then picks up the stored one.
+        write(&Record::new(now_ms()), None)
+            .map_err(|e| format!("shared data write failed: {e:?}"))?;
+    }
+    Err("state record missing after create".to_string())
+}
+
+pub fn load() -> Result<Record, String> {
+    load_versioned().map(|(r, _)| r)
+}
+
+/// Applies `fsm::advance` with the move `choose` picks for the current record,
+/// retrying on CAS conflicts. The winner logs and counts the transition.
+pub fn advance(
+    choose: impl Fn(&Record) -> Move,
+    active: u64,
+    metrics: &Metrics,
+) -> Result<Record, Error> {
+    for _ in 0..RETRIES {
+        let (rec, cas) = load_versioned().map_err(Error::Store)?;
+        let mv = choose(&rec);
+        let next = fsm::advance(&rec, mv, now_ms(), active).map_err(Error::Illegal)?;
+        match write(&next, Some(cas)) {
+            Ok(()) => {
+                log::info!(
+                    "event=transition from={} to={} reason={} active={} forced={}",
+                    rec.state.name(),
+                    next.state.name(),
+                    next.reason.name(),
+                    active,
+                    next.forced
+                );
+                metrics.transition(&next);
+                return Ok(next);
+            }
+            Err(Status::CasMismatch) => continue,
+            Err(e) => return Err(Error::Store(format!("shared data write failed: {e:?}"))),
+        }
+    }
+    Err(Error::Store(
+        "too much contention on the state record".to_string(),
+    ))
+}
+
+/// Applies every automatic transition that is due (active=0 flip, drain
+/// timeout, lb_buffer) and returns the resulting record.
+pub fn apply_due(active: u64, metrics: &Metrics) -> Result<Record, String> {
+    let mut rec = load()?;
+    // At most two automatic steps can follow each other (CLOSING, then CLOSED
+    // when lb_buffer is 0).
+    for _ in 0..3 {
+        let Some(mv) = fsm::due(&rec, now_ms(), active) else {
+            return Ok(rec);
+        };
+        rec = match advance(|_| mv, active, metrics) {
+            Ok(next) => next,
+            // Another worker moved first: look again at what it left.
+            Err(Error::Illegal(_)) => load()?,
+            Err(Error::Store(e)) => return Err(e),
+        };
+    }
+    Ok(rec)
+}

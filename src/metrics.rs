@@ -1,0 +1,91 @@
+//! Every metric drain-gate emits, in one list. The README's metrics table is
+//! checked against it by a test. Pure: the host shell defines them.
+//!
+//! Envoy exports wasm metrics under the `wasmcustom` namespace, which its
+//! Prometheus endpoint strips: these names appear as they are written here.
+
+use crate::fsm::State;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    Counter,
+    Gauge,
+}
+
+pub struct Metric {
+    pub name: &'static str,
+    pub kind: Kind,
+    pub help: &'static str,
+}
+
+pub const ACTIVE_REQUESTS: &str = "drain_gate_active_requests";
+pub const STATE: &str = "drain_gate_state";
+pub const FORCED_CLOSES: &str = "drain_gate_forced_closes";
+pub const COUNT_ERRORS: &str = "drain_gate_count_errors";
+
+/// The transition counter for each target state, indexed like `State::ALL`.
+pub const TRANSITIONS_TO: [&str; 5] = [
+    "drain_gate_transitions_to_open",
+    "drain_gate_transitions_to_draining",
+    "drain_gate_transitions_to_closing",
+    "drain_gate_transitions_to_closed",
+    "drain_gate_transitions_to_fault",
+];
+
+pub fn transitions_to(state: State) -> &'static str {
+    match state {
+        State::Open => TRANSITIONS_TO[0],
+        State::Draining => TRANSITIONS_TO[1],
+        State::Closing => TRANSITIONS_TO[2],
+        State::Closed => TRANSITIONS_TO[3],
+        State::Fault => TRANSITIONS_TO[4],
+    }
+}
+
+pub const ALL: [Metric; 9] = [
+    Metric {
+        name: ACTIVE_REQUESTS,
+        kind: Kind::Gauge,
+        help: "HTTP streams in flight on the traffic listeners (all workers)",
+    },
+    Metric {
+        name: STATE,
+        kind: Kind::Gauge,
+        help: "FSM state: 0 OPEN, 1 DRAINING, 2 CLOSING, 3 CLOSED, 4 FAULT",
+    },
+    Metric {
+        name: TRANSITIONS_TO[0],
+        kind: Kind::Counter,
+        help: "transitions into OPEN (reopen)",
+    },
+    Metric {
+        name: TRANSITIONS_TO[1],
+        kind: Kind::Counter,
+        help: "transitions into DRAINING",
+    },
+    Metric {
+        name: TRANSITIONS_TO[2],
+        kind: Kind::Counter,
+        help: "transitions into CLOSING (LB check flips to 503)",
+    },
+    Metric {
+        name: TRANSITIONS_TO[3],
+        kind: Kind::Counter,
+        help: "transitions into CLOSED (readiness flips to 503)",
+    },
+    Metric {
+        name: TRANSITIONS_TO[4],
+        kind: Kind::Counter,
+        help: "transitions into FAULT",
+    },
+    Metric {
+        name: FORCED_CLOSES,
+        kind: Kind::Counter,
+        help: "drains closed by drain_timeout with requests still in flight",
+    },
+    Metric {
+        name: COUNT_ERRORS,
+        kind: Kind::Counter,
+        help: "streams the filter could not count (the drain then waits for drain_timeout)",
+    },
+];
