@@ -88,13 +88,10 @@ impl Command {
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Endpoint {
-    Check {
-        audience: Audience,
-        head: bool,
-    },
-    Status {
-        head: bool,
-    },
+    /// GET or HEAD. For HEAD the host (Envoy) sends the headers of the same
+    /// answer, `content-length` included, without the body.
+    Check(Audience),
+    Status,
     Transition(Command),
     /// Start or join a drain and hold the answer until CLOSED or `timeout_ms`.
     DrainAndWait {
@@ -133,14 +130,6 @@ impl Reply {
     fn with(mut self, name: &'static str, value: impl Into<String>) -> Reply {
         self.headers.retain(|(n, _)| *n != name);
         self.headers.push((name, value.into()));
-        self
-    }
-
-    /// HEAD: the same status and headers, no body.
-    fn head(mut self, head: bool) -> Reply {
-        if head {
-            self.body.clear();
-        }
         self
     }
 }
@@ -185,7 +174,6 @@ pub fn route(req: &Request, cfg: &Config) -> Result<Endpoint, Reply> {
     if admin {
         authorize(req, cfg)?;
     }
-    let head = req.method == "HEAD";
     let params = Params::parse(query)?;
     let wait = |p: &Params| Endpoint::DrainAndWait {
         timeout_ms: p.timeout_ms.unwrap_or_else(|| cfg.default_wait_ms()),
@@ -214,19 +202,10 @@ pub fn route(req: &Request, cfg: &Config) -> Result<Endpoint, Reply> {
                 "this endpoint takes no query parameters",
             ))
         }
-        "/health_check.html" => Endpoint::Check {
-            audience: Audience::Lb,
-            head,
-        },
-        "/health" => Endpoint::Check {
-            audience: Audience::Readiness,
-            head,
-        },
-        "/live" => Endpoint::Check {
-            audience: Audience::Liveness,
-            head,
-        },
-        "/drain/status" => Endpoint::Status { head },
+        "/health_check.html" => Endpoint::Check(Audience::Lb),
+        "/health" => Endpoint::Check(Audience::Readiness),
+        "/live" => Endpoint::Check(Audience::Liveness),
+        "/drain/status" => Endpoint::Status,
         "/drain" => Endpoint::Transition(Command::Drain),
         "/close-lb" => Endpoint::Transition(Command::CloseLb),
         "/close" => Endpoint::Transition(Command::Close),
@@ -337,13 +316,7 @@ struct Liveness {
 }
 
 /// Answer of a health check for the current state.
-pub fn check(
-    audience: Audience,
-    head: bool,
-    state: State,
-    cfg: &Config,
-    if_none_match: Option<&str>,
-) -> Reply {
+pub fn check(audience: Audience, state: State, cfg: &Config, if_none_match: Option<&str>) -> Reply {
     let reply = match audience {
         Audience::Lb => {
             let status = state.lb_status(cfg.draining_lb_status);
@@ -377,7 +350,7 @@ pub fn check(
             body: Vec::new(),
         };
     }
-    reply.head(head)
+    reply
 }
 
 /// How the active count is kept; reported in the status.
@@ -480,8 +453,8 @@ fn status_body<'a>(v: &View, error: Option<&'a str>, wait: Option<&'a str>) -> S
 }
 
 /// `GET /drain/status` and the answer to a successful transition.
-pub fn status(v: &View, head: bool) -> Reply {
-    Reply::json(200, &status_body(v, None, None)).head(head)
+pub fn status(v: &View) -> Reply {
+    Reply::json(200, &status_body(v, None, None))
 }
 
 #[derive(Serialize)]
@@ -596,19 +569,10 @@ mod tests {
         let ok = |m, p| route(&req(m, p), &c).unwrap();
         assert_eq!(
             ok("GET", "/health_check.html"),
-            Endpoint::Check {
-                audience: Audience::Lb,
-                head: false
-            }
+            Endpoint::Check(Audience::Lb)
         );
-        assert_eq!(
-            ok("HEAD", "/live"),
-            Endpoint::Check {
-                audience: Audience::Liveness,
-                head: true
-            }
-        );
-        assert_eq!(ok("GET", "/drain/status"), Endpoint::Status { head: false });
+        assert_eq!(ok("HEAD", "/live"), Endpoint::Check(Audience::Liveness));
+        assert_eq!(ok("GET", "/drain/status"), Endpoint::Status);
         assert_eq!(ok("POST", "/drain"), Endpoint::Transition(Command::Drain));
         assert_eq!(
             ok("POST", "/close-lb"),
@@ -711,7 +675,7 @@ mod tests {
     fn health_answers_follow_the_state_table() {
         let c = cfg();
         for s in State::ALL {
-            let lb = check(Audience::Lb, false, s, &c, None);
+            let lb = check(Audience::Lb, s, &c, None);
             assert_eq!(lb.status, s.lb_status(200));
             assert_eq!(
                 lb.body,
@@ -722,11 +686,11 @@ mod tests {
                 }
             );
             assert_eq!(header(&lb, "cache-control"), Some("max-age=1"));
-            let ready = check(Audience::Readiness, false, s, &c, None);
+            let ready = check(Audience::Readiness, s, &c, None);
             assert_eq!(ready.status, s.readiness_status());
             assert_eq!(body(&ready)["ready"], s.ready());
             assert_eq!(body(&ready)["state"], s.name());
-            let live = check(Audience::Liveness, false, s, &c, None);
+            let live = check(Audience::Liveness, s, &c, None);
             assert_eq!(live.status, s.liveness_status());
             assert_eq!(body(&live)["live"], s.live());
         }
@@ -735,29 +699,26 @@ mod tests {
     #[test]
     fn etags_and_304() {
         let c = cfg();
-        let r = check(Audience::Lb, false, State::Open, &c, None);
+        let r = check(Audience::Lb, State::Open, &c, None);
         let tag = header(&r, "etag").unwrap().to_string();
         assert_eq!(tag, "\"open-200\"");
-        let r304 = check(Audience::Lb, false, State::Open, &c, Some(&tag));
+        let r304 = check(Audience::Lb, State::Open, &c, Some(&tag));
         assert_eq!(r304.status, 304);
         assert!(r304.body.is_empty());
         let weak = format!("\"x\", W/{tag}");
         assert_eq!(
-            check(Audience::Lb, false, State::Open, &c, Some(&weak)).status,
+            check(Audience::Lb, State::Open, &c, Some(&weak)).status,
             304
         );
         assert_eq!(
-            check(Audience::Lb, false, State::Closing, &c, Some(&tag)).status,
+            check(Audience::Lb, State::Closing, &c, Some(&tag)).status,
             503
         );
         assert_eq!(
-            check(Audience::Lb, false, State::Closing, &c, Some("*")).status,
+            check(Audience::Lb, State::Closing, &c, Some("*")).status,
             503,
             "no 304 for a 503"
         );
-        let head = check(Audience::Readiness, true, State::Open, &c, None);
-        assert!(head.body.is_empty());
-        assert_eq!(head.status, 200);
     }
 
     #[test]
@@ -766,12 +727,9 @@ mod tests {
             draining_lb_status: 404,
             ..cfg()
         };
+        assert_eq!(check(Audience::Lb, State::Draining, &c, None).status, 404);
         assert_eq!(
-            check(Audience::Lb, false, State::Draining, &c, None).status,
-            404
-        );
-        assert_eq!(
-            check(Audience::Readiness, false, State::Draining, &c, None).status,
+            check(Audience::Readiness, State::Draining, &c, None).status,
             200
         );
     }
@@ -789,7 +747,7 @@ mod tests {
             },
             draining_lb_status: 200,
         };
-        let s = body(&status(&v, false));
+        let s = body(&status(&v));
         assert_eq!(s["state"], "OPEN");
         assert_eq!(s["active"], 3);
         assert_eq!(s["ready"], true);

@@ -218,8 +218,7 @@ impl Config {
                 format!("unknown key (known keys: {})", KEYS.join(", ")),
             ));
         }
-        let mut c = Config::default();
-        c.role = match obj.get("role") {
+        let role = match obj.get("role") {
             None => return Err(err("role", "required: \"traffic\" or \"health\"")),
             Some(v) => match v.as_str() {
                 Some("traffic") => Role::Traffic,
@@ -231,6 +230,10 @@ impl Config {
                     ))
                 }
             },
+        };
+        let mut c = Config {
+            role,
+            ..Config::default()
         };
         if let Some(v) = obj.get("drain_timeout") {
             c.drain_timeout_ms = duration("drain_timeout", v, 1)?;
@@ -321,7 +324,7 @@ fn is_token68(b: u8) -> bool {
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used)]
+#[allow(clippy::unwrap_used, clippy::indexing_slicing)]
 mod tests {
     use super::*;
 

