@@ -48,6 +48,7 @@ test: deps build lint unit integration
 lint: deps-rust
 	cargo fmt --check
 	cargo clippy --all-targets -- -D warnings
+	cargo clippy --lib --target $(TARGET) -- -D warnings
 
 unit:
 	cargo test --lib

@@ -18,6 +18,10 @@ use super::metrics::Metrics;
 
 const SHARED_KEY: &str = "drain_gate.active.v1";
 const UNRELIABLE_KEY: &str = "drain_gate.count_unreliable.v1";
+/// Set by every traffic root context at configure time. Shared data is per
+/// `vm_id`: a health role that cannot see it is not in the traffic role's
+/// vm_id, so its count may miss streams and is not trusted to reach 0.
+const TRAFFIC_KEY: &str = "drain_gate.traffic_present.v1";
 const RETRIES: usize = 64;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -92,6 +96,13 @@ impl Counter {
         }
     }
 
+    /// Announces a traffic role in this vm_id (see `TRAFFIC_KEY`).
+    pub fn announce_traffic() {
+        if let Err(e) = hostcalls::set_shared_data(TRAFFIC_KEY, Some(b"1"), None) {
+            log::error!("event=shared_data_error key={TRAFFIC_KEY} status={e:?}");
+        }
+    }
+
     pub fn source_name(&self) -> &'static str {
         match self.source {
             Source::Gauge(_) => "gauge",
@@ -160,9 +171,10 @@ impl Counter {
             Source::SharedData => shared_read().ok().map(|(v, _)| v),
         };
         let flagged = !matches!(hostcalls::get_shared_data(UNRELIABLE_KEY), Ok((None, _)));
+        let traffic_seen = matches!(hostcalls::get_shared_data(TRAFFIC_KEY), Ok((Some(_), _)));
         Reading {
             active: value.unwrap_or(0),
-            reliable: value.is_some() && !flagged,
+            reliable: value.is_some() && !flagged && traffic_seen,
         }
     }
 }

@@ -7,6 +7,7 @@ use proxy_wasm::types::ContextType;
 use std::rc::Rc;
 use std::time::Duration;
 
+use super::count::Counter;
 use super::health::{Health, HealthStream};
 use super::metrics::Metrics;
 use super::store;
@@ -55,10 +56,13 @@ impl RootContext for Root {
             Err(e) => log::error!("event=state_unavailable error=\"{e}\""),
         }
         *self = match config.role {
-            Role::Traffic => Root::Traffic(Rc::new(Traffic {
-                counter: super::count::Counter::new(&metrics),
-                metrics,
-            })),
+            Role::Traffic => {
+                Counter::announce_traffic();
+                Root::Traffic(Rc::new(Traffic {
+                    counter: Counter::new(&metrics),
+                    metrics,
+                }))
+            }
             Role::Health => {
                 let tick = Duration::from_millis(config.tick_ms);
                 if let Err(e) = hostcalls::set_tick_period(tick) {
