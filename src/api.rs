@@ -20,7 +20,8 @@ use serde::Serialize;
 use std::net::IpAddr;
 
 use crate::config::{parse_duration_ms, Config, MAX_DURATION_MS};
-use crate::fsm::{Illegal, Reason, Record, State};
+use crate::fsm::{CloseAfter, Illegal, Reason, Record, State};
+use crate::lb::Checkers;
 
 /// What the host hands over of one request on the health listener.
 #[derive(Clone, Copy, Debug, Default)]
@@ -372,6 +373,9 @@ pub struct View<'a> {
     pub now_ms: u64,
     pub count: CountInfo,
     pub draining_lb_status: u16,
+    pub checkers: &'a Checkers,
+    pub lb_fall: u32,
+    pub close_after: CloseAfter,
 }
 
 #[derive(Serialize)]
@@ -400,6 +404,23 @@ struct Progress {
 }
 
 #[derive(Serialize)]
+struct CheckerOut<'a> {
+    source: &'a str,
+    consecutive_non_200: u32,
+    consecutive_503: u32,
+    last_seen: String,
+}
+
+#[derive(Serialize)]
+struct Lb<'a> {
+    close_after: CloseAfter,
+    lb_fall: u32,
+    observed_down: bool,
+    observed_down_at: Option<String>,
+    checkers: Vec<CheckerOut<'a>>,
+}
+
+#[derive(Serialize)]
 struct Status<'a> {
     state: State,
     ready: bool,
@@ -408,13 +429,14 @@ struct Status<'a> {
     active: u64,
     count: CountInfo,
     progress: Progress,
+    lb: Lb<'a>,
     #[serde(skip_serializing_if = "Option::is_none")]
     error: Option<&'a str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     wait: Option<&'a str>,
 }
 
-fn status_body<'a>(v: &View, error: Option<&'a str>, wait: Option<&'a str>) -> Status<'a> {
+fn status_body<'a>(v: &View<'a>, error: Option<&'a str>, wait: Option<&'a str>) -> Status<'a> {
     let r = v.rec;
     Status {
         state: r.state,
@@ -444,6 +466,23 @@ fn status_body<'a>(v: &View, error: Option<&'a str>, wait: Option<&'a str>) -> S
                     reason: s.reason.name(),
                     at: rfc3339(s.at_ms),
                     active: s.active,
+                })
+                .collect(),
+        },
+        lb: Lb {
+            close_after: v.close_after,
+            lb_fall: v.lb_fall,
+            observed_down: v.checkers.all_down(v.now_ms, v.lb_fall),
+            observed_down_at: v.checkers.down_since(v.now_ms, v.lb_fall).map(rfc3339),
+            checkers: v
+                .checkers
+                .list
+                .iter()
+                .map(|c| CheckerOut {
+                    source: &c.source,
+                    consecutive_non_200: c.consecutive_non_200,
+                    consecutive_503: c.consecutive_503,
+                    last_seen: rfc3339(c.last_seen_ms),
                 })
                 .collect(),
         },
@@ -746,6 +785,9 @@ mod tests {
                 reliable: true,
             },
             draining_lb_status: 200,
+            checkers: &Checkers::default(),
+            lb_fall: 2,
+            close_after: CloseAfter::LbBuffer,
         };
         let s = body(&status(&v));
         assert_eq!(s["state"], "OPEN");

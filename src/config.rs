@@ -5,7 +5,7 @@ use serde_json::{Map, Value};
 use std::fmt;
 use std::net::IpAddr;
 
-use crate::fsm::DrainPlan;
+use crate::fsm::{CloseAfter, DrainPlan};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Role {
@@ -117,6 +117,11 @@ pub struct Config {
     pub admin_allow: Vec<Cidr>,
     /// Empty: token authorization disabled.
     pub admin_token: String,
+    pub close_after: CloseAfter,
+    /// Consecutive 503s a checker must be served before the LB counts as
+    /// having marked this backend DOWN.
+    pub lb_fall: u32,
+    pub lb_down_timeout_ms: u64,
 }
 
 /// A refused configuration: which key, and what is wrong with it.
@@ -132,7 +137,7 @@ impl fmt::Display for ConfigError {
     }
 }
 
-pub const KEYS: [&str; 8] = [
+pub const KEYS: [&str; 11] = [
     "role",
     "drain_timeout",
     "min_drain",
@@ -141,6 +146,9 @@ pub const KEYS: [&str; 8] = [
     "draining_lb_status",
     "admin_allow",
     "admin_token",
+    "close_after",
+    "lb_fall",
+    "lb_down_timeout",
 ];
 
 /// Shortest accepted admin token: long enough not to be guessed.
@@ -168,6 +176,9 @@ impl Default for Config {
                 },
             ],
             admin_token: String::new(),
+            close_after: CloseAfter::LbBuffer,
+            lb_fall: 2,
+            lb_down_timeout_ms: 60_000,
         }
     }
 }
@@ -300,6 +311,32 @@ impl Config {
             }
             c.admin_token = t.to_string();
         }
+        if let Some(v) = obj.get("close_after") {
+            c.close_after = match v.as_str() {
+                Some("lb_buffer") => CloseAfter::LbBuffer,
+                Some("lb_observed_down") => CloseAfter::LbObservedDown,
+                _ => {
+                    return Err(err(
+                        "close_after",
+                        format!("expected \"lb_buffer\" or \"lb_observed_down\", got {v}"),
+                    ))
+                }
+            };
+        }
+        if let Some(v) = obj.get("lb_fall") {
+            c.lb_fall = match v.as_u64() {
+                Some(n @ 1..=10) => n as u32,
+                _ => {
+                    return Err(err(
+                        "lb_fall",
+                        format!("expected a whole number from 1 to 10, got {v}"),
+                    ))
+                }
+            };
+        }
+        if let Some(v) = obj.get("lb_down_timeout") {
+            c.lb_down_timeout_ms = duration("lb_down_timeout", v, 1)?;
+        }
         Ok(c)
     }
 
@@ -308,13 +345,23 @@ impl Config {
             min_drain_ms: self.min_drain_ms,
             drain_timeout_ms: self.drain_timeout_ms,
             lb_buffer_ms: self.lb_buffer_ms,
+            close_after: self.close_after,
+            lb_down_timeout_ms: self.lb_down_timeout_ms,
+        }
+    }
+
+    /// The longest CLOSING can last.
+    pub fn max_closing_ms(&self) -> u64 {
+        match self.close_after {
+            CloseAfter::LbBuffer => self.lb_buffer_ms,
+            CloseAfter::LbObservedDown => self.lb_down_timeout_ms.max(self.lb_buffer_ms),
         }
     }
 
     /// How long a `wait=closed` is held when the caller gives no timeout: the
     /// longest a drain can take, plus a margin for the tick.
     pub fn default_wait_ms(&self) -> u64 {
-        self.drain_timeout_ms + self.lb_buffer_ms + 5_000
+        self.drain_timeout_ms + self.max_closing_ms() + 5_000
     }
 }
 
@@ -351,7 +398,8 @@ mod tests {
         let c = parse(
             r#"{"role":"traffic","drain_timeout":"2m","min_drain":"500ms","lb_buffer":"0s",
                 "tick":"50ms","draining_lb_status":404,"admin_allow":["10.0.0.0/8","fd00::/8","192.0.2.7"],
-                "admin_token":"abcdefghijklmnop"}"#,
+                "admin_token":"abcdefghijklmnop","close_after":"lb_observed_down","lb_fall":3,
+                "lb_down_timeout":"30s"}"#,
         )
         .unwrap();
         assert_eq!(c.role, Role::Traffic);
@@ -365,6 +413,10 @@ mod tests {
             (120_000, 500, 0, 50)
         );
         assert_eq!(c.draining_lb_status, 404);
+        assert_eq!(
+            (c.close_after, c.lb_fall, c.lb_down_timeout_ms),
+            (CloseAfter::LbObservedDown, 3, 30_000)
+        );
         assert_eq!(c.admin_allow.len(), 3);
         assert_eq!(c.admin_allow[2].to_string(), "192.0.2.7/32");
     }
@@ -415,6 +467,16 @@ mod tests {
                 "admin_token",
             ),
             (r#"{"role":"health","admin_token":7}"#, "admin_token"),
+            (
+                r#"{"role":"health","close_after":"lb_down"}"#,
+                "close_after",
+            ),
+            (r#"{"role":"health","lb_fall":0}"#, "lb_fall"),
+            (r#"{"role":"health","lb_fall":2.5}"#, "lb_fall"),
+            (
+                r#"{"role":"health","lb_down_timeout":"0s"}"#,
+                "lb_down_timeout",
+            ),
         ];
         for (input, key) in cases {
             let e = parse(input).unwrap_err();

@@ -112,6 +112,12 @@ pub enum Reason {
     CloseLbRequested,
     /// `lb_buffer` passed in CLOSING.
     LbBufferElapsed,
+    /// Every LB checker was served `lb_fall` 503s, then `lb_buffer` passed
+    /// (`close_after: lb_observed_down`).
+    LbObservedDown,
+    /// `close_after: lb_observed_down`, but the LB was not observed DOWN
+    /// within `lb_down_timeout`.
+    LbDownTimeout,
     /// `POST /close`.
     CloseRequested,
     /// `POST /reopen`.
@@ -129,6 +135,8 @@ impl Reason {
             Reason::DrainTimeout => "drain_timeout",
             Reason::CloseLbRequested => "close_lb_requested",
             Reason::LbBufferElapsed => "lb_buffer_elapsed",
+            Reason::LbObservedDown => "lb_observed_down",
+            Reason::LbDownTimeout => "lb_down_timeout",
             Reason::CloseRequested => "close_requested",
             Reason::ReopenRequested => "reopen_requested",
             Reason::FaultRequested => "fault_requested",
@@ -158,6 +166,18 @@ pub fn legal(from: State, to: State) -> bool {
     )
 }
 
+/// When CLOSING ends.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CloseAfter {
+    /// `lb_buffer` after CLOSING began (seed behaviour).
+    #[default]
+    LbBuffer,
+    /// `lb_buffer` after every LB checker was seen served `lb_fall` 503s,
+    /// or `lb_down_timeout` after CLOSING began if that never happens.
+    LbObservedDown,
+}
+
 /// Timings fixed when a drain starts, so that every worker (and the traffic
 /// role, which has no timing configuration) applies the same deadlines.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -165,6 +185,10 @@ pub struct DrainPlan {
     pub min_drain_ms: u64,
     pub drain_timeout_ms: u64,
     pub lb_buffer_ms: u64,
+    #[serde(default)]
+    pub close_after: CloseAfter,
+    #[serde(default)]
+    pub lb_down_timeout_ms: u64,
 }
 
 /// One line of the transition history.
@@ -290,8 +314,9 @@ pub fn advance(rec: &Record, mv: Move, now_ms: u64, active: u64) -> Result<Recor
 }
 
 /// The automatic transition that is due now, if any: what the tick and the
-/// end of the last traffic stream apply.
-pub fn due(rec: &Record, now_ms: u64, active: u64) -> Option<Move> {
+/// end of the last traffic stream apply. `lb_down_ms` is when the LB was
+/// observed DOWN (see `crate::lb`), if it was.
+pub fn due(rec: &Record, now_ms: u64, active: u64, lb_down_ms: Option<u64>) -> Option<Move> {
     let plan = rec.plan?;
     let started = rec.drain_started_ms?;
     let auto = |to, reason| {
@@ -311,10 +336,21 @@ pub fn due(rec: &Record, now_ms: u64, active: u64) -> Option<Move> {
         }
         State::Closing => {
             let closing = rec.closing_ms?;
-            if now_ms >= closing.saturating_add(plan.lb_buffer_ms) {
-                auto(State::Closed, Reason::LbBufferElapsed)
-            } else {
-                None
+            match plan.close_after {
+                CloseAfter::LbBuffer if now_ms >= closing.saturating_add(plan.lb_buffer_ms) => {
+                    auto(State::Closed, Reason::LbBufferElapsed)
+                }
+                CloseAfter::LbBuffer => None,
+                CloseAfter::LbObservedDown => {
+                    let seen = lb_down_ms.filter(|t| *t >= closing);
+                    if seen.is_some_and(|t| now_ms >= t.saturating_add(plan.lb_buffer_ms)) {
+                        auto(State::Closed, Reason::LbObservedDown)
+                    } else if now_ms >= closing.saturating_add(plan.lb_down_timeout_ms) {
+                        auto(State::Closed, Reason::LbDownTimeout)
+                    } else {
+                        None
+                    }
+                }
             }
         }
         _ => None,
@@ -331,6 +367,8 @@ mod tests {
         min_drain_ms: 1_000,
         drain_timeout_ms: 10_000,
         lb_buffer_ms: 3_000,
+        close_after: CloseAfter::LbBuffer,
+        lb_down_timeout_ms: 60_000,
     };
 
     fn mv(from: State, to: State, reason: Reason) -> Move {
@@ -444,16 +482,49 @@ mod tests {
     #[test]
     fn due_respects_min_drain_timeout_and_lb_buffer() {
         let r = at(Draining); // started at 100, min_drain 1000, timeout 10000
-        assert_eq!(due(&r, 500, 0), None, "min_drain not yet passed");
-        assert_eq!(due(&r, 1_100, 0).unwrap().reason, Reason::ActiveZero);
-        assert_eq!(due(&r, 5_000, 2), None, "still active, not yet timed out");
-        assert_eq!(due(&r, 10_100, 2).unwrap().reason, Reason::DrainTimeout);
+        assert_eq!(due(&r, 500, 0, None), None, "min_drain not yet passed");
+        assert_eq!(due(&r, 1_100, 0, None).unwrap().reason, Reason::ActiveZero);
+        assert_eq!(
+            due(&r, 5_000, 2, None),
+            None,
+            "still active, not yet timed out"
+        );
+        assert_eq!(
+            due(&r, 10_100, 2, None).unwrap().reason,
+            Reason::DrainTimeout
+        );
         let c = at(Closing); // closing at 200, lb_buffer 3000
-        assert_eq!(due(&c, 3_199, 0), None);
-        let m = due(&c, 3_200, 0).unwrap();
+        assert_eq!(due(&c, 3_199, 0, None), None);
+        let m = due(&c, 3_200, 0, None).unwrap();
         assert_eq!((m.to, m.reason), (Closed, Reason::LbBufferElapsed));
-        assert_eq!(due(&Record::new(0), 1 << 40, 0), None);
-        assert_eq!(due(&at(Closed), 1 << 40, 0), None);
+        assert_eq!(due(&Record::new(0), 1 << 40, 0, None), None);
+        assert_eq!(due(&at(Closed), 1 << 40, 0, None), None);
+    }
+
+    #[test]
+    fn close_after_lb_observed_down() {
+        let mut c = at(Closing); // closing at 200
+        c.plan = Some(DrainPlan {
+            close_after: CloseAfter::LbObservedDown,
+            lb_buffer_ms: 500,
+            lb_down_timeout_ms: 20_000,
+            ..PLAN
+        });
+        assert_eq!(
+            due(&c, 10_000, 0, None),
+            None,
+            "not observed, not timed out"
+        );
+        assert_eq!(
+            due(&c, 10_000, 0, Some(100)),
+            None,
+            "observed before CLOSING: stale"
+        );
+        assert_eq!(due(&c, 4_400, 0, Some(4_000)), None, "inside lb_buffer");
+        let m = due(&c, 4_500, 0, Some(4_000)).unwrap();
+        assert_eq!((m.to, m.reason), (Closed, Reason::LbObservedDown));
+        let m = due(&c, 20_200, 0, None).unwrap();
+        assert_eq!((m.to, m.reason), (Closed, Reason::LbDownTimeout));
     }
 
     #[test]

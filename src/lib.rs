@@ -4,6 +4,7 @@
 //! - [`fsm`]: states, the transition table, `advance()`, answers per audience;
 //! - [`config`]: plugin configuration → validated [`config::Config`];
 //! - [`api`]: the HTTP surface of the health listener;
+//! - [`lb`]: what each LB checker has been answered (LB-observed-down);
 //! - [`metrics`]: every metric name.
 //!
 //! Host shell ([`host`]): root, traffic and health contexts, shared data,
@@ -13,6 +14,7 @@ pub mod api;
 pub mod config;
 pub mod fsm;
 pub mod host;
+pub mod lb;
 pub mod metrics;
 
 proxy_wasm::main! {{

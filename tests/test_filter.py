@@ -391,3 +391,30 @@ def test_count_survives_a_stats_matcher_that_rejects_everything(gateway, stream)
     assert s.wait() == 0 and s.chunks == 10
     wait_for(lambda: state(gw) == "CLOSING", 5, what="flip after the stream ended")
     assert status(gw)["active"] == 0
+
+
+def test_close_after_lb_observed_down(gateway):
+    gw = gateway({"close_after": "lb_observed_down", "lb_fall": 2, "lb_buffer": "200ms", "lb_down_timeout": "60s"})
+    check = lambda src: _curl_from(src, "GET", gw.health("/health_check.html"))[0]  # noqa: E731
+    assert check("127.0.0.1") == 200 and check("127.0.0.2") == 200
+    assert post(gw, "/drain").json()["state"] == "CLOSING"
+    assert [check("127.0.0.1") for _ in range(3)] == [503] * 3
+    lb_status = status(gw)["lb"]
+    assert lb_status["observed_down"] is False, "127.0.0.2 has not seen the 503s yet"
+    assert {c["source"]: c["consecutive_503"] for c in lb_status["checkers"]} == {"127.0.0.1": 3, "127.0.0.2": 0}
+    assert state(gw) == "CLOSING"
+    assert check("127.0.0.2") == 503
+    assert state(gw) == "CLOSING"
+    assert check("127.0.0.2") == 503
+    assert status(gw)["lb"]["observed_down"] is True
+    wait_for(lambda: state(gw) == "CLOSED", 5, what="CLOSED after the LB was observed DOWN")
+    p = status(gw)["progress"]
+    assert p["reason"] == "lb_observed_down"
+
+
+def test_close_after_lb_observed_down_times_out(gateway):
+    gw = gateway({"close_after": "lb_observed_down", "lb_buffer": "0s", "lb_down_timeout": "1s"})
+    assert _curl_from("127.0.0.1", "GET", gw.health("/health_check.html"))[0] == 200
+    assert post(gw, "/drain").json()["state"] == "CLOSING"
+    wait_for(lambda: state(gw) == "CLOSED", 10, what="CLOSED at lb_down_timeout")
+    assert status(gw)["progress"]["reason"] == "lb_down_timeout"

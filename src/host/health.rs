@@ -8,12 +8,13 @@ use std::cell::RefCell;
 use std::net::{IpAddr, SocketAddr};
 use std::rc::Rc;
 
-use super::count::Counter;
+use super::count::{Counter, Reading};
 use super::metrics::Metrics;
 use super::{now_ms, store};
-use crate::api::{self, CountInfo, Endpoint, Reply, View};
+use crate::api::{self, Audience, CountInfo, Endpoint, Reply, View};
 use crate::config::Config;
-use crate::fsm::{Move, Record, State};
+use crate::fsm::{CloseAfter, Move, Record, State};
+use crate::lb::Checkers;
 
 /// A held `wait=closed` request.
 #[derive(Clone, Copy, Debug)]
@@ -64,22 +65,65 @@ impl Health {
         }
     }
 
-    fn view<'a>(&self, rec: &'a Record, active: u64, reliable: bool) -> View<'a> {
+    /// Everything a status answer shows, read now.
+    fn snapshot(&self) -> (Reading, Checkers) {
+        let checkers = store::lb_checkers().unwrap_or_else(|e| {
+            log::warn!("event=lb_record_unavailable error=\"{e}\"");
+            Checkers::default()
+        });
+        (self.counter.read(), checkers)
+    }
+
+    fn view<'a>(&self, rec: &'a Record, reading: Reading, checkers: &'a Checkers) -> View<'a> {
         View {
             rec,
-            active,
+            active: reading.active,
             now_ms: now_ms(),
             count: CountInfo {
                 source: self.counter.source_name(),
-                reliable,
+                reliable: reading.reliable,
             },
             draining_lb_status: self.config.draining_lb_status,
+            checkers,
+            lb_fall: self.config.lb_fall,
+            close_after: self.config.close_after,
         }
     }
 
     fn status_reply(&self, rec: &Record) -> Reply {
-        let r = self.counter.read();
-        api::status(&self.view(rec, r.active, r.reliable))
+        let (reading, checkers) = self.snapshot();
+        api::status(&self.view(rec, reading, &checkers))
+    }
+
+    fn wait_reply(&self, end: api::WaitEnd, rec: &Record) -> Reply {
+        let (reading, checkers) = self.snapshot();
+        api::wait_reply(end, &self.view(rec, reading, &checkers))
+    }
+
+    /// When the LB was observed DOWN, if `close_after` asks for it.
+    fn lb_down_ms(&self) -> Option<u64> {
+        if self.config.close_after != CloseAfter::LbObservedDown {
+            return None;
+        }
+        store::lb_checkers()
+            .ok()
+            .and_then(|c| c.down_since(now_ms(), self.config.lb_fall))
+    }
+
+    /// Answers the LB check and remembers what this checker was served.
+    fn lb_check(&self, state: State, req: &api::Request) -> Reply {
+        let reply = api::check(Audience::Lb, state, &self.config, req.if_none_match);
+        if let Some(ip) = req.source {
+            let served = if reply.status == 304 {
+                200
+            } else {
+                reply.status
+            };
+            if let Err(e) = store::lb_observe(&ip.to_string(), served, self.config.lb_fall) {
+                log::warn!("event=lb_record_unavailable error=\"{e}\"");
+            }
+        }
+        reply
     }
 
     /// Moves the FSM for an admin command, then applies whatever became due
@@ -87,8 +131,12 @@ impl Health {
     fn command(&self, choose: impl Fn(&Record) -> Move) -> Result<Record, store::Error> {
         let reading = self.counter.read();
         store::advance(choose, reading.active, &self.metrics)?;
-        store::apply_due(self.counter.read().for_decisions(), &self.metrics)
-            .map_err(store::Error::Store)
+        store::apply_due(
+            self.counter.read().for_decisions(),
+            self.lb_down_ms(),
+            &self.metrics,
+        )
+        .map_err(store::Error::Store)
     }
 
     /// The answer to one request, or `None` when it is held.
@@ -102,6 +150,7 @@ impl Health {
             Err(e) => return Some(unavailable(&e)),
         };
         match endpoint {
+            Endpoint::Check(Audience::Lb) => Some(self.lb_check(rec.state, req)),
             Endpoint::Check(audience) => Some(api::check(
                 audience,
                 rec.state,
@@ -145,8 +194,7 @@ impl Health {
                     rec
                 };
                 if let Some(end) = api::wait_end(rec.state, false) {
-                    let r = self.counter.read();
-                    return Some(api::wait_reply(end, &self.view(&rec, r.active, r.reliable)));
+                    return Some(self.wait_reply(end, &rec));
                 }
                 self.waiters.borrow_mut().push(Waiter {
                     context_id,
@@ -161,7 +209,8 @@ impl Health {
     /// release of held answers that are over.
     pub fn tick(&self) {
         let reading = self.counter.read();
-        let rec = match store::apply_due(reading.for_decisions(), &self.metrics) {
+        let rec = match store::apply_due(reading.for_decisions(), self.lb_down_ms(), &self.metrics)
+        {
             Ok(r) => r,
             Err(e) => {
                 log::error!("event=state_unavailable role=health error=\"{e}\"");
@@ -180,8 +229,7 @@ impl Health {
         *self.waiters.borrow_mut() = held;
         for w in over {
             if let Some(end) = api::wait_end(rec.state, now >= w.deadline_ms) {
-                let reply =
-                    api::wait_reply(end, &self.view(&rec, reading.active, reading.reliable));
+                let reply = self.wait_reply(end, &rec);
                 if hostcalls::set_effective_context(w.context_id).is_ok() {
                     send(&reply);
                 }

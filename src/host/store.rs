@@ -8,8 +8,10 @@ use proxy_wasm::types::Status;
 use super::metrics::Metrics;
 use super::now_ms;
 use crate::fsm::{self, Illegal, Move, Record};
+use crate::lb::Checkers;
 
 const KEY: &str = "drain_gate.fsm.v1";
+const LB_KEY: &str = "drain_gate.lb.v1";
 /// CAS retries before a transition gives up (only under pathological contention).
 const RETRIES: usize = 64;
 
@@ -89,13 +91,17 @@ pub fn advance(
 }
 
 /// Applies every automatic transition that is due (active=0 flip, drain
-/// timeout, lb_buffer) and returns the resulting record.
-pub fn apply_due(active: u64, metrics: &Metrics) -> Result<Record, String> {
+/// timeout, lb_buffer, LB observed DOWN) and returns the resulting record.
+pub fn apply_due(
+    active: u64,
+    lb_down_ms: Option<u64>,
+    metrics: &Metrics,
+) -> Result<Record, String> {
     let mut rec = load()?;
     // At most two automatic steps can follow each other (CLOSING, then CLOSED
     // when lb_buffer is 0).
     for _ in 0..3 {
-        let Some(mv) = fsm::due(&rec, now_ms(), active) else {
+        let Some(mv) = fsm::due(&rec, now_ms(), active, lb_down_ms) else {
             return Ok(rec);
         };
         rec = match advance(|_| mv, active, metrics) {
@@ -106,4 +112,34 @@ pub fn apply_due(active: u64, metrics: &Metrics) -> Result<Record, String> {
         };
     }
     Ok(rec)
+}
+
+fn lb_read() -> Result<(Checkers, Option<u32>), String> {
+    match hostcalls::get_shared_data(LB_KEY) {
+        Ok((Some(bytes), cas)) => serde_json::from_slice(&bytes)
+            .map(|c| (c, cas))
+            .map_err(|e| format!("unreadable checker record: {e}")),
+        Ok((None, cas)) => Ok((Checkers::default(), cas)),
+        Err(e) => Err(format!("shared data read failed: {e:?}")),
+    }
+}
+
+/// What every LB checker has been answered so far.
+pub fn lb_checkers() -> Result<Checkers, String> {
+    lb_read().map(|(c, _)| c)
+}
+
+/// Records an answer served to an LB checker (compare-and-swap, retried).
+pub fn lb_observe(source: &str, status: u16, lb_fall: u32) -> Result<(), String> {
+    for _ in 0..RETRIES {
+        let (mut checkers, cas) = lb_read()?;
+        checkers.observe(source, status, now_ms(), lb_fall);
+        let bytes = serde_json::to_vec(&checkers).map_err(|e| e.to_string())?;
+        match hostcalls::set_shared_data(LB_KEY, Some(&bytes), cas) {
+            Ok(()) => return Ok(()),
+            Err(Status::CasMismatch) => continue,
+            Err(e) => return Err(format!("shared data write failed: {e:?}")),
+        }
+    }
+    Err("too much contention on the checker record".to_string())
 }

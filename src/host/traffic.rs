@@ -24,7 +24,7 @@ impl Traffic {
         if reading.for_decisions() > 0 {
             return;
         }
-        if let Err(e) = store::apply_due(0, &self.metrics) {
+        if let Err(e) = store::apply_due(0, None, &self.metrics) {
             log::error!("event=state_unavailable role=traffic error=\"{e}\"");
         }
     }
