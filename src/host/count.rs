@@ -61,15 +61,13 @@ fn shared_add(delta: i64) -> bool {
         let Ok((value, cas)) = shared_read() else {
             return false;
         };
-        let next = value.saturating_add_signed(delta);
-        // cas None: the key does not exist yet; create it unconditionally only
-        // when adding (a decrement always follows an increment that created it).
-        let cas = match (cas, delta > 0) {
-            (Some(c), _) => Some(c),
-            (None, true) => None,
-            (None, false) => return false,
+        // The key is created at configure time (`Counter::new`); a write
+        // without a version would overwrite concurrent updates.
+        let Some(cas) = cas else {
+            return false;
         };
-        match hostcalls::set_shared_data(SHARED_KEY, Some(&next.to_le_bytes()), cas) {
+        let next = value.saturating_add_signed(delta);
+        match hostcalls::set_shared_data(SHARED_KEY, Some(&next.to_le_bytes()), Some(cas)) {
             Ok(()) => return true,
             Err(Status::CasMismatch) => continue,
             Err(_) => return false,
@@ -80,6 +78,15 @@ fn shared_add(delta: i64) -> bool {
 
 impl Counter {
     pub fn new(metrics: &Metrics) -> Counter {
+        // Shared data has no create-if-absent: the key is created here, on
+        // configure, which Envoy runs on the main thread before any worker VM
+        // exists (and every later configure finds the key).
+        if matches!(shared_read(), Ok((_, None))) {
+            if let Err(e) = hostcalls::set_shared_data(SHARED_KEY, Some(&0u64.to_le_bytes()), None)
+            {
+                log::error!("event=shared_data_error key={SHARED_KEY} status={e:?}");
+            }
+        }
         let source = match metrics.active {
             Some(id) if gauge_is_live(id) => Source::Gauge(id),
             _ => {
