@@ -134,6 +134,9 @@ def test_flip_waits_for_the_last_stream(gateway):
     assert st["state"] == "CLOSING" and st["progress"]["reason"] == "active_zero"
     assert st["progress"]["forced"] is False and st["progress"]["active_at_closing"] == 0
     assert st["progress"]["drain_duration_ms"] >= 1000
+    # Made by the traffic role in the callback that ended the stream, not by a timer.
+    flip = [line for line in gw.log().splitlines() if "to=CLOSING" in line]
+    assert len(flip) == 1 and "drain_gate_traffic" in flip[0], flip
 
 
 def test_drain_with_nothing_in_flight_flips_at_once(gateway):

@@ -39,7 +39,7 @@ pub struct Counter {
 }
 
 /// Adds 1 to the gauge, reads it back, removes the 1: a null stat reads 0.
-fn gauge_is_live(id: u32) -> bool {
+pub fn gauge_is_live(id: u32) -> bool {
     if hostcalls::increment_metric(id, 1).is_err() {
         return false;
     }
@@ -171,6 +171,14 @@ impl Reading {
 }
 
 impl Counter {
+    /// Whether the global count reads 0 (one host call; no reliability checks).
+    pub fn reads_zero(&self) -> bool {
+        match self.source {
+            Source::Gauge(id) => hostcalls::get_metric(id) == Ok(0),
+            Source::SharedData => matches!(shared_read(), Ok((0, _))),
+        }
+    }
+
     /// The count over every worker. A failed read is unreliable, never 0.
     pub fn read(&self) -> Reading {
         let value = match self.source {

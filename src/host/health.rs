@@ -217,6 +217,7 @@ impl Health {
                 return;
             }
         };
+        self.metrics.sync_state(rec.state);
         if self.waiters.borrow().is_empty() {
             return;
         }

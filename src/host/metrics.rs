@@ -12,6 +12,8 @@ use crate::metrics::{self as names, Kind};
 pub struct Metrics {
     pub active: Option<u32>,
     state: Option<u32>,
+    /// The state gauge proved live: traffic streams may read it as a hint.
+    state_live: bool,
     transitions: [Option<u32>; 5],
     forced: Option<u32>,
     count_errors: Option<u32>,
@@ -47,9 +49,11 @@ impl Metrics {
         for (slot, name) in transitions.iter_mut().zip(names::TRANSITIONS_TO) {
             *slot = define(name);
         }
+        let state = define(names::STATE);
         Metrics {
             active: define(names::ACTIVE_REQUESTS),
-            state: define(names::STATE),
+            state,
+            state_live: state.is_some_and(super::count::gauge_is_live),
             transitions,
             forced: define(names::FORCED_CLOSES),
             count_errors: define(names::COUNT_ERRORS),
@@ -59,6 +63,22 @@ impl Metrics {
     pub fn set_state(&self, state: State) {
         if let Some(id) = self.state {
             let _ = hostcalls::record_metric(id, state.code());
+        }
+    }
+
+    /// The state as the `drain_gate_state` gauge says, if that gauge is live.
+    /// It is written right after every winning transition, so a reader that
+    /// sees an older value either runs before the writer's next step (which
+    /// re-reads the count) or is covered by the tick.
+    pub fn state_hint(&self) -> Option<u64> {
+        let id = self.state.filter(|_| self.state_live)?;
+        hostcalls::get_metric(id).ok()
+    }
+
+    /// Repairs the state gauge if a late writer left it stale (the tick runs this).
+    pub fn sync_state(&self, state: State) {
+        if self.state_hint().is_some_and(|v| v != state.code()) {
+            self.set_state(state);
         }
     }
 

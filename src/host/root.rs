@@ -55,29 +55,25 @@ impl RootContext for Root {
             Ok(rec) => metrics.set_state(rec.state),
             Err(e) => log::error!("event=state_unavailable error=\"{e}\""),
         }
+        if let Err(e) = hostcalls::set_tick_period(Duration::from_millis(config.tick_ms)) {
+            log::error!("invalid configuration: tick: the host refused it: {e:?}");
+            return false;
+        }
         *self = match config.role {
             Role::Traffic => {
                 Counter::announce_traffic();
-                Root::Traffic(Rc::new(Traffic {
-                    counter: Counter::new(&metrics),
-                    metrics,
-                }))
+                Root::Traffic(Rc::new(Traffic::new(Counter::new(&metrics), metrics)))
             }
-            Role::Health => {
-                let tick = Duration::from_millis(config.tick_ms);
-                if let Err(e) = hostcalls::set_tick_period(tick) {
-                    log::error!("invalid configuration: tick: the host refused it: {e:?}");
-                    return false;
-                }
-                Root::Health(Rc::new(Health::new(config, metrics)))
-            }
+            Role::Health => Root::Health(Rc::new(Health::new(config, metrics))),
         };
         true
     }
 
     fn on_tick(&mut self) {
-        if let Root::Health(h) = self {
-            h.tick();
+        match self {
+            Root::Health(h) => h.tick(),
+            Root::Traffic(t) => t.tick(),
+            Root::Unconfigured => {}
         }
     }
 

@@ -2,26 +2,66 @@
 //! and flips DRAINING → CLOSING from the callback that ends the last one.
 
 use proxy_wasm::traits::{Context, HttpContext};
+use std::cell::Cell;
 use std::rc::Rc;
 
 use super::count::Counter;
 use super::metrics::Metrics;
 use super::store;
+use crate::fsm::State;
 
 /// Shared by every stream of one traffic root context.
 #[derive(Debug)]
 pub struct Traffic {
-    pub counter: Counter,
-    pub metrics: Metrics,
+    counter: Counter,
+    metrics: Metrics,
+    /// Whether a drain was running at the last tick (or may be: it starts
+    /// true). Outside a drain no stream end needs to look any further.
+    draining: Cell<bool>,
 }
 
 impl Traffic {
+    pub fn new(counter: Counter, metrics: Metrics) -> Traffic {
+        Traffic {
+            counter,
+            metrics,
+            draining: Cell::new(true),
+        }
+    }
+
+    /// Every `tick`: is a drain running?
+    pub fn tick(&self) {
+        let state = match self.metrics.state_hint() {
+            Some(code) => code,
+            None => match store::load() {
+                Ok(rec) => rec.state.code(),
+                Err(_) => State::Draining.code(), // unknown: keep looking
+            },
+        };
+        self.draining.set(state == State::Draining.code());
+    }
+
+    /// The hot path. Outside a drain: one host call to release the stream.
+    /// During one, the stream that brings the count to 0 flips DRAINING →
+    /// CLOSING itself. That is exact without polling because every
+    /// transition writer publishes the state and then reads the count, while
+    /// this side releases its count and then reads the state: of two such
+    /// interleavings at least one side sees the other (both are sequentially
+    /// consistent atomics in Envoy). A stream ending before this VM's next
+    /// tick has seen a new drain is left to the health role's tick.
     fn stream_ended(&self) {
         if self.counter.exit() > 0 {
             return; // this VM still holds streams: the global count is not 0
         }
-        let reading = self.counter.read();
-        if reading.for_decisions() > 0 {
+        if !self.draining.get() {
+            return;
+        }
+        if let Some(state) = self.metrics.state_hint() {
+            if state != State::Draining.code() {
+                return;
+            }
+        }
+        if !self.counter.reads_zero() || self.counter.read().for_decisions() > 0 {
             return;
         }
         if let Err(e) = store::apply_due(0, None, &self.metrics) {

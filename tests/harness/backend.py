@@ -25,7 +25,7 @@ class Handler(BaseHTTPRequestHandler):
 
     def _q(self, name, default):
         vals = parse_qs(urlsplit(self.path).query).get(name)
-        return int(vals[0]) if vals else default
+        return float(vals[0]) if vals else default
 
     def _plain(self, code, body):
         data = body.encode()
@@ -48,7 +48,7 @@ class Handler(BaseHTTPRequestHandler):
             self.send_header("content-type", "text/plain")
             self.send_header("transfer-encoding", "chunked")
             self.end_headers()
-            n = max(1, int(seconds / interval))
+            n = max(1, round(seconds / interval))
             for i in range(n):
                 self._chunk(b"chunk %d\n" % i)
                 time.sleep(interval)
