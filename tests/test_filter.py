@@ -119,7 +119,7 @@ def test_flip_waits_for_the_last_stream(gateway):
     with requests.get(gw.traffic("/stream?seconds=3&interval_ms=250"), stream=True, timeout=30) as resp:
         lines = resp.iter_lines()
         assert next(lines) == b"chunk 0"
-        assert status(gw)["active"] == 1
+        wait_for(lambda: status(gw)["active"] == 1, 5, what="the stream counted exactly")
         assert post(gw, "/drain").json()["state"] == "DRAINING"
         seen = []
         for line in lines:

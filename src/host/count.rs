@@ -7,6 +7,15 @@
 //! a probe proves it live; otherwise the count lives in shared data (CAS),
 //! where the stats configuration cannot reach.
 //!
+//! Host calls are the cost of a wasm filter, so the count leases: a root
+//! context adds to the global count in chunks of `LEASE` and keeps what it
+//! added (`held`) at least as large as what it really has in flight
+//! (`local`). The global count can lead the truth, never trail it. Outside a
+//! drain a stream costs no host call at all most of the time, and the tick
+//! gives back what is not used; during a drain (and whenever the caller asks
+//! for `exact`) every stream end gives back at once, so the count reaches 0
+//! exactly when the last stream ends.
+//!
 //! Every failure errs toward "still active": a stream that could not be
 //! counted marks the count unreliable, and an unreliable count never reads 0.
 
@@ -23,6 +32,8 @@ const UNRELIABLE_KEY: &str = "drain_gate.count_unreliable.v1";
 /// vm_id, so its count may miss streams and is not trusted to reach 0.
 const TRAFFIC_KEY: &str = "drain_gate.traffic_present.v1";
 const RETRIES: usize = 64;
+/// How much a root context adds to the global count at a time outside a drain.
+pub const LEASE: u64 = 8;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Source {
@@ -36,6 +47,8 @@ pub struct Counter {
     source: Source,
     /// Streams this root context counted and has not yet released.
     local: Cell<u64>,
+    /// What this root context has added to the global count: never below `local`.
+    held: Cell<u64>,
 }
 
 /// Adds 1 to the gauge, reads it back, removes the 1: a null stat reads 0.
@@ -100,6 +113,7 @@ impl Counter {
         Counter {
             source,
             local: Cell::new(0),
+            held: Cell::new(0),
         }
     }
 
@@ -125,30 +139,66 @@ impl Counter {
     }
 
     /// A traffic stream started. Returns whether it was counted; if not, the
-    /// count is marked unreliable (the drain waits for its timeout).
-    pub fn enter(&self, metrics: &Metrics) -> bool {
-        if self.add(1) {
-            self.local.set(self.local.get() + 1);
-            return true;
+    /// count is marked unreliable (the drain waits for its timeout). `exact`
+    /// adds just this stream; otherwise a lease of `LEASE` when needed.
+    pub fn enter(&self, metrics: &Metrics, exact: bool) -> bool {
+        let local = self.local.get() + 1;
+        if local > self.held.get() {
+            let step = if exact { 1 } else { LEASE };
+            if !self.add(step as i64) {
+                metrics.count_error();
+                log::error!(
+                    "event=count_error what=\"stream not counted; drain will wait for drain_timeout\""
+                );
+                let _ = hostcalls::set_shared_data(UNRELIABLE_KEY, Some(b"1"), None);
+                return false;
+            }
+            self.held.set(self.held.get() + step);
         }
-        metrics.count_error();
-        log::error!(
-            "event=count_error what=\"stream not counted; drain will wait for drain_timeout\""
-        );
-        let _ = hostcalls::set_shared_data(UNRELIABLE_KEY, Some(b"1"), None);
-        false
+        self.local.set(local);
+        true
     }
 
     /// A counted traffic stream ended. Returns how many streams this root
-    /// context still holds: when that is not 0, the global count is not 0 either.
-    pub fn exit(&self) -> u64 {
-        if !self.add(-1) {
-            // Left over-counted: the drain waits longer, never flips early.
-            log::error!("event=count_error what=\"stream end not counted\"");
-        }
+    /// context still holds: when that is not 0, the global count is not 0
+    /// either. `exact` gives back everything not in use at once.
+    pub fn exit(&self, exact: bool) -> u64 {
         let left = self.local.get().saturating_sub(1);
         self.local.set(left);
+        if exact {
+            self.settle();
+        }
         left
+    }
+
+    /// Streams this root context has in flight.
+    pub fn in_flight(&self) -> u64 {
+        self.local.get()
+    }
+
+    /// Gives back what this root context holds beyond its streams in flight.
+    pub fn settle(&self) {
+        let excess = self.held.get().saturating_sub(self.local.get());
+        if excess == 0 {
+            return;
+        }
+        if self.add(-(excess as i64)) {
+            self.held.set(self.local.get());
+        } else {
+            // Left over-counted: the drain waits longer, never flips early.
+            log::error!("event=count_error what=\"count not given back\"");
+        }
+    }
+}
+
+impl Drop for Counter {
+    /// The root context is gone (plugin removed or reconfigured) and so are
+    /// its streams: give back everything it still holds.
+    fn drop(&mut self) {
+        let held = self.held.get();
+        if held > 0 && self.add(-(held as i64)) {
+            self.held.set(0);
+        }
     }
 }
 

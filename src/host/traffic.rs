@@ -29,7 +29,9 @@ impl Traffic {
         }
     }
 
-    /// Every `tick`: is a drain running?
+    /// Every `tick`: is a drain running? Give back the unused lease, and
+    /// during a drain check whether this VM's last stream already ended
+    /// before it knew about the drain.
     pub fn tick(&self) {
         let state = match self.metrics.state_hint() {
             Some(code) => code,
@@ -38,11 +40,16 @@ impl Traffic {
                 Err(_) => State::Draining.code(), // unknown: keep looking
             },
         };
-        self.draining.set(state == State::Draining.code());
+        let draining = state == State::Draining.code();
+        self.draining.set(draining);
+        self.counter.settle();
+        if draining && self.counter.in_flight() == 0 {
+            self.try_flip();
+        }
     }
 
-    /// The hot path. Outside a drain: one host call to release the stream.
-    /// During one, the stream that brings the count to 0 flips DRAINING →
+    /// The hot path. Outside a drain: no host call most of the time (see the
+    /// lease in `count`). During one, the stream that brings the count to 0 flips DRAINING →
     /// CLOSING itself. That is exact without polling because every
     /// transition writer publishes the state and then reads the count, while
     /// this side releases its count and then reads the state: of two such
@@ -50,12 +57,15 @@ impl Traffic {
     /// consistent atomics in Envoy). A stream ending before this VM's next
     /// tick has seen a new drain is left to the health role's tick.
     fn stream_ended(&self) {
-        if self.counter.exit() > 0 {
-            return; // this VM still holds streams: the global count is not 0
+        let draining = self.draining.get();
+        if self.counter.exit(draining) > 0 || !draining {
+            return; // streams in flight here, or no drain running
         }
-        if !self.draining.get() {
-            return;
-        }
+        self.try_flip();
+    }
+
+    /// The global count may be 0 during a drain: flip if it is.
+    fn try_flip(&self) {
         if let Some(state) = self.metrics.state_hint() {
             if state != State::Draining.code() {
                 return;
@@ -80,7 +90,9 @@ pub struct TrafficStream {
 
 impl TrafficStream {
     pub fn new(traffic: Rc<Traffic>) -> TrafficStream {
-        let counted = traffic.counter.enter(&traffic.metrics);
+        let counted = traffic
+            .counter
+            .enter(&traffic.metrics, traffic.draining.get());
         TrafficStream { traffic, counted }
     }
 }
