@@ -1,0 +1,508 @@
+//! Property tests of the pure core (issue 6, item 4): the request router, the
+//! configuration parser and the state machine, fed arbitrary input.
+//! Run with `cargo test --test props`.
+#![allow(clippy::unwrap_used, clippy::indexing_slicing, clippy::panic)]
+
+use std::net::IpAddr;
+
+use drain_gate::api::{self, Audience, Endpoint, Request};
+use drain_gate::config::{Config, Role, KEYS};
+use drain_gate::fsm::{self, CloseAfter, DrainPlan, Move, Reason, Record, State, HISTORY};
+use drain_gate::lb::Checkers;
+use proptest::prelude::*;
+use serde_json::{json, Value};
+
+const PATHS: [&str; 11] = [
+    "/health_check.html",
+    "/health",
+    "/live",
+    "/drain/status",
+    "/drain",
+    "/close-lb",
+    "/close",
+    "/reopen",
+    "/fault",
+    "/prestop",
+    "/",
+];
+const ADMIN: [&str; 6] = [
+    "/drain",
+    "/close-lb",
+    "/close",
+    "/reopen",
+    "/fault",
+    "/prestop",
+];
+const TOKEN: &str = "s3cret-token-0123456789";
+
+fn method() -> impl Strategy<Value = String> {
+    prop_oneof![
+        prop::sample::select(vec![
+            "GET", "HEAD", "POST", "PUT", "DELETE", "OPTIONS", "PATCH", "TRACE", "CONNECT", "get",
+            "post", "", "G ET",
+        ])
+        .prop_map(str::to_string),
+        "\\PC{0,12}",
+    ]
+}
+
+fn query_part() -> impl Strategy<Value = String> {
+    prop_oneof![
+        prop::sample::select(vec![
+            "wait=closed",
+            "wait=open",
+            "wait",
+            "timeout=90s",
+            "timeout=0s",
+            "timeout=2h",
+            "timeout=61m",
+            "timeout=1ms",
+            "timeout=%39%30s",
+            "timeout=",
+            "x=1",
+            "%ZZ",
+            "&",
+            "=",
+        ])
+        .prop_map(str::to_string),
+        "[a-z=%&0-9]{0,12}",
+        "\\PC{0,16}",
+    ]
+}
+
+fn path() -> impl Strategy<Value = String> {
+    (
+        prop::sample::select(PATHS.to_vec()),
+        prop_oneof![Just(String::new()), "[/%.a-zA-Z0-9]{0,8}", "\\PC{0,8}"],
+        prop::option::of(prop::collection::vec(query_part(), 0..4)),
+    )
+        .prop_map(|(p, suffix, q)| match q {
+            Some(parts) => format!("{p}{suffix}?{}", parts.join("&")),
+            None => format!("{p}{suffix}"),
+        })
+}
+
+fn source() -> impl Strategy<Value = Option<IpAddr>> {
+    prop::option::of(prop_oneof![
+        Just("127.0.0.1".parse().unwrap()),
+        Just("127.0.0.2".parse().unwrap()),
+        Just("::1".parse().unwrap()),
+        Just("::ffff:127.0.0.1".parse().unwrap()),
+        any::<[u8; 4]>().prop_map(IpAddr::from),
+        any::<[u16; 8]>().prop_map(IpAddr::from),
+    ])
+}
+
+fn authorization() -> impl Strategy<Value = Option<String>> {
+    prop::option::of(prop_oneof![
+        Just(format!("Bearer {TOKEN}")),
+        Just(format!("bearer   {TOKEN}  ")),
+        Just(format!("Basic {TOKEN}")),
+        Just(format!("Bearer {TOKEN}x")),
+        Just("Bearer".to_string()),
+        "\\PC{0,40}",
+    ])
+}
+
+fn config() -> impl Strategy<Value = Config> {
+    (any::<bool>(), any::<bool>()).prop_map(|(narrow, token)| {
+        let mut raw = json!({"role": "health"});
+        if narrow {
+            raw["admin_allow"] = json!(["127.0.0.2/32"]);
+        }
+        if token {
+            raw["admin_token"] = json!(TOKEN);
+        }
+        Config::parse(raw.to_string().as_bytes()).unwrap()
+    })
+}
+
+fn header<'a>(r: &'a api::Reply, name: &str) -> Option<&'a str> {
+    r.headers
+        .iter()
+        .find(|(n, _)| *n == name)
+        .map(|(_, v)| v.as_str())
+}
+
+fn authorized(req: &Request, cfg: &Config) -> bool {
+    let allowed = req
+        .source
+        .is_some_and(|ip| cfg.admin_allow.iter().any(|c| c.contains(ip)));
+    let token = !cfg.admin_token.is_empty()
+        && req.authorization.is_some_and(|h| {
+            h.trim()
+                .split_once(' ')
+                .is_some_and(|(s, t)| s.eq_ignore_ascii_case("bearer") && t.trim() == TOKEN)
+        });
+    allowed || token
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 4096, .. ProptestConfig::default() })]
+
+    /// `api::route` never panics; it answers with an endpoint only for a known
+    /// path, an allowed method and (for admin) an authorized caller, and every
+    /// refusal is one of the documented codes with a JSON error body.
+    #[test]
+    fn route_answers_only_documented_codes(
+        m in method(), p in path(), auth in authorization(), src in source(), cfg in config(),
+        inm in prop::option::of("\\PC{0,20}"),
+    ) {
+        let req = Request {
+            method: &m,
+            path: &p,
+            if_none_match: inm.as_deref(),
+            authorization: auth.as_deref(),
+            source: src,
+        };
+        let bare = p.split_once('?').map_or(p.as_str(), |(b, _)| b);
+        match api::route(&req, &cfg) {
+            Ok(endpoint) => {
+                prop_assert!(PATHS.contains(&bare) && bare != "/", "{bare}");
+                let admin = ADMIN.contains(&bare);
+                prop_assert!(!admin || authorized(&req, &cfg), "unauthorized admin call routed: {req:?}");
+                let ok_method = if bare == "/prestop" {
+                    m == "GET"
+                } else if admin {
+                    m == "POST"
+                } else {
+                    m == "GET" || m == "HEAD"
+                };
+                prop_assert!(ok_method, "{m} {p} routed to {endpoint:?}");
+                if let Endpoint::DrainAndWait { timeout_ms } = endpoint {
+                    prop_assert!(timeout_ms > 0);
+                    prop_assert!(bare == "/drain" || bare == "/prestop");
+                }
+            }
+            Err(reply) => {
+                prop_assert!([400, 401, 403, 404, 405].contains(&reply.status), "{}", reply.status);
+                let body: Value = serde_json::from_slice(&reply.body).unwrap();
+                prop_assert!(body["error"].is_string() && body["message"].is_string(), "{body}");
+                prop_assert_eq!(body.as_object().unwrap().len(), 2);
+                prop_assert_eq!(header(&reply, "content-type"), Some("application/json"));
+                prop_assert_eq!(header(&reply, "cache-control"), Some("no-store"));
+                prop_assert_eq!(header(&reply, "allow").is_some(), reply.status == 405);
+                prop_assert_eq!(header(&reply, "www-authenticate").is_some(), reply.status == 401);
+                if reply.status == 401 || reply.status == 403 {
+                    prop_assert!(ADMIN.contains(&bare) && !authorized(&req, &cfg));
+                    prop_assert_eq!(reply.status == 401, !cfg.admin_token.is_empty());
+                }
+                // Nothing of the request comes back.
+                let text = String::from_utf8(reply.body.clone()).unwrap();
+                for input in [m.as_str(), p.as_str()] {
+                    if input.len() >= 6 {
+                        prop_assert!(!text.contains(input), "{input:?} echoed in {text}");
+                    }
+                }
+            }
+        }
+    }
+
+    /// Health answers: documented codes, a 304 only where the answer is 200.
+    #[test]
+    fn checks_answer_per_state(s in prop::sample::select(State::ALL.to_vec()), inm in prop::option::of("\\PC{0,30}"),
+                               soft in any::<bool>()) {
+        let mut cfg = Config::parse(br#"{"role":"health"}"#).unwrap();
+        if soft {
+            cfg.draining_lb_status = 404;
+        }
+        for audience in [Audience::Lb, Audience::Readiness, Audience::Liveness] {
+            let plain = api::check(audience, s, &cfg, None);
+            let r = api::check(audience, s, &cfg, inm.as_deref());
+            prop_assert!([200, 304, 404, 500, 503].contains(&r.status));
+            prop_assert_eq!(header(&r, "cache-control"), Some("max-age=1"));
+            prop_assert_eq!(header(&r, "etag").map(str::to_string), Some(api::etag(s, plain.status)));
+            if r.status == 304 {
+                prop_assert_eq!(plain.status, 200);
+                prop_assert!(r.body.is_empty());
+            } else {
+                prop_assert_eq!(&r, &plain);
+            }
+        }
+    }
+}
+
+fn json_value() -> impl Strategy<Value = Value> {
+    let leaf = prop_oneof![
+        Just(Value::Null),
+        any::<bool>().prop_map(Value::from),
+        any::<i64>().prop_map(Value::from),
+        any::<u64>().prop_map(Value::from),
+        any::<f64>()
+            .prop_filter("finite", |f| f.is_finite())
+            .prop_map(Value::from),
+        prop::sample::select(vec![
+            "traffic",
+            "health",
+            "0s",
+            "1ms",
+            "10ms",
+            "30s",
+            "2m",
+            "1h",
+            "61m",
+            "12x",
+            "-1s",
+            "",
+            "lb_buffer",
+            "lb_observed_down",
+            "127.0.0.0/8",
+            "::1/128",
+            "10.0.0.0/40",
+            TOKEN,
+            "short",
+        ])
+        .prop_map(Value::from),
+        "[0-9]{0,14}(ms|s|m|h|)".prop_map(Value::from),
+        "\\PC{0,20}".prop_map(Value::from),
+    ];
+    leaf.prop_recursive(3, 24, 6, |inner| {
+        prop_oneof![
+            prop::collection::vec(inner.clone(), 0..6).prop_map(Value::Array),
+            prop::collection::btree_map("[a-z_]{0,12}", inner, 0..4)
+                .prop_map(|m| Value::Object(m.into_iter().collect())),
+        ]
+    })
+}
+
+fn config_object() -> impl Strategy<Value = Value> {
+    let key = prop_oneof![
+        4 => prop::sample::select(KEYS.to_vec()).prop_map(str::to_string),
+        1 => "\\PC{0,12}",
+    ];
+    (
+        prop::option::of(prop::sample::select(vec!["traffic", "health", "both"])),
+        prop::collection::btree_map(key, json_value(), 0..6),
+    )
+        .prop_map(|(role, extra)| {
+            let mut obj: serde_json::Map<String, Value> = extra.into_iter().collect();
+            if let Some(r) = role {
+                obj.insert("role".to_string(), Value::from(r));
+            }
+            Value::Object(obj)
+        })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 4096, .. ProptestConfig::default() })]
+
+    /// `Config::parse` never panics, and every refusal names a key: one of
+    /// KEYS, an unknown key the input really has, or "(configuration)".
+    #[test]
+    fn config_errors_name_a_key(v in config_object()) {
+        let bytes = v.to_string();
+        match Config::parse(bytes.as_bytes()) {
+            Ok(c) => {
+                let obj = v.as_object().unwrap();
+                prop_assert!(obj.keys().all(|k| KEYS.contains(&k.as_str())));
+                prop_assert_eq!(c.role == Role::Health, obj["role"] == "health");
+                prop_assert!(c.min_drain_ms <= c.drain_timeout_ms);
+                prop_assert!((10..=10_000).contains(&c.tick_ms));
+                prop_assert!(c.draining_lb_status == 200 || c.draining_lb_status == 404);
+                prop_assert!((1..=10).contains(&c.lb_fall));
+            }
+            Err(e) => {
+                let obj = v.as_object().unwrap();
+                prop_assert!(KEYS.contains(&e.key.as_str()) || obj.contains_key(&e.key), "{e}");
+                prop_assert!(!e.problem.is_empty());
+                let prefix = format!("invalid configuration: {}: ", e.key);
+                prop_assert!(e.to_string().starts_with(&prefix), "{}", e);
+            }
+        }
+    }
+
+    #[test]
+    fn config_bytes_never_panic(bytes in prop::collection::vec(any::<u8>(), 0..64)) {
+        if let Err(e) = Config::parse(&bytes) {
+            prop_assert!(e.key == "(configuration)" || e.key == "role" || KEYS.contains(&e.key.as_str())
+                || std::str::from_utf8(&bytes).is_ok_and(|s| s.contains(&e.key)), "{e}");
+        }
+    }
+}
+
+fn state() -> impl Strategy<Value = State> {
+    prop::sample::select(State::ALL.to_vec())
+}
+
+fn reason() -> impl Strategy<Value = Reason> {
+    prop::sample::select(vec![
+        Reason::DrainRequested,
+        Reason::ActiveZero,
+        Reason::DrainTimeout,
+        Reason::CloseLbRequested,
+        Reason::LbBufferElapsed,
+        Reason::LbObservedDown,
+        Reason::LbDownTimeout,
+        Reason::CloseRequested,
+        Reason::ReopenRequested,
+        Reason::FaultRequested,
+    ])
+}
+
+fn plan() -> impl Strategy<Value = DrainPlan> {
+    (
+        0u64..5_000,
+        1u64..20_000,
+        0u64..5_000,
+        any::<bool>(),
+        1u64..20_000,
+    )
+        .prop_map(|(min, timeout, buffer, observed, down)| DrainPlan {
+            min_drain_ms: min.min(timeout),
+            drain_timeout_ms: timeout,
+            lb_buffer_ms: buffer,
+            close_after: if observed {
+                CloseAfter::LbObservedDown
+            } else {
+                CloseAfter::LbBuffer
+            },
+            lb_down_timeout_ms: down,
+        })
+}
+
+#[derive(Clone, Debug)]
+enum Op {
+    /// A requested move.
+    Ask(Move, u64, u64),
+    /// Whatever `due` says, applied.
+    Due(u64, u64, Option<u64>),
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        (
+            state(),
+            state(),
+            reason(),
+            prop::option::of(plan()),
+            0u64..30_000,
+            0u64..3
+        )
+            .prop_map(|(from, to, reason, plan, dt, active)| Op::Ask(
+                Move {
+                    expected_from: from,
+                    to,
+                    reason,
+                    plan
+                },
+                dt,
+                active
+            )),
+        (0u64..30_000, 0u64..3, prop::option::of(0u64..30_000))
+            .prop_map(|(dt, a, down)| Op::Due(dt, a, down)),
+    ]
+}
+
+fn check_record(r: &Record) -> Result<(), TestCaseError> {
+    prop_assert!(r.history.len() <= HISTORY);
+    for pair in r.history.windows(2) {
+        prop_assert_eq!(pair[0].to, pair[1].from, "history is not one chain");
+        prop_assert!(pair[0].at_ms <= pair[1].at_ms);
+    }
+    for s in &r.history {
+        prop_assert!(fsm::legal(s.from, s.to), "{s:?}");
+    }
+    if let Some(last) = r.history.last() {
+        prop_assert_eq!(last.to, r.state);
+        prop_assert_eq!(last.reason, r.reason);
+    }
+    match r.state {
+        State::Draining | State::Closing | State::Closed => {
+            prop_assert!(r.plan.is_some() && r.drain_started_ms.is_some())
+        }
+        State::Open => prop_assert!(r.plan.is_none() && !r.forced),
+        State::Fault => {}
+    }
+    if r.state == State::Closing || r.state == State::Closed {
+        prop_assert!(r.closing_ms.is_some() && r.active_at_closing.is_some());
+    }
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 2048, .. ProptestConfig::default() })]
+
+    /// `advance` takes only legal moves from the expected state (DRAINING needs
+    /// a plan); a refusal carries the current state and changes nothing; `due`
+    /// proposes only moves `advance` accepts; the history stays one bounded chain.
+    #[test]
+    fn fsm_keeps_its_invariants(ops in prop::collection::vec(op(), 1..80)) {
+        let mut now = 1_000_000u64;
+        let mut rec = Record::new(now);
+        for op in ops {
+            match op {
+                Op::Ask(mv, dt, active) => {
+                    now += dt;
+                    let before = rec.clone();
+                    match fsm::advance(&rec, mv, now, active) {
+                        Ok(next) => {
+                            prop_assert!(fsm::legal(before.state, mv.to));
+                            prop_assert_eq!(mv.expected_from, before.state);
+                            prop_assert!(mv.to != State::Draining || mv.plan.is_some());
+                            prop_assert_eq!(next.state, mv.to);
+                            prop_assert_eq!(next.since_ms, now);
+                            let last = next.history.last().unwrap();
+                            prop_assert_eq!((last.from, last.to, last.reason, last.active), (before.state, mv.to, mv.reason, active));
+                            rec = next;
+                        }
+                        Err(e) => {
+                            prop_assert_eq!(e.state, before.state);
+                            prop_assert_eq!(e.requested, mv.to);
+                            prop_assert!(!fsm::legal(before.state, mv.to) || mv.expected_from != before.state
+                                || (mv.to == State::Draining && mv.plan.is_none()));
+                        }
+                    }
+                }
+                Op::Due(dt, active, down) => {
+                    now += dt;
+                    let down = down.map(|d| now.saturating_sub(d));
+                    if let Some(mv) = fsm::due(&rec, now, active, down) {
+                        prop_assert_eq!(mv.expected_from, rec.state);
+                        prop_assert!(matches!(rec.state, State::Draining | State::Closing));
+                        if mv.reason == Reason::ActiveZero {
+                            prop_assert_eq!(active, 0);
+                        }
+                        let next = fsm::advance(&rec, mv, now, active);
+                        prop_assert!(next.is_ok(), "due proposed a move advance refuses: {mv:?}");
+                        rec = next.unwrap();
+                    }
+                }
+            }
+            check_record(&rec)?;
+            let round: Record = serde_json::from_str(&serde_json::to_string(&rec).unwrap()).unwrap();
+            prop_assert_eq!(&round, &rec);
+        }
+    }
+
+    /// Status and conflict bodies of any reachable record are JSON objects
+    /// with the documented top-level fields.
+    #[test]
+    fn status_bodies_are_json(ops in prop::collection::vec(op(), 0..20), active in 0u64..1_000_000) {
+        let mut rec = Record::new(1_764_000_000_000);
+        let mut now = rec.since_ms;
+        for op in ops {
+            if let Op::Ask(mv, dt, a) = op {
+                now += dt;
+                if let Ok(next) = fsm::advance(&rec, mv, now, a) {
+                    rec = next;
+                }
+            }
+        }
+        let checkers = Checkers::default();
+        let view = api::View {
+            rec: &rec,
+            active,
+            now_ms: now,
+            count: api::CountInfo { source: "gauge", reliable: true },
+            draining_lb_status: 200,
+            checkers: &checkers,
+            lb_fall: 2,
+            close_after: CloseAfter::LbBuffer,
+        };
+        let body: Value = serde_json::from_slice(&api::status(&view).body).unwrap();
+        for field in ["state", "ready", "live", "lb_status", "active", "count", "progress", "lb"] {
+            prop_assert!(body.get(field).is_some(), "{field} missing: {body}");
+        }
+        prop_assert_eq!(body["state"].as_str(), Some(rec.state.name()));
+    }
+}
