@@ -21,7 +21,7 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[2]
 BOOTSTRAP = REPO / "envoyfilter" / "envoy.yaml"
-WASM = REPO / "target" / "wasm32-wasip1" / "release" / "drain_gate.wasm"
+WASM = REPO / "target" / "drain_gate.wasm"
 
 
 def envoy_binary() -> str:
