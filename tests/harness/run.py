@@ -5,6 +5,7 @@ the plugin configuration in envoyfilter/envoy.yaml).
 """
 import json
 import os
+import signal
 import sys
 
 from tests.harness import backend
@@ -30,6 +31,8 @@ Ctrl-C stops it. Envoy log: {log}
 
 
 def main() -> int:
+    # SIGTERM ends the run like Ctrl-C does: Envoy runs in its own session and is stopped below.
+    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     config = json.loads(os.environ.get("DRAIN_GATE_CONFIG") or "{}")
     concurrency = int(os.environ.get("ENVOY_CONCURRENCY") or 2)
     ports = Ports.defaults()
