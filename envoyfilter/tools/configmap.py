@@ -1,0 +1,67 @@
+#!/usr/bin/env python3
+"""Write the ConfigMap that carries drain_gate.wasm into the gateway pods.
+
+The gateway Helm values (../kubernetes/gateway-values.yaml) mount its key
+drain_gate.wasm at /etc/drain-gate/drain_gate.wasm, the path both EnvoyFilters
+load. A ConfigMap holds at most 1 MiB: the module must stay below that (it is
+checked here and in tests/test_istio_kubernetes.py).
+
+Same result as
+  kubectl -n istio-system create configmap drain-gate-wasm \
+    --from-file=drain_gate.wasm=target/wasm32-wasip1/release/drain_gate.wasm \
+    --dry-run=client -o yaml
+plus a label and the module's sha256 as an annotation.
+
+usage: configmap.py --wasm PATH --out FILE [--namespace istio-system]
+"""
+from __future__ import annotations
+
+import argparse
+import base64
+import hashlib
+import sys
+from pathlib import Path
+
+NAME = "drain-gate-wasm"
+KEY = "drain_gate.wasm"
+# Kubernetes refuses a ConfigMap whose data exceeds 1 MiB (MaxSecretSize/
+# ConfigMap validation: 1048576 bytes for data + binaryData).
+LIMIT = 1024 * 1024
+
+
+def configmap(wasm: bytes, namespace: str) -> str:
+    """The ConfigMap as YAML (plain scalars only: no YAML library needed)."""
+    return (
+        "apiVersion: v1\n"
+        "kind: ConfigMap\n"
+        "metadata:\n"
+        f"  name: {NAME}\n"
+        f"  namespace: {namespace}\n"
+        "  labels:\n"
+        "    app.kubernetes.io/name: drain-gate\n"
+        "  annotations:\n"
+        f"    drain-gate/wasm-sha256: \"{hashlib.sha256(wasm).hexdigest()}\"\n"
+        "binaryData:\n"
+        f"  {KEY}: {base64.b64encode(wasm).decode()}\n"
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--wasm", type=Path, required=True)
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--namespace", default="istio-system")
+    args = ap.parse_args(argv)
+    wasm = args.wasm.read_bytes()
+    if len(wasm) >= LIMIT:
+        print(f"{args.wasm}: {len(wasm)} bytes; a ConfigMap holds at most 1 MiB ({LIMIT} bytes)", file=sys.stderr)
+        return 1
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(configmap(wasm, args.namespace))
+    print(f"{args.out}: ConfigMap {args.namespace}/{NAME}, {len(wasm)} bytes of wasm "
+          f"({100 * len(wasm) // LIMIT}% of the 1 MiB limit)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
