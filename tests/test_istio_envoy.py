@@ -1,0 +1,359 @@
+"""envoyfilter/istio/ run in real Envoy 1.36, 1.38 and 1.40, in a bootstrap that
+mimics an Istio ingress gateway (tests/harness/istio.py): each patch value is
+taken from its YAML file and used as written (only ports and the wasm path are
+substituted).
+
+- EnvoyFilter form: the :18180 listener answers the FSM — including HAProxy's
+  real health check request, byte for byte — the traffic filter counts the
+  streams of every traffic listener, the preStop command of the Deployment
+  patch drains and returns at CLOSED, the probes read what they should.
+- WasmPlugin form: the traffic role as istiod + istio-agent deliver it (ECDS,
+  vm_id "", module pulled out of the image `make oci` builds) with the vm_id ""
+  health listener: the count reaches the health FSM and the flip happens.
+- The mismatch the README warns about: WasmPlugin traffic role with the
+  EnvoyFilter-form health listener (vm_id "drain-gate"): the count is
+  distrusted and the drain only closes at drain_timeout.
+- Distroless: /prestop authorized by the Deployment patch's literal bearer header.
+"""
+from __future__ import annotations
+
+import contextlib
+import copy
+import importlib.util
+import json
+import re
+import socket
+import subprocess
+import threading
+import time
+
+import pytest
+import requests
+
+from tests.harness import istio
+from tests.harness.envoy import WASM, Envoy, free_port, wait_for
+
+VERSIONS = istio.ENVOY_MATRIX
+
+
+# -- helpers ---------------------------------------------------------------------------
+def raw(port: int, request: bytes, timeout: float = 5) -> tuple[str, bytes]:
+    """Sends `request` as is, reads one response (its content-length, or until
+    the server closes) and closes, as an LB checker does: (status line, body)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
+        s.sendall(request)
+        data = b""
+        while True:
+            head, sep, body = data.partition(b"\r\n\r\n")
+            if sep:
+                m = re.search(rb"(?im)^content-length:\s*(\d+)\r?$", head)
+                if m and len(body) >= int(m.group(1)):
+                    break
+            chunk = s.recv(65536)
+            if not chunk:
+                break
+            data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    return head.split(b"\r\n", 1)[0].decode(), body
+
+
+def lb_check(env) -> tuple[str, bytes]:
+    return raw(env.ports.health, istio.HAPROXY_HTTPCHK)
+
+
+def status(env) -> dict:
+    return requests.get(env.health("/drain/status"), timeout=5).json()
+
+
+def load(rel: str) -> dict:
+    return istio.load_one(istio.ISTIO / rel)
+
+
+def patched(ef: dict, **config) -> dict:
+    """The health EnvoyFilter with keys merged into its plugin configuration."""
+    ef = copy.deepcopy(ef)
+    value = ef["spec"]["configPatches"][0]["patch"]["value"]
+    plugin = value["filter_chains"][0]["filters"][0]["typed_config"]["http_filters"][0]["typed_config"]["config"]
+    merged = json.loads(plugin["configuration"]["value"])
+    merged.update(config)
+    plugin["configuration"]["value"] = json.dumps(merged, separators=(",", ":"))
+    return ef
+
+
+def _oci_tool():
+    spec = importlib.util.spec_from_file_location("oci_image", istio.ENVOYFILTER / "tools" / "oci_image.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture
+def start_gateway(backend_port, tmp_path, monkeypatch):
+    """Factory: start_gateway(version, listeners) -> a started Envoy; `env.at`
+    maps each logical listener port to the actual one. Stopped on every path."""
+    stack = contextlib.ExitStack()
+
+    def start(version: str, listeners: list[dict], wasm=WASM) -> Envoy:
+        monkeypatch.setenv("ENVOY_BIN", istio.envoy_bin(version))
+        at = {l["address"]["socket_address"]["port_value"]: free_port() for l in listeners}
+        admin = free_port()
+        doc = istio.gateway_bootstrap(listeners, at, admin, backend_port, wasm)
+        env = Envoy(doc, istio.harness_ports(at, admin, backend_port), concurrency=2,
+                    workdir=tmp_path / f"envoy-{admin}")
+        env.at = at
+        stack.callback(env.stop)
+        env.start(timeout=60)
+        version_seen = requests.get(env.admin("/server_info"), timeout=5).json()["version"]
+        assert f"/{version}/" in version_seen, version_seen
+        return env
+
+    with stack:
+        yield start
+
+
+@pytest.fixture(scope="module")
+def pulled_wasm(tmp_path_factory):
+    """The module as istio-agent gets it for the WasmPlugin: built into the OCI
+    image by envoyfilter/tools/oci_image.py, then taken out of it the way
+    pkg/wasm/imagefetcher.go does, into istio-agent's cache directory."""
+    tmp = tmp_path_factory.mktemp("istio-agent")
+    tag = "0.1.0"
+    digests = _oci_tool().build(WASM.read_bytes(), tmp / "oci", tag)
+    module = istio.istio_extract_compat(tmp / "oci" / "drain-gate", tag)
+    path = tmp / "cache" / f"{digests['manifest'].split(':')[1]}.wasm"
+    path.parent.mkdir()
+    path.write_bytes(module)
+    return path
+
+
+# -- what HAProxy sends ------------------------------------------------------------------
+def test_haproxy_httpchk_request_on_the_wire(tmp_path):
+    """A real haproxy (2.6 from Debian) with the seed's `option httpchk GET
+    /health_check.html`: capture the check request it writes."""
+    got: list[bytes] = []
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(4)
+    srv.settimeout(15)
+    port = srv.getsockname()[1]
+
+    def accept():
+        try:
+            conn, _ = srv.accept()
+        except OSError:
+            return
+        with conn:
+            conn.settimeout(5)
+            data = b""
+            while b"\r\n\r\n" not in data:
+                chunk = conn.recv(4096)
+                if not chunk:
+                    break
+                data += chunk
+            got.append(data)
+            conn.sendall(b"HTTP/1.0 200 OK\r\nContent-Length: 0\r\n\r\n")
+
+    t = threading.Thread(target=accept, daemon=True)
+    t.start()
+    cfg = tmp_path / "haproxy.cfg"
+    cfg.write_text(
+        "defaults\n  mode http\n  timeout connect 1s\n  timeout client 5s\n  timeout server 5s\n"
+        f"frontend fe\n  bind 127.0.0.1:{free_port()}\n  default_backend be\n"
+        "backend be\n  option httpchk GET /health_check.html\n  http-check expect status 200\n"
+        f"  server gw 127.0.0.1:9 check port {port} inter 200ms rise 2 fall 2\n"
+    )
+    proc = subprocess.Popen(["haproxy", "-db", "-f", str(cfg)], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, start_new_session=True)
+    try:
+        t.join(15)
+        assert got, f"haproxy sent no check: {proc.stderr.read1().decode() if proc.poll() is not None else ''}"
+    finally:
+        proc.terminate()
+        proc.wait(10)
+        srv.close()
+    version = subprocess.run(["haproxy", "-v"], capture_output=True, text=True).stdout
+    assert "version 2." in version
+    # HTTP/1.0, no Host, no other header: what the health listener must answer.
+    assert got[0] == istio.HAPROXY_HTTPCHK
+
+
+# -- where istiod puts the patches ---------------------------------------------------------
+def _names(listener):
+    return [f["name"] for f in listener["filter_chains"][0]["filters"][0]["typed_config"]["http_filters"]]
+
+
+def test_patches_land_where_istiod_puts_them():
+    traffic, health = load("traffic-filter.yaml"), load("health-listener.yaml")
+    base = [istio.gateway_listener(8080), istio.gateway_listener(8443), istio.gateway_listener(15443, tcp=True)]
+    out = {l["name"]: l for l in istio.apply_envoyfilters(base, [traffic, health])}
+    counted = ["envoy.filters.http.cors", "envoy.filters.http.fault", "drain-gate", "envoy.filters.http.router"]
+    assert _names(out["0.0.0.0_8080"]) == counted
+    assert _names(out["0.0.0.0_8443"]) == counted
+    assert out["0.0.0.0_15443"] == base[2], "a TCP listener has no HTTP filter chain to count on"
+    assert out["drain-gate-health"] == health["spec"]["configPatches"][0]["patch"]["value"], "added as written"
+    # Even applied to the health listener itself (any order of EnvoyFilters),
+    # the traffic patch does not match it.
+    health_listener = health["spec"]["configPatches"][0]["patch"]["value"]
+    assert istio.apply_envoyfilters([health_listener], [traffic]) == [health_listener]
+    # A gateway without the selected labels gets nothing.
+    assert istio.apply_envoyfilters(base, [traffic, health], labels={"istio": "other"}) == base
+
+
+# -- EnvoyFilter form ---------------------------------------------------------------------
+@pytest.mark.parametrize("version", VERSIONS)
+def test_envoyfilter_form_counts_flips_and_prestop_returns_at_closed(version, start_gateway, stream):
+    listeners = istio.apply_envoyfilters(
+        [istio.gateway_listener(8080), istio.gateway_listener(8443)],
+        [load("traffic-filter.yaml"), load("health-listener.yaml")],
+    )
+    env = start_gateway(version, listeners)
+
+    line, body = lb_check(env)
+    assert (line, body) == ("HTTP/1.0 200 OK", b"OK\n")
+    # a NetScaler-style HTTP/1.1 check with Host is answered too
+    line, _ = raw(env.ports.health, b"GET /health_check.html HTTP/1.1\r\nHost: 203.0.113.213\r\nConnection: close\r\n\r\n")
+    assert line == "HTTP/1.1 200 OK"
+
+    streams = [stream(f"http://127.0.0.1:{env.at[p]}/stream?seconds=3&interval_ms=250") for p in (8080, 8443)]
+    wait_for(lambda: status(env)["active"] == 2, 10, what="both traffic listeners counted")
+    assert status(env)["count"]["reliable"] is True
+
+    # The Deployment patch's preStop, as written but for the port.
+    (proxy,) = istio.load_one(istio.KUBERNETES / "gateway-deployment-patch.yaml")["spec"]["template"]["spec"]["containers"]
+    command = [a.replace(":18180/", f":{env.ports.health}/") for a in proxy["lifecycle"]["preStop"]["exec"]["command"]]
+    prestop = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(lambda: status(env)["state"] == "DRAINING", 5, what="DRAINING")
+        held_200 = 0
+        while any(s.running() for s in streams):
+            before = status(env)
+            line, _ = lb_check(env)
+            after = status(env)
+            if before["state"] == after["state"] == "DRAINING" and after["active"] > 0:
+                assert line == "HTTP/1.0 200 OK", (before, after)
+                held_200 += 1
+            time.sleep(0.1)
+        assert held_200 >= 3, "the LB kept seeing 200 while requests were in flight"
+        for s in streams:
+            assert s.wait(10) == 0 and s.chunks == 12, s.err
+
+        wait_for(lambda: lb_check(env)[0] == "HTTP/1.0 503 Service Unavailable", 2, what="LB flip to 503")
+        st = status(env)
+        assert st["state"] == "CLOSING"
+        assert st["progress"]["reason"] == "active_zero" and st["progress"]["forced"] is False
+        assert st["progress"]["active_at_closing"] == 0
+        assert lb_check(env)[1] == b"DRAIN\n"
+        assert requests.get(env.health(proxy["readinessProbe"]["httpGet"]["path"]), timeout=5).status_code == 200
+        assert requests.get(env.health(proxy["livenessProbe"]["httpGet"]["path"]), timeout=5).status_code == 200
+
+        lb_buffer = st["progress"]["lb_buffer_ms"] / 1000
+        out, err = prestop.communicate(timeout=lb_buffer + 10)
+        assert prestop.returncode == 0, err
+        assert json.loads(out)["state"] == "CLOSED"
+    finally:
+        if prestop.poll() is None:
+            prestop.kill()
+            prestop.communicate()
+
+    st = status(env)
+    assert st["state"] == "CLOSED"
+    assert requests.get(env.health(proxy["readinessProbe"]["httpGet"]["path"]), timeout=5).status_code == 503
+    assert requests.get(env.health(proxy["livenessProbe"]["httpGet"]["path"]), timeout=5).status_code == 200
+    assert lb_check(env)[0] == "HTTP/1.0 503 Service Unavailable"
+
+    # The grace period arithmetic of gateway-values.yaml, against the plan the
+    # running filter reports.
+    values = istio.load_one(istio.KUBERNETES / "gateway-values.yaml")
+    grace = values["terminationGracePeriodSeconds"]
+    drain_duration = int(re.search(r"terminationDrainDuration:\s*(\d+)s",
+                                   values["podAnnotations"]["proxy.istio.io/config"]).group(1))
+    hold = (st["progress"]["drain_timeout_ms"] + st["progress"]["lb_buffer_ms"]) / 1000 + 5
+    max_time = float(command[command.index("--max-time") + 1])
+    assert hold <= max_time, "curl gives up before drain-gate answers"
+    assert max_time + drain_duration <= grace, "the kubelet kills the pod before the drain ends"
+
+
+# -- WasmPlugin form ------------------------------------------------------------------------
+def _wasmplugin_listeners(tmp_path, health_ef: dict, module) -> list[dict]:
+    wp = load("wasmplugin/traffic.yaml")
+    ecds = tmp_path / "ecds.yaml"
+    istio.write_ecds(ecds, [istio.wasmplugin_extension_config(wp, module)])
+    with_plugin = istio.insert_wasmplugin([istio.gateway_listener(8080)], wp, ecds)
+    return istio.apply_envoyfilters(with_plugin, [health_ef])
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_wasmplugin_form_count_reaches_the_health_fsm(version, start_gateway, stream, tmp_path, pulled_wasm):
+    listeners = _wasmplugin_listeners(tmp_path, load("wasmplugin/health-listener.yaml"), pulled_wasm)
+    env = start_gateway(version, listeners)
+    assert lb_check(env)[0] == "HTTP/1.0 200 OK"
+
+    s = stream(f"http://127.0.0.1:{env.at[8080]}/stream?seconds=2&interval_ms=250")
+    wait_for(lambda: status(env)["active"] == 1, 10, what="the WasmPlugin's stream counted")
+    assert status(env)["count"]["reliable"] is True
+    assert requests.post(env.health("/drain"), timeout=5).status_code == 200
+    assert lb_check(env)[0] == "HTTP/1.0 200 OK"
+    assert s.wait(10) == 0 and s.chunks == 8
+    ended = time.monotonic()
+    wait_for(lambda: lb_check(env)[0] == "HTTP/1.0 503 Service Unavailable", 2, what="LB flip to 503")
+    assert time.monotonic() - ended < 2
+    st = status(env)
+    assert st["progress"]["reason"] == "active_zero" and st["progress"]["forced"] is False
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_wasmplugin_with_envoyfilter_vm_id_only_closes_at_drain_timeout(version, start_gateway, stream, tmp_path,
+                                                                        pulled_wasm):
+    """The EnvoyFilter-form health listener (vm_id "drain-gate") next to the
+    WasmPlugin (vm_id ""): the health role sees no traffic role in its vm_id.
+    Only change to the file: drain_timeout 4s instead of 120s, to see the end."""
+    drain_timeout = 4
+    health = patched(load("health-listener.yaml"), drain_timeout=f"{drain_timeout}s")
+    env = start_gateway(version, _wasmplugin_listeners(tmp_path, health, pulled_wasm))
+
+    s = stream(f"http://127.0.0.1:{env.at[8080]}/stream?seconds=1&interval_ms=250")
+    wait_for(lambda: status(env)["active"] == 1, 10, what="stream visible in the shared gauge")
+    assert status(env)["count"]["reliable"] is False, "no traffic role in vm_id drain-gate"
+    assert requests.post(env.health("/drain"), timeout=5).status_code == 200
+    drained = time.monotonic()
+    assert s.wait(10) == 0
+    wait_for(lambda: status(env)["active"] == 0, 5, what="stream released")
+    # A trusted count would have flipped by now; this one must not.
+    while time.monotonic() - drained < drain_timeout - 1:
+        assert status(env)["state"] == "DRAINING"
+        assert lb_check(env)[0] == "HTTP/1.0 200 OK"
+        time.sleep(0.2)
+    wait_for(lambda: status(env)["state"] == "CLOSING", 4, what="CLOSING at drain_timeout")
+    st = status(env)
+    assert st["progress"]["reason"] == "drain_timeout" and st["progress"]["forced"] is True
+    assert time.monotonic() - drained >= drain_timeout - 0.5
+
+
+# -- distroless: /prestop with the literal bearer header --------------------------------------
+@pytest.mark.parametrize("version", VERSIONS)
+def test_distroless_prestop_with_bearer_header(version, start_gateway):
+    token = "a3f1c2d4e5b60718293a4b5c6d7e8f90a1b2c3d4e5f6a7b8"  # like `openssl rand -hex 24`
+    (proxy,) = istio.load_one(istio.KUBERNETES / "gateway-deployment-patch-distroless.yaml")[
+        "spec"]["template"]["spec"]["containers"]
+    hook = proxy["lifecycle"]["preStop"]["httpGet"]
+    (header,) = hook["httpHeaders"]
+    placeholder = header["value"].split(" ", 1)[1]
+    # drain-gate's token alphabet (src/config.rs is_token68): the placeholder is outside it
+    assert not re.fullmatch(r"[A-Za-z0-9._~+/=-]{16,}", placeholder), "the placeholder must never be a valid token"
+    # What the README's commands produce; admin_allow [] so the test's loopback
+    # address does not authorize by itself, as the kubelet's node address would not.
+    health = patched(load("health-listener.yaml"), admin_token=token, admin_allow=[])
+    env = start_gateway(version, istio.apply_envoyfilters(
+        [istio.gateway_listener(8080)], [load("traffic-filter.yaml"), health]))
+    url = env.health(hook["path"])
+
+    assert requests.get(url, timeout=5).status_code == 401
+    assert requests.get(url, headers={"Authorization": header["value"]}, timeout=5).status_code == 401
+    assert status(env)["state"] == "OPEN"
+
+    started = time.monotonic()
+    r = requests.get(url, headers={header["name"]: header["value"].replace(placeholder, token)}, timeout=60)
+    assert r.status_code == 200 and r.json()["state"] == "CLOSED"
+    st = status(env)
+    assert st["progress"]["reason"] == "lb_buffer_elapsed"
+    assert time.monotonic() - started >= st["progress"]["lb_buffer_ms"] / 1000 - 0.5

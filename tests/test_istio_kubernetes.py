@@ -1,0 +1,206 @@
+"""envoyfilter/kubernetes/: the Helm values, the Deployment patches, the Service
+and the generated ConfigMap are valid Kubernetes objects (kubernetes-validate's
+bundled schemas, strict: unknown fields are errors), and say what the README says."""
+from __future__ import annotations
+
+import base64
+import copy
+import hashlib
+import subprocess
+import sys
+
+import kubernetes_validate
+import pytest
+
+from tests.harness import istio
+from tests.harness.envoy import REPO, WASM
+
+# The seed's cluster (k8s 1.30.6) and the newest schema bundled.
+K8S_VERSIONS = ("1.30.0", kubernetes_validate.utils.latest_version())
+PATCHES = ("gateway-deployment-patch.yaml", "gateway-deployment-patch-distroless.yaml")
+
+
+def _validate(obj: dict) -> None:
+    for version in K8S_VERSIONS:
+        try:
+            kubernetes_validate.validate(obj, version, strict=True)
+        except kubernetes_validate.ValidationError as e:
+            pytest.fail(f"{obj['kind']} {obj['metadata']['name']} invalid for k8s {version}: "
+                        f"{'/'.join(map(str, e.path))}: {e.message}")
+
+
+def render_chart(values: dict) -> tuple[dict, dict]:
+    """The Deployment and Service the istio/gateway chart renders from `values`
+    for release istio-ingressgateway (templates/deployment.yaml and
+    service.yaml: only the fields those templates take from values)."""
+    labels = dict(istio.GATEWAY_LABELS)
+    container = {
+        "name": "istio-proxy",
+        "image": "auto",
+        "securityContext": {
+            "capabilities": {"drop": ["ALL"]},
+            "allowPrivilegeEscalation": False,
+            "privileged": False,
+            "readOnlyRootFilesystem": True,
+            "runAsUser": 1337,
+            "runAsGroup": 1337,
+            "runAsNonRoot": True,
+        },
+        "env": [],
+        "ports": [{"containerPort": 15090, "protocol": "TCP", "name": "http-envoy-prom"}],
+        "resources": {"requests": {"cpu": "100m", "memory": "128Mi"}, "limits": {"cpu": "2000m", "memory": "1024Mi"}},
+    }
+    for key in ("volumeMounts", "readinessProbe"):
+        if key in values:
+            container[key] = copy.deepcopy(values[key])
+    pod = {
+        "serviceAccountName": "istio-ingressgateway",
+        "securityContext": {"sysctls": [{"name": "net.ipv4.ip_unprivileged_port_start", "value": "0"}]},
+        "containers": [container],
+        "terminationGracePeriodSeconds": values["terminationGracePeriodSeconds"],
+    }
+    if "volumes" in values:
+        pod["volumes"] = copy.deepcopy(values["volumes"])
+    spec = {
+        "selector": {"matchLabels": labels},
+        "template": {
+            "metadata": {"annotations": copy.deepcopy(values.get("podAnnotations", {})),
+                         "labels": {**labels, "sidecar.istio.io/inject": "true"}},
+            "spec": pod,
+        },
+    }
+    if not values.get("autoscaling", {}).get("enabled", True):
+        spec["replicas"] = values["replicaCount"]
+    if "strategy" in values:
+        spec["strategy"] = copy.deepcopy(values["strategy"])
+    deployment = {"apiVersion": "apps/v1", "kind": "Deployment",
+                  "metadata": {"name": "istio-ingressgateway", "namespace": "istio-system", "labels": labels},
+                  "spec": spec}
+    svc = values["service"]
+    service = {"apiVersion": "v1", "kind": "Service",
+               "metadata": {"name": "istio-ingressgateway", "namespace": "istio-system", "labels": labels},
+               "spec": {"type": svc["type"], "ports": copy.deepcopy(svc["ports"]), "selector": labels}}
+    if svc.get("externalTrafficPolicy"):
+        service["spec"]["externalTrafficPolicy"] = svc["externalTrafficPolicy"]
+    return deployment, service
+
+
+MERGE_KEYS = {"containers": "name", "ports": "containerPort", "volumes": "name", "volumeMounts": "mountPath"}
+
+
+def strategic_merge(base, patch, key=None):
+    """kubectl's strategic merge for what the patches use: maps merge, lists of
+    containers/ports/volumes merge by their key, other lists are replaced."""
+    if isinstance(base, dict) and isinstance(patch, dict):
+        out = copy.deepcopy(base)
+        for k, v in patch.items():
+            out[k] = strategic_merge(base[k], v, k) if k in base else copy.deepcopy(v)
+        return out
+    if isinstance(base, list) and isinstance(patch, list) and key in MERGE_KEYS:
+        mk = MERGE_KEYS[key]
+        out = copy.deepcopy(base)
+        for item in patch:
+            at = next((i for i, b in enumerate(out) if b.get(mk) == item.get(mk)), None)
+            if at is None:
+                out.append(copy.deepcopy(item))
+            else:
+                out[at] = strategic_merge(out[at], item)
+        return out
+    return copy.deepcopy(patch)
+
+
+@pytest.fixture(scope="module")
+def values():
+    return istio.load_one(istio.KUBERNETES / "gateway-values.yaml")
+
+
+def test_the_validator_is_strict(values):
+    deployment, _ = render_chart(values)
+    deployment["spec"]["template"]["spec"]["containers"][0]["lifecycle"] = {"preStopp": {}}
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(deployment, K8S_VERSIONS[0], strict=True)
+
+
+def test_chart_renders_valid_deployment_and_service(values):
+    deployment, service = render_chart(values)
+    _validate(deployment)
+    _validate(service)
+
+
+def test_chart_service_is_service_yaml(values):
+    _, rendered = render_chart(values)
+    written = istio.load_one(istio.KUBERNETES / "service.yaml")
+    _validate(written)
+    assert written["spec"] == rendered["spec"]
+
+
+def test_service_maps_the_seed_node_ports(values):
+    spec = istio.load_one(istio.KUBERNETES / "service.yaml")["spec"]
+    assert spec["type"] == "NodePort"
+    assert spec["externalTrafficPolicy"] == "Local"
+    assert {p["nodePort"]: p["targetPort"] for p in spec["ports"]} == {
+        30080: 8080, 30180: 18180, 31443: 8443, 32021: 15021}
+
+
+@pytest.mark.parametrize("patch_file", PATCHES)
+def test_patched_deployment_is_valid_and_complete(values, patch_file):
+    deployment, _ = render_chart(values)
+    patch = istio.load_one(istio.KUBERNETES / patch_file)
+    patched = strategic_merge(deployment, patch)
+    _validate(patched)
+    pod = patched["spec"]["template"]["spec"]
+    (proxy,) = pod["containers"]
+    assert {"containerPort": 18180, "name": "http-drain-gate", "protocol": "TCP"} in proxy["ports"]
+    assert 15090 in [p["containerPort"] for p in proxy["ports"]], "the chart's port survives the merge"
+    assert proxy["readinessProbe"]["httpGet"] == {"path": "/health", "port": 18180}
+    assert proxy["livenessProbe"]["httpGet"] == {"path": "/live", "port": 18180}
+    assert proxy["volumeMounts"] == values["volumeMounts"]
+    assert pod["terminationGracePeriodSeconds"] == values["terminationGracePeriodSeconds"]
+    pre = proxy["lifecycle"]["preStop"]
+    if "distroless" in patch_file:
+        assert pre["httpGet"]["path"] == "/prestop" and pre["httpGet"]["port"] == 18180
+        (header,) = pre["httpGet"]["httpHeaders"]
+        assert header["name"] == "Authorization" and header["value"].startswith("Bearer ")
+    else:
+        cmd = pre["exec"]["command"]
+        assert cmd[0] == "curl" and cmd[-1] == "http://127.0.0.1:18180/drain?wait=closed"
+        assert cmd[cmd.index("-X") + 1] == "POST"
+
+
+def test_readiness_probe_is_the_same_in_values_and_patches(values):
+    for patch_file in PATCHES:
+        (proxy,) = istio.load_one(istio.KUBERNETES / patch_file)["spec"]["template"]["spec"]["containers"]
+        assert proxy["readinessProbe"] == values["readinessProbe"], patch_file
+
+
+def test_configmap_carries_the_wasm_under_1_mib(tmp_path, values):
+    assert WASM.exists(), "run `make build`"
+    wasm = WASM.read_bytes()  # one snapshot: a concurrent `cargo build` may rewrite WASM
+    (tmp_path / "in.wasm").write_bytes(wasm)
+    out = tmp_path / "cm.yaml"
+    subprocess.run([sys.executable, str(istio.ENVOYFILTER / "tools" / "configmap.py"),
+                    "--wasm", str(tmp_path / "in.wasm"), "--out", str(out)], check=True, capture_output=True)
+    cm = istio.load_one(out)
+    _validate(cm)
+    assert len(wasm) < 1024 * 1024, f"{len(wasm)} bytes: too big for a ConfigMap"
+    data = base64.b64decode(cm["binaryData"]["drain_gate.wasm"])
+    assert data == wasm
+    assert cm["metadata"]["annotations"]["drain-gate/wasm-sha256"] == hashlib.sha256(wasm).hexdigest()
+    (volume,) = values["volumes"]
+    (mount,) = values["volumeMounts"]
+    assert cm["metadata"]["name"] == volume["configMap"]["name"]
+    assert mount["subPath"] in cm["binaryData"]
+
+
+def test_configmap_refuses_a_module_over_1_mib(tmp_path):
+    big = tmp_path / "big.wasm"
+    big.write_bytes(b"\0asm" + b"\0" * (1024 * 1024))
+    r = subprocess.run([sys.executable, str(istio.ENVOYFILTER / "tools" / "configmap.py"),
+                        "--wasm", str(big), "--out", str(tmp_path / "cm.yaml")], capture_output=True, text=True)
+    assert r.returncode == 1 and "1 MiB" in r.stderr
+    assert not (tmp_path / "cm.yaml").exists()
+
+
+def test_make_configmap_target_uses_the_same_tool():
+    text = (REPO / "Makefile").read_text()
+    assert "envoyfilter/tools/configmap.py" in text and "envoyfilter/tools/oci_image.py" in text

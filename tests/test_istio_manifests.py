@@ -1,0 +1,220 @@
+"""envoyfilter/: every YAML parses, every EnvoyFilter and WasmPlugin is valid
+against the Istio 1.30 CRD schemas, and the files agree with each other and
+with the canonical local bootstrap envoyfilter/envoy.yaml."""
+from __future__ import annotations
+
+import copy
+import json
+import re
+
+import pytest
+import yaml
+
+from tests.harness import istio
+from tests.harness.envoy import BOOTSTRAP, REPO
+
+
+@pytest.fixture(scope="module")
+def validators():
+    return istio.crd_validators()
+
+
+def test_every_yaml_file_parses():
+    files = istio.yaml_files()
+    assert len(files) >= 8, files
+    for path in files:
+        docs = istio.load_docs(path)
+        assert docs, f"{path} is empty"
+        for doc in docs:
+            assert isinstance(doc, dict), f"{path}: a document is not a mapping"
+
+
+def test_the_crds_are_the_istio_1_30_ones(validators):
+    assert set(validators) == {
+        ("networking.istio.io/v1alpha3", "EnvoyFilter"),
+        ("extensions.istio.io/v1alpha1", "WasmPlugin"),
+    }
+
+
+def test_every_envoyfilter_and_wasmplugin_is_schema_valid(validators):
+    found = {**istio.objects("EnvoyFilter"), **istio.objects("WasmPlugin")}
+    names = {p.relative_to(istio.ENVOYFILTER).as_posix() for p in found}
+    assert names == {
+        "istio/health-listener.yaml",
+        "istio/traffic-filter.yaml",
+        "istio/wasmplugin/health-listener.yaml",
+        "istio/wasmplugin/traffic.yaml",
+    }
+    for path, obj in found.items():
+        assert istio.crd_errors(obj, validators) == [], path
+
+
+@pytest.mark.parametrize(
+    "mutate, expected",
+    [
+        (lambda o: o["spec"]["configPatches"][0].__setitem__("applyTo", "LISTENERS"), "applyTo"),
+        (lambda o: o["spec"]["configPatches"][0]["match"].__setitem__("contxt", "GATEWAY"), "contxt"),
+        (lambda o: o["spec"]["configPatches"][0]["patch"].__setitem__("operation", "APPEND"), "operation"),
+        (lambda o: o["spec"].__setitem__("workloadSelector", {"label": {"istio": "ingressgateway"}}), "label"),
+    ],
+)
+def test_the_schema_check_catches_mistakes(validators, mutate, expected):
+    obj = copy.deepcopy(istio.load_one(istio.ISTIO / "health-listener.yaml"))
+    mutate(obj)
+    errors = istio.crd_errors(obj, validators)
+    assert errors and any(expected in e for e in errors), errors
+
+
+def test_the_schema_check_catches_wasmplugin_mistakes(validators):
+    obj = copy.deepcopy(istio.load_one(istio.ISTIO / "wasmplugin" / "traffic.yaml"))
+    obj["spec"]["failStrategy"] = "FAIL_OPENED"
+    obj["spec"]["phaze"] = "AUTHN"
+    errors = istio.crd_errors(obj, validators)
+    assert any("failStrategy" in e for e in errors) and any("phaze" in e for e in errors), errors
+
+
+def test_everything_selects_the_gateway_the_chart_and_service_label():
+    values = istio.load_one(istio.KUBERNETES / "gateway-values.yaml")
+    service = istio.load_one(istio.KUBERNETES / "service.yaml")
+    assert service["spec"]["selector"] == istio.GATEWAY_LABELS
+    assert values.get("labels", {}).get("istio") in (None, "ingressgateway")
+    for path, ef in istio.objects("EnvoyFilter").items():
+        assert ef["metadata"]["namespace"] == "istio-system", path
+        assert ef["spec"]["workloadSelector"]["labels"] == {"istio": "ingressgateway"}, path
+    for path, wp in istio.objects("WasmPlugin").items():
+        assert wp["metadata"]["namespace"] == "istio-system", path
+        assert wp["spec"]["selector"]["matchLabels"] == {"istio": "ingressgateway"}, path
+
+
+def _value(path):
+    return istio.load_one(path)["spec"]["configPatches"]
+
+
+def _hcm(listener):
+    return listener["filter_chains"][0]["filters"][0]["typed_config"]
+
+
+def _wasm(filters):
+    (w,) = [f for f in filters if f.get("typed_config", {}).get("@type") == istio.WASM_HTTP]
+    return copy.deepcopy(w["typed_config"]["config"])
+
+
+def _bootstrap_listener(name):
+    doc = yaml.safe_load(BOOTSTRAP.read_text())
+    (listener,) = [l for l in doc["static_resources"]["listeners"] if l["name"] == name]
+    return listener
+
+
+def _without_path(config):
+    config["vm_config"]["code"]["local"].pop("filename")
+    return config
+
+
+def test_health_listener_agrees_with_envoy_yaml():
+    """The EnvoyFilter's listener is envoy.yaml's drain-gate-health apart from
+    the port, the wasm path, and what a gateway needs on top."""
+    (patch,) = _value(istio.ISTIO / "health-listener.yaml")
+    assert (patch["applyTo"], patch["match"], patch["patch"]["operation"]) == ("LISTENER", {"context": "GATEWAY"}, "ADD")
+    ours = patch["patch"]["value"]
+    local = _bootstrap_listener("drain-gate-health")
+    assert ours["name"] == local["name"]
+    assert ours["address"]["socket_address"] == {"address": "0.0.0.0", "port_value": 18180}
+    assert ours["per_connection_buffer_limit_bytes"] == local["per_connection_buffer_limit_bytes"]
+    assert _without_path(_wasm(_hcm(ours)["http_filters"])) == _without_path(_wasm(_hcm(local)["http_filters"]))
+    for key in ("stat_prefix", "codec_type", "stream_idle_timeout", "request_headers_timeout", "route_config"):
+        assert _hcm(ours)[key] == _hcm(local)[key], key
+    # A held wait=closed answer is idle for up to drain_timeout + lb_buffer (<= 1 h).
+    assert _hcm(ours)["stream_idle_timeout"] == "3700s"
+    (route,) = _hcm(ours)["route_config"]["virtual_hosts"][0]["routes"]
+    assert route["match"] == {"prefix": "/"} and route["direct_response"]["status"] == 503
+    # Gateway additions: HAProxy's HTTP/1.0 check without Host, and a router the
+    # traffic patch cannot match.
+    assert _hcm(ours)["http_protocol_options"] == {"accept_http_10": True, "default_host_for_http_10": "drain-gate"}
+    names = [f["name"] for f in _hcm(ours)["http_filters"]]
+    assert names == ["drain-gate", "drain-gate-health.router"]
+    assert _hcm(ours)["http_filters"][-1]["typed_config"]["@type"].endswith("router.v3.Router")
+    assert _wasm(_hcm(ours)["http_filters"])["failure_policy"] == "FAIL_CLOSED"
+
+
+def test_traffic_filter_agrees_with_envoy_yaml():
+    (patch,) = _value(istio.ISTIO / "traffic-filter.yaml")
+    assert patch["applyTo"] == "HTTP_FILTER" and patch["patch"]["operation"] == "INSERT_BEFORE"
+    assert patch["match"]["context"] == "GATEWAY"
+    fm = patch["match"]["listener"]["filterChain"]["filter"]
+    assert fm == {"name": istio.HCM_NAME, "subFilter": {"name": "envoy.filters.http.router"}}
+    local = _wasm(_hcm(_bootstrap_listener("traffic"))["http_filters"])
+    assert _without_path(copy.deepcopy(patch["patch"]["value"]["typed_config"]["config"])) == _without_path(local)
+    assert patch["patch"]["value"]["typed_config"]["config"]["failure_policy"] == "FAIL_OPEN"
+
+
+def test_both_roles_share_one_vm_id_and_one_file():
+    health = _wasm(_hcm(_value(istio.ISTIO / "health-listener.yaml")[0]["patch"]["value"])["http_filters"])
+    traffic = _value(istio.ISTIO / "traffic-filter.yaml")[0]["patch"]["value"]["typed_config"]["config"]
+    assert health["vm_config"]["vm_id"] == traffic["vm_config"]["vm_id"] == "drain-gate"
+    assert health["vm_config"]["code"] == traffic["vm_config"]["code"]
+    assert json.loads(health["configuration"]["value"])["role"] == "health"
+    assert json.loads(traffic["configuration"]["value"])["role"] == "traffic"
+
+
+def test_wasmplugin_health_listener_differs_only_in_vm_id():
+    a = istio.load_one(istio.ISTIO / "health-listener.yaml")
+    b = istio.load_one(istio.ISTIO / "wasmplugin" / "health-listener.yaml")
+    assert a["metadata"] == b["metadata"], "same name: applying one replaces the other"
+    wb = _hcm(b["spec"]["configPatches"][0]["patch"]["value"])["http_filters"][0]["typed_config"]["config"]
+    assert wb["vm_config"]["vm_id"] == ""
+    wb["vm_config"]["vm_id"] = "drain-gate"
+    assert a == b
+
+
+def test_wasmplugin_is_the_traffic_role():
+    wp = istio.load_one(istio.ISTIO / "wasmplugin" / "traffic.yaml")
+    spec = wp["spec"]
+    assert spec["pluginConfig"] == {"role": "traffic"}
+    assert spec["failStrategy"] == "FAIL_OPEN"
+    assert spec["phase"] == "UNSPECIFIED_PHASE" and spec["type"] == "HTTP"
+    assert spec["url"].startswith("oci://")
+    assert "match" not in spec, "every HTTP listener istiod builds for the gateway is counted"
+    # The Envoy config istiod generates from it has no vm_id at all.
+    ec = istio.wasmplugin_extension_config(wp, REPO / "x.wasm")
+    assert "vm_id" not in ec["typed_config"]["config"]["vm_config"]
+
+
+def test_wasm_path_is_where_the_chart_mounts_the_configmap():
+    values = istio.load_one(istio.KUBERNETES / "gateway-values.yaml")
+    (volume,) = values["volumes"]
+    (mount,) = values["volumeMounts"]
+    assert volume["configMap"]["name"] == "drain-gate-wasm" and mount["name"] == volume["name"]
+    assert mount["subPath"] == "drain_gate.wasm" and mount["readOnly"] is True
+    for path in (istio.ISTIO / "health-listener.yaml", istio.ISTIO / "wasmplugin" / "health-listener.yaml"):
+        config = _wasm(_hcm(_value(path)[0]["patch"]["value"])["http_filters"])
+        assert config["vm_config"]["code"]["local"]["filename"] == mount["mountPath"], path
+    traffic = _value(istio.ISTIO / "traffic-filter.yaml")[0]["patch"]["value"]["typed_config"]["config"]
+    assert traffic["vm_config"]["code"]["local"]["filename"] == mount["mountPath"]
+
+
+def test_makefile_installs_the_envoy_versions_the_tests_run():
+    text = (REPO / "Makefile").read_text()
+    m = re.search(r"^ENVOY_MATRIX\s*:=\s*(.+)$", text, re.M)
+    assert m, "ENVOY_MATRIX missing from the Makefile"
+    assert tuple(m.group(1).split()) == istio.ENVOY_MATRIX
+    assert re.search(r"^test:.*\benvoy-matrix\b", text, re.M), "make test must install the matrix"
+
+
+def test_netscaler_snippet_checks_drain_gate_and_keeps_down_state_flush():
+    text = (istio.NETSCALER / "drain-gate.conf").read_text()
+    lines = [l for l in text.splitlines() if l and not l.startswith("#")]
+    (monitor,) = [l for l in lines if l.startswith("add lb monitor")]
+    assert '-httpRequest "GET /health_check.html"' in monitor
+    assert "-respCode 200" in monitor
+    service = istio.load_one(istio.KUBERNETES / "service.yaml")
+    node_port = {p["targetPort"]: p["nodePort"] for p in service["spec"]["ports"]}
+    assert f"-destPort {node_port[18180]}" in monitor
+    (group,) = [l for l in lines if l.startswith("add serviceGroup")]
+    assert "-downStateFlush ENABLED" in group
+    members = [l for l in lines if l.startswith("bind serviceGroup") and "-monitorName" not in l]
+    assert members and all(l.endswith(f" {node_port[8080]}") for l in members)
+    # detection window (interval x retries + resptimeout) below the default lb_buffer (10 s)
+    interval = int(re.search(r"-interval (\d+) SEC", monitor).group(1))
+    retries = int(re.search(r"-retries (\d+)", monitor).group(1))
+    resp = int(re.search(r"-resptimeout (\d+) SEC", monitor).group(1))
+    assert interval * retries + resp < 10
