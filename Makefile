@@ -59,7 +59,7 @@ run: build $(VENV)/.installed
 	PYTHONPATH=. $(PY) -m tests.harness.run
 
 ## Test ----------------------------------------------------------------------
-test: deps envoy-matrix build lint unit integration bench-quick
+test: deps envoy-matrix build lint unit hardening-deps props integration bench-quick
 
 lint: deps-rust
 	cargo fmt --check
@@ -122,3 +122,36 @@ scenarios: deps build $(VENV)/.installed
 	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq openssl >/dev/null; }
 	DRAIN_GATE_SCENARIOS=full PYTHONPATH=. $(PY) -m pytest tests/test_scenarios.py -v -p no:cacheprovider $(PYTEST_ARGS)
 	@cat out/scenarios/latest/results.md
+
+## Hardening (issue 6) ---------------------------------------------------------
+# `make test` also builds the failure fixture (the real filter compiled with a
+# trap on a header, tests/fixtures/trap, into target/fixtures/), installs
+# schemathesis into its own venv (its pytest pin differs from ours), and runs
+# the property tests of the pure core. The integration run picks up
+# tests/test_hardening_*.py. `make hardening` runs only those; `make soak` runs
+# the count torture with >= 100k requests.
+.PHONY: hardening-deps fixtures contract-deps props hardening soak
+
+TRAP_WASM := target/fixtures/$(TARGET)/release/drain_gate_trap.wasm
+ST_VENV   := .venvs/schemathesis
+
+hardening-deps: fixtures contract-deps
+
+fixtures: deps-rust
+	cargo build --release --target $(TARGET) --manifest-path tests/fixtures/trap/Cargo.toml --target-dir target/fixtures
+
+contract-deps: $(ST_VENV)/.installed
+
+$(ST_VENV)/.installed: tests/fixtures/schemathesis-requirements.txt
+	@test -x $(ST_VENV)/bin/python || python3 -m venv $(ST_VENV)
+	$(ST_VENV)/bin/python -m pip install -q --disable-pip-version-check -r tests/fixtures/schemathesis-requirements.txt
+	@touch $@
+
+props:
+	cargo test --test props
+
+hardening: deps build hardening-deps props
+	PYTHONPATH=. $(PY) -m pytest tests/test_hardening*.py -q -p no:cacheprovider $(PYTEST_ARGS)
+
+soak: deps build hardening-deps
+	DRAIN_GATE_SOAK=1 PYTHONPATH=. $(PY) -m pytest tests/test_hardening_count.py -v -p no:cacheprovider $(PYTEST_ARGS)
