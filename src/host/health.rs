@@ -128,9 +128,15 @@ impl Health {
 
     /// Moves the FSM for an admin command, then applies whatever became due
     /// (a drain with nothing in flight flips at once).
-    fn command(&self, choose: impl Fn(&Record) -> Move) -> Result<Record, store::Error> {
-        let reading = self.counter.read();
-        store::advance(choose, reading.active, &self.metrics)?;
+    fn command(&self, cmd: api::Command) -> Result<Record, store::Error> {
+        let plan = self.config.plan();
+        let choose = |r: &Record| Move {
+            expected_from: cmd.expected_from(r.state),
+            to: cmd.target(),
+            reason: cmd.reason(),
+            plan: Some(plan),
+        };
+        store::advance(choose, self.counter.read().active, &self.metrics)?;
         store::apply_due(
             self.counter.read().for_decisions(),
             self.lb_down_ms(),
@@ -158,30 +164,14 @@ impl Health {
                 req.if_none_match,
             )),
             Endpoint::Status => Some(self.status_reply(&rec)),
-            Endpoint::Transition(cmd) => {
-                let plan = self.config.plan();
-                let result = self.command(|r| Move {
-                    expected_from: cmd.expected_from(r.state),
-                    to: cmd.target(),
-                    reason: cmd.reason(),
-                    plan: Some(plan),
-                });
-                Some(match result {
-                    Ok(next) => self.status_reply(&next),
-                    Err(store::Error::Illegal(e)) => api::illegal(e),
-                    Err(store::Error::Store(e)) => unavailable(&e),
-                })
-            }
+            Endpoint::Transition(cmd) => Some(match self.command(cmd) {
+                Ok(next) => self.status_reply(&next),
+                Err(store::Error::Illegal(e)) => api::illegal(e),
+                Err(store::Error::Store(e)) => unavailable(&e),
+            }),
             Endpoint::DrainAndWait { timeout_ms } => {
-                let rec = if rec.state == State::Open {
-                    let cmd = api::Command::Drain;
-                    let plan = self.config.plan();
-                    match self.command(|r| Move {
-                        expected_from: cmd.expected_from(r.state),
-                        to: cmd.target(),
-                        reason: cmd.reason(),
-                        plan: Some(plan),
-                    }) {
+                let rec = match rec.state {
+                    State::Open => match self.command(api::Command::Drain) {
                         Ok(next) => next,
                         // Someone else started it first: join.
                         Err(store::Error::Illegal(_)) => match store::load() {
@@ -189,9 +179,8 @@ impl Health {
                             Err(e) => return Some(unavailable(&e)),
                         },
                         Err(store::Error::Store(e)) => return Some(unavailable(&e)),
-                    }
-                } else {
-                    rec
+                    },
+                    _ => rec,
                 };
                 if let Some(end) = api::wait_end(rec.state, false) {
                     return Some(self.wait_reply(end, &rec));
