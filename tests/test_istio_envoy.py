@@ -29,6 +29,7 @@ import time
 
 import pytest
 import requests
+import yaml
 
 from tests.harness import istio
 from tests.harness.envoy import WASM, Envoy, free_port, wait_for
@@ -87,13 +88,22 @@ def _oci_tool():
     return module
 
 
+def _admin_ready(env) -> bool:
+    if env.proc.poll() is not None:
+        raise RuntimeError(f"envoy exited with {env.proc.returncode}:\n{env.log_tail()}")
+    try:
+        return requests.get(env.admin("/ready"), timeout=1).status_code == 200
+    except requests.RequestException:
+        return False
+
+
 @pytest.fixture
 def start_gateway(backend_port, tmp_path, monkeypatch):
     """Factory: start_gateway(version, listeners) -> a started Envoy; `env.at`
     maps each logical listener port to the actual one. Stopped on every path."""
     stack = contextlib.ExitStack()
 
-    def start(version: str, listeners: list[dict], wasm=WASM) -> Envoy:
+    def start(version: str, listeners: list[dict], wasm=WASM, ready_path: str | None = "/live") -> Envoy:
         monkeypatch.setenv("ENVOY_BIN", istio.envoy_bin(version))
         at = {l["address"]["socket_address"]["port_value"]: free_port() for l in listeners}
         admin = free_port()
@@ -102,7 +112,11 @@ def start_gateway(backend_port, tmp_path, monkeypatch):
                     workdir=tmp_path / f"envoy-{admin}")
         env.at = at
         stack.callback(env.stop)
-        env.start(timeout=60)
+        if ready_path:
+            env.start(timeout=60)
+        else:  # the harness's readiness check asks /live on :18180; poll the admin only
+            env.start(wait_ready=False)
+            wait_for(lambda: _admin_ready(env), 60, interval=0.05, what="envoy admin /ready")
         version_seen = requests.get(env.admin("/server_info"), timeout=5).json()["version"]
         assert f"/{version}/" in version_seen, version_seen
         return env
@@ -340,9 +354,12 @@ def test_distroless_prestop_with_bearer_header(version, start_gateway):
     placeholder = header["value"].split(" ", 1)[1]
     # drain-gate's token alphabet (src/config.rs is_token68): the placeholder is outside it
     assert not re.fullmatch(r"[A-Za-z0-9._~+/=-]{16,}", placeholder), "the placeholder must never be a valid token"
-    # What the README's commands produce; admin_allow [] so the test's loopback
-    # address does not authorize by itself, as the kubelet's node address would not.
-    health = patched(load("health-listener.yaml"), admin_token=token, admin_allow=[])
+    # What the README's sed makes of the file; then admin_allow [] so the test's
+    # loopback address does not authorize by itself, as the kubelet's node address would not.
+    text = (istio.ISTIO / "health-listener.yaml").read_text()
+    assert text.count('"role":"health"') == 1
+    health = yaml.safe_load(text.replace('"role":"health"', f'"role":"health","admin_token":"{token}"'))
+    health = patched(health, admin_allow=[])
     env = start_gateway(version, istio.apply_envoyfilters(
         [istio.gateway_listener(8080)], [load("traffic-filter.yaml"), health]))
     url = env.health(hook["path"])
@@ -357,3 +374,17 @@ def test_distroless_prestop_with_bearer_header(version, start_gateway):
     st = status(env)
     assert st["progress"]["reason"] == "lb_buffer_elapsed"
     assert time.monotonic() - started >= st["progress"]["lb_buffer_ms"] / 1000 - 0.5
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_health_listener_without_its_plugin_fails_closed(version, start_gateway):
+    """If drain-gate is not running on the listener, the LB's check gets the
+    catch-all 503 (the route as written; only the plugin taken out)."""
+    health = copy.deepcopy(load("health-listener.yaml"))
+    hcm = health["spec"]["configPatches"][0]["patch"]["value"]["filter_chains"][0]["filters"][0]["typed_config"]
+    hcm["http_filters"] = [f for f in hcm["http_filters"] if f["name"] != "drain-gate"]
+    env_listeners = istio.apply_envoyfilters([istio.gateway_listener(8080)], [health])
+    # Envoy.wait_ready asks /live, which is 503 here: start without it, then poll.
+    env = start_gateway(version, env_listeners, ready_path=None)
+    line, body = lb_check(env)
+    assert (line, body) == ("HTTP/1.0 503 Service Unavailable", b"drain-gate unavailable\n")
