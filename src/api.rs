@@ -13,7 +13,7 @@
 //! | anything else                             | 404; a known path with the wrong method: 405 + Allow |
 //!
 //! Admin calls (the POSTs and /prestop) need a source address in `admin_allow`
-//! or, when `admin_token` is set, `Authorization: Bearer <token>`: 403, or 401
+//! or, when `admin_token` is set, `Authorization: Bearer <one of the tokens>`: 403, or 401
 //! when a token is configured and missing or wrong.
 
 use serde::Serialize;
@@ -267,7 +267,7 @@ fn authorize(req: &Request, cfg: &Config) -> Result<(), Reply> {
             return Ok(());
         }
     }
-    if cfg.admin_token.is_empty() {
+    if cfg.admin_tokens.is_empty() {
         return Err(error(
             403,
             "forbidden",
@@ -279,7 +279,14 @@ fn authorize(req: &Request, cfg: &Config) -> Result<(), Reply> {
         scheme.eq_ignore_ascii_case("bearer").then(|| token.trim())
     });
     match presented {
-        Some(t) if constant_time_eq(t.as_bytes(), cfg.admin_token.as_bytes()) => Ok(()),
+        Some(t)
+            if cfg
+                .admin_tokens
+                .iter()
+                .any(|k| constant_time_eq(t.as_bytes(), k.as_bytes())) =>
+        {
+            Ok(())
+        }
         _ => Err(error(401, "unauthorized", "missing or wrong bearer token")
             .with("www-authenticate", "Bearer realm=\"drain-gate\"")),
     }
@@ -684,7 +691,10 @@ mod tests {
         )
         .is_ok());
 
-        c.admin_token = "s3cret-token-0123456789".into();
+        c.admin_tokens = vec![
+            "old-token-0123456789".into(),
+            "s3cret-token-0123456789".into(),
+        ];
         let r = route(&remote, &c).unwrap_err();
         assert_eq!(r.status, 401);
         assert!(header(&r, "www-authenticate").is_some());

@@ -115,8 +115,9 @@ pub struct Config {
     pub tick_ms: u64,
     pub draining_lb_status: u16,
     pub admin_allow: Vec<Cidr>,
-    /// Empty: token authorization disabled.
-    pub admin_token: String,
+    /// Bearer tokens that authorize admin calls; empty: token authorization
+    /// disabled. More than one lets a token be rotated without a gap.
+    pub admin_tokens: Vec<String>,
     pub close_after: CloseAfter,
     /// Consecutive 503s a checker must be served before the LB counts as
     /// having marked this backend DOWN.
@@ -153,6 +154,8 @@ pub const KEYS: [&str; 11] = [
 
 /// Shortest accepted admin token: long enough not to be guessed.
 pub const MIN_TOKEN_LEN: usize = 16;
+/// Most admin tokens accepted at once (the current one and the next, with room).
+pub const MAX_TOKENS: usize = 4;
 /// Longest drain this filter accepts (also bounds a held `wait=closed`).
 pub const MAX_DURATION_MS: u64 = 3_600_000;
 
@@ -175,7 +178,7 @@ impl Default for Config {
                     prefix: 128,
                 },
             ],
-            admin_token: String::new(),
+            admin_tokens: Vec::new(),
             close_after: CloseAfter::LbBuffer,
             lb_fall: 2,
             lb_down_timeout_ms: 60_000,
@@ -292,10 +295,24 @@ impl Config {
                 .collect::<Result<_, _>>()?;
         }
         if let Some(v) = obj.get("admin_token") {
-            let t = v
-                .as_str()
-                .ok_or_else(|| err("admin_token", "expected a string"))?;
-            if !t.is_empty() {
+            let tokens: Vec<&str> = match v {
+                Value::String(t) if t.is_empty() => Vec::new(),
+                Value::String(t) => vec![t.as_str()],
+                Value::Array(items) if !items.is_empty() && items.len() <= MAX_TOKENS => items
+                    .iter()
+                    .map(|i| {
+                        i.as_str()
+                            .ok_or_else(|| err("admin_token", "expected strings"))
+                    })
+                    .collect::<Result<_, _>>()?,
+                _ => {
+                    return Err(err(
+                        "admin_token",
+                        format!("expected a string or a list of 1 to {MAX_TOKENS} strings"),
+                    ))
+                }
+            };
+            for t in &tokens {
                 if t.len() < MIN_TOKEN_LEN {
                     return Err(err(
                         "admin_token",
@@ -309,7 +326,7 @@ impl Config {
                     ));
                 }
             }
-            c.admin_token = t.to_string();
+            c.admin_tokens = tokens.into_iter().map(str::to_string).collect();
         }
         if let Some(v) = obj.get("close_after") {
             c.close_after = match v.as_str() {
@@ -413,6 +430,11 @@ mod tests {
             (120_000, 500, 0, 50)
         );
         assert_eq!(c.draining_lb_status, 404);
+        assert_eq!(c.admin_tokens, vec!["abcdefghijklmnop".to_string()]);
+        let two =
+            parse(r#"{"role":"health","admin_token":["abcdefghijklmnop","qrstuvwxyz012345"]}"#)
+                .unwrap();
+        assert_eq!(two.admin_tokens.len(), 2);
         assert_eq!(
             (c.close_after, c.lb_fall, c.lb_down_timeout_ms),
             (CloseAfter::LbObservedDown, 3, 30_000)
@@ -467,6 +489,15 @@ mod tests {
                 "admin_token",
             ),
             (r#"{"role":"health","admin_token":7}"#, "admin_token"),
+            (r#"{"role":"health","admin_token":[]}"#, "admin_token"),
+            (
+                r#"{"role":"health","admin_token":["abcdefghijklmnopq",3]}"#,
+                "admin_token",
+            ),
+            (
+                r#"{"role":"health","admin_token":["abcdefghijklmnopq","short"]}"#,
+                "admin_token",
+            ),
             (
                 r#"{"role":"health","close_after":"lb_down"}"#,
                 "close_after",

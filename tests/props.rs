@@ -128,7 +128,7 @@ fn authorized(req: &Request, cfg: &Config) -> bool {
     let allowed = req
         .source
         .is_some_and(|ip| cfg.admin_allow.iter().any(|c| c.contains(ip)));
-    let token = !cfg.admin_token.is_empty()
+    let token = !cfg.admin_tokens.is_empty()
         && req.authorization.is_some_and(|h| {
             h.trim()
                 .split_once(' ')
@@ -185,7 +185,7 @@ proptest! {
                 prop_assert_eq!(header(&reply, "www-authenticate").is_some(), reply.status == 401);
                 if reply.status == 401 || reply.status == 403 {
                     prop_assert!(ADMIN.contains(&bare) && !authorized(&req, &cfg));
-                    prop_assert_eq!(reply.status == 401, !cfg.admin_token.is_empty());
+                    prop_assert_eq!(reply.status == 401, !cfg.admin_tokens.is_empty());
                 }
                 // Nothing of the request comes back.
                 let text = String::from_utf8(reply.body.clone()).unwrap();

@@ -271,14 +271,16 @@ def test_admin_outside_allow_list_is_forbidden(gateway):
 
 
 def test_admin_token(gateway):
-    token = "t0ken-for-the-prestop-hook"
-    gw = gateway({**STILL, "admin_allow": ["127.0.0.2/32"], "admin_token": token})
+    token, next_token = "t0ken-for-the-prestop-hook", "the-next-token-after-rotation"
+    gw = gateway({**STILL, "admin_allow": ["127.0.0.2/32"], "admin_token": [token, next_token]})
     for headers in [(), ("Authorization: Bearer wrong-token-wrong-token",), (f"Authorization: Basic {token}",)]:
         code, body = _curl_from("127.0.0.1", "POST", gw.health("/drain"), *headers)
         assert code == 401 and '"unauthorized"' in body, headers
     assert state(gw) == "OPEN"
     code, _ = _curl_from("127.0.0.1", "POST", gw.health("/drain"), f"Authorization: Bearer {token}")
     assert code == 200 and state(gw) == "DRAINING"
+    code, _ = _curl_from("127.0.0.1", "POST", gw.health("/reopen"), f"Authorization: Bearer {next_token}")
+    assert code == 200 and state(gw) == "OPEN"
 
 
 def test_errors_are_specific_json(gateway):
@@ -421,3 +423,17 @@ def test_close_after_lb_observed_down_times_out(gateway):
     assert post(gw, "/drain").json()["state"] == "CLOSING"
     wait_for(lambda: state(gw) == "CLOSED", 10, what="CLOSED at lb_down_timeout")
     assert status(gw)["progress"]["reason"] == "lb_down_timeout"
+
+
+def test_answers_haproxy_httpchk_on_the_wire(gateway):
+    """HAProxy 2.6 `option httpchk GET /health_check.html` sends HTTP/1.0 without Host."""
+    import socket
+
+    gw = gateway(STILL)
+    with socket.create_connection(("127.0.0.1", gw.ports.health), timeout=5) as sock:
+        sock.sendall(b"GET /health_check.html HTTP/1.0\r\n\r\n")
+        data = b""
+        while chunk := sock.recv(4096):
+            data += chunk
+    assert data.startswith(b"HTTP/1.0 200") or data.startswith(b"HTTP/1.1 200"), data[:80]
+    assert data.endswith(b"\r\n\r\nOK\n")
