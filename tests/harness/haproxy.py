@@ -1,0 +1,280 @@
+"""Start and stop a real HAProxy from envoyfilter/haproxy/*.cfg, read its state.
+
+The configuration files are used as written: HAProxy itself expands the
+"${NAME-default}" placeholders from the environment this module passes
+(ports, check interval, certificate, admin socket). HAProxy runs in the
+foreground as a child (`haproxy -db -f cfg`), never as the system service.
+"""
+from __future__ import annotations
+
+import csv
+import io
+import os
+import re
+import signal
+import socket
+import subprocess
+import time
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+from tests.harness.envoy import REPO, free_port
+
+CFG_DIR = REPO / "envoyfilter" / "haproxy"
+CFG = CFG_DIR / "haproxy.cfg"
+CFG_SOFT_DRAIN = CFG_DIR / "haproxy-soft-drain.cfg"
+BACKEND = "gateways"
+
+
+def make_cert(workdir: Path) -> Path:
+    """A self-signed certificate + key in one PEM, as `bind ... ssl crt` wants it."""
+    key, crt, pem = workdir / "tls.key", workdir / "tls.crt", workdir / "tls.pem"
+    subprocess.run(
+        [
+            "openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
+            "-nodes", "-days", "2", "-subj", "/CN=drain-gate.test",
+            "-addext", "subjectAltName=DNS:drain-gate.test,IP:127.0.0.1",
+            "-keyout", str(key), "-out", str(crt),
+        ],
+        check=True,
+        capture_output=True,
+    )
+    pem.write_bytes(crt.read_bytes() + key.read_bytes())
+    return pem
+
+
+@dataclass
+class Server:
+    """One row of `show stat` for a server of the backend."""
+
+    name: str
+    status: str  # UP, DOWN, NOLB, MAINT, "UP 1/2", "DOWN 1/2", ...
+    check_status: str
+    scur: int  # sessions on the server now
+
+    @property
+    def down(self) -> bool:
+        return self.status == "DOWN" or self.status.startswith("MAINT")
+
+    @property
+    def up(self) -> bool:
+        return self.status == "UP"
+
+
+@dataclass
+class LogLine:
+    """One `option httplog` line."""
+
+    accept: float  # epoch seconds
+    end: float  # accept + total time
+    server: str
+    status: int
+    termination: str  # e.g. "----", "SD--", "DD--"
+    request: str
+
+    @property
+    def killed_by_down(self) -> bool:
+        """Cut by `on-marked-down shutdown-sessions` (termination code D)."""
+        return self.termination.startswith("D")
+
+
+# 127.0.0.1:4321 [29/Nov/2026:16:34:09.812] fe be/srv TR/Tw/Tc/Tr/Ta status bytes - - TERM ... "GET / HTTP/1.1"
+_HTTPLOG = re.compile(
+    r"\[(?P<date>\d+/\w+/\d+:\d+:\d+:\d+\.\d+)\] (?P<fe>\S+) (?P<be>[^/\s]+)/(?P<srv>\S+) "
+    r"(?P<timers>\S+) (?P<status>-?\d+) \S+ \S+ \S+ (?P<term>\S{4}) .*?\"(?P<req>[^\"]*)\"?\s*$"
+)
+
+
+# Logged once per DOWN transition (the stderr copy starts with "[WARNING]").
+_DOWN = re.compile(rf"^Server {BACKEND}/(?P<srv>\S+) is DOWN\b.*?(?P<sessions>\d+) sessions active")
+
+
+def parse_log_line(line: str) -> LogLine | None:
+    m = _HTTPLOG.search(line)
+    if not m:
+        return None
+    accept = datetime.strptime(m["date"], "%d/%b/%Y:%H:%M:%S.%f").replace(tzinfo=timezone.utc).timestamp()
+    total = m["timers"].split("/")[-1].lstrip("+")
+    try:
+        total_ms = int(total)
+    except ValueError:
+        total_ms = 0
+    return LogLine(
+        accept=accept,
+        end=accept + max(total_ms, 0) / 1000,
+        server=m["srv"],
+        status=int(m["status"]),
+        termination=m["term"],
+        request=m["req"],
+    )
+
+
+class HAProxy:
+    """One HAProxy process in front of the gateways. Use as a context manager."""
+
+    def __init__(
+        self,
+        workdir: Path,
+        gateways: list[tuple[int, int]],
+        *,
+        soft_drain: bool = False,
+        inter: str = "2s",
+        tls: bool = True,
+    ):
+        """`gateways`: (traffic port, health port) of gw1[, gw2] on 127.0.0.1."""
+        if not 1 <= len(gateways) <= 2:
+            raise ValueError("the reference configuration has one or two gateways")
+        self.workdir = Path(workdir)
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.cfg = CFG_SOFT_DRAIN if soft_drain else CFG
+        self.socket_path = self.workdir / "admin.sock"
+        self.http_port = free_port()
+        self.https_port = free_port() if tls else None
+        self.log_path = self.workdir / "haproxy.log"
+        self.names = [f"gw{i + 1}" for i in range(len(gateways))]
+        env = {
+            "HAPROXY_SOCKET": str(self.socket_path),
+            "FRONTEND_HTTP": f"127.0.0.1:{self.http_port}",
+            "CHECK_INTER": inter,
+        }
+        if tls:
+            env["TLS_PEM"] = str(make_cert(self.workdir))
+            env["FRONTEND_HTTPS"] = f"127.0.0.1:{self.https_port}"
+        for name, (traffic, health) in zip(self.names, gateways):
+            env[f"{name.upper()}_ADDR"] = f"127.0.0.1:{traffic}"
+            env[f"{name.upper()}_HEALTH_PORT"] = str(health)
+        self.env = env
+        self.proc: subprocess.Popen | None = None
+        self._log = None
+
+    # -- lifecycle -------------------------------------------------------
+    def _environ(self) -> dict:
+        base = {k: v for k, v in os.environ.items() if not k.startswith(("GW1_", "GW2_", "TLS_PEM"))}
+        return {**base, **self.env, "TZ": "UTC"}
+
+    def check_config(self) -> None:
+        r = subprocess.run(["haproxy", "-c", "-f", str(self.cfg)], env=self._environ(), capture_output=True, text=True)
+        if r.returncode != 0:
+            raise RuntimeError(f"haproxy -c {self.cfg.name} failed:\n{r.stdout}{r.stderr}")
+
+    def start(self, timeout: float = 20) -> "HAProxy":
+        self.check_config()
+        self._log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen(
+            ["haproxy", "-db", "-f", str(self.cfg)],
+            env=self._environ(),
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"haproxy exited with {self.proc.returncode}:\n{self.log()[-3000:]}")
+            try:
+                if self.servers():
+                    return self
+            except OSError:
+                pass
+            time.sleep(0.05)
+        raise TimeoutError(f"haproxy admin socket not answering after {timeout}s:\n{self.log()[-3000:]}")
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(10)
+        if self._log:
+            self._log.close()
+            self._log = None
+
+    def __enter__(self) -> "HAProxy":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    # -- addresses -------------------------------------------------------
+    def http(self, path: str) -> str:
+        return f"http://127.0.0.1:{self.http_port}{path}"
+
+    def https(self, path: str) -> str:
+        return f"https://127.0.0.1:{self.https_port}{path}"
+
+    # -- admin socket ------------------------------------------------------
+    def command(self, cmd: str, timeout: float = 2) -> str:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+            s.settimeout(timeout)
+            s.connect(str(self.socket_path))
+            s.sendall(cmd.encode() + b"\n")
+            chunks = []
+            while True:
+                data = s.recv(65536)
+                if not data:
+                    break
+                chunks.append(data)
+        return b"".join(chunks).decode(errors="replace")
+
+    def servers(self) -> dict[str, Server]:
+        """`show stat` rows of the gateways backend's servers, by name."""
+        text = self.command("show stat")
+        lines = text.splitlines()
+        if not lines or not lines[0].startswith("# "):
+            return {}
+        rows = csv.DictReader(io.StringIO("\n".join([lines[0][2:], *lines[1:]])))
+        out = {}
+        for row in rows:
+            if row.get("pxname") == BACKEND and row.get("svname") not in ("BACKEND", "FRONTEND", None):
+                out[row["svname"]] = Server(
+                    name=row["svname"],
+                    status=row.get("status", ""),
+                    check_status=row.get("check_status", ""),
+                    scur=int(row.get("scur") or 0),
+                )
+        return out
+
+    def wait_status(self, name: str, want, timeout: float) -> Server:
+        """Polls `show stat` until server `name` satisfies `want` (a status or a predicate)."""
+        pred = want if callable(want) else (lambda s: s.status == want)
+        deadline = time.monotonic() + timeout
+        last = None
+        while time.monotonic() < deadline:
+            last = self.servers().get(name)
+            if last and pred(last):
+                return last
+            time.sleep(0.05)
+        raise TimeoutError(f"haproxy server {name}: {want} not reached within {timeout}s (last: {last})")
+
+    # -- logs --------------------------------------------------------------
+    def log(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")
+        except FileNotFoundError:
+            return ""
+
+    def requests(self) -> list[LogLine]:
+        return [r for r in map(parse_log_line, self.log().splitlines()) if r]
+
+    def down_events(self) -> list[tuple[str, int]]:
+        """(server, sessions it still had) for every "Server gateways/X is DOWN" message, in order.
+
+        With on-marked-down shutdown-sessions, those sessions are the ones
+        HAProxy cut at that instant.
+        """
+        out = []
+        for line in self.log().splitlines():
+            m = _DOWN.match(line)
+            if m:
+                out.append((m["srv"], int(m["sessions"])))
+        return out
+
+    def server_of(self, marker: str) -> str | None:
+        """The server that served the request whose request line contains `marker`."""
+        for r in self.requests():
+            if marker in r.request:
+                return r.server
+        return None

@@ -1,0 +1,240 @@
+"""The scenario rig: demo backend, one or two gateways (real Envoys running
+drain-gate from envoyfilter/envoy.yaml), and HAProxy from
+envoyfilter/haproxy/*.cfg in front of them, all on loopback.
+
+    client ──▶ HAProxy ──traffic──▶ gw1 Envoy :traffic ──▶ backend
+                       ──traffic──▶ gw2 Envoy :traffic ──▶
+                       ──check────▶ gwN Envoy :health (drain-gate, /health_check.html)
+
+Everything it starts is stopped when the `with` block ends, on every path.
+"""
+from __future__ import annotations
+
+import contextlib
+import socket
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import requests
+
+from tests.harness.envoy import REPO, Envoy, Ports, free_port, render, wait_for
+from tests.harness.haproxy import HAProxy
+from tests.harness.timeline import GatewayPoller, StatPoller
+
+
+@dataclass(frozen=True)
+class Timing:
+    """HAProxy check timing and the drain-gate lb_buffer that covers it."""
+
+    name: str
+    inter: str
+    inter_s: float
+    lb_buffer: str
+    fall: int = 2  # as in the reference cfg
+
+    @property
+    def detection_window(self) -> float:
+        """503 flip -> DOWN takes at most fall x inter (plus a check's duration)."""
+        return self.fall * self.inter_s
+
+
+# `make test`: quick. `make scenarios`: the seed's timings (inter 2s, lb_buffer 10s).
+QUICK = Timing("quick", "1s", 1.0, lb_buffer="3s")
+SEED = Timing("seed", "2s", 2.0, lb_buffer="10s")
+
+
+class Backend:
+    """The demo backend (tests/harness/backend.py, with TCP_NODELAY) in its own process."""
+
+    def __init__(self, workdir: Path):
+        self.port = free_port()
+        self.log_path = workdir / "backend.log"
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> "Backend":
+        self._log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "tests.harness.nodelay_backend", "--port", str(self.port)],
+            cwd=REPO, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True,
+        )
+
+        def listening():
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"backend exited with {self.proc.returncode}")
+            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", self.port), 0.2):
+                return True
+            return False
+
+        wait_for(listening, 15, 0.05, "demo backend listening")
+        return self
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+        if getattr(self, "_log", None):
+            self._log.close()
+
+
+class Gateway:
+    """One Envoy running drain-gate on fixed ports, so that it can be stopped and started again."""
+
+    def __init__(self, name: str, backend_port: int, config: dict, workdir: Path, concurrency: int = 2):
+        self.name = name
+        self.ports = Ports(backend=backend_port)
+        self.config = config
+        self.envoy = Envoy(render(self.ports, config), self.ports, concurrency=concurrency,
+                           workdir=workdir / name)
+        self.poller: GatewayPoller | None = None
+        self.session = requests.Session()
+
+    def start(self) -> "Gateway":
+        self.envoy.start()
+        return self
+
+    def stop(self) -> None:
+        self.envoy.stop()
+
+    def url(self, path: str) -> str:
+        return self.envoy.health(path)
+
+    def status(self) -> dict:
+        return self.session.get(self.url("/drain/status"), timeout=5).json()
+
+    def post(self, path: str) -> requests.Response:
+        return self.session.post(self.url(path), timeout=10)
+
+    def wait_state(self, state: str, timeout: float) -> dict:
+        return wait_for(lambda: (s := self.status())["state"] == state and s, timeout, 0.05,
+                        f"{self.name} state {state}")
+
+
+class PreStop:
+    """The preStop hook: one held admin call on the gateway's health port, on a thread.
+
+    `via="drain"` sends POST /drain?wait=closed, `via="prestop"` GET /prestop
+    (a Kubernetes preStop.httpGet). It returns when the gateway is CLOSED.
+    """
+
+    def __init__(self, gw: Gateway, via: str = "drain", timeout: float = 300):
+        self.gw = gw
+        self.via = via
+        self.timeout = timeout
+        self.trigger: float | None = None
+        self.returned: float | None = None
+        self.status_code: int | None = None
+        self.body: dict | None = None
+        self.error: str | None = None
+        self._done = threading.Event()
+        threading.Thread(target=self._run, daemon=True).start()
+        wait_for(lambda: self.trigger is not None, 5, 0.01, "preStop call sent")
+
+    def _run(self) -> None:
+        try:
+            self.trigger = time.time()
+            if self.via == "prestop":
+                r = requests.get(self.gw.url("/prestop"), timeout=self.timeout)
+            else:
+                r = requests.post(self.gw.url("/drain?wait=closed"), timeout=self.timeout)
+            self.status_code = r.status_code
+            self.body = r.json()
+        except Exception as e:  # reported by wait()
+            self.error = repr(e)
+        finally:
+            self.returned = time.time()
+            self._done.set()
+
+    def wait(self, timeout: float) -> int:
+        if not self._done.wait(timeout):
+            raise TimeoutError(f"preStop on {self.gw.name} did not return within {timeout}s")
+        if self.error:
+            raise RuntimeError(f"preStop on {self.gw.name} failed: {self.error}")
+        return self.status_code
+
+
+def flip_now(gw: Gateway) -> float:
+    """The seed's "current" mode through the real filter: 503 at drain start.
+
+    POST /drain then POST /close-lb at once; returns the trigger time.
+    """
+    trigger = time.time()
+    r = gw.post("/drain")
+    assert r.status_code == 200, r.text
+    r = gw.post("/close-lb")
+    assert r.status_code == 200, r.text
+    return trigger
+
+
+class Rig:
+    """Backend + gateways + HAProxy + pollers. Use as a context manager."""
+
+    def __init__(self, workdir: Path, *, gateways: int = 1, config: dict | None = None,
+                 soft_drain: bool = False, timing: Timing = QUICK, tls: bool = False):
+        self.workdir = Path(workdir)
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.n = gateways
+        self.timing = timing
+        self.soft_drain = soft_drain
+        self.config = {"lb_buffer": timing.lb_buffer, **(config or {})}
+        self.tls = tls
+        self.stack = contextlib.ExitStack()
+        self.gws: list[Gateway] = []
+        self.haproxy: HAProxy | None = None
+        self.stat: StatPoller | None = None
+
+    def __enter__(self) -> "Rig":
+        try:
+            self._start()
+        except BaseException:
+            self.stack.close()
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stack.close()
+
+    def _start(self) -> None:
+        backend = Backend(self.workdir).start()
+        self.stack.callback(backend.stop)
+        self.backend = backend
+        for i in range(self.n):
+            gw = Gateway(f"gw{i + 1}", backend.port, self.config, self.workdir)
+            self.stack.callback(gw.stop)
+            gw.start()
+            self.gws.append(gw)
+        self.haproxy = HAProxy(
+            self.workdir / "haproxy",
+            [(g.ports.traffic, g.ports.health) for g in self.gws],
+            soft_drain=self.soft_drain,
+            inter=self.timing.inter,
+            tls=self.tls,
+        )
+        self.stack.callback(self.haproxy.stop)
+        self.haproxy.start()
+        # Every server UP on a real check (L7OK), not just the start-up assumption.
+        for g in self.gws:
+            self.haproxy.wait_status(g.name, lambda s: s.up and s.check_status == "L7OK",
+                                     timeout=5 * self.timing.inter_s + 5)
+        self.stat = StatPoller(self.haproxy).start()
+        self.stack.callback(self.stat.stop)
+        for g in self.gws:
+            g.poller = GatewayPoller(g.url("/drain/status")).start()
+            self.stack.callback(g.poller.stop)
+
+    # -- convenience -------------------------------------------------------
+    def gw(self, name: str = "gw1") -> Gateway:
+        return next(g for g in self.gws if g.name == name)
+
+    def url(self, path: str, *, https: bool = False) -> str:
+        return self.haproxy.https(path) if https else self.haproxy.http(path)
+
+    def wait_lb(self, name: str, status: str, timeout: float):
+        return self.haproxy.wait_status(name, status, timeout)
