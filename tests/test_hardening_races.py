@@ -97,8 +97,11 @@ def test_racing_admin_posts(custom_gateway, seed):
     assert sum(ok.values()) == sum(by_request.values()), (ok, by_request)
     assert ok == by_request, (ok, by_request)
     assert len(steps) > 50, f"only {len(steps)} transitions: the race hardly raced"
-    for path in ["/drain", "/reopen", "/close-lb"]:
+    # /close-lb only wins inside the short DRAINING window before the automatic
+    # flip, so it is not required to; /drain and /reopen win every round.
+    for path in ["/drain", "/reopen"]:
         assert ok[REASON[path]] > 0, f"no {path} ever won"
+    assert "active_zero" in {reason for _, _, reason in steps}, "no automatic step raced the requests"
 
     # The record's own history (written by compare-and-swap) ends like the log.
     final = steps[-1][1]
