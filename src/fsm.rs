@@ -222,6 +222,10 @@ pub struct Record {
     pub forced: bool,
     /// Oldest first, at most `HISTORY` entries.
     pub history: Vec<Step>,
+    /// Transitions since the process started: orders log lines written by
+    /// different workers.
+    #[serde(default)]
+    pub seq: u64,
 }
 
 impl Record {
@@ -237,6 +241,7 @@ impl Record {
             active_at_closing: None,
             forced: false,
             history: Vec::new(),
+            seq: 0,
         }
     }
 
@@ -299,6 +304,7 @@ pub fn advance(rec: &Record, mv: Move, now_ms: u64, active: u64) -> Result<Recor
         }
         State::Fault => {}
     }
+    next.seq = rec.seq.saturating_add(1);
     next.history.push(Step {
         from: rec.state,
         to: mv.to,
@@ -457,6 +463,7 @@ mod tests {
         assert_eq!(d.plan, Some(PLAN));
         assert_eq!(d.history.len(), 1);
         assert_eq!(d.history[0].active, 7);
+        assert_eq!(d.seq, 1);
     }
 
     #[test]

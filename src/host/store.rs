@@ -71,12 +71,13 @@ pub fn advance(
         match write(&next, Some(cas)) {
             Ok(()) => {
                 log::info!(
-                    "event=transition from={} to={} reason={} active={} forced={}",
+                    "event=transition from={} to={} reason={} active={} forced={} seq={}",
                     rec.state.name(),
                     next.state.name(),
                     next.reason.name(),
                     active,
-                    next.forced
+                    next.forced,
+                    next.seq
                 );
                 metrics.transition(&next);
                 return Ok(next);
