@@ -324,7 +324,8 @@ def test_s4_ten_long_streams_and_short_traffic(run_dir, mode):
         trigger = ps.trigger if ps else flip_now(gw)
         # One gateway: once it has flipped, whatever is sent after LB DOWN has no server. The
         # short traffic runs until the flip (CLOSING), with every long stream in flight.
-        wait_for(lambda: gw.status()["state"] != "DRAINING", STREAM_SECONDS + 30, 0.02, "the LB check flip")
+        wait_for(lambda: gw.status()["state"] in ("CLOSING", "CLOSED"), STREAM_SECONDS + 30, 0.02,
+                 "the LB check flip")
         short.stop()
         wait_streams(streams, STREAM_SECONDS + 30)
         down = lb_down_seen(rig, "gw1", trigger, 4 * TIMING.detection_window + STREAM_SECONDS)

@@ -136,6 +136,9 @@ class PreStop:
         self._done = threading.Event()
         threading.Thread(target=self._run, daemon=True).start()
         wait_for(lambda: self.trigger is not None, 5, 0.01, "preStop call sent")
+        # The call is held until CLOSED; what can be seen at once is that the drain began.
+        wait_for(lambda: self.returned is not None or gw.status()["state"] != "OPEN", 5, 0.01,
+                 f"{gw.name} left OPEN")
 
     def _run(self) -> None:
         try:

@@ -357,6 +357,7 @@ def _render_svg(path: Path, panels: list[tuple[str, dict | None]], title: str) -
     import matplotlib.pyplot as plt
 
     matplotlib.rcParams["svg.hashsalt"] = "drain-gate"
+    matplotlib.rcParams["svg.fonttype"] = "none"  # text stays text: small, searchable SVG
     present = [tl for _, tl in panels if tl]
     lo, hi = 0.0, 1.0
     for tl in present:
