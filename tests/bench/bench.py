@@ -435,6 +435,7 @@ def chart(res: dict, path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
+    matplotlib.rcParams["svg.fonttype"] = "none"  # text stays text
     import matplotlib.pyplot as plt
 
     rows = {k: v for k, v in res["overhead"].items() if not k.startswith("active_after")}
