@@ -155,16 +155,3 @@ hardening: deps build hardening-deps props
 
 soak: deps build hardening-deps
 	DRAIN_GATE_SOAK=1 PYTHONPATH=. $(PY) -m pytest tests/test_hardening_count.py -v -p no:cacheprovider $(PYTEST_ARGS)
-
-## LB scenarios (issue 3) ------------------------------------------------------
-# The seed's scenarios against a real HAProxy (envoyfilter/haproxy/*.cfg).
-# `make test` already runs the quick set (S1, S4, S5 soft drain, the control;
-# HAProxy checks every 1 s). `make scenarios` runs all of them with the seed's
-# timings (inter 2s, lb_buffer 10s); results in out/scenarios/latest/.
-.PHONY: scenarios
-
-scenarios: deps build $(VENV)/.installed
-	@command -v openssl >/dev/null || { SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
-	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq openssl >/dev/null; }
-	DRAIN_GATE_SCENARIOS=full PYTHONPATH=. $(PY) -m pytest tests/test_scenarios.py -v -p no:cacheprovider $(PYTEST_ARGS)
-	@cat out/scenarios/latest/results.md
