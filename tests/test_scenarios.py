@@ -3,7 +3,9 @@
     S1  one long HTTP/1.1 stream, drain mid-stream            -> completes; LB DOWN only after it
     S2  the same over HTTP/2 at a TLS frontend                 -> completes
     S3  two gateways, short requests >= 30 s, full preStop
-        drain, stop after CLOSED, start again (rollout)        -> 0 connection errors, 0 5xx
+        drain, stop after CLOSED, start again (rollout)        -> 0 5xx; 0 connection errors with 404,
+                                                                  with 200 none but a request on the
+                                                                  gateway at the DOWN instant
     S4  10 long streams + short traffic, drain mid-way         -> all complete
     S5  long streams keep arriving during the drain            -> 404 soft drain: 0 lost;
                                                                   seed 200: lost streams measured
