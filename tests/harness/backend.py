@@ -19,6 +19,9 @@ from urllib.parse import parse_qs, urlsplit
 
 class Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
+    # Headers and body go out in two writes: without TCP_NODELAY, Nagle holds the
+    # second until the peer's delayed ACK and every keep-alive request takes 40+ ms.
+    disable_nagle_algorithm = True
 
     def log_message(self, fmt, *args):  # quiet
         pass

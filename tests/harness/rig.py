@@ -58,7 +58,7 @@ class Backend:
     def start(self) -> "Backend":
         self._log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "tests.harness.nodelay_backend", "--port", str(self.port)],
+            [sys.executable, "-m", "tests.harness.backend", "--port", str(self.port)],
             cwd=REPO, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True,
         )
 
