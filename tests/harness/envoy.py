@@ -154,13 +154,7 @@ class Envoy:
         raise TimeoutError(f"envoy not ready after {timeout}s:\n{self.log_tail()}")
 
     def stop(self) -> None:
-        if self.proc and self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(10)
+        stop_group(self.proc)
         if getattr(self, "_log", None):
             self._log.close()
 
@@ -199,6 +193,17 @@ class Envoy:
             if key == name:
                 return int(value)
         return None
+
+
+def stop_group(proc: subprocess.Popen | None, grace: float = 10) -> None:
+    """Stops a child started with start_new_session=True, and everything it started."""
+    if proc and proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(grace)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(grace)
 
 
 def wait_for(predicate, timeout: float, interval: float = 0.02, what: str = "condition"):

@@ -11,7 +11,6 @@ import csv
 import io
 import os
 import re
-import signal
 import socket
 import subprocess
 import time
@@ -19,7 +18,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
-from tests.harness.envoy import REPO, free_port
+from tests.harness.envoy import REPO, free_port, stop_group
 
 CFG_DIR = REPO / "envoyfilter" / "haproxy"
 CFG = CFG_DIR / "haproxy.cfg"
@@ -181,13 +180,7 @@ class HAProxy:
         raise TimeoutError(f"haproxy admin socket not answering after {timeout}s:\n{self.log()[-3000:]}")
 
     def stop(self) -> None:
-        if self.proc and self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(10)
+        stop_group(self.proc)
         if self._log:
             self._log.close()
             self._log = None
