@@ -66,27 +66,27 @@ def _read_all(s: socket.socket, limit: int = 1 << 20) -> bytes:
     return buf
 
 
-def normal(port: int, rng: random.Random) -> str:
+def _exchange(port: int, request: bytes) -> bytes:
+    """Sends one request on a new connection and reads until the peer closes or resets."""
     s = _connect(port)
     try:
-        s.sendall(b"GET / HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n")
-        out = _read_all(s)
-        return "normal" if out.startswith(b"HTTP/1.1 200") else f"normal-unexpected:{out[:12]!r}"
+        s.sendall(request)
+        return _read_all(s)
     finally:
         s.close()
+
+
+def normal(port: int, rng: random.Random) -> str:
+    out = _exchange(port, b"GET / HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n")
+    return "normal" if out.startswith(b"HTTP/1.1 200") else f"normal-unexpected:{out[:12]!r}"
 
 
 def fault_abort(port: int, rng: random.Random) -> str:
     """A request the fault filter (before drain-gate) may answer locally."""
-    s = _connect(port)
-    try:
-        s.sendall(f"GET / HTTP/1.1\r\nHost: t\r\n{FAULT_HEADER}: 1\r\nConnection: close\r\n\r\n".encode())
-        out = _read_all(s)
-        if out.startswith(b"HTTP/1.1 503"):
-            return "local_reply"
-        return "normal" if out.startswith(b"HTTP/1.1 200") else f"fault-unexpected:{out[:12]!r}"
-    finally:
-        s.close()
+    out = _exchange(port, f"GET / HTTP/1.1\r\nHost: t\r\n{FAULT_HEADER}: 1\r\nConnection: close\r\n\r\n".encode())
+    if out.startswith(b"HTTP/1.1 503"):
+        return "local_reply"
+    return "normal" if out.startswith(b"HTTP/1.1 200") else f"fault-unexpected:{out[:12]!r}"
 
 
 def client_abort_mid_request_body(port: int, rng: random.Random) -> str:
@@ -110,25 +110,15 @@ def client_abort_mid_response(port: int, rng: random.Random) -> str:
 
 
 def upstream_reset(port: int, rng: random.Random) -> str:
-    s = _connect(port)
-    try:
-        s.sendall(f"GET /reset?after_ms={rng.randint(0, 20)} HTTP/1.1\r\nHost: t\r\n\r\n".encode())
-        out = _read_all(s)
-        # Headers and a chunk arrived, then the upstream reset: the body never ends.
-        return "upstream_reset" if out.startswith(b"HTTP/1.1 200") and not out.endswith(b"0\r\n\r\n") \
-            else f"reset-unexpected:{out[:40]!r}"
-    finally:
-        s.close()
+    out = _exchange(port, f"GET /reset?after_ms={rng.randint(0, 20)} HTTP/1.1\r\nHost: t\r\n\r\n".encode())
+    # Headers and a chunk arrived, then the upstream reset: the body never ends.
+    return "upstream_reset" if out.startswith(b"HTTP/1.1 200") and not out.endswith(b"0\r\n\r\n") \
+        else f"reset-unexpected:{out[:40]!r}"
 
 
 def upstream_timeout(port: int, rng: random.Random) -> str:
-    s = _connect(port)
-    try:
-        s.sendall(b"GET /timeout?ms=1500 HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n")
-        out = _read_all(s)
-        return "upstream_timeout" if out.startswith(b"HTTP/1.1 504") else f"timeout-unexpected:{out[:12]!r}"
-    finally:
-        s.close()
+    out = _exchange(port, b"GET /timeout?ms=1500 HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n")
+    return "upstream_timeout" if out.startswith(b"HTTP/1.1 504") else f"timeout-unexpected:{out[:12]!r}"
 
 
 def websocket(port: int, rng: random.Random) -> str:
