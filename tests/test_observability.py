@@ -1,0 +1,170 @@
+"""The alerting rules and the Grafana dashboard in envoyfilter/observability/.
+
+- promtool accepts the rules file; the PrometheusRule and the dashboard are what
+  generate.py makes today, and the dashboard loads back into the SDK's model.
+- Live: a real Envoy running drain-gate, a real Prometheus 2.42 scraping its
+  `/stats/prometheus` every second and evaluating the rules file as written
+  every second. A clean drain leaves DrainGateForcedClose inactive; a drain
+  forced by drain_timeout with a stream held makes it fire for that pod. Every
+  dashboard query returns data during the drain.
+"""
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import time
+
+import pytest
+import requests
+import yaml
+
+from envoyfilter.observability import generate
+from tests.harness.envoy import REPO, wait_for
+from tests.harness.prometheus import NAMESPACE, RULES, Prometheus
+
+POD = "gateway-0"
+FORCED = "DrainGateForcedClose"
+# The variables Grafana substitutes: every namespace and pod, its default rate window.
+GRAFANA_VARS = {"$namespace": ".*", "$pod": ".*", "$__rate_interval": "1m"}
+SAVED = REPO / "out" / "observability" / "drain.json"
+
+
+def rules() -> dict[str, dict]:
+    return {r["alert"]: r for g in yaml.safe_load(RULES.read_text())["groups"] for r in g["rules"]}
+
+
+def panel_queries() -> list[tuple[str, str]]:
+    """(panel title, PromQL) of every target, with Grafana's variables substituted."""
+    out = []
+    for panel in generate.dashboard()["panels"]:
+        for target in panel["targets"]:
+            expr = target["expr"]
+            for var, value in GRAFANA_VARS.items():
+                expr = expr.replace(var, value)
+            out.append((panel["title"], expr))
+    return out
+
+
+# -- static -------------------------------------------------------------------
+def test_promtool_accepts_the_rules():
+    if not shutil.which("promtool"):
+        pytest.fail("promtool is missing: `make deps` installs the Debian prometheus package")
+    run = subprocess.run(["promtool", "check", "rules", str(RULES)], capture_output=True, text=True)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert f"SUCCESS: {len(rules())} rules found" in run.stdout
+
+
+def test_every_alert_has_summary_pod_description_and_a_readme_runbook():
+    readme = (REPO / "README.md").read_text()
+    anchors = {re.sub(r"[^a-z0-9 -]", "", h.lower()).replace(" ", "-")
+               for h in re.findall(r"^#+ (.+)$", readme, re.M)}
+    for name, rule in rules().items():
+        ann = rule["annotations"]
+        assert ann["summary"] and "{{ $labels.pod }}" in ann["description"], name
+        assert ann["runbook_url"] == f"README.md#{name.lower()}", name
+        assert name.lower() in anchors, f"README has no runbook section `{name}`"
+
+
+def test_every_alert_has_a_promtool_unit_test():
+    text = (REPO / "tests" / "observability" / "drain-gate.rules.test.yaml").read_text()
+    tested = set(re.findall(r"alertname: (\w+)", text))
+    assert tested == set(rules()), set(rules()) ^ tested
+
+
+def test_generated_files_are_up_to_date():
+    for path, text in generate.render().items():
+        assert path.read_text() == text, f"{path.name} is stale: run `make observability`"
+
+
+def test_prometheus_rule_wraps_the_rules_file():
+    obj = yaml.safe_load(generate.PROMETHEUS_RULE.read_text())
+    assert (obj["apiVersion"], obj["kind"]) == ("monitoring.coreos.com/v1", "PrometheusRule")
+    assert obj["spec"] == yaml.safe_load(RULES.read_text())
+
+
+def test_dashboard_loads_in_the_sdk_model():
+    from grafana_foundation_sdk.cog.encoder import JSONEncoder
+    from grafana_foundation_sdk.cog.plugins import register_default_plugins
+    from grafana_foundation_sdk.models.dashboard import Dashboard
+    from grafana_foundation_sdk.models.prometheus import Dataquery
+
+    register_default_plugins()
+    committed = json.loads(generate.DASHBOARD.read_text())
+    model = Dashboard.from_json(committed)
+    assert [p.title for p in model.panels] == [p["title"] for p in committed["panels"]]
+    assert all(isinstance(t, Dataquery) for p in model.panels for t in p.targets)
+    assert json.loads(json.dumps(model, cls=JSONEncoder)) == committed
+
+
+# -- live -----------------------------------------------------------------------
+def _status(gw) -> dict:
+    return requests.get(gw.health("/drain/status"), timeout=5).json()
+
+
+def _post(gw, path: str) -> None:
+    r = requests.post(gw.health(path), timeout=5)
+    assert r.status_code == 200, (path, r.status_code, r.text)
+
+
+def _seen(prom: Prometheus, expr: str, value: float, what: str, timeout: float = 20) -> float:
+    """Waits until Prometheus reads `value` for `expr`; returns the wall-clock time it did."""
+    wait_for(lambda: prom.value(expr) == value, timeout, interval=0.2, what=what)
+    return time.time()
+
+
+def test_live_forced_close_fires_and_clean_drain_does_not(gateway, stream, tmp_path):
+    gw = gateway({"drain_timeout": "4s", "lb_buffer": "60s"})
+    with Prometheus({POD: gw.ports.admin}, tmp_path / "prometheus") as prom:
+        start = time.time()
+        sel = f'{{namespace="{NAMESPACE}",pod="{POD}"}}'
+        _seen(prom, f"drain_gate_state{sel}", 0, "the gateway scraped, OPEN")
+        _plugins_seen_and_no_role_missing(prom)
+
+        # A clean drain: nothing in flight, CLOSING at once, not forced.
+        _post(gw, "/drain")
+        wait_for(lambda: _status(gw)["state"] == "CLOSING", 10, what="clean drain reaches CLOSING")
+        assert _status(gw)["progress"]["forced"] is False
+        seen = _seen(prom, f"drain_gate_transitions_to_closing{sel}", 1, "the clean close scraped")
+        wait_for(lambda: prom.evaluated_since(FORCED, seen), 10, interval=0.2, what="rules evaluated after it")
+        assert prom.rule(FORCED)["state"] == "inactive"
+        assert prom.alerts(FORCED, "firing") == [] and prom.alerts(FORCED, "pending") == []
+
+        # A drain forced by drain_timeout with a stream held.
+        _post(gw, "/reopen")
+        held = stream(gw.traffic("/stream?seconds=40"))
+        wait_for(lambda: _status(gw)["active"] == 1, 10, what="the held stream counted")
+        _post(gw, "/drain")
+        _seen(prom, f"drain_gate_state{sel}", 1, "DRAINING scraped")
+        wait_for(lambda: _status(gw)["progress"]["forced"] is True, 15, what="drain_timeout forces CLOSING")
+        firing = wait_for(lambda: prom.alerts(FORCED, "firing"), 20, interval=0.2, what=f"{FORCED} firing")
+        assert [(a["namespace"], a["pod"]) for a in firing] == [(NAMESPACE, POD)]
+        assert held.running(), "the gateway itself never cuts the held stream"
+
+        _every_panel_returns_data(prom)
+        _save(prom, start, time.time())
+
+
+def _plugins_seen_and_no_role_missing(prom: Prometheus) -> None:
+    """Envoy's per-plugin wasm stats exist under the names the role alerts match, and
+    the role-missing expressions find nothing on a gateway that runs both roles."""
+    names = wait_for(lambda: sorted(r["metric"]["__name__"] for r in prom.query(
+        f'{{__name__=~"{generate.PLUGINS}"}}')), 10, interval=0.2, what="wasm plugin stats scraped")
+    assert names == ["envoy_wasm_drain_gate_health_vm_reload", "envoy_wasm_drain_gate_traffic_vm_reload"]
+    for name in ("DrainGateHealthRoleMissing", "DrainGateTrafficRoleMissing"):
+        assert prom.query(rules()[name]["expr"]) == [], name
+
+
+def _every_panel_returns_data(prom: Prometheus) -> None:
+    for title, expr in panel_queries():
+        wait_for(lambda: prom.query(expr), 15, interval=0.25, what=f"panel {title!r}: {expr}")
+
+
+def _save(prom: Prometheus, start: float, end: float) -> None:
+    """What the README's dashboard picture is drawn from (`make dashboard-png`)."""
+    series = {title: prom.query_range(expr, start, end) for title, expr in panel_queries()
+              if "[1h]" not in expr}
+    series["ALERTS"] = prom.query_range(f'ALERTS{{alertname="{FORCED}"}}', start, end)
+    SAVED.parent.mkdir(parents=True, exist_ok=True)
+    SAVED.write_text(json.dumps({"start": start, "end": end, "series": series}))
