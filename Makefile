@@ -191,4 +191,4 @@ observability: $(VENV)/.installed
 # The README's dashboard picture, from the Prometheus data the live test saved.
 dashboard-png: $(VENV)/.installed
 	PYTHONPATH=. $(PY) -m pytest tests/test_observability.py -q -p no:cacheprovider -k live
-	PYTHONPATH=. $(PY) -m tests.observability.render out/observability/drain.json docs/observability-dashboard.png
+	PYTHONPATH=. $(PY) -m tests.observability.render out/observability/drain.json envoyfilter/observability/drain-gate.dashboard.png

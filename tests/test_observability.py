@@ -35,15 +35,15 @@ def rules() -> dict[str, dict]:
     return {r["alert"]: r for g in yaml.safe_load(RULES.read_text())["groups"] for r in g["rules"]}
 
 
-def panel_queries() -> list[tuple[str, str]]:
-    """(panel title, PromQL) of every target, with Grafana's variables substituted."""
+def panel_queries() -> list[tuple[str, str, str]]:
+    """(panel title, legend, PromQL) of every target, with Grafana's variables substituted."""
     out = []
     for panel in generate.dashboard()["panels"]:
         for target in panel["targets"]:
             expr = target["expr"]
             for var, value in GRAFANA_VARS.items():
                 expr = expr.replace(var, value)
-            out.append((panel["title"], expr))
+            out.append((panel["title"], target["legendFormat"], expr))
     return out
 
 
@@ -143,7 +143,7 @@ def test_live_forced_close_fires_and_clean_drain_does_not(gateway, stream, tmp_p
         assert held.running(), "the gateway itself never cuts the held stream"
 
         _every_panel_returns_data(prom)
-        _save(prom, start, time.time())
+        _save(prom, start)
 
 
 def _plugins_seen_and_no_role_missing(prom: Prometheus) -> None:
@@ -157,14 +157,19 @@ def _plugins_seen_and_no_role_missing(prom: Prometheus) -> None:
 
 
 def _every_panel_returns_data(prom: Prometheus) -> None:
-    for title, expr in panel_queries():
+    for title, _, expr in panel_queries():
         wait_for(lambda: prom.query(expr), 15, interval=0.25, what=f"panel {title!r}: {expr}")
 
 
-def _save(prom: Prometheus, start: float, end: float) -> None:
-    """What the README's dashboard picture is drawn from (`make dashboard-png`)."""
-    series = {title: prom.query_range(expr, start, end) for title, expr in panel_queries()
-              if "[1h]" not in expr}
-    series["ALERTS"] = prom.query_range(f'ALERTS{{alertname="{FORCED}"}}', start, end)
+def _save(prom: Prometheus, start: float) -> None:
+    """What the README's dashboard picture is drawn from (`make dashboard-png`): every
+    panel's series from the start up to a 1 s step that shows the alert firing."""
+    firing = f'ALERTS{{alertname="{FORCED}",alertstate="firing"}}'
+    end = wait_for(lambda: prom.query_range(firing, start, time.time()) and time.time(), 10,
+                   interval=0.25, what="the firing alert on a range step")
+    series = [{"panel": title, "legend": legend, "result": prom.query_range(expr, start, end)}
+              for title, legend, expr in panel_queries() if "[1h]" not in expr]
+    series.append({"panel": "ALERTS", "legend": FORCED,
+                   "result": prom.query_range(f'ALERTS{{alertname="{FORCED}"}}', start, end)})
     SAVED.parent.mkdir(parents=True, exist_ok=True)
     SAVED.write_text(json.dumps({"start": start, "end": end, "series": series}))
