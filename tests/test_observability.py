@@ -6,7 +6,8 @@
   `/stats/prometheus` every second and evaluating the rules file as written
   every second. A clean drain leaves DrainGateForcedClose inactive; a drain
   forced by drain_timeout with a stream held makes it fire for that pod. Every
-  dashboard query returns data during the drain.
+  dashboard query returns data during the drain. A second Envoy without the
+  health listener is the control for the role alerts' expressions.
 """
 from __future__ import annotations
 
@@ -21,10 +22,11 @@ import requests
 import yaml
 
 from envoyfilter.observability import generate
-from tests.harness.envoy import REPO, wait_for
+from tests.harness.envoy import REPO, Envoy, Ports, render, wait_for
 from tests.harness.prometheus import NAMESPACE, RULES, Prometheus
 
 POD = "gateway-0"
+LONE = "gateway-traffic-only"
 FORCED = "DrainGateForcedClose"
 # The variables Grafana substitutes: every namespace and pod, its default rate window.
 GRAFANA_VARS = {"$namespace": ".*", "$pod": ".*", "$__rate_interval": "1m"}
@@ -114,13 +116,39 @@ def _seen(prom: Prometheus, expr: str, value: float, what: str, timeout: float =
     return time.time()
 
 
-def test_live_forced_close_fires_and_clean_drain_does_not(gateway, stream, tmp_path):
+def traffic_only(backend_port: int, workdir) -> Envoy:
+    """An Envoy whose bootstrap lost the health listener: the traffic role alone."""
+    ports = Ports(backend=backend_port)
+    doc = render(ports)
+    doc["static_resources"]["listeners"] = [
+        lst for lst in doc["static_resources"]["listeners"] if lst["name"] == "traffic"]
+    return Envoy(doc, ports, workdir=workdir)
+
+
+def _admin_ready(envoy: Envoy) -> bool:
+    try:
+        return requests.get(envoy.admin("/ready"), timeout=1).status_code == 200
+    except requests.RequestException:
+        return False
+
+
+def test_live_forced_close_fires_and_clean_drain_does_not(gateway, stream, backend_port, tmp_path):
     gw = gateway({"drain_timeout": "4s", "lb_buffer": "60s"})
-    with Prometheus({POD: gw.ports.admin}, tmp_path / "prometheus") as prom:
+    lone = traffic_only(backend_port, tmp_path / "traffic-only")
+    try:
+        lone.start(wait_ready=False)
+        wait_for(lambda: _admin_ready(lone), 30, interval=0.1, what="the traffic-only Envoy ready")
+        _live(gw, stream, {POD: gw.ports.admin, LONE: lone.ports.admin}, tmp_path / "prometheus")
+    finally:
+        lone.stop()
+
+
+def _live(gw, stream, targets: dict[str, int], workdir) -> None:
+    with Prometheus(targets, workdir) as prom:
         start = time.time()
         sel = f'{{namespace="{NAMESPACE}",pod="{POD}"}}'
         _seen(prom, f"drain_gate_state{sel}", 0, "the gateway scraped, OPEN")
-        _plugins_seen_and_no_role_missing(prom)
+        _role_alerts_match_envoy_stats(prom)
 
         # A clean drain: nothing in flight, CLOSING at once, not forced.
         _post(gw, "/drain")
@@ -146,14 +174,22 @@ def test_live_forced_close_fires_and_clean_drain_does_not(gateway, stream, tmp_p
         _save(prom, start)
 
 
-def _plugins_seen_and_no_role_missing(prom: Prometheus) -> None:
-    """Envoy's per-plugin wasm stats exist under the names the role alerts match, and
-    the role-missing expressions find nothing on a gateway that runs both roles."""
-    names = wait_for(lambda: sorted(r["metric"]["__name__"] for r in prom.query(
-        f'{{__name__=~"{generate.PLUGINS}"}}')), 10, interval=0.2, what="wasm plugin stats scraped")
-    assert names == ["envoy_wasm_drain_gate_health_vm_reload", "envoy_wasm_drain_gate_traffic_vm_reload"]
-    for name in ("DrainGateHealthRoleMissing", "DrainGateTrafficRoleMissing"):
-        assert prom.query(rules()[name]["expr"]) == [], name
+def _role_alerts_match_envoy_stats(prom: Prometheus) -> None:
+    """Envoy's per-plugin wasm stats exist under the names the role alerts match: the
+    health-role-missing expression finds the traffic-only Envoy and nothing else, and
+    the traffic-role-missing one finds nothing."""
+    def plugins():
+        found = {}
+        for r in prom.query(f'{{__name__=~"{generate.PLUGINS}"}}'):
+            found.setdefault(r["metric"]["pod"], []).append(r["metric"]["__name__"])
+        return len(found) == 2 and found
+
+    found = wait_for(plugins, 15, interval=0.2, what="both Envoys' wasm plugin stats scraped")
+    assert sorted(found[POD]) == ["envoy_wasm_drain_gate_health_vm_reload", "envoy_wasm_drain_gate_traffic_vm_reload"]
+    assert found[LONE] == ["envoy_wasm_drain_gate_traffic_vm_reload"]
+    missing = {name: [r["metric"]["pod"] for r in prom.query(rules()[name]["expr"])]
+               for name in ("DrainGateHealthRoleMissing", "DrainGateTrafficRoleMissing")}
+    assert missing == {"DrainGateHealthRoleMissing": [LONE], "DrainGateTrafficRoleMissing": []}
 
 
 def _every_panel_returns_data(prom: Prometheus) -> None:

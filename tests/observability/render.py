@@ -33,10 +33,12 @@ def legend(template: str, metric: dict) -> str:
 
 def draw(data: dict, out: Path) -> None:
     t0 = data["start"]
-    fig, axes = plt.subplots(len(PANELS) + 1, 1, figsize=(10, 9), sharex=True)
+    fig, axes = plt.subplots(len(PANELS) + 1, 1, figsize=(12, 9), sharex=True)
     for ax, title in zip(axes, PANELS):
         for s in (s for s in data["series"] if s["panel"] == title):
             for metric, xs, ys in points(s["result"], t0):
+                if title == "Transitions" and not any(ys):
+                    continue  # the transitions that never happened would only crowd the legend
                 ax.step(xs, ys, where="post", label=legend(s["legend"], metric))
         ax.set_title(title, loc="left", fontsize=10)
         ax.grid(alpha=0.3)
@@ -53,8 +55,8 @@ def draw(data: dict, out: Path) -> None:
                       "drain_timeout (4 s)")
     for ax in axes:
         if ax.get_legend_handles_labels()[0]:
-            ax.legend(fontsize=7, loc="upper left")
-    fig.suptitle("drain-gate: one Envoy scraped by Prometheus every 1 s (live test data)")
+            ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
+    fig.suptitle("drain-gate: two Envoys scraped by Prometheus every 1 s (live test data; gateway-traffic-only has no health role)")
     fig.tight_layout()
     fig.savefig(out, dpi=80)
 
