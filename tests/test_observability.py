@@ -86,6 +86,15 @@ def test_prometheus_rule_wraps_the_rules_file():
     assert obj["spec"] == yaml.safe_load(RULES.read_text())
 
 
+def test_dashboard_configmap_is_valid_and_carries_the_dashboard():
+    import kubernetes_validate
+
+    obj = yaml.safe_load(generate.DASHBOARD_CONFIGMAP.read_text())
+    kubernetes_validate.validate(obj, kubernetes_validate.utils.latest_version(), strict=True)
+    assert obj["metadata"]["labels"]["grafana_dashboard"] == "1"
+    assert json.loads(obj["data"]["drain-gate.json"]) == json.loads(generate.DASHBOARD.read_text())
+
+
 def test_dashboard_loads_in_the_sdk_model():
     from grafana_foundation_sdk.cog.encoder import JSONEncoder
     from grafana_foundation_sdk.cog.plugins import register_default_plugins
