@@ -69,6 +69,23 @@ def test_every_alert_has_summary_pod_description_and_a_readme_runbook():
         assert name.lower() in anchors, f"README has no runbook section `{name}`"
 
 
+def emitted_metrics() -> set[str]:
+    """The drain_gate_* names of the one list in src/ that names every metric drain-gate emits."""
+    homes = [f for f in (REPO / "src").rglob("*.rs") if re.search(r"pub const ALL: \[Metric", f.read_text())]
+    assert len(homes) == 1, homes
+    return set(re.findall(r'"(drain_gate_[a-z_]+)"', homes[0].read_text()))
+
+
+def test_alerts_dashboard_and_readme_use_the_emitted_metric_names():
+    emitted = emitted_metrics()
+    used = set()
+    for text in [RULES.read_text()] + [expr for _, _, expr in panel_queries()]:
+        used |= {m for m in re.findall(r"drain_gate_[a-z_]+", text) if not m.endswith("_vm_reload")}
+    assert used and used <= emitted, used - emitted
+    metrics_section = (REPO / "README.md").read_text().split("## Metrics", 1)[1].split("\n## ", 1)[0]
+    assert set(re.findall(r"^\| `(drain_gate_[a-z_]+)`", metrics_section, re.M)) == emitted
+
+
 def test_every_alert_has_a_promtool_unit_test():
     text = (REPO / "tests" / "observability" / "drain-gate.rules.test.yaml").read_text()
     tested = set(re.findall(r"alertname: (\w+)", text))
