@@ -5,17 +5,17 @@
 //! - [`config`]: plugin configuration → validated [`config::Config`];
 //! - [`api`]: the HTTP surface of the health listener;
 //! - [`lb`]: what each LB checker has been answered (LB-observed-down);
-//! - [`metrics`]: every metric name.
+//! - [`metric_names`]: every metric name (the host defines them).
 //!
 //! Host shell ([`host`]): root, traffic and health contexts, shared data,
-//! the active count, metrics and timers.
+//! the active count, the metrics (defined from [`metric_names`]) and timers.
 
 pub mod api;
 pub mod config;
 pub mod fsm;
 pub mod host;
 pub mod lb;
-pub mod metrics;
+pub mod metric_names;
 
 proxy_wasm::main! {{
     proxy_wasm::set_log_level(proxy_wasm::types::LogLevel::Info);

@@ -56,7 +56,7 @@ fn unavailable(error: &str) -> Reply {
 
 impl Health {
     pub fn new(config: Config, metrics: Metrics) -> Health {
-        let counter = Counter::new(&metrics);
+        let counter = Counter::new(metrics.active);
         Health {
             config,
             counter,
