@@ -19,7 +19,8 @@
 use serde::Serialize;
 use std::net::IpAddr;
 
-use crate::config::{parse_duration_ms, Config, MAX_DURATION_MS};
+use crate::config::Config;
+use crate::duration;
 use crate::fsm::{CloseAfter, Illegal, Reason, Record, State};
 use crate::lb::Checkers;
 
@@ -238,13 +239,16 @@ impl Params {
                         "wait: the only value is \"closed\"",
                     ))
                 }
-                "timeout" => match parse_duration_ms(v) {
-                    Ok(ms) if ms > 0 && ms <= MAX_DURATION_MS => p.timeout_ms = Some(ms),
+                "timeout" => match duration::parse_ms(v) {
+                    Ok(ms) if ms > 0 && ms <= duration::MAX_MS => p.timeout_ms = Some(ms),
                     _ => {
                         return Err(error(
                             400,
                             "bad_request",
-                            "timeout: expected a duration from 1ms to 60m, e.g. 90s",
+                            &format!(
+                                "timeout: expected a duration from 1ms to {}, e.g. 90s",
+                                duration::format_ms(duration::MAX_MS)
+                            ),
                         ))
                     }
                 },

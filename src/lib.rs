@@ -3,6 +3,8 @@
 //! Pure core (no proxy-wasm types, unit-tested on the host):
 //! - [`fsm`]: states, the transition table, `advance()`, answers per audience;
 //! - [`config`]: plugin configuration → validated [`config::Config`];
+//! - [`duration`]: durations as the configuration and queries spell them;
+//! - [`net`]: IP networks (`admin_allow`);
 //! - [`api`]: the HTTP surface of the health listener;
 //! - [`lb`]: what each LB checker has been answered (LB-observed-down);
 //! - [`metric_names`]: every metric name (the host defines them).
@@ -12,10 +14,12 @@
 
 pub mod api;
 pub mod config;
+pub mod duration;
 pub mod fsm;
 pub mod host;
 pub mod lb;
 pub mod metric_names;
+pub mod net;
 
 proxy_wasm::main! {{
     proxy_wasm::set_log_level(proxy_wasm::types::LogLevel::Info);
