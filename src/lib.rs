@@ -5,7 +5,9 @@
 //! - [`config`]: plugin configuration → validated [`config::Config`];
 //! - [`duration`]: durations as the configuration and queries spell them;
 //! - [`net`]: IP networks (`admin_allow`);
-//! - [`api`]: the HTTP surface of the health listener;
+//! - [`api`]: the HTTP surface of the health listener: routing ([`api`]),
+//!   health answers ([`api::check`]), the status document and held answers
+//!   ([`api::status`]), the reply type and error answers ([`api::reply`]);
 //! - [`lb`]: what each LB checker has been answered (LB-observed-down);
 //! - [`metric_names`]: every metric name (the host defines them).
 //!
