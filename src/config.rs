@@ -123,8 +123,8 @@ fn err(key: &str, problem: impl Into<String>) -> ConfigError {
     }
 }
 
-/// A duration value between `min_ms` and `duration::MAX_MS`.
-fn duration(v: &Value, min_ms: u64) -> Result<u64, String> {
+/// A duration value from `min_ms` to `max_ms`.
+fn duration(v: &Value, min_ms: u64, max_ms: u64) -> Result<u64, String> {
     let s = v
         .as_str()
         .ok_or_else(|| format!("expected a duration string like \"30s\", got {v}"))?;
@@ -135,10 +135,10 @@ fn duration(v: &Value, min_ms: u64) -> Result<u64, String> {
             duration::format_ms(min_ms)
         ));
     }
-    if ms > duration::MAX_MS {
+    if ms > max_ms {
         return Err(format!(
             "{s:?} is above the maximum {}",
-            duration::format_ms(duration::MAX_MS)
+            duration::format_ms(max_ms)
         ));
     }
     Ok(ms)
@@ -154,14 +154,13 @@ fn role(c: &mut Config, v: &Value) -> Result<(), String> {
 }
 
 fn drain_timeout(c: &mut Config, v: &Value) -> Result<(), String> {
-    c.drain_timeout_ms = duration(v, 1)?;
-    Ok(())
+    duration(v, 1, duration::MAX_MS).map(|ms| c.drain_timeout_ms = ms)
 }
 
 /// Checked after `drain_timeout` (the order of `KEYS`); without the key it
 /// is 0, which never exceeds a valid `drain_timeout`.
 fn min_drain(c: &mut Config, v: &Value) -> Result<(), String> {
-    c.min_drain_ms = duration(v, 0)?;
+    c.min_drain_ms = duration(v, 0, duration::MAX_MS)?;
     if c.min_drain_ms > c.drain_timeout_ms {
         return Err("must not exceed drain_timeout".to_string());
     }
@@ -169,19 +168,11 @@ fn min_drain(c: &mut Config, v: &Value) -> Result<(), String> {
 }
 
 fn lb_buffer(c: &mut Config, v: &Value) -> Result<(), String> {
-    c.lb_buffer_ms = duration(v, 0)?;
-    Ok(())
+    duration(v, 0, duration::MAX_MS).map(|ms| c.lb_buffer_ms = ms)
 }
 
 fn tick(c: &mut Config, v: &Value) -> Result<(), String> {
-    c.tick_ms = duration(v, 10)?;
-    if c.tick_ms > MAX_TICK_MS {
-        return Err(format!(
-            "{v} is above the maximum {}",
-            duration::format_ms(MAX_TICK_MS)
-        ));
-    }
-    Ok(())
+    duration(v, 10, MAX_TICK_MS).map(|ms| c.tick_ms = ms)
 }
 
 fn draining_lb_status(c: &mut Config, v: &Value) -> Result<(), String> {
@@ -256,8 +247,7 @@ fn lb_fall(c: &mut Config, v: &Value) -> Result<(), String> {
 }
 
 fn lb_down_timeout(c: &mut Config, v: &Value) -> Result<(), String> {
-    c.lb_down_timeout_ms = duration(v, 1)?;
-    Ok(())
+    duration(v, 1, duration::MAX_MS).map(|ms| c.lb_down_timeout_ms = ms)
 }
 
 impl Config {
