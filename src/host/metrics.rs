@@ -78,7 +78,8 @@ impl Metrics {
         }
     }
 
-    /// The state as the `drain_gate_state` gauge says, if that gauge is live.
+    /// The state as the `drain_gate_state` gauge says, if that gauge is live
+    /// and holds a state's code (`None`: the caller asks the store or the count).
     /// It is written right after every winning transition, so a reader that
     /// sees an older value either runs before the writer's next step (which
     /// re-reads the count) or is covered by the tick.
