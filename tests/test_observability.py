@@ -233,3 +233,53 @@ def _save(prom: Prometheus, start: float) -> None:
                    "result": prom.query_range(f'ALERTS{{alertname="{FORCED}"}}', start, end)})
     SAVED.parent.mkdir(parents=True, exist_ok=True)
     SAVED.write_text(json.dumps({"start": start, "end": end, "series": series}))
+
+
+# -- what a drain waits for --------------------------------------------------------
+def _ages_bounds(started: tuple[float, float], read: tuple[float, float], tick: float) -> tuple[float, float]:
+    """The age /drain/status may report (s) for a stream started between `started` (curl launched,
+    the stream counted) and read between `read`: a stream is stamped with the last tick before it."""
+    return read[0] - started[1], read[1] - started[0] + tick
+
+
+def _start_held(gw, stream, expect_active: int) -> tuple[object, tuple[float, float]]:
+    t0 = time.time()
+    held = stream(gw.traffic("/stream?seconds=30"))
+    wait_for(lambda: _status(gw)["active"] >= expect_active, 10, what=f"{expect_active} streams counted")
+    return held, (t0, time.time())
+
+
+def _read(gw) -> tuple[dict, tuple[float, float]]:
+    t0 = time.time()
+    doc = _status(gw)
+    return doc, (t0, time.time())
+
+
+def test_in_flight_ages_read_back_within_one_tick(gateway, stream):
+    tick = 0.1
+    gw = gateway({"tick": "100ms", "drain_timeout": "60s"})
+    first, a = _start_held(gw, stream, 1)
+    wait_for(lambda: (_status(gw)["in_flight"]["oldest_age_ms"] or 0) >= 2500, 10, what="the first stream 2.5 s old")
+    second, b = _start_held(gw, stream, 2)
+    wait_for(lambda: sum(_status(gw)["in_flight"]["ages"].values()) == 2, 5, what="both streams published")
+    for phase in ("OPEN", "DRAINING"):
+        if phase == "DRAINING":
+            _post(gw, "/drain")
+        doc, r = _read(gw)
+        assert doc["state"] == phase
+        lo, hi = _ages_bounds(a, r, tick)
+        assert lo <= doc["in_flight"]["oldest_age_ms"] / 1000 <= hi, (phase, lo, hi, doc["in_flight"])
+        ages = doc["in_flight"]["ages"]
+        assert ages["lt_10s"] >= 1 and ages["lt_60s"] == ages["ge_60s"] == 0, ages
+        b_lo, b_hi = _ages_bounds(b, r, tick)
+        if b_hi < 1:  # the second stream's age is known to be under a second
+            assert (ages["lt_1s"], ages["lt_10s"]) == (1, 1), (b_lo, b_hi, ages)
+    # The gauge is whole seconds, set by the health role's last tick (at most one tick ago).
+    t0 = time.time()
+    gauge = gw.stat("wasmcustom.drain_gate_oldest_in_flight_seconds")
+    lo, hi = _ages_bounds(a, (t0 - tick, time.time()), tick)
+    assert int(lo) <= gauge <= int(hi), (lo, gauge, hi)
+    first.kill()
+    second.kill()
+    wait_for(lambda: _status(gw)["in_flight"]["oldest_age_ms"] is None, 5, what="no stream in flight")
+    assert _status(gw)["in_flight"]["ages"] == {"lt_1s": 0, "lt_10s": 0, "lt_60s": 0, "ge_60s": 0}

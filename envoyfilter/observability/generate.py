@@ -109,7 +109,8 @@ def dashboard() -> dict:
     board = (
         dash.Dashboard("drain-gate")
         .uid("drain-gate")
-        .description("Ingress gateway drains: state, in-flight requests, transitions, forced closes, count health")
+        .description("Ingress gateway drains: state, requests in flight and their age, transitions, forced closes, "
+                     "count health")
         .tags(["drain-gate", "istio", "envoy"])
         .tooltip(DashboardCursorSync.CROSSHAIR)
         .time("now-1h", "now")
@@ -127,6 +128,9 @@ def panels() -> list:
         state_panel(),
         series_panel("Active requests", "drain_gate_active_requests: HTTP streams in flight (all workers)",
                      [query(f"drain_gate_active_requests{{{POD}}}")]),
+        series_panel("Oldest request in flight",
+                     "drain_gate_oldest_in_flight_seconds: what a drain is waiting for (to one tick)",
+                     [query(f"drain_gate_oldest_in_flight_seconds{{{POD}}}")], unit="s"),
         series_panel("Transitions", "transitions into each state", transitions_targets(), bars=True),
         series_panel("Time draining (last 10m)",
                      "seconds each gateway spent DRAINING or CLOSING in the last 10 minutes, sampled every 5s",

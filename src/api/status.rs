@@ -5,6 +5,7 @@ use serde::Serialize;
 
 use super::reply::Reply;
 use crate::fsm::{CloseAfter, Record, State};
+use crate::in_flight::InFlight;
 use crate::lb::Checkers;
 
 /// How the active count is kept; reported in the status.
@@ -24,6 +25,8 @@ pub struct View<'a> {
     pub rec: &'a Record,
     pub active: u64,
     pub now_ms: u64,
+    /// Every worker's streams in flight by age, as of their last tick.
+    pub in_flight: InFlight,
     pub count: CountInfo,
     pub draining_lb_status: u16,
     pub checkers: &'a Checkers,
@@ -81,6 +84,7 @@ struct Status<'a> {
     lb_status: u16,
     active: u64,
     count: CountInfo,
+    in_flight: InFlight,
     progress: Progress,
     lb: Lb<'a>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -98,6 +102,7 @@ fn status_body<'a>(v: &View<'a>, error: Option<&'a str>, wait: Option<&'a str>) 
         lb_status: r.state.lb_status(v.draining_lb_status),
         active: v.active,
         count: v.count,
+        in_flight: v.in_flight,
         progress: Progress {
             reason: r.reason.name(),
             forced: r.forced,
@@ -208,6 +213,7 @@ pub fn rfc3339(ms: u64) -> String {
 mod tests {
     use super::*;
     use crate::api::reply::tests::body;
+    use crate::in_flight::Histogram;
 
     #[test]
     fn status_and_wait_bodies() {
@@ -216,6 +222,14 @@ mod tests {
             rec: &rec,
             active: 3,
             now_ms: 1_764_000_000_500,
+            in_flight: InFlight {
+                oldest_age_ms: Some(2_300),
+                ages: Histogram {
+                    lt_1s: 2,
+                    lt_10s: 1,
+                    ..Histogram::default()
+                },
+            },
             count: CountInfo {
                 source: "gauge",
                 reliable: true,
@@ -230,6 +244,9 @@ mod tests {
         assert_eq!(s["active"], 3);
         assert_eq!(s["ready"], true);
         assert_eq!(s["progress"]["reason"], "start");
+        assert_eq!(s["in_flight"]["oldest_age_ms"], 2_300);
+        assert_eq!(s["in_flight"]["ages"]["lt_1s"], 2);
+        assert_eq!(s["in_flight"]["ages"]["ge_60s"], 0);
         assert_eq!(s["progress"]["since"], "2025-11-24T16:00:00.000Z");
         let w = wait_reply(WaitEnd::TimedOut, &v);
         assert_eq!(w.status, 504);

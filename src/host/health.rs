@@ -10,7 +10,7 @@ use std::rc::Rc;
 
 use super::count::{Counter, Reading};
 use super::metrics::Metrics;
-use super::{now_ms, store};
+use super::{in_flight, now_ms, store};
 use crate::api::{self, Audience, CountInfo, Endpoint, Reply, View};
 use crate::config::Config;
 use crate::fsm::{CloseAfter, Move, Record, State};
@@ -72,10 +72,12 @@ impl Health {
     }
 
     fn view<'a>(&self, rec: &'a Record, reading: Reading, checkers: &'a Checkers) -> View<'a> {
+        let now = now_ms();
         View {
             rec,
             active: reading.active,
-            now_ms: now_ms(),
+            now_ms: now,
+            in_flight: in_flight::read(now),
             count: CountInfo {
                 source: self.counter.source_name(),
                 reliable: reading.reliable,
@@ -204,10 +206,12 @@ impl Health {
             }
         };
         self.metrics.sync_state(rec.state);
+        let now = now_ms();
+        self.metrics
+            .set_oldest_in_flight(in_flight::read(now).oldest_age_ms);
         if self.waiters.borrow().is_empty() {
             return;
         }
-        let now = now_ms();
         let (over, held): (Vec<Waiter>, Vec<Waiter>) = self
             .waiters
             .borrow()

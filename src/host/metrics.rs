@@ -18,6 +18,7 @@ pub struct Metrics {
     transitions: [Option<u32>; 5],
     forced: Option<u32>,
     count_errors: Option<u32>,
+    oldest_in_flight: Option<u32>,
 }
 
 fn define(name: &str) -> Option<u32> {
@@ -68,6 +69,7 @@ impl Metrics {
             state_live: state.is_some_and(gauge_is_live),
             transitions,
             forced: define(names::FORCED_CLOSES),
+            oldest_in_flight: define(names::OLDEST_IN_FLIGHT),
             count_errors: define(names::COUNT_ERRORS),
         }
     }
@@ -108,6 +110,13 @@ impl Metrics {
         bump(i.and_then(|i| self.transitions.get(i).copied().flatten()));
         if next.state == State::Closing && next.forced {
             bump(self.forced);
+        }
+    }
+
+    /// Whole seconds, as the gauge's name says (Envoy gauges are integers).
+    pub fn set_oldest_in_flight(&self, age_ms: Option<u64>) {
+        if let Some(id) = self.oldest_in_flight {
+            let _ = hostcalls::record_metric(id, age_ms.unwrap_or(0) / 1000);
         }
     }
 

@@ -3,6 +3,7 @@
 
 pub mod count;
 pub mod health;
+pub mod in_flight;
 pub mod metrics;
 pub mod root;
 pub mod store;

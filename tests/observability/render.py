@@ -17,7 +17,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from envoyfilter.observability.generate import STATES  # noqa: E402
 
-PANELS = ["State per gateway", "Active requests", "Transitions", "Forced closes"]
+PANELS = ["State per gateway", "Active requests", "Oldest request in flight", "Transitions", "Forced closes"]
 
 
 def points(result: list[dict], t0: float):
@@ -33,7 +33,7 @@ def legend(template: str, metric: dict) -> str:
 
 def draw(data: dict, out: Path) -> None:
     t0 = data["start"]
-    fig, axes = plt.subplots(len(PANELS) + 1, 1, figsize=(12, 9), sharex=True)
+    fig, axes = plt.subplots(len(PANELS) + 1, 1, figsize=(12, 10.5), sharex=True)
     for ax, title in zip(axes, PANELS):
         for s in (s for s in data["series"] if s["panel"] == title):
             for metric, xs, ys in points(s["result"], t0):
