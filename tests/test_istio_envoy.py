@@ -88,15 +88,6 @@ def _oci_tool():
     return module
 
 
-def _admin_ready(env) -> bool:
-    if env.proc.poll() is not None:
-        raise RuntimeError(f"envoy exited with {env.proc.returncode}:\n{env.log_tail()}")
-    try:
-        return requests.get(env.admin("/ready"), timeout=1).status_code == 200
-    except requests.RequestException:
-        return False
-
-
 @pytest.fixture
 def start_gateway(backend_port, tmp_path, monkeypatch):
     """Factory: start_gateway(version, listeners) -> a started Envoy; `env.at`
@@ -116,7 +107,7 @@ def start_gateway(backend_port, tmp_path, monkeypatch):
             env.start(timeout=60)
         else:  # the harness's readiness check asks /live on :18180; poll the admin only
             env.start(wait_ready=False)
-            wait_for(lambda: _admin_ready(env), 60, interval=0.05, what="envoy admin /ready")
+            wait_for(env.admin_ready, 60, interval=0.05, what="envoy admin /ready")
         version_seen = requests.get(env.admin("/server_info"), timeout=5).json()["version"]
         assert f"/{version}/" in version_seen, version_seen
         return env

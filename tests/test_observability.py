@@ -18,11 +18,11 @@ import subprocess
 import time
 
 import pytest
-import requests
 import yaml
 
 from envoyfilter.observability import generate
 from tests.harness.envoy import REPO, Envoy, Ports, render, wait_for
+from tests.harness import variants
 from tests.harness.prometheus import NAMESPACE, RULES, Prometheus
 
 POD = "gateway-0"
@@ -125,12 +125,8 @@ def test_dashboard_loads_in_the_sdk_model():
 
 
 # -- live -----------------------------------------------------------------------
-def _status(gw) -> dict:
-    return requests.get(gw.health("/drain/status"), timeout=5).json()
-
-
 def _post(gw, path: str) -> None:
-    r = requests.post(gw.health(path), timeout=5)
+    r = variants.post(gw, path)
     assert r.status_code == 200, (path, r.status_code, r.text)
 
 
@@ -143,17 +139,7 @@ def _seen(prom: Prometheus, expr: str, value: float, what: str, timeout: float =
 def traffic_only(backend_port: int, workdir) -> Envoy:
     """An Envoy whose bootstrap lost the health listener: the traffic role alone."""
     ports = Ports(backend=backend_port)
-    doc = render(ports)
-    doc["static_resources"]["listeners"] = [
-        lst for lst in doc["static_resources"]["listeners"] if lst["name"] == "traffic"]
-    return Envoy(doc, ports, workdir=workdir)
-
-
-def _admin_ready(envoy: Envoy) -> bool:
-    try:
-        return requests.get(envoy.admin("/ready"), timeout=1).status_code == 200
-    except requests.RequestException:
-        return False
+    return Envoy(variants.without_listener(render(ports), "drain-gate-health"), ports, workdir=workdir)
 
 
 def test_live_forced_close_fires_and_clean_drain_does_not(gateway, stream, backend_port, tmp_path):
@@ -161,7 +147,7 @@ def test_live_forced_close_fires_and_clean_drain_does_not(gateway, stream, backe
     lone = traffic_only(backend_port, tmp_path / "traffic-only")
     try:
         lone.start(wait_ready=False)
-        wait_for(lambda: _admin_ready(lone), 30, interval=0.1, what="the traffic-only Envoy ready")
+        wait_for(lone.admin_ready, 30, interval=0.1, what="the traffic-only Envoy ready")
         _live(gw, stream, {POD: gw.ports.admin, LONE: lone.ports.admin}, tmp_path / "prometheus")
     finally:
         lone.stop()
@@ -176,8 +162,8 @@ def _live(gw, stream, targets: dict[str, int], workdir) -> None:
 
         # A clean drain: nothing in flight, CLOSING at once, not forced.
         _post(gw, "/drain")
-        wait_for(lambda: _status(gw)["state"] == "CLOSING", 10, what="clean drain reaches CLOSING")
-        assert _status(gw)["progress"]["forced"] is False
+        wait_for(lambda: variants.status(gw)["state"] == "CLOSING", 10, what="clean drain reaches CLOSING")
+        assert variants.status(gw)["progress"]["forced"] is False
         seen = _seen(prom, f"drain_gate_transitions_to_closing{sel}", 1, "the clean close scraped")
         wait_for(lambda: prom.evaluated_since(FORCED, seen), 10, interval=0.2, what="rules evaluated after it")
         assert prom.rule(FORCED)["state"] == "inactive"
@@ -186,10 +172,10 @@ def _live(gw, stream, targets: dict[str, int], workdir) -> None:
         # A drain forced by drain_timeout with a stream held.
         _post(gw, "/reopen")
         held = stream(gw.traffic("/stream?seconds=40"))
-        wait_for(lambda: _status(gw)["active"] == 1, 10, what="the held stream counted")
+        wait_for(lambda: variants.status(gw)["active"] == 1, 10, what="the held stream counted")
         _post(gw, "/drain")
         _seen(prom, f"drain_gate_state{sel}", 1, "DRAINING scraped")
-        wait_for(lambda: _status(gw)["progress"]["forced"] is True, 15, what="drain_timeout forces CLOSING")
+        wait_for(lambda: variants.status(gw)["progress"]["forced"] is True, 15, what="drain_timeout forces CLOSING")
         firing = wait_for(lambda: prom.alerts(FORCED, "firing"), 20, interval=0.2, what=f"{FORCED} firing")
         assert [(a["namespace"], a["pod"]) for a in firing] == [(NAMESPACE, POD)]
         assert held.running(), "the gateway itself never cuts the held stream"
@@ -245,13 +231,13 @@ def _ages_bounds(started: tuple[float, float], read: tuple[float, float], tick: 
 def _start_held(gw, stream, expect_active: int) -> tuple[object, tuple[float, float]]:
     t0 = time.time()
     held = stream(gw.traffic("/stream?seconds=30"))
-    wait_for(lambda: _status(gw)["active"] >= expect_active, 10, what=f"{expect_active} streams counted")
+    wait_for(lambda: variants.status(gw)["active"] >= expect_active, 10, what=f"{expect_active} streams counted")
     return held, (t0, time.time())
 
 
 def _read(gw) -> tuple[dict, tuple[float, float]]:
     t0 = time.time()
-    doc = _status(gw)
+    doc = variants.status(gw)
     return doc, (t0, time.time())
 
 
@@ -259,9 +245,9 @@ def test_in_flight_ages_read_back_within_one_tick(gateway, stream):
     tick = 0.1
     gw = gateway({"tick": "100ms", "drain_timeout": "60s"})
     first, a = _start_held(gw, stream, 1)
-    wait_for(lambda: (_status(gw)["in_flight"]["oldest_age_ms"] or 0) >= 2500, 10, what="the first stream 2.5 s old")
+    wait_for(lambda: (variants.status(gw)["in_flight"]["oldest_age_ms"] or 0) >= 2500, 10, what="the first stream 2.5 s old")
     second, b = _start_held(gw, stream, 2)
-    wait_for(lambda: sum(_status(gw)["in_flight"]["ages"].values()) == 2, 5, what="both streams published")
+    wait_for(lambda: sum(variants.status(gw)["in_flight"]["ages"].values()) == 2, 5, what="both streams published")
     for phase in ("OPEN", "DRAINING"):
         if phase == "DRAINING":
             _post(gw, "/drain")
@@ -281,5 +267,5 @@ def test_in_flight_ages_read_back_within_one_tick(gateway, stream):
     assert int(lo) <= gauge <= int(hi), (lo, gauge, hi)
     first.kill()
     second.kill()
-    wait_for(lambda: _status(gw)["in_flight"]["oldest_age_ms"] is None, 5, what="no stream in flight")
-    assert _status(gw)["in_flight"]["ages"] == {"lt_1s": 0, "lt_10s": 0, "lt_60s": 0, "ge_60s": 0}
+    wait_for(lambda: variants.status(gw)["in_flight"]["oldest_age_ms"] is None, 5, what="no stream in flight")
+    assert variants.status(gw)["in_flight"]["ages"] == {"lt_1s": 0, "lt_10s": 0, "lt_60s": 0, "ge_60s": 0}

@@ -153,6 +153,15 @@ class Envoy:
             time.sleep(0.05)
         raise TimeoutError(f"envoy not ready after {timeout}s:\n{self.log_tail()}")
 
+    def admin_ready(self) -> bool:
+        """Whether the admin says LIVE (raises if Envoy exited); for Envoys without the health listener."""
+        if self.proc.poll() is not None:
+            raise RuntimeError(f"envoy exited with {self.proc.returncode}:\n{self.log_tail()}")
+        try:
+            return requests.get(self.admin("/ready"), timeout=1).status_code == 200
+        except requests.RequestException:
+            return False
+
     def stop(self) -> None:
         stop_group(self.proc)
         if getattr(self, "_log", None):
