@@ -141,9 +141,11 @@ def panels() -> list:
                    f"increase(drain_gate_forced_closes{{{POD}}}[1h])"),
         stat_panel("Count errors (1h)", "streams the traffic role could not count: the count is unreliable",
                    f"increase(drain_gate_count_errors{{{POD}}}[1h])"),
+        stat_panel("Count unreliable", "1: the health role distrusts the count; drains wait for drain_timeout",
+                   f"drain_gate_count_unreliable{{{POD}}}"),
         stat_panel("drain-gate roles loaded",
                    "Envoy's own wasm stats: 2 = health and traffic roles, 1 = one is missing",
-                   f'count by (namespace, pod) ({{__name__=~"{PLUGINS}", {POD}}})', span=12),
+                   f'count by (namespace, pod) ({{__name__=~"{PLUGINS}", {POD}}})'),
     ]
 
 

@@ -206,6 +206,7 @@ impl Health {
             }
         };
         self.metrics.sync_state(rec.state);
+        self.metrics.set_count_unreliable(!reading.reliable);
         let now = now_ms();
         self.metrics
             .set_oldest_in_flight(in_flight::read(now).oldest_age_ms);
