@@ -32,10 +32,10 @@ deps-apt:
 
 # Prometheus 2.42 + promtool from Debian. The tests run the binary on a free
 # loopback port; the package's service is never started: a policy-rc.d that
-# denies it is in place during the install (unless one already is), and on a
-# systemd host the unit is disabled and stopped afterwards.
+# denies it is in place during the install (unless one already is), and the
+# unit is disabled afterwards (and stopped, where systemd runs).
 deps-prometheus:
-	@dpkg -s prometheus >/dev/null 2>&1 || { \
+	@dpkg-query -W -f='${Status}' prometheus 2>/dev/null | grep -q 'ok installed' || { \
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); guard=; \
 	  if [ ! -e /usr/sbin/policy-rc.d ]; then \
 	    printf '#!/bin/sh\nexit 101\n' | $$SUDO tee /usr/sbin/policy-rc.d >/dev/null; \
@@ -44,7 +44,9 @@ deps-prometheus:
 	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq \
 	    --no-install-recommends prometheus >/dev/null; rc=$$?; \
 	  if [ -n "$$guard" ]; then $$SUDO rm -f /usr/sbin/policy-rc.d; fi; \
-	  if [ -d /run/systemd/system ]; then $$SUDO systemctl disable --now prometheus >/dev/null 2>&1 || true; fi; \
+	  if command -v systemctl >/dev/null; then \
+	    now=$$( [ -d /run/systemd/system ] && echo --now ); \
+	    $$SUDO systemctl disable $$now prometheus >/dev/null 2>&1 || true; fi; \
 	  exit $$rc; }
 
 $(VENV)/.installed: tests/requirements.txt
