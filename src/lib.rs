@@ -2,6 +2,7 @@
 //!
 //! Pure core (no proxy-wasm types, unit-tested on the host):
 //! - [`fsm`]: states, the transition table, `advance()`, answers per audience;
+//! - [`clock`]: what the timers measure elapsed time on (the monotonic clock);
 //! - [`config`]: plugin configuration → validated [`config::Config`];
 //! - [`api`]: the HTTP surface of the health listener;
 //! - [`lb`]: what each LB checker has been answered (LB-observed-down);
@@ -11,6 +12,7 @@
 //! the active count, metrics and timers.
 
 pub mod api;
+pub mod clock;
 pub mod config;
 pub mod fsm;
 pub mod host;

@@ -17,6 +17,7 @@ pub struct Metrics {
     transitions: [Option<u32>; 5],
     forced: Option<u32>,
     count_errors: Option<u32>,
+    clock_steps: Option<u32>,
 }
 
 fn define(name: &str) -> Option<u32> {
@@ -57,6 +58,7 @@ impl Metrics {
             transitions,
             forced: define(names::FORCED_CLOSES),
             count_errors: define(names::COUNT_ERRORS),
+            clock_steps: define(names::CLOCK_STEPS),
         }
     }
 
@@ -94,5 +96,9 @@ impl Metrics {
 
     pub fn count_error(&self) {
         bump(self.count_errors);
+    }
+
+    pub fn clock_step(&self) {
+        bump(self.clock_steps);
     }
 }
