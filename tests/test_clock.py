@@ -10,6 +10,7 @@ from datetime import datetime
 import pytest
 import requests
 
+from tests.harness import istio
 from tests.harness.envoy import wait_for
 from tests.harness.wallclock import WallClock
 
@@ -28,11 +29,13 @@ def at_ms(stamp: str) -> float:
 def stepped(gateway, tmp_path, monkeypatch):
     """Factory: (Envoy, WallClock) with the wall clock of that Envoy alone steppable."""
 
-    def start(config: dict):
+    def start(config: dict, envoy_version: str | None = None):
         clock = WallClock(tmp_path / "wallclock")
         with monkeypatch.context() as m:
             for k, v in clock.env().items():
                 m.setenv(k, v)
+            if envoy_version:
+                m.setenv("ENVOY_BIN", istio.envoy_bin(envoy_version))
             gw = gateway(config)
         return gw, clock
 
@@ -87,3 +90,14 @@ def test_a_backward_step_does_not_hold_the_timers(stepped, stream):
     assert steps[-2:] == [("CLOSING", "drain_timeout"), ("CLOSED", "lb_buffer_elapsed")]
     assert closed["progress"]["drain_duration_ms"] >= 2_000
     assert gw.stat("wasmcustom.drain_gate_clock_steps") == 1
+
+
+@pytest.mark.parametrize("version", istio.ENVOY_MATRIX)
+def test_every_envoy_of_the_matrix_gives_the_monotonic_clock(stepped, version):
+    gw, clock = stepped({"min_drain": "30m", "drain_timeout": "60m"}, envoy_version=version)
+    assert f"/{version}/" in requests.get(gw.admin("/server_info"), timeout=5).json()["version"]
+    assert requests.post(gw.health("/drain"), timeout=5).json()["clock"]["timers"] == "monotonic"
+    clock.step(HOUR_MS)
+    seen = step_seen(gw, 1)
+    assert seen["clock"]["timers"] == "monotonic" and seen["state"] == "DRAINING"
+    assert seen["progress"]["drain_duration_ms"] < 60_000, "measured on the monotonic clock"
