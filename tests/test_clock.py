@@ -4,6 +4,7 @@ close early and a step back cannot hold it; the step is logged, counted and
 shown in /drain/status."""
 from __future__ import annotations
 
+import threading
 import time
 from datetime import datetime
 
@@ -90,6 +91,27 @@ def test_a_backward_step_does_not_hold_the_timers(stepped, stream):
     assert steps[-2:] == [("CLOSING", "drain_timeout"), ("CLOSED", "lb_buffer_elapsed")]
     assert closed["progress"]["drain_duration_ms"] >= 2_000
     assert gw.stat("wasmcustom.drain_gate_clock_steps") == 1
+
+
+def test_a_forward_step_does_not_end_a_held_wait(stepped, stream):
+    gw, clock = stepped({"min_drain": "0s", "drain_timeout": "60m", "lb_buffer": "60m"})
+    stream(gw.traffic("/stream?seconds=60&interval_ms=500"))
+    wait_for(lambda: status(gw)["active"] == 1, 10, what="stream counted")
+    answer: dict = {}
+
+    def hold():
+        t = time.monotonic()
+        r = requests.post(gw.health("/drain?wait=closed&timeout=3s"), timeout=30)
+        answer.update(code=r.status_code, body=r.json(), held=time.monotonic() - t)
+
+    held = threading.Thread(target=hold)
+    held.start()
+    wait_for(lambda: status(gw)["state"] == "DRAINING", 10, what="the held call started the drain")
+    clock.step(HOUR_MS)
+    step_seen(gw, 1)
+    held.join(30)
+    assert answer["code"] == 504 and answer["body"]["wait"] == "timeout", answer
+    assert answer["held"] >= 3, "held for its timeout on the monotonic clock, not cut short by the step"
 
 
 @pytest.mark.parametrize("version", istio.ENVOY_MATRIX)
