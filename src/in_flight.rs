@@ -1,7 +1,8 @@
 //! How old the streams in flight are: what a drain is waiting for.
 //!
 //! No host call per stream: each traffic root context (one per worker) keeps
-//! its streams in buckets keyed by the tick they started in (`Ages`), and
+//! its streams in buckets keyed by the tick they started in (`Ages`, on the
+//! clock the timers run on: `clock::Now::timer_ms`), and
 //! every tick publishes a `Published` summary of them. A reader merges the
 //! summaries of every worker (`merge`). A stream's start is the time of the
 //! last tick before it, so an age reads long by less than one `tick`; the

@@ -20,6 +20,7 @@ pub struct Metrics {
     count_errors: Option<u32>,
     count_unreliable: Option<u32>,
     oldest_in_flight: Option<u32>,
+    clock_steps: Option<u32>,
 }
 
 fn define(name: &str) -> Option<u32> {
@@ -73,6 +74,7 @@ impl Metrics {
             count_unreliable: define(names::COUNT_UNRELIABLE),
             oldest_in_flight: define(names::OLDEST_IN_FLIGHT),
             count_errors: define(names::COUNT_ERRORS),
+            clock_steps: define(names::CLOCK_STEPS),
         }
     }
 
@@ -130,5 +132,9 @@ impl Metrics {
 
     pub fn count_error(&self) {
         bump(self.count_errors);
+    }
+
+    pub fn clock_step(&self) {
+        bump(self.clock_steps);
     }
 }

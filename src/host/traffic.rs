@@ -8,7 +8,7 @@ use std::rc::Rc;
 
 use super::count::Counter;
 use super::metrics::Metrics;
-use super::{in_flight, now_ms, store};
+use super::{in_flight, now, store};
 use crate::fsm::State;
 use crate::in_flight::Ages;
 
@@ -27,7 +27,7 @@ impl AgeBook {
     fn new(tick_ms: u64) -> AgeBook {
         AgeBook {
             ages: RefCell::new(Ages::default()),
-            last_tick_ms: Cell::new(now_ms()),
+            last_tick_ms: Cell::new(now().timer_ms()),
             tick_ms,
             slot: in_flight::claim_slot(),
         }
@@ -48,7 +48,7 @@ impl AgeBook {
     }
 
     fn tick(&self) {
-        let now = now_ms();
+        let now = now().timer_ms();
         self.last_tick_ms.set(now);
         let (Some(slot), Ok(mut ages)) = (self.slot, self.ages.try_borrow_mut()) else {
             return;
