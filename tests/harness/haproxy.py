@@ -13,6 +13,7 @@ import os
 import re
 import socket
 import subprocess
+import tempfile
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -25,6 +26,7 @@ CFG_DIR = REPO / "envoyfilter" / "haproxy"
 CFG = CFG_DIR / "haproxy.cfg"
 CFG_SOFT_DRAIN = CFG_DIR / "haproxy-soft-drain.cfg"
 BACKEND = "gateways"
+SOCKET_PATH_MAX = 97  # HAProxy 2.6 refuses a longer `stats socket` path
 
 
 def make_cert(workdir: Path) -> Path:
@@ -131,6 +133,9 @@ class HAProxy(Child):
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.cfg = CFG_SOFT_DRAIN if soft_drain else CFG
         self.socket_path = self.workdir / "admin.sock"
+        if len(str(self.socket_path)) > SOCKET_PATH_MAX:  # a deep workdir: the socket goes to a short one
+            self._socket_dir = tempfile.TemporaryDirectory(prefix="haproxy-")
+            self.socket_path = Path(self._socket_dir.name) / "admin.sock"
         self.http_port = free_port()
         self.https_port = free_port() if tls else None
         self.names = [f"gw{i + 1}" for i in range(len(gateways))]
