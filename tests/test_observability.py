@@ -22,7 +22,7 @@ import yaml
 
 from envoyfilter.observability import generate
 from tests.harness.envoy import REPO, Envoy, Ports, render, wait_for
-from tests.harness import variants
+from tests.harness import variants, wire
 from tests.harness.prometheus import NAMESPACE, RULES, Prometheus
 
 POD = "gateway-0"
@@ -126,7 +126,7 @@ def test_dashboard_loads_in_the_sdk_model():
 
 # -- live -----------------------------------------------------------------------
 def _post(gw, path: str) -> None:
-    r = variants.post(gw, path)
+    r = wire.post(gw, path)
     assert r.status_code == 200, (path, r.status_code, r.text)
 
 
@@ -162,8 +162,8 @@ def _live(gw, stream, targets: dict[str, int], workdir) -> None:
 
         # A clean drain: nothing in flight, CLOSING at once, not forced.
         _post(gw, "/drain")
-        wait_for(lambda: variants.status(gw)["state"] == "CLOSING", 10, what="clean drain reaches CLOSING")
-        assert variants.status(gw)["progress"]["forced"] is False
+        wait_for(lambda: wire.status(gw)["state"] == "CLOSING", 10, what="clean drain reaches CLOSING")
+        assert wire.status(gw)["progress"]["forced"] is False
         seen = _seen(prom, f"drain_gate_transitions_to_closing{sel}", 1, "the clean close scraped")
         wait_for(lambda: prom.evaluated_since(FORCED, seen), 10, interval=0.2, what="rules evaluated after it")
         assert prom.rule(FORCED)["state"] == "inactive"
@@ -172,10 +172,10 @@ def _live(gw, stream, targets: dict[str, int], workdir) -> None:
         # A drain forced by drain_timeout with a stream held.
         _post(gw, "/reopen")
         held = stream(gw.traffic("/stream?seconds=40"))
-        wait_for(lambda: variants.status(gw)["active"] == 1, 10, what="the held stream counted")
+        wait_for(lambda: wire.status(gw)["active"] == 1, 10, what="the held stream counted")
         _post(gw, "/drain")
         _seen(prom, f"drain_gate_state{sel}", 1, "DRAINING scraped")
-        wait_for(lambda: variants.status(gw)["progress"]["forced"] is True, 15, what="drain_timeout forces CLOSING")
+        wait_for(lambda: wire.status(gw)["progress"]["forced"] is True, 15, what="drain_timeout forces CLOSING")
         firing = wait_for(lambda: prom.alerts(FORCED, "firing"), 20, interval=0.2, what=f"{FORCED} firing")
         assert [(a["namespace"], a["pod"]) for a in firing] == [(NAMESPACE, POD)]
         assert held.running(), "the gateway itself never cuts the held stream"
@@ -231,13 +231,13 @@ def _ages_bounds(started: tuple[float, float], read: tuple[float, float], tick: 
 def _start_held(gw, stream, expect_active: int) -> tuple[object, tuple[float, float]]:
     t0 = time.time()
     held = stream(gw.traffic("/stream?seconds=30"))
-    wait_for(lambda: variants.status(gw)["active"] >= expect_active, 10, what=f"{expect_active} streams counted")
+    wait_for(lambda: wire.status(gw)["active"] >= expect_active, 10, what=f"{expect_active} streams counted")
     return held, (t0, time.time())
 
 
 def _read(gw) -> tuple[dict, tuple[float, float]]:
     t0 = time.time()
-    doc = variants.status(gw)
+    doc = wire.status(gw)
     return doc, (t0, time.time())
 
 
@@ -245,9 +245,9 @@ def test_in_flight_ages_read_back_within_one_tick(gateway, stream):
     tick = 0.1
     gw = gateway({"tick": "100ms", "drain_timeout": "60s"})
     first, a = _start_held(gw, stream, 1)
-    wait_for(lambda: (variants.status(gw)["in_flight"]["oldest_age_ms"] or 0) >= 2500, 10, what="the first stream 2.5 s old")
+    wait_for(lambda: (wire.status(gw)["in_flight"]["oldest_age_ms"] or 0) >= 2500, 10, what="the first stream 2.5 s old")
     second, b = _start_held(gw, stream, 2)
-    wait_for(lambda: sum(variants.status(gw)["in_flight"]["ages"].values()) == 2, 5, what="both streams published")
+    wait_for(lambda: sum(wire.status(gw)["in_flight"]["ages"].values()) == 2, 5, what="both streams published")
     for phase in ("OPEN", "DRAINING"):
         if phase == "DRAINING":
             _post(gw, "/drain")
@@ -267,5 +267,5 @@ def test_in_flight_ages_read_back_within_one_tick(gateway, stream):
     assert int(lo) <= gauge <= int(hi), (lo, gauge, hi)
     first.kill()
     second.kill()
-    wait_for(lambda: variants.status(gw)["in_flight"]["oldest_age_ms"] is None, 5, what="no stream in flight")
-    assert variants.status(gw)["in_flight"]["ages"] == {"lt_1s": 0, "lt_10s": 0, "lt_60s": 0, "ge_60s": 0}
+    wait_for(lambda: wire.status(gw)["in_flight"]["oldest_age_ms"] is None, 5, what="no stream in flight")
+    assert wire.status(gw)["in_flight"]["ages"] == {"lt_1s": 0, "lt_10s": 0, "lt_60s": 0, "ge_60s": 0}

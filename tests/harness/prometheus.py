@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import re
 import shutil
-import subprocess
 from datetime import datetime
 from pathlib import Path
 
 import requests
 import yaml
 
-from tests.harness.envoy import REPO, free_port, stop_group, wait_for
+from tests.harness.envoy import REPO, free_port
+from tests.harness.process import Child
 
 RULES = REPO / "envoyfilter" / "observability" / "drain-gate.rules.yaml"
 NAMESPACE = "gateways"
@@ -47,47 +47,35 @@ def scrape_config(targets: dict[str, int], interval: str = "1s") -> dict:
     }
 
 
-class Prometheus:
+class Prometheus(Child):
     """One Prometheus process; stopped on every exit path (use as a context manager)."""
 
+    name = "prometheus"
+
     def __init__(self, targets: dict[str, int], workdir: Path):
+        workdir.mkdir(parents=True, exist_ok=True)
+        super().__init__(workdir / "prometheus.log")
         self.port = free_port()
         self.workdir = workdir
-        self.workdir.mkdir(parents=True, exist_ok=True)
         self.config_path = workdir / "prometheus.yml"
         self.config_path.write_text(yaml.safe_dump(scrape_config(targets), sort_keys=False))
-        self.log_path = workdir / "prometheus.log"
-        self.proc: subprocess.Popen | None = None
 
     def start(self, timeout: float = 30) -> "Prometheus":
-        self._log = open(self.log_path, "ab")
-        self.proc = subprocess.Popen(
-            [
-                prometheus_binary(),
-                f"--config.file={self.config_path}",
-                f"--storage.tsdb.path={self.workdir / 'data'}",
-                f"--web.listen-address=127.0.0.1:{self.port}",
-                "--log.level=warn",
-            ],
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-        wait_for(self._ready, timeout, interval=0.1, what="prometheus /-/ready")
+        self.spawn([
+            prometheus_binary(),
+            f"--config.file={self.config_path}",
+            f"--storage.tsdb.path={self.workdir / 'data'}",
+            f"--web.listen-address=127.0.0.1:{self.port}",
+            "--log.level=warn",
+        ])
+        self.wait_until(self._ready, timeout, "prometheus /-/ready")
         return self
 
     def _ready(self) -> bool:
-        if self.proc.poll() is not None:
-            raise RuntimeError(f"prometheus exited with {self.proc.returncode}:\n{self.log_tail()}")
         try:
             return requests.get(self.url("/-/ready"), timeout=1).status_code == 200
         except requests.RequestException:
             return False
-
-    def stop(self) -> None:
-        stop_group(self.proc)
-        if getattr(self, "_log", None):
-            self._log.close()
 
     def __enter__(self) -> "Prometheus":
         return self.start()
@@ -97,9 +85,6 @@ class Prometheus:
 
     def url(self, path: str) -> str:
         return f"http://127.0.0.1:{self.port}{path}"
-
-    def log_tail(self, n: int = 30) -> str:
-        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
 
     # -- HTTP API -----------------------------------------------------------
     def _api(self, path: str, **params) -> dict | list:
