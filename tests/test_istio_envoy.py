@@ -233,8 +233,8 @@ def test_envoyfilter_form_counts_flips_and_prestop_returns_at_closed(version, st
     wait_for(lambda: status(env)["active"] == 2, 10, what="both traffic listeners counted")
     assert status(env)["count"]["reliable"] is True
 
-    # The preStop, as written but for the port.
-    # The gateway values' preStop and readiness (the patches for Istio < 1.27 carry the same).
+    # The gateway values' preStop (as written but for the port) and readiness;
+    # the patches for Istio < 1.27 carry the same.
     proxy = istio.load_one(istio.KUBERNETES / "gateway-values.yaml")
     command = [a.replace(":18180/", f":{env.ports.health}/") for a in proxy["lifecycle"]["preStop"]["exec"]["command"]]
     prestop = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
