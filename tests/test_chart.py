@@ -158,17 +158,26 @@ def test_rendered_objects_select_drain_gate_pods_in_the_release_namespace(module
     _validate_k8s(objs[("PodDisruptionBudget", "drain-gate")])
 
 
-def test_config_values_reach_both_roles(module):
-    objs = k8s.by_kind(k8s.template(*with_module(module, "--set", "config.drain_timeout=30s",
-                                                 "--set", "config.draining_lb_status=404")))
-    health = objs[("EnvoyFilter", "drain-gate-health")]["spec"]["configPatches"][0]["patch"]["value"]
-    hcm = health["filter_chains"][0]["filters"][0]["typed_config"]
-    traffic = objs[("EnvoyFilter", "drain-gate-traffic")]["spec"]["configPatches"][0]["patch"]["value"]
-    for role, plugin in (("health", hcm["http_filters"][0]["typed_config"]["config"]),
-                         ("traffic", traffic["typed_config"]["config"])):
-        config = json.loads(plugin["configuration"]["value"])
-        assert config["role"] == role
-        assert (config["drain_timeout"], config["draining_lb_status"]) == ("30s", 404)
+def test_config_values_reach_the_health_role_and_traffic_gets_only_what_it_uses(module):
+    """The traffic role's configuration is role + tick, both checked at render:
+    no value can make Envoy refuse the traffic filter alone, which on a fresh
+    start leaves a health listener answering 200 in front of no traffic
+    listener (tests/test_load_failure.py, "traffic config")."""
+    for form in ((), WASMPLUGIN):
+        objs = k8s.by_kind(k8s.template(*with_module(module, "--set", "config.drain_timeout=30s",
+                                                     "--set", "config.draining_lb_status=404",
+                                                     "--set", "config.tick=50ms", *form)))
+        health = objs[("EnvoyFilter", "drain-gate-health")]["spec"]["configPatches"][0]["patch"]["value"]
+        hcm = health["filter_chains"][0]["filters"][0]["typed_config"]
+        config = json.loads(hcm["http_filters"][0]["typed_config"]["config"]["configuration"]["value"])
+        assert config["role"] == "health"
+        assert (config["drain_timeout"], config["draining_lb_status"], config["tick"]) == ("30s", 404, "50ms")
+        if form:
+            traffic = objs[("WasmPlugin", "drain-gate-traffic")]["spec"]["pluginConfig"]
+        else:
+            value = objs[("EnvoyFilter", "drain-gate-traffic")]["spec"]["configPatches"][0]["patch"]["value"]
+            traffic = json.loads(value["typed_config"]["config"]["configuration"]["value"])
+        assert traffic == {"role": "traffic", "tick": "50ms"}
 
 
 def test_rendered_istio_objects_are_valid_against_the_crds(module):

@@ -44,9 +44,17 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{- end -}}
 {{- end -}}
 
-{{/* The plugin configuration (JSON) for one role: the `config` values plus the role. */}}
+{{/* The plugin configuration of one role. The health role gets every `config`
+     value. The traffic role gets only what it uses (role, tick), both checked
+     here at render: a refused configuration then never takes the traffic
+     listeners down with a health listener still answering 200, the one unsafe
+     outcome measured (envoyfilter/README.md, "When the module cannot load"). */}}
 {{- define "drain-gate.configuration" -}}
-{{- toJson (merge (dict "role" .role) .root.Values.config) -}}
+{{- if eq .role "health" -}}
+{{- toJson (merge (dict "role" "health") .root.Values.config) -}}
+{{- else -}}
+{{- toJson (merge (dict "role" "traffic") (pick .root.Values.config "tick")) -}}
+{{- end -}}
 {{- end -}}
 
 {{/* The longest a drain can hold the preStop hook, in seconds: drain_timeout
