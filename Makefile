@@ -106,9 +106,11 @@ envoy-matrix: $(foreach v,$(ENVOY_MATRIX),.venvs/envoy-$(v)/.installed)
 oci: build
 	python3 envoyfilter/tools/oci_image.py --wasm $(WASM) --out $(ISTIO_OUT)/oci
 
-# The ConfigMap that mounts the wasm into the gateway pods.
+# The module for the drain-gate chart (drain_gate.wasm.b64, --set-file wasm.base64=...)
+# and the ConfigMap on its own (for an install without the chart's ConfigMap).
 configmap: build
-	python3 envoyfilter/tools/configmap.py --wasm $(WASM) --out $(ISTIO_OUT)/drain-gate-wasm.configmap.yaml
+	python3 envoyfilter/tools/configmap.py --wasm $(WASM) --out $(ISTIO_OUT)/drain-gate-wasm.configmap.yaml \
+	  --base64-out $(ISTIO_OUT)/drain_gate.wasm.b64
 
 ## LB scenarios (issue 3) ------------------------------------------------------
 # The seed's scenarios against a real HAProxy (envoyfilter/haproxy/*.cfg).

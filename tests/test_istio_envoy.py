@@ -228,6 +228,9 @@ def test_envoyfilter_form_counts_flips_and_prestop_returns_at_closed(version, st
     # a NetScaler-style HTTP/1.1 check with Host is answered too
     line, _ = raw(env.ports.health, b"GET /health_check.html HTTP/1.1\r\nHost: 203.0.113.213\r\nConnection: close\r\n\r\n")
     assert line == "HTTP/1.1 200 OK"
+    # ... and without Host, HTTP/1.1 is refused by Envoy: the NetScaler monitor must send one
+    line, _ = raw(env.ports.health, b"GET /health_check.html HTTP/1.1\r\nConnection: close\r\n\r\n")
+    assert line == "HTTP/1.1 400 Bad Request"
 
     streams = [stream(f"http://127.0.0.1:{env.at[p]}/stream?seconds=3&interval_ms=250") for p in (8080, 8443)]
     wait_for(lambda: status(env)["active"] == 2, 10, what="both traffic listeners counted")

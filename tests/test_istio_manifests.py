@@ -213,6 +213,8 @@ def test_netscaler_snippet_checks_drain_gate_and_keeps_down_state_flush():
     lines = [l for l in text.splitlines() if l and not l.startswith("#")]
     (monitor,) = [l for l in lines if l.startswith("add lb monitor")]
     assert '-httpRequest "GET /health_check.html"' in monitor
+    # HTTP/1.1 without Host gets 400 from Envoy: the monitor sends one.
+    assert '-customHeaders "Host: drain-gate\\r\\n"' in monitor
     assert "-respCode 200" in monitor
     service = istio.load_one(istio.KUBERNETES / "service.yaml")
     node_port = {p["targetPort"]: p["nodePort"] for p in service["spec"]["ports"]}
