@@ -24,6 +24,7 @@ import contextlib
 import copy
 import json
 import os
+import re
 import socket
 import tempfile
 from pathlib import Path
@@ -151,14 +152,22 @@ def answer(port: int, path: str) -> str:
     return head.split(b" ")[1].decode() if head.startswith(b"HTTP/") else "closed"
 
 
-def observe(env: Envoy, at: dict[int, int]) -> dict:
+def refusals(env: Envoy) -> tuple[int, int]:
+    """(LDS updates rejected, ECDS updates failed) so far."""
+    return counter(env, "update_rejected", "listener_manager.lds"), counter(env, "config_fail",
+                                                                            "extension_config_discovery")
+
+
+def observe(env: Envoy, at: dict[int, int], since: tuple[int, int] = (0, 0)) -> dict:
+    """What each port answers, the listeners up, and the refusals since `since`."""
+    rejected, failed = refusals(env)
     listeners = requests.get(env.admin("/listeners"), params={"format": "json"}, timeout=5).json()
     return {
         "traffic": {p: answer(at[p], "/") for p in (8080, 8443)},
         "health": answer(at[istio.HEALTH_PORT], "/health_check.html"),
         "listeners": sorted(l["name"] for l in listeners.get("listener_statuses", [])),
-        "lds_rejected": counter(env, "update_rejected", "listener_manager.lds"),
-        "ecds_failed": counter(env, "config_fail", "extension_config_discovery"),
+        "lds_rejected": rejected - since[0],
+        "ecds_failed": failed - since[1],
         "server_state": stats(env, "^server.state$").get("server.state"),
     }
 
@@ -185,39 +194,50 @@ def admin_up(env: Envoy) -> bool:
         return False
 
 
-@pytest.fixture
-def rig(backend_port, tmp_path, monkeypatch):
-    """rig(form, failure, phase) -> the observation, with Envoy stopped on every path."""
-    monkeypatch.setenv("ENVOY_BIN", istio.envoy_bin(VERSION))
-    bad = {"module missing": tmp_path / "absent" / "drain_gate.wasm", "module corrupt": tmp_path / "corrupt.wasm"}
+@pytest.fixture(scope="module")
+def rig(backend_port, tmp_path_factory):
+    """rig(form, failure, phase) -> the observation. A fresh start gets its own
+    Envoy; the updates of one form are pushed, one after the other, to one
+    running Envoy (each is refused, so each meets the same good configuration).
+    Every Envoy is stopped when the module ends, whatever happens."""
+    tmp = tmp_path_factory.mktemp("load-failure")
+    bad = {"module missing": tmp / "absent" / "drain_gate.wasm", "module corrupt": tmp / "corrupt.wasm"}
     bad["module corrupt"].write_bytes(b"\0asm\x01\0\0\0" + bytes(range(256)) * 16)
-    stack = contextlib.ExitStack()
+    running: dict[str, tuple] = {}
 
-    def run(form: str, failure: str, phase: str) -> dict:
+    def start(stack, form: str, failure: str | None) -> tuple:
         at = {8080: free_port(), 8443: free_port(), istio.HEALTH_PORT: free_port()}
         admin = free_port()
-        workdir = tmp_path / f"{form}-{phase}-{admin}"
-        xds = Xds(form, workdir, at, admin, backend_port)
-        bad_wasm = bad.get(failure, WASM)
-        xds.apply(failure if phase == "fresh start" else None, bad_wasm, first=True)
-        env = Envoy(xds.doc, istio.harness_ports(at, admin, backend_port), concurrency=2, workdir=workdir)
+        xds = Xds(form, tmp / f"{form}-{admin}", at, admin, backend_port)
+        xds.apply(failure, bad.get(failure, WASM), first=True)
+        env = Envoy(xds.doc, istio.harness_ports(at, admin, backend_port), concurrency=2, workdir=xds.workdir)
         stack.callback(env.stop)
         env.start(wait_ready=False)
         wait_for(lambda: admin_up(env), 60, interval=0.05, what="envoy admin")
         wait_for(lambda: settled(env, (0, 0), form == "wasmplugin"), 30, interval=0.05,
                  what="first xDS update processed")
-        if phase == "update":
+        return env, xds, at
+
+    def run(stack, form: str, failure: str, phase: str) -> dict:
+        if phase == "fresh start":
+            env, _, at = start(stack, form, failure)
+            return observe(env, at)
+        if form not in running:
+            running[form] = start(stack, form, None)
+            env, _, at = running[form]
             wait_for(lambda: answer(at[istio.HEALTH_PORT], "/health_check.html") == "200", 30,
                      what="good gateway serving")
-            assert answer(at[8080], "/") == "200"
-            before = progress(env)
-            xds.apply(failure, bad_wasm)
-            wait_for(lambda: settled(env, before, xds.touches_ecds(failure)), 30, interval=0.05,
-                     what="update processed")
-        return observe(env, at)
+        env, xds, at = running[form]
+        assert answer(at[8080], "/") == answer(at[8443], "/") == "200", "the good configuration serves"
+        before, refused = progress(env), refusals(env)
+        xds.apply(failure, bad[failure] if failure in bad else WASM)
+        wait_for(lambda: settled(env, before, xds.touches_ecds(failure)), 30, interval=0.05,
+                 what="update processed")
+        return observe(env, at, since=refused)
 
-    with stack:
-        yield run
+    with pytest.MonkeyPatch.context() as mp, contextlib.ExitStack() as stack:
+        mp.setenv("ENVOY_BIN", istio.envoy_bin(VERSION))
+        yield lambda form, failure, phase: run(stack, form, failure, phase)
 
 
 # What Envoy 1.40 does, as measured: (traffic :8080, traffic :8443, health :18180).
@@ -274,3 +294,14 @@ def test_load_failure(rig, table, form, failure, phase):
     if phase == "update":
         assert seen["lds_rejected"] + seen["ecds_failed"] == 1, "the broken update was refused"
         assert seen["listeners"] == ["0.0.0.0_8080", "0.0.0.0_8443", "drain-gate-health"]
+
+
+def test_readme_shows_the_measured_table(table):
+    """envoyfilter/README.md's table is the one measured here, row for row."""
+    if not table:
+        pytest.skip("no load-failure case ran in this session")
+    readme = (istio.ENVOYFILTER / "README.md").read_text()
+    shown = [line for line in readme.splitlines() if re.match(r"\| (envoyfilter|wasmplugin) \|", line)]
+    assert len(shown) == len(EXPECTED)
+    for key, line in table.items():
+        assert line in shown, f"README row for {key} differs from the measurement: {line}"
