@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import importlib.util
+import math
 import json
 import re
 import subprocess
@@ -14,6 +16,7 @@ import kubernetes_validate
 import pytest
 
 from tests.harness import istio, k8s
+from tests import test_hardening_config as config_keys
 from tests.harness.envoy import REPO, WASM
 
 OCI = "oci://registry.example.com/drain-gate/drain-gate:0.1.0"
@@ -66,8 +69,7 @@ def readme_config_table() -> dict:
 
 def test_values_are_every_key_of_the_configuration_table():
     table = readme_config_table()
-    keys = re.findall(r'"(\w+)"', re.search(r"pub const KEYS: \[&str; \d+\] = \[(.*?)\];",
-                                            (REPO / "src" / "config.rs").read_text(), re.S)[1])
+    keys = config_keys.KEYS
     assert set(table) == set(keys), "README table and src/config.rs KEYS differ"
     values = istio.load_one(k8s.CHART / "values.yaml")["config"]
     assert "role" not in values, "the chart sets the role of each filter"
@@ -188,3 +190,19 @@ def test_rendered_istio_objects_are_valid_against_the_crds(module):
         for obj in k8s.template(*with_module(module, *form)):
             if obj["kind"] in ("EnvoyFilter", "WasmPlugin"):
                 assert istio.crd_errors(obj, validators) == [], (form, obj["kind"])
+
+
+@pytest.mark.parametrize("config", [{}, {"drain_timeout": "300s", "lb_buffer": "1500ms"},
+                                    {"close_after": "lb_observed_down", "lb_down_timeout": "90s"}])
+def test_install_notes_give_the_grace_period_verify_checks(module, config):
+    """`helm install` prints the minimum terminationGracePeriodSeconds; it is
+    the one verify.py --pod-spec checks (with the values' 5 s drain duration)."""
+    sets = [a for k, v in config.items() for a in ("--set", f"config.{k}={v}")]
+    r = k8s.run("helm", "install", "--dry-run=client", "drain-gate", str(k8s.CHART), "-n", "istio-system",
+                *with_module(module, *sets))
+    printed = int(re.search(r"terminationGracePeriodSeconds must be at least (\d+)", r.stdout)[1])
+    spec = importlib.util.spec_from_file_location("verify", istio.ENVOYFILTER / "tools" / "verify.py")
+    verify = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(verify)
+    drain, closing = verify.timings(config)
+    assert printed == math.ceil(drain + closing + verify.HOLD_MARGIN_S + 5 + verify.SPARE_S)

@@ -36,6 +36,7 @@ import yaml
 from tests.harness import istio
 from tests.harness.envoy import REPO, WASM, Envoy, free_port, wait_for
 from tests.harness.variants import Lds
+from tests.test_istio_envoy import _admin_ready
 
 VERSION = istio.ENVOY_MATRIX[-1]
 OUT = REPO / "out" / "load-failure"
@@ -185,15 +186,6 @@ def settled(env: Envoy, before: tuple[int, int], ecds: bool) -> bool:
     return lds_now > before[0] and (not ecds or ecds_now > before[1])
 
 
-def admin_up(env: Envoy) -> bool:
-    if env.proc.poll() is not None:
-        raise RuntimeError(f"envoy exited with {env.proc.returncode}:\n{env.log_tail()}")
-    try:
-        return requests.get(env.admin("/server_info"), timeout=1).status_code == 200
-    except requests.RequestException:
-        return False
-
-
 @pytest.fixture(scope="module")
 def rig(backend_port, tmp_path_factory):
     """rig(form, failure, phase) -> the observation. A fresh start gets its own
@@ -213,7 +205,7 @@ def rig(backend_port, tmp_path_factory):
         env = Envoy(xds.doc, istio.harness_ports(at, admin, backend_port), concurrency=2, workdir=xds.workdir)
         stack.callback(env.stop)
         env.start(wait_ready=False)
-        wait_for(lambda: admin_up(env), 60, interval=0.05, what="envoy admin")
+        wait_for(lambda: _admin_ready(env), 60, interval=0.05, what="envoy admin /ready")
         wait_for(lambda: settled(env, (0, 0), form == "wasmplugin"), 30, interval=0.05,
                  what="first xDS update processed")
         return env, xds, at
