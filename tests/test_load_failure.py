@@ -26,6 +26,8 @@ import json
 import os
 import re
 import socket
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -37,6 +39,7 @@ from tests.harness import istio
 from tests.harness.envoy import REPO, WASM, Envoy, free_port, wait_for
 from tests.harness.variants import Lds
 from tests.test_istio_envoy import _admin_ready
+from tests.test_verify import _logical_ports
 
 VERSION = istio.ENVOY_MATRIX[-1]
 OUT = REPO / "out" / "load-failure"
@@ -159,8 +162,26 @@ def refusals(env: Envoy) -> tuple[int, int]:
                                                                             "extension_config_discovery")
 
 
-def observe(env: Envoy, at: dict[int, int], since: tuple[int, int] = (0, 0)) -> dict:
-    """What each port answers, the listeners up, and the refusals since `since`."""
+def verify_says(env: Envoy, at: dict[int, int], tmp: Path) -> str:
+    """What envoyfilter/tools/verify.py makes of Envoy's config dump (ports as
+    written) and stats: the checks that failed, or "passes"."""
+    dump = requests.get(env.admin("/config_dump"), timeout=10).json()
+    (tmp / "dump.json").write_text(json.dumps(_logical_ports(dump, {a: l for l, a in at.items()})))
+    (tmp / "stats.txt").write_text(requests.get(env.admin("/stats"), timeout=10).text)
+    r = subprocess.run([sys.executable, str(istio.ENVOYFILTER / "tools" / "verify.py"), "--config-dump",
+                        str(tmp / "dump.json"), "--stats", str(tmp / "stats.txt")],
+                       capture_output=True, text=True, timeout=60)
+    def checks(kind: str) -> list[str]:
+        return sorted({line[5:].split(":")[0] for line in r.stdout.splitlines() if line.startswith(kind + " ")})
+    failed, warned = checks("FAIL"), checks("WARN")
+    assert (r.returncode == 1) == bool(failed), r.stdout
+    said = f"fails: {', '.join(failed)}" if failed else "passes"
+    return said + (f"; warns: {', '.join(warned)}" if warned else "")
+
+
+def observe(env: Envoy, at: dict[int, int], tmp: Path, since: tuple[int, int] = (0, 0)) -> dict:
+    """What each port answers, the listeners up, the refusals since `since`,
+    and what verify.py says about it."""
     rejected, failed = refusals(env)
     listeners = requests.get(env.admin("/listeners"), params={"format": "json"}, timeout=5).json()
     return {
@@ -170,6 +191,7 @@ def observe(env: Envoy, at: dict[int, int], since: tuple[int, int] = (0, 0)) -> 
         "lds_rejected": rejected - since[0],
         "ecds_failed": failed - since[1],
         "server_state": stats(env, "^server.state$").get("server.state"),
+        "verify": verify_says(env, at, tmp),
     }
 
 
@@ -213,7 +235,7 @@ def rig(backend_port, tmp_path_factory):
     def run(stack, form: str, failure: str, phase: str) -> dict:
         if phase == "fresh start":
             env, _, at = start(stack, form, failure)
-            return observe(env, at)
+            return observe(env, at, tmp)
         if form not in running:
             running[form] = start(stack, form, None)
             env, _, at = running[form]
@@ -225,7 +247,7 @@ def rig(backend_port, tmp_path_factory):
         xds.apply(failure, bad[failure] if failure in bad else WASM)
         wait_for(lambda: settled(env, before, xds.touches_ecds(failure)), 30, interval=0.05,
                  what="update processed")
-        return observe(env, at, since=refused)
+        return observe(env, at, tmp, since=refused)
 
     with pytest.MonkeyPatch.context() as mp, contextlib.ExitStack() as stack:
         mp.setenv("ENVOY_BIN", istio.envoy_bin(VERSION))
@@ -258,7 +280,7 @@ def row(form: str, failure: str, phase: str, seen: dict) -> str:
         what = f"listeners up: {', '.join(seen['listeners']) or 'none'}"
         what += "; ECDS config failed" if seen["ecds_failed"] else ""
     return (f"| {form} | {failure} | {phase} | {seen['traffic'][8080]} | {seen['traffic'][8443]} "
-            f"| {seen['health']} | {what} |")
+            f"| {seen['health']} | {what} | {seen['verify']} |")
 
 
 @pytest.fixture(scope="module")
@@ -269,8 +291,8 @@ def table():
     yield rows
     OUT.mkdir(parents=True, exist_ok=True)
     lines = [f"Envoy {VERSION}, `PYTHONPATH=. .venv/bin/python -m pytest tests/test_load_failure.py -v`", "",
-             "| form | failure | when | traffic :8080 | traffic :8443 | health :18180 | Envoy |",
-             "|---|---|---|---|---|---|---|"]
+             "| form | failure | when | traffic :8080 | traffic :8443 | health :18180 | Envoy | verify.py |",
+             "|---|---|---|---|---|---|---|---|"]
     lines += [rows[key] for key in EXPECTED if key in rows]
     (OUT / "table.md").write_text("\n".join(lines) + "\n")
 

@@ -5,6 +5,9 @@ the kubelet will do, prints one line per check, exits 1 if any check fails.
   # what the gateway's Envoy runs (admin /config_dump), from inside the pod:
   kubectl -n istio-system exec deploy/istio-ingressgateway -c istio-proxy -- \\
     curl -s localhost:15000/config_dump | python3 verify.py --config-dump -
+  # the WasmPlugin form: also Envoy's stats (an ECDS filter that never loaded)
+  kubectl -n istio-system exec deploy/istio-ingressgateway -c istio-proxy -- \\
+    curl -s localhost:15000/stats | python3 verify.py --stats -
   # the pod spec the kubelet runs (a Pod, a Deployment, a List, or several
   # JSON documents; JSON only — standard library — so convert YAML with kubectl):
   kubectl -n istio-system get deploy istio-ingressgateway -o json | python3 verify.py --pod-spec -
@@ -19,6 +22,10 @@ Envoy (--config-dump FILE|URL|-):
   * traffic and health filters share one vm_id (shared data is per vm_id);
   * no listener update was rejected (a wasm that cannot load makes Envoy refuse
     the whole update, whatever the failure policy).
+Envoy (--stats FILE|URL, admin /stats, optional): every ECDS filter (the
+  WasmPlugin form) has an accepted configuration. The config dump shows an
+  ECDS filter as received even when Envoy refused it; a filter that never
+  loaded answers 500 to every request of its listeners.
 Pod (--pod-spec FILE|-), container istio-proxy:
   * a preStop hook; a readiness probe on --health-port; no liveness probe on it;
   * terminationGracePeriodSeconds >= drain_timeout + the longest CLOSING
@@ -103,31 +110,43 @@ def duration_s(text: str) -> float:
 
 # -- Envoy's /config_dump -----------------------------------------------------------------
 def listeners(dump: dict) -> list[tuple[dict, str | None]]:
-    """(listener, error of its last rejected update or None) for every listener."""
-    out = []
+    """(listener, error of its last rejected update or None) for every listener
+    (Envoy lists a rejected listener twice, once without a name: one entry each)."""
+    out, seen = [], set()
     for config in dump.get("configs", []):
         if not config.get("@type", "").endswith("ListenersConfigDump"):
             continue
         out += [(s["listener"], None) for s in config.get("static_listeners", [])]
         for d in config.get("dynamic_listeners", []):
             state = d.get("active_state") or d.get("warming_state")
-            error = (d.get("error_state") or {}).get("details")
+            failed = d.get("error_state") or {}
+            name = d.get("name") or (failed.get("failed_configuration") or {}).get("name", "?")
+            if name in seen:
+                continue
+            seen.add(name)
+            error = failed.get("details")
             if state:
                 out.append((state["listener"], error))
             elif error:
-                out.append(({"name": d.get("name", "?")}, error))
+                out.append(({"name": name}, error))
     return out
 
 
-def ecds_configs(dump: dict) -> dict[str, dict]:
-    """ECDS filter name -> its typed_config (how a WasmPlugin reaches Envoy)."""
-    out = {}
+def ecds_configs(dump: dict) -> tuple[dict[str, dict], dict[str, str]]:
+    """(ECDS filter name -> its typed_config, name -> error of its last refused
+    update): how a WasmPlugin reaches Envoy."""
+    configs, errors = {}, {}
     for config in dump.get("configs", []):
         if config.get("@type", "").endswith("EcdsConfigDump"):
             for f in config.get("ecds_filters", []):
                 ext = f.get("ecds_filter", {})
-                out[ext.get("name")] = ext.get("typed_config", {})
-    return out
+                failed = f.get("error_state") or {}
+                name = ext.get("name") or (failed.get("failed_configuration") or {}).get("name", "?")
+                if ext:
+                    configs[name] = ext.get("typed_config", {})
+                if failed.get("details"):
+                    errors[name] = failed["details"]
+    return configs, errors
 
 
 def route_configs(dump: dict) -> dict[str, dict]:
@@ -245,11 +264,14 @@ def check_traffic(report: Report, all_listeners, health_port: int, ecds: dict, v
 def verify_config_dump(report: Report, dump: dict, health_port: int) -> dict | None:
     """All Envoy checks; returns the health role's plugin configuration (for the timings)."""
     all_listeners = listeners(dump)
-    ecds, routes = ecds_configs(dump), route_configs(dump)
+    (ecds, ecds_errors), routes = ecds_configs(dump), route_configs(dump)
     for listener, error in all_listeners:
         if error:
             report.check(False, "listener update", f"listener {listener.get('name')}: last update rejected: "
                          f"{error.splitlines()[0][:300]}")
+    for name, error in ecds_errors.items():
+        report.check(False, "filter update", f"ECDS filter {name}: last update rejected: "
+                     f"{error.splitlines()[0][:300]}")
     health = check_health(report, all_listeners, health_port, ecds, routes)
     vm_id = (health.get("vm_config") or {}).get("vm_id", "") if health else None
     seen = check_traffic(report, all_listeners, health_port, ecds, vm_id)
@@ -260,6 +282,27 @@ def verify_config_dump(report: Report, dump: dict, health_port: int) -> dict | N
         return json.loads(health["configuration"]["value"])
     except (KeyError, json.JSONDecodeError):
         return {}
+
+
+def verify_stats(report: Report, text: str) -> None:
+    """ECDS filters with no accepted configuration; refused updates since start."""
+    stats = dict(line.split(": ", 1) for line in text.splitlines() if ": " in line)
+    prefix = "extension_config_discovery."
+    for key, value in sorted(stats.items()):
+        if not (key.startswith(prefix) and key.endswith(".version_text")):
+            continue
+        name = key[len(prefix):-len(".version_text")].split(".", 1)[-1]
+        fails = int(stats.get(key[:-len("version_text")] + "config_fail", "0"))
+        accepted = value.strip('"') != ""
+        report.check(accepted, "filter update", f"ECDS filter {name}: " + (
+            f"configuration version {value} accepted" if accepted else
+            "no configuration accepted (every request on its listeners gets 500)"))
+        if accepted and fails:
+            report.warn("filter update", f"ECDS filter {name}: {fails} update(s) refused since start; "
+                        "it runs the last accepted one")
+    rejected = int(stats.get("listener_manager.lds.update_rejected", "0"))
+    if rejected:
+        report.warn("listener update", f"{rejected} LDS update(s) rejected since start")
 
 
 # -- the pod spec -----------------------------------------------------------------------------
@@ -392,20 +435,23 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
     ap.add_argument("--config-dump", metavar="FILE|URL|-", help="Envoy admin /config_dump (JSON)")
+    ap.add_argument("--stats", metavar="FILE|URL", help="Envoy admin /stats (text), for the ECDS filters")
     ap.add_argument("--pod-spec", metavar="FILE|-", help="Pod, Deployment, List or several JSON documents")
     ap.add_argument("--plugin-config", metavar="JSON",
                     help="drain-gate configuration for the timings when no config dump is given")
     ap.add_argument("--health-port", type=int, default=18180)
     args = ap.parse_args(argv)
-    if not args.config_dump and not args.pod_spec:
-        ap.error("give --config-dump, --pod-spec or both")
-    if args.config_dump == "-" and args.pod_spec == "-":
-        ap.error("only one of --config-dump and --pod-spec can read stdin")
+    if not args.config_dump and not args.pod_spec and not args.stats:
+        ap.error("give --config-dump, --stats, --pod-spec, or several")
+    if [args.config_dump, args.pod_spec, args.stats].count("-") > 1:
+        ap.error("only one of --config-dump, --stats and --pod-spec can read stdin")
     report = Report()
     config = json.loads(args.plugin_config) if args.plugin_config else {}
     if args.config_dump:
         (dump,) = json_documents(read_source(args.config_dump))[:1] or [{}]
         config = verify_config_dump(report, dump, args.health_port) or config
+    if args.stats:
+        verify_stats(report, read_source(args.stats))
     if args.pod_spec:
         verify_pod_spec(report, json_documents(read_source(args.pod_spec)), config, args.health_port)
     print(f"{'FAILED' if report.failed else 'OK'}: {report.failed} check(s) failed")
