@@ -7,8 +7,8 @@ what works:
 * local commands (make, helm lint/template, kubectl --dry-run=client/--local,
   verify.py, openssl) run as written;
 * a kubectl stage that needs a cluster and feeds verify.py is replaced by what
-  the cluster would return: a real Envoy's /config_dump for `exec … curl
-  localhost:15000/config_dump`, the rendered Deployment for `get deploy -o json`;
+  the cluster would return: a real Envoy's /config_dump and /stats for `exec …
+  curl localhost:15000/…`, the rendered Deployment for `get deploy -o json`;
 * any other kubectl that needs a cluster runs against an address where nothing
   listens: it must fail on the connection, never on its arguments;
 * a curl to a node's :30180 asks a real gateway-like Envoy's health listener.
@@ -24,6 +24,7 @@ import re
 import subprocess
 
 import pytest
+import requests
 
 from tests.harness import istio, k8s
 from tests.harness.envoy import REPO
@@ -67,6 +68,8 @@ def offline(command: str, gateway) -> tuple[str, bool]:
     for stage in stages(command):
         if needs_cluster(stage) and "localhost:15000/config_dump" in stage:
             stage = f"cat {gateway('dump')}"
+        elif needs_cluster(stage) and "localhost:15000/stats" in stage:
+            stage = f"cat {gateway('stats')}"
         elif needs_cluster(stage) and re.search(r"\bget deploy\S* \S+ -o json$", stage):
             stage = f"cat {gateway('deployment')}"
         elif needs_cluster(stage):
@@ -99,6 +102,10 @@ def gateway(start_gateway, tmp_path):  # noqa: F811
             return path
         if what == "health":
             return made["env"].ports.health
+        if what == "stats":
+            path = tmp_path / "stats.txt"
+            path.write_text(requests.get(made["env"].admin("/stats"), timeout=10).text)
+            return path
         path = tmp_path / "deployment.json"
         values = istio.load_one(istio.KUBERNETES / "gateway-values.yaml")
         objs = (k8s.template("-f", str(istio.KUBERNETES / "gateway-values.yaml"), chart=k8s.GATEWAY_CHART,
