@@ -206,3 +206,10 @@ def test_install_notes_give_the_grace_period_verify_checks(module, config):
     spec.loader.exec_module(verify)
     drain, closing = verify.timings(config)
     assert printed == math.ceil(drain + closing + verify.HOLD_MARGIN_S + 5 + verify.SPARE_S)
+
+
+def test_the_chart_refuses_kubernetes_before_1_28(module):
+    """KEP-1669 (terminating endpoints keep the LB's checks) is GA in 1.28."""
+    err = refusal(*with_module(module, "--kube-version", "1.27.9"))
+    assert "chart requires kubeVersion: >=1.28.0-0" in err, err
+    k8s.template(*with_module(module, "--kube-version", "1.28.0"))
