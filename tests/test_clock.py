@@ -14,12 +14,9 @@ import requests
 from tests.harness import istio
 from tests.harness.envoy import wait_for
 from tests.harness.wallclock import WallClock
+from tests.harness.wire import status
 
 HOUR_MS = 3_600_000
-
-
-def status(gw) -> dict:
-    return requests.get(gw.health("/drain/status"), timeout=5).json()
 
 
 def at_ms(stamp: str) -> float:

@@ -38,7 +38,6 @@ import yaml
 from tests.harness import istio
 from tests.harness.envoy import REPO, WASM, Envoy, free_port, wait_for
 from tests.harness.variants import Lds
-from tests.test_istio_envoy import _admin_ready
 from tests.test_verify import _logical_ports
 
 VERSION = istio.ENVOY_MATRIX[-1]
@@ -227,7 +226,7 @@ def rig(backend_port, tmp_path_factory):
         env = Envoy(xds.doc, istio.harness_ports(at, admin, backend_port), concurrency=2, workdir=xds.workdir)
         stack.callback(env.stop)
         env.start(wait_ready=False)
-        wait_for(lambda: _admin_ready(env), 60, interval=0.05, what="envoy admin /ready")
+        wait_for(env.admin_ready, 60, interval=0.05, what="envoy admin /ready")
         wait_for(lambda: settled(env, (0, 0), form == "wasmplugin"), 30, interval=0.05,
                  what="first xDS update processed")
         return env, xds, at
