@@ -202,9 +202,12 @@ def progress(env: Envoy) -> tuple[int, int]:
 
 
 def settled(env: Envoy, before: tuple[int, int], ecds: bool) -> bool:
-    """The LDS update (and the ECDS one, when there is one) was processed."""
+    """The LDS update (and the ECDS one, when there is one) was processed and
+    no listener is still warming (waiting for its ECDS filter)."""
     lds_now, ecds_now = progress(env)
-    return lds_now > before[0] and (not ecds or ecds_now > before[1])
+    warming = stats(env, "^listener_manager.total_listeners_warming$").get(
+        "listener_manager.total_listeners_warming", 0)
+    return lds_now > before[0] and (not ecds or ecds_now > before[1]) and warming == 0
 
 
 @pytest.fixture(scope="module")
