@@ -171,3 +171,19 @@ def test_standard_library_only():
     imports = {line.split()[1].split(".")[0] for line in VERIFY.read_text().splitlines()
                if line.startswith(("import ", "from ")) and "__future__" not in line}
     assert imports <= set(sys.stdlib_module_names), imports - set(sys.stdlib_module_names)
+
+
+def test_health_listener_failing_open_fails_naming_both_fields(start_gateway):
+    """A health filter set to FAIL_OPEN whose last route answers 200: a dead VM
+    would tell the LB the gateway is fine."""
+    health = copy.deepcopy(load("health-listener.yaml"))
+    hcm = health["spec"]["configPatches"][0]["patch"]["value"]["filter_chains"][0]["filters"][0]["typed_config"]
+    hcm["http_filters"][0]["typed_config"]["config"]["failure_policy"] = "FAIL_OPEN"
+    hcm["route_config"]["virtual_hosts"][0]["routes"][-1]["direct_response"]["status"] = 200
+    env = start_gateway(VERSION, istio.apply_envoyfilters([istio.gateway_listener(8080)],
+                                                          [load("traffic-filter.yaml"), health]))
+    code, lines = verify("--config-dump", "-", stdin=dump_of(env))
+    assert code == 1
+    assert failures(lines) == [
+        "FAIL health failure_policy: listener drain-gate-health: FAIL_OPEN (want FAIL_CLOSED)",
+        "FAIL health catch-all 503: listener drain-gate-health: no catch-all 503 route"]

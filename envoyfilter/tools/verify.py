@@ -228,9 +228,9 @@ def check_health(report: Report, all_listeners, health_port: int, ecds: dict, ro
         return None
     report.check(policy(health[0]) == "FAIL_CLOSED", "health failure_policy",
                  f"listener {name}: {policy(health[0])} (want FAIL_CLOSED)")
-    report.check(all(has_catch_all_503(h, routes) for h in hcms(listener)), "health catch-all 503",
-                 f"listener {name}: " + ("routes end in a catch-all direct 503" if all(
-                     has_catch_all_503(h, routes) for h in hcms(listener)) else "no catch-all 503 route"))
+    catch_all = all(has_catch_all_503(h, routes) for h in hcms(listener))
+    report.check(catch_all, "health catch-all 503", f"listener {name}: " + (
+        "routes end in a catch-all direct 503" if catch_all else "no catch-all 503 route"))
     report.check(not any(role == "traffic" for _, role in plugins), "health has no traffic role",
                  f"listener {name}")
     return health[0]
