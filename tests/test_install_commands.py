@@ -94,7 +94,7 @@ def gateway(start_gateway, tmp_path):  # noqa: F811
     made = {}
 
     def get(what: str):
-        if "env" not in made:
+        if what != "deployment" and "env" not in made:
             made["env"] = start_gateway(istio.ENVOY_MATRIX[-1], envoyfilter_form())
         if what == "dump":
             path = tmp_path / "config_dump.json"
