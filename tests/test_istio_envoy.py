@@ -5,15 +5,16 @@ substituted).
 
 - EnvoyFilter form: the :18180 listener answers the FSM — including HAProxy's
   real health check request, byte for byte — the traffic filter counts the
-  streams of every traffic listener, the preStop command of the Deployment
-  patch drains and returns at CLOSED, the probes read what they should.
+  streams of every traffic listener, the preStop command of the gateway
+  values drains and returns at CLOSED, the probes read what they should.
 - WasmPlugin form: the traffic role as istiod + istio-agent deliver it (ECDS,
   vm_id "", module pulled out of the image `make oci` builds) with the vm_id ""
   health listener: the count reaches the health FSM and the flip happens.
 - The mismatch the README warns about: WasmPlugin traffic role with the
   EnvoyFilter-form health listener (vm_id "drain-gate"): the count is
   distrusted and the drain only closes at drain_timeout.
-- Distroless: /prestop authorized by the Deployment patch's literal bearer header.
+- Distroless: /prestop authorized by the distroless gateway values' literal bearer header,
+  with the token the chart renders into the health listener.
 """
 from __future__ import annotations
 
@@ -31,7 +32,7 @@ import pytest
 import requests
 import yaml
 
-from tests.harness import istio
+from tests.harness import istio, k8s
 from tests.harness.envoy import WASM, Envoy, free_port, hcm, wait_for
 from tests.harness.wire import read_head, status
 
@@ -209,13 +210,17 @@ def test_envoyfilter_form_counts_flips_and_prestop_returns_at_closed(version, st
     # a NetScaler-style HTTP/1.1 check with Host is answered too
     line, _ = raw(env.ports.health, b"GET /health_check.html HTTP/1.1\r\nHost: 203.0.113.213\r\nConnection: close\r\n\r\n")
     assert line == "HTTP/1.1 200 OK"
+    # ... and without Host, HTTP/1.1 is refused by Envoy: the NetScaler monitor must send one
+    line, _ = raw(env.ports.health, b"GET /health_check.html HTTP/1.1\r\nConnection: close\r\n\r\n")
+    assert line == "HTTP/1.1 400 Bad Request"
 
     streams = [stream(f"http://127.0.0.1:{env.at[p]}/stream?seconds=3&interval_ms=250") for p in (8080, 8443)]
     wait_for(lambda: status(env)["active"] == 2, 10, what="both traffic listeners counted")
     assert status(env)["count"]["reliable"] is True
 
-    # The Deployment patch's preStop, as written but for the port.
-    (proxy,) = istio.load_one(istio.KUBERNETES / "gateway-deployment-patch.yaml")["spec"]["template"]["spec"]["containers"]
+    # The gateway values' preStop (as written but for the port) and readiness;
+    # the patches for Istio < 1.27 carry the same.
+    proxy = istio.load_one(istio.KUBERNETES / "gateway-values.yaml")
     command = [a.replace(":18180/", f":{env.ports.health}/") for a in proxy["lifecycle"]["preStop"]["exec"]["command"]]
     prestop = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
@@ -240,7 +245,7 @@ def test_envoyfilter_form_counts_flips_and_prestop_returns_at_closed(version, st
         assert st["progress"]["active_at_closing"] == 0
         assert lb_check(env)[1] == b"DRAIN\n"
         assert requests.get(env.health(proxy["readinessProbe"]["httpGet"]["path"]), timeout=5).status_code == 200
-        assert requests.get(env.health(proxy["livenessProbe"]["httpGet"]["path"]), timeout=5).status_code == 200
+        assert requests.get(env.health("/live"), timeout=5).status_code == 200
 
         lb_buffer = st["progress"]["lb_buffer_ms"] / 1000
         out, err = prestop.communicate(timeout=lb_buffer + 10)
@@ -254,7 +259,7 @@ def test_envoyfilter_form_counts_flips_and_prestop_returns_at_closed(version, st
     st = status(env)
     assert st["state"] == "CLOSED"
     assert requests.get(env.health(proxy["readinessProbe"]["httpGet"]["path"]), timeout=5).status_code == 503
-    assert requests.get(env.health(proxy["livenessProbe"]["httpGet"]["path"]), timeout=5).status_code == 200
+    assert requests.get(env.health("/live"), timeout=5).status_code == 200
     assert lb_check(env)[0] == "HTTP/1.0 503 Service Unavailable"
 
     # The grace period arithmetic of gateway-values.yaml, against the plan the
@@ -332,18 +337,16 @@ def test_wasmplugin_with_envoyfilter_vm_id_only_closes_at_drain_timeout(version,
 @pytest.mark.parametrize("version", VERSIONS)
 def test_distroless_prestop_with_bearer_header(version, start_gateway):
     token = "a3f1c2d4e5b60718293a4b5c6d7e8f90a1b2c3d4e5f6a7b8"  # like `openssl rand -hex 24`
-    (proxy,) = istio.load_one(istio.KUBERNETES / "gateway-deployment-patch-distroless.yaml")[
-        "spec"]["template"]["spec"]["containers"]
-    hook = proxy["lifecycle"]["preStop"]["httpGet"]
+    hook = istio.load_one(istio.KUBERNETES / "gateway-values-distroless.yaml")["lifecycle"]["preStop"]["httpGet"]
     (header,) = hook["httpHeaders"]
     placeholder = header["value"].split(" ", 1)[1]
     # drain-gate's token alphabet (src/config.rs is_token68): the placeholder is outside it
     assert not re.fullmatch(r"[A-Za-z0-9._~+/=-]{16,}", placeholder), "the placeholder must never be a valid token"
-    # What the README's sed makes of the file; then admin_allow [] so the test's
-    # loopback address does not authorize by itself, as the kubelet's node address would not.
-    text = (istio.ISTIO / "health-listener.yaml").read_text()
-    assert text.count('"role":"health"') == 1
-    health = yaml.safe_load(text.replace('"role":"health"', f'"role":"health","admin_token":"{token}"'))
+    # The health listener as the README installs it (--set config.admin_token),
+    # then admin_allow [] so the test's loopback address does not authorize by
+    # itself, as the kubelet's node address would not.
+    (health,) = k8s.template("--set", "wasm.configMap.create=false", "--set", f"config.admin_token={token}",
+                             "--show-only", "templates/health-listener.yaml")
     health = patched(health, admin_allow=[])
     env = start_gateway(version, istio.apply_envoyfilters(
         [istio.gateway_listener(8080)], [load("traffic-filter.yaml"), health]))

@@ -24,6 +24,7 @@ import gzip
 import hashlib
 import io
 import json
+import re
 import tarfile
 from pathlib import Path
 
@@ -45,6 +46,13 @@ VENVS = REPO / ".venvs"
 ENVOY_MATRIX = ("1.36.4", "1.38.2", "1.40.0")
 
 GATEWAY_LABELS = {"istio": "ingressgateway", "app": "istio-ingressgateway"}
+# The dedicated label the gateway values give the pods that mount the wasm;
+# the chart's EnvoyFilters, WasmPlugin and PDB select it.
+DRAIN_GATE_LABEL = {"drain-gate.io/enabled": "true"}
+POD_LABELS = {**GATEWAY_LABELS, **DRAIN_GATE_LABEL}
+# The Istio version istiod matches match.proxy.proxyVersion against (the
+# version of the gateway chart in ../shared).
+PROXY_VERSION = "1.30.3"
 HEALTH_PORT = 18180
 WASM_HTTP = "type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm"
 RBAC_HTTP = "type.googleapis.com/envoy.extensions.filters.http.rbac.v3.RBAC"
@@ -61,7 +69,10 @@ HAPROXY_HTTPCHK = b"GET /health_check.html HTTP/1.0\r\n\r\n"
 
 # -- files -----------------------------------------------------------------
 def yaml_files() -> list[Path]:
-    return sorted(p for p in ENVOYFILTER.rglob("*") if p.suffix in (".yaml", ".yml") and p.is_file())
+    """Every YAML file under envoyfilter/ but the chart's templates (Go templates, not YAML)."""
+    templates = ENVOYFILTER / "chart" / "templates"
+    return sorted(p for p in ENVOYFILTER.rglob("*")
+                  if p.suffix in (".yaml", ".yml") and p.is_file() and templates not in p.parents)
 
 
 def load_docs(path: Path) -> list[dict]:
@@ -209,7 +220,12 @@ def _selected(envoyfilter: dict, labels: dict) -> bool:
     return all(labels.get(k) == v for k, v in want.items())
 
 
-def _context_ok(match: dict) -> bool:
+def _context_ok(match: dict, proxy_version: str = PROXY_VERSION) -> bool:
+    """context GATEWAY (or ANY), and match.proxy.proxyVersion as istiod reads
+    it: a regular expression searched in the proxy's Istio version."""
+    version_re = (match.get("proxy") or {}).get("proxyVersion")
+    if version_re and not re.search(version_re, proxy_version):
+        return False
     return match.get("context", "ANY") in ("ANY", "GATEWAY")
 
 
@@ -233,18 +249,20 @@ def _hcms(listener: dict, match: dict):
                 yield f["typed_config"]
 
 
-def apply_envoyfilters(listeners: list[dict], envoyfilters: list[dict], labels: dict = GATEWAY_LABELS) -> list[dict]:
-    """The listeners after istiod applied `envoyfilters` for a gateway with `labels`.
+def apply_envoyfilters(listeners: list[dict], envoyfilters: list[dict], labels: dict = POD_LABELS,
+                       proxy_version: str = PROXY_VERSION) -> list[dict]:
+    """The listeners after istiod applied `envoyfilters` for a gateway with `labels`
+    running Istio `proxy_version`, in order of spec.priority as istiod sorts them.
 
     Implements what the files here use (HTTP_FILTER INSERT_BEFORE/ADD and
     LISTENER ADD) and refuses anything else, so a change of operation cannot
     pass unnoticed.
     """
     out = copy.deepcopy(listeners)
-    patches = [p for ef in envoyfilters if _selected(ef, labels) for p in ef["spec"]["configPatches"]]
+    ordered = sorted(envoyfilters, key=lambda ef: ef["spec"].get("priority", 0))
+    patches = [p for ef in ordered if _selected(ef, labels) for p in ef["spec"]["configPatches"]
+               if _context_ok(p.get("match", {}), proxy_version)]
     for p in patches:
-        if not _context_ok(p.get("match", {})):
-            continue
         op = p["patch"]["operation"]
         if p["applyTo"] == "LISTENER":
             if op != "ADD":
@@ -269,7 +287,7 @@ def apply_envoyfilters(listeners: list[dict], envoyfilters: list[dict], labels: 
                     raise NotImplementedError(f"HTTP_FILTER {op}")
     # istiod appends added listeners after patching its own (listener_patch.go).
     for p in patches:
-        if p["applyTo"] == "LISTENER" and p["patch"]["operation"] == "ADD" and _context_ok(p.get("match", {})):
+        if p["applyTo"] == "LISTENER" and p["patch"]["operation"] == "ADD":
             out.append(copy.deepcopy(p["patch"]["value"]))
     return out
 
