@@ -28,10 +28,7 @@ FIXTURES = istio.GATEWAY_API_FIXTURES
 CRD = FIXTURES / "gateways.crd.yaml"
 TEMPLATE = FIXTURES / "kube-gateway.yaml"
 OPTIONS = ("options.yaml", "options-distroless.yaml")
-# The keys istiod accepts in a parametersRef ConfigMap (Istio 1.30
-# deploymentcontroller.go, supportedOverlays), and the kind each one patches.
-OVERLAY_KEYS = {"deployment": "Deployment", "service": "Service", "serviceAccount": "ServiceAccount",
-                "horizontalPodAutoscaler": "HorizontalPodAutoscaler", "podDisruptionBudget": "PodDisruptionBudget"}
+OVERLAY_KEYS = istio.OVERLAY_KEYS
 K8S_VERSIONS = ("1.30.0", kubernetes_validate.utils.latest_version())
 WASM_MOUNT = "/etc/drain-gate/drain_gate.wasm"
 DEDICATED_LABEL = {"drain-gate.io/enabled": "true"}
@@ -41,9 +38,9 @@ def load(rel: str) -> dict:
     return istio.load_one(istio.GATEWAY_API / rel)
 
 
-def rendered() -> dict[str, dict]:
-    """kind -> the object the template renders for gateway.yaml."""
-    return {d["kind"]: d for d in istio.load_docs(FIXTURES / "rendered.yaml")}
+rendered = istio.gateway_api_rendered
+patched = istio.gateway_api_patched
+proxy_container = istio.proxy_container
 
 
 def k8s_errors(obj: dict) -> list[str]:
@@ -54,16 +51,6 @@ def k8s_errors(obj: dict) -> list[str]:
         except kubernetes_validate.ValidationError as e:
             errors.append(f"k8s {version}: {'/'.join(map(str, e.path))}: {e.message}")
     return errors
-
-
-def patched(options: str, kind: str, tmp_path) -> dict:
-    key = next(k for k, v in OVERLAY_KEYS.items() if v == kind)
-    return istio.strategic_patch(rendered()[kind], load(options)["data"][key], tmp_path)
-
-
-def proxy_container(deployment: dict) -> dict:
-    (proxy,) = [c for c in deployment["spec"]["template"]["spec"]["containers"] if c["name"] == "istio-proxy"]
-    return proxy
 
 
 @pytest.fixture(scope="module")

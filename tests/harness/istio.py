@@ -196,6 +196,32 @@ def strategic_patch(obj: dict, patch: str, workdir: Path) -> dict:
                                   "--patch-file", str(patch_file), "-o", "yaml"))
 
 
+# -- the gateway istiod deploys for envoyfilter/gateway-api/gateway.yaml ------------------
+# The keys istiod accepts in a parametersRef ConfigMap (Istio 1.30
+# deploymentcontroller.go, supportedOverlays), and the kind each one patches.
+OVERLAY_KEYS = {"deployment": "Deployment", "service": "Service", "serviceAccount": "ServiceAccount",
+                "horizontalPodAutoscaler": "HorizontalPodAutoscaler", "podDisruptionBudget": "PodDisruptionBudget"}
+
+
+def gateway_api_rendered() -> dict[str, dict]:
+    """kind -> the object Istio 1.30.3's template renders for the Gateway
+    (tests/fixtures/gateway-api/rendered.yaml), before the ConfigMap's patches."""
+    return {d["kind"]: d for d in load_docs(GATEWAY_API_FIXTURES / "rendered.yaml")}
+
+
+def gateway_api_patched(options: str, kind: str, workdir: Path) -> dict:
+    """That object after istiod applied its key of the ConfigMap
+    envoyfilter/gateway-api/`options`."""
+    key = next(k for k, v in OVERLAY_KEYS.items() if v == kind)
+    patch = load_one(GATEWAY_API / options)["data"][key]
+    return strategic_patch(gateway_api_rendered()[kind], patch, workdir)
+
+
+def proxy_container(deployment: dict) -> dict:
+    (proxy,) = [c for c in deployment["spec"]["template"]["spec"]["containers"] if c["name"] == "istio-proxy"]
+    return proxy
+
+
 # -- who an Istio policy applies to -------------------------------------------------
 def selects_workload(policy: dict, namespace: str, pod_labels: dict) -> bool:
     """Whether istiod applies an EnvoyFilter or WasmPlugin of a non-root
