@@ -1,8 +1,10 @@
 """envoyfilter/gateway-api/: drain-gate on a gateway that istiod deploys from a
 Kubernetes Gateway API Gateway, checked offline with the real tools.
 
-- The Gateway validates against the v1.5.1 `gateways` CRD schema (a copy in
-  tests/fixtures/gateway-api/), strict like the API server.
+- The Gateway validates against the v1.5.1 `gateways` CRD (a copy in
+  tests/fixtures/gateway-api/): its schema, strict like the API server, and
+  its CEL rules (cel-python); the Istio objects against the Istio CRDs, CEL
+  rules included.
 - The ConfigMap's patches go through `kubectl patch --local --type strategic`
   (the strategic merge istiod applies) onto the Deployment, Service and
   PodDisruptionBudget that Istio 1.30.3's kube-gateway template renders for
@@ -58,6 +60,11 @@ def gateway_crd():
     return istio.crd_validators([CRD])
 
 
+@pytest.fixture(scope="module")
+def gateway_cel():
+    return istio.crd_schemas([CRD])
+
+
 # -- the Gateway -----------------------------------------------------------------------
 def test_the_crd_copy_is_the_v1_5_1_gateways_crd():
     first = CRD.read_text().splitlines()[0]
@@ -72,14 +79,28 @@ def test_the_crd_copy_matches_the_shared_bundle():
     bundle = istio.SHARED / "istio-gateway-api" / "gateway-api-crds-v1.5.1-experimental.yaml"
     if not bundle.exists():
         pytest.skip(f"{bundle} not present (no ../shared beside the repository): the copy is checked by the test above")
-    (crd,) = [d for d in istio.load_docs(bundle) if d["metadata"]["name"] == "gateways.gateway.networking.k8s.io"]
-    assert istio.load_one(CRD) == crd
+    # Every line but the source line, verbatim, one whole document of the bundle.
+    copy_text = CRD.read_text().split("\n", 1)[1]
+    assert f"---\n{copy_text}---\n" in bundle.read_text()
 
 
-def test_gateway_is_valid_against_the_crd(gateway_crd):
+def test_gateway_is_valid_against_the_crd(gateway_crd, gateway_cel):
     assert set(gateway_crd) == {("gateway.networking.k8s.io/v1", "Gateway"),
                                 ("gateway.networking.k8s.io/v1beta1", "Gateway")}
     assert istio.crd_errors(load("gateway.yaml"), gateway_crd) == []
+    assert istio.cel_errors(load("gateway.yaml"), gateway_cel) == []
+
+
+@pytest.mark.parametrize("mutate, expected", [
+    (lambda s: s["listeners"].append(copy.deepcopy(s["listeners"][0])), "Listener name must be unique"),
+    (lambda s: s["listeners"][0].__setitem__("tls", {"mode": "Terminate"}), "tls must not be specified"),
+    (lambda s: s["infrastructure"].__setitem__("labels", {"drain gate": "x"}), "Label keys must be"),
+])
+def test_the_cel_check_catches_mistakes(gateway_cel, mutate, expected):
+    gw = copy.deepcopy(load("gateway.yaml"))
+    mutate(gw["spec"])
+    errors = istio.cel_errors(gw, gateway_cel)
+    assert any(expected in e for e in errors), errors
 
 
 @pytest.mark.parametrize("mutate, expected", [
@@ -263,16 +284,19 @@ def gateway_api_policies() -> dict[str, dict]:
 
 def test_istio_objects_are_schema_valid_and_in_the_gateway_namespace():
     validators = istio.crd_validators()
+    cel = istio.crd_schemas(sorted(istio.CRDS.glob("*.crd.yaml")))
     policies = gateway_api_policies()
     assert set(policies) == {"health-listener.yaml", "traffic-filter.yaml",
                              "wasmplugin/health-listener.yaml", "wasmplugin/traffic.yaml"}
     namespace = load("gateway.yaml")["metadata"]["namespace"]
     for rel, obj in policies.items():
         assert istio.crd_errors(obj, validators) == [], rel
+        assert istio.cel_errors(obj, cel) == [], rel
         assert obj["metadata"]["namespace"] == namespace, rel
-        # The CRDs' CEL rule (not evaluated by the schema check): one kind of selector at most.
-        selectors = [k for k in ("workloadSelector", "selector", "targetRef", "targetRefs") if k in obj["spec"]]
-        assert len(selectors) == 1, (rel, selectors)
+    # The control: the CRDs' rule that allows one kind of selector at most.
+    both = copy.deepcopy(policies["wasmplugin/traffic.yaml"])
+    both["spec"]["selector"] = {"matchLabels": DEDICATED_LABEL}
+    assert any("only one of targetRefs or selector" in e for e in istio.cel_errors(both, cel))
 
 
 def test_istio_objects_reach_exactly_the_patched_pods(tmp_path):
