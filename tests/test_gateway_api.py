@@ -340,3 +340,72 @@ def test_envoyfilters_load_the_file_the_options_mount():
         assert wasm["typed_config"]["config"]["vm_config"]["code"]["local"]["filename"] == mount["mountPath"], rel
     traffic = load("traffic-filter.yaml")["spec"]["configPatches"][0]["patch"]["value"]["typed_config"]["config"]
     assert traffic["vm_config"]["code"]["local"]["filename"] == mount["mountPath"] == WASM_MOUNT
+
+
+# -- one pod per node through a rollout ---------------------------------------------------
+# A model of what decides a rollout here (no scheduler runs on this machine):
+# the Deployment controller's RollingUpdate (maxSurge / maxUnavailable, the
+# scale-down that prefers an old pod sharing its node), and the scheduler's
+# filters for a required pod anti-affinity and a DoNotSchedule topology spread
+# (matchLabelKeys, nodeTaintsPolicy). Pods are ready once placed.
+def _feasible(pod_spec: dict, pods: list[tuple[str, str]], node: str, tainted: set[str], rs: str,
+              nodes: list[str]) -> bool:
+    if node in tainted:
+        return False
+    anti = (pod_spec.get("affinity") or {}).get("podAntiAffinity", {})
+    if anti.get("requiredDuringSchedulingIgnoredDuringExecution") and any(n == node for n, _ in pods):
+        return False
+    for c in pod_spec.get("topologySpreadConstraints", []):
+        assert c["topologyKey"] == "kubernetes.io/hostname" and c["whenUnsatisfiable"] == "DoNotSchedule"
+        same = [n for n, r in pods if r == rs or "pod-template-hash" not in c.get("matchLabelKeys", [])]
+        domains = [n for n in nodes if c.get("nodeTaintsPolicy", "Ignore") == "Ignore" or n not in tainted]
+        if same.count(node) + 1 - min(same.count(n) for n in domains) > c["maxSkew"]:
+            return False
+    return True
+
+
+def _rollout(deployment: dict, workers: int, tainted_nodes: int = 1) -> tuple[bool, list[str]]:
+    """(finished, nodes of the new pods) for a rollout that starts from one
+    old pod per worker."""
+    spec = deployment["spec"]
+    replicas, strategy = spec["replicas"], spec["strategy"]["rollingUpdate"]
+    pod_spec = spec["template"]["spec"]
+    tainted = {f"master{i}" for i in range(tainted_nodes)}
+    nodes = [f"worker{i}" for i in range(workers)] + sorted(tainted)
+    pods = [(f"worker{i}", "old") for i in range(min(replicas, workers))]
+    for _ in range(4 * replicas + 4):
+        old = [p for p in pods if p[1] == "old"]
+        if not old and len(pods) == replicas:
+            return True, [n for n, _ in pods]
+        placed = False
+        if len(pods) < replicas + strategy["maxSurge"] and len(pods) - len(old) < replicas:
+            fits = [n for n in nodes if _feasible(pod_spec, pods, n, tainted, "new", nodes)]
+            if fits:
+                pods.append((min(fits, key=lambda n: ([p[0] for p in pods].count(n), n)), "new"))
+                placed = True
+        removable = len(pods) - (replicas - strategy["maxUnavailable"])
+        if old and removable > 0:
+            pods.remove(max(old, key=lambda p: [q[0] for q in pods].count(p[0])))
+        elif not placed:
+            return False, [n for n, r in pods if r == "new"]
+    return False, []
+
+
+def test_rollout_keeps_one_pod_per_node_and_cannot_deadlock(tmp_path):
+    deployment = patched("options.yaml", "Deployment", tmp_path)
+    workers = deployment["spec"]["replicas"]
+    finished, placed = _rollout(deployment, workers)
+    assert finished and sorted(placed) == [f"worker{i}" for i in range(workers)], placed
+    # The seed's required anti-affinity instead: the surge pod never fits.
+    seed = copy.deepcopy(deployment)
+    pod = seed["spec"]["template"]["spec"]
+    pod["affinity"] = {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
+        {"topologyKey": "kubernetes.io/hostname", "labelSelector": pod.pop("topologySpreadConstraints")[0]["labelSelector"]}]}}
+    assert _rollout(seed, workers) == (False, [])
+    # More replicas than schedulable nodes, a tainted node beside them: Honor
+    # finishes; the default (Ignore) counts the empty tainted node and stalls.
+    more = copy.deepcopy(deployment)
+    more["spec"]["replicas"] = workers + 1
+    assert _rollout(more, workers)[0] is True
+    more["spec"]["template"]["spec"]["topologySpreadConstraints"][0]["nodeTaintsPolicy"] = "Ignore"
+    assert _rollout(more, workers)[0] is False
