@@ -204,15 +204,7 @@ def test_patched_deployment_is_valid_and_carries_drain_gate(options, tmp_path):
     (volume,) = [v for v in pod["volumes"] if v["name"] == mount["name"]]
     assert volume["configMap"]["name"] == "drain-gate-wasm" and mount["subPath"] == "drain_gate.wasm"
     assert len(proxy["volumeMounts"]) == len(proxy_container(before)["volumeMounts"]) + 1, "the template's mounts stay"
-    pre = proxy["lifecycle"]["preStop"]
-    if "distroless" in options:
-        assert pre["httpGet"]["path"] == "/prestop" and pre["httpGet"]["port"] == 18180
-        (header,) = pre["httpGet"]["httpHeaders"]
-        assert header["name"] == "Authorization" and header["value"].startswith("Bearer ")
-    else:
-        cmd = pre["exec"]["command"]
-        assert cmd[0] == "curl" and cmd[-1] == "http://127.0.0.1:18180/drain?wait=closed"
-        assert cmd[cmd.index("-X") + 1] == "POST"
+    istio.assert_prestop_drains(proxy["lifecycle"]["preStop"], distroless="distroless" in options)
     template = after["spec"]["template"]["metadata"]
     assert template["labels"].items() >= DEDICATED_LABEL.items()
     assert template["labels"].items() >= before["spec"]["template"]["metadata"]["labels"].items()

@@ -81,6 +81,18 @@ def patched(ef: dict, **config) -> dict:
     return ef
 
 
+@contextlib.contextmanager
+def held_call(command: list[str]):
+    """A preStop command running in the background; killed if still held on exit."""
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+
+
 def _oci_tool():
     spec = importlib.util.spec_from_file_location("oci_image", istio.ENVOYFILTER / "tools" / "oci_image.py")
     module = importlib.util.module_from_spec(spec)
@@ -236,8 +248,7 @@ def test_envoyfilter_form_counts_flips_and_prestop_returns_at_closed(version, st
     # The Deployment patch's preStop, as written but for the port.
     (proxy,) = istio.load_one(istio.KUBERNETES / "gateway-deployment-patch.yaml")["spec"]["template"]["spec"]["containers"]
     command = [a.replace(":18180/", f":{env.ports.health}/") for a in proxy["lifecycle"]["preStop"]["exec"]["command"]]
-    prestop = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
+    with held_call(command) as prestop:
         wait_for(lambda: status(env)["state"] == "DRAINING", 5, what="DRAINING")
         held_200 = 0
         while any(s.running() for s in streams):
@@ -265,10 +276,6 @@ def test_envoyfilter_form_counts_flips_and_prestop_returns_at_closed(version, st
         out, err = prestop.communicate(timeout=lb_buffer + 10)
         assert prestop.returncode == 0, err
         assert json.loads(out)["state"] == "CLOSED"
-    finally:
-        if prestop.poll() is None:
-            prestop.kill()
-            prestop.communicate()
 
     st = status(env)
     assert st["state"] == "CLOSED"
@@ -430,8 +437,7 @@ def test_gateway_api_form_counts_flips_and_prestop_returns_at_closed(version, st
     assert status(env)["count"]["reliable"] is True
     # The preStop of the patched Deployment, as written but for the port.
     command = [a.replace(":18180/", f":{env.ports.health}/") for a in proxy["lifecycle"]["preStop"]["exec"]["command"]]
-    prestop = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
+    with held_call(command) as prestop:
         wait_for(lambda: status(env)["state"] == "DRAINING", 5, what="DRAINING")
         before, (line, _), after = status(env), lb_check(env), status(env)
         assert after["active"] == 1, "the stream outlives the start of the drain"
@@ -446,10 +452,6 @@ def test_gateway_api_form_counts_flips_and_prestop_returns_at_closed(version, st
         out, err = prestop.communicate(timeout=10)
         assert prestop.returncode == 0, err
         assert json.loads(out)["state"] == "CLOSED"
-    finally:
-        if prestop.poll() is None:
-            prestop.kill()
-            prestop.communicate()
     assert requests.get(env.health(proxy["readinessProbe"]["httpGet"]["path"]), timeout=5).status_code == 503
     assert requests.get(env.health(proxy["livenessProbe"]["httpGet"]["path"]), timeout=5).status_code == 200
     assert_grace_covers_the_drain(st["progress"], command, template["spec"]["terminationGracePeriodSeconds"],

@@ -280,6 +280,19 @@ def proxy_container(deployment: dict) -> dict:
     return proxy
 
 
+def assert_prestop_drains(pre: dict, distroless: bool) -> None:
+    """The preStop hook of a drain-gate patch: curl POST /drain?wait=closed
+    from loopback, or (distroless) httpGet /prestop with a bearer header."""
+    if distroless:
+        assert pre["httpGet"]["path"] == "/prestop" and pre["httpGet"]["port"] == HEALTH_PORT
+        (header,) = pre["httpGet"]["httpHeaders"]
+        assert header["name"] == "Authorization" and header["value"].startswith("Bearer ")
+    else:
+        cmd = pre["exec"]["command"]
+        assert cmd[0] == "curl" and cmd[-1] == f"http://127.0.0.1:{HEALTH_PORT}/drain?wait=closed"
+        assert cmd[cmd.index("-X") + 1] == "POST"
+
+
 # -- who an Istio policy applies to -------------------------------------------------
 def selects_workload(policy: dict, namespace: str, pod_labels: dict) -> bool:
     """Whether istiod applies an EnvoyFilter or WasmPlugin of a non-root
