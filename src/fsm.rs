@@ -48,6 +48,11 @@ impl State {
         }
     }
 
+    /// The state whose `code()` this is.
+    pub fn from_code(code: u64) -> Option<State> {
+        State::ALL.into_iter().find(|s| s.code() == code)
+    }
+
     /// Numeric value of the `drain_gate_state` gauge.
     pub fn code(self) -> u64 {
         match self {

@@ -1,5 +1,7 @@
-//! Property tests of the pure core (issue 6, item 4): the request router, the
-//! configuration parser and the state machine, fed arbitrary input.
+//! Property tests of the pure core, fed arbitrary input: the request router
+//! and health answers give only documented codes, the configuration parser
+//! names a key in every refusal, the state machine takes only legal moves and
+//! keeps a bounded history, and status bodies stay well-formed JSON.
 //! Run with `cargo test --test props`.
 #![allow(clippy::unwrap_used, clippy::indexing_slicing, clippy::panic)]
 
