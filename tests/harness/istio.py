@@ -126,13 +126,6 @@ def _strict(schema: dict) -> dict:
 def crd_validators(paths: list[Path] | None = None) -> dict[tuple[str, str], jsonschema.protocols.Validator]:
     """(apiVersion, kind) -> validator for the whole object, for every version
     of the CRDs in `paths` (default: the Istio CRDs)."""
-    if paths is None:
-        if not CRDS.is_dir():
-            raise FileNotFoundError(
-                f"Istio CRDs not found at {CRDS}: the tests expect a copy of shared/ beside the "
-                "repository (REPO/../shared/istio-crds/{envoyfilter,wasmplugin}.crd.yaml)"
-            )
-        paths = sorted(CRDS.glob("*.crd.yaml"))
     out = {}
     for key, schema in crd_schemas(paths).items():
         # The API server adds these to every CRD schema.
@@ -159,9 +152,16 @@ def crd_validators(paths: list[Path] | None = None) -> dict[tuple[str, str], jso
     return out
 
 
-def crd_schemas(paths: list[Path]) -> dict[tuple[str, str], dict]:
+def crd_schemas(paths: list[Path] | None = None) -> dict[tuple[str, str], dict]:
     """(apiVersion, kind) -> a copy of the openAPIV3Schema, for every version
-    of the CRDs in `paths`."""
+    of the CRDs in `paths` (default: the Istio CRDs)."""
+    if paths is None:
+        if not CRDS.is_dir():
+            raise FileNotFoundError(
+                f"Istio CRDs not found at {CRDS}: the tests expect a copy of shared/ beside the "
+                "repository (REPO/../shared/istio-crds/{envoyfilter,wasmplugin}.crd.yaml)"
+            )
+        paths = sorted(CRDS.glob("*.crd.yaml"))
     out = {}
     for path in paths:
         # libyaml's loader: the Gateway API CRD has thousands of lines.
