@@ -198,7 +198,7 @@ def test_patched_deployment_is_valid_and_carries_drain_gate(options, tmp_path):
     assert {"containerPort": 18180, "name": "http-drain-gate", "protocol": "TCP"} in proxy["ports"]
     assert {p["containerPort"] for p in proxy_container(before)["ports"]} < {p["containerPort"] for p in proxy["ports"]}
     assert proxy["readinessProbe"]["httpGet"]["path"] == "/health" and proxy["readinessProbe"]["httpGet"]["port"] == 18180
-    assert proxy["livenessProbe"]["httpGet"] == {"path": "/live", "port": 18180}
+    assert "livenessProbe" not in proxy, "a missing health listener must not restart every pod"
     assert proxy["startupProbe"] == proxy_container(before)["startupProbe"], "Envoy's own startup check stays"
     (mount,) = [m for m in proxy["volumeMounts"] if m["mountPath"] == WASM_MOUNT]
     (volume,) = [v for v in pod["volumes"] if v["name"] == mount["name"]]
@@ -217,6 +217,8 @@ def test_patched_deployment_keeps_one_pod_per_node_without_a_rollout_deadlock(op
     after = patched(options, "Deployment", tmp_path)
     spec = after["spec"]
     assert spec["strategy"] == {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}}
+    # The next old pod goes once the LB (HAProxy inter 2s rise 2) has seen the new one UP.
+    assert spec["minReadySeconds"] >= 2 * 2
     pod = spec["template"]["spec"]
     # No required anti-affinity: with maxUnavailable 0 and replicas = nodes it
     # leaves the surge pod Pending for ever.

@@ -453,7 +453,6 @@ def test_gateway_api_form_counts_flips_and_prestop_returns_at_closed(version, st
         assert prestop.returncode == 0, err
         assert json.loads(out)["state"] == "CLOSED"
     assert requests.get(env.health(proxy["readinessProbe"]["httpGet"]["path"]), timeout=5).status_code == 503
-    assert requests.get(env.health(proxy["livenessProbe"]["httpGet"]["path"]), timeout=5).status_code == 200
     assert_grace_covers_the_drain(st["progress"], command, template["spec"]["terminationGracePeriodSeconds"],
                                   template["metadata"]["annotations"]["proxy.istio.io/config"])
 
