@@ -20,7 +20,6 @@ from __future__ import annotations
 import copy
 import re
 
-import kubernetes_validate
 import pytest
 import yaml
 
@@ -31,7 +30,6 @@ CRD = FIXTURES / "gateways.crd.yaml"
 TEMPLATE = FIXTURES / "kube-gateway.yaml"
 OPTIONS = ("options.yaml", "options-distroless.yaml")
 OVERLAY_KEYS = istio.OVERLAY_KEYS
-K8S_VERSIONS = ("1.30.0", kubernetes_validate.utils.latest_version())
 WASM_MOUNT = "/etc/drain-gate/drain_gate.wasm"
 DEDICATED_LABEL = {"drain-gate.io/enabled": "true"}
 
@@ -43,16 +41,7 @@ def load(rel: str) -> dict:
 rendered = istio.gateway_api_rendered
 patched = istio.gateway_api_patched
 proxy_container = istio.proxy_container
-
-
-def k8s_errors(obj: dict) -> list[str]:
-    errors = []
-    for version in K8S_VERSIONS:
-        try:
-            kubernetes_validate.validate(obj, version, strict=True)
-        except kubernetes_validate.ValidationError as e:
-            errors.append(f"k8s {version}: {'/'.join(map(str, e.path))}: {e.message}")
-    return errors
+k8s_errors = istio.k8s_errors
 
 
 @pytest.fixture(scope="module")

@@ -31,6 +31,7 @@ from pathlib import Path
 
 import celpy
 import jsonschema
+import kubernetes_validate
 import yaml
 
 from tests.harness.envoy import REPO, WASM, Ports
@@ -228,6 +229,23 @@ def crd_errors(obj: dict, validators) -> list[str]:
         f"{'/'.join(map(str, e.absolute_path)) or '(root)'}: {e.message}"
         for e in validators[key].iter_errors(obj)
     ]
+
+
+# -- Kubernetes schemas --------------------------------------------------------------
+# The seed's cluster (k8s 1.30) and the newest schema kubernetes-validate bundles.
+K8S_VERSIONS = ("1.30.0", kubernetes_validate.utils.latest_version())
+
+
+def k8s_errors(obj: dict) -> list[str]:
+    """Why `obj` is not a valid Kubernetes object (strict: unknown fields are
+    errors) for each of K8S_VERSIONS; empty when it is."""
+    errors = []
+    for version in K8S_VERSIONS:
+        try:
+            kubernetes_validate.validate(obj, version, strict=True)
+        except kubernetes_validate.ValidationError as e:
+            errors.append(f"k8s {version}: {'/'.join(map(str, e.path))}: {e.message}")
+    return errors
 
 
 # -- kubectl, offline -------------------------------------------------------------
