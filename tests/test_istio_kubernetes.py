@@ -159,15 +159,7 @@ def test_patched_deployment_is_valid_and_complete(values, patch_file):
     assert "livenessProbe" not in proxy, "no kubelet liveness on :18180 by default"
     assert proxy["volumeMounts"] == values["volumeMounts"]
     assert pod["terminationGracePeriodSeconds"] == values["terminationGracePeriodSeconds"]
-    pre = proxy["lifecycle"]["preStop"]
-    if "distroless" in patch_file:
-        assert pre["httpGet"]["path"] == "/prestop" and pre["httpGet"]["port"] == 18180
-        (header,) = pre["httpGet"]["httpHeaders"]
-        assert header["name"] == "Authorization" and header["value"].startswith("Bearer ")
-    else:
-        cmd = pre["exec"]["command"]
-        assert cmd[0] == "curl" and cmd[-1] == "http://127.0.0.1:18180/drain?wait=closed"
-        assert cmd[cmd.index("-X") + 1] == "POST"
+    istio.assert_prestop_drains(proxy["lifecycle"]["preStop"], distroless="distroless" in patch_file)
 
 
 def test_patches_are_the_values_for_gateways_without_the_chart(values):
