@@ -161,6 +161,22 @@ def test_pod_spec_mistakes_fail_naming_the_field(changes, expected):
                for line in failures(lines) if not line.startswith(expected)), lines
 
 
+@pytest.mark.parametrize("options", ["options.yaml", "options-distroless.yaml"])
+def test_gateway_api_patched_deployment_passes(options, tmp_path):
+    """The Deployment istiod renders for the Gateway with the ConfigMap's
+    patch (kubectl's strategic merge): one pod per node by topology spread."""
+    deployment = istio.gateway_api_patched(options, "Deployment", tmp_path)
+    code, lines = verify("--pod-spec", "-", stdin=json.dumps(deployment))
+    assert code == 0, lines
+    assert "PASS one pod per node: Deployment ingress-istio: topology spread on kubernetes.io/hostname, maxSkew 1" \
+        in lines
+    assert not [line for line in lines if line.startswith("WARN")], lines
+    # The control: the rendering without the patch fails (no preStop, readiness on 15021, grace 30 s).
+    code, lines = verify("--pod-spec", "-", stdin=json.dumps(istio.gateway_api_rendered()["Deployment"]))
+    assert code == 1 and {line.split(":")[0] for line in failures(lines)} >= {
+        "FAIL preStop", "FAIL readiness", "FAIL terminationGracePeriodSeconds"}, lines
+
+
 def test_yaml_input_is_refused_with_the_conversion_hint():
     r = subprocess.run([sys.executable, str(VERIFY), "--pod-spec", "-"], input="kind: Deployment\n",
                        capture_output=True, text=True, timeout=60)
