@@ -90,7 +90,7 @@ def recorded(tmp_path_factory) -> list[dict]:
 def untokened(text: str) -> str:
     """A file piped through the distroless `sed` commands, back as written."""
     for token in set(re.findall(r"\b[0-9a-f]{48}\b", text)):
-        text = text.replace(f',"admin_token":"{token}"', "").replace(token, PLACEHOLDER)
+        text = text.replace(f'"admin_token":"{token}"', '"admin_token":""').replace(token, PLACEHOLDER)
     return text
 
 

@@ -483,8 +483,8 @@ def test_gateway_api_distroless_prestop_with_bearer_header(start_gateway, tmp_pa
     (header,) = hook["httpHeaders"]
     placeholder = header["value"].split(" ", 1)[1]
     text = (istio.GATEWAY_API / "health-listener.yaml").read_text()
-    assert text.count('"role":"health"') == 1
-    health = yaml.safe_load(text.replace('"role":"health"', f'"role":"health","admin_token":"{token}"'))
+    assert text.count('"admin_token":""') == 1
+    health = yaml.safe_load(text.replace('"admin_token":""', f'"admin_token":"{token}"'))
     # admin_allow []: the test's loopback must not authorize by itself, as the kubelet's node address would not.
     env = start_gateway(VERSIONS[-1], _gateway_api_listeners(patched(health, admin_allow=[]),
                                                              template["metadata"]["labels"]))
