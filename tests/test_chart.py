@@ -263,3 +263,29 @@ def test_gateway_api_distroless_hook_presents_the_newest_token(module):
 ])
 def test_gateway_api_value_refuses_a_hook_without_token_or_a_short_grace_period(module, args, message):
     assert message in refusal(*with_module(module, *GATEWAY_API, *args))
+
+
+def test_observability_value_installs_the_rule_and_the_dashboard(module, tmp_path):
+    """observability.prometheusRule / grafanaDashboard render what
+    envoyfilter/observability/ holds (the chart's files/ are generated from it,
+    tests/test_observability.py keeps them current): promtool accepts the
+    rendered groups, the ConfigMap is a valid Kubernetes object for Grafana's sidecar."""
+    default = k8s.by_kind(k8s.template(*with_module(module)))
+    assert not {("PrometheusRule", "drain-gate"), ("ConfigMap", "drain-gate-dashboard")} & set(default), "off by default"
+    objs = k8s.by_kind(k8s.template(*with_module(module, "--set", "observability.prometheusRule=true",
+                                                "--set", "observability.grafanaDashboard=true")))
+    rule, board = objs[("PrometheusRule", "drain-gate")], objs[("ConfigMap", "drain-gate-dashboard")]
+    observability = istio.ENVOYFILTER / "observability"
+    shipped_rule = istio.load_one(observability / "drain-gate.prometheusrule.yaml")
+    assert (rule["apiVersion"], rule["kind"]) == (shipped_rule["apiVersion"], shipped_rule["kind"])
+    assert rule["spec"] == shipped_rule["spec"] == istio.load_one(observability / "drain-gate.rules.yaml")
+    assert rule["metadata"]["namespace"] == k8s.NAMESPACE
+    groups = tmp_path / "rules.yaml"
+    groups.write_text(json.dumps(rule["spec"]))
+    r = subprocess.run(["promtool", "check", "rules", str(groups)], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and "SUCCESS" in r.stdout, r.stdout + r.stderr
+    shipped_board = istio.load_one(observability / "drain-gate.dashboard.configmap.yaml")
+    assert board["data"] == shipped_board["data"]
+    assert board["data"]["drain-gate.json"] == (observability / "drain-gate.dashboard.json").read_text()
+    assert board["metadata"]["labels"]["grafana_dashboard"] == "1"
+    _validate_k8s(board)
