@@ -21,6 +21,8 @@ from tests.harness.envoy import REPO, WASM
 
 OCI = "oci://registry.example.com/drain-gate/drain-gate:0.1.0"
 WASMPLUGIN = ("--set", "form=wasmplugin", "--set", f"wasmPlugin.url={OCI}")
+GATEWAY_API = ("--set", "gatewayAPI.enabled=true")
+OBSERVABILITY = ("--set", "observability.prometheusRule=true", "--set", "observability.grafanaDashboard=true")
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +43,8 @@ def refusal(*args: str) -> str:
     return r.stderr
 
 
-@pytest.mark.parametrize("form", [(), WASMPLUGIN], ids=["envoyfilter", "wasmplugin"])
+@pytest.mark.parametrize("form", [(), WASMPLUGIN, (*GATEWAY_API, *WASMPLUGIN, *OBSERVABILITY)],
+                         ids=["envoyfilter", "wasmplugin", "gateway-api+observability"])
 def test_helm_lint_passes(module, form):
     r = k8s.run("helm", "lint", "--strict", str(k8s.CHART), *with_module(module, *form))
     assert "1 chart(s) linted, 0 chart(s) failed" in r.stdout, r.stdout
@@ -220,8 +223,6 @@ def test_the_chart_refuses_kubernetes_before_1_28(module):
     k8s.template(*with_module(module, "--kube-version", "1.28.0"))
 
 
-GATEWAY_API = ("--set", "gatewayAPI.enabled=true")
-
 
 def test_gateway_api_value_renders_the_gateway_and_one_pdb(module):
     """gatewayAPI.enabled: the Gateway and its parametersRef ConfigMap, the
@@ -272,8 +273,7 @@ def test_observability_value_installs_the_rule_and_the_dashboard(module, tmp_pat
     rendered groups, the ConfigMap is a valid Kubernetes object for Grafana's sidecar."""
     default = k8s.by_kind(k8s.template(*with_module(module)))
     assert not {("PrometheusRule", "drain-gate"), ("ConfigMap", "drain-gate-dashboard")} & set(default), "off by default"
-    objs = k8s.by_kind(k8s.template(*with_module(module, "--set", "observability.prometheusRule=true",
-                                                "--set", "observability.grafanaDashboard=true")))
+    objs = k8s.by_kind(k8s.template(*with_module(module, *OBSERVABILITY)))
     rule, board = objs[("PrometheusRule", "drain-gate")], objs[("ConfigMap", "drain-gate-dashboard")]
     observability = istio.ENVOYFILTER / "observability"
     shipped_rule = istio.load_one(observability / "drain-gate.prometheusrule.yaml")
