@@ -14,8 +14,6 @@ from __future__ import annotations
 import base64
 import json
 import re
-import subprocess
-import sys
 
 import pytest
 
