@@ -106,8 +106,13 @@ def render(
 class Envoy:
     """One Envoy process. Use as a context manager; it is stopped on every exit path."""
 
-    def __init__(self, doc: dict, ports: Ports, concurrency: int = 2, workdir: Path | None = None):
+    def __init__(self, doc: dict, ports: Ports, concurrency: int = 2, workdir: Path | None = None,
+                 drain_time_s: int = 1, drain_strategy: str = "gradual"):
+        """`drain_time_s` / `drain_strategy`: Envoy's --drain-time-s / --drain-strategy (what
+        /drain_listeners?graceful and shutdown use); Istio's pilot-agent passes its drainDuration
+        (45 s by default) and "immediate"."""
         self.doc = doc
+        self.drain_args = ["--drain-time-s", str(drain_time_s), "--drain-strategy", drain_strategy]
         self.ports = ports
         self.concurrency = concurrency
         self._tmp = None if workdir else tempfile.TemporaryDirectory(prefix="drain-gate-")
@@ -128,7 +133,7 @@ class Envoy:
                 "--concurrency", str(self.concurrency),
                 "--use-dynamic-base-id",
                 "--log-level", "info",
-                "--drain-time-s", "1",
+                *self.drain_args,
             ],
             stdout=self._log,
             stderr=subprocess.STDOUT,

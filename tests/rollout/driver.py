@@ -1,0 +1,174 @@
+"""`make rollout` / `make rollout-quick`: the same rolling update of a gateway fleet behind real
+HAProxy, once per strategy, under traffic that never stops.
+
+The update replays a Deployment with `maxSurge: 1, maxUnavailable: 0` the way the Deployment
+controller runs it: start one new gateway, wait until HAProxy has it UP (its stats socket),
+delete one old gateway (kubelet: preStop, SIGTERM, pilot-agent's drain, exit — tests/rollout/fleet.py),
+and start the next new gateway at once: a terminating pod no longer counts against maxSurge, so
+drains overlap. The rollout ends when the last old gateway has exited.
+
+Writes out/rollout/result.json ({"strategies": {name: {"sent", "lost", "rollout_s", "drain_s", …}},
+"n": N}), out/rollout/timeline.svg (one row per gateway) and the logs of every process.
+
+    PYTHONPATH=. .venv/bin/python -m tests.rollout.driver [--quick] [--n 4] [--strategies a,b]
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import statistics
+import time
+from pathlib import Path
+
+from tests.harness.envoy import REPO, wait_for
+from tests.harness.rig import Backend
+from tests.harness.timeline import StatPoller
+from tests.rollout import fleet, picture
+from tests.rollout.traffic import FULL, QUICK, Profile, Traffic
+
+OUT = REPO / "out" / "rollout"
+INTER = "2s"  # the seed's check timing: inter 2s rise 2 fall 2
+INTER_S = 2.0
+QUICK_STRATEGIES = ("istio-default", "drain-gate-404")
+
+
+def _up(server) -> bool:
+    return server.up and server.check_status == "L7OK"
+
+
+def start_fleet(stack: contextlib.ExitStack, strategy: fleet.Strategy, n: int, workdir: Path):
+    """Backend, N running old gateways, N new ones not started yet, HAProxy in front of all."""
+    backend = Backend(workdir).start()
+    stack.callback(backend.stop)
+    old = [fleet.Pod(f"old{i + 1}", backend.port, strategy, workdir) for i in range(n)]
+    new = [fleet.Pod(f"new{i + 1}", backend.port, strategy, workdir) for i in range(n)]
+    for pod in old + new:
+        stack.callback(pod.stop)
+    for pod in old:
+        pod.start()
+    servers = [(p.name, p.ports.traffic, p.check_port) for p in old + new]
+    haproxy = fleet.FleetHAProxy(workdir / "haproxy", servers, strategy=strategy, inter=INTER)
+    stack.callback(haproxy.stop)
+    haproxy.start()
+    for pod in old:
+        haproxy.wait_status(pod.name, _up, timeout=30)
+        pod.up_at = time.time()
+    for pod in new:  # nothing listens there yet: HAProxy must see them DOWN before traffic starts
+        haproxy.wait_status(pod.name, "DOWN", timeout=30)
+    return old, new, haproxy
+
+
+def roll(old: list, new: list, haproxy) -> None:
+    """maxSurge 1, maxUnavailable 0: surge one, wait until HAProxy has it UP, delete one old."""
+    for fresh, stale in zip(new, old):
+        fresh.start()
+        haproxy.wait_status(fresh.name, _up, timeout=60)
+        fresh.up_at = time.time()
+        stale.delete()
+    for stale in old:
+        stale.wait_exit(fleet.GRACE_S + 30)
+
+
+def run_strategy(strategy: fleet.Strategy, n: int, profile: Profile, workdir: Path) -> dict:
+    workdir.mkdir(parents=True, exist_ok=True)
+    with contextlib.ExitStack() as stack:
+        old, new, haproxy = start_fleet(stack, strategy, n, workdir)
+        stat = StatPoller(haproxy).start()
+        stack.callback(stat.stop)
+        traffic = Traffic(haproxy.http("").rstrip("/"), haproxy.https("").rstrip("/"),
+                          ("127.0.0.1", haproxy.http_port), profile)
+        stack.callback(traffic.stop)
+        traffic.start()
+        # Long requests of every kind in flight on the old gateways before the first surge.
+        wait_for(lambda: sum(o.ok for o in traffic.outcomes if o.kind == "short") >= 20, 30, 0.1,
+                 "short GETs flowing")
+        time.sleep(profile.stream_seconds[0])
+        t0 = time.time()
+        roll(old, new, haproxy)
+        end = max(p.exit_at for p in old)
+        time.sleep(2)  # traffic goes on after the last exit, on the new gateways only
+        traffic.stop()
+        traffic.drain(profile.stream_seconds[1] + 60)
+        stat.stop()
+        haproxy.stop()  # flushes its log
+        traffic.attribute(haproxy.requests())
+        return account(strategy, traffic, old, new, stat, haproxy, t0, end)
+
+
+def account(strategy, traffic: Traffic, old, new, stat, haproxy, t0: float, end: float) -> dict:
+    sent, lost = traffic.counts()
+    lost_by_gateway: dict[str, int] = {}
+    for o in traffic.lost():
+        key = o["server"] or "(none)"
+        lost_by_gateway[key] = lost_by_gateway.get(key, 0) + 1
+    ready = [round(p.up_at - p.created_at, 3) for p in new]
+    shorts = [o for o in traffic.outcomes if o.kind == "short"]
+    return {
+        "sent": sent,
+        "lost": lost,
+        "rollout_s": round(end - t0, 3),
+        "drain_s": [p.drain_s for p in old],
+        "ready_s": ready,
+        "short_rate": round(len(shorts) / max(1e-9, traffic.stopped - traffic.started), 1),
+        "lost_by_gateway": lost_by_gateway,
+        "cut_at_down": haproxy.down_events(),
+        "prestop": {p.name: p.prestop_result for p in old},
+        "config": {"check": strategy.check_path, "soft_drain": strategy.soft_drain,
+                   "prestop": strategy.prestop, "drain_gate": strategy.config},
+        "timeline": {
+            "t0": t0,
+            "pods": [p.summary() for p in old + new],
+            "haproxy": [{"t": t, "server": s, "status": st, "check": c} for t, s, st, c in stat.changes],
+            "lost": traffic.lost(),
+        },
+    }
+
+
+def table(result: dict) -> str:
+    """The README's table: lost / sent per kind, rollout time, drain time per gateway."""
+    lines = ["| strategy | short lost/sent | HTTP/1.1 streams | HTTP/2 streams | websockets | rollout s | drain s per gateway (median, max) |",
+             "|---|---|---|---|---|---|---|"]
+    for name, r in result["strategies"].items():
+        cells = [f"{r['lost'][k]}/{r['sent'][k]}" for k in ("short", "h1_stream", "h2_stream", "websocket")]
+        d = [x for x in r["drain_s"] if x is not None]
+        drain = f"{statistics.median(d):.1f}, {max(d):.1f}" if d else "-"
+        lines.append(f"| {name} | {' | '.join(cells)} | {r['rollout_s']:.1f} | {drain} |")
+    return "\n".join(lines)
+
+
+def run(*, quick: bool, n: int | None = None, names: list[str] | None = None, out: Path = OUT) -> dict:
+    profile = QUICK if quick else FULL
+    n = n or (2 if quick else 4)
+    all_strategies = fleet.strategies(INTER_S)
+    names = names or (list(QUICK_STRATEGIES) if quick else list(all_strategies))
+    run_dir = out / time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    result = {"n": n, "quick": quick, "inter": INTER, "profile": vars(profile), "strategies": {}}
+    for name in names:
+        result["strategies"][name] = run_strategy(all_strategies[name], n, profile, run_dir / name)
+        write(result, out, run_dir)  # a partial result survives a failure
+    print(table(result))
+    return result
+
+
+def write(result: dict, out: Path, run_dir: Path) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    text = json.dumps(result, indent=1)
+    (run_dir / "result.json").write_text(text)
+    (out / "result.json").write_text(text)
+    (out / "results.md").write_text(table(result) + "\n")
+    picture.render(result, out / "timeline.svg")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true", help="2 gateways, istio-default and drain-gate-404")
+    ap.add_argument("--n", type=int, help="gateways in the fleet (default 4; quick: 2)")
+    ap.add_argument("--strategies", help="comma-separated subset")
+    args = ap.parse_args()
+    run(quick=args.quick, n=args.n, names=args.strategies.split(",") if args.strategies else None)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
