@@ -59,7 +59,7 @@ run: build $(VENV)/.installed
 	PYTHONPATH=. $(PY) -m tests.harness.run
 
 ## Test ----------------------------------------------------------------------
-test: deps envoy-matrix build lint unit hardening-deps props integration bench-quick
+test: deps envoy-matrix build lint unit hardening-deps props integration rollout-quick bench-quick
 
 lint: deps-rust
 	cargo fmt --check
@@ -70,7 +70,7 @@ unit:
 	cargo test --lib
 
 integration: build $(VENV)/.installed
-	PYTHONPATH=. $(PY) -m pytest tests -q -p no:cacheprovider $(PYTEST_ARGS)
+	PYTHONPATH=. $(PY) -m pytest tests -q -p no:cacheprovider --ignore=tests/rollout $(PYTEST_ARGS)
 
 ## Bench -----------------------------------------------------------------------
 NOOP_WASM := target/noop/$(TARGET)/release/noop_filter.wasm
@@ -155,3 +155,17 @@ hardening: deps build hardening-deps props
 
 soak: deps build hardening-deps
 	DRAIN_GATE_SOAK=1 PYTHONPATH=. $(PY) -m pytest tests/test_hardening_count.py -v -p no:cacheprovider $(PYTEST_ARGS)
+
+## Rollout -----------------------------------------------------------------------
+# A rolling update (maxSurge 1, maxUnavailable 0) of a gateway fleet behind HAProxy with the
+# seed's timings, once per strategy, under short GETs, HTTP/1.1 and HTTP/2 streams and
+# websockets (tests/rollout/). `make rollout`: 4 gateways, all five strategies (about 10 min).
+# `make rollout-quick` (part of `make test`): 2 gateways, istio-default and drain-gate-404.
+# Both write out/rollout/result.json, results.md and timeline.svg.
+.PHONY: rollout rollout-quick
+
+rollout: deps build $(VENV)/.installed
+	PYTHONPATH=. $(PY) -m tests.rollout.driver $(ROLLOUT_ARGS)
+
+rollout-quick: deps build $(VENV)/.installed
+	PYTHONPATH=. $(PY) -m pytest tests/rollout -q -p no:cacheprovider $(PYTEST_ARGS)

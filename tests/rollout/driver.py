@@ -59,18 +59,24 @@ def start_fleet(stack: contextlib.ExitStack, strategy: fleet.Strategy, n: int, w
     return old, new, haproxy
 
 
-def roll(old: list, new: list, haproxy) -> None:
-    """maxSurge 1, maxUnavailable 0: surge one, wait until HAProxy has it UP, delete one old."""
+def roll(old: list, new: list, haproxy, replacement: str = "TerminationStarted") -> None:
+    """maxSurge 1, maxUnavailable 0: surge one, wait until HAProxy has it UP, delete one old.
+
+    `replacement` is the Deployment's podReplacementPolicy (KEP-3973): TerminationStarted (the
+    default) surges the next one at once, TerminationComplete once the deleted one has exited."""
     for fresh, stale in zip(new, old):
         fresh.start()
         haproxy.wait_status(fresh.name, _up, timeout=60)
         fresh.up_at = time.time()
         stale.delete()
+        if replacement == "TerminationComplete":
+            stale.wait_exit(fleet.GRACE_S + 30)
     for stale in old:
         stale.wait_exit(fleet.GRACE_S + 30)
 
 
-def run_strategy(strategy: fleet.Strategy, n: int, profile: Profile, workdir: Path) -> dict:
+def run_strategy(strategy: fleet.Strategy, n: int, profile: Profile, workdir: Path,
+                 replacement: str = "TerminationStarted") -> dict:
     workdir.mkdir(parents=True, exist_ok=True)
     with contextlib.ExitStack() as stack:
         old, new, haproxy = start_fleet(stack, strategy, n, workdir)
@@ -85,7 +91,7 @@ def run_strategy(strategy: fleet.Strategy, n: int, profile: Profile, workdir: Pa
                  "short GETs flowing")
         time.sleep(profile.stream_seconds[0])
         t0 = time.time()
-        roll(old, new, haproxy)
+        roll(old, new, haproxy, replacement)
         end = max(p.exit_at for p in old)
         time.sleep(2)  # traffic goes on after the last exit, on the new gateways only
         traffic.stop()
@@ -137,15 +143,17 @@ def table(result: dict) -> str:
     return "\n".join(lines)
 
 
-def run(*, quick: bool, n: int | None = None, names: list[str] | None = None, out: Path = OUT) -> dict:
+def run(*, quick: bool, n: int | None = None, names: list[str] | None = None, out: Path = OUT,
+        replacement: str = "TerminationStarted") -> dict:
     profile = QUICK if quick else FULL
     n = n or (2 if quick else 4)
     all_strategies = fleet.strategies(INTER_S)
     names = names or (list(QUICK_STRATEGIES) if quick else list(all_strategies))
     run_dir = out / time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-    result = {"n": n, "quick": quick, "inter": INTER, "profile": vars(profile), "strategies": {}}
+    result = {"n": n, "quick": quick, "inter": INTER, "replacement": replacement, "profile": vars(profile),
+              "strategies": {}}
     for name in names:
-        result["strategies"][name] = run_strategy(all_strategies[name], n, profile, run_dir / name)
+        result["strategies"][name] = run_strategy(all_strategies[name], n, profile, run_dir / name, replacement)
         write(result, out, run_dir)  # a partial result survives a failure
     print(table(result))
     return result
@@ -165,8 +173,12 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="2 gateways, istio-default and drain-gate-404")
     ap.add_argument("--n", type=int, help="gateways in the fleet (default 4; quick: 2)")
     ap.add_argument("--strategies", help="comma-separated subset")
+    ap.add_argument("--replacement", choices=("TerminationStarted", "TerminationComplete"),
+                    default="TerminationStarted", help="the Deployment's podReplacementPolicy")
+    ap.add_argument("--out", type=Path, default=OUT)
     args = ap.parse_args()
-    run(quick=args.quick, n=args.n, names=args.strategies.split(",") if args.strategies else None)
+    run(quick=args.quick, n=args.n, names=args.strategies.split(",") if args.strategies else None,
+        out=args.out, replacement=args.replacement)
     return 0
 
 

@@ -27,7 +27,7 @@ def _panel(ax, name: str, r: dict, x0: float, x1: float) -> None:
             continue
         y, start = y_of[pod["name"]], pod["created_at"] - t0
         stop = (pod["exit_at"] or t0 + x1) - t0
-        points = [(start, "DOWN")] + [(c["t"] - t0, c["status"].split()[0] if c["status"] else "UP")
+        points = [(start, "starting")] + [(c["t"] - t0, c["status"].split()[0] if c["status"] else "UP")
                                       for c in tl["haproxy"] if c["server"] == pod["name"]]
         points = sorted(p for p in points if p[0] >= start - 1)
         for s, w, v in _segments(points, max(start, x0), stop):
@@ -70,7 +70,7 @@ def render(result: dict, path: Path) -> Path:
         axes[-1, 0].set_xlabel("seconds since the first new gateway started", fontsize=8)
         fig.suptitle(f"Rolling update of {result['n']} gateways behind HAProxy (maxSurge 1, maxUnavailable 0)",
                      fontsize=10)
-        fig.text(0.5, 0.005, "HAProxy: green UP · orange NOLB · red DOWN    ▼ deleted (preStop) · | SIGTERM · "
+        fig.text(0.5, 0.005, "HAProxy: grey not yet checked · green UP · orange NOLB · red DOWN    ▼ deleted (preStop) · | SIGTERM · "
                  "■ exit    × lost request", ha="center", fontsize=7)
         fig.tight_layout(rect=(0, 0.02, 1, 0.97))
         path.parent.mkdir(parents=True, exist_ok=True)
