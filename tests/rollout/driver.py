@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import math
 import statistics
 import time
 from pathlib import Path
@@ -102,12 +103,32 @@ def run_strategy(strategy: fleet.Strategy, n: int, profile: Profile, workdir: Pa
         return account(strategy, traffic, old, new, stat, haproxy, t0, end)
 
 
+def _when(o: dict, old: dict, downs: list) -> str:
+    """Where a lost request falls in its gateway's drain: in flight when the LB check began to
+    fail, or started between that flip and HAProxy's DOWN (the 200-mode window), or elsewhere."""
+    pod = old.get(o["server"] or o["near_down"] or "")
+    if not pod or not pod.flip_at:
+        return "elsewhere"
+    down = next((t for t, srv in downs if srv == pod.name and t >= pod.flip_at), None)
+    if o["start"] < pod.flip_at:
+        return "in flight at the flip"
+    if down and o["start"] < down:
+        return "between the flip and DOWN"
+    return "elsewhere"
+
+
 def account(strategy, traffic: Traffic, old, new, stat, haproxy, t0: float, end: float) -> dict:
     sent, lost = traffic.counts()
     lost_by_gateway: dict[str, int] = {}
-    for o in traffic.lost():
+    downs = [(t, srv) for t, srv, st, _ in stat.changes if st == "DOWN"]
+    lost_list = traffic.lost()
+    for o in lost_list:
         key = o["server"] or "(none)"
         lost_by_gateway[key] = lost_by_gateway.get(key, 0) + 1
+        # A request HAProxy never logged (closed before it was read): was it at a DOWN instant?
+        near = [srv for t, srv in downs if o["end"] and abs(t - o["end"]) <= 1.0]
+        o["near_down"] = near[0] if near else None
+        o["when"] = _when(o, {p.name: p for p in old}, downs)
     ready = [round(p.up_at - p.created_at, 3) for p in new]
     shorts = [o for o in traffic.outcomes if o.kind == "short"]
     return {
@@ -118,6 +139,8 @@ def account(strategy, traffic: Traffic, old, new, stat, haproxy, t0: float, end:
         "ready_s": ready,
         "short_rate": round(len(shorts) / max(1e-9, traffic.stopped - traffic.started), 1),
         "lost_by_gateway": lost_by_gateway,
+        "lost_when": {w: sum(1 for o in lost_list if o["when"] == w)
+                      for w in ("in flight at the flip", "between the flip and DOWN", "elsewhere")},
         "cut_at_down": haproxy.down_events(),
         "prestop": {p.name: p.prestop_result for p in old},
         "config": {"check": strategy.check_path, "soft_drain": strategy.soft_drain,
@@ -126,7 +149,7 @@ def account(strategy, traffic: Traffic, old, new, stat, haproxy, t0: float, end:
             "t0": t0,
             "pods": [p.summary() for p in old + new],
             "haproxy": [{"t": t, "server": s, "status": st, "check": c} for t, s, st, c in stat.changes],
-            "lost": traffic.lost(),
+            "lost": lost_list,
         },
     }
 
@@ -143,6 +166,31 @@ def table(result: dict) -> str:
     return "\n".join(lines)
 
 
+def on_paper(r: dict, n: int, surge: int, replacement: str) -> float:
+    """A rollout's length from one gateway's measured times: waves of `surge` new gateways, each
+    T_up (start -> HAProxy UP); the deleted gateways drain (T_drain: deletion -> exit) while the next
+    wave comes up (TerminationStarted), or before it (TerminationComplete)."""
+    t_up = statistics.median(r["ready_s"])
+    t_drain = max(d for d in r["drain_s"] if d is not None)
+    waves = math.ceil(n / surge)
+    return waves * (t_up + t_drain) if replacement == "TerminationComplete" else waves * t_up + t_drain
+
+
+def paper_table(result: dict) -> str:
+    """The formula beside the measurement (N of this run), then N = 10, 50, 200."""
+    n, rep = result["n"], result.get("replacement", "TerminationStarted")
+    sizes = (10, 50, 200)
+    head = " | ".join(f"N={m} surge {s}" for m in sizes for s in ("1", "25%"))
+    lines = [f"| strategy | T_up s | T_drain s | N={n} formula | N={n} measured | {head} |",
+             "|---|---|---|---|---|" + "---|" * (2 * len(sizes))]
+    for name, r in result["strategies"].items():
+        cells = [f"{on_paper(r, m, s, rep) / 60:.1f} min" for m in sizes for s in (1, math.ceil(m / 4))]
+        lines.append(f"| {name} | {statistics.median(r['ready_s']):.1f} | "
+                     f"{max(d for d in r['drain_s'] if d is not None):.1f} | {on_paper(r, n, 1, rep):.1f} | "
+                     f"{r['rollout_s']:.1f} | {' | '.join(cells)} |")
+    return "\n".join(lines)
+
+
 def run(*, quick: bool, n: int | None = None, names: list[str] | None = None, out: Path = OUT,
         replacement: str = "TerminationStarted") -> dict:
     profile = QUICK if quick else FULL
@@ -155,7 +203,7 @@ def run(*, quick: bool, n: int | None = None, names: list[str] | None = None, ou
     for name in names:
         result["strategies"][name] = run_strategy(all_strategies[name], n, profile, run_dir / name, replacement)
         write(result, out, run_dir)  # a partial result survives a failure
-    print(table(result))
+    print(table(result) + "\n\n" + paper_table(result))
     return result
 
 
@@ -164,7 +212,7 @@ def write(result: dict, out: Path, run_dir: Path) -> None:
     text = json.dumps(result, indent=1)
     (run_dir / "result.json").write_text(text)
     (out / "result.json").write_text(text)
-    (out / "results.md").write_text(table(result) + "\n")
+    (out / "results.md").write_text(table(result) + "\n\n" + paper_table(result) + "\n")
     picture.render(result, out / "timeline.svg")
 
 

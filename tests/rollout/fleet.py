@@ -33,6 +33,7 @@ import requests
 from tests.bench.bench import _seed_poller
 from tests.harness.envoy import Envoy, Ports, free_port, render
 from tests.harness.haproxy import CFG, CFG_SOFT_DRAIN, HAProxy
+from tests.harness.timeline import parse_time
 
 TERMINATION_DRAIN_S = 5.0  # Istio's terminationDrainDuration default
 ISTIO_DRAIN_DURATION_S = 45  # Istio's drainDuration default: Envoy --drain-time-s
@@ -57,6 +58,13 @@ class Strategy:
     @property
     def check_path(self) -> str:
         return {"agent": "/healthz/ready", "admin": "/ready", "health": "/health_check.html"}[self.check]
+
+    @property
+    def check_request(self) -> list[str]:
+        """HAProxy's check lines. Envoy's admin answers HTTP/1.0 with 426: HTTP/1.1 and a Host."""
+        if self.check == "admin":
+            return [f"option httpchk GET {self.check_path} HTTP/1.1", "http-check send hdr Host gateway"]
+        return [f"option httpchk GET {self.check_path}"]
 
 
 _DG = {"close_after": "lb_observed_down", "lb_fall": 2, "lb_buffer": "1s", "drain_timeout": f"{DRAIN_TIMEOUT_S}s"}
@@ -91,9 +99,9 @@ def unique_port() -> int:
 
 # -- HAProxy --------------------------------------------------------------------------------
 
-def render_haproxy_cfg(base: Path, names: list[str], check_path: str) -> str:
+def render_haproxy_cfg(base: Path, names: list[str], check: list[str]) -> str:
     """The reference configuration with one `server` line per gateway (copied from gw1's),
-    `option redispatch` after `retries 3`, and the strategy's check path."""
+    `option redispatch` after `retries 3`, and the strategy's check request lines."""
     out, skip, seen = [], False, set()
     for line in base.read_text().splitlines():
         s = line.strip()
@@ -105,7 +113,7 @@ def render_haproxy_cfg(base: Path, names: list[str], check_path: str) -> str:
             out += [line.replace("gw1", n).replace("GW1_", f"{n.upper()}_") for n in names]
             seen.add("server")
         elif s == "option httpchk GET /health_check.html":
-            out.append(line.replace("/health_check.html", check_path))
+            out += [line.replace(s, c) for c in check]
             seen.add("httpchk")
         elif s == "retries 3":
             out += [line, line.replace("retries 3", "option redispatch")]
@@ -132,7 +140,7 @@ class FleetHAProxy(HAProxy):
             self.env[f"{name.upper()}_ADDR"] = f"127.0.0.1:{traffic}"
             self.env[f"{name.upper()}_HEALTH_PORT"] = str(check)
         self.cfg = self.workdir / "haproxy.cfg"
-        self.cfg.write_text(render_haproxy_cfg(base, self.names, strategy.check_path))
+        self.cfg.write_text(render_haproxy_cfg(base, self.names, strategy.check_request))
 
 
 # -- the pod ----------------------------------------------------------------------------------
@@ -185,6 +193,7 @@ class Pod:
         self.created_at = self.up_at = self.deleted_at = None
         self.prestop_end = self.sigterm_at = self.exit_at = None
         self.prestop_result: str = ""
+        self.flip_at: float | None = None  # when the check the LB reads began to fail
         self.admin = requests.Session()
         self._agent: ThreadingHTTPServer | None = None
         self._kubelet: threading.Thread | None = None
@@ -231,6 +240,8 @@ class Pod:
             hook.join(GRACE_S)
             self.prestop_end = time.time()
         self.sigterm_at = time.time()
+        if self.strategy.check == "agent":
+            self.flip_at = self.sigterm_at
         try:
             self.admin.post(self.envoy.admin("/drain_listeners?graceful"), timeout=5)
         except requests.RequestException:
@@ -261,7 +272,7 @@ class Pod:
         return round(self.exit_at - self.deleted_at, 3) if self.exit_at and self.deleted_at else None
 
     def summary(self) -> dict:
-        keys = ("created_at", "up_at", "deleted_at", "prestop_end", "sigterm_at", "exit_at")
+        keys = ("created_at", "up_at", "deleted_at", "flip_at", "prestop_end", "sigterm_at", "exit_at")
         return {"name": self.name, **{k: getattr(self, k) for k in keys},
                 "drain_s": self.drain_s, "prestop_result": self.prestop_result}
 
@@ -270,6 +281,7 @@ class Pod:
 
 def _fail_then_wait(pod: Pod) -> str:
     """Contour / Envoy Gateway shutdown-manager style: fail Envoy's health check, wait a fixed time."""
+    pod.flip_at = time.time()
     pod.admin.post(pod.envoy.admin("/healthcheck/fail"), timeout=5).raise_for_status()
     time.sleep(FAIL_WAIT_S)
     return f"waited {FAIL_WAIT_S:g}s"
@@ -290,6 +302,7 @@ def _seed(pod: Pod) -> str:
         stop.set()
         poller.join(5)
         health.post(pod.envoy.health("/close-lb"), timeout=5).raise_for_status()
+    pod.flip_at = parse_time(health.get(pod.envoy.health("/drain/status"), timeout=5).json()["progress"]["closing_at"])
     time.sleep(SEED_LB_BUFFER_S)
     health.post(pod.envoy.health("/close"), timeout=5).raise_for_status()
     return "timeout" if forced else "active_zero"
@@ -299,6 +312,7 @@ def _drain_gate(pod: Pod) -> str:
     """drain-gate's preStop: one held call, answered at CLOSED."""
     r = requests.post(pod.envoy.health("/drain?wait=closed"), timeout=GRACE_S)
     body = r.json()
+    pod.flip_at = parse_time(body.get("progress", {}).get("closing_at"))
     reason = next((t["reason"] for t in reversed(body.get("progress", {}).get("transitions", []))
                    if t["to"] == "CLOSING"), "")
     return f"{r.status_code} {body.get('state')} {reason}".strip()
