@@ -21,7 +21,9 @@ SIGKILL at the end of the grace period whatever happens.
 from __future__ import annotations
 
 import os
+import random
 import signal
+import socket
 import threading
 import time
 from dataclasses import dataclass, field
@@ -31,7 +33,7 @@ from pathlib import Path
 import requests
 
 from tests.bench.bench import _seed_poller
-from tests.harness.envoy import Envoy, Ports, free_port, render
+from tests.harness.envoy import Envoy, Ports, render
 from tests.harness.haproxy import CFG, CFG_SOFT_DRAIN, HAProxy
 from tests.harness.timeline import parse_time
 
@@ -86,15 +88,28 @@ def strategies(inter_s: float) -> dict[str, Strategy]:
 # -- ports --------------------------------------------------------------------------------
 
 _GIVEN: set[int] = set()
+_RNG = random.Random()
 
 
 def unique_port() -> int:
-    """A free port not handed out before in this process: a fleet reserves the ports of gateways
-    that start minutes later, and the kernel may offer a released port again meanwhile."""
-    while (port := free_port()) in _GIVEN:
-        pass
-    _GIVEN.add(port)
-    return port
+    """A free port below the kernel's ephemeral range, not handed out before in this process.
+
+    A fleet reserves the ports of gateways that start minutes later; meanwhile thousands of
+    client connections take ephemeral source ports, and one of them may sit on a port taken
+    with bind(0). Below ip_local_port_range no outgoing connection takes it."""
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    for _ in range(1000):
+        port = _RNG.randrange(max(1024, low - 12000), low)
+        if port in _GIVEN:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _GIVEN.add(port)
+        return port
+    raise RuntimeError("no free port below the ephemeral range")
 
 
 # -- HAProxy --------------------------------------------------------------------------------
