@@ -160,33 +160,39 @@ def table(result: dict) -> str:
              "|---|---|---|---|---|---|---|"]
     for name, r in result["strategies"].items():
         cells = [f"{r['lost'][k]}/{r['sent'][k]}" for k in ("short", "h1_stream", "h2_stream", "websocket")]
-        d = [x for x in r["drain_s"] if x is not None]
+        d = drains(r)
         drain = f"{statistics.median(d):.1f}, {max(d):.1f}" if d else "-"
         lines.append(f"| {name} | {' | '.join(cells)} | {r['rollout_s']:.1f} | {drain} |")
     return "\n".join(lines)
 
 
+def drains(r: dict) -> list[float]:
+    return [d for d in r["drain_s"] if d is not None]
+
+
 def on_paper(r: dict, n: int, surge: int, replacement: str) -> float:
-    """A rollout's length from one gateway's measured times: waves of `surge` new gateways, each
-    T_up (start -> HAProxy UP); the deleted gateways drain (T_drain: deletion -> exit) while the next
+    """A rollout's length from the measured medians: waves of `surge` new gateways, each T_up
+    (start -> HAProxy UP); the deleted gateways drain (T_drain: deletion -> exit) while the next
     wave comes up (TerminationStarted), or before it (TerminationComplete)."""
     t_up = statistics.median(r["ready_s"])
-    t_drain = max(d for d in r["drain_s"] if d is not None)
+    t_drain = statistics.median(drains(r))
     waves = math.ceil(n / surge)
     return waves * (t_up + t_drain) if replacement == "TerminationComplete" else waves * t_up + t_drain
 
 
 def paper_table(result: dict) -> str:
-    """The formula beside the measurement (N of this run), then N = 10, 50, 200."""
+    """The formula beside the measurement (N of this run), then N = 10, 50, 200 in minutes, each
+    as TerminationStarted / TerminationComplete."""
     n, rep = result["n"], result.get("replacement", "TerminationStarted")
     sizes = (10, 50, 200)
     head = " | ".join(f"N={m} surge {s}" for m in sizes for s in ("1", "25%"))
-    lines = [f"| strategy | T_up s | T_drain s | N={n} formula | N={n} measured | {head} |",
+    lines = [f"| strategy | T_up s | T_drain s (max) | N={n} formula s | N={n} measured s | {head} |",
              "|---|---|---|---|---|" + "---|" * (2 * len(sizes))]
     for name, r in result["strategies"].items():
-        cells = [f"{on_paper(r, m, s, rep) / 60:.1f} min" for m in sizes for s in (1, math.ceil(m / 4))]
+        cells = [" / ".join(f"{on_paper(r, m, s, p) / 60:.1f}" for p in ("TerminationStarted", "TerminationComplete"))
+                 for m in sizes for s in (1, math.ceil(m / 4))]
         lines.append(f"| {name} | {statistics.median(r['ready_s']):.1f} | "
-                     f"{max(d for d in r['drain_s'] if d is not None):.1f} | {on_paper(r, n, 1, rep):.1f} | "
+                     f"{statistics.median(drains(r)):.1f} ({max(drains(r)):.1f}) | {on_paper(r, n, 1, rep):.1f} | "
                      f"{r['rollout_s']:.1f} | {' | '.join(cells)} |")
     return "\n".join(lines)
 
@@ -216,6 +222,20 @@ def write(result: dict, out: Path, run_dir: Path) -> None:
     picture.render(result, out / "timeline.svg")
 
 
+def runs_table(results: list[dict]) -> str:
+    """Several runs side by side: lost/sent per kind and rollout seconds, one cell per run."""
+    kinds = ("short", "h1_stream", "h2_stream", "websocket")
+    lines = ["| strategy | short lost/sent | HTTP/1.1 streams | HTTP/2 streams | websockets | rollout s | drain s per gateway, median (range) |",
+             "|---|---|---|---|---|---|---|"]
+    for name in results[0]["strategies"]:
+        rs = [res["strategies"][name] for res in results if name in res["strategies"]]
+        cells = [", ".join(f"{r['lost'][k]}/{r['sent'][k]}" for r in rs) for k in kinds]
+        d = [x for r in rs for x in drains(r)]
+        times = ", ".join(f"{r['rollout_s']:.1f}" for r in rs)
+        lines.append(f"| {name} | {' | '.join(cells)} | {times} | {statistics.median(d):.1f} ({min(d):.1f}–{max(d):.1f}) |")
+    return "\n".join(lines)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="2 gateways, istio-default and drain-gate-404")
@@ -224,7 +244,12 @@ def main() -> int:
     ap.add_argument("--replacement", choices=("TerminationStarted", "TerminationComplete"),
                     default="TerminationStarted", help="the Deployment's podReplacementPolicy")
     ap.add_argument("--out", type=Path, default=OUT)
+    ap.add_argument("--summarize", nargs="+", type=Path, metavar="RESULT_JSON",
+                    help="print the table of several runs' result.json instead of running")
     args = ap.parse_args()
+    if args.summarize:
+        print(runs_table([json.loads(p.read_text()) for p in args.summarize]))
+        return 0
     run(quick=args.quick, n=args.n, names=args.strategies.split(",") if args.strategies else None,
         out=args.out, replacement=args.replacement)
     return 0
