@@ -159,8 +159,8 @@ soak: deps build hardening-deps
 ## Rollout -----------------------------------------------------------------------
 # A rolling update (maxSurge 1, maxUnavailable 0) of a gateway fleet behind HAProxy with the
 # seed's timings, once per strategy, under short GETs, HTTP/1.1 and HTTP/2 streams and
-# websockets (tests/rollout/). `make rollout`: 4 gateways, all five strategies (about 10 min).
-# `make rollout-quick` (part of `make test`): 2 gateways, istio-default and drain-gate-404.
+# websockets (tests/rollout/). `make rollout`: 4 gateways, all five strategies (about 7 min).
+# `make rollout-quick` (part of `make test`, about 90 s): 2 gateways, istio-default and drain-gate-404.
 # Both write out/rollout/result.json, results.md and timeline.svg.
 .PHONY: rollout rollout-quick
 
