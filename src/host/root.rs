@@ -62,7 +62,7 @@ impl RootContext for Root {
         *self = match config.role {
             Role::Traffic => {
                 Counter::announce_traffic();
-                Root::Traffic(Rc::new(Traffic::new(Counter::new(&metrics), metrics)))
+                Root::Traffic(Rc::new(Traffic::new(Counter::new(metrics.active), metrics)))
             }
             Role::Health => Root::Health(Rc::new(Health::new(config, metrics))),
         };

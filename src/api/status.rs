@@ -1,0 +1,308 @@
+//! The status document (`GET /drain/status`, the answer to a transition) and
+//! the final answer of a held `wait=closed`. Pure.
+
+use serde::Serialize;
+
+use super::reply::Reply;
+use crate::clock::{Now, Steps, Timers};
+use crate::fsm::{CloseAfter, Record, State};
+use crate::lb::Checkers;
+
+/// How the active count is kept; reported in the status.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct CountInfo {
+    /// `gauge` (a live Envoy gauge) or `shared_data` (the stats
+    /// configuration dropped the gauge, so the count lives in shared data).
+    pub source: &'static str,
+    /// False once a stream could not be counted: the drain then waits for
+    /// `drain_timeout` instead of trusting a zero.
+    pub reliable: bool,
+}
+
+/// Which clock the timers run on, and the wall-clock steps seen so far;
+/// reported in the status.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ClockInfo {
+    pub timers: Timers,
+    pub steps: Steps,
+}
+
+impl ClockInfo {
+    pub fn new(timers: Timers, steps: &Steps) -> ClockInfo {
+        ClockInfo {
+            timers,
+            steps: *steps,
+        }
+    }
+}
+
+/// Everything a status answer shows.
+#[derive(Clone, Copy, Debug)]
+pub struct View<'a> {
+    pub rec: &'a Record,
+    pub active: u64,
+    pub now: Now,
+    pub clock: ClockInfo,
+    pub count: CountInfo,
+    pub draining_lb_status: u16,
+    pub checkers: &'a Checkers,
+    pub lb_fall: u32,
+    pub close_after: CloseAfter,
+}
+
+#[derive(Serialize)]
+struct StepOut {
+    from: State,
+    to: State,
+    reason: &'static str,
+    at: String,
+    active: u64,
+}
+
+#[derive(Serialize)]
+struct Progress {
+    reason: &'static str,
+    forced: bool,
+    since: String,
+    drain_started_at: Option<String>,
+    closing_at: Option<String>,
+    closed_at: Option<String>,
+    drain_duration_ms: Option<u64>,
+    active_at_closing: Option<u64>,
+    min_drain_ms: Option<u64>,
+    drain_timeout_ms: Option<u64>,
+    lb_buffer_ms: Option<u64>,
+    transitions: Vec<StepOut>,
+}
+
+#[derive(Serialize)]
+struct CheckerOut<'a> {
+    source: &'a str,
+    consecutive_non_200: u32,
+    consecutive_503: u32,
+    last_seen: String,
+}
+
+#[derive(Serialize)]
+struct Lb<'a> {
+    close_after: CloseAfter,
+    lb_fall: u32,
+    observed_down: bool,
+    observed_down_at: Option<String>,
+    checkers: Vec<CheckerOut<'a>>,
+}
+
+#[derive(Serialize)]
+struct ClockOut {
+    timers: Timers,
+    steps: u64,
+    last_step_ms: Option<i64>,
+    last_step_at: Option<String>,
+}
+
+impl From<ClockInfo> for ClockOut {
+    fn from(c: ClockInfo) -> ClockOut {
+        ClockOut {
+            timers: c.timers,
+            steps: c.steps.count,
+            last_step_ms: c.steps.last_step_ms,
+            last_step_at: c.steps.last_step_wall_ms.map(rfc3339),
+        }
+    }
+}
+
+#[derive(Serialize)]
+struct Status<'a> {
+    state: State,
+    ready: bool,
+    live: bool,
+    lb_status: u16,
+    active: u64,
+    count: CountInfo,
+    progress: Progress,
+    lb: Lb<'a>,
+    clock: ClockOut,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    error: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    wait: Option<&'a str>,
+}
+
+fn status_body<'a>(v: &View<'a>, error: Option<&'a str>, wait: Option<&'a str>) -> Status<'a> {
+    let r = v.rec;
+    Status {
+        state: r.state,
+        ready: r.state.ready(),
+        live: r.state.live(),
+        lb_status: r.state.lb_status(v.draining_lb_status),
+        active: v.active,
+        count: v.count,
+        progress: Progress {
+            reason: r.reason.name(),
+            forced: r.forced,
+            since: rfc3339(r.since_ms),
+            drain_started_at: r.drain_started_ms.map(rfc3339),
+            closing_at: r.closing_ms.map(rfc3339),
+            closed_at: r.closed_ms.map(rfc3339),
+            drain_duration_ms: r.drain_duration_ms(v.now),
+            active_at_closing: r.active_at_closing,
+            min_drain_ms: r.plan.map(|p| p.min_drain_ms),
+            drain_timeout_ms: r.plan.map(|p| p.drain_timeout_ms),
+            lb_buffer_ms: r.plan.map(|p| p.lb_buffer_ms),
+            transitions: r
+                .history
+                .iter()
+                .map(|s| StepOut {
+                    from: s.from,
+                    to: s.to,
+                    reason: s.reason.name(),
+                    at: rfc3339(s.at_ms),
+                    active: s.active,
+                })
+                .collect(),
+        },
+        lb: Lb {
+            close_after: v.close_after,
+            lb_fall: v.lb_fall,
+            observed_down: v.checkers.all_down(v.now.wall_ms, v.lb_fall),
+            observed_down_at: v.checkers.down_since(v.now.wall_ms, v.lb_fall).map(rfc3339),
+            checkers: v
+                .checkers
+                .list
+                .iter()
+                .map(|c| CheckerOut {
+                    source: &c.source,
+                    consecutive_non_200: c.consecutive_non_200,
+                    consecutive_503: c.consecutive_503,
+                    last_seen: rfc3339(c.last_seen_ms),
+                })
+                .collect(),
+        },
+        clock: v.clock.into(),
+        error,
+        wait,
+    }
+}
+
+/// `GET /drain/status` and the answer to a successful transition.
+pub fn status(v: &View) -> Reply {
+    Reply::json(200, &status_body(v, None, None))
+}
+
+/// How a held `wait=closed` ends.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WaitEnd {
+    Closed,
+    /// The drain was abandoned (reopen or fault) while waiting.
+    Aborted,
+    TimedOut,
+}
+
+/// Whether a held wait is over: CLOSED ends it, leaving the drain aborts it,
+/// the deadline times it out.
+pub fn wait_end(state: State, timed_out: bool) -> Option<WaitEnd> {
+    match state {
+        State::Closed => Some(WaitEnd::Closed),
+        State::Open | State::Fault => Some(WaitEnd::Aborted),
+        State::Draining | State::Closing if timed_out => Some(WaitEnd::TimedOut),
+        State::Draining | State::Closing => None,
+    }
+}
+
+/// The final answer of a held wait: the status, with `wait` saying how it ended.
+pub fn wait_reply(end: WaitEnd, v: &View) -> Reply {
+    let (code, error, wait) = match end {
+        WaitEnd::Closed => (200, None, "closed"),
+        WaitEnd::Aborted => (409, Some("drain_aborted"), "aborted"),
+        WaitEnd::TimedOut => (504, Some("wait_timeout"), "timeout"),
+    };
+    Reply::json(code, &status_body(v, error, Some(wait)))
+}
+
+/// Formats milliseconds since the Unix epoch as RFC 3339 UTC.
+pub fn rfc3339(ms: u64) -> String {
+    let secs = ms / 1000;
+    let days = (secs / 86_400) as i64;
+    let rem = secs % 86_400;
+    // Civil date from days since 1970-01-01 (H. Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{:03}Z",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60,
+        ms % 1000
+    )
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::indexing_slicing)]
+mod tests {
+    use super::*;
+    use crate::api::reply::tests::body;
+
+    #[test]
+    fn status_and_wait_bodies() {
+        let rec = Record::new(1_764_000_000_000);
+        let v = View {
+            rec: &rec,
+            active: 3,
+            now: Now::wall(1_764_000_000_500),
+            clock: ClockInfo::new(
+                Timers::Monotonic,
+                &Steps {
+                    offset_ms: Some(5),
+                    count: 2,
+                    last_step_ms: Some(-3_600_000),
+                    last_step_wall_ms: Some(1_764_000_000_000),
+                },
+            ),
+            count: CountInfo {
+                source: "gauge",
+                reliable: true,
+            },
+            draining_lb_status: 200,
+            checkers: &Checkers::default(),
+            lb_fall: 2,
+            close_after: CloseAfter::LbBuffer,
+        };
+        let s = body(&status(&v));
+        assert_eq!(s["state"], "OPEN");
+        assert_eq!(s["active"], 3);
+        assert_eq!(s["ready"], true);
+        assert_eq!(s["progress"]["reason"], "start");
+        assert_eq!(
+            s["clock"],
+            serde_json::json!({"timers": "monotonic", "steps": 2, "last_step_ms": -3_600_000,
+                               "last_step_at": "2025-11-24T16:00:00.000Z"})
+        );
+        assert_eq!(s["progress"]["since"], "2025-11-24T16:00:00.000Z");
+        let w = wait_reply(WaitEnd::TimedOut, &v);
+        assert_eq!(w.status, 504);
+        assert_eq!(body(&w)["wait"], "timeout");
+    }
+
+    #[test]
+    fn wait_outcomes() {
+        assert_eq!(wait_end(State::Draining, false), None);
+        assert_eq!(wait_end(State::Closing, true), Some(WaitEnd::TimedOut));
+        assert_eq!(wait_end(State::Closed, true), Some(WaitEnd::Closed));
+        assert_eq!(wait_end(State::Open, false), Some(WaitEnd::Aborted));
+        assert_eq!(wait_end(State::Fault, false), Some(WaitEnd::Aborted));
+    }
+
+    #[test]
+    fn rfc3339_formatting() {
+        assert_eq!(rfc3339(0), "1970-01-01T00:00:00.000Z");
+        assert_eq!(rfc3339(951_782_400_123), "2000-02-29T00:00:00.123Z");
+        assert_eq!(rfc3339(1_795_910_400_000), "2026-11-29T00:00:00.000Z");
+    }
+}
