@@ -203,7 +203,7 @@ def run(*, quick: bool, n: int | None = None, names: list[str] | None = None, ou
     n = n or (2 if quick else 4)
     all_strategies = fleet.strategies(INTER_S)
     names = names or (list(QUICK_STRATEGIES) if quick else list(all_strategies))
-    run_dir = out / time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    run_dir = out.resolve() / time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     result = {"n": n, "quick": quick, "inter": INTER, "replacement": replacement, "profile": vars(profile),
               "strategies": {}}
     for name in names:
@@ -236,6 +236,27 @@ def runs_table(results: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def pooled_table(results: list[dict]) -> str:
+    """Scale on paper from several runs: T_up pooled over every strategy (the same start + rise x
+    inter for all), T_drain per strategy; and how far the formula, fed each run's own medians,
+    falls from each measured rollout."""
+    t_up = statistics.median(x for res in results for r in res["strategies"].values() for x in r["ready_s"])
+    sizes = (10, 50, 200)
+    head = " | ".join(f"N={m} surge {s}" for m in sizes for s in ("1", "25%"))
+    lines = [f"| strategy | T_drain s, median (max) | formula − measured, N={results[0]['n']} (s) | {head} |",
+             "|---|---|---|" + "---|" * (2 * len(sizes))]
+    for name in results[0]["strategies"]:
+        rs = [res["strategies"][name] for res in results if name in res["strategies"]]
+        d = [x for r in rs for x in drains(r)]
+        pooled = {"ready_s": [t_up], "drain_s": d}
+        cells = [" / ".join(f"{on_paper(pooled, m, s, p) / 60:.1f}" for p in ("TerminationStarted", "TerminationComplete"))
+                 for m in sizes for s in (1, math.ceil(m / 4))]
+        errors = ", ".join(f"{on_paper(r, res['n'], 1, res.get('replacement', 'TerminationStarted')) - r['rollout_s']:+.1f}"
+                           for res, r in zip(results, rs))
+        lines.append(f"| {name} | {statistics.median(d):.1f} ({max(d):.1f}) | {errors} | {' | '.join(cells)} |")
+    return f"T_up (start -> HAProxy UP), every new gateway of every run: median {t_up:.1f} s\n\n" + "\n".join(lines)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="2 gateways, istio-default and drain-gate-404")
@@ -248,7 +269,8 @@ def main() -> int:
                     help="print the table of several runs' result.json instead of running")
     args = ap.parse_args()
     if args.summarize:
-        print(runs_table([json.loads(p.read_text()) for p in args.summarize]))
+        results = [json.loads(p.read_text()) for p in args.summarize]
+        print(runs_table(results) + "\n\n" + pooled_table(results))
         return 0
     run(quick=args.quick, n=args.n, names=args.strategies.split(",") if args.strategies else None,
         out=args.out, replacement=args.replacement)

@@ -70,7 +70,7 @@ def render(result: dict, path: Path) -> Path:
         axes[-1, 0].set_xlabel("seconds since the first new gateway started", fontsize=8)
         fig.suptitle(f"Rolling update of {result['n']} gateways behind HAProxy (maxSurge 1, maxUnavailable 0)",
                      fontsize=10)
-        fig.text(0.5, 0.005, "HAProxy: grey not yet checked · green UP · orange NOLB · red DOWN    ▼ deleted (preStop) · | SIGTERM · "
+        fig.text(0.5, 0.005, "grey starting · HAProxy: green UP · orange NOLB · red DOWN    ▼ deleted (preStop) · | SIGTERM · "
                  "■ exit    × lost request", ha="center", fontsize=7)
         fig.tight_layout(rect=(0, 0.02, 1, 0.97))
         path.parent.mkdir(parents=True, exist_ok=True)
