@@ -9,9 +9,12 @@ the control that shows the rig sees a cut. Writes out/rollout/result.json and ti
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import pytest
 
+from tests.harness.envoy import REPO
 from tests.rollout import driver
 from tests.rollout.traffic import KINDS
 
@@ -55,3 +58,11 @@ def test_istio_default_cuts_long_streams(result):
     cut = [o for o in r["timeline"]["lost"] if o["kind"] in ("h1_stream", "h2_stream")]
     assert all(o["server"] and o["server"].startswith("old") for o in cut), cut[:3]
     assert sum(n for _, n in r["cut_at_down"]) > 0, r["cut_at_down"]
+
+
+def test_summarize_prints_the_tables_of_the_readme(result):
+    """`python -m tests.rollout.driver --summarize <result.json>…`, as the README runs it."""
+    out = subprocess.run([sys.executable, "-m", "tests.rollout.driver", "--summarize", str(driver.OUT / "result.json")],
+                         cwd=REPO, capture_output=True, text=True, timeout=60, check=True).stdout
+    assert "| istio-default |" in out and "| drain-gate-404 |" in out
+    assert "T_up (start -> HAProxy UP)" in out and "N=200 surge 25%" in out
