@@ -78,7 +78,7 @@ run: build $(VENV)/.installed
 	PYTHONPATH=. $(PY) -m tests.harness.run
 
 ## Test ----------------------------------------------------------------------
-test: deps envoy-matrix k8s-tools build lint unit hardening-deps props rules integration bench-quick
+test: deps envoy-matrix k8s-tools build lint unit hardening-deps props rules integration rollout-quick bench-quick
 
 lint: deps-rust
 	cargo fmt --check
@@ -89,7 +89,7 @@ unit:
 	cargo test --lib
 
 integration: build $(VENV)/.installed
-	PYTHONPATH=. $(PY) -m pytest tests -q -p no:cacheprovider $(PYTEST_ARGS)
+	PYTHONPATH=. $(PY) -m pytest tests -q -p no:cacheprovider --ignore=tests/rollout $(PYTEST_ARGS)
 
 ## Bench -----------------------------------------------------------------------
 NOOP_WASM := target/noop/$(TARGET)/release/noop_filter.wasm
@@ -240,3 +240,17 @@ observability: $(VENV)/.installed
 dashboard-png: $(VENV)/.installed
 	PYTHONPATH=. $(PY) -m pytest tests/test_observability.py -q -p no:cacheprovider -k live
 	PYTHONPATH=. $(PY) -m tests.observability.render out/observability/drain.json envoyfilter/observability/drain-gate.dashboard.png
+
+## Rollout -----------------------------------------------------------------------
+# A rolling update (maxSurge 1, maxUnavailable 0) of a gateway fleet behind HAProxy with the
+# seed's timings, once per strategy, under short GETs, HTTP/1.1 and HTTP/2 streams and
+# websockets (tests/rollout/). `make rollout`: 4 gateways, all five strategies (about 7 min).
+# `make rollout-quick` (part of `make test`, about 90 s): 2 gateways, istio-default and drain-gate-404.
+# Both write out/rollout/result.json, results.md and timeline.svg.
+.PHONY: rollout rollout-quick
+
+rollout: deps build $(VENV)/.installed
+	PYTHONPATH=. $(PY) -m tests.rollout.driver $(ROLLOUT_ARGS)
+
+rollout-quick: deps build $(VENV)/.installed
+	PYTHONPATH=. $(PY) -m pytest tests/rollout -q -p no:cacheprovider $(PYTEST_ARGS)
