@@ -124,7 +124,7 @@ def test_health_listener_agrees_with_envoy_yaml():
     for key in ("stat_prefix", "codec_type", "stream_idle_timeout", "request_headers_timeout", "route_config"):
         assert _hcm(ours)[key] == _hcm(local)[key], key
     # A held wait=closed answer is idle for up to drain_timeout + lb_buffer (<= 1 h).
-    assert _hcm(ours)["stream_idle_timeout"] == "3700s"
+    assert _hcm(ours)["stream_idle_timeout"] == "7300s"
     (route,) = _hcm(ours)["route_config"]["virtual_hosts"][0]["routes"]
     assert route["match"] == {"prefix": "/"} and route["direct_response"]["status"] == 503
     # Gateway additions: HAProxy's HTTP/1.0 check without Host, and a router the
