@@ -9,6 +9,7 @@ import pytest
 
 from tests.harness import backend as demo_backend
 from tests.harness.envoy import WASM, Envoy, Ports, render
+from tests.harness.variants import gateway_factory
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -42,6 +43,13 @@ def gateway(backend_port, tmp_path):
 
     with stack:
         yield start
+
+
+@pytest.fixture
+def custom_gateway(backend_port, tmp_path):
+    """Like `gateway`, with `transform(doc, workdir) -> doc` to rewrite the bootstrap first."""
+    with contextlib.ExitStack() as stack:
+        yield gateway_factory(backend_port, tmp_path, stack)
 
 
 class Stream:

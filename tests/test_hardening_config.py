@@ -10,7 +10,6 @@
 """
 from __future__ import annotations
 
-import contextlib
 import copy
 import json
 import re
@@ -20,7 +19,7 @@ import requests
 
 from tests.harness import torture
 from tests.harness.envoy import REPO, wait_for
-from tests.harness.variants import (Lds, fresh_get, gateway_factory, post, set_plugin_config, status,
+from tests.harness.variants import (Lds, fresh_get, post, set_plugin_config, status,
                                     transitions)
 
 KEYS = re.search(r"pub const KEYS: \[&str; \d+\] = \[(.*?)\];", (REPO / "src" / "config.rs").read_text(), re.S)[1]
@@ -40,12 +39,6 @@ BAD = {
     "lb_down_timeout": ["0s", "61m"],
 }
 LISTENER = {"health": "drain-gate-health", "traffic": "traffic"}
-
-
-@pytest.fixture
-def custom_gateway(backend_port, tmp_path):
-    with contextlib.ExitStack() as stack:
-        yield gateway_factory(backend_port, tmp_path, stack)
 
 
 def test_every_key_has_a_refusal_case():

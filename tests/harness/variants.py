@@ -11,8 +11,13 @@ import os
 import re
 import socket
 import tempfile
+import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
+import h2.config
+import h2.connection
+import h2.events
 import requests
 import yaml
 
@@ -168,6 +173,87 @@ def recv_until_close(sock: socket.socket, limit: int = 1 << 22) -> bytes:
             break
         out += data
     return out
+
+
+def raw_exchange(port: int, request: bytes, timeout: float = 5) -> tuple[int | None, dict, bytes]:
+    """Sends `request` bytes as they are on a new connection and reads one
+    HTTP/1 answer (the status, headers, body), or (None, {}, b"") when none came."""
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
+        try:
+            s.sendall(request)
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+        raw = b""
+        while b"\r\n\r\n" not in raw or len(raw.split(b"\r\n\r\n", 1)[1]) < _length(raw):
+            try:
+                data = s.recv(65536)
+            except (ConnectionResetError, socket.timeout):
+                break
+            if not data:
+                break
+            raw += data
+    if not raw.startswith(b"HTTP/1."):
+        return None, {}, b""
+    head, _, body = raw.partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    headers = dict((k.strip().lower(), v.strip()) for k, _, v in (line.partition(":") for line in lines[1:]))
+    return int(lines[0].split()[1]), headers, body
+
+
+def _length(raw: bytes) -> int:
+    m = re.search(rb"\r\ncontent-length: *(\d+)", raw, re.IGNORECASE)
+    return int(m[1]) if m else 1 << 30
+
+
+@dataclass
+class H2Answer:
+    status: int | None = None
+    headers: dict = field(default_factory=dict)
+    body: bytes = b""
+    # "ended" (a whole answer), "reset" (RST_STREAM), "closed" (the connection
+    # went away: GOAWAY, EOF or TCP reset) or "timeout".
+    outcome: str = "timeout"
+
+
+def h2_exchange(port: int, headers: list[tuple[str, str]], timeout: float = 5) -> H2Answer:
+    """One HTTP/2 (prior knowledge) request with `headers` sent as they are,
+    unvalidated, on a new connection."""
+    conn = h2.connection.H2Connection(h2.config.H2Configuration(
+        client_side=True, header_encoding="utf-8", validate_outbound_headers=False,
+        normalize_outbound_headers=False, validate_inbound_headers=False))
+    answer = H2Answer()
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
+        conn.initiate_connection()
+        conn.send_headers(1, headers, end_stream=True)
+        s.sendall(conn.data_to_send())
+        deadline = time.monotonic() + timeout
+        while answer.outcome == "timeout" and time.monotonic() < deadline:
+            try:
+                data = s.recv(65536)
+            except (ConnectionResetError, socket.timeout):
+                data = b""
+            if not data:
+                answer.outcome = "closed"
+                break
+            for ev in conn.receive_data(data):
+                _h2_event(conn, ev, answer)
+            s.sendall(conn.data_to_send())
+    return answer
+
+
+def _h2_event(conn, ev, answer: H2Answer) -> None:
+    if isinstance(ev, h2.events.ResponseReceived):
+        answer.headers = dict(ev.headers)
+        answer.status = int(answer.headers.pop(":status"))
+    elif isinstance(ev, h2.events.DataReceived):
+        answer.body += ev.data
+        conn.acknowledge_received_data(ev.flow_controlled_length, ev.stream_id)
+    elif isinstance(ev, h2.events.StreamEnded):
+        answer.outcome = "ended"
+    elif isinstance(ev, h2.events.StreamReset):
+        answer.outcome = "reset"
+    elif isinstance(ev, h2.events.ConnectionTerminated):
+        answer.outcome = "closed"
 
 
 STATUS_LINE = re.compile(rb"HTTP/1\.1 (\d{3}) ")
