@@ -12,8 +12,9 @@ import jsonschema
 import pytest
 import yaml
 
-from tests.harness.envoy import REPO
-from tests.harness.variants import H2Answer, h2_exchange, hcm, listener, post, raw_exchange, state
+from tests.harness.envoy import REPO, hcm
+from tests.harness.variants import listener
+from tests.harness.wire import H2Answer, h2_exchange, post, raw_exchange, state
 
 SPEC = yaml.safe_load((REPO / "src" / "openapi.yaml").read_text())
 STILL = {"min_drain": "30m", "drain_timeout": "60m", "lb_buffer": "60m"}

@@ -15,7 +15,8 @@ import threading
 import pytest
 import requests
 
-from tests.harness.envoy import REPO, stop_group, wait_for
+from tests.harness.envoy import REPO
+from tests.harness.process import stop_group, wait_for
 
 RUN = [sys.executable, "-m", "tests.harness.run"]
 LOG = REPO / "out" / "run" / "envoy.log"
