@@ -475,6 +475,9 @@ mod tests {
             include_str!("../envoyfilter/envoy.yaml"),
             include_str!("../envoyfilter/istio/health-listener.yaml"),
             include_str!("../envoyfilter/istio/wasmplugin/health-listener.yaml"),
+            include_str!("../envoyfilter/chart/templates/health-listener.yaml"),
+            include_str!("../envoyfilter/gateway-api/health-listener.yaml"),
+            include_str!("../envoyfilter/gateway-api/wasmplugin/health-listener.yaml"),
         ];
         for text in shipped {
             let secs: Vec<u64> = text
