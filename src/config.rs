@@ -289,6 +289,7 @@ impl Config {
             lb_buffer_ms: self.lb_buffer_ms,
             close_after: self.close_after,
             lb_down_timeout_ms: self.lb_down_timeout_ms,
+            hold_closing: false,
         }
     }
 
@@ -302,6 +303,12 @@ impl Config {
 
     /// How long a `wait=closed` is held when the caller gives no timeout: the
     /// longest a drain can take, plus a margin for the tick.
+    /// How long a preStop hold outlives the last tick that renewed it: the
+    /// hold of a worker that died is gone this long after.
+    pub fn hold_lease_ms(&self) -> u64 {
+        self.tick_ms.saturating_mul(10).max(2_000)
+    }
+
     pub fn default_wait_ms(&self) -> u64 {
         self.drain_timeout_ms + self.max_closing_ms() + 5_000
     }

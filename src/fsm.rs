@@ -9,6 +9,15 @@
 //!   any state except FAULT ── POST /fault ──▶ FAULT
 //! ```
 //!
+//! Two refinements of the table, both decided here:
+//! - a **maintenance drain** (`DrainPlan::hold_closing`) stays in CLOSING
+//!   until `/reopen` or `/close`: `due()` never closes it; a preStop that
+//!   joins it makes it automatic again (`resume`);
+//! - a **preStop hold** (`Record::hold_until_ms`, a held `wait=closed`
+//!   answer on some worker, renewed by that worker's tick) refuses
+//!   `/reopen` unless the move is forced: releasing the hook lets kubelet
+//!   stop the pod while the LB check says 200 again.
+//!
 //! | state    | /health_check.html (LB)       | /health (readiness) | /live (liveness) |
 //! |----------|-------------------------------|---------------------|------------------|
 //! | OPEN     | 200                           | 200                 | 200              |
@@ -194,6 +203,10 @@ pub struct DrainPlan {
     pub close_after: CloseAfter,
     #[serde(default)]
     pub lb_down_timeout_ms: u64,
+    /// A maintenance drain (`POST /drain?hold=closing`): CLOSING lasts until
+    /// `/reopen` or `/close`, never ended by a timer.
+    #[serde(default)]
+    pub hold_closing: bool,
 }
 
 /// One line of the transition history.
@@ -231,6 +244,11 @@ pub struct Record {
     /// different workers.
     #[serde(default)]
     pub seq: u64,
+    /// A preStop hold is active until this time: some worker holds a
+    /// `wait=closed` answer and renews this lease every tick (`renew_hold`),
+    /// so the hold of a worker that died expires by itself.
+    #[serde(default)]
+    pub hold_until_ms: Option<u64>,
 }
 
 impl Record {
@@ -247,7 +265,18 @@ impl Record {
             forced: false,
             history: Vec::new(),
             seq: 0,
+            hold_until_ms: None,
         }
+    }
+
+    /// Whether a preStop hold is active now.
+    pub fn hold_active(&self, now_ms: u64) -> bool {
+        self.hold_until_ms.is_some_and(|t| now_ms < t)
+    }
+
+    /// Whether CLOSING waits for an operator (a maintenance drain).
+    pub fn holds_closing(&self) -> bool {
+        self.plan.is_some_and(|p| p.hold_closing)
     }
 
     /// Milliseconds the drain has run (until CLOSING, or until now).
@@ -262,6 +291,9 @@ impl Record {
 pub struct Illegal {
     pub state: State,
     pub requested: State,
+    /// Set when the move was refused only because a preStop hold is active
+    /// (until this time); a forced move would have been legal.
+    pub hold_until_ms: Option<u64>,
 }
 
 /// A transition request: move from `expected_from` to `to`.
@@ -272,6 +304,8 @@ pub struct Move {
     pub reason: Reason,
     /// Required when `to` is DRAINING.
     pub plan: Option<DrainPlan>,
+    /// Reopen even while a preStop hold is active.
+    pub force: bool,
 }
 
 /// The one transition function. Fails (409) when the record is not in
@@ -280,9 +314,16 @@ pub fn advance(rec: &Record, mv: Move, now_ms: u64, active: u64) -> Result<Recor
     let illegal = Illegal {
         state: rec.state,
         requested: mv.to,
+        hold_until_ms: None,
     };
     if rec.state != mv.expected_from || !legal(rec.state, mv.to) {
         return Err(illegal);
+    }
+    if mv.to == State::Open && rec.hold_active(now_ms) && !mv.force {
+        return Err(Illegal {
+            hold_until_ms: rec.hold_until_ms,
+            ..illegal
+        });
     }
     let mut next = rec.clone();
     next.state = mv.to;
@@ -306,6 +347,7 @@ pub fn advance(rec: &Record, mv: Move, now_ms: u64, active: u64) -> Result<Recor
         State::Open => {
             next.plan = None;
             next.forced = false;
+            next.hold_until_ms = None;
         }
         State::Fault => {}
     }
@@ -336,6 +378,7 @@ pub fn due(rec: &Record, now_ms: u64, active: u64, lb_down_ms: Option<u64>) -> O
             to,
             reason,
             plan: None,
+            force: false,
         })
     };
     match rec.state {
@@ -345,6 +388,7 @@ pub fn due(rec: &Record, now_ms: u64, active: u64, lb_down_ms: Option<u64>) -> O
         State::Draining if now_ms >= started.saturating_add(plan.drain_timeout_ms) => {
             auto(State::Closing, Reason::DrainTimeout)
         }
+        State::Closing if plan.hold_closing => None,
         State::Closing => {
             let closing = rec.closing_ms?;
             match plan.close_after {
@@ -368,6 +412,41 @@ pub fn due(rec: &Record, now_ms: u64, active: u64, lb_down_ms: Option<u64>) -> O
     }
 }
 
+/// The record with the preStop hold renewed to `now_ms + lease_ms`, or
+/// `None` when nothing needs writing: the hold still has more than half its
+/// lease, or the record is not in a drain a hold can protect.
+pub fn renew_hold(rec: &Record, now_ms: u64, lease_ms: u64) -> Option<Record> {
+    if !matches!(rec.state, State::Draining | State::Closing) {
+        return None;
+    }
+    let until = now_ms.saturating_add(lease_ms);
+    let fresh = rec
+        .hold_until_ms
+        .is_some_and(|t| t >= now_ms.saturating_add(lease_ms / 2));
+    if fresh {
+        return None;
+    }
+    let mut next = rec.clone();
+    next.hold_until_ms = Some(until);
+    Some(next)
+}
+
+/// The record with a maintenance drain turned automatic again (a preStop
+/// joined it: the pod is going away, CLOSING must end by itself), or `None`
+/// when it is not one. CLOSING keeps its start, so `lb_buffer` counts from it.
+pub fn resume(rec: &Record) -> Option<Record> {
+    let plan = rec.plan.filter(|p| p.hold_closing)?;
+    if !matches!(rec.state, State::Draining | State::Closing) {
+        return None;
+    }
+    let mut next = rec.clone();
+    next.plan = Some(DrainPlan {
+        hold_closing: false,
+        ..plan
+    });
+    Some(next)
+}
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used, clippy::indexing_slicing)]
 mod tests {
@@ -380,6 +459,7 @@ mod tests {
         lb_buffer_ms: 3_000,
         close_after: CloseAfter::LbBuffer,
         lb_down_timeout_ms: 60_000,
+        hold_closing: false,
     };
 
     fn mv(from: State, to: State, reason: Reason) -> Move {
@@ -388,6 +468,7 @@ mod tests {
             to,
             reason,
             plan: Some(PLAN),
+            force: false,
         }
     }
 
@@ -452,7 +533,8 @@ mod tests {
             err,
             Illegal {
                 state: Draining,
-                requested: Draining
+                requested: Draining,
+                hold_until_ms: None,
             }
         );
         let err = advance(&at(Closed), mv(Closed, Open, Reason::ReopenRequested), 5, 0);
@@ -562,5 +644,66 @@ mod tests {
         let s = serde_json::to_string(&r).unwrap();
         assert!(s.contains("\"DRAINING\""), "{s}");
         assert_eq!(serde_json::from_str::<Record>(&s).unwrap(), r);
+    }
+
+    #[test]
+    fn a_prestop_hold_refuses_reopen_unless_forced() {
+        for from in [Draining, Closing] {
+            let mut r = at(from);
+            r.hold_until_ms = Some(5_000);
+            let err = advance(&r, mv(from, Open, Reason::ReopenRequested), 4_999, 0).unwrap_err();
+            assert_eq!(err.hold_until_ms, Some(5_000), "{from:?}");
+            let forced = Move {
+                force: true,
+                ..mv(from, Open, Reason::ReopenRequested)
+            };
+            let open = advance(&r, forced, 4_999, 0).unwrap();
+            assert_eq!((open.state, open.hold_until_ms), (Open, None));
+            // An expired hold (its worker died) no longer refuses.
+            let open = advance(&r, mv(from, Open, Reason::ReopenRequested), 5_000, 0).unwrap();
+            assert_eq!(open.state, Open);
+            // Other moves ignore the hold.
+            assert!(advance(&r, mv(from, Fault, Reason::FaultRequested), 1, 0).is_ok());
+        }
+    }
+
+    #[test]
+    fn a_hold_is_renewed_at_half_lease_and_only_in_a_drain() {
+        let r = at(Draining);
+        let held = renew_hold(&r, 1_000, 2_000).unwrap();
+        assert_eq!(held.hold_until_ms, Some(3_000));
+        assert!(renew_hold(&held, 1_900, 2_000).is_none(), "fresh: no write");
+        assert_eq!(
+            renew_hold(&held, 2_001, 2_000).unwrap().hold_until_ms,
+            Some(4_001)
+        );
+        for s in [Open, Closed, Fault] {
+            assert!(renew_hold(&at(s), 1_000, 2_000).is_none(), "{s:?}");
+        }
+    }
+
+    #[test]
+    fn a_maintenance_drain_holds_closing_until_resumed() {
+        let mut c = at(Closing); // closing at 200, lb_buffer 3000
+        c.plan = Some(DrainPlan {
+            hold_closing: true,
+            ..PLAN
+        });
+        assert!(c.holds_closing());
+        assert_eq!(due(&c, 1 << 40, 0, None), None, "held: never closes");
+        let mut d = c.clone();
+        d.state = Draining;
+        assert_eq!(
+            due(&d, 1_100, 0, None).unwrap().to,
+            Closing,
+            "the drain itself stays automatic"
+        );
+        let resumed = resume(&c).unwrap();
+        assert!(!resumed.holds_closing());
+        assert_eq!(resumed.closing_ms, c.closing_ms);
+        let m = due(&resumed, 3_200, 0, None).unwrap();
+        assert_eq!((m.to, m.reason), (Closed, Reason::LbBufferElapsed));
+        assert!(resume(&resumed).is_none(), "already automatic");
+        assert!(resume(&at(Closing)).is_none());
     }
 }

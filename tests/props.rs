@@ -348,8 +348,9 @@ fn plan() -> impl Strategy<Value = DrainPlan> {
         0u64..5_000,
         any::<bool>(),
         1u64..20_000,
+        any::<bool>(),
     )
-        .prop_map(|(min, timeout, buffer, observed, down)| DrainPlan {
+        .prop_map(|(min, timeout, buffer, observed, down, hold)| DrainPlan {
             min_drain_ms: min.min(timeout),
             drain_timeout_ms: timeout,
             lb_buffer_ms: buffer,
@@ -359,6 +360,7 @@ fn plan() -> impl Strategy<Value = DrainPlan> {
                 CloseAfter::LbBuffer
             },
             lb_down_timeout_ms: down,
+            hold_closing: hold,
         })
 }
 
@@ -368,6 +370,10 @@ enum Op {
     Ask(Move, u64, u64),
     /// Whatever `due` says, applied.
     Due(u64, u64, Option<u64>),
+    /// A worker holding a preStop answer renews its lease.
+    Hold(u64, u64),
+    /// A preStop joins a maintenance drain.
+    Resume,
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -378,20 +384,24 @@ fn op() -> impl Strategy<Value = Op> {
             reason(),
             prop::option::of(plan()),
             0u64..30_000,
-            0u64..3
+            0u64..3,
+            any::<bool>()
         )
-            .prop_map(|(from, to, reason, plan, dt, active)| Op::Ask(
+            .prop_map(|(from, to, reason, plan, dt, active, force)| Op::Ask(
                 Move {
                     expected_from: from,
                     to,
                     reason,
-                    plan
+                    plan,
+                    force
                 },
                 dt,
                 active
             )),
         (0u64..30_000, 0u64..3, prop::option::of(0u64..30_000))
             .prop_map(|(dt, a, down)| Op::Due(dt, a, down)),
+        (0u64..30_000, 1u64..10_000).prop_map(|(dt, lease)| Op::Hold(dt, lease)),
+        Just(Op::Resume),
     ]
 }
 
@@ -412,7 +422,7 @@ fn check_record(r: &Record) -> Result<(), TestCaseError> {
         State::Draining | State::Closing | State::Closed => {
             prop_assert!(r.plan.is_some() && r.drain_started_ms.is_some())
         }
-        State::Open => prop_assert!(r.plan.is_none() && !r.forced),
+        State::Open => prop_assert!(r.plan.is_none() && !r.forced && r.hold_until_ms.is_none()),
         State::Fault => {}
     }
     if r.state == State::Closing || r.state == State::Closed {
@@ -450,8 +460,11 @@ proptest! {
                         Err(e) => {
                             prop_assert_eq!(e.state, before.state);
                             prop_assert_eq!(e.requested, mv.to);
+                            let held = mv.to == State::Open && before.hold_active(now) && !mv.force;
+                            prop_assert_eq!(e.hold_until_ms.is_some(), held && fsm::legal(before.state, mv.to)
+                                && mv.expected_from == before.state);
                             prop_assert!(!fsm::legal(before.state, mv.to) || mv.expected_from != before.state
-                                || (mv.to == State::Draining && mv.plan.is_none()));
+                                || (mv.to == State::Draining && mv.plan.is_none()) || held);
                         }
                     }
                 }
@@ -464,9 +477,26 @@ proptest! {
                         if mv.reason == Reason::ActiveZero {
                             prop_assert_eq!(active, 0);
                         }
+                        prop_assert!(mv.to != State::Closed || !rec.holds_closing(),
+                            "a maintenance drain closed by itself");
                         let next = fsm::advance(&rec, mv, now, active);
                         prop_assert!(next.is_ok(), "due proposed a move advance refuses: {mv:?}");
                         rec = next.unwrap();
+                    }
+                }
+                Op::Hold(dt, lease) => {
+                    now += dt;
+                    if let Some(next) = fsm::renew_hold(&rec, now, lease) {
+                        prop_assert!(matches!(rec.state, State::Draining | State::Closing));
+                        prop_assert!(next.hold_active(now) && next.state == rec.state && next.seq == rec.seq);
+                        rec = next;
+                    }
+                }
+                Op::Resume => {
+                    if let Some(next) = fsm::resume(&rec) {
+                        prop_assert!(rec.holds_closing() && !next.holds_closing());
+                        prop_assert_eq!((next.state, next.closing_ms), (rec.state, rec.closing_ms));
+                        rec = next;
                     }
                 }
             }
