@@ -11,7 +11,7 @@ import time
 import pytest
 import requests
 
-from tests.harness.envoy import wait_for
+from tests.harness.envoy import REPO, wait_for
 
 # Long enough that DRAINING and CLOSING stay put unless a test moves them.
 STILL = {"min_drain": "30m", "drain_timeout": "60m", "lb_buffer": "60m"}
@@ -503,3 +503,22 @@ def test_prestop_joining_a_maintenance_drain_closes_it(gateway):
     r = requests.get(gw.health("/prestop?timeout=10s"), timeout=15)
     assert r.status_code == 200 and r.json()["state"] == "CLOSED"
     assert r.json()["progress"]["hold_closing"] is False
+
+
+def _readme_block(heading: str) -> str:
+    text = (REPO / "README.md").read_text()
+    section = text.split(heading, 1)[1]
+    return section.split("```sh\n", 1)[1].split("```", 1)[0]
+
+
+def test_readme_maintenance_walkthrough_runs_as_written(gateway):
+    """The README's hand-run drain, against a real Envoy: every `# →` line prints what it says."""
+    gw = gateway({"lb_buffer": "200ms"})
+    block = _readme_block("## Maintenance drain")
+    expected = [line.split("# →", 1)[1].split()[0] for line in block.splitlines() if "# →" in line]
+    script = block.replace("localhost:18180", f"127.0.0.1:{gw.ports.health}").replace(
+        "localhost:18080", f"127.0.0.1:{gw.ports.traffic}")
+    r = subprocess.run(["bash", "-euo", "pipefail", "-c", script], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == expected
+    assert state(gw) == "OPEN"

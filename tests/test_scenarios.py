@@ -101,6 +101,9 @@ def note(r: dict) -> str:
         parts.append(f"{lo['arrivals']} arrivals, {lo['on_gw1']} on gw1, lost {lo['lost']} "
                      f"({lo['lost_in_flight_at_flip']} in flight at the flip, "
                      f"{lo['lost_started_in_detection_window']} started in the {lo['detection_window_s']}s window)")
+    if r.get("lb_up_after_reopen"):
+        parts.append(f"reopened from CLOSING; HAProxy UP again {r['lb_up_after_reopen'] - r['reopened']:+.1f}s "
+                     "after /reopen (rise)")
     if r.get("lb_up_again"):
         parts.append(f"gw1 restarted, UP again {r['lb_up_again'] - r['trigger']:+.1f}s, "
                      f"{r['gw1_requests_after_restart']} reqs on it after")
@@ -395,6 +398,48 @@ def test_s3_rollout_under_continuous_short_requests(run_dir, lb_status):
         # must be one of those - nothing else may fail.
         for e in short.connection_errors:
             assert abs(e.end - down) < 0.5, f"connection error {e.end - down:+.2f}s from LB DOWN: {e.error}"
+
+
+# -- maintenance drain, then reopen ------------------------------------------------------------------
+
+
+RISE = 2  # as in the reference cfg
+
+
+def test_reopen_from_a_maintenance_drain_returns_after_rise(run_dir):
+    """POST /drain?hold=closing takes gw1 out of HAProxy and keeps it out (CLOSING, no lb_buffer
+    close); POST /reopen brings it back, but HAProxy sends it traffic only after `rise` good checks."""
+    wd = run_dir / "maintenance" / "reopen"
+    with Rig(wd, gateways=2, timing=TIMING, config={"lb_buffer": "1s"}) as rig:
+        gw1 = rig.gw("gw1")
+        short = ShortLoop(rig.url("/"), duration=120, workers=2, pause=0.01).start()
+        try:
+            wait_for(lambda: rig.haproxy.server_of("GET / ") is not None, 10, 0.05, "traffic through HAProxy")
+            drained = time.time()
+            r = gw1.post("/drain?hold=closing")
+            assert r.status_code == 200 and r.json()["progress"]["hold_closing"], r.text
+            gw1.wait_state("CLOSING", 10)
+            down = lb_down_seen(rig, "gw1", drained, 4 * TIMING.detection_window)
+            # Held: well past lb_buffer the gateway is still CLOSING (ready, out of the LB).
+            time.sleep(2 * TIMING.inter_s)
+            assert gw1.status()["state"] == "CLOSING"
+            reopened = time.time()
+            assert gw1.post("/reopen").json()["state"] == "OPEN"
+            up = wait_for(lambda: rig.stat.first("gw1", "UP", reopened), 10 * TIMING.inter_s + 10, 0.05,
+                          "gw1 UP again")
+            wait_for(lambda: any(x.server == "gw1" and x.accept > up for x in rig.haproxy.requests()), 10, 0.05,
+                     "requests on gw1 again")
+        finally:
+            short.stop()
+        log = rig.haproxy.requests()
+        finish(run_dir, rig, scenario="maintenance", mode="reopen", trigger=drained, status=gw1.status(),
+               short=short, pair=("reopen", "reopen"), extra={"reopened": reopened, "lb_up_after_reopen": up})
+    on_gw1_while_out = [x for x in log if x.server == "gw1" and down + 0.1 < x.accept < up - 0.1]
+    summary = short.summary()
+    assert not on_gw1_while_out, on_gw1_while_out[:3]
+    assert not short.connection_errors and not short.server_errors, summary
+    # UP needs `rise` consecutive 200s after the reopen: at least (rise - 1) check intervals.
+    assert up - reopened >= (RISE - 1) * TIMING.inter_s - 0.2, f"UP {up - reopened:.2f}s after /reopen"
 
 
 # -- S5 ---------------------------------------------------------------------------------------------
