@@ -33,7 +33,7 @@ import pytest
 from tests.harness import timeline
 from tests.harness.clients import CurlStream, ShortLoop
 from tests.harness.envoy import REPO, wait_for
-from tests.harness.haproxy import CFG, CFG_SOFT_DRAIN
+from tests.harness.haproxy import CFG, CFG_SOFT_DRAIN, make_cert
 from tests.harness.rig import QUICK, SEED, PreStop, Rig, Timing, flip_now
 
 FULL = os.environ.get("DRAIN_GATE_SCENARIOS", "") == "full"
@@ -176,15 +176,19 @@ def _directives(path: Path) -> list[str]:
     return out
 
 
-def test_reference_haproxy_configs_are_valid_and_differ_by_one_line(tmp_path):
-    """Both reference files parse (haproxy -c) and differ only by `http-check disable-on-404`."""
-    env = {**os.environ, "HAPROXY_SOCKET": str(tmp_path / "admin.sock"), "GW2_ADDR": "127.0.0.1:1"}
+def test_reference_haproxy_configs_are_valid_and_differ_by_disable_on_404(tmp_path):
+    """Both reference files parse (haproxy -c, every optional frontend on) and differ only by
+    `http-check disable-on-404` in each backend that checks drain-gate."""
+    env = {**os.environ, "HAPROXY_SOCKET": str(tmp_path / "admin.sock"), "GW2_ADDR": "127.0.0.1:1",
+           "TLS_PEM": str(make_cert(tmp_path)), "GW1_TLS_ADDR": "127.0.0.1:2", "GW2_TLS_ADDR": "127.0.0.1:3",
+           "APISERVER_ADDR": "127.0.0.1:4"}
     for cfg in (CFG, CFG_SOFT_DRAIN):
         r = subprocess.run(["haproxy", "-c", "-f", str(cfg)], env=env, capture_output=True, text=True)
-        assert r.returncode == 0, f"{cfg.name}: {r.stdout}{r.stderr}"
+        assert r.returncode == 0 and "WARNING" not in r.stdout + r.stderr, f"{cfg.name}: {r.stdout}{r.stderr}"
     plain, soft = _directives(CFG), _directives(CFG_SOFT_DRAIN)
     extra = [line for line in soft if line not in plain]
-    assert [line.strip() for line in extra] == ["http-check disable-on-404"]
+    checked = [line for line in plain if line.strip().startswith("option httpchk")]
+    assert [line.strip() for line in extra] == ["http-check disable-on-404"] * len(checked) == ["http-check disable-on-404"] * 2
     assert [line for line in soft if line not in extra] == plain
     server = next(line for line in plain if line.strip().startswith("server gw1"))
     for word in ("check port", "rise 2", "fall 2", "on-marked-down shutdown-sessions"):
