@@ -6,6 +6,10 @@
         drain, stop after CLOSED, start again (rollout)        -> 0 5xx; 0 connection errors with 404,
                                                                   with 200 none but a request on the
                                                                   gateway at the DOWN instant
+    S3 rollout  the seed's S3 as written: two gateways, 90 s of continuous short requests,
+        `rollout restart` of both, one after the other; current (503 at once, Istio's
+        5 s drain, exit) vs improved (preStop held to CLOSED), 200 and 404
+                                                               -> connection errors, 5xx, p50/p99
     S4  10 long streams + short traffic, drain mid-way         -> all complete
     S5  long streams keep arriving during the drain            -> 404 soft drain: 0 lost;
                                                                   seed 200: lost streams measured
@@ -29,6 +33,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
+import requests
 
 from tests.harness import timeline
 from tests.harness.clients import CurlStream, ShortLoop
@@ -45,6 +50,7 @@ RUN_ID = os.environ.get("DRAIN_GATE_RUN_ID") or (
     datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ") + f"-{TIMING.name}"
 )
 RESULTS: list[dict] = []
+ROLLOUTS: list[dict] = []  # S3 rollout rows, side by side in their own table
 
 STREAM_SECONDS = 12  # >= 10 s, as the seed's S1
 INTERVAL_MS = 500
@@ -64,9 +70,9 @@ def run_dir():
         latest.unlink(missing_ok=True)
         latest.symlink_to(RUN_ID)
     yield d
-    if RESULTS:
-        (d / "results.json").write_text(json.dumps(RESULTS, indent=2))
-        (d / "results.md").write_text(results_table(RESULTS))
+    if RESULTS or ROLLOUTS:
+        (d / "results.json").write_text(json.dumps(RESULTS + ROLLOUTS, indent=2))
+        (d / "results.md").write_text(results_table(RESULTS) + rollout_table(ROLLOUTS))
 
 
 def results_table(rows: list[dict]) -> str:
@@ -89,6 +95,19 @@ def results_table(rows: list[dict]) -> str:
             f"| {t(ev['active_zero'])} | {t(ev['health_flip'])} | {t(ev['lb_down'])} | {t(ev['readiness_flip'])} "
             f"| {t(ev['first_rst'])} | {r.get('sessions_cut_at_down', '-')} | {note(r)} |"
         )
+    return head + "\n".join(lines) + "\n"
+
+
+def rollout_table(rows: list[dict]) -> str:
+    if not rows:
+        return ""
+    head = ("\nS3 rollout restart (2 gateways, continuous short requests through HAProxy, both restarted "
+            "one after the other):\n\n"
+            "| mode | checks | traffic | requests | connection errors | 5xx | p50 | p99 | sessions cut at DOWN |\n"
+            "|---|---|---|---|---|---|---|---|---|\n")
+    lines = [f"| {r['mode']} | inter {r['check_inter']} | {r['seconds']:.0f} s | {r['requests']} "
+             f"| {r['connection_errors']} | {r['http_5xx']} | {r['p50_ms']} ms | {r['p99_ms']} ms "
+             f"| {r['sessions_cut_at_down']} |" for r in rows]
     return head + "\n".join(lines) + "\n"
 
 
@@ -402,6 +421,76 @@ def test_s3_rollout_under_continuous_short_requests(run_dir, lb_status):
         # must be one of those - nothing else may fail.
         for e in short.connection_errors:
             assert abs(e.end - down) < 0.5, f"connection error {e.end - down:+.2f}s from LB DOWN: {e.error}"
+
+
+# -- S3 as the seed ran it: a rollout restart of both gateways --------------------------------------
+
+S3_SECONDS = 90.0
+S3_SETTLE = 10.0  # traffic on both gateways before the rollout begins
+ISTIO_DRAIN_S = 5.0  # Istio's default terminationDrainDuration: what "current" waits before Envoy exits
+
+
+def restart_pod(rig: Rig, gw, mode: str) -> dict:
+    """One pod of the rollout: its termination, then the new pod, until HAProxy has it UP again.
+
+    current:  the seed's current order (events 1 -> 5 -> 6): the LB check flips to 503 at once and
+              istio-proxy drains its listeners for Istio's default 5 s, then exits.
+    improved: drain-gate as shipped: the preStop hook (GET /prestop) is held until CLOSED, then exit.
+    """
+    trigger = time.time()
+    if mode == "current":
+        flip_now(gw)
+        requests.post(gw.envoy.admin("/drain_listeners?graceful"), timeout=5).raise_for_status()
+        time.sleep(ISTIO_DRAIN_S)  # the modelled fixed drain period, not a wait for a condition
+    else:
+        ps = PreStop(gw, via="prestop")
+        assert ps.wait(120) == 200, ps.body
+    stopped = time.time()
+    gw.stop()
+    gw.start()
+    started = time.time()
+    up = wait_for(lambda: rig.stat.first(gw.name, "UP", started), 10 * TIMING.inter_s + 10, 0.05,
+                  f"{gw.name} UP again")
+    down = rig.stat.first(gw.name, "DOWN", trigger)
+    return {"gateway": gw.name, "trigger": trigger, "down": down, "stopped": stopped, "up": up}
+
+
+@full_only
+@pytest.mark.parametrize("mode", ["current", "improved", "improved-404"])
+def test_s3_rollout_restart_of_both_gateways(run_dir, mode):
+    """The seed's S3: replicas 2, 90 s of continuous traffic through HAProxy, both gateways
+    restarted one after the other. Connection errors and 5xx are counted apart (retries 3)."""
+    soft = mode == "improved-404"
+    with Rig(run_dir / "s3-rollout" / mode, gateways=2, timing=TIMING, config=SOFT if soft else None,
+             soft_drain=soft) as rig:
+        short = ShortLoop(rig.url("/"), duration=S3_SECONDS, workers=4, pause=0).start()
+        time.sleep(S3_SETTLE)
+        pods = [restart_pod(rig, rig.gw(name), "current" if mode == "current" else "improved")
+                for name in ("gw1", "gw2")]
+        short.join(S3_SECONDS + 30)
+        log = rig.haproxy.requests()
+        cut = [x for x in log if x.killed_by_down]
+        downs = rig.haproxy.down_events()
+    summary = short.summary()
+    ROLLOUTS.append({"mode": mode, "check_inter": TIMING.inter, "seconds": summary["ended"] - summary["started"],
+                     **{k: summary[k] for k in ("requests", "connection_errors", "http_5xx", "p50_ms", "p99_ms")},
+                     "sessions_cut_at_down": max(len(cut), sum(n for _, n in downs)), "pods": pods})
+    (run_dir / "s3-rollout" / f"{mode}.json").write_text(json.dumps(ROLLOUTS[-1], indent=2))
+    assert summary["ended"] - short.started >= S3_SECONDS - 1 and short.total > 1000, summary
+    for p in pods:
+        assert p["down"] is not None and p["down"] < p["stopped"], f"{p['gateway']} stopped before DOWN: {p}"
+        assert any(x.server == p["gateway"] and x.accept > p["up"] for x in log), f"{p['gateway']} idle after UP"
+    if mode == "current":
+        # The control: this rig must see the loss it is there to show.
+        assert summary["connection_errors"] + summary["http_5xx"] >= 1, summary
+    elif soft:
+        assert summary["connection_errors"] == 0 and summary["http_5xx"] == 0, summary
+    else:
+        # 200 while draining: HAProxy sends new requests until DOWN; only those in flight at a DOWN
+        # instant may fail, nothing else.
+        at_down = [p["down"] for p in pods]
+        for e in short.connection_errors + short.server_errors:
+            assert min(abs(e.end - d) for d in at_down) < 0.5, f"error away from any DOWN: {e}"
 
 
 # -- maintenance drain, then reopen ------------------------------------------------------------------
