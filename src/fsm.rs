@@ -13,7 +13,7 @@
 //! - a **maintenance drain** (`DrainPlan::hold_closing`) stays in CLOSING
 //!   until `/reopen` or `/close`: `due()` never closes it; a preStop that
 //!   joins it makes it automatic again (`resume`);
-//! - a **preStop hold** (`Record::hold_until_ms`, a held `wait=closed`
+//! - a **preStop hold** (`Record::hold`, a held `wait=closed`
 //!   answer on some worker, renewed by that worker's tick) refuses
 //!   `/reopen` unless the move is forced: releasing the hook lets kubelet
 //!   stop the pod while the LB check says 200 again.
@@ -27,6 +27,8 @@
 //! | FAULT    | 503                           | 503                 | 500              |
 
 use serde::{Deserialize, Serialize};
+
+use crate::clock::Now;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "UPPERCASE")]
@@ -244,11 +246,37 @@ pub struct Record {
     /// different workers.
     #[serde(default)]
     pub seq: u64,
-    /// A preStop hold is active until this time: some worker holds a
-    /// `wait=closed` answer and renews this lease every tick (`renew_hold`),
-    /// so the hold of a worker that died expires by itself.
+    /// `drain_started_ms` and `closing_ms` on the host's monotonic clock: the
+    /// timers measure from these (see `crate::clock`).
     #[serde(default)]
-    pub hold_until_ms: Option<u64>,
+    pub drain_started_mono_ms: Option<u64>,
+    #[serde(default)]
+    pub closing_mono_ms: Option<u64>,
+    /// The preStop hold, while some worker holds a `wait=closed` answer.
+    #[serde(default)]
+    pub hold: Option<Hold>,
+}
+
+/// A preStop hold: a lease that the worker holding a `wait=closed` answer
+/// renews every tick (`renew_hold`), so that the hold of a worker that died
+/// expires by itself. Measured like the timers (`crate::clock`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Hold {
+    pub renewed_ms: u64,
+    #[serde(default)]
+    pub renewed_mono_ms: Option<u64>,
+    pub lease_ms: u64,
+}
+
+impl Hold {
+    pub fn active(&self, now: Now) -> bool {
+        !now.passed(self.renewed_ms, self.renewed_mono_ms, self.lease_ms)
+    }
+
+    /// When the lease runs out, on the wall clock (for display).
+    pub fn until_ms(&self) -> u64 {
+        self.renewed_ms.saturating_add(self.lease_ms)
+    }
 }
 
 impl Record {
@@ -265,13 +293,15 @@ impl Record {
             forced: false,
             history: Vec::new(),
             seq: 0,
-            hold_until_ms: None,
+            drain_started_mono_ms: None,
+            closing_mono_ms: None,
+            hold: None,
         }
     }
 
-    /// Whether a preStop hold is active now.
-    pub fn hold_active(&self, now_ms: u64) -> bool {
-        self.hold_until_ms.is_some_and(|t| now_ms < t)
+    /// The active preStop hold, if any.
+    pub fn active_hold(&self, now: Now) -> Option<Hold> {
+        self.hold.filter(|h| h.active(now))
     }
 
     /// Whether CLOSING waits for an operator (a maintenance drain).
@@ -279,11 +309,30 @@ impl Record {
         self.plan.is_some_and(|p| p.hold_closing)
     }
 
-    /// Milliseconds the drain has run (until CLOSING, or until now).
-    pub fn drain_duration_ms(&self, now_ms: u64) -> Option<u64> {
+    /// Milliseconds the drain has run (until CLOSING, or until now), on the
+    /// clock the timers run on.
+    pub fn drain_duration_ms(&self, now: Now) -> Option<u64> {
         let start = self.drain_started_ms?;
-        let end = self.closing_ms.unwrap_or(now_ms);
-        Some(end.saturating_sub(start))
+        let end = match (self.closing_ms, self.closing_mono_ms) {
+            (Some(wall), mono) => Now {
+                wall_ms: wall,
+                mono_ms: mono,
+            },
+            (None, _) => now,
+        };
+        Some(end.since(start, self.drain_started_mono_ms))
+    }
+
+    /// Whether `span_ms` has passed since the drain started.
+    fn drain_for(&self, now: Now, span_ms: u64) -> bool {
+        self.drain_started_ms
+            .is_some_and(|at| now.passed(at, self.drain_started_mono_ms, span_ms))
+    }
+
+    /// Whether `span_ms` has passed since CLOSING was entered.
+    fn closing_for(&self, now: Now, span_ms: u64) -> bool {
+        self.closing_ms
+            .is_some_and(|at| now.passed(at, self.closing_mono_ms, span_ms))
     }
 }
 
@@ -310,7 +359,8 @@ pub struct Move {
 
 /// The one transition function. Fails (409) when the record is not in
 /// `expected_from` or the move is not in the table.
-pub fn advance(rec: &Record, mv: Move, now_ms: u64, active: u64) -> Result<Record, Illegal> {
+pub fn advance(rec: &Record, mv: Move, now: Now, active: u64) -> Result<Record, Illegal> {
+    let now_ms = now.wall_ms;
     let illegal = Illegal {
         state: rec.state,
         requested: mv.to,
@@ -319,9 +369,12 @@ pub fn advance(rec: &Record, mv: Move, now_ms: u64, active: u64) -> Result<Recor
     if rec.state != mv.expected_from || !legal(rec.state, mv.to) {
         return Err(illegal);
     }
-    if mv.to == State::Open && rec.hold_active(now_ms) && !mv.force {
+    if let Some(hold) = rec
+        .active_hold(now)
+        .filter(|_| mv.to == State::Open && !mv.force)
+    {
         return Err(Illegal {
-            hold_until_ms: rec.hold_until_ms,
+            hold_until_ms: Some(hold.until_ms()),
             ..illegal
         });
     }
@@ -333,13 +386,16 @@ pub fn advance(rec: &Record, mv: Move, now_ms: u64, active: u64) -> Result<Recor
         State::Draining => {
             next.plan = Some(mv.plan.ok_or(illegal)?);
             next.drain_started_ms = Some(now_ms);
+            next.drain_started_mono_ms = now.mono_ms;
             next.closing_ms = None;
+            next.closing_mono_ms = None;
             next.closed_ms = None;
             next.active_at_closing = None;
             next.forced = false;
         }
         State::Closing => {
             next.closing_ms = Some(now_ms);
+            next.closing_mono_ms = now.mono_ms;
             next.active_at_closing = Some(active);
             next.forced = mv.reason.forced();
         }
@@ -347,7 +403,7 @@ pub fn advance(rec: &Record, mv: Move, now_ms: u64, active: u64) -> Result<Recor
         State::Open => {
             next.plan = None;
             next.forced = false;
-            next.hold_until_ms = None;
+            next.hold = None;
         }
         State::Fault => {}
     }
@@ -367,11 +423,11 @@ pub fn advance(rec: &Record, mv: Move, now_ms: u64, active: u64) -> Result<Recor
 }
 
 /// The automatic transition that is due now, if any: what the tick and the
-/// end of the last traffic stream apply. `lb_down_ms` is when the LB was
-/// observed DOWN (see `crate::lb`), if it was.
-pub fn due(rec: &Record, now_ms: u64, active: u64, lb_down_ms: Option<u64>) -> Option<Move> {
+/// end of the last traffic stream apply. Elapsed times are measured as
+/// `crate::clock` says (monotonic when the host has it). `lb_down_ms` is when
+/// the LB was observed DOWN on the wall clock (see `crate::lb`), if it was.
+pub fn due(rec: &Record, now: Now, active: u64, lb_down_ms: Option<u64>) -> Option<Move> {
     let plan = rec.plan?;
-    let started = rec.drain_started_ms?;
     let auto = |to, reason| {
         Some(Move {
             expected_from: rec.state,
@@ -382,25 +438,25 @@ pub fn due(rec: &Record, now_ms: u64, active: u64, lb_down_ms: Option<u64>) -> O
         })
     };
     match rec.state {
-        State::Draining if active == 0 && now_ms >= started.saturating_add(plan.min_drain_ms) => {
+        State::Draining if active == 0 && rec.drain_for(now, plan.min_drain_ms) => {
             auto(State::Closing, Reason::ActiveZero)
         }
-        State::Draining if now_ms >= started.saturating_add(plan.drain_timeout_ms) => {
+        State::Draining if rec.drain_for(now, plan.drain_timeout_ms) => {
             auto(State::Closing, Reason::DrainTimeout)
         }
         State::Closing if plan.hold_closing => None,
         State::Closing => {
             let closing = rec.closing_ms?;
             match plan.close_after {
-                CloseAfter::LbBuffer if now_ms >= closing.saturating_add(plan.lb_buffer_ms) => {
+                CloseAfter::LbBuffer if rec.closing_for(now, plan.lb_buffer_ms) => {
                     auto(State::Closed, Reason::LbBufferElapsed)
                 }
                 CloseAfter::LbBuffer => None,
                 CloseAfter::LbObservedDown => {
                     let seen = lb_down_ms.filter(|t| *t >= closing);
-                    if seen.is_some_and(|t| now_ms >= t.saturating_add(plan.lb_buffer_ms)) {
+                    if seen.is_some_and(|t| now.wall_ms >= t.saturating_add(plan.lb_buffer_ms)) {
                         auto(State::Closed, Reason::LbObservedDown)
-                    } else if now_ms >= closing.saturating_add(plan.lb_down_timeout_ms) {
+                    } else if rec.closing_for(now, plan.lb_down_timeout_ms) {
                         auto(State::Closed, Reason::LbDownTimeout)
                     } else {
                         None
@@ -412,22 +468,25 @@ pub fn due(rec: &Record, now_ms: u64, active: u64, lb_down_ms: Option<u64>) -> O
     }
 }
 
-/// The record with the preStop hold renewed to `now_ms + lease_ms`, or
-/// `None` when nothing needs writing: the hold still has more than half its
-/// lease, or the record is not in a drain a hold can protect.
-pub fn renew_hold(rec: &Record, now_ms: u64, lease_ms: u64) -> Option<Record> {
+/// The record with the preStop hold renewed from `now` for `lease_ms`, or
+/// `None` when nothing needs writing: the hold is less than half a lease
+/// old, or the record is not in a drain a hold can protect.
+pub fn renew_hold(rec: &Record, now: Now, lease_ms: u64) -> Option<Record> {
     if !matches!(rec.state, State::Draining | State::Closing) {
         return None;
     }
-    let until = now_ms.saturating_add(lease_ms);
-    let fresh = rec
-        .hold_until_ms
-        .is_some_and(|t| t >= now_ms.saturating_add(lease_ms / 2));
+    let fresh = rec.hold.is_some_and(|h| {
+        h.lease_ms == lease_ms && !now.passed(h.renewed_ms, h.renewed_mono_ms, lease_ms / 2)
+    });
     if fresh {
         return None;
     }
     let mut next = rec.clone();
-    next.hold_until_ms = Some(until);
+    next.hold = Some(Hold {
+        renewed_ms: now.wall_ms,
+        renewed_mono_ms: now.mono_ms,
+        lease_ms,
+    });
     Some(next)
 }
 
@@ -452,6 +511,10 @@ pub fn resume(rec: &Record) -> Option<Record> {
 mod tests {
     use super::*;
     use State::*;
+
+    fn w(ms: u64) -> Now {
+        Now::wall(ms)
+    }
 
     const PLAN: DrainPlan = DrainPlan {
         min_drain_ms: 1_000,
@@ -528,7 +591,7 @@ mod tests {
     #[test]
     fn advance_refuses_a_stale_expected_state() {
         let r = at(Draining);
-        let err = advance(&r, mv(Open, Draining, Reason::DrainRequested), 5, 0).unwrap_err();
+        let err = advance(&r, mv(Open, Draining, Reason::DrainRequested), w(5), 0).unwrap_err();
         assert_eq!(
             err,
             Illegal {
@@ -537,14 +600,19 @@ mod tests {
                 hold_until_ms: None,
             }
         );
-        let err = advance(&at(Closed), mv(Closed, Open, Reason::ReopenRequested), 5, 0);
+        let err = advance(
+            &at(Closed),
+            mv(Closed, Open, Reason::ReopenRequested),
+            w(5),
+            0,
+        );
         assert!(err.is_err(), "CLOSED -> OPEN must be illegal");
     }
 
     #[test]
     fn drain_records_plan_and_start() {
         let r = Record::new(0);
-        let d = advance(&r, mv(Open, Draining, Reason::DrainRequested), 50, 7).unwrap();
+        let d = advance(&r, mv(Open, Draining, Reason::DrainRequested), w(50), 7).unwrap();
         assert_eq!(d.state, Draining);
         assert_eq!(d.drain_started_ms, Some(50));
         assert_eq!(d.plan, Some(PLAN));
@@ -560,39 +628,48 @@ mod tests {
             plan: None,
             ..mv(Open, Draining, Reason::DrainRequested)
         };
-        assert!(advance(&r, m, 1, 0).is_err());
+        assert!(advance(&r, m, w(1), 0).is_err());
     }
 
     #[test]
     fn forced_close_keeps_the_active_count() {
         let r = at(Draining);
-        let c = advance(&r, mv(Draining, Closing, Reason::DrainTimeout), 10_100, 3).unwrap();
+        let c = advance(
+            &r,
+            mv(Draining, Closing, Reason::DrainTimeout),
+            w(10_100),
+            3,
+        )
+        .unwrap();
         assert!(c.forced);
         assert_eq!(c.active_at_closing, Some(3));
-        let c = advance(&r, mv(Draining, Closing, Reason::ActiveZero), 900, 0).unwrap();
+        let c = advance(&r, mv(Draining, Closing, Reason::ActiveZero), w(900), 0).unwrap();
         assert!(!c.forced);
     }
 
     #[test]
     fn due_respects_min_drain_timeout_and_lb_buffer() {
         let r = at(Draining); // started at 100, min_drain 1000, timeout 10000
-        assert_eq!(due(&r, 500, 0, None), None, "min_drain not yet passed");
-        assert_eq!(due(&r, 1_100, 0, None).unwrap().reason, Reason::ActiveZero);
+        assert_eq!(due(&r, w(500), 0, None), None, "min_drain not yet passed");
         assert_eq!(
-            due(&r, 5_000, 2, None),
+            due(&r, w(1_100), 0, None).unwrap().reason,
+            Reason::ActiveZero
+        );
+        assert_eq!(
+            due(&r, w(5_000), 2, None),
             None,
             "still active, not yet timed out"
         );
         assert_eq!(
-            due(&r, 10_100, 2, None).unwrap().reason,
+            due(&r, w(10_100), 2, None).unwrap().reason,
             Reason::DrainTimeout
         );
         let c = at(Closing); // closing at 200, lb_buffer 3000
-        assert_eq!(due(&c, 3_199, 0, None), None);
-        let m = due(&c, 3_200, 0, None).unwrap();
+        assert_eq!(due(&c, w(3_199), 0, None), None);
+        let m = due(&c, w(3_200), 0, None).unwrap();
         assert_eq!((m.to, m.reason), (Closed, Reason::LbBufferElapsed));
-        assert_eq!(due(&Record::new(0), 1 << 40, 0, None), None);
-        assert_eq!(due(&at(Closed), 1 << 40, 0, None), None);
+        assert_eq!(due(&Record::new(0), w(1 << 40), 0, None), None);
+        assert_eq!(due(&at(Closed), w(1 << 40), 0, None), None);
     }
 
     #[test]
@@ -605,28 +682,61 @@ mod tests {
             ..PLAN
         });
         assert_eq!(
-            due(&c, 10_000, 0, None),
+            due(&c, w(10_000), 0, None),
             None,
             "not observed, not timed out"
         );
         assert_eq!(
-            due(&c, 10_000, 0, Some(100)),
+            due(&c, w(10_000), 0, Some(100)),
             None,
             "observed before CLOSING: stale"
         );
-        assert_eq!(due(&c, 4_400, 0, Some(4_000)), None, "inside lb_buffer");
-        let m = due(&c, 4_500, 0, Some(4_000)).unwrap();
+        assert_eq!(due(&c, w(4_400), 0, Some(4_000)), None, "inside lb_buffer");
+        let m = due(&c, w(4_500), 0, Some(4_000)).unwrap();
         assert_eq!((m.to, m.reason), (Closed, Reason::LbObservedDown));
-        let m = due(&c, 20_200, 0, None).unwrap();
+        let m = due(&c, w(20_200), 0, None).unwrap();
         assert_eq!((m.to, m.reason), (Closed, Reason::LbDownTimeout));
+    }
+
+    #[test]
+    fn timers_run_on_the_monotonic_clock() {
+        let at = |wall_ms, mono| Now {
+            wall_ms,
+            mono_ms: Some(mono),
+        };
+        let r = Record::new(0);
+        let d = advance(
+            &r,
+            mv(Open, Draining, Reason::DrainRequested),
+            at(1_000, 50),
+            2,
+        )
+        .unwrap();
+        assert_eq!(d.drain_started_mono_ms, Some(50));
+        // The wall clock jumps a day ahead: 9.9 s of 10 s have passed.
+        let ahead = at(1_000 + 86_400_000, 9_949);
+        assert_eq!(due(&d, ahead, 2, None), None, "no early forced close");
+        assert_eq!(d.drain_duration_ms(ahead), Some(9_899));
+        let m = due(&d, at(0, 10_050), 2, None).unwrap();
+        assert_eq!(m.reason, Reason::DrainTimeout, "on time after a step back");
+        let c = advance(&d, m, at(0, 10_050), 2).unwrap();
+        assert_eq!(c.closing_mono_ms, Some(10_050));
+        assert_eq!(c.drain_duration_ms(at(5, 99_999)), Some(10_000));
+        assert_eq!(
+            due(&c, at(1 << 40, 13_049), 0, None),
+            None,
+            "lb_buffer not over"
+        );
+        let m = due(&c, at(0, 13_050), 0, None).unwrap();
+        assert_eq!(m.reason, Reason::LbBufferElapsed);
     }
 
     #[test]
     fn history_is_bounded() {
         let mut r = Record::new(0);
         for i in 0..40 {
-            r = advance(&r, mv(Open, Draining, Reason::DrainRequested), i, 0).unwrap();
-            r = advance(&r, mv(Draining, Open, Reason::ReopenRequested), i, 0).unwrap();
+            r = advance(&r, mv(Open, Draining, Reason::DrainRequested), w(i), 0).unwrap();
+            r = advance(&r, mv(Draining, Open, Reason::ReopenRequested), w(i), 0).unwrap();
         }
         assert_eq!(r.history.len(), HISTORY);
         assert_eq!(r.history.last().unwrap().to, Open);
@@ -637,7 +747,10 @@ mod tests {
         let r = advance(
             &Record::new(0),
             mv(Open, Draining, Reason::DrainRequested),
-            9,
+            Now {
+                wall_ms: 9,
+                mono_ms: Some(4),
+            },
             1,
         )
         .unwrap();
@@ -649,37 +762,46 @@ mod tests {
     #[test]
     fn a_prestop_hold_refuses_reopen_unless_forced() {
         for from in [Draining, Closing] {
-            let mut r = at(from);
-            r.hold_until_ms = Some(5_000);
-            let err = advance(&r, mv(from, Open, Reason::ReopenRequested), 4_999, 0).unwrap_err();
+            let r = renew_hold(&at(from), w(3_000), 2_000).unwrap();
+            let err =
+                advance(&r, mv(from, Open, Reason::ReopenRequested), w(4_999), 0).unwrap_err();
             assert_eq!(err.hold_until_ms, Some(5_000), "{from:?}");
             let forced = Move {
                 force: true,
                 ..mv(from, Open, Reason::ReopenRequested)
             };
-            let open = advance(&r, forced, 4_999, 0).unwrap();
-            assert_eq!((open.state, open.hold_until_ms), (Open, None));
+            let open = advance(&r, forced, w(4_999), 0).unwrap();
+            assert_eq!((open.state, open.hold), (Open, None));
             // An expired hold (its worker died) no longer refuses.
-            let open = advance(&r, mv(from, Open, Reason::ReopenRequested), 5_000, 0).unwrap();
+            let open = advance(&r, mv(from, Open, Reason::ReopenRequested), w(5_000), 0).unwrap();
             assert_eq!(open.state, Open);
             // Other moves ignore the hold.
-            assert!(advance(&r, mv(from, Fault, Reason::FaultRequested), 1, 0).is_ok());
+            assert!(advance(&r, mv(from, Fault, Reason::FaultRequested), w(4_000), 0).is_ok());
         }
     }
 
     #[test]
     fn a_hold_is_renewed_at_half_lease_and_only_in_a_drain() {
         let r = at(Draining);
-        let held = renew_hold(&r, 1_000, 2_000).unwrap();
-        assert_eq!(held.hold_until_ms, Some(3_000));
-        assert!(renew_hold(&held, 1_900, 2_000).is_none(), "fresh: no write");
-        assert_eq!(
-            renew_hold(&held, 2_001, 2_000).unwrap().hold_until_ms,
-            Some(4_001)
+        let held = renew_hold(&r, w(1_000), 2_000).unwrap();
+        assert_eq!(held.hold.map(|h| h.until_ms()), Some(3_000));
+        assert!(
+            renew_hold(&held, w(1_900), 2_000).is_none(),
+            "fresh: no write"
         );
+        let again = renew_hold(&held, w(2_001), 2_000).unwrap();
+        assert_eq!(again.hold.map(|h| h.until_ms()), Some(4_001));
         for s in [Open, Closed, Fault] {
-            assert!(renew_hold(&at(s), 1_000, 2_000).is_none(), "{s:?}");
+            assert!(renew_hold(&at(s), w(1_000), 2_000).is_none(), "{s:?}");
         }
+        // On the monotonic clock, a wall-clock step neither ends nor stretches it.
+        let mono = |wall, mono| Now {
+            wall_ms: wall,
+            mono_ms: Some(mono),
+        };
+        let held = renew_hold(&r, mono(1_000, 50), 2_000).unwrap();
+        assert!(held.active_hold(mono(1_000_000, 2_049)).is_some());
+        assert!(held.active_hold(mono(0, 2_050)).is_none());
     }
 
     #[test]
@@ -690,18 +812,18 @@ mod tests {
             ..PLAN
         });
         assert!(c.holds_closing());
-        assert_eq!(due(&c, 1 << 40, 0, None), None, "held: never closes");
+        assert_eq!(due(&c, w(1 << 40), 0, None), None, "held: never closes");
         let mut d = c.clone();
         d.state = Draining;
         assert_eq!(
-            due(&d, 1_100, 0, None).unwrap().to,
+            due(&d, w(1_100), 0, None).unwrap().to,
             Closing,
             "the drain itself stays automatic"
         );
         let resumed = resume(&c).unwrap();
         assert!(!resumed.holds_closing());
         assert_eq!(resumed.closing_ms, c.closing_ms);
-        let m = due(&resumed, 3_200, 0, None).unwrap();
+        let m = due(&resumed, w(3_200), 0, None).unwrap();
         assert_eq!((m.to, m.reason), (Closed, Reason::LbBufferElapsed));
         assert!(resume(&resumed).is_none(), "already automatic");
         assert!(resume(&at(Closing)).is_none());
