@@ -287,6 +287,7 @@ def test_wasmplugin_form_count_reaches_the_health_fsm(version, start_gateway, st
     s = stream(f"http://127.0.0.1:{env.at[8080]}/stream?seconds=2&interval_ms=250")
     wait_for(lambda: status(env)["active"] == 1, 10, what="the WasmPlugin's stream counted")
     assert status(env)["count"]["reliable"] is True
+    assert env.stat("wasmcustom.drain_gate_count_unreliable") == 0
     assert requests.post(env.health("/drain"), timeout=5).status_code == 200
     assert lb_check(env)[0] == "HTTP/1.0 200 OK"
     assert s.wait(10) == 0 and s.chunks == 8
@@ -310,6 +311,8 @@ def test_wasmplugin_with_envoyfilter_vm_id_only_closes_at_drain_timeout(version,
     s = stream(f"http://127.0.0.1:{env.at[8080]}/stream?seconds=1&interval_ms=250")
     wait_for(lambda: status(env)["active"] == 1, 10, what="stream visible in the shared gauge")
     assert status(env)["count"]["reliable"] is False, "no traffic role in vm_id drain-gate"
+    wait_for(lambda: env.stat("wasmcustom.drain_gate_count_unreliable") == 1, 5,
+             what="the count_unreliable gauge says so (DrainGateCountUnreliable)")
     assert requests.post(env.health("/drain"), timeout=5).status_code == 200
     drained = time.monotonic()
     assert s.wait(10) == 0
