@@ -529,7 +529,10 @@ def test_reopen_from_a_maintenance_drain_returns_after_rise(run_dir):
     on_gw1_while_out = [x for x in log if x.server == "gw1" and down + 0.1 < x.accept < up - 0.1]
     summary = short.summary()
     assert not on_gw1_while_out, on_gw1_while_out[:3]
-    assert not short.connection_errors and not short.server_errors, summary
+    # 200 until the flip: HAProxy sends requests to gw1 until DOWN, and one in flight at that
+    # instant is cut (the seed's 200 behaviour, see S3). Nothing else may fail.
+    for e in short.connection_errors + short.server_errors:
+        assert abs(e.end - down) < 0.5, f"error {e.end - down:+.2f}s from LB DOWN: {e.error}"
     # UP needs `rise` consecutive 200s after the reopen: at least (rise - 1) check intervals.
     assert up - reopened >= (RISE - 1) * TIMING.inter_s - 0.2, f"UP {up - reopened:.2f}s after /reopen"
 
