@@ -138,7 +138,7 @@ def test_stats_page_is_served_on_loopback_only(rig):
 
 def _reload_block() -> str:
     text = (REPO / "envoyfilter" / "README.md").read_text()
-    return text.split("### Reload HAProxy", 1)[1].split("```sh\n", 1)[1].split("```", 1)[0]
+    return text.split("### Reload HAProxy", 1)[1].split("```shell\n", 1)[1].split("```", 1)[0]
 
 
 def test_documented_reload_is_checked_and_hitless(tmp_path):
