@@ -361,15 +361,62 @@ pub fn check(audience: Audience, state: State, cfg: &Config, if_none_match: Opti
     reply
 }
 
+/// What the LB check and readiness answer while no traffic role counts.
+pub const WAITING_STATUS: u16 = 503;
+pub const WAITING_FOR_TRAFFIC: &str = "traffic_role";
+
+#[derive(Serialize)]
+struct Waiting {
+    state: State,
+    ready: bool,
+    waiting_for: &'static str,
+}
+
+/// A health check while no traffic role has registered in this `vm_id`:
+/// the gateway does not count its streams yet, so neither the LB nor
+/// Kubernetes may send it any (LB check and readiness 503; liveness as
+/// usual, so that the pod is not restarted for it).
+pub fn check_waiting(audience: Audience, state: State, cfg: &Config, if_none_match: Option<&str>) -> Reply {
+    let reply = match audience {
+        Audience::Liveness => return check(audience, state, cfg, if_none_match),
+        Audience::Lb => Reply::new(WAITING_STATUS, TEXT, b"WAIT\n".to_vec()),
+        Audience::Readiness => Reply::json(
+            WAITING_STATUS,
+            &Waiting {
+                state,
+                ready: false,
+                waiting_for: WAITING_FOR_TRAFFIC,
+            },
+        ),
+    };
+    reply
+        .with("cache-control", HEALTH_CACHE)
+        .with("etag", etag(state, WAITING_STATUS))
+}
+
 /// How the active count is kept; reported in the status.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 pub struct CountInfo {
     /// `gauge` (a live Envoy gauge) or `shared_data` (the stats
     /// configuration dropped the gauge, so the count lives in shared data).
     pub source: &'static str,
-    /// False once a stream could not be counted: the drain then waits for
+    /// False once a stream could not be counted, a traffic VM was lost or
+    /// the traffic filter went away: the drain then waits for
     /// `drain_timeout` instead of trusting a zero.
     pub reliable: bool,
+    /// Why it is not reliable (`crate::liveness::Why`), `null` when it is.
+    pub unreliable_reason: Option<&'static str>,
+}
+
+/// The traffic roles of this `vm_id` (see `crate::liveness`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct TrafficInfo {
+    /// A traffic root has registered at least once.
+    pub seen: bool,
+    /// Traffic root contexts registered now (one per worker per filter configuration).
+    pub roots: usize,
+    /// Traffic root contexts that stopped beating without a goodbye.
+    pub lost: u64,
 }
 
 /// Everything a status answer shows.
@@ -379,6 +426,7 @@ pub struct View<'a> {
     pub active: u64,
     pub now_ms: u64,
     pub count: CountInfo,
+    pub traffic: TrafficInfo,
     pub draining_lb_status: u16,
     pub checkers: &'a Checkers,
     pub lb_fall: u32,
@@ -435,6 +483,10 @@ struct Status<'a> {
     lb_status: u16,
     active: u64,
     count: CountInfo,
+    /// `traffic_role` while no traffic role has registered: the gateway is
+    /// not announced (LB check and readiness 503).
+    waiting_for: Option<&'static str>,
+    traffic: TrafficInfo,
     progress: Progress,
     lb: Lb<'a>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -445,13 +497,20 @@ struct Status<'a> {
 
 fn status_body<'a>(v: &View<'a>, error: Option<&'a str>, wait: Option<&'a str>) -> Status<'a> {
     let r = v.rec;
+    let waiting = !v.traffic.seen;
     Status {
         state: r.state,
-        ready: r.state.ready(),
+        ready: r.state.ready() && !waiting,
         live: r.state.live(),
-        lb_status: r.state.lb_status(v.draining_lb_status),
+        lb_status: if waiting {
+            WAITING_STATUS
+        } else {
+            r.state.lb_status(v.draining_lb_status)
+        },
         active: v.active,
         count: v.count,
+        waiting_for: waiting.then_some(WAITING_FOR_TRAFFIC),
+        traffic: v.traffic,
         progress: Progress {
             reason: r.reason.name(),
             forced: r.forced,
@@ -793,6 +852,12 @@ mod tests {
             count: CountInfo {
                 source: "gauge",
                 reliable: true,
+                unreliable_reason: None,
+            },
+            traffic: TrafficInfo {
+                seen: true,
+                roots: 2,
+                lost: 0,
             },
             draining_lb_status: 200,
             checkers: &Checkers::default(),
@@ -816,6 +881,36 @@ mod tests {
         let w = wait_reply(WaitEnd::TimedOut, &v);
         assert_eq!(w.status, 504);
         assert_eq!(body(&w)["wait"], "timeout");
+        assert_eq!(s["waiting_for"], serde_json::Value::Null);
+        let waiting = View {
+            traffic: TrafficInfo {
+                seen: false,
+                roots: 0,
+                lost: 0,
+            },
+            ..v
+        };
+        let s = body(&status(&waiting));
+        assert_eq!(
+            (&s["waiting_for"], &s["ready"], &s["lb_status"]),
+            (&serde_json::json!("traffic_role"), &serde_json::json!(false), &serde_json::json!(503))
+        );
+    }
+
+    #[test]
+    fn waiting_for_the_traffic_role_answers_503_to_lb_and_readiness() {
+        let c = cfg();
+        let lb = check_waiting(Audience::Lb, State::Open, &c, Some("\"open-200\""));
+        assert_eq!((lb.status, lb.body.as_slice()), (503, b"WAIT\n".as_slice()));
+        assert_ne!(header(&lb, "etag"), Some("\"open-200\""));
+        let ready = check_waiting(Audience::Readiness, State::Open, &c, None);
+        assert_eq!(ready.status, 503);
+        assert_eq!(
+            body(&ready),
+            serde_json::json!({"state":"OPEN","ready":false,"waiting_for":"traffic_role"})
+        );
+        let live = check_waiting(Audience::Liveness, State::Open, &c, None);
+        assert_eq!(live, check(Audience::Liveness, State::Open, &c, None));
     }
 
     #[test]

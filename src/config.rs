@@ -123,6 +123,26 @@ pub struct Config {
     /// having marked this backend DOWN.
     pub lb_fall: u32,
     pub lb_down_timeout_ms: u64,
+    /// Sources whose `/health_check.html` requests count as LB checkers;
+    /// `None`: every source.
+    pub lb_checkers: Option<Vec<Cidr>>,
+    /// With `draining_lb_status: 404`: the active = 0 flip also waits until
+    /// every live checker has been served a 404 since the drain began.
+    pub soft_drain_gate: bool,
+}
+
+fn cidr_list(key: &str, v: &Value) -> Result<Vec<Cidr>, ConfigError> {
+    let items = v
+        .as_array()
+        .ok_or_else(|| err(key, format!("expected a list of CIDRs, got {v}")))?;
+    items
+        .iter()
+        .map(|item| {
+            item.as_str()
+                .ok_or_else(|| err(key, format!("expected a CIDR string, got {item}")))
+                .and_then(|s| Cidr::parse(s).map_err(|p| err(key, p)))
+        })
+        .collect()
 }
 
 /// A refused configuration: which key, and what is wrong with it.
@@ -138,7 +158,7 @@ impl fmt::Display for ConfigError {
     }
 }
 
-pub const KEYS: [&str; 11] = [
+pub const KEYS: [&str; 13] = [
     "role",
     "drain_timeout",
     "min_drain",
@@ -150,6 +170,8 @@ pub const KEYS: [&str; 11] = [
     "close_after",
     "lb_fall",
     "lb_down_timeout",
+    "lb_checkers",
+    "soft_drain_gate",
 ];
 
 /// Shortest accepted admin token: long enough not to be guessed.
@@ -182,6 +204,8 @@ impl Default for Config {
             close_after: CloseAfter::LbBuffer,
             lb_fall: 2,
             lb_down_timeout_ms: 60_000,
+            lb_checkers: None,
+            soft_drain_gate: true,
         }
     }
 }
@@ -280,19 +304,22 @@ impl Config {
             };
         }
         if let Some(v) = obj.get("admin_allow") {
-            let items = v
-                .as_array()
-                .ok_or_else(|| err("admin_allow", format!("expected a list of CIDRs, got {v}")))?;
-            c.admin_allow = items
-                .iter()
-                .map(|item| {
-                    item.as_str()
-                        .ok_or_else(|| {
-                            err("admin_allow", format!("expected a CIDR string, got {item}"))
-                        })
-                        .and_then(|s| Cidr::parse(s).map_err(|p| err("admin_allow", p)))
-                })
-                .collect::<Result<_, _>>()?;
+            c.admin_allow = cidr_list("admin_allow", v)?;
+        }
+        if let Some(v) = obj.get("lb_checkers") {
+            let list = cidr_list("lb_checkers", v)?;
+            if list.is_empty() {
+                return Err(err(
+                    "lb_checkers",
+                    "an empty list would ignore every checker; omit the key to count every source",
+                ));
+            }
+            c.lb_checkers = Some(list);
+        }
+        if let Some(v) = obj.get("soft_drain_gate") {
+            c.soft_drain_gate = v
+                .as_bool()
+                .ok_or_else(|| err("soft_drain_gate", format!("expected true or false, got {v}")))?;
         }
         if let Some(v) = obj.get("admin_token") {
             let tokens: Vec<&str> = match v {
@@ -364,7 +391,15 @@ impl Config {
             lb_buffer_ms: self.lb_buffer_ms,
             close_after: self.close_after,
             lb_down_timeout_ms: self.lb_down_timeout_ms,
+            lb_gate: self.draining_lb_status == 404 && self.soft_drain_gate,
         }
+    }
+
+    /// Whether a check from `source` counts as one of the LB's.
+    pub fn is_checker(&self, source: IpAddr) -> bool {
+        self.lb_checkers
+            .as_ref()
+            .map_or(true, |list| list.iter().any(|c| c.contains(source)))
     }
 
     /// The longest CLOSING can last.
@@ -503,6 +538,10 @@ mod tests {
                 "close_after",
             ),
             (r#"{"role":"health","lb_fall":0}"#, "lb_fall"),
+            (r#"{"role":"health","lb_checkers":[]}"#, "lb_checkers"),
+            (r#"{"role":"health","lb_checkers":["10.0.0.300/32"]}"#, "lb_checkers"),
+            (r#"{"role":"health","lb_checkers":"10.0.0.0/8"}"#, "lb_checkers"),
+            (r#"{"role":"health","soft_drain_gate":"yes"}"#, "soft_drain_gate"),
             (r#"{"role":"health","lb_fall":2.5}"#, "lb_fall"),
             (
                 r#"{"role":"health","lb_down_timeout":"0s"}"#,
@@ -514,6 +553,20 @@ mod tests {
             assert_eq!(e.key, key, "{input} -> {e}");
             assert!(e.to_string().contains(key), "{e}");
         }
+    }
+
+    #[test]
+    fn lb_checkers_and_the_soft_drain_gate() {
+        let c = parse(r#"{"role":"health"}"#).unwrap();
+        assert!(c.is_checker("203.0.113.9".parse().unwrap()), "default: any source");
+        assert!(!c.plan().lb_gate, "200 while draining: nothing to gate");
+        let c = parse(r#"{"role":"health","draining_lb_status":404,"lb_checkers":["10.1.0.0/16","::1/128"]}"#).unwrap();
+        assert!(c.is_checker("10.1.2.3".parse().unwrap()));
+        assert!(c.is_checker("::1".parse().unwrap()));
+        assert!(!c.is_checker("10.2.0.1".parse().unwrap()));
+        assert!(c.plan().lb_gate, "404 gates by default");
+        let c = parse(r#"{"role":"health","draining_lb_status":404,"soft_drain_gate":false}"#).unwrap();
+        assert!(!c.plan().lb_gate);
     }
 
     #[test]

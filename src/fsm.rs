@@ -189,6 +189,10 @@ pub struct DrainPlan {
     pub close_after: CloseAfter,
     #[serde(default)]
     pub lb_down_timeout_ms: u64,
+    /// Soft drain: the active = 0 flip also waits until the LB has been
+    /// served the draining answer (see `due_gated`).
+    #[serde(default)]
+    pub lb_gate: bool,
 }
 
 /// One line of the transition history.
@@ -363,6 +367,23 @@ pub fn due(rec: &Record, now_ms: u64, active: u64, lb_down_ms: Option<u64>) -> O
     }
 }
 
+/// `due`, gated on what the LB saw. With `plan.lb_gate` (soft drain), a
+/// count of 0 is acted on only once every live LB checker has been served
+/// the draining answer since the drain began (`lb_saw_drain`, see
+/// `crate::lb::Checkers::saw_drain`): otherwise the LB would go from UP
+/// straight to DOWN and cut what it sent meanwhile. `drain_timeout` still
+/// applies, with the real count recorded.
+pub fn due_gated(
+    rec: &Record,
+    now_ms: u64,
+    active: u64,
+    lb_down_ms: Option<u64>,
+    lb_saw_drain: bool,
+) -> Option<Move> {
+    let held = rec.plan.is_some_and(|p| p.lb_gate) && !lb_saw_drain;
+    due(rec, now_ms, if held { active.max(1) } else { active }, lb_down_ms)
+}
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used, clippy::indexing_slicing)]
 mod tests {
@@ -375,6 +396,7 @@ mod tests {
         lb_buffer_ms: 3_000,
         close_after: CloseAfter::LbBuffer,
         lb_down_timeout_ms: 60_000,
+        lb_gate: false,
     };
 
     fn mv(from: State, to: State, reason: Reason) -> Move {
@@ -532,6 +554,35 @@ mod tests {
         assert_eq!((m.to, m.reason), (Closed, Reason::LbObservedDown));
         let m = due(&c, 20_200, 0, None).unwrap();
         assert_eq!((m.to, m.reason), (Closed, Reason::LbDownTimeout));
+    }
+
+    #[test]
+    fn soft_drain_gate_holds_the_zero_until_the_lb_saw_the_drain() {
+        let mut r = at(Draining); // started at 100, min_drain 1000, timeout 10000
+        r.plan = Some(DrainPlan {
+            lb_gate: true,
+            ..PLAN
+        });
+        assert_eq!(due_gated(&r, 1_100, 0, None, false), None, "LB not yet served 404");
+        let m = due_gated(&r, 1_100, 0, None, true).unwrap();
+        assert_eq!(m.reason, Reason::ActiveZero);
+        let m = due_gated(&r, 10_100, 0, None, false).unwrap();
+        assert_eq!(m.reason, Reason::DrainTimeout, "bounded by drain_timeout");
+        let c = advance(&r, m, 10_100, 0).unwrap();
+        assert!(c.forced && c.active_at_closing == Some(0), "the real count is recorded");
+        // Without the gate in the plan, the LB view does not matter.
+        let plain = at(Draining);
+        assert_eq!(
+            due_gated(&plain, 1_100, 0, None, false).unwrap().reason,
+            Reason::ActiveZero
+        );
+        // CLOSING's timers are not gated.
+        let mut c = at(Closing);
+        c.plan = r.plan;
+        assert_eq!(
+            due_gated(&c, 3_200, 0, None, false).unwrap().to,
+            Closed
+        );
     }
 
     #[test]

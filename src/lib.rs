@@ -5,6 +5,7 @@
 //! - [`config`]: plugin configuration → validated [`config::Config`];
 //! - [`api`]: the HTTP surface of the health listener;
 //! - [`lb`]: what each LB checker has been answered (LB-observed-down);
+//! - [`liveness`]: whether the traffic role is there and alive;
 //! - [`metrics`]: every metric name.
 //!
 //! Host shell ([`host`]): root, traffic and health contexts, shared data,
@@ -15,6 +16,7 @@ pub mod config;
 pub mod fsm;
 pub mod host;
 pub mod lb;
+pub mod liveness;
 pub mod metrics;
 
 proxy_wasm::main! {{

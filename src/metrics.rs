@@ -22,6 +22,8 @@ pub const ACTIVE_REQUESTS: &str = "drain_gate_active_requests";
 pub const STATE: &str = "drain_gate_state";
 pub const FORCED_CLOSES: &str = "drain_gate_forced_closes";
 pub const COUNT_ERRORS: &str = "drain_gate_count_errors";
+pub const COUNT_UNRELIABLE: &str = "drain_gate_count_unreliable";
+pub const TRAFFIC_ROLES_LOST: &str = "drain_gate_traffic_roles_lost";
 
 /// The transition counter for each target state, indexed like `State::ALL`.
 pub const TRANSITIONS_TO: [&str; 5] = [
@@ -42,7 +44,7 @@ pub fn transitions_to(state: State) -> &'static str {
     }
 }
 
-pub const ALL: [Metric; 9] = [
+pub const ALL: [Metric; 11] = [
     Metric {
         name: ACTIVE_REQUESTS,
         kind: Kind::Gauge,
@@ -87,5 +89,15 @@ pub const ALL: [Metric; 9] = [
         name: COUNT_ERRORS,
         kind: Kind::Counter,
         help: "streams the filter could not count (the drain then waits for drain_timeout)",
+    },
+    Metric {
+        name: COUNT_UNRELIABLE,
+        kind: Kind::Gauge,
+        help: "1 once the count is not trusted to reach 0 (a stream not counted, a traffic VM lost, the traffic filter gone): drains close at drain_timeout",
+    },
+    Metric {
+        name: TRAFFIC_ROLES_LOST,
+        kind: Kind::Counter,
+        help: "traffic root contexts that stopped beating without a goodbye (their VM failed)",
     },
 ];

@@ -24,12 +24,15 @@ use proxy_wasm::types::Status;
 use std::cell::Cell;
 
 use super::metrics::Metrics;
+use super::shared::{cas_update, Envoy, Step};
+use crate::liveness::Why;
 
 const SHARED_KEY: &str = "drain_gate.active.v1";
 const UNRELIABLE_KEY: &str = "drain_gate.count_unreliable.v1";
 /// Set by every traffic root context at configure time. Shared data is per
-/// `vm_id`: a health role that cannot see it is not in the traffic role's
-/// vm_id, so its count may miss streams and is not trusted to reach 0.
+/// `vm_id`: until a health role sees it, no traffic role counts in its
+/// vm_id, so the count is not trusted (and the gateway not announced, see
+/// `crate::liveness`).
 const TRAFFIC_KEY: &str = "drain_gate.traffic_present.v1";
 const RETRIES: usize = 64;
 /// How much a root context adds to the global count at a time outside a drain.
@@ -150,7 +153,7 @@ impl Counter {
                 log::error!(
                     "event=count_error what=\"stream not counted; drain will wait for drain_timeout\""
                 );
-                let _ = hostcalls::set_shared_data(UNRELIABLE_KEY, Some(b"1"), None);
+                mark_unreliable(Why::StreamNotCounted, metrics);
                 return false;
             }
             self.held.set(self.held.get() + step);
@@ -202,11 +205,45 @@ impl Drop for Counter {
     }
 }
 
+/// Marks the count unreliable for the life of the process (what was lost
+/// cannot be recounted). The first to mark it logs it and sets the gauge.
+pub fn mark_unreliable(why: Why, metrics: &Metrics) {
+    let first = cas_update(&Envoy, UNRELIABLE_KEY, |current| {
+        Ok::<_, ()>(match current {
+            Some(b) if !b.is_empty() => Step::Keep(false),
+            _ => Step::Write(why.name().as_bytes().to_vec(), true),
+        })
+    });
+    if first == Ok(true) {
+        log::error!(
+            "event=count_unreliable why={} what=\"the count is no longer trusted to reach 0; a drain closes at drain_timeout\"",
+            why.name()
+        );
+    }
+    metrics.set_unreliable();
+}
+
+/// Why the count is unreliable, if it was marked so.
+fn unreliable_mark() -> Result<Option<Why>, ()> {
+    match hostcalls::get_shared_data(UNRELIABLE_KEY) {
+        Ok((Some(b), _)) if !b.is_empty() => Ok(Some(
+            std::str::from_utf8(&b)
+                .ok()
+                .and_then(Why::from_name)
+                .unwrap_or(Why::StreamNotCounted),
+        )),
+        Ok(_) => Ok(None),
+        Err(_) => Err(()),
+    }
+}
+
 /// The global count as a role reads it.
 #[derive(Clone, Copy, Debug)]
 pub struct Reading {
     pub active: u64,
     pub reliable: bool,
+    /// Why it is not reliable (`None` when it is, or the read failed).
+    pub why: Option<Why>,
 }
 
 impl Reading {
@@ -235,11 +272,17 @@ impl Counter {
             Source::Gauge(id) => hostcalls::get_metric(id).ok(),
             Source::SharedData => shared_read().ok().map(|(v, _)| v),
         };
-        let flagged = !matches!(hostcalls::get_shared_data(UNRELIABLE_KEY), Ok((None, _)));
+        let mark = unreliable_mark();
         let traffic_seen = matches!(hostcalls::get_shared_data(TRAFFIC_KEY), Ok((Some(_), _)));
+        let why = match mark {
+            Ok(Some(why)) => Some(why),
+            _ if !traffic_seen => Some(Why::TrafficRoleNotSeen),
+            _ => None,
+        };
         Reading {
             active: value.unwrap_or(0),
-            reliable: value.is_some() && !flagged && traffic_seen,
+            reliable: value.is_some() && mark == Ok(None) && traffic_seen,
+            why,
         }
     }
 }

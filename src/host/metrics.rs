@@ -17,6 +17,8 @@ pub struct Metrics {
     transitions: [Option<u32>; 5],
     forced: Option<u32>,
     count_errors: Option<u32>,
+    count_unreliable: Option<u32>,
+    traffic_roles_lost: Option<u32>,
 }
 
 fn define(name: &str) -> Option<u32> {
@@ -57,6 +59,8 @@ impl Metrics {
             transitions,
             forced: define(names::FORCED_CLOSES),
             count_errors: define(names::COUNT_ERRORS),
+            count_unreliable: define(names::COUNT_UNRELIABLE),
+            traffic_roles_lost: define(names::TRAFFIC_ROLES_LOST),
         }
     }
 
@@ -94,5 +98,15 @@ impl Metrics {
 
     pub fn count_error(&self) {
         bump(self.count_errors);
+    }
+
+    pub fn set_unreliable(&self) {
+        if let Some(id) = self.count_unreliable {
+            let _ = hostcalls::record_metric(id, 1);
+        }
+    }
+
+    pub fn traffic_role_lost(&self) {
+        bump(self.traffic_roles_lost);
     }
 }

@@ -3,8 +3,10 @@
 
 pub mod count;
 pub mod health;
+pub mod liveness;
 pub mod metrics;
 pub mod root;
+pub mod shared;
 pub mod store;
 pub mod traffic;
 

@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use super::count::Counter;
 use super::health::{Health, HealthStream};
+use super::liveness::{self, Heartbeat};
 use super::metrics::Metrics;
 use super::store;
 use super::traffic::{Traffic, TrafficStream};
@@ -28,7 +29,16 @@ pub enum Root {
     Health(Rc<Health>),
 }
 
-impl Context for Root {}
+impl Context for Root {
+    /// The plugin is being removed (LDS update, reconfiguration): a clean
+    /// goodbye, so that the health role does not take it for a failed VM.
+    fn on_done(&mut self) -> bool {
+        if let Root::Traffic(t) = self {
+            t.goodbye();
+        }
+        true
+    }
+}
 
 impl RootContext for Root {
     fn on_configure(&mut self, _: usize) -> bool {
@@ -61,10 +71,16 @@ impl RootContext for Root {
         }
         *self = match config.role {
             Role::Traffic => {
+                liveness::ensure_registry();
                 Counter::announce_traffic();
-                Root::Traffic(Rc::new(Traffic::new(Counter::new(&metrics), metrics)))
+                let counter = Counter::new(&metrics);
+                let heartbeat = Heartbeat::new(config.tick_ms);
+                Root::Traffic(Rc::new(Traffic::new(counter, metrics, heartbeat)))
             }
-            Role::Health => Root::Health(Rc::new(Health::new(config, metrics))),
+            Role::Health => {
+                liveness::ensure_registry();
+                Root::Health(Rc::new(Health::new(config, metrics)))
+            }
         };
         true
     }

@@ -102,7 +102,7 @@ pub fn apply_due(
     // At most two automatic steps can follow each other (CLOSING, then CLOSED
     // when lb_buffer is 0).
     for _ in 0..3 {
-        let Some(mv) = fsm::due(&rec, now_ms(), active, lb_down_ms) else {
+        let Some(mv) = fsm::due_gated(&rec, now_ms(), active, lb_down_ms, lb_saw_drain(&rec)) else {
             return Ok(rec);
         };
         rec = match advance(|_| mv, active, metrics) {
@@ -113,6 +113,17 @@ pub fn apply_due(
         };
     }
     Ok(rec)
+}
+
+/// For a gated soft drain: whether every live checker has been served the
+/// 404 since the drain began (unreadable: not yet; `drain_timeout` bounds it).
+fn lb_saw_drain(rec: &Record) -> bool {
+    let gated = rec.state == fsm::State::Draining && rec.plan.is_some_and(|p| p.lb_gate);
+    if !gated {
+        return true;
+    }
+    let since = rec.drain_started_ms.unwrap_or(0);
+    lb_checkers().is_ok_and(|c| c.saw_drain(since, now_ms()))
 }
 
 fn lb_read() -> Result<(Checkers, Option<u32>), String> {

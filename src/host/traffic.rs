@@ -6,6 +6,7 @@ use std::cell::Cell;
 use std::rc::Rc;
 
 use super::count::Counter;
+use super::liveness::Heartbeat;
 use super::metrics::Metrics;
 use super::store;
 use crate::fsm::State;
@@ -18,21 +19,29 @@ pub struct Traffic {
     /// Whether a drain was running at the last tick (or may be: it starts
     /// true). Outside a drain no stream end needs to look any further.
     draining: Cell<bool>,
+    heartbeat: Heartbeat,
 }
 
 impl Traffic {
-    pub fn new(counter: Counter, metrics: Metrics) -> Traffic {
+    pub fn new(counter: Counter, metrics: Metrics, heartbeat: Heartbeat) -> Traffic {
         Traffic {
             counter,
             metrics,
             draining: Cell::new(true),
+            heartbeat,
         }
+    }
+
+    /// The root context is being removed cleanly: leave the registry.
+    pub fn goodbye(&self) {
+        self.heartbeat.goodbye();
     }
 
     /// Every `tick`: is a drain running? Give back the unused lease, and
     /// during a drain check whether this VM's last stream already ended
     /// before it knew about the drain.
     pub fn tick(&self) {
+        self.heartbeat.beat();
         let state = match self.metrics.state_hint() {
             Some(code) => code,
             None => match store::load() {

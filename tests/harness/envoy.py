@@ -8,6 +8,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -139,7 +140,9 @@ class Envoy:
         return self
 
     def wait_ready(self, timeout: float = 60) -> None:
-        """Until the admin says LIVE and the health listener answers /live."""
+        """Until the admin says LIVE, the health listener answers /live and, when the
+        bootstrap has a traffic filter, the health role has seen it register (until
+        then it keeps the gateway out: LB check and readiness 503)."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -147,11 +150,25 @@ class Envoy:
             try:
                 if requests.get(self.admin("/ready"), timeout=1).status_code == 200:
                     if requests.get(self.health("/live"), timeout=1).status_code in (200, 500):
-                        return
+                        if not self.has_traffic_role() or not self.waiting_for_traffic():
+                            return
             except requests.RequestException:
                 pass
             time.sleep(0.05)
         raise TimeoutError(f"envoy not ready after {timeout}s:\n{self.log_tail()}")
+
+    def has_traffic_role(self) -> bool:
+        """Whether a listener (static, or in a file-based LDS source) loads the traffic role."""
+        texts = [yaml.safe_dump(self.doc.get("static_resources", {}))]
+        lds = self.doc.get("dynamic_resources", {}).get("lds_config", {}).get("path_config_source", {})
+        if lds.get("path") and Path(lds["path"]).exists():
+            texts.append(Path(lds["path"]).read_text())
+        return any(re.search(r'\\?"role\\?": *\\?"traffic', t) for t in texts)
+
+    def waiting_for_traffic(self) -> bool:
+        """Whether the health role still waits for a traffic role (a failed status read: no)."""
+        r = requests.get(self.health("/drain/status"), timeout=1)
+        return r.status_code == 200 and r.json().get("waiting_for") == "traffic_role"
 
     def stop(self) -> None:
         stop_group(self.proc)
