@@ -107,8 +107,10 @@ def render(
 class Envoy:
     """One Envoy process. Use as a context manager; it is stopped on every exit path."""
 
-    def __init__(self, doc: dict, ports: Ports, concurrency: int = 2, workdir: Path | None = None):
+    def __init__(self, doc: dict, ports: Ports, concurrency: int = 2, workdir: Path | None = None,
+                 drain_time_s: int = 1):
         self.doc = doc
+        self.drain_time_s = drain_time_s
         self.ports = ports
         self.concurrency = concurrency
         self._tmp = None if workdir else tempfile.TemporaryDirectory(prefix="drain-gate-")
@@ -129,7 +131,7 @@ class Envoy:
                 "--concurrency", str(self.concurrency),
                 "--use-dynamic-base-id",
                 "--log-level", "info",
-                "--drain-time-s", "1",
+                "--drain-time-s", str(self.drain_time_s),
             ],
             stdout=self._log,
             stderr=subprocess.STDOUT,

@@ -184,14 +184,14 @@ def gateway_factory(backend_port: int, tmp_path: Path, stack):
     from tests.harness.envoy import Envoy, Ports, render
 
     def start(config: dict | None = None, *, transform=None, concurrency: int = 2,
-              wait_ready: bool = True, **kw) -> Envoy:
+              wait_ready: bool = True, drain_time_s: int = 1, **kw) -> Envoy:
         ports = Ports(backend=backend_port)
         workdir = tmp_path / f"envoy-{ports.health}"
         workdir.mkdir(parents=True, exist_ok=True)
         doc = render(ports, config, **kw)
         if transform is not None:
             doc = transform(doc, workdir)
-        envoy = Envoy(doc, ports, concurrency=concurrency, workdir=workdir)
+        envoy = Envoy(doc, ports, concurrency=concurrency, workdir=workdir, drain_time_s=drain_time_s)
         stack.callback(envoy.stop)
         return envoy.start(wait_ready=wait_ready)
 
