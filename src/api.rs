@@ -464,6 +464,7 @@ struct CheckerOut<'a> {
     consecutive_non_200: u32,
     consecutive_503: u32,
     last_seen: String,
+    last_404: Option<String>,
 }
 
 #[derive(Serialize)]
@@ -472,6 +473,9 @@ struct Lb<'a> {
     lb_fall: u32,
     observed_down: bool,
     observed_down_at: Option<String>,
+    /// DRAINING: every live checker has been served a 404 since the drain
+    /// began (what a gated soft drain waits for). False in every other state.
+    saw_drain: bool,
     checkers: Vec<CheckerOut<'a>>,
 }
 
@@ -540,6 +544,10 @@ fn status_body<'a>(v: &View<'a>, error: Option<&'a str>, wait: Option<&'a str>) 
             lb_fall: v.lb_fall,
             observed_down: v.checkers.all_down(v.now_ms, v.lb_fall),
             observed_down_at: v.checkers.down_since(v.now_ms, v.lb_fall).map(rfc3339),
+            saw_drain: r.state == State::Draining
+                && r
+                    .drain_started_ms
+                    .is_some_and(|t| v.checkers.saw_drain(t, v.now_ms)),
             checkers: v
                 .checkers
                 .list
@@ -549,6 +557,7 @@ fn status_body<'a>(v: &View<'a>, error: Option<&'a str>, wait: Option<&'a str>) 
                     consecutive_non_200: c.consecutive_non_200,
                     consecutive_503: c.consecutive_503,
                     last_seen: rfc3339(c.last_seen_ms),
+                    last_404: c.last_404_ms.map(rfc3339),
                 })
                 .collect(),
         },
