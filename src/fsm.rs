@@ -48,6 +48,11 @@ impl State {
         }
     }
 
+    /// The state whose `code()` this is.
+    pub fn from_code(code: u64) -> Option<State> {
+        State::ALL.into_iter().find(|s| s.code() == code)
+    }
+
     /// Numeric value of the `drain_gate_state` gauge.
     pub fn code(self) -> u64 {
         match self {
@@ -381,7 +386,12 @@ pub fn due_gated(
     lb_saw_drain: bool,
 ) -> Option<Move> {
     let held = rec.plan.is_some_and(|p| p.lb_gate) && !lb_saw_drain;
-    due(rec, now_ms, if held { active.max(1) } else { active }, lb_down_ms)
+    due(
+        rec,
+        now_ms,
+        if held { active.max(1) } else { active },
+        lb_down_ms,
+    )
 }
 
 #[cfg(test)]
@@ -563,13 +573,20 @@ mod tests {
             lb_gate: true,
             ..PLAN
         });
-        assert_eq!(due_gated(&r, 1_100, 0, None, false), None, "LB not yet served 404");
+        assert_eq!(
+            due_gated(&r, 1_100, 0, None, false),
+            None,
+            "LB not yet served 404"
+        );
         let m = due_gated(&r, 1_100, 0, None, true).unwrap();
         assert_eq!(m.reason, Reason::ActiveZero);
         let m = due_gated(&r, 10_100, 0, None, false).unwrap();
         assert_eq!(m.reason, Reason::DrainTimeout, "bounded by drain_timeout");
         let c = advance(&r, m, 10_100, 0).unwrap();
-        assert!(c.forced && c.active_at_closing == Some(0), "the real count is recorded");
+        assert!(
+            c.forced && c.active_at_closing == Some(0),
+            "the real count is recorded"
+        );
         // Without the gate in the plan, the LB view does not matter.
         let plain = at(Draining);
         assert_eq!(
@@ -579,10 +596,7 @@ mod tests {
         // CLOSING's timers are not gated.
         let mut c = at(Closing);
         c.plan = r.plan;
-        assert_eq!(
-            due_gated(&c, 3_200, 0, None, false).unwrap().to,
-            Closed
-        );
+        assert_eq!(due_gated(&c, 3_200, 0, None, false).unwrap().to, Closed);
     }
 
     #[test]

@@ -3,21 +3,27 @@
 //! Pure core (no proxy-wasm types, unit-tested on the host):
 //! - [`fsm`]: states, the transition table, `advance()`, answers per audience;
 //! - [`config`]: plugin configuration → validated [`config::Config`];
-//! - [`api`]: the HTTP surface of the health listener;
+//! - [`duration`]: durations as the configuration and queries spell them;
+//! - [`net`]: IP networks (`admin_allow`);
+//! - [`api`]: the HTTP surface of the health listener: routing ([`api`]),
+//!   health answers ([`api::check`]), the status document and held answers
+//!   ([`api::status`]), the reply type and error answers ([`api::reply`]);
 //! - [`lb`]: what each LB checker has been answered (LB-observed-down);
 //! - [`liveness`]: whether the traffic role is there and alive;
-//! - [`metrics`]: every metric name.
+//! - [`metric_names`]: every metric name (the host defines them).
 //!
 //! Host shell ([`host`]): root, traffic and health contexts, shared data,
-//! the active count, metrics and timers.
+//! the active count, the metrics (defined from [`metric_names`]) and timers.
 
 pub mod api;
 pub mod config;
+pub mod duration;
 pub mod fsm;
 pub mod host;
 pub mod lb;
 pub mod liveness;
-pub mod metrics;
+pub mod metric_names;
+pub mod net;
 
 proxy_wasm::main! {{
     proxy_wasm::set_log_level(proxy_wasm::types::LogLevel::Info);

@@ -83,8 +83,7 @@ impl Why {
     }
 
     pub fn from_name(s: &str) -> Option<Why> {
-        Why::ALL.into_iter()
-        .find(|w| w.name() == s)
+        Why::ALL.into_iter().find(|w| w.name() == s)
     }
 }
 

@@ -23,7 +23,7 @@ use proxy_wasm::hostcalls;
 use proxy_wasm::types::Status;
 use std::cell::Cell;
 
-use super::metrics::Metrics;
+use super::metrics::{gauge_is_live, Metrics};
 use super::shared::{cas_update, Envoy, Step};
 use crate::liveness::Why;
 
@@ -52,16 +52,6 @@ pub struct Counter {
     local: Cell<u64>,
     /// What this root context has added to the global count: never below `local`.
     held: Cell<u64>,
-}
-
-/// Adds 1 to the gauge, reads it back, removes the 1: a null stat reads 0.
-pub fn gauge_is_live(id: u32) -> bool {
-    if hostcalls::increment_metric(id, 1).is_err() {
-        return false;
-    }
-    let seen = hostcalls::get_metric(id).unwrap_or(0);
-    let _ = hostcalls::increment_metric(id, -1);
-    seen >= 1
 }
 
 fn shared_read() -> Result<(u64, Option<u32>), Status> {
@@ -93,7 +83,9 @@ fn shared_add(delta: i64) -> bool {
 }
 
 impl Counter {
-    pub fn new(metrics: &Metrics) -> Counter {
+    /// `gauge`: the id of the `drain_gate_active_requests` gauge, if the host
+    /// defined it; it is used only if it proves live.
+    pub fn new(gauge: Option<u32>) -> Counter {
         // Shared data has no create-if-absent: the key is created here, on
         // configure, which Envoy runs on the main thread before any worker VM
         // exists (and every later configure finds the key).
@@ -103,12 +95,12 @@ impl Counter {
                 log::error!("event=shared_data_error key={SHARED_KEY} status={e:?}");
             }
         }
-        let source = match metrics.active {
+        let source = match gauge {
             Some(id) if gauge_is_live(id) => Source::Gauge(id),
             _ => {
                 log::warn!(
                     "event=count_source source=shared_data why=\"gauge {} is not live (stats_matcher?)\"",
-                    crate::metrics::ACTIVE_REQUESTS
+                    crate::metric_names::ACTIVE_REQUESTS
                 );
                 Source::SharedData
             }

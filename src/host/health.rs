@@ -47,18 +47,15 @@ fn send(reply: &Reply) {
     }
 }
 
+/// Logs why the state could not be read; the answer is the core's.
 fn unavailable(error: &str) -> Reply {
     log::error!("event=state_unavailable role=health error=\"{error}\"");
-    Reply {
-        status: 503,
-        headers: vec![("content-type", "application/json".to_string()), ("cache-control", "no-store".to_string())],
-        body: br#"{"error":"state_unavailable","message":"the drain state could not be read; failing closed"}"#.to_vec(),
-    }
+    api::unavailable()
 }
 
 impl Health {
     pub fn new(config: Config, metrics: Metrics) -> Health {
-        let counter = Counter::new(&metrics);
+        let counter = Counter::new(metrics.active);
         Health {
             config,
             counter,

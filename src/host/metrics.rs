@@ -1,10 +1,11 @@
-//! Defines the metrics of `crate::metrics` and records transitions.
+//! Defines the metrics of `crate::metric_names`, probes whether a gauge is
+//! live, and records transitions.
 
 use proxy_wasm::hostcalls;
 use proxy_wasm::types::MetricType;
 
 use crate::fsm::{Record, State};
-use crate::metrics::{self as names, Kind};
+use crate::metric_names::{self as names, Kind};
 
 /// Metric ids of this VM. A missing id (the host refused the definition) only
 /// loses that metric.
@@ -39,6 +40,17 @@ fn define(name: &str) -> Option<u32> {
     }
 }
 
+/// Adds 1 to the gauge, reads it back, removes the 1: a null stat (a gauge a
+/// `stats_matcher` excludes) reads 0.
+pub fn gauge_is_live(id: u32) -> bool {
+    if hostcalls::increment_metric(id, 1).is_err() {
+        return false;
+    }
+    let seen = hostcalls::get_metric(id).unwrap_or(0);
+    let _ = hostcalls::increment_metric(id, -1);
+    seen >= 1
+}
+
 fn bump(id: Option<u32>) {
     if let Some(id) = id {
         let _ = hostcalls::increment_metric(id, 1);
@@ -55,7 +67,7 @@ impl Metrics {
         Metrics {
             active: define(names::ACTIVE_REQUESTS),
             state,
-            state_live: state.is_some_and(super::count::gauge_is_live),
+            state_live: state.is_some_and(gauge_is_live),
             transitions,
             forced: define(names::FORCED_CLOSES),
             count_errors: define(names::COUNT_ERRORS),
@@ -70,18 +82,25 @@ impl Metrics {
         }
     }
 
-    /// The state as the `drain_gate_state` gauge says, if that gauge is live.
+    /// The state as the `drain_gate_state` gauge says, if that gauge is live
+    /// and holds a state's code (`None`: the caller asks the store or the count).
     /// It is written right after every winning transition, so a reader that
     /// sees an older value either runs before the writer's next step (which
     /// re-reads the count) or is covered by the tick.
-    pub fn state_hint(&self) -> Option<u64> {
+    pub fn state_hint(&self) -> Option<State> {
+        self.state_gauge().and_then(State::from_code)
+    }
+
+    /// The raw value of the state gauge, if that gauge is live.
+    fn state_gauge(&self) -> Option<u64> {
         let id = self.state.filter(|_| self.state_live)?;
         hostcalls::get_metric(id).ok()
     }
 
-    /// Repairs the state gauge if a late writer left it stale (the tick runs this).
+    /// Repairs the state gauge if a late writer left it stale, or it holds a
+    /// value that is no state (the tick runs this).
     pub fn sync_state(&self, state: State) {
-        if self.state_hint().is_some_and(|v| v != state.code()) {
+        if self.state_gauge().is_some_and(|v| v != state.code()) {
             self.set_state(state);
         }
     }

@@ -73,7 +73,7 @@ impl RootContext for Root {
             Role::Traffic => {
                 liveness::ensure_registry();
                 Counter::announce_traffic();
-                let counter = Counter::new(&metrics);
+                let counter = Counter::new(metrics.active);
                 let heartbeat = Heartbeat::new(config.tick_ms);
                 Root::Traffic(Rc::new(Traffic::new(counter, metrics, heartbeat)))
             }

@@ -124,7 +124,9 @@ where
     T: serde::de::DeserializeOwned + Default,
 {
     match host.get(key) {
-        Ok((Some(b), _)) => serde_json::from_slice(&b).map_err(|e| format!("unreadable {key}: {e}")),
+        Ok((Some(b), _)) => {
+            serde_json::from_slice(&b).map_err(|e| format!("unreadable {key}: {e}"))
+        }
         Ok((None, _)) => Ok(T::default()),
         Err(e) => Err(format!("shared data read failed: {e:?}")),
     }

@@ -102,7 +102,8 @@ pub fn apply_due(
     // At most two automatic steps can follow each other (CLOSING, then CLOSED
     // when lb_buffer is 0).
     for _ in 0..3 {
-        let Some(mv) = fsm::due_gated(&rec, now_ms(), active, lb_down_ms, lb_saw_drain(&rec)) else {
+        let Some(mv) = fsm::due_gated(&rec, now_ms(), active, lb_down_ms, lb_saw_drain(&rec))
+        else {
             return Ok(rec);
         };
         rec = match advance(|_| mv, active, metrics) {

@@ -43,13 +43,13 @@ impl Traffic {
     pub fn tick(&self) {
         self.heartbeat.beat();
         let state = match self.metrics.state_hint() {
-            Some(code) => code,
+            Some(state) => state,
             None => match store::load() {
-                Ok(rec) => rec.state.code(),
-                Err(_) => State::Draining.code(), // unknown: keep looking
+                Ok(rec) => rec.state,
+                Err(_) => State::Draining, // unknown: keep looking
             },
         };
-        let draining = state == State::Draining.code();
+        let draining = state == State::Draining;
         self.draining.set(draining);
         self.counter.settle();
         if draining && self.counter.in_flight() == 0 {
@@ -75,10 +75,12 @@ impl Traffic {
 
     /// The global count may be 0 during a drain: flip if it is.
     fn try_flip(&self) {
-        if let Some(state) = self.metrics.state_hint() {
-            if state != State::Draining.code() {
-                return;
-            }
+        if self
+            .metrics
+            .state_hint()
+            .is_some_and(|s| s != State::Draining)
+        {
+            return;
         }
         if !self.counter.reads_zero() || self.counter.read().for_decisions() > 0 {
             return;

@@ -1,10 +1,9 @@
-//! Every metric drain-gate emits, in one list. The README's metrics table is
-//! checked against it by a test. Pure: the host shell defines them.
+//! Every metric drain-gate emits, in one list: name, type and meaning. Pure:
+//! the host shell (`host::metrics`) defines them. The README's metrics table
+//! is checked against this list by `readme_table_lists_every_metric` below.
 //!
 //! Envoy exports wasm metrics under the `wasmcustom` namespace, which its
 //! Prometheus endpoint strips: these names appear as they are written here.
-
-use crate::fsm::State;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Kind {
@@ -34,16 +33,6 @@ pub const TRANSITIONS_TO: [&str; 5] = [
     "drain_gate_transitions_to_fault",
 ];
 
-pub fn transitions_to(state: State) -> &'static str {
-    match state {
-        State::Open => TRANSITIONS_TO[0],
-        State::Draining => TRANSITIONS_TO[1],
-        State::Closing => TRANSITIONS_TO[2],
-        State::Closed => TRANSITIONS_TO[3],
-        State::Fault => TRANSITIONS_TO[4],
-    }
-}
-
 pub const ALL: [Metric; 11] = [
     Metric {
         name: ACTIVE_REQUESTS,
@@ -53,7 +42,7 @@ pub const ALL: [Metric; 11] = [
     Metric {
         name: STATE,
         kind: Kind::Gauge,
-        help: "FSM state: 0 OPEN, 1 DRAINING, 2 CLOSING, 3 CLOSED, 4 FAULT",
+        help: "0 OPEN, 1 DRAINING, 2 CLOSING, 3 CLOSED, 4 FAULT",
     },
     Metric {
         name: TRANSITIONS_TO[0],
@@ -101,3 +90,51 @@ pub const ALL: [Metric; 11] = [
         help: "traffic root contexts that stopped beating without a goodbye (their VM failed)",
     },
 ];
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The rows of the README's metrics table as (name, type, meaning), with
+    /// the Markdown backticks removed.
+    fn readme_rows() -> Vec<(String, String, String)> {
+        let readme = include_str!("../README.md");
+        let table = readme
+            .split("\n## Metrics\n")
+            .nth(1)
+            .and_then(|s| s.split("\n## ").next())
+            .unwrap_or_default();
+        table
+            .lines()
+            .filter(|l| l.starts_with("| `"))
+            .map(|l| {
+                let cells: Vec<String> = l
+                    .trim_matches('|')
+                    .split(" | ")
+                    .map(|c| c.trim().replace('`', ""))
+                    .collect();
+                let cell = |i: usize| cells.get(i).cloned().unwrap_or_default();
+                (cell(0), cell(1), cell(2))
+            })
+            .collect()
+    }
+
+    #[test]
+    fn readme_table_lists_every_metric() {
+        let rows = readme_rows();
+        let listed: Vec<(String, String, String)> = ALL
+            .iter()
+            .map(|m| {
+                let kind = match m.kind {
+                    Kind::Counter => "counter",
+                    Kind::Gauge => "gauge",
+                };
+                (m.name.to_string(), kind.to_string(), m.help.to_string())
+            })
+            .collect();
+        assert_eq!(
+            rows, listed,
+            "README.md ## Metrics table vs metric_names::ALL"
+        );
+    }
+}

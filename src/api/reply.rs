@@ -1,0 +1,130 @@
+//! One complete answer of the health listener, and the error answers every
+//! part of the API shares. Pure.
+
+use serde::Serialize;
+
+use crate::fsm::{Illegal, State};
+
+/// One complete answer.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Reply {
+    pub status: u16,
+    pub headers: Vec<(&'static str, String)>,
+    pub body: Vec<u8>,
+}
+
+const JSON: &str = "application/json";
+pub(super) const TEXT: &str = "text/plain; charset=utf-8";
+
+impl Reply {
+    pub(super) fn new(status: u16, content_type: &str, body: Vec<u8>) -> Reply {
+        Reply {
+            status,
+            headers: vec![("content-type", content_type.to_string())],
+            body,
+        }
+    }
+
+    pub(super) fn json<T: Serialize>(status: u16, body: &T) -> Reply {
+        // Serializing these plain structs cannot fail; an empty body is the
+        // harmless fallback if it ever did.
+        let bytes = serde_json::to_vec(body).unwrap_or_default();
+        Reply::new(status, JSON, bytes).with("cache-control", "no-store")
+    }
+
+    pub(super) fn with(mut self, name: &'static str, value: impl Into<String>) -> Reply {
+        self.headers.retain(|(n, _)| *n != name);
+        self.headers.push((name, value.into()));
+        self
+    }
+}
+
+#[derive(Serialize)]
+struct ErrorBody<'a> {
+    error: &'a str,
+    message: &'a str,
+}
+
+/// `{"error": ..., "message": ...}` with `status`.
+pub(super) fn error(status: u16, error: &str, message: &str) -> Reply {
+    Reply::json(status, &ErrorBody { error, message })
+}
+
+/// 400 for a request the API understands but cannot take as written.
+pub(super) fn bad_request(message: &str) -> Reply {
+    error(400, "bad_request", message)
+}
+
+/// 503 when the drain state cannot be read: the health listener fails closed.
+pub fn unavailable() -> Reply {
+    error(
+        503,
+        "state_unavailable",
+        "the drain state could not be read; failing closed",
+    )
+}
+
+#[derive(Serialize)]
+struct IllegalBody {
+    error: &'static str,
+    state: State,
+    requested: State,
+}
+
+/// 409 for a refused transition.
+pub fn illegal(e: Illegal) -> Reply {
+    Reply::json(
+        409,
+        &IllegalBody {
+            error: "illegal_transition",
+            state: e.state,
+            requested: e.requested,
+        },
+    )
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+pub(crate) mod tests {
+    use super::*;
+
+    pub(crate) fn body(r: &Reply) -> serde_json::Value {
+        serde_json::from_slice(&r.body).unwrap()
+    }
+
+    pub(crate) fn header<'a>(r: &'a Reply, name: &str) -> Option<&'a str> {
+        r.headers
+            .iter()
+            .find(|(n, _)| *n == name)
+            .map(|(_, v)| v.as_str())
+    }
+
+    #[test]
+    fn conflict_body() {
+        let c = body(&illegal(Illegal {
+            state: State::Closed,
+            requested: State::Open,
+        }));
+        assert_eq!(
+            c,
+            serde_json::json!({"error":"illegal_transition","state":"CLOSED","requested":"OPEN"})
+        );
+    }
+
+    #[test]
+    fn unavailable_fails_closed() {
+        let r = unavailable();
+        assert_eq!(r.status, 503);
+        assert_eq!(
+            r.headers,
+            vec![
+                ("content-type", "application/json".to_string()),
+                ("cache-control", "no-store".to_string())
+            ]
+        );
+        assert_eq!(
+            r.body,
+            br#"{"error":"state_unavailable","message":"the drain state could not be read; failing closed"}"#
+        );
+    }
+}

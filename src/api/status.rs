@@ -1,0 +1,316 @@
+//! The status document (`GET /drain/status`, the answer to a transition) and
+//! the final answer of a held `wait=closed`. Pure.
+
+use serde::Serialize;
+
+use super::reply::Reply;
+use crate::fsm::{CloseAfter, Record, State};
+use crate::lb::Checkers;
+
+/// How the active count is kept; reported in the status.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct CountInfo {
+    /// `gauge` (a live Envoy gauge) or `shared_data` (the stats
+    /// configuration dropped the gauge, so the count lives in shared data).
+    pub source: &'static str,
+    /// False once a stream could not be counted, a traffic VM was lost or
+    /// the traffic filter went away: the drain then waits for
+    /// `drain_timeout` instead of trusting a zero.
+    pub reliable: bool,
+    /// Why it is not reliable (`crate::liveness::Why`), `null` when it is.
+    pub unreliable_reason: Option<&'static str>,
+}
+
+/// The traffic roles of this `vm_id` (see `crate::liveness`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct TrafficInfo {
+    /// A traffic root has registered at least once.
+    pub seen: bool,
+    /// Traffic root contexts registered now (one per worker VM, and one in
+    /// the main thread's, per filter configuration).
+    pub roots: usize,
+    /// Traffic root contexts that stopped beating without a goodbye.
+    pub lost: u64,
+}
+
+/// `/drain/status` names what the gateway waits for before it is announced.
+pub const WAITING_FOR_TRAFFIC: &str = "traffic_role";
+
+/// Everything a status answer shows.
+#[derive(Clone, Copy, Debug)]
+pub struct View<'a> {
+    pub rec: &'a Record,
+    pub active: u64,
+    pub now_ms: u64,
+    pub count: CountInfo,
+    pub traffic: TrafficInfo,
+    pub draining_lb_status: u16,
+    pub checkers: &'a Checkers,
+    pub lb_fall: u32,
+    pub close_after: CloseAfter,
+}
+
+#[derive(Serialize)]
+struct StepOut {
+    from: State,
+    to: State,
+    reason: &'static str,
+    at: String,
+    active: u64,
+}
+
+#[derive(Serialize)]
+struct Progress {
+    reason: &'static str,
+    forced: bool,
+    since: String,
+    drain_started_at: Option<String>,
+    closing_at: Option<String>,
+    closed_at: Option<String>,
+    drain_duration_ms: Option<u64>,
+    active_at_closing: Option<u64>,
+    min_drain_ms: Option<u64>,
+    drain_timeout_ms: Option<u64>,
+    lb_buffer_ms: Option<u64>,
+    transitions: Vec<StepOut>,
+}
+
+#[derive(Serialize)]
+struct CheckerOut<'a> {
+    source: &'a str,
+    consecutive_non_200: u32,
+    consecutive_503: u32,
+    last_seen: String,
+    last_404: Option<String>,
+}
+
+#[derive(Serialize)]
+struct Lb<'a> {
+    close_after: CloseAfter,
+    lb_fall: u32,
+    observed_down: bool,
+    observed_down_at: Option<String>,
+    /// DRAINING: every live checker has been served a 404 since the drain
+    /// began (what a gated soft drain waits for). False in every other state.
+    saw_drain: bool,
+    checkers: Vec<CheckerOut<'a>>,
+}
+
+#[derive(Serialize)]
+struct Status<'a> {
+    state: State,
+    ready: bool,
+    live: bool,
+    lb_status: u16,
+    active: u64,
+    count: CountInfo,
+    /// `traffic_role` while no traffic role has registered: the gateway is
+    /// not announced (LB check and readiness 503).
+    waiting_for: Option<&'static str>,
+    traffic: TrafficInfo,
+    progress: Progress,
+    lb: Lb<'a>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    error: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    wait: Option<&'a str>,
+}
+
+fn status_body<'a>(v: &View<'a>, error: Option<&'a str>, wait: Option<&'a str>) -> Status<'a> {
+    let r = v.rec;
+    let waiting = !v.traffic.seen;
+    Status {
+        state: r.state,
+        ready: r.state.ready() && !waiting,
+        live: r.state.live(),
+        lb_status: if waiting {
+            super::checks::WAITING_STATUS
+        } else {
+            r.state.lb_status(v.draining_lb_status)
+        },
+        active: v.active,
+        count: v.count,
+        waiting_for: waiting.then_some(WAITING_FOR_TRAFFIC),
+        traffic: v.traffic,
+        progress: Progress {
+            reason: r.reason.name(),
+            forced: r.forced,
+            since: rfc3339(r.since_ms),
+            drain_started_at: r.drain_started_ms.map(rfc3339),
+            closing_at: r.closing_ms.map(rfc3339),
+            closed_at: r.closed_ms.map(rfc3339),
+            drain_duration_ms: r.drain_duration_ms(v.now_ms),
+            active_at_closing: r.active_at_closing,
+            min_drain_ms: r.plan.map(|p| p.min_drain_ms),
+            drain_timeout_ms: r.plan.map(|p| p.drain_timeout_ms),
+            lb_buffer_ms: r.plan.map(|p| p.lb_buffer_ms),
+            transitions: r
+                .history
+                .iter()
+                .map(|s| StepOut {
+                    from: s.from,
+                    to: s.to,
+                    reason: s.reason.name(),
+                    at: rfc3339(s.at_ms),
+                    active: s.active,
+                })
+                .collect(),
+        },
+        lb: Lb {
+            close_after: v.close_after,
+            lb_fall: v.lb_fall,
+            observed_down: v.checkers.all_down(v.now_ms, v.lb_fall),
+            observed_down_at: v.checkers.down_since(v.now_ms, v.lb_fall).map(rfc3339),
+            saw_drain: r.state == State::Draining
+                && r.drain_started_ms
+                    .is_some_and(|t| v.checkers.saw_drain(t, v.now_ms)),
+            checkers: v
+                .checkers
+                .list
+                .iter()
+                .map(|c| CheckerOut {
+                    source: &c.source,
+                    consecutive_non_200: c.consecutive_non_200,
+                    consecutive_503: c.consecutive_503,
+                    last_seen: rfc3339(c.last_seen_ms),
+                    last_404: c.last_404_ms.map(rfc3339),
+                })
+                .collect(),
+        },
+        error,
+        wait,
+    }
+}
+
+/// `GET /drain/status` and the answer to a successful transition.
+pub fn status(v: &View) -> Reply {
+    Reply::json(200, &status_body(v, None, None))
+}
+
+/// How a held `wait=closed` ends.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WaitEnd {
+    Closed,
+    /// The drain was abandoned (reopen or fault) while waiting.
+    Aborted,
+    TimedOut,
+}
+
+/// Whether a held wait is over: CLOSED ends it, leaving the drain aborts it,
+/// the deadline times it out.
+pub fn wait_end(state: State, timed_out: bool) -> Option<WaitEnd> {
+    match state {
+        State::Closed => Some(WaitEnd::Closed),
+        State::Open | State::Fault => Some(WaitEnd::Aborted),
+        State::Draining | State::Closing if timed_out => Some(WaitEnd::TimedOut),
+        State::Draining | State::Closing => None,
+    }
+}
+
+/// The final answer of a held wait: the status, with `wait` saying how it ended.
+pub fn wait_reply(end: WaitEnd, v: &View) -> Reply {
+    let (code, error, wait) = match end {
+        WaitEnd::Closed => (200, None, "closed"),
+        WaitEnd::Aborted => (409, Some("drain_aborted"), "aborted"),
+        WaitEnd::TimedOut => (504, Some("wait_timeout"), "timeout"),
+    };
+    Reply::json(code, &status_body(v, error, Some(wait)))
+}
+
+/// Formats milliseconds since the Unix epoch as RFC 3339 UTC.
+pub fn rfc3339(ms: u64) -> String {
+    let secs = ms / 1000;
+    let days = (secs / 86_400) as i64;
+    let rem = secs % 86_400;
+    // Civil date from days since 1970-01-01 (H. Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{:03}Z",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60,
+        ms % 1000
+    )
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::indexing_slicing)]
+mod tests {
+    use super::*;
+    use crate::api::reply::tests::body;
+
+    #[test]
+    fn status_and_wait_bodies() {
+        let rec = Record::new(1_764_000_000_000);
+        let v = View {
+            rec: &rec,
+            active: 3,
+            now_ms: 1_764_000_000_500,
+            count: CountInfo {
+                source: "gauge",
+                reliable: true,
+                unreliable_reason: None,
+            },
+            traffic: TrafficInfo {
+                seen: true,
+                roots: 2,
+                lost: 0,
+            },
+            draining_lb_status: 200,
+            checkers: &Checkers::default(),
+            lb_fall: 2,
+            close_after: CloseAfter::LbBuffer,
+        };
+        let s = body(&status(&v));
+        assert_eq!(s["state"], "OPEN");
+        assert_eq!(s["active"], 3);
+        assert_eq!(s["ready"], true);
+        assert_eq!(s["progress"]["reason"], "start");
+        assert_eq!(s["progress"]["since"], "2025-11-24T16:00:00.000Z");
+        let w = wait_reply(WaitEnd::TimedOut, &v);
+        assert_eq!(w.status, 504);
+        assert_eq!(body(&w)["wait"], "timeout");
+        assert_eq!(s["waiting_for"], serde_json::Value::Null);
+        let waiting = View {
+            traffic: TrafficInfo {
+                seen: false,
+                roots: 0,
+                lost: 0,
+            },
+            ..v
+        };
+        let s = body(&status(&waiting));
+        assert_eq!(
+            (&s["waiting_for"], &s["ready"], &s["lb_status"]),
+            (
+                &serde_json::json!("traffic_role"),
+                &serde_json::json!(false),
+                &serde_json::json!(503)
+            )
+        );
+    }
+
+    #[test]
+    fn wait_outcomes() {
+        assert_eq!(wait_end(State::Draining, false), None);
+        assert_eq!(wait_end(State::Closing, true), Some(WaitEnd::TimedOut));
+        assert_eq!(wait_end(State::Closed, true), Some(WaitEnd::Closed));
+        assert_eq!(wait_end(State::Open, false), Some(WaitEnd::Aborted));
+        assert_eq!(wait_end(State::Fault, false), Some(WaitEnd::Aborted));
+    }
+
+    #[test]
+    fn rfc3339_formatting() {
+        assert_eq!(rfc3339(0), "1970-01-01T00:00:00.000Z");
+        assert_eq!(rfc3339(951_782_400_123), "2000-02-29T00:00:00.123Z");
+        assert_eq!(rfc3339(1_795_910_400_000), "2026-11-29T00:00:00.000Z");
+    }
+}

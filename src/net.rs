@@ -1,0 +1,103 @@
+//! IP networks for `admin_allow`. Pure.
+
+use std::fmt;
+use std::net::IpAddr;
+
+/// An IPv4 or IPv6 network, e.g. `127.0.0.0/8`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Cidr {
+    net: IpAddr,
+    prefix: u8,
+}
+
+/// The loopback networks, IPv4 and IPv6.
+pub const LOOPBACK: [Cidr; 2] = [
+    Cidr {
+        net: IpAddr::V4(std::net::Ipv4Addr::new(127, 0, 0, 0)),
+        prefix: 8,
+    },
+    Cidr {
+        net: IpAddr::V6(std::net::Ipv6Addr::LOCALHOST),
+        prefix: 128,
+    },
+];
+
+impl Cidr {
+    pub fn parse(s: &str) -> Result<Cidr, String> {
+        let (addr, prefix) = match s.split_once('/') {
+            Some((a, p)) => (a, Some(p)),
+            None => (s, None),
+        };
+        let net: IpAddr = addr
+            .parse()
+            .map_err(|_| format!("{s:?} is not an IP address or CIDR"))?;
+        let max = if net.is_ipv4() { 32 } else { 128 };
+        let prefix = match prefix {
+            None => max,
+            Some(p) => match p.parse::<u8>() {
+                Ok(n) if n <= max => n,
+                _ => return Err(format!("{s:?} has a prefix length outside 0..={max}")),
+            },
+        };
+        Ok(Cidr { net, prefix })
+    }
+
+    pub fn contains(&self, ip: IpAddr) -> bool {
+        let ip = match ip {
+            IpAddr::V6(v6) => v6.to_ipv4_mapped().map(IpAddr::V4).unwrap_or(ip),
+            v4 => v4,
+        };
+        match (self.net, ip) {
+            (IpAddr::V4(n), IpAddr::V4(a)) => {
+                masked(u32::from(n).into(), self.prefix, 32)
+                    == masked(u32::from(a).into(), self.prefix, 32)
+            }
+            (IpAddr::V6(n), IpAddr::V6(a)) => {
+                masked(u128::from(n), self.prefix, 128) == masked(u128::from(a), self.prefix, 128)
+            }
+            _ => false,
+        }
+    }
+}
+
+fn masked(bits: u128, prefix: u8, width: u32) -> u128 {
+    if prefix == 0 {
+        return 0;
+    }
+    let keep = u32::from(prefix).min(width);
+    bits >> (width - keep)
+}
+
+impl fmt::Display for Cidr {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.net, self.prefix)
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::indexing_slicing)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cidr_matching() {
+        let lo = Cidr::parse("127.0.0.0/8").unwrap();
+        assert!(lo.contains("127.0.0.2".parse().unwrap()));
+        assert!(lo.contains("::ffff:127.0.0.1".parse().unwrap()));
+        assert!(!lo.contains("128.0.0.1".parse().unwrap()));
+        assert!(!lo.contains("::1".parse().unwrap()));
+        let one = Cidr::parse("127.0.0.1/32").unwrap();
+        assert!(!one.contains("127.0.0.2".parse().unwrap()));
+        let v6 = Cidr::parse("fd00::/8").unwrap();
+        assert!(v6.contains("fd12::1".parse().unwrap()));
+        assert!(!v6.contains("fe80::1".parse().unwrap()));
+        let all = Cidr::parse("0.0.0.0/0").unwrap();
+        assert!(all.contains("203.0.113.9".parse().unwrap()));
+    }
+
+    #[test]
+    fn loopback_is_what_parse_makes() {
+        assert_eq!(LOOPBACK[0], Cidr::parse("127.0.0.0/8").unwrap());
+        assert_eq!(LOOPBACK[1], Cidr::parse("::1").unwrap());
+    }
+}
