@@ -140,16 +140,20 @@ impl Watch {
         };
         self.seen.set(self.seen.get() || reg.seen);
         let dead = reg.stale(now, read_beat);
+        let mut lost_now = false;
         if !dead.is_empty() {
             let moved = json_update(&Envoy, REGISTRY_KEY, |r: &mut Registry| {
                 Ok::<_, String>(r.mark_lost(&dead))
             });
             for l in moved.unwrap_or_default() {
                 report_lost(&l, metrics);
+                lost_now = true;
             }
         }
-        let verdict = reg.verdict(now);
-        if let Some(why) = verdict.unreliable.filter(|w| *w == Why::TrafficRoleGone) {
+        // Every tick while it holds (one read once marked): a mark whose write
+        // failed is written by a later tick.
+        let why = reg.verdict(now).unreliable;
+        if let Some(why) = why.or(lost_now.then_some(Why::TrafficRoleLost)) {
             count::mark_unreliable(why, metrics);
         }
     }
@@ -170,5 +174,4 @@ fn report_lost(l: &Lost, metrics: &Metrics) {
     );
     metrics.traffic_role_lost();
     let _ = Envoy.set(&beat_key(l.id), &[], None);
-    count::mark_unreliable(Why::TrafficRoleLost, metrics);
 }

@@ -7,10 +7,11 @@ use proxy_wasm::types::ContextType;
 use std::rc::Rc;
 use std::time::Duration;
 
-use super::count::Counter;
+use super::count::{self, Counter};
 use super::health::{Health, HealthStream};
 use super::liveness::{self, Heartbeat};
 use super::metrics::Metrics;
+use super::shared::Envoy;
 use super::store;
 use super::traffic::{Traffic, TrafficStream};
 use crate::config::{Config, Role};
@@ -72,7 +73,7 @@ impl RootContext for Root {
         *self = match config.role {
             Role::Traffic => {
                 liveness::ensure_registry();
-                Counter::announce_traffic();
+                count::announce_traffic(&Envoy);
                 let counter = Counter::new(metrics.active);
                 let heartbeat = Heartbeat::new(config.tick_ms);
                 Root::Traffic(Rc::new(Traffic::new(counter, metrics, heartbeat)))

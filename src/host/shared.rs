@@ -60,6 +60,18 @@ pub enum Failed<E> {
     Contention,
 }
 
+impl<E> Failed<E> {
+    /// What the update function refused, or what the host failed at.
+    pub fn refused(self) -> Result<E, String> {
+        match self {
+            Failed::Refused(e) => Ok(e),
+            Failed::Read(s) => Err(format!("shared data read failed: {s:?}")),
+            Failed::Write(s) => Err(format!("shared data write failed: {s:?}")),
+            Failed::Contention => Err("too much contention on shared data".to_string()),
+        }
+    }
+}
+
 impl<E: std::fmt::Display> std::fmt::Display for Failed<E> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {

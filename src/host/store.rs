@@ -7,13 +7,12 @@ use proxy_wasm::types::Status;
 
 use super::metrics::Metrics;
 use super::now_ms;
+use super::shared::{cas_update, json_read, json_update, Envoy, Step, RETRIES};
 use crate::fsm::{self, Illegal, Move, Record};
 use crate::lb::Checkers;
 
 const KEY: &str = "drain_gate.fsm.v1";
 const LB_KEY: &str = "drain_gate.lb.v1";
-/// CAS retries before a transition gives up (only under pathological contention).
-const RETRIES: usize = 64;
 
 #[derive(Debug)]
 pub enum Error {
@@ -64,31 +63,26 @@ pub fn advance(
     active: u64,
     metrics: &Metrics,
 ) -> Result<Record, Error> {
-    for _ in 0..RETRIES {
-        let (rec, cas) = load_versioned().map_err(Error::Store)?;
-        let mv = choose(&rec);
-        let next = fsm::advance(&rec, mv, now_ms(), active).map_err(Error::Illegal)?;
-        match write(&next, Some(cas)) {
-            Ok(()) => {
-                log::info!(
-                    "event=transition from={} to={} reason={} active={} forced={} seq={}",
-                    rec.state.name(),
-                    next.state.name(),
-                    next.reason.name(),
-                    active,
-                    next.forced,
-                    next.seq
-                );
-                metrics.transition(&next);
-                return Ok(next);
-            }
-            Err(Status::CasMismatch) => continue,
-            Err(e) => return Err(Error::Store(format!("shared data write failed: {e:?}"))),
-        }
-    }
-    Err(Error::Store(
-        "too much contention on the state record".to_string(),
-    ))
+    load_versioned().map_err(Error::Store)?; // created on first use
+    let moved = cas_update(&Envoy, KEY, |bytes| {
+        let rec: Record = serde_json::from_slice(bytes.unwrap_or_default())
+            .map_err(|e| Error::Store(format!("unreadable state record: {e}")))?;
+        let next = fsm::advance(&rec, choose(&rec), now_ms(), active).map_err(Error::Illegal)?;
+        let out = serde_json::to_vec(&next).map_err(|e| Error::Store(e.to_string()))?;
+        Ok(Step::Write(out, (rec.state, next)))
+    });
+    let (from, next) = moved.map_err(|f| f.refused().unwrap_or_else(Error::Store))?;
+    log::info!(
+        "event=transition from={} to={} reason={} active={} forced={} seq={}",
+        from.name(),
+        next.state.name(),
+        next.reason.name(),
+        active,
+        next.forced,
+        next.seq
+    );
+    metrics.transition(&next);
+    Ok(next)
 }
 
 /// Applies every automatic transition that is due (active=0 flip, drain
@@ -127,32 +121,16 @@ fn lb_saw_drain(rec: &Record) -> bool {
     lb_checkers().is_ok_and(|c| c.saw_drain(since, now_ms()))
 }
 
-fn lb_read() -> Result<(Checkers, Option<u32>), String> {
-    match hostcalls::get_shared_data(LB_KEY) {
-        Ok((Some(bytes), cas)) => serde_json::from_slice(&bytes)
-            .map(|c| (c, cas))
-            .map_err(|e| format!("unreadable checker record: {e}")),
-        Ok((None, cas)) => Ok((Checkers::default(), cas)),
-        Err(e) => Err(format!("shared data read failed: {e:?}")),
-    }
-}
-
 /// What every LB checker has been answered so far.
 pub fn lb_checkers() -> Result<Checkers, String> {
-    lb_read().map(|(c, _)| c)
+    json_read(&Envoy, LB_KEY)
 }
 
 /// Records an answer served to an LB checker (compare-and-swap, retried).
 pub fn lb_observe(source: &str, status: u16, lb_fall: u32) -> Result<(), String> {
-    for _ in 0..RETRIES {
-        let (mut checkers, cas) = lb_read()?;
-        checkers.observe(source, status, now_ms(), lb_fall);
-        let bytes = serde_json::to_vec(&checkers).map_err(|e| e.to_string())?;
-        match hostcalls::set_shared_data(LB_KEY, Some(&bytes), cas) {
-            Ok(()) => return Ok(()),
-            Err(Status::CasMismatch) => continue,
-            Err(e) => return Err(format!("shared data write failed: {e:?}")),
-        }
-    }
-    Err("too much contention on the checker record".to_string())
+    json_update(&Envoy, LB_KEY, |c: &mut Checkers| {
+        c.observe(source, status, now_ms(), lb_fall);
+        Ok::<_, String>(())
+    })
+    .map_err(|e| e.to_string())
 }

@@ -5,7 +5,7 @@ use proxy_wasm::traits::{Context, HttpContext};
 use std::cell::Cell;
 use std::rc::Rc;
 
-use super::count::Counter;
+use super::count::{self, Counter};
 use super::liveness::Heartbeat;
 use super::metrics::Metrics;
 use super::store;
@@ -101,9 +101,10 @@ pub struct TrafficStream {
 
 impl TrafficStream {
     pub fn new(traffic: Rc<Traffic>) -> TrafficStream {
-        let counted = traffic
-            .counter
-            .enter(&traffic.metrics, traffic.draining.get());
+        let counted = traffic.counter.enter(traffic.draining.get());
+        if !counted {
+            count::not_counted(&traffic.metrics);
+        }
         TrafficStream { traffic, counted }
     }
 }
