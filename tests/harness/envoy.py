@@ -160,11 +160,10 @@ class Envoy:
         raise TimeoutError(f"envoy not ready after {timeout}s:\n{self.log_tail()}")
 
     def has_traffic_role(self) -> bool:
-        """Whether a listener (static, or in a file-based LDS source) loads the traffic role."""
-        texts = [yaml.safe_dump(self.doc.get("static_resources", {}))]
-        lds = self.doc.get("dynamic_resources", {}).get("lds_config", {}).get("path_config_source", {})
-        if lds.get("path") and Path(lds["path"]).exists():
-            texts.append(Path(lds["path"]).read_text())
+        """Whether a filter loads the traffic role: in the bootstrap, or in a file it
+        points to (file-based LDS, ECDS)."""
+        texts = [yaml.safe_dump(self.doc)]
+        texts += [Path(p).read_text() for p in _paths(self.doc) if Path(p).is_file()]
         return any(re.search(r'\\?"role\\?": *\\?"traffic', t) for t in texts)
 
     def waiting_for_traffic(self) -> bool:
@@ -212,6 +211,16 @@ class Envoy:
             if key == name:
                 return int(value)
         return None
+
+
+def _paths(node) -> list[str]:
+    """Every `path` value in a bootstrap (config sources)."""
+    if isinstance(node, dict):
+        own = [node["path"]] if isinstance(node.get("path"), str) else []
+        return own + [p for v in node.values() for p in _paths(v)]
+    if isinstance(node, list):
+        return [p for v in node for p in _paths(v)]
+    return []
 
 
 def stop_group(proc: subprocess.Popen | None, grace: float = 10) -> None:
