@@ -23,6 +23,7 @@ pub const FORCED_CLOSES: &str = "drain_gate_forced_closes";
 pub const COUNT_ERRORS: &str = "drain_gate_count_errors";
 pub const COUNT_UNRELIABLE: &str = "drain_gate_count_unreliable";
 pub const TRAFFIC_ROLES_LOST: &str = "drain_gate_traffic_roles_lost";
+pub const CLOCK_STEPS: &str = "drain_gate_clock_steps";
 
 /// The transition counter for each target state, indexed like `State::ALL`.
 pub const TRANSITIONS_TO: [&str; 5] = [
@@ -33,7 +34,7 @@ pub const TRANSITIONS_TO: [&str; 5] = [
     "drain_gate_transitions_to_fault",
 ];
 
-pub const ALL: [Metric; 11] = [
+pub const ALL: [Metric; 12] = [
     Metric {
         name: ACTIVE_REQUESTS,
         kind: Kind::Gauge,
@@ -88,6 +89,11 @@ pub const ALL: [Metric; 11] = [
         name: TRAFFIC_ROLES_LOST,
         kind: Kind::Counter,
         help: "traffic root contexts that stopped beating without a goodbye (their VM failed)",
+    },
+    Metric {
+        name: CLOCK_STEPS,
+        kind: Kind::Counter,
+        help: "wall-clock steps seen (the drain timers run on the monotonic clock and ignore them)",
     },
 ];
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 import time
 
 from tests.harness.envoy import wait_for
-from tests.harness.variants import fresh_get, post, status
+from tests.harness.wire import fresh_get, post, status
 
 LB = "127.0.0.1"
 SPOOFED = [f"127.0.0.{i}" for i in range(2, 34)]

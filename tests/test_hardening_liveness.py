@@ -14,7 +14,6 @@
 """
 from __future__ import annotations
 
-import contextlib
 import copy
 import json
 import time
@@ -22,16 +21,11 @@ import time
 import pytest
 
 from tests.harness import torture
-from tests.harness.envoy import wait_for
-from tests.harness.variants import Lds, fresh_get, gateway_factory, hcm, post, status
+from tests.harness.envoy import hcm, wait_for
+from tests.harness.variants import Lds
+from tests.harness.wire import fresh_get, post, status
 
 HEALTH, TRAFFIC = "drain-gate-health", "traffic"
-
-
-@pytest.fixture
-def custom_gateway(backend_port, tmp_path):
-    with contextlib.ExitStack() as stack:
-        yield gateway_factory(backend_port, tmp_path, stack)
 
 
 def lds_gateway(custom_gateway, config: dict, only: list[str] | None = None, **kw):

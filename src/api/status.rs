@@ -4,6 +4,7 @@
 use serde::Serialize;
 
 use super::reply::Reply;
+use crate::clock::{Now, Steps, Timers};
 use crate::fsm::{CloseAfter, Record, State};
 use crate::lb::Checkers;
 
@@ -36,12 +37,30 @@ pub struct TrafficInfo {
 /// `/drain/status` names what the gateway waits for before it is announced.
 pub const WAITING_FOR_TRAFFIC: &str = "traffic_role";
 
+/// Which clock the timers run on, and the wall-clock steps seen so far;
+/// reported in the status.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ClockInfo {
+    pub timers: Timers,
+    pub steps: Steps,
+}
+
+impl ClockInfo {
+    pub fn new(timers: Timers, steps: &Steps) -> ClockInfo {
+        ClockInfo {
+            timers,
+            steps: *steps,
+        }
+    }
+}
+
 /// Everything a status answer shows.
 #[derive(Clone, Copy, Debug)]
 pub struct View<'a> {
     pub rec: &'a Record,
     pub active: u64,
-    pub now_ms: u64,
+    pub now: Now,
+    pub clock: ClockInfo,
     pub count: CountInfo,
     pub traffic: TrafficInfo,
     pub draining_lb_status: u16,
@@ -97,6 +116,25 @@ struct Lb<'a> {
 }
 
 #[derive(Serialize)]
+struct ClockOut {
+    timers: Timers,
+    steps: u64,
+    last_step_ms: Option<i64>,
+    last_step_at: Option<String>,
+}
+
+impl From<ClockInfo> for ClockOut {
+    fn from(c: ClockInfo) -> ClockOut {
+        ClockOut {
+            timers: c.timers,
+            steps: c.steps.count,
+            last_step_ms: c.steps.last_step_ms,
+            last_step_at: c.steps.last_step_wall_ms.map(rfc3339),
+        }
+    }
+}
+
+#[derive(Serialize)]
 struct Status<'a> {
     state: State,
     ready: bool,
@@ -110,6 +148,7 @@ struct Status<'a> {
     traffic: TrafficInfo,
     progress: Progress,
     lb: Lb<'a>,
+    clock: ClockOut,
     #[serde(skip_serializing_if = "Option::is_none")]
     error: Option<&'a str>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -139,7 +178,7 @@ fn status_body<'a>(v: &View<'a>, error: Option<&'a str>, wait: Option<&'a str>) 
             drain_started_at: r.drain_started_ms.map(rfc3339),
             closing_at: r.closing_ms.map(rfc3339),
             closed_at: r.closed_ms.map(rfc3339),
-            drain_duration_ms: r.drain_duration_ms(v.now_ms),
+            drain_duration_ms: r.drain_duration_ms(v.now),
             active_at_closing: r.active_at_closing,
             min_drain_ms: r.plan.map(|p| p.min_drain_ms),
             drain_timeout_ms: r.plan.map(|p| p.drain_timeout_ms),
@@ -159,11 +198,11 @@ fn status_body<'a>(v: &View<'a>, error: Option<&'a str>, wait: Option<&'a str>) 
         lb: Lb {
             close_after: v.close_after,
             lb_fall: v.lb_fall,
-            observed_down: v.checkers.all_down(v.now_ms, v.lb_fall),
-            observed_down_at: v.checkers.down_since(v.now_ms, v.lb_fall).map(rfc3339),
+            observed_down: v.checkers.all_down(v.now.wall_ms, v.lb_fall),
+            observed_down_at: v.checkers.down_since(v.now.wall_ms, v.lb_fall).map(rfc3339),
             saw_drain: r.state == State::Draining
                 && r.drain_started_ms
-                    .is_some_and(|t| v.checkers.saw_drain(t, v.now_ms)),
+                    .is_some_and(|t| v.checkers.saw_drain(t, v.now.wall_ms)),
             checkers: v
                 .checkers
                 .list
@@ -177,6 +216,7 @@ fn status_body<'a>(v: &View<'a>, error: Option<&'a str>, wait: Option<&'a str>) 
                 })
                 .collect(),
         },
+        clock: v.clock.into(),
         error,
         wait,
     }
@@ -253,7 +293,16 @@ mod tests {
         let v = View {
             rec: &rec,
             active: 3,
-            now_ms: 1_764_000_000_500,
+            now: Now::wall(1_764_000_000_500),
+            clock: ClockInfo::new(
+                Timers::Monotonic,
+                &Steps {
+                    offset_ms: Some(5),
+                    count: 2,
+                    last_step_ms: Some(-3_600_000),
+                    last_step_wall_ms: Some(1_764_000_000_000),
+                },
+            ),
             count: CountInfo {
                 source: "gauge",
                 reliable: true,
@@ -274,6 +323,11 @@ mod tests {
         assert_eq!(s["active"], 3);
         assert_eq!(s["ready"], true);
         assert_eq!(s["progress"]["reason"], "start");
+        assert_eq!(
+            s["clock"],
+            serde_json::json!({"timers": "monotonic", "steps": 2, "last_step_ms": -3_600_000,
+                               "last_step_at": "2025-11-24T16:00:00.000Z"})
+        );
         assert_eq!(s["progress"]["since"], "2025-11-24T16:00:00.000Z");
         let w = wait_reply(WaitEnd::TimedOut, &v);
         assert_eq!(w.status, 504);

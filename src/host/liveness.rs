@@ -8,13 +8,21 @@
 
 use std::cell::Cell;
 
+use super::clock::mono_ms;
 use super::count;
 use super::metrics::Metrics;
-use super::now_ms;
 use super::shared::{json_read, json_update, Envoy, Host};
+use super::wall_ms;
 use crate::liveness::{Lost, Registry, Verdict, Why};
 
 const REGISTRY_KEY: &str = "drain_gate.traffic.v1";
+
+/// The clock registrations and beats are written on: the host's monotonic
+/// clock (one for every worker of the process; no wall-clock step moves it,
+/// so a step can neither fake a dead root nor hide one), else the wall clock.
+fn now_ms() -> u64 {
+    mono_ms().unwrap_or_else(wall_ms)
+}
 
 fn beat_key(id: u64) -> String {
     format!("drain_gate.beat.v1.{id}")

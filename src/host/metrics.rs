@@ -20,6 +20,7 @@ pub struct Metrics {
     count_errors: Option<u32>,
     count_unreliable: Option<u32>,
     traffic_roles_lost: Option<u32>,
+    clock_steps: Option<u32>,
 }
 
 fn define(name: &str) -> Option<u32> {
@@ -73,6 +74,7 @@ impl Metrics {
             count_errors: define(names::COUNT_ERRORS),
             count_unreliable: define(names::COUNT_UNRELIABLE),
             traffic_roles_lost: define(names::TRAFFIC_ROLES_LOST),
+            clock_steps: define(names::CLOCK_STEPS),
         }
     }
 
@@ -127,5 +129,9 @@ impl Metrics {
 
     pub fn traffic_role_lost(&self) {
         bump(self.traffic_roles_lost);
+    }
+
+    pub fn clock_step(&self) {
+        bump(self.clock_steps);
     }
 }

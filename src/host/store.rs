@@ -6,13 +6,15 @@ use proxy_wasm::hostcalls;
 use proxy_wasm::types::Status;
 
 use super::metrics::Metrics;
-use super::now_ms;
 use super::shared::{cas_update, json_read, json_update, Envoy, Step, RETRIES};
+use super::{now, wall_ms};
+use crate::clock::{Look, Now, Steps};
 use crate::fsm::{self, Illegal, Move, Record};
 use crate::lb::Checkers;
 
 const KEY: &str = "drain_gate.fsm.v1";
 const LB_KEY: &str = "drain_gate.lb.v1";
+const CLOCK_KEY: &str = "drain_gate.clock.v1";
 
 #[derive(Debug)]
 pub enum Error {
@@ -46,7 +48,7 @@ pub fn load_versioned() -> Result<(Record, u32), String> {
         // First VM in the process: create the initial record. Another VM may
         // do the same concurrently; both write OPEN before any transition can
         // have happened, and the read above then picks up the stored one.
-        write(&Record::new(now_ms()), None)
+        write(&Record::new(wall_ms()), None)
             .map_err(|e| format!("shared data write failed: {e:?}"))?;
     }
     Err("state record missing after create".to_string())
@@ -67,7 +69,7 @@ pub fn advance(
     let moved = cas_update(&Envoy, KEY, |bytes| {
         let rec: Record = serde_json::from_slice(bytes.unwrap_or_default())
             .map_err(|e| Error::Store(format!("unreadable state record: {e}")))?;
-        let next = fsm::advance(&rec, choose(&rec), now_ms(), active).map_err(Error::Illegal)?;
+        let next = fsm::advance(&rec, choose(&rec), now(), active).map_err(Error::Illegal)?;
         let out = serde_json::to_vec(&next).map_err(|e| Error::Store(e.to_string()))?;
         Ok(Step::Write(out, (rec.state, next)))
     });
@@ -96,8 +98,7 @@ pub fn apply_due(
     // At most two automatic steps can follow each other (CLOSING, then CLOSED
     // when lb_buffer is 0).
     for _ in 0..3 {
-        let Some(mv) = fsm::due_gated(&rec, now_ms(), active, lb_down_ms, lb_saw_drain(&rec))
-        else {
+        let Some(mv) = fsm::due_gated(&rec, now(), active, lb_down_ms, lb_saw_drain(&rec)) else {
             return Ok(rec);
         };
         rec = match advance(|_| mv, active, metrics) {
@@ -118,7 +119,7 @@ fn lb_saw_drain(rec: &Record) -> bool {
         return true;
     }
     let since = rec.drain_started_ms.unwrap_or(0);
-    lb_checkers().is_ok_and(|c| c.saw_drain(since, now_ms()))
+    lb_checkers().is_ok_and(|c| c.saw_drain(since, wall_ms()))
 }
 
 /// What every LB checker has been answered so far.
@@ -129,8 +130,35 @@ pub fn lb_checkers() -> Result<Checkers, String> {
 /// Records an answer served to an LB checker (compare-and-swap, retried).
 pub fn lb_observe(source: &str, status: u16, lb_fall: u32) -> Result<(), String> {
     json_update(&Envoy, LB_KEY, |c: &mut Checkers| {
-        c.observe(source, status, now_ms(), lb_fall);
+        c.observe(source, status, wall_ms(), lb_fall);
         Ok::<_, String>(())
     })
     .map_err(|e| e.to_string())
+}
+
+/// The clock-step record (see `crate::clock::Steps`).
+pub fn clock_steps() -> Result<Steps, String> {
+    json_read(&Envoy, CLOCK_KEY)
+}
+
+/// Compares the clocks with the clock-step record and updates it. Returns the
+/// step when this caller recorded one (so that each step is logged and
+/// counted once, by the worker that saw it first).
+pub fn clock_look(now: Now, threshold_ms: u64) -> Result<Option<(Steps, i64)>, String> {
+    cas_update(&Envoy, CLOCK_KEY, |bytes| {
+        let steps: Steps = match bytes {
+            Some(b) => {
+                serde_json::from_slice(b).map_err(|e| format!("unreadable clock record: {e}"))?
+            }
+            None => Steps::default(),
+        };
+        let (next, step) = match steps.look(now, threshold_ms) {
+            Look::Same => return Ok(Step::Keep(None)),
+            Look::Crept(next) => (next, None),
+            Look::Stepped(next, by) => (next, Some(by)),
+        };
+        let out = serde_json::to_vec(&next).map_err(|e| e.to_string())?;
+        Ok(Step::Write(out, step.map(|by| (next, by))))
+    })
+    .map_err(|f| f.refused().unwrap_or_else(|e| e))
 }
