@@ -266,7 +266,7 @@ pub fn mark_unreliable(why: Why, metrics: &Metrics) {
             why.name()
         );
     }
-    metrics.set_unreliable();
+    metrics.set_count_unreliable(true);
 }
 
 /// A stream that could not be counted (the counter has tried to mark the
@@ -274,7 +274,7 @@ pub fn mark_unreliable(why: Why, metrics: &Metrics) {
 pub fn not_counted(metrics: &Metrics) {
     metrics.count_error();
     log::error!("event=count_error what=\"stream not counted; drain will wait for drain_timeout\"");
-    metrics.set_unreliable();
+    metrics.set_count_unreliable(true);
 }
 
 /// Why the count is unreliable, if it was marked so.

@@ -20,6 +20,7 @@ pub struct Metrics {
     count_errors: Option<u32>,
     count_unreliable: Option<u32>,
     traffic_roles_lost: Option<u32>,
+    oldest_in_flight: Option<u32>,
     clock_steps: Option<u32>,
 }
 
@@ -71,8 +72,9 @@ impl Metrics {
             state_live: state.is_some_and(gauge_is_live),
             transitions,
             forced: define(names::FORCED_CLOSES),
-            count_errors: define(names::COUNT_ERRORS),
             count_unreliable: define(names::COUNT_UNRELIABLE),
+            oldest_in_flight: define(names::OLDEST_IN_FLIGHT),
+            count_errors: define(names::COUNT_ERRORS),
             traffic_roles_lost: define(names::TRAFFIC_ROLES_LOST),
             clock_steps: define(names::CLOCK_STEPS),
         }
@@ -117,14 +119,21 @@ impl Metrics {
         }
     }
 
-    pub fn count_error(&self) {
-        bump(self.count_errors);
+    pub fn set_count_unreliable(&self, unreliable: bool) {
+        if let Some(id) = self.count_unreliable {
+            let _ = hostcalls::record_metric(id, u64::from(unreliable));
+        }
     }
 
-    pub fn set_unreliable(&self) {
-        if let Some(id) = self.count_unreliable {
-            let _ = hostcalls::record_metric(id, 1);
+    /// Whole seconds, as the gauge's name says (Envoy gauges are integers).
+    pub fn set_oldest_in_flight(&self, age_ms: Option<u64>) {
+        if let Some(id) = self.oldest_in_flight {
+            let _ = hostcalls::record_metric(id, age_ms.unwrap_or(0) / 1000);
         }
+    }
+
+    pub fn count_error(&self) {
+        bump(self.count_errors);
     }
 
     pub fn traffic_role_lost(&self) {

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use super::count::{self, Counter};
 use super::health::{Health, HealthStream};
-use super::liveness::{self, Heartbeat};
+use super::liveness;
 use super::metrics::Metrics;
 use super::shared::Envoy;
 use super::store;
@@ -74,9 +74,11 @@ impl RootContext for Root {
             Role::Traffic => {
                 liveness::ensure_registry();
                 count::announce_traffic(&Envoy);
-                let counter = Counter::new(metrics.active);
-                let heartbeat = Heartbeat::new(config.tick_ms);
-                Root::Traffic(Rc::new(Traffic::new(counter, metrics, heartbeat)))
+                Root::Traffic(Rc::new(Traffic::new(
+                    Counter::new(metrics.active),
+                    metrics,
+                    config.tick_ms,
+                )))
             }
             Role::Health => {
                 liveness::ensure_registry();

