@@ -214,7 +214,12 @@ fn admin_allow(c: &mut Config, v: &Value) -> Result<(), String> {
     Ok(())
 }
 
+/// `null` (the chart's default) is the default: every source counts.
 fn lb_checkers(c: &mut Config, v: &Value) -> Result<(), String> {
+    if v.is_null() {
+        c.lb_checkers = None;
+        return Ok(());
+    }
     let list = cidr_list(v)?;
     if list.is_empty() {
         return Err(
