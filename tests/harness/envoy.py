@@ -125,9 +125,12 @@ class Envoy(Child):
     name = "envoy"
 
     def __init__(self, doc: dict, ports: Ports, concurrency: int = 2, workdir: Path | None = None,
-                 drain_time_s: int = 1):
+                 drain_time_s: int = 1, drain_strategy: str = "gradual"):
+        """`drain_time_s` / `drain_strategy`: Envoy's --drain-time-s / --drain-strategy (what
+        /drain_listeners?graceful and shutdown use); Istio's pilot-agent passes its drainDuration
+        (45 s by default) and "immediate"."""
         self.doc = doc
-        self.drain_time_s = drain_time_s
+        self.drain_args = ["--drain-time-s", str(drain_time_s), "--drain-strategy", drain_strategy]
         self.ports = ports
         self.concurrency = concurrency
         self._tmp = None if workdir else tempfile.TemporaryDirectory(prefix="drain-gate-")
@@ -145,7 +148,7 @@ class Envoy(Child):
             "--concurrency", str(self.concurrency),
             "--use-dynamic-base-id",
             "--log-level", "info",
-            "--drain-time-s", str(self.drain_time_s),
+            *self.drain_args,
         ])
         if wait_ready:
             self.wait_ready(timeout)
