@@ -187,7 +187,7 @@ $(ST_VENV)/.installed: tests/fixtures/schemathesis-requirements.txt
 	@touch $@
 
 props:
-	cargo test --test props
+	cargo test --test props --test model
 
 hardening: deps build hardening-deps props
 	PYTHONPATH=. $(PY) -m pytest tests/test_hardening*.py -q -p no:cacheprovider $(PYTEST_ARGS)

@@ -7,9 +7,11 @@ use proxy_wasm::types::ContextType;
 use std::rc::Rc;
 use std::time::Duration;
 
-use super::count::Counter;
+use super::count::{self, Counter};
 use super::health::{Health, HealthStream};
+use super::liveness;
 use super::metrics::Metrics;
+use super::shared::Envoy;
 use super::store;
 use super::traffic::{Traffic, TrafficStream};
 use crate::config::{Config, Role};
@@ -28,7 +30,16 @@ pub enum Root {
     Health(Rc<Health>),
 }
 
-impl Context for Root {}
+impl Context for Root {
+    /// The plugin is being removed (LDS update, reconfiguration): a clean
+    /// goodbye, so that the health role does not take it for a failed VM.
+    fn on_done(&mut self) -> bool {
+        if let Root::Traffic(t) = self {
+            t.goodbye();
+        }
+        true
+    }
+}
 
 impl RootContext for Root {
     fn on_configure(&mut self, _: usize) -> bool {
@@ -61,14 +72,18 @@ impl RootContext for Root {
         }
         *self = match config.role {
             Role::Traffic => {
-                Counter::announce_traffic();
+                liveness::ensure_registry();
+                count::announce_traffic(&Envoy);
                 Root::Traffic(Rc::new(Traffic::new(
                     Counter::new(metrics.active),
                     metrics,
                     config.tick_ms,
                 )))
             }
-            Role::Health => Root::Health(Rc::new(Health::new(config, metrics))),
+            Role::Health => {
+                liveness::ensure_registry();
+                Root::Health(Rc::new(Health::new(config, metrics)))
+            }
         };
         true
     }
