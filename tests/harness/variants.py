@@ -45,6 +45,14 @@ def set_plugin_config(doc: dict, listener_name: str, value: dict | str) -> None:
     plugin(doc, listener_name)["configuration"]["value"] = text
 
 
+def without_listener(doc: dict, name: str) -> dict:
+    """The bootstrap without the listener `name` (say, a gateway that lost its health listener)."""
+    doc = copy.deepcopy(doc)
+    doc["static_resources"]["listeners"] = [
+        lst for lst in doc["static_resources"]["listeners"] if lst["name"] != name]
+    return doc
+
+
 def with_fault_and_timeout(doc: dict, abort_percent: int = 20, route_timeout: str = "0.2s") -> dict:
     """Traffic listener with Envoy's fault filter BEFORE drain-gate (aborting
     `abort_percent` % of the requests that carry FAULT_HEADER with a local 503)

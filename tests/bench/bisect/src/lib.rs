@@ -20,6 +20,8 @@ pub mod duration;
 pub mod fsm;
 #[path = "../../../../src/host/mod.rs"]
 pub mod host;
+#[path = "../../../../src/in_flight.rs"]
+pub mod in_flight;
 #[path = "../../../../src/lb.rs"]
 pub mod lb;
 #[path = "../../../../src/metric_names.rs"]
