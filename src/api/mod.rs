@@ -18,19 +18,21 @@
 //!
 //! This file routes and authorizes; the answers live beside it: `checks`
 //! (LB check, readiness, liveness), `status` (the status document and held
-//! `wait=closed` answers), `reply` (the `Reply` type and the error answers).
+//! `wait=closed` answers), `reply` (the `Reply` type and the error answers),
+//! `query` (which query parameters each endpoint takes, and how they are spelled).
 
 use std::net::IpAddr;
 
 use crate::config::Config;
-use crate::duration;
 use crate::fsm::{Reason, State};
 
 pub mod checks;
+pub mod query;
 pub mod reply;
 pub mod status;
 
 pub use checks::{check, etag, Audience};
+use query::Params;
 use reply::{bad_request, error};
 pub use reply::{illegal, unavailable, Reply};
 pub use status::{rfc3339, status, wait_end, wait_reply, ClockInfo, CountInfo, View, WaitEnd};
@@ -108,10 +110,12 @@ pub fn route(req: &Request, cfg: &Config) -> Result<Endpoint, Reply> {
         Some((p, q)) => (p, q),
         None => (req.path, ""),
     };
-    let (allow, admin): (&str, bool) = match path {
-        "/health_check.html" | "/health" | "/live" | "/drain/status" => ("GET, HEAD", false),
-        "/drain" | "/close-lb" | "/close" | "/reopen" | "/fault" => ("POST", true),
-        "/prestop" => ("GET", true),
+    // (methods, admin call, query parameters taken)
+    let (allow, admin, takes): (&str, bool, &[&str]) = match path {
+        "/health_check.html" | "/health" | "/live" | "/drain/status" => ("GET, HEAD", false, &[]),
+        "/drain" => ("POST", true, &["wait", "timeout"]),
+        "/close-lb" | "/close" | "/reopen" | "/fault" => ("POST", true, &[]),
+        "/prestop" => ("GET", true, &["timeout"]),
         _ => {
             return Err(error(
                 404,
@@ -132,7 +136,7 @@ pub fn route(req: &Request, cfg: &Config) -> Result<Endpoint, Reply> {
     if admin {
         authorize(req, cfg)?;
     }
-    let params = Params::parse(query)?;
+    let params = Params::parse(query, takes)?;
     let wait = |p: &Params| Endpoint::DrainAndWait {
         timeout_ms: p.timeout_ms.unwrap_or_else(|| cfg.default_wait_ms()),
     };
@@ -141,9 +145,7 @@ pub fn route(req: &Request, cfg: &Config) -> Result<Endpoint, Reply> {
         "/drain" if params.timeout_ms.is_some() => {
             return Err(bad_request("timeout is only valid with wait=closed"))
         }
-        "/prestop" if params.wait => return Err(bad_request("/prestop always waits; drop wait=")),
         "/prestop" => wait(&params),
-        _ if params.seen => return Err(bad_request("this endpoint takes no query parameters")),
         "/health_check.html" => Endpoint::Check(Audience::Lb),
         "/health" => Endpoint::Check(Audience::Readiness),
         "/live" => Endpoint::Check(Audience::Liveness),
@@ -155,42 +157,6 @@ pub fn route(req: &Request, cfg: &Config) -> Result<Endpoint, Reply> {
         _ => Endpoint::Transition(Command::Fault),
     };
     Ok(endpoint)
-}
-
-#[derive(Default)]
-struct Params {
-    wait: bool,
-    timeout_ms: Option<u64>,
-    seen: bool,
-}
-
-impl Params {
-    fn parse(query: &str) -> Result<Params, Reply> {
-        let mut p = Params::default();
-        for pair in query.split('&').filter(|s| !s.is_empty()) {
-            p.seen = true;
-            let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
-            match k {
-                "wait" if v == "closed" => p.wait = true,
-                "wait" => return Err(bad_request("wait: the only value is \"closed\"")),
-                "timeout" => match duration::parse_ms(v) {
-                    Ok(ms) if ms > 0 && ms <= duration::MAX_MS => p.timeout_ms = Some(ms),
-                    _ => {
-                        return Err(bad_request(&format!(
-                            "timeout: expected a duration from 1ms to {}, e.g. 90s",
-                            duration::format_ms(duration::MAX_MS)
-                        )))
-                    }
-                },
-                _ => {
-                    return Err(bad_request(
-                        "unknown query parameter (known: wait, timeout)",
-                    ))
-                }
-            }
-        }
-        Ok(p)
-    }
 }
 
 fn authorize(req: &Request, cfg: &Config) -> Result<(), Reply> {
@@ -275,6 +241,10 @@ pub(crate) mod tests {
             Endpoint::DrainAndWait { timeout_ms: 90_000 }
         );
         assert_eq!(
+            ok("POST", "/drain?wait=%63losed&timeout=%31s"),
+            Endpoint::DrainAndWait { timeout_ms: 1_000 }
+        );
+        assert_eq!(
             ok("GET", "/prestop"),
             Endpoint::DrainAndWait {
                 timeout_ms: c.default_wait_ms()
@@ -300,12 +270,30 @@ pub(crate) mod tests {
             "/drain?timeout=5s",
             "/drain?foo=1",
             "/close?wait=closed",
+            "/drain?wait=closed&timeout=1s&timeout=3s",
+            "/drain?wait=closed&timeout=%3",
         ] {
             let r = err("POST", bad);
             assert_eq!(r.status, 400, "{bad}");
             assert_eq!(body(&r)["error"], "bad_request");
         }
         assert_eq!(err("GET", "/health?x=1").status, 400);
+        assert_eq!(err("GET", "/prestop?wait=closed").status, 400);
+        let r = err("GET", "/live?a");
+        assert_eq!(
+            body(&r)["message"],
+            "unknown query parameter; this endpoint takes no query parameters"
+        );
+        let r = err("POST", "/close?x");
+        assert_eq!(
+            body(&r)["message"],
+            "unknown query parameter; this endpoint takes no query parameters"
+        );
+        let r = err("GET", "/prestop?x=1");
+        assert_eq!(
+            body(&r)["message"],
+            "unknown query parameter; this endpoint takes timeout"
+        );
         let r = err("POST", "/drain?wait=closed&timeout=61m");
         assert_eq!(
             body(&r)["message"],

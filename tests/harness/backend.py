@@ -9,6 +9,8 @@
 Run: python -m tests.harness.backend --port 18081
 """
 import argparse
+import base64
+import hashlib
 import socket
 import struct
 import threading
@@ -73,6 +75,10 @@ class Handler(BaseHTTPRequestHandler):
             self.send_response(101)
             self.send_header("upgrade", "websocket")
             self.send_header("connection", "Upgrade")
+            key = self.headers.get("sec-websocket-key")
+            if key:  # RFC 6455 handshake; HAProxy refuses a 101 without it (502)
+                digest = hashlib.sha1((key + "258EAFA5-E914-47DA-95CA-C5AB0DC85B11").encode()).digest()
+                self.send_header("sec-websocket-accept", base64.b64encode(digest).decode())
             self.end_headers()
             self.wfile.flush()
             self.connection.settimeout(120)
