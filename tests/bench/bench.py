@@ -453,7 +453,7 @@ def main() -> int:
     ap.add_argument("--only", help="comma-separated sections, e.g. health,draining,rss")
     ap.add_argument("--cpu-rounds", type=int, default=30, help="rounds per load of the worker-CPU section")
     ap.add_argument("--cpu-blocks", type=int, default=5, help="blocks of freshly started Envoys the rounds are split into")
-    ap.add_argument("--no-bisect", action="store_true", help="worker-CPU section without the bisection builds")
+    ap.add_argument("--no-bisect", action="store_true", help="worker-CPU section without the bisection builds and the min_drain variant")
     args = ap.parse_args()
     from tests.bench import under_load  # it builds on this module
     quick = args.quick

@@ -15,6 +15,8 @@ Variants:
   drain-gate           the shipped module, state OPEN
   drain-gate-draining  the shipped module during a drain (one long stream held, state DRAINING):
                        every stream is counted exactly
+  dg-min-drain         the shipped module during a drain held open by min_drain (no stream held):
+                       each time the worker's count reaches 0 the traffic role asks whether to flip
   dg-no-count          (bisection) the real module, root, tick and health role, traffic streams
                        with the twin's structure instead of counted ones (tests/bench/bisect)
   dg-no-wasm-opt       (bisection) the shipped source as cargo builds it, before wasm-opt -Oz
@@ -38,7 +40,7 @@ TWIN_WASM = TARGET / "noop" / "wasm32-wasip1" / "release" / "twin_filter.wasm"
 BISECT_WASM = TARGET / "bench-fixtures" / "wasm32-wasip1" / "release" / "drain_gate_bisect.wasm"
 CARGO_WASM = TARGET / "wasm32-wasip1" / "release" / "drain_gate.wasm"
 VARIANTS = ["none", "noop", "twin", "drain-gate", "drain-gate-draining"]
-BISECT = ["dg-no-count", "dg-no-wasm-opt"]
+BISECT = ["dg-min-drain", "dg-no-count", "dg-no-wasm-opt"]
 # The drain must outlast the run: only the held stream keeps it open, and nothing may end it.
 CONFIG = {"drain_timeout": "60m", "lb_buffer": "60m"}
 LOADS = {
@@ -55,6 +57,8 @@ def doc(kind: str, ports: Ports) -> dict:
         return variant(kind, ports, "direct", config=CONFIG)
     if kind == "twin":
         return variant("noop", ports, "direct", config=CONFIG, baseline=TWIN_WASM)
+    if kind == "dg-min-drain":
+        return variant("drain-gate", ports, "direct", config={**CONFIG, "min_drain": "60m"})
     shipped = variant("drain-gate", ports, "direct", config=CONFIG)
     if kind == "dg-no-count":
         return with_code(shipped, "traffic", BISECT_WASM)
@@ -121,6 +125,8 @@ def running(kinds: list[str], workdir: Path, backend_port: int):
         for e in envoys.values():
             e.wait_ready()
         held = enter_drain(envoys["drain-gate-draining"])
+        if "dg-min-drain" in envoys:
+            assert requests.post(envoys["dg-min-drain"].health("/drain"), timeout=5).json()["state"] == "DRAINING"
         yield envoys
     finally:
         if held:
@@ -173,8 +179,10 @@ def count_checks(envoys: dict) -> dict:
     """After all the load the count is exact: 0 outside the drain (once the tick gave back the
     unused lease), exactly the held stream during it, and the drain still running."""
     out = {}
-    for kind in ("drain-gate", "drain-gate-draining"):
-        e = envoys[kind]
+    for kind in ("drain-gate", "drain-gate-draining", "dg-min-drain"):
+        e = envoys.get(kind)
+        if e is None:
+            continue
         want = 1 if kind == "drain-gate-draining" else 0
         try:
             wait_for(lambda: requests.get(e.health("/drain/status"), timeout=5).json()["active"] == want, 5)
@@ -188,7 +196,7 @@ def count_checks(envoys: dict) -> dict:
 def checks_failed(res: dict) -> list[str]:
     bad = [f"{k}: active {v['active']} (want {v['want_active']}), state {v['state']}"
            for block in res["checks"] for k, v in block.items()
-           if v["active"] != v["want_active"] or (k == "drain-gate-draining") != (v["state"] == "DRAINING")]
+           if v["active"] != v["want_active"] or (k != "drain-gate") != (v["state"] == "DRAINING")]
     if res["errors"]:
         bad.append(f"{res['errors']} load generator errors")
     return bad
