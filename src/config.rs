@@ -294,6 +294,7 @@ impl Config {
             lb_buffer_ms: self.lb_buffer_ms,
             close_after: self.close_after,
             lb_down_timeout_ms: self.lb_down_timeout_ms,
+            hold_closing: false,
         }
     }
 
@@ -303,6 +304,12 @@ impl Config {
             CloseAfter::LbBuffer => self.lb_buffer_ms,
             CloseAfter::LbObservedDown => self.lb_down_timeout_ms.max(self.lb_buffer_ms),
         }
+    }
+
+    /// How long a preStop hold outlives the last tick that renewed it: the
+    /// hold of a worker that died is gone this long after.
+    pub fn hold_lease_ms(&self) -> u64 {
+        self.tick_ms.saturating_mul(10).max(2_000)
     }
 
     /// How long a `wait=closed` is held when the caller gives no timeout: the

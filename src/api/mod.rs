@@ -8,6 +8,8 @@
 //! | GET/HEAD /health, /live                   | readiness / liveness per state, JSON                |
 //! | GET/HEAD /drain/status                    | 200 status JSON                                     |
 //! | POST /drain, /close-lb, /close, /reopen, /fault | 200 status JSON, or 409 illegal transition    |
+//! | POST /drain?hold=closing                  | maintenance drain: CLOSING lasts until /reopen or /close |
+//! | POST /reopen?force=true                   | reopen even while a preStop hold is active (else 409 `prestop_hold`) |
 //! | POST /drain?wait=closed[&timeout=DUR]     | drain (or join it), answer once CLOSED (200), aborted (409) or timed out (504) |
 //! | GET /prestop[?timeout=DUR]                | the same, for a Kubernetes `preStop.httpGet`        |
 //! | anything else                             | 404; a known path with the wrong method: 405 + Allow |
@@ -24,7 +26,7 @@
 use std::net::IpAddr;
 
 use crate::config::Config;
-use crate::fsm::{Reason, State};
+use crate::fsm::{DrainPlan, Reason, State};
 
 pub mod checks;
 pub mod query;
@@ -52,29 +54,33 @@ pub struct Request<'a> {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Command {
     Drain,
+    /// `POST /drain?hold=closing`: a maintenance drain.
+    HoldDrain,
     CloseLb,
     Close,
     Reopen,
+    /// `POST /reopen?force=true`: reopen through a preStop hold.
+    ForceReopen,
     Fault,
 }
 
 impl Command {
     pub fn target(self) -> State {
         match self {
-            Command::Drain => State::Draining,
+            Command::Drain | Command::HoldDrain => State::Draining,
             Command::CloseLb => State::Closing,
             Command::Close => State::Closed,
-            Command::Reopen => State::Open,
+            Command::Reopen | Command::ForceReopen => State::Open,
             Command::Fault => State::Fault,
         }
     }
 
     pub fn reason(self) -> Reason {
         match self {
-            Command::Drain => Reason::DrainRequested,
+            Command::Drain | Command::HoldDrain => Reason::DrainRequested,
             Command::CloseLb => Reason::CloseLbRequested,
             Command::Close => Reason::CloseRequested,
-            Command::Reopen => Reason::ReopenRequested,
+            Command::Reopen | Command::ForceReopen => Reason::ReopenRequested,
             Command::Fault => Reason::FaultRequested,
         }
     }
@@ -83,11 +89,24 @@ impl Command {
     /// current state; `fsm::legal` decides whether that is allowed.
     pub fn expected_from(self, current: State) -> State {
         match self {
-            Command::Drain => State::Open,
+            Command::Drain | Command::HoldDrain => State::Open,
             Command::CloseLb => State::Draining,
             Command::Close => State::Closing,
-            Command::Reopen | Command::Fault => current,
+            Command::Reopen | Command::ForceReopen | Command::Fault => current,
         }
+    }
+
+    /// The plan a drain started by this command follows.
+    pub fn plan(self, cfg: &Config) -> DrainPlan {
+        DrainPlan {
+            hold_closing: self == Command::HoldDrain,
+            ..cfg.plan()
+        }
+    }
+
+    /// Whether the move goes through an active preStop hold.
+    pub fn force(self) -> bool {
+        self == Command::ForceReopen
     }
 }
 
@@ -113,8 +132,9 @@ pub fn route(req: &Request, cfg: &Config) -> Result<Endpoint, Reply> {
     // (methods, admin call, query parameters taken)
     let (allow, admin, takes): (&str, bool, &[&str]) = match path {
         "/health_check.html" | "/health" | "/live" | "/drain/status" => ("GET, HEAD", false, &[]),
-        "/drain" => ("POST", true, &["wait", "timeout"]),
-        "/close-lb" | "/close" | "/reopen" | "/fault" => ("POST", true, &[]),
+        "/drain" => ("POST", true, &["wait", "timeout", "hold"]),
+        "/reopen" => ("POST", true, &["force"]),
+        "/close-lb" | "/close" | "/fault" => ("POST", true, &[]),
         "/prestop" => ("GET", true, &["timeout"]),
         _ => {
             return Err(error(
@@ -141,10 +161,17 @@ pub fn route(req: &Request, cfg: &Config) -> Result<Endpoint, Reply> {
         timeout_ms: p.timeout_ms.unwrap_or_else(|| cfg.default_wait_ms()),
     };
     let endpoint = match path {
+        "/drain" if params.wait && params.hold => {
+            return Err(bad_request(
+                "hold=closing never reaches CLOSED by itself: drop wait or hold",
+            ))
+        }
         "/drain" if params.wait => wait(&params),
         "/drain" if params.timeout_ms.is_some() => {
             return Err(bad_request("timeout is only valid with wait=closed"))
         }
+        "/drain" if params.hold => Endpoint::Transition(Command::HoldDrain),
+        "/reopen" if params.force => Endpoint::Transition(Command::ForceReopen),
         "/prestop" => wait(&params),
         "/health_check.html" => Endpoint::Check(Audience::Lb),
         "/health" => Endpoint::Check(Audience::Readiness),
@@ -250,6 +277,32 @@ pub(crate) mod tests {
                 timeout_ms: c.default_wait_ms()
             }
         );
+        assert_eq!(
+            ok("POST", "/drain?hold=closing"),
+            Endpoint::Transition(Command::HoldDrain)
+        );
+        assert_eq!(
+            ok("POST", "/reopen?force=true"),
+            Endpoint::Transition(Command::ForceReopen)
+        );
+        assert_eq!(ok("POST", "/reopen"), Endpoint::Transition(Command::Reopen));
+    }
+
+    #[test]
+    fn maintenance_drain_and_forced_reopen_commands() {
+        let c = cfg();
+        assert!(Command::HoldDrain.plan(&c).hold_closing);
+        assert!(!Command::Drain.plan(&c).hold_closing);
+        assert_eq!(Command::HoldDrain.target(), State::Draining);
+        assert_eq!(
+            Command::HoldDrain.expected_from(State::Closing),
+            State::Open
+        );
+        assert!(Command::ForceReopen.force() && !Command::Reopen.force());
+        assert_eq!(
+            Command::ForceReopen.expected_from(State::Closing),
+            State::Closing
+        );
     }
 
     #[test]
@@ -272,6 +325,12 @@ pub(crate) mod tests {
             "/close?wait=closed",
             "/drain?wait=closed&timeout=1s&timeout=3s",
             "/drain?wait=closed&timeout=%3",
+            "/drain?hold=open",
+            "/drain?hold=closing&wait=closed",
+            "/close?hold=closing",
+            "/reopen?force=yes",
+            "/reopen?force=true&wait=closed",
+            "/drain?force=true",
         ] {
             let r = err("POST", bad);
             assert_eq!(r.status, 400, "{bad}");

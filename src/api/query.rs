@@ -2,9 +2,9 @@
 //! endpoint takes and how they are spelled. Pure.
 //!
 //! Rules (the same in `openapi.yaml` and the README):
-//! - each endpoint takes only its own parameters (`/drain`: `wait`, `timeout`;
-//!   `/prestop`: `timeout`; every other endpoint none); anything else is a 400
-//!   that says what the endpoint takes;
+//! - each endpoint takes only its own parameters (`/drain`: `wait`, `timeout`,
+//!   `hold`; `/prestop`: `timeout`; `/reopen`: `force`; every other endpoint
+//!   none); anything else is a 400 that says what the endpoint takes;
 //! - a parameter given twice is a 400 naming it (never "last one wins");
 //! - names and values are percent-decoded (`timeout=%31s` is `timeout=1s`);
 //!   a malformed escape (`%`, `%4`, `%zz`) is a 400. `+` is not a space.
@@ -16,7 +16,7 @@ use super::reply::{bad_request, Reply};
 use crate::duration;
 
 /// Every query parameter any endpoint takes.
-const NAMES: [&str; 2] = ["wait", "timeout"];
+const NAMES: [&str; 4] = ["wait", "timeout", "hold", "force"];
 
 /// The parameters of one request, as given.
 #[derive(Debug, Default, PartialEq, Eq)]
@@ -24,6 +24,10 @@ pub struct Params {
     /// `wait=closed` was given.
     pub wait: bool,
     pub timeout_ms: Option<u64>,
+    /// `hold=closing` was given: a maintenance drain that stays in CLOSING.
+    pub hold: bool,
+    /// `force=true` was given: reopen through an active preStop hold.
+    pub force: bool,
 }
 
 impl Params {
@@ -58,11 +62,29 @@ impl Params {
     }
 
     fn set(&mut self, name: &str, value: &[u8]) -> Result<(), Reply> {
-        if name == "wait" {
-            if value != b"closed" {
-                return Err(bad_request("wait: the only value is \"closed\""));
+        let flag = match name {
+            "wait" => Some((
+                &mut self.wait,
+                &b"closed"[..],
+                "wait: the only value is \"closed\"",
+            )),
+            "hold" => Some((
+                &mut self.hold,
+                &b"closing"[..],
+                "hold: the only value is \"closing\"",
+            )),
+            "force" => Some((
+                &mut self.force,
+                &b"true"[..],
+                "force: the only value is \"true\"",
+            )),
+            _ => None,
+        };
+        if let Some((field, only, problem)) = flag {
+            if value != only {
+                return Err(bad_request(problem));
             }
-            self.wait = true;
+            *field = true;
             return Ok(());
         }
         let ms = std::str::from_utf8(value)
@@ -168,7 +190,8 @@ mod tests {
             p,
             Params {
                 wait: true,
-                timeout_ms: Some(1_000)
+                timeout_ms: Some(1_000),
+                ..Params::default()
             }
         );
         assert_eq!(decode("a%2Fb%2fc").unwrap(), b"a/b/c");

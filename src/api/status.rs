@@ -75,6 +75,10 @@ struct Progress {
     min_drain_ms: Option<u64>,
     drain_timeout_ms: Option<u64>,
     lb_buffer_ms: Option<u64>,
+    /// A maintenance drain: CLOSING lasts until `/reopen` or `/close`.
+    hold_closing: bool,
+    /// Until when an active preStop hold refuses `/reopen` (renewed while held).
+    prestop_hold_until: Option<String>,
     transitions: Vec<StepOut>,
 }
 
@@ -154,6 +158,8 @@ fn status_body<'a>(v: &View<'a>, error: Option<&'a str>, wait: Option<&'a str>) 
             min_drain_ms: r.plan.map(|p| p.min_drain_ms),
             drain_timeout_ms: r.plan.map(|p| p.drain_timeout_ms),
             lb_buffer_ms: r.plan.map(|p| p.lb_buffer_ms),
+            hold_closing: r.holds_closing(),
+            prestop_hold_until: r.active_hold(v.now).map(|h| rfc3339(h.until_ms())),
             transitions: r
                 .history
                 .iter()

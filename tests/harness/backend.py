@@ -5,12 +5,14 @@
   GET /slow?ms=N             waits N ms, then 200
   GET /reset?after_ms=N      sends headers and one chunk, then resets the TCP connection
   GET /ws                    websocket upgrade (101), then echoes raw bytes until the client closes
+  GET /headers               200, the request headers as a JSON object (lower-case names)
 
 Run: python -m tests.harness.backend --port 18081
 """
 import argparse
 import base64
 import hashlib
+import json
 import socket
 import struct
 import threading
@@ -91,6 +93,8 @@ class Handler(BaseHTTPRequestHandler):
             except OSError:
                 pass
             self.close_connection = True
+        elif path == "/headers":
+            self._plain(200, json.dumps({k.lower(): v for k, v in self.headers.items()}))
         else:
             self._plain(200, "hello\n")
 
