@@ -10,7 +10,7 @@ VENV     := .venv
 PY       := $(VENV)/bin/python
 APT_PKGS := haproxy wrk nghttp2-client curl socat gcc openssl
 
-.PHONY: all build run test lint unit integration deps deps-rust deps-wasm deps-apt deps-prometheus wasm-opt clean envoy-matrix oci configmap bench bench-quick noop
+.PHONY: all build run test lint unit integration deps deps-rust deps-wasm deps-apt deps-prometheus wasm-opt clean envoy-matrix oci configmap bench bench-quick noop bench-fixtures
 
 all: build
 
@@ -110,13 +110,20 @@ integration: build $(VENV)/.installed
 	PYTHONPATH=. $(PY) -m pytest tests -q -p no:cacheprovider --ignore=tests/rollout $(PYTEST_ARGS)
 
 ## Bench -----------------------------------------------------------------------
+# Baselines: the no-op filter and its twin (the no-op plus drain-gate's per-stream
+# structure). `make bench` also builds the bisection fixture (drain-gate with its
+# per-stream counting switched off, tests/bench/bisect).
 NOOP_WASM := target/noop/$(TARGET)/release/noop_filter.wasm
 
 noop: deps-rust
 	cargo build --release --target $(TARGET) --manifest-path tests/bench/noop/Cargo.toml --target-dir target/noop
+	cargo build --release --target $(TARGET) --manifest-path tests/bench/twin/Cargo.toml --target-dir target/noop
 
-bench: build noop deps
-	PYTHONPATH=. $(PY) -m tests.bench.bench
+bench-fixtures: noop
+	cargo build --release --target $(TARGET) --manifest-path tests/bench/bisect/Cargo.toml --target-dir target/bench-fixtures
+
+bench: build bench-fixtures deps
+	PYTHONPATH=. $(PY) -m tests.bench.bench $(BENCH_ARGS)
 
 bench-quick: build noop deps
 	PYTHONPATH=. $(PY) -m tests.bench.bench --quick
