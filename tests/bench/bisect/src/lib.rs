@@ -24,6 +24,8 @@ pub mod host;
 pub mod in_flight;
 #[path = "../../../../src/lb.rs"]
 pub mod lb;
+#[path = "../../../../src/liveness.rs"]
+pub mod liveness;
 #[path = "../../../../src/metric_names.rs"]
 pub mod metric_names;
 #[path = "../../../../src/net.rs"]
