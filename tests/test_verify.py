@@ -116,8 +116,11 @@ def test_filter_missing_on_one_listener_fails_naming_it(start_gateway):
 
 
 def test_vm_id_mismatch_fails_naming_the_listener(start_gateway, tmp_path, pulled_wasm):  # noqa: F811
-    """The WasmPlugin (vm_id "") beside the EnvoyFilter-form health listener."""
-    env = start_gateway(VERSION, _wasmplugin_listeners(tmp_path, load("health-listener.yaml"), pulled_wasm))
+    """The WasmPlugin (vm_id "") beside the EnvoyFilter-form health listener. The health
+    role never sees a traffic role in its vm_id, so it never answers ready: wait for
+    Envoy's admin only."""
+    env = start_gateway(VERSION, _wasmplugin_listeners(tmp_path, load("health-listener.yaml"), pulled_wasm),
+                        ready_path=None)
     code, lines = verify("--config-dump", "-", stdin=dump_of(env))
     assert code == 1
     assert failures(lines) == ["FAIL vm_id: listener 0.0.0.0_8080: traffic vm_id '' != health vm_id 'drain-gate'"]
