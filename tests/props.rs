@@ -499,7 +499,7 @@ proptest! {
             now: Now::wall(now),
             clock: api::ClockInfo::new(Timers::Monotonic, &Steps::default()),
             in_flight: InFlight::default(),
-            count: api::CountInfo { source: "gauge", reliable: true },
+            count: api::CountInfo { source: "gauge", reliable: true, http_streams: active, tcp_connections: 0 },
             draining_lb_status: 200,
             checkers: &checkers,
             lb_fall: 2,

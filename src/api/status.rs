@@ -18,6 +18,10 @@ pub struct CountInfo {
     /// False once a stream could not be counted: the drain then waits for
     /// `drain_timeout` instead of trusting a zero.
     pub reliable: bool,
+    /// The two parts of `active`: HTTP streams (`traffic` role) and TCP
+    /// connections (`traffic_tcp` role).
+    pub http_streams: u64,
+    pub tcp_connections: u64,
 }
 
 /// Which clock the timers run on, and the wall-clock steps seen so far;
@@ -282,6 +286,8 @@ mod tests {
             count: CountInfo {
                 source: "gauge",
                 reliable: true,
+                http_streams: 2,
+                tcp_connections: 1,
             },
             draining_lb_status: 200,
             checkers: &Checkers::default(),
@@ -291,6 +297,8 @@ mod tests {
         let s = body(&status(&v));
         assert_eq!(s["state"], "OPEN");
         assert_eq!(s["active"], 3);
+        assert_eq!(s["count"]["http_streams"], 2);
+        assert_eq!(s["count"]["tcp_connections"], 1);
         assert_eq!(s["ready"], true);
         assert_eq!(s["progress"]["reason"], "start");
         assert_eq!(s["in_flight"]["oldest_age_ms"], 2_300);

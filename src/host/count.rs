@@ -1,6 +1,10 @@
-//! The active-request count across every worker of the Envoy.
+//! The active count across every worker of the Envoy, in two parts: HTTP
+//! streams (the `traffic` role) and TCP connections (the `traffic_tcp` role,
+//! on TCP and TLS-passthrough chains). Each part is one `Counter`, kept by the
+//! same rules; `Counts` reads both, and the active count is their sum.
 //!
-//! Primary: the `drain_gate_active_requests` gauge. A gauge defined by name is
+//! Primary: the part's gauge (`drain_gate_active_requests`,
+//! `drain_gate_active_connections`). A gauge defined by name is
 //! one stat for all worker VMs, +1/-1 is one host call each, and `get_metric`
 //! reads the global value. But a `stats_matcher` that excludes the name turns
 //! it into a null stat that silently reads 0, so the gauge is used only after
@@ -25,7 +29,6 @@ use std::cell::Cell;
 
 use super::metrics::{gauge_is_live, Metrics};
 
-const SHARED_KEY: &str = "drain_gate.active.v1";
 const UNRELIABLE_KEY: &str = "drain_gate.count_unreliable.v1";
 /// Set by every traffic root context at configure time. Shared data is per
 /// `vm_id`: a health role that cannot see it is not in the traffic role's
@@ -34,6 +37,25 @@ const TRAFFIC_KEY: &str = "drain_gate.traffic_present.v1";
 const RETRIES: usize = 64;
 /// How much a root context adds to the global count at a time outside a drain.
 pub const LEASE: u64 = 8;
+
+/// What a traffic role counts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Part {
+    /// HTTP streams (HTTP/1.1 requests, HTTP/2 and gRPC streams, websockets).
+    Streams,
+    /// Downstream connections of a TCP or TLS-passthrough filter chain.
+    Connections,
+}
+
+impl Part {
+    /// The shared-data key of the part's count when its gauge is not live.
+    fn shared_key(self) -> &'static str {
+        match self {
+            Part::Streams => "drain_gate.active.v1",
+            Part::Connections => "drain_gate.active_connections.v1",
+        }
+    }
+}
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Source {
@@ -45,23 +67,24 @@ pub enum Source {
 #[derive(Debug)]
 pub struct Counter {
     source: Source,
+    key: &'static str,
     /// Streams this root context counted and has not yet released.
     local: Cell<u64>,
     /// What this root context has added to the global count: never below `local`.
     held: Cell<u64>,
 }
 
-fn shared_read() -> Result<(u64, Option<u32>), Status> {
-    let (bytes, cas) = hostcalls::get_shared_data(SHARED_KEY)?;
+fn shared_read(key: &str) -> Result<(u64, Option<u32>), Status> {
+    let (bytes, cas) = hostcalls::get_shared_data(key)?;
     let value = bytes
         .and_then(|b| <[u8; 8]>::try_from(b.as_slice()).ok())
         .map_or(0, u64::from_le_bytes);
     Ok((value, cas))
 }
 
-fn shared_add(delta: i64) -> bool {
+fn shared_add(key: &str, delta: i64) -> bool {
     for _ in 0..RETRIES {
-        let Ok((value, cas)) = shared_read() else {
+        let Ok((value, cas)) = shared_read(key) else {
             return false;
         };
         // The key is created at configure time (`Counter::new`); a write
@@ -70,7 +93,7 @@ fn shared_add(delta: i64) -> bool {
             return false;
         };
         let next = value.saturating_add_signed(delta);
-        match hostcalls::set_shared_data(SHARED_KEY, Some(&next.to_le_bytes()), Some(cas)) {
+        match hostcalls::set_shared_data(key, Some(&next.to_le_bytes()), Some(cas)) {
             Ok(()) => return true,
             Err(Status::CasMismatch) => continue,
             Err(_) => return false,
@@ -80,30 +103,30 @@ fn shared_add(delta: i64) -> bool {
 }
 
 impl Counter {
-    /// `gauge`: the id of the `drain_gate_active_requests` gauge, if the host
-    /// defined it; it is used only if it proves live.
-    pub fn new(gauge: Option<u32>) -> Counter {
+    /// `gauge`: the id of the part's gauge, if the host defined it; it is
+    /// used only if it proves live.
+    pub fn new(part: Part, gauge: Option<u32>) -> Counter {
+        let key = part.shared_key();
         // Shared data has no create-if-absent: the key is created here, on
         // configure, which Envoy runs on the main thread before any worker VM
         // exists (and every later configure finds the key).
-        if matches!(shared_read(), Ok((_, None))) {
-            if let Err(e) = hostcalls::set_shared_data(SHARED_KEY, Some(&0u64.to_le_bytes()), None)
-            {
-                log::error!("event=shared_data_error key={SHARED_KEY} status={e:?}");
+        if matches!(shared_read(key), Ok((_, None))) {
+            if let Err(e) = hostcalls::set_shared_data(key, Some(&0u64.to_le_bytes()), None) {
+                log::error!("event=shared_data_error key={key} status={e:?}");
             }
         }
         let source = match gauge {
             Some(id) if gauge_is_live(id) => Source::Gauge(id),
             _ => {
                 log::warn!(
-                    "event=count_source source=shared_data why=\"gauge {} is not live (stats_matcher?)\"",
-                    crate::metric_names::ACTIVE_REQUESTS
+                    "event=count_source part={part:?} source=shared_data why=\"gauge is not live (stats_matcher?)\""
                 );
                 Source::SharedData
             }
         };
         Counter {
             source,
+            key,
             local: Cell::new(0),
             held: Cell::new(0),
         }
@@ -126,7 +149,7 @@ impl Counter {
     fn add(&self, delta: i64) -> bool {
         match self.source {
             Source::Gauge(id) => hostcalls::increment_metric(id, delta).is_ok(),
-            Source::SharedData => shared_add(delta),
+            Source::SharedData => shared_add(self.key, delta),
         }
     }
 
@@ -197,7 +220,10 @@ impl Drop for Counter {
 /// The global count as a role reads it.
 #[derive(Clone, Copy, Debug)]
 pub struct Reading {
+    /// HTTP streams plus TCP connections.
     pub active: u64,
+    pub streams: u64,
+    pub connections: u64,
     pub reliable: bool,
 }
 
@@ -213,25 +239,77 @@ impl Reading {
 }
 
 impl Counter {
-    /// Whether the global count reads 0 (one host call; no reliability checks).
-    pub fn reads_zero(&self) -> bool {
+    /// Whether this part reads 0 (one host call; no reliability checks).
+    fn reads_zero(&self) -> bool {
         match self.source {
             Source::Gauge(id) => hostcalls::get_metric(id) == Ok(0),
-            Source::SharedData => matches!(shared_read(), Ok((0, _))),
+            Source::SharedData => matches!(shared_read(self.key), Ok((0, _))),
         }
+    }
+
+    /// This part over every worker; `None` when it cannot be read.
+    fn value(&self) -> Option<u64> {
+        match self.source {
+            Source::Gauge(id) => hostcalls::get_metric(id).ok(),
+            Source::SharedData => shared_read(self.key).ok().map(|(v, _)| v),
+        }
+    }
+}
+
+/// Both parts of the count, as every role of a root context holds them: a
+/// traffic root counts into its own part and reads the other; the health
+/// role only reads.
+#[derive(Debug)]
+pub struct Counts {
+    streams: Counter,
+    connections: Counter,
+}
+
+impl Counts {
+    pub fn new(metrics: &Metrics) -> Counts {
+        Counts {
+            streams: Counter::new(Part::Streams, metrics.active),
+            connections: Counter::new(Part::Connections, metrics.active_connections),
+        }
+    }
+
+    /// The counter of one part.
+    pub fn part(&self, part: Part) -> &Counter {
+        match part {
+            Part::Streams => &self.streams,
+            Part::Connections => &self.connections,
+        }
+    }
+
+    /// `gauge` or `shared_data` when both parts agree, else `mixed`.
+    pub fn source_name(&self) -> &'static str {
+        let (s, c) = (self.streams.source_name(), self.connections.source_name());
+        if s == c {
+            s
+        } else {
+            "mixed"
+        }
+    }
+
+    /// Whether the whole count reads 0 (no reliability checks). A part that
+    /// was released before this read and the other part read after it: of
+    /// two roles ending the last of each part at once, the later sees both.
+    pub fn reads_zero(&self) -> bool {
+        self.streams.reads_zero() && self.connections.reads_zero()
     }
 
     /// The count over every worker. A failed read is unreliable, never 0.
     pub fn read(&self) -> Reading {
-        let value = match self.source {
-            Source::Gauge(id) => hostcalls::get_metric(id).ok(),
-            Source::SharedData => shared_read().ok().map(|(v, _)| v),
-        };
+        let (streams, connections) = (self.streams.value(), self.connections.value());
         let flagged = !matches!(hostcalls::get_shared_data(UNRELIABLE_KEY), Ok((None, _)));
         let traffic_seen = matches!(hostcalls::get_shared_data(TRAFFIC_KEY), Ok((Some(_), _)));
+        let streams_n = streams.unwrap_or(0);
+        let connections_n = connections.unwrap_or(0);
         Reading {
-            active: value.unwrap_or(0),
-            reliable: value.is_some() && !flagged && traffic_seen,
+            active: streams_n.saturating_add(connections_n),
+            streams: streams_n,
+            connections: connections_n,
+            reliable: streams.is_some() && connections.is_some() && !flagged && traffic_seen,
         }
     }
 }
