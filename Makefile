@@ -139,7 +139,7 @@ configmap: build
 scenarios: deps build $(VENV)/.installed
 	@command -v openssl >/dev/null || { SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
 	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq openssl >/dev/null; }
-	DRAIN_GATE_SCENARIOS=full PYTHONPATH=. $(PY) -m pytest tests/test_scenarios.py -v -p no:cacheprovider $(PYTEST_ARGS)
+	DRAIN_GATE_SCENARIOS=full PYTHONPATH=. $(PY) -m pytest tests/test_scenarios.py tests/test_passthrough.py -v -p no:cacheprovider $(PYTEST_ARGS)
 	@cat out/scenarios/latest/results.md
 
 ## Hardening: failure fixture, API contract, property tests, count torture ---

@@ -25,6 +25,7 @@ from tests.harness.wire import recv_until_close
 CFG_DIR = REPO / "envoyfilter" / "haproxy"
 CFG = CFG_DIR / "haproxy.cfg"
 CFG_SOFT_DRAIN = CFG_DIR / "haproxy-soft-drain.cfg"
+CFG_PASSTHROUGH = CFG_DIR / "haproxy-passthrough.cfg"
 BACKEND = "gateways"
 SOCKET_PATH_MAX = 97  # HAProxy 2.6 refuses a longer `stats socket` path
 
@@ -125,13 +126,16 @@ class HAProxy(Child):
         soft_drain: bool = False,
         inter: str = "2s",
         tls: bool = True,
+        passthrough: bool = False,
     ):
-        """`gateways`: (traffic port, health port) of gw1[, gw2] on 127.0.0.1."""
+        """`gateways`: (traffic port, health port) of gw1[, gw2] on 127.0.0.1.
+        `passthrough`: haproxy-passthrough.cfg (`mode tcp`; `http_port` is its
+        frontend), the traffic ports being the gateways' TCP listeners."""
         if not 1 <= len(gateways) <= 2:
             raise ValueError("the reference configuration has one or two gateways")
         self.workdir = Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
-        self.cfg = CFG_SOFT_DRAIN if soft_drain else CFG
+        self.cfg = CFG_PASSTHROUGH if passthrough else CFG_SOFT_DRAIN if soft_drain else CFG
         self.socket_path = self.workdir / "admin.sock"
         if len(str(self.socket_path)) > SOCKET_PATH_MAX:  # a deep workdir: the socket goes to a short one
             self._socket_dir = tempfile.TemporaryDirectory(prefix="haproxy-")
@@ -141,7 +145,7 @@ class HAProxy(Child):
         self.names = [f"gw{i + 1}" for i in range(len(gateways))]
         env = {
             "HAPROXY_SOCKET": str(self.socket_path),
-            "FRONTEND_HTTP": f"127.0.0.1:{self.http_port}",
+            ("FRONTEND_PASSTHROUGH" if passthrough else "FRONTEND_HTTP"): f"127.0.0.1:{self.http_port}",
             "CHECK_INTER": inter,
         }
         if tls:

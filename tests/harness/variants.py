@@ -48,12 +48,14 @@ def set_plugin_config(doc: dict, listener_name: str, value: dict | str) -> None:
 TCP_FILTER = REPO / "envoyfilter" / "istio" / "tcp-filter.yaml"
 
 
-def tcp_listener(doc: dict, port: int, upstream_port: int, config: dict | None = None) -> dict:
+def tcp_listener(doc: dict, port: int, upstream_port: int, config: dict | None = None,
+                 counted: bool = True) -> dict:
     """The bootstrap plus a TCP listener on `port` whose chain is drain-gate's
     network filter, as envoyfilter/istio/tcp-filter.yaml writes it, before
     tcp_proxy to 127.0.0.1:`upstream_port` (a TCP or TLS-passthrough chain).
     Its plugin configuration is the traffic listener's (`config` merged over
-    it) with role traffic_tcp; the wasm file is the traffic listener's."""
+    it) with role traffic_tcp; the wasm file is the traffic listener's.
+    `counted=False`: tcp_proxy alone (what a gateway without the TCP role has)."""
     doc = copy.deepcopy(doc)
     patch = yaml.safe_load(TCP_FILTER.read_text())["spec"]["configPatches"][0]["patch"]["value"]
     wasm = copy.deepcopy(patch)
@@ -64,7 +66,7 @@ def tcp_listener(doc: dict, port: int, upstream_port: int, config: dict | None =
     doc["static_resources"]["listeners"].append({
         "name": "tcp",
         "address": {"socket_address": {"address": "127.0.0.1", "port_value": port}},
-        "filter_chains": [{"filters": [wasm, {
+        "filter_chains": [{"filters": ([wasm] if counted else []) + [{
             "name": "envoy.filters.network.tcp_proxy",
             "typed_config": {
                 "@type": "type.googleapis.com/envoy.extensions.filters.network.tcp_proxy.v3.TcpProxy",
