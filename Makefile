@@ -216,6 +216,7 @@ istio-manifests: k8s-tools
 	@mkdir -p $(ISTIO_DIR)/wasmplugin
 	{ echo '$(GENERATED)'; $(CHART_RENDER) --show-only templates/health-listener.yaml; } > $(ISTIO_DIR)/health-listener.yaml
 	{ echo '$(GENERATED)'; $(CHART_RENDER) --show-only templates/traffic-filter.yaml; } > $(ISTIO_DIR)/traffic-filter.yaml
+	{ echo '$(GENERATED)'; $(CHART_RENDER) --show-only templates/tcp-filter.yaml; } > $(ISTIO_DIR)/tcp-filter.yaml
 	{ echo '$(GENERATED)'; $(CHART_RENDER) --set form=wasmplugin --set wasmPlugin.url=$(EXAMPLE_OCI) \
 	  --show-only templates/health-listener.yaml; } > $(ISTIO_DIR)/wasmplugin/health-listener.yaml
 	{ echo '$(GENERATED)'; $(CHART_RENDER) --set form=wasmplugin --set wasmPlugin.url=$(EXAMPLE_OCI) \

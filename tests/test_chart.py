@@ -52,7 +52,7 @@ def test_plain_files_are_the_chart_render(tmp_path):
     subprocess.run(["make", "-s", "istio-manifests", f"ISTIO_DIR={tmp_path}"], cwd=REPO, check=True,
                    capture_output=True)
     rendered = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*.yaml"))
-    assert [str(p) for p in rendered] == ["health-listener.yaml", "traffic-filter.yaml",
+    assert [str(p) for p in rendered] == ["health-listener.yaml", "tcp-filter.yaml", "traffic-filter.yaml",
                                           "wasmplugin/health-listener.yaml", "wasmplugin/traffic.yaml"]
     for rel in rendered:
         assert (istio.ISTIO / rel).read_text() == (tmp_path / rel).read_text(), \
@@ -134,6 +134,8 @@ def test_rendered_objects_select_drain_gate_pods_in_the_release_namespace(module
     expected = {("PodDisruptionBudget", "drain-gate"), ("ConfigMap", "drain-gate-wasm"),
                 ("EnvoyFilter", "drain-gate-health"),
                 ("WasmPlugin" if wasmplugin else "EnvoyFilter", "drain-gate-traffic")}
+    if not wasmplugin:
+        expected.add(("EnvoyFilter", "drain-gate-tcp"))
     assert set(objs) == expected
     for obj in objs.values():
         assert obj["metadata"]["namespace"] == "gateways", obj["kind"]
@@ -145,10 +147,11 @@ def test_rendered_objects_select_drain_gate_pods_in_the_release_namespace(module
         wp = objs[("WasmPlugin", "drain-gate-traffic")]
         assert wp["spec"]["selector"] == {"matchLabels": istio.DRAIN_GATE_LABEL} and wp["spec"]["url"] == OCI
     else:
-        traffic = objs[("EnvoyFilter", "drain-gate-traffic")]
-        assert traffic["spec"]["workloadSelector"] == {"labels": istio.DRAIN_GATE_LABEL}
-        assert traffic["spec"]["priority"] > 0, "INSERT_BEFORE needs a priority (IST0151)"
-        patches += traffic["spec"]["configPatches"]
+        for name in ("drain-gate-traffic", "drain-gate-tcp"):
+            traffic = objs[("EnvoyFilter", name)]
+            assert traffic["spec"]["workloadSelector"] == {"labels": istio.DRAIN_GATE_LABEL}
+            assert traffic["spec"]["priority"] > 0, "INSERT_BEFORE needs a priority (IST0151)"
+            patches += traffic["spec"]["configPatches"]
     for p in patches:
         assert re.search(p["match"]["proxy"]["proxyVersion"], istio.PROXY_VERSION)
         assert not re.search(p["match"]["proxy"]["proxyVersion"], "1.31.0")
@@ -179,7 +182,18 @@ def test_config_values_reach_the_health_role_and_traffic_gets_only_what_it_uses(
         else:
             value = objs[("EnvoyFilter", "drain-gate-traffic")]["spec"]["configPatches"][0]["patch"]["value"]
             traffic = json.loads(value["typed_config"]["config"]["configuration"]["value"])
+            value = objs[("EnvoyFilter", "drain-gate-tcp")]["spec"]["configPatches"][0]["patch"]["value"]
+            tcp = json.loads(value["typed_config"]["config"]["configuration"]["value"])
+            assert tcp == {"role": "traffic_tcp", "tick": "50ms"}
         assert traffic == {"role": "traffic", "tick": "50ms"}
+
+
+def test_tcp_value_renders_or_leaves_out_the_tcp_filter(module):
+    names = lambda *args: {o["metadata"]["name"] for o in k8s.template(*with_module(module, *args))}
+    assert "drain-gate-tcp" in names()
+    assert "drain-gate-tcp" not in names("--set", "tcp.enabled=false")
+    assert "drain-gate-tcp" not in names(*WASMPLUGIN), "a WasmPlugin gateway mounts no module file"
+    assert "tcp.enabled" in refusal(*with_module(module, "--set", "tcp.enabled=yes")).replace("/", ".")
 
 
 def test_rendered_istio_objects_are_valid_against_the_crds(module):

@@ -172,16 +172,18 @@ def test_tcp_filter_is_the_traffic_filter_as_a_network_filter_before_tcp_proxy()
     ef = istio.load_one(istio.ISTIO / "tcp-filter.yaml")
     (patch,) = ef["spec"]["configPatches"]
     assert patch["applyTo"] == "NETWORK_FILTER" and patch["patch"]["operation"] == "INSERT_BEFORE"
-    assert patch["match"] == {"context": "GATEWAY",
-                              "listener": {"filterChain": {"filter": {"name": "envoy.filters.network.tcp_proxy"}}}}
     traffic_ef = istio.load_one(istio.ISTIO / "traffic-filter.yaml")
-    assert ef["spec"]["workloadSelector"] == traffic_ef["spec"]["workloadSelector"]
+    assert patch["match"] == {"context": "GATEWAY", "proxy": traffic_ef["spec"]["configPatches"][0]["match"]["proxy"],
+                              "listener": {"filterChain": {"filter": {"name": "envoy.filters.network.tcp_proxy"}}}}
+    for key in ("workloadSelector", "priority"):
+        assert ef["spec"][key] == traffic_ef["spec"][key], key
     assert ef["metadata"]["namespace"] == traffic_ef["metadata"]["namespace"]
     value = patch["patch"]["value"]
     assert value["typed_config"]["@type"] == istio.WASM_NETWORK
     tcp = value["typed_config"]["config"]
     traffic = copy.deepcopy(traffic_ef["spec"]["configPatches"][0]["patch"]["value"]["typed_config"]["config"])
-    assert json.loads(tcp["configuration"]["value"]) == {"role": "traffic_tcp"}
+    assert json.loads(tcp["configuration"]["value"]) == {
+        **json.loads(traffic["configuration"]["value"]), "role": "traffic_tcp"}
     # Same module, vm_id and fail policy as the HTTP traffic role; only names and role differ.
     for key in ("name", "root_id", "configuration"):
         tcp, traffic = {**tcp, key: None}, {**traffic, key: None}
