@@ -52,10 +52,10 @@ def dump_of(env) -> str:
     return json.dumps(_logical_ports(dump, {actual: logical for logical, actual in env.at.items()}))
 
 
-def envoyfilter_form(traffic: dict | None = None) -> list[dict]:
+def envoyfilter_form(traffic: dict | None = None, tcp: bool = True) -> list[dict]:
     return istio.apply_envoyfilters(
         [istio.gateway_listener(8080), istio.gateway_listener(8443), istio.gateway_listener(15443, tcp=True)],
-        [traffic or load("traffic-filter.yaml"), load("health-listener.yaml")])
+        [traffic or load("traffic-filter.yaml"), load("health-listener.yaml")] + ([load("tcp-filter.yaml")] if tcp else []))
 
 
 @contextlib.contextmanager
@@ -90,11 +90,21 @@ def test_shipped_envoyfilter_form_passes_from_a_url_and_stdin(start_gateway, tmp
     assert "PASS traffic filter: listener 0.0.0.0_8443: drain-gate traffic filter before the router" in lines
     assert "PASS vm_id: listener 0.0.0.0_8443: traffic vm_id 'drain-gate' = health" in lines
     assert "PASS health catch-all 503: listener drain-gate-health: routes end in a catch-all direct 503" in lines
+    assert "PASS tcp filter: listener 0.0.0.0_15443: drain-gate TCP filter before tcp_proxy" in lines
+    assert "PASS vm_id: listener 0.0.0.0_15443: tcp vm_id 'drain-gate' = health" in lines
     assert "PASS health failure_policy: listener drain-gate-health: FAIL_CLOSED (want FAIL_CLOSED)" in lines
     (tmp_path / "pod.json").write_text(deployment())
     code, lines = verify("--config-dump", "-", "--pod-spec", str(tmp_path / "pod.json"), stdin=dump_of(env))
     assert code == 0, lines
     assert lines[-1] == "OK: 0 check(s) failed"
+
+
+def test_a_tcp_chain_without_the_tcp_filter_fails_naming_the_listener(start_gateway):
+    env = start_gateway(VERSION, envoyfilter_form(tcp=False))
+    code, lines = verify("--config-dump", "-", stdin=dump_of(env))
+    assert code == 1
+    assert failures(lines) == ["FAIL tcp filter: listener 0.0.0.0_15443: 0 drain-gate TCP filters before tcp_proxy "
+                               "(want 1: its connections go uncounted)"]
 
 
 def test_shipped_wasmplugin_form_passes(start_gateway, tmp_path, pulled_wasm):  # noqa: F811
