@@ -159,7 +159,8 @@ class Rig:
     """Backend + gateways + HAProxy + pollers. Use as a context manager."""
 
     def __init__(self, workdir: Path, *, gateways: int = 1, config: dict | None = None,
-                 soft_drain: bool = False, timing: Timing = QUICK, tls: bool = False):
+                 soft_drain: bool = False, timing: Timing = QUICK, tls: bool = False,
+                 haproxy_env: dict[str, str] | None = None):
         self.workdir = Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.n = gateways
@@ -167,6 +168,7 @@ class Rig:
         self.soft_drain = soft_drain
         self.config = {"lb_buffer": timing.lb_buffer, **(config or {})}
         self.tls = tls
+        self.haproxy_env = haproxy_env
         self.stack = contextlib.ExitStack()
         self.gws: list[Gateway] = []
         self.haproxy: HAProxy | None = None
@@ -198,6 +200,7 @@ class Rig:
             soft_drain=self.soft_drain,
             inter=self.timing.inter,
             tls=self.tls,
+            env=self.haproxy_env,
         )
         self.stack.callback(self.haproxy.stop)
         self.haproxy.start()
