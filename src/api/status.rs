@@ -368,6 +368,8 @@ mod tests {
             count: CountInfo {
                 source: "gauge",
                 reliable: true,
+                http_streams: 3,
+                tcp_connections: 0,
             },
             draining_lb_status: 200,
             checkers: &checkers,
