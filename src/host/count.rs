@@ -139,7 +139,7 @@ impl Counter {
         }
     }
 
-    pub fn source_name(&self) -> &'static str {
+    fn source_name(&self) -> &'static str {
         match self.source {
             Source::Gauge(_) => "gauge",
             Source::SharedData => "shared_data",
