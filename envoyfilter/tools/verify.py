@@ -261,17 +261,24 @@ def check_traffic(report: Report, all_listeners, health_port: int, ecds: dict, v
             router = router_position(hcm)
             traffic = [(i, p) for i, p, role in drain_gate_filters(hcm, ecds) if role == "traffic"]
             before = [p for i, p in traffic if router is not None and i < router]
-            if not report.check(len(before) == 1, "traffic filter", f"listener {name}: " + (
-                    "drain-gate traffic filter before the router" if len(before) == 1 else
-                    f"{len(before)} drain-gate traffic filters before the router (want 1)")):
-                continue
-            report.check(policy(before[0]) == "FAIL_OPEN", "traffic failure_policy",
-                         f"listener {name}: {policy(before[0])} (want FAIL_OPEN)")
-            got = (before[0].get("vm_config") or {}).get("vm_id", "")
-            if vm_id is not None:
-                report.check(got == vm_id, "vm_id", f"listener {name}: traffic vm_id {got!r}"
-                             + (" = health" if got == vm_id else f" != health vm_id {vm_id!r}"))
+            check_counting_filter(report, before, f"listener {name}", ("traffic", "traffic", "the router"), vm_id)
     return seen
+
+
+def check_counting_filter(report: Report, found: list[dict], where: str, kind: tuple[str, str, str], vm_id) -> None:
+    """Exactly one drain-gate counting filter (`found`) before its anchor, FAIL_OPEN, in
+    the health role's vm_id. `kind`: (check name, what the filter is called, the anchor)."""
+    check, called, anchor = kind
+    if not report.check(len(found) == 1, f"{check} filter", f"{where}: " + (
+            f"drain-gate {called} filter before {anchor}" if len(found) == 1 else
+            f"{len(found)} drain-gate {called} filters before {anchor} (want 1)")):
+        return
+    report.check(policy(found[0]) == "FAIL_OPEN", f"{check} failure_policy",
+                 f"{where}: {policy(found[0])} (want FAIL_OPEN)")
+    got = (found[0].get("vm_config") or {}).get("vm_id", "")
+    if vm_id is not None:
+        report.check(got == vm_id, "vm_id", f"{where}: {check} vm_id {got!r}"
+                     + (" = health" if got == vm_id else f" != health vm_id {vm_id!r}"))
 
 
 def check_tcp(report: Report, all_listeners, health_port: int, vm_id) -> None:
@@ -288,16 +295,7 @@ def check_tcp(report: Report, all_listeners, health_port: int, vm_id) -> None:
             where = f"listener {name}" + (f" chain {chain['name']}" if chain.get("name") else "")
             tcp = [t.get("config", {}) for t in filters[:at]
                    if t.get("@type") == NETWORK_WASM_TYPE and role_of(t.get("config", {})) == "traffic_tcp"]
-            if not report.check(len(tcp) == 1, "tcp filter", f"{where}: " + (
-                    "drain-gate TCP filter before tcp_proxy" if len(tcp) == 1 else
-                    f"{len(tcp)} drain-gate TCP filters before tcp_proxy (want 1: its connections go uncounted)")):
-                continue
-            report.check(policy(tcp[0]) == "FAIL_OPEN", "tcp failure_policy",
-                         f"{where}: {policy(tcp[0])} (want FAIL_OPEN)")
-            got = (tcp[0].get("vm_config") or {}).get("vm_id", "")
-            if vm_id is not None:
-                report.check(got == vm_id, "vm_id", f"{where}: tcp vm_id {got!r}"
-                             + (" = health" if got == vm_id else f" != health vm_id {vm_id!r}"))
+            check_counting_filter(report, tcp, where, ("tcp", "TCP", "tcp_proxy"), vm_id)
 
 
 def verify_config_dump(report: Report, dump: dict, health_port: int) -> dict | None:
