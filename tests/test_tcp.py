@@ -2,8 +2,11 @@
 network filter (role traffic_tcp, as envoyfilter/istio/tcp-filter.yaml writes
 it) before tcp_proxy to a TCP or TLS echo backend counts each connection from
 accept to close in the same count as the HTTP streams, and the drain flips
-only once both parts are 0."""
+only once both parts are 0. The TCP role registers and beats like the HTTP
+one: a gateway with only TCP servers is announced once it registered."""
 from __future__ import annotations
+
+import copy
 
 import pytest
 import requests
@@ -11,7 +14,7 @@ import requests
 from tests.harness import variants
 from tests.harness.envoy import free_port, wait_for
 from tests.harness.tcp import Echo, Held
-from tests.harness.wire import post, state, status
+from tests.harness.wire import fresh_get, post, state, status
 
 
 @pytest.fixture
@@ -116,3 +119,37 @@ def test_a_connection_that_never_ends_closes_at_drain_timeout(tcp_gateway):
         assert st["progress"]["active_at_closing"] == 1
         assert conn.echoes(), "Envoy itself does not cut it: the LB's shutdown-sessions will"
     assert "reason=drain_timeout active=1 forced=true" in gw.log()
+
+
+def test_a_tcp_only_gateway_is_announced_once_its_tcp_role_registers(gateway, tmp_path):
+    """No HTTP traffic listener at all: the health role alone waits (503, the
+    control), and the TCP listener arriving through file-based LDS is a
+    traffic role seen — announced, the count reliable, its connections counted."""
+    echo = Echo(tmp_path).start()
+    port, box = free_port(), {}
+
+    def tcp_later(doc, workdir):
+        doc = variants.without_listener(variants.tcp_listener(doc, port, echo.port), "traffic")
+        box["all"] = copy.deepcopy(doc["static_resources"]["listeners"])
+        doc["static_resources"]["listeners"] = [x for x in box["all"] if x["name"] != "tcp"]
+        box["lds"] = variants.Lds(doc, workdir)
+        return box["lds"].doc
+
+    answer = lambda path: fresh_get(gw.ports.health, path)[0]  # noqa: E731
+    try:
+        gw = gateway({"lb_buffer": "60m"}, transform=tcp_later)
+        wait_for(lambda: answer("/live") == 200, 10, what="health listener serving")
+        st = status(gw)
+        assert (st["waiting_for"], st["lb_status"], st["traffic"]["seen"]) == ("traffic_role", 503, False)
+        box["lds"].push(box["all"])
+        wait_for(lambda: answer("/health_check.html") == 200 and answer("/health") == 200, 15,
+                 what="announced once the TCP role registered")
+        st = status(gw)
+        assert st["waiting_for"] is None and st["traffic"]["seen"] is True and st["traffic"]["roots"] >= 1
+        assert st["count"]["reliable"] is True and st["count"]["unreliable_reason"] is None
+        with Held(port) as conn:
+            assert conn.echoes()
+            wait_for(lambda: parts(gw) == (1, 0, 1), 5, what="the connection counted")
+        wait_for(lambda: parts(gw) == (0, 0, 0), 5, what="the close released it")
+    finally:
+        echo.stop()

@@ -9,9 +9,10 @@ use std::net::{IpAddr, SocketAddr};
 use std::rc::Rc;
 
 use super::count::{Counts, Reading};
+use super::liveness::Watch;
 use super::metrics::Metrics;
 use super::{in_flight, now, store, wall_ms};
-use crate::api::{self, Audience, CountInfo, Endpoint, Reply, View};
+use crate::api::{self, Audience, CountInfo, Endpoint, Reply, TrafficInfo, View};
 use crate::clock::{self, Now};
 use crate::config::Config;
 use crate::fsm::{self, CloseAfter, Move, Record, State};
@@ -38,6 +39,7 @@ pub struct Health {
     pub counter: Counts,
     pub metrics: Metrics,
     waiters: RefCell<Vec<Waiter>>,
+    watch: Watch,
 }
 
 fn send(reply: &Reply) {
@@ -67,6 +69,7 @@ impl Health {
             counter,
             metrics,
             waiters: RefCell::new(Vec::new()),
+            watch: Watch::default(),
         };
         // Record where the wall clock stands before the first tick, so that
         // a step even then is seen.
@@ -75,15 +78,25 @@ impl Health {
     }
 
     /// Everything a status answer shows, read now.
-    fn snapshot(&self) -> (Reading, Checkers) {
+    fn snapshot(&self) -> (Reading, Checkers, TrafficInfo) {
         let checkers = store::lb_checkers().unwrap_or_else(|e| {
             log::warn!("event=lb_record_unavailable error=\"{e}\"");
             Checkers::default()
         });
-        (self.counter.read(), checkers)
+        let (reg, verdict) = self.watch.snapshot();
+        let traffic = TrafficInfo {
+            seen: !verdict.waiting,
+            roots: reg.roots.len(),
+            lost: reg.lost_total,
+        };
+        (self.counter.read(), checkers, traffic)
     }
 
-    fn view<'a>(&self, rec: &'a Record, reading: Reading, checkers: &'a Checkers) -> View<'a> {
+    fn view<'a>(
+        &self,
+        rec: &'a Record,
+        (reading, checkers, traffic): &'a (Reading, Checkers, TrafficInfo),
+    ) -> View<'a> {
         let now = now();
         View {
             rec,
@@ -96,7 +109,9 @@ impl Health {
                 reliable: reading.reliable,
                 http_streams: reading.streams,
                 tcp_connections: reading.connections,
+                unreliable_reason: reading.why.map(|w| w.name()),
             },
+            traffic: *traffic,
             draining_lb_status: self.config.draining_lb_status,
             checkers,
             lb_fall: self.config.lb_fall,
@@ -105,13 +120,11 @@ impl Health {
     }
 
     fn status_reply(&self, rec: &Record) -> Reply {
-        let (reading, checkers) = self.snapshot();
-        api::status(&self.view(rec, reading, &checkers))
+        api::status(&self.view(rec, &self.snapshot()))
     }
 
     fn wait_reply(&self, end: api::WaitEnd, rec: &Record) -> Reply {
-        let (reading, checkers) = self.snapshot();
-        api::wait_reply(end, &self.view(rec, reading, &checkers))
+        api::wait_reply(end, &self.view(rec, &self.snapshot()))
     }
 
     /// When the LB was observed DOWN, if `close_after` asks for it.
@@ -124,17 +137,26 @@ impl Health {
             .and_then(|c| c.down_since(wall_ms(), self.config.lb_fall))
     }
 
-    /// Answers the LB check and remembers what this checker was served.
+    /// Answers the LB check and remembers what this checker was served
+    /// (only sources in `lb_checkers`). The 404 that completes what a gated
+    /// soft drain waits for flips it at once if nothing is in flight.
     fn lb_check(&self, state: State, req: &api::Request) -> Reply {
         let reply = api::check(Audience::Lb, state, &self.config, req.if_none_match);
-        if let Some(ip) = req.source {
-            let served = if reply.status == 304 {
-                200
-            } else {
-                reply.status
-            };
-            if let Err(e) = store::lb_observe(&ip.to_string(), served, self.config.lb_fall) {
-                log::warn!("event=lb_record_unavailable error=\"{e}\"");
+        let Some(ip) = req.source.filter(|ip| self.config.is_checker(*ip)) else {
+            return reply;
+        };
+        let served = if reply.status == 304 {
+            200
+        } else {
+            reply.status
+        };
+        if let Err(e) = store::lb_observe(&ip.to_string(), served, self.config.lb_fall) {
+            log::warn!("event=lb_record_unavailable error=\"{e}\"");
+        }
+        if state == State::Draining && served == 404 {
+            let active = self.counter.read().for_decisions();
+            if let Err(e) = store::apply_due(active, self.lb_down_ms(), &self.metrics) {
+                log::error!("event=state_unavailable role=health error=\"{e}\"");
             }
         }
         reply
@@ -170,6 +192,12 @@ impl Health {
             Err(e) => return Some(unavailable(&e)),
         };
         match endpoint {
+            Endpoint::Check(audience) if !self.watch.seen() => Some(api::check_waiting(
+                audience,
+                rec.state,
+                &self.config,
+                req.if_none_match,
+            )),
             Endpoint::Check(Audience::Lb) => Some(self.lb_check(rec.state, req)),
             Endpoint::Check(audience) => Some(api::check(
                 audience,
@@ -259,6 +287,7 @@ impl Health {
     /// transitions, then the release of held answers that are over.
     pub fn tick(&self) {
         self.watch_clock();
+        self.watch.tick(&self.metrics);
         let reading = self.counter.read();
         let rec = match store::apply_due(reading.for_decisions(), self.lb_down_ms(), &self.metrics)
         {

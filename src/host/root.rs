@@ -8,9 +8,11 @@ use proxy_wasm::types::ContextType;
 use std::rc::Rc;
 use std::time::Duration;
 
-use super::count::Part;
+use super::count::{self, Part};
 use super::health::{Health, HealthStream};
+use super::liveness;
 use super::metrics::Metrics;
+use super::shared::Envoy;
 use super::store;
 use super::traffic::{Traffic, TrafficStream};
 use crate::config::{Config, Role};
@@ -30,7 +32,16 @@ pub enum Root {
     Health(Rc<Health>),
 }
 
-impl Context for Root {}
+impl Context for Root {
+    /// The plugin is being removed (LDS update, reconfiguration): a clean
+    /// goodbye, so that the health role does not take it for a failed VM.
+    fn on_done(&mut self) -> bool {
+        if let Root::Traffic(t) = self {
+            t.goodbye();
+        }
+        true
+    }
+}
 
 impl RootContext for Root {
     fn on_configure(&mut self, _: usize) -> bool {
@@ -62,17 +73,21 @@ impl RootContext for Root {
             return false;
         }
         *self = match config.role {
-            Role::Traffic => Root::Traffic(Rc::new(Traffic::new(
-                Part::Streams,
-                metrics,
-                config.tick_ms,
-            ))),
-            Role::TrafficTcp => Root::Traffic(Rc::new(Traffic::new(
-                Part::Connections,
-                metrics,
-                config.tick_ms,
-            ))),
-            Role::Health => Root::Health(Rc::new(Health::new(config, metrics))),
+            // Both traffic roles announce themselves and beat the same
+            // heartbeat: a TCP-only gateway is a traffic role seen.
+            Role::Traffic | Role::TrafficTcp => {
+                liveness::ensure_registry();
+                count::announce_traffic(&Envoy);
+                let part = match config.role {
+                    Role::TrafficTcp => Part::Connections,
+                    _ => Part::Streams,
+                };
+                Root::Traffic(Rc::new(Traffic::new(part, metrics, config.tick_ms)))
+            }
+            Role::Health => {
+                liveness::ensure_registry();
+                Root::Health(Rc::new(Health::new(config, metrics)))
+            }
         };
         true
     }

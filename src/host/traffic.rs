@@ -1,15 +1,17 @@
 //! Traffic roles: `traffic` counts every HTTP stream of the listener it is
 //! inserted in, `traffic_tcp` every connection of the TCP or TLS-passthrough
 //! filter chain it is inserted in (a network filter before `tcp_proxy`).
-//! Both are one root type: each counts into its part of the count, flips
-//! DRAINING → CLOSING from the callback that ends the last stream or
-//! connection of either part, and keeps the ages of what it has in flight.
+//! Both are one root type: each counts into its part of the count, beats the
+//! same heartbeat, flips DRAINING → CLOSING from the callback that ends the
+//! last stream or connection of either part, and keeps the ages of what it
+//! has in flight.
 
 use proxy_wasm::traits::{Context, HttpContext, StreamContext};
 use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 
-use super::count::{Counter, Counts, Part};
+use super::count::{self, Counter, Counts, Part};
+use super::liveness::Heartbeat;
 use super::metrics::Metrics;
 use super::{in_flight, now, store};
 use crate::fsm::State;
@@ -72,17 +74,18 @@ pub struct Traffic {
     /// true). Outside a drain no stream end needs to look any further.
     draining: Cell<bool>,
     ages: AgeBook,
+    heartbeat: Heartbeat,
 }
 
 impl Traffic {
     pub fn new(part: Part, metrics: Metrics, tick_ms: u64) -> Traffic {
-        Counter::announce_traffic();
         Traffic {
             part,
             counts: Counts::new(&metrics),
             metrics,
             draining: Cell::new(true),
             ages: AgeBook::new(tick_ms),
+            heartbeat: Heartbeat::new(tick_ms),
         }
     }
 
@@ -91,10 +94,16 @@ impl Traffic {
         self.counts.part(self.part)
     }
 
+    /// The root context is being removed cleanly: leave the registry.
+    pub fn goodbye(&self) {
+        self.heartbeat.goodbye();
+    }
+
     /// Every `tick`: publish the ages; is a drain running? Give back the
     /// unused lease, and during a drain check whether this VM's last stream
     /// already ended before it knew about the drain.
     pub fn tick(&self) {
+        self.heartbeat.beat();
         self.ages.tick();
         let state = match self.metrics.state_hint() {
             Some(state) => state,
@@ -161,9 +170,10 @@ pub struct TrafficStream {
 
 impl TrafficStream {
     pub fn new(traffic: Rc<Traffic>) -> TrafficStream {
-        let counted = traffic
-            .counter()
-            .enter(&traffic.metrics, traffic.draining.get());
+        let counted = traffic.counter().enter(traffic.draining.get());
+        if !counted {
+            count::not_counted(&traffic.metrics);
+        }
         let started_ms = traffic.ages.enter();
         TrafficStream {
             traffic,
