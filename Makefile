@@ -166,7 +166,7 @@ configmap: wasm-opt build
 scenarios: deps build $(VENV)/.installed
 	@command -v openssl >/dev/null || { SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
 	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq openssl >/dev/null; }
-	DRAIN_GATE_SCENARIOS=full PYTHONPATH=. $(PY) -m pytest tests/test_scenarios.py -v -p no:cacheprovider $(PYTEST_ARGS)
+	DRAIN_GATE_SCENARIOS=full PYTHONPATH=. $(PY) -m pytest tests/test_scenarios.py tests/test_passthrough.py -v -p no:cacheprovider $(PYTEST_ARGS)
 	@cat out/scenarios/latest/results.md
 
 ## Hardening: failure fixture, API contract, property tests, count torture ---
@@ -250,6 +250,7 @@ define render-policies
 	@mkdir -p $(2)/wasmplugin
 	{ echo '$(GENERATED)'; $(1) --show-only templates/health-listener.yaml; } > $(2)/health-listener.yaml
 	{ echo '$(GENERATED)'; $(1) --show-only templates/traffic-filter.yaml; } > $(2)/traffic-filter.yaml
+	{ echo '$(GENERATED)'; $(1) --show-only templates/tcp-filter.yaml; } > $(2)/tcp-filter.yaml
 	{ echo '$(GENERATED)'; $(1) --set form=wasmplugin --set wasmPlugin.url=$(EXAMPLE_OCI) \
 	  --show-only templates/health-listener.yaml; } > $(2)/wasmplugin/health-listener.yaml
 	{ echo '$(GENERATED)'; $(1) --set form=wasmplugin --set wasmPlugin.url=$(EXAMPLE_OCI) \

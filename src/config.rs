@@ -16,6 +16,9 @@ use crate::net::{Cidr, LOOPBACK};
 pub enum Role {
     /// Counts every HTTP stream of the gateway's traffic listener(s).
     Traffic,
+    /// Counts every connection of the TCP and TLS-passthrough filter chains
+    /// (a network filter before `tcp_proxy`).
+    TrafficTcp,
     /// Serves the FSM on the dedicated health listener.
     Health,
 }
@@ -81,7 +84,7 @@ enum Rule {
     Optional(Apply),
 }
 
-const ROLE_REQUIRED: &str = "required: \"traffic\" or \"health\"";
+const ROLE_REQUIRED: &str = "required: \"traffic\", \"traffic_tcp\" or \"health\"";
 
 /// Declares `KEYS` (the names) and `RULES` (each name with its rule) from one
 /// list, so a key is written exactly once.
@@ -163,8 +166,13 @@ fn duration(v: &Value, min_ms: u64, max_ms: u64) -> Result<u64, String> {
 fn role(c: &mut Config, v: &Value) -> Result<(), String> {
     c.role = match v.as_str() {
         Some("traffic") => Role::Traffic,
+        Some("traffic_tcp") => Role::TrafficTcp,
         Some("health") => Role::Health,
-        _ => return Err(format!("expected \"traffic\" or \"health\", got {v}")),
+        _ => {
+            return Err(format!(
+                "expected \"traffic\", \"traffic_tcp\" or \"health\", got {v}"
+            ))
+        }
     };
     Ok(())
 }
@@ -396,6 +404,18 @@ mod tests {
     }
 
     #[test]
+    fn each_role_by_name() {
+        for (name, role) in [
+            ("traffic", Role::Traffic),
+            ("traffic_tcp", Role::TrafficTcp),
+            ("health", Role::Health),
+        ] {
+            let c = parse(&format!(r#"{{"role":"{name}"}}"#)).unwrap();
+            assert_eq!(c.role, role, "{name}");
+        }
+    }
+
+    #[test]
     fn full_configuration() {
         let c = parse(
             r#"{"role":"traffic","drain_timeout":"2m","min_drain":"500ms","lb_buffer":"0s",
@@ -519,7 +539,7 @@ mod tests {
         );
         assert_eq!(
             problem(r#"{"drain_timeout":"1s"}"#),
-            "invalid configuration: role: required: \"traffic\" or \"health\""
+            "invalid configuration: role: required: \"traffic\", \"traffic_tcp\" or \"health\""
         );
         assert_eq!(
             problem(r#"{"role":"health","drain_timeout":"0s"}"#),

@@ -18,6 +18,7 @@ pub struct Metric {
 }
 
 pub const ACTIVE_REQUESTS: &str = "drain_gate_active_requests";
+pub const ACTIVE_CONNECTIONS: &str = "drain_gate_active_connections";
 pub const STATE: &str = "drain_gate_state";
 pub const FORCED_CLOSES: &str = "drain_gate_forced_closes";
 pub const COUNT_ERRORS: &str = "drain_gate_count_errors";
@@ -35,11 +36,16 @@ pub const TRANSITIONS_TO: [&str; 5] = [
     "drain_gate_transitions_to_fault",
 ];
 
-pub const ALL: [Metric; 13] = [
+pub const ALL: [Metric; 14] = [
     Metric {
         name: ACTIVE_REQUESTS,
         kind: Kind::Gauge,
         help: "HTTP streams in flight on the traffic listeners (all workers)",
+    },
+    Metric {
+        name: ACTIVE_CONNECTIONS,
+        kind: Kind::Gauge,
+        help: "connections in flight on the TCP and TLS-passthrough chains (all workers)",
     },
     Metric {
         name: STATE,

@@ -1,8 +1,11 @@
 //! The count as a model: N simulated worker VMs run the real `Counter`
 //! (leases, settle, exact mode, compare-and-swap through `cas_update`, root
-//! drop) against a simulated host — shared data with versions, one gauge —
+//! drop) against a simulated host — shared data with versions, a gauge per
+//! part —
 //! that injects `CasMismatch` and failed writes. Random interleavings of
 //! stream enter / exit, ticks, drain start, clean root removal and VM death.
+//! Even workers count HTTP streams, odd ones TCP connections (the two parts
+//! of `Counts`, read as one count).
 //!
 //! Invariants, checked after every step:
 //! - the global count never reads below what the live counters hold in
@@ -20,7 +23,7 @@
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 
-use drain_gate::host::count::{self, Counter, Source};
+use drain_gate::host::count::{self, Counter, Counts, Part, Source};
 use drain_gate::host::shared::Host;
 use drain_gate::liveness::Why;
 use proptest::prelude::*;
@@ -28,11 +31,11 @@ use proxy_wasm::types::Status;
 
 const GAUGE: u32 = 7;
 
-/// Shared data and one gauge, process-wide, with injected faults.
+/// Shared data and a gauge per part, process-wide, with injected faults.
 #[derive(Default)]
 struct Sim {
     data: RefCell<HashMap<String, (Vec<u8>, u32)>>,
-    gauge: Cell<i64>,
+    gauges: RefCell<HashMap<u32, i64>>,
     /// The next this many versioned writes lose a race (CasMismatch, nothing written).
     cas_races: Cell<u32>,
     /// The next this many writes or gauge updates fail outright.
@@ -80,17 +83,17 @@ impl Host for &Sim {
     }
 
     fn gauge_add(&self, id: u32, delta: i64) -> Result<(), Status> {
-        assert_eq!(id, GAUGE);
+        assert!(id == GAUGE || id == GAUGE + 1);
         if self.fail_now() {
             return Err(Status::InternalFailure);
         }
-        self.gauge.set(self.gauge.get() + delta);
+        *self.gauges.borrow_mut().entry(id).or_default() += delta;
         Ok(())
     }
 
     fn gauge_get(&self, id: u32) -> Result<u64, Status> {
-        assert_eq!(id, GAUGE);
-        let g = self.gauge.get();
+        assert!(id == GAUGE || id == GAUGE + 1);
+        let g = self.gauges.borrow().get(&id).copied().unwrap_or(0);
         assert!(
             g >= 0,
             "the gauge went below 0: something was given back twice ({g})"
@@ -144,10 +147,28 @@ struct Worker<'a> {
     ticked_in_drain: bool,
 }
 
+/// The part worker `w` counts.
+fn part_of(w: usize) -> Part {
+    if w % 2 == 0 {
+        Part::Streams
+    } else {
+        Part::Connections
+    }
+}
+
+/// A part's source: the gauge mode gives each part its own gauge.
+fn source_of(source: Source, part: Part) -> Source {
+    match (source, part) {
+        (Source::Gauge(id), Part::Connections) => Source::Gauge(id + 1),
+        _ => source,
+    }
+}
+
 impl<'a> Worker<'a> {
-    fn new(sim: &'a Sim, source: Source) -> Worker<'a> {
+    fn new(sim: &'a Sim, source: Source, w: usize) -> Worker<'a> {
+        let part = part_of(w);
         Worker {
-            counter: Some(Counter::with_host(sim, source)),
+            counter: Some(Counter::with_host(sim, part, source_of(source, part))),
             draining: true,
             open: Vec::new(),
             uncounted: 0,
@@ -208,7 +229,7 @@ impl<'a> Model<'a> {
                 let (sim, source) = (self.sim, self.source);
                 let wk = &mut self.workers[w];
                 if wk.counter.is_some() && wk.open.is_empty() {
-                    *wk = Worker::new(sim, source); // the old counter drops here
+                    *wk = Worker::new(sim, source, w); // the old counter drops here
                 }
             }
             Op::VmDeath(w) => {
@@ -249,8 +270,9 @@ impl<'a> Model<'a> {
             .sum()
     }
 
-    fn reader(&self) -> Counter<&'a Sim> {
-        Counter::with_host(self.sim, self.source)
+    fn reader(&self) -> Counts<&'a Sim> {
+        let part = |p| Counter::with_host(self.sim, p, source_of(self.source, p));
+        Counts::of(part(Part::Streams), part(Part::Connections))
     }
 }
 
@@ -311,7 +333,7 @@ fn run(workers: usize, source: Source, ops: &[Op]) -> Result<(), TestCaseError> 
     let mut m = Model {
         sim: &sim,
         source,
-        workers: (0..workers).map(|_| Worker::new(&sim, source)).collect(),
+        workers: (0..workers).map(|w| Worker::new(&sim, source, w)).collect(),
         drain: false,
         deaths: 0,
         death_unmarked: false,
@@ -379,21 +401,26 @@ fn clamp(op: Op, workers: usize) -> Op {
     }
 }
 
-/// A failure-free drain over two workers, written out: the count reaches 0 on
-/// the very exit that ends the last stream, not a tick later.
+/// A failure-free drain over two workers, one per part, written out: the
+/// count reaches 0 on the very exit that ends the last stream, not a tick
+/// later.
 #[test]
 fn zero_exactly_at_the_last_exit() {
     let sim = Sim::default();
     count::create_shared(&&sim);
     count::announce_traffic(&&sim);
-    let a = Counter::with_host(&sim, Source::SharedData);
-    let b = Counter::with_host(&sim, Source::SharedData);
+    let a = Counter::with_host(&sim, Part::Streams, Source::SharedData);
+    let b = Counter::with_host(&sim, Part::Connections, Source::SharedData);
     assert!(a.enter(false) && a.enter(false) && b.enter(false));
-    let reader = Counter::with_host(&sim, Source::SharedData);
+    let reader = Counts::of(
+        Counter::with_host(&sim, Part::Streams, Source::SharedData),
+        Counter::with_host(&sim, Part::Connections, Source::SharedData),
+    );
     assert_eq!(reader.read().active, 16, "two leases of 8");
     a.settle();
     b.settle();
     assert_eq!(reader.read().active, 3);
+    assert_eq!((reader.read().streams, reader.read().connections), (2, 1));
     sim.cas_races.set(3); // retried transparently
     assert_eq!(a.exit(true), 1);
     assert_eq!(reader.read().active, 2);

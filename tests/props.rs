@@ -608,7 +608,7 @@ proptest! {
             now: Now::wall(now),
             clock: api::ClockInfo::new(Timers::Monotonic, &Steps::default()),
             in_flight: InFlight::default(),
-            count: api::CountInfo { source: "gauge", reliable: true, unreliable_reason: None },
+            count: api::CountInfo { source: "gauge", reliable: true, http_streams: active, tcp_connections: 0, unreliable_reason: None },
             traffic: api::TrafficInfo { seen: true, roots: 1, lost: 0 },
             draining_lb_status: 200,
             checkers: &checkers,

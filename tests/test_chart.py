@@ -55,7 +55,7 @@ def test_plain_files_are_the_chart_render(tmp_path):
     istio-manifests` output, byte for byte."""
     subprocess.run(["make", "-s", "istio-manifests", f"ISTIO_DIR={tmp_path / 'istio'}",
                     f"GATEWAY_API_DIR={tmp_path / 'gateway-api'}"], cwd=REPO, check=True, capture_output=True)
-    policies = ["health-listener.yaml", "traffic-filter.yaml", "wasmplugin/health-listener.yaml",
+    policies = ["health-listener.yaml", "tcp-filter.yaml", "traffic-filter.yaml", "wasmplugin/health-listener.yaml",
                 "wasmplugin/traffic.yaml"]
     expected = {istio.ISTIO: policies,
                 istio.GATEWAY_API: sorted(["gateway.yaml", "options.yaml", "options-distroless.yaml", *policies])}
@@ -144,6 +144,8 @@ def test_rendered_objects_select_drain_gate_pods_in_the_release_namespace(module
     expected = {("PodDisruptionBudget", "drain-gate"), ("ConfigMap", "drain-gate-wasm"),
                 ("EnvoyFilter", "drain-gate-health"),
                 ("WasmPlugin" if wasmplugin else "EnvoyFilter", "drain-gate-traffic")}
+    if not wasmplugin:
+        expected.add(("EnvoyFilter", "drain-gate-tcp"))
     assert set(objs) == expected
     for obj in objs.values():
         assert obj["metadata"]["namespace"] == "gateways", obj["kind"]
@@ -155,10 +157,11 @@ def test_rendered_objects_select_drain_gate_pods_in_the_release_namespace(module
         wp = objs[("WasmPlugin", "drain-gate-traffic")]
         assert wp["spec"]["selector"] == {"matchLabels": istio.DRAIN_GATE_LABEL} and wp["spec"]["url"] == OCI
     else:
-        traffic = objs[("EnvoyFilter", "drain-gate-traffic")]
-        assert traffic["spec"]["workloadSelector"] == {"labels": istio.DRAIN_GATE_LABEL}
-        assert traffic["spec"]["priority"] > 0, "INSERT_BEFORE needs a priority (IST0151)"
-        patches += traffic["spec"]["configPatches"]
+        for name in ("drain-gate-traffic", "drain-gate-tcp"):
+            traffic = objs[("EnvoyFilter", name)]
+            assert traffic["spec"]["workloadSelector"] == {"labels": istio.DRAIN_GATE_LABEL}
+            assert traffic["spec"]["priority"] > 0, "INSERT_BEFORE needs a priority (IST0151)"
+            patches += traffic["spec"]["configPatches"]
     for p in patches:
         assert re.search(p["match"]["proxy"]["proxyVersion"], istio.PROXY_VERSION)
         assert not re.search(p["match"]["proxy"]["proxyVersion"], "1.31.0")
@@ -189,7 +192,18 @@ def test_config_values_reach_the_health_role_and_traffic_gets_only_what_it_uses(
         else:
             value = objs[("EnvoyFilter", "drain-gate-traffic")]["spec"]["configPatches"][0]["patch"]["value"]
             traffic = json.loads(value["typed_config"]["config"]["configuration"]["value"])
+            value = objs[("EnvoyFilter", "drain-gate-tcp")]["spec"]["configPatches"][0]["patch"]["value"]
+            tcp = json.loads(value["typed_config"]["config"]["configuration"]["value"])
+            assert tcp == {"role": "traffic_tcp", "tick": "50ms"}
         assert traffic == {"role": "traffic", "tick": "50ms"}
+
+
+def test_tcp_value_renders_or_leaves_out_the_tcp_filter(module):
+    names = lambda *args: {o["metadata"]["name"] for o in k8s.template(*with_module(module, *args))}
+    assert "drain-gate-tcp" in names()
+    assert "drain-gate-tcp" not in names("--set", "tcp.enabled=false")
+    assert "drain-gate-tcp" not in names(*WASMPLUGIN), "a WasmPlugin gateway mounts no module file"
+    assert "tcp.enabled" in refusal(*with_module(module, "--set", "tcp.enabled=yes")).replace("/", ".")
 
 
 def test_rendered_istio_objects_are_valid_against_the_crds(module):
@@ -233,7 +247,7 @@ def test_gateway_api_value_renders_the_gateway_and_one_pdb(module):
     objs = k8s.by_kind(k8s.template(*with_module(module, *GATEWAY_API)))
     assert set(objs) == {("ConfigMap", "drain-gate-wasm"), ("ConfigMap", "ingress-drain-gate"),
                          ("Gateway", "ingress"), ("EnvoyFilter", "drain-gate-health"),
-                         ("EnvoyFilter", "drain-gate-traffic")}
+                         ("EnvoyFilter", "drain-gate-traffic"), ("EnvoyFilter", "drain-gate-tcp")}
     gw, options = objs[("Gateway", "ingress")], objs[("ConfigMap", "ingress-drain-gate")]
     assert gw["spec"]["infrastructure"]["parametersRef"] == {"group": "", "kind": "ConfigMap", "name": "ingress-drain-gate"}
     assert set(options["data"]) == {"deployment", "service", "podDisruptionBudget"}

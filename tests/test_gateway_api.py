@@ -269,7 +269,7 @@ def test_istio_objects_are_schema_valid_and_in_the_gateway_namespace():
     validators = istio.crd_validators()
     cel = istio.crd_schemas()
     policies = gateway_api_policies()
-    assert set(policies) == {"health-listener.yaml", "traffic-filter.yaml",
+    assert set(policies) == {"health-listener.yaml", "traffic-filter.yaml", "tcp-filter.yaml",
                              "wasmplugin/health-listener.yaml", "wasmplugin/traffic.yaml"}
     namespace = load("gateway.yaml")["metadata"]["namespace"]
     for rel, obj in policies.items():
@@ -302,8 +302,8 @@ def test_istio_objects_reach_exactly_the_patched_pods(tmp_path):
     assert ref == {"group": "gateway.networking.k8s.io", "kind": "Gateway", "name": gw["metadata"]["name"]}
 
 
-@pytest.mark.parametrize("rel", ["health-listener.yaml", "traffic-filter.yaml", "wasmplugin/health-listener.yaml",
-                                 "wasmplugin/traffic.yaml"])
+@pytest.mark.parametrize("rel", ["health-listener.yaml", "traffic-filter.yaml", "tcp-filter.yaml",
+                                 "wasmplugin/health-listener.yaml", "wasmplugin/traffic.yaml"])
 def test_istio_objects_are_the_istio_folder_ones_but_for_namespace_and_selector(rel):
     ours = copy.deepcopy(load(rel))
     theirs = copy.deepcopy(istio.load_one(istio.ISTIO / rel))
@@ -321,8 +321,9 @@ def test_envoyfilters_load_the_file_the_options_mount():
         hcm = value["filter_chains"][0]["filters"][0]["typed_config"]
         (wasm,) = [f for f in hcm["http_filters"] if f.get("typed_config", {}).get("@type") == istio.WASM_HTTP]
         assert wasm["typed_config"]["config"]["vm_config"]["code"]["local"]["filename"] == mount["mountPath"], rel
-    traffic = load("traffic-filter.yaml")["spec"]["configPatches"][0]["patch"]["value"]["typed_config"]["config"]
-    assert traffic["vm_config"]["code"]["local"]["filename"] == mount["mountPath"] == WASM_MOUNT
+    for rel in ("traffic-filter.yaml", "tcp-filter.yaml"):
+        traffic = load(rel)["spec"]["configPatches"][0]["patch"]["value"]["typed_config"]["config"]
+        assert traffic["vm_config"]["code"]["local"]["filename"] == mount["mountPath"] == WASM_MOUNT, rel
 
 
 # -- one pod per node through a rollout ---------------------------------------------------

@@ -127,7 +127,8 @@ def test_the_chart_release_renders_the_form_in_the_gateway_namespace(recorded):
     assert release["args"][release["args"].index("-n") + 1] == gw["metadata"]["namespace"]
     objs = k8s.by_kind(k8s.docs(release["manifest"]))
     assert set(objs) == {("ConfigMap", "drain-gate-wasm"), ("ConfigMap", "ingress-drain-gate"), ("Gateway", "ingress"),
-                         ("EnvoyFilter", "drain-gate-health"), ("EnvoyFilter", "drain-gate-traffic")}
+                         ("EnvoyFilter", "drain-gate-health"), ("EnvoyFilter", "drain-gate-traffic"),
+                         ("EnvoyFilter", "drain-gate-tcp")}
     assert base64.b64decode(objs[("ConfigMap", "drain-gate-wasm")]["binaryData"]["drain_gate.wasm"]) == WASM.read_bytes()
     for rel, key in (("gateway.yaml", ("Gateway", "ingress")), ("options.yaml", ("ConfigMap", "ingress-drain-gate")),
                      ("health-listener.yaml", ("EnvoyFilter", "drain-gate-health")),

@@ -211,6 +211,45 @@ def test_patches_land_where_istiod_puts_them():
     assert istio.apply_envoyfilters(base, [traffic, health], labels={"istio": "other"}) == base
 
 
+def test_tcp_patch_lands_before_tcp_proxy_and_only_there():
+    traffic, tcp, health = load("traffic-filter.yaml"), load("tcp-filter.yaml"), load("health-listener.yaml")
+    base = [istio.gateway_listener(8080), istio.gateway_listener(15443, tcp=True)]
+    out = {l["name"]: l for l in istio.apply_envoyfilters(base, [traffic, tcp, health])}
+    names = [f["name"] for f in out["0.0.0.0_15443"]["filter_chains"][0]["filters"]]
+    assert names == ["drain-gate-tcp", "envoy.filters.network.tcp_proxy"]
+    assert [f["name"] for f in out["0.0.0.0_8080"]["filter_chains"][0]["filters"]] == [istio.HCM_NAME]
+    assert _names(out["0.0.0.0_8080"]) == _names(istio.apply_envoyfilters(base, [traffic])[0])
+    assert out["drain-gate-health"] == health["spec"]["configPatches"][0]["patch"]["value"], "not matched"
+    assert istio.apply_envoyfilters(base, [tcp], labels={"istio": "other"}) == base
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_tcp_patch_counts_a_passthrough_connection_and_flips_on_its_close(version, start_gateway):
+    """The three EnvoyFilters as written: a connection through the TCP server
+    (tcp_proxy to the backend) holds the drain; its close flips it."""
+    listeners = istio.apply_envoyfilters(
+        [istio.gateway_listener(8080), istio.gateway_listener(15443, tcp=True)],
+        [load("traffic-filter.yaml"), load("tcp-filter.yaml"), patched(load("health-listener.yaml"), lb_buffer="60m")],
+    )
+    env = start_gateway(version, listeners)
+    conn = socket.create_connection(("127.0.0.1", env.at[15443]), timeout=10)
+    try:
+        conn.sendall(b"GET / HTTP/1.1\r\nHost: backend\r\n\r\n")
+        assert read_head(conn).startswith(b"HTTP/1.1 200 OK"), "tcp_proxy carries the bytes"
+        wait_for(lambda: status(env)["count"]["tcp_connections"] == 1, 10, what="the connection counted")
+        st = status(env)
+        assert (st["active"], st["count"]["http_streams"], st["count"]["reliable"]) == (1, 0, True)
+        assert requests.post(env.health("/drain"), timeout=5).json()["state"] == "DRAINING"
+        for _ in range(5):
+            assert lb_check(env)[0] == "HTTP/1.0 200 OK"
+    finally:
+        conn.close()
+    wait_for(lambda: lb_check(env)[0] == "HTTP/1.0 503 Service Unavailable", 5, what="flip on the close")
+    st = status(env)
+    assert st["state"] == "CLOSING" and st["progress"]["reason"] == "active_zero"
+    assert st["progress"]["forced"] is False
+
+
 # -- EnvoyFilter form ---------------------------------------------------------------------
 @pytest.mark.parametrize("version", VERSIONS)
 def test_envoyfilter_form_counts_flips_and_prestop_returns_at_closed(version, start_gateway, stream):

@@ -58,6 +58,7 @@ def test_every_envoyfilter_and_wasmplugin_is_schema_valid(validators):
     assert names >= {
         "istio/health-listener.yaml",
         "istio/traffic-filter.yaml",
+        "istio/tcp-filter.yaml",
         "istio/wasmplugin/health-listener.yaml",
         "istio/wasmplugin/traffic.yaml",
     }
@@ -167,6 +168,28 @@ def test_traffic_filter_agrees_with_envoy_yaml():
     local = _wasm(hcm(_bootstrap_listener("traffic"))["http_filters"])
     assert _without_path(copy.deepcopy(patch["patch"]["value"]["typed_config"]["config"])) == _without_path(local)
     assert patch["patch"]["value"]["typed_config"]["config"]["failure_policy"] == "FAIL_OPEN"
+
+
+def test_tcp_filter_is_the_traffic_filter_as_a_network_filter_before_tcp_proxy():
+    ef = istio.load_one(istio.ISTIO / "tcp-filter.yaml")
+    (patch,) = ef["spec"]["configPatches"]
+    assert patch["applyTo"] == "NETWORK_FILTER" and patch["patch"]["operation"] == "INSERT_BEFORE"
+    traffic_ef = istio.load_one(istio.ISTIO / "traffic-filter.yaml")
+    assert patch["match"] == {"context": "GATEWAY", "proxy": traffic_ef["spec"]["configPatches"][0]["match"]["proxy"],
+                              "listener": {"filterChain": {"filter": {"name": "envoy.filters.network.tcp_proxy"}}}}
+    for key in ("workloadSelector", "priority"):
+        assert ef["spec"][key] == traffic_ef["spec"][key], key
+    assert ef["metadata"]["namespace"] == traffic_ef["metadata"]["namespace"]
+    value = patch["patch"]["value"]
+    assert value["typed_config"]["@type"] == istio.WASM_NETWORK
+    tcp = value["typed_config"]["config"]
+    traffic = copy.deepcopy(traffic_ef["spec"]["configPatches"][0]["patch"]["value"]["typed_config"]["config"])
+    assert json.loads(tcp["configuration"]["value"]) == {
+        **json.loads(traffic["configuration"]["value"]), "role": "traffic_tcp"}
+    # Same module, vm_id and fail policy as the HTTP traffic role; only names and role differ.
+    for key in ("name", "root_id", "configuration"):
+        tcp, traffic = {**tcp, key: None}, {**traffic, key: None}
+    assert tcp == traffic
 
 
 def test_both_roles_share_one_vm_id_and_one_file():

@@ -18,6 +18,7 @@ import pytest
 import requests
 
 from tests.harness import istio
+from tests.harness.process import accepts, wait_for
 from tests.test_istio_envoy import _wasmplugin_listeners, load, pulled_wasm, start_gateway  # noqa: F401
 from tests.test_istio_kubernetes import render_chart
 
@@ -52,10 +53,10 @@ def dump_of(env) -> str:
     return json.dumps(_logical_ports(dump, {actual: logical for logical, actual in env.at.items()}))
 
 
-def envoyfilter_form(traffic: dict | None = None) -> list[dict]:
+def envoyfilter_form(traffic: dict | None = None, tcp: bool = True) -> list[dict]:
     return istio.apply_envoyfilters(
         [istio.gateway_listener(8080), istio.gateway_listener(8443), istio.gateway_listener(15443, tcp=True)],
-        [traffic or load("traffic-filter.yaml"), load("health-listener.yaml")])
+        [traffic or load("traffic-filter.yaml"), load("health-listener.yaml")] + ([load("tcp-filter.yaml")] if tcp else []))
 
 
 @contextlib.contextmanager
@@ -90,11 +91,21 @@ def test_shipped_envoyfilter_form_passes_from_a_url_and_stdin(start_gateway, tmp
     assert "PASS traffic filter: listener 0.0.0.0_8443: drain-gate traffic filter before the router" in lines
     assert "PASS vm_id: listener 0.0.0.0_8443: traffic vm_id 'drain-gate' = health" in lines
     assert "PASS health catch-all 503: listener drain-gate-health: routes end in a catch-all direct 503" in lines
+    assert "PASS tcp filter: listener 0.0.0.0_15443: drain-gate TCP filter before tcp_proxy" in lines
+    assert "PASS vm_id: listener 0.0.0.0_15443: tcp vm_id 'drain-gate' = health" in lines
     assert "PASS health failure_policy: listener drain-gate-health: FAIL_CLOSED (want FAIL_CLOSED)" in lines
     (tmp_path / "pod.json").write_text(deployment())
     code, lines = verify("--config-dump", "-", "--pod-spec", str(tmp_path / "pod.json"), stdin=dump_of(env))
     assert code == 0, lines
     assert lines[-1] == "OK: 0 check(s) failed"
+
+
+def test_a_tcp_chain_without_the_tcp_filter_fails_naming_the_listener(start_gateway):
+    env = start_gateway(VERSION, envoyfilter_form(tcp=False))
+    code, lines = verify("--config-dump", "-", stdin=dump_of(env))
+    assert code == 1
+    assert failures(lines) == ["FAIL tcp filter: listener 0.0.0.0_15443: 0 drain-gate TCP filters before tcp_proxy "
+                               "(want 1)"]
 
 
 def test_shipped_wasmplugin_form_passes(start_gateway, tmp_path, pulled_wasm):  # noqa: F811
@@ -116,11 +127,13 @@ def test_filter_missing_on_one_listener_fails_naming_it(start_gateway):
 
 
 def test_vm_id_mismatch_fails_naming_the_listener(start_gateway, tmp_path, pulled_wasm):  # noqa: F811
-    """The WasmPlugin (vm_id "") beside the EnvoyFilter-form health listener. The health
-    role never sees a traffic role in its vm_id, so it never answers ready: wait for
-    Envoy's admin only."""
+    """The WasmPlugin (vm_id "") beside the EnvoyFilter-form health listener.
+    The health role never sees the traffic role across vm_ids, so the gateway
+    is not announced (`waiting_for`): the harness waits for the admin only."""
     env = start_gateway(VERSION, _wasmplugin_listeners(tmp_path, load("health-listener.yaml"), pulled_wasm),
                         ready_path=None)
+    wait_for(lambda: accepts(env.ports.health), 30, what="health listener serving")
+    assert requests.get(env.health("/drain/status"), timeout=5).json()["waiting_for"] == "traffic_role"
     code, lines = verify("--config-dump", "-", stdin=dump_of(env))
     assert code == 1
     assert failures(lines) == ["FAIL vm_id: listener 0.0.0.0_8080: traffic vm_id '' != health vm_id 'drain-gate'"]

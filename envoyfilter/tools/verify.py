@@ -17,6 +17,8 @@ the kubelet will do, prints one line per check, exits 1 if any check fails.
 Envoy (--config-dump FILE|URL|-):
   * every HTTP listener but the health listener (and Istio's own 15021/15090)
     has the drain-gate traffic filter before its router, FAIL_OPEN;
+  * every TCP or TLS-passthrough filter chain (tcp_proxy) has the drain-gate
+    TCP filter (role traffic_tcp) before tcp_proxy, FAIL_OPEN, the health vm_id;
   * the health listener on --health-port exists, its drain-gate filter is
     FAIL_CLOSED and its routes end in a catch-all 503;
   * traffic and health filters share one vm_id (shared data is per vm_id);
@@ -53,6 +55,8 @@ WASM_TYPE = "type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm"
 HCM_TYPE = ("type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3"
             ".HttpConnectionManager")
 ROUTER_TYPE = "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"
+NETWORK_WASM_TYPE = "type.googleapis.com/envoy.extensions.filters.network.wasm.v3.Wasm"
+TCP_PROXY_TYPE = "type.googleapis.com/envoy.extensions.filters.network.tcp_proxy.v3.TcpProxy"
 ISTIO_OWN_PORTS = (15021, 15090)
 DEFAULTS = {"drain_timeout": "120s", "lb_buffer": "10s", "close_after": "lb_buffer", "lb_down_timeout": "60s"}
 HOLD_MARGIN_S = 5
@@ -165,11 +169,15 @@ def port_of(listener: dict) -> int | None:
     return ((listener.get("address") or {}).get("socket_address") or {}).get("port_value")
 
 
-def hcms(listener: dict):
+def filter_chains(listener: dict) -> list[dict]:
     chains = list(listener.get("filter_chains", []))
     if listener.get("default_filter_chain"):
         chains.append(listener["default_filter_chain"])
-    for chain in chains:
+    return chains
+
+
+def hcms(listener: dict):
+    for chain in filter_chains(listener):
         for f in chain.get("filters", []):
             if (f.get("typed_config") or {}).get("@type") == HCM_TYPE:
                 yield f["typed_config"]
@@ -183,13 +191,18 @@ def drain_gate_filters(hcm: dict, ecds: dict) -> list[tuple[int, dict, str]]:
         if typed.get("@type") != WASM_TYPE:
             continue
         plugin = typed.get("config", {})
-        try:
-            role = json.loads((plugin.get("configuration") or {}).get("value", "{}")).get("role")
-        except (json.JSONDecodeError, AttributeError):
-            role = None
+        role = role_of(plugin)
         if role in ("traffic", "health"):
             found.append((i, plugin, role))
     return found
+
+
+def role_of(plugin: dict) -> str | None:
+    """The `role` of a wasm PluginConfig's drain-gate configuration, if any."""
+    try:
+        return json.loads((plugin.get("configuration") or {}).get("value", "{}")).get("role")
+    except (json.JSONDecodeError, AttributeError):
+        return None
 
 
 def router_position(hcm: dict) -> int | None:
@@ -250,17 +263,41 @@ def check_traffic(report: Report, all_listeners, health_port: int, ecds: dict, v
             router = router_position(hcm)
             traffic = [(i, p) for i, p, role in drain_gate_filters(hcm, ecds) if role == "traffic"]
             before = [p for i, p in traffic if router is not None and i < router]
-            if not report.check(len(before) == 1, "traffic filter", f"listener {name}: " + (
-                    "drain-gate traffic filter before the router" if len(before) == 1 else
-                    f"{len(before)} drain-gate traffic filters before the router (want 1)")):
-                continue
-            report.check(policy(before[0]) == "FAIL_OPEN", "traffic failure_policy",
-                         f"listener {name}: {policy(before[0])} (want FAIL_OPEN)")
-            got = (before[0].get("vm_config") or {}).get("vm_id", "")
-            if vm_id is not None:
-                report.check(got == vm_id, "vm_id", f"listener {name}: traffic vm_id {got!r}"
-                             + (" = health" if got == vm_id else f" != health vm_id {vm_id!r}"))
+            check_counting_filter(report, before, f"listener {name}", ("traffic", "traffic", "the router"), vm_id)
     return seen
+
+
+def check_counting_filter(report: Report, found: list[dict], where: str, kind: tuple[str, str, str], vm_id) -> None:
+    """Exactly one drain-gate counting filter (`found`) before its anchor, FAIL_OPEN, in
+    the health role's vm_id. `kind`: (check name, what the filter is called, the anchor)."""
+    check, called, anchor = kind
+    if not report.check(len(found) == 1, f"{check} filter", f"{where}: " + (
+            f"drain-gate {called} filter before {anchor}" if len(found) == 1 else
+            f"{len(found)} drain-gate {called} filters before {anchor} (want 1)")):
+        return
+    report.check(policy(found[0]) == "FAIL_OPEN", f"{check} failure_policy",
+                 f"{where}: {policy(found[0])} (want FAIL_OPEN)")
+    got = (found[0].get("vm_config") or {}).get("vm_id", "")
+    if vm_id is not None:
+        report.check(got == vm_id, "vm_id", f"{where}: {check} vm_id {got!r}"
+                     + (" = health" if got == vm_id else f" != health vm_id {vm_id!r}"))
+
+
+def check_tcp(report: Report, all_listeners, health_port: int, vm_id) -> None:
+    """Checks every filter chain that ends in tcp_proxy (TCP and TLS-passthrough servers)."""
+    for listener, _ in all_listeners:
+        port, name = port_of(listener), listener.get("name")
+        if port == health_port or port in ISTIO_OWN_PORTS:
+            continue
+        for chain in filter_chains(listener):
+            filters = [f.get("typed_config") or {} for f in chain.get("filters", [])]
+            at = next((i for i, t in enumerate(filters) if t.get("@type") == TCP_PROXY_TYPE), None)
+            if at is None:
+                continue
+            where = f"listener {name}" + (f" chain {chain['name']}" if chain.get("name") else "")
+            tcp = [t.get("config", {}) for t in filters[:at]
+                   if t.get("@type") == NETWORK_WASM_TYPE and role_of(t.get("config", {})) == "traffic_tcp"]
+            check_counting_filter(report, tcp, where, ("tcp", "TCP", "tcp_proxy"), vm_id)
 
 
 def verify_config_dump(report: Report, dump: dict, health_port: int) -> dict | None:
@@ -277,6 +314,7 @@ def verify_config_dump(report: Report, dump: dict, health_port: int) -> dict | N
     health = check_health(report, all_listeners, health_port, ecds, routes)
     vm_id = (health.get("vm_config") or {}).get("vm_id", "") if health else None
     seen = check_traffic(report, all_listeners, health_port, ecds, vm_id)
+    check_tcp(report, all_listeners, health_port, vm_id)
     report.check(seen > 0, "traffic listeners", f"{seen} HTTP listener(s) besides the health listener")
     if not health:
         return None

@@ -19,6 +19,10 @@ pub struct CountInfo {
     /// the traffic filter went away: the drain then waits for
     /// `drain_timeout` instead of trusting a zero.
     pub reliable: bool,
+    /// The two parts of `active`: HTTP streams (`traffic` role) and TCP
+    /// connections (`traffic_tcp` role).
+    pub http_streams: u64,
+    pub tcp_connections: u64,
     /// Why it is not reliable (`crate::liveness::Why`), `null` when it is.
     pub unreliable_reason: Option<&'static str>,
 }
@@ -354,6 +358,8 @@ mod tests {
             count: CountInfo {
                 source: "gauge",
                 reliable: true,
+                http_streams: 2,
+                tcp_connections: 1,
                 unreliable_reason: None,
             },
             traffic: TrafficInfo {
@@ -369,6 +375,8 @@ mod tests {
         let s = body(&status(&v));
         assert_eq!(s["state"], "OPEN");
         assert_eq!(s["active"], 3);
+        assert_eq!(s["count"]["http_streams"], 2);
+        assert_eq!(s["count"]["tcp_connections"], 1);
         assert_eq!(s["ready"], true);
         assert_eq!(s["progress"]["reason"], "start");
         assert_eq!(s["in_flight"]["oldest_age_ms"], 2_300);
@@ -422,6 +430,8 @@ mod tests {
             count: CountInfo {
                 source: "gauge",
                 reliable: true,
+                http_streams: 3,
+                tcp_connections: 0,
                 unreliable_reason: None,
             },
             traffic: TrafficInfo {

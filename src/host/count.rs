@@ -1,6 +1,10 @@
-//! The active-request count across every worker of the Envoy.
+//! The active count across every worker of the Envoy, in two parts: HTTP
+//! streams (the `traffic` role) and TCP connections (the `traffic_tcp` role,
+//! on TCP and TLS-passthrough chains). Each part is one `Counter`, kept by the
+//! same rules; `Counts` reads both, and the active count is their sum.
 //!
-//! Primary: the `drain_gate_active_requests` gauge. A gauge defined by name is
+//! Primary: the part's gauge (`drain_gate_active_requests`,
+//! `drain_gate_active_connections`). A gauge defined by name is
 //! one stat for all worker VMs, +1/-1 is one host call each, and `get_metric`
 //! reads the global value. But a `stats_matcher` that excludes the name turns
 //! it into a null stat that silently reads 0, so the gauge is used only after
@@ -25,7 +29,6 @@ use super::metrics::{gauge_is_live, Metrics};
 use super::shared::{cas_update, Envoy, Host, Step};
 use crate::liveness::Why;
 
-const SHARED_KEY: &str = "drain_gate.active.v1";
 const UNRELIABLE_KEY: &str = "drain_gate.count_unreliable.v1";
 /// Set by every traffic root context at configure time. Shared data is per
 /// `vm_id`: until a health role sees it, no traffic role counts in its
@@ -34,6 +37,27 @@ const UNRELIABLE_KEY: &str = "drain_gate.count_unreliable.v1";
 const TRAFFIC_KEY: &str = "drain_gate.traffic_present.v1";
 /// How much a root context adds to the global count at a time outside a drain.
 pub const LEASE: u64 = 8;
+
+/// What a traffic role counts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Part {
+    /// HTTP streams (HTTP/1.1 requests, HTTP/2 and gRPC streams, websockets).
+    Streams,
+    /// Downstream connections of a TCP or TLS-passthrough filter chain.
+    Connections,
+}
+
+impl Part {
+    pub const ALL: [Part; 2] = [Part::Streams, Part::Connections];
+
+    /// The shared-data key of the part's count when its gauge is not live.
+    fn shared_key(self) -> &'static str {
+        match self {
+            Part::Streams => "drain_gate.active.v1",
+            Part::Connections => "drain_gate.active_connections.v1",
+        }
+    }
+}
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Source {
@@ -47,6 +71,7 @@ pub enum Source {
 pub struct Counter<H: Host = Envoy> {
     host: H,
     source: Source,
+    key: &'static str,
     /// Streams this root context counted and has not yet released.
     local: Cell<u64>,
     /// What this root context has added to the global count: never below `local`.
@@ -62,13 +87,15 @@ fn shared_value(bytes: Option<&[u8]>) -> Option<u64> {
         .map(u64::from_le_bytes)
 }
 
-/// Creates the shared-data count if absent. Shared data has no
+/// Creates the shared-data count of both parts if absent. Shared data has no
 /// create-if-absent: this runs on configure, which Envoy runs on the main
 /// thread before any worker VM exists (and every later configure finds it).
 pub fn create_shared<H: Host>(host: &H) {
-    if matches!(host.get(SHARED_KEY), Ok((None, _))) {
-        if let Err(e) = host.set(SHARED_KEY, &0u64.to_le_bytes(), None) {
-            log::error!("event=shared_data_error key={SHARED_KEY} status={e:?}");
+    for key in Part::ALL.map(Part::shared_key) {
+        if matches!(host.get(key), Ok((None, _))) {
+            if let Err(e) = host.set(key, &0u64.to_le_bytes(), None) {
+                log::error!("event=shared_data_error key={key} status={e:?}");
+            }
         }
     }
 }
@@ -81,36 +108,36 @@ pub fn announce_traffic<H: Host>(host: &H) {
 }
 
 impl Counter<Envoy> {
-    /// `gauge`: the id of the `drain_gate_active_requests` gauge, if the host
-    /// defined it; it is used only if it proves live.
-    pub fn new(gauge: Option<u32>) -> Counter {
+    /// `gauge`: the id of the part's gauge, if the host defined it; it is
+    /// used only if it proves live.
+    pub fn new(part: Part, gauge: Option<u32>) -> Counter {
         create_shared(&Envoy);
         let source = match gauge {
             Some(id) if gauge_is_live(id) => Source::Gauge(id),
             _ => {
                 log::warn!(
-                    "event=count_source source=shared_data why=\"gauge {} is not live (stats_matcher?)\"",
-                    crate::metric_names::ACTIVE_REQUESTS
+                    "event=count_source part={part:?} source=shared_data why=\"gauge is not live (stats_matcher?)\""
                 );
                 Source::SharedData
             }
         };
-        Counter::with_host(Envoy, source)
+        Counter::with_host(Envoy, part, source)
     }
 }
 
 impl<H: Host> Counter<H> {
-    pub fn with_host(host: H, source: Source) -> Counter<H> {
+    pub fn with_host(host: H, part: Part, source: Source) -> Counter<H> {
         Counter {
             host,
             source,
+            key: part.shared_key(),
             local: Cell::new(0),
             held: Cell::new(0),
             unmarked: Cell::new(false),
         }
     }
 
-    pub fn source_name(&self) -> &'static str {
+    fn source_name(&self) -> &'static str {
         match self.source {
             Source::Gauge(_) => "gauge",
             Source::SharedData => "shared_data",
@@ -122,7 +149,7 @@ impl<H: Host> Counter<H> {
             Source::Gauge(id) => self.host.gauge_add(id, delta).is_ok(),
             // The key exists from configure on; written without a version it
             // would overwrite concurrent updates, so an absent key is a failure.
-            Source::SharedData => cas_update(&self.host, SHARED_KEY, |bytes| {
+            Source::SharedData => cas_update(&self.host, self.key, |bytes| {
                 let value = shared_value(bytes).ok_or(())?;
                 let next = value.saturating_add_signed(delta);
                 Ok::<_, ()>(Step::Write(next.to_le_bytes().to_vec(), ()))
@@ -195,28 +222,86 @@ impl<H: Host> Counter<H> {
         }
     }
 
-    /// Whether the global count reads 0 (one host call; no reliability checks).
+    /// Whether this part reads 0 (one host call; no reliability checks).
     pub fn reads_zero(&self) -> bool {
         match self.source {
             Source::Gauge(id) => self.host.gauge_get(id) == Ok(0),
             Source::SharedData => {
-                matches!(self.host.get(SHARED_KEY), Ok((b, _)) if shared_value(b.as_deref()) == Some(0))
+                matches!(self.host.get(self.key), Ok((b, _)) if shared_value(b.as_deref()) == Some(0))
             }
         }
     }
 
-    /// The count over every worker. A failed read is unreliable, never 0.
-    pub fn read(&self) -> Reading {
-        let value = match self.source {
+    /// This part over every worker; `None` when it cannot be read.
+    fn value(&self) -> Option<u64> {
+        match self.source {
             Source::Gauge(id) => self.host.gauge_get(id).ok(),
             Source::SharedData => self
                 .host
-                .get(SHARED_KEY)
+                .get(self.key)
                 .ok()
                 .and_then(|(b, _)| shared_value(b.as_deref())),
-        };
-        let mark = unreliable_mark(&self.host);
-        let traffic_seen = matches!(self.host.get(TRAFFIC_KEY), Ok((Some(_), _)));
+        }
+    }
+}
+
+/// Both parts of the count, as every role of a root context holds them: a
+/// traffic root counts into its own part and reads the other; the health
+/// role only reads.
+#[derive(Debug)]
+pub struct Counts<H: Host = Envoy> {
+    streams: Counter<H>,
+    connections: Counter<H>,
+}
+
+impl Counts<Envoy> {
+    pub fn new(metrics: &Metrics) -> Counts {
+        Counts::of(
+            Counter::new(Part::Streams, metrics.active),
+            Counter::new(Part::Connections, metrics.active_connections),
+        )
+    }
+}
+
+impl<H: Host> Counts<H> {
+    pub fn of(streams: Counter<H>, connections: Counter<H>) -> Counts<H> {
+        Counts {
+            streams,
+            connections,
+        }
+    }
+
+    /// The counter of one part.
+    pub fn part(&self, part: Part) -> &Counter<H> {
+        match part {
+            Part::Streams => &self.streams,
+            Part::Connections => &self.connections,
+        }
+    }
+
+    /// `gauge` or `shared_data` when both parts agree, else `mixed`.
+    pub fn source_name(&self) -> &'static str {
+        let (s, c) = (self.streams.source_name(), self.connections.source_name());
+        if s == c {
+            s
+        } else {
+            "mixed"
+        }
+    }
+
+    /// Whether the whole count reads 0 (no reliability checks). A part that
+    /// was released before this read and the other part read after it: of
+    /// two roles ending the last of each part at once, the later sees both.
+    pub fn reads_zero(&self) -> bool {
+        self.streams.reads_zero() && self.connections.reads_zero()
+    }
+
+    /// The count over every worker. A failed read is unreliable, never 0.
+    pub fn read(&self) -> Reading {
+        let (streams, connections) = (self.streams.value(), self.connections.value());
+        let host = &self.streams.host;
+        let mark = unreliable_mark(host);
+        let traffic_seen = matches!(host.get(TRAFFIC_KEY), Ok((Some(_), _)));
         let why = match mark {
             Ok(Some(why)) => Some(why),
             _ if !traffic_seen => Some(Why::TrafficRoleNotSeen),
@@ -224,10 +309,17 @@ impl<H: Host> Counter<H> {
         };
         // This root context knows of a stream it did not count even when the
         // mark could not be written yet.
-        let owed = self.unmarked.get();
+        let owed = self.streams.unmarked.get() || self.connections.unmarked.get();
+        let (s, c) = (streams.unwrap_or(0), connections.unwrap_or(0));
         Reading {
-            active: value.unwrap_or(0),
-            reliable: value.is_some() && mark == Ok(None) && traffic_seen && !owed,
+            active: s.saturating_add(c),
+            streams: s,
+            connections: c,
+            reliable: streams.is_some()
+                && connections.is_some()
+                && mark == Ok(None)
+                && traffic_seen
+                && !owed,
             why: why.or(owed.then_some(Why::StreamNotCounted)),
         }
     }
@@ -294,7 +386,10 @@ fn unreliable_mark<H: Host>(host: &H) -> Result<Option<Why>, ()> {
 /// The global count as a role reads it.
 #[derive(Clone, Copy, Debug)]
 pub struct Reading {
+    /// HTTP streams plus TCP connections.
     pub active: u64,
+    pub streams: u64,
+    pub connections: u64,
     pub reliable: bool,
     /// Why it is not reliable (`None` when it is, or the read failed).
     pub why: Option<Why>,

@@ -8,7 +8,7 @@ use std::cell::RefCell;
 use std::net::{IpAddr, SocketAddr};
 use std::rc::Rc;
 
-use super::count::{Counter, Reading};
+use super::count::{Counts, Reading};
 use super::liveness::Watch;
 use super::metrics::Metrics;
 use super::{in_flight, now, store, wall_ms};
@@ -36,7 +36,7 @@ impl Waiter {
 #[derive(Debug)]
 pub struct Health {
     pub config: Config,
-    pub counter: Counter,
+    pub counter: Counts,
     pub metrics: Metrics,
     waiters: RefCell<Vec<Waiter>>,
     watch: Watch,
@@ -63,7 +63,7 @@ fn unavailable(error: &str) -> Reply {
 
 impl Health {
     pub fn new(config: Config, metrics: Metrics) -> Health {
-        let counter = Counter::new(metrics.active);
+        let counter = Counts::new(&metrics);
         let health = Health {
             config,
             counter,
@@ -107,6 +107,8 @@ impl Health {
             count: CountInfo {
                 source: self.counter.source_name(),
                 reliable: reading.reliable,
+                http_streams: reading.streams,
+                tcp_connections: reading.connections,
                 unreliable_reason: reading.why.map(|w| w.name()),
             },
             traffic: *traffic,

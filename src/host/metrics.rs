@@ -12,6 +12,7 @@ use crate::metric_names::{self as names, Kind};
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Metrics {
     pub active: Option<u32>,
+    pub active_connections: Option<u32>,
     state: Option<u32>,
     /// The state gauge proved live: traffic streams may read it as a hint.
     state_live: bool,
@@ -68,6 +69,7 @@ impl Metrics {
         let state = define(names::STATE);
         Metrics {
             active: define(names::ACTIVE_REQUESTS),
+            active_connections: define(names::ACTIVE_CONNECTIONS),
             state,
             state_live: state.is_some_and(gauge_is_live),
             transitions,

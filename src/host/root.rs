@@ -1,13 +1,14 @@
 //! The root context: parses the plugin configuration once, picks the role,
-//! and hands each HTTP stream the role's shared state.
+//! and hands each HTTP stream (or, for `traffic_tcp`, each connection) the
+//! role's shared state.
 
 use proxy_wasm::hostcalls;
-use proxy_wasm::traits::{Context, HttpContext, RootContext};
+use proxy_wasm::traits::{Context, HttpContext, RootContext, StreamContext};
 use proxy_wasm::types::ContextType;
 use std::rc::Rc;
 use std::time::Duration;
 
-use super::count::{self, Counter};
+use super::count::{self, Part};
 use super::health::{Health, HealthStream};
 use super::liveness;
 use super::metrics::Metrics;
@@ -16,10 +17,11 @@ use super::store;
 use super::traffic::{Traffic, TrafficStream};
 use crate::config::{Config, Role};
 
-/// A stream of an unconfigured root: does nothing.
+/// A stream or connection of an unconfigured root: does nothing.
 struct Passthrough;
 impl Context for Passthrough {}
 impl HttpContext for Passthrough {}
+impl StreamContext for Passthrough {}
 
 #[derive(Default)]
 pub enum Root {
@@ -71,14 +73,16 @@ impl RootContext for Root {
             return false;
         }
         *self = match config.role {
-            Role::Traffic => {
+            // Both traffic roles announce themselves and beat the same
+            // heartbeat: a TCP-only gateway is a traffic role seen.
+            Role::Traffic | Role::TrafficTcp => {
                 liveness::ensure_registry();
                 count::announce_traffic(&Envoy);
-                Root::Traffic(Rc::new(Traffic::new(
-                    Counter::new(metrics.active),
-                    metrics,
-                    config.tick_ms,
-                )))
+                let part = match config.role {
+                    Role::TrafficTcp => Part::Connections,
+                    _ => Part::Streams,
+                };
+                Root::Traffic(Rc::new(Traffic::new(part, metrics, config.tick_ms)))
             }
             Role::Health => {
                 liveness::ensure_registry();
@@ -106,7 +110,23 @@ impl RootContext for Root {
         }
     }
 
+    /// Connections of a network filter (`traffic_tcp`); any other role
+    /// loaded as a network filter passes them through uncounted.
+    fn create_stream_context(&self, _: u32) -> Option<Box<dyn StreamContext>> {
+        match self {
+            Root::Traffic(t) if t.part == Part::Connections => {
+                Some(Box::new(TrafficStream::new(Rc::clone(t))))
+            }
+            _ => Some(Box::new(Passthrough)),
+        }
+    }
+
+    /// Which kind of context the host's new contexts are: connections for
+    /// `traffic_tcp`, HTTP streams otherwise.
     fn get_type(&self) -> Option<ContextType> {
-        Some(ContextType::HttpContext)
+        match self {
+            Root::Traffic(t) if t.part == Part::Connections => Some(ContextType::StreamContext),
+            _ => Some(ContextType::HttpContext),
+        }
     }
 }

@@ -1,12 +1,16 @@
-//! Traffic role: counts every HTTP stream of the listener it is inserted in,
-//! flips DRAINING → CLOSING from the callback that ends the last one, and
-//! keeps the ages of its streams in flight.
+//! Traffic roles: `traffic` counts every HTTP stream of the listener it is
+//! inserted in, `traffic_tcp` every connection of the TCP or TLS-passthrough
+//! filter chain it is inserted in (a network filter before `tcp_proxy`).
+//! Both are one root type: each counts into its part of the count, beats the
+//! same heartbeat, flips DRAINING → CLOSING from the callback that ends the
+//! last stream or connection of either part, and keeps the ages of what it
+//! has in flight.
 
-use proxy_wasm::traits::{Context, HttpContext};
+use proxy_wasm::traits::{Context, HttpContext, StreamContext};
 use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 
-use super::count::{self, Counter};
+use super::count::{self, Counter, Counts, Part};
 use super::liveness::Heartbeat;
 use super::metrics::Metrics;
 use super::{in_flight, now, store};
@@ -59,10 +63,12 @@ impl AgeBook {
     }
 }
 
-/// Shared by every stream of one traffic root context.
+/// Shared by every stream (or connection) of one traffic root context.
 #[derive(Debug)]
 pub struct Traffic {
-    counter: Counter,
+    /// What this root counts.
+    pub part: Part,
+    counts: Counts,
     metrics: Metrics,
     /// Whether a drain was running at the last tick (or may be: it starts
     /// true). Outside a drain no stream end needs to look any further.
@@ -72,14 +78,20 @@ pub struct Traffic {
 }
 
 impl Traffic {
-    pub fn new(counter: Counter, metrics: Metrics, tick_ms: u64) -> Traffic {
+    pub fn new(part: Part, metrics: Metrics, tick_ms: u64) -> Traffic {
         Traffic {
-            counter,
+            part,
+            counts: Counts::new(&metrics),
             metrics,
             draining: Cell::new(true),
             ages: AgeBook::new(tick_ms),
             heartbeat: Heartbeat::new(tick_ms),
         }
+    }
+
+    /// The counter of this root's part.
+    fn counter(&self) -> &Counter {
+        self.counts.part(self.part)
     }
 
     /// The root context is being removed cleanly: leave the registry.
@@ -102,8 +114,8 @@ impl Traffic {
         };
         let draining = state == State::Draining;
         self.draining.set(draining);
-        self.counter.settle();
-        if draining && self.counter.in_flight() == 0 {
+        self.counter().settle();
+        if draining && self.counter().in_flight() == 0 {
             self.try_flip();
         }
     }
@@ -115,10 +127,13 @@ impl Traffic {
     /// this side releases its count and then reads the state: of two such
     /// interleavings at least one side sees the other (both are sequentially
     /// consistent atomics in Envoy). A stream ending before this VM's next
-    /// tick has seen a new drain is left to the health role's tick.
+    /// tick has seen a new drain is left to the health role's tick. The other
+    /// part is read after this one is released (`Counts::reads_zero`), so
+    /// the last HTTP stream and the last TCP connection ending at once is
+    /// the same argument once more.
     fn stream_ended(&self) {
         let draining = self.draining.get();
-        if self.counter.exit(draining) > 0 || !draining {
+        if self.counter().exit(draining) > 0 || !draining {
             return; // streams in flight here, or no drain running
         }
         self.try_flip();
@@ -133,7 +148,7 @@ impl Traffic {
         {
             return;
         }
-        if !self.counter.reads_zero() || self.counter.read().for_decisions() > 0 {
+        if !self.counts.reads_zero() || self.counts.read().for_decisions() > 0 {
             return;
         }
         if let Err(e) = store::apply_due(0, None, &self.metrics) {
@@ -142,9 +157,11 @@ impl Traffic {
     }
 }
 
-/// One HTTP stream. It is counted from creation, whether or not its headers
-/// callback ever runs (an earlier filter may answer locally), and released in
-/// `Drop`, which the host runs for every stream end, resets included.
+/// One HTTP stream or one TCP connection. It is counted from creation,
+/// whether or not any of its callbacks ever runs (an earlier filter may
+/// answer locally), and released in `Drop`, which the host runs for every
+/// stream end and connection close, resets included. It implements no data
+/// callback: the host's per-read calls get the SDK's `Continue`.
 pub struct TrafficStream {
     traffic: Rc<Traffic>,
     counted: bool,
@@ -153,7 +170,7 @@ pub struct TrafficStream {
 
 impl TrafficStream {
     pub fn new(traffic: Rc<Traffic>) -> TrafficStream {
-        let counted = traffic.counter.enter(traffic.draining.get());
+        let counted = traffic.counter().enter(traffic.draining.get());
         if !counted {
             count::not_counted(&traffic.metrics);
         }
@@ -169,6 +186,8 @@ impl TrafficStream {
 impl Context for TrafficStream {}
 
 impl HttpContext for TrafficStream {}
+
+impl StreamContext for TrafficStream {}
 
 impl Drop for TrafficStream {
     fn drop(&mut self) {

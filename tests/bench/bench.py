@@ -9,6 +9,9 @@ Sections (each a ratio measured in one run, A/B interleaved over rounds, medians
             back to back), drain-gate vs the seed's admin /stats poller (2 s) + POST /close-lb
   scale     count accuracy and throughput at concurrency 1, 2, 4; health p99 at ~1k req/s under load
   footprint .wasm sizes; Envoy RSS with and without the plugin
+  tcp       a TCP chain (tcp_proxy to another Envoy answering 200): no wasm filter / no-op network
+            filter / drain-gate role traffic_tcp, wrk keep-alive (bytes: the host's per-read calls)
+            and wrk with `Connection: close` (a connection per request: open and close)
 
 Writes out/bench/results.json, out/bench/results.md and out/bench/overhead.svg.
 """
@@ -32,6 +35,7 @@ import requests
 
 from tests.harness import backend as demo_backend
 from tests.harness.envoy import REPO, WASM, Envoy, Ports, free_port, hcm, render, wait_for
+from tests.harness import variants
 from tests.harness.variants import listener
 
 NOOP_WASM = REPO / "target" / "noop" / "wasm32-wasip1" / "release" / "noop_filter.wasm"
@@ -129,8 +133,8 @@ def _ms(text: str) -> float:
     return value / 1000 if unit == "us" else value * 1000 if unit == "s" else value
 
 
-def wrk(url: str, seconds: float, conns: int) -> Load:
-    out = subprocess.run(["wrk", "-t1", f"-c{conns}", f"-d{seconds}s", "--latency", url],
+def wrk(url: str, seconds: float, conns: int, extra: list[str] | None = None) -> Load:
+    out = subprocess.run(["wrk", "-t1", f"-c{conns}", f"-d{seconds}s", "--latency", *(extra or []), url],
                          capture_output=True, text=True, timeout=seconds + 30).stdout
     rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))
     p50 = _ms(re.search(r"\s50%\s+(\S+)", out).group(1))
@@ -164,6 +168,18 @@ def measured(envoy: Envoy, run) -> Load:
 
 # -- sections --------------------------------------------------------------------------------
 
+def summary(samples: list[Load]) -> dict:
+    """Medians over the rounds of one variant (and every round's req/s, for the spread)."""
+    return {
+        "rps": statistics.median(s.rps for s in samples),
+        "p50_ms": statistics.median(s.p50_ms for s in samples),
+        "p99_ms": statistics.median(s.p99_ms for s in samples),
+        "cpu_us_per_req": statistics.median(s.cpu_us_per_req for s in samples),
+        "errors": sum(s.errors for s in samples),
+        "rounds": [round(s.rps) for s in samples],
+    }
+
+
 def overhead(rounds: int, seconds: float, conns: int, tools: list[str], routes: list[str], workdir: Path) -> dict:
     kinds = ["none", "noop", "drain-gate"]
     results: dict = {}
@@ -188,17 +204,7 @@ def overhead(rounds: int, seconds: float, conns: int, tools: list[str], routes: 
                         url = e.traffic("/")
                         run = (lambda: wrk(url, seconds, conns)) if tool == "wrk" else (lambda: h2load(url, seconds, conns))
                         samples[kind].append(measured(e, run))
-                results[f"{tool}/{route}"] = {
-                    kind: {
-                        "rps": statistics.median(s.rps for s in v),
-                        "p50_ms": statistics.median(s.p50_ms for s in v),
-                        "p99_ms": statistics.median(s.p99_ms for s in v),
-                        "cpu_us_per_req": statistics.median(s.cpu_us_per_req for s in v),
-                        "errors": sum(s.errors for s in v),
-                        "rounds": [round(s.rps) for s in v],
-                    }
-                    for kind, v in samples.items()
-                }
+                results[f"{tool}/{route}"] = {kind: summary(v) for kind, v in samples.items()}
         # Count exactness after all that load: back to exactly 0 once the tick gave back the
         # unused lease (the count may lead the truth by a lease outside a drain, never trail it).
         for route in routes:
@@ -210,6 +216,54 @@ def overhead(rounds: int, seconds: float, conns: int, tools: list[str], routes: 
             results[f"active_after/{route}"] = requests.get(e.health("/drain/status"), timeout=5).json()["active"]
     finally:
         for e in envoys.values():
+            e.stop()
+        upstream.stop()
+    return results
+
+
+def tcp_variant(kind: str, ports: Ports, tcp_port: int, upstream_port: int) -> dict:
+    """The shipped bootstrap plus a TCP chain to `upstream_port`: tcp_proxy alone ("none"), after
+    the no-op network filter ("noop"), or after drain-gate's traffic_tcp role ("drain-gate")."""
+    doc = variants.tcp_listener(render(ports), tcp_port, upstream_port, counted=kind != "none")
+    if kind == "noop":
+        wasm = listener(doc, "tcp")["filter_chains"][0]["filters"][0]["typed_config"]["config"]
+        wasm.update(name="noop", root_id="noop")
+        wasm["vm_config"].update(vm_id="noop", code={"local": {"filename": str(NOOP_WASM)}})
+        wasm["configuration"]["value"] = "network"
+    return doc
+
+
+def tcp(rounds: int, seconds: float, conns: int, workdir: Path) -> dict:
+    """wrk through a TCP chain, keep-alive and one connection per request, the variants interleaved."""
+    kinds = ["none", "noop", "drain-gate"]
+    loads = {"keep-alive": [], "connection-per-request": ["-H", "Connection: close"]}
+    up_port, up_admin = free_port(), free_port()
+    upstream = PlainEnvoy(upstream_doc(up_port, up_admin), Ports(admin=up_admin), concurrency=1,
+                          workdir=workdir / "tcp-upstream")
+    envoys: dict = {}
+    results: dict = {}
+    try:
+        upstream.start()
+        for kind in kinds:
+            ports, port = Ports(), free_port()
+            envoys[kind] = (Envoy(tcp_variant(kind, ports, port, up_port), ports, concurrency=1,
+                                  workdir=workdir / f"tcp-{kind}").start(), f"http://127.0.0.1:{port}/")
+        for load, extra in loads.items():
+            samples = {k: [] for k in kinds}
+            for r in range(rounds):
+                for kind in (kinds if r % 2 == 0 else kinds[::-1]):
+                    e, url = envoys[kind]
+                    samples[kind].append(measured(e, lambda: wrk(url, seconds, conns, extra)))
+            results[f"tcp/{load}"] = {kind: summary(v) for kind, v in samples.items()}
+        e = envoys["drain-gate"][0]
+        active = lambda: requests.get(e.health("/drain/status"), timeout=5).json()["active"]  # noqa: E731
+        try:  # every connection closed: exactly 0 once the tick gave back the unused lease
+            wait_for(lambda: active() == 0, 5, what="connections back to 0")
+        except TimeoutError:
+            pass
+        results["active_after/tcp"] = active()
+    finally:
+        for e, _ in envoys.values():
             e.stop()
         upstream.stop()
     return results
@@ -388,10 +442,12 @@ def markdown(res: dict) -> str:
     m = res["meta"]
     lines = [f"Measured {m['date']} on {m['cpus']} cores ({m['cpu_model']}), Envoy {m['envoy']}, "
              f"command `{m['command']}`.", ""]
-    if "overhead" in res:
+    for section in ("overhead", "tcp"):
+        if section not in res:
+            continue
         lines += ["| load | variant | req/s | × no-op | × none | p50 ms | p99 ms | CPU µs/req |",
                   "|---|---|---|---|---|---|---|---|"]
-        for key, row in res["overhead"].items():
+        for key, row in res[section].items():
             if key.startswith("active_after"):
                 continue
             noop, none = row["noop"]["rps"], row["none"]["rps"]
@@ -472,6 +528,7 @@ def main() -> int:
         sections = [
             ("cpu", lambda: cpu.worker_cpu(rounds=2, seconds=1, workdir=work, backend_port=port, bisect=False, warmup=False)),
             ("flip", lambda: flip(drains=3, baseline_drains=1, streams=3, workdir=work, backend_port=port)),
+            ("tcp", lambda: tcp(rounds=1, seconds=1, conns=16, workdir=work)),
         ]
     else:
         sections = [
@@ -484,6 +541,7 @@ def main() -> int:
             ("health", lambda: under_load.health(rounds=3, seconds=5, rate=5000, workdir=work, backend_port=port)),
             ("draining", lambda: under_load.draining(rounds=5, seconds=5, workdir=work, backend_port=port)),
             ("rss", lambda: under_load.rss(work, port)),
+            ("tcp", lambda: tcp(rounds=5, seconds=5, conns=16, workdir=work)),
         ]
     if args.only:
         sections = [(name, run) for name, run in sections if name in args.only.split(",")]
@@ -498,7 +556,8 @@ def main() -> int:
     print(md)
     # The harness checks what it can check in seconds (never timing): the count is exact after
     # the load and every flip was made by the filter itself.
-    bad = [k for k, v in res.get("overhead", {}).items() if k.startswith("active_after") and v != 0]
+    bad = [k for section in ("overhead", "tcp") for k, v in res.get(section, {}).items()
+           if k.startswith("active_after") and v != 0]
     bad += cpu.checks_failed(res["cpu"]) if "cpu" in res else []
     if "flip" in res and res["flip"]["drain-gate"]["reasons"] != ["active_zero"]:
         bad.append(f"flip reasons {res['flip']['drain-gate']['reasons']}")

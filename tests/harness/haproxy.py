@@ -89,7 +89,7 @@ _HTTPLOG = re.compile(
 
 
 # Logged once per DOWN transition (the stderr copy starts with "[WARNING]").
-_DOWN = re.compile(rf"^Server {BACKEND}/(?P<srv>\S+) is DOWN\b.*?(?P<sessions>\d+) sessions active")
+_DOWN = re.compile(r"^Server (?P<be>[^/\s]+)/(?P<srv>\S+) is DOWN\b.*?(?P<sessions>\d+) sessions active")
 _STATE = re.compile(rf"^Server {BACKEND}/(?P<srv>\S+) is (?P<state>UP|DOWN|stopping)\b")
 
 
@@ -255,8 +255,8 @@ class HAProxy(Child):
     def requests(self) -> list[LogLine]:
         return [r for r in map(parse_log_line, self.log().splitlines()) if r]
 
-    def down_events(self) -> list[tuple[str, int]]:
-        """(server, sessions it still had) for every "Server gateways/X is DOWN" message, in order.
+    def down_events(self, backend: str = BACKEND) -> list[tuple[str, int]]:
+        """(server, sessions it still had) for every "Server <backend>/X is DOWN" message, in order.
 
         With on-marked-down shutdown-sessions, those sessions are the ones
         HAProxy cut at that instant.
@@ -264,7 +264,7 @@ class HAProxy(Child):
         out = []
         for line in self.log().splitlines():
             m = _DOWN.match(line)
-            if m:
+            if m and m["be"] == backend:
                 out.append((m["srv"], int(m["sessions"])))
         return out
 

@@ -66,6 +66,7 @@ POD_LABELS = {**GATEWAY_LABELS, **DRAIN_GATE_LABEL}
 PROXY_VERSION = "1.30.3"
 HEALTH_PORT = 18180
 WASM_HTTP = "type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm"
+WASM_NETWORK = "type.googleapis.com/envoy.extensions.filters.network.wasm.v3.Wasm"
 RBAC_HTTP = "type.googleapis.com/envoy.extensions.filters.http.rbac.v3.RBAC"
 HCM_NAME = "envoy.filters.network.http_connection_manager"
 HCM_TYPE = (
@@ -423,6 +424,23 @@ def _hcms(listener: dict, match: dict):
                 yield f["typed_config"]
 
 
+def _patch_network_filters(listeners: list[dict], p: dict) -> None:
+    """NETWORK_FILTER INSERT_BEFORE the filter the match names, in every chain
+    of every matching listener that has it (what the files here use)."""
+    op = p["patch"]["operation"]
+    if op != "INSERT_BEFORE":
+        raise NotImplementedError(f"NETWORK_FILTER {op}")
+    name = (((p["match"].get("listener") or {}).get("filterChain") or {}).get("filter") or {}).get("name")
+    for listener in listeners:
+        if not _listener_ok(listener, p["match"]):
+            continue
+        for chain in listener.get("filter_chains", []):
+            filters = chain["filters"]
+            at = next((i for i, f in enumerate(filters) if f["name"] == name), None)
+            if at is not None:
+                filters.insert(at, copy.deepcopy(p["patch"]["value"]))
+
+
 def apply_envoyfilters(listeners: list[dict], envoyfilters: list[dict], labels: dict = POD_LABELS,
                        proxy_version: str = PROXY_VERSION) -> list[dict]:
     """The listeners after istiod applied `envoyfilters` for a gateway with `labels`
@@ -441,6 +459,9 @@ def apply_envoyfilters(listeners: list[dict], envoyfilters: list[dict], labels: 
         if p["applyTo"] == "LISTENER":
             if op != "ADD":
                 raise NotImplementedError(f"LISTENER {op}")
+            continue
+        if p["applyTo"] == "NETWORK_FILTER":
+            _patch_network_filters(out, p)
             continue
         if p["applyTo"] != "HTTP_FILTER":
             raise NotImplementedError(p["applyTo"])
@@ -540,10 +561,14 @@ def write_ecds(path: Path, extension_configs: list[dict]) -> None:
 
 # -- the bootstrap ---------------------------------------------------------------
 def wasm_filters(listener: dict):
-    """(hcm filter entry) for every inline wasm HTTP filter of a listener."""
+    """(filter entry) for every inline wasm HTTP or network filter of a listener."""
     for hcm in _hcms(listener, {}):
         for f in hcm["http_filters"]:
             if f.get("typed_config", {}).get("@type") == WASM_HTTP:
+                yield f
+    for chain in listener.get("filter_chains", []):
+        for f in chain["filters"]:
+            if f.get("typed_config", {}).get("@type") == WASM_NETWORK:
                 yield f
 
 

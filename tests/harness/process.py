@@ -3,8 +3,10 @@ their own session with their output in a log file, waited on with deadlines,
 and stopped with everything they started on every exit path."""
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
+import socket
 import subprocess
 import time
 from pathlib import Path
@@ -20,6 +22,13 @@ def wait_for(predicate, timeout: float, interval: float = 0.02, what: str = "con
             return last
         time.sleep(interval)
     raise TimeoutError(f"{what} not met within {timeout}s (last: {last!r})")
+
+
+def accepts(port: int, host: str = "127.0.0.1") -> bool:
+    """Whether something accepts TCP connections on host:port now."""
+    with contextlib.suppress(OSError), socket.create_connection((host, port), 0.2):
+        return True
+    return False
 
 
 def stop_group(proc: subprocess.Popen | None, grace: float = 10) -> None:

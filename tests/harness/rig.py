@@ -11,7 +11,6 @@ Everything it starts is stopped when the `with` block ends, on every path.
 from __future__ import annotations
 
 import contextlib
-import socket
 import sys
 import threading
 import time
@@ -23,7 +22,7 @@ import requests
 
 from tests.harness import wire
 from tests.harness.envoy import REPO, Envoy, Ports, free_port, render
-from tests.harness.process import Child, wait_for
+from tests.harness.process import Child, accepts, wait_for
 from tests.harness.haproxy import HAProxy
 from tests.harness.timeline import GatewayPoller, StatPoller
 
@@ -60,13 +59,8 @@ class Backend(Child):
 
     def start(self) -> "Backend":
         self.spawn([sys.executable, "-m", "tests.harness.backend", "--port", str(self.port)], cwd=REPO)
-        self.wait_until(self._listening, 15, "demo backend listening")
+        self.wait_until(lambda: accepts(self.port), 15, "demo backend listening")
         return self
-
-    def _listening(self) -> bool:
-        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", self.port), 0.2):
-            return True
-        return False
 
 
 class Gateway:

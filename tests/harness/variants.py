@@ -45,6 +45,42 @@ def set_plugin_config(doc: dict, listener_name: str, value: dict | str) -> None:
     plugin(doc, listener_name)["configuration"]["value"] = text
 
 
+TCP_FILTER = REPO / "envoyfilter" / "istio" / "tcp-filter.yaml"
+
+
+def tcp_listener(doc: dict, port: int, upstream_port: int, config: dict | None = None,
+                 counted: bool = True) -> dict:
+    """The bootstrap plus a TCP listener on `port` whose chain is drain-gate's
+    network filter, as envoyfilter/istio/tcp-filter.yaml writes it, before
+    tcp_proxy to 127.0.0.1:`upstream_port` (a TCP or TLS-passthrough chain).
+    Its plugin configuration is the traffic listener's (`config` merged over
+    it) with role traffic_tcp; the wasm file is the traffic listener's.
+    `counted=False`: tcp_proxy alone (what a gateway without the TCP role has)."""
+    doc = copy.deepcopy(doc)
+    patch = yaml.safe_load(TCP_FILTER.read_text())["spec"]["configPatches"][0]["patch"]["value"]
+    wasm = copy.deepcopy(patch)
+    tcp = wasm["typed_config"]["config"]
+    tcp["vm_config"]["code"] = copy.deepcopy(plugin(doc, "traffic")["vm_config"]["code"])
+    value = {**plugin_config(doc, "traffic"), **(config or {}), "role": "traffic_tcp"}
+    tcp["configuration"]["value"] = json.dumps(value)
+    doc["static_resources"]["listeners"].append({
+        "name": "tcp",
+        "address": {"socket_address": {"address": "127.0.0.1", "port_value": port}},
+        "filter_chains": [{"filters": ([wasm] if counted else []) + [{
+            "name": "envoy.filters.network.tcp_proxy",
+            "typed_config": {
+                "@type": "type.googleapis.com/envoy.extensions.filters.network.tcp_proxy.v3.TcpProxy",
+                "stat_prefix": "tcp", "cluster": "tcp_backend"},
+        }]}],
+    })
+    doc["static_resources"]["clusters"].append({
+        "name": "tcp_backend", "type": "STATIC", "connect_timeout": "1s",
+        "load_assignment": {"cluster_name": "tcp_backend", "endpoints": [{"lb_endpoints": [{"endpoint": {
+            "address": {"socket_address": {"address": "127.0.0.1", "port_value": upstream_port}}}}]}]},
+    })
+    return doc
+
+
 def without_listener(doc: dict, name: str) -> dict:
     """The bootstrap without the listener `name` (say, a gateway that lost its health listener)."""
     doc = copy.deepcopy(doc)
