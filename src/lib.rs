@@ -9,7 +9,8 @@
 //!   health answers ([`api::check`]), the status document and held answers
 //!   ([`api::status`]), the reply type and error answers ([`api::reply`]);
 //! - [`lb`]: what each LB checker has been answered (LB-observed-down);
-//! - [`metric_names`]: every metric name (the host defines them).
+//! - [`metric_names`]: every metric name (the host defines them);
+//! - [`rotation`]: connection rotation at drain start (the seed's event 3).
 //!
 //! Host shell ([`host`]): root, traffic and health contexts, shared data,
 //! the active count, the metrics (defined from [`metric_names`]) and timers.
@@ -22,6 +23,7 @@ pub mod host;
 pub mod lb;
 pub mod metric_names;
 pub mod net;
+pub mod rotation;
 
 proxy_wasm::main! {{
     proxy_wasm::set_log_level(proxy_wasm::types::LogLevel::Info);

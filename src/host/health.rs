@@ -10,11 +10,13 @@ use std::rc::Rc;
 
 use super::count::{Counter, Reading};
 use super::metrics::Metrics;
+use super::rotation::Rotator;
 use super::{now_ms, store};
-use crate::api::{self, Audience, CountInfo, Endpoint, Reply, View};
+use crate::api::{self, Audience, CountInfo, Endpoint, Reply, RotationView, View};
 use crate::config::Config;
 use crate::fsm::{CloseAfter, Move, Record, State};
 use crate::lb::Checkers;
+use crate::rotation;
 
 /// A held `wait=closed` request.
 #[derive(Clone, Copy, Debug)]
@@ -29,6 +31,7 @@ pub struct Health {
     pub config: Config,
     pub counter: Counter,
     pub metrics: Metrics,
+    pub rotator: Rotator,
     waiters: RefCell<Vec<Waiter>>,
 }
 
@@ -54,24 +57,34 @@ fn unavailable(error: &str) -> Reply {
 impl Health {
     pub fn new(config: Config, metrics: Metrics) -> Health {
         let counter = Counter::new(metrics.active);
+        let rotator = Rotator::new(config.rotate_connections.clone());
         Health {
             config,
             counter,
             metrics,
+            rotator,
             waiters: RefCell::new(Vec::new()),
         }
     }
 
     /// Everything a status answer shows, read now.
-    fn snapshot(&self) -> (Reading, Checkers) {
+    fn snapshot(&self) -> (Reading, Checkers, Option<rotation::Record>) {
         let checkers = store::lb_checkers().unwrap_or_else(|e| {
             log::warn!("event=lb_record_unavailable error=\"{e}\"");
             Checkers::default()
         });
-        (self.counter.read(), checkers)
+        let rotation = store::rotation_load().unwrap_or_else(|e| {
+            log::warn!("event=rotation_record_unavailable error=\"{e}\"");
+            None
+        });
+        (self.counter.read(), checkers, rotation)
     }
 
-    fn view<'a>(&self, rec: &'a Record, reading: Reading, checkers: &'a Checkers) -> View<'a> {
+    fn view<'a>(
+        &'a self,
+        rec: &'a Record,
+        (reading, checkers, rotation): &'a (Reading, Checkers, Option<rotation::Record>),
+    ) -> View<'a> {
         View {
             rec,
             active: reading.active,
@@ -84,17 +97,19 @@ impl Health {
             checkers,
             lb_fall: self.config.lb_fall,
             close_after: self.config.close_after,
+            rotation: RotationView {
+                cluster: self.rotator.cluster(),
+                last: rotation.as_ref(),
+            },
         }
     }
 
     fn status_reply(&self, rec: &Record) -> Reply {
-        let (reading, checkers) = self.snapshot();
-        api::status(&self.view(rec, reading, &checkers))
+        api::status(&self.view(rec, &self.snapshot()))
     }
 
     fn wait_reply(&self, end: api::WaitEnd, rec: &Record) -> Reply {
-        let (reading, checkers) = self.snapshot();
-        api::wait_reply(end, &self.view(rec, reading, &checkers))
+        api::wait_reply(end, &self.view(rec, &self.snapshot()))
     }
 
     /// When the LB was observed DOWN, if `close_after` asks for it.
@@ -133,7 +148,8 @@ impl Health {
             reason: cmd.reason(),
             plan: Some(plan),
         };
-        store::advance(choose, self.counter.read().active, &self.metrics)?;
+        let moved = store::advance(choose, self.counter.read().active, &self.metrics)?;
+        self.rotator.moved(&moved);
         store::apply_due(
             self.counter.read().for_decisions(),
             self.lb_down_ms(),
@@ -204,6 +220,7 @@ impl Health {
             }
         };
         self.metrics.sync_state(rec.state);
+        self.rotator.tick(&rec);
         if self.waiters.borrow().is_empty() {
             return;
         }

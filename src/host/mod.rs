@@ -5,6 +5,7 @@ pub mod count;
 pub mod health;
 pub mod metrics;
 pub mod root;
+pub mod rotation;
 pub mod store;
 pub mod traffic;
 

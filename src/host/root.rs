@@ -28,7 +28,15 @@ pub enum Root {
     Health(Rc<Health>),
 }
 
-impl Context for Root {}
+impl Context for Root {
+    /// The admin API's answer to the connection rotation (the health role's
+    /// only outgoing call).
+    fn on_http_call_response(&mut self, token: u32, num_headers: usize, _: usize, _: usize) {
+        if let Root::Health(h) = self {
+            h.rotator.answered(token, num_headers);
+        }
+    }
+}
 
 impl RootContext for Root {
     fn on_configure(&mut self, _: usize) -> bool {

@@ -9,6 +9,7 @@ use super::metrics::Metrics;
 use super::now_ms;
 use crate::fsm::{self, Illegal, Move, Record};
 use crate::lb::Checkers;
+use crate::rotation;
 
 const KEY: &str = "drain_gate.fsm.v1";
 const LB_KEY: &str = "drain_gate.lb.v1";
@@ -143,4 +144,25 @@ pub fn lb_observe(source: &str, status: u16, lb_fall: u32) -> Result<(), String>
         }
     }
     Err("too much contention on the checker record".to_string())
+}
+
+/// The rotation record of the last drain (`crate::rotation`): written only by
+/// the worker that owns that drain's rotation, read by any status answer.
+const ROTATION_KEY: &str = "drain_gate.rotation.v1";
+
+pub fn rotation_load() -> Result<Option<rotation::Record>, String> {
+    match hostcalls::get_shared_data(ROTATION_KEY) {
+        Ok((Some(bytes), _)) => serde_json::from_slice(&bytes)
+            .map(Some)
+            .map_err(|e| format!("unreadable rotation record: {e}")),
+        Ok((None, _)) => Ok(None),
+        Err(e) => Err(format!("shared data read failed: {e:?}")),
+    }
+}
+
+/// One writer per drain, so no compare-and-swap: the last write wins.
+pub fn rotation_save(rec: &rotation::Record) -> Result<(), String> {
+    let bytes = serde_json::to_vec(rec).map_err(|e| e.to_string())?;
+    hostcalls::set_shared_data(ROTATION_KEY, Some(&bytes), None)
+        .map_err(|e| format!("shared data write failed: {e:?}"))
 }

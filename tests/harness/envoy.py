@@ -94,10 +94,11 @@ def render(
         if raw_config and role in raw_config:
             text = raw_config[role]
         plugin["configuration"]["value"] = text
-    cluster = doc["static_resources"]["clusters"][0]
-    cluster["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]["address"][
-        "socket_address"
-    ]["port_value"] = ports.backend
+    port_of_cluster = {"backend": ports.backend, "drain_gate_envoy_admin": ports.admin}
+    for cluster in doc["static_resources"]["clusters"]:
+        cluster["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]["address"][
+            "socket_address"
+        ]["port_value"] = port_of_cluster[cluster["name"]]
     if stats_matcher is not None:
         doc["stats_config"] = {"stats_matcher": stats_matcher}
     return doc
@@ -129,6 +130,10 @@ class Envoy:
                 "--use-dynamic-base-id",
                 "--log-level", "info",
                 "--drain-time-s", "1",
+                # As pilot-agent starts istio-proxy: once a drain sequence has
+                # begun, every response closes its connection (not a share
+                # growing over --drain-time-s).
+                "--drain-strategy", "immediate",
             ],
             stdout=self._log,
             stderr=subprocess.STDOUT,
