@@ -32,6 +32,7 @@ import requests
 import yaml
 
 from tests.harness import istio
+from tests.harness.clients import KeepAlive
 from tests.harness.envoy import WASM, Envoy, free_port, wait_for
 
 VERSIONS = istio.ENVOY_MATRIX
@@ -103,11 +104,12 @@ def start_gateway(backend_port, tmp_path, monkeypatch):
     maps each logical listener port to the actual one. Stopped on every path."""
     stack = contextlib.ExitStack()
 
-    def start(version: str, listeners: list[dict], wasm=WASM, ready_path: str | None = "/live") -> Envoy:
+    def start(version: str, listeners: list[dict], wasm=WASM, ready_path: str | None = "/live",
+              clusters: list[dict] = ()) -> Envoy:
         monkeypatch.setenv("ENVOY_BIN", istio.envoy_bin(version))
         at = {l["address"]["socket_address"]["port_value"]: free_port() for l in listeners}
         admin = free_port()
-        doc = istio.gateway_bootstrap(listeners, at, admin, backend_port, wasm)
+        doc = istio.gateway_bootstrap(listeners, at, admin, backend_port, wasm, clusters)
         env = Envoy(doc, istio.harness_ports(at, admin, backend_port), concurrency=2,
                     workdir=tmp_path / f"envoy-{admin}")
         env.at = at
@@ -214,6 +216,28 @@ def test_patches_land_where_istiod_puts_them():
 
 
 # -- EnvoyFilter form ---------------------------------------------------------------------
+@pytest.mark.parametrize("version", VERSIONS)
+def test_envoyfilter_form_rotates_connections_at_drain_start(version, start_gateway):
+    """The health-listener EnvoyFilter's admin cluster carries the rotation:
+    after /drain a keep-alive connection is closed after its next response,
+    and the health listener keeps answering."""
+    efs = [load("traffic-filter.yaml"), patched(load("health-listener.yaml"), min_drain="30m", drain_timeout="60m")]
+    env = start_gateway(version, istio.apply_envoyfilters([istio.gateway_listener(8080)], efs),
+                        clusters=istio.added_clusters(efs))
+    client = KeepAlive(env.ports.traffic)
+    try:
+        assert client.get() is None
+        assert requests.post(env.health("/drain"), timeout=10).status_code == 200
+        last = wait_for(lambda: (r := status(env)["connection_rotation"]["last"]) and r["outcome"] != "pending" and r,
+                        10, what="the rotation's outcome")
+        assert (last["outcome"], last["admin_status"]) == ("done", 200), last
+        assert client.get() == "close"
+    finally:
+        client.close()
+    assert requests.get(env.traffic("/"), timeout=5).status_code == 200
+    assert lb_check(env)[0] == "HTTP/1.0 200 OK"
+
+
 @pytest.mark.parametrize("version", VERSIONS)
 def test_envoyfilter_form_counts_flips_and_prestop_returns_at_closed(version, start_gateway, stream):
     listeners = istio.apply_envoyfilters(

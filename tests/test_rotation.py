@@ -5,13 +5,13 @@ and keeps accepting new ones, and the health listener never stops."""
 from __future__ import annotations
 
 import concurrent.futures as cf
-import http.client
 import threading
 import time
 
 import pytest
 import requests
 
+from tests.harness.clients import KeepAlive
 from tests.harness.envoy import wait_for
 
 # DRAINING stays put unless a test moves it.
@@ -30,23 +30,6 @@ def rotation(gw) -> dict:
 def last_outcome(gw):
     last = rotation(gw)["last"]
     return last and last["outcome"] not in ("pending",) and last
-
-
-class KeepAlive:
-    """One HTTP/1.1 connection to the traffic listener, reused for every request."""
-
-    def __init__(self, gw):
-        self.conn = http.client.HTTPConnection("127.0.0.1", gw.ports.traffic, timeout=10)
-
-    def get(self) -> str | None:
-        """The `connection` header of the next response on this connection."""
-        self.conn.request("GET", "/")
-        r = self.conn.getresponse()
-        assert r.status == 200 and r.read() == b"hello\n"
-        return r.getheader("connection")
-
-    def close(self):
-        self.conn.close()
 
 
 def _listening_for(gw, seconds: float) -> int:
@@ -86,7 +69,7 @@ def test_drain_start_rotates_keepalive_connections_and_keeps_listening(gateway, 
     before = rotation(gw)
     assert (before["enabled"], before["cluster"], before["last"]) == (True, "drain_gate_envoy_admin", None)
     assert before["admin_path"] == ADMIN_PATH
-    client = KeepAlive(gw)
+    client = KeepAlive(gw.ports.traffic)
     try:
         assert client.get() is None, "keep-alive before the drain"
         held: list = []
@@ -111,7 +94,7 @@ def test_drain_start_rotates_keepalive_connections_and_keeps_listening(gateway, 
 
 def test_rotation_turned_off_rotates_nothing(gateway):
     gw = gateway({**STILL, "rotate_connections": False})
-    client = KeepAlive(gw)
+    client = KeepAlive(gw.ports.traffic)
     try:
         assert requests.post(gw.health("/drain"), timeout=10).status_code == 200
         # Longer than several ticks and than Envoy's --drain-time-s: the same

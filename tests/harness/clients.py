@@ -5,6 +5,7 @@ be placed on the same timeline as the drain state machine and HAProxy.
 """
 from __future__ import annotations
 
+import http.client
 import subprocess
 import threading
 import time
@@ -199,3 +200,22 @@ class ShortLoop:
             "p99_ms": round(lat[int(len(lat) * 0.99)] * 1000, 2) if lat else None,
             "first_errors": [vars(r) for r in (self.connection_errors + self.server_errors)[:5]],
         }
+
+
+class KeepAlive:
+    """One HTTP/1.1 connection, reused for every request (a keep-alive client
+    pinned to one gateway, as an L4 LB pins it)."""
+
+    def __init__(self, port: int, host: str = "127.0.0.1", timeout: float = 10):
+        self.conn = http.client.HTTPConnection(host, port, timeout=timeout)
+
+    def get(self, path: str = "/") -> str | None:
+        """GET `path` on this connection; the response's `connection` header."""
+        self.conn.request("GET", path)
+        r = self.conn.getresponse()
+        body = r.read()
+        assert r.status == 200, (r.status, body)
+        return r.getheader("connection")
+
+    def close(self) -> None:
+        self.conn.close()

@@ -47,6 +47,8 @@ ENVOY_MATRIX = ("1.36.4", "1.38.2", "1.40.0")
 
 GATEWAY_LABELS = {"istio": "ingressgateway", "app": "istio-ingressgateway"}
 HEALTH_PORT = 18180
+# Where istio-proxy serves Envoy's admin API (127.0.0.1 only).
+ISTIO_ADMIN_PORT = 15000
 WASM_HTTP = "type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm"
 RBAC_HTTP = "type.googleapis.com/envoy.extensions.filters.http.rbac.v3.RBAC"
 HCM_NAME = "envoy.filters.network.http_connection_manager"
@@ -242,9 +244,9 @@ def _hcms(listener: dict, match: dict):
 def apply_envoyfilters(listeners: list[dict], envoyfilters: list[dict], labels: dict = GATEWAY_LABELS) -> list[dict]:
     """The listeners after istiod applied `envoyfilters` for a gateway with `labels`.
 
-    Implements what the files here use (HTTP_FILTER INSERT_BEFORE/ADD and
-    LISTENER ADD) and refuses anything else, so a change of operation cannot
-    pass unnoticed.
+    Implements what the files here use (HTTP_FILTER INSERT_BEFORE/ADD,
+    LISTENER ADD, and CLUSTER ADD: see `added_clusters`) and refuses anything
+    else, so a change of operation cannot pass unnoticed.
     """
     out = copy.deepcopy(listeners)
     patches = [p for ef in envoyfilters if _selected(ef, labels) for p in ef["spec"]["configPatches"]]
@@ -252,9 +254,9 @@ def apply_envoyfilters(listeners: list[dict], envoyfilters: list[dict], labels: 
         if not _context_ok(p.get("match", {})):
             continue
         op = p["patch"]["operation"]
-        if p["applyTo"] == "LISTENER":
+        if p["applyTo"] in ("LISTENER", "CLUSTER"):
             if op != "ADD":
-                raise NotImplementedError(f"LISTENER {op}")
+                raise NotImplementedError(f"{p['applyTo']} {op}")
             continue
         if p["applyTo"] != "HTTP_FILTER":
             raise NotImplementedError(p["applyTo"])
@@ -278,6 +280,16 @@ def apply_envoyfilters(listeners: list[dict], envoyfilters: list[dict], labels: 
         if p["applyTo"] == "LISTENER" and p["patch"]["operation"] == "ADD" and _context_ok(p.get("match", {})):
             out.append(copy.deepcopy(p["patch"]["value"]))
     return out
+
+
+def added_clusters(envoyfilters: list[dict], labels: dict = GATEWAY_LABELS) -> list[dict]:
+    """The clusters the CLUSTER ADD patches of `envoyfilters` add to a gateway."""
+    return [
+        copy.deepcopy(p["patch"]["value"])
+        for ef in envoyfilters if _selected(ef, labels)
+        for p in ef["spec"]["configPatches"]
+        if p["applyTo"] == "CLUSTER" and p["patch"]["operation"] == "ADD" and _context_ok(p.get("match", {}))
+    ]
 
 
 # -- istiod + istio-agent: a WasmPlugin ----------------------------------------------
@@ -362,10 +374,18 @@ def wasm_filters(listener: dict):
 
 
 def gateway_bootstrap(listeners: list[dict], ports: dict[int, int], admin_port: int, backend_port: int,
-                      wasm: Path = WASM) -> dict:
-    """A bootstrap holding `listeners` as written, but for ports (logical ->
-    actual, every listener port must be mapped) and the wasm file path."""
+                      wasm: Path = WASM, clusters: list[dict] = ()) -> dict:
+    """A bootstrap holding `listeners` and added `clusters` as written, but for
+    ports (logical -> actual, every listener port must be mapped; a cluster's
+    ISTIO_ADMIN_PORT is the admin's actual port) and the wasm file path."""
     listeners = copy.deepcopy(listeners)
+    clusters = copy.deepcopy(list(clusters))
+    for cluster in clusters:
+        for group in cluster["load_assignment"]["endpoints"]:
+            for ep in group["lb_endpoints"]:
+                addr = ep["endpoint"]["address"]["socket_address"]
+                assert addr["port_value"] == ISTIO_ADMIN_PORT, addr
+                addr["port_value"] = admin_port
     for listener in listeners:
         addr = listener["address"]["socket_address"]
         addr["port_value"] = ports[addr["port_value"]]
@@ -388,7 +408,8 @@ def gateway_bootstrap(listeners: list[dict], ports: dict[int, int], admin_port: 
                         "cluster_name": "backend",
                         "endpoints": [{"lb_endpoints": [{"endpoint": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": backend_port}}}}]}],
                     },
-                }
+                },
+                *clusters,
             ],
         },
     }
