@@ -216,6 +216,70 @@ def test_patches_land_where_istiod_puts_them():
 
 
 # -- EnvoyFilter form ---------------------------------------------------------------------
+# What each form of Envoy's drain_listeners admin call does to a gateway
+# (--drain-strategy immediate, --drain-time-s 1, as the harness starts Envoy):
+# (the next response on a keep-alive connection, a new traffic connection at
+# +0.5 s and at +2.5 s, the health listener at +2.5 s, a 3 s stream in flight).
+# drain-gate sends only the first form; the other two stop the health listener
+# with the traffic ones, which is why the README warns against them.
+ADMIN_DRAIN_FORMS = {
+    "/drain_listeners?graceful&skip_exit": ("close", "accepted", "accepted", "200", "completes"),
+    "/drain_listeners": ("close", "refused", "refused", "refused", "completes"),
+    "/drain_listeners?graceful": ("close", "accepted", "refused", "refused", "completes"),
+}
+
+# Before 1.40 a plain drain_listeners stops the listeners without starting the
+# drain sequence: a keep-alive connection is not told to close.
+ADMIN_DRAIN_BEFORE_1_40 = {"/drain_listeners": (None, "refused", "refused", "refused", "completes")}
+
+
+def expected_drain_form(version: str, form: str) -> tuple:
+    major_minor = tuple(int(x) for x in version.split(".")[:2])
+    if major_minor < (1, 40) and form in ADMIN_DRAIN_BEFORE_1_40:
+        return ADMIN_DRAIN_BEFORE_1_40[form]
+    return ADMIN_DRAIN_FORMS[form]
+
+
+def _accepts(url: str) -> str:
+    try:
+        return "accepted" if requests.get(url, timeout=3).status_code == 200 else "error"
+    except requests.ConnectionError:
+        return "refused"
+
+
+def _health_answer(env) -> str:
+    try:
+        return lb_check(env)[0].split()[1]
+    except OSError:
+        return "refused"
+
+
+@pytest.mark.parametrize("form", list(ADMIN_DRAIN_FORMS))
+@pytest.mark.parametrize("version", VERSIONS)
+def test_admin_drain_forms_behave_as_documented(version, form, start_gateway, stream):
+    """Catches an Envoy upgrade that changes what the three forms do."""
+    efs = [load("traffic-filter.yaml"),
+           patched(load("health-listener.yaml"), min_drain="30m", drain_timeout="60m", rotate_connections=False)]
+    env = start_gateway(version, istio.apply_envoyfilters([istio.gateway_listener(8080)], efs))
+    s = stream(env.traffic("/stream?seconds=3&interval_ms=500"))
+    wait_for(lambda: status(env)["active"] == 1, 10, what="the stream counted")
+    client = KeepAlive(env.ports.traffic)
+    try:
+        assert client.get() is None
+        t0 = time.monotonic()
+        assert requests.post(env.admin(form), timeout=5).status_code == 200
+        keepalive = client.get()
+    finally:
+        client.close()
+    time.sleep(max(0.0, t0 + 0.5 - time.monotonic()))
+    early = _accepts(env.traffic("/"))
+    time.sleep(max(0.0, t0 + 2.5 - time.monotonic()))
+    late, health = _accepts(env.traffic("/")), _health_answer(env)
+    streamed = "completes" if s.wait(30) == 0 and s.chunks == 6 else f"lost ({s.chunks} chunks)"
+    seen = (keepalive, early, late, health, streamed)
+    assert seen == expected_drain_form(version, form), seen
+
+
 @pytest.mark.parametrize("version", VERSIONS)
 def test_envoyfilter_form_rotates_connections_at_drain_start(version, start_gateway):
     """The health-listener EnvoyFilter's admin cluster carries the rotation:
