@@ -38,6 +38,7 @@ BAD = {
     "close_after": ["lb_down", 1],
     "lb_fall": [0, 11, 2.5, "2"],
     "lb_down_timeout": ["0s", "61m"],
+    "rotate_connections": ["", 0],
 }
 LISTENER = {"health": "drain-gate-health", "traffic": "traffic"}
 
