@@ -9,10 +9,17 @@
     S4  10 long streams + short traffic, drain mid-way         -> all complete
     S5  long streams keep arriving during the drain            -> 404 soft drain: 0 lost;
                                                                   seed 200: lost streams measured
+    L4  behind HAProxy `mode tcp`, two gateways: HTTP/1.1 keep-alive and
+        HTTP/2 clients pinned to their connection, a request
+        every 200 ms; gw1 drains                               -> with the connection rotation at
+                                                                  drain start (event 3): 0 failed,
+                                                                  0 sessions cut at DOWN; without it
+                                                                  (the control) connections are reset
     control  S1 (and S2, S4) with the seed's "current" flip
              (503 at drain start)                              -> the stream is cut, every time
 
-`make test` runs the quick set (S1, S4, S5 404, the HTTP/1.1 control) with
+`make test` runs the quick set (S1, S4, S5 404, L4 with both LB answers and
+the 200 control, the HTTP/1.1 control) with
 HAProxy checks every 1 s; `make scenarios` (DRAIN_GATE_SCENARIOS=full) runs
 every scenario with the seed's timings (inter 2s, lb_buffer 10s). Each run
 writes, under out/scenarios/<run>/, a JSON timeline of the six seed events
@@ -31,7 +38,7 @@ from pathlib import Path
 import pytest
 
 from tests.harness import timeline
-from tests.harness.clients import CurlStream, ShortLoop
+from tests.harness.clients import CurlStream, PinnedClients, ShortLoop
 from tests.harness.envoy import REPO, wait_for
 from tests.harness.haproxy import CFG, CFG_SOFT_DRAIN
 from tests.harness.rig import QUICK, SEED, PreStop, Rig, Timing, flip_now
@@ -71,8 +78,9 @@ def run_dir():
 
 def results_table(rows: list[dict]) -> str:
     head = ("| scenario | mode | checks | long streams complete | short reqs / conn err / 5xx "
-            "| 3 drain | 4 active=0 | 1 LB 503 | 5 LB DOWN | 2 ready 503 | 6 first RST | cut at DOWN | notes |\n"
-            "|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+            "| DRAINING | 3 Envoy drain | 4 active=0 | 1 LB 503 | 5 LB DOWN | 2 ready 503 | 6 first RST | cut at DOWN "
+            "| notes |\n"
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
 
     def t(v):
         return "-" if v is None else f"{v:+.1f}s"
@@ -86,7 +94,7 @@ def results_table(rows: list[dict]) -> str:
         st = f"{sum(s['complete'] for s in streams)}/{len(streams)}" if streams else "-"
         lines.append(
             f"| {r['scenario']} | {r['mode']} | inter {r['check_inter']} | {st} | {sh} | {t(ev['drain_start'])} "
-            f"| {t(ev['active_zero'])} | {t(ev['health_flip'])} | {t(ev['lb_down'])} | {t(ev['readiness_flip'])} "
+            f"| {t(ev.get('rotation'))} | {t(ev['active_zero'])} | {t(ev['health_flip'])} | {t(ev['lb_down'])} | {t(ev['readiness_flip'])} "
             f"| {t(ev['first_rst'])} | {r.get('sessions_cut_at_down', '-')} | {note(r)} |"
         )
     return head + "\n".join(lines) + "\n"
@@ -107,13 +115,17 @@ def note(r: dict) -> str:
     if (r.get("lb") or {}).get("close_after") == "lb_observed_down":
         ev = r["events"]
         parts.append(f"CLOSED {ev['readiness_flip'] - ev['health_flip']:.1f}s after the flip")
+    if r.get("pinned"):
+        pn = r["pinned"]
+        parts.append(f"pinned clients: {pn['requests']} reqs ({pn['h1_requests']} h1, {pn['h2_requests']} h2), "
+                     f"{pn['failed']} failed, {r['pinned_on_gw1']} on gw1, {pn['rotations']} reconnects asked")
     if r.get("prestop"):
         parts.append(f"preStop answered {r['prestop']['status']}")
     return "; ".join(parts)
 
 
 def finish(run_dir: Path, rig: Rig, *, scenario: str, mode: str, trigger: float, gw_name: str = "gw1",
-           status: dict | None = None, streams=(), short=None, pair: tuple[str, str] = ("current", "improved"),
+           status: dict | None = None, streams=(), short=None, pinned=None, pair: tuple[str, str] = ("current", "improved"),
            extra: dict | None = None) -> dict:
     """Builds, writes and draws one run's timeline; returns it."""
     gw = rig.gw(gw_name)
@@ -130,6 +142,7 @@ def finish(run_dir: Path, rig: Rig, *, scenario: str, mode: str, trigger: float,
         server=gw_name,
         streams=[s.summary() for s in streams],
         short=short,
+        pinned=pinned,
         haproxy_log=rig.haproxy.requests(),
         draining_lb_status=rig.config.get("draining_lb_status", 200),
         inter=rig.timing.inter,
@@ -494,3 +507,73 @@ def test_s5_seed_200_loss_is_measured_and_explained(run_dir, workload):
         # A new 8 s stream every ~2 s on gw1: active never reaches 0, the drain ends at drain_timeout.
         assert tl["forced"], tl["transitions"]
         assert loss["lost"] >= 1, loss
+
+
+# -- L4: HAProxy `mode tcp`, clients pinned to their connection ------------------------------------
+
+L4_CLIENTS = {"h1": 6, "h2": 2}
+
+
+def l4_run(run_dir: Path, *, lb_status: int, rotate: bool):
+    """Two gateways behind haproxy-tcp.cfg; pinned clients run from before the preStop call
+    on gw1 until 1 s after HAProxy marked gw1 DOWN (so a connection reset while idle shows
+    on its next request)."""
+    mode = f"{'rotation' if rotate else 'no-rotation'}-{lb_status}"
+    config = {**(SOFT if lb_status == 404 else {}), "rotate_connections": rotate}
+    with Rig(run_dir / "l4" / mode, gateways=2, timing=TIMING, config=config, soft_drain=lb_status == 404,
+             tcp=True) as rig:
+        gw1 = rig.gw("gw1")
+        clients = PinnedClients(rig.haproxy.http_port, period=0.2, duration=120, **L4_CLIENTS).start()
+        n = sum(L4_CLIENTS.values())
+        wait_for(lambda: len(clients.results) >= 3 * n and not gw1.status()["active"] > n, 20, 0.05,
+                 "every client settled")
+        pinned_on_gw1 = rig.haproxy.servers()["gw1"].scur
+        assert pinned_on_gw1 >= 1, "no client connection pinned to gw1"
+        ps = PreStop(gw1)
+        assert ps.wait(60) == 200, ps.body
+        down = lb_down_seen(rig, "gw1", ps.trigger, 10)
+        wait_for(lambda: all(any(r.client == c and r.start > down + 1.0 for r in clients.results)
+                             for c in range(n)), 10, 0.05, "every client sent a request after DOWN")
+        clients.stop()
+        final = gw1.status()
+        tl = finish(run_dir, rig, scenario="l4", mode=mode, trigger=ps.trigger, status=final, pinned=clients,
+                    pair=(f"no-rotation-{lb_status}", f"rotation-{lb_status}"),
+                    extra={"connection_rotation": final["connection_rotation"], "pinned_on_gw1": pinned_on_gw1})
+    return clients, tl, down
+
+
+def assert_rotated_without_loss(clients: PinnedClients, tl: dict) -> None:
+    last = tl["connection_rotation"]["last"]
+    assert last and last["outcome"] == "done", tl["connection_rotation"]
+    rotation = tl["events"]["rotation"]
+    assert rotation is not None and tl["events"]["drain_start"] <= rotation < tl["events"]["lb_down"]
+    # Envoy asked every client pinned to gw1 to reconnect, before DOWN.
+    asked = {c for t, _, c in clients.rotations if rotation <= t < tl["events"]["lb_down"]}
+    assert len(asked) >= tl["pinned_on_gw1"], (asked, tl["pinned_on_gw1"], clients.summary())
+    assert {"h1", "h2"} <= {p for t, p, _ in clients.rotations}, clients.rotations
+    assert not clients.failures, clients.summary()
+    assert tl["sessions_cut_at_down"] == 0, tl["haproxy_down_message_sessions"]
+
+
+def assert_pinned_connections_reset(clients: PinnedClients, tl: dict) -> None:
+    """The control must see the loss: without the rotation, the connections pinned to gw1
+    are still there at DOWN and HAProxy resets them."""
+    assert tl["connection_rotation"]["enabled"] is False
+    assert tl["events"]["rotation"] is None and not clients.rotations
+    assert tl["sessions_cut_at_down"] >= 1, tl["haproxy_down_message_sessions"]
+    down = tl["events"]["lb_down"]
+    assert clients.failures, clients.summary()
+    for f in clients.failures:
+        assert f.start >= down - 0.5, f"a failure {down - f.start:.2f}s before DOWN: {f}"
+
+
+@pytest.mark.parametrize("lb_status", [200, 404])
+def test_l4_rotation_at_drain_start_loses_nothing(run_dir, lb_status):
+    clients, tl, down = l4_run(run_dir, lb_status=lb_status, rotate=True)
+    assert_rotated_without_loss(clients, tl)
+
+
+@pytest.mark.parametrize("lb_status", [200, pytest.param(404, marks=full_only)])
+def test_control_l4_without_rotation_pinned_connections_are_reset(run_dir, lb_status):
+    clients, tl, down = l4_run(run_dir, lb_status=lb_status, rotate=False)
+    assert_pinned_connections_reset(clients, tl)

@@ -23,6 +23,8 @@ from tests.harness.envoy import REPO, free_port, stop_group
 CFG_DIR = REPO / "envoyfilter" / "haproxy"
 CFG = CFG_DIR / "haproxy.cfg"
 CFG_SOFT_DRAIN = CFG_DIR / "haproxy-soft-drain.cfg"
+# `mode tcp` (an L4 LB); SOFT_DRAIN=1 in its environment adds disable-on-404.
+CFG_TCP = CFG_DIR / "haproxy-tcp.cfg"
 BACKEND = "gateways"
 
 
@@ -120,13 +122,16 @@ class HAProxy:
         soft_drain: bool = False,
         inter: str = "2s",
         tls: bool = True,
+        tcp: bool = False,
     ):
-        """`gateways`: (traffic port, health port) of gw1[, gw2] on 127.0.0.1."""
+        """`gateways`: (traffic port, health port) of gw1[, gw2] on 127.0.0.1;
+        `tcp`: haproxy-tcp.cfg (no TLS frontend) instead of the HTTP-mode files."""
         if not 1 <= len(gateways) <= 2:
             raise ValueError("the reference configuration has one or two gateways")
         self.workdir = Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
-        self.cfg = CFG_SOFT_DRAIN if soft_drain else CFG
+        self.cfg = CFG_TCP if tcp else CFG_SOFT_DRAIN if soft_drain else CFG
+        tls = tls and not tcp
         self.socket_path = self.workdir / "admin.sock"
         self.http_port = free_port()
         self.https_port = free_port() if tls else None
@@ -135,8 +140,11 @@ class HAProxy:
         env = {
             "HAPROXY_SOCKET": str(self.socket_path),
             "FRONTEND_HTTP": f"127.0.0.1:{self.http_port}",
+            "FRONTEND_TCP": f"127.0.0.1:{self.http_port}",
             "CHECK_INTER": inter,
         }
+        if tcp and soft_drain:
+            env["SOFT_DRAIN"] = "1"
         if tls:
             env["TLS_PEM"] = str(make_cert(self.workdir))
             env["FRONTEND_HTTPS"] = f"127.0.0.1:{self.https_port}"
@@ -149,7 +157,7 @@ class HAProxy:
 
     # -- lifecycle -------------------------------------------------------
     def _environ(self) -> dict:
-        base = {k: v for k, v in os.environ.items() if not k.startswith(("GW1_", "GW2_", "TLS_PEM"))}
+        base = {k: v for k, v in os.environ.items() if not k.startswith(("GW1_", "GW2_", "TLS_PEM", "SOFT_DRAIN"))}
         return {**base, **self.env, "TZ": "UTC"}
 
     def check_config(self) -> None:

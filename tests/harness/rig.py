@@ -180,7 +180,7 @@ class Rig:
     """Backend + gateways + HAProxy + pollers. Use as a context manager."""
 
     def __init__(self, workdir: Path, *, gateways: int = 1, config: dict | None = None,
-                 soft_drain: bool = False, timing: Timing = QUICK, tls: bool = False):
+                 soft_drain: bool = False, timing: Timing = QUICK, tls: bool = False, tcp: bool = False):
         self.workdir = Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.n = gateways
@@ -188,6 +188,7 @@ class Rig:
         self.soft_drain = soft_drain
         self.config = {"lb_buffer": timing.lb_buffer, **(config or {})}
         self.tls = tls
+        self.tcp = tcp
         self.stack = contextlib.ExitStack()
         self.gws: list[Gateway] = []
         self.haproxy: HAProxy | None = None
@@ -219,6 +220,7 @@ class Rig:
             soft_drain=self.soft_drain,
             inter=self.timing.inter,
             tls=self.tls,
+            tcp=self.tcp,
         )
         self.stack.callback(self.haproxy.stop)
         self.haproxy.start()
