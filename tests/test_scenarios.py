@@ -40,7 +40,7 @@ import pytest
 from tests.harness import timeline
 from tests.harness.clients import CurlStream, PinnedClients, ShortLoop
 from tests.harness.envoy import REPO, wait_for
-from tests.harness.haproxy import CFG, CFG_SOFT_DRAIN
+from tests.harness.haproxy import CFG, CFG_SOFT_DRAIN, CFG_TCP
 from tests.harness.rig import QUICK, SEED, PreStop, Rig, Timing, flip_now
 
 FULL = os.environ.get("DRAIN_GATE_SCENARIOS", "") == "full"
@@ -201,6 +201,20 @@ def test_reference_haproxy_configs_are_valid_and_differ_by_one_line(tmp_path):
         assert word in server
     assert any(line.split() == ["retries", "3"] for line in plain)
     assert any(line.split()[:2] == ["option", "httpchk"] and "/health_check.html" in line for line in plain)
+
+
+def test_reference_tcp_config_is_valid_with_the_same_checks(tmp_path):
+    """haproxy-tcp.cfg parses with and without SOFT_DRAIN, is `mode tcp`, and checks the
+    gateways exactly as haproxy.cfg does (seed timings, shutdown-sessions)."""
+    base = {**os.environ, "HAPROXY_SOCKET": str(tmp_path / "admin.sock"), "GW2_ADDR": "127.0.0.1:1"}
+    for env in (base, {**base, "SOFT_DRAIN": "1"}):
+        r = subprocess.run(["haproxy", "-c", "-f", str(CFG_TCP)], env=env, capture_output=True, text=True)
+        assert r.returncode == 0, f"{r.stdout}{r.stderr}"
+    tcp, http = _directives(CFG_TCP), _directives(CFG)
+    assert any(line.split() == ["mode", "tcp"] for line in tcp)
+    for prefix in ("server gw1", "server gw2", "option httpchk", "http-check expect"):
+        assert [x for x in tcp if x.strip().startswith(prefix)] == [x for x in http if x.strip().startswith(prefix)]
+    assert "    http-check disable-on-404" in tcp
 
 
 # -- S1 / S2 and their controls -------------------------------------------------------------------
