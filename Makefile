@@ -8,7 +8,7 @@ CARGO_WASM := target/$(TARGET)/release/drain_gate.wasm
 WASM     := target/drain_gate.wasm
 VENV     := .venv
 PY       := $(VENV)/bin/python
-APT_PKGS := haproxy wrk nghttp2-client curl socat
+APT_PKGS := haproxy wrk nghttp2-client curl socat gcc
 
 .PHONY: all build run test lint unit integration deps deps-rust deps-apt clean envoy-matrix oci configmap bench bench-quick noop
 

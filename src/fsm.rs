@@ -19,6 +19,8 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::clock::Now;
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "UPPERCASE")]
 pub enum State {
@@ -231,6 +233,12 @@ pub struct Record {
     /// different workers.
     #[serde(default)]
     pub seq: u64,
+    /// `drain_started_ms` and `closing_ms` on the host's monotonic clock: the
+    /// timers measure from these (see `crate::clock`).
+    #[serde(default)]
+    pub drain_started_mono_ms: Option<u64>,
+    #[serde(default)]
+    pub closing_mono_ms: Option<u64>,
 }
 
 impl Record {
@@ -247,14 +255,35 @@ impl Record {
             forced: false,
             history: Vec::new(),
             seq: 0,
+            drain_started_mono_ms: None,
+            closing_mono_ms: None,
         }
     }
 
-    /// Milliseconds the drain has run (until CLOSING, or until now).
-    pub fn drain_duration_ms(&self, now_ms: u64) -> Option<u64> {
+    /// Milliseconds the drain has run (until CLOSING, or until now), on the
+    /// clock the timers run on.
+    pub fn drain_duration_ms(&self, now: Now) -> Option<u64> {
         let start = self.drain_started_ms?;
-        let end = self.closing_ms.unwrap_or(now_ms);
-        Some(end.saturating_sub(start))
+        let end = match (self.closing_ms, self.closing_mono_ms) {
+            (Some(wall), mono) => Now {
+                wall_ms: wall,
+                mono_ms: mono,
+            },
+            (None, _) => now,
+        };
+        Some(end.since(start, self.drain_started_mono_ms))
+    }
+
+    /// Whether `span_ms` has passed since the drain started.
+    fn drain_for(&self, now: Now, span_ms: u64) -> bool {
+        self.drain_started_ms
+            .is_some_and(|at| now.passed(at, self.drain_started_mono_ms, span_ms))
+    }
+
+    /// Whether `span_ms` has passed since CLOSING was entered.
+    fn closing_for(&self, now: Now, span_ms: u64) -> bool {
+        self.closing_ms
+            .is_some_and(|at| now.passed(at, self.closing_mono_ms, span_ms))
     }
 }
 
@@ -276,7 +305,8 @@ pub struct Move {
 
 /// The one transition function. Fails (409) when the record is not in
 /// `expected_from` or the move is not in the table.
-pub fn advance(rec: &Record, mv: Move, now_ms: u64, active: u64) -> Result<Record, Illegal> {
+pub fn advance(rec: &Record, mv: Move, now: Now, active: u64) -> Result<Record, Illegal> {
+    let now_ms = now.wall_ms;
     let illegal = Illegal {
         state: rec.state,
         requested: mv.to,
@@ -292,13 +322,16 @@ pub fn advance(rec: &Record, mv: Move, now_ms: u64, active: u64) -> Result<Recor
         State::Draining => {
             next.plan = Some(mv.plan.ok_or(illegal)?);
             next.drain_started_ms = Some(now_ms);
+            next.drain_started_mono_ms = now.mono_ms;
             next.closing_ms = None;
+            next.closing_mono_ms = None;
             next.closed_ms = None;
             next.active_at_closing = None;
             next.forced = false;
         }
         State::Closing => {
             next.closing_ms = Some(now_ms);
+            next.closing_mono_ms = now.mono_ms;
             next.active_at_closing = Some(active);
             next.forced = mv.reason.forced();
         }
@@ -325,11 +358,11 @@ pub fn advance(rec: &Record, mv: Move, now_ms: u64, active: u64) -> Result<Recor
 }
 
 /// The automatic transition that is due now, if any: what the tick and the
-/// end of the last traffic stream apply. `lb_down_ms` is when the LB was
-/// observed DOWN (see `crate::lb`), if it was.
-pub fn due(rec: &Record, now_ms: u64, active: u64, lb_down_ms: Option<u64>) -> Option<Move> {
+/// end of the last traffic stream apply. Elapsed times are measured as
+/// `crate::clock` says (monotonic when the host has it). `lb_down_ms` is when
+/// the LB was observed DOWN on the wall clock (see `crate::lb`), if it was.
+pub fn due(rec: &Record, now: Now, active: u64, lb_down_ms: Option<u64>) -> Option<Move> {
     let plan = rec.plan?;
-    let started = rec.drain_started_ms?;
     let auto = |to, reason| {
         Some(Move {
             expected_from: rec.state,
@@ -339,24 +372,24 @@ pub fn due(rec: &Record, now_ms: u64, active: u64, lb_down_ms: Option<u64>) -> O
         })
     };
     match rec.state {
-        State::Draining if active == 0 && now_ms >= started.saturating_add(plan.min_drain_ms) => {
+        State::Draining if active == 0 && rec.drain_for(now, plan.min_drain_ms) => {
             auto(State::Closing, Reason::ActiveZero)
         }
-        State::Draining if now_ms >= started.saturating_add(plan.drain_timeout_ms) => {
+        State::Draining if rec.drain_for(now, plan.drain_timeout_ms) => {
             auto(State::Closing, Reason::DrainTimeout)
         }
         State::Closing => {
             let closing = rec.closing_ms?;
             match plan.close_after {
-                CloseAfter::LbBuffer if now_ms >= closing.saturating_add(plan.lb_buffer_ms) => {
+                CloseAfter::LbBuffer if rec.closing_for(now, plan.lb_buffer_ms) => {
                     auto(State::Closed, Reason::LbBufferElapsed)
                 }
                 CloseAfter::LbBuffer => None,
                 CloseAfter::LbObservedDown => {
                     let seen = lb_down_ms.filter(|t| *t >= closing);
-                    if seen.is_some_and(|t| now_ms >= t.saturating_add(plan.lb_buffer_ms)) {
+                    if seen.is_some_and(|t| now.wall_ms >= t.saturating_add(plan.lb_buffer_ms)) {
                         auto(State::Closed, Reason::LbObservedDown)
-                    } else if now_ms >= closing.saturating_add(plan.lb_down_timeout_ms) {
+                    } else if rec.closing_for(now, plan.lb_down_timeout_ms) {
                         auto(State::Closed, Reason::LbDownTimeout)
                     } else {
                         None
@@ -373,6 +406,10 @@ pub fn due(rec: &Record, now_ms: u64, active: u64, lb_down_ms: Option<u64>) -> O
 mod tests {
     use super::*;
     use State::*;
+
+    fn w(ms: u64) -> Now {
+        Now::wall(ms)
+    }
 
     const PLAN: DrainPlan = DrainPlan {
         min_drain_ms: 1_000,
@@ -447,7 +484,7 @@ mod tests {
     #[test]
     fn advance_refuses_a_stale_expected_state() {
         let r = at(Draining);
-        let err = advance(&r, mv(Open, Draining, Reason::DrainRequested), 5, 0).unwrap_err();
+        let err = advance(&r, mv(Open, Draining, Reason::DrainRequested), w(5), 0).unwrap_err();
         assert_eq!(
             err,
             Illegal {
@@ -455,14 +492,19 @@ mod tests {
                 requested: Draining
             }
         );
-        let err = advance(&at(Closed), mv(Closed, Open, Reason::ReopenRequested), 5, 0);
+        let err = advance(
+            &at(Closed),
+            mv(Closed, Open, Reason::ReopenRequested),
+            w(5),
+            0,
+        );
         assert!(err.is_err(), "CLOSED -> OPEN must be illegal");
     }
 
     #[test]
     fn drain_records_plan_and_start() {
         let r = Record::new(0);
-        let d = advance(&r, mv(Open, Draining, Reason::DrainRequested), 50, 7).unwrap();
+        let d = advance(&r, mv(Open, Draining, Reason::DrainRequested), w(50), 7).unwrap();
         assert_eq!(d.state, Draining);
         assert_eq!(d.drain_started_ms, Some(50));
         assert_eq!(d.plan, Some(PLAN));
@@ -478,39 +520,48 @@ mod tests {
             plan: None,
             ..mv(Open, Draining, Reason::DrainRequested)
         };
-        assert!(advance(&r, m, 1, 0).is_err());
+        assert!(advance(&r, m, w(1), 0).is_err());
     }
 
     #[test]
     fn forced_close_keeps_the_active_count() {
         let r = at(Draining);
-        let c = advance(&r, mv(Draining, Closing, Reason::DrainTimeout), 10_100, 3).unwrap();
+        let c = advance(
+            &r,
+            mv(Draining, Closing, Reason::DrainTimeout),
+            w(10_100),
+            3,
+        )
+        .unwrap();
         assert!(c.forced);
         assert_eq!(c.active_at_closing, Some(3));
-        let c = advance(&r, mv(Draining, Closing, Reason::ActiveZero), 900, 0).unwrap();
+        let c = advance(&r, mv(Draining, Closing, Reason::ActiveZero), w(900), 0).unwrap();
         assert!(!c.forced);
     }
 
     #[test]
     fn due_respects_min_drain_timeout_and_lb_buffer() {
         let r = at(Draining); // started at 100, min_drain 1000, timeout 10000
-        assert_eq!(due(&r, 500, 0, None), None, "min_drain not yet passed");
-        assert_eq!(due(&r, 1_100, 0, None).unwrap().reason, Reason::ActiveZero);
+        assert_eq!(due(&r, w(500), 0, None), None, "min_drain not yet passed");
         assert_eq!(
-            due(&r, 5_000, 2, None),
+            due(&r, w(1_100), 0, None).unwrap().reason,
+            Reason::ActiveZero
+        );
+        assert_eq!(
+            due(&r, w(5_000), 2, None),
             None,
             "still active, not yet timed out"
         );
         assert_eq!(
-            due(&r, 10_100, 2, None).unwrap().reason,
+            due(&r, w(10_100), 2, None).unwrap().reason,
             Reason::DrainTimeout
         );
         let c = at(Closing); // closing at 200, lb_buffer 3000
-        assert_eq!(due(&c, 3_199, 0, None), None);
-        let m = due(&c, 3_200, 0, None).unwrap();
+        assert_eq!(due(&c, w(3_199), 0, None), None);
+        let m = due(&c, w(3_200), 0, None).unwrap();
         assert_eq!((m.to, m.reason), (Closed, Reason::LbBufferElapsed));
-        assert_eq!(due(&Record::new(0), 1 << 40, 0, None), None);
-        assert_eq!(due(&at(Closed), 1 << 40, 0, None), None);
+        assert_eq!(due(&Record::new(0), w(1 << 40), 0, None), None);
+        assert_eq!(due(&at(Closed), w(1 << 40), 0, None), None);
     }
 
     #[test]
@@ -523,28 +574,61 @@ mod tests {
             ..PLAN
         });
         assert_eq!(
-            due(&c, 10_000, 0, None),
+            due(&c, w(10_000), 0, None),
             None,
             "not observed, not timed out"
         );
         assert_eq!(
-            due(&c, 10_000, 0, Some(100)),
+            due(&c, w(10_000), 0, Some(100)),
             None,
             "observed before CLOSING: stale"
         );
-        assert_eq!(due(&c, 4_400, 0, Some(4_000)), None, "inside lb_buffer");
-        let m = due(&c, 4_500, 0, Some(4_000)).unwrap();
+        assert_eq!(due(&c, w(4_400), 0, Some(4_000)), None, "inside lb_buffer");
+        let m = due(&c, w(4_500), 0, Some(4_000)).unwrap();
         assert_eq!((m.to, m.reason), (Closed, Reason::LbObservedDown));
-        let m = due(&c, 20_200, 0, None).unwrap();
+        let m = due(&c, w(20_200), 0, None).unwrap();
         assert_eq!((m.to, m.reason), (Closed, Reason::LbDownTimeout));
+    }
+
+    #[test]
+    fn timers_run_on_the_monotonic_clock() {
+        let at = |wall_ms, mono| Now {
+            wall_ms,
+            mono_ms: Some(mono),
+        };
+        let r = Record::new(0);
+        let d = advance(
+            &r,
+            mv(Open, Draining, Reason::DrainRequested),
+            at(1_000, 50),
+            2,
+        )
+        .unwrap();
+        assert_eq!(d.drain_started_mono_ms, Some(50));
+        // The wall clock jumps a day ahead: 9.9 s of 10 s have passed.
+        let ahead = at(1_000 + 86_400_000, 9_949);
+        assert_eq!(due(&d, ahead, 2, None), None, "no early forced close");
+        assert_eq!(d.drain_duration_ms(ahead), Some(9_899));
+        let m = due(&d, at(0, 10_050), 2, None).unwrap();
+        assert_eq!(m.reason, Reason::DrainTimeout, "on time after a step back");
+        let c = advance(&d, m, at(0, 10_050), 2).unwrap();
+        assert_eq!(c.closing_mono_ms, Some(10_050));
+        assert_eq!(c.drain_duration_ms(at(5, 99_999)), Some(10_000));
+        assert_eq!(
+            due(&c, at(1 << 40, 13_049), 0, None),
+            None,
+            "lb_buffer not over"
+        );
+        let m = due(&c, at(0, 13_050), 0, None).unwrap();
+        assert_eq!(m.reason, Reason::LbBufferElapsed);
     }
 
     #[test]
     fn history_is_bounded() {
         let mut r = Record::new(0);
         for i in 0..40 {
-            r = advance(&r, mv(Open, Draining, Reason::DrainRequested), i, 0).unwrap();
-            r = advance(&r, mv(Draining, Open, Reason::ReopenRequested), i, 0).unwrap();
+            r = advance(&r, mv(Open, Draining, Reason::DrainRequested), w(i), 0).unwrap();
+            r = advance(&r, mv(Draining, Open, Reason::ReopenRequested), w(i), 0).unwrap();
         }
         assert_eq!(r.history.len(), HISTORY);
         assert_eq!(r.history.last().unwrap().to, Open);
@@ -555,7 +639,10 @@ mod tests {
         let r = advance(
             &Record::new(0),
             mv(Open, Draining, Reason::DrainRequested),
-            9,
+            Now {
+                wall_ms: 9,
+                mono_ms: Some(4),
+            },
             1,
         )
         .unwrap();

@@ -2,6 +2,7 @@
 //!
 //! Pure core (no proxy-wasm types, unit-tested on the host):
 //! - [`fsm`]: states, the transition table, `advance()`, answers per audience;
+//! - [`clock`]: what the timers measure elapsed time on (the monotonic clock);
 //! - [`config`]: plugin configuration → validated [`config::Config`];
 //! - [`duration`]: durations as the configuration and queries spell them;
 //! - [`net`]: IP networks (`admin_allow`);
@@ -16,6 +17,7 @@
 //! the active count, the metrics (defined from [`metric_names`]) and timers.
 
 pub mod api;
+pub mod clock;
 pub mod config;
 pub mod duration;
 pub mod fsm;

@@ -21,6 +21,7 @@ pub const ACTIVE_REQUESTS: &str = "drain_gate_active_requests";
 pub const STATE: &str = "drain_gate_state";
 pub const FORCED_CLOSES: &str = "drain_gate_forced_closes";
 pub const COUNT_ERRORS: &str = "drain_gate_count_errors";
+pub const CLOCK_STEPS: &str = "drain_gate_clock_steps";
 
 /// The transition counter for each target state, indexed like `State::ALL`.
 pub const TRANSITIONS_TO: [&str; 5] = [
@@ -31,7 +32,7 @@ pub const TRANSITIONS_TO: [&str; 5] = [
     "drain_gate_transitions_to_fault",
 ];
 
-pub const ALL: [Metric; 9] = [
+pub const ALL: [Metric; 10] = [
     Metric {
         name: ACTIVE_REQUESTS,
         kind: Kind::Gauge,
@@ -76,6 +77,11 @@ pub const ALL: [Metric; 9] = [
         name: COUNT_ERRORS,
         kind: Kind::Counter,
         help: "streams the filter could not count (the drain then waits for drain_timeout)",
+    },
+    Metric {
+        name: CLOCK_STEPS,
+        kind: Kind::Counter,
+        help: "wall-clock steps seen (the drain timers run on the monotonic clock and ignore them)",
     },
 ];
 

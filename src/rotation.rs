@@ -124,6 +124,7 @@ impl Record {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+    use crate::clock::Now;
     use crate::fsm::{advance, Move, Reason};
 
     fn mv(from: State, to: State, reason: Reason) -> Move {
@@ -142,7 +143,7 @@ mod tests {
         let draining = advance(
             &open,
             mv(State::Open, State::Draining, Reason::DrainRequested),
-            50,
+            Now::wall(50),
             3,
         )
         .unwrap();
@@ -151,7 +152,7 @@ mod tests {
         let closing = advance(
             &draining,
             mv(State::Draining, State::Closing, Reason::ActiveZero),
-            60,
+            Now::wall(60),
             0,
         )
         .unwrap();
@@ -161,7 +162,7 @@ mod tests {
         let reopened = advance(
             &draining,
             mv(State::Draining, State::Open, Reason::ReopenRequested),
-            70,
+            Now::wall(70),
             0,
         )
         .unwrap();

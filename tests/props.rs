@@ -8,6 +8,7 @@
 use std::net::IpAddr;
 
 use drain_gate::api::{self, Audience, Endpoint, Request};
+use drain_gate::clock::{self, Look, Now, Steps, Timers};
 use drain_gate::config::{Config, Role, KEYS};
 use drain_gate::fsm::{self, CloseAfter, DrainPlan, Move, Reason, Record, State, HISTORY};
 use drain_gate::lb::Checkers;
@@ -436,7 +437,7 @@ proptest! {
                 Op::Ask(mv, dt, active) => {
                     now += dt;
                     let before = rec.clone();
-                    match fsm::advance(&rec, mv, now, active) {
+                    match fsm::advance(&rec, mv, Now::wall(now), active) {
                         Ok(next) => {
                             prop_assert!(fsm::legal(before.state, mv.to));
                             prop_assert_eq!(mv.expected_from, before.state);
@@ -458,13 +459,13 @@ proptest! {
                 Op::Due(dt, active, down) => {
                     now += dt;
                     let down = down.map(|d| now.saturating_sub(d));
-                    if let Some(mv) = fsm::due(&rec, now, active, down) {
+                    if let Some(mv) = fsm::due(&rec, Now::wall(now), active, down) {
                         prop_assert_eq!(mv.expected_from, rec.state);
                         prop_assert!(matches!(rec.state, State::Draining | State::Closing));
                         if mv.reason == Reason::ActiveZero {
                             prop_assert_eq!(active, 0);
                         }
-                        let next = fsm::advance(&rec, mv, now, active);
+                        let next = fsm::advance(&rec, mv, Now::wall(now), active);
                         prop_assert!(next.is_ok(), "due proposed a move advance refuses: {mv:?}");
                         rec = next.unwrap();
                     }
@@ -485,7 +486,7 @@ proptest! {
         for op in ops {
             if let Op::Ask(mv, dt, a) = op {
                 now += dt;
-                if let Ok(next) = fsm::advance(&rec, mv, now, a) {
+                if let Ok(next) = fsm::advance(&rec, mv, Now::wall(now), a) {
                     rec = next;
                 }
             }
@@ -494,7 +495,8 @@ proptest! {
         let view = api::View {
             rec: &rec,
             active,
-            now_ms: now,
+            now: Now::wall(now),
+            clock: api::ClockInfo::new(Timers::Monotonic, &Steps::default()),
             count: api::CountInfo { source: "gauge", reliable: true },
             draining_lb_status: 200,
             checkers: &checkers,
@@ -503,9 +505,129 @@ proptest! {
             rotation: api::RotationView { cluster: Some("admin"), last: None },
         };
         let body: Value = serde_json::from_slice(&api::status(&view).body).unwrap();
-        for field in ["state", "ready", "live", "lb_status", "active", "count", "progress", "lb", "connection_rotation"] {
+        for field in ["state", "ready", "live", "lb_status", "active", "count", "progress", "lb", "clock", "connection_rotation"] {
             prop_assert!(body.get(field).is_some(), "{field} missing: {body}");
         }
         prop_assert_eq!(body["state"].as_str(), Some(rec.state.name()));
+    }
+}
+
+/// One tick: the monotonic clock advances by `dt` (a tick, on time or late),
+/// the wall clock by the same plus `step` (mostly 0; else up to a day either way).
+#[derive(Clone, Copy, Debug)]
+struct Tick {
+    dt: u64,
+    step: i64,
+    active: u64,
+}
+
+fn tick() -> impl Strategy<Value = Tick> {
+    (
+        1u64..2_000,
+        prop_oneof![3 => Just(0i64), 1 => -86_400_000i64..86_400_000],
+        0u64..2,
+    )
+        .prop_map(|(dt, step, active)| Tick { dt, step, active })
+}
+
+fn wall_after(wall: u64, t: Tick) -> u64 {
+    wall.saturating_add_signed(i64::try_from(t.dt).unwrap() + t.step)
+}
+
+/// What is due by the monotonic clock alone: the model the timers must follow.
+fn due_by_monotonic(rec: &Record, plan: &DrainPlan, mono: u64, active: u64) -> Option<Reason> {
+    let since_drain = mono - rec.drain_started_mono_ms.unwrap();
+    match rec.state {
+        State::Draining if active == 0 && since_drain >= plan.min_drain_ms => {
+            Some(Reason::ActiveZero)
+        }
+        State::Draining if since_drain >= plan.drain_timeout_ms => Some(Reason::DrainTimeout),
+        State::Closing => {
+            let since_closing = mono - rec.closing_mono_ms.unwrap();
+            match plan.close_after {
+                CloseAfter::LbBuffer => {
+                    (since_closing >= plan.lb_buffer_ms).then_some(Reason::LbBufferElapsed)
+                }
+                CloseAfter::LbObservedDown => {
+                    (since_closing >= plan.lb_down_timeout_ms).then_some(Reason::LbDownTimeout)
+                }
+            }
+        }
+        _ => None,
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 1024, .. ProptestConfig::default() })]
+
+    /// With the wall clock stepped forward and back at random between ticks,
+    /// a timed transition (min_drain, drain_timeout, lb_buffer,
+    /// lb_down_timeout) fires at a tick exactly when its time has passed on
+    /// the monotonic clock: never before, and never later than the first tick
+    /// after it (so no step, backward included, delays it at all).
+    #[test]
+    fn timers_ignore_wall_clock_steps(
+        plan in plan(),
+        ticks in prop::collection::vec(tick(), 1..200),
+        mut wall in 0u64..1 << 42,
+        mut mono in 0u64..1 << 40,
+    ) {
+        let start = Move { expected_from: State::Open, to: State::Draining, reason: Reason::DrainRequested, plan: Some(plan) };
+        let mut rec = fsm::advance(&Record::new(wall), start, Now { wall_ms: wall, mono_ms: Some(mono) }, 1).unwrap();
+        for t in ticks {
+            mono += t.dt;
+            wall = wall_after(wall, t);
+            let now = Now { wall_ms: wall, mono_ms: Some(mono) };
+            let want = due_by_monotonic(&rec, &plan, mono, t.active);
+            let got = fsm::due(&rec, now, t.active, None);
+            prop_assert_eq!(got.map(|m| m.reason), want, "state {:?} at {:?}", rec.state, now);
+            if let Some(mv) = got {
+                rec = fsm::advance(&rec, mv, now, t.active).unwrap();
+                prop_assert_eq!(rec.since_ms, wall, "the record still dates on the wall clock");
+            }
+        }
+    }
+
+    /// A wall-clock step of 5/4 of the threshold or more is counted at the
+    /// tick it happens; changes below 3/4 of it never are; the recorded
+    /// offset never lags the real one by more than a quarter of the threshold.
+    #[test]
+    fn clock_steps_are_counted_once(
+        ticks in prop::collection::vec(tick(), 1..200),
+        tick_ms in 10u64..10_000,
+        mut wall in 1u64 << 41..1 << 42,
+        mut mono in 0u64..1 << 40,
+    ) {
+        let threshold = clock::step_threshold_ms(tick_ms);
+        // The first look (the process starting) only records the offset.
+        let first = Now { wall_ms: wall, mono_ms: Some(mono) };
+        let Look::Crept(mut steps) = Steps::default().look(first, threshold) else {
+            panic!("the first look must record the offset");
+        };
+        prop_assert_eq!(steps.count, 0);
+        for t in ticks {
+            mono += t.dt;
+            wall = wall_after(wall, t);
+            let now = Now { wall_ms: wall, mono_ms: Some(mono) };
+            let before = steps.count;
+            match steps.look(now, threshold) {
+                Look::Same => {}
+                Look::Crept(next) => steps = next,
+                Look::Stepped(next, by) => {
+                    prop_assert!(by.unsigned_abs() >= threshold);
+                    prop_assert_eq!(next.last_step_ms, Some(by));
+                    steps = next;
+                }
+            }
+            let size = t.step.unsigned_abs();
+            if size >= threshold + threshold / 4 {
+                prop_assert_eq!(steps.count, before + 1, "a step of {} ms was missed", t.step);
+            }
+            if size < threshold - threshold / 4 {
+                prop_assert_eq!(steps.count, before, "{} ms counted as a step", t.step);
+            }
+            let lag = now.offset_ms().unwrap() - steps.offset_ms.unwrap();
+            prop_assert!(lag.unsigned_abs() <= threshold / 4);
+        }
     }
 }

@@ -33,7 +33,9 @@ pub mod status;
 pub use checks::{check, etag, Audience};
 use reply::{bad_request, error};
 pub use reply::{illegal, unavailable, Reply};
-pub use status::{rfc3339, status, wait_end, wait_reply, CountInfo, RotationView, View, WaitEnd};
+pub use status::{
+    rfc3339, status, wait_end, wait_reply, ClockInfo, CountInfo, RotationView, View, WaitEnd,
+};
 
 /// What the host hands over of one request on the health listener.
 #[derive(Clone, Copy, Debug, Default)]

@@ -4,6 +4,7 @@
 use serde::Serialize;
 
 use super::reply::Reply;
+use crate::clock::{Now, Steps, Timers};
 use crate::fsm::{CloseAfter, Record, State};
 use crate::lb::Checkers;
 use crate::rotation;
@@ -19,12 +20,30 @@ pub struct CountInfo {
     pub reliable: bool,
 }
 
+/// Which clock the timers run on, and the wall-clock steps seen so far;
+/// reported in the status.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ClockInfo {
+    pub timers: Timers,
+    pub steps: Steps,
+}
+
+impl ClockInfo {
+    pub fn new(timers: Timers, steps: &Steps) -> ClockInfo {
+        ClockInfo {
+            timers,
+            steps: *steps,
+        }
+    }
+}
+
 /// Everything a status answer shows.
 #[derive(Clone, Copy, Debug)]
 pub struct View<'a> {
     pub rec: &'a Record,
     pub active: u64,
-    pub now_ms: u64,
+    pub now: Now,
+    pub clock: ClockInfo,
     pub count: CountInfo,
     pub draining_lb_status: u16,
     pub checkers: &'a Checkers,
@@ -119,6 +138,25 @@ struct Lb<'a> {
 }
 
 #[derive(Serialize)]
+struct ClockOut {
+    timers: Timers,
+    steps: u64,
+    last_step_ms: Option<i64>,
+    last_step_at: Option<String>,
+}
+
+impl From<ClockInfo> for ClockOut {
+    fn from(c: ClockInfo) -> ClockOut {
+        ClockOut {
+            timers: c.timers,
+            steps: c.steps.count,
+            last_step_ms: c.steps.last_step_ms,
+            last_step_at: c.steps.last_step_wall_ms.map(rfc3339),
+        }
+    }
+}
+
+#[derive(Serialize)]
 struct Status<'a> {
     state: State,
     ready: bool,
@@ -129,6 +167,7 @@ struct Status<'a> {
     progress: Progress,
     lb: Lb<'a>,
     connection_rotation: RotationOut<'a>,
+    clock: ClockOut,
     #[serde(skip_serializing_if = "Option::is_none")]
     error: Option<&'a str>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -151,7 +190,7 @@ fn status_body<'a>(v: &View<'a>, error: Option<&'a str>, wait: Option<&'a str>) 
             drain_started_at: r.drain_started_ms.map(rfc3339),
             closing_at: r.closing_ms.map(rfc3339),
             closed_at: r.closed_ms.map(rfc3339),
-            drain_duration_ms: r.drain_duration_ms(v.now_ms),
+            drain_duration_ms: r.drain_duration_ms(v.now),
             active_at_closing: r.active_at_closing,
             min_drain_ms: r.plan.map(|p| p.min_drain_ms),
             drain_timeout_ms: r.plan.map(|p| p.drain_timeout_ms),
@@ -171,8 +210,8 @@ fn status_body<'a>(v: &View<'a>, error: Option<&'a str>, wait: Option<&'a str>) 
         lb: Lb {
             close_after: v.close_after,
             lb_fall: v.lb_fall,
-            observed_down: v.checkers.all_down(v.now_ms, v.lb_fall),
-            observed_down_at: v.checkers.down_since(v.now_ms, v.lb_fall).map(rfc3339),
+            observed_down: v.checkers.all_down(v.now.wall_ms, v.lb_fall),
+            observed_down_at: v.checkers.down_since(v.now.wall_ms, v.lb_fall).map(rfc3339),
             checkers: v
                 .checkers
                 .list
@@ -186,6 +225,7 @@ fn status_body<'a>(v: &View<'a>, error: Option<&'a str>, wait: Option<&'a str>) 
                 .collect(),
         },
         connection_rotation: rotation_out(&v.rotation),
+        clock: v.clock.into(),
         error,
         wait,
     }
@@ -262,7 +302,16 @@ mod tests {
         let v = View {
             rec: &rec,
             active: 3,
-            now_ms: 1_764_000_000_500,
+            now: Now::wall(1_764_000_000_500),
+            clock: ClockInfo::new(
+                Timers::Monotonic,
+                &Steps {
+                    offset_ms: Some(5),
+                    count: 2,
+                    last_step_ms: Some(-3_600_000),
+                    last_step_wall_ms: Some(1_764_000_000_000),
+                },
+            ),
             count: CountInfo {
                 source: "gauge",
                 reliable: true,
@@ -296,6 +345,11 @@ mod tests {
         assert_eq!(s["active"], 3);
         assert_eq!(s["ready"], true);
         assert_eq!(s["progress"]["reason"], "start");
+        assert_eq!(
+            s["clock"],
+            serde_json::json!({"timers": "monotonic", "steps": 2, "last_step_ms": -3_600_000,
+                               "last_step_at": "2025-11-24T16:00:00.000Z"})
+        );
         assert_eq!(s["progress"]["since"], "2025-11-24T16:00:00.000Z");
         let w = wait_reply(WaitEnd::TimedOut, &v);
         assert_eq!(w.status, 504);

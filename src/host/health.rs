@@ -11,8 +11,9 @@ use std::rc::Rc;
 use super::count::{Counter, Reading};
 use super::metrics::Metrics;
 use super::rotation::Rotator;
-use super::{now_ms, store};
+use super::{now, store, wall_ms};
 use crate::api::{self, Audience, CountInfo, Endpoint, Reply, RotationView, View};
+use crate::clock::{self, Now};
 use crate::config::Config;
 use crate::fsm::{CloseAfter, Move, Record, State};
 use crate::lb::Checkers;
@@ -22,7 +23,14 @@ use crate::rotation;
 #[derive(Clone, Copy, Debug)]
 struct Waiter {
     context_id: u32,
-    deadline_ms: u64,
+    since: Now,
+    timeout_ms: u64,
+}
+
+impl Waiter {
+    fn timed_out(&self, now: Now) -> bool {
+        now.passed(self.since.wall_ms, self.since.mono_ms, self.timeout_ms)
+    }
 }
 
 /// Shared by every stream of one health root context.
@@ -58,13 +66,17 @@ impl Health {
     pub fn new(config: Config, metrics: Metrics) -> Health {
         let counter = Counter::new(metrics.active);
         let rotator = Rotator::new(config.rotate_connections.clone());
-        Health {
+        let health = Health {
             config,
             counter,
             metrics,
             rotator,
             waiters: RefCell::new(Vec::new()),
-        }
+        };
+        // Record where the wall clock stands before the first tick, so that
+        // a step even then is seen.
+        health.watch_clock();
+        health
     }
 
     /// Everything a status answer shows, read now.
@@ -88,7 +100,8 @@ impl Health {
         View {
             rec,
             active: reading.active,
-            now_ms: now_ms(),
+            now: now(),
+            clock: self.clock_info(),
             count: CountInfo {
                 source: self.counter.source_name(),
                 reliable: reading.reliable,
@@ -119,7 +132,7 @@ impl Health {
         }
         store::lb_checkers()
             .ok()
-            .and_then(|c| c.down_since(now_ms(), self.config.lb_fall))
+            .and_then(|c| c.down_since(wall_ms(), self.config.lb_fall))
     }
 
     /// Answers the LB check and remembers what this checker was served.
@@ -200,16 +213,47 @@ impl Health {
                 }
                 self.waiters.borrow_mut().push(Waiter {
                     context_id,
-                    deadline_ms: now_ms().saturating_add(timeout_ms),
+                    since: now(),
+                    timeout_ms,
                 });
                 None
             }
         }
     }
 
-    /// Runs every `tick` on each worker: automatic transitions, then the
-    /// release of held answers that are over.
+    /// Which clock the timers run on, and the wall-clock steps seen so far.
+    fn clock_info(&self) -> api::ClockInfo {
+        let steps = store::clock_steps().unwrap_or_else(|e| {
+            log::warn!("event=clock_record_unavailable error=\"{e}\"");
+            clock::Steps::default()
+        });
+        api::ClockInfo::new(now().timers(), &steps)
+    }
+
+    /// Makes a wall-clock step visible: the worker that sees it first logs
+    /// and counts it. The timers themselves never look at the wall clock.
+    fn watch_clock(&self) {
+        let now = now();
+        let threshold = clock::step_threshold_ms(self.config.tick_ms);
+        match store::clock_look(now, threshold) {
+            Ok(Some((steps, by))) => {
+                log::warn!(
+                    "event=clock_step step_ms={by} wall={} steps={} timers={}",
+                    api::rfc3339(now.wall_ms),
+                    steps.count,
+                    now.timers().name()
+                );
+                self.metrics.clock_step();
+            }
+            Ok(None) => {}
+            Err(e) => log::warn!("event=clock_record_unavailable error=\"{e}\""),
+        }
+    }
+
+    /// Runs every `tick` on each worker: the clock-step watch, automatic
+    /// transitions, then the release of held answers that are over.
     pub fn tick(&self) {
+        self.watch_clock();
         let reading = self.counter.read();
         let rec = match store::apply_due(reading.for_decisions(), self.lb_down_ms(), &self.metrics)
         {
@@ -224,15 +268,15 @@ impl Health {
         if self.waiters.borrow().is_empty() {
             return;
         }
-        let now = now_ms();
+        let now = now();
         let (over, held): (Vec<Waiter>, Vec<Waiter>) = self
             .waiters
             .borrow()
             .iter()
-            .partition(|w| api::wait_end(rec.state, now >= w.deadline_ms).is_some());
+            .partition(|w| api::wait_end(rec.state, w.timed_out(now)).is_some());
         *self.waiters.borrow_mut() = held;
         for w in over {
-            if let Some(end) = api::wait_end(rec.state, now >= w.deadline_ms) {
+            if let Some(end) = api::wait_end(rec.state, w.timed_out(now)) {
                 let reply = self.wait_reply(end, &rec);
                 if hostcalls::set_effective_context(w.context_id).is_ok() {
                     send(&reply);

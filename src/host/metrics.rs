@@ -18,6 +18,7 @@ pub struct Metrics {
     transitions: [Option<u32>; 5],
     forced: Option<u32>,
     count_errors: Option<u32>,
+    clock_steps: Option<u32>,
 }
 
 fn define(name: &str) -> Option<u32> {
@@ -69,6 +70,7 @@ impl Metrics {
             transitions,
             forced: define(names::FORCED_CLOSES),
             count_errors: define(names::COUNT_ERRORS),
+            clock_steps: define(names::CLOCK_STEPS),
         }
     }
 
@@ -113,5 +115,9 @@ impl Metrics {
 
     pub fn count_error(&self) {
         bump(self.count_errors);
+    }
+
+    pub fn clock_step(&self) {
+        bump(self.clock_steps);
     }
 }

@@ -11,7 +11,7 @@ use proxy_wasm::types::MapType;
 use std::cell::RefCell;
 use std::time::Duration;
 
-use super::{now_ms, store};
+use super::{store, wall_ms};
 use crate::fsm::Record;
 use crate::rotation::{self, Outcome};
 
@@ -104,7 +104,7 @@ impl Rotator {
         let timeout = Duration::from_millis(rotation::TIMEOUT_MS);
         match hostcalls::dispatch_http_call(cluster, headers, None, vec![], timeout) {
             Ok(token) => {
-                let rec = rotation::Record::pending(drain_ms, now_ms());
+                let rec = rotation::Record::pending(drain_ms, wall_ms());
                 *self.step.borrow_mut() = Step::Sent(token, rec.clone());
                 rec
             }
@@ -131,7 +131,7 @@ impl Rotator {
                 .flatten()
                 .and_then(|s| s.parse::<u16>().ok())
         };
-        let rec = sent.answered(status, now_ms());
+        let rec = sent.answered(status, wall_ms());
         log_outcome(&rec);
         save(&rec);
     }

@@ -4,15 +4,19 @@
 
 use proxy_wasm::hostcalls;
 use proxy_wasm::types::Status;
+use serde::de::DeserializeOwned;
+use serde::Serialize;
 
 use super::metrics::Metrics;
-use super::now_ms;
+use super::{now, wall_ms};
+use crate::clock::{Look, Now, Steps};
 use crate::fsm::{self, Illegal, Move, Record};
 use crate::lb::Checkers;
 use crate::rotation;
 
 const KEY: &str = "drain_gate.fsm.v1";
 const LB_KEY: &str = "drain_gate.lb.v1";
+const CLOCK_KEY: &str = "drain_gate.clock.v1";
 /// CAS retries before a transition gives up (only under pathological contention).
 const RETRIES: usize = 64;
 
@@ -35,8 +39,7 @@ fn read() -> Result<Option<(Record, u32)>, String> {
 }
 
 fn write(rec: &Record, cas: Option<u32>) -> Result<(), Status> {
-    let bytes = serde_json::to_vec(rec).map_err(|_| Status::SerializationFailure)?;
-    hostcalls::set_shared_data(KEY, Some(&bytes), cas)
+    write_json(KEY, rec, cas)
 }
 
 /// The current record and its CAS version, creating the OPEN record on first use.
@@ -48,7 +51,7 @@ pub fn load_versioned() -> Result<(Record, u32), String> {
         // First VM in the process: create the initial record. Another VM may
         // do the same concurrently; both write OPEN before any transition can
         // have happened, and the read above then picks up the stored one.
-        write(&Record::new(now_ms()), None)
+        write(&Record::new(wall_ms()), None)
             .map_err(|e| format!("shared data write failed: {e:?}"))?;
     }
     Err("state record missing after create".to_string())
@@ -68,7 +71,7 @@ pub fn advance(
     for _ in 0..RETRIES {
         let (rec, cas) = load_versioned().map_err(Error::Store)?;
         let mv = choose(&rec);
-        let next = fsm::advance(&rec, mv, now_ms(), active).map_err(Error::Illegal)?;
+        let next = fsm::advance(&rec, mv, now(), active).map_err(Error::Illegal)?;
         match write(&next, Some(cas)) {
             Ok(()) => {
                 log::info!(
@@ -103,7 +106,7 @@ pub fn apply_due(
     // At most two automatic steps can follow each other (CLOSING, then CLOSED
     // when lb_buffer is 0).
     for _ in 0..3 {
-        let Some(mv) = fsm::due(&rec, now_ms(), active, lb_down_ms) else {
+        let Some(mv) = fsm::due(&rec, now(), active, lb_down_ms) else {
             return Ok(rec);
         };
         rec = match advance(|_| mv, active, metrics) {
@@ -116,14 +119,27 @@ pub fn apply_due(
     Ok(rec)
 }
 
-fn lb_read() -> Result<(Checkers, Option<u32>), String> {
-    match hostcalls::get_shared_data(LB_KEY) {
+/// A record that starts as its default, and its CAS version.
+fn read_or_default<T: DeserializeOwned + Default>(
+    key: &str,
+    what: &str,
+) -> Result<(T, Option<u32>), String> {
+    match hostcalls::get_shared_data(key) {
         Ok((Some(bytes), cas)) => serde_json::from_slice(&bytes)
             .map(|c| (c, cas))
-            .map_err(|e| format!("unreadable checker record: {e}")),
-        Ok((None, cas)) => Ok((Checkers::default(), cas)),
+            .map_err(|e| format!("unreadable {what} record: {e}")),
+        Ok((None, cas)) => Ok((T::default(), cas)),
         Err(e) => Err(format!("shared data read failed: {e:?}")),
     }
+}
+
+fn write_json(key: &str, value: &impl Serialize, cas: Option<u32>) -> Result<(), Status> {
+    let bytes = serde_json::to_vec(value).map_err(|_| Status::SerializationFailure)?;
+    hostcalls::set_shared_data(key, Some(&bytes), cas)
+}
+
+fn lb_read() -> Result<(Checkers, Option<u32>), String> {
+    read_or_default(LB_KEY, "checker")
 }
 
 /// What every LB checker has been answered so far.
@@ -135,9 +151,8 @@ pub fn lb_checkers() -> Result<Checkers, String> {
 pub fn lb_observe(source: &str, status: u16, lb_fall: u32) -> Result<(), String> {
     for _ in 0..RETRIES {
         let (mut checkers, cas) = lb_read()?;
-        checkers.observe(source, status, now_ms(), lb_fall);
-        let bytes = serde_json::to_vec(&checkers).map_err(|e| e.to_string())?;
-        match hostcalls::set_shared_data(LB_KEY, Some(&bytes), cas) {
+        checkers.observe(source, status, wall_ms(), lb_fall);
+        match write_json(LB_KEY, &checkers, cas) {
             Ok(()) => return Ok(()),
             Err(Status::CasMismatch) => continue,
             Err(e) => return Err(format!("shared data write failed: {e:?}")),
@@ -162,7 +177,30 @@ pub fn rotation_load() -> Result<Option<rotation::Record>, String> {
 
 /// One writer per drain, so no compare-and-swap: the last write wins.
 pub fn rotation_save(rec: &rotation::Record) -> Result<(), String> {
-    let bytes = serde_json::to_vec(rec).map_err(|e| e.to_string())?;
-    hostcalls::set_shared_data(ROTATION_KEY, Some(&bytes), None)
-        .map_err(|e| format!("shared data write failed: {e:?}"))
+    write_json(ROTATION_KEY, rec, None).map_err(|e| format!("shared data write failed: {e:?}"))
+}
+
+/// The clock-step record (see `crate::clock::Steps`).
+pub fn clock_steps() -> Result<Steps, String> {
+    read_or_default(CLOCK_KEY, "clock").map(|(s, _)| s)
+}
+
+/// Compares the clocks with the clock-step record and updates it. Returns the
+/// step when this caller recorded one (so that each step is logged and
+/// counted once, by the worker that saw it first).
+pub fn clock_look(now: Now, threshold_ms: u64) -> Result<Option<(Steps, i64)>, String> {
+    for _ in 0..RETRIES {
+        let (steps, cas) = read_or_default::<Steps>(CLOCK_KEY, "clock")?;
+        let (next, step) = match steps.look(now, threshold_ms) {
+            Look::Same => return Ok(None),
+            Look::Crept(next) => (next, None),
+            Look::Stepped(next, by) => (next, Some(by)),
+        };
+        match write_json(CLOCK_KEY, &next, cas) {
+            Ok(()) => return Ok(step.map(|by| (next, by))),
+            Err(Status::CasMismatch) => continue,
+            Err(e) => return Err(format!("shared data write failed: {e:?}")),
+        }
+    }
+    Err("too much contention on the clock record".to_string())
 }

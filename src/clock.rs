@@ -1,0 +1,215 @@
+//! Time for the drain timers. Pure.
+//!
+//! Every timed transition (`min_drain`, `drain_timeout`, `lb_buffer`,
+//! `lb_down_timeout`, the hold of `?wait=closed`) measures elapsed time on the
+//! host's monotonic clock, which no step of the wall clock moves: an NTP step,
+//! a clock set by hand or a resumed VM can neither fire a timer early nor hold
+//! it back. The wall clock only dates what the status and the log show. A
+//! host without a monotonic clock leaves the timers on the wall clock, and the
+//! status says so.
+//!
+//! The wall clock minus the monotonic clock is constant while nobody steps the
+//! wall clock; `Steps` watches that offset to make a step visible.
+
+use serde::{Deserialize, Serialize};
+
+/// Both host clocks, read together (milliseconds).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Now {
+    /// Since the Unix epoch: for display only.
+    pub wall_ms: u64,
+    /// The host's monotonic clock (arbitrary origin, one per process), if it answered.
+    pub mono_ms: Option<u64>,
+}
+
+/// Which clock the timers run on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Timers {
+    Monotonic,
+    Wall,
+}
+
+impl Timers {
+    pub fn name(self) -> &'static str {
+        match self {
+            Timers::Monotonic => "monotonic",
+            Timers::Wall => "wall",
+        }
+    }
+}
+
+impl Now {
+    /// A host that answered only the wall clock.
+    pub fn wall(wall_ms: u64) -> Now {
+        Now {
+            wall_ms,
+            mono_ms: None,
+        }
+    }
+
+    pub fn timers(self) -> Timers {
+        match self.mono_ms {
+            Some(_) => Timers::Monotonic,
+            None => Timers::Wall,
+        }
+    }
+
+    /// Milliseconds since the instant that read `wall_at` and `mono_at`: on
+    /// the monotonic clock when both readings have it, else on the wall clock.
+    pub fn since(self, wall_at: u64, mono_at: Option<u64>) -> u64 {
+        match (self.mono_ms, mono_at) {
+            (Some(now), Some(at)) => now.saturating_sub(at),
+            _ => self.wall_ms.saturating_sub(wall_at),
+        }
+    }
+
+    /// Whether `span_ms` has passed since that instant.
+    pub fn passed(self, wall_at: u64, mono_at: Option<u64>, span_ms: u64) -> bool {
+        self.since(wall_at, mono_at) >= span_ms
+    }
+
+    /// Wall clock minus monotonic clock, if the host has both.
+    pub fn offset_ms(self) -> Option<i64> {
+        let wall = i64::try_from(self.wall_ms).ok()?;
+        let mono = i64::try_from(self.mono_ms?).ok()?;
+        Some(wall.saturating_sub(mono))
+    }
+}
+
+/// An offset change at least this large is a step (a few ticks: smaller
+/// changes are rounding, tick jitter or NTP slewing, which moves the offset
+/// by at most 0.5 ms per second).
+pub fn step_threshold_ms(tick_ms: u64) -> u64 {
+    tick_ms.saturating_mul(3).max(100)
+}
+
+/// Where the wall clock stood against the monotonic clock, and the steps
+/// seen so far. One value per process (shared data), so that a step is
+/// counted once whichever worker sees it first.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Steps {
+    /// Wall minus monotonic when last recorded.
+    pub offset_ms: Option<i64>,
+    /// Steps seen since the process started.
+    pub count: u64,
+    /// The last step (positive: the wall clock jumped forward).
+    pub last_step_ms: Option<i64>,
+    /// When it was seen (wall clock after the step).
+    pub last_step_wall_ms: Option<u64>,
+}
+
+/// What one look at the clocks found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Look {
+    /// Nothing to record.
+    Same,
+    /// The offset crept (slewing): record it silently so that creep never adds up to a step.
+    Crept(Steps),
+    /// The wall clock stepped by this much: record, log and count it.
+    Stepped(Steps, i64),
+}
+
+impl Steps {
+    pub fn look(&self, now: Now, threshold_ms: u64) -> Look {
+        let Some(offset) = now.offset_ms() else {
+            return Look::Same;
+        };
+        let moved = match self.offset_ms {
+            Some(before) => offset.saturating_sub(before),
+            None => {
+                return Look::Crept(Steps {
+                    offset_ms: Some(offset),
+                    ..*self
+                })
+            }
+        };
+        if moved.unsigned_abs() >= threshold_ms {
+            let next = Steps {
+                offset_ms: Some(offset),
+                count: self.count.saturating_add(1),
+                last_step_ms: Some(moved),
+                last_step_wall_ms: Some(now.wall_ms),
+            };
+            Look::Stepped(next, moved)
+        } else if moved.unsigned_abs() > threshold_ms / 4 {
+            Look::Crept(Steps {
+                offset_ms: Some(offset),
+                ..*self
+            })
+        } else {
+            Look::Same
+        }
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::panic)]
+mod tests {
+    use super::*;
+
+    fn at(wall_ms: u64, mono_ms: u64) -> Now {
+        Now {
+            wall_ms,
+            mono_ms: Some(mono_ms),
+        }
+    }
+
+    #[test]
+    fn elapsed_time_is_monotonic_when_both_readings_have_it() {
+        let start = at(10_000_000, 50);
+        let later = at(10_000_000 + 3_600_000, 1_050); // wall stepped +1h
+        assert_eq!(later.since(start.wall_ms, start.mono_ms), 1_000);
+        assert!(later.passed(start.wall_ms, start.mono_ms, 1_000));
+        assert!(!later.passed(start.wall_ms, start.mono_ms, 1_001));
+        let back = at(10_000_000 - 3_600_000, 1_050); // wall stepped -1h
+        assert_eq!(back.since(start.wall_ms, start.mono_ms), 1_000);
+        assert_eq!(later.timers(), Timers::Monotonic);
+    }
+
+    #[test]
+    fn without_a_monotonic_reading_the_wall_clock_decides() {
+        let now = Now::wall(5_000);
+        assert_eq!(now.timers(), Timers::Wall);
+        assert_eq!(now.since(1_000, Some(7)), 4_000);
+        assert_eq!(
+            at(5_000, 9).since(1_000, None),
+            4_000,
+            "a mark taken without it"
+        );
+        assert_eq!(Now::wall(500).since(1_000, None), 0, "backwards saturates");
+    }
+
+    #[test]
+    fn a_step_is_seen_once_and_creep_is_absorbed() {
+        let t = step_threshold_ms(100);
+        assert_eq!(t, 300);
+        let s = Steps::default();
+        let Look::Crept(s) = s.look(at(10_000, 1_000), t) else {
+            panic!("first look records the offset")
+        };
+        assert_eq!((s.offset_ms, s.count), (Some(9_000), 0));
+        assert_eq!(s.look(at(10_050, 1_000), t), Look::Same, "jitter");
+        let Look::Crept(s2) = s.look(at(10_100, 1_000), t) else {
+            panic!("creep past a quarter of the threshold is recorded")
+        };
+        assert_eq!((s2.offset_ms, s2.count), (Some(9_100), 0));
+        let Look::Stepped(s3, by) = s2.look(at(3_610_100, 1_000), t) else {
+            panic!("a 1 h jump is a step")
+        };
+        assert_eq!(
+            (by, s3.count, s3.last_step_wall_ms),
+            (3_600_000, 1, Some(3_610_100))
+        );
+        assert_eq!(s3.look(at(3_610_200, 1_100), t), Look::Same, "seen once");
+        let Look::Stepped(s4, by) = s3.look(at(10_200, 1_100), t) else {
+            panic!("a backward jump is a step")
+        };
+        assert_eq!((by, s4.count), (-3_600_000, 2));
+        assert_eq!(
+            s4.look(Now::wall(1), t),
+            Look::Same,
+            "no monotonic clock: nothing to compare"
+        );
+    }
+}
