@@ -125,3 +125,18 @@ def test_missing_cluster_is_shown_and_the_drain_goes_on(gateway, stream):
     assert st["progress"]["reason"] == "active_zero"
     assert "event=connection_rotation outcome=Failed" in gw.log()
 
+
+
+def test_reopen_does_not_undo_the_rotation(gateway):
+    """The limit the README states: Envoy's drain sequence has no way back, so
+    after a reopen every response still closes its connection."""
+    gw = gateway(STILL)
+    assert requests.post(gw.health("/drain"), timeout=10).status_code == 200
+    wait_for(lambda: last_outcome(gw), 10, what="the rotation's outcome")
+    assert requests.post(gw.health("/reopen"), timeout=10).status_code == 200
+    client = KeepAlive(gw.ports.traffic)
+    try:
+        assert client.get() == "close"
+    finally:
+        client.close()
+    assert status(gw)["state"] == "OPEN"
