@@ -129,7 +129,8 @@ def test_missing_cluster_is_shown_and_the_drain_goes_on(gateway, stream):
 
 def test_reopen_does_not_undo_the_rotation(gateway):
     """The limit the README states: Envoy's drain sequence has no way back, so
-    after a reopen every response still closes its connection."""
+    after a reopen every response still closes its connection; a second drain
+    asks Envoy again."""
     gw = gateway(STILL)
     assert requests.post(gw.health("/drain"), timeout=10).status_code == 200
     wait_for(lambda: last_outcome(gw), 10, what="the rotation's outcome")
@@ -140,3 +141,11 @@ def test_reopen_does_not_undo_the_rotation(gateway):
     finally:
         client.close()
     assert status(gw)["state"] == "OPEN"
+    # The next drain asks again, once, and Envoy takes it.
+    first = rotation(gw)["last"]
+    assert requests.post(gw.health("/drain"), timeout=10).status_code == 200
+    again = wait_for(lambda: (r := last_outcome(gw)) and r["drain_started_at"] != first["drain_started_at"] and r,
+                     10, what="the second drain's rotation")
+    assert again["outcome"] == "done", again
+    assert gw.log().count("event=connection_rotation outcome=Pending") == 2
+    assert gw.proc.poll() is None
