@@ -10,12 +10,12 @@ VENV     := .venv
 PY       := $(VENV)/bin/python
 APT_PKGS := haproxy wrk nghttp2-client curl socat gcc
 
-.PHONY: all build run test lint unit integration deps deps-rust deps-apt clean envoy-matrix oci configmap bench bench-quick noop
+.PHONY: all build run test lint unit integration deps deps-rust deps-apt deps-prometheus clean envoy-matrix oci configmap bench bench-quick noop
 
 all: build
 
 ## Dependencies -------------------------------------------------------------
-deps: deps-rust deps-apt $(VENV)/.installed
+deps: deps-rust deps-apt deps-prometheus $(VENV)/.installed
 
 deps-rust:
 	@rustup target list --installed | grep -qx $(TARGET) || rustup target add $(TARGET)
@@ -29,6 +29,25 @@ deps-apt:
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
 	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $$missing >/dev/null; \
 	fi
+
+# Prometheus 2.42 + promtool from Debian. The tests run the binary on a free
+# loopback port; the package's service is never started: a policy-rc.d that
+# denies it is in place during the install (unless one already is), and the
+# unit is disabled afterwards (and stopped, where systemd runs).
+deps-prometheus:
+	@dpkg-query -W -f='${Status}' prometheus 2>/dev/null | grep -q 'ok installed' || { \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); guard=; \
+	  if [ ! -e /usr/sbin/policy-rc.d ]; then \
+	    printf '#!/bin/sh\nexit 101\n' | $$SUDO tee /usr/sbin/policy-rc.d >/dev/null; \
+	    $$SUDO chmod 755 /usr/sbin/policy-rc.d; guard=1; fi; \
+	  echo "installing: prometheus"; \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq \
+	    --no-install-recommends prometheus >/dev/null; rc=$$?; \
+	  if [ -n "$$guard" ]; then $$SUDO rm -f /usr/sbin/policy-rc.d; fi; \
+	  if command -v systemctl >/dev/null; then \
+	    now=$$( [ -d /run/systemd/system ] && echo --now ); \
+	    $$SUDO systemctl disable $$now prometheus >/dev/null 2>&1 || true; fi; \
+	  exit $$rc; }
 
 $(VENV)/.installed: tests/requirements.txt
 	@test -x $(PY) || python3 -m venv $(VENV)
@@ -59,7 +78,7 @@ run: build $(VENV)/.installed
 	PYTHONPATH=. $(PY) -m tests.harness.run
 
 ## Test ----------------------------------------------------------------------
-test: deps envoy-matrix build lint unit hardening-deps props integration bench-quick
+test: deps envoy-matrix build lint unit hardening-deps props rules integration bench-quick
 
 lint: deps-rust
 	cargo fmt --check
@@ -156,3 +175,23 @@ hardening: deps build hardening-deps props
 
 soak: deps build hardening-deps
 	DRAIN_GATE_SOAK=1 PYTHONPATH=. $(PY) -m pytest tests/test_hardening_count.py -v -p no:cacheprovider $(PYTEST_ARGS)
+
+## Observability ----------------------------------------------------------------
+# envoyfilter/observability/: the alerting rules (checked and unit-tested by
+# promtool), the PrometheusRule and the Grafana dashboard generated from them.
+# The live proof (real Envoy + real Prometheus) is tests/test_observability.py.
+.PHONY: rules observability dashboard-png
+
+RULES_FILE := envoyfilter/observability/drain-gate.rules.yaml
+
+rules: deps-prometheus
+	promtool check rules $(RULES_FILE)
+	promtool test rules tests/observability/drain-gate.rules.test.yaml
+
+observability: $(VENV)/.installed
+	$(PY) envoyfilter/observability/generate.py
+
+# The README's dashboard picture, from the Prometheus data the live test saved.
+dashboard-png: $(VENV)/.installed
+	PYTHONPATH=. $(PY) -m pytest tests/test_observability.py -q -p no:cacheprovider -k live
+	PYTHONPATH=. $(PY) -m tests.observability.render out/observability/drain.json envoyfilter/observability/drain-gate.dashboard.png

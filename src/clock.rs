@@ -55,6 +55,12 @@ impl Now {
         }
     }
 
+    /// Milliseconds on the clock the timers run on (monotonic when the host
+    /// has it): for ages compared within one process, never for display.
+    pub fn timer_ms(self) -> u64 {
+        self.mono_ms.unwrap_or(self.wall_ms)
+    }
+
     /// Milliseconds since the instant that read `wall_at` and `mono_at`: on
     /// the monotonic clock when both readings have it, else on the wall clock.
     pub fn since(self, wall_at: u64, mono_at: Option<u64>) -> u64 {

@@ -10,6 +10,7 @@
 //!   health answers ([`api::check`]), the status document and held answers
 //!   ([`api::status`]), the reply type and error answers ([`api::reply`]);
 //! - [`lb`]: what each LB checker has been answered (LB-observed-down);
+//! - [`in_flight`]: how old the streams in flight are (what a drain waits for);
 //! - [`metric_names`]: every metric name (the host defines them);
 //! - [`rotation`]: connection rotation at drain start (the seed's event 3).
 //!
@@ -22,6 +23,7 @@ pub mod config;
 pub mod duration;
 pub mod fsm;
 pub mod host;
+pub mod in_flight;
 pub mod lb;
 pub mod metric_names;
 pub mod net;

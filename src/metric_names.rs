@@ -21,6 +21,8 @@ pub const ACTIVE_REQUESTS: &str = "drain_gate_active_requests";
 pub const STATE: &str = "drain_gate_state";
 pub const FORCED_CLOSES: &str = "drain_gate_forced_closes";
 pub const COUNT_ERRORS: &str = "drain_gate_count_errors";
+pub const COUNT_UNRELIABLE: &str = "drain_gate_count_unreliable";
+pub const OLDEST_IN_FLIGHT: &str = "drain_gate_oldest_in_flight_seconds";
 pub const CLOCK_STEPS: &str = "drain_gate_clock_steps";
 
 /// The transition counter for each target state, indexed like `State::ALL`.
@@ -32,7 +34,7 @@ pub const TRANSITIONS_TO: [&str; 5] = [
     "drain_gate_transitions_to_fault",
 ];
 
-pub const ALL: [Metric; 10] = [
+pub const ALL: [Metric; 12] = [
     Metric {
         name: ACTIVE_REQUESTS,
         kind: Kind::Gauge,
@@ -77,6 +79,16 @@ pub const ALL: [Metric; 10] = [
         name: COUNT_ERRORS,
         kind: Kind::Counter,
         help: "streams the filter could not count (the drain then waits for drain_timeout)",
+    },
+    Metric {
+        name: COUNT_UNRELIABLE,
+        kind: Kind::Gauge,
+        help: "1 while the health role distrusts the count (a stream went uncounted, or no traffic role shares its vm_id)",
+    },
+    Metric {
+        name: OLDEST_IN_FLIGHT,
+        kind: Kind::Gauge,
+        help: "age of the oldest stream in flight, all workers (0 when none; to one tick)",
     },
     Metric {
         name: CLOCK_STEPS,

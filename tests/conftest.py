@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import contextlib
 import subprocess
-from pathlib import Path
 
 import pytest
 
@@ -27,21 +26,34 @@ def backend_port() -> int:
 
 @pytest.fixture
 def gateway(backend_port, tmp_path):
-    """Factory: gateway(config={...}, concurrency=2, ...) -> a started Envoy.
+    """Factory: gateway(config={...}, transform=None, concurrency=2, ...) -> a started Envoy.
 
-    Every Envoy it starts is stopped when the test ends, whatever happens.
+    `transform(doc, workdir) -> doc` may rewrite the rendered bootstrap first
+    (see tests.harness.variants); other keywords go to `render`. Every Envoy it
+    starts is stopped when the test ends, whatever happens.
     """
     stack = contextlib.ExitStack()
 
-    def start(config: dict | None = None, *, concurrency: int = 2, wait_ready: bool = True, **kw) -> Envoy:
+    def start(config: dict | None = None, *, transform=None, concurrency: int = 2,
+              wait_ready: bool = True, **kw) -> Envoy:
         ports = Ports(backend=backend_port)
         workdir = tmp_path / f"envoy-{ports.health}"
-        envoy = Envoy(render(ports, config, **kw), ports, concurrency=concurrency, workdir=workdir)
+        workdir.mkdir(parents=True, exist_ok=True)
+        doc = render(ports, config, **kw)
+        if transform is not None:
+            doc = transform(doc, workdir)
+        envoy = Envoy(doc, ports, concurrency=concurrency, workdir=workdir)
         stack.callback(envoy.stop)
         return envoy.start(wait_ready=wait_ready)
 
     with stack:
         yield start
+
+
+@pytest.fixture
+def custom_gateway(gateway):
+    """The `gateway` factory under the name the hardening tests use for bootstrap variants."""
+    return gateway
 
 
 class Stream:

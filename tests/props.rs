@@ -11,6 +11,7 @@ use drain_gate::api::{self, Audience, Endpoint, Request};
 use drain_gate::clock::{self, Look, Now, Steps, Timers};
 use drain_gate::config::{Config, Role, KEYS};
 use drain_gate::fsm::{self, CloseAfter, DrainPlan, Move, Reason, Record, State, HISTORY};
+use drain_gate::in_flight::{Ages, InFlight};
 use drain_gate::lb::Checkers;
 use proptest::prelude::*;
 use serde_json::{json, Value};
@@ -497,6 +498,7 @@ proptest! {
             active,
             now: Now::wall(now),
             clock: api::ClockInfo::new(Timers::Monotonic, &Steps::default()),
+            in_flight: InFlight::default(),
             count: api::CountInfo { source: "gauge", reliable: true },
             draining_lb_status: 200,
             checkers: &checkers,
@@ -505,10 +507,66 @@ proptest! {
             rotation: api::RotationView { cluster: Some("admin"), last: None },
         };
         let body: Value = serde_json::from_slice(&api::status(&view).body).unwrap();
-        for field in ["state", "ready", "live", "lb_status", "active", "count", "progress", "lb", "clock", "connection_rotation"] {
+        for field in ["state", "ready", "live", "lb_status", "active", "count", "in_flight", "progress", "lb", "clock", "connection_rotation"] {
             prop_assert!(body.get(field).is_some(), "{field} missing: {body}");
         }
         prop_assert_eq!(body["state"].as_str(), Some(rec.state.name()));
+    }
+}
+
+// -- in-flight ages ---------------------------------------------------------
+
+/// Streams start at nondecreasing ticks and end in any order; the tick compacts
+/// (800 operations pass `MAX_BUCKETS` distinct start ticks).
+#[derive(Clone, Debug)]
+enum AgeOp {
+    Start(u64),
+    End(usize),
+    Compact,
+}
+
+fn age_op() -> impl Strategy<Value = AgeOp> {
+    prop_oneof![
+        6 => (0u64..500).prop_map(AgeOp::Start),
+        2 => any::<usize>().prop_map(AgeOp::End),
+        1 => Just(AgeOp::Compact),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+
+    /// The ages count every stream in flight exactly, the oldest age never
+    /// reads younger than the truth, and every stream's end empties them.
+    #[test]
+    fn ages_count_exactly_and_never_read_young(ops in prop::collection::vec(age_op(), 0..800)) {
+        let mut ages = Ages::default();
+        let mut live: Vec<u64> = Vec::new();
+        let mut tick = 0u64;
+        for op in ops {
+            match op {
+                AgeOp::Start(dt) => {
+                    tick += dt;
+                    ages.enter(tick);
+                    live.push(tick);
+                }
+                AgeOp::End(i) if !live.is_empty() => {
+                    let started = live.swap_remove(i % live.len());
+                    ages.exit(started);
+                }
+                AgeOp::End(_) => {}
+                AgeOp::Compact => ages.compact(),
+            }
+            let p = ages.publish(tick, 100);
+            prop_assert_eq!(ages.in_flight(), live.len() as u64);
+            let h = p.ages;
+            prop_assert_eq!(h.lt_1s + h.lt_10s + h.lt_60s + h.ge_60s, live.len() as u64);
+            prop_assert!(p.oldest_started_ms <= live.iter().min().copied());
+        }
+        for started in live.drain(..) {
+            ages.exit(started);
+        }
+        prop_assert_eq!(ages.publish(tick, 100).oldest_started_ms, None);
     }
 }
 

@@ -14,12 +14,9 @@ import requests
 from tests.harness import istio
 from tests.harness.envoy import wait_for
 from tests.harness.wallclock import WallClock
+from tests.harness.wire import status
 
 HOUR_MS = 3_600_000
-
-
-def status(gw) -> dict:
-    return requests.get(gw.health("/drain/status"), timeout=5).json()
 
 
 def at_ms(stamp: str) -> float:
@@ -123,3 +120,22 @@ def test_every_envoy_of_the_matrix_gives_the_monotonic_clock(stepped, version):
     seen = step_seen(gw, 1)
     assert seen["clock"]["timers"] == "monotonic" and seen["state"] == "DRAINING"
     assert seen["progress"]["drain_duration_ms"] < 60_000, "measured on the monotonic clock"
+
+
+def test_a_step_moves_no_in_flight_age(stepped, stream):
+    """The ages in /drain/status are stamped and read on the monotonic clock:
+    across a step of an hour forward and then two back they grow as real time does."""
+    gw, clock = stepped({"tick": "100ms"})
+    stream(gw.traffic("/stream?seconds=60&interval_ms=500"))
+
+    def oldest() -> tuple[int, float]:
+        return status(gw)["in_flight"]["oldest_age_ms"] or 0, time.monotonic()
+
+    wait_for(lambda: oldest()[0] >= 500, 10, what="the stream 0.5 s old")
+    age, at = oldest()
+    for count, step in ((1, HOUR_MS), (2, -2 * HOUR_MS)):
+        clock.step(step)
+        step_seen(gw, count)
+        later, later_at = oldest()
+        assert age <= later <= age + (later_at - at) * 1000 + 100, (step, age, later)
+        age, at = later, later_at

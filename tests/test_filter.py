@@ -11,6 +11,7 @@ import pytest
 import requests
 
 from tests.harness.envoy import wait_for
+from tests.harness.wire import post, state, status
 
 # Long enough that DRAINING and CLOSING stay put unless a test moves them.
 STILL = {"min_drain": "30m", "drain_timeout": "60m", "lb_buffer": "60m"}
@@ -37,18 +38,6 @@ LEGAL = {
     ("CLOSING", "/close"), ("CLOSING", "/reopen"), ("CLOSING", "/fault"),
     ("CLOSED", "/fault"),
 }
-
-
-def state(gw) -> str:
-    return requests.get(gw.health("/drain/status"), timeout=5).json()["state"]
-
-
-def status(gw) -> dict:
-    return requests.get(gw.health("/drain/status"), timeout=5).json()
-
-
-def post(gw, path: str, **kw) -> requests.Response:
-    return requests.post(gw.health(path), timeout=kw.pop("timeout", 10), **kw)
 
 
 def lb(gw) -> int:

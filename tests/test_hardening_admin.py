@@ -1,11 +1,10 @@
-"""The admin surface (issue 6, item 8), against a real Envoy: who may change
+"""The admin surface, against a real Envoy: who may change
 the state (source address, bearer token — and not a forged X-Forwarded-For),
 that reads never change it, that request bodies are neither buffered nor
 read, and that no answer carries attacker input back.
 """
 from __future__ import annotations
 
-import http.client
 import json
 import socket
 import time
@@ -13,7 +12,8 @@ import urllib.parse
 
 import pytest
 
-from tests.harness.variants import fresh_get, post, status, transitions
+from tests.harness.envoy import transitions
+from tests.harness.wire import fresh_get, post, status
 
 STILL = {"min_drain": "30m", "drain_timeout": "60m", "lb_buffer": "60m"}
 TOKEN = "admin-token-0123456789abcdef"
@@ -24,14 +24,7 @@ ADMIN = [("POST", "/drain"), ("POST", "/drain?wait=closed&timeout=1s"), ("POST",
 
 def request(gw, method: str, path: str, source: str | None = None, headers: dict | None = None,
             body: bytes | None = None) -> tuple[int, dict, bytes]:
-    conn = http.client.HTTPConnection("127.0.0.1", gw.ports.health, timeout=10,
-                                      source_address=(source, 0) if source else None)
-    try:
-        conn.request(method, path, body=body, headers={"connection": "close", **(headers or {})})
-        r = conn.getresponse()
-        return r.status, {k.lower(): v for k, v in r.getheaders()}, r.read()
-    finally:
-        conn.close()
+    return fresh_get(gw.ports.health, path, source=source, headers=headers, method=method, timeout=10, body=body)
 
 
 def snapshot(gw) -> tuple:

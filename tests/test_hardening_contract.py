@@ -1,6 +1,6 @@
-"""The API has a contract (issue 6, item 5): src/openapi.yaml describes every
-path, method, status, header and JSON body of the health listener, and
-schemathesis checks real answers against it.
+"""The API keeps its written contract: src/openapi.yaml describes every path,
+method, status, header and JSON body of the health listener, and schemathesis
+finds no real answer that departs from it.
 
 Admin calls change the state, so each run uses an Envoy where that is
 harmless or informative: one where a drain completes inside the request
@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.harness.envoy import REPO
-from tests.harness.variants import VM_TROUBLE, fresh_get, post, state
+from tests.harness.envoy import REPO, VM_TROUBLE
+from tests.harness.wire import fresh_get, post, state
 
 SPEC = REPO / "src" / "openapi.yaml"
 ST = Path(os.environ.get("SCHEMATHESIS", REPO / ".venvs" / "schemathesis" / "bin" / "st"))

@@ -1,4 +1,4 @@
-"""Failure direction (issue 6, item 7): what a dead VM does to each role.
+"""Failure direction: a dead VM fails each role the safe way.
 
 The VM really fails: tests/fixtures/trap is the real filter with one injected
 fault (a request carrying `x-drain-gate-trap` executes `unreachable`), loaded
@@ -14,7 +14,6 @@ shipped. One worker, so every request meets the failed VM.
 """
 from __future__ import annotations
 
-import contextlib
 import json
 import time
 
@@ -23,8 +22,8 @@ import requests
 
 from tests.harness import torture
 from tests.harness.envoy import wait_for
-from tests.harness.variants import (FIXTURE_WASM, TRAP_HEADER, fresh_get, gateway_factory, plugin, post,
-                                    status, with_code)
+from tests.harness.variants import FIXTURE_WASM, TRAP_HEADER, plugin, with_code
+from tests.harness.wire import fresh_get, post, status
 
 TRAPPED = "Function: proxy_on_request_headers failed: Uncaught RuntimeError: unreachable"
 
@@ -33,12 +32,6 @@ TRAPPED = "Function: proxy_on_request_headers failed: Uncaught RuntimeError: unr
 def _fixture_built():
     if not FIXTURE_WASM.exists():
         pytest.fail(f"{FIXTURE_WASM} is missing: run `make fixtures` (part of `make test`)")
-
-
-@pytest.fixture
-def custom_gateway(backend_port, tmp_path):
-    with contextlib.ExitStack() as stack:
-        yield gateway_factory(backend_port, tmp_path, stack)
 
 
 def trap(port: int, path: str) -> int:

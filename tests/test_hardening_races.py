@@ -1,4 +1,4 @@
-"""Racing admins (issue 6, item 3): 1000 concurrent admin POSTs from many
+"""Racing admins cannot corrupt the FSM: 1000 concurrent admin POSTs from many
 connections across 4 workers. Every answer is 200 or 409; the logged
 transitions form one legal sequence from OPEN; each 200 is exactly one logged
 transition its request caused; afterwards every worker answers the same state.
@@ -6,15 +6,14 @@ transition its request caused; afterwards every worker answers the same state.
 from __future__ import annotations
 
 import concurrent.futures as cf
-import contextlib
-import http.client
 import json
 import random
 from collections import Counter
 
 import pytest
 
-from tests.harness.variants import VM_TROUBLE, fresh_get, gateway_factory, transitions
+from tests.harness.envoy import VM_TROUBLE, transitions
+from tests.harness.wire import fresh_get
 
 # src/fsm.rs `legal()`.
 LEGAL = {
@@ -29,20 +28,9 @@ TARGET = {"/drain": "DRAINING", "/reopen": "OPEN", "/close-lb": "CLOSING", "/fau
 N = 1000
 
 
-@pytest.fixture
-def custom_gateway(backend_port, tmp_path):
-    with contextlib.ExitStack() as stack:
-        yield gateway_factory(backend_port, tmp_path, stack)
-
-
 def admin_post(port: int, path: str) -> tuple[int, dict]:
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=20)
-    try:
-        conn.request("POST", path, headers={"connection": "close"})
-        r = conn.getresponse()
-        return r.status, json.loads(r.read() or b"{}")
-    finally:
-        conn.close()
+    code, _, body = fresh_get(port, path, method="POST", timeout=20)
+    return code, json.loads(body or b"{}")
 
 
 # How far a log line may trail the lines of transitions that followed it. Each

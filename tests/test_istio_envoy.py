@@ -32,8 +32,8 @@ import requests
 import yaml
 
 from tests.harness import istio
-from tests.harness.clients import KeepAlive
-from tests.harness.envoy import WASM, Envoy, free_port, wait_for
+from tests.harness.envoy import WASM, Envoy, free_port, hcm, wait_for
+from tests.harness.wire import KeepAlive, read_head, status
 
 VERSIONS = istio.ENVOY_MATRIX
 
@@ -63,10 +63,6 @@ def lb_check(env) -> tuple[str, bytes]:
     return raw(env.ports.health, istio.HAPROXY_HTTPCHK)
 
 
-def status(env) -> dict:
-    return requests.get(env.health("/drain/status"), timeout=5).json()
-
-
 def load(rel: str) -> dict:
     return istio.load_one(istio.ISTIO / rel)
 
@@ -75,7 +71,7 @@ def patched(ef: dict, **config) -> dict:
     """The health EnvoyFilter with keys merged into its plugin configuration."""
     ef = copy.deepcopy(ef)
     value = ef["spec"]["configPatches"][0]["patch"]["value"]
-    plugin = value["filter_chains"][0]["filters"][0]["typed_config"]["http_filters"][0]["typed_config"]["config"]
+    plugin = hcm(value)["http_filters"][0]["typed_config"]["config"]
     merged = json.loads(plugin["configuration"]["value"])
     merged.update(config)
     plugin["configuration"]["value"] = json.dumps(merged, separators=(",", ":"))
@@ -87,15 +83,6 @@ def _oci_tool():
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
-
-
-def _admin_ready(env) -> bool:
-    if env.proc.poll() is not None:
-        raise RuntimeError(f"envoy exited with {env.proc.returncode}:\n{env.log_tail()}")
-    try:
-        return requests.get(env.admin("/ready"), timeout=1).status_code == 200
-    except requests.RequestException:
-        return False
 
 
 @pytest.fixture
@@ -118,7 +105,7 @@ def start_gateway(backend_port, tmp_path, monkeypatch):
             env.start(timeout=60)
         else:  # the harness's readiness check asks /live on :18180; poll the admin only
             env.start(wait_ready=False)
-            wait_for(lambda: _admin_ready(env), 60, interval=0.05, what="envoy admin /ready")
+            wait_for(env.admin_ready, 60, interval=0.05, what="envoy admin /ready")
         version_seen = requests.get(env.admin("/server_info"), timeout=5).json()["version"]
         assert f"/{version}/" in version_seen, version_seen
         return env
@@ -160,13 +147,7 @@ def test_haproxy_httpchk_request_on_the_wire(tmp_path):
             return
         with conn:
             conn.settimeout(5)
-            data = b""
-            while b"\r\n\r\n" not in data:
-                chunk = conn.recv(4096)
-                if not chunk:
-                    break
-                data += chunk
-            got.append(data)
+            got.append(read_head(conn))
             conn.sendall(b"HTTP/1.0 200 OK\r\nContent-Length: 0\r\n\r\n")
 
     t = threading.Thread(target=accept, daemon=True)
@@ -195,7 +176,7 @@ def test_haproxy_httpchk_request_on_the_wire(tmp_path):
 
 # -- where istiod puts the patches ---------------------------------------------------------
 def _names(listener):
-    return [f["name"] for f in listener["filter_chains"][0]["filters"][0]["typed_config"]["http_filters"]]
+    return [f["name"] for f in hcm(listener)["http_filters"]]
 
 
 def test_patches_land_where_istiod_puts_them():
@@ -393,6 +374,7 @@ def test_wasmplugin_form_count_reaches_the_health_fsm(version, start_gateway, st
     s = stream(f"http://127.0.0.1:{env.at[8080]}/stream?seconds=2&interval_ms=250")
     wait_for(lambda: status(env)["active"] == 1, 10, what="the WasmPlugin's stream counted")
     assert status(env)["count"]["reliable"] is True
+    assert env.stat("wasmcustom.drain_gate_count_unreliable") == 0
     assert requests.post(env.health("/drain"), timeout=5).status_code == 200
     assert lb_check(env)[0] == "HTTP/1.0 200 OK"
     assert s.wait(10) == 0 and s.chunks == 8
@@ -416,6 +398,8 @@ def test_wasmplugin_with_envoyfilter_vm_id_only_closes_at_drain_timeout(version,
     s = stream(f"http://127.0.0.1:{env.at[8080]}/stream?seconds=1&interval_ms=250")
     wait_for(lambda: status(env)["active"] == 1, 10, what="stream visible in the shared gauge")
     assert status(env)["count"]["reliable"] is False, "no traffic role in vm_id drain-gate"
+    wait_for(lambda: env.stat("wasmcustom.drain_gate_count_unreliable") == 1, 5,
+             what="the count_unreliable gauge says so (DrainGateCountUnreliable)")
     assert requests.post(env.health("/drain"), timeout=5).status_code == 200
     drained = time.monotonic()
     assert s.wait(10) == 0
@@ -469,8 +453,8 @@ def test_health_listener_without_its_plugin_fails_closed(version, start_gateway)
     """If drain-gate is not running on the listener, the LB's check gets the
     catch-all 503 (the route as written; only the plugin taken out)."""
     health = copy.deepcopy(load("health-listener.yaml"))
-    hcm = health["spec"]["configPatches"][0]["patch"]["value"]["filter_chains"][0]["filters"][0]["typed_config"]
-    hcm["http_filters"] = [f for f in hcm["http_filters"] if f["name"] != "drain-gate"]
+    health_hcm = hcm(health["spec"]["configPatches"][0]["patch"]["value"])
+    health_hcm["http_filters"] = [f for f in health_hcm["http_filters"] if f["name"] != "drain-gate"]
     env_listeners = istio.apply_envoyfilters([istio.gateway_listener(8080)], [health])
     # Envoy.wait_ready asks /live, which is 503 here: start without it, then poll.
     env = start_gateway(version, env_listeners, ready_path=None)

@@ -11,7 +11,8 @@ import pytest
 import yaml
 
 from tests.harness import istio
-from tests.harness.envoy import BOOTSTRAP, REPO
+from tests.harness.envoy import BOOTSTRAP, REPO, hcm
+from tests.harness.variants import listener
 
 
 @pytest.fixture(scope="module")
@@ -34,6 +35,21 @@ def test_the_crds_are_the_istio_1_30_ones(validators):
         ("networking.istio.io/v1alpha3", "EnvoyFilter"),
         ("extensions.istio.io/v1alpha1", "WasmPlugin"),
     }
+
+
+def test_the_kept_crds_are_istio_s_unchanged():
+    """tests/fixtures/istio-crds is Istio's text below its one-line source note
+    (compared with the copy in ../shared when it stands beside the repository)."""
+    shared = REPO.parent / "shared" / "istio-crds"
+    kept = sorted(istio.CRDS.glob("*.crd.yaml"))
+    assert [p.name for p in kept] == ["envoyfilter.crd.yaml", "wasmplugin.crd.yaml"]
+    for path in kept:
+        note, _, body = path.read_text().partition("\n")
+        assert note.startswith("# Istio 1.30.3 ") and "Apache-2.0" in note, note
+        if shared.is_dir():
+            assert body == (shared / path.name).read_text(), f"{path.name} differs from {shared}"
+    if not shared.is_dir():
+        pytest.skip(f"{shared} is absent: the copies' text is not compared with Istio's (their notes are checked)")
 
 
 def test_every_envoyfilter_and_wasmplugin_is_schema_valid(validators):
@@ -90,19 +106,13 @@ def _value(path):
     return istio.load_one(path)["spec"]["configPatches"]
 
 
-def _hcm(listener):
-    return listener["filter_chains"][0]["filters"][0]["typed_config"]
-
-
 def _wasm(filters):
     (w,) = [f for f in filters if f.get("typed_config", {}).get("@type") == istio.WASM_HTTP]
     return copy.deepcopy(w["typed_config"]["config"])
 
 
 def _bootstrap_listener(name):
-    doc = yaml.safe_load(BOOTSTRAP.read_text())
-    (listener,) = [l for l in doc["static_resources"]["listeners"] if l["name"] == name]
-    return listener
+    return listener(yaml.safe_load(BOOTSTRAP.read_text()), name)
 
 
 def _without_path(config):
@@ -120,20 +130,20 @@ def test_health_listener_agrees_with_envoy_yaml():
     assert ours["name"] == local["name"]
     assert ours["address"]["socket_address"] == {"address": "0.0.0.0", "port_value": 18180}
     assert ours["per_connection_buffer_limit_bytes"] == local["per_connection_buffer_limit_bytes"]
-    assert _without_path(_wasm(_hcm(ours)["http_filters"])) == _without_path(_wasm(_hcm(local)["http_filters"]))
+    assert _without_path(_wasm(hcm(ours)["http_filters"])) == _without_path(_wasm(hcm(local)["http_filters"]))
     for key in ("stat_prefix", "codec_type", "stream_idle_timeout", "request_headers_timeout", "route_config"):
-        assert _hcm(ours)[key] == _hcm(local)[key], key
+        assert hcm(ours)[key] == hcm(local)[key], key
     # A held wait=closed answer is idle for up to drain_timeout + lb_buffer (<= 1 h).
-    assert _hcm(ours)["stream_idle_timeout"] == "3700s"
-    (route,) = _hcm(ours)["route_config"]["virtual_hosts"][0]["routes"]
+    assert hcm(ours)["stream_idle_timeout"] == "3700s"
+    (route,) = hcm(ours)["route_config"]["virtual_hosts"][0]["routes"]
     assert route["match"] == {"prefix": "/"} and route["direct_response"]["status"] == 503
     # Gateway additions: HAProxy's HTTP/1.0 check without Host, and a router the
     # traffic patch cannot match.
-    assert _hcm(ours)["http_protocol_options"] == {"accept_http_10": True, "default_host_for_http_10": "drain-gate"}
-    names = [f["name"] for f in _hcm(ours)["http_filters"]]
+    assert hcm(ours)["http_protocol_options"] == {"accept_http_10": True, "default_host_for_http_10": "drain-gate"}
+    names = [f["name"] for f in hcm(ours)["http_filters"]]
     assert names == ["drain-gate", "drain-gate-health.router"]
-    assert _hcm(ours)["http_filters"][-1]["typed_config"]["@type"].endswith("router.v3.Router")
-    assert _wasm(_hcm(ours)["http_filters"])["failure_policy"] == "FAIL_CLOSED"
+    assert hcm(ours)["http_filters"][-1]["typed_config"]["@type"].endswith("router.v3.Router")
+    assert _wasm(hcm(ours)["http_filters"])["failure_policy"] == "FAIL_CLOSED"
 
 
 def test_admin_cluster_agrees_with_envoy_yaml():
@@ -155,13 +165,13 @@ def test_traffic_filter_agrees_with_envoy_yaml():
     assert patch["match"]["context"] == "GATEWAY"
     fm = patch["match"]["listener"]["filterChain"]["filter"]
     assert fm == {"name": istio.HCM_NAME, "subFilter": {"name": "envoy.filters.http.router"}}
-    local = _wasm(_hcm(_bootstrap_listener("traffic"))["http_filters"])
+    local = _wasm(hcm(_bootstrap_listener("traffic"))["http_filters"])
     assert _without_path(copy.deepcopy(patch["patch"]["value"]["typed_config"]["config"])) == _without_path(local)
     assert patch["patch"]["value"]["typed_config"]["config"]["failure_policy"] == "FAIL_OPEN"
 
 
 def test_both_roles_share_one_vm_id_and_one_file():
-    health = _wasm(_hcm(_value(istio.ISTIO / "health-listener.yaml")[0]["patch"]["value"])["http_filters"])
+    health = _wasm(hcm(_value(istio.ISTIO / "health-listener.yaml")[0]["patch"]["value"])["http_filters"])
     traffic = _value(istio.ISTIO / "traffic-filter.yaml")[0]["patch"]["value"]["typed_config"]["config"]
     assert health["vm_config"]["vm_id"] == traffic["vm_config"]["vm_id"] == "drain-gate"
     assert health["vm_config"]["code"] == traffic["vm_config"]["code"]
@@ -173,7 +183,7 @@ def test_wasmplugin_health_listener_differs_only_in_vm_id():
     a = istio.load_one(istio.ISTIO / "health-listener.yaml")
     b = istio.load_one(istio.ISTIO / "wasmplugin" / "health-listener.yaml")
     assert a["metadata"] == b["metadata"], "same name: applying one replaces the other"
-    wb = _hcm(b["spec"]["configPatches"][0]["patch"]["value"])["http_filters"][0]["typed_config"]["config"]
+    wb = hcm(b["spec"]["configPatches"][0]["patch"]["value"])["http_filters"][0]["typed_config"]["config"]
     assert wb["vm_config"]["vm_id"] == ""
     wb["vm_config"]["vm_id"] = "drain-gate"
     assert a == b
@@ -199,7 +209,7 @@ def test_wasm_path_is_where_the_chart_mounts_the_configmap():
     assert volume["configMap"]["name"] == "drain-gate-wasm" and mount["name"] == volume["name"]
     assert mount["subPath"] == "drain_gate.wasm" and mount["readOnly"] is True
     for path in (istio.ISTIO / "health-listener.yaml", istio.ISTIO / "wasmplugin" / "health-listener.yaml"):
-        config = _wasm(_hcm(_value(path)[0]["patch"]["value"])["http_filters"])
+        config = _wasm(hcm(_value(path)[0]["patch"]["value"])["http_filters"])
         assert config["vm_config"]["code"]["local"]["filename"] == mount["mountPath"], path
     traffic = _value(istio.ISTIO / "traffic-filter.yaml")[0]["patch"]["value"]["typed_config"]["config"]
     assert traffic["vm_config"]["code"]["local"]["filename"] == mount["mountPath"]

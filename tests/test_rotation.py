@@ -11,16 +11,12 @@ import time
 import pytest
 import requests
 
-from tests.harness.clients import KeepAlive
 from tests.harness.envoy import wait_for
+from tests.harness.wire import KeepAlive, post, status
 
 # DRAINING stays put unless a test moves it.
 STILL = {"min_drain": "30m", "drain_timeout": "60m", "lb_buffer": "60m"}
 ADMIN_PATH = "/drain_listeners?graceful&skip_exit"
-
-
-def status(gw) -> dict:
-    return requests.get(gw.health("/drain/status"), timeout=5).json()
 
 
 def rotation(gw) -> dict:
@@ -50,7 +46,7 @@ def _start_drain(gw, how: str, held: list) -> None:
     if how == "drain":
         # Racing callers on both workers: one moves the state, one rotation.
         with cf.ThreadPoolExecutor(8) as pool:
-            codes = list(pool.map(lambda _: requests.post(gw.health("/drain"), timeout=10).status_code, range(8)))
+            codes = list(pool.map(lambda _: post(gw, "/drain").status_code, range(8)))
         assert sorted(codes) == [200] + [409] * 7, codes
     else:  # the distroless preStop form: one held GET, no second call
         def prestop():
@@ -96,7 +92,7 @@ def test_rotation_turned_off_rotates_nothing(gateway):
     gw = gateway({**STILL, "rotate_connections": False})
     client = KeepAlive(gw.ports.traffic)
     try:
-        assert requests.post(gw.health("/drain"), timeout=10).status_code == 200
+        assert post(gw, "/drain").status_code == 200
         # Longer than several ticks and than Envoy's --drain-time-s: the same
         # connection keeps being kept alive.
         end = time.monotonic() + 2.0
@@ -114,7 +110,7 @@ def test_missing_cluster_is_shown_and_the_drain_goes_on(gateway, stream):
     gw = gateway({"rotate_connections": "no_such_cluster", "lb_buffer": "60m"})
     s = stream(gw.traffic("/stream?seconds=3&interval_ms=500"))
     wait_for(lambda: status(gw)["active"] == 1, 10, what="the stream counted")
-    assert requests.post(gw.health("/drain"), timeout=10).status_code == 200
+    assert post(gw, "/drain").status_code == 200
     last = wait_for(lambda: last_outcome(gw), 10, what="the rotation's outcome")
     assert last["outcome"] == "failed" and last["requested_at"] is None, last
     assert "no_such_cluster" in last["error"], last
@@ -132,9 +128,9 @@ def test_reopen_does_not_undo_the_rotation(gateway):
     after a reopen every response still closes its connection; a second drain
     asks Envoy again."""
     gw = gateway(STILL)
-    assert requests.post(gw.health("/drain"), timeout=10).status_code == 200
+    assert post(gw, "/drain").status_code == 200
     wait_for(lambda: last_outcome(gw), 10, what="the rotation's outcome")
-    assert requests.post(gw.health("/reopen"), timeout=10).status_code == 200
+    assert post(gw, "/reopen").status_code == 200
     client = KeepAlive(gw.ports.traffic)
     try:
         assert client.get() == "close"
@@ -143,9 +139,9 @@ def test_reopen_does_not_undo_the_rotation(gateway):
     assert status(gw)["state"] == "OPEN"
     # The next drain asks again, once, and Envoy takes it.
     first = rotation(gw)["last"]
-    assert requests.post(gw.health("/drain"), timeout=10).status_code == 200
+    assert post(gw, "/drain").status_code == 200
     again = wait_for(lambda: (r := last_outcome(gw)) and r["drain_started_at"] != first["drain_started_at"] and r,
                      10, what="the second drain's rotation")
     assert again["outcome"] == "done", again
     assert gw.log().count("event=connection_rotation outcome=Pending") == 2
-    assert gw.proc.poll() is None
+    assert gw.alive()

@@ -316,8 +316,7 @@ def test_control_s2_immediate_flip_cuts_the_http2_stream(run_dir):
 def test_s1_lb_observed_down_closes_after_fall_checks(run_dir):
     """close_after=lb_observed_down: CLOSED about fall x inter after the flip, not a blind lb_buffer."""
     with Rig(run_dir / "s1-lb-observed" / "probe", gateways=1, timing=TIMING) as probe:
-        if "lb" not in probe.gw().status():
-            pytest.skip("drain-gate has no LB-observed-down yet (/drain/status has no `lb` key)")
+        assert "lb" in probe.gw().status(), "/drain/status has no `lb` key: the LB view is missing"
     lb_buffer_s = 1
     blind = run_dir / "s1" / "improved.json"  # the same S1 with close_after=lb_buffer, if it ran
     if blind.exists():
@@ -396,7 +395,7 @@ def test_s3_rollout_under_continuous_short_requests(run_dir, lb_status):
     with Rig(wd, gateways=2, timing=TIMING, config=config, soft_drain=lb_status == 404) as rig:
         gw1 = rig.gw("gw1")
         short = ShortLoop(rig.url("/"), duration=duration, workers=2, pause=0.01).start()
-        time.sleep(3)  # traffic settled on both gateways before the rollout
+        rig.wait_answered(20, 30)  # traffic flows through both gateways before the rollout
         ps = PreStop(gw1, via="prestop")
         assert ps.wait(120) == 200, ps.body
         final = gw1.status()

@@ -6,6 +6,7 @@ use serde::Serialize;
 use super::reply::Reply;
 use crate::clock::{Now, Steps, Timers};
 use crate::fsm::{CloseAfter, Record, State};
+use crate::in_flight::InFlight;
 use crate::lb::Checkers;
 use crate::rotation;
 
@@ -44,6 +45,8 @@ pub struct View<'a> {
     pub active: u64,
     pub now: Now,
     pub clock: ClockInfo,
+    /// Every worker's streams in flight by age, as of their last tick.
+    pub in_flight: InFlight,
     pub count: CountInfo,
     pub draining_lb_status: u16,
     pub checkers: &'a Checkers,
@@ -164,6 +167,7 @@ struct Status<'a> {
     lb_status: u16,
     active: u64,
     count: CountInfo,
+    in_flight: InFlight,
     progress: Progress,
     lb: Lb<'a>,
     connection_rotation: RotationOut<'a>,
@@ -183,6 +187,7 @@ fn status_body<'a>(v: &View<'a>, error: Option<&'a str>, wait: Option<&'a str>) 
         lb_status: r.state.lb_status(v.draining_lb_status),
         active: v.active,
         count: v.count,
+        in_flight: v.in_flight,
         progress: Progress {
             reason: r.reason.name(),
             forced: r.forced,
@@ -295,6 +300,7 @@ pub fn rfc3339(ms: u64) -> String {
 mod tests {
     use super::*;
     use crate::api::reply::tests::body;
+    use crate::in_flight::Histogram;
 
     #[test]
     fn status_and_wait_bodies() {
@@ -312,6 +318,14 @@ mod tests {
                     last_step_wall_ms: Some(1_764_000_000_000),
                 },
             ),
+            in_flight: InFlight {
+                oldest_age_ms: Some(2_300),
+                ages: Histogram {
+                    lt_1s: 2,
+                    lt_10s: 1,
+                    ..Histogram::default()
+                },
+            },
             count: CountInfo {
                 source: "gauge",
                 reliable: true,
@@ -345,6 +359,9 @@ mod tests {
         assert_eq!(s["active"], 3);
         assert_eq!(s["ready"], true);
         assert_eq!(s["progress"]["reason"], "start");
+        assert_eq!(s["in_flight"]["oldest_age_ms"], 2_300);
+        assert_eq!(s["in_flight"]["ages"]["lt_1s"], 2);
+        assert_eq!(s["in_flight"]["ages"]["ge_60s"], 0);
         assert_eq!(
             s["clock"],
             serde_json::json!({"timers": "monotonic", "steps": 2, "last_step_ms": -3_600_000,

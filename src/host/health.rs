@@ -11,7 +11,7 @@ use std::rc::Rc;
 use super::count::{Counter, Reading};
 use super::metrics::Metrics;
 use super::rotation::Rotator;
-use super::{now, store, wall_ms};
+use super::{in_flight, now, store, wall_ms};
 use crate::api::{self, Audience, CountInfo, Endpoint, Reply, RotationView, View};
 use crate::clock::{self, Now};
 use crate::config::Config;
@@ -97,11 +97,13 @@ impl Health {
         rec: &'a Record,
         (reading, checkers, rotation): &'a (Reading, Checkers, Option<rotation::Record>),
     ) -> View<'a> {
+        let now = now();
         View {
             rec,
             active: reading.active,
-            now: now(),
+            now,
             clock: self.clock_info(),
+            in_flight: in_flight::read(now.timer_ms()),
             count: CountInfo {
                 source: self.counter.source_name(),
                 reliable: reading.reliable,
@@ -265,10 +267,13 @@ impl Health {
         };
         self.metrics.sync_state(rec.state);
         self.rotator.tick(&rec);
+        self.metrics.set_count_unreliable(!reading.reliable);
+        let now = now();
+        self.metrics
+            .set_oldest_in_flight(in_flight::read(now.timer_ms()).oldest_age_ms);
         if self.waiters.borrow().is_empty() {
             return;
         }
-        let now = now();
         let (over, held): (Vec<Waiter>, Vec<Waiter>) = self
             .waiters
             .borrow()

@@ -18,6 +18,8 @@ pub struct Metrics {
     transitions: [Option<u32>; 5],
     forced: Option<u32>,
     count_errors: Option<u32>,
+    count_unreliable: Option<u32>,
+    oldest_in_flight: Option<u32>,
     clock_steps: Option<u32>,
 }
 
@@ -69,6 +71,8 @@ impl Metrics {
             state_live: state.is_some_and(gauge_is_live),
             transitions,
             forced: define(names::FORCED_CLOSES),
+            count_unreliable: define(names::COUNT_UNRELIABLE),
+            oldest_in_flight: define(names::OLDEST_IN_FLIGHT),
             count_errors: define(names::COUNT_ERRORS),
             clock_steps: define(names::CLOCK_STEPS),
         }
@@ -110,6 +114,19 @@ impl Metrics {
         bump(i.and_then(|i| self.transitions.get(i).copied().flatten()));
         if next.state == State::Closing && next.forced {
             bump(self.forced);
+        }
+    }
+
+    pub fn set_count_unreliable(&self, unreliable: bool) {
+        if let Some(id) = self.count_unreliable {
+            let _ = hostcalls::record_metric(id, u64::from(unreliable));
+        }
+    }
+
+    /// Whole seconds, as the gauge's name says (Envoy gauges are integers).
+    pub fn set_oldest_in_flight(&self, age_ms: Option<u64>) {
+        if let Some(id) = self.oldest_in_flight {
+            let _ = hostcalls::record_metric(id, age_ms.unwrap_or(0) / 1000);
         }
     }
 

@@ -4,6 +4,7 @@
 pub mod clock;
 pub mod count;
 pub mod health;
+pub mod in_flight;
 pub mod metrics;
 pub mod root;
 pub mod rotation;

@@ -70,7 +70,11 @@ impl RootContext for Root {
         *self = match config.role {
             Role::Traffic => {
                 Counter::announce_traffic();
-                Root::Traffic(Rc::new(Traffic::new(Counter::new(metrics.active), metrics)))
+                Root::Traffic(Rc::new(Traffic::new(
+                    Counter::new(metrics.active),
+                    metrics,
+                    config.tick_ms,
+                )))
             }
             Role::Health => Root::Health(Rc::new(Health::new(config, metrics))),
         };

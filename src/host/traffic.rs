@@ -1,14 +1,62 @@
 //! Traffic role: counts every HTTP stream of the listener it is inserted in,
-//! and flips DRAINING → CLOSING from the callback that ends the last one.
+//! flips DRAINING → CLOSING from the callback that ends the last one, and
+//! keeps the ages of its streams in flight.
 
 use proxy_wasm::traits::{Context, HttpContext};
-use std::cell::Cell;
+use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 
 use super::count::Counter;
 use super::metrics::Metrics;
-use super::store;
+use super::{in_flight, now, store};
 use crate::fsm::State;
+use crate::in_flight::Ages;
+
+/// This worker's streams by start tick (`crate::in_flight`). A stream is
+/// stamped with the time of the last tick, so starting and ending one makes
+/// no host call; the tick publishes the summary.
+#[derive(Debug)]
+struct AgeBook {
+    ages: RefCell<Ages>,
+    last_tick_ms: Cell<u64>,
+    tick_ms: u64,
+    slot: Option<u32>,
+}
+
+impl AgeBook {
+    fn new(tick_ms: u64) -> AgeBook {
+        AgeBook {
+            ages: RefCell::new(Ages::default()),
+            last_tick_ms: Cell::new(now().timer_ms()),
+            tick_ms,
+            slot: in_flight::claim_slot(),
+        }
+    }
+
+    fn enter(&self) -> u64 {
+        let started = self.last_tick_ms.get();
+        if let Ok(mut ages) = self.ages.try_borrow_mut() {
+            ages.enter(started);
+        }
+        started
+    }
+
+    fn exit(&self, started_ms: u64) {
+        if let Ok(mut ages) = self.ages.try_borrow_mut() {
+            ages.exit(started_ms);
+        }
+    }
+
+    fn tick(&self) {
+        let now = now().timer_ms();
+        self.last_tick_ms.set(now);
+        let (Some(slot), Ok(mut ages)) = (self.slot, self.ages.try_borrow_mut()) else {
+            return;
+        };
+        ages.compact();
+        in_flight::publish(slot, &ages.publish(now, self.tick_ms));
+    }
+}
 
 /// Shared by every stream of one traffic root context.
 #[derive(Debug)]
@@ -18,21 +66,24 @@ pub struct Traffic {
     /// Whether a drain was running at the last tick (or may be: it starts
     /// true). Outside a drain no stream end needs to look any further.
     draining: Cell<bool>,
+    ages: AgeBook,
 }
 
 impl Traffic {
-    pub fn new(counter: Counter, metrics: Metrics) -> Traffic {
+    pub fn new(counter: Counter, metrics: Metrics, tick_ms: u64) -> Traffic {
         Traffic {
             counter,
             metrics,
             draining: Cell::new(true),
+            ages: AgeBook::new(tick_ms),
         }
     }
 
-    /// Every `tick`: is a drain running? Give back the unused lease, and
-    /// during a drain check whether this VM's last stream already ended
-    /// before it knew about the drain.
+    /// Every `tick`: publish the ages; is a drain running? Give back the
+    /// unused lease, and during a drain check whether this VM's last stream
+    /// already ended before it knew about the drain.
     pub fn tick(&self) {
+        self.ages.tick();
         let state = match self.metrics.state_hint() {
             Some(state) => state,
             None => match store::load() {
@@ -88,6 +139,7 @@ impl Traffic {
 pub struct TrafficStream {
     traffic: Rc<Traffic>,
     counted: bool,
+    started_ms: u64,
 }
 
 impl TrafficStream {
@@ -95,7 +147,12 @@ impl TrafficStream {
         let counted = traffic
             .counter
             .enter(&traffic.metrics, traffic.draining.get());
-        TrafficStream { traffic, counted }
+        let started_ms = traffic.ages.enter();
+        TrafficStream {
+            traffic,
+            counted,
+            started_ms,
+        }
     }
 }
 
@@ -105,6 +162,7 @@ impl HttpContext for TrafficStream {}
 
 impl Drop for TrafficStream {
     fn drop(&mut self) {
+        self.traffic.ages.exit(self.started_ms);
         if self.counted {
             self.traffic.stream_ended();
         }

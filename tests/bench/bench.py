@@ -13,11 +13,9 @@ Writes out/bench/results.json, out/bench/results.md and out/bench/overhead.svg.
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 import os
 import platform
-import random
 import re
 import socket
 import statistics
@@ -31,7 +29,8 @@ from pathlib import Path
 import requests
 
 from tests.harness import backend as demo_backend
-from tests.harness.envoy import REPO, WASM, Envoy, Ports, free_port, render, wait_for
+from tests.harness.envoy import REPO, WASM, Envoy, Ports, free_port, hcm, render, wait_for
+from tests.harness.variants import listener
 
 NOOP_WASM = REPO / "target" / "noop" / "wasm32-wasip1" / "release" / "noop_filter.wasm"
 OUT = REPO / "out" / "bench"
@@ -40,20 +39,13 @@ CLK = os.sysconf("SC_CLK_TCK")
 
 # -- Envoy variants --------------------------------------------------------------------------
 
-def _traffic(doc: dict) -> dict:
-    for listener in doc["static_resources"]["listeners"]:
-        if listener["name"] == "traffic":
-            return listener["filter_chains"][0]["filters"][0]["typed_config"]
-    raise KeyError("traffic listener")
-
-
 def variant(kind: str, ports: Ports, route: str, upstream_port: int | None = None, config: dict | None = None) -> dict:
     """The shipped bootstrap with the traffic path changed only where the variant says."""
     doc = render(ports, config)
-    hcm = _traffic(doc)
-    filters = hcm["http_filters"]
+    traffic = hcm(listener(doc, "traffic"))
+    filters = traffic["http_filters"]
     if kind == "none":
-        hcm["http_filters"] = [f for f in filters if f["name"] != "drain-gate"]
+        traffic["http_filters"] = [f for f in filters if f["name"] != "drain-gate"]
     elif kind == "noop":
         for f in filters:
             if f["name"] == "drain-gate":
@@ -64,7 +56,7 @@ def variant(kind: str, ports: Ports, route: str, upstream_port: int | None = Non
                 plugin["vm_config"]["vm_id"] = "noop"
                 plugin["vm_config"]["code"]["local"]["filename"] = str(NOOP_WASM)
                 plugin.pop("configuration", None)
-    routes = hcm["route_config"]["virtual_hosts"][0]["routes"]
+    routes = traffic["route_config"]["virtual_hosts"][0]["routes"]
     if route == "direct":
         # /stream still reaches the demo backend (long requests to hold open); the rest is answered here.
         routes[:] = [{"match": {"prefix": "/stream"}, "route": {"cluster": "backend", "timeout": "0s"}},
@@ -100,14 +92,7 @@ class PlainEnvoy(Envoy):
     """An Envoy without drain-gate (readiness from the admin only)."""
 
     def wait_ready(self, timeout: float = 60) -> None:
-        wait_for(lambda: _ok(self.admin("/ready")), timeout, what="upstream envoy ready")
-
-
-def _ok(url: str) -> bool:
-    try:
-        return requests.get(url, timeout=1).status_code == 200
-    except requests.RequestException:
-        return False
+        wait_for(self.admin_ready, timeout, what="upstream envoy ready")
 
 
 def cpu_seconds(pid: int) -> float:

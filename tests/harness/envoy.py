@@ -1,4 +1,4 @@
-"""Start and stop a real Envoy running drain-gate, from envoyfilter/envoy.yaml.
+"""Start and stop a real Envoy running drain-gate, from envoyfilter/envoy.yaml, and read its log.
 
 The bootstrap is used as written; only ports, concurrency, the wasm path, the
 plugin configuration and (on request) a stats_config are set here.
@@ -8,20 +8,25 @@ from __future__ import annotations
 import copy
 import json
 import os
-import signal
+import re
 import socket
-import subprocess
 import tempfile
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import requests
 import yaml
 
+# stop_group and wait_for live in tests.harness.process; tests may import them from here too.
+from tests.harness.process import Child, stop_group, wait_for
+
 REPO = Path(__file__).resolve().parents[2]
 BOOTSTRAP = REPO / "envoyfilter" / "envoy.yaml"
 WASM = REPO / "target" / "drain_gate.wasm"
+TRANSITION = re.compile(r"event=transition from=(\w+) to=(\w+) reason=(\w+) active=(\d+) forced=(\w+)")
+# What a wasm VM in trouble prints (Rust panic, V8 trap, Envoy's own verdicts).
+VM_TROUBLE = re.compile(r"panicked|wasm trap|Function: .* failed|\]\[critical\]|VM failed|Wasm VM failed|"
+                        r"failed to call|unreachable", re.IGNORECASE)
 
 
 def envoy_binary() -> str:
@@ -51,14 +56,15 @@ class Ports:
         return cls(traffic=18080, health=18180, admin=15000, backend=18081)
 
 
-def _hcm(listener: dict) -> dict:
+def hcm(listener: dict) -> dict:
+    """The HttpConnectionManager config of a listener's (first and only) filter chain."""
     return listener["filter_chains"][0]["filters"][0]["typed_config"]
 
 
 def wasm_filters(doc: dict):
     """Yields (listener name, wasm PluginConfig) for every drain-gate filter."""
     for listener in doc["static_resources"]["listeners"]:
-        for f in _hcm(listener).get("http_filters", []):
+        for f in hcm(listener).get("http_filters", []):
             if f["name"] == "drain-gate":
                 yield listener["name"], f["typed_config"]["config"]
 
@@ -104,8 +110,10 @@ def render(
     return doc
 
 
-class Envoy:
+class Envoy(Child):
     """One Envoy process. Use as a context manager; it is stopped on every exit path."""
+
+    name = "envoy"
 
     def __init__(self, doc: dict, ports: Ports, concurrency: int = 2, workdir: Path | None = None):
         self.doc = doc
@@ -115,53 +123,42 @@ class Envoy:
         self.workdir = Path(workdir or self._tmp.name)
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.config_path = self.workdir / "envoy.yaml"
-        self.log_path = self.workdir / "envoy.log"
-        self.proc: subprocess.Popen | None = None
+        super().__init__(self.workdir / "envoy.log")
 
     # -- lifecycle -------------------------------------------------------
     def start(self, wait_ready: bool = True, timeout: float = 60) -> "Envoy":
         self.config_path.write_text(yaml.safe_dump(self.doc, sort_keys=False))
-        self._log = open(self.log_path, "ab")
-        self.proc = subprocess.Popen(
-            [
-                envoy_binary(),
-                "-c", str(self.config_path),
-                "--concurrency", str(self.concurrency),
-                "--use-dynamic-base-id",
-                "--log-level", "info",
-                "--drain-time-s", "1",
-                # As pilot-agent starts istio-proxy: once a drain sequence has
-                # begun, every response closes its connection (not a share
-                # growing over --drain-time-s).
-                "--drain-strategy", "immediate",
-            ],
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+        self.spawn([
+            envoy_binary(),
+            "-c", str(self.config_path),
+            "--concurrency", str(self.concurrency),
+            "--use-dynamic-base-id",
+            "--log-level", "info",
+            "--drain-time-s", "1",
+            # As pilot-agent starts istio-proxy: once a drain sequence has
+            # begun, every response closes its connection (not a share
+            # growing over --drain-time-s).
+            "--drain-strategy", "immediate",
+        ])
         if wait_ready:
             self.wait_ready(timeout)
         return self
 
     def wait_ready(self, timeout: float = 60) -> None:
         """Until the admin says LIVE and the health listener answers /live."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"envoy exited with {self.proc.returncode}:\n{self.log_tail()}")
-            try:
-                if requests.get(self.admin("/ready"), timeout=1).status_code == 200:
-                    if requests.get(self.health("/live"), timeout=1).status_code in (200, 500):
-                        return
-            except requests.RequestException:
-                pass
-            time.sleep(0.05)
-        raise TimeoutError(f"envoy not ready after {timeout}s:\n{self.log_tail()}")
+        self.wait_until(lambda: self.admin_ready() and self._answers(self.health("/live"), (200, 500)),
+                        timeout, "envoy ready")
 
-    def stop(self) -> None:
-        stop_group(self.proc)
-        if getattr(self, "_log", None):
-            self._log.close()
+    def admin_ready(self) -> bool:
+        """The admin's /ready answers 200; raises if Envoy has exited."""
+        return self.alive() and self._answers(self.admin("/ready"), (200,))
+
+    @staticmethod
+    def _answers(url: str, codes: tuple[int, ...]) -> bool:
+        try:
+            return requests.get(url, timeout=1).status_code in codes
+        except requests.RequestException:
+            return False
 
     def __enter__(self) -> "Envoy":
         return self.start()
@@ -181,15 +178,6 @@ class Envoy:
     def traffic(self, path: str) -> str:
         return f"http://127.0.0.1:{self.ports.traffic}{path}"
 
-    def log(self) -> str:
-        try:
-            return self.log_path.read_text(errors="replace")
-        except FileNotFoundError:
-            return ""
-
-    def log_tail(self, n: int = 40) -> str:
-        return "\n".join(self.log().splitlines()[-n:])
-
     def stat(self, name: str) -> int | None:
         """A stat's value from the admin, or None if Envoy does not have it."""
         text = requests.get(self.admin("/stats"), params={"filter": f"^{name}$"}, timeout=5).text
@@ -200,24 +188,6 @@ class Envoy:
         return None
 
 
-def stop_group(proc: subprocess.Popen | None, grace: float = 10) -> None:
-    """Stops a child started with start_new_session=True, and everything it started."""
-    if proc and proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(grace)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(grace)
-
-
-def wait_for(predicate, timeout: float, interval: float = 0.02, what: str = "condition"):
-    """Polls `predicate` until it returns a truthy value; raises on the deadline."""
-    deadline = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < deadline:
-        last = predicate()
-        if last:
-            return last
-        time.sleep(interval)
-    raise TimeoutError(f"{what} not met within {timeout}s (last: {last!r})")
+def transitions(log: str) -> list[tuple[str, str, str]]:
+    """Every logged transition, in log order: (from, to, reason)."""
+    return [(m[1], m[2], m[3]) for m in TRANSITION.finditer(log)]

@@ -13,12 +13,14 @@ import os
 import re
 import socket
 import subprocess
-import time
+import tempfile
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
-from tests.harness.envoy import REPO, free_port, stop_group
+from tests.harness.envoy import REPO, free_port
+from tests.harness.process import Child, wait_for
+from tests.harness.wire import recv_until_close
 
 CFG_DIR = REPO / "envoyfilter" / "haproxy"
 CFG = CFG_DIR / "haproxy.cfg"
@@ -26,6 +28,7 @@ CFG_SOFT_DRAIN = CFG_DIR / "haproxy-soft-drain.cfg"
 # `mode tcp` (an L4 LB); SOFT_DRAIN=1 in its environment adds disable-on-404.
 CFG_TCP = CFG_DIR / "haproxy-tcp.cfg"
 BACKEND = "gateways"
+SOCKET_PATH_MAX = 97  # HAProxy 2.6 refuses a longer `stats socket` path
 
 
 def make_cert(workdir: Path) -> Path:
@@ -111,8 +114,10 @@ def parse_log_line(line: str) -> LogLine | None:
     )
 
 
-class HAProxy:
+class HAProxy(Child):
     """One HAProxy process in front of the gateways. Use as a context manager."""
+
+    name = "haproxy"
 
     def __init__(
         self,
@@ -133,9 +138,11 @@ class HAProxy:
         self.cfg = CFG_TCP if tcp else CFG_SOFT_DRAIN if soft_drain else CFG
         tls = tls and not tcp
         self.socket_path = self.workdir / "admin.sock"
+        if len(str(self.socket_path)) > SOCKET_PATH_MAX:  # a deep workdir: the socket goes to a short one
+            self._socket_dir = tempfile.TemporaryDirectory(prefix="haproxy-")
+            self.socket_path = Path(self._socket_dir.name) / "admin.sock"
         self.http_port = free_port()
         self.https_port = free_port() if tls else None
-        self.log_path = self.workdir / "haproxy.log"
         self.names = [f"gw{i + 1}" for i in range(len(gateways))]
         env = {
             "HAPROXY_SOCKET": str(self.socket_path),
@@ -152,8 +159,7 @@ class HAProxy:
             env[f"{name.upper()}_ADDR"] = f"127.0.0.1:{traffic}"
             env[f"{name.upper()}_HEALTH_PORT"] = str(health)
         self.env = env
-        self.proc: subprocess.Popen | None = None
-        self._log = None
+        super().__init__(self.workdir / "haproxy.log")
 
     # -- lifecycle -------------------------------------------------------
     def _environ(self) -> dict:
@@ -167,31 +173,15 @@ class HAProxy:
 
     def start(self, timeout: float = 20) -> "HAProxy":
         self.check_config()
-        self._log = open(self.log_path, "ab")
-        self.proc = subprocess.Popen(
-            ["haproxy", "-db", "-f", str(self.cfg)],
-            env=self._environ(),
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"haproxy exited with {self.proc.returncode}:\n{self.log()[-3000:]}")
-            try:
-                if self.servers():
-                    return self
-            except OSError:
-                pass
-            time.sleep(0.05)
-        raise TimeoutError(f"haproxy admin socket not answering after {timeout}s:\n{self.log()[-3000:]}")
+        self.spawn(["haproxy", "-db", "-f", str(self.cfg)], env=self._environ())
+        self.wait_until(self._answering, timeout, "haproxy admin socket answering")
+        return self
 
-    def stop(self) -> None:
-        stop_group(self.proc)
-        if self._log:
-            self._log.close()
-            self._log = None
+    def _answering(self) -> bool:
+        try:
+            return bool(self.servers())
+        except OSError:
+            return False
 
     def __enter__(self) -> "HAProxy":
         return self.start()
@@ -212,13 +202,7 @@ class HAProxy:
             s.settimeout(timeout)
             s.connect(str(self.socket_path))
             s.sendall(cmd.encode() + b"\n")
-            chunks = []
-            while True:
-                data = s.recv(65536)
-                if not data:
-                    break
-                chunks.append(data)
-        return b"".join(chunks).decode(errors="replace")
+            return recv_until_close(s, limit=1 << 24).decode(errors="replace")
 
     def servers(self) -> dict[str, Server]:
         """`show stat` rows of the gateways backend's servers, by name."""
@@ -241,22 +225,19 @@ class HAProxy:
     def wait_status(self, name: str, want, timeout: float) -> Server:
         """Polls `show stat` until server `name` satisfies `want` (a status or a predicate)."""
         pred = want if callable(want) else (lambda s: s.status == want)
-        deadline = time.monotonic() + timeout
-        last = None
-        while time.monotonic() < deadline:
-            last = self.servers().get(name)
-            if last and pred(last):
-                return last
-            time.sleep(0.05)
-        raise TimeoutError(f"haproxy server {name}: {want} not reached within {timeout}s (last: {last})")
+        last: list[Server | None] = [None]
+
+        def reached() -> Server | None:
+            last[0] = self.servers().get(name)
+            return last[0] if last[0] and pred(last[0]) else None
+
+        try:
+            return wait_for(reached, timeout, 0.05, f"haproxy server {name}: {want}")
+        except TimeoutError:
+            raise TimeoutError(f"haproxy server {name}: {want} not reached within {timeout}s "
+                               f"(last: {last[0]})") from None
 
     # -- logs --------------------------------------------------------------
-    def log(self) -> str:
-        try:
-            return self.log_path.read_text(errors="replace")
-        except FileNotFoundError:
-            return ""
-
     def requests(self) -> list[LogLine]:
         return [r for r in map(parse_log_line, self.log().splitlines()) if r]
 

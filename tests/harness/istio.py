@@ -2,7 +2,7 @@
 for a real Envoy on loopback.
 
 - CRD validation: every EnvoyFilter / WasmPlugin against the openAPIV3Schema of
-  the Istio 1.30 CRDs in ../shared/istio-crds, with `jsonschema`. Like the API
+  the Istio 1.30.3 CRDs kept in tests/fixtures/istio-crds, with `jsonschema`. Like the API
   server, unknown fields are errors (kubectl's strict field validation) except
   where the schema says x-kubernetes-preserve-unknown-fields.
 - EnvoyFilter patches applied the way istiod's envoyfilter/listener_patch.go
@@ -36,8 +36,7 @@ ENVOYFILTER = REPO / "envoyfilter"
 ISTIO = ENVOYFILTER / "istio"
 KUBERNETES = ENVOYFILTER / "kubernetes"
 NETSCALER = ENVOYFILTER / "netscaler"
-SHARED = REPO.parent / "shared"
-CRDS = SHARED / "istio-crds"
+CRDS = REPO / "tests" / "fixtures" / "istio-crds"
 VENVS = REPO / ".venvs"
 
 # Envoy versions the Istio artifacts are run against (Istio 1.28-1.30 ship
@@ -118,11 +117,6 @@ def _strict(schema: dict) -> dict:
 
 def crd_validators() -> dict[tuple[str, str], jsonschema.protocols.Validator]:
     """(apiVersion, kind) -> validator for the whole object."""
-    if not CRDS.is_dir():
-        raise FileNotFoundError(
-            f"Istio CRDs not found at {CRDS}: the tests expect a copy of shared/ beside the "
-            "repository (REPO/../shared/istio-crds/{envoyfilter,wasmplugin}.crd.yaml)"
-        )
     out = {}
     for path in sorted(CRDS.glob("*.crd.yaml")):
         for crd in load_docs(path):

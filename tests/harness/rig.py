@@ -12,16 +12,18 @@ from __future__ import annotations
 
 import contextlib
 import socket
-import subprocess
 import sys
 import threading
 import time
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
 import requests
 
-from tests.harness.envoy import REPO, Envoy, Ports, free_port, render, wait_for
+from tests.harness import wire
+from tests.harness.envoy import REPO, Envoy, Ports, free_port, render
+from tests.harness.process import Child, wait_for
 from tests.harness.haproxy import HAProxy
 from tests.harness.timeline import GatewayPoller, StatPoller
 
@@ -47,41 +49,24 @@ QUICK = Timing("quick", "1s", 1.0, lb_buffer="3s")
 SEED = Timing("seed", "2s", 2.0, lb_buffer="10s")
 
 
-class Backend:
+class Backend(Child):
     """The demo backend (tests/harness/backend.py, with TCP_NODELAY) in its own process."""
 
+    name = "demo backend"
+
     def __init__(self, workdir: Path):
+        super().__init__(workdir / "backend.log")
         self.port = free_port()
-        self.log_path = workdir / "backend.log"
-        self.proc: subprocess.Popen | None = None
 
     def start(self) -> "Backend":
-        self._log = open(self.log_path, "ab")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "tests.harness.backend", "--port", str(self.port)],
-            cwd=REPO, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True,
-        )
-
-        def listening():
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"backend exited with {self.proc.returncode}")
-            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", self.port), 0.2):
-                return True
-            return False
-
-        wait_for(listening, 15, 0.05, "demo backend listening")
+        self.spawn([sys.executable, "-m", "tests.harness.backend", "--port", str(self.port)], cwd=REPO)
+        self.wait_until(self._listening, 15, "demo backend listening")
         return self
 
-    def stop(self) -> None:
-        if self.proc and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
-        if getattr(self, "_log", None):
-            self._log.close()
+    def _listening(self) -> bool:
+        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", self.port), 0.2):
+            return True
+        return False
 
 
 class Gateway:
@@ -107,10 +92,10 @@ class Gateway:
         return self.envoy.health(path)
 
     def status(self) -> dict:
-        return self.session.get(self.url("/drain/status"), timeout=5).json()
+        return wire.status(self.envoy, self.session)
 
     def post(self, path: str) -> requests.Response:
-        return self.session.post(self.url(path), timeout=10)
+        return wire.post(self.envoy, path, self.session)
 
     def wait_state(self, state: str, timeout: float) -> dict:
         return wait_for(lambda: (s := self.status())["state"] == state and s, timeout, 0.05,
@@ -243,3 +228,11 @@ class Rig:
 
     def wait_lb(self, name: str, status: str, timeout: float):
         return self.haproxy.wait_status(name, status, timeout)
+
+    def wait_answered(self, n: int, timeout: float) -> Counter:
+        """Until every gateway has answered `n` requests with 200 through HAProxy (its log)."""
+        def answered():
+            served = Counter(r.server for r in self.haproxy.requests() if r.status == 200)
+            return all(served[g.name] >= n for g in self.gws) and served
+
+        return wait_for(answered, timeout, 0.1, f"{n} answers from every gateway")

@@ -24,6 +24,7 @@ import h2.exceptions
 import h2.errors
 
 from tests.harness.variants import FAULT_HEADER
+from tests.harness.wire import read_head, recv_until_close
 
 TIMEOUT = 15
 
@@ -43,35 +44,12 @@ def _abort(s: socket.socket) -> None:
     s.close()
 
 
-def _read_head(s: socket.socket) -> bytes:
-    buf = b""
-    while b"\r\n\r\n" not in buf and len(buf) < 65536:
-        data = s.recv(4096)
-        if not data:
-            break
-        buf += data
-    return buf
-
-
-def _read_all(s: socket.socket, limit: int = 1 << 20) -> bytes:
-    buf = b""
-    while len(buf) < limit:
-        try:
-            data = s.recv(65536)
-        except ConnectionResetError:
-            break
-        if not data:
-            break
-        buf += data
-    return buf
-
-
 def _exchange(port: int, request: bytes) -> bytes:
     """Sends one request on a new connection and reads until the peer closes or resets."""
     s = _connect(port)
     try:
         s.sendall(request)
-        return _read_all(s)
+        return recv_until_close(s)
     finally:
         s.close()
 
@@ -101,7 +79,7 @@ def client_abort_mid_response(port: int, rng: random.Random) -> str:
     s = _connect(port)
     try:
         s.sendall(b"GET /stream?seconds=3&interval_ms=30 HTTP/1.1\r\nHost: t\r\n\r\n")
-        head = _read_head(s)
+        head = read_head(s)
         if not head.startswith(b"HTTP/1.1 200"):
             return f"abort-unexpected:{head[:12]!r}"
     finally:
@@ -126,7 +104,7 @@ def websocket(port: int, rng: random.Random) -> str:
     try:
         s.sendall(b"GET /ws HTTP/1.1\r\nHost: t\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n"
                   b"Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n")
-        head = _read_head(s)
+        head = read_head(s)
         if not head.startswith(b"HTTP/1.1 101"):
             return f"ws-unexpected:{head[:12]!r}"
         for _ in range(rng.randint(1, 3)):

@@ -1,30 +1,24 @@
 """Bootstrap variants for the hardening tests, built from the shipped envoy.yaml.
 
 Each function takes the dict that `tests.harness.envoy.render` produced and
-changes only what its name says; everything else stays as shipped.
+changes only what its name says; everything else stays as shipped. (Calls to a
+running gateway are in tests.harness.wire, its log in tests.harness.envoy.)
 """
 from __future__ import annotations
 
 import copy
 import json
 import os
-import re
-import socket
 import tempfile
 from pathlib import Path
 
-import requests
 import yaml
 
-from tests.harness.envoy import REPO
+from tests.harness.envoy import REPO, hcm, wasm_filters
 
 FAULT_HEADER = "x-fault-abort"
 TRAP_HEADER = "x-drain-gate-trap"
 FIXTURE_WASM = REPO / "target" / "fixtures" / "wasm32-wasip1" / "release" / "drain_gate_trap.wasm"
-TRANSITION = re.compile(r"event=transition from=(\w+) to=(\w+) reason=(\w+) active=(\d+) forced=(\w+)")
-# What a wasm VM in trouble prints (Rust panic, V8 trap, Envoy's own verdicts).
-VM_TROUBLE = re.compile(r"panicked|wasm trap|Function: .* failed|\]\[critical\]|VM failed|Wasm VM failed|"
-                        r"failed to call|unreachable", re.IGNORECASE)
 
 
 def listener(doc: dict, name: str) -> dict:
@@ -34,15 +28,11 @@ def listener(doc: dict, name: str) -> dict:
     raise KeyError(name)
 
 
-def hcm(lst: dict) -> dict:
-    return lst["filter_chains"][0]["filters"][0]["typed_config"]
-
-
 def plugin(doc: dict, listener_name: str) -> dict:
     """The wasm PluginConfig of the drain-gate filter of one listener."""
-    for f in hcm(listener(doc, listener_name))["http_filters"]:
-        if f["name"] == "drain-gate":
-            return f["typed_config"]["config"]
+    for name, config in wasm_filters(doc):
+        if name == listener_name:
+            return config
     raise KeyError(listener_name)
 
 
@@ -53,6 +43,14 @@ def plugin_config(doc: dict, listener_name: str) -> dict:
 def set_plugin_config(doc: dict, listener_name: str, value: dict | str) -> None:
     text = value if isinstance(value, str) else json.dumps(value)
     plugin(doc, listener_name)["configuration"]["value"] = text
+
+
+def without_listener(doc: dict, name: str) -> dict:
+    """The bootstrap without the listener `name` (say, a gateway that lost its health listener)."""
+    doc = copy.deepcopy(doc)
+    doc["static_resources"]["listeners"] = [
+        lst for lst in doc["static_resources"]["listeners"] if lst["name"] != name]
+    return doc
 
 
 def with_fault_and_timeout(doc: dict, abort_percent: int = 20, route_timeout: str = "0.2s") -> dict:
@@ -121,78 +119,3 @@ class Lds:
         with os.fdopen(fd, "w") as f:
             f.write(yaml.safe_dump(body, sort_keys=False))
         os.rename(tmp, self.path)
-
-
-def transitions(log: str) -> list[tuple[str, str, str]]:
-    """Every logged transition, in log order: (from, to, reason)."""
-    return [(m[1], m[2], m[3]) for m in TRANSITION.finditer(log)]
-
-
-def status(gw, **kw) -> dict:
-    r = requests.get(gw.health("/drain/status"), timeout=kw.pop("timeout", 5), **kw)
-    assert r.status_code == 200, r.text
-    return r.json()
-
-
-def state(gw) -> str:
-    return status(gw)["state"]
-
-
-def post(gw, path: str, **kw) -> requests.Response:
-    return requests.post(gw.health(path), timeout=kw.pop("timeout", 10), **kw)
-
-
-def fresh_get(port: int, path: str, host: str = "127.0.0.1", source: str | None = None,
-              headers: dict | None = None, method: str = "GET", timeout: float = 5) -> tuple[int, dict, bytes]:
-    """One request on a new connection (so it may land on any worker)."""
-    import http.client
-
-    conn = http.client.HTTPConnection(host, port, timeout=timeout,
-                                      source_address=(source, 0) if source else None)
-    try:
-        conn.request(method, path, headers={"connection": "close", **(headers or {})})
-        r = conn.getresponse()
-        return r.status, {k.lower(): v for k, v in r.getheaders()}, r.read()
-    finally:
-        conn.close()
-
-
-def recv_until_close(sock: socket.socket, limit: int = 1 << 22) -> bytes:
-    out = b""
-    while len(out) < limit:
-        try:
-            data = sock.recv(65536)
-        except (ConnectionResetError, socket.timeout):
-            break
-        if not data:
-            break
-        out += data
-    return out
-
-
-STATUS_LINE = re.compile(rb"HTTP/1\.1 (\d{3}) ")
-
-
-def statuses(raw: bytes) -> list[int]:
-    """Status codes of every response in a raw HTTP/1.1 byte stream (no 1xx here)."""
-    return [int(m[1]) for m in STATUS_LINE.finditer(raw)]
-
-
-def gateway_factory(backend_port: int, tmp_path: Path, stack):
-    """Like conftest's `gateway`, but `transform(doc) -> doc` may rewrite the
-    rendered bootstrap first. Every Envoy it starts is stopped by `stack`."""
-    from tests.harness.envoy import Envoy, Ports, render
-
-    def start(config: dict | None = None, *, transform=None, concurrency: int = 2,
-              wait_ready: bool = True, **kw) -> Envoy:
-        ports = Ports(backend=backend_port)
-        workdir = tmp_path / f"envoy-{ports.health}"
-        workdir.mkdir(parents=True, exist_ok=True)
-        doc = render(ports, config, **kw)
-        if transform is not None:
-            doc = transform(doc, workdir)
-        envoy = Envoy(doc, ports, concurrency=concurrency, workdir=workdir)
-        stack.callback(envoy.stop)
-        return envoy.start(wait_ready=wait_ready)
-
-    return start

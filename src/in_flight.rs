@@ -1,0 +1,298 @@
+//! How old the streams in flight are: what a drain is waiting for.
+//!
+//! No host call per stream: each traffic root context (one per worker) keeps
+//! its streams in buckets keyed by the tick they started in (`Ages`, on the
+//! clock the timers run on: `clock::Now::timer_ms`), and
+//! every tick publishes a `Published` summary of them. A reader merges the
+//! summaries of every worker (`merge`). A stream's start is the time of the
+//! last tick before it, so an age reads long by less than one `tick`; the
+//! summary is at most one tick old. Both hold in and outside a drain (the
+//! count's lease plays no part here).
+//!
+//! Memory stays bounded: past `MAX_BUCKETS` distinct start ticks the two
+//! closest buckets merge under the older key, so a long-lived mix of streams
+//! can make ages read long, never short.
+
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+/// Upper bounds of the age classes: < 1 s, < 10 s, < 60 s, and ≥ 60 s.
+pub const AGE_BOUNDS_MS: [u64; 3] = [1_000, 10_000, 60_000];
+/// Distinct start ticks one worker keeps apart before merging the closest.
+pub const MAX_BUCKETS: usize = 256;
+/// A worker's summary is stale after three of its ticks, and never before this.
+const STALE_MIN_MS: u64 = 1_000;
+
+/// One worker's streams in flight, by start tick (ms since the epoch).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Ages {
+    buckets: BTreeMap<u64, u64>,
+}
+
+/// The streams in flight per age class, youngest first.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Histogram {
+    pub lt_1s: u64,
+    pub lt_10s: u64,
+    pub lt_60s: u64,
+    pub ge_60s: u64,
+}
+
+impl Histogram {
+    fn add(&mut self, age_ms: u64, n: u64) {
+        let slot = if age_ms < AGE_BOUNDS_MS[0] {
+            &mut self.lt_1s
+        } else if age_ms < AGE_BOUNDS_MS[1] {
+            &mut self.lt_10s
+        } else if age_ms < AGE_BOUNDS_MS[2] {
+            &mut self.lt_60s
+        } else {
+            &mut self.ge_60s
+        };
+        *slot = slot.saturating_add(n);
+    }
+
+    fn merge(&mut self, other: &Histogram) {
+        self.lt_1s = self.lt_1s.saturating_add(other.lt_1s);
+        self.lt_10s = self.lt_10s.saturating_add(other.lt_10s);
+        self.lt_60s = self.lt_60s.saturating_add(other.lt_60s);
+        self.ge_60s = self.ge_60s.saturating_add(other.ge_60s);
+    }
+}
+
+/// What a worker publishes every tick.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Published {
+    /// When it was published (ms since the epoch).
+    pub at_ms: u64,
+    /// The publisher's `tick`: a summary not refreshed for three of them
+    /// (and at least a second) is a worker that stopped, and is left out.
+    pub tick_ms: u64,
+    /// The start tick of the oldest stream in flight, if any.
+    pub oldest_started_ms: Option<u64>,
+    /// Ages as of `at_ms`.
+    pub ages: Histogram,
+}
+
+/// Every worker's streams, merged: what `/drain/status` shows.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct InFlight {
+    /// Age of the oldest stream in flight (ms), to one `tick`.
+    pub oldest_age_ms: Option<u64>,
+    pub ages: Histogram,
+}
+
+impl Ages {
+    /// A stream starts: counted under the current tick.
+    pub fn enter(&mut self, tick_ms: u64) {
+        let n = self.buckets.entry(tick_ms).or_insert(0);
+        *n = n.saturating_add(1);
+    }
+
+    /// A stream that entered at `started_ms` ends. Its bucket is the one with
+    /// the greatest key not after it (a merge may have moved it older); if the
+    /// clock stepped back there may be none, and the oldest bucket gives one.
+    pub fn exit(&mut self, started_ms: u64) {
+        let found = match self.buckets.range(..=started_ms).next_back() {
+            Some((&key, _)) => Some(key),
+            None => self.buckets.keys().next().copied(),
+        };
+        let Some((key, n)) = found.and_then(|k| self.buckets.get_mut(&k).map(|n| (k, n))) else {
+            return;
+        };
+        *n = n.saturating_sub(1);
+        if *n == 0 {
+            self.buckets.remove(&key);
+        }
+    }
+
+    pub fn in_flight(&self) -> u64 {
+        self.buckets.values().fold(0, |a, n| a.saturating_add(*n))
+    }
+
+    /// Keeps at most `MAX_BUCKETS` buckets (the tick runs this): merges the
+    /// two adjacent buckets closest in start time into the older one.
+    pub fn compact(&mut self) {
+        while self.buckets.len() > MAX_BUCKETS {
+            let keys: Vec<u64> = self.buckets.keys().copied().collect();
+            let closest = keys
+                .windows(2)
+                .filter_map(|w| match w {
+                    [a, b] => Some((b.saturating_sub(*a), *a, *b)),
+                    _ => None,
+                })
+                .min();
+            let Some((_, older, newer)) = closest else {
+                return;
+            };
+            let moved = self.buckets.remove(&newer).unwrap_or(0);
+            let n = self.buckets.entry(older).or_insert(0);
+            *n = n.saturating_add(moved);
+        }
+    }
+
+    pub fn publish(&self, now_ms: u64, tick_ms: u64) -> Published {
+        let mut ages = Histogram::default();
+        for (started, n) in &self.buckets {
+            ages.add(now_ms.saturating_sub(*started), *n);
+        }
+        Published {
+            at_ms: now_ms,
+            tick_ms,
+            oldest_started_ms: self.buckets.keys().next().copied(),
+            ages,
+        }
+    }
+}
+
+impl Published {
+    fn fresh(&self, now_ms: u64) -> bool {
+        now_ms.saturating_sub(self.at_ms) <= self.tick_ms.saturating_mul(3).max(STALE_MIN_MS)
+    }
+}
+
+/// Merges the workers' summaries, read at `now_ms`, leaving out stale ones.
+pub fn merge(published: &[Published], now_ms: u64) -> InFlight {
+    let mut out = InFlight::default();
+    for p in published.iter().filter(|p| p.fresh(now_ms)) {
+        out.ages.merge(&p.ages);
+        if let Some(started) = p.oldest_started_ms {
+            let age = now_ms.saturating_sub(started);
+            out.oldest_age_ms = Some(out.oldest_age_ms.map_or(age, |a| a.max(age)));
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn streams_are_aged_by_their_start_tick() {
+        let mut a = Ages::default();
+        a.enter(1_000);
+        a.enter(1_000);
+        a.enter(5_500);
+        let p = a.publish(6_000, 100);
+        assert_eq!(p.oldest_started_ms, Some(1_000));
+        assert_eq!(
+            p.ages,
+            Histogram {
+                lt_1s: 1,
+                lt_10s: 2,
+                lt_60s: 0,
+                ge_60s: 0
+            }
+        );
+        a.exit(1_000);
+        a.exit(1_000);
+        assert_eq!(a.publish(6_000, 100).oldest_started_ms, Some(5_500));
+        a.exit(5_500);
+        assert_eq!(
+            a.publish(6_000, 100),
+            Published {
+                at_ms: 6_000,
+                tick_ms: 100,
+                ..Published::default()
+            }
+        );
+    }
+
+    #[test]
+    fn age_classes_have_their_bounds() {
+        let mut h = Histogram::default();
+        for age in [0, 999, 1_000, 9_999, 10_000, 59_999, 60_000, u64::MAX] {
+            h.add(age, 1);
+        }
+        assert_eq!(
+            h,
+            Histogram {
+                lt_1s: 2,
+                lt_10s: 2,
+                lt_60s: 2,
+                ge_60s: 2
+            }
+        );
+    }
+
+    #[test]
+    fn an_exit_finds_a_bucket_even_after_the_clock_stepped_back() {
+        let mut a = Ages::default();
+        a.exit(7);
+        assert_eq!(a, Ages::default());
+        a.enter(10);
+        a.exit(9);
+        assert_eq!(a.in_flight(), 0);
+    }
+
+    #[test]
+    fn compaction_bounds_buckets_and_ages_only_read_longer() {
+        let mut a = Ages::default();
+        let n = MAX_BUCKETS as u64 + 50;
+        for t in 0..n {
+            a.enter(t * 100);
+        }
+        a.compact();
+        assert!(a.buckets.len() <= MAX_BUCKETS);
+        assert_eq!(a.in_flight(), n);
+        assert_eq!(a.publish(n * 100, 100).oldest_started_ms, Some(0));
+        for t in 0..n {
+            a.exit(t * 100);
+        }
+        assert_eq!(a.in_flight(), 0);
+        assert!(a.buckets.is_empty());
+    }
+
+    #[test]
+    fn merge_takes_the_oldest_and_sums_and_drops_stale_workers() {
+        let w1 = Published {
+            at_ms: 10_000,
+            tick_ms: 100,
+            oldest_started_ms: Some(7_000),
+            ages: Histogram {
+                lt_1s: 1,
+                lt_10s: 1,
+                ..Histogram::default()
+            },
+        };
+        let w2 = Published {
+            at_ms: 10_050,
+            tick_ms: 100,
+            oldest_started_ms: Some(9_900),
+            ages: Histogram {
+                lt_1s: 2,
+                ..Histogram::default()
+            },
+        };
+        let dead = Published {
+            at_ms: 8_000,
+            tick_ms: 100,
+            oldest_started_ms: Some(0),
+            ages: Histogram {
+                ge_60s: 9,
+                ..Histogram::default()
+            },
+        };
+        let m = merge(&[w1, w2, dead], 10_100);
+        assert_eq!(m.oldest_age_ms, Some(3_100));
+        assert_eq!(
+            m.ages,
+            Histogram {
+                lt_1s: 3,
+                lt_10s: 1,
+                ..Histogram::default()
+            }
+        );
+        assert_eq!(merge(&[], 5), InFlight::default());
+        let slow = Published {
+            tick_ms: 5_000,
+            ..dead
+        };
+        assert_eq!(
+            merge(&[slow], 10_100).ages.ge_60s,
+            9,
+            "a 5 s tick is stale only after 15 s"
+        );
+    }
+}

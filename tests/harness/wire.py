@@ -1,0 +1,93 @@
+"""What tests send to a running gateway and read back: the health API calls
+(/drain/status, admin POSTs) and raw HTTP/1.1 on fresh connections."""
+from __future__ import annotations
+
+import http.client
+import re
+import socket
+
+import requests
+
+STATUS_LINE = re.compile(rb"HTTP/1\.[01] (\d{3}) ")
+
+
+def status(gw, session: requests.Session | None = None, **kw) -> dict:
+    """GET /drain/status of `gw` (anything with `.health(path)`); it must answer 200."""
+    r = (session or requests).get(gw.health("/drain/status"), timeout=kw.pop("timeout", 5), **kw)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def state(gw) -> str:
+    return status(gw)["state"]
+
+
+def post(gw, path: str, session: requests.Session | None = None, **kw) -> requests.Response:
+    """POST to the health listener of `gw` (an admin call)."""
+    return (session or requests).post(gw.health(path), timeout=kw.pop("timeout", 10), **kw)
+
+
+def fresh_get(port: int, path: str, host: str = "127.0.0.1", source: str | None = None,
+              headers: dict | None = None, method: str = "GET", timeout: float = 5,
+              body: bytes | None = None) -> tuple[int, dict, bytes]:
+    """One request on a new connection (so it may land on any worker):
+    (status, headers with lower-case names, body). `source` binds the client address."""
+    conn = http.client.HTTPConnection(host, port, timeout=timeout,
+                                      source_address=(source, 0) if source else None)
+    try:
+        conn.request(method, path, body=body, headers={"connection": "close", **(headers or {})})
+        r = conn.getresponse()
+        return r.status, {k.lower(): v for k, v in r.getheaders()}, r.read()
+    finally:
+        conn.close()
+
+
+def read_head(sock: socket.socket, limit: int = 65536) -> bytes:
+    """What the peer sends up to the end of a message head (a blank line), its close,
+    or `limit` bytes: the head and whatever came with it."""
+    buf = b""
+    while b"\r\n\r\n" not in buf and len(buf) < limit:
+        data = sock.recv(4096)
+        if not data:
+            break
+        buf += data
+    return buf
+
+
+def recv_until_close(sock: socket.socket, limit: int = 1 << 20) -> bytes:
+    """Everything the peer sends until it closes or resets (at most `limit` bytes).
+    A socket timeout propagates: a peer that never closes is an error, not an answer."""
+    out = b""
+    while len(out) < limit:
+        try:
+            data = sock.recv(65536)
+        except ConnectionResetError:
+            break
+        if not data:
+            break
+        out += data
+    return out
+
+
+def statuses(raw: bytes) -> list[int]:
+    """Status codes of every response in a raw HTTP/1.x byte stream (no 1xx here)."""
+    return [int(m[1]) for m in STATUS_LINE.finditer(raw)]
+
+
+class KeepAlive:
+    """One HTTP/1.1 connection, reused for every request (a keep-alive client
+    pinned to one gateway, as an L4 LB pins it)."""
+
+    def __init__(self, port: int, host: str = "127.0.0.1", timeout: float = 10):
+        self.conn = http.client.HTTPConnection(host, port, timeout=timeout)
+
+    def get(self, path: str = "/") -> str | None:
+        """GET `path` on this connection; the response's `connection` header."""
+        self.conn.request("GET", path)
+        r = self.conn.getresponse()
+        body = r.read()
+        assert r.status == 200, (r.status, body)
+        return r.getheader("connection")
+
+    def close(self) -> None:
+        self.conn.close()

@@ -1,0 +1,271 @@
+"""The alerting rules and the Grafana dashboard in envoyfilter/observability/.
+
+- promtool accepts the rules file; the PrometheusRule and the dashboard are what
+  generate.py makes today, and the dashboard loads back into the SDK's model.
+- Live: a real Envoy running drain-gate, a real Prometheus 2.42 scraping its
+  `/stats/prometheus` every second and evaluating the rules file as written
+  every second. A clean drain leaves DrainGateForcedClose inactive; a drain
+  forced by drain_timeout with a stream held makes it fire for that pod. Every
+  dashboard query returns data during the drain. A second Envoy without the
+  health listener is the control for the role alerts' expressions.
+"""
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import time
+
+import pytest
+import yaml
+
+from envoyfilter.observability import generate
+from tests.harness.envoy import REPO, Envoy, Ports, render, wait_for
+from tests.harness import variants, wire
+from tests.harness.prometheus import NAMESPACE, RULES, Prometheus
+
+POD = "gateway-0"
+LONE = "gateway-traffic-only"
+FORCED = "DrainGateForcedClose"
+# The variables Grafana substitutes: every namespace and pod, its default rate window.
+GRAFANA_VARS = {"$namespace": ".*", "$pod": ".*", "$__rate_interval": "1m"}
+SAVED = REPO / "out" / "observability" / "drain.json"
+
+
+def rules() -> dict[str, dict]:
+    return {r["alert"]: r for g in yaml.safe_load(RULES.read_text())["groups"] for r in g["rules"]}
+
+
+def panel_queries() -> list[tuple[str, str, str]]:
+    """(panel title, legend, PromQL) of every target, with Grafana's variables substituted."""
+    out = []
+    for panel in generate.dashboard()["panels"]:
+        for target in panel["targets"]:
+            expr = target["expr"]
+            for var, value in GRAFANA_VARS.items():
+                expr = expr.replace(var, value)
+            out.append((panel["title"], target["legendFormat"], expr))
+    return out
+
+
+# -- static -------------------------------------------------------------------
+def test_promtool_accepts_the_rules():
+    if not shutil.which("promtool"):
+        pytest.fail("promtool is missing: `make deps` installs the Debian prometheus package")
+    run = subprocess.run(["promtool", "check", "rules", str(RULES)], capture_output=True, text=True)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert f"SUCCESS: {len(rules())} rules found" in run.stdout
+
+
+def test_every_alert_has_summary_pod_description_and_a_readme_runbook():
+    readme = (REPO / "README.md").read_text()
+    anchors = {re.sub(r"[^a-z0-9 -]", "", h.lower()).replace(" ", "-")
+               for h in re.findall(r"^#+ (.+)$", readme, re.M)}
+    for name, rule in rules().items():
+        ann = rule["annotations"]
+        assert ann["summary"] and "{{ $labels.pod }}" in ann["description"], name
+        assert ann["runbook_url"] == f"README.md#{name.lower()}", name
+        assert name.lower() in anchors, f"README has no runbook section `{name}`"
+
+
+def emitted_metrics() -> set[str]:
+    """The drain_gate_* names of the one list in src/ that names every metric drain-gate emits."""
+    homes = [f for f in (REPO / "src").rglob("*.rs") if re.search(r"pub const ALL: \[Metric", f.read_text())]
+    assert len(homes) == 1, homes
+    return set(re.findall(r'"(drain_gate_[a-z_]+)"', homes[0].read_text()))
+
+
+def test_alerts_and_dashboard_use_the_emitted_metric_names():
+    emitted = emitted_metrics()
+    used = set()
+    for text in [RULES.read_text()] + [expr for _, _, expr in panel_queries()]:
+        used |= {m for m in re.findall(r"drain_gate_[a-z_]+", text) if not m.endswith("_vm_reload")}
+    assert used and used <= emitted, used - emitted
+
+
+def test_every_alert_has_a_promtool_unit_test():
+    text = (REPO / "tests" / "observability" / "drain-gate.rules.test.yaml").read_text()
+    tested = set(re.findall(r"alertname: (\w+)", text))
+    assert tested == set(rules()), set(rules()) ^ tested
+
+
+def test_generated_files_are_up_to_date():
+    for path, text in generate.render().items():
+        assert path.read_text() == text, f"{path.name} is stale: run `make observability`"
+
+
+def test_prometheus_rule_wraps_the_rules_file():
+    obj = yaml.safe_load(generate.PROMETHEUS_RULE.read_text())
+    assert (obj["apiVersion"], obj["kind"]) == ("monitoring.coreos.com/v1", "PrometheusRule")
+    assert obj["spec"] == yaml.safe_load(RULES.read_text())
+
+
+def test_dashboard_configmap_is_valid_and_carries_the_dashboard():
+    import kubernetes_validate
+
+    obj = yaml.safe_load(generate.DASHBOARD_CONFIGMAP.read_text())
+    kubernetes_validate.validate(obj, kubernetes_validate.utils.latest_version(), strict=True)
+    assert obj["metadata"]["labels"]["grafana_dashboard"] == "1"
+    assert json.loads(obj["data"]["drain-gate.json"]) == json.loads(generate.DASHBOARD.read_text())
+
+
+def test_dashboard_loads_in_the_sdk_model():
+    from grafana_foundation_sdk.cog.encoder import JSONEncoder
+    from grafana_foundation_sdk.cog.plugins import register_default_plugins
+    from grafana_foundation_sdk.models.dashboard import Dashboard
+    from grafana_foundation_sdk.models.prometheus import Dataquery
+
+    register_default_plugins()
+    committed = json.loads(generate.DASHBOARD.read_text())
+    model = Dashboard.from_json(committed)
+    assert [p.title for p in model.panels] == [p["title"] for p in committed["panels"]]
+    assert all(isinstance(t, Dataquery) for p in model.panels for t in p.targets)
+    assert json.loads(json.dumps(model, cls=JSONEncoder)) == committed
+
+
+# -- live -----------------------------------------------------------------------
+def _post(gw, path: str) -> None:
+    r = wire.post(gw, path)
+    assert r.status_code == 200, (path, r.status_code, r.text)
+
+
+def _seen(prom: Prometheus, expr: str, value: float, what: str, timeout: float = 20) -> float:
+    """Waits until Prometheus reads `value` for `expr`; returns the wall-clock time it did."""
+    wait_for(lambda: prom.value(expr) == value, timeout, interval=0.2, what=what)
+    return time.time()
+
+
+def traffic_only(backend_port: int, workdir) -> Envoy:
+    """An Envoy whose bootstrap lost the health listener: the traffic role alone."""
+    ports = Ports(backend=backend_port)
+    return Envoy(variants.without_listener(render(ports), "drain-gate-health"), ports, workdir=workdir)
+
+
+def test_live_forced_close_fires_and_clean_drain_does_not(gateway, stream, backend_port, tmp_path):
+    gw = gateway({"drain_timeout": "4s", "lb_buffer": "60s"})
+    lone = traffic_only(backend_port, tmp_path / "traffic-only")
+    try:
+        lone.start(wait_ready=False)
+        wait_for(lone.admin_ready, 30, interval=0.1, what="the traffic-only Envoy ready")
+        _live(gw, stream, {POD: gw.ports.admin, LONE: lone.ports.admin}, tmp_path / "prometheus")
+    finally:
+        lone.stop()
+
+
+def _live(gw, stream, targets: dict[str, int], workdir) -> None:
+    with Prometheus(targets, workdir) as prom:
+        start = time.time()
+        sel = f'{{namespace="{NAMESPACE}",pod="{POD}"}}'
+        _seen(prom, f"drain_gate_state{sel}", 0, "the gateway scraped, OPEN")
+        _role_alerts_match_envoy_stats(prom)
+
+        # A clean drain: nothing in flight, CLOSING at once, not forced.
+        _post(gw, "/drain")
+        wait_for(lambda: wire.status(gw)["state"] == "CLOSING", 10, what="clean drain reaches CLOSING")
+        assert wire.status(gw)["progress"]["forced"] is False
+        seen = _seen(prom, f"drain_gate_transitions_to_closing{sel}", 1, "the clean close scraped")
+        wait_for(lambda: prom.evaluated_since(FORCED, seen), 10, interval=0.2, what="rules evaluated after it")
+        assert prom.rule(FORCED)["state"] == "inactive"
+        assert prom.alerts(FORCED, "firing") == [] and prom.alerts(FORCED, "pending") == []
+
+        # A drain forced by drain_timeout with a stream held.
+        _post(gw, "/reopen")
+        held = stream(gw.traffic("/stream?seconds=40"))
+        wait_for(lambda: wire.status(gw)["active"] == 1, 10, what="the held stream counted")
+        _post(gw, "/drain")
+        _seen(prom, f"drain_gate_state{sel}", 1, "DRAINING scraped")
+        wait_for(lambda: wire.status(gw)["progress"]["forced"] is True, 15, what="drain_timeout forces CLOSING")
+        firing = wait_for(lambda: prom.alerts(FORCED, "firing"), 20, interval=0.2, what=f"{FORCED} firing")
+        assert [(a["namespace"], a["pod"]) for a in firing] == [(NAMESPACE, POD)]
+        assert held.running(), "the gateway itself never cuts the held stream"
+
+        _every_panel_returns_data(prom)
+        _save(prom, start)
+
+
+def _role_alerts_match_envoy_stats(prom: Prometheus) -> None:
+    """Envoy's per-plugin wasm stats exist under the names the role alerts match: the
+    health-role-missing expression finds the traffic-only Envoy and nothing else, and
+    the traffic-role-missing one finds nothing."""
+    def plugins():
+        found = {}
+        for r in prom.query(f'{{__name__=~"{generate.PLUGINS}"}}'):
+            found.setdefault(r["metric"]["pod"], []).append(r["metric"]["__name__"])
+        return len(found) == 2 and found
+
+    found = wait_for(plugins, 15, interval=0.2, what="both Envoys' wasm plugin stats scraped")
+    assert sorted(found[POD]) == ["envoy_wasm_drain_gate_health_vm_reload", "envoy_wasm_drain_gate_traffic_vm_reload"]
+    assert found[LONE] == ["envoy_wasm_drain_gate_traffic_vm_reload"]
+    missing = {name: [r["metric"]["pod"] for r in prom.query(rules()[name]["expr"])]
+               for name in ("DrainGateHealthRoleMissing", "DrainGateTrafficRoleMissing")}
+    assert missing == {"DrainGateHealthRoleMissing": [LONE], "DrainGateTrafficRoleMissing": []}
+
+
+def _every_panel_returns_data(prom: Prometheus) -> None:
+    for title, _, expr in panel_queries():
+        wait_for(lambda: prom.query(expr), 15, interval=0.25, what=f"panel {title!r}: {expr}")
+
+
+def _save(prom: Prometheus, start: float) -> None:
+    """What the README's dashboard picture is drawn from (`make dashboard-png`): every
+    panel's series from the start up to a 1 s step that shows the alert firing."""
+    firing = f'ALERTS{{alertname="{FORCED}",alertstate="firing"}}'
+    end = wait_for(lambda: prom.query_range(firing, start, time.time()) and time.time(), 10,
+                   interval=0.25, what="the firing alert on a range step")
+    series = [{"panel": title, "legend": legend, "result": prom.query_range(expr, start, end)}
+              for title, legend, expr in panel_queries() if "[1h]" not in expr]
+    series.append({"panel": "ALERTS", "legend": FORCED,
+                   "result": prom.query_range(f'ALERTS{{alertname="{FORCED}"}}', start, end)})
+    SAVED.parent.mkdir(parents=True, exist_ok=True)
+    SAVED.write_text(json.dumps({"start": start, "end": end, "series": series}))
+
+
+# -- what a drain waits for --------------------------------------------------------
+def _ages_bounds(started: tuple[float, float], read: tuple[float, float], tick: float) -> tuple[float, float]:
+    """The age /drain/status may report (s) for a stream started between `started` (curl launched,
+    the stream counted) and read between `read`: a stream is stamped with the last tick before it."""
+    return read[0] - started[1], read[1] - started[0] + tick
+
+
+def _start_held(gw, stream, expect_active: int) -> tuple[object, tuple[float, float]]:
+    t0 = time.time()
+    held = stream(gw.traffic("/stream?seconds=30"))
+    wait_for(lambda: wire.status(gw)["active"] >= expect_active, 10, what=f"{expect_active} streams counted")
+    return held, (t0, time.time())
+
+
+def _read(gw) -> tuple[dict, tuple[float, float]]:
+    t0 = time.time()
+    doc = wire.status(gw)
+    return doc, (t0, time.time())
+
+
+def test_in_flight_ages_read_back_within_one_tick(gateway, stream):
+    tick = 0.1
+    gw = gateway({"tick": "100ms", "drain_timeout": "60s"})
+    first, a = _start_held(gw, stream, 1)
+    wait_for(lambda: (wire.status(gw)["in_flight"]["oldest_age_ms"] or 0) >= 2500, 10, what="the first stream 2.5 s old")
+    second, b = _start_held(gw, stream, 2)
+    wait_for(lambda: sum(wire.status(gw)["in_flight"]["ages"].values()) == 2, 5, what="both streams published")
+    for phase in ("OPEN", "DRAINING"):
+        if phase == "DRAINING":
+            _post(gw, "/drain")
+        doc, r = _read(gw)
+        assert doc["state"] == phase
+        lo, hi = _ages_bounds(a, r, tick)
+        assert lo <= doc["in_flight"]["oldest_age_ms"] / 1000 <= hi, (phase, lo, hi, doc["in_flight"])
+        ages = doc["in_flight"]["ages"]
+        assert ages["lt_10s"] >= 1 and ages["lt_60s"] == ages["ge_60s"] == 0, ages
+        b_lo, b_hi = _ages_bounds(b, r, tick)
+        if b_hi < 1:  # the second stream's age is known to be under a second
+            assert (ages["lt_1s"], ages["lt_10s"]) == (1, 1), (b_lo, b_hi, ages)
+    # The gauge is whole seconds, set by the health role's last tick (at most one tick ago).
+    t0 = time.time()
+    gauge = gw.stat("wasmcustom.drain_gate_oldest_in_flight_seconds")
+    lo, hi = _ages_bounds(a, (t0 - tick, time.time()), tick)
+    assert int(lo) <= gauge <= int(hi), (lo, gauge, hi)
+    first.kill()
+    second.kill()
+    wait_for(lambda: wire.status(gw)["in_flight"]["oldest_age_ms"] is None, 5, what="no stream in flight")
+    assert wire.status(gw)["in_flight"]["ages"] == {"lt_1s": 0, "lt_10s": 0, "lt_60s": 0, "ge_60s": 0}
