@@ -5,15 +5,16 @@ substituted).
 
 - EnvoyFilter form: the :18180 listener answers the FSM — including HAProxy's
   real health check request, byte for byte — the traffic filter counts the
-  streams of every traffic listener, the preStop command of the Deployment
-  patch drains and returns at CLOSED, the probes read what they should.
+  streams of every traffic listener, the preStop command of the gateway
+  values drains and returns at CLOSED, the probes read what they should.
 - WasmPlugin form: the traffic role as istiod + istio-agent deliver it (ECDS,
   vm_id "", module pulled out of the image `make oci` builds) with the vm_id ""
   health listener: the count reaches the health FSM and the flip happens.
 - The mismatch the README warns about: WasmPlugin traffic role with the
   EnvoyFilter-form health listener (vm_id "drain-gate"): the count is
   distrusted and the drain only closes at drain_timeout.
-- Distroless: /prestop authorized by the Deployment patch's literal bearer header.
+- Distroless: /prestop authorized by the distroless gateway values' literal bearer header,
+  with the token the chart renders into the health listener.
 """
 from __future__ import annotations
 
@@ -31,7 +32,7 @@ import pytest
 import requests
 import yaml
 
-from tests.harness import istio
+from tests.harness import istio, k8s
 from tests.harness.envoy import WASM, Envoy, free_port, hcm, wait_for
 from tests.harness.wire import KeepAlive, read_head, status
 
@@ -78,6 +79,18 @@ def patched(ef: dict, **config) -> dict:
     return ef
 
 
+@contextlib.contextmanager
+def held_call(command: list[str]):
+    """A preStop command running in the background; killed if still held on exit."""
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+
+
 def _oci_tool():
     spec = importlib.util.spec_from_file_location("oci_image", istio.ENVOYFILTER / "tools" / "oci_image.py")
     module = importlib.util.module_from_spec(spec)
@@ -97,7 +110,8 @@ def start_gateway(backend_port, tmp_path, monkeypatch):
         at = {l["address"]["socket_address"]["port_value"]: free_port() for l in listeners}
         admin = free_port()
         doc = istio.gateway_bootstrap(listeners, at, admin, backend_port, wasm, clusters)
-        env = Envoy(doc, istio.harness_ports(at, admin, backend_port), concurrency=2,
+        traffic = min(p for p in at if p != istio.HEALTH_PORT)
+        env = Envoy(doc, istio.harness_ports(at, admin, backend_port, traffic), concurrency=2,
                     workdir=tmp_path / f"envoy-{admin}")
         env.at = at
         stack.callback(env.stop)
@@ -296,16 +310,19 @@ def test_envoyfilter_form_counts_flips_and_prestop_returns_at_closed(version, st
     # a NetScaler-style HTTP/1.1 check with Host is answered too
     line, _ = raw(env.ports.health, b"GET /health_check.html HTTP/1.1\r\nHost: 203.0.113.213\r\nConnection: close\r\n\r\n")
     assert line == "HTTP/1.1 200 OK"
+    # ... and without Host, HTTP/1.1 is refused by Envoy: the NetScaler monitor must send one
+    line, _ = raw(env.ports.health, b"GET /health_check.html HTTP/1.1\r\nConnection: close\r\n\r\n")
+    assert line == "HTTP/1.1 400 Bad Request"
 
     streams = [stream(f"http://127.0.0.1:{env.at[p]}/stream?seconds=3&interval_ms=250") for p in (8080, 8443)]
     wait_for(lambda: status(env)["active"] == 2, 10, what="both traffic listeners counted")
     assert status(env)["count"]["reliable"] is True
 
-    # The Deployment patch's preStop, as written but for the port.
-    (proxy,) = istio.load_one(istio.KUBERNETES / "gateway-deployment-patch.yaml")["spec"]["template"]["spec"]["containers"]
+    # The gateway values' preStop (as written but for the port) and readiness;
+    # the patches for Istio < 1.27 carry the same.
+    proxy = istio.load_one(istio.KUBERNETES / "gateway-values.yaml")
     command = [a.replace(":18180/", f":{env.ports.health}/") for a in proxy["lifecycle"]["preStop"]["exec"]["command"]]
-    prestop = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
+    with held_call(command) as prestop:
         wait_for(lambda: status(env)["state"] == "DRAINING", 5, what="DRAINING")
         held_200 = 0
         while any(s.running() for s in streams):
@@ -327,42 +344,45 @@ def test_envoyfilter_form_counts_flips_and_prestop_returns_at_closed(version, st
         assert st["progress"]["active_at_closing"] == 0
         assert lb_check(env)[1] == b"DRAIN\n"
         assert requests.get(env.health(proxy["readinessProbe"]["httpGet"]["path"]), timeout=5).status_code == 200
-        assert requests.get(env.health(proxy["livenessProbe"]["httpGet"]["path"]), timeout=5).status_code == 200
+        assert requests.get(env.health("/live"), timeout=5).status_code == 200
 
         lb_buffer = st["progress"]["lb_buffer_ms"] / 1000
         out, err = prestop.communicate(timeout=lb_buffer + 10)
         assert prestop.returncode == 0, err
         assert json.loads(out)["state"] == "CLOSED"
-    finally:
-        if prestop.poll() is None:
-            prestop.kill()
-            prestop.communicate()
 
     st = status(env)
     assert st["state"] == "CLOSED"
     assert requests.get(env.health(proxy["readinessProbe"]["httpGet"]["path"]), timeout=5).status_code == 503
-    assert requests.get(env.health(proxy["livenessProbe"]["httpGet"]["path"]), timeout=5).status_code == 200
+    assert requests.get(env.health("/live"), timeout=5).status_code == 200
     assert lb_check(env)[0] == "HTTP/1.0 503 Service Unavailable"
 
     # The grace period arithmetic of gateway-values.yaml, against the plan the
     # running filter reports.
     values = istio.load_one(istio.KUBERNETES / "gateway-values.yaml")
-    grace = values["terminationGracePeriodSeconds"]
-    drain_duration = int(re.search(r"terminationDrainDuration:\s*(\d+)s",
-                                   values["podAnnotations"]["proxy.istio.io/config"]).group(1))
-    hold = (st["progress"]["drain_timeout_ms"] + st["progress"]["lb_buffer_ms"]) / 1000 + 5
+    assert_grace_covers_the_drain(st["progress"], command, values["terminationGracePeriodSeconds"],
+                                  values["podAnnotations"]["proxy.istio.io/config"])
+
+
+def assert_grace_covers_the_drain(progress: dict, command: list[str], grace: int, proxy_config: str) -> None:
+    """The pod's grace period holds curl's --max-time, which holds the preStop
+    call's own limit (drain_timeout + lb_buffer + 5 s, from the running
+    filter's plan), plus pilot-agent's terminationDrainDuration after SIGTERM."""
+    drain_duration = int(re.search(r"terminationDrainDuration:\s*(\d+)s", proxy_config).group(1))
+    hold = (progress["drain_timeout_ms"] + progress["lb_buffer_ms"]) / 1000 + 5
     max_time = float(command[command.index("--max-time") + 1])
     assert hold <= max_time, "curl gives up before drain-gate answers"
     assert max_time + drain_duration <= grace, "the kubelet kills the pod before the drain ends"
 
 
 # -- WasmPlugin form ------------------------------------------------------------------------
-def _wasmplugin_listeners(tmp_path, health_ef: dict, module) -> list[dict]:
-    wp = load("wasmplugin/traffic.yaml")
+def _wasmplugin_listeners(tmp_path, health_ef: dict, module, wp: dict | None = None,
+                          labels: dict = istio.GATEWAY_LABELS, port: int = 8080) -> list[dict]:
+    wp = wp or load("wasmplugin/traffic.yaml")
     ecds = tmp_path / "ecds.yaml"
     istio.write_ecds(ecds, [istio.wasmplugin_extension_config(wp, module)])
-    with_plugin = istio.insert_wasmplugin([istio.gateway_listener(8080)], wp, ecds)
-    return istio.apply_envoyfilters(with_plugin, [health_ef])
+    with_plugin = istio.insert_wasmplugin([istio.gateway_listener(port)], wp, ecds)
+    return istio.apply_envoyfilters(with_plugin, [health_ef], labels=labels)
 
 
 @pytest.mark.parametrize("version", VERSIONS)
@@ -419,18 +439,16 @@ def test_wasmplugin_with_envoyfilter_vm_id_only_closes_at_drain_timeout(version,
 @pytest.mark.parametrize("version", VERSIONS)
 def test_distroless_prestop_with_bearer_header(version, start_gateway):
     token = "a3f1c2d4e5b60718293a4b5c6d7e8f90a1b2c3d4e5f6a7b8"  # like `openssl rand -hex 24`
-    (proxy,) = istio.load_one(istio.KUBERNETES / "gateway-deployment-patch-distroless.yaml")[
-        "spec"]["template"]["spec"]["containers"]
-    hook = proxy["lifecycle"]["preStop"]["httpGet"]
+    hook = istio.load_one(istio.KUBERNETES / "gateway-values-distroless.yaml")["lifecycle"]["preStop"]["httpGet"]
     (header,) = hook["httpHeaders"]
     placeholder = header["value"].split(" ", 1)[1]
     # drain-gate's token alphabet (src/config.rs is_token68): the placeholder is outside it
     assert not re.fullmatch(r"[A-Za-z0-9._~+/=-]{16,}", placeholder), "the placeholder must never be a valid token"
-    # What the README's sed makes of the file; then admin_allow [] so the test's
-    # loopback address does not authorize by itself, as the kubelet's node address would not.
-    text = (istio.ISTIO / "health-listener.yaml").read_text()
-    assert text.count('"role":"health"') == 1
-    health = yaml.safe_load(text.replace('"role":"health"', f'"role":"health","admin_token":"{token}"'))
+    # The health listener as the README installs it (--set config.admin_token),
+    # then admin_allow [] so the test's loopback address does not authorize by
+    # itself, as the kubelet's node address would not.
+    (health,) = k8s.template("--set", "wasm.configMap.create=false", "--set", f"config.admin_token={token}",
+                             "--show-only", "templates/health-listener.yaml")
     health = patched(health, admin_allow=[])
     env = start_gateway(version, istio.apply_envoyfilters(
         [istio.gateway_listener(8080)], [load("traffic-filter.yaml"), health]))
@@ -460,3 +478,111 @@ def test_health_listener_without_its_plugin_fails_closed(version, start_gateway)
     env = start_gateway(version, env_listeners, ready_path=None)
     line, body = lb_check(env)
     assert (line, body) == ("HTTP/1.0 503 Service Unavailable", b"drain-gate unavailable\n")
+
+
+# -- Gateway API form (envoyfilter/gateway-api/) ---------------------------------------------
+def _gateway_api_pod(options: str, workdir) -> tuple[dict, dict]:
+    """(pod template, istio-proxy container) of the Deployment istiod renders
+    for the Gateway with the ConfigMap `options` (kubectl's strategic merge)."""
+    workdir.mkdir(exist_ok=True)
+    deployment = istio.gateway_api_patched(options, "Deployment", workdir)
+    return deployment["spec"]["template"], istio.proxy_container(deployment)
+
+
+def _gateway_api_listeners(health: dict, pod_labels: dict) -> list[dict]:
+    """istiod's listener for the Gateway's listener port, with the Gateway API
+    EnvoyFilters applied for a pod with `pod_labels`."""
+    (listener,) = istio.load_one(istio.GATEWAY_API / "gateway.yaml")["spec"]["listeners"]
+    traffic = istio.load_one(istio.GATEWAY_API / "traffic-filter.yaml")
+    return istio.apply_envoyfilters([istio.gateway_listener(listener["port"])], [traffic, health], labels=pod_labels)
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_gateway_api_form_counts_flips_and_prestop_returns_at_closed(version, start_gateway, stream, tmp_path):
+    template, proxy = _gateway_api_pod("options.yaml", tmp_path / "kubectl")
+    listeners = _gateway_api_listeners(istio.load_one(istio.GATEWAY_API / "health-listener.yaml"),
+                                       template["metadata"]["labels"])
+    assert [l["name"] for l in listeners] == ["0.0.0.0_80", "drain-gate-health"]
+    assert "drain-gate" in _names(listeners[0]), "the patched pod's labels select the traffic filter"
+    env = start_gateway(version, listeners)
+    assert lb_check(env) == ("HTTP/1.0 200 OK", b"OK\n")
+
+    s = stream(f"http://127.0.0.1:{env.at[80]}/stream?seconds=2&interval_ms=250")
+    wait_for(lambda: status(env)["active"] == 1, 10, what="the Gateway listener's stream counted")
+    assert status(env)["count"]["reliable"] is True
+    # The preStop of the patched Deployment, as written but for the port.
+    command = [a.replace(":18180/", f":{env.ports.health}/") for a in proxy["lifecycle"]["preStop"]["exec"]["command"]]
+    with held_call(command) as prestop:
+        wait_for(lambda: status(env)["state"] == "DRAINING", 5, what="DRAINING")
+        before, (line, _), after = status(env), lb_check(env), status(env)
+        assert after["active"] == 1, "the stream outlives the start of the drain"
+        assert (before["state"], line) == ("DRAINING", "HTTP/1.0 200 OK"), "200 to the LB while it runs"
+        assert s.wait(10) == 0 and s.chunks == 8, s.err
+        wait_for(lambda: lb_check(env)[0] == "HTTP/1.0 503 Service Unavailable", 2, what="LB flip to 503")
+        st = status(env)
+        assert st["state"] == "CLOSING" and st["progress"]["reason"] == "active_zero"
+        assert prestop.poll() is None, "the preStop call is held until CLOSED"
+        # Skip lb_buffer (the other forms wait it out): the held call returns at CLOSED.
+        assert requests.post(env.health("/close"), timeout=5).status_code == 200
+        out, err = prestop.communicate(timeout=10)
+        assert prestop.returncode == 0, err
+        assert json.loads(out)["state"] == "CLOSED"
+    assert requests.get(env.health(proxy["readinessProbe"]["httpGet"]["path"]), timeout=5).status_code == 503
+    assert_grace_covers_the_drain(st["progress"], command, template["spec"]["terminationGracePeriodSeconds"],
+                                  template["metadata"]["annotations"]["proxy.istio.io/config"])
+
+
+def test_gateway_api_envoyfilters_skip_pods_without_the_mount():
+    """A pod istiod rendered without the ConfigMap (no wasm mount, e.g. before
+    the rollout) keeps its listeners as they are."""
+    plain = istio.gateway_api_rendered()["Deployment"]["spec"]["template"]["metadata"]["labels"]
+    health = istio.load_one(istio.GATEWAY_API / "health-listener.yaml")
+    assert _gateway_api_listeners(health, plain) == [istio.gateway_listener(80)]
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_gateway_api_wasmplugin_form_count_reaches_the_health_fsm(version, start_gateway, stream, tmp_path,
+                                                                  pulled_wasm):
+    template, _ = _gateway_api_pod("options.yaml", tmp_path / "kubectl")
+    labels = template["metadata"]["labels"]
+    namespace = istio.load_one(istio.GATEWAY_API / "gateway.yaml")["metadata"]["namespace"]
+    wp = istio.load_one(istio.GATEWAY_API / "wasmplugin" / "traffic.yaml")
+    assert istio.selects_workload(wp, namespace, labels), "targetRefs reach the Gateway's pods"
+    health = istio.load_one(istio.GATEWAY_API / "wasmplugin" / "health-listener.yaml")
+    env = start_gateway(version, _wasmplugin_listeners(tmp_path, health, pulled_wasm, wp, labels, port=80))
+
+    s = stream(f"http://127.0.0.1:{env.at[80]}/stream?seconds=1&interval_ms=250")
+    wait_for(lambda: status(env)["active"] == 1, 10, what="the WasmPlugin's stream counted")
+    assert status(env)["count"]["reliable"] is True
+    assert requests.post(env.health("/drain"), timeout=5).status_code == 200
+    assert s.wait(10) == 0 and s.chunks == 4
+    wait_for(lambda: lb_check(env)[0] == "HTTP/1.0 503 Service Unavailable", 2, what="LB flip to 503")
+    st = status(env)
+    assert st["progress"]["reason"] == "active_zero" and st["progress"]["forced"] is False
+
+
+def test_gateway_api_distroless_prestop_with_bearer_header(start_gateway, tmp_path):
+    """The distroless ConfigMap's httpGet hook, through kubectl's merge, with
+    the token put in by envoyfilter/README.md's sed commands."""
+    token = "b4e2d3c5f6a70829304b5c6d7e8f9a01b2c3d4e5f6a7b8c9"  # like `openssl rand -hex 24`
+    template, proxy = _gateway_api_pod("options-distroless.yaml", tmp_path / "kubectl")
+    hook = proxy["lifecycle"]["preStop"]["httpGet"]
+    (header,) = hook["httpHeaders"]
+    placeholder = header["value"].split(" ", 1)[1]
+    text = (istio.GATEWAY_API / "health-listener.yaml").read_text()
+    assert text.count('"role":"health"') == 1
+    health = yaml.safe_load(text.replace('"role":"health"', f'"role":"health","admin_token":"{token}"'))
+    # admin_allow []: the test's loopback must not authorize by itself, as the kubelet's node address would not.
+    env = start_gateway(VERSIONS[-1], _gateway_api_listeners(patched(health, admin_allow=[]),
+                                                             template["metadata"]["labels"]))
+    url = env.health(hook["path"])
+    assert requests.get(url, headers={"Authorization": header["value"]}, timeout=5).status_code == 401
+    auth = {header["name"]: header["value"].replace(placeholder, token)}
+    answer: list[requests.Response] = []
+    held = threading.Thread(target=lambda: answer.append(requests.get(url, headers=auth, timeout=60)), daemon=True)
+    held.start()
+    wait_for(lambda: status(env)["state"] == "CLOSING", 5, what="idle gateway: CLOSING at once")
+    assert not answer, "/prestop is held until CLOSED"
+    assert requests.post(env.health("/close"), headers=auth, timeout=5).status_code == 200
+    held.join(10)
+    assert answer and answer[0].status_code == 200 and answer[0].json()["state"] == "CLOSED"

@@ -50,7 +50,7 @@ def render_chart(values: dict) -> tuple[dict, dict]:
         "ports": [{"containerPort": 15090, "protocol": "TCP", "name": "http-envoy-prom"}],
         "resources": {"requests": {"cpu": "100m", "memory": "128Mi"}, "limits": {"cpu": "2000m", "memory": "1024Mi"}},
     }
-    for key in ("volumeMounts", "readinessProbe"):
+    for key in ("volumeMounts", "readinessProbe", "lifecycle"):
         if key in values:
             container[key] = copy.deepcopy(values[key])
     pod = {
@@ -59,13 +59,14 @@ def render_chart(values: dict) -> tuple[dict, dict]:
         "containers": [container],
         "terminationGracePeriodSeconds": values["terminationGracePeriodSeconds"],
     }
-    if "volumes" in values:
-        pod["volumes"] = copy.deepcopy(values["volumes"])
+    for key in ("volumes", "affinity", "topologySpreadConstraints"):
+        if key in values:
+            pod[key] = copy.deepcopy(values[key])
     spec = {
         "selector": {"matchLabels": labels},
         "template": {
             "metadata": {"annotations": copy.deepcopy(values.get("podAnnotations", {})),
-                         "labels": {**labels, "sidecar.istio.io/inject": "true"}},
+                         "labels": {**labels, **values.get("labels", {}), "sidecar.istio.io/inject": "true"}},
             "spec": pod,
         },
     }
@@ -73,6 +74,8 @@ def render_chart(values: dict) -> tuple[dict, dict]:
         spec["replicas"] = values["replicaCount"]
     if "strategy" in values:
         spec["strategy"] = copy.deepcopy(values["strategy"])
+    if values.get("minReadySeconds"):
+        spec["minReadySeconds"] = values["minReadySeconds"]
     deployment = {"apiVersion": "apps/v1", "kind": "Deployment",
                   "metadata": {"name": "istio-ingressgateway", "namespace": "istio-system", "labels": labels},
                   "spec": spec}
@@ -152,28 +155,24 @@ def test_patched_deployment_is_valid_and_complete(values, patch_file):
     (proxy,) = pod["containers"]
     assert {"containerPort": 18180, "name": "http-drain-gate", "protocol": "TCP"} in proxy["ports"]
     assert 15090 in [p["containerPort"] for p in proxy["ports"]], "the chart's port survives the merge"
-    assert proxy["readinessProbe"]["httpGet"] == {"path": "/health", "port": 18180}
-    assert proxy["livenessProbe"]["httpGet"] == {"path": "/live", "port": 18180}
+    assert proxy["readinessProbe"] == values["readinessProbe"]
+    assert "livenessProbe" not in proxy, "no kubelet liveness on :18180 by default"
     assert proxy["volumeMounts"] == values["volumeMounts"]
     assert pod["terminationGracePeriodSeconds"] == values["terminationGracePeriodSeconds"]
-    pre = proxy["lifecycle"]["preStop"]
-    if "distroless" in patch_file:
-        assert pre["httpGet"]["path"] == "/prestop" and pre["httpGet"]["port"] == 18180
-        (header,) = pre["httpGet"]["httpHeaders"]
-        assert header["name"] == "Authorization" and header["value"].startswith("Bearer ")
-    else:
-        cmd = pre["exec"]["command"]
-        assert cmd[0] == "curl" and cmd[-1] == "http://127.0.0.1:18180/drain?wait=closed"
-        assert cmd[cmd.index("-X") + 1] == "POST"
+    istio.assert_prestop_drains(proxy["lifecycle"]["preStop"], distroless="distroless" in patch_file)
 
 
-def test_probes_are_the_same_in_both_patches(values):
-    # Not in the Helm values: a probe on :18180 before the health listener is
-    # applied would keep new pods unready (the README's order).
-    assert "readinessProbe" not in values
+def test_patches_are_the_values_for_gateways_without_the_chart(values):
+    """The patches (Istio < 1.27 only, said in their first line) carry the
+    values' probe and preStop, and no liveness probe."""
     a, b = (istio.load_one(istio.KUBERNETES / f)["spec"]["template"]["spec"]["containers"][0] for f in PATCHES)
-    assert a["readinessProbe"] == b["readinessProbe"] and a["livenessProbe"] == b["livenessProbe"]
+    assert a["readinessProbe"] == b["readinessProbe"] == values["readinessProbe"]
+    assert "livenessProbe" not in a and "livenessProbe" not in b
+    assert a["lifecycle"] == values["lifecycle"]
     assert a["ports"] == b["ports"]
+    for f in PATCHES:
+        first = (istio.KUBERNETES / f).read_text().splitlines()[0]
+        assert "not installed with the istio/gateway chart" in first and "1.27" in first, f
 
 
 def test_configmap_carries_the_wasm_under_1_mib(tmp_path, values):

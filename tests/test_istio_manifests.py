@@ -89,17 +89,24 @@ def test_the_schema_check_catches_wasmplugin_mistakes(validators):
     assert any("failStrategy" in e for e in errors) and any("phaze" in e for e in errors), errors
 
 
-def test_everything_selects_the_gateway_the_chart_and_service_label():
+def test_everything_selects_only_the_pods_labelled_for_drain_gate():
+    """The EnvoyFilters and the WasmPlugin select drain-gate's own label, which
+    the gateway values set together with the wasm mount — not istio=ingressgateway,
+    which every gateway in any namespace may carry, with or without the file."""
     values = istio.load_one(istio.KUBERNETES / "gateway-values.yaml")
     service = istio.load_one(istio.KUBERNETES / "service.yaml")
     assert service["spec"]["selector"] == istio.GATEWAY_LABELS
     assert values.get("labels", {}).get("istio") in (None, "ingressgateway")
-    for path, ef in istio.objects("EnvoyFilter").items():
+    assert istio.DRAIN_GATE_LABEL.items() <= values["labels"].items()
+    assert values["volumeMounts"], "the label comes with the mount"
+    # envoyfilter/gateway-api/ selects its own Gateway's pods (tests/test_gateway_api.py).
+    in_istio = lambda found: {p: o for p, o in found.items() if istio.ISTIO in p.parents}  # noqa: E731
+    for path, ef in in_istio(istio.objects("EnvoyFilter")).items():
         assert ef["metadata"]["namespace"] == "istio-system", path
-        assert ef["spec"]["workloadSelector"]["labels"] == {"istio": "ingressgateway"}, path
-    for path, wp in istio.objects("WasmPlugin").items():
+        assert ef["spec"]["workloadSelector"]["labels"] == istio.DRAIN_GATE_LABEL, path
+    for path, wp in in_istio(istio.objects("WasmPlugin")).items():
         assert wp["metadata"]["namespace"] == "istio-system", path
-        assert wp["spec"]["selector"]["matchLabels"] == {"istio": "ingressgateway"}, path
+        assert wp["spec"]["selector"]["matchLabels"] == istio.DRAIN_GATE_LABEL, path
 
 
 def _value(path):
@@ -116,7 +123,10 @@ def _bootstrap_listener(name):
 
 
 def _without_path(config):
+    """The plugin config but the wasm path and the configuration JSON, whose
+    role is returned in its place (the chart spells out every default)."""
     config["vm_config"]["code"]["local"].pop("filename")
+    config["configuration"] = json.loads(config["configuration"]["value"])["role"]
     return config
 
 
@@ -124,7 +134,7 @@ def test_health_listener_agrees_with_envoy_yaml():
     """The EnvoyFilter's listener is envoy.yaml's drain-gate-health apart from
     the port, the wasm path, and what a gateway needs on top."""
     patch, _ = _value(istio.ISTIO / "health-listener.yaml")
-    assert (patch["applyTo"], patch["match"], patch["patch"]["operation"]) == ("LISTENER", {"context": "GATEWAY"}, "ADD")
+    assert (patch["applyTo"], patch["match"]["context"], patch["patch"]["operation"]) == ("LISTENER", "GATEWAY", "ADD")
     ours = patch["patch"]["value"]
     local = _bootstrap_listener("drain-gate-health")
     assert ours["name"] == local["name"]
@@ -192,7 +202,7 @@ def test_wasmplugin_health_listener_differs_only_in_vm_id():
 def test_wasmplugin_is_the_traffic_role():
     wp = istio.load_one(istio.ISTIO / "wasmplugin" / "traffic.yaml")
     spec = wp["spec"]
-    assert spec["pluginConfig"] == {"role": "traffic"}
+    assert spec["pluginConfig"]["role"] == "traffic"
     assert spec["failStrategy"] == "FAIL_OPEN"
     assert spec["phase"] == "UNSPECIFIED_PHASE" and spec["type"] == "HTTP"
     assert spec["url"].startswith("oci://")
@@ -228,6 +238,8 @@ def test_netscaler_snippet_checks_drain_gate_and_keeps_down_state_flush():
     lines = [l for l in text.splitlines() if l and not l.startswith("#")]
     (monitor,) = [l for l in lines if l.startswith("add lb monitor")]
     assert '-httpRequest "GET /health_check.html"' in monitor
+    # HTTP/1.1 without Host gets 400 from Envoy: the monitor sends one.
+    assert '-customHeaders "Host: drain-gate\\r\\n"' in monitor
     assert "-respCode 200" in monitor
     service = istio.load_one(istio.KUBERNETES / "service.yaml")
     node_port = {p["targetPort"]: p["nodePort"] for p in service["spec"]["ports"]}

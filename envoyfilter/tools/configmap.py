@@ -1,18 +1,19 @@
 #!/usr/bin/env python3
-"""Write the ConfigMap that carries drain_gate.wasm into the gateway pods.
+"""Write what carries drain_gate.wasm into the gateway pods.
+
+--base64-out: the module as base64 text, for the drain-gate chart
+(`--set-file wasm.base64=FILE`), which renders the ConfigMap.
+--out: the ConfigMap itself, for an install without the chart's ConfigMap
+(wasm.configMap.create=false): `kubectl create -f` or `kubectl apply
+--server-side -f` it, never plain `kubectl apply` (client-side apply copies
+the object into an annotation capped at 262,144 bytes; this one is larger).
 
 The gateway Helm values (../kubernetes/gateway-values.yaml) mount its key
-drain_gate.wasm at /etc/drain-gate/drain_gate.wasm, the path both EnvoyFilters
+drain_gate.wasm at /etc/drain-gate/drain_gate.wasm, the path both roles
 load. A ConfigMap holds at most 1 MiB: the module must stay below that (it is
-checked here and in tests/test_istio_kubernetes.py).
+checked here, by the chart, and in tests/test_istio_kubernetes.py).
 
-Same result as
-  kubectl -n istio-system create configmap drain-gate-wasm \
-    --from-file=drain_gate.wasm=target/wasm32-wasip1/release/drain_gate.wasm \
-    --dry-run=client -o yaml
-plus a label and the module's sha256 as an annotation.
-
-usage: configmap.py --wasm PATH --out FILE [--namespace istio-system]
+usage: configmap.py --wasm PATH --out FILE [--base64-out FILE] [--namespace istio-system]
 """
 from __future__ import annotations
 
@@ -50,6 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--wasm", type=Path, required=True)
     ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--base64-out", type=Path, help="the module as base64 text, for the chart")
     ap.add_argument("--namespace", default="istio-system")
     args = ap.parse_args(argv)
     wasm = args.wasm.read_bytes()
@@ -58,6 +60,8 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(configmap(wasm, args.namespace))
+    if args.base64_out:
+        args.base64_out.write_text(base64.b64encode(wasm).decode())
     print(f"{args.out}: ConfigMap {args.namespace}/{NAME}, {len(wasm)} bytes of wasm "
           f"({100 * len(wasm) // LIMIT}% of the 1 MiB limit)")
     return 0

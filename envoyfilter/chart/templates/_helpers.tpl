@@ -1,0 +1,77 @@
+{{/* Labels of every object of the chart. */}}
+{{- define "drain-gate.labels" -}}
+app.kubernetes.io/name: drain-gate
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
+{{- end -}}
+
+{{/* A duration value ("120s") in milliseconds. The schema already checked its form. */}}
+{{- define "drain-gate.ms" -}}
+{{- $digits := regexFind "^[0-9]+" (toString .) -}}
+{{- $unit := trimPrefix $digits (toString .) -}}
+{{- mul (int64 $digits) (get (dict "ms" 1 "s" 1000 "m" 60000 "h" 3600000) $unit) -}}
+{{- end -}}
+
+{{/* The ranges the plugin itself enforces at load (src/config.rs), refused
+     here at render so a bad value never reaches a running gateway. */}}
+{{- define "drain-gate.validate" -}}
+{{- $c := .Values.config -}}
+{{- range $key := list "drain_timeout" "min_drain" "lb_buffer" "tick" "lb_down_timeout" -}}
+{{- if hasKey $c $key -}}
+{{- if gt (int64 (include "drain-gate.ms" (get $c $key))) 3600000 -}}
+{{- fail (printf "drain-gate: config.%s: %q is above the maximum 60m" $key (get $c $key)) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- range $key := list "drain_timeout" "lb_down_timeout" -}}
+{{- if and (hasKey $c $key) (eq (int64 (include "drain-gate.ms" (get $c $key))) 0) -}}
+{{- fail (printf "drain-gate: config.%s: %q is below the minimum 1ms" $key (get $c $key)) -}}
+{{- end -}}
+{{- end -}}
+{{- if hasKey $c "tick" -}}
+{{- $tick := int64 (include "drain-gate.ms" $c.tick) -}}
+{{- if or (lt $tick 10) (gt $tick 10000) -}}
+{{- fail (printf "drain-gate: config.tick: %q is outside 10ms..10s" $c.tick) -}}
+{{- end -}}
+{{- end -}}
+{{- if gt (int64 (include "drain-gate.ms" ($c.min_drain | default "0s"))) (int64 (include "drain-gate.ms" ($c.drain_timeout | default "120s"))) -}}
+{{- fail "drain-gate: config.min_drain must not exceed config.drain_timeout" -}}
+{{- end -}}
+{{- if and (eq .Values.form "wasmplugin") (not .Values.wasmPlugin.url) -}}
+{{- fail "drain-gate: form wasmplugin needs wasmPlugin.url (the pushed image, oci://...)" -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The plugin configuration of one role. The health role gets every `config`
+     value. The traffic role gets only what it uses (role, tick), both checked
+     here at render: a refused configuration then never takes the traffic
+     listeners down with a health listener still answering 200, the one unsafe
+     outcome measured (envoyfilter/README.md, "When the module cannot load"). */}}
+{{- define "drain-gate.configuration" -}}
+{{- if eq .role "health" -}}
+{{- toJson (merge (dict "role" "health") .root.Values.config) -}}
+{{- else -}}
+{{- toJson (merge (dict "role" "traffic") (pick .root.Values.config "tick")) -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The longest a drain can hold the preStop hook, in seconds: drain_timeout
+     + the longest CLOSING + the hold's 5 s margin (src/config.rs default_wait_ms). */}}
+{{- define "drain-gate.holdSeconds" -}}
+{{- $c := .Values.config -}}
+{{- $closing := int64 (include "drain-gate.ms" ($c.lb_buffer | default "10s")) -}}
+{{- if eq ($c.close_after | default "lb_buffer") "lb_observed_down" -}}
+{{- $closing = max $closing (int64 (include "drain-gate.ms" ($c.lb_down_timeout | default "60s"))) -}}
+{{- end -}}
+{{- div (add (int64 (include "drain-gate.ms" ($c.drain_timeout | default "120s"))) $closing 5000 999) 1000 -}}
+{{- end -}}
+
+{{/* The proxy-wasm vm_config both roles share (vm_id: see values.yaml `form`). */}}
+{{- define "drain-gate.vmConfig" -}}
+vm_id: {{ if eq .Values.form "wasmplugin" }}""{{ else }}drain-gate{{ end }}
+runtime: envoy.wasm.runtime.v8
+code:
+  local: { filename: {{ .Values.wasm.path }} }
+{{- end -}}

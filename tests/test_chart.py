@@ -1,0 +1,213 @@
+"""envoyfilter/chart (the drain-gate Helm chart): `helm lint` passes, the
+values schema and the render refuse bad values with a message naming them,
+the render is what envoyfilter/istio/ holds, and every rendered object is a
+valid Kubernetes / Istio object selecting only drain-gate's own pod label."""
+from __future__ import annotations
+
+import base64
+import hashlib
+import importlib.util
+import math
+import json
+import re
+import subprocess
+
+import kubernetes_validate
+import pytest
+
+from tests.harness import istio, k8s
+from tests import test_hardening_config as config_keys
+from tests.harness.envoy import REPO, WASM
+
+OCI = "oci://registry.example.com/drain-gate/drain-gate:0.1.0"
+WASMPLUGIN = ("--set", "form=wasmplugin", "--set", f"wasmPlugin.url={OCI}")
+
+
+@pytest.fixture(scope="module")
+def module(tmp_path_factory) -> tuple[bytes, str]:
+    """One snapshot of the module (a concurrent build may rewrite WASM) and its base64 file."""
+    wasm = WASM.read_bytes()
+    path = k8s.wasm_base64_file(wasm, tmp_path_factory.mktemp("wasm"))
+    return wasm, str(path)
+
+
+def with_module(module, *args: str) -> tuple[str, ...]:
+    return ("--set-file", f"wasm.base64={module[1]}", *args)
+
+
+def refusal(*args: str) -> str:
+    r = k8s.template(*args, check=False)
+    assert r.returncode != 0, f"rendered with {args}"
+    return r.stderr
+
+
+@pytest.mark.parametrize("form", [(), WASMPLUGIN], ids=["envoyfilter", "wasmplugin"])
+def test_helm_lint_passes(module, form):
+    r = k8s.run("helm", "lint", "--strict", str(k8s.CHART), *with_module(module, *form))
+    assert "1 chart(s) linted, 0 chart(s) failed" in r.stdout, r.stdout
+
+
+def test_plain_files_are_the_chart_render(tmp_path):
+    """envoyfilter/istio/*.yaml are `make istio-manifests` output, byte for byte."""
+    subprocess.run(["make", "-s", "istio-manifests", f"ISTIO_DIR={tmp_path}"], cwd=REPO, check=True,
+                   capture_output=True)
+    rendered = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*.yaml"))
+    assert [str(p) for p in rendered] == ["health-listener.yaml", "traffic-filter.yaml",
+                                          "wasmplugin/health-listener.yaml", "wasmplugin/traffic.yaml"]
+    for rel in rendered:
+        assert (istio.ISTIO / rel).read_text() == (tmp_path / rel).read_text(), \
+            f"envoyfilter/istio/{rel} differs from the chart: run `make istio-manifests`"
+
+
+def readme_config_table() -> dict:
+    """`key` -> default, from the configuration table of README.md."""
+    text = (REPO / "README.md").read_text()
+    section = text.split("## Configuration", 1)[1].split("\n## ", 1)[0]
+    rows = re.findall(r"^\| `(\w+)` \| (.+?) \|", section, re.M)
+    return {key: (None if default == "(required)" else json.loads(default.strip("`"))) for key, default in rows}
+
+
+def test_values_are_every_key_of_the_configuration_table():
+    table = readme_config_table()
+    keys = config_keys.KEYS
+    assert set(table) == set(keys), "README table and src/config.rs KEYS differ"
+    values = istio.load_one(k8s.CHART / "values.yaml")["config"]
+    assert "role" not in values, "the chart sets the role of each filter"
+    assert values == {k: v for k, v in table.items() if k != "role"}, "chart defaults are the plugin's defaults"
+    schema = json.loads((k8s.CHART / "values.schema.json").read_text())
+    assert set(schema["properties"]["config"]["properties"]) == set(keys) - {"role"}
+
+
+@pytest.mark.parametrize("args, named", [
+    (("--set", "colour=blue"), "colour"),
+    (("--set", "config.drain_timout=30s"), "drain_timout"),
+    (("--set", "config.drain_timeout=12x"), "drain_timeout"),
+    (("--set", "config.lb_buffer=1.5s"), "lb_buffer"),
+    (("--set", "config.tick=100"), "tick"),
+    (("--set", "config.draining_lb_status=503"), "draining_lb_status"),
+    (("--set", "config.admin_token=short"), "admin_token"),
+    (("--set", "config.close_after=lb_down"), "close_after"),
+    (("--set", "config.lb_fall=11"), "lb_fall"),
+    (("--set", "form=both"), "form"),
+    (("--set", "wasm.bas64=x"), "bas64"),
+], ids=lambda v: v if isinstance(v, str) else None)
+def test_schema_refuses_unknown_keys_and_bad_values(module, args, named):
+    err = refusal(*with_module(module, *args))
+    assert "values don't meet the specifications of the schema" in err and named in err, err
+
+
+@pytest.mark.parametrize("args, message", [
+    (("--set", "config.drain_timeout=2h"), 'config.drain_timeout: "2h" is above the maximum 60m'),
+    (("--set", "config.lb_down_timeout=0s"), 'config.lb_down_timeout: "0s" is below the minimum 1ms'),
+    (("--set", "config.tick=5ms"), 'config.tick: "5ms" is outside 10ms..10s'),
+    (("--set", "config.min_drain=3m"), "config.min_drain must not exceed config.drain_timeout"),
+    (("--set", "form=wasmplugin"), "form wasmplugin needs wasmPlugin.url"),
+])
+def test_render_refuses_values_the_plugin_would_refuse(module, args, message):
+    assert message in refusal(*with_module(module, *args))
+
+
+def test_render_refuses_a_missing_binary_or_oversized_module(tmp_path):
+    assert "wasm.base64 is empty: pass the module with --set-file" in refusal()
+    raw = tmp_path / "raw.wasm"
+    raw.write_bytes(b"\0asm\x01\0\0\0\xff\xfe")
+    assert "/wasm/base64" in refusal("--set-file", f"wasm.base64={raw}"), "the binary file is refused by the schema"
+    text = tmp_path / "text.b64"
+    text.write_text(base64.b64encode(b"not a module").decode())
+    assert "is not a base64 WebAssembly module" in refusal("--set-file", f"wasm.base64={text}")
+    big = tmp_path / "big.b64"
+    big.write_text(base64.b64encode(b"\0asm" + b"\0" * (1024 * 1024)).decode())
+    err = refusal("--set-file", f"wasm.base64={big}")
+    assert "the module is 1048580 bytes: a ConfigMap holds at most 1 MiB" in err, err
+
+
+def _validate_k8s(obj: dict) -> None:
+    for version in ("1.28.0", kubernetes_validate.utils.latest_version()):
+        kubernetes_validate.validate(obj, version, strict=True)
+
+
+@pytest.mark.parametrize("form", [(), WASMPLUGIN], ids=["envoyfilter", "wasmplugin"])
+def test_rendered_objects_select_drain_gate_pods_in_the_release_namespace(module, form):
+    objs = k8s.run("helm", "template", "dg", str(k8s.CHART), "-n", "gateways", *with_module(module, *form)).stdout
+    objs = k8s.by_kind(k8s.docs(objs))
+    wasmplugin = bool(form)
+    expected = {("PodDisruptionBudget", "drain-gate"), ("ConfigMap", "drain-gate-wasm"),
+                ("EnvoyFilter", "drain-gate-health"),
+                ("WasmPlugin" if wasmplugin else "EnvoyFilter", "drain-gate-traffic")}
+    assert set(objs) == expected
+    for obj in objs.values():
+        assert obj["metadata"]["namespace"] == "gateways", obj["kind"]
+    health = objs[("EnvoyFilter", "drain-gate-health")]
+    assert health["spec"]["workloadSelector"] == {"labels": istio.DRAIN_GATE_LABEL}
+    assert objs[("PodDisruptionBudget", "drain-gate")]["spec"]["selector"] == {"matchLabels": istio.DRAIN_GATE_LABEL}
+    patches = list(health["spec"]["configPatches"])
+    if wasmplugin:
+        wp = objs[("WasmPlugin", "drain-gate-traffic")]
+        assert wp["spec"]["selector"] == {"matchLabels": istio.DRAIN_GATE_LABEL} and wp["spec"]["url"] == OCI
+    else:
+        traffic = objs[("EnvoyFilter", "drain-gate-traffic")]
+        assert traffic["spec"]["workloadSelector"] == {"labels": istio.DRAIN_GATE_LABEL}
+        assert traffic["spec"]["priority"] > 0, "INSERT_BEFORE needs a priority (IST0151)"
+        patches += traffic["spec"]["configPatches"]
+    for p in patches:
+        assert re.search(p["match"]["proxy"]["proxyVersion"], istio.PROXY_VERSION)
+        assert not re.search(p["match"]["proxy"]["proxyVersion"], "1.31.0")
+    cm = objs[("ConfigMap", "drain-gate-wasm")]
+    wasm = base64.b64decode(cm["binaryData"]["drain_gate.wasm"])
+    assert wasm == module[0]
+    assert cm["metadata"]["annotations"]["drain-gate/wasm-sha256"] == hashlib.sha256(wasm).hexdigest()
+    _validate_k8s(cm)
+    _validate_k8s(objs[("PodDisruptionBudget", "drain-gate")])
+
+
+def test_config_values_reach_the_health_role_and_traffic_gets_only_what_it_uses(module):
+    """The traffic role's configuration is role + tick, both checked at render:
+    no value can make Envoy refuse the traffic filter alone, which on a fresh
+    start leaves a health listener answering 200 in front of no traffic
+    listener (tests/test_load_failure.py, "traffic config")."""
+    for form in ((), WASMPLUGIN):
+        objs = k8s.by_kind(k8s.template(*with_module(module, "--set", "config.drain_timeout=30s",
+                                                     "--set", "config.draining_lb_status=404",
+                                                     "--set", "config.tick=50ms", *form)))
+        health = objs[("EnvoyFilter", "drain-gate-health")]["spec"]["configPatches"][0]["patch"]["value"]
+        hcm = health["filter_chains"][0]["filters"][0]["typed_config"]
+        config = json.loads(hcm["http_filters"][0]["typed_config"]["config"]["configuration"]["value"])
+        assert config["role"] == "health"
+        assert (config["drain_timeout"], config["draining_lb_status"], config["tick"]) == ("30s", 404, "50ms")
+        if form:
+            traffic = objs[("WasmPlugin", "drain-gate-traffic")]["spec"]["pluginConfig"]
+        else:
+            value = objs[("EnvoyFilter", "drain-gate-traffic")]["spec"]["configPatches"][0]["patch"]["value"]
+            traffic = json.loads(value["typed_config"]["config"]["configuration"]["value"])
+        assert traffic == {"role": "traffic", "tick": "50ms"}
+
+
+def test_rendered_istio_objects_are_valid_against_the_crds(module):
+    validators = istio.crd_validators()
+    for form in ((), WASMPLUGIN):
+        for obj in k8s.template(*with_module(module, *form)):
+            if obj["kind"] in ("EnvoyFilter", "WasmPlugin"):
+                assert istio.crd_errors(obj, validators) == [], (form, obj["kind"])
+
+
+@pytest.mark.parametrize("config", [{}, {"drain_timeout": "300s", "lb_buffer": "1500ms"},
+                                    {"close_after": "lb_observed_down", "lb_down_timeout": "90s"}])
+def test_install_notes_give_the_grace_period_verify_checks(module, config):
+    """`helm install` prints the minimum terminationGracePeriodSeconds; it is
+    the one verify.py --pod-spec checks (with the values' 5 s drain duration)."""
+    sets = [a for k, v in config.items() for a in ("--set", f"config.{k}={v}")]
+    r = k8s.run("helm", "install", "--dry-run=client", "drain-gate", str(k8s.CHART), "-n", "istio-system",
+                *with_module(module, *sets))
+    printed = int(re.search(r"terminationGracePeriodSeconds must be at least (\d+)", r.stdout)[1])
+    spec = importlib.util.spec_from_file_location("verify", istio.ENVOYFILTER / "tools" / "verify.py")
+    verify = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(verify)
+    drain, closing = verify.timings(config)
+    assert printed == math.ceil(drain + closing + verify.HOLD_MARGIN_S + 5 + verify.SPARE_S)
+
+
+def test_the_chart_refuses_kubernetes_before_1_28(module):
+    """KEP-1669 (terminating endpoints keep the LB's checks) is GA in 1.28."""
+    err = refusal(*with_module(module, "--kube-version", "1.27.9"))
+    assert "chart requires kubeVersion: >=1.28.0-0" in err, err
+    k8s.template(*with_module(module, "--kube-version", "1.28.0"))
