@@ -159,8 +159,8 @@ def test_health_listener_agrees_with_envoy_yaml():
 def test_admin_cluster_agrees_with_envoy_yaml():
     """The cluster the connection rotation calls Envoy's admin through: the
     default of rotate_connections, at istio-proxy's admin address."""
-    _, patch = _value(istio.ISTIO / "health-listener.yaml")
-    assert (patch["applyTo"], patch["match"], patch["patch"]["operation"]) == ("CLUSTER", {"context": "GATEWAY"}, "ADD")
+    listener, patch = _value(istio.ISTIO / "health-listener.yaml")
+    assert (patch["applyTo"], patch["match"], patch["patch"]["operation"]) == ("CLUSTER", listener["match"], "ADD")
     doc = yaml.safe_load(BOOTSTRAP.read_text())
     (local,) = [c for c in doc["static_resources"]["clusters"] if c["name"] == "drain_gate_envoy_admin"]
     assert patch["patch"]["value"] == local
