@@ -468,13 +468,16 @@ def apply_envoyfilters(listeners: list[dict], envoyfilters: list[dict], labels: 
     return out
 
 
-def added_clusters(envoyfilters: list[dict], labels: dict = GATEWAY_LABELS) -> list[dict]:
-    """The clusters the CLUSTER ADD patches of `envoyfilters` add to a gateway."""
+def added_clusters(envoyfilters: list[dict], labels: dict = POD_LABELS,
+                   proxy_version: str = PROXY_VERSION) -> list[dict]:
+    """The clusters the CLUSTER ADD patches of `envoyfilters` add to a gateway with
+    `labels` running Istio `proxy_version` (selected as `apply_envoyfilters` selects)."""
     return [
         copy.deepcopy(p["patch"]["value"])
         for ef in envoyfilters if _selected(ef, labels)
         for p in ef["spec"]["configPatches"]
-        if p["applyTo"] == "CLUSTER" and p["patch"]["operation"] == "ADD" and _context_ok(p.get("match", {}))
+        if p["applyTo"] == "CLUSTER" and p["patch"]["operation"] == "ADD"
+        and _context_ok(p.get("match", {}), proxy_version)
     ]
 
 
