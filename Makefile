@@ -10,15 +10,18 @@ VENV     := .venv
 PY       := $(VENV)/bin/python
 APT_PKGS := haproxy wrk nghttp2-client curl socat gcc openssl
 
-.PHONY: all build run test lint unit integration deps deps-rust deps-apt deps-prometheus clean envoy-matrix oci configmap bench bench-quick noop
+.PHONY: all build run test lint unit integration deps deps-rust deps-wasm deps-apt deps-prometheus wasm-opt clean envoy-matrix oci configmap bench bench-quick noop
 
 all: build
 
 ## Dependencies -------------------------------------------------------------
-deps: deps-rust deps-apt deps-prometheus $(VENV)/.installed
+deps: deps-rust deps-apt deps-prometheus wasm-opt $(VENV)/.installed
 
-deps-rust:
-	@rustup target list --installed | grep -qx $(TARGET) || rustup target add $(TARGET)
+# What building the wasm needs: the wasm32-wasip1 target.
+deps-wasm:
+	@rustup target list --installed | grep -qx $(TARGET) || { echo "installing the $(TARGET) Rust target"; rustup target add $(TARGET); }
+
+deps-rust: deps-wasm
 	@rustup component list --installed | grep -q '^clippy' || rustup component add clippy
 	@rustup component list --installed | grep -q '^rustfmt' || rustup component add rustfmt
 
@@ -49,36 +52,51 @@ deps-prometheus:
 	    $$SUDO systemctl disable $$now prometheus >/dev/null 2>&1 || true; fi; \
 	  exit $$rc; }
 
-$(VENV)/.installed: tests/requirements.txt
+# `make run` installs only tests/requirements-run.txt (Envoy, PyYAML, requests);
+# `make test` adds the test libraries of tests/requirements.txt to the same venv.
+$(VENV)/.run-installed: tests/requirements-run.txt
+	@test -x $(PY) || python3 -m venv $(VENV)
+	@echo "installing into $(VENV): $$(grep -v '^#' tests/requirements-run.txt | xargs)"
+	@$(PY) -m pip install -q --disable-pip-version-check -r tests/requirements-run.txt
+	@touch $@
+
+$(VENV)/.installed: tests/requirements.txt tests/requirements-run.txt
 	@test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --disable-pip-version-check -r tests/requirements.txt
-	@touch $@
+	@touch $@ $(VENV)/.run-installed
 
 ## Build ---------------------------------------------------------------------
 # Binaryen's wasm-opt (npm package `binaryen`, run by node) shrinks the module
-# by ~20%; without node the unoptimized module is used as it is.
+# by ~20%. It is optional: `make run` neither needs nor installs it (cargo's
+# module runs as it is); `make test` installs it, and `build` then optimizes.
 BINARYEN := 132.0.0
 WASM_OPT := .tools/node_modules/.bin/wasm-opt
 
-build: deps-rust
+wasm-opt:
+	@if [ ! -x $(WASM_OPT) ] && command -v npm >/dev/null; then \
+	  echo "installing binaryen $(BINARYEN) (wasm-opt) into .tools"; \
+	  npm install --silent --no-audit --no-fund --prefix .tools binaryen@$(BINARYEN) >/dev/null || true; fi
+
+# $(WASM).unoptimized marks a module copied without wasm-opt: once wasm-opt is
+# installed, the next build optimizes it.
+build: deps-wasm
 	cargo build --release --target $(TARGET)
-	@if [ ! -f $(WASM) ] || [ $(CARGO_WASM) -nt $(WASM) ]; then \
-	  if [ ! -x $(WASM_OPT) ] && command -v npm >/dev/null; then \
-	    npm install --silent --no-audit --no-fund --prefix .tools binaryen@$(BINARYEN) >/dev/null || true; fi; \
+	@if [ ! -f $(WASM) ] || [ $(CARGO_WASM) -nt $(WASM) ] || { [ -x $(WASM_OPT) ] && [ -f $(WASM).unoptimized ]; }; then \
 	  if [ -x $(WASM_OPT) ]; then \
 	    $(WASM_OPT) -Oz --enable-bulk-memory --enable-sign-ext --enable-nontrapping-float-to-int \
-	      --enable-mutable-globals $(CARGO_WASM) -o $(WASM).tmp && mv $(WASM).tmp $(WASM); \
-	  else echo "wasm-opt not available (needs node/npm): $(WASM) is cargo's module as it is"; \
-	    cp $(CARGO_WASM) $(WASM).tmp && mv $(WASM).tmp $(WASM); fi; \
+	      --enable-mutable-globals $(CARGO_WASM) -o $(WASM).tmp && mv $(WASM).tmp $(WASM) && rm -f $(WASM).unoptimized; \
+	  else echo "wasm-opt not installed (optional; \`make test\` installs it): $(WASM) is cargo's module as it is"; \
+	    cp $(CARGO_WASM) $(WASM).tmp && mv $(WASM).tmp $(WASM) && touch $(WASM).unoptimized; fi; \
 	fi
 	@ls -l $(WASM) | awk '{print "built $(WASM): " $$5 " bytes"}'
 
 ## Run -----------------------------------------------------------------------
-run: build $(VENV)/.installed
-	PYTHONPATH=. $(PY) -m tests.harness.run
+# Installs only what it runs: the wasm32-wasip1 target and tests/requirements-run.txt.
+run: $(VENV)/.run-installed build
+	@PYTHONPATH=. $(PY) -m tests.harness.run
 
 ## Test ----------------------------------------------------------------------
-test: deps envoy-matrix k8s-tools build lint unit hardening-deps props rules integration bench-quick
+test: deps envoy-matrix k8s-tools build lint unit hardening-deps props rules integration rollout-quick bench-quick
 
 lint: deps-rust
 	cargo fmt --check
@@ -89,7 +107,7 @@ unit:
 	cargo test --lib
 
 integration: build $(VENV)/.installed
-	PYTHONPATH=. $(PY) -m pytest tests -q -p no:cacheprovider $(PYTEST_ARGS)
+	PYTHONPATH=. $(PY) -m pytest tests -q -p no:cacheprovider --ignore=tests/rollout $(PYTEST_ARGS)
 
 ## Bench -----------------------------------------------------------------------
 NOOP_WASM := target/noop/$(TARGET)/release/noop_filter.wasm
@@ -122,12 +140,12 @@ envoy-matrix: $(foreach v,$(ENVOY_MATRIX),.venvs/envoy-$(v)/.installed)
 	@touch $@
 
 # OCI image layout + tarball of the wasm, the form a WasmPlugin's oci:// url pulls.
-oci: build
+oci: wasm-opt build
 	python3 envoyfilter/tools/oci_image.py --wasm $(WASM) --out $(ISTIO_OUT)/oci
 
 # The module for the drain-gate chart (drain_gate.wasm.b64, --set-file wasm.base64=...)
 # and the ConfigMap on its own (for an install without the chart's ConfigMap).
-configmap: build
+configmap: wasm-opt build
 	python3 envoyfilter/tools/configmap.py --wasm $(WASM) --out $(ISTIO_OUT)/drain-gate-wasm.configmap.yaml \
 	  --base64-out $(ISTIO_OUT)/drain_gate.wasm.b64
 
@@ -241,3 +259,17 @@ observability: $(VENV)/.installed
 dashboard-png: $(VENV)/.installed
 	PYTHONPATH=. $(PY) -m pytest tests/test_observability.py -q -p no:cacheprovider -k live
 	PYTHONPATH=. $(PY) -m tests.observability.render out/observability/drain.json envoyfilter/observability/drain-gate.dashboard.png
+
+## Rollout -----------------------------------------------------------------------
+# A rolling update (maxSurge 1, maxUnavailable 0) of a gateway fleet behind HAProxy with the
+# seed's timings, once per strategy, under short GETs, HTTP/1.1 and HTTP/2 streams and
+# websockets (tests/rollout/). `make rollout`: 4 gateways, all five strategies (about 7 min).
+# `make rollout-quick` (part of `make test`, about 90 s): 2 gateways, istio-default and drain-gate-404.
+# Both write out/rollout/result.json, results.md and timeline.svg.
+.PHONY: rollout rollout-quick
+
+rollout: deps build $(VENV)/.installed
+	PYTHONPATH=. $(PY) -m tests.rollout.driver $(ROLLOUT_ARGS)
+
+rollout-quick: deps build $(VENV)/.installed
+	PYTHONPATH=. $(PY) -m pytest tests/rollout -q -p no:cacheprovider $(PYTEST_ARGS)

@@ -61,6 +61,11 @@ pub const MIN_TOKEN_LEN: usize = 16;
 pub const MAX_TOKENS: usize = 4;
 /// Longest `tick` accepted.
 const MAX_TICK_MS: u64 = 10_000;
+/// The longest a held `wait=closed` or `/prestop` can last, under any
+/// configuration: `drain_timeout` + `lb_down_timeout` (each at most 60m) + 5s.
+/// The health listener's `stream_idle_timeout` is set above it
+/// (`envoyfilter/envoy.yaml` and the Istio health listeners).
+pub const MAX_WAIT_MS: u64 = 2 * duration::MAX_MS + 5_000;
 
 /// Sets one field of the configuration from the key's value, or says what is
 /// wrong with the value (the caller names the key).
@@ -321,6 +326,7 @@ impl Config {
             lb_buffer_ms: self.lb_buffer_ms,
             close_after: self.close_after,
             lb_down_timeout_ms: self.lb_down_timeout_ms,
+            hold_closing: false,
         }
     }
 
@@ -332,8 +338,15 @@ impl Config {
         }
     }
 
+    /// How long a preStop hold outlives the last tick that renewed it: the
+    /// hold of a worker that died is gone this long after.
+    pub fn hold_lease_ms(&self) -> u64 {
+        self.tick_ms.saturating_mul(10).max(2_000)
+    }
+
     /// How long a `wait=closed` is held when the caller gives no timeout: the
-    /// longest a drain can take, plus a margin for the tick.
+    /// longest a drain can take, plus a margin for the tick. At most
+    /// [`MAX_WAIT_MS`].
     pub fn default_wait_ms(&self) -> u64 {
         self.drain_timeout_ms + self.max_closing_ms() + 5_000
     }
@@ -442,6 +455,7 @@ mod tests {
             ("admin_allow", r#"["127.0.0.0/33"]"#),
             ("admin_allow", r#"["localhost"]"#),
             ("admin_allow", "[8]"),
+            ("admin_allow", r#"["10.0.0.1/8"]"#),
             ("admin_token", r#""short""#),
             ("admin_token", r#""has spaces in the token""#),
             ("admin_token", "7"),
@@ -491,5 +505,47 @@ mod tests {
             problem(r#"{"role":"health","drain_timeout":"0s"}"#),
             "invalid configuration: drain_timeout: \"0s\" is below the minimum 1ms"
         );
+        assert_eq!(
+            problem(r#"{"role":"health","admin_allow":["10.0.0.1/8"]}"#),
+            "invalid configuration: admin_allow: \"10.0.0.1/8\" has host bits set (did you mean \"10.0.0.0/8\"?)"
+        );
+    }
+
+    #[test]
+    fn the_longest_default_hold_is_max_wait() {
+        let longest = parse(
+            r#"{"role":"health","drain_timeout":"60m","close_after":"lb_observed_down",
+                "lb_down_timeout":"60m","lb_buffer":"60m"}"#,
+        )
+        .unwrap();
+        assert_eq!(longest.default_wait_ms(), MAX_WAIT_MS);
+        let explicit = parse(r#"{"role":"health"}"#)
+            .unwrap()
+            .default_wait_ms()
+            .max(duration::MAX_MS);
+        assert!(explicit <= MAX_WAIT_MS, "an explicit timeout= fits too");
+    }
+
+    /// Every shipped health listener lets a held `wait=closed` run its
+    /// longest: Envoy's `stream_idle_timeout` must not cut it first.
+    #[test]
+    fn shipped_stream_idle_timeouts_outlast_the_longest_hold() {
+        let shipped = [
+            include_str!("../envoyfilter/envoy.yaml"),
+            include_str!("../envoyfilter/istio/health-listener.yaml"),
+            include_str!("../envoyfilter/istio/wasmplugin/health-listener.yaml"),
+            include_str!("../envoyfilter/chart/templates/health-listener.yaml"),
+            include_str!("../envoyfilter/gateway-api/health-listener.yaml"),
+            include_str!("../envoyfilter/gateway-api/wasmplugin/health-listener.yaml"),
+        ];
+        for text in shipped {
+            let secs: Vec<u64> = text
+                .lines()
+                .filter_map(|l| l.trim().strip_prefix("stream_idle_timeout: "))
+                .map(|v| v.trim_end_matches('s').parse().unwrap())
+                .collect();
+            assert_eq!(secs.len(), 1, "one health listener per file");
+            assert!(secs[0] * 1000 > MAX_WAIT_MS, "{} s", secs[0]);
+        }
     }
 }

@@ -9,6 +9,15 @@
 //!   any state except FAULT ── POST /fault ──▶ FAULT
 //! ```
 //!
+//! Two refinements of the table, both decided here:
+//! - a **maintenance drain** (`DrainPlan::hold_closing`) stays in CLOSING
+//!   until `/reopen` or `/close`: `due()` never closes it; a preStop that
+//!   joins it makes it automatic again (`resume`);
+//! - a **preStop hold** (`Record::hold`, a held `wait=closed`
+//!   answer on some worker, renewed by that worker's tick) refuses
+//!   `/reopen` unless the move is forced: releasing the hook lets kubelet
+//!   stop the pod while the LB check says 200 again.
+//!
 //! | state    | /health_check.html (LB)       | /health (readiness) | /live (liveness) |
 //! |----------|-------------------------------|---------------------|------------------|
 //! | OPEN     | 200                           | 200                 | 200              |
@@ -196,6 +205,10 @@ pub struct DrainPlan {
     pub close_after: CloseAfter,
     #[serde(default)]
     pub lb_down_timeout_ms: u64,
+    /// A maintenance drain (`POST /drain?hold=closing`): CLOSING lasts until
+    /// `/reopen` or `/close`, never ended by a timer.
+    #[serde(default)]
+    pub hold_closing: bool,
 }
 
 /// One line of the transition history.
@@ -239,6 +252,31 @@ pub struct Record {
     pub drain_started_mono_ms: Option<u64>,
     #[serde(default)]
     pub closing_mono_ms: Option<u64>,
+    /// The preStop hold, while some worker holds a `wait=closed` answer.
+    #[serde(default)]
+    pub hold: Option<Hold>,
+}
+
+/// A preStop hold: a lease that the worker holding a `wait=closed` answer
+/// renews every tick (`renew_hold`), so that the hold of a worker that died
+/// expires by itself. Measured like the timers (`crate::clock`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Hold {
+    pub renewed_ms: u64,
+    #[serde(default)]
+    pub renewed_mono_ms: Option<u64>,
+    pub lease_ms: u64,
+}
+
+impl Hold {
+    pub fn active(&self, now: Now) -> bool {
+        !now.passed(self.renewed_ms, self.renewed_mono_ms, self.lease_ms)
+    }
+
+    /// When the lease runs out, on the wall clock (for display).
+    pub fn until_ms(&self) -> u64 {
+        self.renewed_ms.saturating_add(self.lease_ms)
+    }
 }
 
 impl Record {
@@ -257,7 +295,18 @@ impl Record {
             seq: 0,
             drain_started_mono_ms: None,
             closing_mono_ms: None,
+            hold: None,
         }
+    }
+
+    /// The active preStop hold, if any.
+    pub fn active_hold(&self, now: Now) -> Option<Hold> {
+        self.hold.filter(|h| h.active(now))
+    }
+
+    /// Whether CLOSING waits for an operator (a maintenance drain).
+    pub fn holds_closing(&self) -> bool {
+        self.plan.is_some_and(|p| p.hold_closing)
     }
 
     /// Milliseconds the drain has run (until CLOSING, or until now), on the
@@ -291,6 +340,9 @@ impl Record {
 pub struct Illegal {
     pub state: State,
     pub requested: State,
+    /// Set when the move was refused only because a preStop hold is active
+    /// (until this time); a forced move would have been legal.
+    pub hold_until_ms: Option<u64>,
 }
 
 /// A transition request: move from `expected_from` to `to`.
@@ -301,6 +353,8 @@ pub struct Move {
     pub reason: Reason,
     /// Required when `to` is DRAINING.
     pub plan: Option<DrainPlan>,
+    /// Reopen even while a preStop hold is active.
+    pub force: bool,
 }
 
 /// The one transition function. Fails (409) when the record is not in
@@ -310,9 +364,19 @@ pub fn advance(rec: &Record, mv: Move, now: Now, active: u64) -> Result<Record, 
     let illegal = Illegal {
         state: rec.state,
         requested: mv.to,
+        hold_until_ms: None,
     };
     if rec.state != mv.expected_from || !legal(rec.state, mv.to) {
         return Err(illegal);
+    }
+    if let Some(hold) = rec
+        .active_hold(now)
+        .filter(|_| mv.to == State::Open && !mv.force)
+    {
+        return Err(Illegal {
+            hold_until_ms: Some(hold.until_ms()),
+            ..illegal
+        });
     }
     let mut next = rec.clone();
     next.state = mv.to;
@@ -339,6 +403,7 @@ pub fn advance(rec: &Record, mv: Move, now: Now, active: u64) -> Result<Record, 
         State::Open => {
             next.plan = None;
             next.forced = false;
+            next.hold = None;
         }
         State::Fault => {}
     }
@@ -369,6 +434,7 @@ pub fn due(rec: &Record, now: Now, active: u64, lb_down_ms: Option<u64>) -> Opti
             to,
             reason,
             plan: None,
+            force: false,
         })
     };
     match rec.state {
@@ -378,6 +444,7 @@ pub fn due(rec: &Record, now: Now, active: u64, lb_down_ms: Option<u64>) -> Opti
         State::Draining if rec.drain_for(now, plan.drain_timeout_ms) => {
             auto(State::Closing, Reason::DrainTimeout)
         }
+        State::Closing if plan.hold_closing => None,
         State::Closing => {
             let closing = rec.closing_ms?;
             match plan.close_after {
@@ -401,6 +468,44 @@ pub fn due(rec: &Record, now: Now, active: u64, lb_down_ms: Option<u64>) -> Opti
     }
 }
 
+/// The record with the preStop hold renewed from `now` for `lease_ms`, or
+/// `None` when nothing needs writing: the hold is less than half a lease
+/// old, or the record is not in a drain a hold can protect.
+pub fn renew_hold(rec: &Record, now: Now, lease_ms: u64) -> Option<Record> {
+    if !matches!(rec.state, State::Draining | State::Closing) {
+        return None;
+    }
+    let fresh = rec.hold.is_some_and(|h| {
+        h.lease_ms == lease_ms && !now.passed(h.renewed_ms, h.renewed_mono_ms, lease_ms / 2)
+    });
+    if fresh {
+        return None;
+    }
+    let mut next = rec.clone();
+    next.hold = Some(Hold {
+        renewed_ms: now.wall_ms,
+        renewed_mono_ms: now.mono_ms,
+        lease_ms,
+    });
+    Some(next)
+}
+
+/// The record with a maintenance drain turned automatic again (a preStop
+/// joined it: the pod is going away, CLOSING must end by itself), or `None`
+/// when it is not one. CLOSING keeps its start, so `lb_buffer` counts from it.
+pub fn resume(rec: &Record) -> Option<Record> {
+    let plan = rec.plan.filter(|p| p.hold_closing)?;
+    if !matches!(rec.state, State::Draining | State::Closing) {
+        return None;
+    }
+    let mut next = rec.clone();
+    next.plan = Some(DrainPlan {
+        hold_closing: false,
+        ..plan
+    });
+    Some(next)
+}
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used, clippy::indexing_slicing)]
 mod tests {
@@ -417,6 +522,7 @@ mod tests {
         lb_buffer_ms: 3_000,
         close_after: CloseAfter::LbBuffer,
         lb_down_timeout_ms: 60_000,
+        hold_closing: false,
     };
 
     fn mv(from: State, to: State, reason: Reason) -> Move {
@@ -425,6 +531,7 @@ mod tests {
             to,
             reason,
             plan: Some(PLAN),
+            force: false,
         }
     }
 
@@ -489,7 +596,8 @@ mod tests {
             err,
             Illegal {
                 state: Draining,
-                requested: Draining
+                requested: Draining,
+                hold_until_ms: None,
             }
         );
         let err = advance(
@@ -649,5 +757,75 @@ mod tests {
         let s = serde_json::to_string(&r).unwrap();
         assert!(s.contains("\"DRAINING\""), "{s}");
         assert_eq!(serde_json::from_str::<Record>(&s).unwrap(), r);
+    }
+
+    #[test]
+    fn a_prestop_hold_refuses_reopen_unless_forced() {
+        for from in [Draining, Closing] {
+            let r = renew_hold(&at(from), w(3_000), 2_000).unwrap();
+            let err =
+                advance(&r, mv(from, Open, Reason::ReopenRequested), w(4_999), 0).unwrap_err();
+            assert_eq!(err.hold_until_ms, Some(5_000), "{from:?}");
+            let forced = Move {
+                force: true,
+                ..mv(from, Open, Reason::ReopenRequested)
+            };
+            let open = advance(&r, forced, w(4_999), 0).unwrap();
+            assert_eq!((open.state, open.hold), (Open, None));
+            // An expired hold (its worker died) no longer refuses.
+            let open = advance(&r, mv(from, Open, Reason::ReopenRequested), w(5_000), 0).unwrap();
+            assert_eq!(open.state, Open);
+            // Other moves ignore the hold.
+            assert!(advance(&r, mv(from, Fault, Reason::FaultRequested), w(4_000), 0).is_ok());
+        }
+    }
+
+    #[test]
+    fn a_hold_is_renewed_at_half_lease_and_only_in_a_drain() {
+        let r = at(Draining);
+        let held = renew_hold(&r, w(1_000), 2_000).unwrap();
+        assert_eq!(held.hold.map(|h| h.until_ms()), Some(3_000));
+        assert!(
+            renew_hold(&held, w(1_900), 2_000).is_none(),
+            "fresh: no write"
+        );
+        let again = renew_hold(&held, w(2_001), 2_000).unwrap();
+        assert_eq!(again.hold.map(|h| h.until_ms()), Some(4_001));
+        for s in [Open, Closed, Fault] {
+            assert!(renew_hold(&at(s), w(1_000), 2_000).is_none(), "{s:?}");
+        }
+        // On the monotonic clock, a wall-clock step neither ends nor stretches it.
+        let mono = |wall, mono| Now {
+            wall_ms: wall,
+            mono_ms: Some(mono),
+        };
+        let held = renew_hold(&r, mono(1_000, 50), 2_000).unwrap();
+        assert!(held.active_hold(mono(1_000_000, 2_049)).is_some());
+        assert!(held.active_hold(mono(0, 2_050)).is_none());
+    }
+
+    #[test]
+    fn a_maintenance_drain_holds_closing_until_resumed() {
+        let mut c = at(Closing); // closing at 200, lb_buffer 3000
+        c.plan = Some(DrainPlan {
+            hold_closing: true,
+            ..PLAN
+        });
+        assert!(c.holds_closing());
+        assert_eq!(due(&c, w(1 << 40), 0, None), None, "held: never closes");
+        let mut d = c.clone();
+        d.state = Draining;
+        assert_eq!(
+            due(&d, w(1_100), 0, None).unwrap().to,
+            Closing,
+            "the drain itself stays automatic"
+        );
+        let resumed = resume(&c).unwrap();
+        assert!(!resumed.holds_closing());
+        assert_eq!(resumed.closing_ms, c.closing_ms);
+        let m = due(&resumed, w(3_200), 0, None).unwrap();
+        assert_eq!((m.to, m.reason), (Closed, Reason::LbBufferElapsed));
+        assert!(resume(&resumed).is_none(), "already automatic");
+        assert!(resume(&at(Closing)).is_none());
     }
 }

@@ -39,7 +39,32 @@ impl Cidr {
                 _ => return Err(format!("{s:?} has a prefix length outside 0..={max}")),
             },
         };
-        Ok(Cidr { net, prefix })
+        let cidr = Cidr { net, prefix };
+        let network = cidr.network();
+        if network != net {
+            return Err(format!(
+                "{s:?} has host bits set (did you mean \"{network}/{prefix}\"?)"
+            ));
+        }
+        Ok(cidr)
+    }
+
+    /// The address with every bit past the prefix cleared.
+    fn network(&self) -> IpAddr {
+        match self.net {
+            IpAddr::V4(n) => {
+                let keep = u32::MAX
+                    .checked_shl(32 - u32::from(self.prefix))
+                    .unwrap_or(0);
+                IpAddr::V4((u32::from(n) & keep).into())
+            }
+            IpAddr::V6(n) => {
+                let keep = u128::MAX
+                    .checked_shl(128 - u32::from(self.prefix))
+                    .unwrap_or(0);
+                IpAddr::V6((u128::from(n) & keep).into())
+            }
+        }
     }
 
     pub fn contains(&self, ip: IpAddr) -> bool {
@@ -93,6 +118,29 @@ mod tests {
         assert!(!v6.contains("fe80::1".parse().unwrap()));
         let all = Cidr::parse("0.0.0.0/0").unwrap();
         assert!(all.contains("203.0.113.9".parse().unwrap()));
+    }
+
+    #[test]
+    fn host_bits_are_refused_with_the_network_to_use() {
+        assert_eq!(
+            Cidr::parse("10.0.0.1/8").unwrap_err(),
+            "\"10.0.0.1/8\" has host bits set (did you mean \"10.0.0.0/8\"?)"
+        );
+        assert_eq!(
+            Cidr::parse("fd00::1/8").unwrap_err(),
+            "\"fd00::1/8\" has host bits set (did you mean \"fd00::/8\"?)"
+        );
+        assert!(Cidr::parse("127.0.0.1/0").is_err());
+        for ok in [
+            "10.0.0.0/8",
+            "10.0.0.1/32",
+            "10.0.0.1",
+            "0.0.0.0/0",
+            "::/0",
+            "fd00::1/128",
+        ] {
+            assert!(Cidr::parse(ok).is_ok(), "{ok}");
+        }
     }
 
     #[test]

@@ -226,6 +226,81 @@ proptest! {
     }
 }
 
+/// Every byte as `%HH`, upper or lower case hex.
+fn percent_encode(s: &str, upper: bool) -> String {
+    s.bytes()
+        .map(|b| {
+            if upper {
+                format!("%{b:02X}")
+            } else {
+                format!("%{b:02x}")
+            }
+        })
+        .collect()
+}
+
+fn local() -> Request<'static> {
+    Request {
+        method: "POST",
+        path: "/drain",
+        source: Some("127.0.0.1".parse().unwrap()),
+        ..Request::default()
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 1024, .. ProptestConfig::default() })]
+
+    /// Percent-encoding any part of a query changes nothing: the same
+    /// endpoint, or the same refusal.
+    #[test]
+    fn percent_encoding_routes_the_same(parts in prop::collection::vec(query_part(), 0..4),
+                                        which in prop::collection::vec(any::<bool>(), 8), upper in any::<bool>(),
+                                        path in prop::sample::select(PATHS.to_vec())) {
+        let cfg = Config::parse(br#"{"role":"health"}"#).unwrap();
+        let method = if path == "/prestop" { "GET" } else if ADMIN.contains(&path) { "POST" } else { "GET" };
+        // Only parts free of `%`, `&` and `=` are encoded: those three are syntax.
+        let encoded: Vec<String> = parts.iter().zip(which.iter().cycle()).map(|(part, &enc)| {
+            match part.split_once('=') {
+                Some((k, v)) if enc && !k.contains('%') && !v.contains(['%', '&', '=']) =>
+                    format!("{}={}", percent_encode(k, upper), percent_encode(v, upper)),
+                _ => part.clone(),
+            }
+        }).collect();
+        let plain = format!("{path}?{}", parts.join("&"));
+        let coded = format!("{path}?{}", encoded.join("&"));
+        let a = api::route(&Request { method, path: &plain, ..local() }, &cfg);
+        let b = api::route(&Request { method, path: &coded, ..local() }, &cfg);
+        prop_assert_eq!(a, b, "{} vs {}", plain, coded);
+    }
+
+    /// A parameter given twice is refused with a 400 that names it, whatever
+    /// the values and wherever the repeat stands.
+    #[test]
+    fn a_repeated_parameter_is_refused_by_name(name in prop::sample::select(vec!["wait", "timeout"]),
+                                               first in prop::sample::select(vec!["closed", "1s", "90s", "x"]),
+                                               second in prop::sample::select(vec!["closed", "3s", "", "%31s"]),
+                                               middle in prop::option::of(prop::sample::select(vec!["wait=closed", "timeout=2s"]))) {
+        let cfg = Config::parse(br#"{"role":"health"}"#).unwrap();
+        let mut parts = vec![format!("{name}={first}")];
+        if let Some(m) = middle.filter(|m| !m.starts_with(name)) {
+            parts.push(m.to_string());
+        }
+        parts.push(format!("{name}={second}"));
+        let path = format!("/drain?{}", parts.join("&"));
+        let r = api::route(&Request { path: &path, ..local() }, &cfg);
+        let Err(r) = r else { return Err(TestCaseError::fail(format!("{path} routed"))) };
+        prop_assert_eq!(r.status, 400);
+        let body: Value = serde_json::from_slice(&r.body).unwrap();
+        let message = body["message"].as_str().unwrap();
+        // The first value may already be refused on its own; otherwise the repeat is.
+        let first_ok = (name == "wait" && first == "closed") || (name == "timeout" && first.ends_with('s'));
+        if first_ok {
+            prop_assert_eq!(message, format!("{name}: given more than once; give each query parameter once"));
+        }
+    }
+}
+
 fn json_value() -> impl Strategy<Value = Value> {
     let leaf = prop_oneof![
         Just(Value::Null),
@@ -350,8 +425,9 @@ fn plan() -> impl Strategy<Value = DrainPlan> {
         0u64..5_000,
         any::<bool>(),
         1u64..20_000,
+        any::<bool>(),
     )
-        .prop_map(|(min, timeout, buffer, observed, down)| DrainPlan {
+        .prop_map(|(min, timeout, buffer, observed, down, hold)| DrainPlan {
             min_drain_ms: min.min(timeout),
             drain_timeout_ms: timeout,
             lb_buffer_ms: buffer,
@@ -361,6 +437,7 @@ fn plan() -> impl Strategy<Value = DrainPlan> {
                 CloseAfter::LbBuffer
             },
             lb_down_timeout_ms: down,
+            hold_closing: hold,
         })
 }
 
@@ -370,6 +447,10 @@ enum Op {
     Ask(Move, u64, u64),
     /// Whatever `due` says, applied.
     Due(u64, u64, Option<u64>),
+    /// A worker holding a preStop answer renews its lease.
+    Hold(u64, u64),
+    /// A preStop joins a maintenance drain.
+    Resume,
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -380,20 +461,24 @@ fn op() -> impl Strategy<Value = Op> {
             reason(),
             prop::option::of(plan()),
             0u64..30_000,
-            0u64..3
+            0u64..3,
+            any::<bool>()
         )
-            .prop_map(|(from, to, reason, plan, dt, active)| Op::Ask(
+            .prop_map(|(from, to, reason, plan, dt, active, force)| Op::Ask(
                 Move {
                     expected_from: from,
                     to,
                     reason,
-                    plan
+                    plan,
+                    force
                 },
                 dt,
                 active
             )),
         (0u64..30_000, 0u64..3, prop::option::of(0u64..30_000))
             .prop_map(|(dt, a, down)| Op::Due(dt, a, down)),
+        (0u64..30_000, 1u64..10_000).prop_map(|(dt, lease)| Op::Hold(dt, lease)),
+        Just(Op::Resume),
     ]
 }
 
@@ -414,7 +499,7 @@ fn check_record(r: &Record) -> Result<(), TestCaseError> {
         State::Draining | State::Closing | State::Closed => {
             prop_assert!(r.plan.is_some() && r.drain_started_ms.is_some())
         }
-        State::Open => prop_assert!(r.plan.is_none() && !r.forced),
+        State::Open => prop_assert!(r.plan.is_none() && !r.forced && r.hold.is_none()),
         State::Fault => {}
     }
     if r.state == State::Closing || r.state == State::Closed {
@@ -452,8 +537,11 @@ proptest! {
                         Err(e) => {
                             prop_assert_eq!(e.state, before.state);
                             prop_assert_eq!(e.requested, mv.to);
+                            let held = mv.to == State::Open && before.active_hold(Now::wall(now)).is_some() && !mv.force;
+                            prop_assert_eq!(e.hold_until_ms.is_some(), held && fsm::legal(before.state, mv.to)
+                                && mv.expected_from == before.state);
                             prop_assert!(!fsm::legal(before.state, mv.to) || mv.expected_from != before.state
-                                || (mv.to == State::Draining && mv.plan.is_none()));
+                                || (mv.to == State::Draining && mv.plan.is_none()) || held);
                         }
                     }
                 }
@@ -466,9 +554,26 @@ proptest! {
                         if mv.reason == Reason::ActiveZero {
                             prop_assert_eq!(active, 0);
                         }
+                        prop_assert!(mv.to != State::Closed || !rec.holds_closing(),
+                            "a maintenance drain closed by itself");
                         let next = fsm::advance(&rec, mv, Now::wall(now), active);
                         prop_assert!(next.is_ok(), "due proposed a move advance refuses: {mv:?}");
                         rec = next.unwrap();
+                    }
+                }
+                Op::Hold(dt, lease) => {
+                    now += dt;
+                    if let Some(next) = fsm::renew_hold(&rec, Now::wall(now), lease) {
+                        prop_assert!(matches!(rec.state, State::Draining | State::Closing));
+                        prop_assert!(next.active_hold(Now::wall(now)).is_some() && next.state == rec.state && next.seq == rec.seq);
+                        rec = next;
+                    }
+                }
+                Op::Resume => {
+                    if let Some(next) = fsm::resume(&rec) {
+                        prop_assert!(rec.holds_closing() && !next.holds_closing());
+                        prop_assert_eq!((next.state, next.closing_ms), (rec.state, rec.closing_ms));
+                        rec = next;
                     }
                 }
             }
@@ -600,6 +705,7 @@ fn due_by_monotonic(rec: &Record, plan: &DrainPlan, mono: u64, active: u64) -> O
             Some(Reason::ActiveZero)
         }
         State::Draining if since_drain >= plan.drain_timeout_ms => Some(Reason::DrainTimeout),
+        State::Closing if plan.hold_closing => None,
         State::Closing => {
             let since_closing = mono - rec.closing_mono_ms.unwrap();
             match plan.close_after {
@@ -630,7 +736,7 @@ proptest! {
         mut wall in 0u64..1 << 42,
         mut mono in 0u64..1 << 40,
     ) {
-        let start = Move { expected_from: State::Open, to: State::Draining, reason: Reason::DrainRequested, plan: Some(plan) };
+        let start = Move { expected_from: State::Open, to: State::Draining, reason: Reason::DrainRequested, plan: Some(plan), force: false };
         let mut rec = fsm::advance(&Record::new(wall), start, Now { wall_ms: wall, mono_ms: Some(mono) }, 1).unwrap();
         for t in ticks {
             mono += t.dt;

@@ -6,11 +6,12 @@ from __future__ import annotations
 import concurrent.futures as cf
 import subprocess
 import threading
+import time
 
 import pytest
 import requests
 
-from tests.harness.envoy import wait_for
+from tests.harness.envoy import REPO, wait_for
 from tests.harness.wire import post, state, status
 
 # Long enough that DRAINING and CLOSING stay put unless a test moves them.
@@ -205,13 +206,13 @@ def test_wait_joins_a_drain_and_times_out(gateway, stream):
     assert r.status_code == 504 and r.json()["wait"] == "timeout" and r.json()["state"] == "DRAINING"
 
 
-def test_wait_is_released_by_reopen(gateway, stream):
+def test_wait_is_released_by_forced_reopen(gateway, stream):
     gw = gateway({"lb_buffer": "60m"})
     stream(gw.traffic("/stream?seconds=20&interval_ms=500"))
     wait_for(lambda: status(gw)["active"] == 1, 10, what="stream counted")
     t, box = _in_background(lambda: post(gw, "/drain?wait=closed&timeout=30s", timeout=30))
     wait_for(lambda: state(gw) == "DRAINING", 5, what="drain started")
-    assert post(gw, "/reopen").status_code == 200
+    assert post(gw, "/reopen?force=true").status_code == 200
     t.join(10)
     r = box["r"]
     assert r.status_code == 409 and r.json()["error"] == "drain_aborted" and r.json()["state"] == "OPEN"
@@ -426,3 +427,87 @@ def test_answers_haproxy_httpchk_on_the_wire(gateway):
             data += chunk
     assert data.startswith(b"HTTP/1.0 200") or data.startswith(b"HTTP/1.1 200"), data[:80]
     assert data.endswith(b"\r\n\r\nOK\n")
+
+
+def _hold_until(gw) -> str | None:
+    return status(gw)["progress"]["prestop_hold_until"]
+
+
+def test_reopen_is_refused_while_a_prestop_hold_is_active(gateway, stream):
+    gw = gateway({"lb_buffer": "60m"})
+    stream(gw.traffic("/stream?seconds=20&interval_ms=500"))
+    wait_for(lambda: status(gw)["active"] == 1, 10, what="stream counted")
+    t, box = _in_background(lambda: requests.get(gw.health("/prestop?timeout=30s"), timeout=30))
+    wait_for(lambda: _hold_until(gw) is not None, 5, what="the held preStop is a hold")
+    # The hold lives in one worker; every worker refuses (fresh connections spread).
+    for _ in range(10):
+        r = post(gw, "/reopen", headers={"connection": "close"})
+        assert r.status_code == 409, r.text
+        body = r.json()
+        assert body["error"] == "prestop_hold" and body["state"] == "DRAINING" and "preStop" in body["message"]
+    assert t.is_alive(), "the refused reopen released the hook"
+    r = post(gw, "/reopen?force=true")
+    assert r.status_code == 200 and r.json()["state"] == "OPEN"
+    t.join(10)
+    assert box["r"].status_code == 409 and box["r"].json()["error"] == "drain_aborted"
+    assert _hold_until(gw) is None
+
+
+def test_a_hold_nobody_renews_expires(gateway, stream):
+    """The holder goes away (here: kubelet's connection drops, so no worker
+    renews the lease): the hold expires by itself and /reopen works again."""
+    gw = gateway({"lb_buffer": "60m", "tick": "100ms"})
+    stream(gw.traffic("/stream?seconds=20&interval_ms=500"))
+    wait_for(lambda: status(gw)["active"] == 1, 10, what="stream counted")
+    hook = stream(gw.health("/prestop?timeout=30s"))
+    wait_for(lambda: _hold_until(gw) is not None, 5, what="the held preStop is a hold")
+    assert post(gw, "/reopen").status_code == 409
+    hook.kill()
+    wait_for(lambda: post(gw, "/reopen").status_code == 200, 10, what="the unrenewed hold expired")
+    assert state(gw) == "OPEN"
+
+
+def test_maintenance_drain_holds_closing_until_reopen(gateway):
+    control = gateway({"lb_buffer": "300ms"})
+    assert post(control, "/drain").json()["state"] == "CLOSING"
+    wait_for(lambda: state(control) == "CLOSED", 10, what="the plain drain closes after lb_buffer")
+    gw = gateway({"lb_buffer": "300ms"})
+    r = post(gw, "/drain?hold=closing")
+    assert r.status_code == 200 and r.json()["state"] == "CLOSING" and r.json()["progress"]["hold_closing"]
+    # Ten lb_buffers later it still holds: readiness 200, LB 503.
+    deadline = time.monotonic() + 3
+    while time.monotonic() < deadline:
+        assert state(gw) == "CLOSING" and lb(gw) == 503
+        time.sleep(0.1)
+    assert requests.get(gw.health("/health"), timeout=5).status_code == 200
+    assert post(gw, "/reopen").json()["state"] == "OPEN"
+    assert lb(gw) == 200
+    assert post(gw, "/drain?hold=closing").json()["state"] == "CLOSING"
+    assert post(gw, "/close").json()["state"] == "CLOSED"
+
+
+def test_prestop_joining_a_maintenance_drain_closes_it(gateway):
+    gw = gateway({"lb_buffer": "300ms"})
+    assert post(gw, "/drain?hold=closing").json()["state"] == "CLOSING"
+    r = requests.get(gw.health("/prestop?timeout=10s"), timeout=15)
+    assert r.status_code == 200 and r.json()["state"] == "CLOSED"
+    assert r.json()["progress"]["hold_closing"] is False
+
+
+def _readme_block(heading: str) -> str:
+    text = (REPO / "README.md").read_text()
+    section = text.split(heading, 1)[1]
+    return section.split("```sh\n", 1)[1].split("```", 1)[0]
+
+
+def test_readme_maintenance_walkthrough_runs_as_written(gateway):
+    """The README's hand-run drain, against a real Envoy: every `# →` line prints what it says."""
+    gw = gateway({"lb_buffer": "200ms"})
+    block = _readme_block("## Maintenance drain")
+    expected = [line.split("# →", 1)[1].split()[0] for line in block.splitlines() if "# →" in line]
+    script = block.replace("localhost:18180", f"127.0.0.1:{gw.ports.health}").replace(
+        "localhost:18080", f"127.0.0.1:{gw.ports.traffic}")
+    r = subprocess.run(["bash", "-euo", "pipefail", "-c", script], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == expected
+    assert state(gw) == "OPEN"

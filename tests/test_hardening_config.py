@@ -33,7 +33,7 @@ BAD = {
     "lb_buffer": ["2h", "1.5s", True],
     "tick": ["1ms", "11s", "100"],
     "draining_lb_status": [503, "200"],
-    "admin_allow": ["127.0.0.1", ["127.0.0.0/33"], ["localhost"], [8]],
+    "admin_allow": ["127.0.0.1", ["127.0.0.0/33"], ["localhost"], [8], ["10.0.0.1/8"]],
     "admin_token": ["short", "has spaces in the token", 7],
     "close_after": ["lb_down", 1],
     "lb_fall": [0, 11, 2.5, "2"],

@@ -377,7 +377,7 @@ def assert_grace_covers_the_drain(progress: dict, command: list[str], grace: int
 
 # -- WasmPlugin form ------------------------------------------------------------------------
 def _wasmplugin_listeners(tmp_path, health_ef: dict, module, wp: dict | None = None,
-                          labels: dict = istio.GATEWAY_LABELS, port: int = 8080) -> list[dict]:
+                          labels: dict = istio.POD_LABELS, port: int = 8080) -> list[dict]:
     wp = wp or load("wasmplugin/traffic.yaml")
     ecds = tmp_path / "ecds.yaml"
     istio.write_ecds(ecds, [istio.wasmplugin_extension_config(wp, module)])

@@ -141,15 +141,17 @@ def test_health_listener_agrees_with_envoy_yaml():
     assert ours["address"]["socket_address"] == {"address": "0.0.0.0", "port_value": 18180}
     assert ours["per_connection_buffer_limit_bytes"] == local["per_connection_buffer_limit_bytes"]
     assert _without_path(_wasm(hcm(ours)["http_filters"])) == _without_path(_wasm(hcm(local)["http_filters"]))
-    for key in ("stat_prefix", "codec_type", "stream_idle_timeout", "request_headers_timeout", "route_config"):
+    for key in ("stat_prefix", "codec_type", "stream_idle_timeout", "request_headers_timeout", "route_config",
+                "local_reply_config", "http_protocol_options"):
         assert hcm(ours)[key] == hcm(local)[key], key
-    # A held wait=closed answer is idle for up to drain_timeout + lb_buffer (<= 1 h).
-    assert hcm(ours)["stream_idle_timeout"] == "3700s"
+    # A held wait=closed answer is idle for up to drain_timeout + the longest CLOSING + 5 s (<= 2 h 5 s).
+    assert hcm(ours)["stream_idle_timeout"] == "7300s"
     (route,) = hcm(ours)["route_config"]["virtual_hosts"][0]["routes"]
     assert route["match"] == {"prefix": "/"} and route["direct_response"]["status"] == 503
     # Gateway additions: HAProxy's HTTP/1.0 check without Host, and a router the
     # traffic patch cannot match.
-    assert hcm(ours)["http_protocol_options"] == {"accept_http_10": True, "default_host_for_http_10": "drain-gate"}
+    assert hcm(ours)["http_protocol_options"] == {"accept_http_10": True, "default_host_for_http_10": "drain-gate",
+                                                  "allow_custom_methods": True}
     names = [f["name"] for f in hcm(ours)["http_filters"]]
     assert names == ["drain-gate", "drain-gate-health.router"]
     assert hcm(ours)["http_filters"][-1]["typed_config"]["@type"].endswith("router.v3.Router")

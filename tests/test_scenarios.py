@@ -6,6 +6,10 @@
         drain, stop after CLOSED, start again (rollout)        -> 0 5xx; 0 connection errors with 404,
                                                                   with 200 none but a request on the
                                                                   gateway at the DOWN instant
+    S3 rollout  the seed's S3 as written: two gateways, 90 s of continuous short requests,
+        `rollout restart` of both, one after the other; current (503 at once, Istio's
+        5 s drain, exit) vs improved (preStop held to CLOSED), 200 and 404
+                                                               -> connection errors, 5xx, p50/p99
     S4  10 long streams + short traffic, drain mid-way         -> all complete
     S5  long streams keep arriving during the drain            -> 404 soft drain: 0 lost;
                                                                   seed 200: lost streams measured
@@ -36,11 +40,12 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
+import requests
 
 from tests.harness import timeline
 from tests.harness.clients import CurlStream, PinnedClients, ShortLoop
 from tests.harness.envoy import REPO, wait_for
-from tests.harness.haproxy import CFG, CFG_SOFT_DRAIN, CFG_TCP
+from tests.harness.haproxy import CFG, CFG_SOFT_DRAIN, CFG_TCP, make_cert
 from tests.harness.rig import QUICK, SEED, PreStop, Rig, Timing, flip_now
 
 FULL = os.environ.get("DRAIN_GATE_SCENARIOS", "") == "full"
@@ -52,6 +57,7 @@ RUN_ID = os.environ.get("DRAIN_GATE_RUN_ID") or (
     datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ") + f"-{TIMING.name}"
 )
 RESULTS: list[dict] = []
+ROLLOUTS: list[dict] = []  # S3 rollout rows, side by side in their own table
 
 STREAM_SECONDS = 12  # >= 10 s, as the seed's S1
 INTERVAL_MS = 500
@@ -74,9 +80,9 @@ def run_dir():
         latest.unlink(missing_ok=True)
         latest.symlink_to(RUN_ID)
     yield d
-    if RESULTS:
-        (d / "results.json").write_text(json.dumps(RESULTS, indent=2))
-        (d / "results.md").write_text(results_table(RESULTS))
+    if RESULTS or ROLLOUTS:
+        (d / "results.json").write_text(json.dumps(RESULTS + ROLLOUTS, indent=2))
+        (d / "results.md").write_text(results_table(RESULTS) + rollout_table(ROLLOUTS))
 
 
 def results_table(rows: list[dict]) -> str:
@@ -103,6 +109,19 @@ def results_table(rows: list[dict]) -> str:
     return head + "\n".join(lines) + "\n"
 
 
+def rollout_table(rows: list[dict]) -> str:
+    if not rows:
+        return ""
+    head = ("\nS3 rollout restart (2 gateways, continuous short requests through HAProxy, both restarted "
+            "one after the other):\n\n"
+            "| mode | checks | traffic | requests | connection errors | 5xx | p50 | p99 | sessions cut at DOWN |\n"
+            "|---|---|---|---|---|---|---|---|---|\n")
+    lines = [f"| {r['mode']} | inter {r['check_inter']} | {r['seconds']:.0f} s | {r['requests']} "
+             f"| {r['connection_errors']} | {r['http_5xx']} | {r['p50_ms']} ms | {r['p99_ms']} ms "
+             f"| {r['sessions_cut_at_down']} |" for r in rows]
+    return head + "\n".join(lines) + "\n"
+
+
 def note(r: dict) -> str:
     parts = []
     if r.get("forced"):
@@ -112,6 +131,9 @@ def note(r: dict) -> str:
         parts.append(f"{lo['arrivals']} arrivals, {lo['on_gw1']} on gw1, lost {lo['lost']} "
                      f"({lo['lost_in_flight_at_flip']} in flight at the flip, "
                      f"{lo['lost_started_in_detection_window']} started in the {lo['detection_window_s']}s window)")
+    if r.get("lb_up_after_reopen"):
+        parts.append(f"reopened from CLOSING; HAProxy UP again {r['lb_up_after_reopen'] - r['reopened']:+.1f}s "
+                     "after /reopen (rise)")
     if r.get("lb_up_again"):
         parts.append(f"gw1 restarted, UP again {r['lb_up_again'] - r['trigger']:+.1f}s, "
                      f"{r['gw1_requests_after_restart']} reqs on it after")
@@ -189,15 +211,19 @@ def _directives(path: Path) -> list[str]:
     return out
 
 
-def test_reference_haproxy_configs_are_valid_and_differ_by_one_line(tmp_path):
-    """Both reference files parse (haproxy -c) and differ only by `http-check disable-on-404`."""
-    env = {**os.environ, "HAPROXY_SOCKET": str(tmp_path / "admin.sock"), "GW2_ADDR": "127.0.0.1:1"}
+def test_reference_haproxy_configs_are_valid_and_differ_by_disable_on_404(tmp_path):
+    """Both reference files parse (haproxy -c, every optional frontend on) and differ only by
+    `http-check disable-on-404` in each backend that checks drain-gate."""
+    env = {**os.environ, "HAPROXY_SOCKET": str(tmp_path / "admin.sock"), "GW2_ADDR": "127.0.0.1:1",
+           "TLS_PEM": str(make_cert(tmp_path)), "GW1_TLS_ADDR": "127.0.0.1:2", "GW2_TLS_ADDR": "127.0.0.1:3",
+           "APISERVER_ADDR": "127.0.0.1:4"}
     for cfg in (CFG, CFG_SOFT_DRAIN):
         r = subprocess.run(["haproxy", "-c", "-f", str(cfg)], env=env, capture_output=True, text=True)
-        assert r.returncode == 0, f"{cfg.name}: {r.stdout}{r.stderr}"
+        assert r.returncode == 0 and "WARNING" not in r.stdout + r.stderr, f"{cfg.name}: {r.stdout}{r.stderr}"
     plain, soft = _directives(CFG), _directives(CFG_SOFT_DRAIN)
     extra = [line for line in soft if line not in plain]
-    assert [line.strip() for line in extra] == ["http-check disable-on-404"]
+    checked = [line for line in plain if line.strip().startswith("option httpchk")]
+    assert [line.strip() for line in extra] == ["http-check disable-on-404"] * len(checked) == ["http-check disable-on-404"] * 2
     assert [line for line in soft if line not in extra] == plain
     server = next(line for line in plain if line.strip().startswith("server gw1"))
     for word in ("check port", "rise 2", "fall 2", "on-marked-down shutdown-sessions"):
@@ -216,7 +242,8 @@ def test_reference_tcp_config_is_valid_with_the_same_checks(tmp_path):
     tcp, http = _directives(CFG_TCP), _directives(CFG)
     assert any(line.split() == ["mode", "tcp"] for line in tcp)
     for prefix in ("server gw1", "server gw2", "option httpchk", "http-check expect"):
-        assert [x for x in tcp if x.strip().startswith(prefix)] == [x for x in http if x.strip().startswith(prefix)]
+        (line,) = [x for x in tcp if x.strip().startswith(prefix)]
+        assert line in http, line
     assert "    http-check disable-on-404" in tcp
 
 
@@ -426,6 +453,121 @@ def test_s3_rollout_under_continuous_short_requests(run_dir, lb_status):
         # must be one of those - nothing else may fail.
         for e in short.connection_errors:
             assert abs(e.end - down) < 0.5, f"connection error {e.end - down:+.2f}s from LB DOWN: {e.error}"
+
+
+# -- S3 as the seed ran it: a rollout restart of both gateways --------------------------------------
+
+S3_SECONDS = 90.0
+S3_SETTLE = 10.0  # traffic on both gateways before the rollout begins
+ISTIO_DRAIN_S = 5.0  # Istio's default terminationDrainDuration: what "current" waits before Envoy exits
+
+
+def restart_pod(rig: Rig, gw, mode: str) -> dict:
+    """One pod of the rollout: its termination, then the new pod, until HAProxy has it UP again.
+
+    current:  the seed's current order (events 1 -> 5 -> 6): the LB check flips to 503 at once and
+              istio-proxy drains its listeners for Istio's default 5 s, then exits.
+    improved: drain-gate as shipped: the preStop hook (GET /prestop) is held until CLOSED, then exit.
+    """
+    trigger = time.time()
+    if mode == "current":
+        flip_now(gw)
+        requests.post(gw.envoy.admin("/drain_listeners?graceful"), timeout=5).raise_for_status()
+        time.sleep(ISTIO_DRAIN_S)  # the modelled fixed drain period, not a wait for a condition
+    else:
+        ps = PreStop(gw, via="prestop")
+        assert ps.wait(120) == 200, ps.body
+    stopped = time.time()
+    gw.stop()
+    gw.start()
+    started = time.time()
+    up = wait_for(lambda: rig.stat.first(gw.name, "UP", started), 10 * TIMING.inter_s + 10, 0.05,
+                  f"{gw.name} UP again")
+    down = rig.stat.first(gw.name, "DOWN", trigger)
+    return {"gateway": gw.name, "trigger": trigger, "down": down, "stopped": stopped, "up": up}
+
+
+@full_only
+@pytest.mark.parametrize("mode", ["current", "improved", "improved-404"])
+def test_s3_rollout_restart_of_both_gateways(run_dir, mode):
+    """The seed's S3: replicas 2, 90 s of continuous traffic through HAProxy, both gateways
+    restarted one after the other. Connection errors and 5xx are counted apart (retries 3)."""
+    soft = mode == "improved-404"
+    with Rig(run_dir / "s3-rollout" / mode, gateways=2, timing=TIMING, config=SOFT if soft else None,
+             soft_drain=soft) as rig:
+        short = ShortLoop(rig.url("/"), duration=S3_SECONDS, workers=4, pause=0).start()
+        time.sleep(S3_SETTLE)
+        pods = [restart_pod(rig, rig.gw(name), "current" if mode == "current" else "improved")
+                for name in ("gw1", "gw2")]
+        short.join(S3_SECONDS + 30)
+        log = rig.haproxy.requests()
+        cut = [x for x in log if x.killed_by_down]
+        downs = rig.haproxy.down_events()
+    summary = short.summary()
+    ROLLOUTS.append({"mode": mode, "check_inter": TIMING.inter, "seconds": summary["ended"] - summary["started"],
+                     **{k: summary[k] for k in ("requests", "connection_errors", "http_5xx", "p50_ms", "p99_ms")},
+                     "sessions_cut_at_down": max(len(cut), sum(n for _, n in downs)), "pods": pods})
+    (run_dir / "s3-rollout" / f"{mode}.json").write_text(json.dumps(ROLLOUTS[-1], indent=2))
+    assert summary["ended"] - short.started >= S3_SECONDS - 1 and short.total > 1000, summary
+    for p in pods:
+        assert p["down"] is not None and p["down"] < p["stopped"], f"{p['gateway']} stopped before DOWN: {p}"
+        assert any(x.server == p["gateway"] and x.accept > p["up"] for x in log), f"{p['gateway']} idle after UP"
+    if mode == "current":
+        # The control: this rig must see the loss it is there to show.
+        assert summary["connection_errors"] + summary["http_5xx"] >= 1, summary
+    elif soft:
+        assert summary["connection_errors"] == 0 and summary["http_5xx"] == 0, summary
+    else:
+        # 200 while draining: HAProxy sends new requests until DOWN; only those in flight at a DOWN
+        # instant may fail, nothing else.
+        at_down = [p["down"] for p in pods]
+        for e in short.connection_errors + short.server_errors:
+            assert min(abs(e.end - d) for d in at_down) < 0.5, f"error away from any DOWN: {e}"
+
+
+# -- maintenance drain, then reopen ------------------------------------------------------------------
+
+
+RISE = 2  # as in the reference cfg
+
+
+def test_reopen_from_a_maintenance_drain_returns_after_rise(run_dir):
+    """POST /drain?hold=closing takes gw1 out of HAProxy and keeps it out (CLOSING, no lb_buffer
+    close); POST /reopen brings it back, but HAProxy sends it traffic only after `rise` good checks."""
+    wd = run_dir / "maintenance" / "reopen"
+    with Rig(wd, gateways=2, timing=TIMING, config={"lb_buffer": "1s"}) as rig:
+        gw1 = rig.gw("gw1")
+        short = ShortLoop(rig.url("/"), duration=120, workers=2, pause=0.01).start()
+        try:
+            wait_for(lambda: rig.haproxy.server_of("GET / ") is not None, 10, 0.05, "traffic through HAProxy")
+            drained = time.time()
+            r = gw1.post("/drain?hold=closing")
+            assert r.status_code == 200 and r.json()["progress"]["hold_closing"], r.text
+            gw1.wait_state("CLOSING", 10)
+            down = lb_down_seen(rig, "gw1", drained, 4 * TIMING.detection_window)
+            # Held: well past lb_buffer the gateway is still CLOSING (ready, out of the LB).
+            time.sleep(2 * TIMING.inter_s)
+            assert gw1.status()["state"] == "CLOSING"
+            reopened = time.time()
+            assert gw1.post("/reopen").json()["state"] == "OPEN"
+            up = wait_for(lambda: rig.stat.first("gw1", "UP", reopened), 10 * TIMING.inter_s + 10, 0.05,
+                          "gw1 UP again")
+            wait_for(lambda: any(x.server == "gw1" and x.accept > up for x in rig.haproxy.requests()), 10, 0.05,
+                     "requests on gw1 again")
+        finally:
+            short.stop()
+        log = rig.haproxy.requests()
+        finish(run_dir, rig, scenario="maintenance", mode="reopen", trigger=drained, status=gw1.status(),
+               short=short, pair=("reopen", "reopen"), extra={"reopened": reopened, "lb_up_after_reopen": up})
+    on_gw1_while_out = [x for x in log if x.server == "gw1" and down + 0.1 < x.accept < up - 0.1]
+    summary = short.summary()
+    assert not on_gw1_while_out, on_gw1_while_out[:3]
+    # 200 until the flip: HAProxy sends requests to gw1 until DOWN, and one in flight at that
+    # instant is cut (the seed's 200 behaviour, see S3). Nothing else may fail.
+    for e in short.connection_errors + short.server_errors:
+        assert abs(e.end - down) < 0.5, f"error {e.end - down:+.2f}s from LB DOWN: {e.error}"
+    # UP needs `rise` consecutive 200s after the reopen: at least (rise - 1) check intervals.
+    assert up - reopened >= (RISE - 1) * TIMING.inter_s - 0.2, f"UP {up - reopened:.2f}s after /reopen"
 
 
 # -- S5 ---------------------------------------------------------------------------------------------

@@ -8,6 +8,8 @@
 //! | GET/HEAD /health, /live                   | readiness / liveness per state, JSON                |
 //! | GET/HEAD /drain/status                    | 200 status JSON                                     |
 //! | POST /drain, /close-lb, /close, /reopen, /fault | 200 status JSON, or 409 illegal transition    |
+//! | POST /drain?hold=closing                  | maintenance drain: CLOSING lasts until /reopen or /close |
+//! | POST /reopen?force=true                   | reopen even while a preStop hold is active (else 409 `prestop_hold`) |
 //! | POST /drain?wait=closed[&timeout=DUR]     | drain (or join it), answer once CLOSED (200), aborted (409) or timed out (504) |
 //! | GET /prestop[?timeout=DUR]                | the same, for a Kubernetes `preStop.httpGet`        |
 //! | anything else                             | 404; a known path with the wrong method: 405 + Allow |
@@ -18,19 +20,21 @@
 //!
 //! This file routes and authorizes; the answers live beside it: `checks`
 //! (LB check, readiness, liveness), `status` (the status document and held
-//! `wait=closed` answers), `reply` (the `Reply` type and the error answers).
+//! `wait=closed` answers), `reply` (the `Reply` type and the error answers),
+//! `query` (which query parameters each endpoint takes, and how they are spelled).
 
 use std::net::IpAddr;
 
 use crate::config::Config;
-use crate::duration;
-use crate::fsm::{Reason, State};
+use crate::fsm::{DrainPlan, Reason, State};
 
 pub mod checks;
+pub mod query;
 pub mod reply;
 pub mod status;
 
 pub use checks::{check, etag, Audience};
+use query::Params;
 use reply::{bad_request, error};
 pub use reply::{illegal, unavailable, Reply};
 pub use status::{
@@ -52,29 +56,33 @@ pub struct Request<'a> {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Command {
     Drain,
+    /// `POST /drain?hold=closing`: a maintenance drain.
+    HoldDrain,
     CloseLb,
     Close,
     Reopen,
+    /// `POST /reopen?force=true`: reopen through a preStop hold.
+    ForceReopen,
     Fault,
 }
 
 impl Command {
     pub fn target(self) -> State {
         match self {
-            Command::Drain => State::Draining,
+            Command::Drain | Command::HoldDrain => State::Draining,
             Command::CloseLb => State::Closing,
             Command::Close => State::Closed,
-            Command::Reopen => State::Open,
+            Command::Reopen | Command::ForceReopen => State::Open,
             Command::Fault => State::Fault,
         }
     }
 
     pub fn reason(self) -> Reason {
         match self {
-            Command::Drain => Reason::DrainRequested,
+            Command::Drain | Command::HoldDrain => Reason::DrainRequested,
             Command::CloseLb => Reason::CloseLbRequested,
             Command::Close => Reason::CloseRequested,
-            Command::Reopen => Reason::ReopenRequested,
+            Command::Reopen | Command::ForceReopen => Reason::ReopenRequested,
             Command::Fault => Reason::FaultRequested,
         }
     }
@@ -83,11 +91,24 @@ impl Command {
     /// current state; `fsm::legal` decides whether that is allowed.
     pub fn expected_from(self, current: State) -> State {
         match self {
-            Command::Drain => State::Open,
+            Command::Drain | Command::HoldDrain => State::Open,
             Command::CloseLb => State::Draining,
             Command::Close => State::Closing,
-            Command::Reopen | Command::Fault => current,
+            Command::Reopen | Command::ForceReopen | Command::Fault => current,
         }
+    }
+
+    /// The plan a drain started by this command follows.
+    pub fn plan(self, cfg: &Config) -> DrainPlan {
+        DrainPlan {
+            hold_closing: self == Command::HoldDrain,
+            ..cfg.plan()
+        }
+    }
+
+    /// Whether the move goes through an active preStop hold.
+    pub fn force(self) -> bool {
+        self == Command::ForceReopen
     }
 }
 
@@ -110,10 +131,13 @@ pub fn route(req: &Request, cfg: &Config) -> Result<Endpoint, Reply> {
         Some((p, q)) => (p, q),
         None => (req.path, ""),
     };
-    let (allow, admin): (&str, bool) = match path {
-        "/health_check.html" | "/health" | "/live" | "/drain/status" => ("GET, HEAD", false),
-        "/drain" | "/close-lb" | "/close" | "/reopen" | "/fault" => ("POST", true),
-        "/prestop" => ("GET", true),
+    // (methods, admin call, query parameters taken)
+    let (allow, admin, takes): (&str, bool, &[&str]) = match path {
+        "/health_check.html" | "/health" | "/live" | "/drain/status" => ("GET, HEAD", false, &[]),
+        "/drain" => ("POST", true, &["wait", "timeout", "hold"]),
+        "/reopen" => ("POST", true, &["force"]),
+        "/close-lb" | "/close" | "/fault" => ("POST", true, &[]),
+        "/prestop" => ("GET", true, &["timeout"]),
         _ => {
             return Err(error(
                 404,
@@ -134,18 +158,23 @@ pub fn route(req: &Request, cfg: &Config) -> Result<Endpoint, Reply> {
     if admin {
         authorize(req, cfg)?;
     }
-    let params = Params::parse(query)?;
+    let params = Params::parse(query, takes)?;
     let wait = |p: &Params| Endpoint::DrainAndWait {
         timeout_ms: p.timeout_ms.unwrap_or_else(|| cfg.default_wait_ms()),
     };
     let endpoint = match path {
+        "/drain" if params.wait && params.hold => {
+            return Err(bad_request(
+                "hold=closing never reaches CLOSED by itself: drop wait or hold",
+            ))
+        }
         "/drain" if params.wait => wait(&params),
         "/drain" if params.timeout_ms.is_some() => {
             return Err(bad_request("timeout is only valid with wait=closed"))
         }
-        "/prestop" if params.wait => return Err(bad_request("/prestop always waits; drop wait=")),
+        "/drain" if params.hold => Endpoint::Transition(Command::HoldDrain),
+        "/reopen" if params.force => Endpoint::Transition(Command::ForceReopen),
         "/prestop" => wait(&params),
-        _ if params.seen => return Err(bad_request("this endpoint takes no query parameters")),
         "/health_check.html" => Endpoint::Check(Audience::Lb),
         "/health" => Endpoint::Check(Audience::Readiness),
         "/live" => Endpoint::Check(Audience::Liveness),
@@ -157,42 +186,6 @@ pub fn route(req: &Request, cfg: &Config) -> Result<Endpoint, Reply> {
         _ => Endpoint::Transition(Command::Fault),
     };
     Ok(endpoint)
-}
-
-#[derive(Default)]
-struct Params {
-    wait: bool,
-    timeout_ms: Option<u64>,
-    seen: bool,
-}
-
-impl Params {
-    fn parse(query: &str) -> Result<Params, Reply> {
-        let mut p = Params::default();
-        for pair in query.split('&').filter(|s| !s.is_empty()) {
-            p.seen = true;
-            let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
-            match k {
-                "wait" if v == "closed" => p.wait = true,
-                "wait" => return Err(bad_request("wait: the only value is \"closed\"")),
-                "timeout" => match duration::parse_ms(v) {
-                    Ok(ms) if ms > 0 && ms <= duration::MAX_MS => p.timeout_ms = Some(ms),
-                    _ => {
-                        return Err(bad_request(&format!(
-                            "timeout: expected a duration from 1ms to {}, e.g. 90s",
-                            duration::format_ms(duration::MAX_MS)
-                        )))
-                    }
-                },
-                _ => {
-                    return Err(bad_request(
-                        "unknown query parameter (known: wait, timeout)",
-                    ))
-                }
-            }
-        }
-        Ok(p)
-    }
 }
 
 fn authorize(req: &Request, cfg: &Config) -> Result<(), Reply> {
@@ -277,10 +270,40 @@ pub(crate) mod tests {
             Endpoint::DrainAndWait { timeout_ms: 90_000 }
         );
         assert_eq!(
+            ok("POST", "/drain?wait=%63losed&timeout=%31s"),
+            Endpoint::DrainAndWait { timeout_ms: 1_000 }
+        );
+        assert_eq!(
             ok("GET", "/prestop"),
             Endpoint::DrainAndWait {
                 timeout_ms: c.default_wait_ms()
             }
+        );
+        assert_eq!(
+            ok("POST", "/drain?hold=closing"),
+            Endpoint::Transition(Command::HoldDrain)
+        );
+        assert_eq!(
+            ok("POST", "/reopen?force=true"),
+            Endpoint::Transition(Command::ForceReopen)
+        );
+        assert_eq!(ok("POST", "/reopen"), Endpoint::Transition(Command::Reopen));
+    }
+
+    #[test]
+    fn maintenance_drain_and_forced_reopen_commands() {
+        let c = cfg();
+        assert!(Command::HoldDrain.plan(&c).hold_closing);
+        assert!(!Command::Drain.plan(&c).hold_closing);
+        assert_eq!(Command::HoldDrain.target(), State::Draining);
+        assert_eq!(
+            Command::HoldDrain.expected_from(State::Closing),
+            State::Open
+        );
+        assert!(Command::ForceReopen.force() && !Command::Reopen.force());
+        assert_eq!(
+            Command::ForceReopen.expected_from(State::Closing),
+            State::Closing
         );
     }
 
@@ -302,12 +325,36 @@ pub(crate) mod tests {
             "/drain?timeout=5s",
             "/drain?foo=1",
             "/close?wait=closed",
+            "/drain?wait=closed&timeout=1s&timeout=3s",
+            "/drain?wait=closed&timeout=%3",
+            "/drain?hold=open",
+            "/drain?hold=closing&wait=closed",
+            "/close?hold=closing",
+            "/reopen?force=yes",
+            "/reopen?force=true&wait=closed",
+            "/drain?force=true",
         ] {
             let r = err("POST", bad);
             assert_eq!(r.status, 400, "{bad}");
             assert_eq!(body(&r)["error"], "bad_request");
         }
         assert_eq!(err("GET", "/health?x=1").status, 400);
+        assert_eq!(err("GET", "/prestop?wait=closed").status, 400);
+        let r = err("GET", "/live?a");
+        assert_eq!(
+            body(&r)["message"],
+            "unknown query parameter; this endpoint takes no query parameters"
+        );
+        let r = err("POST", "/close?x");
+        assert_eq!(
+            body(&r)["message"],
+            "unknown query parameter; this endpoint takes no query parameters"
+        );
+        let r = err("GET", "/prestop?x=1");
+        assert_eq!(
+            body(&r)["message"],
+            "unknown query parameter; this endpoint takes timeout"
+        );
         let r = err("POST", "/drain?wait=closed&timeout=61m");
         assert_eq!(
             body(&r)["message"],

@@ -69,22 +69,38 @@ struct IllegalBody {
     error: &'static str,
     state: State,
     requested: State,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    hold_until: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    message: Option<&'static str>,
 }
 
-/// 409 for a refused transition.
+/// Why a reopen through a preStop hold is refused.
+const PRESTOP_HOLD: &str = "a preStop hold is active: GET /prestop or POST /drain?wait=closed \
+    is waiting for CLOSED. Reopening releases it, and kubelet then stops the pod while the LB \
+    check says 200 again. POST /reopen?force=true to reopen anyway.";
+
+/// 409 for a refused transition; `prestop_hold` when only an active preStop
+/// hold refused it.
 pub fn illegal(e: Illegal) -> Reply {
+    let (error, message) = match e.hold_until_ms {
+        Some(_) => ("prestop_hold", Some(PRESTOP_HOLD)),
+        None => ("illegal_transition", None),
+    };
     Reply::json(
         409,
         &IllegalBody {
-            error: "illegal_transition",
+            error,
             state: e.state,
             requested: e.requested,
+            hold_until: e.hold_until_ms.map(super::status::rfc3339),
+            message,
         },
     )
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used)]
+#[allow(clippy::unwrap_used, clippy::indexing_slicing)]
 pub(crate) mod tests {
     use super::*;
 
@@ -104,11 +120,25 @@ pub(crate) mod tests {
         let c = body(&illegal(Illegal {
             state: State::Closed,
             requested: State::Open,
+            hold_until_ms: None,
         }));
         assert_eq!(
             c,
             serde_json::json!({"error":"illegal_transition","state":"CLOSED","requested":"OPEN"})
         );
+    }
+
+    #[test]
+    fn a_prestop_hold_is_named() {
+        let c = body(&illegal(Illegal {
+            state: State::Draining,
+            requested: State::Open,
+            hold_until_ms: Some(1_764_000_000_000),
+        }));
+        assert_eq!(c["error"], "prestop_hold");
+        assert_eq!(c["hold_until"], "2025-11-24T16:00:00.000Z");
+        let m = c["message"].as_str().unwrap();
+        assert!(m.contains("preStop") && m.contains("force=true"), "{m}");
     }
 
     #[test]

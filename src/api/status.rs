@@ -120,6 +120,10 @@ struct Progress {
     min_drain_ms: Option<u64>,
     drain_timeout_ms: Option<u64>,
     lb_buffer_ms: Option<u64>,
+    /// A maintenance drain: CLOSING lasts until `/reopen` or `/close`.
+    hold_closing: bool,
+    /// Until when an active preStop hold refuses `/reopen` (renewed while held).
+    prestop_hold_until: Option<String>,
     transitions: Vec<StepOut>,
 }
 
@@ -200,6 +204,8 @@ fn status_body<'a>(v: &View<'a>, error: Option<&'a str>, wait: Option<&'a str>) 
             min_drain_ms: r.plan.map(|p| p.min_drain_ms),
             drain_timeout_ms: r.plan.map(|p| p.drain_timeout_ms),
             lb_buffer_ms: r.plan.map(|p| p.lb_buffer_ms),
+            hold_closing: r.holds_closing(),
+            prestop_hold_until: r.active_hold(v.now).map(|h| rfc3339(h.until_ms())),
             transitions: r
                 .history
                 .iter()
@@ -261,14 +267,42 @@ pub fn wait_end(state: State, timed_out: bool) -> Option<WaitEnd> {
     }
 }
 
-/// The final answer of a held wait: the status, with `wait` saying how it ended.
+#[derive(Serialize)]
+struct WaitError {
+    error: &'static str,
+    message: &'static str,
+    state: State,
+    active: u64,
+    wait: &'static str,
+}
+
+/// The final answer of a held wait: at CLOSED the status with `wait:
+/// "closed"`; an abort or a timeout a small error (whatever the number of LB
+/// checkers) naming the state it ended in — `GET /drain/status` has the rest.
 pub fn wait_reply(end: WaitEnd, v: &View) -> Reply {
-    let (code, error, wait) = match end {
-        WaitEnd::Closed => (200, None, "closed"),
-        WaitEnd::Aborted => (409, Some("drain_aborted"), "aborted"),
-        WaitEnd::TimedOut => (504, Some("wait_timeout"), "timeout"),
+    let (code, error, message, wait) = match end {
+        WaitEnd::Closed => return Reply::json(200, &status_body(v, None, Some("closed"))),
+        WaitEnd::Aborted => (
+            409,
+            "drain_aborted",
+            "the drain was abandoned (reopen or fault) before CLOSED; see GET /drain/status",
+            "aborted",
+        ),
+        WaitEnd::TimedOut => (
+            504,
+            "wait_timeout",
+            "not CLOSED within the timeout; the drain goes on; see GET /drain/status",
+            "timeout",
+        ),
     };
-    Reply::json(code, &status_body(v, error, Some(wait)))
+    let body = WaitError {
+        error,
+        message,
+        state: v.rec.state,
+        active: v.active,
+        wait,
+    };
+    Reply::json(code, &body)
 }
 
 /// Formats milliseconds since the Unix epoch as RFC 3339 UTC.
@@ -368,9 +402,58 @@ mod tests {
                                "last_step_at": "2025-11-24T16:00:00.000Z"})
         );
         assert_eq!(s["progress"]["since"], "2025-11-24T16:00:00.000Z");
-        let w = wait_reply(WaitEnd::TimedOut, &v);
-        assert_eq!(w.status, 504);
-        assert_eq!(body(&w)["wait"], "timeout");
+        let w = wait_reply(WaitEnd::Closed, &v);
+        assert_eq!(
+            (w.status, &body(&w)["wait"]),
+            (200, &serde_json::json!("closed"))
+        );
+        assert_eq!(body(&w)["progress"]["reason"], "start");
+    }
+
+    #[test]
+    fn a_wait_that_ends_without_closed_answers_a_small_error() {
+        let rec = Record::new(1_764_000_000_000);
+        let mut checkers = Checkers::default();
+        for i in 0..32 {
+            checkers.observe(&format!("10.0.0.{i}"), 503, 1_764_000_000_000, 2);
+        }
+        let v = View {
+            rec: &rec,
+            active: 3,
+            now: Now::wall(1_764_000_000_500),
+            clock: ClockInfo::new(Timers::Monotonic, &Steps::default()),
+            in_flight: InFlight::default(),
+            count: CountInfo {
+                source: "gauge",
+                reliable: true,
+            },
+            draining_lb_status: 200,
+            checkers: &checkers,
+            lb_fall: 2,
+            close_after: CloseAfter::LbBuffer,
+        };
+        assert!(
+            status(&v).body.len() > 3_000,
+            "the status carries the checkers"
+        );
+        for (end, code, error, wait) in [
+            (WaitEnd::TimedOut, 504, "wait_timeout", "timeout"),
+            (WaitEnd::Aborted, 409, "drain_aborted", "aborted"),
+        ] {
+            let w = wait_reply(end, &v);
+            assert_eq!(w.status, code);
+            assert!(w.body.len() < 200, "{}", w.body.len());
+            let b = body(&w);
+            assert_eq!(
+                (b["error"].as_str(), b["wait"].as_str()),
+                (Some(error), Some(wait))
+            );
+            assert_eq!(
+                (b["state"].as_str(), b["active"].as_u64()),
+                (Some("OPEN"), Some(3))
+            );
+            assert_eq!(b.as_object().unwrap().len(), 5);
+        }
     }
 
     #[test]

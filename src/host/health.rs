@@ -15,7 +15,7 @@ use super::{in_flight, now, store, wall_ms};
 use crate::api::{self, Audience, CountInfo, Endpoint, Reply, RotationView, View};
 use crate::clock::{self, Now};
 use crate::config::Config;
-use crate::fsm::{CloseAfter, Move, Record, State};
+use crate::fsm::{self, CloseAfter, Move, Record, State};
 use crate::lb::Checkers;
 use crate::rotation;
 
@@ -156,12 +156,12 @@ impl Health {
     /// Moves the FSM for an admin command, then applies whatever became due
     /// (a drain with nothing in flight flips at once).
     fn command(&self, cmd: api::Command) -> Result<Record, store::Error> {
-        let plan = self.config.plan();
         let choose = |r: &Record| Move {
             expected_from: cmd.expected_from(r.state),
             to: cmd.target(),
             reason: cmd.reason(),
-            plan: Some(plan),
+            plan: Some(cmd.plan(&self.config)),
+            force: cmd.force(),
         };
         let moved = store::advance(choose, self.counter.read().active, &self.metrics)?;
         self.rotator.moved(&moved);
@@ -198,28 +198,45 @@ impl Health {
                 Err(store::Error::Store(e)) => unavailable(&e),
             }),
             Endpoint::DrainAndWait { timeout_ms } => {
-                let rec = match rec.state {
-                    State::Open => match self.command(api::Command::Drain) {
-                        Ok(next) => next,
-                        // Someone else started it first: join.
-                        Err(store::Error::Illegal(_)) => match store::load() {
-                            Ok(r) => r,
-                            Err(e) => return Some(unavailable(&e)),
-                        },
-                        Err(store::Error::Store(e)) => return Some(unavailable(&e)),
-                    },
-                    _ => rec,
-                };
-                if let Some(end) = api::wait_end(rec.state, false) {
-                    return Some(self.wait_reply(end, &rec));
-                }
-                self.waiters.borrow_mut().push(Waiter {
-                    context_id,
-                    since: now(),
-                    timeout_ms,
-                });
-                None
+                self.drain_and_wait(rec, timeout_ms, context_id)
             }
+        }
+    }
+
+    /// Starts or joins a drain and holds the answer until it ends; a held
+    /// answer is a preStop hold (`fsm::renew_hold`), and a maintenance drain
+    /// it joins turns automatic (`fsm::resume`).
+    fn drain_and_wait(&self, rec: Record, timeout_ms: u64, context_id: u32) -> Option<Reply> {
+        let joined = match rec.state {
+            State::Open => match self.command(api::Command::Drain) {
+                Ok(next) => Ok(next),
+                // Someone else started it first: join.
+                Err(store::Error::Illegal(_)) => store::update(fsm::resume),
+                Err(store::Error::Store(e)) => Err(e),
+            },
+            _ => store::update(fsm::resume),
+        };
+        let rec = match joined {
+            Ok(r) => r,
+            Err(e) => return Some(unavailable(&e)),
+        };
+        if let Some(end) = api::wait_end(rec.state, false) {
+            return Some(self.wait_reply(end, &rec));
+        }
+        self.waiters.borrow_mut().push(Waiter {
+            context_id,
+            since: now(),
+            timeout_ms,
+        });
+        self.renew_hold();
+        None
+    }
+
+    /// Keeps the preStop hold of this worker's held answers alive.
+    fn renew_hold(&self) {
+        let lease = self.config.hold_lease_ms();
+        if let Err(e) = store::update(|r| fsm::renew_hold(r, now(), lease)) {
+            log::warn!("event=hold_unavailable error=\"{e}\"");
         }
     }
 
@@ -279,6 +296,9 @@ impl Health {
             .borrow()
             .iter()
             .partition(|w| api::wait_end(rec.state, w.timed_out(now)).is_some());
+        if !held.is_empty() {
+            self.renew_hold();
+        }
         *self.waiters.borrow_mut() = held;
         for w in over {
             if let Some(end) = api::wait_end(rec.state, w.timed_out(now)) {

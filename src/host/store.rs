@@ -95,6 +95,24 @@ pub fn advance(
     ))
 }
 
+/// Rewrites the record with what `change` makes of it (a lease or a plan
+/// change, not a transition), retrying on CAS conflicts; `None` from
+/// `change` writes nothing. Returns the record as it now stands.
+pub fn update(change: impl Fn(&Record) -> Option<Record>) -> Result<Record, String> {
+    for _ in 0..RETRIES {
+        let (rec, cas) = load_versioned()?;
+        let Some(next) = change(&rec) else {
+            return Ok(rec);
+        };
+        match write(&next, Some(cas)) {
+            Ok(()) => return Ok(next),
+            Err(Status::CasMismatch) => continue,
+            Err(e) => return Err(format!("shared data write failed: {e:?}")),
+        }
+    }
+    Err("too much contention on the state record".to_string())
+}
+
 /// Applies every automatic transition that is due (active=0 flip, drain
 /// timeout, lb_buffer, LB observed DOWN) and returns the resulting record.
 pub fn apply_due(

@@ -138,10 +138,10 @@ def wrk(url: str, seconds: float, conns: int) -> Load:
     return Load(rps, p50, p99, total, errors)
 
 
-def h2load(url: str, seconds: float, conns: int, streams: int = 8) -> Load:
+def h2load(url: str, seconds: float, conns: int, streams: int = 8, extra: list[str] | None = None) -> Load:
     with tempfile.NamedTemporaryFile("r", suffix=".log") as log:
         out = subprocess.run(["h2load", "-c", str(conns), "-m", str(streams), "-D", str(int(seconds)),
-                              "--log-file", log.name, url], capture_output=True, text=True,
+                              "--log-file", log.name, *(extra or []), url], capture_output=True, text=True,
                              timeout=seconds + 30).stdout
         durations = sorted(int(line.split()[2]) for line in log if line.strip())  # microseconds
     done = re.search(r"requests: \d+ total, \d+ started, (\d+) done, (\d+) succeeded, (\d+) failed, (\d+) errored", out)
@@ -440,7 +440,9 @@ def chart(res: dict, path: Path) -> None:
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="seconds, not minutes: checks the harness")
+    ap.add_argument("--only", help="comma-separated sections, e.g. health,draining,rss")
     args = ap.parse_args()
+    from tests.bench import under_load  # it builds on this module
     quick = args.quick
     OUT.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="bench-", dir=OUT))
@@ -464,15 +466,23 @@ def main() -> int:
             ("flip", lambda: flip(drains=60, baseline_drains=10, streams=5, workdir=work, backend_port=port)),
             ("scale", lambda: scale(seconds=5, conns=16, workdir=work, backend_port=port)),
             ("footprint", lambda: footprint(work, port)),
+            ("health", lambda: under_load.health(rounds=3, seconds=5, rate=5000, workdir=work, backend_port=port)),
+            ("draining", lambda: under_load.draining(rounds=5, seconds=5, workdir=work, backend_port=port)),
+            ("rss", lambda: under_load.rss(work, port)),
         ]
+    if args.only:
+        sections = [(name, run) for name, run in sections if name in args.only.split(",")]
     for name, run in sections:
         res[name] = run()
         (OUT / "results.json").write_text(json.dumps(res, indent=2))  # partial results survive a failure
     srv.shutdown()
-    md = markdown(res)
+    md = markdown(res) + "\n".join(under_load.markdown(res))
     (OUT / "results.md").write_text(md)
-    chart(res, OUT / "overhead.svg")
+    if "overhead" in res:
+        chart(res, OUT / "overhead.svg")
     print(md)
+    if args.only:
+        return 0
     # The harness checks what it can check in seconds: the count is exact after the load and
     # every flip was made by the filter itself.
     bad = [k for k, v in res["overhead"].items() if k.startswith("active_after") and v != 0]

@@ -5,10 +5,14 @@
   GET /slow?ms=N             waits N ms, then 200
   GET /reset?after_ms=N      sends headers and one chunk, then resets the TCP connection
   GET /ws                    websocket upgrade (101), then echoes raw bytes until the client closes
+  GET /headers               200, the request headers as a JSON object (lower-case names)
 
 Run: python -m tests.harness.backend --port 18081
 """
 import argparse
+import base64
+import hashlib
+import json
 import socket
 import struct
 import threading
@@ -73,6 +77,10 @@ class Handler(BaseHTTPRequestHandler):
             self.send_response(101)
             self.send_header("upgrade", "websocket")
             self.send_header("connection", "Upgrade")
+            key = self.headers.get("sec-websocket-key")
+            if key:  # RFC 6455 handshake; HAProxy refuses a 101 without it (502)
+                digest = hashlib.sha1((key + "258EAFA5-E914-47DA-95CA-C5AB0DC85B11").encode()).digest()
+                self.send_header("sec-websocket-accept", base64.b64encode(digest).decode())
             self.end_headers()
             self.wfile.flush()
             self.connection.settimeout(120)
@@ -85,6 +93,8 @@ class Handler(BaseHTTPRequestHandler):
             except OSError:
                 pass
             self.close_connection = True
+        elif path == "/headers":
+            self._plain(200, json.dumps({k.lower(): v for k, v in self.headers.items()}))
         else:
             self._plain(200, "hello\n")
 

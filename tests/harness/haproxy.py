@@ -128,9 +128,15 @@ class HAProxy(Child):
         inter: str = "2s",
         tls: bool = True,
         tcp: bool = False,
+        env: dict[str, str] | None = None,
+        master_worker: bool = False,
     ):
-        """`gateways`: (traffic port, health port) of gw1[, gw2] on 127.0.0.1;
-        `tcp`: haproxy-tcp.cfg (no TLS frontend) instead of the HTTP-mode files."""
+        """`gateways`: (traffic port, health port) of gw1[, gw2] on 127.0.0.1.
+
+        `tcp`: haproxy-tcp.cfg (an L4 LB, no TLS frontend) instead of the HTTP-mode
+        files. `env` adds placeholders (the passthrough and kube-apiserver frontends
+        exist only when their addresses are given); `master_worker` runs
+        HAProxy with a master CLI socket (`-W -S`), which can reload it."""
         if not 1 <= len(gateways) <= 2:
             raise ValueError("the reference configuration has one or two gateways")
         self.workdir = Path(workdir)
@@ -143,27 +149,38 @@ class HAProxy(Child):
             self.socket_path = Path(self._socket_dir.name) / "admin.sock"
         self.http_port = free_port()
         self.https_port = free_port() if tls else None
+        self.redirect_port = free_port() if tls else None
+        self.stats_port = free_port()
+        self.passthrough_port = free_port()
+        self.apiserver_port = free_port()
+        self.master_socket = self.socket_path.parent / "master.sock" if master_worker else None
         self.names = [f"gw{i + 1}" for i in range(len(gateways))]
-        env = {
+        base = {
             "HAPROXY_SOCKET": str(self.socket_path),
             "FRONTEND_HTTP": f"127.0.0.1:{self.http_port}",
             "FRONTEND_TCP": f"127.0.0.1:{self.http_port}",
             "CHECK_INTER": inter,
+            "STATS_BIND": f"127.0.0.1:{self.stats_port}",
+            # Used only when GW1_TLS_ADDR / APISERVER_ADDR turn those frontends on.
+            "FRONTEND_PASSTHROUGH": f"127.0.0.1:{self.passthrough_port}",
+            "FRONTEND_APISERVER": f"127.0.0.1:{self.apiserver_port}",
         }
         if tcp and soft_drain:
-            env["SOFT_DRAIN"] = "1"
+            base["SOFT_DRAIN"] = "1"
         if tls:
-            env["TLS_PEM"] = str(make_cert(self.workdir))
-            env["FRONTEND_HTTPS"] = f"127.0.0.1:{self.https_port}"
+            base["TLS_PEM"] = str(make_cert(self.workdir))
+            base["FRONTEND_HTTPS"] = f"127.0.0.1:{self.https_port}"
+            base["FRONTEND_REDIRECT"] = f"127.0.0.1:{self.redirect_port}"
         for name, (traffic, health) in zip(self.names, gateways):
-            env[f"{name.upper()}_ADDR"] = f"127.0.0.1:{traffic}"
-            env[f"{name.upper()}_HEALTH_PORT"] = str(health)
-        self.env = env
+            base[f"{name.upper()}_ADDR"] = f"127.0.0.1:{traffic}"
+            base[f"{name.upper()}_HEALTH_PORT"] = str(health)
+        self.env = {**base, **(env or {})}
         super().__init__(self.workdir / "haproxy.log")
 
     # -- lifecycle -------------------------------------------------------
     def _environ(self) -> dict:
-        base = {k: v for k, v in os.environ.items() if not k.startswith(("GW1_", "GW2_", "TLS_PEM", "SOFT_DRAIN"))}
+        base = {k: v for k, v in os.environ.items()
+                if not k.startswith(("GW1_", "GW2_", "TLS_PEM", "APISERVER_", "SOFT_DRAIN"))}
         return {**base, **self.env, "TZ": "UTC"}
 
     def check_config(self) -> None:
@@ -173,13 +190,15 @@ class HAProxy(Child):
 
     def start(self, timeout: float = 20) -> "HAProxy":
         self.check_config()
-        self.spawn(["haproxy", "-db", "-f", str(self.cfg)], env=self._environ())
+        master = ["-W", "-S", str(self.master_socket)] if self.master_socket else []
+        self.spawn(["haproxy", "-db", *master, "-f", str(self.cfg)], env=self._environ())
         self.wait_until(self._answering, timeout, "haproxy admin socket answering")
         return self
 
     def _answering(self) -> bool:
         try:
-            return bool(self.servers())
+            # The master CLI answers only once the workers are up.
+            return bool(self.servers()) and (not self.master_socket or bool(self.command("show proc", master=True)))
         except OSError:
             return False
 
@@ -197,15 +216,18 @@ class HAProxy(Child):
         return f"https://127.0.0.1:{self.https_port}{path}"
 
     # -- admin socket ------------------------------------------------------
-    def command(self, cmd: str, timeout: float = 2) -> str:
+    def command(self, cmd: str, timeout: float = 2, master: bool = False) -> str:
+        """One command on the admin socket (or, `master=True`, the master CLI)."""
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
             s.settimeout(timeout)
-            s.connect(str(self.socket_path))
+            s.connect(str(self.master_socket if master else self.socket_path))
             s.sendall(cmd.encode() + b"\n")
+            if master:  # the master CLI answers once the request side is closed
+                s.shutdown(socket.SHUT_WR)
             return recv_until_close(s, limit=1 << 24).decode(errors="replace")
 
-    def servers(self) -> dict[str, Server]:
-        """`show stat` rows of the gateways backend's servers, by name."""
+    def servers(self, backend: str = BACKEND) -> dict[str, Server]:
+        """`show stat` rows of one backend's servers (default: the gateways), by name."""
         text = self.command("show stat")
         lines = text.splitlines()
         if not lines or not lines[0].startswith("# "):
@@ -213,7 +235,7 @@ class HAProxy(Child):
         rows = csv.DictReader(io.StringIO("\n".join([lines[0][2:], *lines[1:]])))
         out = {}
         for row in rows:
-            if row.get("pxname") == BACKEND and row.get("svname") not in ("BACKEND", "FRONTEND", None):
+            if row.get("pxname") == backend and row.get("svname") not in ("BACKEND", "FRONTEND", None):
                 out[row["svname"]] = Server(
                     name=row["svname"],
                     status=row.get("status", ""),
@@ -222,13 +244,13 @@ class HAProxy(Child):
                 )
         return out
 
-    def wait_status(self, name: str, want, timeout: float) -> Server:
+    def wait_status(self, name: str, want, timeout: float, backend: str = BACKEND) -> Server:
         """Polls `show stat` until server `name` satisfies `want` (a status or a predicate)."""
         pred = want if callable(want) else (lambda s: s.status == want)
         last: list[Server | None] = [None]
 
         def reached() -> Server | None:
-            last[0] = self.servers().get(name)
+            last[0] = self.servers(backend).get(name)
             return last[0] if last[0] and pred(last[0]) else None
 
         try:

@@ -165,7 +165,8 @@ class Rig:
     """Backend + gateways + HAProxy + pollers. Use as a context manager."""
 
     def __init__(self, workdir: Path, *, gateways: int = 1, config: dict | None = None,
-                 soft_drain: bool = False, timing: Timing = QUICK, tls: bool = False, tcp: bool = False):
+                 soft_drain: bool = False, timing: Timing = QUICK, tls: bool = False, tcp: bool = False,
+                 haproxy_env: dict[str, str] | None = None):
         self.workdir = Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.n = gateways
@@ -174,6 +175,7 @@ class Rig:
         self.config = {"lb_buffer": timing.lb_buffer, **(config or {})}
         self.tls = tls
         self.tcp = tcp
+        self.haproxy_env = haproxy_env
         self.stack = contextlib.ExitStack()
         self.gws: list[Gateway] = []
         self.haproxy: HAProxy | None = None
@@ -206,6 +208,7 @@ class Rig:
             inter=self.timing.inter,
             tls=self.tls,
             tcp=self.tcp,
+            env=self.haproxy_env,
         )
         self.stack.callback(self.haproxy.stop)
         self.haproxy.start()

@@ -1,0 +1,336 @@
+"""A gateway fleet behind one HAProxy, and how Kubernetes ends a gateway pod.
+
+    clients ──▶ HAProxy 2.6 (envoyfilter/haproxy/*.cfg, one server line per gateway)
+                  ├─ traffic ─▶ old1 … oldN, new1 … newN   Envoy --concurrency 1 ─▶ demo backend
+                  └─ check ───▶ each gateway's check port (what the strategy's LB checks)
+
+A Pod is one gateway: a real Envoy from envoyfilter/envoy.yaml (drain-gate in both roles) and
+the part of pilot-agent that matters to a drain, emulated here:
+
+- its readiness (`:15021/healthz/ready`): 503 from SIGTERM on — Istio's probe answers
+  "server is not live" once the agent's context is cancelled — else Envoy admin `/ready`;
+- at SIGTERM: `POST /drain_listeners?graceful` on Envoy admin (a gateway drains every listener,
+  not `inboundonly`), then terminationDrainDuration (5 s), then SIGKILL, as pilot-agent's
+  `cmd.Process.Kill()`. Envoy runs with `--drain-time-s 45 --drain-strategy immediate`, the
+  flags pilot-agent passes (drainDuration 45 s): during those 5 s the listeners still accept
+  and every response asks the client to close.
+
+Kubelet (Pod.delete): the strategy's preStop hook to completion or the grace period, then SIGTERM;
+SIGKILL at the end of the grace period whatever happens.
+"""
+from __future__ import annotations
+
+import os
+import random
+import signal
+import socket
+import threading
+import time
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import requests
+
+from tests.bench.bench import _seed_poller
+from tests.harness.envoy import Envoy, Ports, render
+from tests.harness.haproxy import CFG, CFG_SOFT_DRAIN, HAProxy
+from tests.harness.timeline import parse_time
+
+TERMINATION_DRAIN_S = 5.0  # Istio's terminationDrainDuration default
+ISTIO_DRAIN_DURATION_S = 45  # Istio's drainDuration default: Envoy --drain-time-s
+GRACE_S = 150.0  # terminationGracePeriodSeconds of envoyfilter/kubernetes/gateway-values.yaml
+DRAIN_TIMEOUT_S = 30  # every strategy that waits for active = 0 gives up after this long
+FAIL_WAIT_S = 15.0  # fail-then-wait's fixed drain time (Contour / Envoy Gateway default: 60 s)
+SEED_LB_BUFFER_S = 10.0  # drain.sh's LB_BUFFER
+
+
+# -- strategies -----------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Strategy:
+    """What the LB checks on each gateway, and what the preStop hook does."""
+
+    name: str
+    check: str  # "agent" (pilot-agent readiness), "admin" (Envoy /ready) or "health" (drain-gate)
+    prestop: str | None  # None, "fail-then-wait", "seed" or "drain-gate"
+    soft_drain: bool = False  # HAProxy `http-check disable-on-404`
+    config: dict = field(default_factory=dict)  # drain-gate's plugin configuration
+
+    @property
+    def check_path(self) -> str:
+        return {"agent": "/healthz/ready", "admin": "/ready", "health": "/health_check.html"}[self.check]
+
+    @property
+    def check_request(self) -> list[str]:
+        """HAProxy's check lines. Envoy's admin answers HTTP/1.0 with 426: HTTP/1.1 and a Host."""
+        if self.check == "admin":
+            return [f"option httpchk GET {self.check_path} HTTP/1.1", "http-check send hdr Host gateway"]
+        return [f"option httpchk GET {self.check_path}"]
+
+
+_DG = {"close_after": "lb_observed_down", "lb_fall": 2, "lb_buffer": "1s", "drain_timeout": f"{DRAIN_TIMEOUT_S}s"}
+
+
+def strategies(inter_s: float) -> dict[str, Strategy]:
+    # The seed's hc FSM is drain-gate's FSM driven from outside only: it never flips by itself.
+    seed_fsm = {"min_drain": "60m", "drain_timeout": "60m", "lb_buffer": "60m"}
+    soft = {**_DG, "draining_lb_status": 404, "min_drain": f"{int(inter_s) + 1}s"}
+    return {s.name: s for s in (
+        Strategy("istio-default", check="agent", prestop=None),
+        Strategy("fail-then-wait", check="admin", prestop="fail-then-wait"),
+        Strategy("seed", check="health", prestop="seed", config=seed_fsm),
+        Strategy("drain-gate-200", check="health", prestop="drain-gate", config=_DG),
+        Strategy("drain-gate-404", check="health", prestop="drain-gate", soft_drain=True, config=soft),
+    )}
+
+
+# -- ports --------------------------------------------------------------------------------
+
+_GIVEN: set[int] = set()
+_RNG = random.Random()
+
+
+def unique_port() -> int:
+    """A free port below the kernel's ephemeral range, not handed out before in this process.
+
+    A fleet reserves the ports of gateways that start minutes later; meanwhile thousands of
+    client connections take ephemeral source ports, and one of them may sit on a port taken
+    with bind(0). Below ip_local_port_range no outgoing connection takes it."""
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    for _ in range(1000):
+        port = _RNG.randrange(max(1024, low - 12000), low)
+        if port in _GIVEN:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _GIVEN.add(port)
+        return port
+    raise RuntimeError("no free port below the ephemeral range")
+
+
+# -- HAProxy --------------------------------------------------------------------------------
+
+def render_haproxy_cfg(base: Path, names: list[str], check: list[str]) -> str:
+    """The reference configuration with one `server` line per gateway (copied from gw1's),
+    `option redispatch` after `retries 3`, and the strategy's check request lines."""
+    out, skip, seen = [], False, set()
+    for line in base.read_text().splitlines():
+        s = line.strip()
+        if s.startswith(".if defined(GW2_ADDR)"):
+            skip = True
+        elif skip:
+            skip = s != ".endif"
+        elif s.startswith("server gw1 "):
+            out += [line.replace("gw1", n).replace("GW1_", f"{n.upper()}_") for n in names]
+            seen.add("server")
+        elif s == "option httpchk GET /health_check.html":
+            out += [line.replace(s, c) for c in check]
+            seen.add("httpchk")
+        elif s == "retries 3":
+            out += [line, line.replace("retries 3", "option redispatch")]
+            seen.add("retries")
+        else:
+            out.append(line)
+    if seen != {"server", "httpchk", "retries"}:
+        raise ValueError(f"{base}: expected lines not found (found {sorted(seen)})")
+    return "\n".join(out) + "\n"
+
+
+class FleetHAProxy(HAProxy):
+    """HAProxy in front of a whole fleet: `servers` is [(name, traffic port, check port)]."""
+
+    def __init__(self, workdir: Path, servers: list[tuple[str, int, int]], *, strategy: Strategy, inter: str):
+        super().__init__(workdir, [servers[0][1:]], soft_drain=strategy.soft_drain, inter=inter, tls=True)
+        self.http_port, self.https_port = unique_port(), unique_port()
+        self.env["FRONTEND_HTTP"] = f"127.0.0.1:{self.http_port}"
+        self.env["FRONTEND_HTTPS"] = f"127.0.0.1:{self.https_port}"
+        base = CFG_SOFT_DRAIN if strategy.soft_drain else CFG
+        self.names = [name for name, _, _ in servers]
+        self.env = {k: v for k, v in self.env.items() if not k.startswith("GW1_")}
+        for name, traffic, check in servers:
+            self.env[f"{name.upper()}_ADDR"] = f"127.0.0.1:{traffic}"
+            self.env[f"{name.upper()}_HEALTH_PORT"] = str(check)
+        self.cfg = self.workdir / "haproxy.cfg"
+        self.cfg.write_text(render_haproxy_cfg(base, self.names, strategy.check_request))
+
+
+# -- the pod ----------------------------------------------------------------------------------
+
+class _Readiness(BaseHTTPRequestHandler):
+    """pilot-agent's /healthz/ready: 503 once terminating, else what Envoy admin /ready says."""
+
+    pod: "Pod"
+
+    def log_message(self, fmt, *args):
+        pass
+
+    def do_GET(self):
+        code = 503
+        if not self.server.pod.sigterm_at:
+            try:
+                code = requests.get(self.server.pod.envoy.admin("/ready"), timeout=1).status_code
+            except requests.RequestException:
+                code = 503
+        body = b"ok\n" if code == 200 else b"server is not live\n"
+        self.send_response(code)
+        self.send_header("content-length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+
+class _ReadinessServer(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def handle_error(self, request, client_address):
+        pass  # HAProxy closes a check's connection as soon as it has the status line
+
+
+class Pod:
+    """One gateway pod: Envoy + the emulated pilot-agent + the kubelet's termination."""
+
+    def __init__(self, name: str, backend_port: int, strategy: Strategy, workdir: Path):
+        self.name = name
+        self.strategy = strategy
+        self.ports = Ports(traffic=unique_port(), health=unique_port(), admin=unique_port(), backend=backend_port)
+        self.agent_port = unique_port()
+        doc = render(self.ports, strategy.config)
+        for listener in doc["static_resources"]["listeners"]:
+            if listener["name"] == "traffic":
+                # What `drain_listeners?inboundonly` drains: the traffic listener only (the seed's
+                # drain.sh drains Envoy's listeners while its hc runs in another container).
+                listener["traffic_direction"] = "INBOUND"
+        self.envoy = Envoy(doc, self.ports, concurrency=1, workdir=workdir / name,
+                           drain_time_s=ISTIO_DRAIN_DURATION_S, drain_strategy="immediate")
+        self.created_at = self.up_at = self.deleted_at = None
+        self.prestop_end = self.sigterm_at = self.exit_at = None
+        self.prestop_result: str = ""
+        self.flip_at: float | None = None  # when the check the LB reads began to fail
+        self.admin = requests.Session()
+        self._agent: ThreadingHTTPServer | None = None
+        self._kubelet: threading.Thread | None = None
+
+    @property
+    def check_port(self) -> int:
+        return {"agent": self.agent_port, "admin": self.ports.admin,
+                "health": self.ports.health}[self.strategy.check]
+
+    def start(self) -> "Pod":
+        self.created_at = time.time()
+        self.envoy.start()
+        self._agent = _ReadinessServer(("127.0.0.1", self.agent_port), _Readiness)
+        self._agent.pod = self
+        threading.Thread(target=self._agent.serve_forever, daemon=True).start()
+        return self
+
+    def stop(self) -> None:
+        """Cleanup on every exit path (not part of a rollout)."""
+        if self._agent:
+            self._agent.shutdown()
+            self._agent.server_close()
+            self._agent = None
+        self.envoy.stop()
+
+    # -- termination --------------------------------------------------------------------
+    def delete(self) -> None:
+        """What the API server's delete sets off: the kubelet's termination, on a thread."""
+        self.deleted_at = time.time()
+        self._kubelet = threading.Thread(target=self._terminate, daemon=True)
+        self._kubelet.start()
+
+    def wait_exit(self, timeout: float) -> None:
+        if self._kubelet:
+            self._kubelet.join(timeout)
+            if self._kubelet.is_alive():
+                raise TimeoutError(f"{self.name} still terminating after {timeout}s")
+
+    def _terminate(self) -> None:
+        deadline = self.deleted_at + GRACE_S
+        if self.strategy.prestop:
+            hook = threading.Thread(target=self._run_prestop, daemon=True)
+            hook.start()
+            hook.join(GRACE_S)
+            self.prestop_end = time.time()
+        self.sigterm_at = time.time()
+        if self.strategy.check == "agent":
+            self.flip_at = self.sigterm_at
+        try:
+            self.admin.post(self.envoy.admin("/drain_listeners?graceful"), timeout=5)
+        except requests.RequestException:
+            pass
+        time.sleep(max(0.0, min(TERMINATION_DRAIN_S, deadline - time.time())))
+        self._kill()
+
+    def _kill(self) -> None:
+        proc = self.envoy.proc
+        if proc and proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(10)
+        self.exit_at = time.time()
+        if self._agent:
+            self._agent.shutdown()
+            self._agent.server_close()
+            self._agent = None
+
+    def _run_prestop(self) -> None:
+        try:
+            self.prestop_result = PRESTOP[self.strategy.prestop](self)
+        except Exception as e:  # the hook failed: kubelet goes on to SIGTERM
+            self.prestop_result = f"error: {e!r}"
+
+    @property
+    def drain_s(self) -> float | None:
+        """Deletion (preStop start) to exit."""
+        return round(self.exit_at - self.deleted_at, 3) if self.exit_at and self.deleted_at else None
+
+    def summary(self) -> dict:
+        keys = ("created_at", "up_at", "deleted_at", "flip_at", "prestop_end", "sigterm_at", "exit_at")
+        return {"name": self.name, **{k: getattr(self, k) for k in keys},
+                "drain_s": self.drain_s, "prestop_result": self.prestop_result}
+
+
+# -- preStop hooks ----------------------------------------------------------------------------
+
+def _fail_then_wait(pod: Pod) -> str:
+    """Contour / Envoy Gateway shutdown-manager style: fail Envoy's health check, wait a fixed time."""
+    pod.flip_at = time.time()
+    pod.admin.post(pod.envoy.admin("/healthcheck/fail"), timeout=5).raise_for_status()
+    time.sleep(FAIL_WAIT_S)
+    return f"waited {FAIL_WAIT_S:g}s"
+
+
+def _seed(pod: Pod) -> str:
+    """The seed's drain.sh: /drain, Envoy drain_listeners, poll admin /stats every 2 s until
+    active = 0 (at most DRAIN_TIMEOUT_S), /close-lb, sleep LB_BUFFER, /close."""
+    health = requests.Session()
+    health.post(pod.envoy.health("/drain"), timeout=5).raise_for_status()
+    pod.admin.post(pod.envoy.admin("/drain_listeners?inboundonly&graceful&skip_exit"), timeout=5)
+    stop = threading.Event()
+    poller = threading.Thread(target=_seed_poller, args=(pod.admin, pod.envoy, stop), daemon=True)
+    poller.start()
+    poller.join(DRAIN_TIMEOUT_S)
+    forced = poller.is_alive()
+    if forced:
+        stop.set()
+        poller.join(5)
+        health.post(pod.envoy.health("/close-lb"), timeout=5).raise_for_status()
+    pod.flip_at = parse_time(health.get(pod.envoy.health("/drain/status"), timeout=5).json()["progress"]["closing_at"])
+    time.sleep(SEED_LB_BUFFER_S)
+    health.post(pod.envoy.health("/close"), timeout=5).raise_for_status()
+    return "timeout" if forced else "active_zero"
+
+
+def _drain_gate(pod: Pod) -> str:
+    """drain-gate's preStop: one held call, answered at CLOSED."""
+    r = requests.post(pod.envoy.health("/drain?wait=closed"), timeout=GRACE_S)
+    body = r.json()
+    pod.flip_at = parse_time(body.get("progress", {}).get("closing_at"))
+    reason = next((t["reason"] for t in reversed(body.get("progress", {}).get("transitions", []))
+                   if t["to"] == "CLOSING"), "")
+    return f"{r.status_code} {body.get('state')} {reason}".strip()
+
+
+PRESTOP = {"fail-then-wait": _fail_then_wait, "seed": _seed, "drain-gate": _drain_gate}
