@@ -133,6 +133,7 @@ mod tests {
             to,
             reason,
             plan: Some(crate::config::Config::default().plan()),
+            force: false,
         }
     }
 

@@ -431,6 +431,7 @@ mod tests {
             checkers: &checkers,
             lb_fall: 2,
             close_after: CloseAfter::LbBuffer,
+            rotation: RotationView::default(),
         };
         assert!(
             status(&v).body.len() > 3_000,
