@@ -6,6 +6,7 @@
 
 use serde_json::{Map, Value};
 use std::fmt;
+use std::net::IpAddr;
 
 use crate::duration;
 use crate::fsm::{CloseAfter, DrainPlan};
@@ -40,6 +41,12 @@ pub struct Config {
     /// The Envoy cluster that reaches Envoy's admin API, through which a drain
     /// start rotates the traffic connections (`crate::rotation`); `None`: off.
     pub rotate_connections: Option<String>,
+    /// Sources whose `/health_check.html` requests count as LB checkers;
+    /// `None`: every source.
+    pub lb_checkers: Option<Vec<Cidr>>,
+    /// With `draining_lb_status: 404`: the active = 0 flip also waits until
+    /// every live checker has been served a 404 since the drain began.
+    pub soft_drain_gate: bool,
 }
 
 /// A refused configuration: which key, and what is wrong with it.
@@ -92,7 +99,7 @@ macro_rules! key_table {
 
 key_table! {
     /// Every configuration key, in the order they are checked.
-    pub const KEYS: [&str; 12] = [
+    pub const KEYS: [&str; 14] = [
         "role" => Rule::Required(role, ROLE_REQUIRED),
         "drain_timeout" => Rule::Optional(drain_timeout),
         "min_drain" => Rule::Optional(min_drain),
@@ -105,6 +112,8 @@ key_table! {
         "lb_fall" => Rule::Optional(lb_fall),
         "lb_down_timeout" => Rule::Optional(lb_down_timeout),
         "rotate_connections" => Rule::Optional(rotate_connections),
+        "lb_checkers" => Rule::Optional(lb_checkers),
+        "soft_drain_gate" => Rule::Optional(soft_drain_gate),
     ];
 }
 
@@ -123,6 +132,8 @@ impl Default for Config {
             lb_fall: 2,
             lb_down_timeout_ms: 60_000,
             rotate_connections: Some(rotation::DEFAULT_CLUSTER.to_string()),
+            lb_checkers: None,
+            soft_drain_gate: true,
         }
     }
 }
@@ -195,18 +206,46 @@ fn draining_lb_status(c: &mut Config, v: &Value) -> Result<(), String> {
     Ok(())
 }
 
-fn admin_allow(c: &mut Config, v: &Value) -> Result<(), String> {
+fn cidr_list(v: &Value) -> Result<Vec<Cidr>, String> {
     let items = v
         .as_array()
         .ok_or_else(|| format!("expected a list of CIDRs, got {v}"))?;
-    c.admin_allow = items
+    items
         .iter()
         .map(|item| {
             item.as_str()
                 .ok_or_else(|| format!("expected a CIDR string, got {item}"))
                 .and_then(Cidr::parse)
         })
-        .collect::<Result<_, _>>()?;
+        .collect()
+}
+
+fn admin_allow(c: &mut Config, v: &Value) -> Result<(), String> {
+    c.admin_allow = cidr_list(v)?;
+    Ok(())
+}
+
+/// `null` (the chart's default) is the default: every source counts.
+fn lb_checkers(c: &mut Config, v: &Value) -> Result<(), String> {
+    if v.is_null() {
+        c.lb_checkers = None;
+        return Ok(());
+    }
+    let list = cidr_list(v)?;
+    if list.is_empty() {
+        return Err(
+            "an empty list would ignore every checker; omit the key to count every source"
+                .to_string(),
+        );
+    }
+    c.lb_checkers = Some(list);
+    Ok(())
+}
+
+fn soft_drain_gate(c: &mut Config, v: &Value) -> Result<(), String> {
+    c.soft_drain_gate = v
+        .as_bool()
+        .ok_or_else(|| format!("expected true or false, got {v}"))?;
     Ok(())
 }
 
@@ -326,8 +365,16 @@ impl Config {
             lb_buffer_ms: self.lb_buffer_ms,
             close_after: self.close_after,
             lb_down_timeout_ms: self.lb_down_timeout_ms,
+            lb_gate: self.draining_lb_status == 404 && self.soft_drain_gate,
             hold_closing: false,
         }
+    }
+
+    /// Whether a check from `source` counts as one of the LB's.
+    pub fn is_checker(&self, source: IpAddr) -> bool {
+        self.lb_checkers
+            .as_ref()
+            .map_or(true, |list| list.iter().any(|c| c.contains(source)))
     }
 
     /// The longest CLOSING can last.
@@ -431,6 +478,27 @@ mod tests {
     }
 
     #[test]
+    fn lb_checkers_and_the_soft_drain_gate() {
+        let c = parse(r#"{"role":"health"}"#).unwrap();
+        assert!(
+            c.is_checker("203.0.113.9".parse().unwrap()),
+            "default: any source"
+        );
+        assert!(!c.plan().lb_gate, "200 while draining: nothing to gate");
+        let c = parse(
+            r#"{"role":"health","draining_lb_status":404,"lb_checkers":["10.1.0.0/16","::1/128"]}"#,
+        )
+        .unwrap();
+        assert!(c.is_checker("10.1.2.3".parse().unwrap()));
+        assert!(c.is_checker("::1".parse().unwrap()));
+        assert!(!c.is_checker("10.2.0.1".parse().unwrap()));
+        assert!(c.plan().lb_gate, "404 gates by default");
+        let c =
+            parse(r#"{"role":"health","draining_lb_status":404,"soft_drain_gate":false}"#).unwrap();
+        assert!(!c.plan().lb_gate);
+    }
+
+    #[test]
     fn each_bad_field_is_named() {
         let whole = [
             ("", "(configuration)"),
@@ -469,6 +537,10 @@ mod tests {
             ("lb_fall", "0"),
             ("lb_fall", "2.5"),
             ("lb_down_timeout", r#""0s""#),
+            ("lb_checkers", "[]"),
+            ("lb_checkers", r#"["10.0.0.300/32"]"#),
+            ("lb_checkers", r#""10.0.0.0/8""#),
+            ("soft_drain_gate", r#""yes""#),
         ];
         let keyed = keyed.map(|(key, value)| {
             let input = format!(r#"{{"role":"health","{key}":{value}}}"#);

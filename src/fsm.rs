@@ -205,6 +205,10 @@ pub struct DrainPlan {
     pub close_after: CloseAfter,
     #[serde(default)]
     pub lb_down_timeout_ms: u64,
+    /// Soft drain: the active = 0 flip also waits until the LB has been
+    /// served the draining answer (see `due_gated`).
+    #[serde(default)]
+    pub lb_gate: bool,
     /// A maintenance drain (`POST /drain?hold=closing`): CLOSING lasts until
     /// `/reopen` or `/close`, never ended by a timer.
     #[serde(default)]
@@ -468,6 +472,28 @@ pub fn due(rec: &Record, now: Now, active: u64, lb_down_ms: Option<u64>) -> Opti
     }
 }
 
+/// `due`, gated on what the LB saw. With `plan.lb_gate` (soft drain), a
+/// count of 0 is acted on only once every live LB checker has been served
+/// the draining answer since the drain began (`lb_saw_drain`, see
+/// `crate::lb::Checkers::saw_drain`): otherwise the LB would go from UP
+/// straight to DOWN and cut what it sent meanwhile. `drain_timeout` still
+/// applies, with the real count recorded.
+pub fn due_gated(
+    rec: &Record,
+    now: Now,
+    active: u64,
+    lb_down_ms: Option<u64>,
+    lb_saw_drain: bool,
+) -> Option<Move> {
+    let held = rec.plan.is_some_and(|p| p.lb_gate) && !lb_saw_drain;
+    due(
+        rec,
+        now,
+        if held { active.max(1) } else { active },
+        lb_down_ms,
+    )
+}
+
 /// The record with the preStop hold renewed from `now` for `lease_ms`, or
 /// `None` when nothing needs writing: the hold is less than half a lease
 /// old, or the record is not in a drain a hold can protect.
@@ -522,6 +548,7 @@ mod tests {
         lb_buffer_ms: 3_000,
         close_after: CloseAfter::LbBuffer,
         lb_down_timeout_ms: 60_000,
+        lb_gate: false,
         hold_closing: false,
     };
 
@@ -696,6 +723,39 @@ mod tests {
         assert_eq!((m.to, m.reason), (Closed, Reason::LbObservedDown));
         let m = due(&c, w(20_200), 0, None).unwrap();
         assert_eq!((m.to, m.reason), (Closed, Reason::LbDownTimeout));
+    }
+
+    #[test]
+    fn soft_drain_gate_holds_the_zero_until_the_lb_saw_the_drain() {
+        let mut r = at(Draining); // started at 100, min_drain 1000, timeout 10000
+        r.plan = Some(DrainPlan {
+            lb_gate: true,
+            ..PLAN
+        });
+        assert_eq!(
+            due_gated(&r, w(1_100), 0, None, false),
+            None,
+            "LB not yet served 404"
+        );
+        let m = due_gated(&r, w(1_100), 0, None, true).unwrap();
+        assert_eq!(m.reason, Reason::ActiveZero);
+        let m = due_gated(&r, w(10_100), 0, None, false).unwrap();
+        assert_eq!(m.reason, Reason::DrainTimeout, "bounded by drain_timeout");
+        let c = advance(&r, m, w(10_100), 0).unwrap();
+        assert!(
+            c.forced && c.active_at_closing == Some(0),
+            "the real count is recorded"
+        );
+        // Without the gate in the plan, the LB view does not matter.
+        let plain = at(Draining);
+        assert_eq!(
+            due_gated(&plain, w(1_100), 0, None, false).unwrap().reason,
+            Reason::ActiveZero
+        );
+        // CLOSING's timers are not gated.
+        let mut c = at(Closing);
+        c.plan = r.plan;
+        assert_eq!(due_gated(&c, w(3_200), 0, None, false).unwrap().to, Closed);
     }
 
     #[test]

@@ -18,6 +18,9 @@ pub struct Checker {
     pub consecutive_non_200: u32,
     pub consecutive_503: u32,
     pub last_seen_ms: u64,
+    /// When this checker was last served a 404 (soft drain).
+    #[serde(default)]
+    pub last_404_ms: Option<u64>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -68,6 +71,7 @@ impl Checkers {
                     consecutive_non_200: 0,
                     consecutive_503: 0,
                     last_seen_ms: now_ms,
+                    last_404_ms: None,
                 });
                 self.list.len() - 1
             }
@@ -78,6 +82,9 @@ impl Checkers {
                 c.consecutive_non_200 = 0;
             } else {
                 c.consecutive_non_200 = c.consecutive_non_200.saturating_add(1);
+            }
+            if status == 404 {
+                c.last_404_ms = Some(now_ms);
             }
             if status == 503 {
                 c.consecutive_503 = c.consecutive_503.saturating_add(1);
@@ -90,6 +97,17 @@ impl Checkers {
         } else {
             self.observed_down_ms = None;
         }
+    }
+
+    /// Whether every live checker has been served a 404 at or after
+    /// `since_ms` (the drain start): HAProxy `disable-on-404` stops sending
+    /// new requests on the first one. A checker that appears mid-drain is
+    /// live at once and is served 404 on its first check; one that vanishes
+    /// stops holding the gate after `CHECKER_TTL_MS`; `drain_timeout` bounds
+    /// both. No live checker: nothing to wait for.
+    pub fn saw_drain(&self, since_ms: u64, now_ms: u64) -> bool {
+        self.live(now_ms)
+            .all(|c| c.last_404_ms.is_some_and(|t| t >= since_ms))
     }
 
     /// The moment the LB was observed DOWN, if that is still true now.
@@ -141,6 +159,33 @@ mod tests {
         c.observe("gone", 200, 0, 1);
         c.observe("here", 503, CHECKER_TTL_MS + 1, 1);
         assert!(c.all_down(CHECKER_TTL_MS + 1, 1));
+    }
+
+    #[test]
+    fn saw_drain_needs_a_404_from_every_live_checker_since_the_drain() {
+        let mut c = Checkers::default();
+        assert!(c.saw_drain(0, 0), "no checker: nothing to wait for");
+        c.observe("a", 404, 500, 2); // a 404 of an earlier drain
+        c.observe("b", 200, 900, 2);
+        assert!(!c.saw_drain(1_000, 1_000));
+        c.observe("a", 404, 1_100, 2);
+        assert!(!c.saw_drain(1_000, 1_100), "b not yet");
+        c.observe("b", 404, 1_900, 2);
+        assert!(c.saw_drain(1_000, 1_900));
+        // A checker appearing mid-drain holds the gate until its first check
+        // is answered, which in DRAINING is a 404.
+        c.observe("new", 200, 2_000, 2);
+        assert!(!c.saw_drain(1_000, 2_000));
+        c.observe("new", 404, 2_500, 2);
+        assert!(c.saw_drain(1_000, 2_500));
+        // One that vanishes stops holding it after the TTL.
+        c.observe("late", 200, 900, 2);
+        assert!(!c.saw_drain(1_000, 2_500));
+        let later = 900 + CHECKER_TTL_MS + 1;
+        for k in ["a", "b", "new"] {
+            c.observe(k, 404, later, 2);
+        }
+        assert!(c.saw_drain(1_000, later), "late is no longer live");
     }
 
     #[test]

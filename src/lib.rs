@@ -11,6 +11,7 @@
 //!   ([`api::status`]), the reply type and error answers ([`api::reply`]);
 //! - [`lb`]: what each LB checker has been answered (LB-observed-down);
 //! - [`in_flight`]: how old the streams in flight are (what a drain waits for);
+//! - [`liveness`]: whether the traffic role is there and alive;
 //! - [`metric_names`]: every metric name (the host defines them);
 //! - [`rotation`]: connection rotation at drain start (the seed's event 3).
 //!
@@ -25,6 +26,7 @@ pub mod fsm;
 pub mod host;
 pub mod in_flight;
 pub mod lb;
+pub mod liveness;
 pub mod metric_names;
 pub mod net;
 pub mod rotation;

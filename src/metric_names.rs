@@ -22,6 +22,7 @@ pub const STATE: &str = "drain_gate_state";
 pub const FORCED_CLOSES: &str = "drain_gate_forced_closes";
 pub const COUNT_ERRORS: &str = "drain_gate_count_errors";
 pub const COUNT_UNRELIABLE: &str = "drain_gate_count_unreliable";
+pub const TRAFFIC_ROLES_LOST: &str = "drain_gate_traffic_roles_lost";
 pub const OLDEST_IN_FLIGHT: &str = "drain_gate_oldest_in_flight_seconds";
 pub const CLOCK_STEPS: &str = "drain_gate_clock_steps";
 
@@ -34,7 +35,7 @@ pub const TRANSITIONS_TO: [&str; 5] = [
     "drain_gate_transitions_to_fault",
 ];
 
-pub const ALL: [Metric; 12] = [
+pub const ALL: [Metric; 13] = [
     Metric {
         name: ACTIVE_REQUESTS,
         kind: Kind::Gauge,
@@ -83,7 +84,12 @@ pub const ALL: [Metric; 12] = [
     Metric {
         name: COUNT_UNRELIABLE,
         kind: Kind::Gauge,
-        help: "1 while the health role distrusts the count (a stream went uncounted, or no traffic role shares its vm_id)",
+        help: "1 while the health role distrusts the count (a stream went uncounted, a traffic VM stopped without a goodbye, the traffic filter went away, or no traffic role shares its vm_id)",
+    },
+    Metric {
+        name: TRAFFIC_ROLES_LOST,
+        kind: Kind::Counter,
+        help: "traffic root contexts that stopped beating without a goodbye (their VM failed)",
     },
     Metric {
         name: OLDEST_IN_FLIGHT,

@@ -29,20 +29,22 @@ def gateway(backend_port, tmp_path):
     """Factory: gateway(config={...}, transform=None, concurrency=2, ...) -> a started Envoy.
 
     `transform(doc, workdir) -> doc` may rewrite the rendered bootstrap first
-    (see tests.harness.variants); other keywords go to `render`. Every Envoy it
+    (see tests.harness.variants); `drain_time_s` is Envoy's `--drain-time-s`
+    (how long a replaced listener keeps its connections); other keywords go
+    to `render`. Every Envoy it
     starts is stopped when the test ends, whatever happens.
     """
     stack = contextlib.ExitStack()
 
     def start(config: dict | None = None, *, transform=None, concurrency: int = 2,
-              wait_ready: bool = True, **kw) -> Envoy:
+              wait_ready: bool = True, drain_time_s: int = 1, **kw) -> Envoy:
         ports = Ports(backend=backend_port)
         workdir = tmp_path / f"envoy-{ports.health}"
         workdir.mkdir(parents=True, exist_ok=True)
         doc = render(ports, config, **kw)
         if transform is not None:
             doc = transform(doc, workdir)
-        envoy = Envoy(doc, ports, concurrency=concurrency, workdir=workdir)
+        envoy = Envoy(doc, ports, concurrency=concurrency, workdir=workdir, drain_time_s=drain_time_s)
         stack.callback(envoy.stop)
         return envoy.start(wait_ready=wait_ready)
 

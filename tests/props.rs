@@ -426,19 +426,23 @@ fn plan() -> impl Strategy<Value = DrainPlan> {
         any::<bool>(),
         1u64..20_000,
         any::<bool>(),
+        any::<bool>(),
     )
-        .prop_map(|(min, timeout, buffer, observed, down, hold)| DrainPlan {
-            min_drain_ms: min.min(timeout),
-            drain_timeout_ms: timeout,
-            lb_buffer_ms: buffer,
-            close_after: if observed {
-                CloseAfter::LbObservedDown
-            } else {
-                CloseAfter::LbBuffer
+        .prop_map(
+            |(min, timeout, buffer, observed, down, hold, gate)| DrainPlan {
+                min_drain_ms: min.min(timeout),
+                drain_timeout_ms: timeout,
+                lb_buffer_ms: buffer,
+                close_after: if observed {
+                    CloseAfter::LbObservedDown
+                } else {
+                    CloseAfter::LbBuffer
+                },
+                lb_down_timeout_ms: down,
+                lb_gate: gate,
+                hold_closing: hold,
             },
-            lb_down_timeout_ms: down,
-            hold_closing: hold,
-        })
+        )
 }
 
 #[derive(Clone, Debug)]
@@ -604,7 +608,8 @@ proptest! {
             now: Now::wall(now),
             clock: api::ClockInfo::new(Timers::Monotonic, &Steps::default()),
             in_flight: InFlight::default(),
-            count: api::CountInfo { source: "gauge", reliable: true },
+            count: api::CountInfo { source: "gauge", reliable: true, unreliable_reason: None },
+            traffic: api::TrafficInfo { seen: true, roots: 1, lost: 0 },
             draining_lb_status: 200,
             checkers: &checkers,
             lb_fall: 2,
@@ -612,7 +617,7 @@ proptest! {
             rotation: api::RotationView { cluster: Some("admin"), last: None },
         };
         let body: Value = serde_json::from_slice(&api::status(&view).body).unwrap();
-        for field in ["state", "ready", "live", "lb_status", "active", "count", "in_flight", "progress", "lb", "clock", "connection_rotation"] {
+        for field in ["state", "ready", "live", "lb_status", "active", "count", "waiting_for", "traffic", "in_flight", "progress", "lb", "clock", "connection_rotation"] {
             prop_assert!(body.get(field).is_some(), "{field} missing: {body}");
         }
         prop_assert_eq!(body["state"].as_str(), Some(rec.state.name()));
@@ -792,6 +797,125 @@ proptest! {
             }
             let lag = now.offset_ms().unwrap() - steps.offset_ms.unwrap();
             prop_assert!(lag.unsigned_abs() <= threshold / 4);
+        }
+    }
+}
+
+// ---- soft-drain gate and traffic-role liveness ----------------------------
+
+use drain_gate::liveness::{self, Registry, Why};
+
+proptest! {
+    /// With the gate in the plan, a DRAINING record never flips on active = 0
+    /// before the LB saw the drain, yet drain_timeout still closes it; once the
+    /// LB saw it, the gate changes nothing.
+    #[test]
+    fn gate_holds_only_the_zero(p in plan(), started in 0u64..10_000, dt in 0u64..30_000, active in 0u64..3) {
+        let mut rec = Record::new(0);
+        rec.state = State::Draining;
+        rec.plan = Some(DrainPlan { lb_gate: true, ..p });
+        rec.drain_started_ms = Some(started);
+        let now = started + dt;
+        let now = drain_gate::clock::Now::wall(now);
+        prop_assert_eq!(fsm::due_gated(&rec, now, active, None, true), fsm::due(&rec, now, active, None));
+        match fsm::due_gated(&rec, now, active, None, false) {
+            Some(mv) => {
+                prop_assert_eq!(mv.reason, Reason::DrainTimeout);
+                prop_assert!(now.wall_ms >= started + p.drain_timeout_ms);
+            }
+            None => prop_assert!(now.wall_ms < started + p.drain_timeout_ms),
+        }
+    }
+
+    /// The checkers' view: `saw_drain` is exactly "every live checker was
+    /// served a 404 at or after the drain start".
+    #[test]
+    fn saw_drain_matches_its_definition(answers in prop::collection::vec((0u8..6, prop::sample::select(vec![200u16, 404, 503]), 0u64..50_000), 0..40),
+                                       since in 0u64..50_000) {
+        let mut c = Checkers::default();
+        let mut now = 0;
+        for (who, status, dt) in answers {
+            now += dt / 10;
+            c.observe(&format!("10.0.0.{who}"), status, now, 2);
+        }
+        let live: Vec<_> = c.list.iter().filter(|x| now - x.last_seen_ms <= drain_gate::lb::CHECKER_TTL_MS).collect();
+        let expect = live.iter().all(|x| x.last_404_ms.is_some_and(|t| t >= since));
+        prop_assert_eq!(c.saw_drain(since, now), expect);
+    }
+}
+
+#[derive(Clone, Debug)]
+enum Life {
+    Announce(u64),
+    Beat(usize),
+    Goodbye(usize),
+    Die(usize),
+    HealthTick(u64),
+}
+
+fn life() -> impl Strategy<Value = Life> {
+    prop_oneof![
+        prop::sample::select(vec![10u64, 100, 1_000]).prop_map(Life::Announce),
+        (0usize..8).prop_map(Life::Beat),
+        (0usize..8).prop_map(Life::Goodbye),
+        (0usize..8).prop_map(Life::Die),
+        (0u64..3_000).prop_map(Life::HealthTick),
+    ]
+}
+
+proptest! {
+    /// Roots that beat every tick and leave with a goodbye are never lost and
+    /// never make the count unreliable; a root that dies is lost within its
+    /// stale threshold plus one health tick, and only then.
+    #[test]
+    fn liveness_loses_exactly_the_dead(ops in prop::collection::vec(life(), 1..80)) {
+        let mut reg = Registry::default();
+        let mut now = 0u64;
+        // (id, tick_ms, last beat, alive)
+        let mut roots: Vec<(u64, u64, u64, bool)> = Vec::new();
+        let mut died: Vec<(u64, u64, u64)> = Vec::new(); // (id, last beat, tick)
+        for op in ops {
+            match op {
+                Life::Announce(tick) => {
+                    let id = reg.announce(tick, now);
+                    roots.push((id, tick, now, true));
+                }
+                Life::Beat(i) => if let Some(r) = roots.get_mut(i) { if r.3 { r.2 = now; } },
+                Life::Goodbye(i) => if i < roots.len() && roots[i].3 {
+                    let r = roots.remove(i);
+                    reg.goodbye(r.0, now);
+                },
+                Life::Die(i) => if i < roots.len() && roots[i].3 {
+                    roots[i].3 = false;
+                    died.push((roots[i].0, roots[i].2, roots[i].1));
+                },
+                Life::HealthTick(dt) => {
+                    // A live root beats on its every tick: advance in its steps.
+                    now += dt;
+                    for r in roots.iter_mut().filter(|r| r.3) {
+                        r.2 = now - (now - r.2) % r.1.max(1);
+                    }
+                    let beats: Vec<(u64, u64)> = roots.iter().map(|r| (r.0, r.2)).collect();
+                    let dead = reg.stale(now, |id| beats.iter().find(|b| b.0 == id).map(|b| b.1));
+                    for d in &dead {
+                        prop_assert!(died.iter().any(|x| x.0 == d.id), "a live root was declared lost: {d:?}");
+                    }
+                    reg.mark_lost(&dead);
+                    for (id, last, tick) in &died {
+                        if now - last > liveness::stale_after_ms(*tick) {
+                            prop_assert!(!reg.roots.iter().any(|r| r.id == *id), "dead root {id} still registered");
+                        }
+                    }
+                }
+            }
+        }
+        let v = reg.verdict(now);
+        prop_assert_eq!(v.waiting, !reg.seen);
+        if reg.lost_total > 0 {
+            prop_assert_eq!(v.unreliable, Some(Why::TrafficRoleLost));
+        } else if v.unreliable.is_some() {
+            prop_assert_eq!(v.unreliable, Some(Why::TrafficRoleGone));
+            prop_assert!(reg.roots.is_empty());
         }
     }
 }

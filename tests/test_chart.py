@@ -21,6 +21,8 @@ from tests.harness.envoy import REPO, WASM
 
 OCI = "oci://registry.example.com/drain-gate/drain-gate:0.1.0"
 WASMPLUGIN = ("--set", "form=wasmplugin", "--set", f"wasmPlugin.url={OCI}")
+GATEWAY_API = ("--set", "gatewayAPI.enabled=true")
+OBSERVABILITY = ("--set", "observability.prometheusRule=true", "--set", "observability.grafanaDashboard=true")
 
 
 @pytest.fixture(scope="module")
@@ -41,22 +43,30 @@ def refusal(*args: str) -> str:
     return r.stderr
 
 
-@pytest.mark.parametrize("form", [(), WASMPLUGIN], ids=["envoyfilter", "wasmplugin"])
+@pytest.mark.parametrize("form", [(), WASMPLUGIN, (*GATEWAY_API, *WASMPLUGIN, *OBSERVABILITY)],
+                         ids=["envoyfilter", "wasmplugin", "gateway-api+observability"])
 def test_helm_lint_passes(module, form):
     r = k8s.run("helm", "lint", "--strict", str(k8s.CHART), *with_module(module, *form))
     assert "1 chart(s) linted, 0 chart(s) failed" in r.stdout, r.stdout
 
 
 def test_plain_files_are_the_chart_render(tmp_path):
-    """envoyfilter/istio/*.yaml are `make istio-manifests` output, byte for byte."""
-    subprocess.run(["make", "-s", "istio-manifests", f"ISTIO_DIR={tmp_path}"], cwd=REPO, check=True,
-                   capture_output=True)
-    rendered = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*.yaml"))
-    assert [str(p) for p in rendered] == ["health-listener.yaml", "traffic-filter.yaml",
-                                          "wasmplugin/health-listener.yaml", "wasmplugin/traffic.yaml"]
-    for rel in rendered:
-        assert (istio.ISTIO / rel).read_text() == (tmp_path / rel).read_text(), \
-            f"envoyfilter/istio/{rel} differs from the chart: run `make istio-manifests`"
+    """envoyfilter/istio/*.yaml and envoyfilter/gateway-api/*.yaml are `make
+    istio-manifests` output, byte for byte."""
+    subprocess.run(["make", "-s", "istio-manifests", f"ISTIO_DIR={tmp_path / 'istio'}",
+                    f"GATEWAY_API_DIR={tmp_path / 'gateway-api'}"], cwd=REPO, check=True, capture_output=True)
+    policies = ["health-listener.yaml", "traffic-filter.yaml", "wasmplugin/health-listener.yaml",
+                "wasmplugin/traffic.yaml"]
+    expected = {istio.ISTIO: policies,
+                istio.GATEWAY_API: sorted(["gateway.yaml", "options.yaml", "options-distroless.yaml", *policies])}
+    for shipped, files in expected.items():
+        out = tmp_path / shipped.name
+        rendered = sorted(p.relative_to(out).as_posix() for p in out.rglob("*.yaml"))
+        assert rendered == files
+        assert sorted(p.relative_to(shipped).as_posix() for p in shipped.rglob("*.yaml")) == files
+        for rel in rendered:
+            assert (shipped / rel).read_text() == (out / rel).read_text(), \
+                f"envoyfilter/{shipped.name}/{rel} differs from the chart: run `make istio-manifests`"
 
 
 def readme_config_table() -> dict:
@@ -211,3 +221,71 @@ def test_the_chart_refuses_kubernetes_before_1_28(module):
     err = refusal(*with_module(module, "--kube-version", "1.27.9"))
     assert "chart requires kubeVersion: >=1.28.0-0" in err, err
     k8s.template(*with_module(module, "--kube-version", "1.28.0"))
+
+
+
+def test_gateway_api_value_renders_the_gateway_and_one_pdb(module):
+    """gatewayAPI.enabled: the Gateway and its parametersRef ConfigMap, the
+    EnvoyFilters also selecting the Gateway's pods, and one PodDisruptionBudget
+    over them (istiod's, from the ConfigMap): never the chart's beside it."""
+    plain = k8s.by_kind(k8s.template(*with_module(module)))
+    assert ("PodDisruptionBudget", "drain-gate") in plain and ("Gateway", "ingress") not in plain
+    objs = k8s.by_kind(k8s.template(*with_module(module, *GATEWAY_API)))
+    assert set(objs) == {("ConfigMap", "drain-gate-wasm"), ("ConfigMap", "ingress-drain-gate"),
+                         ("Gateway", "ingress"), ("EnvoyFilter", "drain-gate-health"),
+                         ("EnvoyFilter", "drain-gate-traffic")}
+    gw, options = objs[("Gateway", "ingress")], objs[("ConfigMap", "ingress-drain-gate")]
+    assert gw["spec"]["infrastructure"]["parametersRef"] == {"group": "", "kind": "ConfigMap", "name": "ingress-drain-gate"}
+    assert set(options["data"]) == {"deployment", "service", "podDisruptionBudget"}
+    for name in ("drain-gate-health", "drain-gate-traffic"):
+        assert objs[("EnvoyFilter", name)]["spec"]["workloadSelector"]["labels"] == {
+            **istio.DRAIN_GATE_LABEL, "gateway.networking.k8s.io/gateway-name": "ingress"}
+    no_pdb = k8s.by_kind(k8s.template(*with_module(module, *GATEWAY_API, "--set", "podDisruptionBudget.enabled=false")))
+    assert "podDisruptionBudget" not in no_pdb[("ConfigMap", "ingress-drain-gate")]["data"]
+    assert not [k for k in no_pdb if k[0] == "PodDisruptionBudget"]
+    wp = k8s.by_kind(k8s.template(*with_module(module, *GATEWAY_API, *WASMPLUGIN)))[("WasmPlugin", "drain-gate-traffic")]
+    assert wp["spec"]["targetRefs"] == [{"group": "gateway.networking.k8s.io", "kind": "Gateway", "name": "ingress"}]
+    assert "selector" not in wp["spec"]
+
+
+def test_gateway_api_distroless_hook_presents_the_newest_token(module):
+    old, new = "a" * 24, "b" * 24
+    objs = k8s.by_kind(k8s.template(*with_module(module, *GATEWAY_API, "--set", "gatewayAPI.preStop=httpGet",
+                                                 "--set", f"config.admin_token={{{old},{new}}}")))
+    deployment = objs[("ConfigMap", "ingress-drain-gate")]["data"]["deployment"]
+    assert f"value: Bearer {new}\n" in deployment and old not in deployment and "exec:" not in deployment
+
+
+@pytest.mark.parametrize("args, message", [
+    (("--set", "gatewayAPI.preStop=httpGet"), "gatewayAPI.preStop httpGet needs config.admin_token"),
+    (("--set", "config.drain_timeout=300s"),
+     "gatewayAPI.terminationGracePeriodSeconds 150 is below 325 = the longest preStop hold 315 s"),
+    (("--set", "gatewayAPI.nodePorts.80=80"), "nodePorts"),
+])
+def test_gateway_api_value_refuses_a_hook_without_token_or_a_short_grace_period(module, args, message):
+    assert message in refusal(*with_module(module, *GATEWAY_API, *args))
+
+
+def test_observability_value_installs_the_rule_and_the_dashboard(module, tmp_path):
+    """observability.prometheusRule / grafanaDashboard render what
+    envoyfilter/observability/ holds (the chart's files/ are generated from it,
+    tests/test_observability.py keeps them current): promtool accepts the
+    rendered groups, the ConfigMap is a valid Kubernetes object for Grafana's sidecar."""
+    default = k8s.by_kind(k8s.template(*with_module(module)))
+    assert not {("PrometheusRule", "drain-gate"), ("ConfigMap", "drain-gate-dashboard")} & set(default), "off by default"
+    objs = k8s.by_kind(k8s.template(*with_module(module, *OBSERVABILITY)))
+    rule, board = objs[("PrometheusRule", "drain-gate")], objs[("ConfigMap", "drain-gate-dashboard")]
+    observability = istio.ENVOYFILTER / "observability"
+    shipped_rule = istio.load_one(observability / "drain-gate.prometheusrule.yaml")
+    assert (rule["apiVersion"], rule["kind"]) == (shipped_rule["apiVersion"], shipped_rule["kind"])
+    assert rule["spec"] == shipped_rule["spec"] == istio.load_one(observability / "drain-gate.rules.yaml")
+    assert rule["metadata"]["namespace"] == k8s.NAMESPACE
+    groups = tmp_path / "rules.yaml"
+    groups.write_text(json.dumps(rule["spec"]))
+    r = subprocess.run(["promtool", "check", "rules", str(groups)], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and "SUCCESS" in r.stdout, r.stdout + r.stderr
+    shipped_board = istio.load_one(observability / "drain-gate.dashboard.configmap.yaml")
+    assert board["data"] == shipped_board["data"]
+    assert board["data"]["drain-gate.json"] == (observability / "drain-gate.dashboard.json").read_text()
+    assert board["metadata"]["labels"]["grafana_dashboard"] == "1"
+    _validate_k8s(board)

@@ -339,7 +339,7 @@ def test_count_returns_to_zero_after_resets_and_timeouts(gateway, stream):
         codes = list(pool.map(lambda _: requests.get(gw.traffic("/"), headers={"connection": "close"}, timeout=10).status_code, range(400)))
     assert codes.count(200) == 400
     wait_for(lambda: status(gw)["active"] == 0, 10, what="count back to 0")
-    assert status(gw)["count"] == {"source": "gauge", "reliable": True}
+    assert status(gw)["count"] == {"source": "gauge", "reliable": True, "unreliable_reason": None}
 
 
 def test_websocket_is_counted_until_closed(gateway):
@@ -380,7 +380,7 @@ def test_count_survives_a_stats_matcher_that_rejects_everything(gateway, stream)
     s = stream(gw.traffic("/stream?seconds=2&interval_ms=200"))
     wait_for(lambda: status(gw)["active"] == 1, 10, what="stream counted without the gauge")
     st = status(gw)
-    assert st["count"] == {"source": "shared_data", "reliable": True}
+    assert st["count"] == {"source": "shared_data", "reliable": True, "unreliable_reason": None}
     post(gw, "/drain")
     assert state(gw) == "DRAINING", "must not flip while the stream runs"
     assert s.wait() == 0 and s.chunks == 10

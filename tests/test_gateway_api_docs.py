@@ -1,25 +1,23 @@
 """Every command of envoyfilter/README.md's "Gateway API" section, run as
-written by bash, in its offline form: `make`, `python3`, `sed` and `openssl`
-run for real; `kubectl` is a stand-in that has kubectl itself decode what
-`apply` would send (`kubectl patch --local`, no cluster) and records it, and
+written by bash, in its offline form (tests/harness/docs.py): `make`,
+`python3`, `sed` and `openssl` run for real; `helm upgrade --install` runs as
+`helm template`; `kubectl` is a stand-in that has kubectl itself check the
+arguments and decode what `apply` would send (no cluster) and records it, and
 records the Deployment a `rollout` names. The test then checks what was
 recorded: schema-valid objects, every file of envoyfilter/gateway-api/
-applied, the oversized module ConfigMap applied server-side, the rollout
+applied, every apply server-side, the chart release in the Gateway's
+namespace with its one PodDisruptionBudget from the ConfigMap, the rollout
 aimed at the Deployment istiod renders, one token in both distroless places.
 """
 from __future__ import annotations
 
 import base64
 import json
-import os
 import re
-import subprocess
-import sys
-import textwrap
 
 import pytest
 
-from tests.harness import istio
+from tests.harness import docs, istio, k8s
 from tests.harness.envoy import REPO, WASM
 
 README = istio.ENVOYFILTER / "README.md"
@@ -27,70 +25,23 @@ README = istio.ENVOYFILTER / "README.md"
 LAST_APPLIED_LIMIT = 262_144
 PLACEHOLDER = "<drain-gate-admin-token>"
 
-# The stand-in: `kubectl apply [--server-side] -f F...` and `kubectl -n NS
-# rollout status|restart deploy/NAME`; anything else has no offline form here
-# and fails the command.
-STAND_IN = textwrap.dedent('''\
-    import json, subprocess, sys
-    REAL, LOG = {real!r}, {log!r}
-    args = sys.argv[1:]
-
-    def record(entry):
-        with open(LOG, "a") as f:
-            f.write(json.dumps(entry) + "\\n")
-
-    if args[:1] == ["apply"]:
-        flags = [a for a in args[1:] if a.startswith("--")]
-        files = [args[i + 1] for i, a in enumerate(args) if a == "-f"]
-        if set(flags) - {{"--server-side"}} or not files or len(args) != 1 + len(flags) + 2 * len(files):
-            sys.exit("no offline form for: kubectl " + " ".join(args))
-        for name in files:
-            stdin = sys.stdin.read() if name == "-" else None
-            r = subprocess.run([REAL, "patch", "--local", "-f", name, "--type", "merge", "-p", "{{}}", "-o", "json"],
-                               input=stdin, capture_output=True, text=True, env={{"KUBECONFIG": "/dev/null"}})
-            if r.returncode:
-                sys.exit(r.stderr)
-            doc = json.loads(r.stdout)
-            for obj in doc["items"] if doc.get("kind") == "List" else [doc]:
-                record({{"verb": "apply", "flags": flags, "file": name, "stdin": stdin, "object": obj}})
-    elif len(args) == 5 and args[0] == "-n" and args[2] == "rollout" and args[3] in ("status", "restart"):
-        record({{"verb": "rollout " + args[3], "namespace": args[1], "target": args[4]}})
-    else:
-        sys.exit("no offline form for: kubectl " + " ".join(args))
-''')
-
-
-def section_blocks() -> list[str]:
-    text = README.read_text()
-    start = text.index("\n## Gateway API\n")
-    end = text.index("\n## ", start + 1)
-    return re.findall(r"```sh\n(.*?)```", text[start:end], re.S)
-
 
 @pytest.fixture(scope="module")
 def recorded(tmp_path_factory) -> list[dict]:
-    """Runs every block of the section; what the kubectl stand-in recorded."""
-    tmp = tmp_path_factory.mktemp("docs")
-    log = tmp / "kubectl.jsonl"
-    (tmp / "bin").mkdir()
-    stand_in = tmp / "bin" / "kubectl"
-    stand_in.write_text(f"#!{sys.executable}\n" + STAND_IN.format(real=str(istio.KUBECTL), log=str(log)))
-    stand_in.chmod(0o755)
-    assert istio.KUBECTL.exists(), "run `make k8s-tools`"
-    env = {**os.environ, "PATH": f"{tmp / 'bin'}:{os.environ['PATH']}"}
-    blocks = section_blocks()
-    assert len(blocks) >= 3, "the section's commands are in ```sh blocks"
+    """Runs every block of the section; what the stand-ins recorded."""
+    shell = docs.OfflineShell(tmp_path_factory.mktemp("docs"))
+    blocks = docs.sh_blocks(README, section="Gateway API")
+    assert len(blocks) >= 4, "the section's commands are in ```sh blocks"
     for block in blocks:
-        r = subprocess.run(["bash", "-euo", "pipefail", "-c", block], cwd=REPO, env=env,
-                           capture_output=True, text=True, timeout=300)
+        r = shell.run(block)
         assert r.returncode == 0, f"{block}\nfailed ({r.returncode}):\n{r.stdout}\n{r.stderr}"
-    return [json.loads(line) for line in log.read_text().splitlines()]
+    return shell.recorded()
 
 
 def untokened(text: str) -> str:
     """A file piped through the distroless `sed` commands, back as written."""
     for token in set(re.findall(r"\b[0-9a-f]{48}\b", text)):
-        text = text.replace(f',"admin_token":"{token}"', "").replace(token, PLACEHOLDER)
+        text = text.replace(f'"admin_token":"{token}"', '"admin_token":""').replace(token, PLACEHOLDER)
     return text
 
 
@@ -99,15 +50,16 @@ def applied(recorded: list[dict]) -> list[dict]:
 
 
 def test_the_stand_in_refuses_what_it_cannot_check(tmp_path):
-    """A command the section might add without an offline form fails the test."""
-    log = tmp_path / "log"
-    stand_in = tmp_path / "kubectl"
-    stand_in.write_text(STAND_IN.format(real=str(istio.KUBECTL), log=str(log)))
-    for args in (["delete", "-f", "x.yaml"], ["apply", "--force", "-f", str(istio.GATEWAY_API / "gateway.yaml")],
-                 ["-n", "istio-ingress", "rollout", "undo", "deploy/ingress-istio"]):
-        r = subprocess.run([sys.executable, str(stand_in), *args], capture_output=True, text=True)
-        assert r.returncode != 0 and "no offline form" in r.stderr, args
-    assert not log.exists()
+    """A command the section might add without an offline form, or with
+    arguments kubectl refuses, fails the block."""
+    shell = docs.OfflineShell(tmp_path)
+    for command, complaint in (
+            ("kubectl delete -f x.yaml", "not refused by the connection"),
+            (f"kubectl apply --force -f {istio.GATEWAY_API / 'gateway.yaml'}", "no offline form"),
+            ("kubectl -n istio-ingress rollout status deploy/ingress-istio --timeoutt=1m", "unknown flag")):
+        r = shell.run(command)
+        assert r.returncode != 0 and complaint in r.stderr, (command, r.stderr)
+    assert shell.recorded() == []
 
 
 def test_every_applied_object_is_schema_valid(recorded):
@@ -139,9 +91,9 @@ def test_every_file_is_applied_in_the_gateway_namespace(recorded):
 def test_the_module_configmap_is_applied_server_side(recorded):
     (module,) = [e for e in applied(recorded) if e["object"]["metadata"]["name"] == "drain-gate-wasm"]
     assert base64.b64decode(module["object"]["binaryData"]["drain_gate.wasm"]) == WASM.read_bytes()
+    # One rule for every object: server-side, so none can be too big for the last-applied annotation.
     for e in applied(recorded):
-        if len(json.dumps(e["object"])) > LAST_APPLIED_LIMIT:
-            assert "--server-side" in e["flags"], f"{e['file']} is too big for client-side apply"
+        assert "--server-side" in e["flags"], f"{e['file']} applied client-side"
     assert len(json.dumps(module["object"])) > LAST_APPLIED_LIMIT, "the control: this one is too big"
 
 
@@ -163,3 +115,23 @@ def test_distroless_commands_put_one_token_in_both_places(recorded):
     assert re.fullmatch(r"[0-9a-f]{48}", token), token
     assert f"Bearer {token}" in options["data"]["deployment"] and PLACEHOLDER not in options["data"]["deployment"]
     assert "exec:" not in options["data"]["deployment"], "the distroless ConfigMap"
+
+
+def test_the_chart_release_renders_the_form_in_the_gateway_namespace(recorded):
+    """The chart route: one release in the Gateway's namespace with the
+    Gateway, its ConfigMap (which asks istiod for the one PDB), the
+    EnvoyFilters and the module; the same objects as the files of the
+    kubectl route, but for Helm's labels."""
+    gw = istio.load_one(istio.GATEWAY_API / "gateway.yaml")
+    (release,) = [e for e in recorded if e["verb"] == "helm install"]
+    assert release["args"][release["args"].index("-n") + 1] == gw["metadata"]["namespace"]
+    objs = k8s.by_kind(k8s.docs(release["manifest"]))
+    assert set(objs) == {("ConfigMap", "drain-gate-wasm"), ("ConfigMap", "ingress-drain-gate"), ("Gateway", "ingress"),
+                         ("EnvoyFilter", "drain-gate-health"), ("EnvoyFilter", "drain-gate-traffic")}
+    assert base64.b64decode(objs[("ConfigMap", "drain-gate-wasm")]["binaryData"]["drain_gate.wasm"]) == WASM.read_bytes()
+    for rel, key in (("gateway.yaml", ("Gateway", "ingress")), ("options.yaml", ("ConfigMap", "ingress-drain-gate")),
+                     ("health-listener.yaml", ("EnvoyFilter", "drain-gate-health")),
+                     ("traffic-filter.yaml", ("EnvoyFilter", "drain-gate-traffic"))):
+        shipped, rendered = istio.load_one(istio.GATEWAY_API / rel), objs[key]
+        assert rendered == shipped, rel
+    assert "podDisruptionBudget" in objs[("ConfigMap", "ingress-drain-gate")]["data"]

@@ -39,6 +39,8 @@ BAD = {
     "lb_fall": [0, 11, 2.5, "2"],
     "lb_down_timeout": ["0s", "61m"],
     "rotate_connections": ["", 0],
+    "lb_checkers": [[], ["10.0.0.300/32"], "10.0.0.0/8"],
+    "soft_drain_gate": ["yes", 1],
 }
 LISTENER = {"health": "drain-gate-health", "traffic": "traffic"}
 

@@ -58,7 +58,7 @@ def test_count_is_exact_under_torture(custom_gateway, stats):
     kw = {"stats_matcher": {"reject_all": True}} if stats == "reject_all" else {}
     gw = custom_gateway(STILL, concurrency=4, transform=lambda d, _: with_fault_and_timeout(d), **kw)
     source = "gauge" if stats == "gauge" else "shared_data"
-    assert status(gw)["count"] == {"source": source, "reliable": True}
+    assert status(gw)["count"] == {"source": source, "reliable": True, "unreliable_reason": None}
 
     held = torture.HeldStreams(gw.ports.traffic, HELD)
     poller = Poller(gw)
@@ -111,7 +111,7 @@ def test_count_is_exact_under_torture(custom_gateway, stats):
         held.close()
     wait_for(lambda: status(gw)["state"] == "CLOSING", 30, what="flip once the held streams closed")
     st = status(gw)
-    assert st["active"] == 0 and st["count"] == {"source": source, "reliable": True}
+    assert st["active"] == 0 and st["count"] == {"source": source, "reliable": True, "unreliable_reason": None}
     assert st["progress"]["reason"] == "active_zero" and st["progress"]["forced"] is False
     for _ in range(10):
         assert status(gw)["active"] == 0, "count moved after reaching 0"

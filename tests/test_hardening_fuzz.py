@@ -150,3 +150,128 @@ def test_fuzzed_requests_leave_the_vm_serving_and_the_state_open(gateway, seed):
         code, headers, body = fresh_get(gw.ports.health, "/health_check.html")
         assert (code, body) == (200, b"OK\n") and headers["etag"] == '"open-200"'
     assert state(gw) == "OPEN"
+
+
+# ---- HTTP/2 (h2c, prior knowledge) ------------------------------------------
+
+H2_CONNECTIONS = 300
+# What a fuzzed HTTP/2 stream may get: the plugin's documented answers, or
+# Envoy's refusal of a malformed one (400, 404, 413, 431, 501). A stream
+# Envoy resets (a protocol error) gets no status at all.
+H2_ALLOWED = {200, 304, 400, 403, 404, 405, 413, 431, 501}
+
+
+def h2_headers(rng: random.Random, last: bool) -> list[tuple[bytes, bytes]]:
+    """One stream's header block. Only the last stream of a connection may break
+    the protocol (Envoy may then end the connection), so that the ones before it
+    all reach the plugin."""
+    methods = ["GET", "HEAD", "POST", "PUT", "DELETE", "OPTIONS", "PATCH", "TRACE", "PROPFIND"]
+    if last:
+        methods += ["CONNECT", "BREW", "get", "", "G T"]
+    path = fuzz_path(rng).replace("a" * 65536, "a" * rng.choice([600, 20000]))
+    if not last:
+        path = "".join(c for c in path if 0x21 <= ord(c) < 0x7f) or "/"
+    hs = [(b":method", rng.choice(methods).encode()), (b":scheme", b"http"), (b":authority", b"fuzz"),
+          (b":path", path.encode("utf-8", "surrogateescape"))]
+    r = rng.random()
+    if r < 0.15:
+        hs += [(f"x-h{i}".encode(), junk(rng, 20).strip().encode()) for i in range(rng.choice([50, 200]))]
+    elif r < 0.20:
+        hs.append((b"x-big", b"b" * rng.choice([8000, 70000])))
+    elif r < 0.35:
+        hs.append(rng.choice([(b"if-none-match", b'"open-200"'), (b"if-none-match", b"*"),
+                              (b"authorization", b"Bearer " + junk(rng, 30).strip().encode()),
+                              (b"x-forwarded-for", b"127.0.0.2"), (b"te", b"trailers")]))
+    if last and rng.random() < 0.6:
+        hs = rng.choice([
+            lambda: [h for h in hs if h[0] != rng.choice([b":method", b":path", b":scheme"])],
+            lambda: hs + [(b":path", b"/health")],
+            lambda: hs + [(b"x-after", b"1"), (b":extra", b"pseudo after a regular header")],
+            lambda: hs + [(b"Upper-Case", b"1")],
+            lambda: hs + [(b"x-nul", b"a\x00b")],
+            lambda: hs + [(b"connection", b"close")],
+            lambda: hs + [(b"content-length", b"-1")],
+            lambda: [(k, v) if k != b":scheme" else (k, rng.choice([b"", b"ftp"])) for k, v in hs],
+        ])()
+    return hs
+
+
+def h2_exchange(s: socket.socket, conn, want: int, out: list[int]) -> int:
+    """Reads until `want` streams ended (or were reset) or the connection ends;
+    appends each response status to `out`; returns how many streams ended."""
+    import h2.events
+
+    done = 0
+    while done < want:
+        data = s.recv(65536)
+        if not data:
+            break
+        for ev in conn.receive_data(data):
+            if isinstance(ev, h2.events.ResponseReceived):
+                out.append(int(dict(ev.headers)[b":status"]))
+            elif isinstance(ev, (h2.events.StreamEnded, h2.events.StreamReset)):
+                done += 1
+            elif isinstance(ev, h2.events.ConnectionTerminated):
+                return done
+        s.sendall(conn.data_to_send())
+    return done
+
+
+def h2_send(conn, rng: random.Random, last: bool) -> None:
+    sid = conn.get_next_available_stream_id()
+    body = rng.random() < 0.2
+    conn.send_headers(sid, h2_headers(rng, last=last), end_stream=not body)
+    if body:
+        conn.send_data(sid, rng.randbytes(rng.choice([1, 100, 16000])), end_stream=rng.random() < 0.8)
+
+
+def h2_connection(port: int, i: int) -> tuple[int, list[int]]:
+    """Fuzzed streams on one h2c connection: the well-formed ones first, all at
+    once, then (after their answers) the last one, which may break the protocol.
+    Returns (streams sent, statuses)."""
+    import h2.config
+    import h2.connection
+    import h2.exceptions
+
+    rng = random.Random(SEED * 104729 + i)
+    conn = h2.connection.H2Connection(h2.config.H2Configuration(
+        client_side=True, header_encoding=None, validate_outbound_headers=False,
+        normalize_outbound_headers=False, validate_inbound_headers=False))
+    conn.initiate_connection()
+    n = rng.choice([1, 2, 4, 8])
+    statuses: list[int] = []
+    with socket.create_connection(("127.0.0.1", port), timeout=3) as s:
+        try:
+            for _ in range(n - 1):
+                h2_send(conn, rng, last=False)
+            s.sendall(conn.data_to_send())
+            h2_exchange(s, conn, n - 1, statuses)
+            h2_send(conn, rng, last=True)
+            tail = rng.randbytes(rng.choice([9, 64, 300])) if rng.random() < 0.05 else b""
+            s.sendall(conn.data_to_send() + tail)
+            s.settimeout(0.5)
+            h2_exchange(s, conn, 1, statuses)
+        except (OSError, h2.exceptions.H2Error):
+            pass  # Envoy ended the connection (the last stream broke the protocol)
+    return n, statuses
+
+
+def test_fuzzed_h2c_streams_leave_the_vm_serving_and_the_state_open(gateway):
+    gw = gateway({"admin_allow": ["127.0.0.2/32"], "drain_timeout": "60m", "lb_buffer": "60m"})
+    with cf.ThreadPoolExecutor(16) as pool:
+        results = list(pool.map(lambda i: h2_connection(gw.ports.health, i), range(H2_CONNECTIONS)))
+    sent = sum(n for n, _ in results)
+    codes = Counter(c for _, cs in results for c in cs)
+    assert sent >= 1000, sent
+    assert set(codes) <= H2_ALLOWED, codes
+    # The plugin answered most streams over HTTP/2: its own codes, admin refusals included.
+    assert codes[200] + codes[403] + codes[404] + codes[405] >= sent // 2, codes
+    assert codes[403] > 0 and codes[200] > 0, codes
+    log = gw.log()
+    trouble = VM_TROUBLE.search(log)
+    assert not trouble, log[max(0, trouble.start() - 300):trouble.end() + 300]
+    assert transitions(log) == [], "a fuzzed HTTP/2 stream moved the state"
+    for _ in range(10):
+        code, _, body = fresh_get(gw.ports.health, "/live")
+        assert code == 200 and json.loads(body) == {"state": "OPEN", "live": True}
+    assert state(gw) == "OPEN"

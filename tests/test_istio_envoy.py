@@ -11,8 +11,10 @@ substituted).
   vm_id "", module pulled out of the image `make oci` builds) with the vm_id ""
   health listener: the count reaches the health FSM and the flip happens.
 - The mismatch the README warns about: WasmPlugin traffic role with the
-  EnvoyFilter-form health listener (vm_id "drain-gate"): the count is
-  distrusted and the drain only closes at drain_timeout.
+  EnvoyFilter-form health listener (vm_id "drain-gate"): no traffic role in the
+  health role's vm_id, so the gateway is never announced (LB check and
+  readiness 503), the count is distrusted and a drain only closes at
+  drain_timeout.
 - Distroless: /prestop authorized by the distroless gateway values' literal bearer header,
   with the token the chart renders into the health listener.
 """
@@ -409,15 +411,23 @@ def test_wasmplugin_form_count_reaches_the_health_fsm(version, start_gateway, st
 def test_wasmplugin_with_envoyfilter_vm_id_only_closes_at_drain_timeout(version, start_gateway, stream, tmp_path,
                                                                         pulled_wasm):
     """The EnvoyFilter-form health listener (vm_id "drain-gate") next to the
-    WasmPlugin (vm_id ""): the health role sees no traffic role in its vm_id.
+    WasmPlugin (vm_id ""): the health role sees no traffic role in its vm_id, so
+    it never announces the gateway and never trusts the count.
     Only change to the file: drain_timeout 4s instead of 120s, to see the end."""
     drain_timeout = 4
     health = patched(load("health-listener.yaml"), drain_timeout=f"{drain_timeout}s")
-    env = start_gateway(version, _wasmplugin_listeners(tmp_path, health, pulled_wasm))
+    # The harness's readiness waits for the traffic role, which never comes here.
+    env = start_gateway(version, _wasmplugin_listeners(tmp_path, health, pulled_wasm), ready_path=None)
+    wait_for(lambda: raw(env.ports.health, b"GET /live HTTP/1.0\r\n\r\n")[0].endswith("200 OK"), 30,
+             what="health listener serving")
 
     s = stream(f"http://127.0.0.1:{env.at[8080]}/stream?seconds=1&interval_ms=250")
     wait_for(lambda: status(env)["active"] == 1, 10, what="stream visible in the shared gauge")
-    assert status(env)["count"]["reliable"] is False, "no traffic role in vm_id drain-gate"
+    st = status(env)
+    assert st["count"]["reliable"] is False, "no traffic role in vm_id drain-gate"
+    assert st["waiting_for"] == "traffic_role" and st["traffic"]["seen"] is False
+    assert lb_check(env)[0] == "HTTP/1.0 503 Service Unavailable", "not announced to the LB"
+    assert requests.get(env.health("/health"), timeout=5).status_code == 503, "nor to Kubernetes"
     wait_for(lambda: env.stat("wasmcustom.drain_gate_count_unreliable") == 1, 5,
              what="the count_unreliable gauge says so (DrainGateCountUnreliable)")
     assert requests.post(env.health("/drain"), timeout=5).status_code == 200
@@ -427,7 +437,6 @@ def test_wasmplugin_with_envoyfilter_vm_id_only_closes_at_drain_timeout(version,
     # A trusted count would have flipped by now; this one must not.
     while time.monotonic() - drained < drain_timeout - 1:
         assert status(env)["state"] == "DRAINING"
-        assert lb_check(env)[0] == "HTTP/1.0 200 OK"
         time.sleep(0.2)
     wait_for(lambda: status(env)["state"] == "CLOSING", 4, what="CLOSING at drain_timeout")
     st = status(env)
@@ -570,8 +579,8 @@ def test_gateway_api_distroless_prestop_with_bearer_header(start_gateway, tmp_pa
     (header,) = hook["httpHeaders"]
     placeholder = header["value"].split(" ", 1)[1]
     text = (istio.GATEWAY_API / "health-listener.yaml").read_text()
-    assert text.count('"role":"health"') == 1
-    health = yaml.safe_load(text.replace('"role":"health"', f'"role":"health","admin_token":"{token}"'))
+    assert text.count('"admin_token":""') == 1
+    health = yaml.safe_load(text.replace('"admin_token":""', f'"admin_token":"{token}"'))
     # admin_allow []: the test's loopback must not authorize by itself, as the kubelet's node address would not.
     env = start_gateway(VERSIONS[-1], _gateway_api_listeners(patched(health, admin_allow=[]),
                                                              template["metadata"]["labels"]))

@@ -264,11 +264,13 @@ SERVING = ("200", "200", "200")
 EXPECTED = {
     ("envoyfilter", "module missing", "fresh start"): REFUSED_ALL,
     ("envoyfilter", "module corrupt", "fresh start"): REFUSED_ALL,
-    ("envoyfilter", "traffic config", "fresh start"): ("refused", "refused", "200"),
+    # A health listener up without any traffic role that loaded: the health role
+    # waits for one (LB check 503), so the gateway is not announced.
+    ("envoyfilter", "traffic config", "fresh start"): ("refused", "refused", "503"),
     ("envoyfilter", "health config", "fresh start"): ("200", "200", "refused"),
-    ("wasmplugin", "module missing", "fresh start"): ("500", "refused", "200"),
-    ("wasmplugin", "module corrupt", "fresh start"): ("500", "refused", "200"),
-    ("wasmplugin", "traffic config", "fresh start"): ("500", "refused", "200"),
+    ("wasmplugin", "module missing", "fresh start"): ("500", "refused", "503"),
+    ("wasmplugin", "module corrupt", "fresh start"): ("500", "refused", "503"),
+    ("wasmplugin", "traffic config", "fresh start"): ("500", "refused", "503"),
     ("wasmplugin", "health config", "fresh start"): ("200", "200", "refused"),
     **{(form, failure, "update"): SERVING for form in FORMS for failure in FAILURES},
 }

@@ -116,8 +116,11 @@ def test_filter_missing_on_one_listener_fails_naming_it(start_gateway):
 
 
 def test_vm_id_mismatch_fails_naming_the_listener(start_gateway, tmp_path, pulled_wasm):  # noqa: F811
-    """The WasmPlugin (vm_id "") beside the EnvoyFilter-form health listener."""
-    env = start_gateway(VERSION, _wasmplugin_listeners(tmp_path, load("health-listener.yaml"), pulled_wasm))
+    """The WasmPlugin (vm_id "") beside the EnvoyFilter-form health listener. The health
+    role never sees a traffic role in its vm_id, so it never answers ready: wait for
+    Envoy's admin only."""
+    env = start_gateway(VERSION, _wasmplugin_listeners(tmp_path, load("health-listener.yaml"), pulled_wasm),
+                        ready_path=None)
     code, lines = verify("--config-dump", "-", stdin=dump_of(env))
     assert code == 1
     assert failures(lines) == ["FAIL vm_id: listener 0.0.0.0_8080: traffic vm_id '' != health vm_id 'drain-gate'"]
@@ -159,6 +162,22 @@ def test_pod_spec_mistakes_fail_naming_the_field(changes, expected):
     assert any(line.startswith(expected) for line in failures(lines)), lines
     assert all(line.split(":")[0] in ("FAIL terminationGracePeriodSeconds", "FAIL preStop --max-time")
                for line in failures(lines) if not line.startswith(expected)), lines
+
+
+@pytest.mark.parametrize("options", ["options.yaml", "options-distroless.yaml"])
+def test_gateway_api_patched_deployment_passes(options, tmp_path):
+    """The Deployment istiod renders for the Gateway with the ConfigMap's
+    patch (kubectl's strategic merge): one pod per node by topology spread."""
+    deployment = istio.gateway_api_patched(options, "Deployment", tmp_path)
+    code, lines = verify("--pod-spec", "-", stdin=json.dumps(deployment))
+    assert code == 0, lines
+    assert "PASS one pod per node: Deployment ingress-istio: topology spread on kubernetes.io/hostname, maxSkew 1" \
+        in lines
+    assert not [line for line in lines if line.startswith("WARN")], lines
+    # The control: the rendering without the patch fails (no preStop, readiness on 15021, grace 30 s).
+    code, lines = verify("--pod-spec", "-", stdin=json.dumps(istio.gateway_api_rendered()["Deployment"]))
+    assert code == 1 and {line.split(":")[0] for line in failures(lines)} >= {
+        "FAIL preStop", "FAIL readiness", "FAIL terminationGracePeriodSeconds"}, lines
 
 
 def test_yaml_input_is_refused_with_the_conversion_hint():

@@ -1,8 +1,10 @@
 """Generates drain-gate.dashboard.json (Grafana, with grafana-foundation-sdk), the
 same in a ConfigMap for Grafana's dashboard sidecar (drain-gate.dashboard.configmap.yaml)
 and drain-gate.prometheusrule.yaml (drain-gate.rules.yaml wrapped for the Prometheus
-Operator). `make observability` runs it; a test regenerates both and compares
-them to the committed files.
+Operator); and for the drain-gate chart's `observability` value (Helm reads no
+file outside the chart) the rule groups and the dashboard under
+envoyfilter/chart/files/. `make observability` runs it; a test regenerates
+every file and compares it to the committed one.
 
     python -m envoyfilter.observability.generate [--check]
 """
@@ -32,6 +34,9 @@ RULES = HERE / "drain-gate.rules.yaml"
 DASHBOARD = HERE / "drain-gate.dashboard.json"
 PROMETHEUS_RULE = HERE / "drain-gate.prometheusrule.yaml"
 DASHBOARD_CONFIGMAP = HERE / "drain-gate.dashboard.configmap.yaml"
+CHART_FILES = HERE.parent / "chart" / "files"
+CHART_RULES = CHART_FILES / "drain-gate.rules.yaml"
+CHART_DASHBOARD = CHART_FILES / "drain-gate.dashboard.json"
 
 DATASOURCE = DataSourceRef(type_val="prometheus", uid="${datasource}")
 POD = 'namespace=~"$namespace", pod=~"$pod"'
@@ -188,6 +193,9 @@ def render() -> dict[Path, str]:
         + yaml.safe_dump(prometheus_rule(), sort_keys=False, width=120),
         DASHBOARD_CONFIGMAP: header.format("generate.py's dashboard()")
         + yaml.dump(dashboard_configmap(board), Dumper=_BlockDumper, sort_keys=False, width=120, allow_unicode=True),
+        CHART_RULES: header.format("../../observability/drain-gate.rules.yaml")
+        + yaml.safe_dump(prometheus_rule()["spec"], sort_keys=False, width=120),
+        CHART_DASHBOARD: board,
     }
 
 

@@ -32,7 +32,9 @@ Pod (--pod-spec FILE|-), container istio-proxy:
     + 5 s hold margin + terminationDrainDuration + 5 s spare; curl's --max-time
     of an exec preStop between the hold and the grace period;
   * no rollout that deadlocks: one pod per node enforced by required
-    anti-affinity with maxUnavailable 0 leaves the surge pod no node.
+    anti-affinity with maxUnavailable 0 leaves the surge pod no node (a
+    DoNotSchedule topology spread on the hostname, the Gateway API form's, is
+    one pod per node without that deadlock).
 The timings come from the health filter's configuration in the config dump,
 else from --plugin-config JSON, else drain-gate's defaults.
 
@@ -402,8 +404,14 @@ def check_rollout(report: Report, workload: dict) -> None:
     required = ((pod.get("affinity") or {}).get("podAntiAffinity") or {}).get(
         "requiredDuringSchedulingIgnoredDuringExecution") or []
     per_node = any(t.get("topologyKey") == "kubernetes.io/hostname" for t in required)
+    spread = [t for t in pod.get("topologySpreadConstraints") or [] if t.get("topologyKey") ==
+              "kubernetes.io/hostname" and t.get("whenUnsatisfiable") == "DoNotSchedule" and t.get("maxSkew") == 1]
     if not per_node:
-        report.warn("one pod per node", f"{name}: no required pod anti-affinity on kubernetes.io/hostname")
+        if spread:
+            report.check(True, "one pod per node", f"{name}: topology spread on kubernetes.io/hostname, maxSkew 1")
+        else:
+            report.warn("one pod per node", f"{name}: no required pod anti-affinity or DoNotSchedule topology "
+                        "spread on kubernetes.io/hostname")
         return
     replicas = spec.get("replicas", 1)
     rolling = (spec.get("strategy") or {}).get("rollingUpdate") or {}

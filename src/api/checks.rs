@@ -81,6 +81,43 @@ pub fn check(audience: Audience, state: State, cfg: &Config, if_none_match: Opti
     reply
 }
 
+/// What the LB check and readiness answer while no traffic role counts.
+pub const WAITING_STATUS: u16 = 503;
+
+#[derive(Serialize)]
+struct Waiting {
+    state: State,
+    ready: bool,
+    waiting_for: &'static str,
+}
+
+/// A health check while no traffic role has registered in this `vm_id`:
+/// the gateway does not count its streams yet, so neither the LB nor
+/// Kubernetes may send it any (LB check and readiness 503; liveness as
+/// usual, so that the pod is not restarted for it).
+pub fn check_waiting(
+    audience: Audience,
+    state: State,
+    cfg: &Config,
+    if_none_match: Option<&str>,
+) -> Reply {
+    let reply = match audience {
+        Audience::Liveness => return check(audience, state, cfg, if_none_match),
+        Audience::Lb => Reply::new(WAITING_STATUS, TEXT, b"WAIT\n".to_vec()),
+        Audience::Readiness => Reply::json(
+            WAITING_STATUS,
+            &Waiting {
+                state,
+                ready: false,
+                waiting_for: super::status::WAITING_FOR_TRAFFIC,
+            },
+        ),
+    };
+    reply
+        .with("cache-control", HEALTH_CACHE)
+        .with("etag", etag(state, WAITING_STATUS))
+}
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used, clippy::indexing_slicing)]
 mod tests {
@@ -136,6 +173,22 @@ mod tests {
             503,
             "no 304 for a 503"
         );
+    }
+
+    #[test]
+    fn waiting_for_the_traffic_role_answers_503_to_lb_and_readiness() {
+        let c = cfg();
+        let lb = check_waiting(Audience::Lb, State::Open, &c, Some("\"open-200\""));
+        assert_eq!((lb.status, lb.body.as_slice()), (503, b"WAIT\n".as_slice()));
+        assert_ne!(header(&lb, "etag"), Some("\"open-200\""));
+        let ready = check_waiting(Audience::Readiness, State::Open, &c, None);
+        assert_eq!(ready.status, 503);
+        assert_eq!(
+            body(&ready),
+            serde_json::json!({"state":"OPEN","ready":false,"waiting_for":"traffic_role"})
+        );
+        let live = check_waiting(Audience::Liveness, State::Open, &c, None);
+        assert_eq!(live, check(Audience::Liveness, State::Open, &c, None));
     }
 
     #[test]

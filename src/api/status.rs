@@ -16,10 +16,28 @@ pub struct CountInfo {
     /// `gauge` (a live Envoy gauge) or `shared_data` (the stats
     /// configuration dropped the gauge, so the count lives in shared data).
     pub source: &'static str,
-    /// False once a stream could not be counted: the drain then waits for
+    /// False once a stream could not be counted, a traffic VM was lost or
+    /// the traffic filter went away: the drain then waits for
     /// `drain_timeout` instead of trusting a zero.
     pub reliable: bool,
+    /// Why it is not reliable (`crate::liveness::Why`), `null` when it is.
+    pub unreliable_reason: Option<&'static str>,
 }
+
+/// The traffic roles of this `vm_id` (see `crate::liveness`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct TrafficInfo {
+    /// A traffic root has registered at least once.
+    pub seen: bool,
+    /// Traffic root contexts registered now (one per worker VM, and one in
+    /// the main thread's, per filter configuration).
+    pub roots: usize,
+    /// Traffic root contexts that stopped beating without a goodbye.
+    pub lost: u64,
+}
+
+/// `/drain/status` names what the gateway waits for before it is announced.
+pub const WAITING_FOR_TRAFFIC: &str = "traffic_role";
 
 /// Which clock the timers run on, and the wall-clock steps seen so far;
 /// reported in the status.
@@ -48,6 +66,7 @@ pub struct View<'a> {
     /// Every worker's streams in flight by age, as of their last tick.
     pub in_flight: InFlight,
     pub count: CountInfo,
+    pub traffic: TrafficInfo,
     pub draining_lb_status: u16,
     pub checkers: &'a Checkers,
     pub lb_fall: u32,
@@ -133,6 +152,7 @@ struct CheckerOut<'a> {
     consecutive_non_200: u32,
     consecutive_503: u32,
     last_seen: String,
+    last_404: Option<String>,
 }
 
 #[derive(Serialize)]
@@ -141,6 +161,9 @@ struct Lb<'a> {
     lb_fall: u32,
     observed_down: bool,
     observed_down_at: Option<String>,
+    /// DRAINING: every live checker has been served a 404 since the drain
+    /// began (what a gated soft drain waits for). False in every other state.
+    saw_drain: bool,
     checkers: Vec<CheckerOut<'a>>,
 }
 
@@ -171,6 +194,10 @@ struct Status<'a> {
     lb_status: u16,
     active: u64,
     count: CountInfo,
+    /// `traffic_role` while no traffic role has registered: the gateway is
+    /// not announced (LB check and readiness 503).
+    waiting_for: Option<&'static str>,
+    traffic: TrafficInfo,
     in_flight: InFlight,
     progress: Progress,
     lb: Lb<'a>,
@@ -184,13 +211,20 @@ struct Status<'a> {
 
 fn status_body<'a>(v: &View<'a>, error: Option<&'a str>, wait: Option<&'a str>) -> Status<'a> {
     let r = v.rec;
+    let waiting = !v.traffic.seen;
     Status {
         state: r.state,
-        ready: r.state.ready(),
+        ready: r.state.ready() && !waiting,
         live: r.state.live(),
-        lb_status: r.state.lb_status(v.draining_lb_status),
+        lb_status: if waiting {
+            super::checks::WAITING_STATUS
+        } else {
+            r.state.lb_status(v.draining_lb_status)
+        },
         active: v.active,
         count: v.count,
+        waiting_for: waiting.then_some(WAITING_FOR_TRAFFIC),
+        traffic: v.traffic,
         in_flight: v.in_flight,
         progress: Progress {
             reason: r.reason.name(),
@@ -223,6 +257,9 @@ fn status_body<'a>(v: &View<'a>, error: Option<&'a str>, wait: Option<&'a str>) 
             lb_fall: v.lb_fall,
             observed_down: v.checkers.all_down(v.now.wall_ms, v.lb_fall),
             observed_down_at: v.checkers.down_since(v.now.wall_ms, v.lb_fall).map(rfc3339),
+            saw_drain: r.state == State::Draining
+                && r.drain_started_ms
+                    .is_some_and(|t| v.checkers.saw_drain(t, v.now.wall_ms)),
             checkers: v
                 .checkers
                 .list
@@ -232,6 +269,7 @@ fn status_body<'a>(v: &View<'a>, error: Option<&'a str>, wait: Option<&'a str>) 
                     consecutive_non_200: c.consecutive_non_200,
                     consecutive_503: c.consecutive_503,
                     last_seen: rfc3339(c.last_seen_ms),
+                    last_404: c.last_404_ms.map(rfc3339),
                 })
                 .collect(),
         },
@@ -363,6 +401,12 @@ mod tests {
             count: CountInfo {
                 source: "gauge",
                 reliable: true,
+                unreliable_reason: None,
+            },
+            traffic: TrafficInfo {
+                seen: true,
+                roots: 2,
+                lost: 0,
             },
             draining_lb_status: 200,
             checkers: &Checkers::default(),
@@ -408,6 +452,24 @@ mod tests {
             (200, &serde_json::json!("closed"))
         );
         assert_eq!(body(&w)["progress"]["reason"], "start");
+        assert_eq!(s["waiting_for"], serde_json::Value::Null);
+        let waiting = View {
+            traffic: TrafficInfo {
+                seen: false,
+                roots: 0,
+                lost: 0,
+            },
+            ..v
+        };
+        let s = body(&status(&waiting));
+        assert_eq!(
+            (&s["waiting_for"], &s["ready"], &s["lb_status"]),
+            (
+                &serde_json::json!("traffic_role"),
+                &serde_json::json!(false),
+                &serde_json::json!(503)
+            )
+        );
     }
 
     #[test]
@@ -426,6 +488,12 @@ mod tests {
             count: CountInfo {
                 source: "gauge",
                 reliable: true,
+                unreliable_reason: None,
+            },
+            traffic: TrafficInfo {
+                seen: true,
+                roots: 2,
+                lost: 0,
             },
             draining_lb_status: 200,
             checkers: &checkers,

@@ -19,19 +19,19 @@
 //! Every failure errs toward "still active": a stream that could not be
 //! counted marks the count unreliable, and an unreliable count never reads 0.
 
-use proxy_wasm::hostcalls;
-use proxy_wasm::types::Status;
 use std::cell::Cell;
 
 use super::metrics::{gauge_is_live, Metrics};
+use super::shared::{cas_update, Envoy, Host, Step};
+use crate::liveness::Why;
 
 const SHARED_KEY: &str = "drain_gate.active.v1";
 const UNRELIABLE_KEY: &str = "drain_gate.count_unreliable.v1";
 /// Set by every traffic root context at configure time. Shared data is per
-/// `vm_id`: a health role that cannot see it is not in the traffic role's
-/// vm_id, so its count may miss streams and is not trusted to reach 0.
+/// `vm_id`: until a health role sees it, no traffic role counts in its
+/// vm_id, so the count is not trusted (and the gateway not announced, see
+/// `crate::liveness`).
 const TRAFFIC_KEY: &str = "drain_gate.traffic_present.v1";
-const RETRIES: usize = 64;
 /// How much a root context adds to the global count at a time outside a drain.
 pub const LEASE: u64 = 8;
 
@@ -41,57 +41,50 @@ pub enum Source {
     SharedData,
 }
 
-/// One per root context.
+/// One per root context. `H` is the host (`Envoy`; a simulated one in
+/// `tests/model.rs`).
 #[derive(Debug)]
-pub struct Counter {
+pub struct Counter<H: Host = Envoy> {
+    host: H,
     source: Source,
     /// Streams this root context counted and has not yet released.
     local: Cell<u64>,
     /// What this root context has added to the global count: never below `local`.
     held: Cell<u64>,
+    /// A stream was not counted and the unreliable mark could not be written
+    /// yet: retried on every `enter` and `settle` (tick) until it is.
+    unmarked: Cell<bool>,
 }
 
-fn shared_read() -> Result<(u64, Option<u32>), Status> {
-    let (bytes, cas) = hostcalls::get_shared_data(SHARED_KEY)?;
-    let value = bytes
-        .and_then(|b| <[u8; 8]>::try_from(b.as_slice()).ok())
-        .map_or(0, u64::from_le_bytes);
-    Ok((value, cas))
+fn shared_value(bytes: Option<&[u8]>) -> Option<u64> {
+    bytes
+        .and_then(|b| <[u8; 8]>::try_from(b).ok())
+        .map(u64::from_le_bytes)
 }
 
-fn shared_add(delta: i64) -> bool {
-    for _ in 0..RETRIES {
-        let Ok((value, cas)) = shared_read() else {
-            return false;
-        };
-        // The key is created at configure time (`Counter::new`); a write
-        // without a version would overwrite concurrent updates.
-        let Some(cas) = cas else {
-            return false;
-        };
-        let next = value.saturating_add_signed(delta);
-        match hostcalls::set_shared_data(SHARED_KEY, Some(&next.to_le_bytes()), Some(cas)) {
-            Ok(()) => return true,
-            Err(Status::CasMismatch) => continue,
-            Err(_) => return false,
+/// Creates the shared-data count if absent. Shared data has no
+/// create-if-absent: this runs on configure, which Envoy runs on the main
+/// thread before any worker VM exists (and every later configure finds it).
+pub fn create_shared<H: Host>(host: &H) {
+    if matches!(host.get(SHARED_KEY), Ok((None, _))) {
+        if let Err(e) = host.set(SHARED_KEY, &0u64.to_le_bytes(), None) {
+            log::error!("event=shared_data_error key={SHARED_KEY} status={e:?}");
         }
     }
-    false
 }
 
-impl Counter {
+/// Announces a traffic role in this vm_id (see `TRAFFIC_KEY`).
+pub fn announce_traffic<H: Host>(host: &H) {
+    if let Err(e) = host.set(TRAFFIC_KEY, b"1", None) {
+        log::error!("event=shared_data_error key={TRAFFIC_KEY} status={e:?}");
+    }
+}
+
+impl Counter<Envoy> {
     /// `gauge`: the id of the `drain_gate_active_requests` gauge, if the host
     /// defined it; it is used only if it proves live.
     pub fn new(gauge: Option<u32>) -> Counter {
-        // Shared data has no create-if-absent: the key is created here, on
-        // configure, which Envoy runs on the main thread before any worker VM
-        // exists (and every later configure finds the key).
-        if matches!(shared_read(), Ok((_, None))) {
-            if let Err(e) = hostcalls::set_shared_data(SHARED_KEY, Some(&0u64.to_le_bytes()), None)
-            {
-                log::error!("event=shared_data_error key={SHARED_KEY} status={e:?}");
-            }
-        }
+        create_shared(&Envoy);
         let source = match gauge {
             Some(id) if gauge_is_live(id) => Source::Gauge(id),
             _ => {
@@ -102,17 +95,18 @@ impl Counter {
                 Source::SharedData
             }
         };
+        Counter::with_host(Envoy, source)
+    }
+}
+
+impl<H: Host> Counter<H> {
+    pub fn with_host(host: H, source: Source) -> Counter<H> {
         Counter {
+            host,
             source,
             local: Cell::new(0),
             held: Cell::new(0),
-        }
-    }
-
-    /// Announces a traffic role in this vm_id (see `TRAFFIC_KEY`).
-    pub fn announce_traffic() {
-        if let Err(e) = hostcalls::set_shared_data(TRAFFIC_KEY, Some(b"1"), None) {
-            log::error!("event=shared_data_error key={TRAFFIC_KEY} status={e:?}");
+            unmarked: Cell::new(false),
         }
     }
 
@@ -125,24 +119,28 @@ impl Counter {
 
     fn add(&self, delta: i64) -> bool {
         match self.source {
-            Source::Gauge(id) => hostcalls::increment_metric(id, delta).is_ok(),
-            Source::SharedData => shared_add(delta),
+            Source::Gauge(id) => self.host.gauge_add(id, delta).is_ok(),
+            // The key exists from configure on; written without a version it
+            // would overwrite concurrent updates, so an absent key is a failure.
+            Source::SharedData => cas_update(&self.host, SHARED_KEY, |bytes| {
+                let value = shared_value(bytes).ok_or(())?;
+                let next = value.saturating_add_signed(delta);
+                Ok::<_, ()>(Step::Write(next.to_le_bytes().to_vec(), ()))
+            })
+            .is_ok(),
         }
     }
 
     /// A traffic stream started. Returns whether it was counted; if not, the
-    /// count is marked unreliable (the drain waits for its timeout). `exact`
-    /// adds just this stream; otherwise a lease of `LEASE` when needed.
-    pub fn enter(&self, metrics: &Metrics, exact: bool) -> bool {
+    /// caller marks the count unreliable (`not_counted`). `exact` adds just
+    /// this stream; otherwise a lease of `LEASE` when needed.
+    pub fn enter(&self, exact: bool) -> bool {
         let local = self.local.get() + 1;
         if local > self.held.get() {
             let step = if exact { 1 } else { LEASE };
             if !self.add(step as i64) {
-                metrics.count_error();
-                log::error!(
-                    "event=count_error what=\"stream not counted; drain will wait for drain_timeout\""
-                );
-                let _ = hostcalls::set_shared_data(UNRELIABLE_KEY, Some(b"1"), None);
+                self.unmarked.set(true);
+                self.write_mark();
                 return false;
             }
             self.held.set(self.held.get() + step);
@@ -168,8 +166,23 @@ impl Counter {
         self.local.get()
     }
 
-    /// Gives back what this root context holds beyond its streams in flight.
+    /// Writes the unreliable mark this root context owes, if it owes one.
+    fn write_mark(&self) {
+        if self.unmarked.get() && flag_unreliable(&self.host, Why::StreamNotCounted).is_some() {
+            self.unmarked.set(false);
+        }
+    }
+
+    /// Whether this root context owes the unreliable mark (a stream it did
+    /// not count, a mark it could not write yet).
+    pub fn mark_pending(&self) -> bool {
+        self.unmarked.get()
+    }
+
+    /// Gives back what this root context holds beyond its streams in flight
+    /// (and retries an unreliable mark it owes).
     pub fn settle(&self) {
+        self.write_mark();
         let excess = self.held.get().saturating_sub(self.local.get());
         if excess == 0 {
             return;
@@ -181,9 +194,46 @@ impl Counter {
             log::error!("event=count_error what=\"count not given back\"");
         }
     }
+
+    /// Whether the global count reads 0 (one host call; no reliability checks).
+    pub fn reads_zero(&self) -> bool {
+        match self.source {
+            Source::Gauge(id) => self.host.gauge_get(id) == Ok(0),
+            Source::SharedData => {
+                matches!(self.host.get(SHARED_KEY), Ok((b, _)) if shared_value(b.as_deref()) == Some(0))
+            }
+        }
+    }
+
+    /// The count over every worker. A failed read is unreliable, never 0.
+    pub fn read(&self) -> Reading {
+        let value = match self.source {
+            Source::Gauge(id) => self.host.gauge_get(id).ok(),
+            Source::SharedData => self
+                .host
+                .get(SHARED_KEY)
+                .ok()
+                .and_then(|(b, _)| shared_value(b.as_deref())),
+        };
+        let mark = unreliable_mark(&self.host);
+        let traffic_seen = matches!(self.host.get(TRAFFIC_KEY), Ok((Some(_), _)));
+        let why = match mark {
+            Ok(Some(why)) => Some(why),
+            _ if !traffic_seen => Some(Why::TrafficRoleNotSeen),
+            _ => None,
+        };
+        // This root context knows of a stream it did not count even when the
+        // mark could not be written yet.
+        let owed = self.unmarked.get();
+        Reading {
+            active: value.unwrap_or(0),
+            reliable: value.is_some() && mark == Ok(None) && traffic_seen && !owed,
+            why: why.or(owed.then_some(Why::StreamNotCounted)),
+        }
+    }
 }
 
-impl Drop for Counter {
+impl<H: Host> Drop for Counter<H> {
     /// The root context is gone (plugin removed or reconfigured) and so are
     /// its streams: give back everything it still holds.
     fn drop(&mut self) {
@@ -194,11 +244,60 @@ impl Drop for Counter {
     }
 }
 
+/// Marks the count unreliable for the life of the process (what was lost
+/// cannot be recounted). `Some(true)` when this call was the first to mark
+/// it, `Some(false)` when it was marked already, `None` when the mark could
+/// not be written (the caller tries again).
+pub fn flag_unreliable<H: Host>(host: &H, why: Why) -> Option<bool> {
+    cas_update(host, UNRELIABLE_KEY, |current| {
+        Ok::<_, ()>(match current {
+            Some(b) if !b.is_empty() => Step::Keep(false),
+            _ => Step::Write(why.name().as_bytes().to_vec(), true),
+        })
+    })
+    .ok()
+}
+
+/// `flag_unreliable` in Envoy, with its log line and gauge.
+pub fn mark_unreliable(why: Why, metrics: &Metrics) {
+    if flag_unreliable(&Envoy, why) == Some(true) {
+        log::error!(
+            "event=count_unreliable why={} what=\"the count is no longer trusted to reach 0; a drain closes at drain_timeout\"",
+            why.name()
+        );
+    }
+    metrics.set_count_unreliable(true);
+}
+
+/// A stream that could not be counted (the counter has tried to mark the
+/// count unreliable, and retries on its ticks): counted as an error, logged.
+pub fn not_counted(metrics: &Metrics) {
+    metrics.count_error();
+    log::error!("event=count_error what=\"stream not counted; drain will wait for drain_timeout\"");
+    metrics.set_count_unreliable(true);
+}
+
+/// Why the count is unreliable, if it was marked so.
+fn unreliable_mark<H: Host>(host: &H) -> Result<Option<Why>, ()> {
+    match host.get(UNRELIABLE_KEY) {
+        Ok((Some(b), _)) if !b.is_empty() => Ok(Some(
+            std::str::from_utf8(&b)
+                .ok()
+                .and_then(Why::from_name)
+                .unwrap_or(Why::StreamNotCounted),
+        )),
+        Ok(_) => Ok(None),
+        Err(_) => Err(()),
+    }
+}
+
 /// The global count as a role reads it.
 #[derive(Clone, Copy, Debug)]
 pub struct Reading {
     pub active: u64,
     pub reliable: bool,
+    /// Why it is not reliable (`None` when it is, or the read failed).
+    pub why: Option<Why>,
 }
 
 impl Reading {
@@ -208,30 +307,6 @@ impl Reading {
             self.active
         } else {
             self.active.max(1)
-        }
-    }
-}
-
-impl Counter {
-    /// Whether the global count reads 0 (one host call; no reliability checks).
-    pub fn reads_zero(&self) -> bool {
-        match self.source {
-            Source::Gauge(id) => hostcalls::get_metric(id) == Ok(0),
-            Source::SharedData => matches!(shared_read(), Ok((0, _))),
-        }
-    }
-
-    /// The count over every worker. A failed read is unreliable, never 0.
-    pub fn read(&self) -> Reading {
-        let value = match self.source {
-            Source::Gauge(id) => hostcalls::get_metric(id).ok(),
-            Source::SharedData => shared_read().ok().map(|(v, _)| v),
-        };
-        let flagged = !matches!(hostcalls::get_shared_data(UNRELIABLE_KEY), Ok((None, _)));
-        let traffic_seen = matches!(hostcalls::get_shared_data(TRAFFIC_KEY), Ok((Some(_), _)));
-        Reading {
-            active: value.unwrap_or(0),
-            reliable: value.is_some() && !flagged && traffic_seen,
         }
     }
 }

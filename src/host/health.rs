@@ -9,15 +9,19 @@ use std::net::{IpAddr, SocketAddr};
 use std::rc::Rc;
 
 use super::count::{Counter, Reading};
+use super::liveness::Watch;
 use super::metrics::Metrics;
 use super::rotation::Rotator;
 use super::{in_flight, now, store, wall_ms};
-use crate::api::{self, Audience, CountInfo, Endpoint, Reply, RotationView, View};
+use crate::api::{self, Audience, CountInfo, Endpoint, Reply, RotationView, TrafficInfo, View};
 use crate::clock::{self, Now};
 use crate::config::Config;
 use crate::fsm::{self, CloseAfter, Move, Record, State};
 use crate::lb::Checkers;
 use crate::rotation;
+
+/// What a status answer shows beyond the FSM record, read at once.
+type Snapshot = (Reading, Checkers, TrafficInfo, Option<rotation::Record>);
 
 /// A held `wait=closed` request.
 #[derive(Clone, Copy, Debug)]
@@ -41,6 +45,7 @@ pub struct Health {
     pub metrics: Metrics,
     pub rotator: Rotator,
     waiters: RefCell<Vec<Waiter>>,
+    watch: Watch,
 }
 
 fn send(reply: &Reply) {
@@ -72,6 +77,7 @@ impl Health {
             metrics,
             rotator,
             waiters: RefCell::new(Vec::new()),
+            watch: Watch::default(),
         };
         // Record where the wall clock stands before the first tick, so that
         // a step even then is seen.
@@ -80,7 +86,7 @@ impl Health {
     }
 
     /// Everything a status answer shows, read now.
-    fn snapshot(&self) -> (Reading, Checkers, Option<rotation::Record>) {
+    fn snapshot(&self) -> Snapshot {
         let checkers = store::lb_checkers().unwrap_or_else(|e| {
             log::warn!("event=lb_record_unavailable error=\"{e}\"");
             Checkers::default()
@@ -89,13 +95,19 @@ impl Health {
             log::warn!("event=rotation_record_unavailable error=\"{e}\"");
             None
         });
-        (self.counter.read(), checkers, rotation)
+        let (reg, verdict) = self.watch.snapshot();
+        let traffic = TrafficInfo {
+            seen: !verdict.waiting,
+            roots: reg.roots.len(),
+            lost: reg.lost_total,
+        };
+        (self.counter.read(), checkers, traffic, rotation)
     }
 
     fn view<'a>(
         &'a self,
         rec: &'a Record,
-        (reading, checkers, rotation): &'a (Reading, Checkers, Option<rotation::Record>),
+        (reading, checkers, traffic, rotation): &'a Snapshot,
     ) -> View<'a> {
         let now = now();
         View {
@@ -107,7 +119,9 @@ impl Health {
             count: CountInfo {
                 source: self.counter.source_name(),
                 reliable: reading.reliable,
+                unreliable_reason: reading.why.map(|w| w.name()),
             },
+            traffic: *traffic,
             draining_lb_status: self.config.draining_lb_status,
             checkers,
             lb_fall: self.config.lb_fall,
@@ -137,17 +151,26 @@ impl Health {
             .and_then(|c| c.down_since(wall_ms(), self.config.lb_fall))
     }
 
-    /// Answers the LB check and remembers what this checker was served.
+    /// Answers the LB check and remembers what this checker was served
+    /// (only sources in `lb_checkers`). The 404 that completes what a gated
+    /// soft drain waits for flips it at once if nothing is in flight.
     fn lb_check(&self, state: State, req: &api::Request) -> Reply {
         let reply = api::check(Audience::Lb, state, &self.config, req.if_none_match);
-        if let Some(ip) = req.source {
-            let served = if reply.status == 304 {
-                200
-            } else {
-                reply.status
-            };
-            if let Err(e) = store::lb_observe(&ip.to_string(), served, self.config.lb_fall) {
-                log::warn!("event=lb_record_unavailable error=\"{e}\"");
+        let Some(ip) = req.source.filter(|ip| self.config.is_checker(*ip)) else {
+            return reply;
+        };
+        let served = if reply.status == 304 {
+            200
+        } else {
+            reply.status
+        };
+        if let Err(e) = store::lb_observe(&ip.to_string(), served, self.config.lb_fall) {
+            log::warn!("event=lb_record_unavailable error=\"{e}\"");
+        }
+        if state == State::Draining && served == 404 {
+            let active = self.counter.read().for_decisions();
+            if let Err(e) = store::apply_due(active, self.lb_down_ms(), &self.metrics) {
+                log::error!("event=state_unavailable role=health error=\"{e}\"");
             }
         }
         reply
@@ -184,6 +207,12 @@ impl Health {
             Err(e) => return Some(unavailable(&e)),
         };
         match endpoint {
+            Endpoint::Check(audience) if !self.watch.seen() => Some(api::check_waiting(
+                audience,
+                rec.state,
+                &self.config,
+                req.if_none_match,
+            )),
             Endpoint::Check(Audience::Lb) => Some(self.lb_check(rec.state, req)),
             Endpoint::Check(audience) => Some(api::check(
                 audience,
@@ -273,6 +302,7 @@ impl Health {
     /// transitions, then the release of held answers that are over.
     pub fn tick(&self) {
         self.watch_clock();
+        self.watch.tick(&self.metrics);
         let reading = self.counter.read();
         let rec = match store::apply_due(reading.for_decisions(), self.lb_down_ms(), &self.metrics)
         {

@@ -19,6 +19,7 @@ pub struct Metrics {
     forced: Option<u32>,
     count_errors: Option<u32>,
     count_unreliable: Option<u32>,
+    traffic_roles_lost: Option<u32>,
     oldest_in_flight: Option<u32>,
     clock_steps: Option<u32>,
 }
@@ -74,6 +75,7 @@ impl Metrics {
             count_unreliable: define(names::COUNT_UNRELIABLE),
             oldest_in_flight: define(names::OLDEST_IN_FLIGHT),
             count_errors: define(names::COUNT_ERRORS),
+            traffic_roles_lost: define(names::TRAFFIC_ROLES_LOST),
             clock_steps: define(names::CLOCK_STEPS),
         }
     }
@@ -132,6 +134,10 @@ impl Metrics {
 
     pub fn count_error(&self) {
         bump(self.count_errors);
+    }
+
+    pub fn traffic_role_lost(&self) {
+        bump(self.traffic_roles_lost);
     }
 
     pub fn clock_step(&self) {

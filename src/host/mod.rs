@@ -5,9 +5,11 @@ pub mod clock;
 pub mod count;
 pub mod health;
 pub mod in_flight;
+pub mod liveness;
 pub mod metrics;
 pub mod root;
 pub mod rotation;
+pub mod shared;
 pub mod store;
 pub mod traffic;
 

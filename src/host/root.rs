@@ -7,9 +7,11 @@ use proxy_wasm::types::ContextType;
 use std::rc::Rc;
 use std::time::Duration;
 
-use super::count::Counter;
+use super::count::{self, Counter};
 use super::health::{Health, HealthStream};
+use super::liveness;
 use super::metrics::Metrics;
+use super::shared::Envoy;
 use super::store;
 use super::traffic::{Traffic, TrafficStream};
 use crate::config::{Config, Role};
@@ -35,6 +37,15 @@ impl Context for Root {
         if let Root::Health(h) = self {
             h.rotator.answered(token, num_headers);
         }
+    }
+
+    /// The plugin is being removed (LDS update, reconfiguration): a clean
+    /// goodbye, so that the health role does not take it for a failed VM.
+    fn on_done(&mut self) -> bool {
+        if let Root::Traffic(t) = self {
+            t.goodbye();
+        }
+        true
     }
 }
 
@@ -69,14 +80,18 @@ impl RootContext for Root {
         }
         *self = match config.role {
             Role::Traffic => {
-                Counter::announce_traffic();
+                liveness::ensure_registry();
+                count::announce_traffic(&Envoy);
                 Root::Traffic(Rc::new(Traffic::new(
                     Counter::new(metrics.active),
                     metrics,
                     config.tick_ms,
                 )))
             }
-            Role::Health => Root::Health(Rc::new(Health::new(config, metrics))),
+            Role::Health => {
+                liveness::ensure_registry();
+                Root::Health(Rc::new(Health::new(config, metrics)))
+            }
         };
         true
     }

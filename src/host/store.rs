@@ -4,10 +4,9 @@
 
 use proxy_wasm::hostcalls;
 use proxy_wasm::types::Status;
-use serde::de::DeserializeOwned;
-use serde::Serialize;
 
 use super::metrics::Metrics;
+use super::shared::{cas_update, json_read, json_update, Envoy, Host, Step, RETRIES};
 use super::{now, wall_ms};
 use crate::clock::{Look, Now, Steps};
 use crate::fsm::{self, Illegal, Move, Record};
@@ -17,8 +16,6 @@ use crate::rotation;
 const KEY: &str = "drain_gate.fsm.v1";
 const LB_KEY: &str = "drain_gate.lb.v1";
 const CLOCK_KEY: &str = "drain_gate.clock.v1";
-/// CAS retries before a transition gives up (only under pathological contention).
-const RETRIES: usize = 64;
 
 #[derive(Debug)]
 pub enum Error {
@@ -39,7 +36,8 @@ fn read() -> Result<Option<(Record, u32)>, String> {
 }
 
 fn write(rec: &Record, cas: Option<u32>) -> Result<(), Status> {
-    write_json(KEY, rec, cas)
+    let bytes = serde_json::to_vec(rec).map_err(|_| Status::SerializationFailure)?;
+    hostcalls::set_shared_data(KEY, Some(&bytes), cas)
 }
 
 /// The current record and its CAS version, creating the OPEN record on first use.
@@ -68,31 +66,26 @@ pub fn advance(
     active: u64,
     metrics: &Metrics,
 ) -> Result<Record, Error> {
-    for _ in 0..RETRIES {
-        let (rec, cas) = load_versioned().map_err(Error::Store)?;
-        let mv = choose(&rec);
-        let next = fsm::advance(&rec, mv, now(), active).map_err(Error::Illegal)?;
-        match write(&next, Some(cas)) {
-            Ok(()) => {
-                log::info!(
-                    "event=transition from={} to={} reason={} active={} forced={} seq={}",
-                    rec.state.name(),
-                    next.state.name(),
-                    next.reason.name(),
-                    active,
-                    next.forced,
-                    next.seq
-                );
-                metrics.transition(&next);
-                return Ok(next);
-            }
-            Err(Status::CasMismatch) => continue,
-            Err(e) => return Err(Error::Store(format!("shared data write failed: {e:?}"))),
-        }
-    }
-    Err(Error::Store(
-        "too much contention on the state record".to_string(),
-    ))
+    load_versioned().map_err(Error::Store)?; // created on first use
+    let moved = cas_update(&Envoy, KEY, |bytes| {
+        let rec: Record = serde_json::from_slice(bytes.unwrap_or_default())
+            .map_err(|e| Error::Store(format!("unreadable state record: {e}")))?;
+        let next = fsm::advance(&rec, choose(&rec), now(), active).map_err(Error::Illegal)?;
+        let out = serde_json::to_vec(&next).map_err(|e| Error::Store(e.to_string()))?;
+        Ok(Step::Write(out, (rec.state, next)))
+    });
+    let (from, next) = moved.map_err(|f| f.refused().unwrap_or_else(Error::Store))?;
+    log::info!(
+        "event=transition from={} to={} reason={} active={} forced={} seq={}",
+        from.name(),
+        next.state.name(),
+        next.reason.name(),
+        active,
+        next.forced,
+        next.seq
+    );
+    metrics.transition(&next);
+    Ok(next)
 }
 
 /// Rewrites the record with what `change` makes of it (a lease or a plan
@@ -124,7 +117,7 @@ pub fn apply_due(
     // At most two automatic steps can follow each other (CLOSING, then CLOSED
     // when lb_buffer is 0).
     for _ in 0..3 {
-        let Some(mv) = fsm::due(&rec, now(), active, lb_down_ms) else {
+        let Some(mv) = fsm::due_gated(&rec, now(), active, lb_down_ms, lb_saw_drain(&rec)) else {
             return Ok(rec);
         };
         rec = match advance(|_| mv, active, metrics) {
@@ -137,46 +130,29 @@ pub fn apply_due(
     Ok(rec)
 }
 
-/// A record that starts as its default, and its CAS version.
-fn read_or_default<T: DeserializeOwned + Default>(
-    key: &str,
-    what: &str,
-) -> Result<(T, Option<u32>), String> {
-    match hostcalls::get_shared_data(key) {
-        Ok((Some(bytes), cas)) => serde_json::from_slice(&bytes)
-            .map(|c| (c, cas))
-            .map_err(|e| format!("unreadable {what} record: {e}")),
-        Ok((None, cas)) => Ok((T::default(), cas)),
-        Err(e) => Err(format!("shared data read failed: {e:?}")),
+/// For a gated soft drain: whether every live checker has been served the
+/// 404 since the drain began (unreadable: not yet; `drain_timeout` bounds it).
+fn lb_saw_drain(rec: &Record) -> bool {
+    let gated = rec.state == fsm::State::Draining && rec.plan.is_some_and(|p| p.lb_gate);
+    if !gated {
+        return true;
     }
-}
-
-fn write_json(key: &str, value: &impl Serialize, cas: Option<u32>) -> Result<(), Status> {
-    let bytes = serde_json::to_vec(value).map_err(|_| Status::SerializationFailure)?;
-    hostcalls::set_shared_data(key, Some(&bytes), cas)
-}
-
-fn lb_read() -> Result<(Checkers, Option<u32>), String> {
-    read_or_default(LB_KEY, "checker")
+    let since = rec.drain_started_ms.unwrap_or(0);
+    lb_checkers().is_ok_and(|c| c.saw_drain(since, wall_ms()))
 }
 
 /// What every LB checker has been answered so far.
 pub fn lb_checkers() -> Result<Checkers, String> {
-    lb_read().map(|(c, _)| c)
+    json_read(&Envoy, LB_KEY)
 }
 
 /// Records an answer served to an LB checker (compare-and-swap, retried).
 pub fn lb_observe(source: &str, status: u16, lb_fall: u32) -> Result<(), String> {
-    for _ in 0..RETRIES {
-        let (mut checkers, cas) = lb_read()?;
-        checkers.observe(source, status, wall_ms(), lb_fall);
-        match write_json(LB_KEY, &checkers, cas) {
-            Ok(()) => return Ok(()),
-            Err(Status::CasMismatch) => continue,
-            Err(e) => return Err(format!("shared data write failed: {e:?}")),
-        }
-    }
-    Err("too much contention on the checker record".to_string())
+    json_update(&Envoy, LB_KEY, |c: &mut Checkers| {
+        c.observe(source, status, wall_ms(), lb_fall);
+        Ok::<_, String>(())
+    })
+    .map_err(|e| e.to_string())
 }
 
 /// The rotation record of the last drain (`crate::rotation`): written only by
@@ -184,41 +160,40 @@ pub fn lb_observe(source: &str, status: u16, lb_fall: u32) -> Result<(), String>
 const ROTATION_KEY: &str = "drain_gate.rotation.v1";
 
 pub fn rotation_load() -> Result<Option<rotation::Record>, String> {
-    match hostcalls::get_shared_data(ROTATION_KEY) {
-        Ok((Some(bytes), _)) => serde_json::from_slice(&bytes)
-            .map(Some)
-            .map_err(|e| format!("unreadable rotation record: {e}")),
-        Ok((None, _)) => Ok(None),
-        Err(e) => Err(format!("shared data read failed: {e:?}")),
-    }
+    json_read(&Envoy, ROTATION_KEY)
 }
 
 /// One writer per drain, so no compare-and-swap: the last write wins.
 pub fn rotation_save(rec: &rotation::Record) -> Result<(), String> {
-    write_json(ROTATION_KEY, rec, None).map_err(|e| format!("shared data write failed: {e:?}"))
+    let bytes = serde_json::to_vec(rec).map_err(|e| e.to_string())?;
+    Envoy
+        .set(ROTATION_KEY, &bytes, None)
+        .map_err(|e| format!("shared data write failed: {e:?}"))
 }
 
 /// The clock-step record (see `crate::clock::Steps`).
 pub fn clock_steps() -> Result<Steps, String> {
-    read_or_default(CLOCK_KEY, "clock").map(|(s, _)| s)
+    json_read(&Envoy, CLOCK_KEY)
 }
 
 /// Compares the clocks with the clock-step record and updates it. Returns the
 /// step when this caller recorded one (so that each step is logged and
 /// counted once, by the worker that saw it first).
 pub fn clock_look(now: Now, threshold_ms: u64) -> Result<Option<(Steps, i64)>, String> {
-    for _ in 0..RETRIES {
-        let (steps, cas) = read_or_default::<Steps>(CLOCK_KEY, "clock")?;
+    cas_update(&Envoy, CLOCK_KEY, |bytes| {
+        let steps: Steps = match bytes {
+            Some(b) => {
+                serde_json::from_slice(b).map_err(|e| format!("unreadable clock record: {e}"))?
+            }
+            None => Steps::default(),
+        };
         let (next, step) = match steps.look(now, threshold_ms) {
-            Look::Same => return Ok(None),
+            Look::Same => return Ok(Step::Keep(None)),
             Look::Crept(next) => (next, None),
             Look::Stepped(next, by) => (next, Some(by)),
         };
-        match write_json(CLOCK_KEY, &next, cas) {
-            Ok(()) => return Ok(step.map(|by| (next, by))),
-            Err(Status::CasMismatch) => continue,
-            Err(e) => return Err(format!("shared data write failed: {e:?}")),
-        }
-    }
-    Err("too much contention on the clock record".to_string())
+        let out = serde_json::to_vec(&next).map_err(|e| e.to_string())?;
+        Ok(Step::Write(out, step.map(|by| (next, by))))
+    })
+    .map_err(|f| f.refused().unwrap_or_else(|e| e))
 }

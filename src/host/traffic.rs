@@ -6,7 +6,8 @@ use proxy_wasm::traits::{Context, HttpContext};
 use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 
-use super::count::Counter;
+use super::count::{self, Counter};
+use super::liveness::Heartbeat;
 use super::metrics::Metrics;
 use super::{in_flight, now, store};
 use crate::fsm::State;
@@ -67,6 +68,7 @@ pub struct Traffic {
     /// true). Outside a drain no stream end needs to look any further.
     draining: Cell<bool>,
     ages: AgeBook,
+    heartbeat: Heartbeat,
 }
 
 impl Traffic {
@@ -76,13 +78,20 @@ impl Traffic {
             metrics,
             draining: Cell::new(true),
             ages: AgeBook::new(tick_ms),
+            heartbeat: Heartbeat::new(tick_ms),
         }
+    }
+
+    /// The root context is being removed cleanly: leave the registry.
+    pub fn goodbye(&self) {
+        self.heartbeat.goodbye();
     }
 
     /// Every `tick`: publish the ages; is a drain running? Give back the
     /// unused lease, and during a drain check whether this VM's last stream
     /// already ended before it knew about the drain.
     pub fn tick(&self) {
+        self.heartbeat.beat();
         self.ages.tick();
         let state = match self.metrics.state_hint() {
             Some(state) => state,
@@ -144,9 +153,10 @@ pub struct TrafficStream {
 
 impl TrafficStream {
     pub fn new(traffic: Rc<Traffic>) -> TrafficStream {
-        let counted = traffic
-            .counter
-            .enter(&traffic.metrics, traffic.draining.get());
+        let counted = traffic.counter.enter(traffic.draining.get());
+        if !counted {
+            count::not_counted(&traffic.metrics);
+        }
         let started_ms = traffic.ages.enter();
         TrafficStream {
             traffic,

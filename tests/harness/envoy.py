@@ -157,9 +157,27 @@ class Envoy(Child):
         return self
 
     def wait_ready(self, timeout: float = 60) -> None:
-        """Until the admin says LIVE and the health listener answers /live."""
-        self.wait_until(lambda: self.admin_ready() and self._answers(self.health("/live"), (200, 500)),
-                        timeout, "envoy ready")
+        """Until the admin says LIVE, the health listener answers /live and, when a
+        filter loads the traffic role, the health role has seen it register (until
+        then it keeps the gateway out: LB check and readiness 503)."""
+        traffic = self.has_traffic_role()
+        self.wait_until(lambda: self.admin_ready() and self._answers(self.health("/live"), (200, 500))
+                        and not (traffic and self.waiting_for_traffic()), timeout, "envoy ready")
+
+    def has_traffic_role(self) -> bool:
+        """Whether a filter loads the traffic role: in the bootstrap, or in a file it
+        points to (file-based LDS, ECDS)."""
+        texts = [yaml.safe_dump(self.doc)]
+        texts += [Path(p).read_text() for p in _paths(self.doc) if Path(p).is_file()]
+        return any(re.search(r'\\?"role\\?": *\\?"traffic', t) for t in texts)
+
+    def waiting_for_traffic(self) -> bool:
+        """Whether the health role still waits for a traffic role (a failed status read: no)."""
+        try:
+            r = requests.get(self.health("/drain/status"), timeout=1)
+        except requests.RequestException:
+            return True
+        return r.status_code == 200 and r.json().get("waiting_for") == "traffic_role"
 
     def admin_ready(self) -> bool:
         """The admin's /ready answers 200; raises if Envoy has exited."""
@@ -198,6 +216,16 @@ class Envoy(Child):
             if key == name:
                 return int(value)
         return None
+
+
+def _paths(node) -> list[str]:
+    """Every `path` value in a bootstrap (config sources)."""
+    if isinstance(node, dict):
+        own = [node["path"]] if isinstance(node.get("path"), str) else []
+        return own + [p for v in node.values() for p in _paths(v)]
+    if isinstance(node, list):
+        return [p for v in node for p in _paths(v)]
+    return []
 
 
 def transitions(log: str) -> list[tuple[str, str, str]]:

@@ -92,6 +92,7 @@ _HTTPLOG = re.compile(
 
 # Logged once per DOWN transition (the stderr copy starts with "[WARNING]").
 _DOWN = re.compile(rf"^Server {BACKEND}/(?P<srv>\S+) is DOWN\b.*?(?P<sessions>\d+) sessions active")
+_STATE = re.compile(rf"^Server {BACKEND}/(?P<srv>\S+) is (?P<state>UP|DOWN|stopping)\b")
 
 
 def parse_log_line(line: str) -> LogLine | None:
@@ -275,6 +276,11 @@ class HAProxy(Child):
             if m:
                 out.append((m["srv"], int(m["sessions"])))
         return out
+
+    def state_events(self, server: str) -> list[str]:
+        """Every state change HAProxy logged for `server`, in order: "UP", "DOWN",
+        or "stopping" (NOLB: a 404 under `http-check disable-on-404`)."""
+        return [m["state"] for m in map(_STATE.match, self.log().splitlines()) if m and m["srv"] == server]
 
     def server_of(self, marker: str) -> str | None:
         """The server that served the request whose request line contains `marker`."""

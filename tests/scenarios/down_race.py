@@ -28,7 +28,8 @@ from tests.harness.rig import QUICK, PreStop, Rig
 
 def one_drain(lb_status: int, workers: int, seconds: float) -> dict:
     soft = lb_status == 404
-    config = {"draining_lb_status": 404, "min_drain": f"{int(QUICK.inter_s) + 1}s"} if soft else {}
+    # Soft drain as shipped: no min_drain, the flip waits for the LB's 404 (soft_drain_gate).
+    config = {"draining_lb_status": 404} if soft else {}
     with tempfile.TemporaryDirectory(prefix="down-race-") as wd:
         with Rig(Path(wd), gateways=2, timing=QUICK, config=config, soft_drain=soft) as rig:
             loop = ShortLoop(rig.url("/"), duration=seconds, workers=workers, pause=0.0).start()

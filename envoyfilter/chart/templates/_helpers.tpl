@@ -68,6 +68,16 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{- div (add (int64 (include "drain-gate.ms" ($c.drain_timeout | default "120s"))) $closing 5000 999) 1000 -}}
 {{- end -}}
 
+{{/* The labels the EnvoyFilters select: podSelector, and in the Gateway API
+     form the Gateway's own pod label too (istiod's gateway-name). */}}
+{{- define "drain-gate.workloadLabels" -}}
+{{- $labels := deepCopy .Values.podSelector -}}
+{{- if .Values.gatewayAPI.enabled -}}
+{{- $_ := set $labels "gateway.networking.k8s.io/gateway-name" .Values.gatewayAPI.name -}}
+{{- end -}}
+{{- toYaml $labels -}}
+{{- end -}}
+
 {{/* The proxy-wasm vm_config both roles share (vm_id: see values.yaml `form`). */}}
 {{- define "drain-gate.vmConfig" -}}
 vm_id: {{ if eq .Values.form "wasmplugin" }}""{{ else }}drain-gate{{ end }}

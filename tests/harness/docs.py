@@ -1,0 +1,176 @@
+"""The ```sh blocks of a README, run by bash as written, offline: stand-ins
+for `kubectl` and `helm` come first on PATH; `make`, `python3`, `sed`,
+`openssl`, `curl` run for real.
+
+kubectl stand-in:
+  * an offline form (`--dry-run=client`, `--local`) runs the real kubectl;
+  * any other command first runs the real kubectl against an address where
+    nothing listens: it must fail on the connection, never on its arguments
+    (else the stand-in fails with kubectl's complaint). Then, what the cluster
+    would do:
+      `apply [--server-side] -f F...`: kubectl decodes what it would send
+        (`patch --local`), recorded (no other apply flag has an offline form);
+      `-n NS rollout status|restart TARGET`: recorded;
+      `exec ... curl ... localhost:15000/PATH`: the test's reply file PATH;
+      `get deploy NAME -o json`: the test's reply file `deployment`;
+      anything else: recorded, no output.
+helm stand-in: `upgrade --install` runs as `helm template` with the same
+arguments (`istio/gateway` is the chart in ../shared), its objects recorded;
+anything else runs the real helm.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import textwrap
+import warnings
+from pathlib import Path
+
+import pytest
+
+from tests.harness import k8s
+from tests.harness.envoy import REPO
+
+UNREACHABLE = ["--server=http://127.0.0.1:1", "--request-timeout=5s"]
+# What the helm stand-in says when a command needs the istio/gateway chart and ../shared is absent.
+NO_GATEWAY_CHART = "offline: the istio/gateway chart is absent"
+
+STAND_INS = textwrap.dedent('''\
+    import json, os, re, subprocess, sys
+    BIN, LOG, REPLIES, GATEWAY_CHART = {bin!r}, {log!r}, {replies!r}, {gateway_chart!r}
+    UNREACHABLE = {unreachable!r}
+    NAME, args = os.path.basename(sys.argv[0]), sys.argv[1:]
+    REAL = os.path.join(BIN, NAME)
+
+    def record(entry):
+        with open(LOG, "a") as f:
+            f.write(json.dumps(entry) + "\\n")
+
+    def real(argv, stdin=None):
+        return subprocess.run([REAL, *argv], input=stdin, capture_output=True, text=True,
+                              env={{**os.environ, "KUBECONFIG": "/dev/null"}})
+
+    def reply(name):
+        path = os.path.join(REPLIES, name)
+        if not os.path.exists(path):
+            sys.exit(f"no offline reply {{name!r}} for: kubectl {{' '.join(args)}}")
+        sys.stdout.write(open(path).read())
+
+    def helm():
+        argv = list(args)
+        if "istio/gateway" in argv:
+            if not os.path.isdir(GATEWAY_CHART):
+                sys.exit({no_chart!r})
+            argv[argv.index("istio/gateway")] = GATEWAY_CHART
+        if argv[:2] != ["upgrade", "--install"]:
+            os.execv(REAL, [REAL, *argv])
+        r = real(["template", *argv[2:]])
+        if r.returncode:
+            sys.exit(r.stderr)
+        record({{"verb": "helm install", "args": args, "manifest": r.stdout}})
+
+    def apply(stdin):
+        flags = [a for a in args[1:] if a.startswith("--")]
+        files = [args[i + 1] for i, a in enumerate(args) if a == "-f"]
+        if set(flags) - {{"--server-side"}} or not files or len(args) != 1 + len(flags) + 2 * len(files):
+            sys.exit("no offline form for: kubectl " + " ".join(args))
+        for name in files:
+            r = real(["patch", "--local", "-f", name, "--type", "merge", "-p", "{{}}", "-o", "json"], stdin)
+            if r.returncode:
+                sys.exit(r.stderr)
+            doc = json.loads(r.stdout)
+            for obj in doc["items"] if doc.get("kind") == "List" else [doc]:
+                record({{"verb": "apply", "flags": flags, "file": name,
+                        "stdin": stdin if name == "-" else None, "object": obj}})
+
+    def kubectl():
+        if "--dry-run=client" in args or "--local" in args:
+            os.execv(REAL, [REAL, *args])
+        stdin = sys.stdin.read()
+        r = real([*UNREACHABLE, *args], stdin)
+        if r.returncode == 0 or "127.0.0.1:1" not in r.stderr or "refused" not in r.stderr:
+            sys.exit(f"kubectl {{' '.join(args)}}: not refused by the connection: {{r.stderr.strip()}}")
+        line = " ".join(args)
+        if args[:1] == ["apply"]:
+            apply(stdin)
+        elif re.fullmatch(r"-n \\S+ rollout (status|restart) \\S+( --timeout=\\S+)?", line):
+            record({{"verb": "rollout " + args[3], "namespace": args[1], "target": args[4]}})
+        elif "exec" in args and re.search(r"curl .*localhost:15000/(\\w+)", line):
+            reply(re.search(r"localhost:15000/(\\w+)", line)[1])
+        elif re.search(r"\\bget deploy\\S* \\S+ -o json$", line):
+            reply("deployment")
+        else:
+            record({{"verb": "cluster", "args": args}})
+
+    helm() if NAME == "helm" else kubectl()
+''')
+
+
+def sh_blocks(readme: Path, section: str | None = None, exclude: str | None = None) -> list[str]:
+    """The ```sh blocks of `readme`, of its `## section` only, or without its `## exclude`."""
+    text = readme.read_text()
+    for title in (section, exclude):
+        if title is not None:
+            start = text.index(f"\n## {title}\n")
+            end = text.find("\n## ", start + 1)
+            part = text[start:] if end < 0 else text[start:end]
+            text = part if title == section else text.replace(part, "")
+    return re.findall(r"```sh\n(.*?)```", text, re.S)
+
+
+def commands(block: str) -> list[str]:
+    """The commands of a block: continuation lines joined, comments dropped."""
+    text = re.sub(r"\\\n\s*", " ", block)
+    return [line.strip() for line in text.splitlines() if line.strip() and not line.strip().startswith("#")]
+
+
+def runnable(block: str) -> list[str]:
+    """The commands of the block that can run here: without ../shared, those
+    that need the istio/gateway chart are left out, each with a warning that says so."""
+    out = []
+    for command in commands(block):
+        if re.search(r"(^|\s)istio/gateway(\s|$)", command) and not k8s.GATEWAY_CHART.is_dir():
+            warnings.warn(f"left out, the istio/gateway chart is absent at {k8s.GATEWAY_CHART}: {command}")
+        else:
+            out.append(command)
+    return out
+
+
+class OfflineShell:
+    """Runs README blocks with the stand-ins; `recorded()` is what they saw.
+    `replies` is the directory of the cluster's answers (config_dump, stats,
+    deployment) that the test writes before a block reads them."""
+
+    def __init__(self, workdir: Path):
+        self.bin, self.replies, self.log = workdir / "bin", workdir / "replies", workdir / "kubectl.jsonl"
+        self.bin.mkdir(parents=True)
+        self.replies.mkdir()
+        script = STAND_INS.format(bin=str(k8s.K8S_BIN), log=str(self.log), replies=str(self.replies),
+                                  gateway_chart=str(k8s.GATEWAY_CHART), unreachable=UNREACHABLE,
+                                  no_chart=NO_GATEWAY_CHART)
+        for name in ("kubectl", "helm"):
+            k8s.tool(name)  # present, or a clear error naming `make k8s-tools`
+            path = self.bin / name
+            path.write_text(f"#!{sys.executable}\n{script}")
+            path.chmod(0o755)
+
+    def run(self, block: str, substitutions: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+        """bash -euo pipefail on the block's runnable() commands (after the
+        regex `substitutions`); skips when none can run here."""
+        kept = runnable(block)
+        if not kept:
+            pytest.skip(f"every command needs the istio/gateway chart, absent at {k8s.GATEWAY_CHART}")
+        block = "\n".join(kept)
+        for pattern, replacement in (substitutions or {}).items():
+            block = re.sub(pattern, lambda _: replacement, block)
+        env = {**os.environ, "PATH": f"{self.bin}:{os.environ['PATH']}", "KUBECONFIG": "/dev/null"}
+        r = subprocess.run(["bash", "-euo", "pipefail", "-c", block], cwd=REPO, env=env, capture_output=True,
+                           stdin=subprocess.DEVNULL, text=True, timeout=300)
+        assert NO_GATEWAY_CHART not in r.stderr, "runnable() leaves out what needs the istio/gateway chart"
+        return r
+
+    def recorded(self) -> list[dict]:
+        return [json.loads(line) for line in self.log.read_text().splitlines()] if self.log.exists() else []
