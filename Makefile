@@ -158,7 +158,8 @@ configmap: wasm-opt build
 
 ## LB scenarios: the seed's drain scenarios against a real HAProxy ------------
 # The seed's scenarios against a real HAProxy (envoyfilter/haproxy/*.cfg).
-# `make test` already runs the quick set (S1, S4, S5 soft drain, the control;
+# `make test` already runs the quick set (S1, S4, S5 soft drain, L4 behind
+# haproxy-tcp.cfg with and without the connection rotation, the controls;
 # HAProxy checks every 1 s). `make scenarios` runs all of them with the seed's
 # timings (inter 2s, lb_buffer 10s); results in out/scenarios/latest/.
 .PHONY: scenarios

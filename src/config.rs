@@ -11,6 +11,7 @@ use std::net::IpAddr;
 use crate::duration;
 use crate::fsm::{CloseAfter, DrainPlan};
 use crate::net::{Cidr, LOOPBACK};
+use crate::rotation;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Role {
@@ -40,6 +41,9 @@ pub struct Config {
     /// having marked this backend DOWN.
     pub lb_fall: u32,
     pub lb_down_timeout_ms: u64,
+    /// The Envoy cluster that reaches Envoy's admin API, through which a drain
+    /// start rotates the traffic connections (`crate::rotation`); `None`: off.
+    pub rotate_connections: Option<String>,
     /// Sources whose `/health_check.html` requests count as LB checkers;
     /// `None`: every source.
     pub lb_checkers: Option<Vec<Cidr>>,
@@ -98,7 +102,7 @@ macro_rules! key_table {
 
 key_table! {
     /// Every configuration key, in the order they are checked.
-    pub const KEYS: [&str; 13] = [
+    pub const KEYS: [&str; 14] = [
         "role" => Rule::Required(role, ROLE_REQUIRED),
         "drain_timeout" => Rule::Optional(drain_timeout),
         "min_drain" => Rule::Optional(min_drain),
@@ -110,6 +114,7 @@ key_table! {
         "close_after" => Rule::Optional(close_after),
         "lb_fall" => Rule::Optional(lb_fall),
         "lb_down_timeout" => Rule::Optional(lb_down_timeout),
+        "rotate_connections" => Rule::Optional(rotate_connections),
         "lb_checkers" => Rule::Optional(lb_checkers),
         "soft_drain_gate" => Rule::Optional(soft_drain_gate),
     ];
@@ -129,6 +134,7 @@ impl Default for Config {
             close_after: CloseAfter::LbBuffer,
             lb_fall: 2,
             lb_down_timeout_ms: 60_000,
+            rotate_connections: Some(rotation::DEFAULT_CLUSTER.to_string()),
             lb_checkers: None,
             soft_drain_gate: true,
         }
@@ -302,6 +308,32 @@ fn lb_down_timeout(c: &mut Config, v: &Value) -> Result<(), String> {
     duration(v, 1, duration::MAX_MS).map(|ms| c.lb_down_timeout_ms = ms)
 }
 
+/// Longest accepted cluster name.
+const MAX_CLUSTER_LEN: usize = 256;
+
+/// `false` turns the rotation off, `true` uses the default cluster, a string
+/// names the cluster.
+fn rotate_connections(c: &mut Config, v: &Value) -> Result<(), String> {
+    c.rotate_connections = match v {
+        Value::Bool(false) => None,
+        Value::Bool(true) => Some(rotation::DEFAULT_CLUSTER.to_string()),
+        Value::String(name)
+            if !name.is_empty()
+                && name.len() <= MAX_CLUSTER_LEN
+                && name.bytes().all(|b| b.is_ascii_graphic()) =>
+        {
+            Some(name.clone())
+        }
+        _ => {
+            return Err(format!(
+                "expected false, true or an Envoy cluster name (1 to {MAX_CLUSTER_LEN} \
+                 printable ASCII characters), got {v}"
+            ))
+        }
+    };
+    Ok(())
+}
+
 impl Config {
     /// Parses the plugin configuration bytes. Empty input is refused: the role
     /// must be chosen explicitly.
@@ -446,6 +478,23 @@ mod tests {
         );
         assert_eq!(c.admin_allow.len(), 3);
         assert_eq!(c.admin_allow[2].to_string(), "192.0.2.7/32");
+        assert_eq!(
+            c.rotate_connections.as_deref(),
+            Some(rotation::DEFAULT_CLUSTER)
+        );
+    }
+
+    #[test]
+    fn rotation_names_a_cluster_or_is_off() {
+        let named = parse(r#"{"role":"health","rotate_connections":"admin"}"#).unwrap();
+        assert_eq!(named.rotate_connections.as_deref(), Some("admin"));
+        let off = parse(r#"{"role":"health","rotate_connections":false}"#).unwrap();
+        assert_eq!(off.rotate_connections, None);
+        let on = parse(r#"{"role":"health","rotate_connections":true}"#).unwrap();
+        assert_eq!(
+            on.rotate_connections.as_deref(),
+            Some(rotation::DEFAULT_CLUSTER)
+        );
     }
 
     #[test]
@@ -498,6 +547,9 @@ mod tests {
             ("admin_token", r#""short""#),
             ("admin_token", r#""has spaces in the token""#),
             ("admin_token", "7"),
+            ("rotate_connections", r#""""#),
+            ("rotate_connections", r#""two words""#),
+            ("rotate_connections", "0"),
             ("admin_token", "[]"),
             ("admin_token", r#"["abcdefghijklmnopq",3]"#),
             ("admin_token", r#"["abcdefghijklmnopq","short"]"#),

@@ -12,7 +12,8 @@
 //! - [`lb`]: what each LB checker has been answered (LB-observed-down);
 //! - [`in_flight`]: how old the streams in flight are (what a drain waits for);
 //! - [`liveness`]: whether the traffic role is there and alive;
-//! - [`metric_names`]: every metric name (the host defines them).
+//! - [`metric_names`]: every metric name (the host defines them);
+//! - [`rotation`]: connection rotation at drain start (the seed's event 3).
 //!
 //! Host shell ([`host`]): root, traffic and health contexts, shared data,
 //! the active count, the metrics (defined from [`metric_names`]) and timers.
@@ -28,6 +29,7 @@ pub mod lb;
 pub mod liveness;
 pub mod metric_names;
 pub mod net;
+pub mod rotation;
 
 proxy_wasm::main! {{
     proxy_wasm::set_log_level(proxy_wasm::types::LogLevel::Info);

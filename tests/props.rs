@@ -614,9 +614,10 @@ proptest! {
             checkers: &checkers,
             lb_fall: 2,
             close_after: CloseAfter::LbBuffer,
+            rotation: api::RotationView { cluster: Some("admin"), last: None },
         };
         let body: Value = serde_json::from_slice(&api::status(&view).body).unwrap();
-        for field in ["state", "ready", "live", "lb_status", "active", "count", "waiting_for", "traffic", "in_flight", "progress", "lb", "clock"] {
+        for field in ["state", "ready", "live", "lb_status", "active", "count", "waiting_for", "traffic", "in_flight", "progress", "lb", "clock", "connection_rotation"] {
             prop_assert!(body.get(field).is_some(), "{field} missing: {body}");
         }
         prop_assert_eq!(body["state"].as_str(), Some(rec.state.name()));

@@ -38,6 +38,7 @@ BAD = {
     "close_after": ["lb_down", 1],
     "lb_fall": [0, 11, 2.5, "2"],
     "lb_down_timeout": ["0s", "61m"],
+    "rotate_connections": ["", 0],
     "lb_checkers": [[], ["10.0.0.300/32"], "10.0.0.0/8"],
     "soft_drain_gate": ["yes", 1],
 }

@@ -36,7 +36,7 @@ import yaml
 
 from tests.harness import istio, k8s
 from tests.harness.envoy import WASM, Envoy, free_port, hcm, wait_for
-from tests.harness.wire import read_head, status
+from tests.harness.wire import KeepAlive, read_head, status
 
 VERSIONS = istio.ENVOY_MATRIX
 
@@ -106,11 +106,12 @@ def start_gateway(backend_port, tmp_path, monkeypatch):
     maps each logical listener port to the actual one. Stopped on every path."""
     stack = contextlib.ExitStack()
 
-    def start(version: str, listeners: list[dict], wasm=WASM, ready_path: str | None = "/live") -> Envoy:
+    def start(version: str, listeners: list[dict], wasm=WASM, ready_path: str | None = "/live",
+              clusters: list[dict] = ()) -> Envoy:
         monkeypatch.setenv("ENVOY_BIN", istio.envoy_bin(version))
         at = {l["address"]["socket_address"]["port_value"]: free_port() for l in listeners}
         admin = free_port()
-        doc = istio.gateway_bootstrap(listeners, at, admin, backend_port, wasm)
+        doc = istio.gateway_bootstrap(listeners, at, admin, backend_port, wasm, clusters)
         traffic = min(p for p in at if p != istio.HEALTH_PORT)
         env = Envoy(doc, istio.harness_ports(at, admin, backend_port, traffic), concurrency=2,
                     workdir=tmp_path / f"envoy-{admin}")
@@ -251,6 +252,92 @@ def test_tcp_patch_counts_a_passthrough_connection_and_flips_on_its_close(versio
 
 
 # -- EnvoyFilter form ---------------------------------------------------------------------
+# What each form of Envoy's drain_listeners admin call does to a gateway
+# (--drain-strategy immediate, --drain-time-s 1, as the harness starts Envoy):
+# (the next response on a keep-alive connection, a new traffic connection at
+# +0.5 s and at +2.5 s, the health listener at +2.5 s, a 3 s stream in flight).
+# drain-gate sends only the first form; the other two stop the health listener
+# with the traffic ones, which is why the README warns against them.
+ADMIN_DRAIN_FORMS = {
+    "/drain_listeners?graceful&skip_exit": ("close", "accepted", "accepted", "200", "completes"),
+    "/drain_listeners": ("close", "refused", "refused", "refused", "completes"),
+    "/drain_listeners?graceful": ("close", "accepted", "refused", "refused", "completes"),
+}
+
+# Before 1.40 a plain drain_listeners stops the listeners without starting the
+# drain sequence: a keep-alive connection is not told to close.
+ADMIN_DRAIN_BEFORE_1_40 = {"/drain_listeners": (None, "refused", "refused", "refused", "completes")}
+
+
+def expected_drain_form(version: str, form: str) -> tuple:
+    major_minor = tuple(int(x) for x in version.split(".")[:2])
+    if major_minor < (1, 40) and form in ADMIN_DRAIN_BEFORE_1_40:
+        return ADMIN_DRAIN_BEFORE_1_40[form]
+    return ADMIN_DRAIN_FORMS[form]
+
+
+def _accepts(url: str) -> str:
+    try:
+        return "accepted" if requests.get(url, timeout=3).status_code == 200 else "error"
+    except requests.ConnectionError:
+        return "refused"
+
+
+def _health_answer(env) -> str:
+    try:
+        return lb_check(env)[0].split()[1]
+    except OSError:
+        return "refused"
+
+
+@pytest.mark.parametrize("form", list(ADMIN_DRAIN_FORMS))
+@pytest.mark.parametrize("version", VERSIONS)
+def test_admin_drain_forms_behave_as_documented(version, form, start_gateway, stream):
+    """Catches an Envoy upgrade that changes what the three forms do."""
+    efs = [load("traffic-filter.yaml"),
+           patched(load("health-listener.yaml"), min_drain="30m", drain_timeout="60m", rotate_connections=False)]
+    env = start_gateway(version, istio.apply_envoyfilters([istio.gateway_listener(8080)], efs))
+    s = stream(env.traffic("/stream?seconds=3&interval_ms=500"))
+    wait_for(lambda: status(env)["active"] == 1, 10, what="the stream counted")
+    client = KeepAlive(env.ports.traffic)
+    try:
+        assert client.get() is None
+        t0 = time.monotonic()
+        assert requests.post(env.admin(form), timeout=5).status_code == 200
+        keepalive = client.get()
+    finally:
+        client.close()
+    time.sleep(max(0.0, t0 + 0.5 - time.monotonic()))
+    early = _accepts(env.traffic("/"))
+    time.sleep(max(0.0, t0 + 2.5 - time.monotonic()))
+    late, health = _accepts(env.traffic("/")), _health_answer(env)
+    streamed = "completes" if s.wait(30) == 0 and s.chunks == 6 else f"lost ({s.chunks} chunks)"
+    seen = (keepalive, early, late, health, streamed)
+    assert seen == expected_drain_form(version, form), seen
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_envoyfilter_form_rotates_connections_at_drain_start(version, start_gateway):
+    """The health-listener EnvoyFilter's admin cluster carries the rotation:
+    after /drain a keep-alive connection is closed after its next response,
+    and the health listener keeps answering."""
+    efs = [load("traffic-filter.yaml"), patched(load("health-listener.yaml"), min_drain="30m", drain_timeout="60m")]
+    env = start_gateway(version, istio.apply_envoyfilters([istio.gateway_listener(8080)], efs),
+                        clusters=istio.added_clusters(efs))
+    client = KeepAlive(env.ports.traffic)
+    try:
+        assert client.get() is None
+        assert requests.post(env.health("/drain"), timeout=10).status_code == 200
+        last = wait_for(lambda: (r := status(env)["connection_rotation"]["last"]) and r["outcome"] != "pending" and r,
+                        10, what="the rotation's outcome")
+        assert (last["outcome"], last["admin_status"]) == ("done", 200), last
+        assert client.get() == "close"
+    finally:
+        client.close()
+    assert requests.get(env.traffic("/"), timeout=5).status_code == 200
+    assert lb_check(env)[0] == "HTTP/1.0 200 OK"
+
+
 @pytest.mark.parametrize("version", VERSIONS)
 def test_envoyfilter_form_counts_flips_and_prestop_returns_at_closed(version, start_gateway, stream):
     listeners = istio.apply_envoyfilters(

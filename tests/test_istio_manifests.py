@@ -134,7 +134,7 @@ def _without_path(config):
 def test_health_listener_agrees_with_envoy_yaml():
     """The EnvoyFilter's listener is envoy.yaml's drain-gate-health apart from
     the port, the wasm path, and what a gateway needs on top."""
-    (patch,) = _value(istio.ISTIO / "health-listener.yaml")
+    patch, _ = _value(istio.ISTIO / "health-listener.yaml")
     assert (patch["applyTo"], patch["match"]["context"], patch["patch"]["operation"]) == ("LISTENER", "GATEWAY", "ADD")
     ours = patch["patch"]["value"]
     local = _bootstrap_listener("drain-gate-health")
@@ -157,6 +157,19 @@ def test_health_listener_agrees_with_envoy_yaml():
     assert names == ["drain-gate", "drain-gate-health.router"]
     assert hcm(ours)["http_filters"][-1]["typed_config"]["@type"].endswith("router.v3.Router")
     assert _wasm(hcm(ours)["http_filters"])["failure_policy"] == "FAIL_CLOSED"
+
+
+def test_admin_cluster_agrees_with_envoy_yaml():
+    """The cluster the connection rotation calls Envoy's admin through: the
+    default of rotate_connections, at istio-proxy's admin address."""
+    listener, patch = _value(istio.ISTIO / "health-listener.yaml")
+    assert (patch["applyTo"], patch["match"], patch["patch"]["operation"]) == ("CLUSTER", listener["match"], "ADD")
+    doc = yaml.safe_load(BOOTSTRAP.read_text())
+    (local,) = [c for c in doc["static_resources"]["clusters"] if c["name"] == "drain_gate_envoy_admin"]
+    assert patch["patch"]["value"] == local
+    assert local["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]["address"] == {
+        "socket_address": {"address": "127.0.0.1", "port_value": istio.ISTIO_ADMIN_PORT}}
+    assert doc["admin"]["address"]["socket_address"]["port_value"] == istio.ISTIO_ADMIN_PORT
 
 
 def test_traffic_filter_agrees_with_envoy_yaml():

@@ -13,10 +13,17 @@
     S4  10 long streams + short traffic, drain mid-way         -> all complete
     S5  long streams keep arriving during the drain            -> 404 soft drain: 0 lost;
                                                                   seed 200: lost streams measured
+    L4  behind HAProxy `mode tcp`, two gateways: HTTP/1.1 keep-alive and
+        HTTP/2 clients pinned to their connection, a request
+        every 200 ms; gw1 drains                               -> with the connection rotation at
+                                                                  drain start (event 3): 0 failed,
+                                                                  0 sessions cut at DOWN; without it
+                                                                  (the control) connections are reset
     control  S1 (and S2, S4) with the seed's "current" flip
              (503 at drain start)                              -> the stream is cut, every time
 
-`make test` runs the quick set (S1, S4, S5 404, the HTTP/1.1 control) with
+`make test` runs the quick set (S1, S4, S5 404, L4 with both LB answers and
+the 200 control, the HTTP/1.1 control) with
 HAProxy checks every 1 s; `make scenarios` (DRAIN_GATE_SCENARIOS=full) runs
 every scenario with the seed's timings (inter 2s, lb_buffer 10s). Each run
 writes, under out/scenarios/<run>/, a JSON timeline of the six seed events
@@ -36,9 +43,9 @@ import pytest
 import requests
 
 from tests.harness import timeline
-from tests.harness.clients import CurlStream, ShortLoop
+from tests.harness.clients import CurlStream, PinnedClients, ShortLoop
 from tests.harness.envoy import REPO, wait_for
-from tests.harness.haproxy import CFG, CFG_SOFT_DRAIN, make_cert
+from tests.harness.haproxy import CFG, CFG_SOFT_DRAIN, CFG_TCP, make_cert
 from tests.harness.rig import QUICK, SEED, PreStop, Rig, Timing, flip_now
 
 FULL = os.environ.get("DRAIN_GATE_SCENARIOS", "") == "full"
@@ -55,6 +62,9 @@ ROLLOUTS: list[dict] = []  # S3 rollout rows, side by side in their own table
 STREAM_SECONDS = 12  # >= 10 s, as the seed's S1
 INTERVAL_MS = 500
 DRAIN_AFTER = 3.0  # seconds into the stream(s)
+
+# The seed's "current" mode has no event 3: Envoy's own drain began only at pod kill.
+CURRENT = {"rotate_connections": False}
 
 # The soft drain as shipped: no min_drain; the active = 0 flip waits until the
 # LB's checker has been served a 404 (soft_drain_gate, the default).
@@ -77,8 +87,9 @@ def run_dir():
 
 def results_table(rows: list[dict]) -> str:
     head = ("| scenario | mode | checks | long streams complete | short reqs / conn err / 5xx "
-            "| 3 drain | 4 active=0 | 1 LB 503 | 5 LB DOWN | 2 ready 503 | 6 first RST | cut at DOWN | notes |\n"
-            "|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+            "| DRAINING | 3 Envoy drain | 4 active=0 | 1 LB 503 | 5 LB DOWN | 2 ready 503 | 6 first RST | cut at DOWN "
+            "| notes |\n"
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
 
     def t(v):
         return "-" if v is None else f"{v:+.1f}s"
@@ -92,7 +103,7 @@ def results_table(rows: list[dict]) -> str:
         st = f"{sum(s['complete'] for s in streams)}/{len(streams)}" if streams else "-"
         lines.append(
             f"| {r['scenario']} | {r['mode']} | inter {r['check_inter']} | {st} | {sh} | {t(ev['drain_start'])} "
-            f"| {t(ev['active_zero'])} | {t(ev['health_flip'])} | {t(ev['lb_down'])} | {t(ev['readiness_flip'])} "
+            f"| {t(ev.get('rotation'))} | {t(ev['active_zero'])} | {t(ev['health_flip'])} | {t(ev['lb_down'])} | {t(ev['readiness_flip'])} "
             f"| {t(ev['first_rst'])} | {r.get('sessions_cut_at_down', '-')} | {note(r)} |"
         )
     return head + "\n".join(lines) + "\n"
@@ -129,13 +140,17 @@ def note(r: dict) -> str:
     if (r.get("lb") or {}).get("close_after") == "lb_observed_down":
         ev = r["events"]
         parts.append(f"CLOSED {ev['readiness_flip'] - ev['health_flip']:.1f}s after the flip")
+    if r.get("pinned"):
+        pn = r["pinned"]
+        parts.append(f"pinned clients: {pn['requests']} reqs ({pn['h1_requests']} h1, {pn['h2_requests']} h2), "
+                     f"{pn['failed']} failed, {r['pinned_on_gw1']} on gw1, {pn['rotations']} reconnects asked")
     if r.get("prestop"):
         parts.append(f"preStop answered {r['prestop']['status']}")
     return "; ".join(parts)
 
 
 def finish(run_dir: Path, rig: Rig, *, scenario: str, mode: str, trigger: float, gw_name: str = "gw1",
-           status: dict | None = None, streams=(), short=None, pair: tuple[str, str] = ("current", "improved"),
+           status: dict | None = None, streams=(), short=None, pinned=None, pair: tuple[str, str] = ("current", "improved"),
            extra: dict | None = None) -> dict:
     """Builds, writes and draws one run's timeline; returns it."""
     gw = rig.gw(gw_name)
@@ -152,6 +167,7 @@ def finish(run_dir: Path, rig: Rig, *, scenario: str, mode: str, trigger: float,
         server=gw_name,
         streams=[s.summary() for s in streams],
         short=short,
+        pinned=pinned,
         haproxy_log=rig.haproxy.requests(),
         draining_lb_status=rig.config.get("draining_lb_status", 200),
         inter=rig.timing.inter,
@@ -216,6 +232,21 @@ def test_reference_haproxy_configs_are_valid_and_differ_by_disable_on_404(tmp_pa
     assert any(line.split()[:2] == ["option", "httpchk"] and "/health_check.html" in line for line in plain)
 
 
+def test_reference_tcp_config_is_valid_with_the_same_checks(tmp_path):
+    """haproxy-tcp.cfg parses with and without SOFT_DRAIN, is `mode tcp`, and checks the
+    gateways exactly as haproxy.cfg does (seed timings, shutdown-sessions)."""
+    base = {**os.environ, "HAPROXY_SOCKET": str(tmp_path / "admin.sock"), "GW2_ADDR": "127.0.0.1:1"}
+    for env in (base, {**base, "SOFT_DRAIN": "1"}):
+        r = subprocess.run(["haproxy", "-c", "-f", str(CFG_TCP)], env=env, capture_output=True, text=True)
+        assert r.returncode == 0, f"{r.stdout}{r.stderr}"
+    tcp, http = _directives(CFG_TCP), _directives(CFG)
+    assert any(line.split() == ["mode", "tcp"] for line in tcp)
+    for prefix in ("server gw1", "server gw2", "option httpchk", "http-check expect"):
+        (line,) = [x for x in tcp if x.strip().startswith(prefix)]
+        assert line in http, line
+    assert "    http-check disable-on-404" in tcp
+
+
 # -- S1 / S2 and their controls -------------------------------------------------------------------
 
 
@@ -227,6 +258,8 @@ def long_stream_run(run_dir: Path, *, scenario: str, mode: str, http2: bool, con
     any other mode:  the preStop call (POST /drain?wait=closed) - drain-gate as shipped.
     """
     wd = run_dir / scenario / mode
+    if mode == "current":
+        config = {**(config or {}), **CURRENT}
     with Rig(wd, gateways=1, timing=TIMING, tls=http2, config=config) as rig:
         gw = rig.gw()
         s = CurlStream(rig.url("/stream", https=http2), seconds=STREAM_SECONDS, interval_ms=INTERVAL_MS,
@@ -340,7 +373,7 @@ def test_s1_lb_observed_down_closes_after_fall_checks(run_dir):
 @pytest.mark.parametrize("mode", ["improved", "current"])
 def test_s4_ten_long_streams_and_short_traffic(run_dir, mode):
     wd = run_dir / "s4" / mode
-    with Rig(wd, gateways=1, timing=TIMING) as rig:
+    with Rig(wd, gateways=1, timing=TIMING, config=CURRENT if mode == "current" else None) as rig:
         gw = rig.gw()
         short = ShortLoop(rig.url("/"), duration=STREAM_SECONDS + 30, workers=2, pause=0.02).start()
         streams = [CurlStream(rig.url("/stream"), seconds=STREAM_SECONDS, interval_ms=INTERVAL_MS, label=f"stream {i}")
@@ -639,6 +672,74 @@ def test_s5_seed_200_loss_is_measured_and_explained(run_dir, workload):
         assert loss["lost"] >= 1, loss
 
 
+# -- L4: HAProxy `mode tcp`, clients pinned to their connection ------------------------------------
+
+L4_CLIENTS = {"h1": 6, "h2": 2}
+
+
+def l4_run(run_dir: Path, *, lb_status: int, rotate: bool):
+    """Two gateways behind haproxy-tcp.cfg; pinned clients run from before the preStop call
+    on gw1 until 1 s after HAProxy marked gw1 DOWN (so a connection reset while idle shows
+    on its next request)."""
+    mode = f"{'rotation' if rotate else 'no-rotation'}-{lb_status}"
+    config = {**(SOFT if lb_status == 404 else {}), "rotate_connections": rotate}
+    with Rig(run_dir / "l4" / mode, gateways=2, timing=TIMING, config=config, soft_drain=lb_status == 404,
+             tcp=True) as rig:
+        gw1 = rig.gw("gw1")
+        clients = PinnedClients(rig.haproxy.http_port, period=0.2, duration=120, **L4_CLIENTS).start()
+        n = sum(L4_CLIENTS.values())
+        wait_for(lambda: len(clients.results) >= 3 * n and not gw1.status()["active"] > n, 20, 0.05,
+                 "every client settled")
+        pinned_on_gw1 = rig.haproxy.servers()["gw1"].scur
+        assert pinned_on_gw1 >= 1, "no client connection pinned to gw1"
+        ps = PreStop(gw1)
+        assert ps.wait(60) == 200, ps.body
+        down = lb_down_seen(rig, "gw1", ps.trigger, 10)
+        wait_for(lambda: all(any(r.client == c and r.start > down + 1.0 for r in clients.results)
+                             for c in range(n)), 10, 0.05, "every client sent a request after DOWN")
+        clients.stop()
+        final = gw1.status()
+        tl = finish(run_dir, rig, scenario="l4", mode=mode, trigger=ps.trigger, status=final, pinned=clients,
+                    pair=(f"no-rotation-{lb_status}", f"rotation-{lb_status}"),
+                    extra={"connection_rotation": final["connection_rotation"], "pinned_on_gw1": pinned_on_gw1})
+    return clients, tl, down
+
+
+def assert_rotated_without_loss(clients: PinnedClients, tl: dict) -> None:
+    last = tl["connection_rotation"]["last"]
+    assert last and last["outcome"] == "done", tl["connection_rotation"]
+    rotation = tl["events"]["rotation"]
+    assert rotation is not None and tl["events"]["drain_start"] <= rotation < tl["events"]["lb_down"]
+    # Envoy asked every client pinned to gw1 to reconnect, before DOWN.
+    asked = {c for t, _, c in clients.rotations if rotation <= t < tl["events"]["lb_down"]}
+    assert len(asked) >= tl["pinned_on_gw1"], (asked, tl["pinned_on_gw1"], clients.summary())
+    assert {"h1", "h2"} <= {p for t, p, _ in clients.rotations}, clients.rotations
+    assert not clients.failures, clients.summary()
+    assert tl["sessions_cut_at_down"] == 0, tl["haproxy_down_message_sessions"]
+
+
+def assert_pinned_connections_reset(clients: PinnedClients, tl: dict) -> None:
+    """The control must see the loss: without the rotation, the connections pinned to gw1
+    are still there at DOWN and HAProxy resets them."""
+    assert tl["connection_rotation"]["enabled"] is False
+    assert tl["events"]["rotation"] is None and not clients.rotations
+    assert tl["sessions_cut_at_down"] >= 1, tl["haproxy_down_message_sessions"]
+    down = tl["events"]["lb_down"]
+    assert clients.failures, clients.summary()
+    for f in clients.failures:
+        assert f.start >= down - 0.5, f"a failure {down - f.start:.2f}s before DOWN: {f}"
+
+
+@pytest.mark.parametrize("lb_status", [200, 404])
+def test_l4_rotation_at_drain_start_loses_nothing(run_dir, lb_status):
+    clients, tl, down = l4_run(run_dir, lb_status=lb_status, rotate=True)
+    assert_rotated_without_loss(clients, tl)
+
+
+@pytest.mark.parametrize("lb_status", [200, pytest.param(404, marks=full_only)])
+def test_control_l4_without_rotation_pinned_connections_are_reset(run_dir, lb_status):
+    clients, tl, down = l4_run(run_dir, lb_status=lb_status, rotate=False)
+    assert_pinned_connections_reset(clients, tl)
 def test_soft_drain_gate_idle_gateway_short_loop(tmp_path):
     """Soft drain, min_drain 0s, an idle gateway drained under a loop of short GETs
     (tests/scenarios/soft_gate.py): gated, HAProxy always sees the 404 (NOLB) before

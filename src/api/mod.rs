@@ -38,7 +38,8 @@ use query::Params;
 use reply::{bad_request, error};
 pub use reply::{illegal, unavailable, Reply};
 pub use status::{
-    rfc3339, status, wait_end, wait_reply, ClockInfo, CountInfo, TrafficInfo, View, WaitEnd,
+    rfc3339, status, wait_end, wait_reply, ClockInfo, CountInfo, RotationView, TrafficInfo, View,
+    WaitEnd,
 };
 
 /// What the host hands over of one request on the health listener.

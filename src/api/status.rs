@@ -8,6 +8,7 @@ use crate::clock::{Now, Steps, Timers};
 use crate::fsm::{CloseAfter, Record, State};
 use crate::in_flight::InFlight;
 use crate::lb::Checkers;
+use crate::rotation;
 
 /// How the active count is kept; reported in the status.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -74,6 +75,50 @@ pub struct View<'a> {
     pub checkers: &'a Checkers,
     pub lb_fall: u32,
     pub close_after: CloseAfter,
+    pub rotation: RotationView<'a>,
+}
+
+/// Connection rotation at drain start: configured where, and what the last
+/// drain's call did.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct RotationView<'a> {
+    /// `None`: turned off (`rotate_connections: false`).
+    pub cluster: Option<&'a str>,
+    pub last: Option<&'a rotation::Record>,
+}
+
+#[derive(Serialize)]
+struct RotationOut<'a> {
+    enabled: bool,
+    cluster: Option<&'a str>,
+    admin_path: &'static str,
+    last: Option<RotationLast<'a>>,
+}
+
+#[derive(Serialize)]
+struct RotationLast<'a> {
+    drain_started_at: String,
+    outcome: rotation::Outcome,
+    requested_at: Option<String>,
+    answered_at: Option<String>,
+    admin_status: Option<u16>,
+    error: Option<&'a str>,
+}
+
+fn rotation_out<'a>(v: &RotationView<'a>) -> RotationOut<'a> {
+    RotationOut {
+        enabled: v.cluster.is_some(),
+        cluster: v.cluster,
+        admin_path: rotation::ADMIN_PATH,
+        last: v.last.map(|r| RotationLast {
+            drain_started_at: rfc3339(r.drain_started_ms),
+            outcome: r.outcome,
+            requested_at: r.requested_ms.map(rfc3339),
+            answered_at: r.answered_ms.map(rfc3339),
+            admin_status: r.admin_status,
+            error: r.error.as_deref(),
+        }),
+    }
 }
 
 #[derive(Serialize)]
@@ -160,6 +205,7 @@ struct Status<'a> {
     in_flight: InFlight,
     progress: Progress,
     lb: Lb<'a>,
+    connection_rotation: RotationOut<'a>,
     clock: ClockOut,
     #[serde(skip_serializing_if = "Option::is_none")]
     error: Option<&'a str>,
@@ -231,6 +277,7 @@ fn status_body<'a>(v: &View<'a>, error: Option<&'a str>, wait: Option<&'a str>) 
                 })
                 .collect(),
         },
+        connection_rotation: rotation_out(&v.rotation),
         clock: v.clock.into(),
         error,
         wait,
@@ -371,8 +418,27 @@ mod tests {
             checkers: &Checkers::default(),
             lb_fall: 2,
             close_after: CloseAfter::LbBuffer,
+            rotation: RotationView::default(),
         };
         let s = body(&status(&v));
+        assert_eq!(s["connection_rotation"]["enabled"], false);
+        assert!(s["connection_rotation"]["last"].is_null());
+        let failed = rotation::Record::pending(1_764_000_000_100, 1_764_000_000_200)
+            .answered(Some(404), 1_764_000_000_300);
+        let with = View {
+            rotation: RotationView {
+                cluster: Some("admin"),
+                last: Some(&failed),
+            },
+            ..v
+        };
+        let r = &body(&status(&with))["connection_rotation"];
+        assert_eq!(r["enabled"], true);
+        assert_eq!(r["cluster"], "admin");
+        assert_eq!(r["last"]["outcome"], "failed");
+        assert_eq!(r["last"]["admin_status"], 404);
+        assert_eq!(r["last"]["requested_at"], "2025-11-24T16:00:00.200Z");
+        assert_eq!(r["last"]["error"], "Envoy admin answered 404");
         assert_eq!(s["state"], "OPEN");
         assert_eq!(s["active"], 3);
         assert_eq!(s["count"]["http_streams"], 2);
@@ -443,6 +509,7 @@ mod tests {
             checkers: &checkers,
             lb_fall: 2,
             close_after: CloseAfter::LbBuffer,
+            rotation: RotationView::default(),
         };
         assert!(
             status(&v).body.len() > 3_000,

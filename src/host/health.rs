@@ -11,12 +11,17 @@ use std::rc::Rc;
 use super::count::{Counts, Reading};
 use super::liveness::Watch;
 use super::metrics::Metrics;
+use super::rotation::Rotator;
 use super::{in_flight, now, store, wall_ms};
-use crate::api::{self, Audience, CountInfo, Endpoint, Reply, TrafficInfo, View};
+use crate::api::{self, Audience, CountInfo, Endpoint, Reply, RotationView, TrafficInfo, View};
 use crate::clock::{self, Now};
 use crate::config::Config;
 use crate::fsm::{self, CloseAfter, Move, Record, State};
 use crate::lb::Checkers;
+use crate::rotation;
+
+/// What a status answer shows beyond the FSM record, read at once.
+type Snapshot = (Reading, Checkers, TrafficInfo, Option<rotation::Record>);
 
 /// A held `wait=closed` request.
 #[derive(Clone, Copy, Debug)]
@@ -38,6 +43,7 @@ pub struct Health {
     pub config: Config,
     pub counter: Counts,
     pub metrics: Metrics,
+    pub rotator: Rotator,
     waiters: RefCell<Vec<Waiter>>,
     watch: Watch,
 }
@@ -64,10 +70,12 @@ fn unavailable(error: &str) -> Reply {
 impl Health {
     pub fn new(config: Config, metrics: Metrics) -> Health {
         let counter = Counts::new(&metrics);
+        let rotator = Rotator::new(config.rotate_connections.clone());
         let health = Health {
             config,
             counter,
             metrics,
+            rotator,
             waiters: RefCell::new(Vec::new()),
             watch: Watch::default(),
         };
@@ -78,10 +86,14 @@ impl Health {
     }
 
     /// Everything a status answer shows, read now.
-    fn snapshot(&self) -> (Reading, Checkers, TrafficInfo) {
+    fn snapshot(&self) -> Snapshot {
         let checkers = store::lb_checkers().unwrap_or_else(|e| {
             log::warn!("event=lb_record_unavailable error=\"{e}\"");
             Checkers::default()
+        });
+        let rotation = store::rotation_load().unwrap_or_else(|e| {
+            log::warn!("event=rotation_record_unavailable error=\"{e}\"");
+            None
         });
         let (reg, verdict) = self.watch.snapshot();
         let traffic = TrafficInfo {
@@ -89,13 +101,13 @@ impl Health {
             roots: reg.roots.len(),
             lost: reg.lost_total,
         };
-        (self.counter.read(), checkers, traffic)
+        (self.counter.read(), checkers, traffic, rotation)
     }
 
     fn view<'a>(
-        &self,
+        &'a self,
         rec: &'a Record,
-        (reading, checkers, traffic): &'a (Reading, Checkers, TrafficInfo),
+        (reading, checkers, traffic, rotation): &'a Snapshot,
     ) -> View<'a> {
         let now = now();
         View {
@@ -116,6 +128,10 @@ impl Health {
             checkers,
             lb_fall: self.config.lb_fall,
             close_after: self.config.close_after,
+            rotation: RotationView {
+                cluster: self.rotator.cluster(),
+                last: rotation.as_ref(),
+            },
         }
     }
 
@@ -172,7 +188,8 @@ impl Health {
             plan: Some(cmd.plan(&self.config)),
             force: cmd.force(),
         };
-        store::advance(choose, self.counter.read().active, &self.metrics)?;
+        let moved = store::advance(choose, self.counter.read().active, &self.metrics)?;
+        self.rotator.moved(&moved);
         store::apply_due(
             self.counter.read().for_decisions(),
             self.lb_down_ms(),
@@ -298,6 +315,7 @@ impl Health {
             }
         };
         self.metrics.sync_state(rec.state);
+        self.rotator.tick(&rec);
         self.metrics.set_count_unreliable(!reading.reliable);
         let now = now();
         self.metrics

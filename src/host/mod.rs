@@ -8,6 +8,7 @@ pub mod in_flight;
 pub mod liveness;
 pub mod metrics;
 pub mod root;
+pub mod rotation;
 pub mod shared;
 pub mod store;
 pub mod traffic;

@@ -33,6 +33,14 @@ pub enum Root {
 }
 
 impl Context for Root {
+    /// The admin API's answer to the connection rotation (the health role's
+    /// only outgoing call).
+    fn on_http_call_response(&mut self, token: u32, num_headers: usize, _: usize, _: usize) {
+        if let Root::Health(h) = self {
+            h.rotator.answered(token, num_headers);
+        }
+    }
+
     /// The plugin is being removed (LDS update, reconfiguration): a clean
     /// goodbye, so that the health role does not take it for a failed VM.
     fn on_done(&mut self) -> bool {

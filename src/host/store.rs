@@ -6,11 +6,12 @@ use proxy_wasm::hostcalls;
 use proxy_wasm::types::Status;
 
 use super::metrics::Metrics;
-use super::shared::{cas_update, json_read, json_update, Envoy, Step, RETRIES};
+use super::shared::{cas_update, json_read, json_update, Envoy, Host, Step, RETRIES};
 use super::{now, wall_ms};
 use crate::clock::{Look, Now, Steps};
 use crate::fsm::{self, Illegal, Move, Record};
 use crate::lb::Checkers;
+use crate::rotation;
 
 const KEY: &str = "drain_gate.fsm.v1";
 const LB_KEY: &str = "drain_gate.lb.v1";
@@ -152,6 +153,22 @@ pub fn lb_observe(source: &str, status: u16, lb_fall: u32) -> Result<(), String>
         Ok::<_, String>(())
     })
     .map_err(|e| e.to_string())
+}
+
+/// The rotation record of the last drain (`crate::rotation`): written only by
+/// the worker that owns that drain's rotation, read by any status answer.
+const ROTATION_KEY: &str = "drain_gate.rotation.v1";
+
+pub fn rotation_load() -> Result<Option<rotation::Record>, String> {
+    json_read(&Envoy, ROTATION_KEY)
+}
+
+/// One writer per drain, so no compare-and-swap: the last write wins.
+pub fn rotation_save(rec: &rotation::Record) -> Result<(), String> {
+    let bytes = serde_json::to_vec(rec).map_err(|e| e.to_string())?;
+    Envoy
+        .set(ROTATION_KEY, &bytes, None)
+        .map_err(|e| format!("shared data write failed: {e:?}"))
 }
 
 /// The clock-step record (see `crate::clock::Steps`).

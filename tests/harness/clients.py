@@ -5,11 +5,19 @@ be placed on the same timeline as the drain state machine and HAProxy.
 """
 from __future__ import annotations
 
+import contextlib
+import http.client
+import select
+import socket
 import subprocess
 import threading
 import time
 from dataclasses import dataclass, field
 
+import h2.config
+import h2.connection
+import h2.events
+import h2.exceptions
 import requests
 
 _MARK = "\n__curl__ "
@@ -199,3 +207,209 @@ class ShortLoop:
             "p99_ms": round(lat[int(len(lat) * 0.99)] * 1000, 2) if lat else None,
             "first_errors": [vars(r) for r in (self.connection_errors + self.server_errors)[:5]],
         }
+
+
+@dataclass
+class PinnedRequest:
+    start: float
+    end: float
+    proto: str  # "h1" or "h2"
+    client: int
+    ok: bool
+    error: str = ""
+
+
+class PinnedClients:
+    """Clients behind an L4 LB, each holding one connection and sending a GET every `period` s.
+
+    `h1` HTTP/1.1 keep-alive clients and `h2` HTTP/2 (cleartext, prior knowledge)
+    clients. A client opens a new connection only when the server asked it to
+    (HTTP/1.1 `connection: close`; HTTP/2 GOAWAY, after which a request it had
+    not yet sent goes to a new connection, as RFC 9113 allows) or after a
+    failure. A failure is a request that got no complete 200: a connection
+    reset, closed or refused under it. Bounded by `duration` and stop().
+    """
+
+    def __init__(self, port: int, *, h1: int = 4, h2: int = 2, period: float = 0.2, duration: float = 60):
+        self.port = port
+        self.period = period
+        self.duration = duration
+        self.results: list[PinnedRequest] = []
+        self.rotations: list[tuple[float, str, int]] = []  # (t, proto, client): asked to reconnect
+        self.connects = 0
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._threads = [threading.Thread(target=self._h1, args=(i,), daemon=True) for i in range(h1)]
+        self._threads += [threading.Thread(target=self._h2, args=(h1 + i,), daemon=True) for i in range(h2)]
+
+    def start(self) -> "PinnedClients":
+        self.started = time.time()
+        self._deadline = time.monotonic() + self.duration
+        for i, t in enumerate(self._threads):
+            t.start()
+            time.sleep(self.period / len(self._threads))  # spread the clients over one period
+        return self
+
+    def stop(self, timeout: float = 30) -> "PinnedClients":
+        self._stop.set()
+        for t in self._threads:
+            t.join(timeout)
+        return self
+
+    def _running(self) -> bool:
+        return not self._stop.is_set() and time.monotonic() < self._deadline
+
+    def _record(self, req: PinnedRequest, rotated: bool = False) -> None:
+        with self._lock:
+            self.results.append(req)
+            if rotated:
+                self.rotations.append((req.end, req.proto, req.client))
+
+    def _connected(self) -> None:
+        with self._lock:
+            self.connects += 1
+
+    def _h1(self, client: int) -> None:
+        conn = None
+        while self._running():
+            t0 = time.time()
+            try:
+                if conn is None:
+                    conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=10)
+                    conn.connect()
+                    self._connected()
+                conn.request("GET", "/")
+                r = conn.getresponse()
+                ok = r.status == 200 and r.read() == b"hello\n"
+                close = (r.getheader("connection") or "").lower() == "close"
+                self._record(PinnedRequest(t0, time.time(), "h1", client, ok, "" if ok else f"status {r.status}"),
+                             rotated=close)
+                if close:
+                    conn.close()
+                    conn = None
+            except (OSError, http.client.HTTPException) as e:
+                self._record(PinnedRequest(t0, time.time(), "h1", client, False, f"{type(e).__name__}: {e}"[:200]))
+                conn.close()
+                conn = None
+            time.sleep(max(0.0, t0 + self.period - time.time()))
+        if conn is not None:
+            conn.close()
+
+    def _h2(self, client: int) -> None:
+        h2c = None
+        while self._running():
+            t0 = time.time()
+            try:
+                if h2c is not None and h2c.pending_goaway():
+                    h2c.close()  # asked to go: the next request takes a new connection
+                    h2c = None
+                    self._rotated("h2", client)
+                if h2c is None:
+                    h2c = _H2Conn(self.port)
+                    self._connected()
+                try:
+                    ok = h2c.get("/")
+                except _NotProcessed:
+                    h2c.close()
+                    self._rotated("h2", client)
+                    h2c = _H2Conn(self.port)
+                    self._connected()
+                    ok = h2c.get("/")
+                self._record(PinnedRequest(t0, time.time(), "h2", client, ok, "" if ok else "not 200"))
+            except (OSError, ConnectionError, h2.exceptions.ProtocolError) as e:
+                self._record(PinnedRequest(t0, time.time(), "h2", client, False, f"{type(e).__name__}: {e}"[:200]))
+                if h2c is not None:
+                    h2c.close()
+                h2c = None
+            time.sleep(max(0.0, t0 + self.period - time.time()))
+        if h2c is not None:
+            h2c.close()
+
+    def _rotated(self, proto: str, client: int) -> None:
+        with self._lock:
+            self.rotations.append((time.time(), proto, client))
+
+    @property
+    def failures(self) -> list[PinnedRequest]:
+        return [r for r in self.results if not r.ok]
+
+    def summary(self) -> dict:
+        return {
+            "started": getattr(self, "started", None),
+            "ended": max((r.end for r in self.results), default=None),
+            "requests": len(self.results),
+            "h1_requests": sum(1 for r in self.results if r.proto == "h1"),
+            "h2_requests": sum(1 for r in self.results if r.proto == "h2"),
+            "failed": len(self.failures),
+            "connects": self.connects,
+            "rotations": len(self.rotations),
+            "first_rotation": min((t for t, _, _ in self.rotations), default=None),
+            "first_failures": [vars(r) for r in self.failures[:5]],
+        }
+
+
+class _NotProcessed(Exception):
+    """GOAWAY said the stream was never processed: safe to send again (RFC 9113 §6.8)."""
+
+
+class _GracefulH2(h2.connection.H2Connection):
+    """h2 closes its whole state machine on a GOAWAY; RFC 9113 §6.8 lets the streams up
+    to its last_stream_id finish (Envoy's drain sends GOAWAY, then the response)."""
+
+    def _receive_goaway_frame(self, frame):
+        state = self.state_machine.state
+        result = super()._receive_goaway_frame(frame)
+        self.state_machine.state = state
+        return result
+
+
+class _H2Conn:
+    """One HTTP/2 cleartext connection (prior knowledge) that sends one GET at a time."""
+
+    def __init__(self, port: int):
+        self.sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+        self.conn = _GracefulH2(h2.config.H2Configuration(client_side=True))
+        self.conn.initiate_connection()
+        self.sock.sendall(self.conn.data_to_send())
+        self.goaway: int | None = None  # last_stream_id of the server's GOAWAY
+
+    def _feed(self, data: bytes) -> list:
+        if not data:
+            raise ConnectionError("connection closed by the peer")
+        events = self.conn.receive_data(data)
+        for e in events:
+            if isinstance(e, h2.events.ConnectionTerminated):
+                self.goaway = e.last_stream_id if self.goaway is None else min(self.goaway, e.last_stream_id)
+        out = self.conn.data_to_send()
+        if out:
+            self.sock.sendall(out)
+        return events
+
+    def pending_goaway(self) -> bool:
+        """Reads what arrived while idle; True once the server sent GOAWAY."""
+        while self.goaway is None and select.select([self.sock], [], [], 0)[0]:
+            self._feed(self.sock.recv(65536))
+        return self.goaway is not None
+
+    def get(self, path: str) -> bool:
+        sid = self.conn.get_next_available_stream_id()
+        self.conn.send_headers(sid, [(":method", "GET"), (":path", path), (":authority", "drain-gate"),
+                                     (":scheme", "http")], end_stream=True)
+        self.sock.sendall(self.conn.data_to_send())
+        status = None
+        while True:
+            for ev in self._feed(self.sock.recv(65536)):
+                if isinstance(ev, h2.events.ResponseReceived) and ev.stream_id == sid:
+                    status = dict(ev.headers).get(b":status")
+                elif isinstance(ev, h2.events.DataReceived) and ev.stream_id == sid:
+                    self.conn.acknowledge_received_data(ev.flow_controlled_length, sid)
+                elif isinstance(ev, h2.events.StreamReset) and ev.stream_id == sid:
+                    raise ConnectionError(f"stream reset: {ev.error_code!r}")
+                elif isinstance(ev, h2.events.StreamEnded) and ev.stream_id == sid:
+                    return status == b"200"
+            if self.goaway is not None and self.goaway < sid:
+                raise _NotProcessed()
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self.sock.close()

@@ -110,10 +110,11 @@ def render(
         if raw_config and role in raw_config:
             text = raw_config[role]
         plugin["configuration"]["value"] = text
-    cluster = doc["static_resources"]["clusters"][0]
-    cluster["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]["address"][
-        "socket_address"
-    ]["port_value"] = ports.backend
+    port_of_cluster = {"backend": ports.backend, "drain_gate_envoy_admin": ports.admin}
+    for cluster in doc["static_resources"]["clusters"]:
+        cluster["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]["address"][
+            "socket_address"
+        ]["port_value"] = port_of_cluster[cluster["name"]]
     if stats_matcher is not None:
         doc["stats_config"] = {"stats_matcher": stats_matcher}
     return doc
@@ -125,10 +126,11 @@ class Envoy(Child):
     name = "envoy"
 
     def __init__(self, doc: dict, ports: Ports, concurrency: int = 2, workdir: Path | None = None,
-                 drain_time_s: int = 1, drain_strategy: str = "gradual"):
+                 drain_time_s: int = 1, drain_strategy: str = "immediate"):
         """`drain_time_s` / `drain_strategy`: Envoy's --drain-time-s / --drain-strategy (what
-        /drain_listeners?graceful and shutdown use); Istio's pilot-agent passes its drainDuration
-        (45 s by default) and "immediate"."""
+        /drain_listeners?graceful, drain-gate's connection rotation and shutdown use); Istio's
+        pilot-agent passes its drainDuration (45 s by default) and "immediate": once a drain
+        sequence has begun, every response closes its connection."""
         self.doc = doc
         self.drain_args = ["--drain-time-s", str(drain_time_s), "--drain-strategy", drain_strategy]
         self.ports = ports

@@ -25,6 +25,8 @@ from tests.harness.wire import recv_until_close
 CFG_DIR = REPO / "envoyfilter" / "haproxy"
 CFG = CFG_DIR / "haproxy.cfg"
 CFG_SOFT_DRAIN = CFG_DIR / "haproxy-soft-drain.cfg"
+# `mode tcp` (an L4 LB); SOFT_DRAIN=1 in its environment adds disable-on-404.
+CFG_TCP = CFG_DIR / "haproxy-tcp.cfg"
 BACKEND = "gateways"
 SOCKET_PATH_MAX = 97  # HAProxy 2.6 refuses a longer `stats socket` path
 
@@ -126,19 +128,22 @@ class HAProxy(Child):
         soft_drain: bool = False,
         inter: str = "2s",
         tls: bool = True,
+        tcp: bool = False,
         env: dict[str, str] | None = None,
         master_worker: bool = False,
     ):
         """`gateways`: (traffic port, health port) of gw1[, gw2] on 127.0.0.1.
 
-        `env` adds placeholders (the passthrough and kube-apiserver frontends
+        `tcp`: haproxy-tcp.cfg (an L4 LB, no TLS frontend) instead of the HTTP-mode
+        files. `env` adds placeholders (the passthrough and kube-apiserver frontends
         exist only when their addresses are given); `master_worker` runs
         HAProxy with a master CLI socket (`-W -S`), which can reload it."""
         if not 1 <= len(gateways) <= 2:
             raise ValueError("the reference configuration has one or two gateways")
         self.workdir = Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
-        self.cfg = CFG_SOFT_DRAIN if soft_drain else CFG
+        self.cfg = CFG_TCP if tcp else CFG_SOFT_DRAIN if soft_drain else CFG
+        tls = tls and not tcp
         self.socket_path = self.workdir / "admin.sock"
         if len(str(self.socket_path)) > SOCKET_PATH_MAX:  # a deep workdir: the socket goes to a short one
             self._socket_dir = tempfile.TemporaryDirectory(prefix="haproxy-")
@@ -154,12 +159,15 @@ class HAProxy(Child):
         base = {
             "HAPROXY_SOCKET": str(self.socket_path),
             "FRONTEND_HTTP": f"127.0.0.1:{self.http_port}",
+            "FRONTEND_TCP": f"127.0.0.1:{self.http_port}",
             "CHECK_INTER": inter,
             "STATS_BIND": f"127.0.0.1:{self.stats_port}",
             # Used only when GW1_TLS_ADDR / APISERVER_ADDR turn those frontends on.
             "FRONTEND_PASSTHROUGH": f"127.0.0.1:{self.passthrough_port}",
             "FRONTEND_APISERVER": f"127.0.0.1:{self.apiserver_port}",
         }
+        if tcp and soft_drain:
+            base["SOFT_DRAIN"] = "1"
         if tls:
             base["TLS_PEM"] = str(make_cert(self.workdir))
             base["FRONTEND_HTTPS"] = f"127.0.0.1:{self.https_port}"
@@ -172,7 +180,8 @@ class HAProxy(Child):
 
     # -- lifecycle -------------------------------------------------------
     def _environ(self) -> dict:
-        base = {k: v for k, v in os.environ.items() if not k.startswith(("GW1_", "GW2_", "TLS_PEM", "APISERVER_"))}
+        base = {k: v for k, v in os.environ.items()
+                if not k.startswith(("GW1_", "GW2_", "TLS_PEM", "APISERVER_", "SOFT_DRAIN"))}
         return {**base, **self.env, "TZ": "UTC"}
 
     def check_config(self) -> None:

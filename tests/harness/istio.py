@@ -65,6 +65,8 @@ POD_LABELS = {**GATEWAY_LABELS, **DRAIN_GATE_LABEL}
 # version of the gateway chart in ../shared).
 PROXY_VERSION = "1.30.3"
 HEALTH_PORT = 18180
+# Where istio-proxy serves Envoy's admin API (127.0.0.1 only).
+ISTIO_ADMIN_PORT = 15000
 WASM_HTTP = "type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm"
 WASM_NETWORK = "type.googleapis.com/envoy.extensions.filters.network.wasm.v3.Wasm"
 RBAC_HTTP = "type.googleapis.com/envoy.extensions.filters.http.rbac.v3.RBAC"
@@ -446,9 +448,9 @@ def apply_envoyfilters(listeners: list[dict], envoyfilters: list[dict], labels: 
     """The listeners after istiod applied `envoyfilters` for a gateway with `labels`
     running Istio `proxy_version`, in order of spec.priority as istiod sorts them.
 
-    Implements what the files here use (HTTP_FILTER INSERT_BEFORE/ADD and
-    LISTENER ADD) and refuses anything else, so a change of operation cannot
-    pass unnoticed.
+    Implements what the files here use (HTTP_FILTER INSERT_BEFORE/ADD,
+    LISTENER ADD, and CLUSTER ADD: see `added_clusters`) and refuses anything
+    else, so a change of operation cannot pass unnoticed.
     """
     out = copy.deepcopy(listeners)
     ordered = sorted(envoyfilters, key=lambda ef: ef["spec"].get("priority", 0))
@@ -456,9 +458,9 @@ def apply_envoyfilters(listeners: list[dict], envoyfilters: list[dict], labels: 
                if _context_ok(p.get("match", {}), proxy_version)]
     for p in patches:
         op = p["patch"]["operation"]
-        if p["applyTo"] == "LISTENER":
+        if p["applyTo"] in ("LISTENER", "CLUSTER"):
             if op != "ADD":
-                raise NotImplementedError(f"LISTENER {op}")
+                raise NotImplementedError(f"{p['applyTo']} {op}")
             continue
         if p["applyTo"] == "NETWORK_FILTER":
             _patch_network_filters(out, p)
@@ -485,6 +487,19 @@ def apply_envoyfilters(listeners: list[dict], envoyfilters: list[dict], labels: 
         if p["applyTo"] == "LISTENER" and p["patch"]["operation"] == "ADD":
             out.append(copy.deepcopy(p["patch"]["value"]))
     return out
+
+
+def added_clusters(envoyfilters: list[dict], labels: dict = POD_LABELS,
+                   proxy_version: str = PROXY_VERSION) -> list[dict]:
+    """The clusters the CLUSTER ADD patches of `envoyfilters` add to a gateway with
+    `labels` running Istio `proxy_version` (selected as `apply_envoyfilters` selects)."""
+    return [
+        copy.deepcopy(p["patch"]["value"])
+        for ef in envoyfilters if _selected(ef, labels)
+        for p in ef["spec"]["configPatches"]
+        if p["applyTo"] == "CLUSTER" and p["patch"]["operation"] == "ADD"
+        and _context_ok(p.get("match", {}), proxy_version)
+    ]
 
 
 # -- istiod + istio-agent: a WasmPlugin ----------------------------------------------
@@ -573,10 +588,18 @@ def wasm_filters(listener: dict):
 
 
 def gateway_bootstrap(listeners: list[dict], ports: dict[int, int], admin_port: int, backend_port: int,
-                      wasm: Path = WASM) -> dict:
-    """A bootstrap holding `listeners` as written, but for ports (logical ->
-    actual, every listener port must be mapped) and the wasm file path."""
+                      wasm: Path = WASM, clusters: list[dict] = ()) -> dict:
+    """A bootstrap holding `listeners` and added `clusters` as written, but for
+    ports (logical -> actual, every listener port must be mapped; a cluster's
+    ISTIO_ADMIN_PORT is the admin's actual port) and the wasm file path."""
     listeners = copy.deepcopy(listeners)
+    clusters = copy.deepcopy(list(clusters))
+    for cluster in clusters:
+        for group in cluster["load_assignment"]["endpoints"]:
+            for ep in group["lb_endpoints"]:
+                addr = ep["endpoint"]["address"]["socket_address"]
+                assert addr["port_value"] == ISTIO_ADMIN_PORT, addr
+                addr["port_value"] = admin_port
     for listener in listeners:
         addr = listener["address"]["socket_address"]
         addr["port_value"] = ports[addr["port_value"]]
@@ -599,7 +622,8 @@ def gateway_bootstrap(listeners: list[dict], ports: dict[int, int], admin_port: 
                         "cluster_name": "backend",
                         "endpoints": [{"lb_endpoints": [{"endpoint": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": backend_port}}}}]}],
                     },
-                }
+                },
+                *clusters,
             ],
         },
     }

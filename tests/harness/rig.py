@@ -159,7 +159,7 @@ class Rig:
     """Backend + gateways + HAProxy + pollers. Use as a context manager."""
 
     def __init__(self, workdir: Path, *, gateways: int = 1, config: dict | None = None,
-                 soft_drain: bool = False, timing: Timing = QUICK, tls: bool = False,
+                 soft_drain: bool = False, timing: Timing = QUICK, tls: bool = False, tcp: bool = False,
                  haproxy_env: dict[str, str] | None = None):
         self.workdir = Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
@@ -168,6 +168,7 @@ class Rig:
         self.soft_drain = soft_drain
         self.config = {"lb_buffer": timing.lb_buffer, **(config or {})}
         self.tls = tls
+        self.tcp = tcp
         self.haproxy_env = haproxy_env
         self.stack = contextlib.ExitStack()
         self.gws: list[Gateway] = []
@@ -200,6 +201,7 @@ class Rig:
             soft_drain=self.soft_drain,
             inter=self.timing.inter,
             tls=self.tls,
+            tcp=self.tcp,
             env=self.haproxy_env,
         )
         self.stack.callback(self.haproxy.stop)

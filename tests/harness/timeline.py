@@ -2,7 +2,8 @@
 
     event 1  LB check (/health_check.html) flips to 503       drain-gate: closing_at
     event 2  readiness (/health) flips to 503                  drain-gate: closed_at
-    event 3  drain starts                                      drain-gate: drain_started_at
+    event 3  Envoy's own connection drain                      drain-gate: connection_rotation.answered_at
+             (drain_listeners?graceful&skip_exit)               (none when the call was off or failed)
     event 4  active = 0                                        drain-gate: the active_zero transition,
                                                                else the first status poll reading 0
     event 5  HAProxy marks the server DOWN                     `show stat` on the admin socket
@@ -10,7 +11,8 @@
                                                                (termination code D)
 
 Times are epoch seconds; each timeline also carries them relative to the
-trigger (the preStop call, "T+0").
+trigger (the preStop call, "T+0"). DRAINING itself (drain_started_at, right
+after T+0) is the trigger's effect, not one of the six events.
 """
 from __future__ import annotations
 
@@ -27,7 +29,7 @@ import requests
 EVENTS = [
     ("health_flip", "1 LB check 503"),
     ("readiness_flip", "2 readiness 503"),
-    ("drain_start", "3 drain start"),
+    ("rotation", "3 Envoy connection drain"),
     ("active_zero", "4 active = 0"),
     ("lb_down", "5 LB DOWN"),
     ("first_rst", "6 first RST"),
@@ -107,6 +109,16 @@ class StatPoller(Poller):
         return None
 
 
+def rotation_time(status: dict) -> float | None:
+    """Event 3: when Envoy's admin accepted this drain's connection rotation."""
+    last = (status.get("connection_rotation") or {}).get("last")
+    if not last or last["outcome"] != "done":
+        return None
+    if last["drain_started_at"] != status["progress"].get("drain_started_at"):
+        return None
+    return parse_time(last["answered_at"])
+
+
 def fsm_events(status: dict, samples: list[tuple[float, str, int, int]], after: float) -> dict:
     """Events 1-4 from a gateway's final /drain/status and its poll samples."""
     progress = status["progress"]
@@ -127,6 +139,7 @@ def fsm_events(status: dict, samples: list[tuple[float, str, int, int]], after: 
     )
     return {
         "drain_start": drain_start,
+        "rotation": rotation_time(status),
         "active_zero": active_zero,
         "health_flip": closing,
         "readiness_flip": closed,
@@ -151,6 +164,7 @@ def build(
     server: str,
     streams=(),
     short=None,
+    pinned=None,
     haproxy_log=(),
     draining_lb_status: int = 200,
     inter: str = "",
@@ -164,12 +178,15 @@ def build(
     cut_times = [s["end"] for s in streams if not s["complete"] and s["end"]]
     if short is not None:
         cut_times += [r.end for r in short.connection_errors]
+    if pinned is not None:
+        cut_times += [r.end for r in pinned.failures]
     cut_times += [r.end for r in killed]
     first_rst = min(cut_times) if cut_times else None
     events = {
         "health_flip": ev["health_flip"],
         "readiness_flip": ev["readiness_flip"],
         "drain_start": ev["drain_start"],
+        "rotation": ev["rotation"],
         "active_zero": ev["active_zero"],
         "lb_down": lb_down,
         "first_rst": first_rst,
@@ -199,6 +216,9 @@ def build(
              for r in short.connection_errors + short.server_errors]
             if short is not None else []
         ),
+        "pinned": pinned.summary() if pinned is not None else None,
+        "pinned_failures": [vars(r) for r in pinned.failures] if pinned is not None else [],
+        "pinned_rotations": [t for t, _, _ in pinned.rotations] if pinned is not None else [],
         **(extra or {}),
     }
 
@@ -300,6 +320,16 @@ def _panel(ax, tl: dict, title: str, x0: float, x1: float, server: str) -> None:
             ax.plot([e["t"] - trig], [y + 0.5], marker="|", color="#de2d26", markersize=14, mew=2)
         lanes.append((y, f"short reqs ({sh['connection_errors']} conn err, {sh['http_5xx']} 5xx)"))
         y += 1
+    if tl.get("pinned"):
+        pn = tl["pinned"]
+        s0, s1 = (pn.get("started") or trig + x0) - trig, (pn.get("ended") or trig + x1) - trig
+        ax.broken_barh([(s0, s1 - s0)], (y + 0.3, 0.4), facecolors="#c6dbef")
+        for t in tl.get("pinned_rotations", []):
+            ax.plot([t - trig], [y + 0.5], marker="|", color="#3182bd", markersize=8, mew=1)
+        for e in tl.get("pinned_failures", []):
+            ax.plot([e["end"] - trig], [y + 0.5], marker="x", color="#de2d26", markersize=9, mew=2)
+        lanes.append((y, f"pinned clients ({pn['rotations']} reconnects asked, {pn['failed']} failed)"))
+        y += 1
     for label, points, colors in (
         ("HAProxy server", _hap_points(tl, server), _HAP_COLORS),
         ("LB check answer", _lb_points(tl), _LB_COLORS),
@@ -383,7 +413,7 @@ def _render_svg(path: Path, panels: list[tuple[str, dict | None]], title: str) -
             ax.set_axis_off()
             continue
         _panel(ax, tl, label, x0, x1, tl.get("server", "gw1"))
-    legend = ("events: 1 LB check 503 · 2 readiness 503 · 3 drain start · 4 active = 0 · "
+    legend = ("events: 1 LB check 503 · 2 readiness 503 · 3 Envoy connection drain · 4 active = 0 · "
               "5 HAProxy DOWN · 6 first RST (x = stream cut)")
     fig.suptitle(title, fontsize=11)
     fig.text(0.5, 0.01, legend, ha="center", fontsize=8)

@@ -148,3 +148,22 @@ def _h2_event(conn: h2.connection.H2Connection, ev, answer: H2Answer) -> None:
         answer.outcome = "reset"
     elif isinstance(ev, h2.events.ConnectionTerminated):
         answer.outcome = "closed"
+
+
+class KeepAlive:
+    """One HTTP/1.1 connection, reused for every request (a keep-alive client
+    pinned to one gateway, as an L4 LB pins it)."""
+
+    def __init__(self, port: int, host: str = "127.0.0.1", timeout: float = 10):
+        self.conn = http.client.HTTPConnection(host, port, timeout=timeout)
+
+    def get(self, path: str = "/") -> str | None:
+        """GET `path` on this connection; the response's `connection` header."""
+        self.conn.request("GET", path)
+        r = self.conn.getresponse()
+        body = r.read()
+        assert r.status == 200, (r.status, body)
+        return r.getheader("connection")
+
+    def close(self) -> None:
+        self.conn.close()

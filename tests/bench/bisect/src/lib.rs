@@ -30,6 +30,8 @@ pub mod liveness;
 pub mod metric_names;
 #[path = "../../../../src/net.rs"]
 pub mod net;
+#[path = "../../../../src/rotation.rs"]
+pub mod rotation;
 
 use host::root::Root;
 use host::traffic::Traffic;
@@ -43,7 +45,11 @@ struct BisectRoot {
     local: Rc<Cell<u64>>,
 }
 
-impl Context for BisectRoot {}
+impl Context for BisectRoot {
+    fn on_http_call_response(&mut self, token: u32, headers: usize, body: usize, trailers: usize) {
+        self.inner.on_http_call_response(token, headers, body, trailers);
+    }
+}
 
 impl RootContext for BisectRoot {
     fn on_vm_start(&mut self, size: usize) -> bool {
