@@ -56,9 +56,11 @@ pub struct Record {
 
 /// The drain whose rotation the caller owns: `Some` only for the record a
 /// successful OPEN → DRAINING move returned, i.e. for the one caller whose
-/// compare-and-swap wrote it.
+/// compare-and-swap wrote it. A maintenance drain (`?hold=closing`) owns
+/// none: it is meant to be reopened, and Envoy's drain sequence, once started,
+/// lasts until istio-proxy restarts (every response closes its connection).
 pub fn started_by(moved: &fsm::Record) -> Option<u64> {
-    if moved.state == State::Draining {
+    if moved.state == State::Draining && !moved.holds_closing() {
         moved.drain_started_ms
     } else {
         None
@@ -149,6 +151,13 @@ mod tests {
         )
         .unwrap();
         assert_eq!(started_by(&draining), Some(50));
+        // A maintenance drain is meant to be reopened: it never rotates.
+        let mut maintenance = draining.clone();
+        maintenance.plan = maintenance.plan.map(|p| fsm::DrainPlan {
+            hold_closing: true,
+            ..p
+        });
+        assert_eq!(started_by(&maintenance), None);
         // The same drain, one step on: whoever moved it to CLOSING owns nothing.
         let closing = advance(
             &draining,

@@ -107,6 +107,26 @@ def test_rotation_turned_off_rotates_nothing(gateway):
     assert "event=connection_rotation" not in gw.log()
 
 
+def test_a_maintenance_drain_does_not_rotate(gateway):
+    """`POST /drain?hold=closing` is meant to be reopened, and Envoy's drain sequence
+    cannot be undone: a maintenance drain leaves the connections alone, and reopening
+    it gives a gateway whose keep-alive connections are still kept alive."""
+    gw = gateway(STILL)
+    client = KeepAlive(gw.ports.traffic)
+    try:
+        assert post(gw, "/drain?hold=closing").json()["state"] == "DRAINING"
+        end = time.monotonic() + 2.0
+        while time.monotonic() < end:
+            assert client.get() is None
+            time.sleep(0.2)
+        assert post(gw, "/reopen").status_code == 200
+        assert client.get() is None
+    finally:
+        client.close()
+    r = rotation(gw)
+    assert (r["enabled"], r["last"]) == (True, None)
+
+
 def test_missing_cluster_is_shown_and_the_drain_goes_on(gateway, stream):
     gw = gateway({"rotate_connections": "no_such_cluster", "lb_buffer": "60m"})
     s = stream(gw.traffic("/stream?seconds=3&interval_ms=500"))
