@@ -383,12 +383,32 @@ pub fn advance(rec: &Record, mv: Move, now: Now, active: u64) -> Result<Record, 
         });
     }
     let mut next = rec.clone();
+    enter(&mut next, &mv, now, active).ok_or(illegal)?;
+    next.seq = rec.seq.saturating_add(1);
+    next.history.push(Step {
+        from: rec.state,
+        to: mv.to,
+        reason: mv.reason,
+        at_ms: now_ms,
+        active,
+    });
+    if next.history.len() > HISTORY {
+        let extra = next.history.len() - HISTORY;
+        next.history.drain(..extra);
+    }
+    Ok(next)
+}
+
+/// Sets what entering `mv.to` at `now` records: the timestamps and plan of a
+/// drain, CLOSING's count and forced flag. `None` when a drain has no plan.
+fn enter(next: &mut Record, mv: &Move, now: Now, active: u64) -> Option<()> {
+    let now_ms = now.wall_ms;
     next.state = mv.to;
     next.since_ms = now_ms;
     next.reason = mv.reason;
     match mv.to {
         State::Draining => {
-            next.plan = Some(mv.plan.ok_or(illegal)?);
+            next.plan = Some(mv.plan?);
             next.drain_started_ms = Some(now_ms);
             next.drain_started_mono_ms = now.mono_ms;
             next.closing_ms = None;
@@ -411,19 +431,7 @@ pub fn advance(rec: &Record, mv: Move, now: Now, active: u64) -> Result<Record, 
         }
         State::Fault => {}
     }
-    next.seq = rec.seq.saturating_add(1);
-    next.history.push(Step {
-        from: rec.state,
-        to: mv.to,
-        reason: mv.reason,
-        at_ms: now_ms,
-        active,
-    });
-    if next.history.len() > HISTORY {
-        let extra = next.history.len() - HISTORY;
-        next.history.drain(..extra);
-    }
-    Ok(next)
+    Some(())
 }
 
 /// The automatic transition that is due now, if any: what the tick and the

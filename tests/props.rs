@@ -16,19 +16,9 @@ use drain_gate::lb::Checkers;
 use proptest::prelude::*;
 use serde_json::{json, Value};
 
-const PATHS: [&str; 11] = [
-    "/health_check.html",
-    "/health",
-    "/live",
-    "/drain/status",
-    "/drain",
-    "/close-lb",
-    "/close",
-    "/reopen",
-    "/fault",
-    "/prestop",
-    "/",
-];
+/// The reads, which anyone may call.
+const READS: [&str; 4] = ["/health_check.html", "/health", "/live", "/drain/status"];
+/// The admin calls, which need `admin_allow` or a token.
 const ADMIN: [&str; 6] = [
     "/drain",
     "/close-lb",
@@ -37,6 +27,16 @@ const ADMIN: [&str; 6] = [
     "/fault",
     "/prestop",
 ];
+
+/// Every path the router knows, and one it does not.
+fn paths() -> Vec<&'static str> {
+    READS
+        .iter()
+        .chain(ADMIN.iter())
+        .chain(["/"].iter())
+        .copied()
+        .collect()
+}
 const TOKEN: &str = "s3cret-token-0123456789";
 
 fn method() -> impl Strategy<Value = String> {
@@ -76,7 +76,7 @@ fn query_part() -> impl Strategy<Value = String> {
 
 fn path() -> impl Strategy<Value = String> {
     (
-        prop::sample::select(PATHS.to_vec()),
+        prop::sample::select(paths()),
         prop_oneof![Just(String::new()), "[/%.a-zA-Z0-9]{0,8}", "\\PC{0,8}"],
         prop::option::of(prop::collection::vec(query_part(), 0..4)),
     )
@@ -162,7 +162,7 @@ proptest! {
         let bare = p.split_once('?').map_or(p.as_str(), |(b, _)| b);
         match api::route(&req, &cfg) {
             Ok(endpoint) => {
-                prop_assert!(PATHS.contains(&bare) && bare != "/", "{bare}");
+                prop_assert!(paths().contains(&bare) && bare != "/", "{bare}");
                 let admin = ADMIN.contains(&bare);
                 prop_assert!(!admin || authorized(&req, &cfg), "unauthorized admin call routed: {req:?}");
                 let ok_method = if bare == "/prestop" {
@@ -256,7 +256,7 @@ proptest! {
     #[test]
     fn percent_encoding_routes_the_same(parts in prop::collection::vec(query_part(), 0..4),
                                         which in prop::collection::vec(any::<bool>(), 8), upper in any::<bool>(),
-                                        path in prop::sample::select(PATHS.to_vec())) {
+                                        path in prop::sample::select(paths())) {
         let cfg = Config::parse(br#"{"role":"health"}"#).unwrap();
         let method = if path == "/prestop" { "GET" } else if ADMIN.contains(&path) { "POST" } else { "GET" };
         // Only parts free of `%`, `&` and `=` are encoded: those three are syntax.

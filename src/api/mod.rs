@@ -126,26 +126,31 @@ pub enum Endpoint {
     },
 }
 
+/// A known path's methods (the `Allow` header), whether it is an admin call,
+/// and the query parameters it takes.
+fn surface(path: &str) -> Option<(&'static str, bool, &'static [&'static str])> {
+    Some(match path {
+        "/health_check.html" | "/health" | "/live" | "/drain/status" => ("GET, HEAD", false, &[]),
+        "/drain" => ("POST", true, &["wait", "timeout", "hold"]),
+        "/reopen" => ("POST", true, &["force"]),
+        "/close-lb" | "/close" | "/fault" => ("POST", true, &[]),
+        "/prestop" => ("GET", true, &["timeout"]),
+        _ => return None,
+    })
+}
+
 /// Maps a request to an endpoint, or to the error answer (400, 401, 403, 404, 405).
 pub fn route(req: &Request, cfg: &Config) -> Result<Endpoint, Reply> {
     let (path, query) = match req.path.split_once('?') {
         Some((p, q)) => (p, q),
         None => (req.path, ""),
     };
-    // (methods, admin call, query parameters taken)
-    let (allow, admin, takes): (&str, bool, &[&str]) = match path {
-        "/health_check.html" | "/health" | "/live" | "/drain/status" => ("GET, HEAD", false, &[]),
-        "/drain" => ("POST", true, &["wait", "timeout", "hold"]),
-        "/reopen" => ("POST", true, &["force"]),
-        "/close-lb" | "/close" | "/fault" => ("POST", true, &[]),
-        "/prestop" => ("GET", true, &["timeout"]),
-        _ => {
-            return Err(error(
-                404,
-                "not_found",
-                "no such endpoint; see openapi.yaml",
-            ))
-        }
+    let Some((allow, admin, takes)) = surface(path) else {
+        return Err(error(
+            404,
+            "not_found",
+            "no such endpoint; see openapi.yaml",
+        ));
     };
     let method_ok = allow.split(", ").any(|m| m == req.method);
     if !method_ok {

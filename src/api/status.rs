@@ -230,57 +230,70 @@ fn status_body<'a>(v: &View<'a>, error: Option<&'a str>, wait: Option<&'a str>) 
         waiting_for: waiting.then_some(WAITING_FOR_TRAFFIC),
         traffic: v.traffic,
         in_flight: v.in_flight,
-        progress: Progress {
-            reason: r.reason.name(),
-            forced: r.forced,
-            since: rfc3339(r.since_ms),
-            drain_started_at: r.drain_started_ms.map(rfc3339),
-            closing_at: r.closing_ms.map(rfc3339),
-            closed_at: r.closed_ms.map(rfc3339),
-            drain_duration_ms: r.drain_duration_ms(v.now),
-            active_at_closing: r.active_at_closing,
-            min_drain_ms: r.plan.map(|p| p.min_drain_ms),
-            drain_timeout_ms: r.plan.map(|p| p.drain_timeout_ms),
-            lb_buffer_ms: r.plan.map(|p| p.lb_buffer_ms),
-            hold_closing: r.holds_closing(),
-            prestop_hold_until: r.active_hold(v.now).map(|h| rfc3339(h.until_ms())),
-            transitions: r
-                .history
-                .iter()
-                .map(|s| StepOut {
-                    from: s.from,
-                    to: s.to,
-                    reason: s.reason.name(),
-                    at: rfc3339(s.at_ms),
-                    active: s.active,
-                })
-                .collect(),
-        },
-        lb: Lb {
-            close_after: v.close_after,
-            lb_fall: v.lb_fall,
-            observed_down: v.checkers.all_down(v.now.wall_ms, v.lb_fall),
-            observed_down_at: v.checkers.down_since(v.now.wall_ms, v.lb_fall).map(rfc3339),
-            saw_drain: r.state == State::Draining
-                && r.drain_started_ms
-                    .is_some_and(|t| v.checkers.saw_drain(t, v.now.wall_ms)),
-            checkers: v
-                .checkers
-                .list
-                .iter()
-                .map(|c| CheckerOut {
-                    source: &c.source,
-                    consecutive_non_200: c.consecutive_non_200,
-                    consecutive_503: c.consecutive_503,
-                    last_seen: rfc3339(c.last_seen_ms),
-                    last_404: c.last_404_ms.map(rfc3339),
-                })
-                .collect(),
-        },
+        progress: progress(v),
+        lb: lb_out(v),
         connection_rotation: rotation_out(&v.rotation),
         clock: v.clock.into(),
         error,
         wait,
+    }
+}
+
+/// The drain's timeline: reason, timestamps, the plan it runs and its last
+/// transitions.
+fn progress(v: &View) -> Progress {
+    let r = v.rec;
+    Progress {
+        reason: r.reason.name(),
+        forced: r.forced,
+        since: rfc3339(r.since_ms),
+        drain_started_at: r.drain_started_ms.map(rfc3339),
+        closing_at: r.closing_ms.map(rfc3339),
+        closed_at: r.closed_ms.map(rfc3339),
+        drain_duration_ms: r.drain_duration_ms(v.now),
+        active_at_closing: r.active_at_closing,
+        min_drain_ms: r.plan.map(|p| p.min_drain_ms),
+        drain_timeout_ms: r.plan.map(|p| p.drain_timeout_ms),
+        lb_buffer_ms: r.plan.map(|p| p.lb_buffer_ms),
+        hold_closing: r.holds_closing(),
+        prestop_hold_until: r.active_hold(v.now).map(|h| rfc3339(h.until_ms())),
+        transitions: r
+            .history
+            .iter()
+            .map(|s| StepOut {
+                from: s.from,
+                to: s.to,
+                reason: s.reason.name(),
+                at: rfc3339(s.at_ms),
+                active: s.active,
+            })
+            .collect(),
+    }
+}
+
+/// What each LB checker has been answered, and whether the LB saw the drain.
+fn lb_out<'a>(v: &View<'a>) -> Lb<'a> {
+    let r = v.rec;
+    Lb {
+        close_after: v.close_after,
+        lb_fall: v.lb_fall,
+        observed_down: v.checkers.all_down(v.now.wall_ms, v.lb_fall),
+        observed_down_at: v.checkers.down_since(v.now.wall_ms, v.lb_fall).map(rfc3339),
+        saw_drain: r.state == State::Draining
+            && r.drain_started_ms
+                .is_some_and(|t| v.checkers.saw_drain(t, v.now.wall_ms)),
+        checkers: v
+            .checkers
+            .list
+            .iter()
+            .map(|c| CheckerOut {
+                source: &c.source,
+                consecutive_non_200: c.consecutive_non_200,
+                consecutive_503: c.consecutive_503,
+                last_seen: rfc3339(c.last_seen_ms),
+                last_404: c.last_404_ms.map(rfc3339),
+            })
+            .collect(),
     }
 }
 
@@ -378,8 +391,9 @@ mod tests {
     use crate::api::reply::tests::body;
     use crate::in_flight::Histogram;
 
-    #[test]
-    fn status_and_wait_bodies() {
+    /// Calls `f` with a status view of an OPEN gateway: 3 in flight, a clock step seen.
+    fn sample<R>(f: impl FnOnce(View) -> R) -> R {
+        let checkers = Checkers::default();
         let rec = Record::new(1_764_000_000_000);
         let v = View {
             rec: &rec,
@@ -415,69 +429,90 @@ mod tests {
                 lost: 0,
             },
             draining_lb_status: 200,
-            checkers: &Checkers::default(),
+            checkers: &checkers,
             lb_fall: 2,
             close_after: CloseAfter::LbBuffer,
             rotation: RotationView::default(),
         };
-        let s = body(&status(&v));
-        assert_eq!(s["connection_rotation"]["enabled"], false);
-        assert!(s["connection_rotation"]["last"].is_null());
-        let failed = rotation::Record::pending(1_764_000_000_100, 1_764_000_000_200)
-            .answered(Some(404), 1_764_000_000_300);
-        let with = View {
-            rotation: RotationView {
-                cluster: Some("admin"),
-                last: Some(&failed),
-            },
-            ..v
-        };
-        let r = &body(&status(&with))["connection_rotation"];
-        assert_eq!(r["enabled"], true);
-        assert_eq!(r["cluster"], "admin");
-        assert_eq!(r["last"]["outcome"], "failed");
-        assert_eq!(r["last"]["admin_status"], 404);
-        assert_eq!(r["last"]["requested_at"], "2025-11-24T16:00:00.200Z");
-        assert_eq!(r["last"]["error"], "Envoy admin answered 404");
-        assert_eq!(s["state"], "OPEN");
-        assert_eq!(s["active"], 3);
-        assert_eq!(s["count"]["http_streams"], 2);
-        assert_eq!(s["count"]["tcp_connections"], 1);
-        assert_eq!(s["ready"], true);
-        assert_eq!(s["progress"]["reason"], "start");
-        assert_eq!(s["in_flight"]["oldest_age_ms"], 2_300);
-        assert_eq!(s["in_flight"]["ages"]["lt_1s"], 2);
-        assert_eq!(s["in_flight"]["ages"]["ge_60s"], 0);
-        assert_eq!(
-            s["clock"],
-            serde_json::json!({"timers": "monotonic", "steps": 2, "last_step_ms": -3_600_000,
-                               "last_step_at": "2025-11-24T16:00:00.000Z"})
-        );
-        assert_eq!(s["progress"]["since"], "2025-11-24T16:00:00.000Z");
-        let w = wait_reply(WaitEnd::Closed, &v);
-        assert_eq!(
-            (w.status, &body(&w)["wait"]),
-            (200, &serde_json::json!("closed"))
-        );
-        assert_eq!(body(&w)["progress"]["reason"], "start");
-        assert_eq!(s["waiting_for"], serde_json::Value::Null);
-        let waiting = View {
-            traffic: TrafficInfo {
-                seen: false,
-                roots: 0,
-                lost: 0,
-            },
-            ..v
-        };
-        let s = body(&status(&waiting));
-        assert_eq!(
-            (&s["waiting_for"], &s["ready"], &s["lb_status"]),
-            (
-                &serde_json::json!("traffic_role"),
-                &serde_json::json!(false),
-                &serde_json::json!(503)
-            )
-        );
+        f(v)
+    }
+
+    #[test]
+    fn status_and_wait_bodies() {
+        sample(|v| {
+            let s = body(&status(&v));
+            assert_eq!(s["state"], "OPEN");
+            assert_eq!(s["active"], 3);
+            assert_eq!(s["count"]["http_streams"], 2);
+            assert_eq!(s["count"]["tcp_connections"], 1);
+            assert_eq!(s["ready"], true);
+            assert_eq!(s["progress"]["reason"], "start");
+            assert_eq!(s["in_flight"]["oldest_age_ms"], 2_300);
+            assert_eq!(s["in_flight"]["ages"]["lt_1s"], 2);
+            assert_eq!(s["in_flight"]["ages"]["ge_60s"], 0);
+            assert_eq!(
+                s["clock"],
+                serde_json::json!({"timers": "monotonic", "steps": 2, "last_step_ms": -3_600_000,
+                                   "last_step_at": "2025-11-24T16:00:00.000Z"})
+            );
+            assert_eq!(s["progress"]["since"], "2025-11-24T16:00:00.000Z");
+            let w = wait_reply(WaitEnd::Closed, &v);
+            assert_eq!(
+                (w.status, &body(&w)["wait"]),
+                (200, &serde_json::json!("closed"))
+            );
+            assert_eq!(body(&w)["progress"]["reason"], "start");
+        })
+    }
+
+    #[test]
+    fn status_shows_the_connection_rotation() {
+        sample(|v| {
+            let s = body(&status(&v));
+            assert_eq!(s["connection_rotation"]["enabled"], false);
+            assert!(s["connection_rotation"]["last"].is_null());
+            let failed = rotation::Record::pending(1_764_000_000_100, 1_764_000_000_200)
+                .answered(Some(404), 1_764_000_000_300);
+            let with = View {
+                rotation: RotationView {
+                    cluster: Some("admin"),
+                    last: Some(&failed),
+                },
+                ..v
+            };
+            let r = &body(&status(&with))["connection_rotation"];
+            assert_eq!(r["enabled"], true);
+            assert_eq!(r["cluster"], "admin");
+            assert_eq!(r["last"]["outcome"], "failed");
+            assert_eq!(r["last"]["admin_status"], 404);
+            assert_eq!(r["last"]["requested_at"], "2025-11-24T16:00:00.200Z");
+            assert_eq!(r["last"]["error"], "Envoy admin answered 404");
+        })
+    }
+
+    #[test]
+    fn status_says_it_waits_for_the_traffic_role() {
+        sample(|v| {
+            let s = body(&status(&v));
+            assert_eq!(s["waiting_for"], serde_json::Value::Null);
+            let waiting = View {
+                traffic: TrafficInfo {
+                    seen: false,
+                    roots: 0,
+                    lost: 0,
+                },
+                ..v
+            };
+            let s = body(&status(&waiting));
+            assert_eq!(
+                (&s["waiting_for"], &s["ready"], &s["lb_status"]),
+                (
+                    &serde_json::json!("traffic_role"),
+                    &serde_json::json!(false),
+                    &serde_json::json!(503)
+                )
+            );
+        })
     }
 
     #[test]

@@ -8,30 +8,7 @@
 //! runs it beside the twin and drain-gate: twin → this is what the module,
 //! root and ticks cost per request; this → drain-gate is what counting costs.
 
-#[path = "../../../../src/api/mod.rs"]
-pub mod api;
-#[path = "../../../../src/clock.rs"]
-pub mod clock;
-#[path = "../../../../src/config.rs"]
-pub mod config;
-#[path = "../../../../src/duration.rs"]
-pub mod duration;
-#[path = "../../../../src/fsm.rs"]
-pub mod fsm;
-#[path = "../../../../src/host/mod.rs"]
-pub mod host;
-#[path = "../../../../src/in_flight.rs"]
-pub mod in_flight;
-#[path = "../../../../src/lb.rs"]
-pub mod lb;
-#[path = "../../../../src/liveness.rs"]
-pub mod liveness;
-#[path = "../../../../src/metric_names.rs"]
-pub mod metric_names;
-#[path = "../../../../src/net.rs"]
-pub mod net;
-#[path = "../../../../src/rotation.rs"]
-pub mod rotation;
+include!("../../../fixtures/src_modules.rs");
 
 use host::root::Root;
 use host::traffic::Traffic;
@@ -47,7 +24,8 @@ struct BisectRoot {
 
 impl Context for BisectRoot {
     fn on_http_call_response(&mut self, token: u32, headers: usize, body: usize, trailers: usize) {
-        self.inner.on_http_call_response(token, headers, body, trailers);
+        self.inner
+            .on_http_call_response(token, headers, body, trailers);
     }
 }
 
