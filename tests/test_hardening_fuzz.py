@@ -122,13 +122,28 @@ def one_connection(port: int, i: int) -> tuple[int, list[int]]:
     return n, statuses(out)
 
 
+# Admin calls only from an address no fuzzer uses; timers that never fire during the test.
+FUZZED = {"admin_allow": ["127.0.0.2/32"], "drain_timeout": "60m", "lb_buffer": "60m"}
+
+
+def fuzz(gw, connection, connections: int, workers: int) -> tuple[int, Counter]:
+    """Runs `connection(port, i)` for each i on the health listener: (requests sent, status counts)."""
+    with cf.ThreadPoolExecutor(workers) as pool:
+        results = list(pool.map(lambda i: connection(gw.ports.health, i), range(connections)))
+    return sum(n for n, _ in results), Counter(c for _, cs in results for c in cs)
+
+
+def assert_vm_untroubled_and_state_unmoved(gw) -> None:
+    log = gw.log()
+    trouble = VM_TROUBLE.search(log)
+    assert not trouble, log[max(0, trouble.start() - 300):trouble.end() + 300]
+    assert transitions(log) == [], "a fuzzed request moved the state"
+
+
 @pytest.mark.parametrize("seed", [SEED])
 def test_fuzzed_requests_leave_the_vm_serving_and_the_state_open(gateway, seed):
-    gw = gateway({"admin_allow": ["127.0.0.2/32"], "drain_timeout": "60m", "lb_buffer": "60m"})
-    with cf.ThreadPoolExecutor(32) as pool:
-        results = list(pool.map(lambda i: one_connection(gw.ports.health, i), range(CONNECTIONS)))
-    sent = sum(n for n, _ in results)
-    codes = Counter(c for _, cs in results for c in cs)
+    gw = gateway(FUZZED)
+    sent, codes = fuzz(gw, one_connection, CONNECTIONS, 32)
     assert sent >= 5000, sent
     assert set(codes) <= ALLOWED, codes
     # Envoy answers at most two pipelined requests that get a local reply and
@@ -139,10 +154,7 @@ def test_fuzzed_requests_leave_the_vm_serving_and_the_state_open(gateway, seed):
     assert codes[200] + codes[403] + codes[404] + codes[405] >= 1500, codes
     assert codes[403] > 0 and codes[405] > 0 and codes[431] > 0, codes
 
-    log = gw.log()
-    trouble = VM_TROUBLE.search(log)
-    assert not trouble, log[max(0, trouble.start() - 300):trouble.end() + 300]
-    assert transitions(log) == [], "a fuzzed request moved the state"
+    assert_vm_untroubled_and_state_unmoved(gw)
     # The VM keeps serving, on every worker.
     for _ in range(20):
         code, headers, body = fresh_get(gw.ports.health, "/live")
@@ -257,20 +269,14 @@ def h2_connection(port: int, i: int) -> tuple[int, list[int]]:
 
 
 def test_fuzzed_h2c_streams_leave_the_vm_serving_and_the_state_open(gateway):
-    gw = gateway({"admin_allow": ["127.0.0.2/32"], "drain_timeout": "60m", "lb_buffer": "60m"})
-    with cf.ThreadPoolExecutor(16) as pool:
-        results = list(pool.map(lambda i: h2_connection(gw.ports.health, i), range(H2_CONNECTIONS)))
-    sent = sum(n for n, _ in results)
-    codes = Counter(c for _, cs in results for c in cs)
+    gw = gateway(FUZZED)
+    sent, codes = fuzz(gw, h2_connection, H2_CONNECTIONS, 16)
     assert sent >= 1000, sent
     assert set(codes) <= H2_ALLOWED, codes
     # The plugin answered most streams over HTTP/2: its own codes, admin refusals included.
     assert codes[200] + codes[403] + codes[404] + codes[405] >= sent // 2, codes
     assert codes[403] > 0 and codes[200] > 0, codes
-    log = gw.log()
-    trouble = VM_TROUBLE.search(log)
-    assert not trouble, log[max(0, trouble.start() - 300):trouble.end() + 300]
-    assert transitions(log) == [], "a fuzzed HTTP/2 stream moved the state"
+    assert_vm_untroubled_and_state_unmoved(gw)
     for _ in range(10):
         code, _, body = fresh_get(gw.ports.health, "/live")
         assert code == 200 and json.loads(body) == {"state": "OPEN", "live": True}
