@@ -84,6 +84,9 @@ pub fn check(audience: Audience, state: State, cfg: &Config, if_none_match: Opti
 /// What the LB check and readiness answer while no traffic role counts.
 pub const WAITING_STATUS: u16 = 503;
 
+/// `/drain/status` names what the gateway waits for before it is announced.
+pub const WAITING_FOR_TRAFFIC: &str = "traffic_role";
+
 #[derive(Serialize)]
 struct Waiting {
     state: State,
@@ -109,7 +112,7 @@ pub fn check_waiting(
             &Waiting {
                 state,
                 ready: false,
-                waiting_for: super::status::WAITING_FOR_TRAFFIC,
+                waiting_for: WAITING_FOR_TRAFFIC,
             },
         ),
     };

@@ -33,13 +33,13 @@ pub mod query;
 pub mod reply;
 pub mod status;
 
+pub use crate::clock::rfc3339;
 pub use checks::{check, check_waiting, etag, Audience};
 use query::Params;
 use reply::{bad_request, error};
 pub use reply::{illegal, unavailable, Reply};
 pub use status::{
-    rfc3339, status, wait_end, wait_reply, ClockInfo, CountInfo, RotationView, TrafficInfo, View,
-    WaitEnd,
+    status, wait_end, wait_reply, ClockInfo, CountInfo, RotationView, TrafficInfo, View, WaitEnd,
 };
 
 /// What the host hands over of one request on the health listener.

@@ -93,7 +93,7 @@ pub fn illegal(e: Illegal) -> Reply {
             error,
             state: e.state,
             requested: e.requested,
-            hold_until: e.hold_until_ms.map(super::status::rfc3339),
+            hold_until: e.hold_until_ms.map(crate::clock::rfc3339),
             message,
         },
     )

@@ -3,8 +3,9 @@
 
 use serde::Serialize;
 
+use super::checks::{WAITING_FOR_TRAFFIC, WAITING_STATUS};
 use super::reply::Reply;
-use crate::clock::{Now, Steps, Timers};
+use crate::clock::{rfc3339, Now, Steps, Timers};
 use crate::fsm::{CloseAfter, Record, State};
 use crate::in_flight::InFlight;
 use crate::lb::Checkers;
@@ -39,9 +40,6 @@ pub struct TrafficInfo {
     /// Traffic root contexts that stopped beating without a goodbye.
     pub lost: u64,
 }
-
-/// `/drain/status` names what the gateway waits for before it is announced.
-pub const WAITING_FOR_TRAFFIC: &str = "traffic_role";
 
 /// Which clock the timers run on, and the wall-clock steps seen so far;
 /// reported in the status.
@@ -221,7 +219,7 @@ fn status_body<'a>(v: &View<'a>, error: Option<&'a str>, wait: Option<&'a str>) 
         ready: r.state.ready() && !waiting,
         live: r.state.live(),
         lb_status: if waiting {
-            super::checks::WAITING_STATUS
+            WAITING_STATUS
         } else {
             r.state.lb_status(v.draining_lb_status)
         },
@@ -358,30 +356,6 @@ pub fn wait_reply(end: WaitEnd, v: &View) -> Reply {
         wait,
     };
     Reply::json(code, &body)
-}
-
-/// Formats milliseconds since the Unix epoch as RFC 3339 UTC.
-pub fn rfc3339(ms: u64) -> String {
-    let secs = ms / 1000;
-    let days = (secs / 86_400) as i64;
-    let rem = secs % 86_400;
-    // Civil date from days since 1970-01-01 (H. Hinnant's algorithm).
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    format!(
-        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{:03}Z",
-        rem / 3600,
-        rem % 3600 / 60,
-        rem % 60,
-        ms % 1000
-    )
 }
 
 #[cfg(test)]
@@ -558,12 +532,5 @@ mod tests {
         assert_eq!(wait_end(State::Closed, true), Some(WaitEnd::Closed));
         assert_eq!(wait_end(State::Open, false), Some(WaitEnd::Aborted));
         assert_eq!(wait_end(State::Fault, false), Some(WaitEnd::Aborted));
-    }
-
-    #[test]
-    fn rfc3339_formatting() {
-        assert_eq!(rfc3339(0), "1970-01-01T00:00:00.000Z");
-        assert_eq!(rfc3339(951_782_400_123), "2000-02-29T00:00:00.123Z");
-        assert_eq!(rfc3339(1_795_910_400_000), "2026-11-29T00:00:00.000Z");
     }
 }
