@@ -20,86 +20,39 @@
 //! Run with `cargo test --test model`.
 #![allow(clippy::unwrap_used, clippy::indexing_slicing, clippy::panic)]
 
-use std::cell::{Cell, RefCell};
-use std::collections::HashMap;
-
 use drain_gate::host::count::{self, Counter, Counts, Part, Source};
 use drain_gate::host::shared::Host;
+use drain_gate::host::sim::Sim;
 use drain_gate::liveness::Why;
 use proptest::prelude::*;
-use proxy_wasm::types::Status;
+use proxy_wasm::types::MetricType;
 
-const GAUGE: u32 = 7;
+/// The gauge of each part in the gauge mode (defined first: ids 0 and 1).
+const GAUGE: u32 = 0;
+const GAUGE_NAMES: [&str; 2] = [
+    "drain_gate_active_requests",
+    "drain_gate_active_connections",
+];
 
-/// Shared data and a gauge per part, process-wide, with injected faults.
-#[derive(Default)]
-struct Sim {
-    data: RefCell<HashMap<String, (Vec<u8>, u32)>>,
-    gauges: RefCell<HashMap<u32, i64>>,
-    /// The next this many versioned writes lose a race (CasMismatch, nothing written).
-    cas_races: Cell<u32>,
-    /// The next this many writes or gauge updates fail outright.
-    failures: Cell<u32>,
-    /// Failures actually returned so far.
-    failed: Cell<u32>,
+/// A host where both gauges are defined, with ids `GAUGE` and `GAUGE + 1`.
+fn sim() -> Sim {
+    let sim = Sim::default();
+    for name in GAUGE_NAMES {
+        (&sim).define_metric(MetricType::Gauge, name).unwrap();
+    }
+    sim
 }
 
-impl Sim {
-    fn fail_now(&self) -> bool {
-        if self.failures.get() == 0 {
-            return false;
-        }
-        self.failures.set(self.failures.get() - 1);
-        self.failed.set(self.failed.get() + 1);
-        true
-    }
-}
-
-impl Host for &Sim {
-    fn get(&self, key: &str) -> Result<(Option<Vec<u8>>, Option<u32>), Status> {
-        Ok(match self.data.borrow().get(key) {
-            Some((v, cas)) => (Some(v.clone()), Some(*cas)),
-            None => (None, None),
-        })
-    }
-
-    fn set(&self, key: &str, value: &[u8], cas: Option<u32>) -> Result<(), Status> {
-        if self.fail_now() {
-            return Err(Status::InternalFailure);
-        }
-        let mut data = self.data.borrow_mut();
-        let current = data.get(key).map(|(_, c)| *c);
-        if let Some(want) = cas {
-            if self.cas_races.get() > 0 {
-                self.cas_races.set(self.cas_races.get() - 1);
-                return Err(Status::CasMismatch);
-            }
-            if current != Some(want) {
-                return Err(Status::CasMismatch);
-            }
-        }
-        data.insert(key.to_string(), (value.to_vec(), current.unwrap_or(0) + 1));
-        Ok(())
-    }
-
-    fn gauge_add(&self, id: u32, delta: i64) -> Result<(), Status> {
-        assert!(id == GAUGE || id == GAUGE + 1);
-        if self.fail_now() {
-            return Err(Status::InternalFailure);
-        }
-        *self.gauges.borrow_mut().entry(id).or_default() += delta;
-        Ok(())
-    }
-
-    fn gauge_get(&self, id: u32) -> Result<u64, Status> {
-        assert!(id == GAUGE || id == GAUGE + 1);
-        let g = self.gauges.borrow().get(&id).copied().unwrap_or(0);
-        assert!(
+/// The gauges never go below 0: nothing is given back twice.
+fn gauges_never_negative(sim: &Sim) -> Result<(), TestCaseError> {
+    for name in GAUGE_NAMES {
+        let g = sim.metric(name);
+        prop_assert!(
             g >= 0,
-            "the gauge went below 0: something was given back twice ({g})"
+            "{name} went below 0: something was given back twice ({g})"
         );
-        Ok(g as u64)
     }
+    Ok(())
 }
 
 #[derive(Clone, Debug)]
@@ -277,6 +230,7 @@ impl<'a> Model<'a> {
 }
 
 fn check(m: &Model, after: &Op) -> Result<(), TestCaseError> {
+    gauges_never_negative(m.sim)?;
     let reader = m.reader();
     let r = reader.read();
     let truth = m.truth();
@@ -327,7 +281,7 @@ fn check(m: &Model, after: &Op) -> Result<(), TestCaseError> {
 }
 
 fn run(workers: usize, source: Source, ops: &[Op]) -> Result<(), TestCaseError> {
-    let sim = Sim::default();
+    let sim = sim();
     count::create_shared(&&sim);
     count::announce_traffic(&&sim);
     let mut m = Model {
@@ -406,7 +360,7 @@ fn clamp(op: Op, workers: usize) -> Op {
 /// later.
 #[test]
 fn zero_exactly_at_the_last_exit() {
-    let sim = Sim::default();
+    let sim = sim();
     count::create_shared(&&sim);
     count::announce_traffic(&&sim);
     let a = Counter::with_host(&sim, Part::Streams, Source::SharedData);

@@ -25,16 +25,10 @@
 
 use std::cell::Cell;
 
+use super::keys;
 use super::metrics::{gauge_is_live, Metrics};
-use super::shared::{cas_update, Envoy, Host, Step};
+use super::shared::{self, cas_update, Envoy, Host, Step};
 use crate::liveness::Why;
-
-const UNRELIABLE_KEY: &str = "drain_gate.count_unreliable.v1";
-/// Set by every traffic root context at configure time. Shared data is per
-/// `vm_id`: until a health role sees it, no traffic role counts in its
-/// vm_id, so the count is not trusted (and the gateway not announced, see
-/// `crate::liveness`).
-const TRAFFIC_KEY: &str = "drain_gate.traffic_present.v1";
 /// How much a root context adds to the global count at a time outside a drain.
 pub const LEASE: u64 = 8;
 
@@ -53,8 +47,8 @@ impl Part {
     /// The shared-data key of the part's count when its gauge is not live.
     fn shared_key(self) -> &'static str {
         match self {
-            Part::Streams => "drain_gate.active.v1",
-            Part::Connections => "drain_gate.active_connections.v1",
+            Part::Streams => keys::ACTIVE_STREAMS,
+            Part::Connections => keys::ACTIVE_CONNECTIONS,
         }
     }
 }
@@ -82,9 +76,7 @@ pub struct Counter<H: Host = Envoy> {
 }
 
 fn shared_value(bytes: Option<&[u8]>) -> Option<u64> {
-    bytes
-        .and_then(|b| <[u8; 8]>::try_from(b).ok())
-        .map(u64::from_le_bytes)
+    bytes.and_then(shared::u64_of)
 }
 
 /// Creates the shared-data count of both parts if absent. Shared data has no
@@ -92,28 +84,31 @@ fn shared_value(bytes: Option<&[u8]>) -> Option<u64> {
 /// thread before any worker VM exists (and every later configure finds it).
 pub fn create_shared<H: Host>(host: &H) {
     for key in Part::ALL.map(Part::shared_key) {
-        if matches!(host.get(key), Ok((None, _))) {
-            if let Err(e) = host.set(key, &0u64.to_le_bytes(), None) {
-                log::error!("event=shared_data_error key={key} status={e:?}");
-            }
+        if let Err(e) = shared::create(host, key, &0u64.to_le_bytes()) {
+            log::error!("event=shared_data_error key={key} error=\"{e}\"");
         }
     }
 }
 
-/// Announces a traffic role in this vm_id (see `TRAFFIC_KEY`).
+/// Announces a traffic role in this vm_id (`keys::TRAFFIC_PRESENT`): until a
+/// health role sees it, no traffic role counts in its vm_id, so the count is
+/// not trusted (and the gateway not announced, see `crate::liveness`).
 pub fn announce_traffic<H: Host>(host: &H) {
-    if let Err(e) = host.set(TRAFFIC_KEY, b"1", None) {
-        log::error!("event=shared_data_error key={TRAFFIC_KEY} status={e:?}");
+    if let Err(e) = host.set(keys::TRAFFIC_PRESENT, b"1", None) {
+        log::error!(
+            "event=shared_data_error key={} status={e:?}",
+            keys::TRAFFIC_PRESENT
+        );
     }
 }
 
-impl Counter<Envoy> {
+impl<H: Host> Counter<H> {
     /// `gauge`: the id of the part's gauge, if the host defined it; it is
     /// used only if it proves live.
-    pub fn new(part: Part, gauge: Option<u32>) -> Counter {
-        create_shared(&Envoy);
+    pub fn new(host: H, part: Part, gauge: Option<u32>) -> Counter<H> {
+        create_shared(&host);
         let source = match gauge {
-            Some(id) if gauge_is_live(id) => Source::Gauge(id),
+            Some(id) if gauge_is_live(&host, id) => Source::Gauge(id),
             _ => {
                 log::warn!(
                     "event=count_source part={part:?} source=shared_data why=\"gauge is not live (stats_matcher?)\""
@@ -121,11 +116,9 @@ impl Counter<Envoy> {
                 Source::SharedData
             }
         };
-        Counter::with_host(Envoy, part, source)
+        Counter::with_host(host, part, source)
     }
-}
 
-impl<H: Host> Counter<H> {
     pub fn with_host(host: H, part: Part, source: Source) -> Counter<H> {
         Counter {
             host,
@@ -146,7 +139,7 @@ impl<H: Host> Counter<H> {
 
     fn add(&self, delta: i64) -> bool {
         match self.source {
-            Source::Gauge(id) => self.host.gauge_add(id, delta).is_ok(),
+            Source::Gauge(id) => self.host.metric_add(id, delta).is_ok(),
             // The key exists from configure on; written without a version it
             // would overwrite concurrent updates, so an absent key is a failure.
             Source::SharedData => cas_update(&self.host, self.key, |bytes| {
@@ -225,7 +218,7 @@ impl<H: Host> Counter<H> {
     /// Whether this part reads 0 (one host call; no reliability checks).
     pub fn reads_zero(&self) -> bool {
         match self.source {
-            Source::Gauge(id) => self.host.gauge_get(id) == Ok(0),
+            Source::Gauge(id) => self.host.metric_get(id) == Ok(0),
             Source::SharedData => {
                 matches!(self.host.get(self.key), Ok((b, _)) if shared_value(b.as_deref()) == Some(0))
             }
@@ -235,7 +228,7 @@ impl<H: Host> Counter<H> {
     /// This part over every worker; `None` when it cannot be read.
     fn value(&self) -> Option<u64> {
         match self.source {
-            Source::Gauge(id) => self.host.gauge_get(id).ok(),
+            Source::Gauge(id) => self.host.metric_get(id).ok(),
             Source::SharedData => self
                 .host
                 .get(self.key)
@@ -254,11 +247,12 @@ pub struct Counts<H: Host = Envoy> {
     connections: Counter<H>,
 }
 
-impl Counts<Envoy> {
-    pub fn new(metrics: &Metrics) -> Counts {
+impl<H: Host + Copy> Counts<H> {
+    pub fn new(metrics: &Metrics<H>) -> Counts<H> {
+        let host = *metrics.host();
         Counts::of(
-            Counter::new(Part::Streams, metrics.active),
-            Counter::new(Part::Connections, metrics.active_connections),
+            Counter::new(host, Part::Streams, metrics.active),
+            Counter::new(host, Part::Connections, metrics.active_connections),
         )
     }
 }
@@ -301,7 +295,7 @@ impl<H: Host> Counts<H> {
         let (streams, connections) = (self.streams.value(), self.connections.value());
         let host = &self.streams.host;
         let mark = unreliable_mark(host);
-        let traffic_seen = matches!(host.get(TRAFFIC_KEY), Ok((Some(_), _)));
+        let traffic_seen = matches!(host.get(keys::TRAFFIC_PRESENT), Ok((Some(_), _)));
         let why = match mark {
             Ok(Some(why)) => Some(why),
             _ if !traffic_seen => Some(Why::TrafficRoleNotSeen),
@@ -341,7 +335,7 @@ impl<H: Host> Drop for Counter<H> {
 /// it, `Some(false)` when it was marked already, `None` when the mark could
 /// not be written (the caller tries again).
 pub fn flag_unreliable<H: Host>(host: &H, why: Why) -> Option<bool> {
-    cas_update(host, UNRELIABLE_KEY, |current| {
+    cas_update(host, keys::UNRELIABLE, |current| {
         Ok::<_, ()>(match current {
             Some(b) if !b.is_empty() => Step::Keep(false),
             _ => Step::Write(why.name().as_bytes().to_vec(), true),
@@ -350,9 +344,9 @@ pub fn flag_unreliable<H: Host>(host: &H, why: Why) -> Option<bool> {
     .ok()
 }
 
-/// `flag_unreliable` in Envoy, with its log line and gauge.
-pub fn mark_unreliable(why: Why, metrics: &Metrics) {
-    if flag_unreliable(&Envoy, why) == Some(true) {
+/// `flag_unreliable`, with its log line and gauge.
+pub fn mark_unreliable<H: Host>(why: Why, metrics: &Metrics<H>) {
+    if flag_unreliable(metrics.host(), why) == Some(true) {
         log::error!(
             "event=count_unreliable why={} what=\"the count is no longer trusted to reach 0; a drain closes at drain_timeout\"",
             why.name()
@@ -363,7 +357,7 @@ pub fn mark_unreliable(why: Why, metrics: &Metrics) {
 
 /// A stream that could not be counted (the counter has tried to mark the
 /// count unreliable, and retries on its ticks): counted as an error, logged.
-pub fn not_counted(metrics: &Metrics) {
+pub fn not_counted<H: Host>(metrics: &Metrics<H>) {
     metrics.count_error();
     log::error!("event=count_error what=\"stream not counted; drain will wait for drain_timeout\"");
     metrics.set_count_unreliable(true);
@@ -371,7 +365,7 @@ pub fn not_counted(metrics: &Metrics) {
 
 /// Why the count is unreliable, if it was marked so.
 fn unreliable_mark<H: Host>(host: &H) -> Result<Option<Why>, ()> {
-    match host.get(UNRELIABLE_KEY) {
+    match host.get(keys::UNRELIABLE) {
         Ok((Some(b), _)) if !b.is_empty() => Ok(Some(
             std::str::from_utf8(&b)
                 .ok()

@@ -5,14 +5,17 @@ use proxy_wasm::hostcalls;
 use proxy_wasm::traits::{Context, HttpContext};
 use proxy_wasm::types::{Action, MapType};
 use std::cell::RefCell;
+use std::fmt::Display;
 use std::net::{IpAddr, SocketAddr};
 use std::rc::Rc;
 
 use super::count::{Counts, Reading};
+use super::in_flight;
 use super::liveness::Watch;
 use super::metrics::Metrics;
 use super::rotation::Rotator;
-use super::{in_flight, now, store, wall_ms};
+use super::shared::{Envoy, Host};
+use super::store::{self, Store};
 use crate::api::{self, Audience, CountInfo, Endpoint, Reply, RotationView, TrafficInfo, View};
 use crate::clock::{self, Now};
 use crate::config::Config;
@@ -39,59 +42,67 @@ impl Waiter {
 
 /// Shared by every stream of one health root context.
 #[derive(Debug)]
-pub struct Health {
+pub struct Health<H: Host = Envoy> {
     pub config: Config,
-    pub counter: Counts,
-    pub metrics: Metrics,
-    pub rotator: Rotator,
+    pub counter: Counts<H>,
+    pub metrics: Metrics<H>,
+    pub rotator: Rotator<H>,
+    store: Store<H>,
     waiters: RefCell<Vec<Waiter>>,
-    watch: Watch,
+    watch: Watch<H>,
 }
 
-fn send(reply: &Reply) {
+/// Sends `reply` on the stream `context_id` (`None`: the current one).
+fn send<H: Host>(host: &H, context_id: Option<u32>, reply: &Reply) {
     let headers: Vec<(&str, &str)> = reply
         .headers
         .iter()
         .map(|(n, v)| (*n, v.as_str()))
         .collect();
-    if let Err(e) =
-        hostcalls::send_http_response(u32::from(reply.status), headers, Some(&reply.body))
-    {
+    if let Err(e) = host.respond(context_id, reply.status, &headers, &reply.body) {
         log::warn!("event=send_failed status={e:?}");
     }
 }
 
 /// Logs why the state could not be read; the answer is the core's.
-fn unavailable(error: &str) -> Reply {
+fn unavailable(error: &dyn Display) -> Reply {
     log::error!("event=state_unavailable role=health error=\"{error}\"");
     api::unavailable()
 }
 
-impl Health {
-    pub fn new(config: Config, metrics: Metrics) -> Health {
+impl<H: Host + Copy> Health<H> {
+    pub fn new(config: Config, metrics: Metrics<H>) -> Health<H> {
+        let host = *metrics.host();
         let counter = Counts::new(&metrics);
-        let rotator = Rotator::new(config.rotate_connections.clone());
+        let rotator = Rotator::new(host, config.rotate_connections.clone());
         let health = Health {
             config,
             counter,
             metrics,
             rotator,
+            store: Store::new(host),
             waiters: RefCell::new(Vec::new()),
-            watch: Watch::default(),
+            watch: Watch::new(host),
         };
         // Record where the wall clock stands before the first tick, so that
         // a step even then is seen.
         health.watch_clock();
         health
     }
+}
+
+impl<H: Host> Health<H> {
+    fn host(&self) -> &H {
+        self.store.host()
+    }
 
     /// Everything a status answer shows, read now.
     fn snapshot(&self) -> Snapshot {
-        let checkers = store::lb_checkers().unwrap_or_else(|e| {
+        let checkers = self.store.lb_checkers().unwrap_or_else(|e| {
             log::warn!("event=lb_record_unavailable error=\"{e}\"");
             Checkers::default()
         });
-        let rotation = store::rotation_load().unwrap_or_else(|e| {
+        let rotation = self.store.rotation_load().unwrap_or_else(|e| {
             log::warn!("event=rotation_record_unavailable error=\"{e}\"");
             None
         });
@@ -109,13 +120,13 @@ impl Health {
         rec: &'a Record,
         (reading, checkers, traffic, rotation): &'a Snapshot,
     ) -> View<'a> {
-        let now = now();
+        let now = self.host().now();
         View {
             rec,
             active: reading.active,
             now,
             clock: self.clock_info(),
-            in_flight: in_flight::read(now.timer_ms()),
+            in_flight: in_flight::read(self.host(), now.timer_ms()),
             count: CountInfo {
                 source: self.counter.source_name(),
                 reliable: reading.reliable,
@@ -148,9 +159,10 @@ impl Health {
         if self.config.close_after != CloseAfter::LbObservedDown {
             return None;
         }
-        store::lb_checkers()
+        self.store
+            .lb_checkers()
             .ok()
-            .and_then(|c| c.down_since(wall_ms(), self.config.lb_fall))
+            .and_then(|c| c.down_since(self.host().now().wall_ms, self.config.lb_fall))
     }
 
     /// Answers the LB check and remembers what this checker was served
@@ -166,12 +178,18 @@ impl Health {
         } else {
             reply.status
         };
-        if let Err(e) = store::lb_observe(&ip.to_string(), served, self.config.lb_fall) {
+        if let Err(e) = self
+            .store
+            .lb_observe(&ip.to_string(), served, self.config.lb_fall)
+        {
             log::warn!("event=lb_record_unavailable error=\"{e}\"");
         }
         if state == State::Draining && served == 404 {
             let active = self.counter.read().for_decisions();
-            if let Err(e) = store::apply_due(active, self.lb_down_ms(), &self.metrics) {
+            if let Err(e) = self
+                .store
+                .apply_due(active, self.lb_down_ms(), &self.metrics)
+            {
                 log::error!("event=state_unavailable role=health error=\"{e}\"");
             }
         }
@@ -188,14 +206,17 @@ impl Health {
             plan: Some(cmd.plan(&self.config)),
             force: cmd.force(),
         };
-        let moved = store::advance(choose, self.counter.read().active, &self.metrics)?;
+        let moved = self
+            .store
+            .advance(choose, self.counter.read().active, &self.metrics)?;
         self.rotator.moved(&moved);
-        store::apply_due(
-            self.counter.read().for_decisions(),
-            self.lb_down_ms(),
-            &self.metrics,
-        )
-        .map_err(store::Error::Store)
+        self.store
+            .apply_due(
+                self.counter.read().for_decisions(),
+                self.lb_down_ms(),
+                &self.metrics,
+            )
+            .map_err(store::Error::Shared)
     }
 
     /// The answer to one request, or `None` when it is held.
@@ -204,7 +225,7 @@ impl Health {
             Ok(e) => e,
             Err(reply) => return Some(reply),
         };
-        let rec = match store::load() {
+        let rec = match self.store.load() {
             Ok(r) => r,
             Err(e) => return Some(unavailable(&e)),
         };
@@ -226,7 +247,7 @@ impl Health {
             Endpoint::Transition(cmd) => Some(match self.command(cmd) {
                 Ok(next) => self.status_reply(&next),
                 Err(store::Error::Illegal(e)) => api::illegal(e),
-                Err(store::Error::Store(e)) => unavailable(&e),
+                Err(store::Error::Shared(e)) => unavailable(&e),
             }),
             Endpoint::DrainAndWait { timeout_ms } => {
                 self.drain_and_wait(rec, timeout_ms, context_id)
@@ -242,10 +263,10 @@ impl Health {
             State::Open => match self.command(api::Command::Drain) {
                 Ok(next) => Ok(next),
                 // Someone else started it first: join.
-                Err(store::Error::Illegal(_)) => store::update(fsm::resume),
-                Err(store::Error::Store(e)) => Err(e),
+                Err(store::Error::Illegal(_)) => self.store.update(fsm::resume),
+                Err(store::Error::Shared(e)) => Err(e),
             },
-            _ => store::update(fsm::resume),
+            _ => self.store.update(fsm::resume),
         };
         let rec = match joined {
             Ok(r) => r,
@@ -256,7 +277,7 @@ impl Health {
         }
         self.waiters.borrow_mut().push(Waiter {
             context_id,
-            since: now(),
+            since: self.host().now(),
             timeout_ms,
         });
         self.renew_hold();
@@ -266,26 +287,27 @@ impl Health {
     /// Keeps the preStop hold of this worker's held answers alive.
     fn renew_hold(&self) {
         let lease = self.config.hold_lease_ms();
-        if let Err(e) = store::update(|r| fsm::renew_hold(r, now(), lease)) {
+        let now = self.host().now();
+        if let Err(e) = self.store.update(|r| fsm::renew_hold(r, now, lease)) {
             log::warn!("event=hold_unavailable error=\"{e}\"");
         }
     }
 
     /// Which clock the timers run on, and the wall-clock steps seen so far.
     fn clock_info(&self) -> api::ClockInfo {
-        let steps = store::clock_steps().unwrap_or_else(|e| {
+        let steps = self.store.clock_steps().unwrap_or_else(|e| {
             log::warn!("event=clock_record_unavailable error=\"{e}\"");
             clock::Steps::default()
         });
-        api::ClockInfo::new(now().timers(), &steps)
+        api::ClockInfo::new(self.host().now().timers(), &steps)
     }
 
     /// Makes a wall-clock step visible: the worker that sees it first logs
     /// and counts it. The timers themselves never look at the wall clock.
     fn watch_clock(&self) {
-        let now = now();
+        let now = self.host().now();
         let threshold = clock::step_threshold_ms(self.config.tick_ms);
-        match store::clock_look(now, threshold) {
+        match self.store.clock_look(now, threshold) {
             Ok(Some((steps, by))) => {
                 log::warn!(
                     "event=clock_step step_ms={by} wall={} steps={} timers={}",
@@ -306,20 +328,23 @@ impl Health {
         self.watch_clock();
         self.watch.tick(&self.metrics);
         let reading = self.counter.read();
-        let rec = match store::apply_due(reading.for_decisions(), self.lb_down_ms(), &self.metrics)
-        {
-            Ok(r) => r,
-            Err(e) => {
-                log::error!("event=state_unavailable role=health error=\"{e}\"");
-                return;
-            }
-        };
+        let rec =
+            match self
+                .store
+                .apply_due(reading.for_decisions(), self.lb_down_ms(), &self.metrics)
+            {
+                Ok(r) => r,
+                Err(e) => {
+                    log::error!("event=state_unavailable role=health error=\"{e}\"");
+                    return;
+                }
+            };
         self.metrics.sync_state(rec.state);
         self.rotator.tick(&rec);
         self.metrics.set_count_unreliable(!reading.reliable);
-        let now = now();
+        let now = self.host().now();
         self.metrics
-            .set_oldest_in_flight(in_flight::read(now.timer_ms()).oldest_age_ms);
+            .set_oldest_in_flight(in_flight::read(self.host(), now.timer_ms()).oldest_age_ms);
         if self.waiters.borrow().is_empty() {
             return;
         }
@@ -335,9 +360,7 @@ impl Health {
         for w in over {
             if let Some(end) = api::wait_end(rec.state, w.timed_out(now)) {
                 let reply = self.wait_reply(end, &rec);
-                if hostcalls::set_effective_context(w.context_id).is_ok() {
-                    send(&reply);
-                }
+                send(self.host(), Some(w.context_id), &reply);
             }
         }
     }
@@ -393,7 +416,7 @@ impl HttpContext for HealthStream {
             source: source_ip(),
         };
         if let Some(reply) = self.health.handle(&req, self.context_id) {
-            send(&reply);
+            send(self.health.host(), None, &reply);
         }
         // Answered locally or held: never forwarded.
         Action::Pause

@@ -8,41 +8,33 @@
 
 use std::cell::Cell;
 
-use super::clock::mono_ms;
 use super::count;
+use super::keys;
 use super::metrics::Metrics;
-use super::shared::{json_read, json_update, Envoy, Host};
-use super::wall_ms;
+use super::shared::{self, json_read, json_update, Envoy, Host, SharedError};
 use crate::liveness::{Lost, Registry, Verdict, Why};
-
-const REGISTRY_KEY: &str = "drain_gate.traffic.v1";
 
 /// The clock registrations and beats are written on: the host's monotonic
 /// clock (one for every worker of the process; no wall-clock step moves it,
 /// so a step can neither fake a dead root nor hide one), else the wall clock.
-fn now_ms() -> u64 {
-    mono_ms().unwrap_or_else(wall_ms)
+fn now_ms<H: Host>(host: &H) -> u64 {
+    host.now().timer_ms()
 }
 
-fn beat_key(id: u64) -> String {
-    format!("drain_gate.beat.v1.{id}")
-}
-
-fn read_beat(id: u64) -> Option<u64> {
-    let (bytes, _) = Envoy.get(&beat_key(id)).ok()?;
-    let b = <[u8; 8]>::try_from(bytes?.as_slice()).ok()?;
-    Some(u64::from_le_bytes(b))
+fn read_beat<H: Host>(host: &H, id: u64) -> Option<u64> {
+    shared::read_u64(host, &keys::beat(id)).ok().flatten()
 }
 
 /// Creates the registry if absent (configure runs on the main thread before
 /// any worker VM, so this cannot race another creator).
-pub fn ensure_registry() {
-    if matches!(Envoy.get(REGISTRY_KEY), Ok((None, _))) {
-        if let Ok(bytes) = serde_json::to_vec(&Registry::default()) {
-            if let Err(e) = Envoy.set(REGISTRY_KEY, &bytes, None) {
-                log::error!("event=shared_data_error key={REGISTRY_KEY} status={e:?}");
-            }
-        }
+pub fn ensure_registry<H: Host>(host: &H) {
+    let created = shared::encode(keys::REGISTRY, &Registry::default())
+        .and_then(|bytes| shared::create(host, keys::REGISTRY, &bytes));
+    if let Err(e) = created {
+        log::error!(
+            "event=shared_data_error key={} error=\"{e}\"",
+            keys::REGISTRY
+        );
     }
 }
 
@@ -51,16 +43,18 @@ pub fn ensure_registry() {
 /// base VM to validate it, and that root context never ticks and is never
 /// removed — registered, it would look like a failed VM.
 #[derive(Debug)]
-pub struct Heartbeat {
+pub struct Heartbeat<H: Host = Envoy> {
+    host: H,
     tick_ms: u64,
     id: Cell<Option<u64>>,
     /// Set by a goodbye: never register again.
     done: Cell<bool>,
 }
 
-impl Heartbeat {
-    pub fn new(tick_ms: u64) -> Heartbeat {
+impl<H: Host> Heartbeat<H> {
+    pub fn new(host: H, tick_ms: u64) -> Heartbeat<H> {
         Heartbeat {
+            host,
             tick_ms,
             id: Cell::new(None),
             done: Cell::new(false),
@@ -80,14 +74,16 @@ impl Heartbeat {
                 None => return,
             },
         };
-        let _ = Envoy.set(&beat_key(id), &now_ms().to_le_bytes(), None);
+        let _ = self
+            .host
+            .set(&keys::beat(id), &now_ms(&self.host).to_le_bytes(), None);
     }
 
     fn register(&self) -> Option<u64> {
-        let now = now_ms();
+        let now = now_ms(&self.host);
         let tick_ms = self.tick_ms;
-        match json_update(&Envoy, REGISTRY_KEY, |r: &mut Registry| {
-            Ok::<_, String>(r.announce(tick_ms, now))
+        match json_update(&self.host, keys::REGISTRY, |r: &mut Registry| {
+            Ok::<_, SharedError>(r.announce(tick_ms, now))
         }) {
             Ok(id) => {
                 log::info!("event=traffic_role_registered id={id}");
@@ -105,35 +101,43 @@ impl Heartbeat {
     pub fn goodbye(&self) {
         self.done.set(true);
         let Some(id) = self.id.take() else { return };
-        let now = now_ms();
-        match json_update(&Envoy, REGISTRY_KEY, |r: &mut Registry| {
-            Ok::<_, String>(r.goodbye(id, now))
+        let now = now_ms(&self.host);
+        match json_update(&self.host, keys::REGISTRY, |r: &mut Registry| {
+            Ok::<_, SharedError>(r.goodbye(id, now))
         }) {
             Ok(_) => log::info!("event=traffic_role_unregistered id={id} why=goodbye"),
             Err(e) => log::error!("event=traffic_role_goodbye_failed id={id} error=\"{e}\""),
         }
-        let _ = Envoy.set(&beat_key(id), &[], None);
+        let _ = self.host.set(&keys::beat(id), &[], None);
     }
 }
 
-impl Drop for Heartbeat {
+impl<H: Host> Drop for Heartbeat<H> {
     fn drop(&mut self) {
         self.goodbye();
     }
 }
 
 /// One per health root context.
-#[derive(Debug, Default)]
-pub struct Watch {
+#[derive(Debug)]
+pub struct Watch<H: Host = Envoy> {
+    host: H,
     /// Once a traffic root was seen, it stays seen: no read per check.
     seen: Cell<bool>,
 }
 
-impl Watch {
+impl<H: Host> Watch<H> {
+    pub fn new(host: H) -> Watch<H> {
+        Watch {
+            host,
+            seen: Cell::new(false),
+        }
+    }
+
     /// Whether the gateway may be announced (a traffic root has registered).
     pub fn seen(&self) -> bool {
         if !self.seen.get() {
-            let seen = json_read::<_, Registry>(&Envoy, REGISTRY_KEY).is_ok_and(|r| r.seen);
+            let seen = json_read::<_, Registry>(&self.host, keys::REGISTRY).is_ok_and(|r| r.seen);
             self.seen.set(seen);
         }
         self.seen.get()
@@ -141,20 +145,20 @@ impl Watch {
 
     /// From the health tick: moves silent roots to `lost`, marks the count
     /// unreliable when a root was lost or every root is gone.
-    pub fn tick(&self, metrics: &Metrics) {
-        let now = now_ms();
-        let Ok(reg) = json_read::<_, Registry>(&Envoy, REGISTRY_KEY) else {
+    pub fn tick(&self, metrics: &Metrics<H>) {
+        let now = now_ms(&self.host);
+        let Ok(reg) = json_read::<_, Registry>(&self.host, keys::REGISTRY) else {
             return;
         };
         self.seen.set(self.seen.get() || reg.seen);
-        let dead = reg.stale(now, read_beat);
+        let dead = reg.stale(now, |id| read_beat(&self.host, id));
         let mut lost_now = false;
         if !dead.is_empty() {
-            let moved = json_update(&Envoy, REGISTRY_KEY, |r: &mut Registry| {
-                Ok::<_, String>(r.mark_lost(&dead))
+            let moved = json_update(&self.host, keys::REGISTRY, |r: &mut Registry| {
+                Ok::<_, SharedError>(r.mark_lost(&dead))
             });
             for l in moved.unwrap_or_default() {
-                report_lost(&l, metrics);
+                self.report_lost(&l, metrics);
                 lost_now = true;
             }
         }
@@ -168,18 +172,18 @@ impl Watch {
 
     /// The registry now (for `/drain/status`).
     pub fn snapshot(&self) -> (Registry, Verdict) {
-        let reg = json_read::<_, Registry>(&Envoy, REGISTRY_KEY).unwrap_or_default();
-        let v = reg.verdict(now_ms());
+        let reg = json_read::<_, Registry>(&self.host, keys::REGISTRY).unwrap_or_default();
+        let v = reg.verdict(now_ms(&self.host));
         (reg, v)
     }
-}
 
-fn report_lost(l: &Lost, metrics: &Metrics) {
-    log::error!(
-        "event=traffic_role_lost id={} last_beat_ms={} what=\"a traffic VM stopped without a goodbye; the count is unreliable, a drain closes at drain_timeout\"",
-        l.id,
-        l.last_beat_ms
-    );
-    metrics.traffic_role_lost();
-    let _ = Envoy.set(&beat_key(l.id), &[], None);
+    fn report_lost(&self, l: &Lost, metrics: &Metrics<H>) {
+        log::error!(
+            "event=traffic_role_lost id={} last_beat_ms={} what=\"a traffic VM stopped without a goodbye; the count is unreliable, a drain closes at drain_timeout\"",
+            l.id,
+            l.last_beat_ms
+        );
+        metrics.traffic_role_lost();
+        let _ = self.host.set(&keys::beat(l.id), &[], None);
+    }
 }

@@ -1,16 +1,17 @@
 //! Defines the metrics of `crate::metric_names`, probes whether a gauge is
 //! live, and records transitions.
 
-use proxy_wasm::hostcalls;
 use proxy_wasm::types::MetricType;
 
+use super::shared::{Envoy, Host};
 use crate::fsm::{Record, State};
 use crate::metric_names::{self as names, Kind};
 
 /// Metric ids of this VM. A missing id (the host refused the definition) only
 /// loses that metric.
 #[derive(Clone, Copy, Debug, Default)]
-pub struct Metrics {
+pub struct Metrics<H: Host = Envoy> {
+    host: H,
     pub active: Option<u32>,
     pub active_connections: Option<u32>,
     state: Option<u32>,
@@ -25,7 +26,7 @@ pub struct Metrics {
     clock_steps: Option<u32>,
 }
 
-fn define(name: &str) -> Option<u32> {
+fn define<H: Host>(host: &H, name: &str) -> Option<u32> {
     let kind = names::ALL
         .iter()
         .find(|m| m.name == name)
@@ -34,7 +35,7 @@ fn define(name: &str) -> Option<u32> {
         Kind::Counter => MetricType::Counter,
         Kind::Gauge => MetricType::Gauge,
     };
-    match hostcalls::define_metric(t, name) {
+    match host.define_metric(t, name) {
         Ok(id) => Some(id),
         Err(e) => {
             log::warn!("event=metric_unavailable name={name} status={e:?}");
@@ -45,47 +46,59 @@ fn define(name: &str) -> Option<u32> {
 
 /// Adds 1 to the gauge, reads it back, removes the 1: a null stat (a gauge a
 /// `stats_matcher` excludes) reads 0.
-pub fn gauge_is_live(id: u32) -> bool {
-    if hostcalls::increment_metric(id, 1).is_err() {
+pub fn gauge_is_live<H: Host>(host: &H, id: u32) -> bool {
+    if host.metric_add(id, 1).is_err() {
         return false;
     }
-    let seen = hostcalls::get_metric(id).unwrap_or(0);
-    let _ = hostcalls::increment_metric(id, -1);
+    let seen = host.metric_get(id).unwrap_or(0);
+    let _ = host.metric_add(id, -1);
     seen >= 1
 }
 
-fn bump(id: Option<u32>) {
-    if let Some(id) = id {
-        let _ = hostcalls::increment_metric(id, 1);
+impl<H: Host + Copy> Metrics<H> {
+    pub fn define(host: H) -> Metrics<H> {
+        let mut transitions = [None; 5];
+        for (slot, name) in transitions.iter_mut().zip(names::TRANSITIONS_TO) {
+            *slot = define(&host, name);
+        }
+        let state = define(&host, names::STATE);
+        Metrics {
+            host,
+            active: define(&host, names::ACTIVE_REQUESTS),
+            active_connections: define(&host, names::ACTIVE_CONNECTIONS),
+            state,
+            state_live: state.is_some_and(|id| gauge_is_live(&host, id)),
+            transitions,
+            forced: define(&host, names::FORCED_CLOSES),
+            count_unreliable: define(&host, names::COUNT_UNRELIABLE),
+            oldest_in_flight: define(&host, names::OLDEST_IN_FLIGHT),
+            count_errors: define(&host, names::COUNT_ERRORS),
+            traffic_roles_lost: define(&host, names::TRAFFIC_ROLES_LOST),
+            clock_steps: define(&host, names::CLOCK_STEPS),
+        }
     }
 }
 
-impl Metrics {
-    pub fn define() -> Metrics {
-        let mut transitions = [None; 5];
-        for (slot, name) in transitions.iter_mut().zip(names::TRANSITIONS_TO) {
-            *slot = define(name);
+impl<H: Host> Metrics<H> {
+    /// The host these metrics live in.
+    pub fn host(&self) -> &H {
+        &self.host
+    }
+
+    fn bump(&self, id: Option<u32>) {
+        if let Some(id) = id {
+            let _ = self.host.metric_add(id, 1);
         }
-        let state = define(names::STATE);
-        Metrics {
-            active: define(names::ACTIVE_REQUESTS),
-            active_connections: define(names::ACTIVE_CONNECTIONS),
-            state,
-            state_live: state.is_some_and(gauge_is_live),
-            transitions,
-            forced: define(names::FORCED_CLOSES),
-            count_unreliable: define(names::COUNT_UNRELIABLE),
-            oldest_in_flight: define(names::OLDEST_IN_FLIGHT),
-            count_errors: define(names::COUNT_ERRORS),
-            traffic_roles_lost: define(names::TRAFFIC_ROLES_LOST),
-            clock_steps: define(names::CLOCK_STEPS),
+    }
+
+    fn record(&self, id: Option<u32>, value: u64) {
+        if let Some(id) = id {
+            let _ = self.host.metric_record(id, value);
         }
     }
 
     pub fn set_state(&self, state: State) {
-        if let Some(id) = self.state {
-            let _ = hostcalls::record_metric(id, state.code());
-        }
+        self.record(self.state, state.code());
     }
 
     /// The state as the `drain_gate_state` gauge says, if that gauge is live
@@ -100,7 +113,7 @@ impl Metrics {
     /// The raw value of the state gauge, if that gauge is live.
     fn state_gauge(&self) -> Option<u64> {
         let id = self.state.filter(|_| self.state_live)?;
-        hostcalls::get_metric(id).ok()
+        self.host.metric_get(id).ok()
     }
 
     /// Repairs the state gauge if a late writer left it stale, or it holds a
@@ -115,34 +128,30 @@ impl Metrics {
     pub fn transition(&self, next: &Record) {
         self.set_state(next.state);
         let i = State::ALL.iter().position(|s| *s == next.state);
-        bump(i.and_then(|i| self.transitions.get(i).copied().flatten()));
+        self.bump(i.and_then(|i| self.transitions.get(i).copied().flatten()));
         if next.state == State::Closing && next.forced {
-            bump(self.forced);
+            self.bump(self.forced);
         }
     }
 
     pub fn set_count_unreliable(&self, unreliable: bool) {
-        if let Some(id) = self.count_unreliable {
-            let _ = hostcalls::record_metric(id, u64::from(unreliable));
-        }
+        self.record(self.count_unreliable, u64::from(unreliable));
     }
 
     /// Whole seconds, as the gauge's name says (Envoy gauges are integers).
     pub fn set_oldest_in_flight(&self, age_ms: Option<u64>) {
-        if let Some(id) = self.oldest_in_flight {
-            let _ = hostcalls::record_metric(id, age_ms.unwrap_or(0) / 1000);
-        }
+        self.record(self.oldest_in_flight, age_ms.unwrap_or(0) / 1000);
     }
 
     pub fn count_error(&self) {
-        bump(self.count_errors);
+        self.bump(self.count_errors);
     }
 
     pub fn traffic_role_lost(&self) {
-        bump(self.traffic_roles_lost);
+        self.bump(self.traffic_roles_lost);
     }
 
     pub fn clock_step(&self) {
-        bump(self.clock_steps);
+        self.bump(self.clock_steps);
     }
 }

@@ -13,7 +13,7 @@ use super::health::{Health, HealthStream};
 use super::liveness;
 use super::metrics::Metrics;
 use super::shared::Envoy;
-use super::store;
+use super::store::Store;
 use super::traffic::{Traffic, TrafficStream};
 use crate::config::{Config, Role};
 
@@ -71,8 +71,8 @@ impl RootContext for Root {
                 return false;
             }
         };
-        let metrics = Metrics::define();
-        match store::load() {
+        let metrics = Metrics::define(Envoy);
+        match Store::new(Envoy).load() {
             Ok(rec) => metrics.set_state(rec.state),
             Err(e) => log::error!("event=state_unavailable error=\"{e}\""),
         }
@@ -84,7 +84,7 @@ impl RootContext for Root {
             // Both traffic roles announce themselves and beat the same
             // heartbeat: a TCP-only gateway is a traffic role seen.
             Role::Traffic | Role::TrafficTcp => {
-                liveness::ensure_registry();
+                liveness::ensure_registry(&Envoy);
                 count::announce_traffic(&Envoy);
                 let part = match config.role {
                     Role::TrafficTcp => Part::Connections,
@@ -93,7 +93,7 @@ impl RootContext for Root {
                 Root::Traffic(Rc::new(Traffic::new(part, metrics, config.tick_ms)))
             }
             Role::Health => {
-                liveness::ensure_registry();
+                liveness::ensure_registry(&Envoy);
                 Root::Health(Rc::new(Health::new(config, metrics)))
             }
         };

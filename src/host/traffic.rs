@@ -11,9 +11,11 @@ use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 
 use super::count::{self, Counter, Counts, Part};
+use super::in_flight;
 use super::liveness::Heartbeat;
 use super::metrics::Metrics;
-use super::{in_flight, now, store};
+use super::shared::{Envoy, Host};
+use super::store::Store;
 use crate::fsm::State;
 use crate::in_flight::Ages;
 
@@ -21,20 +23,24 @@ use crate::in_flight::Ages;
 /// stamped with the time of the last tick, so starting and ending one makes
 /// no host call; the tick publishes the summary.
 #[derive(Debug)]
-struct AgeBook {
+struct AgeBook<H: Host> {
+    host: H,
     ages: RefCell<Ages>,
     last_tick_ms: Cell<u64>,
     tick_ms: u64,
     slot: Option<u32>,
 }
 
-impl AgeBook {
-    fn new(tick_ms: u64) -> AgeBook {
+impl<H: Host> AgeBook<H> {
+    fn new(host: H, tick_ms: u64) -> AgeBook<H> {
+        let last_tick_ms = Cell::new(host.now().timer_ms());
+        let slot = in_flight::claim_slot(&host);
         AgeBook {
+            host,
             ages: RefCell::new(Ages::default()),
-            last_tick_ms: Cell::new(now().timer_ms()),
+            last_tick_ms,
             tick_ms,
-            slot: in_flight::claim_slot(),
+            slot,
         }
     }
 
@@ -53,44 +59,49 @@ impl AgeBook {
     }
 
     fn tick(&self) {
-        let now = now().timer_ms();
+        let now = self.host.now().timer_ms();
         self.last_tick_ms.set(now);
         let (Some(slot), Ok(mut ages)) = (self.slot, self.ages.try_borrow_mut()) else {
             return;
         };
         ages.compact();
-        in_flight::publish(slot, &ages.publish(now, self.tick_ms));
+        in_flight::publish(&self.host, slot, &ages.publish(now, self.tick_ms));
     }
 }
 
 /// Shared by every stream (or connection) of one traffic root context.
 #[derive(Debug)]
-pub struct Traffic {
+pub struct Traffic<H: Host = Envoy> {
     /// What this root counts.
     pub part: Part,
-    counts: Counts,
-    metrics: Metrics,
+    counts: Counts<H>,
+    metrics: Metrics<H>,
+    store: Store<H>,
     /// Whether a drain was running at the last tick (or may be: it starts
     /// true). Outside a drain no stream end needs to look any further.
     draining: Cell<bool>,
-    ages: AgeBook,
-    heartbeat: Heartbeat,
+    ages: AgeBook<H>,
+    heartbeat: Heartbeat<H>,
 }
 
-impl Traffic {
-    pub fn new(part: Part, metrics: Metrics, tick_ms: u64) -> Traffic {
+impl<H: Host + Copy> Traffic<H> {
+    pub fn new(part: Part, metrics: Metrics<H>, tick_ms: u64) -> Traffic<H> {
+        let host = *metrics.host();
         Traffic {
             part,
             counts: Counts::new(&metrics),
             metrics,
+            store: Store::new(host),
             draining: Cell::new(true),
-            ages: AgeBook::new(tick_ms),
-            heartbeat: Heartbeat::new(tick_ms),
+            ages: AgeBook::new(host, tick_ms),
+            heartbeat: Heartbeat::new(host, tick_ms),
         }
     }
+}
 
+impl<H: Host> Traffic<H> {
     /// The counter of this root's part.
-    fn counter(&self) -> &Counter {
+    fn counter(&self) -> &Counter<H> {
         self.counts.part(self.part)
     }
 
@@ -107,7 +118,7 @@ impl Traffic {
         self.ages.tick();
         let state = match self.metrics.state_hint() {
             Some(state) => state,
-            None => match store::load() {
+            None => match self.store.load() {
                 Ok(rec) => rec.state,
                 Err(_) => State::Draining, // unknown: keep looking
             },
@@ -151,7 +162,7 @@ impl Traffic {
         if !self.counts.reads_zero() || self.counts.read().for_decisions() > 0 {
             return;
         }
-        if let Err(e) = store::apply_due(0, None, &self.metrics) {
+        if let Err(e) = self.store.apply_due(0, None, &self.metrics) {
             log::error!("event=state_unavailable role=traffic error=\"{e}\"");
         }
     }
@@ -162,14 +173,14 @@ impl Traffic {
 /// answer locally), and released in `Drop`, which the host runs for every
 /// stream end and connection close, resets included. It implements no data
 /// callback: the host's per-read calls get the SDK's `Continue`.
-pub struct TrafficStream {
-    traffic: Rc<Traffic>,
+pub struct TrafficStream<H: Host = Envoy> {
+    traffic: Rc<Traffic<H>>,
     counted: bool,
     started_ms: u64,
 }
 
-impl TrafficStream {
-    pub fn new(traffic: Rc<Traffic>) -> TrafficStream {
+impl<H: Host> TrafficStream<H> {
+    pub fn new(traffic: Rc<Traffic<H>>) -> TrafficStream<H> {
         let counted = traffic.counter().enter(traffic.draining.get());
         if !counted {
             count::not_counted(&traffic.metrics);
@@ -189,7 +200,7 @@ impl HttpContext for TrafficStream {}
 
 impl StreamContext for TrafficStream {}
 
-impl Drop for TrafficStream {
+impl<H: Host> Drop for TrafficStream<H> {
     fn drop(&mut self) {
         self.traffic.ages.exit(self.started_ms);
         if self.counted {
