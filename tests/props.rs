@@ -17,25 +17,14 @@ use proptest::prelude::*;
 use serde_json::{json, Value};
 
 /// The reads, which anyone may call.
-const READS: [&str; 4] = ["/health_check.html", "/health", "/live", "/drain/status"];
-/// The admin calls, which need `admin_allow` or a token.
-const ADMIN: [&str; 6] = [
-    "/drain",
-    "/close-lb",
-    "/close",
-    "/reopen",
-    "/fault",
-    "/prestop",
-];
-
-/// Every path the router knows, and one it does not.
+/// Every path the router knows (`api::ROUTES`), and one it does not.
 fn paths() -> Vec<&'static str> {
-    READS
-        .iter()
-        .chain(ADMIN.iter())
-        .chain(["/"].iter())
-        .copied()
-        .collect()
+    api::ROUTES.iter().map(|r| r.path).chain(["/"]).collect()
+}
+
+/// Whether `path` is an admin call (needs `admin_allow` or a token).
+fn admin(path: &str) -> bool {
+    api::route_of(path).is_some_and(|r| r.admin)
 }
 const TOKEN: &str = "s3cret-token-0123456789";
 
@@ -163,15 +152,9 @@ proptest! {
         match api::route(&req, &cfg) {
             Ok(endpoint) => {
                 prop_assert!(paths().contains(&bare) && bare != "/", "{bare}");
-                let admin = ADMIN.contains(&bare);
+                let admin = admin(bare);
                 prop_assert!(!admin || authorized(&req, &cfg), "unauthorized admin call routed: {req:?}");
-                let ok_method = if bare == "/prestop" {
-                    m == "GET"
-                } else if admin {
-                    m == "POST"
-                } else {
-                    m == "GET" || m == "HEAD"
-                };
+                let ok_method = api::route_of(bare).is_some_and(|r| r.allows(&m));
                 prop_assert!(ok_method, "{m} {p} routed to {endpoint:?}");
                 if let Endpoint::DrainAndWait { timeout_ms } = endpoint {
                     prop_assert!(timeout_ms > 0);
@@ -188,7 +171,7 @@ proptest! {
                 prop_assert_eq!(header(&reply, "allow").is_some(), reply.status == 405);
                 prop_assert_eq!(header(&reply, "www-authenticate").is_some(), reply.status == 401);
                 if reply.status == 401 || reply.status == 403 {
-                    prop_assert!(ADMIN.contains(&bare) && !authorized(&req, &cfg));
+                    prop_assert!(admin(bare) && !authorized(&req, &cfg));
                     prop_assert_eq!(reply.status == 401, !cfg.admin_tokens.is_empty());
                 }
                 // Nothing of the request comes back.
@@ -258,7 +241,8 @@ proptest! {
                                         which in prop::collection::vec(any::<bool>(), 8), upper in any::<bool>(),
                                         path in prop::sample::select(paths())) {
         let cfg = Config::parse(br#"{"role":"health"}"#).unwrap();
-        let method = if path == "/prestop" { "GET" } else if ADMIN.contains(&path) { "POST" } else { "GET" };
+        // The endpoint's first method (GET for the unknown path).
+        let method = api::route_of(path).map_or("GET", |r| r.allow.split(", ").next().unwrap());
         // Only parts free of `%`, `&` and `=` are encoded: those three are syntax.
         let encoded: Vec<String> = parts.iter().zip(which.iter().cycle()).map(|(part, &enc)| {
             match part.split_once('=') {

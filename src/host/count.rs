@@ -399,3 +399,95 @@ impl Reading {
         }
     }
 }
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::indexing_slicing)]
+mod tests {
+    use super::*;
+    use crate::host::sim::Sim;
+    use crate::metric_names as names;
+
+    fn process(sim: &Sim) -> Metrics<&Sim> {
+        let m = Metrics::define(sim);
+        announce_traffic(&sim);
+        m
+    }
+
+    #[test]
+    fn a_live_gauge_counts_and_an_excluded_one_moves_the_count_to_shared_data() {
+        let sim = Sim::at(0);
+        let live = Counts::new(&process(&sim));
+        assert_eq!(live.source_name(), "gauge");
+        let sim2 = Sim::at(0);
+        sim2.excluded
+            .borrow_mut()
+            .push(names::ACTIVE_REQUESTS.to_string());
+        let moved = Counts::new(&process(&sim2));
+        assert_eq!(
+            moved.source_name(),
+            "mixed",
+            "streams in shared data, connections on the gauge"
+        );
+        let c = moved.part(Part::Streams);
+        assert!(c.enter(true));
+        assert_eq!(moved.read().streams, 1);
+        assert_eq!(
+            sim2.metric(names::ACTIVE_REQUESTS),
+            0,
+            "the null stat never moved"
+        );
+    }
+
+    #[test]
+    fn leases_lead_the_truth_outside_a_drain_and_are_given_back_by_the_tick() {
+        let sim = Sim::at(0);
+        let counts = Counts::new(&process(&sim));
+        let c = counts.part(Part::Streams);
+        assert!(c.enter(false) && c.enter(false));
+        assert_eq!(counts.read().active, LEASE, "one lease of 8");
+        assert_eq!(c.exit(false), 1);
+        assert_eq!(
+            counts.read().active,
+            LEASE,
+            "outside a drain: nothing given back yet"
+        );
+        c.settle();
+        assert_eq!(counts.read().active, 1);
+        assert_eq!(c.exit(true), 0);
+        assert!(counts.reads_zero() && counts.read().reliable);
+    }
+
+    #[test]
+    fn a_stream_that_could_not_be_counted_is_owed_until_the_mark_is_written() {
+        let sim = Sim::at(0);
+        let counts = Counts::new(&process(&sim));
+        let c = counts.part(Part::Streams);
+        sim.failures.set(2); // the gauge update and the mark's write both fail
+        assert!(!c.enter(true));
+        assert!(c.mark_pending());
+        let r = counts.read();
+        assert!(
+            !r.reliable && r.for_decisions() == 1,
+            "this root knows: {r:?}"
+        );
+        assert_eq!(r.why, Some(Why::StreamNotCounted));
+        c.settle(); // the tick writes the mark
+        assert!(!c.mark_pending());
+        let other = Counts::new(&Metrics::define(&sim));
+        assert_eq!(
+            other.read().why,
+            Some(Why::StreamNotCounted),
+            "every reader sees it"
+        );
+    }
+
+    #[test]
+    fn no_traffic_role_in_this_vm_id_is_never_a_zero() {
+        let sim = Sim::at(0);
+        let counts = Counts::new(&Metrics::define(&sim));
+        let r = counts.read();
+        assert_eq!((r.active, r.reliable), (0, false));
+        assert_eq!(r.why, Some(Why::TrafficRoleNotSeen));
+        assert_eq!(r.for_decisions(), 1);
+    }
+}

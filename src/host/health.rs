@@ -428,3 +428,257 @@ impl Drop for HealthStream {
         self.health.forget(self.context_id);
     }
 }
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::indexing_slicing)]
+mod tests {
+    use super::*;
+    use crate::host::count::Part;
+    use crate::host::sim::Sim;
+    use crate::host::traffic::{Traffic, TrafficStream};
+
+    const T0: u64 = 1_764_000_000_000;
+
+    /// A gateway in one simulated process: a health root and a traffic root
+    /// (registered by its first tick), both with `extra` configuration.
+    fn gateway<'a>(sim: &'a Sim, extra: &str) -> (Health<&'a Sim>, Rc<Traffic<&'a Sim>>) {
+        let parse = |role: &str| {
+            let mut raw: serde_json::Value = serde_json::from_str(extra).unwrap();
+            raw["role"] = role.into();
+            Config::parse(raw.to_string().as_bytes()).unwrap()
+        };
+        let traffic = Rc::new(Traffic::new(
+            Part::Streams,
+            Metrics::define(sim),
+            parse("traffic").tick_ms,
+        ));
+        crate::host::liveness::ensure_registry(&sim);
+        crate::host::count::announce_traffic(&sim);
+        traffic.tick();
+        let health = Health::new(parse("health"), Metrics::define(sim));
+        health.tick();
+        (health, traffic)
+    }
+
+    fn call(h: &Health<&Sim>, method: &str, path: &str, ctx: u32) -> Option<Reply> {
+        let req = api::Request {
+            method,
+            path,
+            source: Some("127.0.0.1".parse().unwrap()),
+            ..api::Request::default()
+        };
+        h.handle(&req, ctx)
+    }
+
+    fn json(r: &Reply) -> serde_json::Value {
+        serde_json::from_slice(&r.body).unwrap()
+    }
+
+    fn state(h: &Health<&Sim>) -> State {
+        h.store.load().unwrap().state
+    }
+
+    /// Both roots tick, `n` times, `ms` apart.
+    fn ticks(sim: &Sim, h: &Health<&Sim>, t: &Traffic<&Sim>, n: usize, ms: u64) {
+        for _ in 0..n {
+            sim.advance(ms);
+            t.tick();
+            h.tick();
+        }
+    }
+
+    #[test]
+    fn a_drain_with_nothing_in_flight_is_closing_at_once_then_closed_after_lb_buffer() {
+        let sim = Sim::at(T0);
+        let (h, t) = gateway(&sim, r#"{"lb_buffer":"1s"}"#);
+        let r = call(&h, "POST", "/drain", 1).unwrap();
+        assert_eq!(
+            (r.status, json(&r)["state"].as_str()),
+            (200, Some("CLOSING"))
+        );
+        ticks(&sim, &h, &t, 9, 100);
+        assert_eq!(state(&h), State::Closing, "lb_buffer not over");
+        ticks(&sim, &h, &t, 1, 100);
+        assert_eq!(state(&h), State::Closed);
+    }
+
+    #[test]
+    fn a_stream_in_flight_holds_the_drain_and_its_end_flips_it() {
+        let sim = Sim::at(T0);
+        let (h, t) = gateway(&sim, r#"{}"#);
+        let stream = TrafficStream::new(Rc::clone(&t));
+        call(&h, "POST", "/drain", 1).unwrap();
+        ticks(&sim, &h, &t, 3, 100);
+        assert_eq!(state(&h), State::Draining);
+        let lb = call(&h, "GET", "/health_check.html", 2).unwrap();
+        assert_eq!(lb.status, 200, "the LB check stays 200 while it runs");
+        drop(stream);
+        assert_eq!(state(&h), State::Closing, "flipped by the stream's own end");
+    }
+
+    #[test]
+    fn without_a_traffic_role_the_gateway_waits_and_a_drain_never_trusts_zero() {
+        let sim = Sim::at(T0);
+        let config = Config::parse(br#"{"role":"health","drain_timeout":"2s"}"#).unwrap();
+        let h = Health::new(config, Metrics::define(&sim));
+        h.tick();
+        let lb = call(&h, "GET", "/health_check.html", 1).unwrap();
+        assert_eq!((lb.status, lb.body.as_slice()), (503, b"WAIT\n".as_slice()));
+        let r = call(&h, "POST", "/drain", 2).unwrap();
+        assert_eq!(
+            json(&r)["state"],
+            "DRAINING",
+            "an unseen traffic role is not a 0"
+        );
+        assert_eq!(
+            json(&r)["count"]["unreliable_reason"],
+            "traffic_role_not_seen"
+        );
+        for _ in 0..21 {
+            sim.advance(100);
+            h.tick();
+        }
+        let rec = h.store.load().unwrap();
+        assert_eq!(
+            (rec.state, rec.reason),
+            (State::Closing, fsm::Reason::DrainTimeout)
+        );
+    }
+
+    #[test]
+    fn a_held_wait_answers_at_closed_on_its_own_stream() {
+        let sim = Sim::at(T0);
+        let (h, t) = gateway(&sim, r#"{"lb_buffer":"500ms"}"#);
+        assert!(call(&h, "POST", "/drain?wait=closed", 7).is_none(), "held");
+        assert!(sim.answers.borrow().is_empty());
+        ticks(&sim, &h, &t, 5, 100);
+        let answers = sim.answers.borrow();
+        assert_eq!(answers.len(), 1);
+        let a = &answers[0];
+        assert_eq!((a.context_id, a.status), (Some(7), 200));
+        assert_eq!(
+            (a.json()["state"].as_str(), a.json()["wait"].as_str()),
+            (Some("CLOSED"), Some("closed"))
+        );
+    }
+
+    #[test]
+    fn a_held_wait_times_out_with_a_small_504_and_the_drain_goes_on() {
+        let sim = Sim::at(T0);
+        let (h, t) = gateway(&sim, r#"{}"#);
+        let _stream = TrafficStream::new(Rc::clone(&t));
+        assert!(call(&h, "GET", "/prestop?timeout=1s", 3).is_none());
+        ticks(&sim, &h, &t, 9, 100);
+        assert!(sim.answers.borrow().is_empty(), "0.9 s: still held");
+        ticks(&sim, &h, &t, 1, 100);
+        let a = sim.answers.borrow()[0].clone();
+        assert_eq!((a.context_id, a.status), (Some(3), 504));
+        assert_eq!(a.json()["error"], "wait_timeout");
+        assert_eq!(state(&h), State::Draining);
+    }
+
+    #[test]
+    fn a_held_wait_holds_reopen_until_its_lease_runs_out() {
+        let sim = Sim::at(T0);
+        let (h, t) = gateway(&sim, r#"{}"#);
+        let _stream = TrafficStream::new(Rc::clone(&t));
+        assert!(call(&h, "POST", "/drain?wait=closed", 4).is_none());
+        ticks(&sim, &h, &t, 30, 100); // renewed by every tick while held
+        let r = call(&h, "POST", "/reopen", 5).unwrap();
+        assert_eq!(
+            (r.status, json(&r)["error"].as_str()),
+            (409, Some("prestop_hold"))
+        );
+        // The caller hung up: nothing renews the hold, which expires after its lease.
+        h.forget(4);
+        ticks(&sim, &h, &t, 19, 100);
+        assert_eq!(
+            call(&h, "POST", "/reopen", 6).unwrap().status,
+            409,
+            "1.9 s: held"
+        );
+        ticks(&sim, &h, &t, 1, 100);
+        assert_eq!(call(&h, "POST", "/reopen", 6).unwrap().status, 200);
+    }
+
+    #[test]
+    fn a_forced_reopen_aborts_the_held_wait() {
+        let sim = Sim::at(T0);
+        let (h, t) = gateway(&sim, r#"{}"#);
+        let _stream = TrafficStream::new(Rc::clone(&t));
+        assert!(call(&h, "POST", "/drain?wait=closed", 4).is_none());
+        let r = call(&h, "POST", "/reopen?force=true", 5).unwrap();
+        assert_eq!((r.status, json(&r)["state"].as_str()), (200, Some("OPEN")));
+        ticks(&sim, &h, &t, 1, 100);
+        let a = sim.answers.borrow()[0].clone();
+        assert_eq!((a.context_id, a.status), (Some(4), 409));
+        assert_eq!(a.json()["error"], "drain_aborted");
+    }
+
+    #[test]
+    fn a_gated_soft_drain_flips_on_the_404_that_completes_it() {
+        let sim = Sim::at(T0);
+        let (h, t) = gateway(&sim, r#"{"draining_lb_status":404}"#);
+        assert_eq!(
+            call(&h, "GET", "/health_check.html", 1).unwrap().status,
+            200
+        );
+        let r = call(&h, "POST", "/drain", 2).unwrap();
+        assert_eq!(
+            json(&r)["state"],
+            "DRAINING",
+            "the LB has not been served the 404"
+        );
+        ticks(&sim, &h, &t, 5, 100);
+        assert_eq!(state(&h), State::Draining);
+        let lb = call(&h, "GET", "/health_check.html", 3).unwrap();
+        assert_eq!(lb.status, 404);
+        assert_eq!(state(&h), State::Closing, "the 404 itself flipped it");
+    }
+
+    #[test]
+    fn a_drain_start_sends_one_rotation_call_on_the_next_tick() {
+        let sim = Sim::at(T0);
+        let (h, t) = gateway(&sim, r#"{}"#);
+        let _stream = TrafficStream::new(Rc::clone(&t));
+        call(&h, "POST", "/drain", 1).unwrap();
+        assert!(sim.calls.borrow().is_empty(), "not from the /drain stream");
+        ticks(&sim, &h, &t, 3, 100);
+        let calls = sim.calls.borrow().clone();
+        assert_eq!(calls.len(), 1, "once per drain");
+        assert_eq!(calls[0].cluster, crate::rotation::DEFAULT_CLUSTER);
+        assert!(calls[0]
+            .headers
+            .contains(&(":path".to_string(), crate::rotation::ADMIN_PATH.to_string())));
+        sim.call_status.set(Some(200));
+        h.rotator.answered(calls[0].token, 3);
+        let status = json(&call(&h, "GET", "/drain/status", 2).unwrap());
+        assert_eq!(status["connection_rotation"]["last"]["outcome"], "done");
+    }
+
+    #[test]
+    fn a_maintenance_drain_neither_rotates_nor_closes() {
+        let sim = Sim::at(T0);
+        let (h, t) = gateway(&sim, r#"{"lb_buffer":"1s"}"#);
+        let r = call(&h, "POST", "/drain?hold=closing", 1).unwrap();
+        assert_eq!(json(&r)["state"], "CLOSING");
+        ticks(&sim, &h, &t, 30, 100);
+        assert_eq!(state(&h), State::Closing);
+        assert!(sim.calls.borrow().is_empty());
+        assert_eq!(call(&h, "POST", "/reopen", 2).unwrap().status, 200);
+    }
+
+    #[test]
+    fn an_unreadable_record_fails_closed_with_503() {
+        let sim = Sim::at(T0);
+        let (h, _t) = gateway(&sim, r#"{}"#);
+        sim.put(crate::host::keys::FSM, b"{not json");
+        for path in ["/health_check.html", "/health", "/drain/status"] {
+            let r = call(&h, "GET", path, 1).unwrap();
+            assert_eq!(
+                (r.status, json(&r)["error"].as_str()),
+                (503, Some("state_unavailable"))
+            );
+        }
+    }
+}

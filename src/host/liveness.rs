@@ -187,3 +187,77 @@ impl<H: Host> Watch<H> {
         let _ = self.host.set(&keys::beat(l.id), &[], None);
     }
 }
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::indexing_slicing)]
+mod tests {
+    use super::*;
+    use crate::host::count::{Counter, Counts, Part, Source};
+    use crate::host::sim::Sim;
+
+    fn reading(sim: &Sim) -> count::Reading {
+        let part = |p| Counter::with_host(sim, p, Source::SharedData);
+        Counts::of(part(Part::Streams), part(Part::Connections)).read()
+    }
+
+    fn process(sim: &Sim) -> (Watch<&Sim>, Metrics<&Sim>) {
+        count::create_shared(&sim);
+        count::announce_traffic(&sim);
+        ensure_registry(&sim);
+        (Watch::new(sim), Metrics::define(sim))
+    }
+
+    #[test]
+    fn a_root_that_says_goodbye_marks_nothing() {
+        let sim = Sim::at(1_000);
+        let (watch, metrics) = process(&sim);
+        let old = Heartbeat::new(&sim, 100);
+        old.beat();
+        let new = Heartbeat::new(&sim, 100);
+        new.beat();
+        assert!(watch.seen());
+        drop(old); // removed cleanly (LDS update)
+        for _ in 0..50 {
+            sim.advance(100);
+            new.beat();
+            watch.tick(&metrics);
+        }
+        assert!(reading(&sim).reliable);
+        assert_eq!(watch.snapshot().0.roots.len(), 1);
+    }
+
+    #[test]
+    fn a_root_that_stops_beating_is_lost_and_the_count_unreliable() {
+        let sim = Sim::at(1_000);
+        let (watch, metrics) = process(&sim);
+        let dead = Heartbeat::new(&sim, 100);
+        dead.beat();
+        std::mem::forget(dead); // a trapped VM runs nothing, not even Drop
+        for _ in 0..20 {
+            sim.advance(100);
+            watch.tick(&metrics);
+        }
+        assert!(reading(&sim).reliable, "2 s is not yet stale");
+        sim.advance(100);
+        watch.tick(&metrics);
+        let r = reading(&sim);
+        assert!(!r.reliable && r.for_decisions() >= 1);
+        assert_eq!(r.why, Some(Why::TrafficRoleLost));
+        assert_eq!(sim.metric(crate::metric_names::TRAFFIC_ROLES_LOST), 1);
+        assert_eq!(watch.snapshot().0.lost_total, 1);
+    }
+
+    #[test]
+    fn every_root_gone_without_a_replacement_is_unreliable() {
+        let sim = Sim::at(1_000);
+        let (watch, metrics) = process(&sim);
+        let only = Heartbeat::new(&sim, 100);
+        only.beat();
+        only.goodbye();
+        for _ in 0..21 {
+            sim.advance(100);
+            watch.tick(&metrics);
+        }
+        assert_eq!(reading(&sim).why, Some(Why::TrafficRoleGone));
+    }
+}

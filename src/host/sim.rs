@@ -79,6 +79,14 @@ impl Sim {
         self.mono_ms.set(self.mono_ms.get().map(|m| m + ms));
     }
 
+    /// Both clocks now (what `Host::now` answers).
+    pub fn now_of(&self) -> Now {
+        Now {
+            wall_ms: self.wall_ms.get(),
+            mono_ms: self.mono_ms.get(),
+        }
+    }
+
     /// The wall clock steps by `ms` (the monotonic clock does not move).
     pub fn step_wall(&self, ms: i64) {
         self.wall_ms
@@ -202,10 +210,7 @@ impl Host for &Sim {
     }
 
     fn now(&self) -> Now {
-        Now {
-            wall_ms: self.wall_ms.get(),
-            mono_ms: self.mono_ms.get(),
-        }
+        self.now_of()
     }
 
     fn http_call(

@@ -241,3 +241,73 @@ pub fn flatten(e: Failed<SharedError>) -> SharedError {
         Failed::Refused(e) | Failed::Shared(e) => e,
     }
 }
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::indexing_slicing)]
+mod tests {
+    use super::*;
+    use crate::config::Config;
+    use crate::fsm::{Reason, State};
+    use crate::host::sim::Sim;
+
+    fn drain() -> Move {
+        Move {
+            expected_from: State::Open,
+            to: State::Draining,
+            reason: Reason::DrainRequested,
+            plan: Some(Config::default().plan()),
+            force: false,
+        }
+    }
+
+    #[test]
+    fn the_record_is_created_open_once_and_one_of_two_racing_drains_wins() {
+        let sim = Sim::at(5_000);
+        let store = Store::new(&sim);
+        let metrics = Metrics::define(&sim);
+        assert_eq!(store.load().unwrap().state, State::Open);
+        sim.cas_races.set(3); // retried transparently
+        let first = store.advance(|_| drain(), 2, &metrics).unwrap();
+        assert_eq!((first.state, first.seq), (State::Draining, 1));
+        let second = store.advance(|_| drain(), 2, &metrics).unwrap_err();
+        assert!(matches!(second, Error::Illegal(i) if i.state == State::Draining));
+        assert_eq!(sim.metric("drain_gate_transitions_to_draining"), 1);
+        assert_eq!(sim.metric(crate::metric_names::STATE), 1);
+    }
+
+    #[test]
+    fn endless_contention_and_unreadable_values_are_errors_not_panics() {
+        let sim = Sim::at(5_000);
+        let store = Store::new(&sim);
+        store.load().unwrap();
+        sim.cas_races.set(u32::MAX);
+        let e = store.update(|r| Some(r.clone())).unwrap_err();
+        assert_eq!(e, SharedError::Contention);
+        sim.cas_races.set(0);
+        sim.put(keys::LB, b"[1,2");
+        let e = store.lb_checkers().unwrap_err();
+        assert!(
+            e.to_string().starts_with("unreadable drain_gate.lb.v1: "),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn a_clock_step_is_recorded_once() {
+        let sim = Sim::at(5_000);
+        let store = Store::new(&sim);
+        assert_eq!(
+            store.clock_look(sim.now_of(), 300).unwrap(),
+            None,
+            "first look"
+        );
+        sim.step_wall(3_600_000);
+        let (steps, by) = store.clock_look(sim.now_of(), 300).unwrap().unwrap();
+        assert_eq!((steps.count, by), (1, 3_600_000));
+        assert_eq!(
+            store.clock_look(sim.now_of(), 300).unwrap(),
+            None,
+            "seen once"
+        );
+    }
+}
