@@ -422,6 +422,31 @@ impl Config {
         self.tick_ms.saturating_mul(10).max(2_000)
     }
 
+    /// Accepted, but probably not what was meant: one sentence each, logged
+    /// when the health role loads the configuration.
+    pub fn warnings(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        if self.lb_buffer_ms > self.drain_timeout_ms {
+            out.push(format!(
+                "lb_buffer ({}) is longer than drain_timeout ({}): the LB needs only fall × inter \
+                 after the 503 to mark the gateway DOWN, and every drain then holds the pod for up \
+                 to {} before CLOSED; keep terminationGracePeriodSeconds above that",
+                duration::format_ms(self.lb_buffer_ms),
+                duration::format_ms(self.drain_timeout_ms),
+                duration::format_ms(self.drain_timeout_ms + self.max_closing_ms()),
+            ));
+        }
+        if self.admin_allow.is_empty() && self.admin_tokens.is_empty() {
+            out.push(
+                "admin_allow is empty and no admin_token is set: nobody can call the admin \
+                 endpoints (POST /drain, GET /prestop, ...), so a preStop hook gets 403 and the \
+                 pod is never drained"
+                    .to_string(),
+            );
+        }
+        out
+    }
+
     /// How long a `wait=closed` is held when the caller gives no timeout: the
     /// longest a drain can take, plus a margin for the tick. At most
     /// [`MAX_WAIT_MS`].
@@ -624,6 +649,25 @@ mod tests {
             problem(r#"{"role":"health","admin_allow":["10.0.0.1/8"]}"#),
             "invalid configuration: admin_allow: \"10.0.0.1/8\" has host bits set (did you mean \"10.0.0.0/8\"?)"
         );
+    }
+
+    #[test]
+    fn odd_but_valid_configurations_are_explained() {
+        assert!(parse(r#"{"role":"health"}"#).unwrap().warnings().is_empty());
+        let long = parse(r#"{"role":"health","lb_buffer":"5m","drain_timeout":"10s"}"#).unwrap();
+        let w = long.warnings();
+        assert_eq!(w.len(), 1);
+        assert!(
+            w[0].starts_with("lb_buffer (5m) is longer than drain_timeout (10s)"),
+            "{}",
+            w[0]
+        );
+        assert!(w[0].contains("up to 310s"), "{}", w[0]);
+        let closed = parse(r#"{"role":"health","admin_allow":[]}"#).unwrap();
+        assert!(closed.warnings()[0].contains("nobody can call the admin endpoints"));
+        let token = parse(r#"{"role":"health","admin_allow":[],"admin_token":"abcdefghijklmnop"}"#)
+            .unwrap();
+        assert!(token.warnings().is_empty(), "the token holders can");
     }
 
     #[test]

@@ -306,6 +306,9 @@ pub enum WaitEnd {
     Closed,
     /// The drain was abandoned (reopen or fault) while waiting.
     Aborted,
+    /// The gateway was in FAULT when the wait was asked for: there is no
+    /// drain to wait for, and none can start.
+    InFault,
     TimedOut,
 }
 
@@ -340,6 +343,13 @@ pub fn wait_reply(end: WaitEnd, v: &View) -> Reply {
             "drain_aborted",
             "the drain was abandoned (reopen or fault) before CLOSED; see GET /drain/status",
             "aborted",
+        ),
+        WaitEnd::InFault => (
+            409,
+            "in_fault",
+            "the gateway is in FAULT: no drain was started and none can be; FAULT ends only \
+             with a restart of istio-proxy",
+            "fault",
         ),
         WaitEnd::TimedOut => (
             504,
@@ -507,6 +517,7 @@ mod tests {
             for (end, code, error, wait) in [
                 (WaitEnd::TimedOut, 504, "wait_timeout", "timeout"),
                 (WaitEnd::Aborted, 409, "drain_aborted", "aborted"),
+                (WaitEnd::InFault, 409, "in_fault", "fault"),
             ] {
                 let w = wait_reply(end, &v);
                 assert_eq!(w.status, code);

@@ -259,6 +259,9 @@ impl<H: Host> Health<H> {
     /// answer is a preStop hold (`fsm::renew_hold`), and a maintenance drain
     /// it joins turns automatic (`fsm::resume`).
     fn drain_and_wait(&self, rec: Record, timeout_ms: u64, context_id: u32) -> Option<Reply> {
+        if rec.state == State::Fault {
+            return Some(self.wait_reply(api::WaitEnd::InFault, &rec));
+        }
         let joined = match rec.state {
             State::Open => match self.command(api::Command::Drain) {
                 Ok(next) => Ok(next),
@@ -666,6 +669,30 @@ mod tests {
         assert_eq!(state(&h), State::Closing);
         assert!(sim.calls.borrow().is_empty());
         assert_eq!(call(&h, "POST", "/reopen", 2).unwrap().status, 200);
+    }
+
+    #[test]
+    fn a_wait_asked_for_in_fault_says_so_and_one_aborted_by_a_fault_says_that() {
+        let sim = Sim::at(T0);
+        let (h, t) = gateway(&sim, r#"{}"#);
+        let _stream = TrafficStream::new(Rc::clone(&t));
+        assert!(call(&h, "GET", "/prestop", 1).is_none());
+        assert_eq!(call(&h, "POST", "/fault", 2).unwrap().status, 200);
+        ticks(&sim, &h, &t, 1, 100);
+        let aborted = sim.answers.borrow()[0].clone();
+        assert_eq!(
+            (aborted.status, aborted.json()["error"].as_str()),
+            (409, Some("drain_aborted"))
+        );
+        for (method, path) in [("GET", "/prestop"), ("POST", "/drain?wait=closed")] {
+            let r = call(&h, method, path, 3).unwrap();
+            assert_eq!(
+                (r.status, json(&r)["error"].as_str()),
+                (409, Some("in_fault")),
+                "{path}"
+            );
+            assert_eq!(json(&r)["wait"], "fault");
+        }
     }
 
     #[test]

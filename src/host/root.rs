@@ -93,6 +93,9 @@ impl RootContext for Root {
                 Root::Traffic(Rc::new(Traffic::new(part, metrics, config.tick_ms)))
             }
             Role::Health => {
+                for w in config.warnings() {
+                    log::warn!("event=config_warning what=\"{w}\"");
+                }
                 liveness::ensure_registry(&Envoy);
                 Root::Health(Rc::new(Health::new(config, metrics)))
             }
