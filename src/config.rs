@@ -397,6 +397,7 @@ impl Config {
             close_after: self.close_after,
             lb_down_timeout_ms: self.lb_down_timeout_ms,
             lb_gate: self.draining_lb_status == 404 && self.soft_drain_gate,
+            lb_gate_needs_checker: self.lb_checkers.is_some(),
             hold_closing: false,
         }
     }

@@ -209,6 +209,10 @@ pub struct DrainPlan {
     /// served the draining answer (see `due_gated`).
     #[serde(default)]
     pub lb_gate: bool,
+    /// With `lb_gate`: `lb_checkers` names the LB's addresses, so a drain
+    /// during which none of them asks holds the gate (`crate::lb::Gate`).
+    #[serde(default)]
+    pub lb_gate_needs_checker: bool,
     /// A maintenance drain (`POST /drain?hold=closing`): CLOSING lasts until
     /// `/reopen` or `/close`, never ended by a timer.
     #[serde(default)]
@@ -327,6 +331,17 @@ impl Record {
         Some(end.since(start, self.drain_started_mono_ms))
     }
 
+    /// When the drain started, on the clock the timers run on
+    /// (`crate::clock::Now::timer_ms`): what the LB record is compared with.
+    pub fn drain_started_timer_ms(&self) -> Option<u64> {
+        self.drain_started_mono_ms.or(self.drain_started_ms)
+    }
+
+    /// When CLOSING began, on the clock the timers run on.
+    pub fn closing_timer_ms(&self) -> Option<u64> {
+        self.closing_mono_ms.or(self.closing_ms)
+    }
+
     /// Whether `span_ms` has passed since the drain started.
     fn drain_for(&self, now: Now, span_ms: u64) -> bool {
         self.drain_started_ms
@@ -421,7 +436,10 @@ fn enter(next: &mut Record, mv: &Move, now: Now, active: u64) -> Option<()> {
             next.closing_ms = Some(now_ms);
             next.closing_mono_ms = now.mono_ms;
             next.active_at_closing = Some(active);
-            next.forced = mv.reason.forced();
+            // Forced: closed with requests still in flight. A drain the
+            // soft-drain gate held until drain_timeout with nothing in
+            // flight cut nothing.
+            next.forced = mv.reason.forced() && active > 0;
         }
         State::Closed => next.closed_ms = Some(now_ms),
         State::Open => {
@@ -437,7 +455,7 @@ fn enter(next: &mut Record, mv: &Move, now: Now, active: u64) -> Option<()> {
 /// The automatic transition that is due now, if any: what the tick and the
 /// end of the last traffic stream apply. Elapsed times are measured as
 /// `crate::clock` says (monotonic when the host has it). `lb_down_ms` is when
-/// the LB was observed DOWN on the wall clock (see `crate::lb`), if it was.
+/// the LB was observed DOWN on that same clock (see `crate::lb`), if it was.
 pub fn due(rec: &Record, now: Now, active: u64, lb_down_ms: Option<u64>) -> Option<Move> {
     let plan = rec.plan?;
     let auto = |to, reason| {
@@ -458,7 +476,7 @@ pub fn due(rec: &Record, now: Now, active: u64, lb_down_ms: Option<u64>) -> Opti
         }
         State::Closing if plan.hold_closing => None,
         State::Closing => {
-            let closing = rec.closing_ms?;
+            let closing = rec.closing_timer_ms()?;
             match plan.close_after {
                 CloseAfter::LbBuffer if rec.closing_for(now, plan.lb_buffer_ms) => {
                     auto(State::Closed, Reason::LbBufferElapsed)
@@ -466,7 +484,7 @@ pub fn due(rec: &Record, now: Now, active: u64, lb_down_ms: Option<u64>) -> Opti
                 CloseAfter::LbBuffer => None,
                 CloseAfter::LbObservedDown => {
                     let seen = lb_down_ms.filter(|t| *t >= closing);
-                    if seen.is_some_and(|t| now.wall_ms >= t.saturating_add(plan.lb_buffer_ms)) {
+                    if seen.is_some_and(|t| now.timer_ms() >= t.saturating_add(plan.lb_buffer_ms)) {
                         auto(State::Closed, Reason::LbObservedDown)
                     } else if rec.closing_for(now, plan.lb_down_timeout_ms) {
                         auto(State::Closed, Reason::LbDownTimeout)
@@ -557,6 +575,7 @@ mod tests {
         close_after: CloseAfter::LbBuffer,
         lb_down_timeout_ms: 60_000,
         lb_gate: false,
+        lb_gate_needs_checker: false,
         hold_closing: false,
     };
 
@@ -751,9 +770,10 @@ mod tests {
         assert_eq!(m.reason, Reason::DrainTimeout, "bounded by drain_timeout");
         let c = advance(&r, m, w(10_100), 0).unwrap();
         assert!(
-            c.forced && c.active_at_closing == Some(0),
-            "the real count is recorded"
+            !c.forced && c.active_at_closing == Some(0),
+            "nothing was in flight: the timeout closed it, nothing was cut"
         );
+        assert_eq!(c.reason, Reason::DrainTimeout);
         // Without the gate in the plan, the LB view does not matter.
         let plain = at(Draining);
         assert_eq!(

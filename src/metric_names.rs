@@ -26,6 +26,7 @@ pub const COUNT_UNRELIABLE: &str = "drain_gate_count_unreliable";
 pub const TRAFFIC_ROLES_LOST: &str = "drain_gate_traffic_roles_lost";
 pub const OLDEST_IN_FLIGHT: &str = "drain_gate_oldest_in_flight_seconds";
 pub const CLOCK_STEPS: &str = "drain_gate_clock_steps";
+pub const LB_CHECKS_IGNORED: &str = "drain_gate_lb_checks_ignored";
 
 /// The transition counter for each target state, indexed like `State::ALL`.
 pub const TRANSITIONS_TO: [&str; 5] = [
@@ -36,7 +37,7 @@ pub const TRANSITIONS_TO: [&str; 5] = [
     "drain_gate_transitions_to_fault",
 ];
 
-pub const ALL: [Metric; 14] = [
+pub const ALL: [Metric; 15] = [
     Metric {
         name: ACTIVE_REQUESTS,
         kind: Kind::Gauge,
@@ -106,6 +107,11 @@ pub const ALL: [Metric; 14] = [
         name: CLOCK_STEPS,
         kind: Kind::Counter,
         help: "wall-clock steps seen (the drain timers run on the monotonic clock and ignore them)",
+    },
+    Metric {
+        name: LB_CHECKS_IGNORED,
+        kind: Kind::Counter,
+        help: "LB checks from sources outside lb_checkers: answered, not recorded (an LB behind SNAT or a wrong CIDR)",
     },
 ];
 

@@ -411,9 +411,10 @@ fn plan() -> impl Strategy<Value = DrainPlan> {
         1u64..20_000,
         any::<bool>(),
         any::<bool>(),
+        any::<bool>(),
     )
         .prop_map(
-            |(min, timeout, buffer, observed, down, hold, gate)| DrainPlan {
+            |(min, timeout, buffer, observed, down, hold, gate, needs)| DrainPlan {
                 min_drain_ms: min.min(timeout),
                 drain_timeout_ms: timeout,
                 lb_buffer_ms: buffer,
@@ -424,6 +425,7 @@ fn plan() -> impl Strategy<Value = DrainPlan> {
                 },
                 lb_down_timeout_ms: down,
                 lb_gate: gate,
+                lb_gate_needs_checker: needs,
                 hold_closing: hold,
             },
         )
@@ -593,9 +595,10 @@ proptest! {
             clock: api::ClockInfo::new(Timers::Monotonic, &Steps::default()),
             in_flight: InFlight::default(),
             count: api::CountInfo { source: "gauge", reliable: true, http_streams: active, tcp_connections: 0, unreliable_reason: None },
-            traffic: api::TrafficInfo { seen: true, roots: 1, lost: 0 },
+            traffic: api::TrafficInfo { seen: true, roots: 1, ..api::TrafficInfo::default() },
             draining_lb_status: 200,
             checkers: &checkers,
+            ignored_checks: 0,
             lb_fall: 2,
             close_after: CloseAfter::LbBuffer,
             rotation: api::RotationView { cluster: Some("admin"), last: None },
@@ -850,7 +853,9 @@ fn life() -> impl Strategy<Value = Life> {
 proptest! {
     /// Roots that beat every tick and leave with a goodbye are never lost and
     /// never make the count unreliable; a root that dies is lost within its
-    /// stale threshold plus one health tick, and only then.
+    /// stale threshold plus one health tick, and only then; a root that was
+    /// only late (it beats again) is registered again, and once none is lost
+    /// the verdict is clear again.
     #[test]
     fn liveness_loses_exactly_the_dead(ops in prop::collection::vec(life(), 1..80)) {
         let mut reg = Registry::default();
@@ -861,7 +866,8 @@ proptest! {
         for op in ops {
             match op {
                 Life::Announce(tick) => {
-                    let id = reg.announce(tick, now);
+                    let id = reg.announce(tick, now).unwrap();
+                    prop_assert!(!roots.iter().any(|r| r.0 == id), "id {id} given twice");
                     roots.push((id, tick, now, true));
                 }
                 Life::Beat(i) => if let Some(r) = roots.get_mut(i) { if r.3 { r.2 = now; } },
@@ -880,7 +886,12 @@ proptest! {
                         r.2 = now - (now - r.2) % r.1.max(1);
                     }
                     let beats: Vec<(u64, u64)> = roots.iter().map(|r| (r.0, r.2)).collect();
-                    let dead = reg.stale(now, |id| beats.iter().find(|b| b.0 == id).map(|b| b.1));
+                    let beat = |id| beats.iter().find(|b| b.0 == id).map(|b| b.1);
+                    let back = reg.revive(beat);
+                    for b in &back {
+                        prop_assert!(!died.iter().any(|x| x.0 == b.id), "a dead root came back: {b:?}");
+                    }
+                    let dead = reg.stale(now, 0, beat);
                     for d in &dead {
                         prop_assert!(died.iter().any(|x| x.0 == d.id), "a live root was declared lost: {d:?}");
                     }
@@ -895,8 +906,11 @@ proptest! {
         }
         let v = reg.verdict(now);
         prop_assert_eq!(v.waiting, !reg.seen);
-        if reg.lost_total > 0 {
+        if !reg.lost.is_empty() {
             prop_assert_eq!(v.unreliable, Some(Why::TrafficRoleLost));
+            for l in &reg.lost {
+                prop_assert!(died.iter().any(|x| x.0 == l.id), "only the dead stay lost");
+            }
         } else if v.unreliable.is_some() {
             prop_assert_eq!(v.unreliable, Some(Why::TrafficRoleGone));
             prop_assert!(reg.roots.is_empty());

@@ -8,7 +8,7 @@ use super::reply::Reply;
 use crate::clock::{rfc3339, Now, Steps, Timers};
 use crate::fsm::{CloseAfter, Record, State};
 use crate::in_flight::InFlight;
-use crate::lb::Checkers;
+use crate::lb::{Checkers, Gate};
 use crate::rotation;
 
 /// How the active count is kept; reported in the status.
@@ -30,15 +30,24 @@ pub struct CountInfo {
 }
 
 /// The traffic roles of this `vm_id` (see `crate::liveness`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct TrafficInfo {
     /// A traffic root has registered at least once.
     pub seen: bool,
     /// Traffic root contexts registered now (one per worker VM, and one in
     /// the main thread's, per filter configuration).
     pub roots: usize,
-    /// Traffic root contexts that stopped beating without a goodbye.
+    /// Traffic root contexts silent without a goodbye now (not back).
     pub lost: u64,
+    /// Ever declared lost, and of those, back (they beat again: late, not dead).
+    pub lost_total: u64,
+    pub back_total: u64,
+    /// Registrations refused (more traffic roots than drain-gate watches).
+    pub refused: u64,
+    /// Times the health role itself did not run for long (the process
+    /// stalled), and the longest such gap.
+    pub stalls: u64,
+    pub longest_stall_ms: u64,
 }
 
 /// Which clock the timers run on, and the wall-clock steps seen so far;
@@ -71,6 +80,8 @@ pub struct View<'a> {
     pub traffic: TrafficInfo,
     pub draining_lb_status: u16,
     pub checkers: &'a Checkers,
+    /// Checks answered from sources outside `lb_checkers` (the counter).
+    pub ignored_checks: u64,
     pub lb_fall: u32,
     pub close_after: CloseAfter,
     pub rotation: RotationView<'a>,
@@ -158,15 +169,30 @@ struct CheckerOut<'a> {
 }
 
 #[derive(Serialize)]
+struct IgnoredOut<'a> {
+    /// Checks answered but not recorded, since the process started.
+    count: u64,
+    last_source: Option<&'a str>,
+    last_source_since: Option<String>,
+}
+
+#[derive(Serialize)]
 struct Lb<'a> {
     close_after: CloseAfter,
     lb_fall: u32,
     observed_down: bool,
     observed_down_at: Option<String>,
-    /// DRAINING: every live checker has been served a 404 since the drain
-    /// began (what a gated soft drain waits for). False in every other state.
+    /// DRAINING: at least one live checker, and every one has been served a
+    /// 404 since the drain began. Never true when no checker asked.
     saw_drain: bool,
+    /// A gated soft drain: what its active = 0 flip waits for (`null` when
+    /// no gated drain is running).
+    gate: Option<Gate>,
+    /// Checkers that asked within the last 30 s.
+    live_checkers: usize,
     checkers: Vec<CheckerOut<'a>>,
+    /// Checks from sources outside `lb_checkers`.
+    ignored_checks: IgnoredOut<'a>,
 }
 
 #[derive(Serialize)]
@@ -270,16 +296,25 @@ fn progress(v: &View) -> Progress {
 }
 
 /// What each LB checker has been answered, and whether the LB saw the drain.
+/// The record keeps timer-clock times; they are shown on the wall clock.
 fn lb_out<'a>(v: &View<'a>) -> Lb<'a> {
     let r = v.rec;
+    let now = v.now.timer_ms();
+    let shown = |t: u64| rfc3339(v.now.wall_ms.saturating_sub(now.saturating_sub(t)));
+    let draining = r.state == State::Draining;
+    let since = r.drain_started_timer_ms().unwrap_or(0);
+    let gate = r
+        .plan
+        .filter(|p| p.lb_gate && draining)
+        .map(|p| v.checkers.gate(since, now, p.lb_gate_needs_checker));
     Lb {
         close_after: v.close_after,
         lb_fall: v.lb_fall,
-        observed_down: v.checkers.all_down(v.now.wall_ms, v.lb_fall),
-        observed_down_at: v.checkers.down_since(v.now.wall_ms, v.lb_fall).map(rfc3339),
-        saw_drain: r.state == State::Draining
-            && r.drain_started_ms
-                .is_some_and(|t| v.checkers.saw_drain(t, v.now.wall_ms)),
+        observed_down: v.checkers.all_down(now, v.lb_fall),
+        observed_down_at: v.checkers.down_since(now, v.lb_fall).map(shown),
+        saw_drain: draining && v.checkers.saw_drain(since, now),
+        gate,
+        live_checkers: v.checkers.live_count(now),
         checkers: v
             .checkers
             .list
@@ -288,10 +323,15 @@ fn lb_out<'a>(v: &View<'a>) -> Lb<'a> {
                 source: &c.source,
                 consecutive_non_200: c.consecutive_non_200,
                 consecutive_503: c.consecutive_503,
-                last_seen: rfc3339(c.last_seen_ms),
-                last_404: c.last_404_ms.map(rfc3339),
+                last_seen: shown(c.last_seen_ms),
+                last_404: c.last_404_ms.map(shown),
             })
             .collect(),
+        ignored_checks: IgnoredOut {
+            count: v.ignored_checks,
+            last_source: v.checkers.ignored.as_ref().map(|i| i.source.as_str()),
+            last_source_since: v.checkers.ignored.as_ref().map(|i| shown(i.since_ms)),
+        },
     }
 }
 
@@ -410,10 +450,11 @@ mod tests {
             traffic: TrafficInfo {
                 seen: true,
                 roots: 2,
-                lost: 0,
+                ..TrafficInfo::default()
             },
             draining_lb_status: 200,
             checkers: &checkers,
+            ignored_checks: 0,
             lb_fall: 2,
             close_after: CloseAfter::LbBuffer,
             rotation: RotationView::default(),
@@ -480,11 +521,7 @@ mod tests {
             let s = body(&status(&v));
             assert_eq!(s["waiting_for"], serde_json::Value::Null);
             let waiting = View {
-                traffic: TrafficInfo {
-                    seen: false,
-                    roots: 0,
-                    lost: 0,
-                },
+                traffic: TrafficInfo::default(),
                 ..v
             };
             let s = body(&status(&waiting));

@@ -21,12 +21,16 @@
 //! exactly when the last stream ends.
 //!
 //! Every failure errs toward "still active": a stream that could not be
-//! counted marks the count unreliable, and an unreliable count never reads 0.
+//! counted is itself counted in `keys::UNCOUNTED` until it ends, and while
+//! that is above 0 — or the liveness verdict (`keys::VERDICT`, written by the
+//! health role's watch) names a reason — the count is unreliable, and an
+//! unreliable count never reads 0. Each reason ends when what caused it
+//! ended: the uncounted stream, the lost root beating again.
 
 use std::cell::Cell;
 
 use super::keys;
-use super::metrics::{gauge_is_live, Metrics};
+use super::metrics::Metrics;
 use super::shared::{self, cas_update, Envoy, Host, Step};
 use crate::liveness::Why;
 /// How much a root context adds to the global count at a time outside a drain.
@@ -70,9 +74,13 @@ pub struct Counter<H: Host = Envoy> {
     local: Cell<u64>,
     /// What this root context has added to the global count: never below `local`.
     held: Cell<u64>,
-    /// A stream was not counted and the unreliable mark could not be written
-    /// yet: retried on every `enter` and `settle` (tick) until it is.
-    unmarked: Cell<bool>,
+    /// Streams in flight here that could not be counted and are not yet in
+    /// `keys::UNCOUNTED` (its write failed too): retried on every `enter` and
+    /// `settle` (tick); meanwhile this root's own reads are unreliable.
+    owed: Cell<u64>,
+    /// Uncounted streams that ended but whose -1 in `keys::UNCOUNTED` could
+    /// not be written yet (retried the same way; errs toward "unreliable").
+    owed_release: Cell<u64>,
 }
 
 fn shared_value(bytes: Option<&[u8]>) -> Option<u64> {
@@ -103,12 +111,12 @@ pub fn announce_traffic<H: Host>(host: &H) {
 }
 
 impl<H: Host> Counter<H> {
-    /// `gauge`: the id of the part's gauge, if the host defined it; it is
-    /// used only if it proves live.
+    /// `gauge`: the id of the part's gauge, if the host defined it and it
+    /// proved live (`Metrics`); otherwise the part lives in shared data.
     pub fn new(host: H, part: Part, gauge: Option<u32>) -> Counter<H> {
         create_shared(&host);
         let source = match gauge {
-            Some(id) if gauge_is_live(&host, id) => Source::Gauge(id),
+            Some(id) => Source::Gauge(id),
             _ => {
                 log::warn!(
                     "event=count_source part={part:?} source=shared_data why=\"gauge is not live (stats_matcher?)\""
@@ -126,7 +134,8 @@ impl<H: Host> Counter<H> {
             key: part.shared_key(),
             local: Cell::new(0),
             held: Cell::new(0),
-            unmarked: Cell::new(false),
+            owed: Cell::new(0),
+            owed_release: Cell::new(0),
         }
     }
 
@@ -151,22 +160,34 @@ impl<H: Host> Counter<H> {
         }
     }
 
-    /// A traffic stream started. Returns whether it was counted; if not, the
-    /// caller marks the count unreliable (`not_counted`). `exact` adds just
-    /// this stream; otherwise a lease of `LEASE` when needed.
+    /// A traffic stream started. Returns whether it was counted; if not, it
+    /// is counted as uncounted (`keys::UNCOUNTED`) until the caller reports
+    /// its end with `uncounted_ended`, and the caller logs it
+    /// (`not_counted`). `exact` adds just this stream; otherwise a lease of
+    /// `LEASE` when needed.
     pub fn enter(&self, exact: bool) -> bool {
         let local = self.local.get() + 1;
         if local > self.held.get() {
             let step = if exact { 1 } else { LEASE };
             if !self.add(step as i64) {
-                self.unmarked.set(true);
-                self.write_mark();
+                self.owed.set(self.owed.get() + 1);
+                self.write_owed();
                 return false;
             }
             self.held.set(self.held.get() + step);
         }
         self.local.set(local);
         true
+    }
+
+    /// An uncounted stream ended: it no longer makes the count unreliable.
+    pub fn uncounted_ended(&self) {
+        if self.owed.get() > 0 {
+            self.owed.set(self.owed.get() - 1); // never published
+            return;
+        }
+        self.owed_release.set(self.owed_release.get() + 1);
+        self.write_owed();
     }
 
     /// A counted traffic stream ended. Returns how many streams this root
@@ -186,23 +207,33 @@ impl<H: Host> Counter<H> {
         self.local.get()
     }
 
-    /// Writes the unreliable mark this root context owes, if it owes one.
-    fn write_mark(&self) {
-        if self.unmarked.get() && flag_unreliable(&self.host, Why::StreamNotCounted).is_some() {
-            self.unmarked.set(false);
+    /// Writes what this root context owes to `keys::UNCOUNTED`, if anything.
+    fn write_owed(&self) {
+        let (owed, released) = (self.owed.get(), self.owed_release.get());
+        if owed == 0 && released == 0 {
+            return;
+        }
+        let written = cas_update(&self.host, keys::UNCOUNTED, |bytes| {
+            let value = bytes.and_then(shared::u64_of).unwrap_or(0);
+            let next = value.saturating_add(owed).saturating_sub(released);
+            Ok::<_, std::convert::Infallible>(Step::Write(next.to_le_bytes().to_vec(), ()))
+        });
+        if written.is_ok() {
+            self.owed.set(0);
+            self.owed_release.set(0);
         }
     }
 
-    /// Whether this root context owes the unreliable mark (a stream it did
-    /// not count, a mark it could not write yet).
+    /// Whether this root context has an uncounted stream in flight that the
+    /// shared count does not know of yet (its write failed).
     pub fn mark_pending(&self) -> bool {
-        self.unmarked.get()
+        self.owed.get() > 0
     }
 
     /// Gives back what this root context holds beyond its streams in flight
-    /// (and retries an unreliable mark it owes).
+    /// (and retries what it owes to `keys::UNCOUNTED`).
     pub fn settle(&self) {
-        self.write_mark();
+        self.write_owed();
         let excess = self.held.get().saturating_sub(self.local.get());
         if excess == 0 {
             return;
@@ -250,9 +281,18 @@ pub struct Counts<H: Host = Envoy> {
 impl<H: Host + Copy> Counts<H> {
     pub fn new(metrics: &Metrics<H>) -> Counts<H> {
         let host = *metrics.host();
+        let live = |id: Option<u32>, live: bool| id.filter(|_| live);
         Counts::of(
-            Counter::new(host, Part::Streams, metrics.active),
-            Counter::new(host, Part::Connections, metrics.active_connections),
+            Counter::new(
+                host,
+                Part::Streams,
+                live(metrics.active, metrics.active_live),
+            ),
+            Counter::new(
+                host,
+                Part::Connections,
+                live(metrics.active_connections, metrics.active_connections_live),
+            ),
         )
     }
 }
@@ -294,16 +334,19 @@ impl<H: Host> Counts<H> {
     pub fn read(&self) -> Reading {
         let (streams, connections) = (self.streams.value(), self.connections.value());
         let host = &self.streams.host;
-        let mark = unreliable_mark(host);
+        let uncounted = shared::read_u64(host, keys::UNCOUNTED).map(|v| v.unwrap_or(0));
+        let verdict = verdict(host);
         let traffic_seen = matches!(host.get(keys::TRAFFIC_PRESENT), Ok((Some(_), _)));
-        let why = match mark {
-            Ok(Some(why)) => Some(why),
+        // This root context knows of a stream it did not count even when the
+        // shared value could not be written yet.
+        let owed = self.streams.mark_pending() || self.connections.mark_pending();
+        let why = match (&verdict, &uncounted) {
+            (Ok(Some(why)), _) => Some(*why),
+            (_, Ok(n)) if *n > 0 => Some(Why::StreamNotCounted),
+            _ if owed => Some(Why::StreamNotCounted),
             _ if !traffic_seen => Some(Why::TrafficRoleNotSeen),
             _ => None,
         };
-        // This root context knows of a stream it did not count even when the
-        // mark could not be written yet.
-        let owed = self.streams.unmarked.get() || self.connections.unmarked.get();
         let (s, c) = (streams.unwrap_or(0), connections.unwrap_or(0));
         Reading {
             active: s.saturating_add(c),
@@ -311,10 +354,10 @@ impl<H: Host> Counts<H> {
             connections: c,
             reliable: streams.is_some()
                 && connections.is_some()
-                && mark == Ok(None)
-                && traffic_seen
-                && !owed,
-            why: why.or(owed.then_some(Why::StreamNotCounted)),
+                && verdict.is_ok()
+                && uncounted.is_ok()
+                && why.is_none(),
+            why,
         }
     }
 }
@@ -330,51 +373,55 @@ impl<H: Host> Drop for Counter<H> {
     }
 }
 
-/// Marks the count unreliable for the life of the process (what was lost
-/// cannot be recounted). `Some(true)` when this call was the first to mark
-/// it, `Some(false)` when it was marked already, `None` when the mark could
-/// not be written (the caller tries again).
-pub fn flag_unreliable<H: Host>(host: &H, why: Why) -> Option<bool> {
-    cas_update(host, keys::UNRELIABLE, |current| {
-        Ok::<_, ()>(match current {
-            Some(b) if !b.is_empty() => Step::Keep(false),
-            _ => Step::Write(why.name().as_bytes().to_vec(), true),
-        })
-    })
-    .ok()
-}
-
-/// `flag_unreliable`, with its log line and gauge.
-pub fn mark_unreliable<H: Host>(why: Why, metrics: &Metrics<H>) {
-    if flag_unreliable(metrics.host(), why) == Some(true) {
-        log::error!(
-            "event=count_unreliable why={} what=\"the count is no longer trusted to reach 0; a drain closes at drain_timeout\"",
-            why.name()
-        );
-    }
-    metrics.set_count_unreliable(true);
-}
-
-/// A stream that could not be counted (the counter has tried to mark the
-/// count unreliable, and retries on its ticks): counted as an error, logged.
-pub fn not_counted<H: Host>(metrics: &Metrics<H>) {
-    metrics.count_error();
-    log::error!("event=count_error what=\"stream not counted; drain will wait for drain_timeout\"");
-    metrics.set_count_unreliable(true);
-}
-
-/// Why the count is unreliable, if it was marked so.
-fn unreliable_mark<H: Host>(host: &H) -> Result<Option<Why>, ()> {
-    match host.get(keys::UNRELIABLE) {
-        Ok((Some(b), _)) if !b.is_empty() => Ok(Some(
-            std::str::from_utf8(&b)
-                .ok()
-                .and_then(Why::from_name)
-                .unwrap_or(Why::StreamNotCounted),
-        )),
-        Ok(_) => Ok(None),
+/// The liveness verdict the health role's watch last wrote
+/// (`keys::VERDICT`: the registry generation it was judged at, then the
+/// reason's name; no reason when empty or absent).
+fn verdict<H: Host>(host: &H) -> Result<Option<Why>, ()> {
+    match host.get(keys::VERDICT) {
+        // Shorter than a generation, or a name drain-gate does not write:
+        // not trusted.
+        Ok((Some(b), _)) => Ok(match b.get(8..) {
+            Some([]) => None,
+            Some(name) => Some(
+                std::str::from_utf8(name)
+                    .ok()
+                    .and_then(Why::from_name)
+                    .unwrap_or(Why::TrafficRoleLost),
+            ),
+            None => Some(Why::TrafficRoleLost),
+        }),
+        Ok((None, _)) => Ok(None),
         Err(_) => Err(()),
     }
+}
+
+/// Writes the verdict judged at registry generation `gen`, unless a verdict
+/// of a later generation is already written (two judges never turn a newer
+/// verdict back into an older one). Returns whether it was written.
+pub fn write_verdict<H: Host>(host: &H, gen: u64, why: Option<Why>) -> bool {
+    let mut bytes = gen.to_le_bytes().to_vec();
+    bytes.extend_from_slice(why.map_or("", Why::name).as_bytes());
+    cas_update(host, keys::VERDICT, |current| {
+        let written_gen = current
+            .and_then(|b| b.get(..8))
+            .and_then(shared::u64_of)
+            .unwrap_or(0);
+        Ok::<_, std::convert::Infallible>(match current {
+            Some(b) if written_gen > gen || b == bytes.as_slice() => Step::Keep(false),
+            _ => Step::Write(bytes.clone(), true),
+        })
+    })
+    .unwrap_or(false)
+}
+
+/// A stream that could not be counted (the counter counts it as uncounted
+/// until it ends): counted as an error, logged.
+pub fn not_counted<H: Host>(metrics: &Metrics<H>) {
+    metrics.count_error();
+    log::error!(
+        "event=count_error what=\"stream not counted; the count is unreliable until it ends\""
+    );
+    metrics.set_count_unreliable(true);
 }
 
 /// The global count as a role reads it.

@@ -24,7 +24,13 @@ use crate::lb::Checkers;
 use crate::rotation;
 
 /// What a status answer shows beyond the FSM record, read at once.
-type Snapshot = (Reading, Checkers, TrafficInfo, Option<rotation::Record>);
+type Snapshot = (
+    Reading,
+    Checkers,
+    TrafficInfo,
+    Option<rotation::Record>,
+    Vec<u64>,
+);
 
 /// A held `wait=closed` request.
 #[derive(Clone, Copy, Debug)]
@@ -75,6 +81,7 @@ impl<H: Host + Copy> Health<H> {
         let host = *metrics.host();
         let counter = Counts::new(&metrics);
         let rotator = Rotator::new(host, config.rotate_connections.clone());
+        let watch = Watch::new(host, config.tick_ms);
         let health = Health {
             config,
             counter,
@@ -82,7 +89,7 @@ impl<H: Host + Copy> Health<H> {
             rotator,
             store: Store::new(host),
             waiters: RefCell::new(Vec::new()),
-            watch: Watch::new(host),
+            watch,
         };
         // Record where the wall clock stands before the first tick, so that
         // a step even then is seen.
@@ -106,19 +113,25 @@ impl<H: Host> Health<H> {
             log::warn!("event=rotation_record_unavailable error=\"{e}\"");
             None
         });
-        let (reg, verdict) = self.watch.snapshot();
+        let (reg, verdict, watch) = self.watch.snapshot();
         let traffic = TrafficInfo {
             seen: !verdict.waiting,
             roots: reg.roots.len(),
-            lost: reg.lost_total,
+            lost: (reg.lost.len() as u64).saturating_add(reg.dropped_lost),
+            lost_total: reg.lost_total,
+            back_total: reg.back_total,
+            refused: reg.refused,
+            stalls: watch.stalls,
+            longest_stall_ms: watch.longest_stall_ms,
         };
-        (self.counter.read(), checkers, traffic, rotation)
+        let ids = reg.roots.iter().map(|r| r.id).collect();
+        (self.counter.read(), checkers, traffic, rotation, ids)
     }
 
     fn view<'a>(
         &'a self,
         rec: &'a Record,
-        (reading, checkers, traffic, rotation): &'a Snapshot,
+        (reading, checkers, traffic, rotation, ids): &'a Snapshot,
     ) -> View<'a> {
         let now = self.host().now();
         View {
@@ -126,7 +139,7 @@ impl<H: Host> Health<H> {
             active: reading.active,
             now,
             clock: self.clock_info(),
-            in_flight: in_flight::read(self.host(), now.timer_ms()),
+            in_flight: in_flight::read(self.host(), now.timer_ms(), ids.iter().copied()),
             count: CountInfo {
                 source: self.counter.source_name(),
                 reliable: reading.reliable,
@@ -137,6 +150,7 @@ impl<H: Host> Health<H> {
             traffic: *traffic,
             draining_lb_status: self.config.draining_lb_status,
             checkers,
+            ignored_checks: self.metrics.lb_checks_ignored(),
             lb_fall: self.config.lb_fall,
             close_after: self.config.close_after,
             rotation: RotationView {
@@ -162,7 +176,7 @@ impl<H: Host> Health<H> {
         self.store
             .lb_checkers()
             .ok()
-            .and_then(|c| c.down_since(self.host().now().wall_ms, self.config.lb_fall))
+            .and_then(|c| c.down_since(self.host().now().timer_ms(), self.config.lb_fall))
     }
 
     /// Answers the LB check and remembers what this checker was served
@@ -170,9 +184,13 @@ impl<H: Host> Health<H> {
     /// soft drain waits for flips it at once if nothing is in flight.
     fn lb_check(&self, state: State, req: &api::Request) -> Reply {
         let reply = api::check(Audience::Lb, state, &self.config, req.if_none_match);
-        let Some(ip) = req.source.filter(|ip| self.config.is_checker(*ip)) else {
+        let Some(ip) = req.source else {
             return reply;
         };
+        if !self.config.is_checker(ip) {
+            self.ignored_check(ip);
+            return reply;
+        }
         let served = if reply.status == 304 {
             200
         } else {
@@ -194,6 +212,22 @@ impl<H: Host> Health<H> {
             }
         }
         reply
+    }
+
+    /// A check from outside `lb_checkers`: answered, not recorded — counted,
+    /// and logged once per new source, so that an LB whose checks arrive from
+    /// another address (SNAT, a wrong CIDR) is seen, not silently ignored.
+    fn ignored_check(&self, ip: IpAddr) {
+        self.metrics.lb_check_ignored();
+        match self.store.lb_ignore(&ip.to_string()) {
+            Ok(true) => log::warn!(
+                "event=lb_check_ignored source={ip} what=\"a /health_check.html from outside \
+                 lb_checkers: answered, not recorded; if it is the LB, a soft drain's gate and \
+                 lb_observed_down never see it\""
+            ),
+            Ok(false) => {}
+            Err(e) => log::warn!("event=lb_record_unavailable error=\"{e}\""),
+        }
     }
 
     /// Moves the FSM for an admin command, then applies whatever became due
@@ -346,8 +380,16 @@ impl<H: Host> Health<H> {
         self.rotator.tick(&rec);
         self.metrics.set_count_unreliable(!reading.reliable);
         let now = self.host().now();
-        self.metrics
-            .set_oldest_in_flight(in_flight::read(self.host(), now.timer_ms()).oldest_age_ms);
+        let ids = self
+            .watch
+            .snapshot()
+            .0
+            .roots
+            .iter()
+            .map(|r| r.id)
+            .collect::<Vec<_>>();
+        let oldest = in_flight::read(self.host(), now.timer_ms(), ids.into_iter()).oldest_age_ms;
+        self.metrics.set_oldest_in_flight(oldest);
         if self.waiters.borrow().is_empty() {
             return;
         }

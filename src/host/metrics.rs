@@ -2,8 +2,10 @@
 //! live, and records transitions.
 
 use proxy_wasm::types::MetricType;
+use serde::{Deserialize, Serialize};
 
-use super::shared::{Envoy, Host};
+use super::keys;
+use super::shared::{self, Envoy, Host};
 use crate::fsm::{Record, State};
 use crate::metric_names::{self as names, Kind};
 
@@ -17,6 +19,9 @@ pub struct Metrics<H: Host = Envoy> {
     state: Option<u32>,
     /// The state gauge proved live: traffic streams may read it as a hint.
     state_live: bool,
+    /// The count's gauges proved live (else the count lives in shared data).
+    pub active_live: bool,
+    pub active_connections_live: bool,
     transitions: [Option<u32>; 5],
     forced: Option<u32>,
     count_errors: Option<u32>,
@@ -24,6 +29,7 @@ pub struct Metrics<H: Host = Envoy> {
     traffic_roles_lost: Option<u32>,
     oldest_in_flight: Option<u32>,
     clock_steps: Option<u32>,
+    lb_checks_ignored: Option<u32>,
 }
 
 fn define<H: Host>(host: &H, name: &str) -> Option<u32> {
@@ -46,13 +52,50 @@ fn define<H: Host>(host: &H, name: &str) -> Option<u32> {
 
 /// Adds 1 to the gauge, reads it back, removes the 1: a null stat (a gauge a
 /// `stats_matcher` excludes) reads 0.
-pub fn gauge_is_live<H: Host>(host: &H, id: u32) -> bool {
+fn gauge_is_live<H: Host>(host: &H, id: Option<u32>) -> bool {
+    let Some(id) = id else { return false };
     if host.metric_add(id, 1).is_err() {
         return false;
     }
     let seen = host.metric_get(id).unwrap_or(0);
     let _ = host.metric_add(id, -1);
     seen >= 1
+}
+
+/// Which gauges are live, probed once per process: by the first root
+/// context configured, which Envoy configures on the main thread before any
+/// worker VM exists — so nobody else writes a gauge while it is probed (a
+/// probe racing a `record` could leave the state gauge wrapped to 2⁶⁴−1), and
+/// no later root probes again (a `stats_matcher` is fixed at bootstrap).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+struct Live {
+    state: bool,
+    active: bool,
+    active_connections: bool,
+}
+
+fn live_gauges<H: Host>(
+    host: &H,
+    state: Option<u32>,
+    active: Option<u32>,
+    conns: Option<u32>,
+) -> Live {
+    if let Ok(Some(b)) = host.get(keys::GAUGES).map(|(b, _)| b) {
+        if let Ok(live) = shared::parse(keys::GAUGES, &b) {
+            return live;
+        }
+    }
+    let live = Live {
+        state: gauge_is_live(host, state),
+        active: gauge_is_live(host, active),
+        active_connections: gauge_is_live(host, conns),
+    };
+    let written = shared::encode(keys::GAUGES, &live)
+        .and_then(|bytes| shared::create(host, keys::GAUGES, &bytes));
+    if let Err(e) = written {
+        log::warn!("event=shared_data_error key={} error=\"{e}\"", keys::GAUGES);
+    }
+    live
 }
 
 impl<H: Host + Copy> Metrics<H> {
@@ -62,12 +105,17 @@ impl<H: Host + Copy> Metrics<H> {
             *slot = define(&host, name);
         }
         let state = define(&host, names::STATE);
+        let active = define(&host, names::ACTIVE_REQUESTS);
+        let active_connections = define(&host, names::ACTIVE_CONNECTIONS);
+        let live = live_gauges(&host, state, active, active_connections);
         Metrics {
             host,
-            active: define(&host, names::ACTIVE_REQUESTS),
-            active_connections: define(&host, names::ACTIVE_CONNECTIONS),
+            active,
+            active_connections,
             state,
-            state_live: state.is_some_and(|id| gauge_is_live(&host, id)),
+            state_live: live.state,
+            active_live: live.active,
+            active_connections_live: live.active_connections,
             transitions,
             forced: define(&host, names::FORCED_CLOSES),
             count_unreliable: define(&host, names::COUNT_UNRELIABLE),
@@ -75,6 +123,7 @@ impl<H: Host + Copy> Metrics<H> {
             count_errors: define(&host, names::COUNT_ERRORS),
             traffic_roles_lost: define(&host, names::TRAFFIC_ROLES_LOST),
             clock_steps: define(&host, names::CLOCK_STEPS),
+            lb_checks_ignored: define(&host, names::LB_CHECKS_IGNORED),
         }
     }
 }
@@ -153,5 +202,16 @@ impl<H: Host> Metrics<H> {
 
     pub fn clock_step(&self) {
         self.bump(self.clock_steps);
+    }
+
+    pub fn lb_check_ignored(&self) {
+        self.bump(self.lb_checks_ignored);
+    }
+
+    /// The ignored-checks counter over every VM (0 when it cannot be read).
+    pub fn lb_checks_ignored(&self) -> u64 {
+        self.lb_checks_ignored
+            .and_then(|id| self.host.metric_get(id).ok())
+            .unwrap_or(0)
     }
 }

@@ -5,6 +5,7 @@
 use proxy_wasm::hostcalls;
 use proxy_wasm::traits::{Context, HttpContext, RootContext, StreamContext};
 use proxy_wasm::types::ContextType;
+use std::cell::OnceCell;
 use std::rc::Rc;
 use std::time::Duration;
 
@@ -16,6 +17,19 @@ use super::shared::Envoy;
 use super::store::Store;
 use super::traffic::{Traffic, TrafficStream};
 use crate::config::{Config, Role};
+
+thread_local! {
+    /// This VM's metric ids, defined once: Envoy does not deduplicate
+    /// `define_metric`, and every root context of the VM — each filter
+    /// configuration of every role, again on every reconfiguration — would
+    /// otherwise define all of them again.
+    static METRICS: OnceCell<Metrics> = const { OnceCell::new() };
+}
+
+/// The metrics of this VM.
+fn metrics() -> Metrics {
+    METRICS.with(|m| *m.get_or_init(|| Metrics::define(Envoy)))
+}
 
 /// A stream or connection of an unconfigured root: does nothing.
 struct Passthrough;
@@ -71,7 +85,7 @@ impl RootContext for Root {
                 return false;
             }
         };
-        let metrics = Metrics::define(Envoy);
+        let metrics = metrics();
         match Store::new(Envoy).load() {
             Ok(rec) => metrics.set_state(rec.state),
             Err(e) => log::error!("event=state_unavailable error=\"{e}\""),

@@ -141,6 +141,35 @@ where
     })
 }
 
+/// `json_update` that writes only when `f` says it changed the value.
+pub fn json_change<H, T, E>(
+    host: &H,
+    key: &str,
+    mut f: impl FnMut(&mut T) -> Result<bool, E>,
+) -> Result<bool, Failed<E>>
+where
+    H: Host + ?Sized,
+    T: serde::Serialize + serde::de::DeserializeOwned + Default,
+{
+    cas_update(host, key, |bytes| {
+        let mut value: T = match bytes {
+            Some(b) => parse(key, b).map_err(Failed::Shared)?,
+            None => T::default(),
+        };
+        if !f(&mut value).map_err(Failed::Refused)? {
+            return Ok(Step::Keep(false));
+        }
+        Ok(Step::Write(
+            encode(key, &value).map_err(Failed::Shared)?,
+            true,
+        ))
+    })
+    .map_err(|e| match e {
+        Failed::Refused(inner) => inner,
+        Failed::Shared(s) => Failed::Shared(s),
+    })
+}
+
 /// A JSON value, `T::default()` when absent.
 pub fn json_read<H, T>(host: &H, key: &str) -> Result<T, SharedError>
 where

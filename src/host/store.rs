@@ -8,10 +8,10 @@ use std::fmt;
 
 use super::keys;
 use super::metrics::Metrics;
-use super::shared::{self, cas_update, json_read, json_update, Failed, Host, SharedError, Step};
+use super::shared::{self, cas_update, json_change, json_read, Failed, Host, SharedError, Step};
 use crate::clock::{Look, Now, Steps};
 use crate::fsm::{self, Illegal, Move, Record};
-use crate::lb::Checkers;
+use crate::lb::{Checkers, Gate};
 use crate::rotation;
 
 #[derive(Debug)]
@@ -164,16 +164,23 @@ impl<H: Host> Store<H> {
         Ok(rec)
     }
 
-    /// For a gated soft drain: whether every live checker has been served the
-    /// 404 since the drain began (unreadable: not yet; `drain_timeout` bounds it).
+    /// For a gated soft drain: whether the gate lets the active = 0 flip go
+    /// ahead (unreadable: not yet; `drain_timeout` bounds it).
     fn lb_saw_drain(&self, rec: &Record) -> bool {
-        let gated = rec.state == fsm::State::Draining && rec.plan.is_some_and(|p| p.lb_gate);
-        if !gated {
-            return true;
-        }
-        let since = rec.drain_started_ms.unwrap_or(0);
-        self.lb_checkers()
-            .is_ok_and(|c| c.saw_drain(since, self.host.now().wall_ms))
+        self.gate(rec).map_or(true, Gate::passes)
+    }
+
+    /// What a gated soft drain waits for (`None`: not a gated drain now).
+    pub fn gate(&self, rec: &Record) -> Option<Gate> {
+        let plan = rec
+            .plan
+            .filter(|p| p.lb_gate && rec.state == fsm::State::Draining)?;
+        let since = rec.drain_started_timer_ms().unwrap_or(0);
+        let now = self.host.now().timer_ms();
+        Some(match self.lb_checkers() {
+            Ok(c) => c.gate(since, now, plan.lb_gate_needs_checker),
+            Err(_) => Gate::Waiting,
+        })
     }
 
     /// What every LB checker has been answered so far.
@@ -181,12 +188,23 @@ impl<H: Host> Store<H> {
         json_read(&self.host, keys::LB)
     }
 
-    /// Records an answer served to an LB checker (compare-and-swap, retried).
+    /// Records an answer served to an LB checker (compare-and-swap, retried;
+    /// written only when the record changed).
     pub fn lb_observe(&self, source: &str, status: u16, lb_fall: u32) -> Result<(), SharedError> {
-        let now_ms = self.host.now().wall_ms;
-        json_update(&self.host, keys::LB, |c: &mut Checkers| {
-            c.observe(source, status, now_ms, lb_fall);
-            Ok::<_, SharedError>(())
+        let now_ms = self.host.now().timer_ms();
+        json_change(&self.host, keys::LB, |c: &mut Checkers| {
+            Ok::<_, SharedError>(c.observe(source, status, now_ms, lb_fall))
+        })
+        .map(|_| ())
+        .map_err(flatten)
+    }
+
+    /// Records a check from outside `lb_checkers`; `true` when its source is
+    /// new (the caller logs it once).
+    pub fn lb_ignore(&self, source: &str) -> Result<bool, SharedError> {
+        let now_ms = self.host.now().timer_ms();
+        json_change(&self.host, keys::LB, |c: &mut Checkers| {
+            Ok::<_, SharedError>(c.ignore(source, now_ms))
         })
         .map_err(flatten)
     }
@@ -287,7 +305,7 @@ mod tests {
         sim.put(keys::LB, b"[1,2");
         let e = store.lb_checkers().unwrap_err();
         assert!(
-            e.to_string().starts_with("unreadable drain_gate.lb.v1: "),
+            e.to_string().starts_with("unreadable drain_gate.lb.v2: "),
             "{e}"
         );
     }

@@ -28,19 +28,16 @@ struct AgeBook<H: Host> {
     ages: RefCell<Ages>,
     last_tick_ms: Cell<u64>,
     tick_ms: u64,
-    slot: Option<u32>,
 }
 
 impl<H: Host> AgeBook<H> {
     fn new(host: H, tick_ms: u64) -> AgeBook<H> {
         let last_tick_ms = Cell::new(host.now().timer_ms());
-        let slot = in_flight::claim_slot(&host);
         AgeBook {
             host,
             ages: RefCell::new(Ages::default()),
             last_tick_ms,
             tick_ms,
-            slot,
         }
     }
 
@@ -58,14 +55,16 @@ impl<H: Host> AgeBook<H> {
         }
     }
 
-    fn tick(&self) {
+    /// Publishes the summary under the root's registry id (none yet: the
+    /// root has not registered, and no reader looks for it).
+    fn tick(&self, id: Option<u64>) {
         let now = self.host.now().timer_ms();
         self.last_tick_ms.set(now);
-        let (Some(slot), Ok(mut ages)) = (self.slot, self.ages.try_borrow_mut()) else {
+        let (Some(id), Ok(mut ages)) = (id, self.ages.try_borrow_mut()) else {
             return;
         };
         ages.compact();
-        in_flight::publish(&self.host, slot, &ages.publish(now, self.tick_ms));
+        in_flight::publish(&self.host, id, &ages.publish(now, self.tick_ms));
     }
 }
 
@@ -105,6 +104,22 @@ impl<H: Host> Traffic<H> {
         self.counts.part(self.part)
     }
 
+    /// Streams (or connections) this root counted and has in flight.
+    pub fn in_flight(&self) -> u64 {
+        self.counter().in_flight()
+    }
+
+    /// Whether this root has an uncounted stream the shared count does not
+    /// know of yet (its write failed; retried from the tick).
+    pub fn owes_uncounted(&self) -> bool {
+        self.counter().mark_pending()
+    }
+
+    /// This root's registry id, once it registered (its first tick).
+    pub fn id(&self) -> Option<u64> {
+        self.heartbeat.id()
+    }
+
     /// The root context is being removed cleanly: leave the registry.
     pub fn goodbye(&self) {
         self.heartbeat.goodbye();
@@ -115,7 +130,7 @@ impl<H: Host> Traffic<H> {
     /// already ended before it knew about the drain.
     pub fn tick(&self) {
         self.heartbeat.beat();
-        self.ages.tick();
+        self.ages.tick(self.heartbeat.id());
         let state = match self.metrics.state_hint() {
             Some(state) => state,
             None => match self.store.load() {
@@ -180,7 +195,13 @@ pub struct TrafficStream<H: Host = Envoy> {
 }
 
 impl<H: Host> TrafficStream<H> {
+    /// Whether this stream is in the count (else in `keys::UNCOUNTED`).
+    pub fn counted(&self) -> bool {
+        self.counted
+    }
+
     pub fn new(traffic: Rc<Traffic<H>>) -> TrafficStream<H> {
+        traffic.heartbeat.ensure();
         let counted = traffic.counter().enter(traffic.draining.get());
         if !counted {
             count::not_counted(&traffic.metrics);
@@ -205,6 +226,8 @@ impl<H: Host> Drop for TrafficStream<H> {
         self.traffic.ages.exit(self.started_ms);
         if self.counted {
             self.traffic.stream_ended();
+        } else {
+            self.traffic.counter().uncounted_ended();
         }
     }
 }
