@@ -580,7 +580,7 @@ mod tests {
     }
 
     #[test]
-    fn state_table_matches_the_seed() {
+    fn state_table_matches_the_readme() {
         let rows = [
             (Open, 200, 200, 200),
             (Draining, 200, 200, 200),

@@ -137,7 +137,7 @@ def test_chart_service_is_service_yaml(values):
     assert written["spec"] == rendered["spec"]
 
 
-def test_service_maps_the_seed_node_ports(values):
+def test_service_maps_the_documented_node_ports(values):
     spec = istio.load_one(istio.KUBERNETES / "service.yaml")["spec"]
     assert spec["type"] == "NodePort"
     assert spec["externalTrafficPolicy"] == "Local"

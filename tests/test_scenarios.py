@@ -46,10 +46,10 @@ from tests.harness import timeline
 from tests.harness.clients import CurlStream, PinnedClients, ShortLoop
 from tests.harness.envoy import REPO, wait_for
 from tests.harness.haproxy import CFG, CFG_SOFT_DRAIN, CFG_TCP, make_cert
-from tests.harness.rig import QUICK, SEED, PreStop, Rig, Timing, flip_now
+from tests.harness.rig import QUICK, SHIPPED, PreStop, Rig, Timing, flip_now
 
 FULL = os.environ.get("DRAIN_GATE_SCENARIOS", "") == "full"
-TIMING: Timing = SEED if FULL else QUICK
+TIMING: Timing = SHIPPED if FULL else QUICK
 full_only = pytest.mark.skipif(not FULL, reason="full scenario set: `make scenarios` (DRAIN_GATE_SCENARIOS=full)")
 
 OUT = REPO / "out" / "scenarios"
@@ -415,7 +415,7 @@ def test_s4_ten_long_streams_and_short_traffic(run_dir, mode):
 def test_s3_rollout_under_continuous_short_requests(run_dir, lb_status):
     """Two gateways; gw1 goes through the preStop drain (GET /prestop), is stopped at CLOSED
     and started again while short requests run for >= 30 s."""
-    mode = "seed-200" if lb_status == 200 else "soft-404"
+    mode = "default-200" if lb_status == 200 else "soft-404"
     config = SOFT if lb_status == 404 else None
     wd = run_dir / "s3" / mode
     duration = 36.0
@@ -435,7 +435,7 @@ def test_s3_rollout_under_continuous_short_requests(run_dir, lb_status):
         short.join(duration + 30)
         served_after = [r for r in rig.haproxy.requests() if r.server == "gw1" and r.accept > up]
         tl = finish(run_dir, rig, scenario="s3", mode=mode, trigger=ps.trigger, status=final, short=short,
-                    pair=("seed-200", "soft-404"),
+                    pair=("default-200", "soft-404"),
                     extra={"stopped": stopped, "restarted": started, "lb_up_again": up,
                            "gw1_requests_after_restart": len(served_after)})
     summary = short.summary()
@@ -583,7 +583,7 @@ S5_DRAIN_TIMEOUT = 20
 
 def s5_run(run_dir: Path, lb_status: int, workload: str):
     period, seconds = WORKLOADS[workload]
-    mode = "seed-200" if lb_status == 200 else "soft-404"
+    mode = "default-200" if lb_status == 200 else "soft-404"
     config = {**(SOFT if lb_status == 404 else {}), "drain_timeout": f"{S5_DRAIN_TIMEOUT}s"}
     scenario = f"s5-{workload}"
     wd = run_dir / scenario / mode
@@ -614,7 +614,7 @@ def s5_run(run_dir: Path, lb_status: int, workload: str):
             s.server = rig.haproxy.server_of(f"id={s.label}&") or rig.haproxy.server_of(f"id={s.label} ")
         tl = finish(run_dir, rig, scenario=scenario, mode=mode, trigger=ps.trigger, status=final,
                     streams=[s for s in streams if s.server == "gw1" or not s.complete],
-                    pair=("seed-200", "soft-404"),
+                    pair=("default-200", "soft-404"),
                     extra={"workload": {"period_s": period, "stream_s": seconds, "arrivals": len(streams),
                                         "until_closed": closed_at},
                            "drain_timeout_s": S5_DRAIN_TIMEOUT})
@@ -653,7 +653,7 @@ def test_s5_soft_drain_404_sparse(run_dir):
 
 @full_only
 @pytest.mark.parametrize("workload", ["dense", "sparse"])
-def test_s5_seed_200_loss_is_measured_and_explained(run_dir, workload):
+def test_s5_default_200_loss_is_measured_and_explained(run_dir, workload):
     """Seed behaviour: the LB keeps sending new long streams to the draining gateway.
 
     Every stream lost must be one that was on gw1 at LB DOWN: in flight at a
