@@ -15,7 +15,7 @@ import pytest
 from tests.harness import istio
 from tests.harness.envoy import REPO, WASM
 
-# The seed's cluster (k8s 1.30.6) and the newest schema bundled.
+# The sidecar design's cluster (k8s 1.30.6) and the newest schema bundled.
 K8S_VERSIONS = ("1.30.0", kubernetes_validate.utils.latest_version())
 PATCHES = ("gateway-deployment-patch.yaml", "gateway-deployment-patch-distroless.yaml")
 

@@ -1,4 +1,4 @@
-"""Connection rotation at drain start (the seed's event 3) in a real Envoy:
+"""Connection rotation at drain start (event 3 of a pod termination) in a real Envoy:
 the health role calls POST /drain_listeners?graceful&skip_exit on Envoy's admin
 once per drain, Envoy closes keep-alive connections after their next response
 and keeps accepting new ones, and the health listener never stops."""

@@ -29,7 +29,7 @@ from tests.rollout import fleet, picture
 from tests.rollout.traffic import FULL, QUICK, Profile, Traffic
 
 OUT = REPO / "out" / "rollout"
-INTER = "2s"  # the seed's check timing: inter 2s rise 2 fall 2
+INTER = "2s"  # haproxy.cfg's check timing: inter 2s rise 2 fall 2
 INTER_S = 2.0
 QUICK_STRATEGIES = ("istio-default", "drain-gate-404")
 

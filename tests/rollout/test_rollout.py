@@ -1,4 +1,4 @@
-"""`make rollout-quick`: the rolling update of 2 gateways behind HAProxy (seed timings: inter 2s
+"""`make rollout-quick`: the rolling update of 2 gateways behind HAProxy (shipped timings: inter 2s
 rise 2 fall 2, on-marked-down shutdown-sessions), under short GETs, HTTP/1.1 and HTTP/2 streams
 and websockets, with Istio's default termination and with drain-gate's 404 soft drain.
 
