@@ -505,7 +505,7 @@ def _readme_block(heading: str) -> str:
 def test_readme_maintenance_walkthrough_runs_as_written(gateway):
     """The README's hand-run drain, against a real Envoy: every `# →` line prints what it says."""
     gw = gateway({"lb_buffer": "200ms"})
-    block = _readme_block("## Maintenance drain")
+    block = _readme_block("### Maintenance drain")
     expected = [line.split("# →", 1)[1].split()[0] for line in block.splitlines() if "# →" in line]
     script = block.replace("localhost:18180", f"127.0.0.1:{gw.ports.health}").replace(
         "localhost:18080", f"127.0.0.1:{gw.ports.traffic}")
