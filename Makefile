@@ -283,7 +283,7 @@ rules: deps-prometheus
 observability: $(VENV)/.installed
 	$(PY) envoyfilter/observability/generate.py
 
-# The README's dashboard picture, from the Prometheus data the live test saved.
+# envoyfilter/README.md's dashboard picture, from the Prometheus data the live test saved.
 dashboard-png: $(VENV)/.installed
 	PYTHONPATH=. $(PY) -m pytest tests/test_observability.py -q -p no:cacheprovider -k live
 	PYTHONPATH=. $(PY) -m tests.observability.render out/observability/drain.json envoyfilter/observability/drain-gate.dashboard.png

@@ -217,7 +217,7 @@ def _every_panel_returns_data(prom: Prometheus) -> None:
 
 
 def _save(prom: Prometheus, start: float) -> None:
-    """What the README's dashboard picture is drawn from (`make dashboard-png`): every
+    """What envoyfilter/README.md's dashboard picture is drawn from (`make dashboard-png`): every
     panel's series from the start up to a 1 s step that shows the alert firing."""
     firing = f'ALERTS{{alertname="{FORCED}",alertstate="firing"}}'
     end = wait_for(lambda: prom.query_range(firing, start, time.time()) and time.time(), 10,

@@ -155,7 +155,7 @@ def account(strategy, traffic: Traffic, old, new, stat, haproxy, t0: float, end:
 
 
 def table(result: dict) -> str:
-    """The README's table: lost / sent per kind, rollout time, drain time per gateway."""
+    """tests/README.md's table: lost / sent per kind, rollout time, drain time per gateway."""
     lines = ["| strategy | short lost/sent | HTTP/1.1 streams | HTTP/2 streams | websockets | rollout s | drain s per gateway (median, max) |",
              "|---|---|---|---|---|---|---|"]
     for name, r in result["strategies"].items():

@@ -61,7 +61,7 @@ def test_istio_default_cuts_long_streams(result):
 
 
 def test_summarize_prints_the_tables_of_the_readme(result):
-    """`python -m tests.rollout.driver --summarize <result.json>…`, as the README runs it."""
+    """`python -m tests.rollout.driver --summarize <result.json>…`, as tests/README.md runs it."""
     out = subprocess.run([sys.executable, "-m", "tests.rollout.driver", "--summarize", str(driver.OUT / "result.json")],
                          cwd=REPO, capture_output=True, text=True, timeout=60, check=True).stdout
     assert "| istio-default |" in out and "| drain-gate-404 |" in out
