@@ -125,6 +125,9 @@ impl Why {
 pub struct Registry {
     /// Moves on with every change (the verdicts judged from it are ordered by it).
     pub generation: u64,
+    /// One above the highest id ever handed out: how many beat and in-flight
+    /// keys exist.
+    pub ids_high: u64,
     /// A traffic root has registered at least once.
     pub seen: bool,
     /// A role was loaded as the wrong kind of filter: what passed it was not
@@ -176,6 +179,7 @@ impl Registry {
         let taken =
             |id: u64| self.roots.iter().any(|r| r.id == id) || self.lost.iter().any(|l| l.id == id);
         let id = (0u64..).find(|id| !taken(*id))?;
+        self.ids_high = self.ids_high.max(id.saturating_add(1));
         self.seen = true;
         self.empty_since_ms = None;
         self.min_tick_ms = Some(self.min_tick_ms.map_or(tick_ms, |t| t.min(tick_ms)));

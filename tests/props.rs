@@ -12,7 +12,7 @@ use drain_gate::clock::{self, Look, Now, Steps, Timers};
 use drain_gate::config::{Config, Role, KEYS};
 use drain_gate::fsm::{self, CloseAfter, DrainPlan, Move, Reason, Record, State, HISTORY};
 use drain_gate::in_flight::{Ages, InFlight};
-use drain_gate::lb::Checkers;
+use drain_gate::lb::{Checkers, Gate};
 use proptest::prelude::*;
 use serde_json::{json, Value};
 
@@ -602,6 +602,7 @@ proptest! {
             lb_fall: 2,
             close_after: CloseAfter::LbBuffer,
             rotation: api::RotationView { cluster: Some("admin"), last: None },
+            footprint: api::Footprint::default(),
         };
         let body: Value = serde_json::from_slice(&api::status(&view).body).unwrap();
         for field in ["state", "ready", "live", "lb_status", "active", "count", "waiting_for", "traffic", "in_flight", "progress", "lb", "clock", "connection_rotation"] {
@@ -744,6 +745,48 @@ proptest! {
         }
     }
 
+    /// The LB view and the soft-drain gate run on the monotonic clock too: a
+    /// drain whose checker is answered at every tick (what the state answers
+    /// it) takes exactly the same transitions, at the same ticks, whether or
+    /// not the wall clock steps in between — `lb_observed_down`'s close, the
+    /// gate's flip, the timeouts.
+    #[test]
+    fn lb_view_and_gate_ignore_wall_clock_steps(
+        plan in plan(),
+        ticks in prop::collection::vec((tick(), any::<bool>()), 1..150),
+        wall in 1u64 << 41..1 << 42,
+        mono in 0u64..1 << 40,
+    ) {
+        let start = Move { expected_from: State::Open, to: State::Draining, reason: Reason::DrainRequested, plan: Some(plan), force: false };
+        let begin = |wall_ms| Now { wall_ms, mono_ms: Some(mono) };
+        let mut stepped = fsm::advance(&Record::new(wall), start, begin(wall), 1).unwrap();
+        let mut steady = stepped.clone();
+        let (mut c_stepped, mut c_steady) = (Checkers::default(), Checkers::default());
+        let (mut wall_s, mut wall_0, mut m) = (wall, wall, mono);
+        for (t, checks) in ticks {
+            m += t.dt;
+            wall_s = wall_after(wall_s, t);
+            wall_0 += t.dt;
+            let mut got = Vec::new();
+            for (rec, checkers, wall_ms) in [(&mut stepped, &mut c_stepped, wall_s), (&mut steady, &mut c_steady, wall_0)] {
+                let now = Now { wall_ms, mono_ms: Some(m) };
+                if checks {
+                    checkers.observe("10.0.0.1", rec.state.lb_status(404), m, 2);
+                }
+                let lb_down = checkers.down_since(m, 2);
+                let since = rec.drain_started_timer_ms().unwrap();
+                let gate = checkers.gate(since, m, plan.lb_gate_needs_checker).passes();
+                let due = fsm::due_gated(rec, now, t.active, lb_down, gate);
+                if let Some(mv) = due {
+                    *rec = fsm::advance(rec, mv, now, t.active).unwrap();
+                }
+                got.push(due.map(|mv| mv.reason));
+            }
+            prop_assert_eq!(got[0], got[1], "a wall-clock step of {} ms changed a decision", t.step);
+            prop_assert_eq!(stepped.state, steady.state);
+        }
+    }
+
     /// A wall-clock step of 5/4 of the threshold or more is counted at the
     /// tick it happens; changes below 3/4 of it never are; the recorded
     /// offset never lags the real one by more than a quarter of the threshold.
@@ -814,8 +857,10 @@ proptest! {
         }
     }
 
-    /// The checkers' view: `saw_drain` is exactly "every live checker was
-    /// served a 404 at or after the drain start".
+    /// The checkers' view: `saw_drain` is exactly "at least one live checker,
+    /// and every one was served a 404 at or after the drain start", and the
+    /// gate holds exactly until then — or, with no live checker, holds only
+    /// when `lb_checkers` names the LB.
     #[test]
     fn saw_drain_matches_its_definition(answers in prop::collection::vec((0u8..6, prop::sample::select(vec![200u16, 404, 503]), 0u64..50_000), 0..40),
                                        since in 0u64..50_000) {
@@ -826,8 +871,17 @@ proptest! {
             c.observe(&format!("10.0.0.{who}"), status, now, 2);
         }
         let live: Vec<_> = c.list.iter().filter(|x| now - x.last_seen_ms <= drain_gate::lb::CHECKER_TTL_MS).collect();
-        let expect = live.iter().all(|x| x.last_404_ms.is_some_and(|t| t >= since));
-        prop_assert_eq!(c.saw_drain(since, now), expect);
+        let all_404 = live.iter().all(|x| x.last_404_ms.is_some_and(|t| t >= since));
+        prop_assert_eq!(c.saw_drain(since, now), !live.is_empty() && all_404, "never saw what nobody asked");
+        for need in [false, true] {
+            let expect = match (live.is_empty(), all_404, need) {
+                (true, _, false) => Gate::NoLb,
+                (true, _, true) => Gate::NoChecker,
+                (false, true, _) => Gate::Open,
+                (false, false, _) => Gate::Waiting,
+            };
+            prop_assert_eq!(c.gate(since, now, need), expect);
+        }
     }
 }
 

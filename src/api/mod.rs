@@ -41,7 +41,8 @@ use query::Params;
 use reply::{bad_request, error};
 pub use reply::{illegal, unavailable, Reply};
 pub use status::{
-    status, wait_end, wait_reply, ClockInfo, CountInfo, RotationView, TrafficInfo, View, WaitEnd,
+    status, wait_end, wait_reply, ClockInfo, CountInfo, Footprint, RotationView, TrafficInfo, View,
+    WaitEnd,
 };
 
 /// What the host hands over of one request on the health listener.

@@ -50,6 +50,15 @@ pub struct TrafficInfo {
     pub longest_stall_ms: u64,
 }
 
+/// What drain-gate keeps in the process, for an operator to see it bounded.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct Footprint {
+    /// Metric definitions of the VM that answered (one set per VM).
+    pub metric_definitions: u64,
+    /// Shared-data keys drain-gate has created in this process.
+    pub shared_keys: u64,
+}
+
 /// Which clock the timers run on, and the wall-clock steps seen so far;
 /// reported in the status.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -85,6 +94,7 @@ pub struct View<'a> {
     pub lb_fall: u32,
     pub close_after: CloseAfter,
     pub rotation: RotationView<'a>,
+    pub footprint: Footprint,
 }
 
 /// Connection rotation at drain start: configured where, and what the last
@@ -231,6 +241,7 @@ struct Status<'a> {
     lb: Lb<'a>,
     connection_rotation: RotationOut<'a>,
     clock: ClockOut,
+    footprint: Footprint,
     #[serde(skip_serializing_if = "Option::is_none")]
     error: Option<&'a str>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -258,6 +269,7 @@ fn status_body<'a>(v: &View<'a>, error: Option<&'a str>, wait: Option<&'a str>) 
         lb: lb_out(v),
         connection_rotation: rotation_out(&v.rotation),
         clock: v.clock.into(),
+        footprint: v.footprint,
         error,
         wait,
     }
@@ -458,6 +470,7 @@ mod tests {
             lb_fall: 2,
             close_after: CloseAfter::LbBuffer,
             rotation: RotationView::default(),
+            footprint: Footprint::default(),
         };
         f(v)
     }

@@ -24,13 +24,16 @@ use crate::lb::Checkers;
 use crate::rotation;
 
 /// What a status answer shows beyond the FSM record, read at once.
-type Snapshot = (
-    Reading,
-    Checkers,
-    TrafficInfo,
-    Option<rotation::Record>,
-    Vec<u64>,
-);
+struct Snapshot {
+    reading: Reading,
+    checkers: Checkers,
+    traffic: TrafficInfo,
+    rotation: Option<rotation::Record>,
+    /// The registered traffic roots (whose in-flight summaries count).
+    ids: Vec<u64>,
+    /// One above the highest registry id ever handed out.
+    ids_high: u64,
+}
 
 /// A held `wait=closed` request.
 #[derive(Clone, Copy, Debug)]
@@ -125,21 +128,25 @@ impl<H: Host> Health<H> {
             longest_stall_ms: watch.longest_stall_ms,
         };
         let ids = reg.roots.iter().map(|r| r.id).collect();
-        (self.counter.read(), checkers, traffic, rotation, ids)
+        Snapshot {
+            reading: self.counter.read(),
+            checkers,
+            traffic,
+            rotation,
+            ids,
+            ids_high: reg.ids_high,
+        }
     }
 
-    fn view<'a>(
-        &'a self,
-        rec: &'a Record,
-        (reading, checkers, traffic, rotation, ids): &'a Snapshot,
-    ) -> View<'a> {
+    fn view<'a>(&'a self, rec: &'a Record, snap: &'a Snapshot) -> View<'a> {
         let now = self.host().now();
+        let reading = &snap.reading;
         View {
             rec,
             active: reading.active,
             now,
             clock: self.clock_info(),
-            in_flight: in_flight::read(self.host(), now.timer_ms(), ids.iter().copied()),
+            in_flight: in_flight::read(self.host(), now.timer_ms(), snap.ids.iter().copied()),
             count: CountInfo {
                 source: self.counter.source_name(),
                 reliable: reading.reliable,
@@ -147,15 +154,19 @@ impl<H: Host> Health<H> {
                 tcp_connections: reading.connections,
                 unreliable_reason: reading.why.map(|w| w.name()),
             },
-            traffic: *traffic,
+            traffic: snap.traffic,
             draining_lb_status: self.config.draining_lb_status,
-            checkers,
+            checkers: &snap.checkers,
             ignored_checks: self.metrics.lb_checks_ignored(),
             lb_fall: self.config.lb_fall,
             close_after: self.config.close_after,
             rotation: RotationView {
                 cluster: self.rotator.cluster(),
-                last: rotation.as_ref(),
+                last: snap.rotation.as_ref(),
+            },
+            footprint: api::Footprint {
+                metric_definitions: super::metrics::definitions(),
+                shared_keys: super::keys::created(snap.ids_high),
             },
         }
     }

@@ -31,6 +31,28 @@ pub const TRAFFIC_PRESENT: &str = "drain_gate.traffic_present.v1";
 /// The traffic roots registered for liveness (`crate::liveness::Registry`, JSON).
 pub const REGISTRY: &str = "drain_gate.traffic.v2";
 
+/// Every key above: one each per process.
+pub const FIXED: [&str; 12] = [
+    FSM,
+    LB,
+    CLOCK,
+    ROTATION,
+    ACTIVE_STREAMS,
+    ACTIVE_CONNECTIONS,
+    UNCOUNTED,
+    VERDICT,
+    WATCH,
+    GAUGES,
+    TRAFFIC_PRESENT,
+    REGISTRY,
+];
+
+/// How many keys drain-gate has created in this process: the fixed ones and,
+/// per registry id ever handed out (`ids_high`), a beat and an in-flight key.
+pub fn created(ids_high: u64) -> u64 {
+    (FIXED.len() as u64).saturating_add(ids_high.saturating_mul(2))
+}
+
 /// A traffic root's heartbeat: the timer-clock time of its last tick (u64).
 /// One per registry id; ids are reused, so these stay bounded.
 pub fn beat(id: u64) -> String {

@@ -3,6 +3,7 @@
 
 use proxy_wasm::types::MetricType;
 use serde::{Deserialize, Serialize};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::keys;
 use super::shared::{self, Envoy, Host};
@@ -32,7 +33,17 @@ pub struct Metrics<H: Host = Envoy> {
     lb_checks_ignored: Option<u32>,
 }
 
+/// Metric definitions this VM made (Envoy keeps every one: this must stay
+/// flat across reconfigurations).
+static DEFINITIONS: AtomicU64 = AtomicU64::new(0);
+
+/// How many metric definitions this VM has made.
+pub fn definitions() -> u64 {
+    DEFINITIONS.load(Ordering::Relaxed)
+}
+
 fn define<H: Host>(host: &H, name: &str) -> Option<u32> {
+    DEFINITIONS.fetch_add(1, Ordering::Relaxed);
     let kind = names::ALL
         .iter()
         .find(|m| m.name == name)
