@@ -43,10 +43,12 @@ pub const STALE_TICKS: u64 = 10;
 /// ... and never less than this: a worker busy for a moment is not lost.
 pub const STALE_MIN_MS: u64 = 2_000;
 /// Most traffic roots registered at once: one per worker and traffic filter
-/// configuration, one more in the main thread's VM, and the roots of a
-/// reconfiguration until the old ones leave. Past it a root is refused (and
-/// the count not trusted: nobody watches that root).
-pub const MAX_ROOTS: usize = 128;
+/// configuration, one more in the main thread's VM, and the roots of every
+/// replaced filter chain until it has drained (Envoy keeps it for its drain
+/// time: a listener updated every second with a 45 s drain time holds 45 sets
+/// of roots). Past it a root is refused (and the count not trusted: nobody
+/// watches that root).
+pub const MAX_ROOTS: usize = 512;
 
 /// How long a root with this tick may stay silent before it counts as lost.
 pub fn stale_after_ms(tick_ms: u64) -> u64 {

@@ -397,18 +397,22 @@ fn verdict<H: Host>(host: &H) -> Result<Option<Why>, ()> {
 
 /// Writes the verdict judged at registry generation `gen`, unless a verdict
 /// of a later generation is already written (two judges never turn a newer
-/// verdict back into an older one). Returns whether it was written.
+/// verdict back into an older one). Returns whether the reason changed with
+/// this write (the caller logs it once).
 pub fn write_verdict<H: Host>(host: &H, gen: u64, why: Option<Why>) -> bool {
+    let name = why.map_or("", Why::name).as_bytes();
     let mut bytes = gen.to_le_bytes().to_vec();
-    bytes.extend_from_slice(why.map_or("", Why::name).as_bytes());
+    bytes.extend_from_slice(name);
     cas_update(host, keys::VERDICT, |current| {
         let written_gen = current
             .and_then(|b| b.get(..8))
             .and_then(shared::u64_of)
             .unwrap_or(0);
+        let written_name = current.and_then(|b| b.get(8..)).unwrap_or_default();
         Ok::<_, std::convert::Infallible>(match current {
-            Some(b) if written_gen > gen || b == bytes.as_slice() => Step::Keep(false),
-            _ => Step::Write(bytes.clone(), true),
+            Some(_) if written_gen > gen => Step::Keep(false),
+            Some(b) if b == bytes.as_slice() => Step::Keep(false),
+            _ => Step::Write(bytes.clone(), written_name != name),
         })
     })
     .unwrap_or(false)
