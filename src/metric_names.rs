@@ -91,12 +91,12 @@ pub const ALL: [Metric; 15] = [
     Metric {
         name: COUNT_UNRELIABLE,
         kind: Kind::Gauge,
-        help: "1 while the health role distrusts the count (a stream went uncounted, a traffic VM stopped without a goodbye, the traffic filter went away, or no traffic role shares its vm_id)",
+        help: "1 while the health role does not trust the count (count.unreliable_reason in /drain/status says why)",
     },
     Metric {
         name: TRAFFIC_ROLES_LOST,
         kind: Kind::Counter,
-        help: "traffic root contexts that stopped beating without a goodbye (their VM failed)",
+        help: "traffic root contexts declared lost: silent without a goodbye (a failed VM, or a worker late by seconds: traffic.back_total counts those that came back)",
     },
     Metric {
         name: OLDEST_IN_FLIGHT,
