@@ -14,6 +14,7 @@ import subprocess
 
 import kubernetes_validate
 import pytest
+import yaml
 
 from tests.harness import istio, k8s
 from tests import test_hardening_config as config_keys
@@ -260,6 +261,8 @@ def test_gateway_api_value_renders_the_gateway_and_one_pdb(module):
     wp = k8s.by_kind(k8s.template(*with_module(module, *GATEWAY_API, *WASMPLUGIN)))[("WasmPlugin", "drain-gate-traffic")]
     assert wp["spec"]["targetRefs"] == [{"group": "gateway.networking.k8s.io", "kind": "Gateway", "name": "ingress"}]
     assert "selector" not in wp["spec"]
+    deployment = yaml.safe_load(options["data"]["deployment"])
+    assert deployment["spec"]["template"]["spec"]["nodeSelector"] == {"drain-gate.io/lb-node": "true"}
 
 
 def test_gateway_api_distroless_hook_presents_the_newest_token(module):

@@ -330,11 +330,23 @@ def test_envoyfilters_load_the_file_the_options_mount():
 # A model of what decides a rollout here (no scheduler runs on this machine):
 # the Deployment controller's RollingUpdate (maxSurge / maxUnavailable, the
 # scale-down that prefers an old pod sharing its node), and the scheduler's
-# filters for a required pod anti-affinity and a DoNotSchedule topology spread
-# (matchLabelKeys, nodeTaintsPolicy). Pods are ready once placed.
+# filters for a nodeSelector, a required pod anti-affinity and a DoNotSchedule
+# topology spread (matchLabelKeys, nodeTaintsPolicy, and nodeAffinityPolicy's
+# default Honor: only nodes the nodeSelector admits are domains). Pods are
+# ready once placed. The LB's nodes ("worker<i>") carry drain-gate.io/lb-node;
+# "master<i>" carry it too but are tainted (an LB node cordoned for maintenance);
+# "outside<i>" are schedulable nodes the LB does not send to.
+LB_NODE_LABELS = {"drain-gate.io/lb-node": "true"}
+
+
+def _admits(pod_spec: dict, node: str) -> bool:
+    labels = LB_NODE_LABELS if node.startswith(("worker", "master")) else {}
+    return all(labels.get(k) == v for k, v in (pod_spec.get("nodeSelector") or {}).items())
+
+
 def _feasible(pod_spec: dict, pods: list[tuple[str, str]], node: str, tainted: set[str], rs: str,
               nodes: list[str]) -> bool:
-    if node in tainted:
+    if node in tainted or not _admits(pod_spec, node):
         return False
     anti = (pod_spec.get("affinity") or {}).get("podAntiAffinity", {})
     if anti.get("requiredDuringSchedulingIgnoredDuringExecution") and any(n == node for n, _ in pods):
@@ -342,20 +354,21 @@ def _feasible(pod_spec: dict, pods: list[tuple[str, str]], node: str, tainted: s
     for c in pod_spec.get("topologySpreadConstraints", []):
         assert c["topologyKey"] == "kubernetes.io/hostname" and c["whenUnsatisfiable"] == "DoNotSchedule"
         same = [n for n, r in pods if r == rs or "pod-template-hash" not in c.get("matchLabelKeys", [])]
-        domains = [n for n in nodes if c.get("nodeTaintsPolicy", "Ignore") == "Ignore" or n not in tainted]
+        domains = [n for n in nodes if (c.get("nodeTaintsPolicy", "Ignore") == "Ignore" or n not in tainted)
+                   and _admits(pod_spec, n)]
         if same.count(node) + 1 - min(same.count(n) for n in domains) > c["maxSkew"]:
             return False
     return True
 
 
-def _rollout(deployment: dict, workers: int, tainted_nodes: int = 1) -> tuple[bool, list[str]]:
+def _rollout(deployment: dict, workers: int, tainted_nodes: int = 1, outside: int = 0) -> tuple[bool, list[str]]:
     """(finished, nodes of the new pods) for a rollout that starts from one
     old pod per worker."""
     spec = deployment["spec"]
     replicas, strategy = spec["replicas"], spec["strategy"]["rollingUpdate"]
     pod_spec = spec["template"]["spec"]
     tainted = {f"master{i}" for i in range(tainted_nodes)}
-    nodes = [f"worker{i}" for i in range(workers)] + sorted(tainted)
+    nodes = [f"worker{i}" for i in range(workers)] + [f"outside{i}" for i in range(outside)] + sorted(tainted)
     pods = [(f"worker{i}", "old") for i in range(min(replicas, workers))]
     for _ in range(4 * replicas + 4):
         old = [p for p in pods if p[1] == "old"]
@@ -375,12 +388,26 @@ def _rollout(deployment: dict, workers: int, tainted_nodes: int = 1) -> tuple[bo
     return False, []
 
 
+def test_rollout_stays_on_the_lb_nodes(tmp_path):
+    """A cluster with a node the LB does not send to: the patch's nodeSelector
+    keeps every new pod on the LB's nodes; without it the surge pod takes the
+    empty outside node and an LB node ends with no pod (its NodePort traffic dropped)."""
+    deployment = patched("options.yaml", "Deployment", tmp_path)
+    workers = deployment["spec"]["replicas"]
+    finished, placed = _rollout(deployment, workers, outside=1)
+    assert finished and sorted(placed) == [f"worker{i}" for i in range(workers)], placed
+    unpinned = copy.deepcopy(deployment)
+    del unpinned["spec"]["template"]["spec"]["nodeSelector"]
+    finished, placed = _rollout(unpinned, workers, outside=1)
+    assert finished and "outside0" in placed and len({n for n in placed if n.startswith("worker")}) < workers, placed
+
+
 def test_rollout_keeps_one_pod_per_node_and_cannot_deadlock(tmp_path):
     deployment = patched("options.yaml", "Deployment", tmp_path)
     workers = deployment["spec"]["replicas"]
     finished, placed = _rollout(deployment, workers)
     assert finished and sorted(placed) == [f"worker{i}" for i in range(workers)], placed
-    # The seed's required anti-affinity instead: the surge pod never fits.
+    # A required anti-affinity instead (the sidecar design's): the surge pod never fits.
     seed = copy.deepcopy(deployment)
     pod = seed["spec"]["template"]["spec"]
     pod["affinity"] = {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [

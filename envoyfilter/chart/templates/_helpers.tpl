@@ -79,6 +79,13 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{- toYaml $labels -}}
 {{- end -}}
 
+{{/* A label map as k=v,k=v. */}}
+{{- define "drain-gate.labelList" -}}
+{{- $out := list -}}
+{{- range $k, $v := . }}{{ $out = append $out (printf "%s=%s" $k $v) }}{{ end -}}
+{{- join "," $out -}}
+{{- end -}}
+
 {{/* The proxy-wasm vm_config both roles share (vm_id: see values.yaml `form`). */}}
 {{- define "drain-gate.vmConfig" -}}
 vm_id: {{ if eq .Values.form "wasmplugin" }}""{{ else }}drain-gate{{ end }}
