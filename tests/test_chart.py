@@ -23,6 +23,8 @@ from tests.harness.envoy import REPO, WASM
 OCI = "oci://registry.example.com/drain-gate/drain-gate:0.1.0"
 WASMPLUGIN = ("--set", "form=wasmplugin", "--set", f"wasmPlugin.url={OCI}")
 GATEWAY_API = ("--set", "gatewayAPI.enabled=true")
+# The static cluster of istio-proxy's bootstrap that dials the admin API.
+ISTIO_ADMIN_CLUSTER = "prometheus_stats"
 OBSERVABILITY = ("--set", "observability.prometheusRule=true", "--set", "observability.grafanaDashboard=true")
 
 
@@ -84,7 +86,12 @@ def test_values_are_every_key_of_the_configuration_table():
     assert set(table) == set(keys), "README table and src/config.rs KEYS differ"
     values = istio.load_one(k8s.CHART / "values.yaml")["config"]
     assert "role" not in values, "the chart sets the role of each filter"
-    assert values == {k: v for k, v in table.items() if k != "role"}, "chart defaults are the plugin's defaults"
+    # One default differs, on purpose: in istio-proxy the admin API is reached
+    # through the bootstrap's own cluster (it follows the admin's address and port).
+    assert values.pop("rotate_connections") == ISTIO_ADMIN_CLUSTER
+    assert table["rotate_connections"] == "drain_gate_envoy_admin"
+    assert values == {k: v for k, v in table.items() if k not in ("role", "rotate_connections")}, \
+        "chart defaults are the plugin's defaults"
     schema = json.loads((k8s.CHART / "values.schema.json").read_text())
     assert set(schema["properties"]["config"]["properties"]) == set(keys) - {"role"}
 

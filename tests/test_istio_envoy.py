@@ -103,15 +103,17 @@ def _oci_tool():
 @pytest.fixture
 def start_gateway(backend_port, tmp_path, monkeypatch):
     """Factory: start_gateway(version, listeners) -> a started Envoy; `env.at`
-    maps each logical listener port to the actual one. Stopped on every path."""
+    maps each logical listener port to the actual one; `admin_address` is where
+    its admin (and the bootstrap's prometheus_stats cluster) listens. Stopped on
+    every path."""
     stack = contextlib.ExitStack()
 
     def start(version: str, listeners: list[dict], wasm=WASM, ready_path: str | None = "/live",
-              clusters: list[dict] = ()) -> Envoy:
+              clusters: list[dict] = (), admin_address: str = "127.0.0.1") -> Envoy:
         monkeypatch.setenv("ENVOY_BIN", istio.envoy_bin(version))
         at = {l["address"]["socket_address"]["port_value"]: free_port() for l in listeners}
-        admin = free_port()
-        doc = istio.gateway_bootstrap(listeners, at, admin, backend_port, wasm, clusters)
+        admin = free_port(admin_address)
+        doc = istio.gateway_bootstrap(listeners, at, admin, backend_port, wasm, clusters, admin_address)
         traffic = min(p for p in at if p != istio.HEALTH_PORT)
         env = Envoy(doc, istio.harness_ports(at, admin, backend_port, traffic), concurrency=2,
                     workdir=tmp_path / f"envoy-{admin}")
@@ -316,26 +318,70 @@ def test_admin_drain_forms_behave_as_documented(version, form, start_gateway, st
     assert seen == expected_drain_form(version, form), seen
 
 
+def _rotation_outcome(env) -> dict:
+    return wait_for(lambda: (r := status(env)["connection_rotation"]["last"]) and r["outcome"] != "pending" and r,
+                    10, what="the rotation's outcome")
+
+
 @pytest.mark.parametrize("version", VERSIONS)
 def test_envoyfilter_form_rotates_connections_at_drain_start(version, start_gateway):
-    """The health-listener EnvoyFilter's admin cluster carries the rotation:
-    after /drain a keep-alive connection is closed after its next response,
-    and the health listener keeps answering."""
+    """The health listener as shipped rotates through the bootstrap's
+    prometheus_stats cluster (the EnvoyFilters add none): after /drain a
+    keep-alive connection is closed after its next response, and the health
+    listener keeps answering."""
     efs = [load("traffic-filter.yaml"), patched(load("health-listener.yaml"), min_drain="30m", drain_timeout="60m")]
-    env = start_gateway(version, istio.apply_envoyfilters([istio.gateway_listener(8080)], efs),
-                        clusters=istio.added_clusters(efs))
+    assert istio.added_clusters(efs) == []
+    env = start_gateway(version, istio.apply_envoyfilters([istio.gateway_listener(8080)], efs))
     client = KeepAlive(env.ports.traffic)
     try:
         assert client.get() is None
         assert requests.post(env.health("/drain"), timeout=10).status_code == 200
-        last = wait_for(lambda: (r := status(env)["connection_rotation"]["last"]) and r["outcome"] != "pending" and r,
-                        10, what="the rotation's outcome")
+        last = _rotation_outcome(env)
         assert (last["outcome"], last["admin_status"]) == ("done", 200), last
+        assert status(env)["connection_rotation"]["cluster"] == "prometheus_stats"
         assert client.get() == "close"
     finally:
         client.close()
     assert requests.get(env.traffic("/"), timeout=5).status_code == 200
     assert lb_check(env)[0] == "HTTP/1.0 200 OK"
+
+
+# The admin cluster the chart used to add: istio-proxy's admin at a fixed 127.0.0.1:15000.
+FIXED_ADMIN_CLUSTER = {
+    "name": "drain_gate_envoy_admin", "type": "STATIC", "connect_timeout": "1s",
+    "load_assignment": {"cluster_name": "drain_gate_envoy_admin", "endpoints": [{"lb_endpoints": [{"endpoint": {
+        "address": {"socket_address": {"address": "127.0.0.1", "port_value": istio.ISTIO_ADMIN_PORT}}}}]}]},
+}
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_rotation_reaches_an_admin_on_ipv6_loopback_only(version, start_gateway):
+    """An IPv6-only pod: istio-proxy's bootstrap binds the admin to ::1 (its
+    {{ .localhost }}), and prometheus_stats dials ::1 too. The shipped health
+    listener rotates through it; a cluster fixed at 127.0.0.1 (the chart's
+    former CLUSTER ADD, here at the admin's own port) finds nothing there."""
+    health = patched(load("health-listener.yaml"), min_drain="30m", drain_timeout="60m")
+    listeners = istio.apply_envoyfilters([istio.gateway_listener(8080)], [load("traffic-filter.yaml"), health])
+    env = start_gateway(version, listeners, clusters=[FIXED_ADMIN_CLUSTER], admin_address="::1")
+    assert env.admin("/ready").startswith("http://[::1]:") and requests.get(env.admin("/ready"), timeout=5).ok
+    with pytest.raises(requests.ConnectionError):
+        requests.get(f"http://127.0.0.1:{env.ports.admin}/ready", timeout=5)
+    client = KeepAlive(env.ports.traffic)
+    try:
+        assert client.get() is None
+        assert requests.post(env.health("/drain"), timeout=10).status_code == 200
+        last = _rotation_outcome(env)
+        assert (last["outcome"], last["admin_status"]) == ("done", 200), last
+        assert client.get() == "close"
+    finally:
+        client.close()
+    # The control: the same listener naming the fixed cluster.
+    fixed = istio.apply_envoyfilters([istio.gateway_listener(8080)], [
+        load("traffic-filter.yaml"), patched(health, rotate_connections=FIXED_ADMIN_CLUSTER["name"])])
+    env = start_gateway(version, fixed, clusters=[FIXED_ADMIN_CLUSTER], admin_address="::1")
+    assert requests.post(env.health("/drain"), timeout=10).status_code == 200
+    last = _rotation_outcome(env)
+    assert last["outcome"] == "failed" and last["admin_status"] != 200, last
 
 
 @pytest.mark.parametrize("version", VERSIONS)

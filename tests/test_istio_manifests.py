@@ -134,7 +134,7 @@ def _without_path(config):
 def test_health_listener_agrees_with_envoy_yaml():
     """The EnvoyFilter's listener is envoy.yaml's drain-gate-health apart from
     the port, the wasm path, and what a gateway needs on top."""
-    patch, _ = _value(istio.ISTIO / "health-listener.yaml")
+    (patch,) = _value(istio.ISTIO / "health-listener.yaml")
     assert (patch["applyTo"], patch["match"]["context"], patch["patch"]["operation"]) == ("LISTENER", "GATEWAY", "ADD")
     ours = patch["patch"]["value"]
     local = _bootstrap_listener("drain-gate-health")
@@ -159,17 +159,25 @@ def test_health_listener_agrees_with_envoy_yaml():
     assert _wasm(hcm(ours)["http_filters"])["failure_policy"] == "FAIL_CLOSED"
 
 
-def test_admin_cluster_agrees_with_envoy_yaml():
-    """The cluster the connection rotation calls Envoy's admin through: the
-    default of rotate_connections, at istio-proxy's admin address."""
-    listener, patch = _value(istio.ISTIO / "health-listener.yaml")
-    assert (patch["applyTo"], patch["match"], patch["patch"]["operation"]) == ("CLUSTER", listener["match"], "ADD")
+def test_admin_cluster_is_the_bootstrap_one_where_envoy_yaml_adds_its_own():
+    """The connection rotation calls Envoy's admin through a cluster: envoy.yaml
+    adds drain_gate_envoy_admin (drain-gate's default) at its admin address;
+    in istio-proxy the health role names prometheus_stats, the bootstrap's
+    static cluster at the admin's own address and port (::1 or 127.0.0.1,
+    proxyAdminPort), and the EnvoyFilter adds no cluster."""
+    (listener,) = istio.load_one(istio.ISTIO / "health-listener.yaml")["spec"]["configPatches"]
+    config = json.loads(_wasm(hcm(listener["patch"]["value"])["http_filters"])["configuration"]["value"])
+    assert config["rotate_connections"] == "prometheus_stats"
     doc = yaml.safe_load(BOOTSTRAP.read_text())
     (local,) = [c for c in doc["static_resources"]["clusters"] if c["name"] == "drain_gate_envoy_admin"]
-    assert patch["patch"]["value"] == local
-    assert local["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]["address"] == {
-        "socket_address": {"address": "127.0.0.1", "port_value": istio.ISTIO_ADMIN_PORT}}
-    assert doc["admin"]["address"]["socket_address"]["port_value"] == istio.ISTIO_ADMIN_PORT
+    assert local["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]["address"] == doc["admin"]["address"]
+    # The harness's istio-proxy bootstrap dials the admin wherever it listens.
+    for address in ("127.0.0.1", "::1"):
+        boot = istio.gateway_bootstrap([], {}, 15999, 1, admin_address=address)
+        (stats,) = [c for c in boot["static_resources"]["clusters"] if c["name"] == "prometheus_stats"]
+        dial = stats["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]["address"]["socket_address"]
+        assert (dial["address"], dial["port_value"]) == (address, 15999) and boot["admin"]["address"] == {
+            "socket_address": {"address": address, "port_value": 15999}}
 
 
 def test_traffic_filter_agrees_with_envoy_yaml():
