@@ -270,7 +270,7 @@ def test_istio_objects_are_schema_valid_and_in_the_gateway_namespace():
     cel = istio.crd_schemas()
     policies = gateway_api_policies()
     assert set(policies) == {"health-listener.yaml", "traffic-filter.yaml", "tcp-filter.yaml",
-                             "wasmplugin/health-listener.yaml", "wasmplugin/traffic.yaml"}
+                             "wasmplugin/health-listener.yaml", "wasmplugin/traffic.yaml", "wasmplugin/tcp.yaml"}
     namespace = load("gateway.yaml")["metadata"]["namespace"]
     for rel, obj in policies.items():
         assert istio.crd_errors(obj, validators) == [], rel
@@ -278,14 +278,13 @@ def test_istio_objects_are_schema_valid_and_in_the_gateway_namespace():
         assert obj["metadata"]["namespace"] == namespace, rel
     # The control: the CRDs' rule that allows one kind of selector at most.
     both = copy.deepcopy(policies["wasmplugin/traffic.yaml"])
-    both["spec"]["selector"] = {"matchLabels": DEDICATED_LABEL}
+    both["spec"]["targetRefs"] = [{"group": "gateway.networking.k8s.io", "kind": "Gateway", "name": "ingress"}]
     assert any("only one of targetRefs or selector" in e for e in istio.cel_errors(both, cel))
 
 
 def test_istio_objects_reach_exactly_the_patched_pods(tmp_path):
-    """Pods rendered without the ConfigMap (no wasm mount) get no EnvoyFilter,
-    whose file they lack; patched pods get them all. The WasmPlugin (code from
-    the image, not the mount) reaches every pod of the Gateway."""
+    """Pods rendered without the ConfigMap (no wasm mount) get no EnvoyFilter
+    or WasmPlugin, whose file they lack; patched pods get them all."""
     gw = load("gateway.yaml")
     namespace = gw["metadata"]["namespace"]
     plain = rendered()["Deployment"]["spec"]["template"]["metadata"]["labels"]
@@ -293,17 +292,18 @@ def test_istio_objects_reach_exactly_the_patched_pods(tmp_path):
         pod = patched(options, "Deployment", tmp_path)["spec"]["template"]["metadata"]["labels"]
         for rel, obj in gateway_api_policies().items():
             assert istio.selects_workload(obj, namespace, pod), (options, rel)
-            assert istio.selects_workload(obj, namespace, plain) == (obj["kind"] == "WasmPlugin"), rel
+            assert not istio.selects_workload(obj, namespace, plain), rel
     other = {**plain, **DEDICATED_LABEL, "gateway.networking.k8s.io/gateway-name": "other"}
     for rel, obj in gateway_api_policies().items():
         assert not istio.selects_workload(obj, namespace, other), f"{rel} reaches another Gateway's pods"
         assert not istio.selects_workload(obj, "istio-system", {**plain, **DEDICATED_LABEL}), rel
-    (ref,) = load("wasmplugin/traffic.yaml")["spec"]["targetRefs"]
-    assert ref == {"group": "gateway.networking.k8s.io", "kind": "Gateway", "name": gw["metadata"]["name"]}
+    for rel in ("wasmplugin/traffic.yaml", "wasmplugin/tcp.yaml"):
+        assert load(rel)["spec"]["selector"]["matchLabels"]["gateway.networking.k8s.io/gateway-name"] == \
+            gw["metadata"]["name"], rel
 
 
 @pytest.mark.parametrize("rel", ["health-listener.yaml", "traffic-filter.yaml", "tcp-filter.yaml",
-                                 "wasmplugin/health-listener.yaml", "wasmplugin/traffic.yaml"])
+                                 "wasmplugin/health-listener.yaml", "wasmplugin/traffic.yaml", "wasmplugin/tcp.yaml"])
 def test_istio_objects_are_the_istio_folder_ones_but_for_namespace_and_selector(rel):
     ours = copy.deepcopy(load(rel))
     theirs = copy.deepcopy(istio.load_one(istio.ISTIO / rel))
@@ -324,6 +324,8 @@ def test_envoyfilters_load_the_file_the_options_mount():
     for rel in ("traffic-filter.yaml", "tcp-filter.yaml"):
         traffic = load(rel)["spec"]["configPatches"][0]["patch"]["value"]["typed_config"]["config"]
         assert traffic["vm_config"]["code"]["local"]["filename"] == mount["mountPath"] == WASM_MOUNT, rel
+    for rel in ("wasmplugin/traffic.yaml", "wasmplugin/tcp.yaml"):
+        assert load(rel)["spec"]["url"] == "file://" + mount["mountPath"], rel
 
 
 # -- one pod per node through a rollout ---------------------------------------------------

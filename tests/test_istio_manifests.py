@@ -232,17 +232,23 @@ def test_wasmplugin_health_listener_differs_only_in_vm_id():
     assert a == b
 
 
-def test_wasmplugin_is_the_traffic_role():
+def test_wasmplugins_are_the_traffic_roles_on_the_mounted_file():
     wp = istio.load_one(istio.ISTIO / "wasmplugin" / "traffic.yaml")
-    spec = wp["spec"]
-    assert spec["pluginConfig"]["role"] == "traffic"
-    assert spec["failStrategy"] == "FAIL_OPEN"
-    assert spec["phase"] == "UNSPECIFIED_PHASE" and spec["type"] == "HTTP"
-    assert spec["url"].startswith("oci://")
-    assert "match" not in spec, "every HTTP listener istiod builds for the gateway is counted"
-    # The Envoy config istiod generates from it has no vm_id at all.
-    ec = istio.wasmplugin_extension_config(wp, REPO / "x.wasm")
-    assert "vm_id" not in ec["typed_config"]["config"]["vm_config"]
+    tcp = istio.load_one(istio.ISTIO / "wasmplugin" / "tcp.yaml")
+    health = _wasm(hcm(_value(istio.ISTIO / "wasmplugin" / "health-listener.yaml")[0]["patch"]["value"])["http_filters"])
+    for obj, role, kind in ((wp, "traffic", "HTTP"), (tcp, "traffic_tcp", "NETWORK")):
+        spec = obj["spec"]
+        assert spec["pluginConfig"]["role"] == role
+        assert spec["failStrategy"] == "FAIL_OPEN"
+        assert spec["phase"] == "UNSPECIFIED_PHASE" and spec["type"] == kind
+        # The file the health listener loads: one module, nothing to fetch.
+        assert spec["url"] == "file://" + health["vm_config"]["code"]["local"]["filename"]
+        # The Envoy config istiod generates from it has no vm_id at all: the health listener's "".
+        ec = istio.wasmplugin_extension_config(obj, REPO / "x.wasm")
+        assert "vm_id" not in ec["typed_config"]["config"]["vm_config"] and health["vm_config"]["vm_id"] == ""
+        assert ec["name"].startswith("extensions.istio.io/trafficextension/")
+    assert "match" not in wp["spec"], "every HTTP listener istiod builds for the gateway is counted"
+    assert tcp["spec"]["match"] == [{"ports": [{"number": 15443}]}], "a NETWORK plugin lands on HTTP chains too"
 
 
 def test_wasm_path_is_where_the_chart_mounts_the_configmap():
