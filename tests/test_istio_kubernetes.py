@@ -126,8 +126,9 @@ def test_patched_deployment_is_valid_and_complete(values, patch_file, tmp_path):
     """The patch through kubectl's own strategic merge onto a Deployment without
     drain-gate's values: everything the values give, the label the
     EnvoyFilters select and the module's mount included."""
-    plain = {k: v for k, v in values.items()
-             if k not in ("labels", "volumes", "volumeMounts", "lifecycle", "readinessProbe", "nodeSelector")}
+    plain = {k: v for k, v in values.items() if k not in (
+        "labels", "volumes", "volumeMounts", "lifecycle", "readinessProbe", "nodeSelector", "affinity", "strategy",
+        "minReadySeconds")}
     deployment, _ = render_chart(plain)
     patched = istio.strategic_patch(deployment, (istio.KUBERNETES / patch_file).read_text(), tmp_path)
     _validate(patched)
@@ -167,7 +168,11 @@ def test_patches_are_the_values_for_gateways_without_the_chart(values):
     assert a["ports"] == b["ports"]
     assert a["volumeMounts"] == b["volumeMounts"] == values["volumeMounts"]
     for f in PATCHES:
-        template = istio.load_one(istio.KUBERNETES / f)["spec"]["template"]
+        spec = istio.load_one(istio.KUBERNETES / f)["spec"]
+        assert (spec["replicas"], spec["minReadySeconds"], spec["strategy"]) == (
+            values["replicaCount"], values["minReadySeconds"], values["strategy"]), f
+        assert spec["template"]["spec"]["affinity"] == values["affinity"], f
+        template = spec["template"]
         assert template["metadata"]["labels"] == values["labels"], f
         assert template["spec"]["volumes"] == values["volumes"], f
         assert template["spec"]["nodeSelector"] == values["nodeSelector"], f
