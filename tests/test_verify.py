@@ -294,6 +294,19 @@ def test_the_nodes_that_fit_are_one_per_replica_and_the_lb_servers():
     assert code == 0, lines
     assert "PASS LB nodes: Deployment istio-ingressgateway: 3 of 4 nodes given fit (worker0, worker1, worker2), " \
            "replicas 3" in lines
+    # A fourth labelled node, with the one-pod-per-node anti-affinity: room for a surge pod, not a failure;
+    # it must be one of the LB's servers too.
+    code, lines = pod_verdict(deployment, *lb, node("worker3", "203.0.113.215", True),
+                              args=("--lb-nodes", servers[1] + ",203.0.113.215"))
+    assert code == 0, lines
+    assert "PASS LB nodes: Deployment istio-ingressgateway: 4 of 4 nodes given fit (worker0, worker1, worker2, " \
+           "worker3), replicas 3; 1 fitting node(s) without a pod fail the LB's check (DOWN): room for a surge pod" \
+           in lines
+    unspread = copy.deepcopy(deployment)
+    del unspread["spec"]["template"]["spec"]["affinity"]
+    code, lines = pod_verdict(unspread, *lb, node("worker3", "203.0.113.215", True))
+    assert code == 1 and "FAIL LB nodes: Deployment istio-ingressgateway: 4 of 4 nodes given fit (worker0, worker1, " \
+        "worker2, worker3), replicas 3: a fitting node may be left without a pod while another gets two" in lines
     code, lines = pod_verdict(deployment, *lb[:2], node("worker2", "203.0.113.214", False), args=servers)
     assert code == 1
     assert failures(lines) == [

@@ -686,10 +686,13 @@ def check_lb_nodes(report: Report, workload: dict, docs: list, lb_nodes: list[st
     names = ", ".join(sorted(n["metadata"]["name"] for n in fit)) or "none"
     replicas = workload.get("spec", {}).get("replicas", 1) if workload["kind"] in ("Deployment", "StatefulSet") \
         else len(fit)
-    report.check(len(fit) == replicas, "LB nodes", f"{name}: {len(fit)} of {len(nodes)} nodes given fit ({names}), "
-                 f"replicas {replicas}" + ("" if len(fit) == replicas else (
+    spare = len(fit) > replicas and one_per_node(workload)
+    report.check(len(fit) == replicas or spare, "LB nodes", f"{name}: {len(fit)} of {len(nodes)} nodes given fit "
+                 f"({names}), replicas {replicas}" + ("" if len(fit) == replicas else (
                      ": a pod finds no node and stays Pending, and the LB node it should serve has none"
                      if len(fit) < replicas else
+                     f"; {len(fit) - replicas} fitting node(s) without a pod fail the LB's check (DOWN): room for "
+                     "a surge pod" if spare else
                      ": a fitting node may be left without a pod while another gets two")))
     if lb_nodes:
         unknown = [a for a in lb_nodes if not any(a in node_addresses(n) for n in fit)]
@@ -824,6 +827,16 @@ def resolve(value, replicas: int, round_up: bool) -> int:
         exact = int(value[:-1]) * replicas / 100
         return math.ceil(exact) if round_up else math.floor(exact)
     return int(value)
+
+
+def one_per_node(workload: dict) -> bool:
+    """A required pod anti-affinity on the hostname, or a DoNotSchedule spread on it with maxSkew 1."""
+    pod = pod_spec(workload)
+    required = ((pod.get("affinity") or {}).get("podAntiAffinity") or {}).get(
+        "requiredDuringSchedulingIgnoredDuringExecution") or []
+    return any(t.get("topologyKey") == "kubernetes.io/hostname" for t in required) or any(
+        t.get("topologyKey") == "kubernetes.io/hostname" and t.get("whenUnsatisfiable") == "DoNotSchedule"
+        and t.get("maxSkew") == 1 for t in pod.get("topologySpreadConstraints") or [])
 
 
 def check_rollout(report: Report, workload: dict) -> None:
