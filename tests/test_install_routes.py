@@ -14,7 +14,9 @@ it, pinned to exactly the LB's nodes, one per replica.
   Istio 1.30.3's kube-gateway template renders (tests/fixtures/gateway-api),
   patched with the ConfigMap's keys as istiod does;
 - the migration from the sidecar design: tests/fixtures/sidecar-design's
-  Deployment and Service patched with migrate-from-sidecar-design*.yaml.
+  Deployment and Service patched with migrate-from-sidecar-design*.yaml;
+- the canary gateway of the go-live checklist (gateway-values-canary.yaml):
+  one pod on one LB node, behind node ports of its own.
 """
 from __future__ import annotations
 
@@ -47,8 +49,8 @@ def nodes() -> list[dict]:
     return [node(i, True) for i in range(len(LB_SERVERS))] + [node(len(LB_SERVERS), False)]
 
 
-def gateway_chart(*args: str) -> dict:
-    return k8s.by_kind(k8s.template(*args, chart=k8s.GATEWAY_CHART, release=RELEASE))
+def gateway_chart(*args: str, release: str = RELEASE) -> dict:
+    return k8s.by_kind(k8s.template(*args, chart=k8s.GATEWAY_CHART, release=release))
 
 
 def drain_gate_pdb() -> dict:
@@ -101,6 +103,34 @@ ROUTES = {
     "gateway api, distroless": pytest.param(lambda tmp: gateway_api_route("options-distroless.yaml", tmp)),
     "migration from the sidecar design": pytest.param(migration_route),
 }
+
+
+@needs_chart
+def test_canary_route_yields_one_pod_on_its_node_behind_its_own_ports(tmp_path):
+    """gateway-values-canary.yaml on top of the values: one pod on worker0's
+    LB node (by its hostname label), node ports of its own, out of the fleet's
+    Service, selected by the drain-gate chart; verify.py passes it with the
+    LB's one canary server."""
+    objs = gateway_chart("-f", str(istio.KUBERNETES / "gateway-values.yaml"),
+                         "-f", str(istio.KUBERNETES / "gateway-values-canary.yaml"),
+                         "--set", "nodeSelector.kubernetes\\.io/hostname=worker0", release="istio-ingressgateway-canary")
+    deployment = without_nulls(objs[("Deployment", "istio-ingressgateway-canary")])
+    service = objs[("Service", "istio-ingressgateway-canary")]
+    labels = deployment["spec"]["template"]["metadata"]["labels"]
+    assert selected_by_the_chart(labels, "istio-system", False) == []
+    assert labels["istio"] == "ingressgateway", "the fleet's Gateways configure it"
+    fleet = gateway_chart("-f", str(istio.KUBERNETES / "gateway-values.yaml"))
+    assert not all(labels.get(k) == v for k, v in fleet[("Service", RELEASE)]["spec"]["selector"].items()), \
+        "the fleet's Service does not send to the canary"
+    assert {p["nodePort"] for p in service["spec"]["ports"]}.isdisjoint(
+        {p["nodePort"] for p in fleet[("Service", RELEASE)]["spec"]["ports"]})
+    stdin = "\n".join(json.dumps(o) for o in [deployment, service, drain_gate_pdb()] + nodes())
+    r = subprocess.run([sys.executable, str(VERIFY), "--pod-spec", "-", "--lb-nodes", LB_SERVERS[0]],
+                       input=stdin, capture_output=True, text=True, timeout=60)
+    lines = r.stdout.splitlines()
+    assert r.returncode == 0 and not r.stderr, lines
+    assert "PASS LB nodes: Deployment istio-ingressgateway-canary: 1 of 4 nodes given fit (worker0), replicas 1" \
+        in lines
 
 
 def selected_by_the_chart(pod: dict, namespace: str, gateway_api: bool) -> list[str]:
