@@ -156,11 +156,12 @@ configmap: wasm-opt build
 	python3 envoyfilter/tools/configmap.py --wasm $(WASM) --out $(ISTIO_OUT)/drain-gate-wasm.configmap.yaml \
 	  --base64-out $(ISTIO_OUT)/drain_gate.wasm.b64
 
-## LB scenarios: the seed's drain scenarios against a real HAProxy ------------
-# The seed's scenarios against a real HAProxy (envoyfilter/haproxy/*.cfg).
+## LB scenarios: the drain scenarios against a real HAProxy ---------------------
+# The sidecar design's scenarios (tests/README.md) against a real HAProxy
+# (envoyfilter/haproxy/*.cfg).
 # `make test` already runs the quick set (S1, S4, S5 soft drain, L4 behind
 # haproxy-tcp.cfg with and without the connection rotation, the controls;
-# HAProxy checks every 1 s). `make scenarios` runs all of them with the seed's
+# HAProxy checks every 1 s). `make scenarios` runs all of them with the shipped
 # timings (inter 2s, lb_buffer 10s); results in out/scenarios/latest/.
 .PHONY: scenarios
 
@@ -287,14 +288,14 @@ rules: deps-prometheus
 observability: $(VENV)/.installed
 	$(PY) envoyfilter/observability/generate.py
 
-# The README's dashboard picture, from the Prometheus data the live test saved.
+# envoyfilter/README.md's dashboard picture, from the Prometheus data the live test saved.
 dashboard-png: $(VENV)/.installed
 	PYTHONPATH=. $(PY) -m pytest tests/test_observability.py -q -p no:cacheprovider -k live
 	PYTHONPATH=. $(PY) -m tests.observability.render out/observability/drain.json envoyfilter/observability/drain-gate.dashboard.png
 
 ## Rollout -----------------------------------------------------------------------
 # A rolling update (maxSurge 1, maxUnavailable 0) of a gateway fleet behind HAProxy with the
-# seed's timings, once per strategy, under short GETs, HTTP/1.1 and HTTP/2 streams and
+# shipped timings (inter 2s rise 2 fall 2), once per strategy, under short GETs, HTTP/1.1 and HTTP/2 streams and
 # websockets (tests/rollout/). `make rollout`: 4 gateways, all five strategies (about 7 min).
 # `make rollout-quick` (part of `make test`, about 90 s): 2 gateways, istio-default and drain-gate-404.
 # Both write out/rollout/result.json, results.md and timeline.svg.

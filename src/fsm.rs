@@ -76,7 +76,7 @@ impl State {
     }
 
     /// What the external load balancer's check (`/health_check.html`) gets.
-    /// `draining_lb_status` is 200 (seed behaviour) or 404 (HAProxy soft drain).
+    /// `draining_lb_status` is 200 (the default) or 404 (HAProxy soft drain).
     pub fn lb_status(self, draining_lb_status: u16) -> u16 {
         match self {
             State::Open => 200,
@@ -186,7 +186,7 @@ pub fn legal(from: State, to: State) -> bool {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum CloseAfter {
-    /// `lb_buffer` after CLOSING began (seed behaviour).
+    /// `lb_buffer` after CLOSING began (the default: a fixed wait).
     #[default]
     LbBuffer,
     /// `lb_buffer` after every LB checker was seen served `lb_fall` 503s,
@@ -580,7 +580,7 @@ mod tests {
     }
 
     #[test]
-    fn state_table_matches_the_seed() {
+    fn state_table_matches_the_readme() {
         let rows = [
             (Open, 200, 200, 200),
             (Draining, 200, 200, 200),

@@ -13,7 +13,8 @@
 //! - [`in_flight`]: how old the streams in flight are (what a drain waits for);
 //! - [`liveness`]: whether the traffic role is there and alive;
 //! - [`metric_names`]: every metric name (the host defines them);
-//! - [`rotation`]: connection rotation at drain start (the seed's event 3).
+//! - [`rotation`]: connection rotation at drain start (Envoy's own connection drain,
+//!   event ③ of a pod termination).
 //!
 //! Host shell ([`host`]): root, traffic and health contexts, shared data,
 //! the active count, the metrics (defined from [`metric_names`]) and timers.

@@ -1,6 +1,6 @@
 //! Every metric drain-gate emits, in one list: name, type and meaning. Pure:
-//! the host shell (`host::metrics`) defines them. The README's metrics table
-//! is checked against this list by `readme_table_lists_every_metric` below.
+//! the host shell (`host::metrics`) defines them. The metrics table of
+//! envoyfilter/README.md is checked against this list by `readme_table_lists_every_metric` below.
 //!
 //! Envoy exports wasm metrics under the `wasmcustom` namespace, which its
 //! Prometheus endpoint strips: these names appear as they are written here.
@@ -113,10 +113,10 @@ pub const ALL: [Metric; 14] = [
 mod tests {
     use super::*;
 
-    /// The rows of the README's metrics table as (name, type, meaning), with
+    /// The rows of envoyfilter/README.md's metrics table as (name, type, meaning), with
     /// the Markdown backticks removed.
     fn readme_rows() -> Vec<(String, String, String)> {
-        let readme = include_str!("../README.md");
+        let readme = include_str!("../envoyfilter/README.md");
         let table = readme
             .split("\n## Metrics\n")
             .nth(1)
@@ -152,7 +152,7 @@ mod tests {
             .collect();
         assert_eq!(
             rows, listed,
-            "README.md ## Metrics table vs metric_names::ALL"
+            "envoyfilter/README.md ## Metrics table vs metric_names::ALL"
         );
     }
 }

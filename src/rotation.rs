@@ -1,4 +1,5 @@
-//! Connection rotation at drain start — the seed's event 3. Pure.
+//! Connection rotation at drain start — Envoy's own connection drain, event ③
+//! of a pod termination. Pure.
 //!
 //! When DRAINING begins, the health role asks Envoy's admin API for
 //! `POST /drain_listeners?graceful&skip_exit`: Envoy starts its own drain

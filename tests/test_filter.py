@@ -496,19 +496,41 @@ def test_prestop_joining_a_maintenance_drain_closes_it(gateway):
     assert r.json()["progress"]["hold_closing"] is False
 
 
-def _readme_block(heading: str) -> str:
+def _readme_block(heading: str, index: int = 0) -> str:
+    """The `index`-th ```sh block of README.md after `heading`."""
     text = (REPO / "README.md").read_text()
-    section = text.split(heading, 1)[1]
-    return section.split("```sh\n", 1)[1].split("```", 1)[0]
+    section = text.split(f"\n{heading}\n", 1)[1]
+    return section.split("```sh\n")[1 + index].split("```", 1)[0]
+
+
+def _on(gw, block: str) -> str:
+    """The block aimed at the test's gateway instead of `make run`'s ports."""
+    return block.replace("localhost:18180", f"127.0.0.1:{gw.ports.health}").replace(
+        "localhost:18080", f"127.0.0.1:{gw.ports.traffic}")
+
+
+def test_readme_run_walkthrough_runs_as_written(gateway):
+    """The README's `make run` walk-through, against a real Envoy (its 20 s stream made 2 s): the
+    stream is counted before the drain, the LB check answers 200 while it runs, and the preStop
+    call returns at CLOSED after it ended; the stream's chunks never reach the terminal."""
+    gw = gateway({"lb_buffer": "200ms"})
+    block = _readme_block("## Run it", 1)
+    assert "seconds=20' > /dev/null &" in block
+    script = _on(gw, block).replace("seconds=20", "seconds=2")
+    r = subprocess.run(["bash", "-euo", "pipefail", "-c", script], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert "HTTP/1.1 200 OK" in r.stdout and "chunk" not in r.stdout, r.stdout
+    assert '"state":"CLOSED"' in r.stdout, r.stdout  # only the held preStop call can print it
+    s = status(gw)
+    assert s["state"] == "CLOSED" and s["progress"]["forced"] is False, s
 
 
 def test_readme_maintenance_walkthrough_runs_as_written(gateway):
     """The README's hand-run drain, against a real Envoy: every `# →` line prints what it says."""
     gw = gateway({"lb_buffer": "200ms"})
-    block = _readme_block("## Maintenance drain")
+    block = _readme_block("### Maintenance drain")
     expected = [line.split("# →", 1)[1].split()[0] for line in block.splitlines() if "# →" in line]
-    script = block.replace("localhost:18180", f"127.0.0.1:{gw.ports.health}").replace(
-        "localhost:18080", f"127.0.0.1:{gw.ports.traffic}")
+    script = _on(gw, block)
     r = subprocess.run(["bash", "-euo", "pipefail", "-c", script], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     assert r.stdout.split() == expected

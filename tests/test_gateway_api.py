@@ -409,12 +409,12 @@ def test_rollout_keeps_one_pod_per_node_and_cannot_deadlock(tmp_path):
     workers = deployment["spec"]["replicas"]
     finished, placed = _rollout(deployment, workers)
     assert finished and sorted(placed) == [f"worker{i}" for i in range(workers)], placed
-    # A required anti-affinity instead (the sidecar design's): the surge pod never fits.
-    seed = copy.deepcopy(deployment)
-    pod = seed["spec"]["template"]["spec"]
+    # A required pod anti-affinity instead: the surge pod never fits.
+    anti_affinity = copy.deepcopy(deployment)
+    pod = anti_affinity["spec"]["template"]["spec"]
     pod["affinity"] = {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
         {"topologyKey": "kubernetes.io/hostname", "labelSelector": pod.pop("topologySpreadConstraints")[0]["labelSelector"]}]}}
-    assert _rollout(seed, workers) == (False, [])
+    assert _rollout(anti_affinity, workers) == (False, [])
     # More replicas than schedulable nodes, a tainted node beside them: Honor
     # finishes; the default (Ignore) counts the empty tainted node and stalls.
     more = copy.deepcopy(deployment)

@@ -152,7 +152,7 @@ def pulled_wasm(tmp_path_factory):
 
 # -- what HAProxy sends ------------------------------------------------------------------
 def test_haproxy_httpchk_request_on_the_wire(tmp_path):
-    """A real haproxy (2.6 from Debian) with the seed's `option httpchk GET
+    """A real haproxy (2.6 from Debian) with haproxy.cfg's `option httpchk GET
     /health_check.html`: capture the check request it writes."""
     got: list[bytes] = []
     srv = socket.socket()

@@ -15,7 +15,7 @@ import pytest
 from tests.harness import istio
 from tests.harness.envoy import REPO, WASM
 
-# The seed's cluster (k8s 1.30.6) and the newest schema bundled.
+# The sidecar design's cluster (k8s 1.30.6) and the newest schema bundled.
 K8S_VERSIONS = ("1.30.0", kubernetes_validate.utils.latest_version())
 PATCHES = ("gateway-deployment-patch.yaml", "gateway-deployment-patch-distroless.yaml")
 
@@ -113,7 +113,7 @@ def test_chart_service_is_service_yaml(values):
     assert written["spec"] == rendered["spec"]
 
 
-def test_service_maps_the_seed_node_ports(values):
+def test_service_maps_the_documented_node_ports(values):
     spec = istio.load_one(istio.KUBERNETES / "service.yaml")["spec"]
     assert spec["type"] == "NodePort"
     assert spec["externalTrafficPolicy"] == "Local"

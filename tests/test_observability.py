@@ -67,14 +67,14 @@ def test_promtool_accepts_the_rules():
 
 
 def test_every_alert_has_summary_pod_description_and_a_readme_runbook():
-    readme = (REPO / "README.md").read_text()
+    readme = (REPO / "envoyfilter" / "README.md").read_text()
     anchors = {re.sub(r"[^a-z0-9 -]", "", h.lower()).replace(" ", "-")
                for h in re.findall(r"^#+ (.+)$", readme, re.M)}
     for name, rule in rules().items():
         ann = rule["annotations"]
         assert ann["summary"] and "{{ $labels.pod }}" in ann["description"], name
-        assert ann["runbook_url"] == f"README.md#{name.lower()}", name
-        assert name.lower() in anchors, f"README has no runbook section `{name}`"
+        assert ann["runbook_url"] == f"envoyfilter/README.md#{name.lower()}", name
+        assert name.lower() in anchors, f"envoyfilter/README.md has no runbook section `{name}`"
 
 
 def emitted_metrics() -> set[str]:
@@ -217,7 +217,7 @@ def _every_panel_returns_data(prom: Prometheus) -> None:
 
 
 def _save(prom: Prometheus, start: float) -> None:
-    """What the README's dashboard picture is drawn from (`make dashboard-png`): every
+    """What envoyfilter/README.md's dashboard picture is drawn from (`make dashboard-png`): every
     panel's series from the start up to a 1 s step that shows the alert firing."""
     firing = f'ALERTS{{alertname="{FORCED}",alertstate="firing"}}'
     end = wait_for(lambda: prom.query_range(firing, start, time.time()) and time.time(), 10,
@@ -322,12 +322,12 @@ def test_request_duration_rules_read_known_durations_from_real_envoy(gateway, tm
 
 
 def test_readme_sizing_table_follows_its_arithmetic():
-    """Each row of the README's sizing table is the rule it states: drain_timeout =
+    """Each row of envoyfilter/README.md's sizing table is the rule it states: drain_timeout =
     max(D + 30 s, 120 s), grace = drain_timeout + lb_buffer + 15 s; every duration
     parses as drain-gate configuration would (at most 60m)."""
-    text = (REPO / "README.md").read_text()
+    text = (REPO / "envoyfilter" / "README.md").read_text()
     table = re.search(r"<!-- sizing:.*?-->\n(.*?)<!-- /sizing -->", text, re.S)
-    assert table, "README has no sizing table"
+    assert table, "envoyfilter/README.md has no sizing table"
     rows = re.findall(r"^\| (\d+) s \| `(\d+)s` \| `(\d+)s` \| (\d+) \|$", table[1], re.M)
     assert len(rows) >= 3, table[1]
     for d, timeout, buffer, grace in (tuple(map(int, r)) for r in rows):

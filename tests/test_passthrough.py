@@ -12,7 +12,7 @@ is held across a drain.
 
 `make test` holds the connection a few seconds with HAProxy checking every
 1 s; `make scenarios` (DRAIN_GATE_SCENARIOS=full) holds it 30 s with the
-seed's 2 s checks.
+shipped 2 s checks.
 """
 from __future__ import annotations
 
@@ -24,12 +24,12 @@ import pytest
 from tests.harness import variants
 from tests.harness.envoy import free_port, wait_for
 from tests.harness.haproxy import HAProxy
-from tests.harness.rig import QUICK, SEED
+from tests.harness.rig import QUICK, SHIPPED
 from tests.harness.tcp import Echo, Held
 from tests.harness.wire import post, state, status
 
 FULL = os.environ.get("DRAIN_GATE_SCENARIOS", "") == "full"
-TIMING = SEED if FULL else QUICK
+TIMING = SHIPPED if FULL else QUICK
 HOLD_S = 30 if FULL else 3
 BACKEND = "gateways-passthrough"
 

@@ -1,4 +1,4 @@
-"""Connection rotation at drain start (the seed's event 3) in a real Envoy:
+"""Connection rotation at drain start (event 3 of a pod termination) in a real Envoy:
 the health role calls POST /drain_listeners?graceful&skip_exit on Envoy's admin
 once per drain, Envoy closes keep-alive connections after their next response
 and keeps accepting new ones, and the health listener never stops."""
@@ -145,7 +145,7 @@ def test_missing_cluster_is_shown_and_the_drain_goes_on(gateway, stream):
 
 
 def test_reopen_does_not_undo_the_rotation(gateway):
-    """The limit the README states: Envoy's drain sequence has no way back, so
+    """The limit envoyfilter/README.md states: Envoy's drain sequence has no way back, so
     after a reopen every response still closes its connection; a second drain
     asks Envoy again."""
     gw = gateway(STILL)
@@ -185,7 +185,7 @@ def _closes(port: int, path: str) -> bool:
 
 
 def test_after_the_rotation_envoy_leaves_a_closing_connection_open(gateway):
-    """Measured Envoy behaviour the README states as a limit: once the drain
+    """Measured Envoy behaviour envoyfilter/README.md states as a limit: once the drain
     sequence runs, a `Connection: close` request is answered (with
     `connection: close`) but Envoy leaves the socket open, on the traffic and
     on the health listener. Clients that read by length (curl, HAProxy's check,

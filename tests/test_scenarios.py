@@ -1,4 +1,5 @@
-"""The seed's scenarios against a real HAProxy with `on-marked-down shutdown-sessions`.
+"""The sidecar design's scenarios (tests/README.md) against a real HAProxy with
+`on-marked-down shutdown-sessions`.
 
     S1  one long HTTP/1.1 stream, drain mid-stream            -> completes; LB DOWN only after it
     S2  the same over HTTP/2 at a TLS frontend                 -> completes
@@ -6,28 +7,28 @@
         drain, stop after CLOSED, start again (rollout)        -> 0 5xx; 0 connection errors with 404,
                                                                   with 200 none but a request on the
                                                                   gateway at the DOWN instant
-    S3 rollout  the seed's S3 as written: two gateways, 90 s of continuous short requests,
+    S3 rollout  the sidecar design's S3 as written: two gateways, 90 s of continuous short requests,
         `rollout restart` of both, one after the other; current (503 at once, Istio's
         5 s drain, exit) vs improved (preStop held to CLOSED), 200 and 404
                                                                -> connection errors, 5xx, p50/p99
     S4  10 long streams + short traffic, drain mid-way         -> all complete
     S5  long streams keep arriving during the drain            -> 404 soft drain: 0 lost;
-                                                                  seed 200: lost streams measured
+                                                                  200: lost streams measured
     L4  behind HAProxy `mode tcp`, two gateways: HTTP/1.1 keep-alive and
         HTTP/2 clients pinned to their connection, a request
         every 200 ms; gw1 drains                               -> with the connection rotation at
                                                                   drain start (event 3): 0 failed,
                                                                   0 sessions cut at DOWN; without it
                                                                   (the control) connections are reset
-    control  S1 (and S2, S4) with the seed's "current" flip
+    control  S1 (and S2, S4) with the "current" flip
              (503 at drain start)                              -> the stream is cut, every time
 
 `make test` runs the quick set (S1, S4, S5 404, L4 with both LB answers and
 the 200 control, the HTTP/1.1 control) with
 HAProxy checks every 1 s; `make scenarios` (DRAIN_GATE_SCENARIOS=full) runs
-every scenario with the seed's timings (inter 2s, lb_buffer 10s). Each run
-writes, under out/scenarios/<run>/, a JSON timeline of the six seed events
-per scenario and mode, an SVG of the two modes side by side, the logs of
+every scenario with the shipped timings (inter 2s, lb_buffer 10s). Each run
+writes, under out/scenarios/<run>/, a JSON timeline of the six events of a pod
+termination per scenario and mode, an SVG of the two modes side by side, the logs of
 every process, and results.json / results.md.
 """
 from __future__ import annotations
@@ -46,10 +47,10 @@ from tests.harness import timeline
 from tests.harness.clients import CurlStream, PinnedClients, ShortLoop
 from tests.harness.envoy import REPO, wait_for
 from tests.harness.haproxy import CFG, CFG_SOFT_DRAIN, CFG_TCP, make_cert
-from tests.harness.rig import QUICK, SEED, PreStop, Rig, Timing, flip_now
+from tests.harness.rig import QUICK, SHIPPED, PreStop, Rig, Timing, flip_now
 
 FULL = os.environ.get("DRAIN_GATE_SCENARIOS", "") == "full"
-TIMING: Timing = SEED if FULL else QUICK
+TIMING: Timing = SHIPPED if FULL else QUICK
 full_only = pytest.mark.skipif(not FULL, reason="full scenario set: `make scenarios` (DRAIN_GATE_SCENARIOS=full)")
 
 OUT = REPO / "out" / "scenarios"
@@ -59,11 +60,11 @@ RUN_ID = os.environ.get("DRAIN_GATE_RUN_ID") or (
 RESULTS: list[dict] = []
 ROLLOUTS: list[dict] = []  # S3 rollout rows, side by side in their own table
 
-STREAM_SECONDS = 12  # >= 10 s, as the seed's S1
+STREAM_SECONDS = 12  # >= 10 s, as the sidecar design's S1
 INTERVAL_MS = 500
 DRAIN_AFTER = 3.0  # seconds into the stream(s)
 
-# The seed's "current" mode has no event 3: Envoy's own drain began only at pod kill.
+# The "current" mode has no event 3: Envoy's own drain began only at pod kill.
 CURRENT = {"rotate_connections": False}
 
 # The soft drain as shipped: no min_drain; the active = 0 flip waits until the
@@ -234,7 +235,7 @@ def test_reference_haproxy_configs_are_valid_and_differ_by_disable_on_404(tmp_pa
 
 def test_reference_tcp_config_is_valid_with_the_same_checks(tmp_path):
     """haproxy-tcp.cfg parses with and without SOFT_DRAIN, is `mode tcp`, and checks the
-    gateways exactly as haproxy.cfg does (seed timings, shutdown-sessions)."""
+    gateways exactly as haproxy.cfg does (shipped timings, shutdown-sessions)."""
     base = {**os.environ, "HAPROXY_SOCKET": str(tmp_path / "admin.sock"), "GW2_ADDR": "127.0.0.1:1"}
     for env in (base, {**base, "SOFT_DRAIN": "1"}):
         r = subprocess.run(["haproxy", "-c", "-f", str(CFG_TCP)], env=env, capture_output=True, text=True)
@@ -254,7 +255,7 @@ def long_stream_run(run_dir: Path, *, scenario: str, mode: str, http2: bool, con
                     pair: tuple[str, str] = ("current", "improved")):
     """One long stream through HAProxy to one gateway; the drain starts DRAIN_AFTER s into it.
 
-    mode "current":  POST /drain + POST /close-lb at once - the seed's 503 at drain start.
+    mode "current":  POST /drain + POST /close-lb at once - the 503 at drain start.
     any other mode:  the preStop call (POST /drain?wait=closed) - drain-gate as shipped.
     """
     wd = run_dir / scenario / mode
@@ -415,7 +416,7 @@ def test_s4_ten_long_streams_and_short_traffic(run_dir, mode):
 def test_s3_rollout_under_continuous_short_requests(run_dir, lb_status):
     """Two gateways; gw1 goes through the preStop drain (GET /prestop), is stopped at CLOSED
     and started again while short requests run for >= 30 s."""
-    mode = "seed-200" if lb_status == 200 else "soft-404"
+    mode = "default-200" if lb_status == 200 else "soft-404"
     config = SOFT if lb_status == 404 else None
     wd = run_dir / "s3" / mode
     duration = 36.0
@@ -435,7 +436,7 @@ def test_s3_rollout_under_continuous_short_requests(run_dir, lb_status):
         short.join(duration + 30)
         served_after = [r for r in rig.haproxy.requests() if r.server == "gw1" and r.accept > up]
         tl = finish(run_dir, rig, scenario="s3", mode=mode, trigger=ps.trigger, status=final, short=short,
-                    pair=("seed-200", "soft-404"),
+                    pair=("default-200", "soft-404"),
                     extra={"stopped": stopped, "restarted": started, "lb_up_again": up,
                            "gw1_requests_after_restart": len(served_after)})
     summary = short.summary()
@@ -451,14 +452,14 @@ def test_s3_rollout_under_continuous_short_requests(run_dir, lb_status):
         assert "stopping" in events and events.index("stopping") < events.index("DOWN"), events
         assert tl["sessions_cut_at_down"] == 0
     else:
-        # Seed behaviour: after the 503 flip HAProxy keeps sending new requests to gw1 until DOWN;
+        # The default 200: after the 503 flip HAProxy keeps sending new requests to gw1 until DOWN;
         # a request that happens to be in flight at that instant is cut. Every connection error
         # must be one of those - nothing else may fail.
         for e in short.connection_errors:
             assert abs(e.end - down) < 0.5, f"connection error {e.end - down:+.2f}s from LB DOWN: {e.error}"
 
 
-# -- S3 as the seed ran it: a rollout restart of both gateways --------------------------------------
+# -- S3 as the sidecar design ran it: a rollout restart of both gateways ----------------------------
 
 S3_SECONDS = 90.0
 S3_SETTLE = 10.0  # traffic on both gateways before the rollout begins
@@ -468,7 +469,7 @@ ISTIO_DRAIN_S = 5.0  # Istio's default terminationDrainDuration: what "current" 
 def restart_pod(rig: Rig, gw, mode: str) -> dict:
     """One pod of the rollout: its termination, then the new pod, until HAProxy has it UP again.
 
-    current:  the seed's current order (events 1 -> 5 -> 6): the LB check flips to 503 at once and
+    current:  the order before drain-gate (events 1 -> 5 -> 6): the LB check flips to 503 at once and
               istio-proxy drains its listeners for Istio's default 5 s, then exits.
     improved: drain-gate as shipped: the preStop hook (GET /prestop) is held until CLOSED, then exit.
     """
@@ -493,7 +494,7 @@ def restart_pod(rig: Rig, gw, mode: str) -> dict:
 @full_only
 @pytest.mark.parametrize("mode", ["current", "improved", "improved-404"])
 def test_s3_rollout_restart_of_both_gateways(run_dir, mode):
-    """The seed's S3: replicas 2, 90 s of continuous traffic through HAProxy, both gateways
+    """The sidecar design's S3: replicas 2, 90 s of continuous traffic through HAProxy, both gateways
     restarted one after the other. Connection errors and 5xx are counted apart (retries 3)."""
     soft = mode == "improved-404"
     with Rig(run_dir / "s3-rollout" / mode, gateways=2, timing=TIMING, config=SOFT if soft else None,
@@ -566,7 +567,7 @@ def test_reopen_from_a_maintenance_drain_returns_after_rise(run_dir):
     summary = short.summary()
     assert not on_gw1_while_out, on_gw1_while_out[:3]
     # 200 until the flip: HAProxy sends requests to gw1 until DOWN, and one in flight at that
-    # instant is cut (the seed's 200 behaviour, see S3). Nothing else may fail.
+    # instant is cut (the default 200 answer, see S3). Nothing else may fail.
     for e in short.connection_errors + short.server_errors:
         assert abs(e.end - down) < 0.5, f"error {e.end - down:+.2f}s from LB DOWN: {e.error}"
     # UP needs `rise` consecutive 200s after the reopen: at least (rise - 1) check intervals.
@@ -583,7 +584,7 @@ S5_DRAIN_TIMEOUT = 20
 
 def s5_run(run_dir: Path, lb_status: int, workload: str):
     period, seconds = WORKLOADS[workload]
-    mode = "seed-200" if lb_status == 200 else "soft-404"
+    mode = "default-200" if lb_status == 200 else "soft-404"
     config = {**(SOFT if lb_status == 404 else {}), "drain_timeout": f"{S5_DRAIN_TIMEOUT}s"}
     scenario = f"s5-{workload}"
     wd = run_dir / scenario / mode
@@ -614,7 +615,7 @@ def s5_run(run_dir: Path, lb_status: int, workload: str):
             s.server = rig.haproxy.server_of(f"id={s.label}&") or rig.haproxy.server_of(f"id={s.label} ")
         tl = finish(run_dir, rig, scenario=scenario, mode=mode, trigger=ps.trigger, status=final,
                     streams=[s for s in streams if s.server == "gw1" or not s.complete],
-                    pair=("seed-200", "soft-404"),
+                    pair=("default-200", "soft-404"),
                     extra={"workload": {"period_s": period, "stream_s": seconds, "arrivals": len(streams),
                                         "until_closed": closed_at},
                            "drain_timeout_s": S5_DRAIN_TIMEOUT})
@@ -653,8 +654,8 @@ def test_s5_soft_drain_404_sparse(run_dir):
 
 @full_only
 @pytest.mark.parametrize("workload", ["dense", "sparse"])
-def test_s5_seed_200_loss_is_measured_and_explained(run_dir, workload):
-    """Seed behaviour: the LB keeps sending new long streams to the draining gateway.
+def test_s5_default_200_loss_is_measured_and_explained(run_dir, workload):
+    """The default 200: the LB keeps sending new long streams to the draining gateway.
 
     Every stream lost must be one that was on gw1 at LB DOWN: in flight at a
     forced flip (drain_timeout), or started inside the detection window.

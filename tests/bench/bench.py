@@ -6,7 +6,7 @@ Sections (each a ratio measured in one run, A/B interleaved over rounds, medians
   cpu       Envoy worker-thread CPU per request (tests/bench/cpu.py): no filter, no-op, twin,
             drain-gate outside and during a drain, bisection builds; paired differences
   flip      last response byte at the client -> first 503 on /health_check.html (client polling
-            back to back), drain-gate vs the seed's admin /stats poller (2 s) + POST /close-lb
+            back to back), drain-gate vs the sidecar design's admin /stats poll (2 s) + POST /close-lb
   scale     count accuracy and throughput at concurrency 1, 2, 4; health p99 at ~1k req/s under load
   footprint .wasm sizes; Envoy RSS with and without the plugin
   tcp       a TCP chain (tcp_proxy to another Envoy answering 200): no wasm filter / no-op network
@@ -311,10 +311,10 @@ def flip(drains: int, baseline_drains: int, streams: int, workdir: Path, backend
 
     ctx = mp.get_context("fork")
     out = {}
-    for mode, n in (("drain-gate", drains), ("seed-poller", baseline_drains)):
+    for mode, n in (("drain-gate", drains), ("sidecar-poller", baseline_drains)):
         ports = Ports(backend=backend_port)
         config = {"lb_buffer": "60m"}
-        if mode == "seed-poller":
+        if mode == "sidecar-poller":
             config.update(min_drain="60m", drain_timeout="60m")  # only the external poller closes
         gaps, recorded = [], []
         with Envoy(render(ports, config), ports, concurrency=2, workdir=workdir / f"flip-{mode}") as e:
@@ -335,8 +335,8 @@ def flip(drains: int, baseline_drains: int, streams: int, workdir: Path, backend
                     go.set()
                     stop = threading.Event()
                     closer = None
-                    if mode == "seed-poller":
-                        closer = threading.Thread(target=_seed_poller, args=(admin, e, stop))
+                    if mode == "sidecar-poller":
+                        closer = threading.Thread(target=_sidecar_poller, args=(admin, e, stop))
                         closer.start()
                     t0 = _stream_end_time(last)
                     last.close()
@@ -358,8 +358,8 @@ def flip(drains: int, baseline_drains: int, streams: int, workdir: Path, backend
     return out
 
 
-def _seed_poller(admin: requests.Session, e: Envoy, stop: threading.Event) -> None:
-    """The seed's drain.sh loop: every 2 s sum downstream_rq_active + upstream_rq_active of the
+def _sidecar_poller(admin: requests.Session, e: Envoy, stop: threading.Event) -> None:
+    """The sidecar design's drain.sh loop: every 2 s sum downstream_rq_active + upstream_rq_active of the
     traffic path from Envoy admin /stats; at 0, POST /close-lb."""
     while not stop.is_set():
         text = admin.get(e.admin("/stats"), params={"filter": "downstream_rq_active|upstream_rq_active"}).text

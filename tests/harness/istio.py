@@ -246,7 +246,7 @@ def crd_errors(obj: dict, validators) -> list[str]:
 
 
 # -- Kubernetes schemas --------------------------------------------------------------
-# The seed's cluster (k8s 1.30) and the newest schema kubernetes-validate bundles.
+# The sidecar design's cluster (k8s 1.30) and the newest schema kubernetes-validate bundles.
 K8S_VERSIONS = ("1.30.0", kubernetes_validate.utils.latest_version())
 
 

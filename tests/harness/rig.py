@@ -43,9 +43,10 @@ class Timing:
         return self.fall * self.inter_s
 
 
-# `make test`: quick. `make scenarios`: the seed's timings (inter 2s, lb_buffer 10s).
+# `make test`: quick. `make scenarios`: the shipped timings (haproxy.cfg's inter 2s, drain-gate's
+# default lb_buffer 10s).
 QUICK = Timing("quick", "1s", 1.0, lb_buffer="3s")
-SEED = Timing("seed", "2s", 2.0, lb_buffer="10s")
+SHIPPED = Timing("shipped", "2s", 2.0, lb_buffer="10s")
 
 
 class Backend(Child):
@@ -143,7 +144,7 @@ class PreStop:
 
 
 def flip_now(gw: Gateway) -> float:
-    """The seed's "current" mode through the real filter: 503 at drain start.
+    """The "current" mode of the scenarios through the real filter: 503 at drain start.
 
     POST /drain then POST /close-lb at once; returns the trigger time.
     """

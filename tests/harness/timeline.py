@@ -1,4 +1,4 @@
-"""The seed's six events of a drain, observed, written as JSON and drawn as SVG.
+"""The six events of a pod termination, observed, written as JSON and drawn as SVG.
 
     event 1  LB check (/health_check.html) flips to 503       drain-gate: closing_at
     event 2  readiness (/health) flips to 503                  drain-gate: closed_at

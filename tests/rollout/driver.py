@@ -29,7 +29,7 @@ from tests.rollout import fleet, picture
 from tests.rollout.traffic import FULL, QUICK, Profile, Traffic
 
 OUT = REPO / "out" / "rollout"
-INTER = "2s"  # the seed's check timing: inter 2s rise 2 fall 2
+INTER = "2s"  # haproxy.cfg's check timing: inter 2s rise 2 fall 2
 INTER_S = 2.0
 QUICK_STRATEGIES = ("istio-default", "drain-gate-404")
 
@@ -155,7 +155,7 @@ def account(strategy, traffic: Traffic, old, new, stat, haproxy, t0: float, end:
 
 
 def table(result: dict) -> str:
-    """The README's table: lost / sent per kind, rollout time, drain time per gateway."""
+    """tests/README.md's table: lost / sent per kind, rollout time, drain time per gateway."""
     lines = ["| strategy | short lost/sent | HTTP/1.1 streams | HTTP/2 streams | websockets | rollout s | drain s per gateway (median, max) |",
              "|---|---|---|---|---|---|---|"]
     for name, r in result["strategies"].items():

@@ -32,7 +32,7 @@ from pathlib import Path
 
 import requests
 
-from tests.bench.bench import _seed_poller
+from tests.bench.bench import _sidecar_poller
 from tests.harness.envoy import Envoy, Ports, render
 from tests.harness.haproxy import CFG, CFG_SOFT_DRAIN, HAProxy
 from tests.harness.timeline import parse_time
@@ -42,7 +42,7 @@ ISTIO_DRAIN_DURATION_S = 45  # Istio's drainDuration default: Envoy --drain-time
 GRACE_S = 150.0  # terminationGracePeriodSeconds of envoyfilter/kubernetes/gateway-values.yaml
 DRAIN_TIMEOUT_S = 30  # every strategy that waits for active = 0 gives up after this long
 FAIL_WAIT_S = 15.0  # fail-then-wait's fixed drain time (Contour / Envoy Gateway default: 60 s)
-SEED_LB_BUFFER_S = 10.0  # drain.sh's LB_BUFFER
+DRAIN_SH_LB_BUFFER_S = 10.0  # the sidecar design's drain.sh: its LB_BUFFER
 
 
 # -- strategies -----------------------------------------------------------------------------
@@ -53,7 +53,7 @@ class Strategy:
 
     name: str
     check: str  # "agent" (pilot-agent readiness), "admin" (Envoy /ready) or "health" (drain-gate)
-    prestop: str | None  # None, "fail-then-wait", "seed" or "drain-gate"
+    prestop: str | None  # None, "fail-then-wait", "drain.sh" or "drain-gate"
     soft_drain: bool = False  # HAProxy `http-check disable-on-404`
     config: dict = field(default_factory=dict)  # drain-gate's plugin configuration
 
@@ -73,13 +73,14 @@ _DG = {"close_after": "lb_observed_down", "lb_fall": 2, "lb_buffer": "1s", "drai
 
 
 def strategies(inter_s: float) -> dict[str, Strategy]:
-    # The seed's hc FSM is drain-gate's FSM driven from outside only: it never flips by itself.
-    seed_fsm = {"min_drain": "60m", "drain_timeout": "60m", "lb_buffer": "60m"}
+    # The sidecar design's hc container served drain-gate's FSM, moved only from outside (by
+    # drain.sh): it never flips by itself.
+    hc_fsm = {"min_drain": "60m", "drain_timeout": "60m", "lb_buffer": "60m"}
     soft = {**_DG, "draining_lb_status": 404, "min_drain": f"{int(inter_s) + 1}s"}
     return {s.name: s for s in (
         Strategy("istio-default", check="agent", prestop=None),
         Strategy("fail-then-wait", check="admin", prestop="fail-then-wait"),
-        Strategy("seed", check="health", prestop="seed", config=seed_fsm),
+        Strategy("sidecar-design", check="health", prestop="drain.sh", config=hc_fsm),
         Strategy("drain-gate-200", check="health", prestop="drain-gate", config=_DG),
         Strategy("drain-gate-404", check="health", prestop="drain-gate", soft_drain=True, config=soft),
     )}
@@ -200,8 +201,8 @@ class Pod:
         doc = render(self.ports, strategy.config)
         for listener in doc["static_resources"]["listeners"]:
             if listener["name"] == "traffic":
-                # What `drain_listeners?inboundonly` drains: the traffic listener only (the seed's
-                # drain.sh drains Envoy's listeners while its hc runs in another container).
+                # What `drain_listeners?inboundonly` drains: the traffic listener only (the sidecar
+                # design's drain.sh drains Envoy's listeners while its hc runs in another container).
                 listener["traffic_direction"] = "INBOUND"
         self.envoy = Envoy(doc, self.ports, concurrency=1, workdir=workdir / name,
                            drain_time_s=ISTIO_DRAIN_DURATION_S, drain_strategy="immediate")
@@ -302,14 +303,14 @@ def _fail_then_wait(pod: Pod) -> str:
     return f"waited {FAIL_WAIT_S:g}s"
 
 
-def _seed(pod: Pod) -> str:
-    """The seed's drain.sh: /drain, Envoy drain_listeners, poll admin /stats every 2 s until
+def _drain_sh(pod: Pod) -> str:
+    """The sidecar design's drain.sh: /drain, Envoy drain_listeners, poll admin /stats every 2 s until
     active = 0 (at most DRAIN_TIMEOUT_S), /close-lb, sleep LB_BUFFER, /close."""
     health = requests.Session()
     health.post(pod.envoy.health("/drain"), timeout=5).raise_for_status()
     pod.admin.post(pod.envoy.admin("/drain_listeners?inboundonly&graceful&skip_exit"), timeout=5)
     stop = threading.Event()
-    poller = threading.Thread(target=_seed_poller, args=(pod.admin, pod.envoy, stop), daemon=True)
+    poller = threading.Thread(target=_sidecar_poller, args=(pod.admin, pod.envoy, stop), daemon=True)
     poller.start()
     poller.join(DRAIN_TIMEOUT_S)
     forced = poller.is_alive()
@@ -318,7 +319,7 @@ def _seed(pod: Pod) -> str:
         poller.join(5)
         health.post(pod.envoy.health("/close-lb"), timeout=5).raise_for_status()
     pod.flip_at = parse_time(health.get(pod.envoy.health("/drain/status"), timeout=5).json()["progress"]["closing_at"])
-    time.sleep(SEED_LB_BUFFER_S)
+    time.sleep(DRAIN_SH_LB_BUFFER_S)
     health.post(pod.envoy.health("/close"), timeout=5).raise_for_status()
     return "timeout" if forced else "active_zero"
 
@@ -333,4 +334,4 @@ def _drain_gate(pod: Pod) -> str:
     return f"{r.status_code} {body.get('state')} {reason}".strip()
 
 
-PRESTOP = {"fail-then-wait": _fail_then_wait, "seed": _seed, "drain-gate": _drain_gate}
+PRESTOP = {"fail-then-wait": _fail_then_wait, "drain.sh": _drain_sh, "drain-gate": _drain_gate}

@@ -1,4 +1,4 @@
-"""`make rollout-quick`: the rolling update of 2 gateways behind HAProxy (seed timings: inter 2s
+"""`make rollout-quick`: the rolling update of 2 gateways behind HAProxy (shipped timings: inter 2s
 rise 2 fall 2, on-marked-down shutdown-sessions), under short GETs, HTTP/1.1 and HTTP/2 streams
 and websockets, with Istio's default termination and with drain-gate's 404 soft drain.
 
@@ -61,7 +61,7 @@ def test_istio_default_cuts_long_streams(result):
 
 
 def test_summarize_prints_the_tables_of_the_readme(result):
-    """`python -m tests.rollout.driver --summarize <result.json>…`, as the README runs it."""
+    """`python -m tests.rollout.driver --summarize <result.json>…`, as tests/README.md runs it."""
     out = subprocess.run([sys.executable, "-m", "tests.rollout.driver", "--summarize", str(driver.OUT / "result.json")],
                          cwd=REPO, capture_output=True, text=True, timeout=60, check=True).stdout
     assert "| istio-default |" in out and "| drain-gate-404 |" in out

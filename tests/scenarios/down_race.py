@@ -1,6 +1,6 @@
 """How often does HAProxy's DOWN cut a *short* request, 200 vs 404 draining?
 
-With the seed's `draining_lb_status: 200`, HAProxy keeps sending new requests
+With the default `draining_lb_status: 200`, HAProxy keeps sending new requests
 to the gateway after drain-gate's 503 flip until it marks the server DOWN
 (the detection window); a request that happens to be in flight at that
 instant is cut by `on-marked-down shutdown-sessions`. With 404 (soft drain,
