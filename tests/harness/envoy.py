@@ -42,11 +42,12 @@ _HANDED_OUT: set[int] = set()
 
 
 def free_port(host: str = "127.0.0.1") -> int:
-    """A port nothing listens on now and that this process has not handed out
-    before: the kernel may give the same ephemeral port to two binds in a row, and
+    """A port nothing listens on now (at `host`: IPv4 or IPv6 loopback) and that
+    this process has not handed out before: the kernel may give the same ephemeral port to two binds in a row, and
     two listeners of one Envoy on one port refuse its whole configuration."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
     while True:
-        with socket.socket() as s:
+        with socket.socket(family) as s:
             s.bind((host, 0))
             port = s.getsockname()[1]
         if port not in _HANDED_OUT:
@@ -200,7 +201,10 @@ class Envoy(Child):
 
     # -- addresses and logs ------------------------------------------------
     def admin(self, path: str) -> str:
-        return f"http://127.0.0.1:{self.ports.admin}{path}"
+        """A URL of the admin API, at the address the bootstrap binds it to (127.0.0.1 or ::1)."""
+        host = ((self.doc.get("admin") or {}).get("address") or {}).get("socket_address", {}).get("address",
+                                                                                              "127.0.0.1")
+        return f"http://{f'[{host}]' if ':' in host else host}:{self.ports.admin}{path}"
 
     def health(self, path: str) -> str:
         return f"http://127.0.0.1:{self.ports.health}{path}"
