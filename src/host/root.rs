@@ -113,7 +113,10 @@ impl Root {
         if let Some(f) = self.filter.get() {
             return f;
         }
-        let http = matches!(hostcalls::get_property(vec!["request", "protocol"]), Ok(Some(_)));
+        let http = matches!(
+            hostcalls::get_property(vec!["request", "protocol"]),
+            Ok(Some(_))
+        );
         let filter = if http { Filter::Http } else { Filter::Network };
         self.filter.set(Some(filter));
         if self.role.filter().is_some_and(|want| want != filter) {
