@@ -50,6 +50,29 @@ pub struct Config {
     /// With `draining_lb_status: 404`: the active = 0 flip also waits until
     /// every live checker has been served a 404 since the drain began.
     pub soft_drain_gate: bool,
+    /// What the traffic role does with a new HTTP request while draining.
+    pub draining_new_requests: NewRequests,
+}
+
+/// What the traffic role does with a new HTTP request from DRAINING on.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum NewRequests {
+    /// Serve it (the LB still sends them while its check says 200).
+    #[default]
+    Serve,
+    /// Answer it at once with 503, never forwarded: an LB that resends a
+    /// 503 sends it to another gateway, and the drain converges in the time
+    /// of the longest request already in flight.
+    Refuse,
+}
+
+impl NewRequests {
+    pub fn name(self) -> &'static str {
+        match self {
+            NewRequests::Serve => "serve",
+            NewRequests::Refuse => "refuse",
+        }
+    }
 }
 
 /// What is wrong with one key's value (the refusal names the key).
@@ -136,7 +159,7 @@ macro_rules! key_table {
 
 key_table! {
     /// Every configuration key, in the order they are checked.
-    pub const KEYS: [&str; 14] = [
+    pub const KEYS: [&str; 15] = [
         "role" => Rule::Required(role, ROLE_REQUIRED),
         "drain_timeout" => Rule::Optional(drain_timeout),
         "min_drain" => Rule::Optional(min_drain),
@@ -151,6 +174,7 @@ key_table! {
         "rotate_connections" => Rule::Optional(rotate_connections),
         "lb_checkers" => Rule::Optional(lb_checkers),
         "soft_drain_gate" => Rule::Optional(soft_drain_gate),
+        "draining_new_requests" => Rule::Optional(draining_new_requests),
     ];
 }
 
@@ -171,6 +195,7 @@ impl Default for Config {
             rotate_connections: Some(rotation::DEFAULT_CLUSTER.into()),
             lb_checkers: None,
             soft_drain_gate: true,
+            draining_new_requests: NewRequests::Serve,
         }
     }
 }
@@ -282,6 +307,15 @@ fn soft_drain_gate(c: &mut Config, v: &Value) -> Result<(), Problem> {
     c.soft_drain_gate = v
         .as_bool()
         .ok_or_else(|| format!("expected true or false, got {v}"))?;
+    Ok(())
+}
+
+fn draining_new_requests(c: &mut Config, v: &Value) -> Result<(), Problem> {
+    c.draining_new_requests = match v.as_str() {
+        Some("serve") => NewRequests::Serve,
+        Some("refuse") => NewRequests::Refuse,
+        _ => return Err(format!("expected \"serve\" or \"refuse\", got {v}").into()),
+    };
     Ok(())
 }
 
@@ -547,6 +581,14 @@ mod tests {
     }
 
     #[test]
+    fn new_requests_while_draining_are_served_unless_refused() {
+        let c = parse(r#"{"role":"traffic"}"#).unwrap();
+        assert_eq!(c.draining_new_requests, NewRequests::Serve);
+        let c = parse(r#"{"role":"traffic","draining_new_requests":"refuse"}"#).unwrap();
+        assert_eq!(c.draining_new_requests.name(), "refuse");
+    }
+
+    #[test]
     fn lb_checkers_and_the_soft_drain_gate() {
         let c = parse(r#"{"role":"health"}"#).unwrap();
         assert!(
@@ -610,6 +652,8 @@ mod tests {
             ("lb_checkers", r#"["10.0.0.300/32"]"#),
             ("lb_checkers", r#""10.0.0.0/8""#),
             ("soft_drain_gate", r#""yes""#),
+            ("draining_new_requests", r#""drop""#),
+            ("draining_new_requests", "true"),
         ];
         let keyed = keyed.map(|(key, value)| {
             let input = format!(r#"{{"role":"health","{key}":{value}}}"#);

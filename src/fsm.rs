@@ -29,6 +29,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::clock::Now;
+use crate::receipt::Tally;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "UPPERCASE")]
@@ -263,6 +264,20 @@ pub struct Record {
     /// The preStop hold, while some worker holds a `wait=closed` answer.
     #[serde(default)]
     pub hold: Option<Hold>,
+    /// The receipt's counters when the drain began (`crate::receipt`): the
+    /// drain's receipt is the counters now minus these.
+    #[serde(default)]
+    pub receipt_base: Option<Tally>,
+    /// The oldest stream in flight just after the flip to CLOSING (ms; `None`
+    /// when nothing was), recorded by the health role within a tick of it
+    /// (`flip_recorded`).
+    #[serde(default)]
+    pub oldest_at_closing_ms: Option<u64>,
+    #[serde(default)]
+    pub flip_recorded: bool,
+    /// This drain's receipt has been logged (once, by one worker).
+    #[serde(default)]
+    pub receipt_logged: bool,
 }
 
 /// A preStop hold: a lease that the worker holding a `wait=closed` answer
@@ -304,6 +319,10 @@ impl Record {
             drain_started_mono_ms: None,
             closing_mono_ms: None,
             hold: None,
+            receipt_base: None,
+            oldest_at_closing_ms: None,
+            flip_recorded: false,
+            receipt_logged: false,
         }
     }
 
@@ -431,6 +450,9 @@ fn enter(next: &mut Record, mv: &Move, now: Now, active: u64) -> Option<()> {
             next.closed_ms = None;
             next.active_at_closing = None;
             next.forced = false;
+            next.oldest_at_closing_ms = None;
+            next.flip_recorded = false;
+            next.receipt_logged = false;
         }
         State::Closing => {
             next.closing_ms = Some(now_ms);
@@ -540,6 +562,34 @@ pub fn renew_hold(rec: &Record, now: Now, lease_ms: u64) -> Option<Record> {
         lease_ms,
     });
     Some(next)
+}
+
+/// The record with the oldest stream in flight at the flip, once per drain:
+/// `None` when already recorded or not in CLOSING.
+pub fn record_flip(rec: &Record, oldest_ms: Option<u64>) -> Option<Record> {
+    if rec.state != State::Closing || rec.flip_recorded {
+        return None;
+    }
+    let mut next = rec.clone();
+    next.oldest_at_closing_ms = oldest_ms;
+    next.flip_recorded = true;
+    Some(next)
+}
+
+/// Whether the drain this record holds is over and its receipt still owed:
+/// CLOSED, reopened or in FAULT, after a drain began.
+pub fn receipt_due(rec: &Record) -> bool {
+    rec.drain_started_ms.is_some()
+        && !rec.receipt_logged
+        && matches!(rec.state, State::Closed | State::Open | State::Fault)
+}
+
+/// The record with the receipt marked logged, if it was owed.
+pub fn mark_receipt(rec: &Record) -> Option<Record> {
+    receipt_due(rec).then(|| Record {
+        receipt_logged: true,
+        ..rec.clone()
+    })
 }
 
 /// The record with a maintenance drain turned automatic again (a preStop

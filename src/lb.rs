@@ -17,6 +17,14 @@ use serde::{Deserialize, Serialize};
 pub const CHECKER_TTL_MS: u64 = 30_000;
 /// At most this many checkers are remembered; the longest unseen goes first.
 pub const MAX_CHECKERS: usize = 32;
+/// A cut this soon after a checker was served its `lb_fall`-th consecutive
+/// 503 is the LB's: HAProxy (`on-marked-down shutdown-sessions`) and NetScaler
+/// (`downStateFlush`) reset the backend's sessions in the same step that marks
+/// it DOWN, on that check's answer; the resets reach Envoy within
+/// milliseconds. Two seconds leaves room for a busy LB and for the record's
+/// resolution, and is far below any LB's check interval: a cut later than that
+/// is not the DOWN's.
+pub const CUT_WINDOW_MS: u64 = 2_000;
 /// A checker's `last_seen_ms` is rewritten only when it moved by this much
 /// (or its counts changed), so that a steady LB costs one shared-data write
 /// a second, not one per check.
@@ -32,6 +40,10 @@ pub struct Checker {
     /// When this checker was last served a 404 (soft drain).
     #[serde(default)]
     pub last_404_ms: Option<u64>,
+    /// When this checker was last served its `lb_fall`-th consecutive 503:
+    /// the LB marked the gateway DOWN then.
+    #[serde(default)]
+    pub down_ms: Option<u64>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -124,6 +136,7 @@ impl Checkers {
                     consecutive_503: 0,
                     last_seen_ms: now_ms,
                     last_404_ms: None,
+                    down_ms: None,
                 });
                 self.list.len() - 1
             }
@@ -142,6 +155,9 @@ impl Checkers {
             }
             if status == 503 {
                 c.consecutive_503 = c.consecutive_503.saturating_add(1);
+                if c.consecutive_503 == lb_fall {
+                    c.down_ms = Some(now_ms);
+                }
             } else {
                 c.consecutive_503 = 0;
             }
@@ -193,6 +209,15 @@ impl Checkers {
     /// and every one served the 404 since `since_ms`. Never true on nothing.
     pub fn saw_drain(&self, since_ms: u64, now_ms: u64) -> bool {
         self.gate(since_ms, now_ms, false) == Gate::Open
+    }
+
+    /// Whether a cut at `now_ms` is the LB's: some checker was served its
+    /// `lb_fall`-th consecutive 503 at most `CUT_WINDOW_MS` before.
+    pub fn cut_by_lb(&self, now_ms: u64) -> bool {
+        self.list.iter().any(|c| {
+            c.down_ms
+                .is_some_and(|t| t <= now_ms && now_ms - t <= CUT_WINDOW_MS)
+        })
     }
 
     /// The moment the LB was observed DOWN, if that is still true now.
@@ -307,6 +332,27 @@ mod tests {
         );
         assert!(c.ignore("10.9.9.9", 5), "a new ignored source");
         assert!(!c.ignore("10.9.9.9", 6));
+    }
+
+    #[test]
+    fn a_cut_right_after_a_checker_s_down_is_the_lb_s() {
+        let mut c = Checkers::default();
+        c.observe("a", 503, 1_000, 2);
+        assert!(!c.cut_by_lb(1_100), "one 503 is not DOWN");
+        c.observe("a", 503, 2_000, 2);
+        assert_eq!(c.list[0].down_ms, Some(2_000));
+        assert!(c.cut_by_lb(2_000) && c.cut_by_lb(2_000 + CUT_WINDOW_MS));
+        assert!(
+            !c.cut_by_lb(2_001 + CUT_WINDOW_MS),
+            "too late: not the DOWN's"
+        );
+        assert!(!c.cut_by_lb(1_999), "before the DOWN");
+        c.observe("a", 503, 3_000, 2);
+        assert_eq!(c.list[0].down_ms, Some(2_000), "DOWN once per run of 503s");
+        c.observe("a", 200, 4_000, 2);
+        c.observe("a", 503, 5_000, 2);
+        c.observe("a", 503, 6_000, 2);
+        assert_eq!(c.list[0].down_ms, Some(6_000), "DOWN again after an UP");
     }
 
     #[test]

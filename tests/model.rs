@@ -131,7 +131,11 @@ fn config(role: &str) -> Config {
 }
 
 fn root(sim: &Sim, w: usize) -> Rc<Traffic<&Sim>> {
-    Rc::new(Traffic::new(part_of(w), Metrics::define(sim), TICK_MS))
+    Rc::new(Traffic::new(
+        part_of(w),
+        Metrics::define(sim),
+        &config("traffic"),
+    ))
 }
 
 impl<'a> Model<'a> {

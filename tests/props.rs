@@ -603,6 +603,8 @@ proptest! {
             close_after: CloseAfter::LbBuffer,
             rotation: api::RotationView { cluster: Some("admin"), last: None },
             footprint: api::Footprint::default(),
+            receipt: drain_gate::receipt::Tally::default(),
+            new_requests: "serve",
         };
         let body: Value = serde_json::from_slice(&api::status(&view).body).unwrap();
         for field in ["state", "ready", "live", "lb_status", "active", "count", "waiting_for", "traffic", "in_flight", "progress", "lb", "clock", "connection_rotation"] {

@@ -9,6 +9,7 @@ use crate::clock::{rfc3339, Now, Steps, Timers};
 use crate::fsm::{CloseAfter, Record, State};
 use crate::in_flight::InFlight;
 use crate::lb::{Checkers, Gate};
+use crate::receipt::Tally;
 use crate::rotation;
 
 /// How the active count is kept; reported in the status.
@@ -95,6 +96,11 @@ pub struct View<'a> {
     pub close_after: CloseAfter,
     pub rotation: RotationView<'a>,
     pub footprint: Footprint,
+    /// What the current (or last) drain counted: the counters now minus
+    /// those at its start (`crate::receipt`).
+    pub receipt: Tally,
+    /// `draining_new_requests`.
+    pub new_requests: &'static str,
 }
 
 /// Connection rotation at drain start: configured where, and what the last
@@ -224,6 +230,33 @@ impl From<ClockInfo> for ClockOut {
     }
 }
 
+/// The current (or last) drain's receipt.
+#[derive(Serialize)]
+struct ReceiptOut {
+    /// The drain these count (`null` before the first).
+    drain_started_at: Option<String>,
+    cut: u64,
+    cut_http: u64,
+    cut_tcp: u64,
+    /// Cut within 2 s after an LB checker was served its `lb_fall`-th 503.
+    cut_lb: u64,
+    /// Every other cut: a client that gave up by itself (or an LB whose checks drain-gate does not see).
+    cut_other: u64,
+    completed: u64,
+    ended_upstream: u64,
+    refused: u64,
+}
+
+#[derive(Serialize)]
+struct Refusing {
+    /// `draining_new_requests`: `serve` or `refuse`.
+    mode: &'static str,
+    /// New requests are being refused now (refuse mode, and a drain running).
+    active: bool,
+    /// Requests refused in the current (or last) drain.
+    this_drain: u64,
+}
+
 #[derive(Serialize)]
 struct Status<'a> {
     state: State,
@@ -242,6 +275,10 @@ struct Status<'a> {
     connection_rotation: RotationOut<'a>,
     clock: ClockOut,
     footprint: Footprint,
+    /// Streams and connections the current (or last) drain cut (`receipt` has the rest).
+    cut: u64,
+    receipt: ReceiptOut,
+    refusing: Refusing,
     #[serde(skip_serializing_if = "Option::is_none")]
     error: Option<&'a str>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -270,8 +307,30 @@ fn status_body<'a>(v: &View<'a>, error: Option<&'a str>, wait: Option<&'a str>) 
         connection_rotation: rotation_out(&v.rotation),
         clock: v.clock.into(),
         footprint: v.footprint,
+        cut: v.receipt.cut,
+        receipt: receipt_out(v),
+        refusing: Refusing {
+            mode: v.new_requests,
+            active: v.new_requests == "refuse" && r.state != State::Open,
+            this_drain: v.receipt.refused,
+        },
         error,
         wait,
+    }
+}
+
+fn receipt_out(v: &View) -> ReceiptOut {
+    let t = &v.receipt;
+    ReceiptOut {
+        drain_started_at: v.rec.drain_started_ms.map(rfc3339),
+        cut: t.cut,
+        cut_http: t.cut.saturating_sub(t.cut_tcp),
+        cut_tcp: t.cut_tcp,
+        cut_lb: t.cut_lb,
+        cut_other: t.cut.saturating_sub(t.cut_lb),
+        completed: t.completed,
+        ended_upstream: t.ended_upstream,
+        refused: t.refused,
     }
 }
 
@@ -471,6 +530,8 @@ mod tests {
             close_after: CloseAfter::LbBuffer,
             rotation: RotationView::default(),
             footprint: Footprint::default(),
+            receipt: Tally::default(),
+            new_requests: "serve",
         };
         f(v)
     }

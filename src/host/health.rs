@@ -21,6 +21,7 @@ use crate::clock::{self, Now};
 use crate::config::Config;
 use crate::fsm::{self, CloseAfter, Move, Record, State};
 use crate::lb::Checkers;
+use crate::receipt;
 use crate::rotation;
 
 /// What a status answer shows beyond the FSM record, read at once.
@@ -168,6 +169,8 @@ impl<H: Host> Health<H> {
                 metric_definitions: super::metrics::definitions(),
                 shared_keys: super::keys::created(snap.ids_high),
             },
+            receipt: self.tally_of(rec),
+            new_requests: self.config.draining_new_requests.name(),
         }
     }
 
@@ -376,31 +379,77 @@ impl<H: Host> Health<H> {
         self.watch_clock();
         self.watch.tick(&self.metrics);
         let reading = self.counter.read();
-        let rec =
-            match self
-                .store
-                .apply_due(reading.for_decisions(), self.lb_down_ms(), &self.metrics)
-            {
-                Ok(r) => r,
-                Err(e) => {
-                    log::error!("event=state_unavailable role=health error=\"{e}\"");
-                    return;
-                }
-            };
+        let due = self
+            .store
+            .apply_due(reading.for_decisions(), self.lb_down_ms(), &self.metrics);
+        let rec = match due {
+            Ok(r) => r,
+            Err(e) => {
+                log::error!("event=state_unavailable role=health error=\"{e}\"");
+                return;
+            }
+        };
         self.metrics.sync_state(rec.state);
         self.rotator.tick(&rec);
         self.metrics.set_count_unreliable(!reading.reliable);
+        let ids: Vec<u64> = self.watch.snapshot().0.roots.iter().map(|r| r.id).collect();
         let now = self.host().now();
-        let ids = self
-            .watch
-            .snapshot()
-            .0
-            .roots
-            .iter()
-            .map(|r| r.id)
-            .collect::<Vec<_>>();
-        let oldest = in_flight::read(self.host(), now.timer_ms(), ids.into_iter()).oldest_age_ms;
+        let oldest = in_flight::read(self.host(), now.timer_ms(), ids).oldest_age_ms;
         self.metrics.set_oldest_in_flight(oldest);
+        self.keep_receipt(&rec, oldest);
+        self.release_waiters(&rec, now);
+    }
+
+    /// Records the oldest stream at the flip (within a tick of it) and logs
+    /// the drain's receipt once when the drain ends; one worker each.
+    fn keep_receipt(&self, rec: &Record, oldest: Option<u64>) {
+        if fsm::record_flip(rec, oldest).is_some() {
+            if let Err(e) = self.store.update(|r| fsm::record_flip(r, oldest)) {
+                log::warn!("event=state_unavailable role=health error=\"{e}\"");
+            }
+        }
+        if !fsm::receipt_due(rec) {
+            return;
+        }
+        let won = std::cell::Cell::new(false);
+        let marked = self.store.update(|r| {
+            let next = fsm::mark_receipt(r);
+            won.set(next.is_some());
+            next
+        });
+        match marked {
+            Ok(r) if won.get() => log::info!("{}", self.receipt(&r)),
+            Ok(_) => {}
+            Err(e) => log::warn!("event=state_unavailable role=health error=\"{e}\""),
+        }
+    }
+
+    /// The receipt of the drain `rec` holds (or held).
+    fn receipt<'a>(&self, rec: &'a Record) -> receipt::Receipt<'a> {
+        let now = self.host().now();
+        receipt::Receipt {
+            started_ms: rec.drain_started_ms.unwrap_or(0),
+            flipped_ms: rec.closing_ms,
+            closed_ms: rec.closed_ms,
+            ended: rec.state.name(),
+            forced: rec.forced,
+            duration_ms: rec.drain_duration_ms(now),
+            active_at_flip: rec.active_at_closing,
+            oldest_at_flip_ms: rec.oldest_at_closing_ms,
+            tally: self.tally_of(rec),
+        }
+    }
+
+    /// What the drain of `rec` counted so far (nothing before a first drain).
+    fn tally_of(&self, rec: &Record) -> receipt::Tally {
+        rec.receipt_base
+            .map(|base| self.metrics.tally().since(&base))
+            .unwrap_or_default()
+    }
+
+    /// Answers the held `wait=closed` requests whose wait is over; renews the
+    /// preStop hold of the others.
+    fn release_waiters(&self, rec: &Record, now: Now) {
         if self.waiters.borrow().is_empty() {
             return;
         }
@@ -415,7 +464,7 @@ impl<H: Host> Health<H> {
         *self.waiters.borrow_mut() = held;
         for w in over {
             if let Some(end) = api::wait_end(rec.state, w.timed_out(now)) {
-                let reply = self.wait_reply(end, &rec);
+                let reply = self.wait_reply(end, rec);
                 send(self.host(), Some(w.context_id), &reply);
             }
         }
@@ -506,7 +555,7 @@ mod tests {
         let traffic = Rc::new(Traffic::new(
             Part::Streams,
             Metrics::define(sim),
-            parse("traffic").tick_ms,
+            &parse("traffic"),
         ));
         crate::host::liveness::ensure_registry(&sim);
         crate::host::count::announce_traffic(&sim);
@@ -746,6 +795,149 @@ mod tests {
             );
             assert_eq!(json(&r)["wait"], "fault");
         }
+    }
+
+    /// A stream that ends with these response flags (what `on_log` reads).
+    fn end_with(sim: &Sim, mut stream: TrafficStream<&Sim>, flags: u64) {
+        sim.set_flags(flags);
+        stream.log();
+        drop(stream);
+    }
+
+    #[test]
+    fn ends_during_a_drain_are_sorted_and_the_lb_s_cuts_attributed() {
+        let sim = Sim::at(T0);
+        let (h, t) = gateway(&sim, r#"{"lb_buffer":"60m"}"#);
+        let outside = TrafficStream::new(Rc::clone(&t));
+        end_with(&sim, outside, 0x4000); // a client abort while OPEN: not a drain's
+        let streams: Vec<_> = (0..4).map(|_| TrafficStream::new(Rc::clone(&t))).collect();
+        let held = TrafficStream::new(Rc::clone(&t));
+        call(&h, "POST", "/drain", 1).unwrap();
+        ticks(&sim, &h, &t, 1, 100);
+        let mut it = streams.into_iter();
+        end_with(&sim, it.next().unwrap(), 0); // completed
+        end_with(&sim, it.next().unwrap(), 0x10); // upstream reset
+        end_with(&sim, it.next().unwrap(), 0x4000); // a client that gave up
+        assert_eq!(
+            json(&call(&h, "GET", "/drain/status", 2).unwrap())["cut"],
+            1
+        );
+        // The LB is served 503 twice (lb_fall 2) after the flip: DOWN, and it
+        // resets what it still carries.
+        call(&h, "POST", "/close-lb", 3).unwrap();
+        for _ in 0..2 {
+            assert_eq!(
+                call(&h, "GET", "/health_check.html", 4).unwrap().status,
+                503
+            );
+            sim.advance(500);
+        }
+        end_with(&sim, it.next().unwrap(), 0x1000_0000); // RST_STREAM at DOWN
+        sim.advance(3_000);
+        end_with(&sim, held, 0x4000); // long after the DOWN: not the LB's
+        let st = json(&call(&h, "GET", "/drain/status", 5).unwrap());
+        let r = &st["receipt"];
+        assert_eq!(st["cut"], 3);
+        assert_eq!(
+            (r["cut_lb"].as_u64(), r["cut_other"].as_u64()),
+            (Some(1), Some(2))
+        );
+        assert_eq!(
+            (r["completed"].as_u64(), r["ended_upstream"].as_u64()),
+            (Some(1), Some(1))
+        );
+        assert_eq!(
+            sim.metric(crate::metric_names::CUT),
+            3,
+            "the OPEN abort is not counted"
+        );
+        assert_eq!(sim.metric(crate::metric_names::CUT_LB), 1);
+    }
+
+    #[test]
+    fn a_connection_reset_by_the_downstream_is_a_cut_one_closed_after_its_upstream_is_not() {
+        use proxy_wasm::types::PeerType;
+        let sim = Sim::at(T0);
+        let (h, _t) = gateway(&sim, r#"{"lb_buffer":"60m"}"#);
+        let tcp = Rc::new(Traffic::new(
+            Part::Connections,
+            Metrics::define(&sim),
+            &Config::parse(br#"{"role":"traffic_tcp"}"#).unwrap(),
+        ));
+        let (mut a, mut b) = (
+            TrafficStream::new(Rc::clone(&tcp)),
+            TrafficStream::new(Rc::clone(&tcp)),
+        );
+        call(&h, "POST", "/drain", 1).unwrap();
+        tcp.tick();
+        a.closed(true, PeerType::Remote); // a reset from the client side
+        drop(a);
+        b.closed(false, PeerType::Unknown); // the upstream closed first ...
+        b.closed(true, PeerType::Local); // ... then Envoy closed the client side
+        drop(b);
+        let r = json(&call(&h, "GET", "/drain/status", 2).unwrap())["receipt"].clone();
+        assert_eq!(
+            (r["cut_tcp"].as_u64(), r["completed"].as_u64()),
+            (Some(1), Some(1))
+        );
+    }
+
+    #[test]
+    fn refuse_mode_answers_new_requests_503_while_draining_and_stops_at_reopen() {
+        let sim = Sim::at(T0);
+        let (h, t) = gateway(
+            &sim,
+            r#"{"draining_new_requests":"refuse","lb_buffer":"60m"}"#,
+        );
+        let mut before = TrafficStream::new(Rc::clone(&t));
+        assert_eq!(before.request_headers(), Action::Continue, "OPEN: served");
+        call(&h, "POST", "/drain?hold=closing", 1).unwrap();
+        ticks(&sim, &h, &t, 1, 100);
+        let mut new = TrafficStream::new(Rc::clone(&t));
+        assert_eq!(new.request_headers(), Action::Pause);
+        let a = sim.answers.borrow().last().cloned().unwrap();
+        assert_eq!(
+            (a.context_id, a.status, a.json()["error"].as_str()),
+            (None, 503, Some("draining"))
+        );
+        assert!(a
+            .headers
+            .contains(&("x-drain-gate".to_string(), "refused; draining".to_string())));
+        assert!(a
+            .headers
+            .contains(&("connection".to_string(), "close".to_string())));
+        new.log();
+        drop(new);
+        let st = json(&call(&h, "GET", "/drain/status", 2).unwrap());
+        assert_eq!(
+            st["refusing"],
+            serde_json::json!({"mode": "refuse", "active": true, "this_drain": 1})
+        );
+        assert_eq!(sim.metric(crate::metric_names::REFUSED), 1);
+        assert_eq!(call(&h, "POST", "/reopen", 3).unwrap().status, 200);
+        let mut after = TrafficStream::new(Rc::clone(&t));
+        assert_eq!(
+            after.request_headers(),
+            Action::Continue,
+            "reopened: served at once, before a tick"
+        );
+        drop((before, after));
+    }
+
+    #[test]
+    fn a_drain_s_receipt_is_logged_once_when_it_ends() {
+        let sim = Sim::at(T0);
+        let (h, t) = gateway(&sim, r#"{"lb_buffer":"1s"}"#);
+        let s = TrafficStream::new(Rc::clone(&t));
+        call(&h, "POST", "/drain", 1).unwrap();
+        ticks(&sim, &h, &t, 1, 100);
+        end_with(&sim, s, 0);
+        ticks(&sim, &h, &t, 12, 100);
+        let rec = h.store.load().unwrap();
+        assert_eq!(rec.state, State::Closed);
+        assert!(rec.receipt_logged && rec.flip_recorded);
+        assert_eq!(h.receipt(&rec).tally.completed, 1);
+        assert!(fsm::mark_receipt(&rec).is_none(), "once");
     }
 
     #[test]

@@ -21,8 +21,9 @@ pub fn publish<H: Host>(host: &H, id: u64, summary: &Published) {
 
 /// The ages of the roots `ids`, merged, as of `now_ms` (a summary that is
 /// missing or stale is left out).
-pub fn read<H: Host>(host: &H, now_ms: u64, ids: impl Iterator<Item = u64>) -> InFlight {
+pub fn read<H: Host>(host: &H, now_ms: u64, ids: impl IntoIterator<Item = u64>) -> InFlight {
     let published: Vec<Published> = ids
+        .into_iter()
         .filter_map(|id| host.get(&keys::in_flight(id)).ok())
         .filter_map(|(bytes, _)| bytes)
         .filter_map(|bytes| serde_json::from_slice(&bytes).ok())

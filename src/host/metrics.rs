@@ -9,6 +9,7 @@ use super::keys;
 use super::shared::{self, Envoy, Host};
 use crate::fsm::{Record, State};
 use crate::metric_names::{self as names, Kind};
+use crate::receipt::{End, Tally};
 
 /// Metric ids of this VM. A missing id (the host refused the definition) only
 /// loses that metric.
@@ -31,6 +32,13 @@ pub struct Metrics<H: Host = Envoy> {
     oldest_in_flight: Option<u32>,
     clock_steps: Option<u32>,
     lb_checks_ignored: Option<u32>,
+    /// The receipt's counters (`crate::receipt`).
+    cut: Option<u32>,
+    cut_lb: Option<u32>,
+    cut_tcp: Option<u32>,
+    completed: Option<u32>,
+    ended_upstream: Option<u32>,
+    refused: Option<u32>,
 }
 
 /// Metric definitions this VM made (Envoy keeps every one: this must stay
@@ -135,6 +143,12 @@ impl<H: Host + Copy> Metrics<H> {
             traffic_roles_lost: define(&host, names::TRAFFIC_ROLES_LOST),
             clock_steps: define(&host, names::CLOCK_STEPS),
             lb_checks_ignored: define(&host, names::LB_CHECKS_IGNORED),
+            cut: define(&host, names::CUT),
+            cut_lb: define(&host, names::CUT_LB),
+            cut_tcp: define(&host, names::CUT_TCP),
+            completed: define(&host, names::DRAIN_COMPLETED),
+            ended_upstream: define(&host, names::DRAIN_ENDED_UPSTREAM),
+            refused: define(&host, names::REFUSED),
         }
     }
 }
@@ -221,8 +235,41 @@ impl<H: Host> Metrics<H> {
 
     /// The ignored-checks counter over every VM (0 when it cannot be read).
     pub fn lb_checks_ignored(&self) -> u64 {
-        self.lb_checks_ignored
-            .and_then(|id| self.host.metric_get(id).ok())
-            .unwrap_or(0)
+        self.read(self.lb_checks_ignored)
+    }
+
+    /// A counter over every VM (0 when it cannot be read).
+    fn read(&self, id: Option<u32>) -> u64 {
+        id.and_then(|id| self.host.metric_get(id).ok()).unwrap_or(0)
+    }
+
+    /// How a stream or connection that ended during a drain ended.
+    pub fn ended(&self, end: End, tcp: bool, by_lb: bool) {
+        match end {
+            End::Completed => self.bump(self.completed),
+            End::Upstream => self.bump(self.ended_upstream),
+            End::Refused => self.bump(self.refused),
+            End::Cut => {
+                self.bump(self.cut);
+                if tcp {
+                    self.bump(self.cut_tcp);
+                }
+                if by_lb {
+                    self.bump(self.cut_lb);
+                }
+            }
+        }
+    }
+
+    /// The receipt's counters now.
+    pub fn tally(&self) -> Tally {
+        Tally {
+            cut: self.read(self.cut),
+            cut_lb: self.read(self.cut_lb),
+            cut_tcp: self.read(self.cut_tcp),
+            completed: self.read(self.completed),
+            ended_upstream: self.read(self.ended_upstream),
+            refused: self.read(self.refused),
+        }
     }
 }

@@ -189,7 +189,7 @@ impl RootContext for Root {
                     config::Role::TrafficTcp => Part::Connections,
                     _ => Part::Streams,
                 };
-                Role::Traffic(Rc::new(Traffic::new(part, metrics, config.tick_ms)))
+                Role::Traffic(Rc::new(Traffic::new(part, metrics, &config)))
             }
             config::Role::Health => {
                 for w in config.warnings() {

@@ -62,6 +62,8 @@ pub struct Sim {
     /// The `:status` of the HTTP call answer being delivered.
     pub call_status: Cell<Option<u16>>,
     pub answers: RefCell<Vec<Answer>>,
+    /// Properties of the stream whose callback runs, by dotted path.
+    pub properties: RefCell<HashMap<String, Vec<u8>>>,
 }
 
 impl Sim {
@@ -77,6 +79,13 @@ impl Sim {
     pub fn advance(&self, ms: u64) {
         self.wall_ms.set(self.wall_ms.get() + ms);
         self.mono_ms.set(self.mono_ms.get().map(|m| m + ms));
+    }
+
+    /// The response flags the next ending stream reports (`response.flags`).
+    pub fn set_flags(&self, flags: u64) {
+        self.properties
+            .borrow_mut()
+            .insert("response.flags".to_string(), flags.to_le_bytes().to_vec());
     }
 
     /// Both clocks now (what `Host::now` answers).
@@ -234,6 +243,10 @@ impl Host for &Sim {
 
     fn http_call_status(&self) -> Option<u16> {
         self.call_status.get()
+    }
+
+    fn property(&self, path: &[&str]) -> Option<Vec<u8>> {
+        self.properties.borrow().get(&path.join(".")).cloned()
     }
 
     fn respond(

@@ -35,6 +35,9 @@ pub trait Host {
     ) -> Result<u32, Status>;
     /// The `:status` of the HTTP call answer being delivered, if it has one.
     fn http_call_status(&self) -> Option<u16>;
+    /// A property of the stream or connection whose callback is running
+    /// (`None`: absent, or the host refused).
+    fn property(&self, path: &[&str]) -> Option<Vec<u8>>;
     /// Sends a complete local answer on the HTTP stream `context_id` (`None`:
     /// the stream whose callback is running).
     fn respond(
@@ -134,6 +137,10 @@ impl Host for Envoy {
             .ok()
             .flatten()
             .and_then(|s| s.parse::<u16>().ok())
+    }
+
+    fn property(&self, path: &[&str]) -> Option<Vec<u8>> {
+        hostcalls::get_property(path.to_vec()).ok().flatten()
     }
 
     fn respond(
