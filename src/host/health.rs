@@ -903,9 +903,6 @@ mod tests {
         assert!(a
             .headers
             .contains(&("x-drain-gate".to_string(), "refused; draining".to_string())));
-        assert!(a
-            .headers
-            .contains(&("connection".to_string(), "close".to_string())));
         new.log();
         drop(new);
         let st = json(&call(&h, "GET", "/drain/status", 2).unwrap());

@@ -279,7 +279,10 @@ impl<H: Host> TrafficStream<H> {
     }
 
     /// The request's headers arrived: forwarded, or refused while draining
-    /// (503, never forwarded, so always safe to resend).
+    /// (503, never forwarded, so always safe to resend). `connection: close`
+    /// is Envoy's to add, not a filter's: it strips the hop-by-hop headers of
+    /// a local reply, and adds `connection: close` to every HTTP/1.1 response
+    /// once its drain sequence runs (the connection rotation at drain start).
     pub fn request_headers(&mut self) -> Action {
         if !self.traffic.refuses() {
             return Action::Continue;
@@ -287,7 +290,6 @@ impl<H: Host> TrafficStream<H> {
         self.refused = true;
         let headers = [
             ("content-type", "application/json"),
-            ("connection", "close"),
             ("x-drain-gate", "refused; draining"),
             ("retry-after", "0"),
         ];
