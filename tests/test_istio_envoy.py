@@ -1,5 +1,5 @@
 """envoyfilter/istio/ run in real Envoy 1.36, 1.38 and 1.40, in a bootstrap that
-mimics an Istio ingress gateway (tests/harness/istio.py): each patch value is
+mimics an Istio ingress gateway (tests/harness/istio/): each patch value is
 taken from its YAML file and used as written (only ports and the wasm path are
 substituted).
 

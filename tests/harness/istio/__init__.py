@@ -13,28 +13,24 @@ for a real Envoy on loopback, one module per concern:
 - bootstrap: a gateway-like Envoy bootstrap holding those listeners.
 - oci: the OCI image, read the way istio-agent reads it.
 
-Every name is also reachable as `istio.<name>`.
+What the tests use is imported here too: `istio.<name>`.
 """
 from __future__ import annotations
 
 from tests.harness.istio.bootstrap import gateway_bootstrap, harness_ports, wasm_filters
 from tests.harness.istio.deployment import (
-    KUBECTL, OVERLAY_KEYS, assert_prestop_drains, gateway_api_patched, gateway_api_rendered, kubectl,
-    proxy_container, strategic_patch,
+    OVERLAY_KEYS, assert_prestop_drains, gateway_api_patched, gateway_api_rendered, proxy_container,
+    strategic_patch,
 )
 from tests.harness.istio.envoyfilter import (
-    HCM_NAME, HCM_TYPE, RBAC_HTTP, WASM_HTTP, WASM_NETWORK, _hcms, added_clusters, apply_envoyfilters,
-    gateway_listener, selects_workload,
+    HCM_NAME, WASM_HTTP, WASM_NETWORK, added_clusters, apply_envoyfilters, gateway_listener, hcms,
+    selects_workload,
 )
 from tests.harness.istio.files import (
     CRDS, DRAIN_GATE_LABEL, ENVOY_MATRIX, ENVOYFILTER, GATEWAY_API, GATEWAY_API_FIXTURES, GATEWAY_LABELS,
     HAPROXY_HTTPCHK, HEALTH_PORT, ISTIO, ISTIO_ADMIN_PORT, KUBERNETES, NETSCALER, POD_LABELS, PROXY_VERSION,
-    SHARED, VENVS, envoy_bin, load_docs, load_one, objects, yaml_files,
+    SHARED, envoy_bin, load_docs, load_one, objects, yaml_files,
 )
-from tests.harness.istio.oci import istio_extract_compat, sha256_hex
-from tests.harness.istio.schema import (
-    K8S_CEL_FUNCTIONS, K8S_VERSIONS, cel_errors, crd_errors, crd_schemas, crd_validators, k8s_errors,
-)
-from tests.harness.istio.wasmplugin import (
-    insert_wasmplugin, wasmplugin_extension_config, wasmplugin_resource_name, write_ecds,
-)
+from tests.harness.istio.oci import istio_extract_compat
+from tests.harness.istio.schema import cel_errors, crd_errors, crd_schemas, crd_validators, k8s_errors
+from tests.harness.istio.wasmplugin import insert_wasmplugin, wasmplugin_extension_config, write_ecds

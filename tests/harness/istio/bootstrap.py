@@ -7,13 +7,13 @@ import copy
 from pathlib import Path
 
 from tests.harness.envoy import WASM, Ports
-from tests.harness.istio.envoyfilter import WASM_HTTP, WASM_NETWORK, _hcms
+from tests.harness.istio.envoyfilter import WASM_HTTP, WASM_NETWORK, hcms
 from tests.harness.istio.files import HEALTH_PORT, ISTIO_ADMIN_PORT
 
-# -- the bootstrap ---------------------------------------------------------------
+
 def wasm_filters(listener: dict):
     """(filter entry) for every inline wasm HTTP or network filter of a listener."""
-    for hcm in _hcms(listener, {}):
+    for hcm in hcms(listener, {}):
         for f in hcm["http_filters"]:
             if f.get("typed_config", {}).get("@type") == WASM_HTTP:
                 yield f

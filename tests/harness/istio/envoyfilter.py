@@ -110,7 +110,7 @@ def _listener_ok(listener: dict, match: dict) -> bool:
     return True
 
 
-def _hcms(listener: dict, match: dict):
+def hcms(listener: dict, match: dict):
     """The HCM configs of the listener that the filterChain.filter match selects."""
     fm = ((match.get("listener") or {}).get("filterChain") or {}).get("filter") or {}
     for chain in listener.get("filter_chains", []):
@@ -166,7 +166,7 @@ def apply_envoyfilters(listeners: list[dict], envoyfilters: list[dict], labels: 
         for listener in out:
             if not _listener_ok(listener, p["match"]):
                 continue
-            for hcm in _hcms(listener, p["match"]):
+            for hcm in hcms(listener, p["match"]):
                 filters = hcm["http_filters"]
                 value = copy.deepcopy(p["patch"]["value"])
                 if op == "ADD":

@@ -42,7 +42,6 @@ ISTIO_ADMIN_PORT = 15000
 HAPROXY_HTTPCHK = b"GET /health_check.html HTTP/1.0\r\n\r\n"
 
 
-# -- files -----------------------------------------------------------------
 def yaml_files() -> list[Path]:
     """Every YAML file under envoyfilter/ but the chart's templates (Go templates, not YAML)."""
     templates = ENVOYFILTER / "chart" / "templates"

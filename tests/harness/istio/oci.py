@@ -2,15 +2,10 @@
 from __future__ import annotations
 
 import gzip
-import hashlib
 import io
 import json
 import tarfile
 from pathlib import Path
-
-# -- OCI image (envoyfilter/tools/oci_image.py writes it) ---------------------------------
-def sha256_hex(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
 
 
 def istio_extract_compat(layout: Path, ref: str | None = None) -> bytes:

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import yaml
 
-from tests.harness.istio.envoyfilter import RBAC_HTTP, WASM_HTTP, _hcms
+from tests.harness.istio.envoyfilter import RBAC_HTTP, WASM_HTTP, hcms
 
-# -- istiod + istio-agent: a WasmPlugin ----------------------------------------------
+
 def wasmplugin_resource_name(wp: dict) -> str:
     return f"extensions.istio.io/wasmplugin/{wp['metadata']['namespace']}.{wp['metadata']['name']}"
 
@@ -58,7 +58,7 @@ def insert_wasmplugin(listeners: list[dict], wp: dict, ecds_path: Path) -> list[
     assert wp["spec"].get("phase", "UNSPECIFIED_PHASE") == "UNSPECIFIED_PHASE"
     out = copy.deepcopy(listeners)
     for listener in out:
-        for hcm in _hcms(listener, {}):
+        for hcm in hcms(listener, {}):
             filters = hcm["http_filters"]
             at = next(i for i, f in enumerate(filters) if f["name"] == "envoy.filters.http.router")
             filters.insert(
