@@ -4,6 +4,7 @@ drain-gate chart rendered with them."""
 from __future__ import annotations
 
 import base64
+import os
 import subprocess
 from pathlib import Path
 
@@ -25,10 +26,13 @@ def tool(name: str) -> str:
 
 
 def run(name: str, *args: str, check: bool = True, cwd: Path = REPO, **kw) -> subprocess.CompletedProcess:
-    """`helm`/`kubectl` with `args`; check=True raises with its stderr."""
-    r = subprocess.run([tool(name), *args], capture_output=True, text=True, cwd=cwd, timeout=120, **kw)
+    """`helm`/`kubectl` with `args` (keywords go to subprocess.run, e.g. input=);
+    check=True raises with its stderr. No cluster is configured
+    (KUBECONFIG=/dev/null): only offline commands can succeed."""
+    r = subprocess.run([tool(name), *args], capture_output=True, text=True, cwd=cwd, timeout=120,
+                       env={**os.environ, "KUBECONFIG": "/dev/null"}, **kw)
     if check and r.returncode != 0:
-        raise AssertionError(f"{name} {' '.join(args)} failed ({r.returncode}):\n{r.stderr}")
+        raise RuntimeError(f"{name} {' '.join(args)} failed ({r.returncode}):\n{r.stderr}")
     return r
 
 

@@ -4,29 +4,12 @@ envoyfilter/gateway-api/gateway.yaml and the ConfigMap overlays istiod applies
 to them, and the preStop hook drain-gate needs on the istio-proxy container."""
 from __future__ import annotations
 
-import subprocess
 from pathlib import Path
 
 import yaml
 
-from tests.harness.envoy import REPO
+from tests.harness import k8s
 from tests.harness.istio.files import GATEWAY_API, GATEWAY_API_FIXTURES, HEALTH_PORT, load_docs, load_one
-
-# `make k8s-tools` installs it.
-KUBECTL = REPO / ".tools" / "k8s" / "bin" / "kubectl"
-
-
-# -- kubectl, offline -------------------------------------------------------------
-def kubectl(*args: str, stdin: str | None = None) -> str:
-    """kubectl's stdout; its stderr in the error when it fails. No cluster is
-    configured (KUBECONFIG=/dev/null): only offline commands can succeed."""
-    if not KUBECTL.exists():
-        raise FileNotFoundError(f"{KUBECTL} is missing: run `make k8s-tools` (or `make test`)")
-    r = subprocess.run([str(KUBECTL), *args], input=stdin, capture_output=True, text=True, timeout=60,
-                       env={"KUBECONFIG": "/dev/null", "PATH": "/usr/bin:/bin"})
-    if r.returncode != 0:
-        raise RuntimeError(f"kubectl {' '.join(args)} failed ({r.returncode}): {r.stderr.strip()}")
-    return r.stdout
 
 
 def strategic_patch(obj: dict, patch: str, workdir: Path) -> dict:
@@ -36,8 +19,8 @@ def strategic_patch(obj: dict, patch: str, workdir: Path) -> dict:
     src, patch_file = workdir / "object.yaml", workdir / "patch.yaml"
     src.write_text(yaml.safe_dump(obj, sort_keys=False))
     patch_file.write_text(patch)
-    return yaml.safe_load(kubectl("patch", "--local", "--type", "strategic", "-f", str(src),
-                                  "--patch-file", str(patch_file), "-o", "yaml"))
+    return yaml.safe_load(k8s.run("kubectl", "patch", "--local", "--type", "strategic", "-f", str(src),
+                                  "--patch-file", str(patch_file), "-o", "yaml").stdout)
 
 
 # -- the gateway istiod deploys for envoyfilter/gateway-api/gateway.yaml ------------------
