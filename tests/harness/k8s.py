@@ -36,8 +36,9 @@ def run(name: str, *args: str, check: bool = True, cwd: Path = REPO, **kw) -> su
     return r
 
 
-def docs(text: str) -> list[dict]:
-    return [d for d in yaml.safe_load_all(text) if d]
+def docs(text: str) -> list:
+    """The documents of a YAML stream, empty ones left out (libyaml's safe loader)."""
+    return [d for d in yaml.load_all(text, Loader=yaml.CSafeLoader) if d is not None]
 
 
 def wasm_base64_file(wasm: bytes, directory: Path) -> Path:

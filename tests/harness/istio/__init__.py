@@ -29,7 +29,7 @@ from tests.harness.istio.envoyfilter import (
 from tests.harness.istio.files import (
     CRDS, DRAIN_GATE_LABEL, ENVOY_MATRIX, ENVOYFILTER, GATEWAY_API, GATEWAY_API_FIXTURES, GATEWAY_LABELS,
     HAPROXY_HTTPCHK, HEALTH_PORT, ISTIO, ISTIO_ADMIN_PORT, KUBERNETES, NETSCALER, POD_LABELS, PROXY_VERSION,
-    SHARED, envoy_bin, load_docs, load_one, objects, yaml_files,
+    SHARED, envoy_bin, load_one, objects, yaml_files,
 )
 from tests.harness.istio.oci import istio_extract_compat
 from tests.harness.istio.schema import cel_errors, crd_errors, crd_schemas, crd_validators, k8s_errors

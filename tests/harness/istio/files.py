@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import yaml
-
+from tests.harness import k8s
 from tests.harness.envoy import REPO
 
 ENVOYFILTER = REPO / "envoyfilter"
@@ -49,12 +48,8 @@ def yaml_files() -> list[Path]:
                   if p.suffix in (".yaml", ".yml") and p.is_file() and templates not in p.parents)
 
 
-def load_docs(path: Path) -> list[dict]:
-    return [d for d in yaml.safe_load_all(path.read_text()) if d is not None]
-
-
 def load_one(path: Path) -> dict:
-    docs = load_docs(path)
+    docs = k8s.docs(path.read_text())
     assert len(docs) == 1, f"{path}: expected one document, found {len(docs)}"
     return docs[0]
 
@@ -63,7 +58,7 @@ def objects(kind: str) -> dict[Path, dict]:
     """Every object of `kind` in envoyfilter/, by file."""
     out = {}
     for path in yaml_files():
-        for doc in load_docs(path):
+        for doc in k8s.docs(path.read_text()):
             if isinstance(doc, dict) and doc.get("kind") == kind:
                 out[path] = doc
     return out

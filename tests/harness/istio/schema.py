@@ -13,8 +13,7 @@ from pathlib import Path
 import celpy
 import jsonschema
 import kubernetes_validate
-import yaml
-
+from tests.harness import k8s
 from tests.harness.istio.files import CRDS
 
 # -- CRD schemas ----------------------------------------------------------------
@@ -77,8 +76,7 @@ def crd_schemas(paths: list[Path] | None = None) -> dict[tuple[str, str], dict]:
         paths = sorted(CRDS.glob("*.crd.yaml"))
     out = {}
     for path in paths:
-        # libyaml's loader: the Gateway API CRD has thousands of lines.
-        for crd in (d for d in yaml.load_all(path.read_text(), Loader=yaml.CSafeLoader) if d):
+        for crd in k8s.docs(path.read_text()):
             for version in crd["spec"]["versions"]:
                 key = (f"{crd['spec']['group']}/{version['name']}", crd["spec"]["names"]["kind"])
                 out[key] = copy.deepcopy(version["schema"]["openAPIV3Schema"])
