@@ -35,12 +35,8 @@ def without_nulls(obj):
 
 
 def validate(obj: dict) -> None:
-    for version in ("1.28.0", kubernetes_validate.utils.latest_version()):
-        try:
-            kubernetes_validate.validate(without_nulls(obj), version, strict=True)
-        except kubernetes_validate.ValidationError as e:
-            pytest.fail(f"{obj['kind']} {obj['metadata']['name']} invalid for k8s {version}: "
-                        f"{'/'.join(map(str, e.path))}: {e.message}")
+    if errors := istio.k8s_errors(without_nulls(obj), ("1.28.0", kubernetes_validate.utils.latest_version())):
+        pytest.fail(f"{obj['kind']} {obj['metadata']['name']} invalid: {errors}")
 
 
 @pytest.fixture(scope="module")

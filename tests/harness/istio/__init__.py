@@ -32,5 +32,7 @@ from tests.harness.istio.files import (
     SHARED, envoy_bin, load_one, objects, yaml_files,
 )
 from tests.harness.istio.oci import istio_extract_compat
-from tests.harness.istio.schema import cel_errors, crd_errors, crd_schemas, crd_validators, k8s_errors
+from tests.harness.istio.schema import (
+    K8S_VERSIONS, cel_errors, crd_errors, crd_schemas, crd_validators, k8s_errors,
+)
 from tests.harness.istio.wasmplugin import insert_wasmplugin, wasmplugin_extension_config, write_ecds

@@ -146,11 +146,11 @@ def crd_errors(obj: dict, validators) -> list[str]:
 K8S_VERSIONS = ("1.30.0", kubernetes_validate.utils.latest_version())
 
 
-def k8s_errors(obj: dict) -> list[str]:
+def k8s_errors(obj: dict, versions: tuple[str, ...] = K8S_VERSIONS) -> list[str]:
     """Why `obj` is not a valid Kubernetes object (strict: unknown fields are
-    errors) for each of K8S_VERSIONS; empty when it is."""
+    errors) for each of `versions`; empty when it is."""
     errors = []
-    for version in K8S_VERSIONS:
+    for version in versions:
         try:
             kubernetes_validate.validate(obj, version, strict=True)
         except kubernetes_validate.ValidationError as e:
