@@ -82,30 +82,6 @@ def render_chart(values: dict) -> tuple[dict, dict]:
     return deployment, service
 
 
-MERGE_KEYS = {"containers": "name", "ports": "containerPort", "volumes": "name", "volumeMounts": "mountPath"}
-
-
-def strategic_merge(base, patch, key=None):
-    """kubectl's strategic merge for what the patches use: maps merge, lists of
-    containers/ports/volumes merge by their key, other lists are replaced."""
-    if isinstance(base, dict) and isinstance(patch, dict):
-        out = copy.deepcopy(base)
-        for k, v in patch.items():
-            out[k] = strategic_merge(base[k], v, k) if k in base else copy.deepcopy(v)
-        return out
-    if isinstance(base, list) and isinstance(patch, list) and key in MERGE_KEYS:
-        mk = MERGE_KEYS[key]
-        out = copy.deepcopy(base)
-        for item in patch:
-            at = next((i for i, b in enumerate(out) if b.get(mk) == item.get(mk)), None)
-            if at is None:
-                out.append(copy.deepcopy(item))
-            else:
-                out[at] = strategic_merge(out[at], item)
-        return out
-    return copy.deepcopy(patch)
-
-
 @pytest.fixture(scope="module")
 def values():
     return istio.load_one(istio.KUBERNETES / "gateway-values.yaml")
@@ -140,10 +116,9 @@ def test_service_maps_the_documented_node_ports(values):
 
 
 @pytest.mark.parametrize("patch_file", PATCHES)
-def test_patched_deployment_is_valid_and_complete(values, patch_file):
+def test_patched_deployment_is_valid_and_complete(values, patch_file, tmp_path):
     deployment, _ = render_chart(values)
-    patch = istio.load_one(istio.KUBERNETES / patch_file)
-    patched = strategic_merge(deployment, patch)
+    patched = istio.strategic_patch(deployment, (istio.KUBERNETES / patch_file).read_text(), tmp_path)
     _validate(patched)
     pod = patched["spec"]["template"]["spec"]
     (proxy,) = pod["containers"]
