@@ -71,8 +71,8 @@ def hcm(listener: dict) -> dict:
     return listener["filter_chains"][0]["filters"][0]["typed_config"]
 
 
-def wasm_filters(doc: dict):
-    """Yields (listener name, wasm PluginConfig) for every drain-gate filter."""
+def drain_gate_plugins(doc: dict):
+    """(listener name, wasm PluginConfig) of every drain-gate filter of a bootstrap."""
     for listener in doc["static_resources"]["listeners"]:
         for f in hcm(listener).get("http_filters", []):
             if f["name"] == "drain-gate":
@@ -100,7 +100,7 @@ def render(
         addr = listener["address"]["socket_address"]
         addr["port_value"] = port_of[listener["name"]]
         addr["address"] = bind
-    for _, plugin in wasm_filters(doc):
+    for _, plugin in drain_gate_plugins(doc):
         plugin["vm_config"]["code"]["local"]["filename"] = str(wasm)
         value = json.loads(plugin["configuration"]["value"])
         role = value["role"]
