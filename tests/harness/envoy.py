@@ -190,9 +190,6 @@ class Envoy(Child):
         except requests.RequestException:
             return False
 
-    def __enter__(self) -> "Envoy":
-        return self.start()
-
     def __exit__(self, *exc) -> None:
         self.stop()
         if self._tmp:

@@ -203,12 +203,6 @@ class HAProxy(Child):
         except OSError:
             return False
 
-    def __enter__(self) -> "HAProxy":
-        return self.start()
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
-
     # -- addresses -------------------------------------------------------
     def http(self, path: str) -> str:
         return f"http://127.0.0.1:{self.http_port}{path}"

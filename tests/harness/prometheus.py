@@ -76,12 +76,6 @@ class Prometheus(Child):
         except requests.RequestException:
             return False
 
-    def __enter__(self) -> "Prometheus":
-        return self.start()
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
-
     def url(self, path: str) -> str:
         return f"http://127.0.0.1:{self.port}{path}"
 

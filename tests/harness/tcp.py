@@ -49,12 +49,6 @@ class Echo(Child):
         self.wait_until(lambda: accepts(self.port), 15, f"{self.name} listening")
         return self
 
-    def __enter__(self) -> "Echo":
-        return self.start()
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
-
 
 class Held:
     """One client connection to 127.0.0.1:`port` (TLS when `tls`), held open until `close()`."""
