@@ -15,8 +15,8 @@ import subprocess
 import kubernetes_validate
 import pytest
 
+from tests.hardening import test_config as config_keys
 from tests.harness import istio, k8s
-from tests import test_hardening_config as config_keys
 from tests.harness.envoy import REPO, WASM
 
 OCI = "oci://registry.example.com/drain-gate/drain-gate:0.1.0"
