@@ -14,14 +14,19 @@ import subprocess
 
 import kubernetes_validate
 import pytest
+import yaml
 
 from tests.hardening import test_config as config_keys
 from tests.harness import istio, k8s
 from tests.harness.envoy import REPO, WASM
 
 OCI = "oci://registry.example.com/drain-gate/drain-gate:0.1.0"
-WASMPLUGIN = ("--set", "form=wasmplugin", "--set", f"wasmPlugin.url={OCI}")
+# The WasmPlugin form as shipped: the module the chart mounts (file://), TCP on an example port.
+WASMPLUGIN = ("--set", "form=wasmplugin", "--set", "tcp.ports={15443}")
+WASMPLUGIN_OCI = ("--set", "form=wasmplugin", "--set", f"wasmPlugin.url={OCI}")
 GATEWAY_API = ("--set", "gatewayAPI.enabled=true")
+# The static cluster of istio-proxy's bootstrap that dials the admin API.
+ISTIO_ADMIN_CLUSTER = "prometheus_stats"
 OBSERVABILITY = ("--set", "observability.prometheusRule=true", "--set", "observability.grafanaDashboard=true")
 
 
@@ -43,8 +48,8 @@ def refusal(*args: str) -> str:
     return r.stderr
 
 
-@pytest.mark.parametrize("form", [(), WASMPLUGIN, (*GATEWAY_API, *WASMPLUGIN, *OBSERVABILITY)],
-                         ids=["envoyfilter", "wasmplugin", "gateway-api+observability"])
+@pytest.mark.parametrize("form", [(), WASMPLUGIN, WASMPLUGIN_OCI, (*GATEWAY_API, *WASMPLUGIN, *OBSERVABILITY)],
+                         ids=["envoyfilter", "wasmplugin", "wasmplugin-oci", "gateway-api+observability"])
 def test_helm_lint_passes(module, form):
     r = k8s.run("helm", "lint", "--strict", str(k8s.CHART), *with_module(module, *form))
     assert "1 chart(s) linted, 0 chart(s) failed" in r.stdout, r.stdout
@@ -56,7 +61,7 @@ def test_plain_files_are_the_chart_render(tmp_path):
     subprocess.run(["make", "-s", "istio-manifests", f"ISTIO_DIR={tmp_path / 'istio'}",
                     f"GATEWAY_API_DIR={tmp_path / 'gateway-api'}"], cwd=REPO, check=True, capture_output=True)
     policies = ["health-listener.yaml", "tcp-filter.yaml", "traffic-filter.yaml", "wasmplugin/health-listener.yaml",
-                "wasmplugin/traffic.yaml"]
+                "wasmplugin/tcp.yaml", "wasmplugin/traffic.yaml"]
     expected = {istio.ISTIO: policies,
                 istio.GATEWAY_API: sorted(["gateway.yaml", "options.yaml", "options-distroless.yaml", *policies])}
     for shipped, files in expected.items():
@@ -83,7 +88,12 @@ def test_values_are_every_key_of_the_configuration_table():
     assert set(table) == set(keys), "README table and src/config.rs KEYS differ"
     values = istio.load_one(k8s.CHART / "values.yaml")["config"]
     assert "role" not in values, "the chart sets the role of each filter"
-    assert values == {k: v for k, v in table.items() if k != "role"}, "chart defaults are the plugin's defaults"
+    # One default differs, on purpose: in istio-proxy the admin API is reached
+    # through the bootstrap's own cluster (it follows the admin's address and port).
+    assert values.pop("rotate_connections") == ISTIO_ADMIN_CLUSTER
+    assert table["rotate_connections"] == "drain_gate_envoy_admin"
+    assert values == {k: v for k, v in table.items() if k not in ("role", "rotate_connections")}, \
+        "chart defaults are the plugin's defaults"
     schema = json.loads((k8s.CHART / "values.schema.json").read_text())
     assert set(schema["properties"]["config"]["properties"]) == set(keys) - {"role"}
 
@@ -111,7 +121,7 @@ def test_schema_refuses_unknown_keys_and_bad_values(module, args, named):
     (("--set", "config.lb_down_timeout=0s"), 'config.lb_down_timeout: "0s" is below the minimum 1ms'),
     (("--set", "config.tick=5ms"), 'config.tick: "5ms" is outside 10ms..10s'),
     (("--set", "config.min_drain=3m"), "config.min_drain must not exceed config.drain_timeout"),
-    (("--set", "form=wasmplugin"), "form wasmplugin needs wasmPlugin.url"),
+    (("--set", f"wasmPlugin.url={OCI}"), "wasmPlugin.url and wasmPlugin.canary.url take effect with form wasmplugin"),
 ])
 def test_render_refuses_values_the_plugin_would_refuse(module, args, message):
     assert message in refusal(*with_module(module, *args))
@@ -140,11 +150,9 @@ def test_rendered_objects_select_drain_gate_pods_in_the_release_namespace(module
     objs = k8s.run("helm", "template", "dg", str(k8s.CHART), "-n", "gateways", *with_module(module, *form)).stdout
     objs = k8s.by_kind(k8s.docs(objs))
     wasmplugin = bool(form)
+    kind = "WasmPlugin" if wasmplugin else "EnvoyFilter"
     expected = {("PodDisruptionBudget", "drain-gate"), ("ConfigMap", "drain-gate-wasm"),
-                ("EnvoyFilter", "drain-gate-health"),
-                ("WasmPlugin" if wasmplugin else "EnvoyFilter", "drain-gate-traffic")}
-    if not wasmplugin:
-        expected.add(("EnvoyFilter", "drain-gate-tcp"))
+                ("EnvoyFilter", "drain-gate-health"), (kind, "drain-gate-traffic"), (kind, "drain-gate-tcp")}
     assert set(objs) == expected
     for obj in objs.values():
         assert obj["metadata"]["namespace"] == "gateways", obj["kind"]
@@ -152,9 +160,12 @@ def test_rendered_objects_select_drain_gate_pods_in_the_release_namespace(module
     assert health["spec"]["workloadSelector"] == {"labels": istio.DRAIN_GATE_LABEL}
     assert objs[("PodDisruptionBudget", "drain-gate")]["spec"]["selector"] == {"matchLabels": istio.DRAIN_GATE_LABEL}
     patches = list(health["spec"]["configPatches"])
+    assert [p["applyTo"] for p in patches] == ["LISTENER"], "no admin cluster added: the bootstrap has one"
     if wasmplugin:
-        wp = objs[("WasmPlugin", "drain-gate-traffic")]
-        assert wp["spec"]["selector"] == {"matchLabels": istio.DRAIN_GATE_LABEL} and wp["spec"]["url"] == OCI
+        for name in ("drain-gate-traffic", "drain-gate-tcp"):
+            wp = objs[("WasmPlugin", name)]
+            assert wp["spec"]["selector"] == {"matchLabels": istio.DRAIN_GATE_LABEL}
+            assert wp["spec"]["url"] == "file:///etc/drain-gate/drain_gate.wasm", "the mounted module"
     else:
         for name in ("drain-gate-traffic", "drain-gate-tcp"):
             traffic = objs[("EnvoyFilter", name)]
@@ -170,6 +181,49 @@ def test_rendered_objects_select_drain_gate_pods_in_the_release_namespace(module
     assert cm["metadata"]["annotations"]["drain-gate/wasm-sha256"] == hashlib.sha256(wasm).hexdigest()
     _validate_k8s(cm)
     _validate_k8s(objs[("PodDisruptionBudget", "drain-gate")])
+
+
+def test_wasmplugin_form_loads_the_mounted_module_and_counts_tcp_on_its_ports(module):
+    """form wasmplugin: both WasmPlugins load the file the ConfigMap mounts
+    (file://: nothing to fetch), the TCP one (type NETWORK) matches only
+    tcp.ports, each roles's pluginConfig is role + tick; an oci:// url is for
+    both, with its sha256; without tcp.ports there is no TCP plugin."""
+    objs = k8s.by_kind(k8s.template(*with_module(module, "--set", "form=wasmplugin",
+                                                 "--set", "tcp.ports={15443,9443}")))
+    traffic, tcp = objs[("WasmPlugin", "drain-gate-traffic")]["spec"], objs[("WasmPlugin", "drain-gate-tcp")]["spec"]
+    cm = objs[("ConfigMap", "drain-gate-wasm")]
+    mounted = "file://" + istio.load_one(k8s.CHART / "values.yaml")["wasm"]["path"]
+    assert traffic["url"] == tcp["url"] == mounted and "sha256" not in traffic and "imagePullPolicy" not in traffic
+    assert cm["binaryData"]["drain_gate.wasm"], "the ConfigMap the file comes from is part of the release"
+    assert (traffic["type"], traffic["pluginName"], "match" in traffic) == ("HTTP", "drain_gate_traffic", False)
+    assert (tcp["type"], tcp["pluginName"]) == ("NETWORK", "drain_gate_tcp")
+    assert tcp["match"] == [{"ports": [{"number": 15443}, {"number": 9443}]}]
+    assert traffic["pluginConfig"] == {"role": "traffic", "tick": "100ms"}
+    assert tcp["pluginConfig"] == {"role": "traffic_tcp", "tick": "100ms"}
+    assert traffic["failStrategy"] == tcp["failStrategy"] == "FAIL_OPEN"
+    digest = "a" * 64
+    oci = k8s.by_kind(k8s.template(*with_module(module, *WASMPLUGIN, "--set", f"wasmPlugin.url={OCI}",
+                                                "--set", f"wasmPlugin.sha256={digest}")))
+    for name in ("drain-gate-traffic", "drain-gate-tcp"):
+        spec = oci[("WasmPlugin", name)]["spec"]
+        assert (spec["url"], spec["sha256"], spec["imagePullPolicy"]) == (OCI, digest, "IfNotPresent"), name
+    assert ("WasmPlugin", "drain-gate-tcp") not in k8s.by_kind(k8s.template(*with_module(module, "--set", "form=wasmplugin")))
+    assert "tcp.ports" in refusal(*with_module(module, *WASMPLUGIN, "--set", "tcp.ports={0}")).replace("/", ".")
+
+
+def test_canary_value_adds_a_second_traffic_plugin_for_the_labelled_pod(module):
+    """wasmPlugin.canary: a second traffic WasmPlugin from the new image, for
+    the pods that also carry the canary label; the fleet's plugin stays."""
+    digest = "b" * 64
+    objs = k8s.by_kind(k8s.template(*with_module(module, *WASMPLUGIN, "--set", f"wasmPlugin.canary.url={OCI}",
+                                                 "--set", f"wasmPlugin.canary.sha256={digest}")))
+    fleet, canary = objs[("WasmPlugin", "drain-gate-traffic")]["spec"], objs[("WasmPlugin", "drain-gate-traffic-canary")]["spec"]
+    assert fleet["url"].startswith("file://") and fleet["selector"] == {"matchLabels": istio.DRAIN_GATE_LABEL}
+    assert (canary["url"], canary["sha256"]) == (OCI, digest)
+    assert canary["selector"] == {"matchLabels": {**istio.DRAIN_GATE_LABEL, "drain-gate.io/canary": "true"}}
+    assert {k: v for k, v in canary.items() if k not in ("url", "sha256", "selector", "imagePullPolicy")} == \
+        {k: v for k, v in fleet.items() if k not in ("url", "sha256", "selector")}
+    assert ("WasmPlugin", "drain-gate-traffic-canary") not in k8s.by_kind(k8s.template(*with_module(module, *WASMPLUGIN)))
 
 
 def test_config_values_reach_the_health_role_and_traffic_gets_only_what_it_uses(module):
@@ -201,13 +255,14 @@ def test_tcp_value_renders_or_leaves_out_the_tcp_filter(module):
     names = lambda *args: {o["metadata"]["name"] for o in k8s.template(*with_module(module, *args))}
     assert "drain-gate-tcp" in names()
     assert "drain-gate-tcp" not in names("--set", "tcp.enabled=false")
-    assert "drain-gate-tcp" not in names(*WASMPLUGIN), "a WasmPlugin gateway mounts no module file"
+    assert "drain-gate-tcp" in names(*WASMPLUGIN)
+    assert "drain-gate-tcp" not in names(*WASMPLUGIN, "--set", "tcp.enabled=false")
     assert "tcp.enabled" in refusal(*with_module(module, "--set", "tcp.enabled=yes")).replace("/", ".")
 
 
 def test_rendered_istio_objects_are_valid_against_the_crds(module):
     validators = istio.crd_validators()
-    for form in ((), WASMPLUGIN):
+    for form in ((), WASMPLUGIN, (*WASMPLUGIN, "--set", f"wasmPlugin.canary.url={OCI}")):
         for obj in k8s.template(*with_module(module, *form)):
             if obj["kind"] in ("EnvoyFilter", "WasmPlugin"):
                 assert istio.crd_errors(obj, validators) == [], (form, obj["kind"])
@@ -256,9 +311,14 @@ def test_gateway_api_value_renders_the_gateway_and_one_pdb(module):
     no_pdb = k8s.by_kind(k8s.template(*with_module(module, *GATEWAY_API, "--set", "podDisruptionBudget.enabled=false")))
     assert "podDisruptionBudget" not in no_pdb[("ConfigMap", "ingress-drain-gate")]["data"]
     assert not [k for k in no_pdb if k[0] == "PodDisruptionBudget"]
-    wp = k8s.by_kind(k8s.template(*with_module(module, *GATEWAY_API, *WASMPLUGIN)))[("WasmPlugin", "drain-gate-traffic")]
-    assert wp["spec"]["targetRefs"] == [{"group": "gateway.networking.k8s.io", "kind": "Gateway", "name": "ingress"}]
-    assert "selector" not in wp["spec"]
+    wps = k8s.by_kind(k8s.template(*with_module(module, *GATEWAY_API, *WASMPLUGIN)))
+    for name in ("drain-gate-traffic", "drain-gate-tcp"):
+        # By label, as the EnvoyFilters: a Gateway pod without the mount has no file to load.
+        wp = wps[("WasmPlugin", name)]
+        assert wp["spec"]["selector"] == {"matchLabels": {
+            **istio.DRAIN_GATE_LABEL, "gateway.networking.k8s.io/gateway-name": "ingress"}} and "targetRefs" not in wp["spec"]
+    deployment = yaml.safe_load(options["data"]["deployment"])
+    assert deployment["spec"]["template"]["spec"]["nodeSelector"] == {"drain-gate.io/lb-node": "true"}
 
 
 def test_gateway_api_distroless_hook_presents_the_newest_token(module):
@@ -266,7 +326,10 @@ def test_gateway_api_distroless_hook_presents_the_newest_token(module):
     objs = k8s.by_kind(k8s.template(*with_module(module, *GATEWAY_API, "--set", "gatewayAPI.preStop=httpGet",
                                                  "--set", f"config.admin_token={{{old},{new}}}")))
     deployment = objs[("ConfigMap", "ingress-drain-gate")]["data"]["deployment"]
-    assert f"value: Bearer {new}\n" in deployment and old not in deployment and "exec:" not in deployment
+    assert f"value: Bearer {new}\n" in deployment and old not in deployment
+    # exec: null deletes a mesh-wide exec preStop the template rendered (one handler per hook).
+    hook = yaml.safe_load(deployment)["spec"]["template"]["spec"]["containers"][0]["lifecycle"]["preStop"]
+    assert hook["exec"] is None and set(hook) == {"exec", "httpGet"}
 
 
 @pytest.mark.parametrize("args, message", [

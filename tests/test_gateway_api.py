@@ -270,7 +270,7 @@ def test_istio_objects_are_schema_valid_and_in_the_gateway_namespace():
     cel = istio.crd_schemas()
     policies = gateway_api_policies()
     assert set(policies) == {"health-listener.yaml", "traffic-filter.yaml", "tcp-filter.yaml",
-                             "wasmplugin/health-listener.yaml", "wasmplugin/traffic.yaml"}
+                             "wasmplugin/health-listener.yaml", "wasmplugin/traffic.yaml", "wasmplugin/tcp.yaml"}
     namespace = load("gateway.yaml")["metadata"]["namespace"]
     for rel, obj in policies.items():
         assert istio.crd_errors(obj, validators) == [], rel
@@ -278,14 +278,13 @@ def test_istio_objects_are_schema_valid_and_in_the_gateway_namespace():
         assert obj["metadata"]["namespace"] == namespace, rel
     # The control: the CRDs' rule that allows one kind of selector at most.
     both = copy.deepcopy(policies["wasmplugin/traffic.yaml"])
-    both["spec"]["selector"] = {"matchLabels": DEDICATED_LABEL}
+    both["spec"]["targetRefs"] = [{"group": "gateway.networking.k8s.io", "kind": "Gateway", "name": "ingress"}]
     assert any("only one of targetRefs or selector" in e for e in istio.cel_errors(both, cel))
 
 
 def test_istio_objects_reach_exactly_the_patched_pods(tmp_path):
-    """Pods rendered without the ConfigMap (no wasm mount) get no EnvoyFilter,
-    whose file they lack; patched pods get them all. The WasmPlugin (code from
-    the image, not the mount) reaches every pod of the Gateway."""
+    """Pods rendered without the ConfigMap (no wasm mount) get no EnvoyFilter
+    or WasmPlugin, whose file they lack; patched pods get them all."""
     gw = load("gateway.yaml")
     namespace = gw["metadata"]["namespace"]
     plain = rendered()["Deployment"]["spec"]["template"]["metadata"]["labels"]
@@ -293,17 +292,18 @@ def test_istio_objects_reach_exactly_the_patched_pods(tmp_path):
         pod = patched(options, "Deployment", tmp_path)["spec"]["template"]["metadata"]["labels"]
         for rel, obj in gateway_api_policies().items():
             assert istio.selects_workload(obj, namespace, pod), (options, rel)
-            assert istio.selects_workload(obj, namespace, plain) == (obj["kind"] == "WasmPlugin"), rel
+            assert not istio.selects_workload(obj, namespace, plain), rel
     other = {**plain, **DEDICATED_LABEL, "gateway.networking.k8s.io/gateway-name": "other"}
     for rel, obj in gateway_api_policies().items():
         assert not istio.selects_workload(obj, namespace, other), f"{rel} reaches another Gateway's pods"
         assert not istio.selects_workload(obj, "istio-system", {**plain, **DEDICATED_LABEL}), rel
-    (ref,) = load("wasmplugin/traffic.yaml")["spec"]["targetRefs"]
-    assert ref == {"group": "gateway.networking.k8s.io", "kind": "Gateway", "name": gw["metadata"]["name"]}
+    for rel in ("wasmplugin/traffic.yaml", "wasmplugin/tcp.yaml"):
+        assert load(rel)["spec"]["selector"]["matchLabels"]["gateway.networking.k8s.io/gateway-name"] == \
+            gw["metadata"]["name"], rel
 
 
 @pytest.mark.parametrize("rel", ["health-listener.yaml", "traffic-filter.yaml", "tcp-filter.yaml",
-                                 "wasmplugin/health-listener.yaml", "wasmplugin/traffic.yaml"])
+                                 "wasmplugin/health-listener.yaml", "wasmplugin/traffic.yaml", "wasmplugin/tcp.yaml"])
 def test_istio_objects_are_the_istio_folder_ones_but_for_namespace_and_selector(rel):
     ours = copy.deepcopy(load(rel))
     theirs = copy.deepcopy(istio.load_one(istio.ISTIO / rel))
@@ -324,17 +324,31 @@ def test_envoyfilters_load_the_file_the_options_mount():
     for rel in ("traffic-filter.yaml", "tcp-filter.yaml"):
         traffic = load(rel)["spec"]["configPatches"][0]["patch"]["value"]["typed_config"]["config"]
         assert traffic["vm_config"]["code"]["local"]["filename"] == mount["mountPath"] == WASM_MOUNT, rel
+    for rel in ("wasmplugin/traffic.yaml", "wasmplugin/tcp.yaml"):
+        assert load(rel)["spec"]["url"] == "file://" + mount["mountPath"], rel
 
 
 # -- one pod per node through a rollout ---------------------------------------------------
 # A model of what decides a rollout here (no scheduler runs on this machine):
 # the Deployment controller's RollingUpdate (maxSurge / maxUnavailable, the
 # scale-down that prefers an old pod sharing its node), and the scheduler's
-# filters for a required pod anti-affinity and a DoNotSchedule topology spread
-# (matchLabelKeys, nodeTaintsPolicy). Pods are ready once placed.
+# filters for a nodeSelector, a required pod anti-affinity and a DoNotSchedule
+# topology spread (matchLabelKeys, nodeTaintsPolicy, and nodeAffinityPolicy's
+# default Honor: only nodes the nodeSelector admits are domains). Pods are
+# ready once placed. The LB's nodes ("worker<i>") carry drain-gate.io/lb-node;
+# "master<i>" carry it too but are tainted (an LB node cordoned for maintenance);
+# "outside<i>" are schedulable nodes the LB does not send to.
+LB_NODE_LABELS = {"drain-gate.io/lb-node": "true"}
+
+
+def _admits(pod_spec: dict, node: str) -> bool:
+    labels = LB_NODE_LABELS if node.startswith(("worker", "master")) else {}
+    return all(labels.get(k) == v for k, v in (pod_spec.get("nodeSelector") or {}).items())
+
+
 def _feasible(pod_spec: dict, pods: list[tuple[str, str]], node: str, tainted: set[str], rs: str,
               nodes: list[str]) -> bool:
-    if node in tainted:
+    if node in tainted or not _admits(pod_spec, node):
         return False
     anti = (pod_spec.get("affinity") or {}).get("podAntiAffinity", {})
     if anti.get("requiredDuringSchedulingIgnoredDuringExecution") and any(n == node for n, _ in pods):
@@ -342,20 +356,21 @@ def _feasible(pod_spec: dict, pods: list[tuple[str, str]], node: str, tainted: s
     for c in pod_spec.get("topologySpreadConstraints", []):
         assert c["topologyKey"] == "kubernetes.io/hostname" and c["whenUnsatisfiable"] == "DoNotSchedule"
         same = [n for n, r in pods if r == rs or "pod-template-hash" not in c.get("matchLabelKeys", [])]
-        domains = [n for n in nodes if c.get("nodeTaintsPolicy", "Ignore") == "Ignore" or n not in tainted]
+        domains = [n for n in nodes if (c.get("nodeTaintsPolicy", "Ignore") == "Ignore" or n not in tainted)
+                   and _admits(pod_spec, n)]
         if same.count(node) + 1 - min(same.count(n) for n in domains) > c["maxSkew"]:
             return False
     return True
 
 
-def _rollout(deployment: dict, workers: int, tainted_nodes: int = 1) -> tuple[bool, list[str]]:
+def _rollout(deployment: dict, workers: int, tainted_nodes: int = 1, outside: int = 0) -> tuple[bool, list[str]]:
     """(finished, nodes of the new pods) for a rollout that starts from one
     old pod per worker."""
     spec = deployment["spec"]
     replicas, strategy = spec["replicas"], spec["strategy"]["rollingUpdate"]
     pod_spec = spec["template"]["spec"]
     tainted = {f"master{i}" for i in range(tainted_nodes)}
-    nodes = [f"worker{i}" for i in range(workers)] + sorted(tainted)
+    nodes = [f"worker{i}" for i in range(workers)] + [f"outside{i}" for i in range(outside)] + sorted(tainted)
     pods = [(f"worker{i}", "old") for i in range(min(replicas, workers))]
     for _ in range(4 * replicas + 4):
         old = [p for p in pods if p[1] == "old"]
@@ -373,6 +388,20 @@ def _rollout(deployment: dict, workers: int, tainted_nodes: int = 1) -> tuple[bo
         elif not placed:
             return False, [n for n, r in pods if r == "new"]
     return False, []
+
+
+def test_rollout_stays_on_the_lb_nodes(tmp_path):
+    """A cluster with a node the LB does not send to: the patch's nodeSelector
+    keeps every new pod on the LB's nodes; without it the surge pod takes the
+    empty outside node and an LB node ends with no pod (its NodePort traffic dropped)."""
+    deployment = patched("options.yaml", "Deployment", tmp_path)
+    workers = deployment["spec"]["replicas"]
+    finished, placed = _rollout(deployment, workers, outside=1)
+    assert finished and sorted(placed) == [f"worker{i}" for i in range(workers)], placed
+    unpinned = copy.deepcopy(deployment)
+    del unpinned["spec"]["template"]["spec"]["nodeSelector"]
+    finished, placed = _rollout(unpinned, workers, outside=1)
+    assert finished and "outside0" in placed and len({n for n in placed if n.startswith("worker")}) < workers, placed
 
 
 def test_rollout_keeps_one_pod_per_node_and_cannot_deadlock(tmp_path):

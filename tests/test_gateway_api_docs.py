@@ -16,6 +16,7 @@ import json
 import re
 
 import pytest
+import yaml
 
 from tests.harness import docs, istio, k8s
 from tests.harness.envoy import REPO, WASM
@@ -114,7 +115,8 @@ def test_distroless_commands_put_one_token_in_both_places(recorded):
     token = plugin["admin_token"]
     assert re.fullmatch(r"[0-9a-f]{48}", token), token
     assert f"Bearer {token}" in options["data"]["deployment"] and PLACEHOLDER not in options["data"]["deployment"]
-    assert "exec:" not in options["data"]["deployment"], "the distroless ConfigMap"
+    hook = yaml.safe_load(options["data"]["deployment"])["spec"]["template"]["spec"]["containers"][0]["lifecycle"]
+    assert hook["preStop"]["exec"] is None and "httpGet" in hook["preStop"], "the distroless ConfigMap"
 
 
 def test_the_chart_release_renders_the_form_in_the_gateway_namespace(recorded):

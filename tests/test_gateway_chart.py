@@ -80,6 +80,8 @@ def test_pods_carry_the_label_and_one_per_node_placement(rendered):
     deployment = rendered[("Deployment", RELEASE)]
     labels = deployment["spec"]["template"]["metadata"]["labels"]
     assert istio.POD_LABELS.items() <= labels.items()
+    # Only on the LB's nodes: a replacement pod cannot land elsewhere.
+    assert deployment["spec"]["template"]["spec"]["nodeSelector"] == {"drain-gate.io/lb-node": "true"}
     (term,) = deployment["spec"]["template"]["spec"]["affinity"]["podAntiAffinity"][
         "requiredDuringSchedulingIgnoredDuringExecution"]
     assert term["topologyKey"] == "kubernetes.io/hostname"

@@ -7,9 +7,12 @@ substituted).
   real health check request, byte for byte — the traffic filter counts the
   streams of every traffic listener, the preStop command of the gateway
   values drains and returns at CLOSED, the probes read what they should.
-- WasmPlugin form: the traffic role as istiod + istio-agent deliver it (ECDS,
-  vm_id "", module pulled out of the image `make oci` builds) with the vm_id ""
-  health listener: the count reaches the health FSM and the flip happens.
+- WasmPlugin form: the traffic roles as istiod + istio-agent deliver them
+  (ECDS, vm_id "", the mounted module of a file:// url, or the module pulled
+  out of the image `make oci` builds for the oci:// route) with the vm_id ""
+  health listener: the count reaches the health FSM and the flip happens; the
+  NETWORK plugin counts a TCP server's connection as the TCP EnvoyFilter does;
+  a canary pod stays counted whether or not its image could be fetched.
 - The mismatch the README warns about: WasmPlugin traffic role with the
   EnvoyFilter-form health listener (vm_id "drain-gate"): no traffic role in the
   health role's vm_id, so the gateway is never announced (LB check and
@@ -103,15 +106,17 @@ def _oci_tool():
 @pytest.fixture
 def start_gateway(backend_port, tmp_path, monkeypatch):
     """Factory: start_gateway(version, listeners) -> a started Envoy; `env.at`
-    maps each logical listener port to the actual one. Stopped on every path."""
+    maps each logical listener port to the actual one; `admin_address` is where
+    its admin (and the bootstrap's prometheus_stats cluster) listens. Stopped on
+    every path."""
     stack = contextlib.ExitStack()
 
     def start(version: str, listeners: list[dict], wasm=WASM, ready_path: str | None = "/live",
-              clusters: list[dict] = ()) -> Envoy:
+              clusters: list[dict] = (), admin_address: str = "127.0.0.1") -> Envoy:
         monkeypatch.setenv("ENVOY_BIN", istio.envoy_bin(version))
         at = {l["address"]["socket_address"]["port_value"]: free_port() for l in listeners}
-        admin = free_port()
-        doc = istio.gateway_bootstrap(listeners, at, admin, backend_port, wasm, clusters)
+        admin = free_port(admin_address)
+        doc = istio.gateway_bootstrap(listeners, at, admin, backend_port, wasm, clusters, admin_address)
         traffic = min(p for p in at if p != istio.HEALTH_PORT)
         env = Envoy(doc, istio.harness_ports(at, admin, backend_port, traffic), concurrency=2,
                     workdir=tmp_path / f"envoy-{admin}")
@@ -316,26 +321,70 @@ def test_admin_drain_forms_behave_as_documented(version, form, start_gateway, st
     assert seen == expected_drain_form(version, form), seen
 
 
+def _rotation_outcome(env) -> dict:
+    return wait_for(lambda: (r := status(env)["connection_rotation"]["last"]) and r["outcome"] != "pending" and r,
+                    10, what="the rotation's outcome")
+
+
 @pytest.mark.parametrize("version", VERSIONS)
 def test_envoyfilter_form_rotates_connections_at_drain_start(version, start_gateway):
-    """The health-listener EnvoyFilter's admin cluster carries the rotation:
-    after /drain a keep-alive connection is closed after its next response,
-    and the health listener keeps answering."""
+    """The health listener as shipped rotates through the bootstrap's
+    prometheus_stats cluster (the EnvoyFilters add none): after /drain a
+    keep-alive connection is closed after its next response, and the health
+    listener keeps answering."""
     efs = [load("traffic-filter.yaml"), patched(load("health-listener.yaml"), min_drain="30m", drain_timeout="60m")]
-    env = start_gateway(version, istio.apply_envoyfilters([istio.gateway_listener(8080)], efs),
-                        clusters=istio.added_clusters(efs))
+    assert istio.added_clusters(efs) == []
+    env = start_gateway(version, istio.apply_envoyfilters([istio.gateway_listener(8080)], efs))
     client = KeepAlive(env.ports.traffic)
     try:
         assert client.get() is None
         assert requests.post(env.health("/drain"), timeout=10).status_code == 200
-        last = wait_for(lambda: (r := status(env)["connection_rotation"]["last"]) and r["outcome"] != "pending" and r,
-                        10, what="the rotation's outcome")
+        last = _rotation_outcome(env)
         assert (last["outcome"], last["admin_status"]) == ("done", 200), last
+        assert status(env)["connection_rotation"]["cluster"] == "prometheus_stats"
         assert client.get() == "close"
     finally:
         client.close()
     assert requests.get(env.traffic("/"), timeout=5).status_code == 200
     assert lb_check(env)[0] == "HTTP/1.0 200 OK"
+
+
+# The admin cluster the chart used to add: istio-proxy's admin at a fixed 127.0.0.1:15000.
+FIXED_ADMIN_CLUSTER = {
+    "name": "drain_gate_envoy_admin", "type": "STATIC", "connect_timeout": "1s",
+    "load_assignment": {"cluster_name": "drain_gate_envoy_admin", "endpoints": [{"lb_endpoints": [{"endpoint": {
+        "address": {"socket_address": {"address": "127.0.0.1", "port_value": istio.ISTIO_ADMIN_PORT}}}}]}]},
+}
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_rotation_reaches_an_admin_on_ipv6_loopback_only(version, start_gateway):
+    """An IPv6-only pod: istio-proxy's bootstrap binds the admin to ::1 (its
+    {{ .localhost }}), and prometheus_stats dials ::1 too. The shipped health
+    listener rotates through it; a cluster fixed at 127.0.0.1 (the chart's
+    former CLUSTER ADD, here at the admin's own port) finds nothing there."""
+    health = patched(load("health-listener.yaml"), min_drain="30m", drain_timeout="60m")
+    listeners = istio.apply_envoyfilters([istio.gateway_listener(8080)], [load("traffic-filter.yaml"), health])
+    env = start_gateway(version, listeners, clusters=[FIXED_ADMIN_CLUSTER], admin_address="::1")
+    assert env.admin("/ready").startswith("http://[::1]:") and requests.get(env.admin("/ready"), timeout=5).ok
+    with pytest.raises(requests.ConnectionError):
+        requests.get(f"http://127.0.0.1:{env.ports.admin}/ready", timeout=5)
+    client = KeepAlive(env.ports.traffic)
+    try:
+        assert client.get() is None
+        assert requests.post(env.health("/drain"), timeout=10).status_code == 200
+        last = _rotation_outcome(env)
+        assert (last["outcome"], last["admin_status"]) == ("done", 200), last
+        assert client.get() == "close"
+    finally:
+        client.close()
+    # The control: the same listener naming the fixed cluster.
+    fixed = istio.apply_envoyfilters([istio.gateway_listener(8080)], [
+        load("traffic-filter.yaml"), patched(health, rotate_connections=FIXED_ADMIN_CLUSTER["name"])])
+    env = start_gateway(version, fixed, clusters=[FIXED_ADMIN_CLUSTER], admin_address="::1")
+    assert requests.post(env.health("/drain"), timeout=10).status_code == 200
+    last = _rotation_outcome(env)
+    assert last["outcome"] == "failed" and last["admin_status"] != 200, last
 
 
 @pytest.mark.parametrize("version", VERSIONS)
@@ -417,23 +466,50 @@ def assert_grace_covers_the_drain(progress: dict, command: list[str], grace: int
 
 
 # -- WasmPlugin form ------------------------------------------------------------------------
-def _wasmplugin_listeners(tmp_path, health_ef: dict, module, wp: dict | None = None,
+def local_module(wp: dict, pulled=None):
+    """What Envoy loads for a WasmPlugin: a file:// url names the module the pod
+    mounts (the harness substitutes the built module, as for the EnvoyFilters);
+    an oci:// one, the module istio-agent pulled (`pulled`)."""
+    if wp["spec"]["url"].startswith("file://"):
+        assert wp["spec"]["url"] == "file://" + istio.load_one(k8s.CHART / "values.yaml")["wasm"]["path"]
+        return WASM
+    assert pulled is not None, f"{wp['spec']['url']}: the test needs the pulled module"
+    return pulled
+
+
+def _wasmplugin_gateway(tmp_path, health_ef: dict, listeners: list[dict], plugins: list[tuple[dict, dict]],
+                        labels: dict = istio.POD_LABELS) -> list[dict]:
+    """`listeners` with each WasmPlugin's ECDS filter where istiod puts it and the
+    health EnvoyFilter applied. `plugins`: (WasmPlugin, the TypedExtensionConfig
+    Envoy receives for it), one ECDS file each (Envoy takes one resource per
+    filter subscription)."""
+    for i, (wp, ext) in enumerate(plugins):
+        ecds = tmp_path / f"ecds-{i}.yaml"
+        istio.write_ecds(ecds, [ext])
+        listeners = istio.insert_wasmplugin(listeners, wp, ecds)
+    return istio.apply_envoyfilters(listeners, [health_ef], labels=labels)
+
+
+def _wasmplugin_listeners(tmp_path, health_ef: dict, module=None, wp: dict | None = None,
                           labels: dict = istio.POD_LABELS, port: int = 8080) -> list[dict]:
     wp = wp or load("wasmplugin/traffic.yaml")
-    ecds = tmp_path / "ecds.yaml"
-    istio.write_ecds(ecds, [istio.wasmplugin_extension_config(wp, module)])
-    with_plugin = istio.insert_wasmplugin([istio.gateway_listener(port)], wp, ecds)
-    return istio.apply_envoyfilters(with_plugin, [health_ef], labels=labels)
+    ext = istio.wasmplugin_extension_config(wp, module or local_module(wp))
+    return _wasmplugin_gateway(tmp_path, health_ef, [istio.gateway_listener(port)], [(wp, ext)], labels)
 
 
-@pytest.mark.parametrize("version", VERSIONS)
-def test_wasmplugin_form_count_reaches_the_health_fsm(version, start_gateway, stream, tmp_path, pulled_wasm):
-    listeners = _wasmplugin_listeners(tmp_path, load("wasmplugin/health-listener.yaml"), pulled_wasm)
-    env = start_gateway(version, listeners)
+def _oci_wasmplugin(url: str = "oci://registry.example.com/drain-gate/drain-gate:0.1.0", **sets) -> dict:
+    (wp,) = k8s.template("--set", "wasm.configMap.create=false", "--set", "form=wasmplugin", "--set",
+                         f"wasmPlugin.url={url}", *[a for k, v in sets.items() for a in ("--set", f"{k}={v}")],
+                         "--show-only", "templates/wasmplugin.yaml")
+    return wp
+
+
+def _count_flips_at_zero(env, stream, port: int, per_stream: int = 1) -> None:
+    """A stream through `port` counted (`per_stream` times: one per traffic filter),
+    a drain held while it runs, the flip when it ends."""
     assert lb_check(env)[0] == "HTTP/1.0 200 OK"
-
-    s = stream(f"http://127.0.0.1:{env.at[8080]}/stream?seconds=2&interval_ms=250")
-    wait_for(lambda: status(env)["active"] == 1, 10, what="the WasmPlugin's stream counted")
+    s = stream(f"http://127.0.0.1:{env.at[port]}/stream?seconds=2&interval_ms=250")
+    wait_for(lambda: status(env)["active"] == per_stream, 10, what="the WasmPlugin's stream counted")
     assert status(env)["count"]["reliable"] is True
     assert env.stat("wasmcustom.drain_gate_count_unreliable") == 0
     assert requests.post(env.health("/drain"), timeout=5).status_code == 200
@@ -447,8 +523,101 @@ def test_wasmplugin_form_count_reaches_the_health_fsm(version, start_gateway, st
 
 
 @pytest.mark.parametrize("version", VERSIONS)
-def test_wasmplugin_with_envoyfilter_vm_id_only_closes_at_drain_timeout(version, start_gateway, stream, tmp_path,
-                                                                        pulled_wasm):
+def test_wasmplugin_form_count_reaches_the_health_fsm(version, start_gateway, stream, tmp_path):
+    """The WasmPlugin as shipped (file://: the mounted module) with the vm_id "" health listener."""
+    env = start_gateway(version, _wasmplugin_listeners(tmp_path, load("wasmplugin/health-listener.yaml")))
+    _count_flips_at_zero(env, stream, 8080)
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_wasmplugin_oci_route_count_reaches_the_health_fsm(version, start_gateway, stream, tmp_path, pulled_wasm):
+    """wasmPlugin.url=oci://…: the module istio-agent takes out of the image `make oci` builds."""
+    wp = _oci_wasmplugin()
+    env = start_gateway(version, _wasmplugin_listeners(tmp_path, load("wasmplugin/health-listener.yaml"),
+                                                       local_module(wp, pulled_wasm), wp))
+    _count_flips_at_zero(env, stream, 8080)
+
+
+def _tcp_gateway(tmp_path, tcp: dict | None = None) -> list[dict]:
+    """An HTTP listener (8080) and a TCP server (15443) with the WasmPlugin form:
+    the HTTP plugin, the NETWORK plugin `tcp` (default wasmplugin/tcp.yaml), the health listener."""
+    wp, tcp = load("wasmplugin/traffic.yaml"), tcp or load("wasmplugin/tcp.yaml")
+    plugins = [(p, istio.wasmplugin_extension_config(p, local_module(p))) for p in (wp, tcp)]
+    base = [istio.gateway_listener(8080), istio.gateway_listener(15443, tcp=True)]
+    return _wasmplugin_gateway(tmp_path, load("wasmplugin/health-listener.yaml"), base, plugins)
+
+
+def test_wasmplugin_tcp_plugin_lands_before_tcp_proxy_on_its_ports_only(tmp_path):
+    listeners = {l["name"]: l for l in _tcp_gateway(tmp_path)}
+    tcp_chain = [f["name"] for f in listeners["0.0.0.0_15443"]["filter_chains"][0]["filters"]]
+    tcp_name = istio.wasmplugin_resource_name(load("wasmplugin/tcp.yaml"))
+    assert tcp_name == "extensions.istio.io/trafficextension/istio-system.drain-gate-tcp~istio-translated-wasmplugin"
+    assert tcp_chain == [tcp_name, "envoy.filters.network.tcp_proxy"]
+    assert [f["name"] for f in listeners["0.0.0.0_8080"]["filter_chains"][0]["filters"]] == [istio.HCM_NAME]
+    # Without match.ports, istiod puts it on the HTTP chain too, before the HCM.
+    unmatched = copy.deepcopy(load("wasmplugin/tcp.yaml"))
+    del unmatched["spec"]["match"]
+    http_chain = {l["name"]: l for l in _tcp_gateway(tmp_path, unmatched)}["0.0.0.0_8080"]["filter_chains"][0]
+    assert [f["name"] for f in http_chain["filters"]] == [tcp_name, istio.HCM_NAME]
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_wasmplugin_tcp_plugin_counts_a_passthrough_connection_and_flips_on_its_close(version, start_gateway,
+                                                                                        tmp_path):
+    """The NETWORK WasmPlugin as istiod + istio-agent deliver it (ECDS network
+    filter, vm_id "", the mounted module): a connection through the TCP server
+    holds the drain; its close flips it. As the EnvoyFilter form's TCP filter does."""
+    health = patched(load("wasmplugin/health-listener.yaml"), lb_buffer="60m")
+    wp, tcp = load("wasmplugin/traffic.yaml"), load("wasmplugin/tcp.yaml")
+    plugins = [(p, istio.wasmplugin_extension_config(p, local_module(p))) for p in (wp, tcp)]
+    listeners = _wasmplugin_gateway(tmp_path, health, [istio.gateway_listener(8080),
+                                                       istio.gateway_listener(15443, tcp=True)], plugins)
+    env = start_gateway(version, listeners)
+    conn = socket.create_connection(("127.0.0.1", env.at[15443]), timeout=10)
+    try:
+        conn.sendall(b"GET / HTTP/1.1\r\nHost: backend\r\n\r\n")
+        assert read_head(conn).startswith(b"HTTP/1.1 200 OK"), "tcp_proxy carries the bytes"
+        wait_for(lambda: status(env)["count"]["tcp_connections"] == 1, 10, what="the connection counted")
+        st = status(env)
+        assert (st["active"], st["count"]["http_streams"], st["count"]["reliable"]) == (1, 0, True)
+        assert requests.post(env.health("/drain"), timeout=5).json()["state"] == "DRAINING"
+        for _ in range(5):
+            assert lb_check(env)[0] == "HTTP/1.0 200 OK"
+    finally:
+        conn.close()
+    wait_for(lambda: lb_check(env)[0] == "HTTP/1.0 503 Service Unavailable", 5, what="flip on the close")
+    st = status(env)
+    assert st["state"] == "CLOSING" and st["progress"]["reason"] == "active_zero"
+    assert st["progress"]["forced"] is False
+
+
+def _canary_plugins(pulled, fetched: bool) -> list[tuple[dict, dict]]:
+    """The fleet's WasmPlugin (file://) and the canary's (oci://, on the labelled pod):
+    the canary's module as pulled, or (fetched False) istio-agent's stand-in."""
+    objs = k8s.by_kind(k8s.template("--set", "wasm.configMap.create=false", "--set", "form=wasmplugin",
+                                    "--set", "wasmPlugin.canary.url=oci://registry.example.com/drain-gate/drain-gate:0.2.0",
+                                    "--show-only", "templates/wasmplugin.yaml"))
+    fleet, canary = objs[("WasmPlugin", "drain-gate-traffic")], objs[("WasmPlugin", "drain-gate-traffic-canary")]
+    ext = istio.wasmplugin_extension_config(canary, pulled) if fetched else istio.wasmplugin_fetch_failed(canary)
+    return [(fleet, istio.wasmplugin_extension_config(fleet, local_module(fleet))), (canary, ext)]
+
+
+@pytest.mark.parametrize("fetched", [True, False], ids=["canary-fetched", "canary-fetch-failed"])
+def test_wasmplugin_canary_pod_stays_counted_whatever_its_image_does(fetched, start_gateway, stream, tmp_path,
+                                                                     pulled_wasm):
+    """The canary pod (drain-gate.io/canary=true) runs the fleet's filter and the
+    canary's. Fetched, both count: each stream twice, the flip still at zero.
+    Not fetched (istio-agent's allow-all RBAC stand-in), the fleet's filter
+    still counts: the pod stays protected while verify.py names the stand-in."""
+    labels = {**istio.POD_LABELS, "drain-gate.io/canary": "true"}
+    listeners = _wasmplugin_gateway(tmp_path, load("wasmplugin/health-listener.yaml"), [istio.gateway_listener(8080)],
+                                    _canary_plugins(pulled_wasm, fetched), labels)
+    env = start_gateway(VERSIONS[-1], listeners)
+    _count_flips_at_zero(env, stream, 8080, per_stream=2 if fetched else 1)
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_wasmplugin_with_envoyfilter_vm_id_only_closes_at_drain_timeout(version, start_gateway, stream, tmp_path):
     """The EnvoyFilter-form health listener (vm_id "drain-gate") next to the
     WasmPlugin (vm_id ""): the health role sees no traffic role in its vm_id, so
     it never announces the gateway and never trusts the count.
@@ -456,7 +625,7 @@ def test_wasmplugin_with_envoyfilter_vm_id_only_closes_at_drain_timeout(version,
     drain_timeout = 4
     health = patched(load("health-listener.yaml"), drain_timeout=f"{drain_timeout}s")
     # The harness's readiness waits for the traffic role, which never comes here.
-    env = start_gateway(version, _wasmplugin_listeners(tmp_path, health, pulled_wasm), ready_path=None)
+    env = start_gateway(version, _wasmplugin_listeners(tmp_path, health), ready_path=None)
     wait_for(lambda: raw(env.ports.health, b"GET /live HTTP/1.0\r\n\r\n")[0].endswith("200 OK"), 30,
              what="health listener serving")
 
@@ -589,15 +758,14 @@ def test_gateway_api_envoyfilters_skip_pods_without_the_mount():
 
 
 @pytest.mark.parametrize("version", VERSIONS)
-def test_gateway_api_wasmplugin_form_count_reaches_the_health_fsm(version, start_gateway, stream, tmp_path,
-                                                                  pulled_wasm):
+def test_gateway_api_wasmplugin_form_count_reaches_the_health_fsm(version, start_gateway, stream, tmp_path):
     template, _ = _gateway_api_pod("options.yaml", tmp_path / "kubectl")
     labels = template["metadata"]["labels"]
     namespace = istio.load_one(istio.GATEWAY_API / "gateway.yaml")["metadata"]["namespace"]
     wp = istio.load_one(istio.GATEWAY_API / "wasmplugin" / "traffic.yaml")
-    assert istio.selects_workload(wp, namespace, labels), "targetRefs reach the Gateway's pods"
+    assert istio.selects_workload(wp, namespace, labels), "the selector reaches the patched pods"
     health = istio.load_one(istio.GATEWAY_API / "wasmplugin" / "health-listener.yaml")
-    env = start_gateway(version, _wasmplugin_listeners(tmp_path, health, pulled_wasm, wp, labels, port=80))
+    env = start_gateway(version, _wasmplugin_listeners(tmp_path, health, None, wp, labels, port=80))
 
     s = stream(f"http://127.0.0.1:{env.at[80]}/stream?seconds=1&interval_ms=250")
     wait_for(lambda: status(env)["active"] == 1, 10, what="the WasmPlugin's stream counted")

@@ -53,7 +53,7 @@ def render_chart(values: dict) -> tuple[dict, dict]:
         "containers": [container],
         "terminationGracePeriodSeconds": values["terminationGracePeriodSeconds"],
     }
-    for key in ("volumes", "affinity", "topologySpreadConstraints"):
+    for key in ("volumes", "nodeSelector", "affinity", "topologySpreadConstraints"):
         if key in values:
             pod[key] = copy.deepcopy(values[key])
     spec = {
@@ -117,7 +117,13 @@ def test_service_maps_the_documented_node_ports(values):
 
 @pytest.mark.parametrize("patch_file", PATCHES)
 def test_patched_deployment_is_valid_and_complete(values, patch_file, tmp_path):
-    deployment, _ = render_chart(values)
+    """The patch through kubectl's own strategic merge onto a Deployment without
+    drain-gate's values: everything the values give, the label the
+    EnvoyFilters select and the module's mount included."""
+    plain = {k: v for k, v in values.items() if k not in (
+        "labels", "volumes", "volumeMounts", "lifecycle", "readinessProbe", "nodeSelector", "affinity", "strategy",
+        "minReadySeconds")}
+    deployment, _ = render_chart(plain)
     patched = istio.strategic_patch(deployment, (istio.KUBERNETES / patch_file).read_text(), tmp_path)
     _validate(patched)
     pod = patched["spec"]["template"]["spec"]
@@ -126,9 +132,24 @@ def test_patched_deployment_is_valid_and_complete(values, patch_file, tmp_path):
     assert 15090 in [p["containerPort"] for p in proxy["ports"]], "the chart's port survives the merge"
     assert proxy["readinessProbe"] == values["readinessProbe"]
     assert "livenessProbe" not in proxy, "no kubelet liveness on :18180 by default"
-    assert proxy["volumeMounts"] == values["volumeMounts"]
+    assert proxy["volumeMounts"] == values["volumeMounts"] and pod["volumes"] == values["volumes"]
+    assert patched["spec"]["template"]["metadata"]["labels"].items() >= istio.DRAIN_GATE_LABEL.items()
+    assert pod["nodeSelector"] == values["nodeSelector"]
     assert pod["terminationGracePeriodSeconds"] == values["terminationGracePeriodSeconds"]
     istio.assert_prestop_drains(proxy["lifecycle"]["preStop"], distroless="distroless" in patch_file)
+    assert len(proxy["lifecycle"]["preStop"]) == 1, "one handler"
+
+
+def test_distroless_patch_replaces_an_exec_hook(values, tmp_path):
+    """A Deployment that has an exec preStop (the values' curl) patched with the
+    distroless patch: `exec: null` deletes it, the hook is the httpGet alone."""
+    deployment, _ = render_chart(values)
+    patch = (istio.KUBERNETES / "gateway-deployment-patch-distroless.yaml").read_text()
+    (proxy,) = istio.strategic_patch(deployment, patch, tmp_path)["spec"]["template"]["spec"]["containers"]
+    assert set(proxy["lifecycle"]["preStop"]) == {"httpGet"}
+    (proxy,) = istio.strategic_patch(deployment, patch.replace("exec: null", "exec: {}"), tmp_path)[
+        "spec"]["template"]["spec"]["containers"]
+    assert set(proxy["lifecycle"]["preStop"]) == {"exec", "httpGet"}, "the control: without it both stay"
 
 
 def test_patches_are_the_values_for_gateways_without_the_chart(values):
@@ -139,6 +160,16 @@ def test_patches_are_the_values_for_gateways_without_the_chart(values):
     assert "livenessProbe" not in a and "livenessProbe" not in b
     assert a["lifecycle"] == values["lifecycle"]
     assert a["ports"] == b["ports"]
+    assert a["volumeMounts"] == b["volumeMounts"] == values["volumeMounts"]
+    for f in PATCHES:
+        spec = istio.load_one(istio.KUBERNETES / f)["spec"]
+        assert (spec["replicas"], spec["minReadySeconds"], spec["strategy"]) == (
+            values["replicaCount"], values["minReadySeconds"], values["strategy"]), f
+        assert spec["template"]["spec"]["affinity"] == values["affinity"], f
+        template = spec["template"]
+        assert template["metadata"]["labels"] == values["labels"], f
+        assert template["spec"]["volumes"] == values["volumes"], f
+        assert template["spec"]["nodeSelector"] == values["nodeSelector"], f
     for f in PATCHES:
         first = (istio.KUBERNETES / f).read_text().splitlines()[0]
         assert "not installed with the istio/gateway chart" in first and "1.27" in first, f

@@ -10,7 +10,7 @@ import re
 import pytest
 import yaml
 
-from tests.harness import istio, k8s
+from tests.harness import istio
 from tests.harness.envoy import BOOTSTRAP, REPO, hcm
 from tests.harness.variants import listener
 
@@ -24,7 +24,7 @@ def test_every_yaml_file_parses():
     files = istio.yaml_files()
     assert len(files) >= 8, files
     for path in files:
-        docs = k8s.docs(path.read_text())
+        docs = istio.load_docs(path)
         assert docs, f"{path} is empty"
         for doc in docs:
             assert isinstance(doc, dict), f"{path}: a document is not a mapping"
@@ -134,7 +134,7 @@ def _without_path(config):
 def test_health_listener_agrees_with_envoy_yaml():
     """The EnvoyFilter's listener is envoy.yaml's drain-gate-health apart from
     the port, the wasm path, and what a gateway needs on top."""
-    patch, _ = _value(istio.ISTIO / "health-listener.yaml")
+    (patch,) = _value(istio.ISTIO / "health-listener.yaml")
     assert (patch["applyTo"], patch["match"]["context"], patch["patch"]["operation"]) == ("LISTENER", "GATEWAY", "ADD")
     ours = patch["patch"]["value"]
     local = _bootstrap_listener("drain-gate-health")
@@ -159,17 +159,25 @@ def test_health_listener_agrees_with_envoy_yaml():
     assert _wasm(hcm(ours)["http_filters"])["failure_policy"] == "FAIL_CLOSED"
 
 
-def test_admin_cluster_agrees_with_envoy_yaml():
-    """The cluster the connection rotation calls Envoy's admin through: the
-    default of rotate_connections, at istio-proxy's admin address."""
-    listener, patch = _value(istio.ISTIO / "health-listener.yaml")
-    assert (patch["applyTo"], patch["match"], patch["patch"]["operation"]) == ("CLUSTER", listener["match"], "ADD")
+def test_admin_cluster_is_the_bootstrap_one_where_envoy_yaml_adds_its_own():
+    """The connection rotation calls Envoy's admin through a cluster: envoy.yaml
+    adds drain_gate_envoy_admin (drain-gate's default) at its admin address;
+    in istio-proxy the health role names prometheus_stats, the bootstrap's
+    static cluster at the admin's own address and port (::1 or 127.0.0.1,
+    proxyAdminPort), and the EnvoyFilter adds no cluster."""
+    (listener,) = istio.load_one(istio.ISTIO / "health-listener.yaml")["spec"]["configPatches"]
+    config = json.loads(_wasm(hcm(listener["patch"]["value"])["http_filters"])["configuration"]["value"])
+    assert config["rotate_connections"] == "prometheus_stats"
     doc = yaml.safe_load(BOOTSTRAP.read_text())
     (local,) = [c for c in doc["static_resources"]["clusters"] if c["name"] == "drain_gate_envoy_admin"]
-    assert patch["patch"]["value"] == local
-    assert local["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]["address"] == {
-        "socket_address": {"address": "127.0.0.1", "port_value": istio.ISTIO_ADMIN_PORT}}
-    assert doc["admin"]["address"]["socket_address"]["port_value"] == istio.ISTIO_ADMIN_PORT
+    assert local["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]["address"] == doc["admin"]["address"]
+    # The harness's istio-proxy bootstrap dials the admin wherever it listens.
+    for address in ("127.0.0.1", "::1"):
+        boot = istio.gateway_bootstrap([], {}, 15999, 1, admin_address=address)
+        (stats,) = [c for c in boot["static_resources"]["clusters"] if c["name"] == "prometheus_stats"]
+        dial = stats["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]["address"]["socket_address"]
+        assert (dial["address"], dial["port_value"]) == (address, 15999) and boot["admin"]["address"] == {
+            "socket_address": {"address": address, "port_value": 15999}}
 
 
 def test_traffic_filter_agrees_with_envoy_yaml():
@@ -224,17 +232,23 @@ def test_wasmplugin_health_listener_differs_only_in_vm_id():
     assert a == b
 
 
-def test_wasmplugin_is_the_traffic_role():
+def test_wasmplugins_are_the_traffic_roles_on_the_mounted_file():
     wp = istio.load_one(istio.ISTIO / "wasmplugin" / "traffic.yaml")
-    spec = wp["spec"]
-    assert spec["pluginConfig"]["role"] == "traffic"
-    assert spec["failStrategy"] == "FAIL_OPEN"
-    assert spec["phase"] == "UNSPECIFIED_PHASE" and spec["type"] == "HTTP"
-    assert spec["url"].startswith("oci://")
-    assert "match" not in spec, "every HTTP listener istiod builds for the gateway is counted"
-    # The Envoy config istiod generates from it has no vm_id at all.
-    ec = istio.wasmplugin_extension_config(wp, REPO / "x.wasm")
-    assert "vm_id" not in ec["typed_config"]["config"]["vm_config"]
+    tcp = istio.load_one(istio.ISTIO / "wasmplugin" / "tcp.yaml")
+    health = _wasm(hcm(_value(istio.ISTIO / "wasmplugin" / "health-listener.yaml")[0]["patch"]["value"])["http_filters"])
+    for obj, role, kind in ((wp, "traffic", "HTTP"), (tcp, "traffic_tcp", "NETWORK")):
+        spec = obj["spec"]
+        assert spec["pluginConfig"]["role"] == role
+        assert spec["failStrategy"] == "FAIL_OPEN"
+        assert spec["phase"] == "UNSPECIFIED_PHASE" and spec["type"] == kind
+        # The file the health listener loads: one module, nothing to fetch.
+        assert spec["url"] == "file://" + health["vm_config"]["code"]["local"]["filename"]
+        # The Envoy config istiod generates from it has no vm_id at all: the health listener's "".
+        ec = istio.wasmplugin_extension_config(obj, REPO / "x.wasm")
+        assert "vm_id" not in ec["typed_config"]["config"]["vm_config"] and health["vm_config"]["vm_id"] == ""
+        assert ec["name"].startswith("extensions.istio.io/trafficextension/")
+    assert "match" not in wp["spec"], "every HTTP listener istiod builds for the gateway is counted"
+    assert tcp["spec"]["match"] == [{"ports": [{"number": 15443}]}], "a NETWORK plugin lands on HTTP chains too"
 
 
 def test_wasm_path_is_where_the_chart_mounts_the_configmap():

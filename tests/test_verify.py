@@ -16,10 +16,12 @@ import threading
 
 import pytest
 import requests
+import yaml
 
-from tests.harness import istio
+from tests.harness import istio, k8s
+from tests.harness.envoy import WASM
 from tests.harness.process import accepts, wait_for
-from tests.test_istio_envoy import _wasmplugin_listeners, load, pulled_wasm, start_gateway  # noqa: F401
+from tests.test_istio_envoy import _wasmplugin_gateway, _wasmplugin_listeners, load, pulled_wasm, start_gateway  # noqa: F401
 from tests.test_istio_kubernetes import render_chart
 
 VERIFY = istio.ENVOYFILTER / "tools" / "verify.py"
@@ -108,9 +110,8 @@ def test_a_tcp_chain_without_the_tcp_filter_fails_naming_the_listener(start_gate
                                "(want 1)"]
 
 
-def test_shipped_wasmplugin_form_passes(start_gateway, tmp_path, pulled_wasm):  # noqa: F811
-    env = start_gateway(VERSION, _wasmplugin_listeners(tmp_path, load("wasmplugin/health-listener.yaml"),
-                                                       pulled_wasm))
+def test_shipped_wasmplugin_form_passes(start_gateway, tmp_path):  # noqa: F811
+    env = start_gateway(VERSION, _wasmplugin_listeners(tmp_path, load("wasmplugin/health-listener.yaml")))
     code, lines = verify("--config-dump", "-", stdin=dump_of(env))
     assert code == 0, lines
     assert "PASS vm_id: listener 0.0.0.0_8080: traffic vm_id '' = health" in lines
@@ -126,12 +127,11 @@ def test_filter_missing_on_one_listener_fails_naming_it(start_gateway):
         "FAIL traffic filter: listener 0.0.0.0_8443: 0 drain-gate traffic filters before the router (want 1)"]
 
 
-def test_vm_id_mismatch_fails_naming_the_listener(start_gateway, tmp_path, pulled_wasm):  # noqa: F811
+def test_vm_id_mismatch_fails_naming_the_listener(start_gateway, tmp_path):  # noqa: F811
     """The WasmPlugin (vm_id "") beside the EnvoyFilter-form health listener.
     The health role never sees the traffic role across vm_ids, so the gateway
     is not announced (`waiting_for`): the harness waits for the admin only."""
-    env = start_gateway(VERSION, _wasmplugin_listeners(tmp_path, load("health-listener.yaml"), pulled_wasm),
-                        ready_path=None)
+    env = start_gateway(VERSION, _wasmplugin_listeners(tmp_path, load("health-listener.yaml")), ready_path=None)
     wait_for(lambda: accepts(env.ports.health), 30, what="health listener serving")
     assert requests.get(env.health("/drain/status"), timeout=5).json()["waiting_for"] == "traffic_role"
     code, lines = verify("--config-dump", "-", stdin=dump_of(env))
@@ -219,3 +219,301 @@ def test_health_listener_failing_open_fails_naming_both_fields(start_gateway):
     assert failures(lines) == [
         "FAIL health failure_policy: listener drain-gate-health: FAIL_OPEN (want FAIL_CLOSED)",
         "FAIL health catch-all 503: listener drain-gate-health: no catch-all 503 route"]
+
+
+# -- the install routes' broken variants: each one fails, naming its cause ---------------------
+SIDECAR_DESIGN = istio.REPO / "tests" / "fixtures" / "sidecar-design" / "gateway.yaml"
+MIGRATION = istio.KUBERNETES / "migrate-from-sidecar-design.yaml"
+
+
+def pod_verdict(*objects: dict, args: tuple[str, ...] = ()) -> tuple[int, list[str]]:
+    return verify("--pod-spec", "-", *args, stdin="\n".join(json.dumps(o) for o in objects))
+
+
+def values_without_drain_gate() -> dict:
+    """The istio/gateway values with nothing of drain-gate's in the pod: what the
+    kubectl patch route starts from."""
+    values = istio.load_one(istio.KUBERNETES / "gateway-values.yaml")
+    return {k: v for k, v in values.items()
+            if k not in ("labels", "volumes", "volumeMounts", "lifecycle", "readinessProbe", "nodeSelector")}
+
+
+def sidecar_design(kind: str) -> dict:
+    (obj,) = [d for d in istio.load_docs(SIDECAR_DESIGN) if d["kind"] == kind]
+    return obj
+
+
+def test_patch_route_without_the_label_and_the_mount_fails_naming_both(tmp_path):
+    """The Deployment patch as it was (preStop, readiness, port, grace period,
+    no label, no mount) on a gateway without drain-gate's values: no EnvoyFilter
+    selects its pods and there is no module to load."""
+    patch = istio.load_one(istio.KUBERNETES / "gateway-deployment-patch.yaml")
+    del patch["spec"]["template"]["metadata"]
+    del patch["spec"]["template"]["spec"]["volumes"]
+    del patch["spec"]["template"]["spec"]["containers"][0]["volumeMounts"]
+    base, _ = render_chart({**values_without_drain_gate(), "nodeSelector": {"drain-gate.io/lb-node": "true"}})
+    code, lines = pod_verdict(istio.strategic_patch(base, yaml.safe_dump(patch), tmp_path))
+    assert code == 1
+    assert failures(lines) == [
+        "FAIL drain-gate label: Deployment istio-ingressgateway: pods lack drain-gate.io/enabled=true, the label the "
+        "EnvoyFilters select: no :18180 listener is added, the :18180 readiness probe never passes and the rollout "
+        "stops",
+        "FAIL wasm mount: Deployment istio-ingressgateway: istio-proxy mounts nothing at "
+        "/etc/drain-gate/drain_gate.wasm: every drain-gate filter there fails to load, and Envoy refuses the "
+        "listener update that carries it"]
+    # The shipped patch: both there.
+    shipped = (istio.KUBERNETES / "gateway-deployment-patch.yaml").read_text()
+    code, lines = pod_verdict(istio.strategic_patch(base, shipped, tmp_path))
+    assert code == 0, lines
+
+
+def test_pods_not_pinned_to_the_lb_nodes_fail():
+    values = istio.load_one(istio.KUBERNETES / "gateway-values.yaml")
+    del values["nodeSelector"]
+    code, lines = pod_verdict(render_chart(values)[0])
+    assert code == 1
+    assert failures(lines) == [
+        "FAIL LB nodes: Deployment istio-ingressgateway: no nodeSelector or required nodeAffinity: a pod (a "
+        "replacement in a rollout or a node drain included) can land on a node the LB does not send to, and with "
+        "externalTrafficPolicy Local the LB node left without a pod drops its NodePort traffic"]
+
+
+def node(name: str, address: str, lb: bool) -> dict:
+    return {"apiVersion": "v1", "kind": "Node", "metadata": {
+        "name": name, "labels": {"kubernetes.io/hostname": name, **({"drain-gate.io/lb-node": "true"} if lb else {})}},
+        "status": {"addresses": [{"type": "InternalIP", "address": address}, {"type": "Hostname", "address": name}]}}
+
+
+def test_the_nodes_that_fit_are_one_per_replica_and_the_lb_servers():
+    """With the Nodes (kubectl get nodes -o json) and the LB's servers given:
+    exactly the LB's nodes fit the pods, one per replica."""
+    deployment = render_chart(istio.load_one(istio.KUBERNETES / "gateway-values.yaml"))[0]
+    lb = [node(f"worker{i}", f"203.0.113.{212 + i}", True) for i in range(3)]
+    servers = ("--lb-nodes", "203.0.113.212,203.0.113.213,203.0.113.214")
+    code, lines = pod_verdict(deployment, *lb, node("worker3", "203.0.113.215", False), args=servers)
+    assert code == 0, lines
+    assert "PASS LB nodes: Deployment istio-ingressgateway: 3 of 4 nodes given fit (worker0, worker1, worker2), " \
+           "replicas 3" in lines
+    # A fourth labelled node, with the one-pod-per-node anti-affinity: room for a surge pod, not a failure;
+    # it must be one of the LB's servers too.
+    code, lines = pod_verdict(deployment, *lb, node("worker3", "203.0.113.215", True),
+                              args=("--lb-nodes", servers[1] + ",203.0.113.215"))
+    assert code == 0, lines
+    assert "PASS LB nodes: Deployment istio-ingressgateway: 4 of 4 nodes given fit (worker0, worker1, worker2, " \
+           "worker3), replicas 3; 1 fitting node(s) without a pod fail the LB's check (DOWN): room for a surge pod" \
+           in lines
+    unspread = copy.deepcopy(deployment)
+    del unspread["spec"]["template"]["spec"]["affinity"]
+    code, lines = pod_verdict(unspread, *lb, node("worker3", "203.0.113.215", True))
+    assert code == 1 and "FAIL LB nodes: Deployment istio-ingressgateway: 4 of 4 nodes given fit (worker0, worker1, " \
+        "worker2, worker3), replicas 3: a fitting node may be left without a pod while another gets two" in lines
+    code, lines = pod_verdict(deployment, *lb[:2], node("worker2", "203.0.113.214", False), args=servers)
+    assert code == 1
+    assert failures(lines) == [
+        "FAIL LB nodes: Deployment istio-ingressgateway: 2 of 3 nodes given fit (worker0, worker1), replicas 3: a "
+        "pod finds no node and stays Pending, and the LB node it should serve has none",
+        "FAIL LB nodes: Deployment istio-ingressgateway: the LB's servers 203.0.113.212,203.0.113.213,203.0.113.214"
+        .replace(",", ", ") + "; no fitting node has 203.0.113.214 (the LB sends there, no gateway pod can run there)"]
+
+
+def injector(lifecycle: dict, name: str = "istio-sidecar-injector") -> dict:
+    """The ConfigMap istiod's injector reads (istio-discovery's templates/istiod-injector-configmap.yaml):
+    `values` is JSON, global.proxy.lifecycle what the gateway template puts on istio-proxy."""
+    return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name, "namespace": "istio-system"},
+            "data": {"values": json.dumps({"global": {"proxy": {"lifecycle": lifecycle}}}), "config": "policy: enabled"}}
+
+
+MESH_PRESTOP = {"preStop": {"exec": {"command": ["/bin/sh", "-c", "sleep 5"]}}}
+
+
+def test_distroless_hook_under_a_mesh_wide_exec_prestop_fails(tmp_path):
+    """global.proxy.lifecycle sets an exec preStop mesh-wide. The gateway
+    injection template renders it on istio-proxy and the injector merges the
+    pod's own container over it (strategic merge, kubectl's here): the
+    distroless httpGet hook then carries both handlers, which the API server
+    refuses. The curl (exec) hook replaces the mesh's command instead."""
+    values = istio.load_one(istio.KUBERNETES / "gateway-values.yaml")
+    distroless = {**values, "lifecycle": istio.load_one(istio.KUBERNETES / "gateway-values-distroless.yaml")["lifecycle"]}
+    distroless["lifecycle"]["preStop"].pop("exec")  # null in the values file: Helm drops the key
+    deployment = render_chart(distroless)[0]
+    (proxy,) = deployment["spec"]["template"]["spec"]["containers"]
+    template = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "injected"},
+                "spec": {"containers": [{"name": "istio-proxy", "image": "proxyv2", "lifecycle": MESH_PRESTOP}]}}
+    merged = istio.strategic_patch(template, yaml.safe_dump({"spec": {"containers": [
+        {"name": "istio-proxy", "lifecycle": proxy["lifecycle"]}]}}), tmp_path)
+    assert set(merged["spec"]["containers"][0]["lifecycle"]["preStop"]) == {"exec", "httpGet"}
+    code, lines = pod_verdict(deployment, injector(MESH_PRESTOP))
+    assert code == 1
+    assert failures(lines) == [
+        "FAIL mesh lifecycle: Deployment istio-ingressgateway: ConfigMap istio-sidecar-injector sets "
+        "global.proxy.lifecycle.preStop (exec) and the pod's preStop is httpGet: the injector merges them into one "
+        "hook with exec and httpGet and the API server refuses the pod (\"may not specify more than 1 handler "
+        "type\"); remove the hook from the mesh's global.proxy.lifecycle, or inject the gateway from a revision "
+        "without it"]
+    code, lines = pod_verdict(render_chart(values)[0], injector(MESH_PRESTOP))
+    assert code == 0 and "PASS mesh lifecycle: Deployment istio-ingressgateway: ConfigMap istio-sidecar-injector " \
+                          "sets global.proxy.lifecycle.preStop (exec); the pod's exec replaces it" in lines
+    # A revisioned gateway is injected by its revision's ConfigMap only.
+    revisioned = copy.deepcopy(deployment)
+    revisioned["spec"]["template"]["metadata"]["labels"]["istio.io/rev"] = "canary"
+    assert pod_verdict(revisioned, injector(MESH_PRESTOP))[0] == 0
+    assert pod_verdict(revisioned, injector(MESH_PRESTOP, "istio-sidecar-injector-canary"))[0] == 1
+
+
+def test_standard_patch_on_the_sidecar_design_fails_naming_the_hc_container(tmp_path):
+    """A strategic merge keeps every container it does not name: hc still holds :18180."""
+    patched = istio.strategic_patch(sidecar_design("Deployment"),
+                                    (istio.KUBERNETES / "gateway-deployment-patch.yaml").read_text(), tmp_path)
+    code, lines = pod_verdict(patched)
+    assert code == 1
+    assert failures(lines) == [
+        "FAIL health port: Deployment istio-ingressgateway: container hc (containerPort 18180, readinessProbe on "
+        ":18180) also claims :18180: drain-gate's health listener cannot bind it, or the other container answers the "
+        "LB and the kubelet instead of drain-gate (remove it: envoyfilter/kubernetes/migrate-from-sidecar-design.yaml)"]
+
+
+def test_migration_that_keeps_the_old_prestop_fails_naming_drain_sh(tmp_path):
+    patch = istio.load_one(MIGRATION)
+    (proxy,) = [c for c in patch["spec"]["template"]["spec"]["containers"] if c["name"] == "istio-proxy"]
+    del proxy["lifecycle"]
+    code, lines = pod_verdict(istio.strategic_patch(sidecar_design("Deployment"), yaml.safe_dump(patch), tmp_path))
+    assert code == 1
+    assert failures(lines) == [
+        "FAIL drain-gate preStop: Deployment istio-ingressgateway: istio-proxy's preStop is 'exec /bin/bash "
+        "/etc/hc/drain.sh', not drain-gate's (curl POST :18180/drain?wait=closed, or httpGet /prestop): an old "
+        "drain script (the sidecar design's drain.sh) still runs instead of drain-gate's drain"]
+
+
+def test_service_and_pdb_selecting_keys_the_pods_lack_fail():
+    """The label-key trap: the shipped Service (app/istio = istio-ingressgateway)
+    in front of a gateway released under another name, and a PDB selecting a
+    label the pods do not carry; two PDBs over the pods."""
+    values = istio.load_one(istio.KUBERNETES / "gateway-values.yaml")
+    deployment = render_chart(values)[0]
+    renamed = copy.deepcopy(deployment)
+    renamed["spec"]["template"]["metadata"]["labels"].update({"app": "gateway", "istio": "gateway"})
+    service = istio.load_one(istio.KUBERNETES / "service.yaml")
+    (pdb,) = k8s.template("--set", "wasm.configMap.create=false", "--show-only", "templates/poddisruptionbudget.yaml")
+    assert pod_verdict(deployment, service, pdb)[0] == 0
+    code, lines = pod_verdict(renamed, service, pdb)
+    assert code == 1
+    assert failures(lines) == [
+        "FAIL service selector: Service istio-ingressgateway: selects app=istio-ingressgateway, istio=ingressgateway, "
+        "which no pod given carries (Deployment istio-ingressgateway (app=gateway, drain-gate.io/enabled=true, "
+        "istio=gateway, sidecar.istio.io/inject=true)): no endpoints, every LB check and request to its NodePorts "
+        "fails"]
+    other = copy.deepcopy(pdb)
+    other["metadata"]["name"] = "istio-ingressgateway"
+    other["spec"]["selector"]["matchLabels"] = {"app": "istio-ingressgateway"}
+    stray = copy.deepcopy(pdb)
+    stray["metadata"]["name"] = "stray"
+    stray["spec"]["selector"]["matchLabels"] = {"drain-gate.io/gateway": "ingress"}
+    code, lines = pod_verdict(deployment, pdb, other, stray)
+    assert code == 1
+    assert failures(lines) == [
+        "FAIL pdb selector: PodDisruptionBudget stray: selects drain-gate.io/gateway=ingress, which no pod given "
+        "carries (Deployment istio-ingressgateway (app=istio-ingressgateway, drain-gate.io/enabled=true, "
+        "istio=ingressgateway, sidecar.istio.io/inject=true)): node drains evict every gateway pod at once",
+        "FAIL pdb selector: Deployment istio-ingressgateway: 2 PodDisruptionBudgets cover its pods "
+        "(PodDisruptionBudget drain-gate, PodDisruptionBudget istio-ingressgateway): the eviction API refuses a pod "
+        "under two, every node drain stalls"]
+
+
+def test_service_naming_a_port_the_pod_lost_fails():
+    """The sidecar design's Service (targetPort: hc) in front of a migrated pod."""
+    code, lines = pod_verdict(render_chart(istio.load_one(istio.KUBERNETES / "gateway-values.yaml"))[0],
+                              sidecar_design("Service"))
+    assert code == 1
+    assert failures(lines) == [
+        "FAIL service ports: Service istio-ingressgateway: no port reaches :18180 (the LB's check port); targetPort "
+        "hc -> 'hc' names no container port of the pod"]
+
+
+# -- the WasmPlugin form in real Envoy: what verify.py says of it ---------------------------------
+def wasmplugin_form(tmp_path, tcp: dict | None = None, fetched: bool = True, base=None) -> list[dict]:
+    """The WasmPlugin form (file://) on an HTTP and a TCP listener; `fetched`
+    False: istio-agent's stand-in for the HTTP plugin."""
+    wp, tcp = load("wasmplugin/traffic.yaml"), tcp or load("wasmplugin/tcp.yaml")
+    plugins = [(wp, istio.wasmplugin_extension_config(wp, WASM) if fetched else istio.wasmplugin_fetch_failed(wp)),
+               (tcp, istio.wasmplugin_extension_config(tcp, WASM))]
+    base = base or [istio.gateway_listener(8080), istio.gateway_listener(15443, tcp=True)]
+    return _wasmplugin_gateway(tmp_path, load("wasmplugin/health-listener.yaml"), base, plugins)
+
+
+def test_shipped_wasmplugin_form_with_tcp_passes(start_gateway, tmp_path):
+    env = start_gateway(VERSION, wasmplugin_form(tmp_path))
+    code, lines = verify("--config-dump", "-", stdin=dump_of(env))
+    assert code == 0, lines
+    assert "PASS tcp filter: listener 0.0.0.0_15443: drain-gate TCP filter before tcp_proxy" in lines
+    assert "PASS vm_id: listener 0.0.0.0_15443: tcp vm_id '' = health" in lines
+
+
+def test_a_module_istio_agent_could_not_fetch_fails_naming_the_rbac_stand_in(start_gateway, tmp_path):
+    env = start_gateway(VERSION, wasmplugin_form(tmp_path, fetched=False), ready_path=None)
+    wait_for(lambda: accepts(env.ports.health), 30, what="health listener serving")
+    code, lines = verify("--config-dump", "-", stdin=dump_of(env))
+    name = istio.wasmplugin_resource_name(load("wasmplugin/traffic.yaml"))
+    assert code == 1
+    assert failures(lines) == [
+        "FAIL traffic filter: listener 0.0.0.0_8080: 0 drain-gate traffic filters before the router (want 1)",
+        f"FAIL wasmplugin module: listener 0.0.0.0_8080: ECDS filter {name} is an allow-all RBAC filter: istio-agent "
+        "could not fetch the module or its sha256 did not match, and put this in its place (it counts nothing)"]
+
+
+def test_network_wasmplugin_without_ports_fails_naming_the_http_chain(start_gateway, tmp_path):
+    unmatched = copy.deepcopy(load("wasmplugin/tcp.yaml"))
+    del unmatched["spec"]["match"]
+    env = start_gateway(VERSION, wasmplugin_form(tmp_path, unmatched))
+    code, lines = verify("--config-dump", "-", stdin=dump_of(env))
+    assert code == 1
+    assert failures(lines) == [
+        "FAIL tcp filter placement: listener 0.0.0.0_8080: a drain-gate TCP filter before the HTTP connection "
+        "manager: each keep-alive connection counts as in flight until it closes, so a drain waits for idle "
+        "connections (a WasmPlugin of type NETWORK needs match.ports: the TCP and passthrough ports only)"]
+
+
+def test_rotation_cluster_away_from_an_ipv6_admin_fails(start_gateway):
+    """Envoy's admin on ::1 only (an IPv6-only pod): the shipped health listener
+    passes through prometheus_stats; the cluster fixed at 127.0.0.1 fails, and
+    so does a name no cluster has."""
+    from tests.test_istio_envoy import FIXED_ADMIN_CLUSTER, patched
+    health = load("health-listener.yaml")
+    env = start_gateway(VERSION, envoyfilter_form(), clusters=[FIXED_ADMIN_CLUSTER], admin_address="::1")
+    code, lines = verify("--config-dump", "-", stdin=dump_of(env))
+    assert code == 0, lines
+    assert f"PASS rotation cluster: cluster prometheus_stats dials [::1]:{env.ports.admin} = Envoy's admin" in lines
+    for name, expected in (
+            ("drain_gate_envoy_admin", "FAIL rotation cluster: cluster drain_gate_envoy_admin dials "
+             "127.0.0.1:{port}, Envoy's admin listens on [::1]:{port}: the rotation at drain start fails "
+             "(rotate_connections: prometheus_stats, the bootstrap's own cluster to the admin, follows its address "
+             "and port)"),
+            ("no_such_cluster", "FAIL rotation cluster: rotate_connections names cluster 'no_such_cluster', which "
+             "Envoy does not have: a drain starts without rotating the keep-alive connections")):
+        listeners = istio.apply_envoyfilters([istio.gateway_listener(8080)], [
+            load("traffic-filter.yaml"), patched(health, rotate_connections=name)])
+        env = start_gateway(VERSION, listeners, clusters=[FIXED_ADMIN_CLUSTER], admin_address="::1")
+        code, lines = verify("--config-dump", "-", stdin=dump_of(env))
+        assert code == 1 and failures(lines) == [expected.format(port=env.ports.admin)], lines
+
+
+@pytest.mark.parametrize("fetched", [True, False], ids=["canary-fetched", "canary-fetch-failed"])
+def test_canary_pod_counts_twice_or_fails_naming_the_canary_stand_in(fetched, start_gateway, tmp_path, pulled_wasm):
+    """The canary pod: the fleet's filter and the canary's count each stream
+    (a warning, not a failure); if the canary's image was replaced by
+    istio-agent's stand-in, verify.py names it, though the pod still counts."""
+    from tests.test_istio_envoy import _canary_plugins
+    labels = {**istio.POD_LABELS, "drain-gate.io/canary": "true"}
+    env = start_gateway(VERSION, _wasmplugin_gateway(tmp_path, load("wasmplugin/health-listener.yaml"),
+                                                     [istio.gateway_listener(8080)],
+                                                     _canary_plugins(pulled_wasm, fetched), labels))
+    code, lines = verify("--config-dump", "-", stdin=dump_of(env))
+    if fetched:
+        assert code == 0, lines
+        assert "WARN traffic filter: listener 0.0.0.0_8080: 2 drain-gate traffic filters count each one that many " \
+               "times (a canary WasmPlugin beside the fleet's?)" in lines
+    else:
+        name = "extensions.istio.io/trafficextension/istio-system.drain-gate-traffic-canary~istio-translated-wasmplugin"
+        assert code == 1 and failures(lines) == [
+            f"FAIL wasmplugin module: listener 0.0.0.0_8080: ECDS filter {name} is an allow-all RBAC filter: "
+            "istio-agent could not fetch the module or its sha256 did not match, and put this in its place (it "
+            "counts nothing)"], lines

@@ -2,15 +2,18 @@
 """Preflight for drain-gate on an Istio gateway: reads what Envoy runs and what
 the kubelet will do, prints one line per check, exits 1 if any check fails.
 
-  # what the gateway's Envoy runs (admin /config_dump), from inside the pod:
-  kubectl -n istio-system exec deploy/istio-ingressgateway -c istio-proxy -- \\
-    curl -s localhost:15000/config_dump | python3 verify.py --config-dump -
+  # what the gateway's Envoy runs (admin /config_dump), pod by pod, through
+  # pilot-agent (curl is not in -distroless images):
+  kubectl -n istio-system exec POD -c istio-proxy -- pilot-agent request GET config_dump \\
+    | python3 verify.py --config-dump -
   # the WasmPlugin form: also Envoy's stats (an ECDS filter that never loaded)
-  kubectl -n istio-system exec deploy/istio-ingressgateway -c istio-proxy -- \\
-    curl -s localhost:15000/stats | python3 verify.py --stats -
-  # the pod spec the kubelet runs (a Pod, a Deployment, a List, or several
-  # JSON documents; JSON only — standard library — so convert YAML with kubectl):
-  kubectl -n istio-system get deploy istio-ingressgateway -o json | python3 verify.py --pod-spec -
+  kubectl -n istio-system exec POD -c istio-proxy -- pilot-agent request GET stats \\
+    | python3 verify.py --stats -
+  # the objects the kubelet and the API server act on (JSON only — standard
+  # library — so convert YAML with kubectl): the workload, and optionally its
+  # Service(s), PodDisruptionBudget(s), the Nodes and the injector's ConfigMap
+  kubectl -n istio-system get deploy/istio-ingressgateway svc/istio-ingressgateway pdb/drain-gate -o json \\
+    | python3 verify.py --pod-spec -
   helm template ... | kubectl annotate --local -f - -o json drain-gate.io/verify=render \\
     | python3 verify.py --pod-spec -
 
@@ -18,10 +21,16 @@ Envoy (--config-dump FILE|URL|-):
   * every HTTP listener but the health listener (and Istio's own 15021/15090)
     has the drain-gate traffic filter before its router, FAIL_OPEN;
   * every TCP or TLS-passthrough filter chain (tcp_proxy) has the drain-gate
-    TCP filter (role traffic_tcp) before tcp_proxy, FAIL_OPEN, the health vm_id;
+    TCP filter (role traffic_tcp) before tcp_proxy, FAIL_OPEN, the health vm_id,
+    inline (EnvoyFilter) or over ECDS (a WasmPlugin of type NETWORK); no HTTP
+    chain has one (it would count idle keep-alive connections);
+  * a WasmPlugin's ECDS filter that istio-agent replaced by an RBAC stand-in (a
+    module it could not fetch, or whose sha256 differs) is named as the cause;
   * the health listener on --health-port exists, its drain-gate filter is
     FAIL_CLOSED and its routes end in a catch-all 503;
   * traffic and health filters share one vm_id (shared data is per vm_id);
+  * the cluster rotate_connections names exists and dials the address and port
+    Envoy's admin listens on (the bootstrap's);
   * no listener update was rejected (a wasm that cannot load makes Envoy refuse
     the whole update, whatever the failure policy).
 Envoy (--stats FILE|URL, admin /stats, optional): every ECDS filter (the
@@ -29,14 +38,28 @@ Envoy (--stats FILE|URL, admin /stats, optional): every ECDS filter (the
   ECDS filter as received even when Envoy refused it; a filter that never
   loaded answers 500 to every request of its listeners.
 Pod (--pod-spec FILE|-), container istio-proxy:
-  * a preStop hook; a readiness probe on --health-port; no liveness probe on it;
+  * the pods carry the label the EnvoyFilters select (--pod-selector) and
+    istio-proxy mounts the module where they load it (--wasm-path);
+  * a preStop hook that is drain-gate's (curl POST /drain?wait=closed, or
+    httpGet /prestop), a readiness probe on --health-port, no liveness probe
+    on it, and no other container claiming that port (the sidecar design's hc);
+  * with the injector's ConfigMap (istio-sidecar-injector[-REV]) given: the
+    mesh's global.proxy.lifecycle does not merge a second handler into a hook
+    (the API server refuses such a pod);
+  * a nodeSelector or required nodeAffinity pins the pods to the LB's nodes;
+    with Nodes given, exactly one fitting node per replica, and with
+    --lb-nodes, exactly the LB's servers;
   * terminationGracePeriodSeconds >= drain_timeout + the longest CLOSING
     + 5 s hold margin + terminationDrainDuration + 5 s spare; curl's --max-time
     of an exec preStop between the hold and the grace period;
   * no rollout that deadlocks: one pod per node enforced by required
     anti-affinity with maxUnavailable 0 leaves the surge pod no node (a
     DoNotSchedule topology spread on the hostname, the Gateway API form's, is
-    one pod per node without that deadlock).
+    one pod per node without that deadlock);
+  * every Service and PodDisruptionBudget given selects the pods (a selector
+    key the pod template lacks selects nothing), a Service reaches the health
+    port, names only ports the pod has, and keeps externalTrafficPolicy Local;
+    no pod is under two PodDisruptionBudgets.
 The timings come from the health filter's configuration in the config dump,
 else from --plugin-config JSON, else drain-gate's defaults.
 
@@ -57,8 +80,19 @@ HCM_TYPE = ("type.googleapis.com/envoy.extensions.filters.network.http_connectio
 ROUTER_TYPE = "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"
 NETWORK_WASM_TYPE = "type.googleapis.com/envoy.extensions.filters.network.wasm.v3.Wasm"
 TCP_PROXY_TYPE = "type.googleapis.com/envoy.extensions.filters.network.tcp_proxy.v3.TcpProxy"
+# What istio-agent hands Envoy instead of a WasmPlugin's module when it cannot
+# fetch it or its sha256 does not match (pkg/wasm/convert.go): an allow-all
+# RBAC filter under FAIL_OPEN, a deny-all one otherwise, under the same name.
+RBAC_TYPES = ("type.googleapis.com/envoy.extensions.filters.http.rbac.v3.RBAC",
+              "type.googleapis.com/envoy.extensions.filters.network.rbac.v3.RBAC")
+ISTIO_RBAC_STAND_INS = {"wasm-default-allow": "an allow-all", "wasm-default-deny": "a deny-all"}
 ISTIO_OWN_PORTS = (15021, 15090)
 DEFAULTS = {"drain_timeout": "120s", "lb_buffer": "10s", "close_after": "lb_buffer", "lb_down_timeout": "60s"}
+# drain-gate's own default for rotate_connections (src/rotation.rs).
+DEFAULT_ROTATION_CLUSTER = "drain_gate_envoy_admin"
+# The drain-gate chart's podSelector and wasm.path (envoyfilter/chart/values.yaml).
+DEFAULT_SELECTOR = ("drain-gate.io/enabled", "true")
+WASM_PATH = "/etc/drain-gate/drain_gate.wasm"
 HOLD_MARGIN_S = 5
 SPARE_S = 5
 
@@ -183,11 +217,27 @@ def hcms(listener: dict):
                 yield f["typed_config"]
 
 
+def typed_config(f: dict, ecds: dict) -> dict:
+    """A filter's configuration: inline, or (ECDS, the WasmPlugin form) the one Envoy received by name."""
+    return f.get("typed_config") or (ecds.get(f.get("name")) if "config_discovery" in f else None) or {}
+
+
+def check_stand_ins(report: Report, where: str, filters: list[dict], ecds: dict) -> None:
+    """A WasmPlugin's ECDS filter that holds istio-agent's RBAC stand-in instead of the module."""
+    for f in filters:
+        typed = typed_config(f, ecds)
+        prefix = typed.get("rules_stat_prefix") or typed.get("stat_prefix")
+        if "config_discovery" in f and typed.get("@type") in RBAC_TYPES and prefix in ISTIO_RBAC_STAND_INS:
+            report.check(False, "wasmplugin module", f"{where}: ECDS filter {f.get('name')} is "
+                         f"{ISTIO_RBAC_STAND_INS[prefix]} RBAC filter: istio-agent could not fetch the module or its "
+                         "sha256 did not match, and put this in its place (it counts nothing)")
+
+
 def drain_gate_filters(hcm: dict, ecds: dict) -> list[tuple[int, dict, str]]:
     """(position, wasm PluginConfig, role) of each drain-gate filter of an HCM."""
     found = []
     for i, f in enumerate(hcm.get("http_filters", [])):
-        typed = f.get("typed_config") or (ecds.get(f.get("name")) if "config_discovery" in f else None) or {}
+        typed = typed_config(f, ecds)
         if typed.get("@type") != WASM_TYPE:
             continue
         plugin = typed.get("config", {})
@@ -264,40 +314,62 @@ def check_traffic(report: Report, all_listeners, health_port: int, ecds: dict, v
             traffic = [(i, p) for i, p, role in drain_gate_filters(hcm, ecds) if role == "traffic"]
             before = [p for i, p in traffic if router is not None and i < router]
             check_counting_filter(report, before, f"listener {name}", ("traffic", "traffic", "the router"), vm_id)
+            check_stand_ins(report, f"listener {name}", hcm.get("http_filters", []), ecds)
     return seen
 
 
 def check_counting_filter(report: Report, found: list[dict], where: str, kind: tuple[str, str, str], vm_id) -> None:
-    """Exactly one drain-gate counting filter (`found`) before its anchor, FAIL_OPEN, in
-    the health role's vm_id. `kind`: (check name, what the filter is called, the anchor)."""
+    """At least one drain-gate counting filter (`found`) before its anchor, each
+    FAIL_OPEN, in the health role's vm_id. `kind`: (check name, what the filter
+    is called, the anchor). More than one (a canary WasmPlugin beside the
+    fleet's) counts each stream that many times: the flip still comes at zero."""
     check, called, anchor = kind
-    if not report.check(len(found) == 1, f"{check} filter", f"{where}: " + (
+    if not report.check(bool(found), f"{check} filter", f"{where}: " + (
             f"drain-gate {called} filter before {anchor}" if len(found) == 1 else
-            f"{len(found)} drain-gate {called} filters before {anchor} (want 1)")):
+            f"{len(found)} drain-gate {called} filters before {anchor}" if found else
+            f"0 drain-gate {called} filters before {anchor} (want 1)")):
         return
-    report.check(policy(found[0]) == "FAIL_OPEN", f"{check} failure_policy",
-                 f"{where}: {policy(found[0])} (want FAIL_OPEN)")
-    got = (found[0].get("vm_config") or {}).get("vm_id", "")
-    if vm_id is not None:
-        report.check(got == vm_id, "vm_id", f"{where}: {check} vm_id {got!r}"
-                     + (" = health" if got == vm_id else f" != health vm_id {vm_id!r}"))
+    if len(found) > 1:
+        report.warn(f"{check} filter", f"{where}: {len(found)} drain-gate {called} filters count each one "
+                    "that many times (a canary WasmPlugin beside the fleet's?)")
+    for plugin in found:
+        report.check(policy(plugin) == "FAIL_OPEN", f"{check} failure_policy",
+                     f"{where}: {policy(plugin)} (want FAIL_OPEN)")
+        got = (plugin.get("vm_config") or {}).get("vm_id", "")
+        if vm_id is not None:
+            report.check(got == vm_id, "vm_id", f"{where}: {check} vm_id {got!r}"
+                         + (" = health" if got == vm_id else f" != health vm_id {vm_id!r}"))
 
 
-def check_tcp(report: Report, all_listeners, health_port: int, vm_id) -> None:
-    """Checks every filter chain that ends in tcp_proxy (TCP and TLS-passthrough servers)."""
+def tcp_roles(filters: list[dict], ecds: dict) -> list[dict]:
+    """The drain-gate TCP (traffic_tcp) PluginConfigs among network filters, inline or ECDS."""
+    return [typed_config(f, ecds).get("config", {}) for f in filters
+            if typed_config(f, ecds).get("@type") == NETWORK_WASM_TYPE
+            and role_of(typed_config(f, ecds).get("config", {})) == "traffic_tcp"]
+
+
+def check_tcp(report: Report, all_listeners, health_port: int, ecds: dict, vm_id) -> None:
+    """Checks every filter chain that ends in tcp_proxy (TCP and TLS-passthrough
+    servers), and that no HTTP chain counts its connections."""
     for listener, _ in all_listeners:
         port, name = port_of(listener), listener.get("name")
         if port == health_port or port in ISTIO_OWN_PORTS:
             continue
         for chain in filter_chains(listener):
-            filters = [f.get("typed_config") or {} for f in chain.get("filters", [])]
-            at = next((i for i, t in enumerate(filters) if t.get("@type") == TCP_PROXY_TYPE), None)
-            if at is None:
-                continue
+            filters = chain.get("filters", [])
+            types = [typed_config(f, ecds).get("@type") for f in filters]
             where = f"listener {name}" + (f" chain {chain['name']}" if chain.get("name") else "")
-            tcp = [t.get("config", {}) for t in filters[:at]
-                   if t.get("@type") == NETWORK_WASM_TYPE and role_of(t.get("config", {})) == "traffic_tcp"]
-            check_counting_filter(report, tcp, where, ("tcp", "TCP", "tcp_proxy"), vm_id)
+            if HCM_TYPE in types:
+                if tcp_roles(filters[:types.index(HCM_TYPE)], ecds):
+                    report.check(False, "tcp filter placement", f"{where}: a drain-gate TCP filter before the "
+                                 "HTTP connection manager: each keep-alive connection counts as in flight until it "
+                                 "closes, so a drain waits for idle connections (a WasmPlugin of type NETWORK "
+                                 "needs match.ports: the TCP and passthrough ports only)")
+            if TCP_PROXY_TYPE not in types:
+                continue
+            at = types.index(TCP_PROXY_TYPE)
+            check_counting_filter(report, tcp_roles(filters[:at], ecds), where, ("tcp", "TCP", "tcp_proxy"), vm_id)
+            check_stand_ins(report, where, filters[:at], ecds)
 
 
 def verify_config_dump(report: Report, dump: dict, health_port: int) -> dict | None:
@@ -314,14 +386,65 @@ def verify_config_dump(report: Report, dump: dict, health_port: int) -> dict | N
     health = check_health(report, all_listeners, health_port, ecds, routes)
     vm_id = (health.get("vm_config") or {}).get("vm_id", "") if health else None
     seen = check_traffic(report, all_listeners, health_port, ecds, vm_id)
-    check_tcp(report, all_listeners, health_port, vm_id)
+    check_tcp(report, all_listeners, health_port, ecds, vm_id)
     report.check(seen > 0, "traffic listeners", f"{seen} HTTP listener(s) besides the health listener")
     if not health:
         return None
     try:
-        return json.loads(health["configuration"]["value"])
+        config = json.loads(health["configuration"]["value"])
     except (KeyError, json.JSONDecodeError):
-        return {}
+        config = {}
+    check_rotation(report, dump, config)
+    return config
+
+
+def clusters(dump: dict) -> dict[str, dict]:
+    out = {}
+    for config in dump.get("configs", []):
+        if config.get("@type", "").endswith("ClustersConfigDump"):
+            for c in config.get("static_clusters", []) + config.get("dynamic_active_clusters", []):
+                out[c["cluster"]["name"]] = c["cluster"]
+    return out
+
+
+def bootstrap_admin(dump: dict) -> tuple[str, int] | None:
+    for config in dump.get("configs", []):
+        if config.get("@type", "").endswith("BootstrapConfigDump"):
+            addr = ((config.get("bootstrap", {}).get("admin") or {}).get("address") or {}).get("socket_address")
+            if addr:
+                return addr.get("address"), addr.get("port_value")
+    return None
+
+
+def host_port(address: str, port) -> str:
+    return f"[{address}]:{port}" if ":" in str(address) else f"{address}:{port}"
+
+
+def check_rotation(report: Report, dump: dict, config: dict) -> None:
+    """The cluster the health role rotates connections through (rotate_connections)
+    dials the address and port Envoy's admin listens on (Istio binds it to ::1 in
+    IPv6-only pods and lets proxyAdminPort move it)."""
+    name = config.get("rotate_connections", DEFAULT_ROTATION_CLUSTER)
+    if name is False:
+        return
+    name = DEFAULT_ROTATION_CLUSTER if name is True else name
+    admin, cluster = bootstrap_admin(dump), clusters(dump).get(name)
+    if cluster is None:
+        report.check(False, "rotation cluster", f"rotate_connections names cluster {name!r}, which Envoy does not "
+                     "have: a drain starts without rotating the keep-alive connections")
+        return
+    dials = [host_port(a["address"], a.get("port_value")) for group in
+             (cluster.get("load_assignment") or {}).get("endpoints", []) for ep in group.get("lb_endpoints", [])
+             for a in [(ep.get("endpoint") or {}).get("address", {}).get("socket_address") or {}] if a]
+    if admin is None:
+        report.warn("rotation cluster", f"cluster {name} dials {', '.join(dials)}; the dump has no bootstrap to "
+                    "compare Envoy's admin address with")
+        return
+    want = host_port(*admin)
+    report.check(dials == [want], "rotation cluster", f"cluster {name} dials {', '.join(dials) or 'nothing'}"
+                 + (" = Envoy's admin" if dials == [want] else f", Envoy's admin listens on {want}: the rotation "
+                    "at drain start fails (rotate_connections: prometheus_stats, the bootstrap's own cluster to "
+                    "the admin, follows its address and port)"))
 
 
 def verify_stats(report: Report, text: str) -> None:
@@ -346,17 +469,27 @@ def verify_stats(report: Report, text: str) -> None:
 
 
 # -- the pod spec -----------------------------------------------------------------------------
-def workloads(docs: list) -> list[dict]:
-    """Every Pod / Deployment / DaemonSet / StatefulSet in the documents (Lists opened)."""
+WORKLOAD_KINDS = ("Pod", "Deployment", "DaemonSet", "StatefulSet")
+INJECTOR = "istio-sidecar-injector"
+HANDLERS = ("exec", "httpGet", "tcpSocket", "sleep")
+
+
+def kinds(docs: list, wanted: tuple[str, ...]) -> list[dict]:
+    """Every object of the `wanted` kinds in the documents (Lists opened)."""
     out = []
     for doc in docs:
         if not isinstance(doc, dict):
             continue
         if doc.get("kind", "").endswith("List"):
-            out += workloads(doc.get("items", []))
-        elif doc.get("kind") in ("Pod", "Deployment", "DaemonSet", "StatefulSet"):
+            out += kinds(doc.get("items", []), wanted)
+        elif doc.get("kind") in wanted:
             out.append(doc)
     return out
+
+
+def workloads(docs: list) -> list[dict]:
+    """Every Pod / Deployment / DaemonSet / StatefulSet in the documents (Lists opened)."""
+    return kinds(docs, WORKLOAD_KINDS)
 
 
 def pod_spec(workload: dict) -> dict:
@@ -364,10 +497,25 @@ def pod_spec(workload: dict) -> dict:
     return spec if workload["kind"] == "Pod" else spec.get("template", {}).get("spec", {})
 
 
-def pod_annotations(workload: dict) -> dict:
-    meta = workload.get("metadata", {}) if workload["kind"] == "Pod" else \
+def pod_meta(workload: dict) -> dict:
+    return workload.get("metadata", {}) if workload["kind"] == "Pod" else \
         workload.get("spec", {}).get("template", {}).get("metadata", {})
-    return meta.get("annotations") or {}
+
+
+def pod_annotations(workload: dict) -> dict:
+    return pod_meta(workload).get("annotations") or {}
+
+
+def pod_labels(workload: dict) -> dict:
+    return pod_meta(workload).get("labels") or {}
+
+
+def name_of(obj: dict) -> str:
+    return f"{obj['kind']} {obj.get('metadata', {}).get('name')}"
+
+
+def labels_text(labels: dict) -> str:
+    return ", ".join(f"{k}={v}" for k, v in sorted(labels.items())) or "none"
 
 
 def probe_port(probe: dict, container: dict):
@@ -394,10 +542,35 @@ def timings(config: dict) -> tuple[float, float]:
     return duration_s(c["drain_timeout"]), closing
 
 
+def handlers(hook: dict | None) -> list[str]:
+    """The handler types a lifecycle hook sets (the API server accepts exactly one)."""
+    return [h for h in HANDLERS if (hook or {}).get(h) is not None]
+
+
+def is_drain_gate_prestop(pre: dict, health_port: int) -> bool:
+    """curl POST :<health>/drain?wait=closed (exec) or GET /prestop on the health port (httpGet)."""
+    command = " ".join(str(a) for a in ((pre.get("exec") or {}).get("command") or []))
+    get = pre.get("httpGet") or {}
+    return bool(re.search(rf":{health_port}/drain\?wait=closed\b", command)) or (
+        get.get("path") == "/prestop" and get.get("port") == health_port)
+
+
+def hook_text(pre: dict) -> str:
+    if pre.get("exec"):
+        return "exec " + " ".join(str(a) for a in pre["exec"].get("command") or [])
+    return ", ".join(f"{h} {json.dumps(pre[h], sort_keys=True)}" for h in handlers(pre)) or "empty"
+
+
 def check_hook_and_probes(report: Report, name: str, proxy: dict, health_port: int) -> None:
     pre = (proxy.get("lifecycle") or {}).get("preStop")
-    report.check(bool(pre), "preStop", f"{name}: " + (f"{', '.join(sorted(pre))} hook" if pre else
-                                                      "container istio-proxy has no lifecycle.preStop"))
+    if report.check(bool(pre), "preStop", f"{name}: " + (f"{', '.join(handlers(pre))} hook" if pre else
+                                                         "container istio-proxy has no lifecycle.preStop")):
+        ours = is_drain_gate_prestop(pre, health_port)
+        report.check(ours, "drain-gate preStop", f"{name}: " + (
+            "the hook drains through drain-gate" if ours else
+            f"istio-proxy's preStop is {hook_text(pre)!r}, not drain-gate's (curl POST "
+            f":{health_port}/drain?wait=closed, or httpGet /prestop): an old drain script (the sidecar "
+            "design's drain.sh) still runs instead of drain-gate's drain"))
     ready = probe_port(proxy.get("readinessProbe"), proxy)
     report.check(ready == health_port, "readiness", f"{name}: readinessProbe port {ready} "
                  f"(want httpGet :{health_port})")
@@ -406,8 +579,231 @@ def check_hook_and_probes(report: Report, name: str, proxy: dict, health_port: i
                     "whose health listener is missing or rejected (envoyfilter/README.md)")
 
 
+def check_health_port_owner(report: Report, name: str, spec: dict, health_port: int) -> None:
+    """No container but istio-proxy claims the health port (a port, a host port, a probe)."""
+    others = []
+    for c in (spec.get("containers") or []) + (spec.get("initContainers") or []):
+        if c.get("name") == "istio-proxy":
+            continue
+        claims = [f"containerPort {health_port}" for p in c.get("ports") or []
+                  if health_port in (p.get("containerPort"), p.get("hostPort"))]
+        claims += [f"{probe} on :{health_port}" for probe in ("readinessProbe", "livenessProbe", "startupProbe")
+                   if probe_port(c.get(probe), c) == health_port]
+        if claims:
+            others.append(f"container {c.get('name')} ({', '.join(claims)})")
+    report.check(not others, "health port", f"{name}: " + (
+        f"only istio-proxy claims :{health_port}" if not others else
+        f"{'; '.join(others)} also claims :{health_port}: drain-gate's health listener cannot bind it, or "
+        "the other container answers the LB and the kubelet instead of drain-gate (remove it: "
+        "envoyfilter/kubernetes/migrate-from-sidecar-design.yaml)"))
+
+
+def check_selected(report: Report, name: str, workload: dict, selector: dict) -> None:
+    labels = pod_labels(workload)
+    missing = {k: v for k, v in selector.items() if labels.get(k) != v}
+    report.check(not missing, "drain-gate label", f"{name}: " + (
+        f"pods labelled {labels_text(selector)}" if not missing else
+        f"pods lack {labels_text(missing)}, the label the EnvoyFilters select: no :18180 listener is added, "
+        "the :18180 readiness probe never passes and the rollout stops"))
+
+
+def check_mount(report: Report, name: str, spec: dict, proxy: dict, wasm_path: str) -> None:
+    mount = next((m for m in proxy.get("volumeMounts") or [] if m.get("mountPath") == wasm_path), None)
+    volume = mount and next((v for v in spec.get("volumes") or [] if v.get("name") == mount.get("name")), None)
+    if mount is None:
+        detail = (f"istio-proxy mounts nothing at {wasm_path}: every drain-gate filter there fails to load, and "
+                  "Envoy refuses the listener update that carries it")
+    elif volume is None:
+        detail = f"istio-proxy mounts volume {mount.get('name')!r} at {wasm_path}, and the pod has no such volume"
+    else:
+        source = next((k for k in volume if k != "name"), "?")
+        ref = (volume.get("configMap") or {}).get("name")
+        detail = f"{wasm_path} from {source}{' ' + ref if ref else ''}" + (
+            f", key {mount['subPath']}" if mount.get("subPath") else "")
+    report.check(bool(mount and volume), "wasm mount", f"{name}: {detail}")
+    if mount and volume and not mount.get("subPath"):
+        report.warn("wasm mount", f"{name}: no subPath: a ConfigMap update changes the file under running "
+                    "Envoys, so the roles of one pod may load two builds")
+
+
+def node_terms(spec: dict) -> list[dict]:
+    return ((((spec.get("affinity") or {}).get("nodeAffinity") or {})
+             .get("requiredDuringSchedulingIgnoredDuringExecution") or {}).get("nodeSelectorTerms") or [])
+
+
+def expression_holds(expr: dict, values: dict) -> bool:
+    key, op, want = expr.get("key"), expr.get("operator"), expr.get("values") or []
+    have = values.get(key)
+    if op == "In":
+        return have in want
+    if op == "NotIn":
+        return have not in want
+    if op == "Exists":
+        return key in values
+    if op == "DoesNotExist":
+        return key not in values
+    if op in ("Gt", "Lt") and have is not None and want:
+        try:
+            return int(have) > int(want[0]) if op == "Gt" else int(have) < int(want[0])
+        except ValueError:
+            return False
+    return False
+
+
+def node_fits(node: dict, spec: dict) -> bool:
+    """The scheduler's nodeSelector and required nodeAffinity filters (taints aside)."""
+    labels = node.get("metadata", {}).get("labels") or {}
+    if any(labels.get(k) != v for k, v in (spec.get("nodeSelector") or {}).items()):
+        return False
+    terms = node_terms(spec)
+    fields = {"metadata.name": node.get("metadata", {}).get("name")}
+    return not terms or any(
+        all(expression_holds(e, labels) for e in t.get("matchExpressions") or []) and
+        all(expression_holds(e, fields) for e in t.get("matchFields") or []) for t in terms)
+
+
+def node_addresses(node: dict) -> set[str]:
+    return {a.get("address") for a in (node.get("status") or {}).get("addresses") or []} | \
+        {node.get("metadata", {}).get("name")}
+
+
+def check_lb_nodes(report: Report, workload: dict, docs: list, lb_nodes: list[str]) -> None:
+    """The pods are pinned to the nodes the LB sends to; with the Nodes given,
+    exactly those nodes match, one per replica."""
+    name, spec = name_of(workload), pod_spec(workload)
+    selector, terms = spec.get("nodeSelector") or {}, node_terms(spec)
+    how = (f"nodeSelector {labels_text(selector)}" if selector else
+           f"required nodeAffinity ({len(terms)} term(s))" if terms else "")
+    if not report.check(bool(how), "LB nodes", f"{name}: " + (f"pinned by {how}" if how else
+                        "no nodeSelector or required nodeAffinity: a pod (a replacement in a rollout or a node "
+                        "drain included) can land on a node the LB does not send to, and with "
+                        "externalTrafficPolicy Local the LB node left without a pod drops its NodePort traffic")):
+        return
+    nodes = kinds(docs, ("Node",))
+    if not nodes:
+        return
+    fit = [n for n in nodes if node_fits(n, spec)]
+    names = ", ".join(sorted(n["metadata"]["name"] for n in fit)) or "none"
+    replicas = workload.get("spec", {}).get("replicas", 1) if workload["kind"] in ("Deployment", "StatefulSet") \
+        else len(fit)
+    spare = len(fit) > replicas and one_per_node(workload)
+    report.check(len(fit) == replicas or spare, "LB nodes", f"{name}: {len(fit)} of {len(nodes)} nodes given fit "
+                 f"({names}), replicas {replicas}" + ("" if len(fit) == replicas else (
+                     ": a pod finds no node and stays Pending, and the LB node it should serve has none"
+                     if len(fit) < replicas else
+                     f"; {len(fit) - replicas} fitting node(s) without a pod fail the LB's check (DOWN): room for "
+                     "a surge pod" if spare else
+                     ": a fitting node may be left without a pod while another gets two")))
+    if lb_nodes:
+        unknown = [a for a in lb_nodes if not any(a in node_addresses(n) for n in fit)]
+        extra = [n["metadata"]["name"] for n in fit if not node_addresses(n) & set(lb_nodes)]
+        report.check(not unknown and not extra, "LB nodes", f"{name}: the LB's servers {', '.join(lb_nodes)}" + (
+            " are the nodes the pods fit" if not unknown and not extra else
+            "".join([f"; no fitting node has {', '.join(unknown)} (the LB sends there, no gateway pod can run "
+                     "there)" if unknown else "",
+                     f"; {', '.join(extra)} fit but the LB does not send to them" if extra else ""])))
+
+
+def injectors(docs: list) -> list[dict]:
+    return [cm for cm in kinds(docs, ("ConfigMap",))
+            if cm.get("metadata", {}).get("name", "").startswith(INJECTOR) and "values" in (cm.get("data") or {})]
+
+
+def check_mesh_lifecycle(report: Report, name: str, workload: dict, proxy: dict, docs: list) -> None:
+    """What the injector does to istio-proxy's hooks: the gateway template sets
+    global.proxy.lifecycle, and the pod's container is merged onto it (strategic
+    merge: a hook's handler types add up; the API server takes exactly one)."""
+    if "false" in (pod_labels(workload).get("sidecar.istio.io/inject"), pod_annotations(workload).get(
+            "sidecar.istio.io/inject")):
+        return  # not injected (a Gateway API pod: istiod renders istio-proxy, the ConfigMap's patch merges at render)
+    rev = pod_labels(workload).get("istio.io/rev", "default")
+    wanted = INJECTOR if rev == "default" else f"{INJECTOR}-{rev}"
+    for cm in injectors(docs):
+        if cm["metadata"]["name"] != wanted:
+            continue
+        try:
+            values = json.loads(cm["data"]["values"])
+        except json.JSONDecodeError:
+            report.warn("mesh lifecycle", f"ConfigMap {wanted}: data.values is not JSON")
+            continue
+        mesh = (((values.get("global") or {}).get("proxy") or {}).get("lifecycle")) or {}
+        ours = proxy.get("lifecycle") or {}
+        for hook in ("preStop", "postStart"):
+            theirs, mine = handlers(mesh.get(hook)), handlers(ours.get(hook))
+            merged = sorted(set(theirs) | set(mine), key=HANDLERS.index)
+            if not theirs:
+                continue
+            report.check(len(merged) <= 1, "mesh lifecycle", f"{name}: ConfigMap {wanted} sets "
+                         f"global.proxy.lifecycle.{hook} ({', '.join(theirs)})" + (
+                             f"; the pod's {', '.join(mine) or 'none'} replaces it" if len(merged) <= 1 else
+                             f" and the pod's {hook} is {', '.join(mine)}: the injector merges them into one hook "
+                             f"with {' and '.join(merged)} and the API server refuses the pod (\"may not specify "
+                             "more than 1 handler type\"); remove the hook from the mesh's global.proxy.lifecycle, "
+                             "or inject the gateway from a revision without it"))
+
+
+def selects(selector: dict, workload: dict, namespace: str | None) -> bool:
+    ns = workload.get("metadata", {}).get("namespace")
+    same_ns = namespace is None or ns is None or ns == namespace
+    labels = pod_labels(workload)
+    return same_ns and bool(selector) and all(labels.get(k) == v for k, v in selector.items())
+
+
+def service_ports(service: dict, workload: dict, health_port: int) -> tuple[bool, list[str]]:
+    """(a port reaches the health port, named targetPorts no container port has)."""
+    named = {p.get("name"): p.get("containerPort") for c in pod_spec(workload).get("containers") or []
+             for p in c.get("ports") or [] if p.get("name")}
+    reaches, unresolved = False, []
+    for p in service.get("spec", {}).get("ports") or []:
+        target = p.get("targetPort", p.get("port"))
+        if isinstance(target, str) and target not in named:
+            unresolved.append(f"{p.get('name') or p.get('port')} -> {target!r}")
+        elif named.get(target, target) == health_port:
+            reaches = True
+    return reaches, unresolved
+
+
+def check_selectors(report: Report, docs: list, found: list[dict], health_port: int) -> None:
+    """The Services and PodDisruptionBudgets given select the gateway's pods
+    (the label-key trap: a selector key the pod template does not carry)."""
+    pods = ", ".join(f"{name_of(w)} ({labels_text(pod_labels(w))})" for w in found)
+    for svc in kinds(docs, ("Service",)):
+        selector = svc.get("spec", {}).get("selector") or {}
+        hits = [w for w in found if selects(selector, w, svc.get("metadata", {}).get("namespace"))]
+        if not report.check(bool(hits), "service selector", f"{name_of(svc)}: " + (
+                f"selects {', '.join(name_of(w) for w in hits)} ({labels_text(selector)})" if hits else
+                f"selects {labels_text(selector)}, which no pod given carries ({pods}): no endpoints, every LB "
+                "check and request to its NodePorts fails")):
+            continue
+        reaches, unresolved = service_ports(svc, hits[0], health_port)
+        spec = svc["spec"]
+        report.check(reaches and not unresolved, "service ports", f"{name_of(svc)}: " + (
+            f"a port reaches :{health_port}" if reaches and not unresolved else "; ".join(
+                ([f"no port reaches :{health_port} (the LB's check port)"] if not reaches else []) +
+                [f"targetPort {u} names no container port of the pod" for u in unresolved])))
+        if spec.get("type") in ("NodePort", "LoadBalancer"):
+            local = spec.get("externalTrafficPolicy") == "Local"
+            report.check(local, "externalTrafficPolicy", f"{name_of(svc)}: {spec.get('externalTrafficPolicy', 'Cluster')}"
+                         + ("" if local else ": kube-proxy forwards a node's checks and traffic to pods on other "
+                            "nodes; the LB reads the wrong pod's drain state (want Local)"))
+    pdbs = kinds(docs, ("PodDisruptionBudget",))
+    for pdb in pdbs:
+        selector = ((pdb.get("spec") or {}).get("selector") or {}).get("matchLabels") or {}
+        hits = [w for w in found if selects(selector, w, pdb.get("metadata", {}).get("namespace"))]
+        report.check(bool(hits), "pdb selector", f"{name_of(pdb)}: " + (
+            f"covers {', '.join(name_of(w) for w in hits)} ({labels_text(selector)})" if hits else
+            f"selects {labels_text(selector)}, which no pod given carries ({pods}): node drains evict every "
+            "gateway pod at once"))
+    for w in found:
+        over = [name_of(p) for p in pdbs if selects(((p.get("spec") or {}).get("selector") or {}).get(
+            "matchLabels") or {}, w, p.get("metadata", {}).get("namespace"))]
+        if len(over) > 1:
+            report.check(False, "pdb selector", f"{name_of(w)}: {len(over)} PodDisruptionBudgets cover its pods "
+                         f"({', '.join(over)}): the eviction API refuses a pod under two, every node drain stalls")
+
+
 def check_grace(report: Report, workload: dict, config: dict) -> None:
-    name = f"{workload['kind']} {workload.get('metadata', {}).get('name')}"
+    name = name_of(workload)
     spec = pod_spec(workload)
     grace = spec.get("terminationGracePeriodSeconds", 30)
     drain, closing = timings(config)
@@ -433,10 +829,20 @@ def resolve(value, replicas: int, round_up: bool) -> int:
     return int(value)
 
 
+def one_per_node(workload: dict) -> bool:
+    """A required pod anti-affinity on the hostname, or a DoNotSchedule spread on it with maxSkew 1."""
+    pod = pod_spec(workload)
+    required = ((pod.get("affinity") or {}).get("podAntiAffinity") or {}).get(
+        "requiredDuringSchedulingIgnoredDuringExecution") or []
+    return any(t.get("topologyKey") == "kubernetes.io/hostname" for t in required) or any(
+        t.get("topologyKey") == "kubernetes.io/hostname" and t.get("whenUnsatisfiable") == "DoNotSchedule"
+        and t.get("maxSkew") == 1 for t in pod.get("topologySpreadConstraints") or [])
+
+
 def check_rollout(report: Report, workload: dict) -> None:
     if workload["kind"] != "Deployment":
         return
-    name = f"Deployment {workload.get('metadata', {}).get('name')}"
+    name = name_of(workload)
     spec = workload.get("spec", {})
     pod = pod_spec(workload)
     required = ((pod.get("affinity") or {}).get("podAntiAffinity") or {}).get(
@@ -461,19 +867,33 @@ def check_rollout(report: Report, workload: dict) -> None:
                      "(use maxSurge 0, maxUnavailable 1)" if surge > 0 and unavailable == 0 else ""))
 
 
-def verify_pod_spec(report: Report, docs: list, config: dict, health_port: int) -> None:
+def verify_pod_spec(report: Report, docs: list, config: dict, health_port: int, selector: dict,
+                    wasm_path: str, lb_nodes: list[str] = ()) -> None:
     found = workloads(docs)
     if not report.check(bool(found), "pod spec", f"{len(found)} Pod/Deployment/DaemonSet/StatefulSet"):
         return
     for workload in found:
-        name = f"{workload['kind']} {workload.get('metadata', {}).get('name')}"
-        proxy = next((c for c in pod_spec(workload).get("containers", []) if c.get("name") == "istio-proxy"), None)
+        name, spec = name_of(workload), pod_spec(workload)
+        proxy = next((c for c in spec.get("containers", []) if c.get("name") == "istio-proxy"), None)
         if not report.check(proxy is not None, "istio-proxy", f"{name}: " + (
                 "container istio-proxy" if proxy else "no container istio-proxy")):
             continue
+        check_selected(report, name, workload, selector)
+        check_mount(report, name, spec, proxy, wasm_path)
         check_hook_and_probes(report, name, proxy, health_port)
+        check_health_port_owner(report, name, spec, health_port)
+        check_mesh_lifecycle(report, name, workload, proxy, docs)
+        check_lb_nodes(report, workload, docs, lb_nodes)
         check_grace(report, workload, config)
         check_rollout(report, workload)
+    check_selectors(report, docs, found, health_port)
+
+
+def label_pair(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"{text!r} is not KEY=VALUE")
+    return key, value
 
 
 # -- main ---------------------------------------------------------------------------------------
@@ -486,6 +906,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--plugin-config", metavar="JSON",
                     help="drain-gate configuration for the timings when no config dump is given")
     ap.add_argument("--health-port", type=int, default=18180)
+    ap.add_argument("--pod-selector", metavar="KEY=VALUE", type=label_pair, action="append",
+                    help=f"the label the EnvoyFilters select (repeatable; default {DEFAULT_SELECTOR[0]}="
+                         f"{DEFAULT_SELECTOR[1]}, the drain-gate chart's podSelector)")
+    ap.add_argument("--wasm-path", default=WASM_PATH, help=f"where the module is mounted (default {WASM_PATH})")
+    ap.add_argument("--lb-nodes", metavar="ADDR,ADDR", type=lambda t: [a for a in t.split(",") if a],
+                    help="the LB's servers (node addresses or names): with Nodes in --pod-spec, exactly the "
+                         "nodes the pods fit")
     args = ap.parse_args(argv)
     if not args.config_dump and not args.pod_spec and not args.stats:
         ap.error("give --config-dump, --stats, --pod-spec, or several")
@@ -499,7 +926,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.stats:
         verify_stats(report, read_source(args.stats))
     if args.pod_spec:
-        verify_pod_spec(report, json_documents(read_source(args.pod_spec)), config, args.health_port)
+        verify_pod_spec(report, json_documents(read_source(args.pod_spec)), config, args.health_port,
+                        dict(args.pod_selector or [DEFAULT_SELECTOR]), args.wasm_path, args.lb_nodes or [])
     print(f"{'FAILED' if report.failed else 'OK'}: {report.failed} check(s) failed")
     return 1 if report.failed else 0
 

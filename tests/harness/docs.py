@@ -1,6 +1,6 @@
 """The ```sh blocks of a README, run by bash as written, offline: stand-ins
 for `kubectl` and `helm` come first on PATH; `make`, `python3`, `sed`,
-`openssl`, `curl` run for real.
+`openssl`, `curl`, `haproxy` run for real.
 
 kubectl stand-in:
   * an offline form (`--dry-run=client`, `--local`) runs the real kubectl;
@@ -10,13 +10,19 @@ kubectl stand-in:
     would do:
       `apply [--server-side] -f F...`: kubectl decodes what it would send
         (`patch --local`), recorded (no other apply flag has an offline form);
-      `-n NS rollout status|restart TARGET`: recorded;
-      `exec ... curl ... localhost:15000/PATH`: the test's reply file PATH;
-      `get deploy NAME -o json`: the test's reply file `deployment`;
-      anything else: recorded, no output.
-helm stand-in: `upgrade --install` runs as `helm template` with the same
-arguments (`istio/gateway` is the chart in ../shared), its objects recorded;
-anything else runs the real helm.
+      `-n NS rollout status|restart|undo TARGET`: recorded;
+      `exec POD -c istio-proxy -- pilot-agent request GET PATH`: the test's reply file PATH
+        (`exec … curl` is refused: -distroless images have no curl);
+      `get RESOURCE... -o json|name`: the test's reply file named after what
+        is asked (`reply_name`), e.g. "get deploy istio-ingressgateway -o json";
+      anything else (label, patch, delete, …): recorded, no output.
+helm stand-in: a command naming `istio/gateway` must pin `--version` to the
+chart's version in ../shared (SOURCE.md: Istio 1.30.3), and then renders that
+chart; `upgrade --install` runs as `helm template` with the same arguments,
+its objects recorded; a command that needs a cluster (`rollback`, `history`,
+`uninstall`, `status`) runs against an address where nothing listens: it must
+fail on the connection, never on its arguments, and is recorded; anything
+else runs the real helm.
 """
 from __future__ import annotations
 
@@ -37,10 +43,12 @@ from tests.harness.envoy import REPO
 UNREACHABLE = ["--server=http://127.0.0.1:1", "--request-timeout=5s"]
 # What the helm stand-in says when a command needs the istio/gateway chart and ../shared is absent.
 NO_GATEWAY_CHART = "offline: the istio/gateway chart is absent"
+# The istio/gateway chart version every command pins (../shared/istio-gateway-chart/SOURCE.md).
+GATEWAY_CHART_VERSION = "1.30.3"
 
 STAND_INS = textwrap.dedent('''\
     import json, os, re, subprocess, sys
-    BIN, LOG, REPLIES, GATEWAY_CHART = {bin!r}, {log!r}, {replies!r}, {gateway_chart!r}
+    BIN, LOG, REPLIES, GATEWAY_CHART, CHART_VERSION = {bin!r}, {log!r}, {replies!r}, {gateway_chart!r}, {version!r}
     UNREACHABLE = {unreachable!r}
     NAME, args = os.path.basename(sys.argv[0]), sys.argv[1:]
     REAL = os.path.join(BIN, NAME)
@@ -56,7 +64,7 @@ STAND_INS = textwrap.dedent('''\
     def reply(name):
         path = os.path.join(REPLIES, name)
         if not os.path.exists(path):
-            sys.exit(f"no offline reply {{name!r}} for: kubectl {{' '.join(args)}}")
+            sys.exit(f"no offline reply {{name!r}} for: {{NAME}} {{' '.join(args)}}")
         sys.stdout.write(open(path).read())
 
     def helm():
@@ -64,7 +72,19 @@ STAND_INS = textwrap.dedent('''\
         if "istio/gateway" in argv:
             if not os.path.isdir(GATEWAY_CHART):
                 sys.exit({no_chart!r})
+            version = argv[argv.index("--version") + 1] if "--version" in argv[:-1] else None
+            if version != CHART_VERSION:
+                sys.exit(f"helm {{' '.join(args)}}: istio/gateway without --version {{CHART_VERSION}} takes "
+                         "whatever chart is newest")
+            at = argv.index("--version")
+            del argv[at:at + 2]
             argv[argv.index("istio/gateway")] = GATEWAY_CHART
+        if argv[:1] in (["rollback"], ["history"], ["uninstall"], ["status"]):
+            r = real([*argv, "--kube-apiserver", "http://127.0.0.1:1"])
+            if r.returncode == 0 or "127.0.0.1:1" not in r.stderr:
+                sys.exit(f"helm {{' '.join(args)}}: not refused by the connection: {{r.stderr.strip()}}")
+            record({{"verb": "helm " + argv[0], "args": args}})
+            return
         if argv[:2] != ["upgrade", "--install"]:
             os.execv(REAL, [REAL, *argv])
         r = real(["template", *argv[2:]])
@@ -86,6 +106,13 @@ STAND_INS = textwrap.dedent('''\
                 record({{"verb": "apply", "flags": flags, "file": name,
                         "stdin": stdin if name == "-" else None, "object": obj}})
 
+    def reply_name(args):
+        """`get ...` without the namespace: what the test answers it with."""
+        rest = list(args)
+        if rest[:1] == ["-n"]:
+            rest = rest[2:]
+        return " ".join(rest).replace("/", "+")
+
     def kubectl():
         if "--dry-run=client" in args or "--local" in args:
             os.execv(REAL, [REAL, *args])
@@ -96,12 +123,14 @@ STAND_INS = textwrap.dedent('''\
         line = " ".join(args)
         if args[:1] == ["apply"]:
             apply(stdin)
-        elif re.fullmatch(r"-n \\S+ rollout (status|restart) \\S+( --timeout=\\S+)?", line):
+        elif re.fullmatch(r"-n \\S+ rollout (status|restart|undo) \\S+( --\\S+)*", line):
             record({{"verb": "rollout " + args[3], "namespace": args[1], "target": args[4]}})
-        elif "exec" in args and re.search(r"curl .*localhost:15000/(\\w+)", line):
-            reply(re.search(r"localhost:15000/(\\w+)", line)[1])
-        elif re.search(r"\\bget deploy\\S* \\S+ -o json$", line):
-            reply("deployment")
+        elif "exec" in args and "curl" in args:
+            sys.exit(f"kubectl {{line}}: curl in the container (-distroless images have none): use pilot-agent request")
+        elif "exec" in args and re.search(r"-- pilot-agent request GET (\\w+)$", line):
+            reply(re.search(r"pilot-agent request GET (\\w+)$", line)[1])
+        elif re.search(r"(^| )get .* -o (json|name)$", line):
+            reply(reply_name(args))
         else:
             record({{"verb": "cluster", "args": args}})
 
@@ -149,8 +178,8 @@ class OfflineShell:
         self.bin.mkdir(parents=True)
         self.replies.mkdir()
         script = STAND_INS.format(bin=str(k8s.K8S_BIN), log=str(self.log), replies=str(self.replies),
-                                  gateway_chart=str(k8s.GATEWAY_CHART), unreachable=UNREACHABLE,
-                                  no_chart=NO_GATEWAY_CHART)
+                                  gateway_chart=str(k8s.GATEWAY_CHART), version=GATEWAY_CHART_VERSION,
+                                  unreachable=UNREACHABLE, no_chart=NO_GATEWAY_CHART)
         for name in ("kubectl", "helm"):
             k8s.tool(name)  # present, or a clear error naming `make k8s-tools`
             path = self.bin / name
@@ -171,6 +200,10 @@ class OfflineShell:
                            stdin=subprocess.DEVNULL, text=True, timeout=300)
         assert NO_GATEWAY_CHART not in r.stderr, "runnable() leaves out what needs the istio/gateway chart"
         return r
+
+    def reply(self, name: str, text: str) -> None:
+        """What the cluster answers `kubectl [-n NS] NAME` (a `get`; "/" written "+")."""
+        (self.replies / name.replace("/", "+")).write_text(text)
 
     def recorded(self) -> list[dict]:
         return [json.loads(line) for line in self.log.read_text().splitlines()] if self.log.exists() else []

@@ -182,7 +182,10 @@ class Envoy(Child):
 
     # -- addresses and logs ------------------------------------------------
     def admin(self, path: str) -> str:
-        return f"http://127.0.0.1:{self.ports.admin}{path}"
+        """A URL of the admin API, at the address the bootstrap binds it to (127.0.0.1 or ::1)."""
+        host = ((self.doc.get("admin") or {}).get("address") or {}).get("socket_address", {}).get("address",
+                                                                                              "127.0.0.1")
+        return f"http://{f'[{host}]' if ':' in host else host}:{self.ports.admin}{path}"
 
     def health(self, path: str) -> str:
         return f"http://127.0.0.1:{self.ports.health}{path}"

@@ -10,7 +10,7 @@ NodePorts, 30000-32767; cut below the ephemeral range) that
   port's byte of LOCK_FILE, so no other process (a parallel pytest run, another
   checkout's) hands it out meanwhile; one descriptor holds every lock;
 - this process has not handed out before;
-- binds on every address now.
+- binds on every address now (IPv6 ones too for an IPv6 listener).
 
 Only this module opens LOCK_FILE: closing any descriptor of it would drop the
 process's locks (POSIX record locks belong to the process).
@@ -57,19 +57,21 @@ def _lock(port: int) -> bool:
     return True
 
 
-def _binds(port: int) -> bool:
-    """Whether `port` binds on every address now (without SO_REUSEADDR: a socket
-    in TIME_WAIT on it counts as taken)."""
-    with socket.socket() as s:
-        try:
-            s.bind(("0.0.0.0", port))
-        except OSError:
-            return False
+def _binds(port: int, ipv6: bool) -> bool:
+    """Whether `port` binds on every IPv4 address (and, for an IPv6 listener, every
+    IPv6 one) now, without SO_REUSEADDR: a socket in TIME_WAIT on it counts as taken."""
+    for family, anywhere in [(socket.AF_INET, "0.0.0.0")] + [(socket.AF_INET6, "::")] * ipv6:
+        with socket.socket(family) as s:
+            try:
+                s.bind((anywhere, port))
+            except OSError:
+                return False
     return True
 
 
-def free_port() -> int:
-    """A port of `pool()`, locked for this process, not handed out before, bindable now."""
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port of `pool()`, locked for this process, not handed out before, bindable
+    now for a listener on `host` (IPv4 or IPv6 loopback)."""
     global _fd
     with _mutex:
         if _fd is None:
@@ -82,7 +84,7 @@ def free_port() -> int:
             port = ports[(start + i) % len(ports)]
             if port in _handed_out or not _lock(port):
                 continue
-            if _binds(port):
+            if _binds(port, ipv6=":" in host):
                 _handed_out.add(port)
                 return port
             fcntl.lockf(_fd, fcntl.LOCK_UN, 1, port)

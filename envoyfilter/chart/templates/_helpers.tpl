@@ -39,8 +39,8 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{- if gt (int64 (include "drain-gate.ms" ($c.min_drain | default "0s"))) (int64 (include "drain-gate.ms" ($c.drain_timeout | default "120s"))) -}}
 {{- fail "drain-gate: config.min_drain must not exceed config.drain_timeout" -}}
 {{- end -}}
-{{- if and (eq .Values.form "wasmplugin") (not .Values.wasmPlugin.url) -}}
-{{- fail "drain-gate: form wasmplugin needs wasmPlugin.url (the pushed image, oci://...)" -}}
+{{- if and (ne .Values.form "wasmplugin") (or .Values.wasmPlugin.url .Values.wasmPlugin.canary.url) -}}
+{{- fail "drain-gate: wasmPlugin.url and wasmPlugin.canary.url take effect with form wasmplugin only" -}}
 {{- end -}}
 {{- end -}}
 
@@ -77,6 +77,63 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{- $_ := set $labels "gateway.networking.k8s.io/gateway-name" .Values.gatewayAPI.name -}}
 {{- end -}}
 {{- toYaml $labels -}}
+{{- end -}}
+
+{{/* A label map as k=v,k=v. */}}
+{{- define "drain-gate.labelList" -}}
+{{- $out := list -}}
+{{- range $k, $v := . }}{{ $out = append $out (printf "%s=%s" $k $v) }}{{ end -}}
+{{- join "," $out -}}
+{{- end -}}
+
+{{/* Where a WasmPlugin loads the module from: wasmPlugin.url, or the mounted file. */}}
+{{- define "drain-gate.wasmPluginURL" -}}
+{{- .Values.wasmPlugin.url | default (printf "file://%s" .Values.wasm.path) -}}
+{{- end -}}
+
+{{/* A WasmPlugin of the chart: name, the pods it selects, url/sha256, the role.
+     dict: root, name, type (HTTP/NETWORK), role, rootId, url, sha256, labels (extra
+     pod labels to select), ports (NETWORK: the ports it matches). It selects
+     the EnvoyFilters' pods by their labels (never targetRefs): a file:// module
+     exists only in pods that carry the mount, and the label comes with it. */}}
+{{- define "drain-gate.wasmPlugin" -}}
+{{- $root := .root -}}
+apiVersion: extensions.istio.io/v1alpha1
+kind: WasmPlugin
+metadata:
+  name: {{ .name }}
+  namespace: {{ $root.Release.Namespace }}
+  labels:
+    {{- include "drain-gate.labels" $root | nindent 4 }}
+spec:
+  selector:
+    matchLabels:
+      {{- merge (include "drain-gate.workloadLabels" $root | fromYaml) (.labels | default dict) | toYaml | nindent 6 }}
+  url: {{ .url }}
+  {{- with .sha256 }}
+  sha256: {{ . }}
+  {{- end }}
+  {{- if hasPrefix "oci://" .url }}
+  imagePullPolicy: {{ $root.Values.wasmPlugin.imagePullPolicy }}
+  {{- end }}
+  pluginName: {{ .rootId }}
+  phase: UNSPECIFIED_PHASE
+  type: {{ .type }}
+  {{- with .ports }}
+  # istiod puts a NETWORK plugin on every filter chain of the ports it matches,
+  # HTTP ones included (before the HTTP connection manager): only these ports.
+  match:
+  - ports:
+    {{- range . }}
+    - number: {{ . }}
+    {{- end }}
+  {{- end }}
+  # Covers a VM that fails while running; a module that cannot be fetched or
+  # loaded is another matter (envoyfilter/README.md, "When the module cannot load").
+  failStrategy: FAIL_OPEN
+  # Only what the traffic roles use (see the health listener for the rest).
+  pluginConfig:
+    {{- include "drain-gate.configuration" (dict "role" .role "root" $root) | fromJson | toYaml | nindent 4 }}
 {{- end -}}
 
 {{/* The proxy-wasm vm_config both roles share (vm_id: see values.yaml `form`). */}}

@@ -1,6 +1,7 @@
 """A gateway-like bootstrap: node, admin, the listeners as istiod and the
-patches left them, a backend cluster; only ports and the wasm file path are
-substituted when the bootstrap is written."""
+patches left them, istio-proxy's prometheus_stats cluster and a backend
+cluster; only ports and the wasm file path are substituted when the bootstrap
+is written."""
 from __future__ import annotations
 
 import copy
@@ -24,10 +25,15 @@ def wasm_filters(listener: dict):
 
 
 def gateway_bootstrap(listeners: list[dict], ports: dict[int, int], admin_port: int, backend_port: int,
-                      wasm: Path = WASM, clusters: list[dict] = ()) -> dict:
+                      wasm: Path = WASM, clusters: list[dict] = (), admin_address: str = "127.0.0.1") -> dict:
     """A bootstrap holding `listeners` and added `clusters` as written, but for
     ports (logical -> actual, every listener port must be mapped; a cluster's
-    ISTIO_ADMIN_PORT is the admin's actual port) and the wasm file path."""
+    ISTIO_ADMIN_PORT is the admin's actual port) and the wasm file path.
+
+    Like istio-proxy's (tools/packaging/common/envoy_bootstrap.json), the admin
+    listens on the pod's loopback ({{ .localhost }}: 127.0.0.1, or ::1 in an
+    IPv6-only pod) at proxyAdminPort, and the static cluster prometheus_stats
+    dials that same address and port."""
     listeners = copy.deepcopy(listeners)
     clusters = copy.deepcopy(list(clusters))
     for cluster in clusters:
@@ -41,15 +47,27 @@ def gateway_bootstrap(listeners: list[dict], ports: dict[int, int], admin_port: 
         addr["port_value"] = ports[addr["port_value"]]
         for f in wasm_filters(listener):
             f["typed_config"]["config"]["vm_config"]["code"]["local"]["filename"] = str(wasm)
+    admin = {"socket_address": {"address": admin_address, "port_value": admin_port}}
     return {
         "node": {
             "id": "router~127.0.0.1~istio-ingressgateway-0.istio-system~istio-system.svc.cluster.local",
             "cluster": "istio-ingressgateway.istio-system",
         },
-        "admin": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": admin_port}}},
+        "admin": {"address": admin},
         "static_resources": {
             "listeners": listeners,
             "clusters": [
+                {
+                    "name": "prometheus_stats",
+                    "type": "STATIC",
+                    "connect_timeout": "0.250s",
+                    "lb_policy": "ROUND_ROBIN",
+                    "load_assignment": {
+                        "cluster_name": "prometheus_stats",
+                        "endpoints": [{"lb_endpoints": [{"endpoint": {"address": {
+                            "socket_address": {"protocol": "TCP", **admin["socket_address"]}}}}]}],
+                    },
+                },
                 {
                     "name": "backend",
                     "type": "STATIC",

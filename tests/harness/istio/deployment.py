@@ -9,7 +9,7 @@ from pathlib import Path
 import yaml
 
 from tests.harness import k8s
-from tests.harness.istio.files import GATEWAY_API, GATEWAY_API_FIXTURES, HEALTH_PORT, load_one
+from tests.harness.istio.files import GATEWAY_API, GATEWAY_API_FIXTURES, HEALTH_PORT, load_docs, load_one
 
 
 def strategic_patch(obj: dict, patch: str, workdir: Path) -> dict:
@@ -33,7 +33,7 @@ OVERLAY_KEYS = {"deployment": "Deployment", "service": "Service", "serviceAccoun
 def gateway_api_rendered() -> dict[str, dict]:
     """kind -> the object Istio 1.30.3's template renders for the Gateway
     (tests/fixtures/gateway-api/rendered.yaml), before the ConfigMap's patches."""
-    return {d["kind"]: d for d in k8s.docs((GATEWAY_API_FIXTURES / "rendered.yaml").read_text())}
+    return {d["kind"]: d for d in load_docs(GATEWAY_API_FIXTURES / "rendered.yaml")}
 
 
 def gateway_api_patched(options: str, kind: str, workdir: Path) -> dict:

@@ -48,8 +48,13 @@ def yaml_files() -> list[Path]:
                   if p.suffix in (".yaml", ".yml") and p.is_file() and templates not in p.parents)
 
 
+def load_docs(path: Path) -> list:
+    """The documents of a YAML file (tests.harness.k8s.docs)."""
+    return k8s.docs(path.read_text())
+
+
 def load_one(path: Path) -> dict:
-    docs = k8s.docs(path.read_text())
+    docs = load_docs(path)
     assert len(docs) == 1, f"{path}: expected one document, found {len(docs)}"
     return docs[0]
 
@@ -58,7 +63,7 @@ def objects(kind: str) -> dict[Path, dict]:
     """Every object of `kind` in envoyfilter/, by file."""
     out = {}
     for path in yaml_files():
-        for doc in k8s.docs(path.read_text()):
+        for doc in load_docs(path):
             if isinstance(doc, dict) and doc.get("kind") == kind:
                 out[path] = doc
     return out
