@@ -41,6 +41,15 @@ def docs(text: str) -> list:
     return [d for d in yaml.load_all(text, Loader=yaml.CSafeLoader) if d is not None]
 
 
+def without_nulls(obj):
+    """What the API server stores: a null field is an unset field."""
+    if isinstance(obj, dict):
+        return {k: without_nulls(v) for k, v in obj.items() if v is not None}
+    if isinstance(obj, list):
+        return [without_nulls(v) for v in obj]
+    return obj
+
+
 def wasm_base64_file(wasm: bytes, directory: Path) -> Path:
     """What `make configmap` writes for --set-file wasm.base64=..."""
     path = directory / "drain_gate.wasm.b64"
