@@ -176,8 +176,8 @@ scenarios: deps build $(VENV)/.installed
 # trap on a header, tests/fixtures/trap, into target/fixtures/), installs
 # schemathesis into its own venv (its pytest pin differs from ours), and runs
 # the property tests of the pure core. The integration run picks up
-# tests/test_hardening_*.py. `make hardening` runs only those; `make soak` runs
-# the count torture with >= 100k requests.
+# tests/hardening/. `make hardening` runs only those; `make soak` runs the count
+# torture with >= 100k requests.
 .PHONY: hardening-deps fixtures contract-deps props hardening soak
 
 TRAP_WASM := target/fixtures/$(TARGET)/release/drain_gate_trap.wasm
@@ -199,10 +199,10 @@ props:
 	cargo test --test props --test model
 
 hardening: deps build hardening-deps props
-	PYTHONPATH=. $(PY) -m pytest tests/test_hardening*.py -q -p no:cacheprovider $(PYTEST_ARGS)
+	PYTHONPATH=. $(PY) -m pytest tests/hardening -q -p no:cacheprovider $(PYTEST_ARGS)
 
 soak: deps build hardening-deps
-	DRAIN_GATE_SOAK=1 PYTHONPATH=. $(PY) -m pytest tests/test_hardening_count.py -v -p no:cacheprovider $(PYTEST_ARGS)
+	DRAIN_GATE_SOAK=1 PYTHONPATH=. $(PY) -m pytest tests/hardening/test_count.py tests/hardening/test_lds_soak.py -v -s -p no:cacheprovider $(PYTEST_ARGS)
 
 ## Kubernetes tools ----------------------------------------------------------------
 # helm v4.1.4 and kubectl v1.35.2, static Linux x86-64 binaries from the npm

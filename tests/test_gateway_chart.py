@@ -25,22 +25,9 @@ def render(*args: str) -> dict:
     return k8s.by_kind(k8s.template("-f", str(VALUES), *args, chart=k8s.GATEWAY_CHART, release=RELEASE))
 
 
-def without_nulls(obj):
-    """What the API server stores: a null field is an unset field."""
-    if isinstance(obj, dict):
-        return {k: without_nulls(v) for k, v in obj.items() if v is not None}
-    if isinstance(obj, list):
-        return [without_nulls(v) for v in obj]
-    return obj
-
-
 def validate(obj: dict) -> None:
-    for version in ("1.28.0", kubernetes_validate.utils.latest_version()):
-        try:
-            kubernetes_validate.validate(without_nulls(obj), version, strict=True)
-        except kubernetes_validate.ValidationError as e:
-            pytest.fail(f"{obj['kind']} {obj['metadata']['name']} invalid for k8s {version}: "
-                        f"{'/'.join(map(str, e.path))}: {e.message}")
+    if errors := istio.k8s_errors(k8s.without_nulls(obj), ("1.28.0", kubernetes_validate.utils.latest_version())):
+        pytest.fail(f"{obj['kind']} {obj['metadata']['name']} invalid: {errors}")
 
 
 @pytest.fixture(scope="module")
@@ -114,7 +101,7 @@ def test_distroless_values_replace_the_exec_hook():
     objs = render("-f", str(DISTROLESS), "--set-string", f"lifecycle.preStop.httpGet.httpHeaders[0].value=Bearer {token}")
     deployment = objs[("Deployment", RELEASE)]
     validate(deployment)
-    hook = without_nulls(proxy_of(deployment)["lifecycle"]["preStop"])
+    hook = k8s.without_nulls(proxy_of(deployment)["lifecycle"]["preStop"])
     assert set(hook) == {"httpGet"}
     assert hook["httpGet"]["path"] == "/prestop" and hook["httpGet"]["port"] == istio.HEALTH_PORT
     assert hook["httpGet"]["httpHeaders"] == [{"name": "Authorization", "value": f"Bearer {token}"}]

@@ -58,14 +58,6 @@ def drain_gate_pdb() -> dict:
     return pdb
 
 
-def without_nulls(obj):
-    if isinstance(obj, dict):
-        return {k: without_nulls(v) for k, v in obj.items() if v is not None}
-    if isinstance(obj, list):
-        return [without_nulls(v) for v in obj]
-    return obj
-
-
 def chart_route(*extra: str) -> list[dict]:
     objs = gateway_chart("-f", str(istio.KUBERNETES / "gateway-values.yaml"), *extra)
     return [objs[("Deployment", RELEASE)], objs[("Service", RELEASE)], drain_gate_pdb()]
@@ -114,7 +106,7 @@ def test_canary_route_yields_one_pod_on_its_node_behind_its_own_ports(tmp_path):
     objs = gateway_chart("-f", str(istio.KUBERNETES / "gateway-values.yaml"),
                          "-f", str(istio.KUBERNETES / "gateway-values-canary.yaml"),
                          "--set", "nodeSelector.kubernetes\\.io/hostname=worker0", release="istio-ingressgateway-canary")
-    deployment = without_nulls(objs[("Deployment", "istio-ingressgateway-canary")])
+    deployment = k8s.without_nulls(objs[("Deployment", "istio-ingressgateway-canary")])
     service = objs[("Service", "istio-ingressgateway-canary")]
     labels = deployment["spec"]["template"]["metadata"]["labels"]
     assert selected_by_the_chart(labels, "istio-system", False) == []
@@ -148,7 +140,7 @@ def selected_by_the_chart(pod: dict, namespace: str, gateway_api: bool) -> list[
 
 @pytest.mark.parametrize("route", list(ROUTES.values()), ids=list(ROUTES))
 def test_route_yields_a_selected_mounted_pinned_pod_that_verify_passes(route, tmp_path):
-    objects = [without_nulls(o) for o in route(tmp_path)]
+    objects = [k8s.without_nulls(o) for o in route(tmp_path)]
     deployment = objects[0]
     template = deployment["spec"]["template"]
     namespace = deployment["metadata"]["namespace"]

@@ -1,5 +1,5 @@
 """envoyfilter/istio/ run in real Envoy 1.36, 1.38 and 1.40, in a bootstrap that
-mimics an Istio ingress gateway (tests/harness/istio.py): each patch value is
+mimics an Istio ingress gateway (tests/harness/istio/): each patch value is
 taken from its YAML file and used as written (only ports and the wasm path are
 substituted).
 
@@ -229,15 +229,9 @@ def test_tcp_patch_lands_before_tcp_proxy_and_only_there():
     assert istio.apply_envoyfilters(base, [tcp], labels={"istio": "other"}) == base
 
 
-@pytest.mark.parametrize("version", VERSIONS)
-def test_tcp_patch_counts_a_passthrough_connection_and_flips_on_its_close(version, start_gateway):
-    """The three EnvoyFilters as written: a connection through the TCP server
-    (tcp_proxy to the backend) holds the drain; its close flips it."""
-    listeners = istio.apply_envoyfilters(
-        [istio.gateway_listener(8080), istio.gateway_listener(15443, tcp=True)],
-        [load("traffic-filter.yaml"), load("tcp-filter.yaml"), patched(load("health-listener.yaml"), lb_buffer="60m")],
-    )
-    env = start_gateway(version, listeners)
+def tcp_connection_holds_the_drain(env) -> None:
+    """A connection through the TCP server on :15443 (tcp_proxy to the backend)
+    is counted and holds the drain; its close flips it."""
     conn = socket.create_connection(("127.0.0.1", env.at[15443]), timeout=10)
     try:
         conn.sendall(b"GET / HTTP/1.1\r\nHost: backend\r\n\r\n")
@@ -254,6 +248,18 @@ def test_tcp_patch_counts_a_passthrough_connection_and_flips_on_its_close(versio
     st = status(env)
     assert st["state"] == "CLOSING" and st["progress"]["reason"] == "active_zero"
     assert st["progress"]["forced"] is False
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_tcp_patch_counts_a_passthrough_connection_and_flips_on_its_close(version, start_gateway):
+    """The three EnvoyFilters as written: a connection through the TCP server
+    (tcp_proxy to the backend) holds the drain; its close flips it."""
+    listeners = istio.apply_envoyfilters(
+        [istio.gateway_listener(8080), istio.gateway_listener(15443, tcp=True)],
+        [load("traffic-filter.yaml"), load("tcp-filter.yaml"), patched(load("health-listener.yaml"), lb_buffer="60m")],
+    )
+    env = start_gateway(version, listeners)
+    tcp_connection_holds_the_drain(env)
 
 
 # -- EnvoyFilter form ---------------------------------------------------------------------
@@ -573,22 +579,7 @@ def test_wasmplugin_tcp_plugin_counts_a_passthrough_connection_and_flips_on_its_
     listeners = _wasmplugin_gateway(tmp_path, health, [istio.gateway_listener(8080),
                                                        istio.gateway_listener(15443, tcp=True)], plugins)
     env = start_gateway(version, listeners)
-    conn = socket.create_connection(("127.0.0.1", env.at[15443]), timeout=10)
-    try:
-        conn.sendall(b"GET / HTTP/1.1\r\nHost: backend\r\n\r\n")
-        assert read_head(conn).startswith(b"HTTP/1.1 200 OK"), "tcp_proxy carries the bytes"
-        wait_for(lambda: status(env)["count"]["tcp_connections"] == 1, 10, what="the connection counted")
-        st = status(env)
-        assert (st["active"], st["count"]["http_streams"], st["count"]["reliable"]) == (1, 0, True)
-        assert requests.post(env.health("/drain"), timeout=5).json()["state"] == "DRAINING"
-        for _ in range(5):
-            assert lb_check(env)[0] == "HTTP/1.0 200 OK"
-    finally:
-        conn.close()
-    wait_for(lambda: lb_check(env)[0] == "HTTP/1.0 503 Service Unavailable", 5, what="flip on the close")
-    st = status(env)
-    assert st["state"] == "CLOSING" and st["progress"]["reason"] == "active_zero"
-    assert st["progress"]["forced"] is False
+    tcp_connection_holds_the_drain(env)
 
 
 def _canary_plugins(pulled, fetched: bool) -> list[tuple[dict, dict]]:

@@ -15,18 +15,12 @@ import pytest
 from tests.harness import istio
 from tests.harness.envoy import REPO, WASM
 
-# The sidecar design's cluster (k8s 1.30.6) and the newest schema bundled.
-K8S_VERSIONS = ("1.30.0", kubernetes_validate.utils.latest_version())
 PATCHES = ("gateway-deployment-patch.yaml", "gateway-deployment-patch-distroless.yaml")
 
 
 def _validate(obj: dict) -> None:
-    for version in K8S_VERSIONS:
-        try:
-            kubernetes_validate.validate(obj, version, strict=True)
-        except kubernetes_validate.ValidationError as e:
-            pytest.fail(f"{obj['kind']} {obj['metadata']['name']} invalid for k8s {version}: "
-                        f"{'/'.join(map(str, e.path))}: {e.message}")
+    if errors := istio.k8s_errors(obj):
+        pytest.fail(f"{obj['kind']} {obj['metadata']['name']} invalid: {errors}")
 
 
 def render_chart(values: dict) -> tuple[dict, dict]:
@@ -97,7 +91,7 @@ def test_the_validator_is_strict(values):
     deployment, _ = render_chart(values)
     deployment["spec"]["template"]["spec"]["containers"][0]["lifecycle"] = {"preStopp": {}}
     with pytest.raises(kubernetes_validate.ValidationError):
-        kubernetes_validate.validate(deployment, K8S_VERSIONS[0], strict=True)
+        kubernetes_validate.validate(deployment, istio.K8S_VERSIONS[0], strict=True)
 
 
 def test_chart_renders_valid_deployment_and_service(values):

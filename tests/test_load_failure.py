@@ -83,7 +83,7 @@ class Xds:
             return istio.apply_envoyfilters(base, [load("traffic-filter.yaml"), load("health-listener.yaml")])
         with_plugin = istio.insert_wasmplugin(base, self.wp, self.ecds_path)
         for listener in with_plugin:
-            for hcm in istio._hcms(listener, {}):
+            for hcm in istio.hcms(listener, {}):
                 for f in hcm["http_filters"]:
                     if "config_discovery" in f:
                         f["config_discovery"]["config_source"]["path_config_source"]["watched_directory"] = {

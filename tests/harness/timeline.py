@@ -37,9 +37,8 @@ EVENTS = [
 
 
 def parse_time(text: str | None) -> float | None:
-    if not text:
-        return None
-    return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+    """An RFC 3339 time (drain-gate's, Prometheus's) as epoch seconds; None for none."""
+    return datetime.fromisoformat(text).timestamp() if text else None
 
 
 class Poller:

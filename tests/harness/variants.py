@@ -14,7 +14,7 @@ from pathlib import Path
 
 import yaml
 
-from tests.harness.envoy import REPO, hcm, wasm_filters
+from tests.harness.envoy import REPO, drain_gate_plugins, hcm
 
 FAULT_HEADER = "x-fault-abort"
 TRAP_HEADER = "x-drain-gate-trap"
@@ -30,7 +30,7 @@ def listener(doc: dict, name: str) -> dict:
 
 def plugin(doc: dict, listener_name: str) -> dict:
     """The wasm PluginConfig of the drain-gate filter of one listener."""
-    for name, config in wasm_filters(doc):
+    for name, config in drain_gate_plugins(doc):
         if name == listener_name:
             return config
     raise KeyError(listener_name)

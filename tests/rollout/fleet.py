@@ -21,9 +21,7 @@ SIGKILL at the end of the grace period whatever happens.
 from __future__ import annotations
 
 import os
-import random
 import signal
-import socket
 import threading
 import time
 from dataclasses import dataclass, field
@@ -33,7 +31,7 @@ from pathlib import Path
 import requests
 
 from tests.bench.bench import _sidecar_poller
-from tests.harness.envoy import Envoy, Ports, render
+from tests.harness.envoy import Envoy, Ports, free_port, render
 from tests.harness.haproxy import CFG, CFG_SOFT_DRAIN, HAProxy
 from tests.harness.timeline import parse_time
 
@@ -86,33 +84,6 @@ def strategies(inter_s: float) -> dict[str, Strategy]:
     )}
 
 
-# -- ports --------------------------------------------------------------------------------
-
-_GIVEN: set[int] = set()
-_RNG = random.Random()
-
-
-def unique_port() -> int:
-    """A free port below the kernel's ephemeral range, not handed out before in this process.
-
-    A fleet reserves the ports of gateways that start minutes later; meanwhile thousands of
-    client connections take ephemeral source ports, and one of them may sit on a port taken
-    with bind(0). Below ip_local_port_range no outgoing connection takes it."""
-    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    for _ in range(1000):
-        port = _RNG.randrange(max(1024, low - 12000), low)
-        if port in _GIVEN:
-            continue
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-        _GIVEN.add(port)
-        return port
-    raise RuntimeError("no free port below the ephemeral range")
-
-
 # -- HAProxy --------------------------------------------------------------------------------
 
 def render_haproxy_cfg(base: Path, names: list[str], check: list[str]) -> str:
@@ -146,7 +117,7 @@ class FleetHAProxy(HAProxy):
 
     def __init__(self, workdir: Path, servers: list[tuple[str, int, int]], *, strategy: Strategy, inter: str):
         super().__init__(workdir, [servers[0][1:]], soft_drain=strategy.soft_drain, inter=inter, tls=True)
-        self.http_port, self.https_port = unique_port(), unique_port()
+        self.http_port, self.https_port = free_port(), free_port()
         self.env["FRONTEND_HTTP"] = f"127.0.0.1:{self.http_port}"
         self.env["FRONTEND_HTTPS"] = f"127.0.0.1:{self.https_port}"
         base = CFG_SOFT_DRAIN if strategy.soft_drain else CFG
@@ -196,8 +167,8 @@ class Pod:
     def __init__(self, name: str, backend_port: int, strategy: Strategy, workdir: Path):
         self.name = name
         self.strategy = strategy
-        self.ports = Ports(traffic=unique_port(), health=unique_port(), admin=unique_port(), backend=backend_port)
-        self.agent_port = unique_port()
+        self.ports = Ports(backend=backend_port)
+        self.agent_port = free_port()
         doc = render(self.ports, strategy.config)
         for listener in doc["static_resources"]["listeners"]:
             if listener["name"] == "traffic":

@@ -29,6 +29,7 @@ from pathlib import Path
 from tests.harness.clients import ShortLoop
 from tests.harness.envoy import wait_for
 from tests.harness.rig import Rig, Timing
+from tests.harness.timeline import parse_time
 
 # Checks every 500 ms: a drain cycle takes a few seconds.
 RACE = Timing("race", "500ms", 0.5, lb_buffer="60m")
@@ -76,9 +77,7 @@ def one_drain(rig: Rig, name: str = "gw1") -> dict:
 def _closing_at(st: dict) -> float | None:
     for t in reversed(st["progress"]["transitions"]):
         if t["to"] == "CLOSING":
-            from datetime import datetime
-
-            return datetime.fromisoformat(t["at"].replace("Z", "+00:00")).timestamp()
+            return parse_time(t["at"])
     return None
 
 

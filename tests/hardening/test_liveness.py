@@ -10,7 +10,7 @@
   listener): the count is marked unreliable (`traffic_role_gone`) and a drain
   closes at drain_timeout, forced.
 
-(A traffic VM that dies: tests/test_hardening_failure.py.)
+(A traffic VM that dies: tests/hardening/test_failure.py.)
 """
 from __future__ import annotations
 

@@ -26,7 +26,7 @@ import time
 from tests.harness import torture
 from tests.harness.envoy import wait_for
 from tests.harness.wire import status
-from tests.test_hardening_liveness import lds_gateway, with_traffic_config
+from tests.hardening.test_liveness import lds_gateway, with_traffic_config
 
 UPDATES = 200 if os.environ.get("DRAIN_GATE_SOAK") else 60
 STREAM_EVERY = 5  # updates between two new streams

@@ -10,7 +10,7 @@ a stream in flight holds 200 until the stream ends and flips then.
 
 The control, in the same rig: a traffic VM that really dies (the trap fixture)
 after the same stall is lost for good, and the drain waits for drain_timeout
-instead of trusting a 0 (tests/test_hardening_failure.py has it under both
+instead of trusting a 0 (tests/hardening/test_failure.py has it under both
 fail policies).
 """
 from __future__ import annotations

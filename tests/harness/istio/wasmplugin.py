@@ -1,0 +1,134 @@
+"""A WasmPlugin converted the way istiod (pilot/pkg/model/wasm.go buildPluginConfig)
+and istio-agent (pkg/wasm/convert.go: remote code rewritten to a local file)
+do, and delivered over ECDS (a file config source instead of ADS)."""
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import yaml
+
+from tests.harness.istio.envoyfilter import HCM_NAME, RBAC_HTTP, WASM_HTTP, WASM_NETWORK, hcms
+
+# Istio 1.30 translates every WasmPlugin into a synthetic TrafficExtension named
+# <name>~istio-translated-wasmplugin (pilot/pkg/config/kube/extensions/translate.go);
+# its ECDS resource is extensions.istio.io/trafficextension/<namespace>.<that name>
+# (pilot/pkg/model/extensions.go) and its plugin config's name <namespace>.<that name>.
+TRANSLATED = "~istio-translated-wasmplugin"
+RBAC_NETWORK = "type.googleapis.com/envoy.extensions.filters.network.rbac.v3.RBAC"
+
+
+def wasmplugin_resource_name(wp: dict) -> str:
+    return f"extensions.istio.io/trafficextension/{wp['metadata']['namespace']}.{wp['metadata']['name']}{TRANSLATED}"
+
+
+def wasmplugin_type(wp: dict) -> str:
+    return {"UNSPECIFIED_PLUGIN_TYPE": "HTTP"}.get(wp["spec"].get("type", "HTTP"), wp["spec"].get("type", "HTTP"))
+
+
+def wasmplugin_extension_config(wp: dict, local_file: Path, resource_version: str = "1") -> dict:
+    """The ECDS TypedExtensionConfig Envoy receives for a WasmPlugin (HTTP or
+    NETWORK): as istiod builds it (buildWasmConfig/buildVMConfig: no vm_id,
+    runtime v8, the resource-version environment variable, failStrategy ->
+    failure_policy) after istio-agent fetched an oci:// module into
+    `local_file`; for a file:// url Envoy loads the url's path, which the
+    harness substitutes by `local_file` (as it substitutes the EnvoyFilters'
+    mounted path)."""
+    spec = wp["spec"]
+    kind = wasmplugin_type(wp)
+    assert kind in ("HTTP", "NETWORK"), kind
+    env = {"ISTIO_META_WASM_PLUGIN_RESOURCE_VERSION": resource_version}
+    if spec.get("imagePullPolicy", "UNSPECIFIED_POLICY") != "UNSPECIFIED_POLICY":
+        env["ISTIO_META_WASM_IMAGE_PULL_POLICY"] = spec["imagePullPolicy"]
+    config = {
+        "name": f"{wp['metadata']['namespace']}.{wp['metadata']['name']}{TRANSLATED}",
+        "root_id": spec.get("pluginName", ""),
+        "vm_config": {
+            "runtime": "envoy.wasm.runtime.v8",
+            "code": {"local": {"filename": str(local_file)}},
+            "environment_variables": {"key_values": env},
+        },
+        "failure_policy": {
+            "FAIL_OPEN": "FAIL_OPEN",
+            "FAIL_CLOSE": "FAIL_CLOSED",
+            "FAIL_RELOAD": "FAIL_RELOAD",
+        }[spec.get("failStrategy", "FAIL_CLOSE")],
+    }
+    if spec.get("pluginConfig"):
+        config["configuration"] = {
+            "@type": "type.googleapis.com/google.protobuf.StringValue",
+            "value": json.dumps(spec["pluginConfig"], separators=(",", ":")),
+        }
+    return {
+        "@type": "type.googleapis.com/envoy.config.core.v3.TypedExtensionConfig",
+        "name": wasmplugin_resource_name(wp),
+        "typed_config": {"@type": WASM_HTTP if kind == "HTTP" else WASM_NETWORK, "config": config},
+    }
+
+
+def wasmplugin_fetch_failed(wp: dict) -> dict:
+    """What istio-agent puts in the ECDS resource's place when it cannot fetch the
+    module or its sha256 differs (pkg/wasm/convert.go): an RBAC filter of the same
+    name, allow-all under FAIL_OPEN, deny-all otherwise."""
+    allow = wp["spec"].get("failStrategy") == "FAIL_OPEN"
+    prefix = "wasm-default-allow" if allow else "wasm-default-deny"
+    if wasmplugin_type(wp) == "HTTP":
+        typed = {"@type": RBAC_HTTP, "rules_stat_prefix": prefix, **({} if allow else {"rules": {}})}
+    else:
+        typed = {"@type": RBAC_NETWORK, "stat_prefix": prefix, **({} if allow else {"rules": {}})}
+    return {"@type": "type.googleapis.com/envoy.config.core.v3.TypedExtensionConfig",
+            "name": wasmplugin_resource_name(wp), "typed_config": typed}
+
+
+def _ecds_filter(wp: dict, ecds_path: Path) -> dict:
+    network = wasmplugin_type(wp) == "NETWORK"
+    return {
+        "name": wasmplugin_resource_name(wp),
+        "config_discovery": {
+            # istiod: ADS with initial_fetch_timeout 0 (wait for it).
+            "config_source": {
+                "path_config_source": {"path": str(ecds_path)},
+                "resource_api_version": "V3",
+                "initial_fetch_timeout": "0s",
+            },
+            "type_urls": [WASM_NETWORK, RBAC_NETWORK] if network else [WASM_HTTP, RBAC_HTTP],
+        },
+    }
+
+
+def _wasmplugin_ports(wp: dict) -> set[int] | None:
+    """The ports a WasmPlugin's match names (None: every port), as istiod's matchPorts reads them."""
+    ports = {p["number"] for m in wp["spec"].get("match") or [] for p in m.get("ports") or []}
+    return ports or None
+
+
+def insert_wasmplugin(listeners: list[dict], wp: dict, ecds_path: Path) -> list[dict]:
+    """istiod's gateway listeners with the WasmPlugin's ECDS filter (phase
+    UNSPECIFIED_PHASE) on the listeners it built itself: HTTP, just before the
+    router of every HCM; NETWORK, on the listeners of the ports its match names
+    (every port without one), just before tcp_proxy on a TCP chain
+    (buildCompleteNetworkFilters) and before the HCM on an HTTP chain
+    (buildGatewayTCPBasedFilterChains: a network extension precedes the HCM)."""
+    assert wp["spec"].get("phase", "UNSPECIFIED_PHASE") == "UNSPECIFIED_PHASE"
+    out = copy.deepcopy(listeners)
+    if wasmplugin_type(wp) == "HTTP":
+        for listener in out:
+            for hcm in hcms(listener, {}):
+                filters = hcm["http_filters"]
+                at = next(i for i, f in enumerate(filters) if f["name"] == "envoy.filters.http.router")
+                filters.insert(at, _ecds_filter(wp, ecds_path))
+        return out
+    ports = _wasmplugin_ports(wp)
+    for listener in out:
+        if ports is not None and listener["address"]["socket_address"]["port_value"] not in ports:
+            continue
+        for chain in listener.get("filter_chains", []):
+            filters = chain["filters"]
+            at = next(i for i, f in enumerate(filters) if f["name"] in (HCM_NAME, "envoy.filters.network.tcp_proxy"))
+            filters.insert(at, _ecds_filter(wp, ecds_path))
+    return out
+
+
+def write_ecds(path: Path, extension_configs: list[dict]) -> None:
+    path.write_text(yaml.safe_dump({"version_info": "1", "resources": extension_configs}, sort_keys=False))
