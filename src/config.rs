@@ -8,9 +8,9 @@ use serde_json::{Map, Value};
 use std::fmt;
 use std::net::IpAddr;
 
-use crate::duration;
+use crate::duration::{self, DurationError};
 use crate::fsm::{CloseAfter, DrainPlan};
-use crate::net::{Cidr, LOOPBACK};
+use crate::net::{Cidr, CidrError, LOOPBACK};
 use crate::rotation;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -50,6 +50,63 @@ pub struct Config {
     /// With `draining_lb_status: 404`: the active = 0 flip also waits until
     /// every live checker has been served a 404 since the drain began.
     pub soft_drain_gate: bool,
+    /// What the traffic role does with a new HTTP request while draining.
+    pub draining_new_requests: NewRequests,
+}
+
+/// What the traffic role does with a new HTTP request from DRAINING on.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum NewRequests {
+    /// Serve it (the LB still sends them while its check says 200).
+    #[default]
+    Serve,
+    /// Answer it at once with 503, never forwarded: an LB that resends a
+    /// 503 sends it to another gateway, and the drain converges in the time
+    /// of the longest request already in flight.
+    Refuse,
+}
+
+impl NewRequests {
+    pub fn name(self) -> &'static str {
+        match self {
+            NewRequests::Serve => "serve",
+            NewRequests::Refuse => "refuse",
+        }
+    }
+}
+
+/// What is wrong with one key's value (the refusal names the key).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Problem(String);
+
+impl fmt::Display for Problem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl From<String> for Problem {
+    fn from(s: String) -> Problem {
+        Problem(s)
+    }
+}
+
+impl From<&str> for Problem {
+    fn from(s: &str) -> Problem {
+        Problem(s.to_string())
+    }
+}
+
+impl From<DurationError> for Problem {
+    fn from(e: DurationError) -> Problem {
+        Problem(e.to_string())
+    }
+}
+
+impl From<CidrError> for Problem {
+    fn from(e: CidrError) -> Problem {
+        Problem(e.to_string())
+    }
 }
 
 /// A refused configuration: which key, and what is wrong with it.
@@ -79,7 +136,7 @@ pub const MAX_WAIT_MS: u64 = 2 * duration::MAX_MS + 5_000;
 
 /// Sets one field of the configuration from the key's value, or says what is
 /// wrong with the value (the caller names the key).
-type Apply = fn(&mut Config, &Value) -> Result<(), String>;
+type Apply = fn(&mut Config, &Value) -> Result<(), Problem>;
 
 #[derive(Clone, Copy)]
 enum Rule {
@@ -102,7 +159,7 @@ macro_rules! key_table {
 
 key_table! {
     /// Every configuration key, in the order they are checked.
-    pub const KEYS: [&str; 14] = [
+    pub const KEYS: [&str; 15] = [
         "role" => Rule::Required(role, ROLE_REQUIRED),
         "drain_timeout" => Rule::Optional(drain_timeout),
         "min_drain" => Rule::Optional(min_drain),
@@ -117,6 +174,7 @@ key_table! {
         "rotate_connections" => Rule::Optional(rotate_connections),
         "lb_checkers" => Rule::Optional(lb_checkers),
         "soft_drain_gate" => Rule::Optional(soft_drain_gate),
+        "draining_new_requests" => Rule::Optional(draining_new_requests),
     ];
 }
 
@@ -134,9 +192,10 @@ impl Default for Config {
             close_after: CloseAfter::LbBuffer,
             lb_fall: 2,
             lb_down_timeout_ms: 60_000,
-            rotate_connections: Some(rotation::DEFAULT_CLUSTER.to_string()),
+            rotate_connections: Some(rotation::DEFAULT_CLUSTER.into()),
             lb_checkers: None,
             soft_drain_gate: true,
+            draining_new_requests: NewRequests::Serve,
         }
     }
 }
@@ -149,92 +208,87 @@ fn err(key: &str, problem: impl Into<String>) -> ConfigError {
 }
 
 /// A duration value from `min_ms` to `max_ms`.
-fn duration(v: &Value, min_ms: u64, max_ms: u64) -> Result<u64, String> {
+fn duration(v: &Value, min_ms: u64, max_ms: u64) -> Result<u64, Problem> {
     let s = v
         .as_str()
         .ok_or_else(|| format!("expected a duration string like \"30s\", got {v}"))?;
     let ms = duration::parse_ms(s)?;
     if ms < min_ms {
-        return Err(format!(
-            "{s:?} is below the minimum {}",
-            duration::format_ms(min_ms)
-        ));
+        return Err(format!("{s:?} is below the minimum {}", duration::format_ms(min_ms)).into());
     }
     if ms > max_ms {
-        return Err(format!(
-            "{s:?} is above the maximum {}",
-            duration::format_ms(max_ms)
-        ));
+        return Err(format!("{s:?} is above the maximum {}", duration::format_ms(max_ms)).into());
     }
     Ok(ms)
 }
 
-fn role(c: &mut Config, v: &Value) -> Result<(), String> {
+fn role(c: &mut Config, v: &Value) -> Result<(), Problem> {
     c.role = match v.as_str() {
         Some("traffic") => Role::Traffic,
         Some("traffic_tcp") => Role::TrafficTcp,
         Some("health") => Role::Health,
         _ => {
-            return Err(format!(
-                "expected \"traffic\", \"traffic_tcp\" or \"health\", got {v}"
-            ))
+            return Err(
+                format!("expected \"traffic\", \"traffic_tcp\" or \"health\", got {v}").into(),
+            )
         }
     };
     Ok(())
 }
 
-fn drain_timeout(c: &mut Config, v: &Value) -> Result<(), String> {
+fn drain_timeout(c: &mut Config, v: &Value) -> Result<(), Problem> {
     duration(v, 1, duration::MAX_MS).map(|ms| c.drain_timeout_ms = ms)
 }
 
 /// Checked after `drain_timeout` (the order of `KEYS`); without the key it
 /// is 0, which never exceeds a valid `drain_timeout`.
-fn min_drain(c: &mut Config, v: &Value) -> Result<(), String> {
+fn min_drain(c: &mut Config, v: &Value) -> Result<(), Problem> {
     c.min_drain_ms = duration(v, 0, duration::MAX_MS)?;
     if c.min_drain_ms > c.drain_timeout_ms {
-        return Err("must not exceed drain_timeout".to_string());
+        return Err("must not exceed drain_timeout".into());
     }
     Ok(())
 }
 
-fn lb_buffer(c: &mut Config, v: &Value) -> Result<(), String> {
+fn lb_buffer(c: &mut Config, v: &Value) -> Result<(), Problem> {
     duration(v, 0, duration::MAX_MS).map(|ms| c.lb_buffer_ms = ms)
 }
 
-fn tick(c: &mut Config, v: &Value) -> Result<(), String> {
+fn tick(c: &mut Config, v: &Value) -> Result<(), Problem> {
     duration(v, 10, MAX_TICK_MS).map(|ms| c.tick_ms = ms)
 }
 
-fn draining_lb_status(c: &mut Config, v: &Value) -> Result<(), String> {
+fn draining_lb_status(c: &mut Config, v: &Value) -> Result<(), Problem> {
     c.draining_lb_status = match v.as_u64() {
         Some(200) => 200,
         Some(404) => 404,
-        _ => return Err(format!("expected 200 or 404, got {v}")),
+        _ => return Err(format!("expected 200 or 404, got {v}").into()),
     };
     Ok(())
 }
 
-fn cidr_list(v: &Value) -> Result<Vec<Cidr>, String> {
+fn cidr_list(v: &Value) -> Result<Vec<Cidr>, Problem> {
     let items = v
         .as_array()
         .ok_or_else(|| format!("expected a list of CIDRs, got {v}"))?;
     items
         .iter()
         .map(|item| {
-            item.as_str()
-                .ok_or_else(|| format!("expected a CIDR string, got {item}"))
-                .and_then(Cidr::parse)
+            let text = item
+                .as_str()
+                .ok_or_else(|| format!("expected a CIDR string, got {item}"))?;
+            Ok(Cidr::parse(text)?)
         })
         .collect()
 }
 
-fn admin_allow(c: &mut Config, v: &Value) -> Result<(), String> {
+fn admin_allow(c: &mut Config, v: &Value) -> Result<(), Problem> {
     c.admin_allow = cidr_list(v)?;
     Ok(())
 }
 
 /// `null` (the chart's default) is the default: every source counts.
-fn lb_checkers(c: &mut Config, v: &Value) -> Result<(), String> {
+fn lb_checkers(c: &mut Config, v: &Value) -> Result<(), Problem> {
     if v.is_null() {
         c.lb_checkers = None;
         return Ok(());
@@ -242,22 +296,30 @@ fn lb_checkers(c: &mut Config, v: &Value) -> Result<(), String> {
     let list = cidr_list(v)?;
     if list.is_empty() {
         return Err(
-            "an empty list would ignore every checker; omit the key to count every source"
-                .to_string(),
+            "an empty list would ignore every checker; omit the key to count every source".into(),
         );
     }
     c.lb_checkers = Some(list);
     Ok(())
 }
 
-fn soft_drain_gate(c: &mut Config, v: &Value) -> Result<(), String> {
+fn soft_drain_gate(c: &mut Config, v: &Value) -> Result<(), Problem> {
     c.soft_drain_gate = v
         .as_bool()
         .ok_or_else(|| format!("expected true or false, got {v}"))?;
     Ok(())
 }
 
-fn admin_token(c: &mut Config, v: &Value) -> Result<(), String> {
+fn draining_new_requests(c: &mut Config, v: &Value) -> Result<(), Problem> {
+    c.draining_new_requests = match v.as_str() {
+        Some("serve") => NewRequests::Serve,
+        Some("refuse") => NewRequests::Refuse,
+        _ => return Err(format!("expected \"serve\" or \"refuse\", got {v}").into()),
+    };
+    Ok(())
+}
+
+fn admin_token(c: &mut Config, v: &Value) -> Result<(), Problem> {
     let tokens: Vec<&str> = match v {
         Value::String(t) if t.is_empty() => Vec::new(),
         Value::String(t) => vec![t.as_str()],
@@ -266,45 +328,39 @@ fn admin_token(c: &mut Config, v: &Value) -> Result<(), String> {
             .map(|i| i.as_str().ok_or("expected strings"))
             .collect::<Result<_, _>>()?,
         _ => {
-            return Err(format!(
-                "expected a string or a list of 1 to {MAX_TOKENS} strings"
-            ))
+            return Err(format!("expected a string or a list of 1 to {MAX_TOKENS} strings").into())
         }
     };
     for t in &tokens {
         if t.len() < MIN_TOKEN_LEN {
-            return Err(format!("shorter than {MIN_TOKEN_LEN} characters"));
+            return Err(format!("shorter than {MIN_TOKEN_LEN} characters").into());
         }
         if !t.bytes().all(is_token68) {
-            return Err("may only hold letters, digits and -._~+/=".to_string());
+            return Err("may only hold letters, digits and -._~+/=".into());
         }
     }
     c.admin_tokens = tokens.into_iter().map(str::to_string).collect();
     Ok(())
 }
 
-fn close_after(c: &mut Config, v: &Value) -> Result<(), String> {
+fn close_after(c: &mut Config, v: &Value) -> Result<(), Problem> {
     c.close_after = match v.as_str() {
         Some("lb_buffer") => CloseAfter::LbBuffer,
         Some("lb_observed_down") => CloseAfter::LbObservedDown,
-        _ => {
-            return Err(format!(
-                "expected \"lb_buffer\" or \"lb_observed_down\", got {v}"
-            ))
-        }
+        _ => return Err(format!("expected \"lb_buffer\" or \"lb_observed_down\", got {v}").into()),
     };
     Ok(())
 }
 
-fn lb_fall(c: &mut Config, v: &Value) -> Result<(), String> {
+fn lb_fall(c: &mut Config, v: &Value) -> Result<(), Problem> {
     c.lb_fall = match v.as_u64() {
         Some(n @ 1..=10) => n as u32,
-        _ => return Err(format!("expected a whole number from 1 to 10, got {v}")),
+        _ => return Err(format!("expected a whole number from 1 to 10, got {v}").into()),
     };
     Ok(())
 }
 
-fn lb_down_timeout(c: &mut Config, v: &Value) -> Result<(), String> {
+fn lb_down_timeout(c: &mut Config, v: &Value) -> Result<(), Problem> {
     duration(v, 1, duration::MAX_MS).map(|ms| c.lb_down_timeout_ms = ms)
 }
 
@@ -313,10 +369,10 @@ const MAX_CLUSTER_LEN: usize = 256;
 
 /// `false` turns the rotation off, `true` uses the default cluster, a string
 /// names the cluster.
-fn rotate_connections(c: &mut Config, v: &Value) -> Result<(), String> {
+fn rotate_connections(c: &mut Config, v: &Value) -> Result<(), Problem> {
     c.rotate_connections = match v {
         Value::Bool(false) => None,
-        Value::Bool(true) => Some(rotation::DEFAULT_CLUSTER.to_string()),
+        Value::Bool(true) => Some(rotation::DEFAULT_CLUSTER.into()),
         Value::String(name)
             if !name.is_empty()
                 && name.len() <= MAX_CLUSTER_LEN
@@ -328,7 +384,8 @@ fn rotate_connections(c: &mut Config, v: &Value) -> Result<(), String> {
             return Err(format!(
                 "expected false, true or an Envoy cluster name (1 to {MAX_CLUSTER_LEN} \
                  printable ASCII characters), got {v}"
-            ))
+            )
+            .into())
         }
     };
     Ok(())
@@ -358,10 +415,10 @@ impl Config {
         for (key, rule) in RULES {
             let applied = match (rule, obj.get(key)) {
                 (Rule::Required(apply, _) | Rule::Optional(apply), Some(v)) => apply(&mut c, v),
-                (Rule::Required(_, missing), None) => Err(missing.to_string()),
+                (Rule::Required(_, missing), None) => Err(missing.into()),
                 (Rule::Optional(_), None) => Ok(()),
             };
-            applied.map_err(|problem| err(key, problem))?;
+            applied.map_err(|problem| err(key, problem.to_string()))?;
         }
         Ok(c)
     }
@@ -374,6 +431,7 @@ impl Config {
             close_after: self.close_after,
             lb_down_timeout_ms: self.lb_down_timeout_ms,
             lb_gate: self.draining_lb_status == 404 && self.soft_drain_gate,
+            lb_gate_needs_checker: self.lb_checkers.is_some(),
             hold_closing: false,
         }
     }
@@ -397,6 +455,31 @@ impl Config {
     /// hold of a worker that died is gone this long after.
     pub fn hold_lease_ms(&self) -> u64 {
         self.tick_ms.saturating_mul(10).max(2_000)
+    }
+
+    /// Accepted, but probably not what was meant: one sentence each, logged
+    /// when the health role loads the configuration.
+    pub fn warnings(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        if self.lb_buffer_ms > self.drain_timeout_ms {
+            out.push(format!(
+                "lb_buffer ({}) is longer than drain_timeout ({}): the LB needs only fall × inter \
+                 after the 503 to mark the gateway DOWN, and every drain then holds the pod for up \
+                 to {} before CLOSED; keep terminationGracePeriodSeconds above that",
+                duration::format_ms(self.lb_buffer_ms),
+                duration::format_ms(self.drain_timeout_ms),
+                duration::format_ms(self.drain_timeout_ms + self.max_closing_ms()),
+            ));
+        }
+        if self.admin_allow.is_empty() && self.admin_tokens.is_empty() {
+            out.push(
+                "admin_allow is empty and no admin_token is set: nobody can call the admin \
+                 endpoints (POST /drain, GET /prestop, ...), so a preStop hook gets 403 and the \
+                 pod is never drained"
+                    .to_string(),
+            );
+        }
+        out
     }
 
     /// How long a `wait=closed` is held when the caller gives no timeout: the
@@ -498,6 +581,14 @@ mod tests {
     }
 
     #[test]
+    fn new_requests_while_draining_are_served_unless_refused() {
+        let c = parse(r#"{"role":"traffic"}"#).unwrap();
+        assert_eq!(c.draining_new_requests, NewRequests::Serve);
+        let c = parse(r#"{"role":"traffic","draining_new_requests":"refuse"}"#).unwrap();
+        assert_eq!(c.draining_new_requests.name(), "refuse");
+    }
+
+    #[test]
     fn lb_checkers_and_the_soft_drain_gate() {
         let c = parse(r#"{"role":"health"}"#).unwrap();
         assert!(
@@ -561,6 +652,8 @@ mod tests {
             ("lb_checkers", r#"["10.0.0.300/32"]"#),
             ("lb_checkers", r#""10.0.0.0/8""#),
             ("soft_drain_gate", r#""yes""#),
+            ("draining_new_requests", r#""drop""#),
+            ("draining_new_requests", "true"),
         ];
         let keyed = keyed.map(|(key, value)| {
             let input = format!(r#"{{"role":"health","{key}":{value}}}"#);
@@ -601,6 +694,25 @@ mod tests {
             problem(r#"{"role":"health","admin_allow":["10.0.0.1/8"]}"#),
             "invalid configuration: admin_allow: \"10.0.0.1/8\" has host bits set (did you mean \"10.0.0.0/8\"?)"
         );
+    }
+
+    #[test]
+    fn odd_but_valid_configurations_are_explained() {
+        assert!(parse(r#"{"role":"health"}"#).unwrap().warnings().is_empty());
+        let long = parse(r#"{"role":"health","lb_buffer":"5m","drain_timeout":"10s"}"#).unwrap();
+        let w = long.warnings();
+        assert_eq!(w.len(), 1);
+        assert!(
+            w[0].starts_with("lb_buffer (5m) is longer than drain_timeout (10s)"),
+            "{}",
+            w[0]
+        );
+        assert!(w[0].contains("up to 310s"), "{}", w[0]);
+        let closed = parse(r#"{"role":"health","admin_allow":[]}"#).unwrap();
+        assert!(closed.warnings()[0].contains("nobody can call the admin endpoints"));
+        let token = parse(r#"{"role":"health","admin_allow":[],"admin_token":"abcdefghijklmnop"}"#)
+            .unwrap();
+        assert!(token.warnings().is_empty(), "the token holders can");
     }
 
     #[test]

@@ -5,9 +5,31 @@
 /// `wait=closed`.
 pub const MAX_MS: u64 = 3_600_000;
 
+/// Why a string is not a duration drain-gate accepts.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum DurationError {
+    /// Not digits followed by `ms`, `s`, `m` or `h`.
+    NotADuration(String),
+    /// More milliseconds than a `u64` holds.
+    TooLong(String),
+}
+
+impl std::fmt::Display for DurationError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            DurationError::NotADuration(s) => {
+                write!(f, "{s:?} is not a duration (use e.g. 500ms, 30s, 2m)")
+            }
+            DurationError::TooLong(s) => write!(f, "{s:?} is too long"),
+        }
+    }
+}
+
+impl std::error::Error for DurationError {}
+
 /// Parses `500ms`, `30s`, `2m`, `1h` into milliseconds.
-pub fn parse_ms(s: &str) -> Result<u64, String> {
-    let not_a_duration = || format!("{s:?} is not a duration (use e.g. 500ms, 30s, 2m)");
+pub fn parse_ms(s: &str) -> Result<u64, DurationError> {
+    let not_a_duration = || DurationError::NotADuration(s.to_string());
     let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
     let (digits, unit) = s.split_at(split);
     let scale = match unit {
@@ -22,7 +44,7 @@ pub fn parse_ms(s: &str) -> Result<u64, String> {
     }
     let n: u64 = digits.parse().map_err(|_| not_a_duration())?;
     n.checked_mul(scale)
-        .ok_or_else(|| format!("{s:?} is too long"))
+        .ok_or_else(|| DurationError::TooLong(s.to_string()))
 }
 
 /// Formats milliseconds the way the configuration spells durations.

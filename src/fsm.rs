@@ -29,6 +29,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::clock::Now;
+use crate::receipt::Tally;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "UPPERCASE")]
@@ -209,6 +210,10 @@ pub struct DrainPlan {
     /// served the draining answer (see `due_gated`).
     #[serde(default)]
     pub lb_gate: bool,
+    /// With `lb_gate`: `lb_checkers` names the LB's addresses, so a drain
+    /// during which none of them asks holds the gate (`crate::lb::Gate`).
+    #[serde(default)]
+    pub lb_gate_needs_checker: bool,
     /// A maintenance drain (`POST /drain?hold=closing`): CLOSING lasts until
     /// `/reopen` or `/close`, never ended by a timer.
     #[serde(default)]
@@ -259,6 +264,20 @@ pub struct Record {
     /// The preStop hold, while some worker holds a `wait=closed` answer.
     #[serde(default)]
     pub hold: Option<Hold>,
+    /// The receipt's counters when the drain began (`crate::receipt`): the
+    /// drain's receipt is the counters now minus these.
+    #[serde(default)]
+    pub receipt_base: Option<Tally>,
+    /// The oldest stream in flight just after the flip to CLOSING (ms; `None`
+    /// when nothing was), recorded by the health role within a tick of it
+    /// (`flip_recorded`).
+    #[serde(default)]
+    pub oldest_at_closing_ms: Option<u64>,
+    #[serde(default)]
+    pub flip_recorded: bool,
+    /// This drain's receipt has been logged (once, by one worker).
+    #[serde(default)]
+    pub receipt_logged: bool,
 }
 
 /// A preStop hold: a lease that the worker holding a `wait=closed` answer
@@ -300,6 +319,10 @@ impl Record {
             drain_started_mono_ms: None,
             closing_mono_ms: None,
             hold: None,
+            receipt_base: None,
+            oldest_at_closing_ms: None,
+            flip_recorded: false,
+            receipt_logged: false,
         }
     }
 
@@ -325,6 +348,17 @@ impl Record {
             (None, _) => now,
         };
         Some(end.since(start, self.drain_started_mono_ms))
+    }
+
+    /// When the drain started, on the clock the timers run on
+    /// (`crate::clock::Now::timer_ms`): what the LB record is compared with.
+    pub fn drain_started_timer_ms(&self) -> Option<u64> {
+        self.drain_started_mono_ms.or(self.drain_started_ms)
+    }
+
+    /// When CLOSING began, on the clock the timers run on.
+    pub fn closing_timer_ms(&self) -> Option<u64> {
+        self.closing_mono_ms.or(self.closing_ms)
     }
 
     /// Whether `span_ms` has passed since the drain started.
@@ -416,12 +450,18 @@ fn enter(next: &mut Record, mv: &Move, now: Now, active: u64) -> Option<()> {
             next.closed_ms = None;
             next.active_at_closing = None;
             next.forced = false;
+            next.oldest_at_closing_ms = None;
+            next.flip_recorded = false;
+            next.receipt_logged = false;
         }
         State::Closing => {
             next.closing_ms = Some(now_ms);
             next.closing_mono_ms = now.mono_ms;
             next.active_at_closing = Some(active);
-            next.forced = mv.reason.forced();
+            // Forced: closed with requests still in flight. A drain the
+            // soft-drain gate held until drain_timeout with nothing in
+            // flight cut nothing.
+            next.forced = mv.reason.forced() && active > 0;
         }
         State::Closed => next.closed_ms = Some(now_ms),
         State::Open => {
@@ -437,7 +477,7 @@ fn enter(next: &mut Record, mv: &Move, now: Now, active: u64) -> Option<()> {
 /// The automatic transition that is due now, if any: what the tick and the
 /// end of the last traffic stream apply. Elapsed times are measured as
 /// `crate::clock` says (monotonic when the host has it). `lb_down_ms` is when
-/// the LB was observed DOWN on the wall clock (see `crate::lb`), if it was.
+/// the LB was observed DOWN on that same clock (see `crate::lb`), if it was.
 pub fn due(rec: &Record, now: Now, active: u64, lb_down_ms: Option<u64>) -> Option<Move> {
     let plan = rec.plan?;
     let auto = |to, reason| {
@@ -458,7 +498,7 @@ pub fn due(rec: &Record, now: Now, active: u64, lb_down_ms: Option<u64>) -> Opti
         }
         State::Closing if plan.hold_closing => None,
         State::Closing => {
-            let closing = rec.closing_ms?;
+            let closing = rec.closing_timer_ms()?;
             match plan.close_after {
                 CloseAfter::LbBuffer if rec.closing_for(now, plan.lb_buffer_ms) => {
                     auto(State::Closed, Reason::LbBufferElapsed)
@@ -466,7 +506,7 @@ pub fn due(rec: &Record, now: Now, active: u64, lb_down_ms: Option<u64>) -> Opti
                 CloseAfter::LbBuffer => None,
                 CloseAfter::LbObservedDown => {
                     let seen = lb_down_ms.filter(|t| *t >= closing);
-                    if seen.is_some_and(|t| now.wall_ms >= t.saturating_add(plan.lb_buffer_ms)) {
+                    if seen.is_some_and(|t| now.timer_ms() >= t.saturating_add(plan.lb_buffer_ms)) {
                         auto(State::Closed, Reason::LbObservedDown)
                     } else if rec.closing_for(now, plan.lb_down_timeout_ms) {
                         auto(State::Closed, Reason::LbDownTimeout)
@@ -524,6 +564,34 @@ pub fn renew_hold(rec: &Record, now: Now, lease_ms: u64) -> Option<Record> {
     Some(next)
 }
 
+/// The record with the oldest stream in flight at the flip, once per drain:
+/// `None` when already recorded or not in CLOSING.
+pub fn record_flip(rec: &Record, oldest_ms: Option<u64>) -> Option<Record> {
+    if rec.state != State::Closing || rec.flip_recorded {
+        return None;
+    }
+    let mut next = rec.clone();
+    next.oldest_at_closing_ms = oldest_ms;
+    next.flip_recorded = true;
+    Some(next)
+}
+
+/// Whether the drain this record holds is over and its receipt still owed:
+/// CLOSED, reopened or in FAULT, after a drain began.
+pub fn receipt_due(rec: &Record) -> bool {
+    rec.drain_started_ms.is_some()
+        && !rec.receipt_logged
+        && matches!(rec.state, State::Closed | State::Open | State::Fault)
+}
+
+/// The record with the receipt marked logged, if it was owed.
+pub fn mark_receipt(rec: &Record) -> Option<Record> {
+    receipt_due(rec).then(|| Record {
+        receipt_logged: true,
+        ..rec.clone()
+    })
+}
+
 /// The record with a maintenance drain turned automatic again (a preStop
 /// joined it: the pod is going away, CLOSING must end by itself), or `None`
 /// when it is not one. CLOSING keeps its start, so `lb_buffer` counts from it.
@@ -557,6 +625,7 @@ mod tests {
         close_after: CloseAfter::LbBuffer,
         lb_down_timeout_ms: 60_000,
         lb_gate: false,
+        lb_gate_needs_checker: false,
         hold_closing: false,
     };
 
@@ -751,9 +820,10 @@ mod tests {
         assert_eq!(m.reason, Reason::DrainTimeout, "bounded by drain_timeout");
         let c = advance(&r, m, w(10_100), 0).unwrap();
         assert!(
-            c.forced && c.active_at_closing == Some(0),
-            "the real count is recorded"
+            !c.forced && c.active_at_closing == Some(0),
+            "nothing was in flight: the timeout closed it, nothing was cut"
         );
+        assert_eq!(c.reason, Reason::DrainTimeout);
         // Without the gate in the plan, the LB view does not matter.
         let plain = at(Draining);
         assert_eq!(

@@ -3,24 +3,47 @@
 //! answers it served each one. Once every checker has been served `lb_fall`
 //! consecutive 503s, the LB has marked this backend DOWN (and run its
 //! shutdown-sessions on nothing). Pure.
+//!
+//! Every time here is on the clock the drain timers run on
+//! (`crate::clock::Now::timer_ms`, monotonic when the host has it): a
+//! wall-clock step can neither age every checker out at once — which would
+//! open a soft-drain gate the LB never passed — nor make a DOWN look older
+//! than the CLOSING it followed.
 
 use serde::{Deserialize, Serialize};
 
 /// A checker not seen for this long is gone (LB failover, reconfiguration)
-/// and no longer holds up `observed_down`.
+/// and no longer holds up `observed_down` or the soft-drain gate.
 pub const CHECKER_TTL_MS: u64 = 30_000;
 /// At most this many checkers are remembered; the longest unseen goes first.
 pub const MAX_CHECKERS: usize = 32;
+/// A cut this soon after a checker was served its `lb_fall`-th consecutive
+/// 503 is the LB's: HAProxy (`on-marked-down shutdown-sessions`) and NetScaler
+/// (`downStateFlush`) reset the backend's sessions in the same step that marks
+/// it DOWN, on that check's answer; the resets reach Envoy within
+/// milliseconds. Two seconds leaves room for a busy LB and for the record's
+/// resolution, and is far below any LB's check interval: a cut later than that
+/// is not the DOWN's.
+pub const CUT_WINDOW_MS: u64 = 2_000;
+/// A checker's `last_seen_ms` is rewritten only when it moved by this much
+/// (or its counts changed), so that a steady LB costs one shared-data write
+/// a second, not one per check.
+pub const SEEN_RESOLUTION_MS: u64 = 1_000;
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Checker {
     pub source: String,
     pub consecutive_non_200: u32,
     pub consecutive_503: u32,
+    /// Timer-clock time of its last check (to `SEEN_RESOLUTION_MS`).
     pub last_seen_ms: u64,
     /// When this checker was last served a 404 (soft drain).
     #[serde(default)]
     pub last_404_ms: Option<u64>,
+    /// When this checker was last served its `lb_fall`-th consecutive 503:
+    /// the LB marked the gateway DOWN then.
+    #[serde(default)]
+    pub down_ms: Option<u64>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -28,6 +51,40 @@ pub struct Checkers {
     pub list: Vec<Checker>,
     /// When the last live checker reached `lb_fall` consecutive 503s.
     pub observed_down_ms: Option<u64>,
+    /// The last source whose checks were answered but not recorded (outside
+    /// `lb_checkers`), and when it was first seen.
+    #[serde(default)]
+    pub ignored: Option<Ignored>,
+}
+
+/// A source outside `lb_checkers` that asked `/health_check.html`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Ignored {
+    pub source: String,
+    pub since_ms: u64,
+}
+
+/// What a gated soft drain is waiting for (see `Checkers::gate`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Gate {
+    /// Every live checker has been served the 404 since the drain began.
+    Open,
+    /// Some live checker has not been served the 404 yet.
+    Waiting,
+    /// No live checker, and `lb_checkers` names the LB's addresses: the LB's
+    /// checks come from elsewhere (SNAT, a wrong CIDR), or it stopped asking.
+    /// Nothing was seen, so the gate holds; `drain_timeout` bounds it.
+    NoChecker,
+    /// No live checker and every source counts: no LB asks, nothing to wait for.
+    NoLb,
+}
+
+impl Gate {
+    /// Whether the active = 0 flip may go ahead.
+    pub fn passes(self) -> bool {
+        matches!(self, Gate::Open | Gate::NoLb)
+    }
 }
 
 impl Checkers {
@@ -35,6 +92,11 @@ impl Checkers {
         self.list
             .iter()
             .filter(move |c| now_ms.saturating_sub(c.last_seen_ms) <= CHECKER_TTL_MS)
+    }
+
+    /// How many checkers asked within `CHECKER_TTL_MS`.
+    pub fn live_count(&self, now_ms: u64) -> usize {
+        self.live(now_ms).count()
     }
 
     /// True when there is at least one live checker and each has been served
@@ -50,8 +112,10 @@ impl Checkers {
         any
     }
 
-    /// Records one answer served to `source`.
-    pub fn observe(&mut self, source: &str, status: u16, now_ms: u64, lb_fall: u32) {
+    /// Records one answer served to `source`. Returns whether anything
+    /// changed (the caller writes only then).
+    pub fn observe(&mut self, source: &str, status: u16, now_ms: u64, lb_fall: u32) -> bool {
+        let before = self.clone();
         let idx = match self.list.iter().position(|c| c.source == source) {
             Some(i) => i,
             None => {
@@ -72,12 +136,15 @@ impl Checkers {
                     consecutive_503: 0,
                     last_seen_ms: now_ms,
                     last_404_ms: None,
+                    down_ms: None,
                 });
                 self.list.len() - 1
             }
         };
         if let Some(c) = self.list.get_mut(idx) {
-            c.last_seen_ms = now_ms;
+            if now_ms.saturating_sub(c.last_seen_ms) >= SEEN_RESOLUTION_MS {
+                c.last_seen_ms = now_ms;
+            }
             if status == 200 {
                 c.consecutive_non_200 = 0;
             } else {
@@ -88,6 +155,9 @@ impl Checkers {
             }
             if status == 503 {
                 c.consecutive_503 = c.consecutive_503.saturating_add(1);
+                if c.consecutive_503 == lb_fall {
+                    c.down_ms = Some(now_ms);
+                }
             } else {
                 c.consecutive_503 = 0;
             }
@@ -97,6 +167,20 @@ impl Checkers {
         } else {
             self.observed_down_ms = None;
         }
+        *self != before
+    }
+
+    /// Records a check from a source outside `lb_checkers` (answered, not
+    /// counted). Returns whether anything changed.
+    pub fn ignore(&mut self, source: &str, now_ms: u64) -> bool {
+        if self.ignored.as_ref().is_some_and(|i| i.source == source) {
+            return false;
+        }
+        self.ignored = Some(Ignored {
+            source: source.to_string(),
+            since_ms: now_ms,
+        });
+        true
     }
 
     /// Whether every live checker has been served a 404 at or after
@@ -104,10 +188,36 @@ impl Checkers {
     /// new requests on the first one. A checker that appears mid-drain is
     /// live at once and is served 404 on its first check; one that vanishes
     /// stops holding the gate after `CHECKER_TTL_MS`; `drain_timeout` bounds
-    /// both. No live checker: nothing to wait for.
+    /// both. Without a live checker: `NoChecker` when `lb_checkers` names the
+    /// LB (`need_checker`: something should ask, and nothing does), else `NoLb`.
+    pub fn gate(&self, since_ms: u64, now_ms: u64, need_checker: bool) -> Gate {
+        let mut any = false;
+        for c in self.live(now_ms) {
+            if !c.last_404_ms.is_some_and(|t| t >= since_ms) {
+                return Gate::Waiting;
+            }
+            any = true;
+        }
+        match (any, need_checker) {
+            (true, _) => Gate::Open,
+            (false, true) => Gate::NoChecker,
+            (false, false) => Gate::NoLb,
+        }
+    }
+
+    /// Whether the LB was seen to pass the drain: at least one live checker,
+    /// and every one served the 404 since `since_ms`. Never true on nothing.
     pub fn saw_drain(&self, since_ms: u64, now_ms: u64) -> bool {
-        self.live(now_ms)
-            .all(|c| c.last_404_ms.is_some_and(|t| t >= since_ms))
+        self.gate(since_ms, now_ms, false) == Gate::Open
+    }
+
+    /// Whether a cut at `now_ms` is the LB's: some checker was served its
+    /// `lb_fall`-th consecutive 503 at most `CUT_WINDOW_MS` before.
+    pub fn cut_by_lb(&self, now_ms: u64) -> bool {
+        self.list.iter().any(|c| {
+            c.down_ms
+                .is_some_and(|t| t <= now_ms && now_ms - t <= CUT_WINDOW_MS)
+        })
     }
 
     /// The moment the LB was observed DOWN, if that is still true now.
@@ -162,12 +272,22 @@ mod tests {
     }
 
     #[test]
-    fn saw_drain_needs_a_404_from_every_live_checker_since_the_drain() {
+    fn the_gate_needs_a_404_from_every_live_checker_since_the_drain() {
         let mut c = Checkers::default();
-        assert!(c.saw_drain(0, 0), "no checker: nothing to wait for");
+        assert_eq!(
+            c.gate(0, 0, false),
+            Gate::NoLb,
+            "no LB: nothing to wait for"
+        );
+        assert_eq!(
+            c.gate(0, 0, true),
+            Gate::NoChecker,
+            "lb_checkers named, nobody asks"
+        );
+        assert!(!c.saw_drain(0, 0), "never saw what nobody asked");
         c.observe("a", 404, 500, 2); // a 404 of an earlier drain
         c.observe("b", 200, 900, 2);
-        assert!(!c.saw_drain(1_000, 1_000));
+        assert_eq!(c.gate(1_000, 1_000, false), Gate::Waiting);
         c.observe("a", 404, 1_100, 2);
         assert!(!c.saw_drain(1_000, 1_100), "b not yet");
         c.observe("b", 404, 1_900, 2);
@@ -186,6 +306,53 @@ mod tests {
             c.observe(k, 404, later, 2);
         }
         assert!(c.saw_drain(1_000, later), "late is no longer live");
+        // Every checker ages out: with lb_checkers named the gate holds again.
+        let gone = later + CHECKER_TTL_MS + 1;
+        assert_eq!(c.gate(1_000, gone, true), Gate::NoChecker);
+        assert!(!Gate::NoChecker.passes() && Gate::NoLb.passes());
+    }
+
+    #[test]
+    fn a_steady_checker_changes_the_record_once_a_second() {
+        let mut c = Checkers::default();
+        assert!(c.observe("a", 200, 0, 2), "a new checker");
+        assert!(
+            !c.observe("a", 200, 400, 2),
+            "same answer, 0.4 s later: nothing to write"
+        );
+        assert!(!c.observe("a", 200, 999, 2));
+        assert!(
+            c.observe("a", 200, 1_000, 2),
+            "a second later: last_seen moves"
+        );
+        assert!(c.observe("a", 404, 1_100, 2), "a new answer always writes");
+        assert!(
+            c.observe("a", 404, 1_200, 2),
+            "the 404 time moves (the gate reads it)"
+        );
+        assert!(c.ignore("10.9.9.9", 5), "a new ignored source");
+        assert!(!c.ignore("10.9.9.9", 6));
+    }
+
+    #[test]
+    fn a_cut_right_after_a_checker_s_down_is_the_lb_s() {
+        let mut c = Checkers::default();
+        c.observe("a", 503, 1_000, 2);
+        assert!(!c.cut_by_lb(1_100), "one 503 is not DOWN");
+        c.observe("a", 503, 2_000, 2);
+        assert_eq!(c.list[0].down_ms, Some(2_000));
+        assert!(c.cut_by_lb(2_000) && c.cut_by_lb(2_000 + CUT_WINDOW_MS));
+        assert!(
+            !c.cut_by_lb(2_001 + CUT_WINDOW_MS),
+            "too late: not the DOWN's"
+        );
+        assert!(!c.cut_by_lb(1_999), "before the DOWN");
+        c.observe("a", 503, 3_000, 2);
+        assert_eq!(c.list[0].down_ms, Some(2_000), "DOWN once per run of 503s");
+        c.observe("a", 200, 4_000, 2);
+        c.observe("a", 503, 5_000, 2);
+        c.observe("a", 503, 6_000, 2);
+        assert_eq!(c.list[0].down_ms, Some(6_000), "DOWN again after an UP");
     }
 
     #[test]

@@ -13,6 +13,7 @@
 //! - [`in_flight`]: how old the streams in flight are (what a drain waits for);
 //! - [`liveness`]: whether the traffic role is there and alive;
 //! - [`metric_names`]: every metric name (the host defines them);
+//! - [`receipt`]: how the streams of a drain ended, and what the LB cut;
 //! - [`rotation`]: connection rotation at drain start (Envoy's own connection drain,
 //!   event ③ of a pod termination).
 //!
@@ -30,6 +31,7 @@ pub mod lb;
 pub mod liveness;
 pub mod metric_names;
 pub mod net;
+pub mod receipt;
 pub mod rotation;
 
 proxy_wasm::main! {{

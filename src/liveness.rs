@@ -1,38 +1,64 @@
 //! Is the traffic role there, and alive? Pure.
 //!
 //! Every traffic root context (one per worker VM per listener filter
-//! configuration) takes an id from the [`Registry`] when it is configured,
-//! writes a heartbeat from its tick (its own shared-data key, no
-//! compare-and-swap, no per-stream cost) and removes itself when its root
-//! context is removed cleanly (`on_done`, or dropped: LDS update, plugin
-//! reconfigured). The health role, on its tick, compares each registered
-//! root's last beat with [`stale_after_ms`]:
+//! configuration, and one in the main thread's VM) takes an id from the
+//! [`Registry`] on its first tick, writes a heartbeat from every tick (its
+//! own shared-data key, no compare-and-swap, no per-stream cost) and leaves
+//! when its root context is removed cleanly (`on_done`, or dropped: LDS
+//! update, plugin reconfigured). Ids are reused: the smallest free one is
+//! taken, so the beat and in-flight keys stay as many as the roots alive at
+//! once, however many reconfigurations come and go.
+//!
+//! The health role judges on its tick (one health root per tick period does,
+//! see [`Watch`]):
 //!
 //! - no traffic root ever registered in this `vm_id`: the gateway does not
 //!   count, so it is not announced ([`Verdict::waiting`]: LB check and
 //!   readiness 503);
-//! - a root that stops beating without a goodbye (its VM failed) is moved
-//!   to `lost`: what it counted is never given back, and what it did not
-//!   count may still be in flight, so the count is unreliable from then on
-//!   (it never reads 0; a drain closes at `drain_timeout`, `forced`);
+//! - a root silent for [`stale_after_ms`] without a goodbye is **lost**: its
+//!   VM may have failed, so what it counted may never be given back and what
+//!   its worker runs now may go uncounted — the count is unreliable (it never
+//!   reads 0; a drain waits). A lost root that **beats again** was only late
+//!   (a busy worker, a long main-thread task): it is registered again, and
+//!   once no root is lost the count is trusted again. A VM that really died
+//!   never beats again: the count stays unreliable until istio-proxy restarts;
+//! - silence is only judged while the health role itself runs: when its own
+//!   tick was late by [`late_after_ms`] — the whole process stalled (SIGSTOP,
+//!   CPU throttling, a node under memory pressure) — every root gets a fresh
+//!   [`stale_after_ms`] to beat before any is judged, so a stall of the whole
+//!   process loses nothing;
 //! - every root gone with a goodbye and none back for [`stale_after_ms`] of
 //!   the shortest tick: the filter disappeared from the listeners, the
-//!   streams that run now are not counted — unreliable too.
+//!   streams that run now are not counted — unreliable too, and for the life
+//!   of the process: a stream that started in the gap is invisible to
+//!   drain-gate and nothing bounds how long it runs, so no later moment is
+//!   provably exact.
 //!
-//! Neither changes the LB answer: a flip would cut what is in flight.
+//! None of this changes the LB answer: a flip would cut what is in flight.
 
 use serde::{Deserialize, Serialize};
 
-/// A root whose last beat is older than this many of its ticks is dead.
+/// A root whose last beat is older than this many of its ticks is lost.
 pub const STALE_TICKS: u64 = 10;
-/// ... and never less than this: a worker busy for a moment is not dead.
+/// ... and never less than this: a worker busy for a moment is not lost.
 pub const STALE_MIN_MS: u64 = 2_000;
-/// At most this many lost roots are listed (the flag stays regardless).
-pub const MAX_LOST: usize = 16;
+/// Most traffic roots registered at once: one per worker and traffic filter
+/// configuration, one more in the main thread's VM, and the roots of every
+/// replaced filter chain until it has drained (Envoy keeps it for its drain
+/// time: a listener updated every second with a 45 s drain time holds 45 sets
+/// of roots). Past it a root is refused (and the count not trusted: nobody
+/// watches that root).
+pub const MAX_ROOTS: usize = 512;
 
-/// How long a root with this tick may stay silent before it counts as dead.
+/// How long a root with this tick may stay silent before it counts as lost.
 pub fn stale_after_ms(tick_ms: u64) -> u64 {
     tick_ms.saturating_mul(STALE_TICKS).max(STALE_MIN_MS)
+}
+
+/// A gap this long between two health ticks is a stall of the process (the
+/// health role did not run either): silence is judged afresh after it.
+pub fn late_after_ms(tick_ms: u64) -> u64 {
+    tick_ms.saturating_mul(5).max(1_000)
 }
 
 /// One registered traffic root context.
@@ -43,10 +69,11 @@ pub struct Root {
     pub since_ms: u64,
 }
 
-/// A root that stopped beating without a goodbye.
+/// A root that went silent without a goodbye.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Lost {
     pub id: u64,
+    pub tick_ms: u64,
     pub last_beat_ms: u64,
     pub at_ms: u64,
 }
@@ -55,22 +82,28 @@ pub struct Lost {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Why {
-    /// A stream could not be counted (a host call failed).
+    /// A stream is in flight that could not be counted (a host call failed).
     StreamNotCounted,
-    /// A traffic root stopped beating without a goodbye (its VM failed).
+    /// A traffic root went silent without a goodbye (its VM may have failed).
     TrafficRoleLost,
     /// Every traffic root said goodbye and none came back.
     TrafficRoleGone,
     /// No traffic root has registered in this `vm_id` yet.
     TrafficRoleNotSeen,
+    /// More traffic roots than the registry watches (`MAX_ROOTS`).
+    TooManyTrafficRoots,
+    /// A role was loaded as the wrong kind of filter: what passes it is not counted.
+    MisplacedRole,
 }
 
 impl Why {
-    pub const ALL: [Why; 4] = [
+    pub const ALL: [Why; 6] = [
         Why::StreamNotCounted,
         Why::TrafficRoleLost,
         Why::TrafficRoleGone,
         Why::TrafficRoleNotSeen,
+        Why::TooManyTrafficRoots,
+        Why::MisplacedRole,
     ];
 
     pub fn name(self) -> &'static str {
@@ -79,6 +112,8 @@ impl Why {
             Why::TrafficRoleLost => "traffic_role_lost",
             Why::TrafficRoleGone => "traffic_role_gone",
             Why::TrafficRoleNotSeen => "traffic_role_not_seen",
+            Why::TooManyTrafficRoots => "too_many_traffic_roots",
+            Why::MisplacedRole => "misplaced_role",
         }
     }
 
@@ -90,16 +125,36 @@ impl Why {
 /// The traffic roots of one `vm_id`, in shared data (compare-and-swap).
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Registry {
-    pub next_id: u64,
+    /// Moves on with every change (the verdicts judged from it are ordered by it).
+    pub generation: u64,
+    /// One above the highest id ever handed out: how many beat and in-flight
+    /// keys exist.
+    pub ids_high: u64,
     /// A traffic root has registered at least once.
     pub seen: bool,
+    /// A role was loaded as the wrong kind of filter: what passed it was not
+    /// counted, for the life of the process.
+    pub misplaced: bool,
     pub roots: Vec<Root>,
-    /// Newest last, at most `MAX_LOST`.
+    /// Lost and not back (their ids stay reserved, so that a beat on their
+    /// key is theirs). At most `MAX_ROOTS`; past that the oldest is dropped
+    /// and counted in `dropped_lost`.
     pub lost: Vec<Lost>,
-    /// Roots lost in total (the list is bounded).
+    /// Lost roots dropped from `lost`: never seen back, so never trusted again.
+    pub dropped_lost: u64,
+    /// Roots lost in total, and lost roots that beat again.
     pub lost_total: u64,
+    pub back_total: u64,
+    /// Registrations refused because `MAX_ROOTS` were registered.
+    pub refused: u64,
+    /// When the last refusal happened (a refused root retries every tick:
+    /// none for `stale_after_ms` means every root got in).
+    pub last_refused_ms: Option<u64>,
     /// When the last root said goodbye, while none is registered.
     pub empty_since_ms: Option<u64>,
+    /// A gap without any root (every root said goodbye, none back in time)
+    /// began then: streams that started in it were not counted.
+    pub gap_since_ms: Option<u64>,
     /// The shortest tick of any root seen: bounds how long "gone" waits.
     pub min_tick_ms: Option<u64>,
 }
@@ -114,10 +169,19 @@ pub struct Verdict {
 }
 
 impl Registry {
-    /// Registers a root; returns its id.
-    pub fn announce(&mut self, tick_ms: u64, now_ms: u64) -> u64 {
-        let id = self.next_id;
-        self.next_id = self.next_id.saturating_add(1);
+    /// Registers a root; returns its id: the smallest one neither a
+    /// registered nor a lost root holds. `None` when `MAX_ROOTS` are
+    /// registered (the caller retries from its next tick).
+    pub fn announce(&mut self, tick_ms: u64, now_ms: u64) -> Option<u64> {
+        if self.roots.len() >= MAX_ROOTS {
+            self.refused = self.refused.saturating_add(1);
+            self.last_refused_ms = Some(now_ms);
+            return None;
+        }
+        let taken =
+            |id: u64| self.roots.iter().any(|r| r.id == id) || self.lost.iter().any(|l| l.id == id);
+        let id = (0u64..).find(|id| !taken(*id))?;
+        self.ids_high = self.ids_high.max(id.saturating_add(1));
         self.seen = true;
         self.empty_since_ms = None;
         self.min_tick_ms = Some(self.min_tick_ms.map_or(tick_ms, |t| t.min(tick_ms)));
@@ -126,7 +190,7 @@ impl Registry {
             tick_ms,
             since_ms: now_ms,
         });
-        id
+        Some(id)
     }
 
     /// A root leaves cleanly. Returns whether it was registered.
@@ -141,14 +205,23 @@ impl Registry {
     }
 
     /// Roots whose last beat (`beat(id)`; a root that never beat counts from
-    /// its registration) is older than their stale threshold.
-    pub fn stale(&self, now_ms: u64, beat: impl Fn(u64) -> Option<u64>) -> Vec<Lost> {
+    /// its registration) is older than their stale threshold, silence being
+    /// counted from `judging_since_ms` at the earliest (the health role's
+    /// own run of on-time ticks, see `late_after_ms`).
+    pub fn stale(
+        &self,
+        now_ms: u64,
+        judging_since_ms: u64,
+        beat: impl Fn(u64) -> Option<u64>,
+    ) -> Vec<Lost> {
         self.roots
             .iter()
             .filter_map(|r| {
                 let last = beat(r.id).unwrap_or(r.since_ms).max(r.since_ms);
-                (now_ms.saturating_sub(last) > stale_after_ms(r.tick_ms)).then_some(Lost {
+                let silent_from = last.max(judging_since_ms);
+                (now_ms.saturating_sub(silent_from) > stale_after_ms(r.tick_ms)).then_some(Lost {
                     id: r.id,
+                    tick_ms: r.tick_ms,
                     last_beat_ms: last,
                     at_ms: now_ms,
                 })
@@ -168,27 +241,72 @@ impl Registry {
         }
         self.lost_total = self.lost_total.saturating_add(moved.len() as u64);
         self.lost.extend(moved.iter().cloned());
-        if self.lost.len() > MAX_LOST {
-            let extra = self.lost.len() - MAX_LOST;
+        if self.lost.len() > MAX_ROOTS {
+            let extra = self.lost.len() - MAX_ROOTS;
             self.lost.drain(..extra);
+            self.dropped_lost = self.dropped_lost.saturating_add(extra as u64);
+        }
+        if self.roots.is_empty() && !moved.is_empty() {
+            // Not a goodbye: "gone" does not apply, "lost" does.
+            self.empty_since_ms = None;
         }
         moved
     }
 
-    /// Every root gone with a goodbye, none back in time.
-    pub fn gone(&self, now_ms: u64) -> bool {
+    /// Lost roots that beat again after they were declared lost (`beat(id)`
+    /// newer than the last beat seen): registered again. Returns them.
+    pub fn revive(&mut self, beat: impl Fn(u64) -> Option<u64>) -> Vec<Lost> {
+        let (back, still): (Vec<Lost>, Vec<Lost>) = self
+            .lost
+            .drain(..)
+            .partition(|l| beat(l.id).is_some_and(|b| b > l.last_beat_ms));
+        self.lost = still;
+        for l in &back {
+            self.roots.push(Root {
+                id: l.id,
+                tick_ms: l.tick_ms,
+                since_ms: beat(l.id).unwrap_or(l.last_beat_ms),
+            });
+        }
+        if !back.is_empty() {
+            self.empty_since_ms = None;
+        }
+        self.back_total = self.back_total.saturating_add(back.len() as u64);
+        back
+    }
+
+    /// Every root gone with a goodbye, none back in time: the grace counted,
+    /// like silence, from `judging_since_ms` at the earliest (a stall right
+    /// after an LDS update's goodbye is not a missing replacement).
+    pub fn gone(&self, now_ms: u64, judging_since_ms: u64) -> bool {
         let grace = stale_after_ms(self.min_tick_ms.unwrap_or(0));
         self.roots.is_empty()
             && self
                 .empty_since_ms
-                .is_some_and(|t| now_ms.saturating_sub(t) > grace)
+                .is_some_and(|t| now_ms.saturating_sub(t.max(judging_since_ms)) > grace)
+    }
+
+    /// Records the start of a gap when every root has been gone past its
+    /// grace (idempotent); returns whether this call began it.
+    pub fn note_gap(&mut self, now_ms: u64, judging_since_ms: u64) -> bool {
+        if self.gap_since_ms.is_none() && self.gone(now_ms, judging_since_ms) {
+            self.gap_since_ms = self.empty_since_ms;
+            return true;
+        }
+        false
     }
 
     pub fn verdict(&self, now_ms: u64) -> Verdict {
-        let unreliable = if self.lost_total > 0 {
+        let unreliable = if self.misplaced {
+            Some(Why::MisplacedRole)
+        } else if !self.lost.is_empty() || self.dropped_lost > 0 {
             Some(Why::TrafficRoleLost)
-        } else if self.gone(now_ms) {
+        } else if self.gap_since_ms.is_some() {
             Some(Why::TrafficRoleGone)
+        } else if self.last_refused_ms.is_some_and(|t| {
+            now_ms.saturating_sub(t) <= stale_after_ms(self.min_tick_ms.unwrap_or(0))
+        }) {
+            Some(Why::TooManyTrafficRoots)
         } else {
             None
         };
@@ -199,8 +317,66 @@ impl Registry {
     }
 }
 
+/// Who judges the registry, and since when its run of on-time ticks lasts:
+/// one value per process (shared data), written by the health tick that
+/// judges (at most one per half `tick`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Watch {
+    /// The last judging tick (timer clock).
+    pub last_ms: Option<u64>,
+    /// Silence is judged from here at the earliest: the first on-time tick
+    /// after the health role last did not run for `late_after_ms`.
+    pub since_ms: u64,
+    /// Stalls seen (the health role did not run for `late_after_ms`).
+    pub stalls: u64,
+    /// The longest stall seen.
+    pub longest_stall_ms: u64,
+}
+
+/// What a health tick does with the watch record.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Judge {
+    /// Another health tick judged less than half a tick ago.
+    Skip,
+    /// Judge, silence counted from `since_ms`.
+    Now(Watch),
+    /// The health role did not run for this long: judge from now on.
+    AfterStall(Watch, u64),
+}
+
+impl Watch {
+    pub fn next(&self, now_ms: u64, tick_ms: u64) -> Judge {
+        let Some(last) = self.last_ms else {
+            return Judge::Now(Watch {
+                last_ms: Some(now_ms),
+                since_ms: now_ms,
+                ..*self
+            });
+        };
+        let gap = now_ms.saturating_sub(last);
+        if gap < tick_ms / 2 {
+            return Judge::Skip;
+        }
+        if gap >= late_after_ms(tick_ms) {
+            return Judge::AfterStall(
+                Watch {
+                    last_ms: Some(now_ms),
+                    since_ms: now_ms,
+                    stalls: self.stalls.saturating_add(1),
+                    longest_stall_ms: self.longest_stall_ms.max(gap),
+                },
+                gap,
+            );
+        }
+        Judge::Now(Watch {
+            last_ms: Some(now_ms),
+            ..*self
+        })
+    }
+}
+
 #[cfg(test)]
-#[allow(clippy::unwrap_used, clippy::indexing_slicing)]
+#[allow(clippy::unwrap_used, clippy::indexing_slicing, clippy::panic)]
 mod tests {
     use super::*;
 
@@ -209,8 +385,8 @@ mod tests {
         let mut r = Registry::default();
         assert!(r.verdict(0).waiting);
         assert_eq!(r.verdict(0).unreliable, None);
-        let a = r.announce(100, 10);
-        let b = r.announce(100, 10);
+        let a = r.announce(100, 10).unwrap();
+        let b = r.announce(100, 10).unwrap();
         assert_ne!(a, b, "every root gets its own id");
         assert_eq!(
             r.verdict(10),
@@ -224,12 +400,12 @@ mod tests {
     #[test]
     fn a_silent_root_is_lost_after_several_ticks() {
         let mut r = Registry::default();
-        let a = r.announce(100, 0);
-        let b = r.announce(100, 0);
+        let a = r.announce(100, 0).unwrap();
+        let b = r.announce(100, 0).unwrap();
         let beats = |id: u64| Some(if id == a { 5_000 } else { 1_000 });
         assert_eq!(stale_after_ms(100), STALE_MIN_MS);
-        assert!(r.stale(3_000, beats).is_empty(), "2 s is not yet stale");
-        let dead = r.stale(3_001, beats);
+        assert!(r.stale(3_000, 0, beats).is_empty(), "2 s is not yet stale");
+        let dead = r.stale(3_001, 0, beats);
         assert_eq!(dead.len(), 1);
         assert_eq!((dead[0].id, dead[0].last_beat_ms), (b, 1_000));
         assert_eq!(r.mark_lost(&dead).len(), 1);
@@ -245,50 +421,167 @@ mod tests {
     }
 
     #[test]
+    fn silence_is_judged_only_from_the_health_role_s_own_run_of_ticks() {
+        let mut r = Registry::default();
+        r.announce(100, 0).unwrap();
+        let beats = |_| Some(1_000);
+        // The whole process stopped from 1.0 s to 4.5 s: the health role's
+        // first tick after it judges from 4.5 s on.
+        assert!(r.stale(4_500, 4_500, beats).is_empty());
+        assert!(r.stale(6_500, 4_500, beats).is_empty());
+        assert_eq!(
+            r.stale(6_501, 4_500, beats).len(),
+            1,
+            "then silent for real"
+        );
+    }
+
+    #[test]
+    fn a_lost_root_that_beats_again_is_registered_again_and_trusted() {
+        let mut r = Registry::default();
+        let a = r.announce(100, 0).unwrap();
+        let lost = r.stale(5_000, 0, |_| Some(1_000));
+        r.mark_lost(&lost);
+        assert_eq!(r.verdict(5_000).unreliable, Some(Why::TrafficRoleLost));
+        assert!(r.revive(|_| Some(1_000)).is_empty(), "the same old beat");
+        let back = r.revive(|_| Some(5_100));
+        assert_eq!(back.len(), 1);
+        assert_eq!(r.roots[0].id, a, "its id kept");
+        assert_eq!((r.lost_total, r.back_total), (1, 1));
+        assert_eq!(r.verdict(5_100).unreliable, None);
+    }
+
+    #[test]
+    fn ids_are_reused_and_a_lost_root_keeps_its_own() {
+        let mut r = Registry::default();
+        let a = r.announce(100, 0).unwrap();
+        let b = r.announce(100, 0).unwrap();
+        assert_eq!((a, b), (0, 1));
+        r.goodbye(a, 10);
+        assert_eq!(r.announce(100, 20), Some(0), "the smallest free id");
+        let lost = r.stale(10_000, 0, |id| (id == 0).then_some(9_000));
+        assert_eq!(lost.len(), 1);
+        r.mark_lost(&lost);
+        assert_eq!(
+            r.announce(100, 10_000),
+            Some(2),
+            "1 is reserved for the lost root"
+        );
+        for _ in 0..1_000 {
+            let id = r.announce(100, 10_000).unwrap();
+            r.goodbye(id, 10_000);
+        }
+        assert!(
+            r.roots
+                .iter()
+                .chain(r.lost.iter().map(|_| &r.roots[0]))
+                .count()
+                <= 3,
+            "a thousand reconfigurations leave the ids as they were"
+        );
+        assert_eq!(r.announce(100, 10_000), Some(3));
+    }
+
+    #[test]
+    fn registrations_past_the_bound_are_refused_and_named() {
+        let mut r = Registry::default();
+        for _ in 0..MAX_ROOTS {
+            assert!(r.announce(100, 0).is_some());
+        }
+        assert_eq!(r.announce(100, 0), None);
+        assert_eq!(r.refused, 1);
+        assert_eq!(r.verdict(0).unreliable, Some(Why::TooManyTrafficRoots));
+        assert_eq!(
+            r.verdict(STALE_MIN_MS + 1).unreliable,
+            None,
+            "no refusal for a stale period: every root got in"
+        );
+    }
+
+    #[test]
     fn a_root_that_never_beat_counts_from_its_registration() {
         let mut r = Registry::default();
-        r.announce(100, 50_000);
-        assert!(r.stale(51_000, |_| None).is_empty());
-        assert_eq!(r.stale(52_001, |_| None).len(), 1);
-        // A beat older than the registration (a reused id cannot happen, but
-        // a clock step back can) does not make a new root stale.
-        assert!(r.stale(51_000, |_| Some(0)).is_empty());
+        r.announce(100, 50_000).unwrap();
+        assert!(r.stale(51_000, 0, |_| None).is_empty());
+        assert_eq!(r.stale(52_001, 0, |_| None).len(), 1);
+        // A beat older than the registration (a clock step back cannot move
+        // the monotonic clock, but a reused key may hold an older beat) does
+        // not make a new root stale.
+        assert!(r.stale(51_000, 0, |_| Some(0)).is_empty());
     }
 
     #[test]
     fn goodbye_marks_nothing_and_replacement_is_seamless() {
         let mut r = Registry::default();
-        let old = r.announce(100, 0);
-        let new = r.announce(100, 500); // LDS: the new listener's root first
+        let old = r.announce(100, 0).unwrap();
+        let new = r.announce(100, 500).unwrap(); // LDS: the new listener's root first
         assert!(r.goodbye(old, 1_000));
         assert!(!r.goodbye(old, 1_000), "twice is once");
         assert_eq!(r.verdict(100_000).unreliable, None);
         assert!(r.goodbye(new, 2_000));
         // Every root gone: a grace of the stale threshold for a replacement.
-        assert_eq!(r.verdict(2_000 + STALE_MIN_MS).unreliable, None);
-        r.announce(100, 3_000);
-        assert_eq!(r.verdict(100_000).unreliable, None, "came back in time");
+        assert!(!r.note_gap(2_000 + STALE_MIN_MS, 0));
+        // ... counted from the health role's run of ticks (a stall right after).
+        assert!(!r.note_gap(10_000, 9_000));
+        r.announce(100, 3_000).unwrap();
+        assert!(!r.note_gap(100_000, 0), "came back in time");
+        assert_eq!(r.verdict(100_000).unreliable, None);
         let mut r2 = r.clone();
         let ids: Vec<u64> = r2.roots.iter().map(|x| x.id).collect();
         for id in ids {
             r2.goodbye(id, 10_000);
         }
+        let late = 10_000 + STALE_MIN_MS + 1;
+        assert!(r2.note_gap(late, 0) && !r2.note_gap(late, 0));
+        assert_eq!(r2.verdict(late).unreliable, Some(Why::TrafficRoleGone));
+        r2.announce(100, 20_000).unwrap();
         assert_eq!(
-            r2.verdict(10_000 + STALE_MIN_MS + 1).unreliable,
-            Some(Why::TrafficRoleGone)
+            r2.verdict(1 << 40).unreliable,
+            Some(Why::TrafficRoleGone),
+            "a stream of the gap is invisible: never trusted again"
         );
     }
 
     #[test]
-    fn lost_list_is_bounded_but_the_total_is_not() {
+    fn lost_list_is_bounded_and_what_falls_off_is_never_trusted_again() {
         let mut r = Registry::default();
-        for _ in 0..40 {
-            r.announce(100, 0);
+        for _ in 0..MAX_ROOTS {
+            r.announce(100, 0).unwrap();
         }
-        let dead = r.stale(10_000, |_| None);
-        assert_eq!(r.mark_lost(&dead).len(), 40);
-        assert_eq!(r.lost.len(), MAX_LOST);
-        assert_eq!(r.lost_total, 40);
+        let dead = r.stale(10_000, 0, |_| None);
+        assert_eq!(r.mark_lost(&dead).len(), MAX_ROOTS);
+        for _ in 0..10 {
+            r.announce(100, 10_000).unwrap();
+        }
+        let dead = r.stale(20_000, 0, |_| None);
+        r.mark_lost(&dead);
+        assert_eq!(r.lost.len(), MAX_ROOTS);
+        assert_eq!(r.dropped_lost, 10);
+        assert_eq!(r.lost_total, MAX_ROOTS as u64 + 10);
+        r.revive(|_| Some(30_000));
+        assert!(r.lost.is_empty());
+        assert_eq!(r.verdict(30_000).unreliable, Some(Why::TrafficRoleLost));
+    }
+
+    #[test]
+    fn one_health_tick_judges_per_half_tick_and_a_stall_restarts_the_run() {
+        let w = Watch::default();
+        let Judge::Now(w) = w.next(1_000, 100) else {
+            panic!("the first tick judges")
+        };
+        assert_eq!(
+            w.next(1_040, 100),
+            Judge::Skip,
+            "another worker judged 40 ms ago"
+        );
+        let Judge::Now(w) = w.next(1_100, 100) else {
+            panic!("on time")
+        };
+        assert_eq!(w.since_ms, 1_000);
+        let Judge::AfterStall(w, gap) = w.next(4_600, 100) else {
+            panic!("3.5 s without a health tick is a stall")
+        };
+        assert_eq!((gap, w.since_ms, w.stalls), (3_500, 4_600, 1));
     }
 
     #[test]

@@ -26,6 +26,13 @@ pub const COUNT_UNRELIABLE: &str = "drain_gate_count_unreliable";
 pub const TRAFFIC_ROLES_LOST: &str = "drain_gate_traffic_roles_lost";
 pub const OLDEST_IN_FLIGHT: &str = "drain_gate_oldest_in_flight_seconds";
 pub const CLOCK_STEPS: &str = "drain_gate_clock_steps";
+pub const LB_CHECKS_IGNORED: &str = "drain_gate_lb_checks_ignored";
+pub const CUT: &str = "drain_gate_cut";
+pub const CUT_LB: &str = "drain_gate_cut_lb";
+pub const CUT_TCP: &str = "drain_gate_cut_tcp";
+pub const DRAIN_COMPLETED: &str = "drain_gate_drain_completed";
+pub const DRAIN_ENDED_UPSTREAM: &str = "drain_gate_drain_ended_upstream";
+pub const REFUSED: &str = "drain_gate_refused";
 
 /// The transition counter for each target state, indexed like `State::ALL`.
 pub const TRANSITIONS_TO: [&str; 5] = [
@@ -36,7 +43,7 @@ pub const TRANSITIONS_TO: [&str; 5] = [
     "drain_gate_transitions_to_fault",
 ];
 
-pub const ALL: [Metric; 14] = [
+pub const ALL: [Metric; 21] = [
     Metric {
         name: ACTIVE_REQUESTS,
         kind: Kind::Gauge,
@@ -90,12 +97,12 @@ pub const ALL: [Metric; 14] = [
     Metric {
         name: COUNT_UNRELIABLE,
         kind: Kind::Gauge,
-        help: "1 while the health role distrusts the count (a stream went uncounted, a traffic VM stopped without a goodbye, the traffic filter went away, or no traffic role shares its vm_id)",
+        help: "1 while the health role does not trust the count (count.unreliable_reason in /drain/status says why)",
     },
     Metric {
         name: TRAFFIC_ROLES_LOST,
         kind: Kind::Counter,
-        help: "traffic root contexts that stopped beating without a goodbye (their VM failed)",
+        help: "traffic root contexts declared lost: silent without a goodbye (a failed VM, or a worker late by seconds: traffic.back_total counts those that came back)",
     },
     Metric {
         name: OLDEST_IN_FLIGHT,
@@ -106,6 +113,41 @@ pub const ALL: [Metric; 14] = [
         name: CLOCK_STEPS,
         kind: Kind::Counter,
         help: "wall-clock steps seen (the drain timers run on the monotonic clock and ignore them)",
+    },
+    Metric {
+        name: LB_CHECKS_IGNORED,
+        kind: Kind::Counter,
+        help: "LB checks from sources outside lb_checkers: answered, not recorded (an LB behind SNAT or a wrong CIDR)",
+    },
+    Metric {
+        name: CUT,
+        kind: Kind::Counter,
+        help: "streams and connections the downstream ended before they completed, during a drain (the LB's reset at DOWN, or a client that gave up)",
+    },
+    Metric {
+        name: CUT_LB,
+        kind: Kind::Counter,
+        help: "of drain_gate_cut, those that ended within 2 s after an LB checker was served its lb_fall-th consecutive 503: cut by the LB marking the gateway DOWN",
+    },
+    Metric {
+        name: CUT_TCP,
+        kind: Kind::Counter,
+        help: "of drain_gate_cut, TCP and TLS-passthrough connections (the rest are HTTP streams)",
+    },
+    Metric {
+        name: DRAIN_COMPLETED,
+        kind: Kind::Counter,
+        help: "streams and connections that completed during a drain",
+    },
+    Metric {
+        name: DRAIN_ENDED_UPSTREAM,
+        kind: Kind::Counter,
+        help: "streams and connections ended by the upstream or by Envoy itself during a drain (reset, timeout, local reply)",
+    },
+    Metric {
+        name: REFUSED,
+        kind: Kind::Counter,
+        help: "new HTTP requests answered 503 while draining (draining_new_requests: refuse), never forwarded",
     },
 ];
 

@@ -22,29 +22,69 @@ pub const LOOPBACK: [Cidr; 2] = [
     },
 ];
 
+/// Why a string is not a network drain-gate accepts.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum CidrError {
+    NotAnAddress(String),
+    Prefix {
+        input: String,
+        max: u8,
+    },
+    /// Host bits set: `network` is what was probably meant.
+    HostBits {
+        input: String,
+        network: String,
+    },
+}
+
+impl fmt::Display for CidrError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            CidrError::NotAnAddress(s) => write!(f, "{s:?} is not an IP address or CIDR"),
+            CidrError::Prefix { input, max } => {
+                write!(f, "{input:?} has a prefix length outside 0..={max}")
+            }
+            CidrError::HostBits { input, network } => {
+                write!(
+                    f,
+                    "{input:?} has host bits set (did you mean \"{network}\"?)"
+                )
+            }
+        }
+    }
+}
+
+impl std::error::Error for CidrError {}
+
 impl Cidr {
-    pub fn parse(s: &str) -> Result<Cidr, String> {
+    pub fn parse(s: &str) -> Result<Cidr, CidrError> {
         let (addr, prefix) = match s.split_once('/') {
             Some((a, p)) => (a, Some(p)),
             None => (s, None),
         };
         let net: IpAddr = addr
             .parse()
-            .map_err(|_| format!("{s:?} is not an IP address or CIDR"))?;
+            .map_err(|_| CidrError::NotAnAddress(s.to_string()))?;
         let max = if net.is_ipv4() { 32 } else { 128 };
         let prefix = match prefix {
             None => max,
             Some(p) => match p.parse::<u8>() {
                 Ok(n) if n <= max => n,
-                _ => return Err(format!("{s:?} has a prefix length outside 0..={max}")),
+                _ => {
+                    return Err(CidrError::Prefix {
+                        input: s.to_string(),
+                        max,
+                    })
+                }
             },
         };
         let cidr = Cidr { net, prefix };
         let network = cidr.network();
         if network != net {
-            return Err(format!(
-                "{s:?} has host bits set (did you mean \"{network}/{prefix}\"?)"
-            ));
+            return Err(CidrError::HostBits {
+                input: s.to_string(),
+                network: format!("{network}/{prefix}"),
+            });
         }
         Ok(cidr)
     }
@@ -123,11 +163,11 @@ mod tests {
     #[test]
     fn host_bits_are_refused_with_the_network_to_use() {
         assert_eq!(
-            Cidr::parse("10.0.0.1/8").unwrap_err(),
+            Cidr::parse("10.0.0.1/8").unwrap_err().to_string(),
             "\"10.0.0.1/8\" has host bits set (did you mean \"10.0.0.0/8\"?)"
         );
         assert_eq!(
-            Cidr::parse("fd00::1/8").unwrap_err(),
+            Cidr::parse("fd00::1/8").unwrap_err().to_string(),
             "\"fd00::1/8\" has host bits set (did you mean \"fd00::/8\"?)"
         );
         assert!(Cidr::parse("127.0.0.1/0").is_err());

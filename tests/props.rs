@@ -12,30 +12,19 @@ use drain_gate::clock::{self, Look, Now, Steps, Timers};
 use drain_gate::config::{Config, Role, KEYS};
 use drain_gate::fsm::{self, CloseAfter, DrainPlan, Move, Reason, Record, State, HISTORY};
 use drain_gate::in_flight::{Ages, InFlight};
-use drain_gate::lb::Checkers;
+use drain_gate::lb::{Checkers, Gate};
 use proptest::prelude::*;
 use serde_json::{json, Value};
 
 /// The reads, which anyone may call.
-const READS: [&str; 4] = ["/health_check.html", "/health", "/live", "/drain/status"];
-/// The admin calls, which need `admin_allow` or a token.
-const ADMIN: [&str; 6] = [
-    "/drain",
-    "/close-lb",
-    "/close",
-    "/reopen",
-    "/fault",
-    "/prestop",
-];
-
-/// Every path the router knows, and one it does not.
+/// Every path the router knows (`api::ROUTES`), and one it does not.
 fn paths() -> Vec<&'static str> {
-    READS
-        .iter()
-        .chain(ADMIN.iter())
-        .chain(["/"].iter())
-        .copied()
-        .collect()
+    api::ROUTES.iter().map(|r| r.path).chain(["/"]).collect()
+}
+
+/// Whether `path` is an admin call (needs `admin_allow` or a token).
+fn admin(path: &str) -> bool {
+    api::route_of(path).is_some_and(|r| r.admin)
 }
 const TOKEN: &str = "s3cret-token-0123456789";
 
@@ -163,15 +152,9 @@ proptest! {
         match api::route(&req, &cfg) {
             Ok(endpoint) => {
                 prop_assert!(paths().contains(&bare) && bare != "/", "{bare}");
-                let admin = ADMIN.contains(&bare);
+                let admin = admin(bare);
                 prop_assert!(!admin || authorized(&req, &cfg), "unauthorized admin call routed: {req:?}");
-                let ok_method = if bare == "/prestop" {
-                    m == "GET"
-                } else if admin {
-                    m == "POST"
-                } else {
-                    m == "GET" || m == "HEAD"
-                };
+                let ok_method = api::route_of(bare).is_some_and(|r| r.allows(&m));
                 prop_assert!(ok_method, "{m} {p} routed to {endpoint:?}");
                 if let Endpoint::DrainAndWait { timeout_ms } = endpoint {
                     prop_assert!(timeout_ms > 0);
@@ -188,7 +171,7 @@ proptest! {
                 prop_assert_eq!(header(&reply, "allow").is_some(), reply.status == 405);
                 prop_assert_eq!(header(&reply, "www-authenticate").is_some(), reply.status == 401);
                 if reply.status == 401 || reply.status == 403 {
-                    prop_assert!(ADMIN.contains(&bare) && !authorized(&req, &cfg));
+                    prop_assert!(admin(bare) && !authorized(&req, &cfg));
                     prop_assert_eq!(reply.status == 401, !cfg.admin_tokens.is_empty());
                 }
                 // Nothing of the request comes back.
@@ -258,7 +241,8 @@ proptest! {
                                         which in prop::collection::vec(any::<bool>(), 8), upper in any::<bool>(),
                                         path in prop::sample::select(paths())) {
         let cfg = Config::parse(br#"{"role":"health"}"#).unwrap();
-        let method = if path == "/prestop" { "GET" } else if ADMIN.contains(&path) { "POST" } else { "GET" };
+        // The endpoint's first method (GET for the unknown path).
+        let method = api::route_of(path).map_or("GET", |r| r.allow.split(", ").next().unwrap());
         // Only parts free of `%`, `&` and `=` are encoded: those three are syntax.
         let encoded: Vec<String> = parts.iter().zip(which.iter().cycle()).map(|(part, &enc)| {
             match part.split_once('=') {
@@ -427,9 +411,10 @@ fn plan() -> impl Strategy<Value = DrainPlan> {
         1u64..20_000,
         any::<bool>(),
         any::<bool>(),
+        any::<bool>(),
     )
         .prop_map(
-            |(min, timeout, buffer, observed, down, hold, gate)| DrainPlan {
+            |(min, timeout, buffer, observed, down, hold, gate, needs)| DrainPlan {
                 min_drain_ms: min.min(timeout),
                 drain_timeout_ms: timeout,
                 lb_buffer_ms: buffer,
@@ -440,6 +425,7 @@ fn plan() -> impl Strategy<Value = DrainPlan> {
                 },
                 lb_down_timeout_ms: down,
                 lb_gate: gate,
+                lb_gate_needs_checker: needs,
                 hold_closing: hold,
             },
         )
@@ -609,12 +595,16 @@ proptest! {
             clock: api::ClockInfo::new(Timers::Monotonic, &Steps::default()),
             in_flight: InFlight::default(),
             count: api::CountInfo { source: "gauge", reliable: true, http_streams: active, tcp_connections: 0, unreliable_reason: None },
-            traffic: api::TrafficInfo { seen: true, roots: 1, lost: 0 },
+            traffic: api::TrafficInfo { seen: true, roots: 1, ..api::TrafficInfo::default() },
             draining_lb_status: 200,
             checkers: &checkers,
+            ignored_checks: 0,
             lb_fall: 2,
             close_after: CloseAfter::LbBuffer,
             rotation: api::RotationView { cluster: Some("admin"), last: None },
+            footprint: api::Footprint::default(),
+            receipt: drain_gate::receipt::Tally::default(),
+            new_requests: "serve",
         };
         let body: Value = serde_json::from_slice(&api::status(&view).body).unwrap();
         for field in ["state", "ready", "live", "lb_status", "active", "count", "waiting_for", "traffic", "in_flight", "progress", "lb", "clock", "connection_rotation"] {
@@ -757,6 +747,48 @@ proptest! {
         }
     }
 
+    /// The LB view and the soft-drain gate run on the monotonic clock too: a
+    /// drain whose checker is answered at every tick (what the state answers
+    /// it) takes exactly the same transitions, at the same ticks, whether or
+    /// not the wall clock steps in between — `lb_observed_down`'s close, the
+    /// gate's flip, the timeouts.
+    #[test]
+    fn lb_view_and_gate_ignore_wall_clock_steps(
+        plan in plan(),
+        ticks in prop::collection::vec((tick(), any::<bool>()), 1..150),
+        wall in 1u64 << 41..1 << 42,
+        mono in 0u64..1 << 40,
+    ) {
+        let start = Move { expected_from: State::Open, to: State::Draining, reason: Reason::DrainRequested, plan: Some(plan), force: false };
+        let begin = |wall_ms| Now { wall_ms, mono_ms: Some(mono) };
+        let mut stepped = fsm::advance(&Record::new(wall), start, begin(wall), 1).unwrap();
+        let mut steady = stepped.clone();
+        let (mut c_stepped, mut c_steady) = (Checkers::default(), Checkers::default());
+        let (mut wall_s, mut wall_0, mut m) = (wall, wall, mono);
+        for (t, checks) in ticks {
+            m += t.dt;
+            wall_s = wall_after(wall_s, t);
+            wall_0 += t.dt;
+            let mut got = Vec::new();
+            for (rec, checkers, wall_ms) in [(&mut stepped, &mut c_stepped, wall_s), (&mut steady, &mut c_steady, wall_0)] {
+                let now = Now { wall_ms, mono_ms: Some(m) };
+                if checks {
+                    checkers.observe("10.0.0.1", rec.state.lb_status(404), m, 2);
+                }
+                let lb_down = checkers.down_since(m, 2);
+                let since = rec.drain_started_timer_ms().unwrap();
+                let gate = checkers.gate(since, m, plan.lb_gate_needs_checker).passes();
+                let due = fsm::due_gated(rec, now, t.active, lb_down, gate);
+                if let Some(mv) = due {
+                    *rec = fsm::advance(rec, mv, now, t.active).unwrap();
+                }
+                got.push(due.map(|mv| mv.reason));
+            }
+            prop_assert_eq!(got[0], got[1], "a wall-clock step of {} ms changed a decision", t.step);
+            prop_assert_eq!(stepped.state, steady.state);
+        }
+    }
+
     /// A wall-clock step of 5/4 of the threshold or more is counted at the
     /// tick it happens; changes below 3/4 of it never are; the recorded
     /// offset never lags the real one by more than a quarter of the threshold.
@@ -827,8 +859,10 @@ proptest! {
         }
     }
 
-    /// The checkers' view: `saw_drain` is exactly "every live checker was
-    /// served a 404 at or after the drain start".
+    /// The checkers' view: `saw_drain` is exactly "at least one live checker,
+    /// and every one was served a 404 at or after the drain start", and the
+    /// gate holds exactly until then — or, with no live checker, holds only
+    /// when `lb_checkers` names the LB.
     #[test]
     fn saw_drain_matches_its_definition(answers in prop::collection::vec((0u8..6, prop::sample::select(vec![200u16, 404, 503]), 0u64..50_000), 0..40),
                                        since in 0u64..50_000) {
@@ -839,8 +873,17 @@ proptest! {
             c.observe(&format!("10.0.0.{who}"), status, now, 2);
         }
         let live: Vec<_> = c.list.iter().filter(|x| now - x.last_seen_ms <= drain_gate::lb::CHECKER_TTL_MS).collect();
-        let expect = live.iter().all(|x| x.last_404_ms.is_some_and(|t| t >= since));
-        prop_assert_eq!(c.saw_drain(since, now), expect);
+        let all_404 = live.iter().all(|x| x.last_404_ms.is_some_and(|t| t >= since));
+        prop_assert_eq!(c.saw_drain(since, now), !live.is_empty() && all_404, "never saw what nobody asked");
+        for need in [false, true] {
+            let expect = match (live.is_empty(), all_404, need) {
+                (true, _, false) => Gate::NoLb,
+                (true, _, true) => Gate::NoChecker,
+                (false, true, _) => Gate::Open,
+                (false, false, _) => Gate::Waiting,
+            };
+            prop_assert_eq!(c.gate(since, now, need), expect);
+        }
     }
 }
 
@@ -866,7 +909,9 @@ fn life() -> impl Strategy<Value = Life> {
 proptest! {
     /// Roots that beat every tick and leave with a goodbye are never lost and
     /// never make the count unreliable; a root that dies is lost within its
-    /// stale threshold plus one health tick, and only then.
+    /// stale threshold plus one health tick, and only then; a root that was
+    /// only late (it beats again) is registered again, and once none is lost
+    /// the verdict is clear again.
     #[test]
     fn liveness_loses_exactly_the_dead(ops in prop::collection::vec(life(), 1..80)) {
         let mut reg = Registry::default();
@@ -877,7 +922,8 @@ proptest! {
         for op in ops {
             match op {
                 Life::Announce(tick) => {
-                    let id = reg.announce(tick, now);
+                    let id = reg.announce(tick, now).unwrap();
+                    prop_assert!(!roots.iter().any(|r| r.0 == id), "id {id} given twice");
                     roots.push((id, tick, now, true));
                 }
                 Life::Beat(i) => if let Some(r) = roots.get_mut(i) { if r.3 { r.2 = now; } },
@@ -896,7 +942,12 @@ proptest! {
                         r.2 = now - (now - r.2) % r.1.max(1);
                     }
                     let beats: Vec<(u64, u64)> = roots.iter().map(|r| (r.0, r.2)).collect();
-                    let dead = reg.stale(now, |id| beats.iter().find(|b| b.0 == id).map(|b| b.1));
+                    let beat = |id| beats.iter().find(|b| b.0 == id).map(|b| b.1);
+                    let back = reg.revive(beat);
+                    for b in &back {
+                        prop_assert!(!died.iter().any(|x| x.0 == b.id), "a dead root came back: {b:?}");
+                    }
+                    let dead = reg.stale(now, 0, beat);
                     for d in &dead {
                         prop_assert!(died.iter().any(|x| x.0 == d.id), "a live root was declared lost: {d:?}");
                     }
@@ -911,8 +962,11 @@ proptest! {
         }
         let v = reg.verdict(now);
         prop_assert_eq!(v.waiting, !reg.seen);
-        if reg.lost_total > 0 {
+        if !reg.lost.is_empty() {
             prop_assert_eq!(v.unreliable, Some(Why::TrafficRoleLost));
+            for l in &reg.lost {
+                prop_assert!(died.iter().any(|x| x.0 == l.id), "only the dead stay lost");
+            }
         } else if v.unreliable.is_some() {
             prop_assert_eq!(v.unreliable, Some(Why::TrafficRoleGone));
             prop_assert!(reg.roots.is_empty());

@@ -198,8 +198,8 @@ def test_wasmplugin_form_loads_the_mounted_module_and_counts_tcp_on_its_ports(mo
     assert (traffic["type"], traffic["pluginName"], "match" in traffic) == ("HTTP", "drain_gate_traffic", False)
     assert (tcp["type"], tcp["pluginName"]) == ("NETWORK", "drain_gate_tcp")
     assert tcp["match"] == [{"ports": [{"number": 15443}, {"number": 9443}]}]
-    assert traffic["pluginConfig"] == {"role": "traffic", "tick": "100ms"}
-    assert tcp["pluginConfig"] == {"role": "traffic_tcp", "tick": "100ms"}
+    assert traffic["pluginConfig"] == {"role": "traffic", "tick": "100ms", "draining_new_requests": "serve"}
+    assert tcp["pluginConfig"] == {"role": "traffic_tcp", "tick": "100ms", "draining_new_requests": "serve"}
     assert traffic["failStrategy"] == tcp["failStrategy"] == "FAIL_OPEN"
     digest = "a" * 64
     oci = k8s.by_kind(k8s.template(*with_module(module, *WASMPLUGIN, "--set", f"wasmPlugin.url={OCI}",
@@ -247,8 +247,8 @@ def test_config_values_reach_the_health_role_and_traffic_gets_only_what_it_uses(
             traffic = json.loads(value["typed_config"]["config"]["configuration"]["value"])
             value = objs[("EnvoyFilter", "drain-gate-tcp")]["spec"]["configPatches"][0]["patch"]["value"]
             tcp = json.loads(value["typed_config"]["config"]["configuration"]["value"])
-            assert tcp == {"role": "traffic_tcp", "tick": "50ms"}
-        assert traffic == {"role": "traffic", "tick": "50ms"}
+            assert tcp == {"role": "traffic_tcp", "tick": "50ms", "draining_new_requests": "serve"}
+        assert traffic == {"role": "traffic", "tick": "50ms", "draining_new_requests": "serve"}
 
 
 def test_tcp_value_renders_or_leaves_out_the_tcp_filter(module):

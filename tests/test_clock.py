@@ -14,7 +14,7 @@ import requests
 from tests.harness import istio
 from tests.harness.envoy import wait_for
 from tests.harness.wallclock import WallClock
-from tests.harness.wire import status
+from tests.harness.wire import fresh_get, status
 
 HOUR_MS = 3_600_000
 
@@ -139,3 +139,88 @@ def test_a_step_moves_no_in_flight_age(stepped, stream):
         later, later_at = oldest()
         assert age <= later <= age + (later_at - at) * 1000 + 100, (step, age, later)
         age, at = later, later_at
+
+
+MINUTE_MS = 60_000
+
+
+class Checker(threading.Thread):
+    """An LB checker: `GET /health_check.html` every 200 ms from 127.0.0.1 (HAProxy's
+    HTTP/1.0 check), pausable; `served` is every answer it got, in order."""
+
+    def __init__(self, gw):
+        super().__init__(daemon=True)
+        self.gw, self.served, self.stop = gw, [], threading.Event()
+        self.paused = threading.Event()
+
+    def run(self):
+        while not self.stop.is_set():
+            if not self.paused.is_set():
+                self.served.append(fresh_get(self.gw.ports.health, "/health_check.html")[0])
+            time.sleep(0.2)
+
+    def pause(self):
+        """Until `resume`: the check in flight, if any, has been answered when this returns."""
+        self.paused.set()
+        time.sleep(0.3)
+
+
+@pytest.fixture
+def checker():
+    started = []
+
+    def start(gw) -> Checker:
+        c = Checker(gw)
+        c.start()
+        started.append(c)
+        wait_for(lambda: len(c.served) >= 2, 5, what="the checker recorded")
+        return c
+
+    yield start
+    for c in started:
+        c.stop.set()
+        c.join(2)
+
+
+@pytest.mark.parametrize("step", [MINUTE_MS, -MINUTE_MS], ids=["forward", "back"])
+def test_a_step_neither_opens_nor_shuts_the_soft_drain_gate(stepped, checker, step):
+    """The gate waits for the LB to be served a 404 since the drain began. The checker record
+    runs on the monotonic clock: a minute forward does not age the checker out (which would
+    open the gate with the LB never served the 404: UP straight to DOWN), a minute back does
+    not date the 404 before the drain (which would hold the gate to drain_timeout)."""
+    gw, clock = stepped({"draining_lb_status": 404, "drain_timeout": "60s", "lb_buffer": "60m"})
+    lb = checker(gw)
+    lb.pause()
+    assert requests.post(gw.health("/drain"), timeout=5).json()["state"] == "DRAINING"
+    clock.step(step)
+    step_seen(gw, 1)
+    for _ in range(10):  # a second of health ticks without a check
+        st = status(gw)
+        assert (st["state"], st["lb"]["gate"], st["lb"]["saw_drain"]) == ("DRAINING", "waiting", False), st["lb"]
+        time.sleep(0.1)
+    lb.paused.clear()
+    st = wait_for(lambda: (s := status(gw))["state"] == "CLOSING" and s, 5, what="the flip at the 404")
+    assert 404 in lb.served and st["progress"]["reason"] == "active_zero"
+    assert st["progress"]["drain_duration_ms"] < 5_000, "not held to drain_timeout"
+
+
+@pytest.mark.parametrize("step", [MINUTE_MS, -MINUTE_MS], ids=["forward", "back"])
+def test_a_step_moves_neither_the_observed_down_nor_the_buffer_after_it(stepped, checker, step):
+    """close_after lb_observed_down: CLOSED lb_buffer after the LB's lb_fall-th 503, on the
+    monotonic clock — a minute forward does not shorten the buffer, a minute back does not
+    make the DOWN look older than CLOSING (which would wait for lb_down_timeout)."""
+    buffer_s = 3
+    gw, clock = stepped({"close_after": "lb_observed_down", "lb_fall": 2, "lb_buffer": f"{buffer_s}s",
+                         "lb_down_timeout": "60s"})
+    lb = checker(gw)
+    assert requests.post(gw.health("/drain"), timeout=5).json()["state"] == "CLOSING"
+    down = wait_for(lambda: (s := status(gw))["lb"]["observed_down"] and time.monotonic(), 5,
+                    interval=0.02, what="the LB observed DOWN")
+    clock.step(step)
+    step_seen(gw, 1)
+    closed = wait_for(lambda: (s := status(gw))["state"] == "CLOSED" and s, 20, interval=0.05,
+                      what="CLOSED after the buffer")
+    waited = time.monotonic() - down
+    assert buffer_s - 0.3 <= waited <= buffer_s + 2, waited
+    assert closed["progress"]["reason"] == "lb_observed_down"
+    assert lb.served.count(503) >= 2

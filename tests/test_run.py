@@ -37,6 +37,7 @@ def run(env: dict, *args: str, timeout: float = 90) -> tuple[int, list[str]]:
     ({"DRAIN_GATE_CONFIG": '{"role": "health"}'}, "DRAIN_GATE_CONFIG sets `role`"),
     ({"ENVOY_CONCURRENCY": "abc"}, "ENVOY_CONCURRENCY must be a whole number"),
     ({"ENVOY_CONCURRENCY": "0"}, "ENVOY_CONCURRENCY must be a whole number"),
+    ({"ENVOY_CONCURRENCY": "999"}, "ENVOY_CONCURRENCY=999: at most 64 workers"),
 ])
 def test_bad_environment_is_named_in_the_last_line(env, cause):
     code, out = run(env, "--free-ports")

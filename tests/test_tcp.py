@@ -7,12 +7,13 @@ one: a gateway with only TCP servers is announced once it registered."""
 from __future__ import annotations
 
 import copy
+import json
 
 import pytest
 import requests
 
 from tests.harness import variants
-from tests.harness.envoy import free_port, wait_for
+from tests.harness.envoy import free_port, hcm, wait_for
 from tests.harness.tcp import Echo, Held
 from tests.harness.wire import fresh_get, post, state, status
 
@@ -153,3 +154,45 @@ def test_a_tcp_only_gateway_is_announced_once_its_tcp_role_registers(gateway, tm
         wait_for(lambda: parts(gw) == (0, 0, 0), 5, what="the close released it")
     finally:
         echo.stop()
+
+
+def misplaced(doc: dict, listener: str, role: str) -> dict:
+    """The bootstrap with listener `listener`'s drain-gate filter given role `role`."""
+    doc = copy.deepcopy(doc)
+    for lst in doc["static_resources"]["listeners"]:
+        if lst["name"] != listener:
+            continue
+        chain = lst["filter_chains"][0]["filters"]
+        filters = chain if listener == "tcp" else hcm(lst)["http_filters"]
+        for f in filters:
+            if f["name"].startswith("drain-gate") or "wasm" in f["name"]:
+                cfg = f["typed_config"]["config"]["configuration"]
+                cfg["value"] = json.dumps({**json.loads(cfg["value"]), "role": role})
+    return doc
+
+
+@pytest.mark.parametrize("listener,role,loaded_as", [
+    ("tcp", "traffic", "a network filter"), ("traffic", "traffic_tcp", "an HTTP filter")])
+def test_a_role_loaded_as_the_wrong_kind_of_filter_passes_traffic_and_says_so(
+        gateway, tmp_path, listener, role, loaded_as):
+    """The traffic role as a network filter, or the TCP role as an HTTP filter: no VM fails
+    (the SDK would abort it on the first callback of the other kind); what passes is not
+    counted, so the count is not trusted (`misplaced_role`), and one log line says why."""
+    with Echo(tmp_path) as echo:
+        port = free_port()
+        gw = gateway({"lb_buffer": "60m"}, wait_ready=False, transform=lambda doc, _: misplaced(
+            variants.tcp_listener(doc, port, echo.port), listener, role))
+        gw.wait_ready() if listener == "tcp" else wait_for(gw.admin_ready, 30, what="Envoy admin")
+        for _ in range(3):
+            if listener == "tcp":
+                with Held(port) as conn:
+                    assert conn.echoes(), "bytes pass through the misplaced filter"
+            else:
+                assert requests.get(gw.traffic("/stream?seconds=0"), timeout=5).status_code == 200
+        wait_for(lambda: status(gw)["count"]["unreliable_reason"] == "misplaced_role", 5,
+                 what="the count marked as not trusted")
+        log = gw.log()
+        assert f"event=misplaced_role role={role} what=\"loaded as {loaded_as}" in log
+        assert log.count("event=misplaced_role") <= 3, "once per root context"
+        assert "panicked" not in log and "Plugin failed" not in log
+        assert post(gw, "/drain").json()["state"] == "DRAINING", "never a trusted 0"

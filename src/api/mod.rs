@@ -2,6 +2,8 @@
 //! which endpoint, who may call it, and every answer it can give. Pure.
 //! The contract, with every status, header and body, is `openapi.yaml`.
 //!
+//! Every endpoint is one row of [`ROUTES`]; the table below says what each answers.
+//!
 //! | request                                   | answer                                              |
 //! |-------------------------------------------|-----------------------------------------------------|
 //! | GET/HEAD /health_check.html               | LB code per state (200 `OK`, 404/503 `DRAIN`)       |
@@ -39,7 +41,8 @@ use query::Params;
 use reply::{bad_request, error};
 pub use reply::{illegal, unavailable, Reply};
 pub use status::{
-    status, wait_end, wait_reply, ClockInfo, CountInfo, RotationView, TrafficInfo, View, WaitEnd,
+    status, wait_end, wait_reply, ClockInfo, CountInfo, Footprint, RotationView, TrafficInfo, View,
+    WaitEnd,
 };
 
 /// What the host hands over of one request on the health listener.
@@ -126,17 +129,142 @@ pub enum Endpoint {
     },
 }
 
-/// A known path's methods (the `Allow` header), whether it is an admin call,
-/// and the query parameters it takes.
-fn surface(path: &str) -> Option<(&'static str, bool, &'static [&'static str])> {
-    Some(match path {
-        "/health_check.html" | "/health" | "/live" | "/drain/status" => ("GET, HEAD", false, &[]),
-        "/drain" => ("POST", true, &["wait", "timeout", "hold"]),
-        "/reopen" => ("POST", true, &["force"]),
-        "/close-lb" | "/close" | "/fault" => ("POST", true, &[]),
-        "/prestop" => ("GET", true, &["timeout"]),
-        _ => return None,
-    })
+/// One endpoint of the health listener, as the router, the property tests
+/// and the OpenAPI check (`openapi_lists_every_route`) all read it.
+#[derive(Clone, Copy)]
+pub struct Route {
+    pub path: &'static str,
+    /// The `Allow` header: every method the endpoint takes.
+    pub allow: &'static str,
+    /// An admin call: needs `admin_allow` or a bearer token.
+    pub admin: bool,
+    /// The query parameters it takes.
+    pub params: &'static [&'static str],
+    /// The endpoint a request with these parameters asks for.
+    endpoint: fn(&Params, &Config) -> Result<Endpoint, Reply>,
+}
+
+impl Route {
+    /// Whether the endpoint takes `method`.
+    pub fn allows(&self, method: &str) -> bool {
+        self.allow.split(", ").any(|m| m == method)
+    }
+}
+
+impl std::fmt::Debug for Route {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} {}", self.allow, self.path)
+    }
+}
+
+const READ: &str = "GET, HEAD";
+
+/// Every endpoint of the health listener.
+pub const ROUTES: [Route; 10] = [
+    Route {
+        path: "/health_check.html",
+        allow: READ,
+        admin: false,
+        params: &[],
+        endpoint: |_, _| Ok(Endpoint::Check(Audience::Lb)),
+    },
+    Route {
+        path: "/health",
+        allow: READ,
+        admin: false,
+        params: &[],
+        endpoint: |_, _| Ok(Endpoint::Check(Audience::Readiness)),
+    },
+    Route {
+        path: "/live",
+        allow: READ,
+        admin: false,
+        params: &[],
+        endpoint: |_, _| Ok(Endpoint::Check(Audience::Liveness)),
+    },
+    Route {
+        path: "/drain/status",
+        allow: READ,
+        admin: false,
+        params: &[],
+        endpoint: |_, _| Ok(Endpoint::Status),
+    },
+    Route {
+        path: "/drain",
+        allow: "POST",
+        admin: true,
+        params: &["wait", "timeout", "hold"],
+        endpoint: drain,
+    },
+    Route {
+        path: "/close-lb",
+        allow: "POST",
+        admin: true,
+        params: &[],
+        endpoint: |_, _| Ok(Endpoint::Transition(Command::CloseLb)),
+    },
+    Route {
+        path: "/close",
+        allow: "POST",
+        admin: true,
+        params: &[],
+        endpoint: |_, _| Ok(Endpoint::Transition(Command::Close)),
+    },
+    Route {
+        path: "/reopen",
+        allow: "POST",
+        admin: true,
+        params: &["force"],
+        endpoint: |p, _| {
+            Ok(Endpoint::Transition(if p.force {
+                Command::ForceReopen
+            } else {
+                Command::Reopen
+            }))
+        },
+    },
+    Route {
+        path: "/fault",
+        allow: "POST",
+        admin: true,
+        params: &[],
+        endpoint: |_, _| Ok(Endpoint::Transition(Command::Fault)),
+    },
+    Route {
+        path: "/prestop",
+        allow: "GET",
+        admin: true,
+        params: &["timeout"],
+        endpoint: |p, cfg| Ok(wait(p, cfg)),
+    },
+];
+
+/// The route of a path (without its query), if the listener has one.
+pub fn route_of(path: &str) -> Option<&'static Route> {
+    ROUTES.iter().find(|r| r.path == path)
+}
+
+/// A held drain: until CLOSED, or the request's `timeout`.
+fn wait(p: &Params, cfg: &Config) -> Endpoint {
+    Endpoint::DrainAndWait {
+        timeout_ms: p.timeout_ms.unwrap_or_else(|| cfg.default_wait_ms()),
+    }
+}
+
+/// `POST /drain`: a drain, a held drain (`wait=closed`) or a maintenance
+/// drain (`hold=closing`).
+fn drain(p: &Params, cfg: &Config) -> Result<Endpoint, Reply> {
+    match (p.wait, p.hold) {
+        (true, true) => Err(bad_request(
+            "hold=closing never reaches CLOSED by itself: drop wait or hold",
+        )),
+        (true, false) => Ok(wait(p, cfg)),
+        (false, _) if p.timeout_ms.is_some() => {
+            Err(bad_request("timeout is only valid with wait=closed"))
+        }
+        (false, true) => Ok(Endpoint::Transition(Command::HoldDrain)),
+        (false, false) => Ok(Endpoint::Transition(Command::Drain)),
+    }
 }
 
 /// Maps a request to an endpoint, or to the error answer (400, 401, 403, 404, 405).
@@ -145,53 +273,26 @@ pub fn route(req: &Request, cfg: &Config) -> Result<Endpoint, Reply> {
         Some((p, q)) => (p, q),
         None => (req.path, ""),
     };
-    let Some((allow, admin, takes)) = surface(path) else {
+    let Some(route) = route_of(path) else {
         return Err(error(
             404,
             "not_found",
             "no such endpoint; see openapi.yaml",
         ));
     };
-    let method_ok = allow.split(", ").any(|m| m == req.method);
-    if !method_ok {
+    if !route.allows(req.method) {
         return Err(error(
             405,
             "method_not_allowed",
             "this endpoint does not take that method; see the Allow header",
         )
-        .with("allow", allow));
+        .with("allow", route.allow));
     }
-    if admin {
+    if route.admin {
         authorize(req, cfg)?;
     }
-    let params = Params::parse(query, takes)?;
-    let wait = |p: &Params| Endpoint::DrainAndWait {
-        timeout_ms: p.timeout_ms.unwrap_or_else(|| cfg.default_wait_ms()),
-    };
-    let endpoint = match path {
-        "/drain" if params.wait && params.hold => {
-            return Err(bad_request(
-                "hold=closing never reaches CLOSED by itself: drop wait or hold",
-            ))
-        }
-        "/drain" if params.wait => wait(&params),
-        "/drain" if params.timeout_ms.is_some() => {
-            return Err(bad_request("timeout is only valid with wait=closed"))
-        }
-        "/drain" if params.hold => Endpoint::Transition(Command::HoldDrain),
-        "/reopen" if params.force => Endpoint::Transition(Command::ForceReopen),
-        "/prestop" => wait(&params),
-        "/health_check.html" => Endpoint::Check(Audience::Lb),
-        "/health" => Endpoint::Check(Audience::Readiness),
-        "/live" => Endpoint::Check(Audience::Liveness),
-        "/drain/status" => Endpoint::Status,
-        "/drain" => Endpoint::Transition(Command::Drain),
-        "/close-lb" => Endpoint::Transition(Command::CloseLb),
-        "/close" => Endpoint::Transition(Command::Close),
-        "/reopen" => Endpoint::Transition(Command::Reopen),
-        _ => Endpoint::Transition(Command::Fault),
-    };
-    Ok(endpoint)
+    let params = Params::parse(query, route.params)?;
+    (route.endpoint)(&params, cfg)
 }
 
 fn authorize(req: &Request, cfg: &Config) -> Result<(), Reply> {
@@ -423,5 +524,50 @@ pub(crate) mod tests {
         );
         // Loopback is allowed without a token.
         assert!(route(&req("POST", "/drain"), &c).is_ok());
+    }
+
+    /// `openapi.yaml` describes exactly the routes of `ROUTES`: the same
+    /// paths, each with the methods of its `Allow` header, the query
+    /// parameters it takes, and the admin tag on the admin calls.
+    #[test]
+    fn openapi_lists_every_route() {
+        let doc: serde_yaml::Value = serde_yaml::from_str(include_str!("../openapi.yaml")).unwrap();
+        let paths = doc["paths"].as_mapping().unwrap();
+        let documented: Vec<&str> = paths.keys().map(|k| k.as_str().unwrap()).collect();
+        let routed: Vec<&str> = ROUTES.iter().map(|r| r.path).collect();
+        assert_eq!(documented, routed, "openapi.yaml paths vs ROUTES");
+        // A query parameter's name; `None` for headers.
+        let param_name = |p: &serde_yaml::Value| -> Option<String> {
+            let p = match p.get("$ref").and_then(|r| r.as_str()) {
+                Some(r) => &doc["components"]["parameters"][r.rsplit('/').next().unwrap()],
+                None => p,
+            };
+            (p["in"].as_str() == Some("query")).then(|| p["name"].as_str().unwrap().to_string())
+        };
+        for r in ROUTES {
+            let ops = paths[r.path].as_mapping().unwrap();
+            let mut methods: Vec<String> = ops
+                .keys()
+                .map(|k| k.as_str().unwrap().to_ascii_uppercase())
+                .collect();
+            methods.sort();
+            let mut allowed: Vec<String> = r.allow.split(", ").map(str::to_string).collect();
+            allowed.sort();
+            assert_eq!(methods, allowed, "{}", r.path);
+            for (_, op) in ops {
+                let mut params: Vec<String> = op["parameters"]
+                    .as_sequence()
+                    .map(|ps| ps.iter().filter_map(param_name).collect())
+                    .unwrap_or_default();
+                params.sort();
+                let mut takes: Vec<String> = r.params.iter().map(|p| p.to_string()).collect();
+                takes.sort();
+                assert_eq!(params, takes, "{} parameters", r.path);
+                let admin = op["tags"]
+                    .as_sequence()
+                    .is_some_and(|t| t.iter().any(|t| t.as_str() == Some("admin")));
+                assert_eq!(admin, r.admin, "{} admin tag", r.path);
+            }
+        }
     }
 }

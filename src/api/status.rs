@@ -8,7 +8,8 @@ use super::reply::Reply;
 use crate::clock::{rfc3339, Now, Steps, Timers};
 use crate::fsm::{CloseAfter, Record, State};
 use crate::in_flight::InFlight;
-use crate::lb::Checkers;
+use crate::lb::{Checkers, Gate};
+use crate::receipt::Tally;
 use crate::rotation;
 
 /// How the active count is kept; reported in the status.
@@ -30,15 +31,33 @@ pub struct CountInfo {
 }
 
 /// The traffic roles of this `vm_id` (see `crate::liveness`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct TrafficInfo {
     /// A traffic root has registered at least once.
     pub seen: bool,
     /// Traffic root contexts registered now (one per worker VM, and one in
     /// the main thread's, per filter configuration).
     pub roots: usize,
-    /// Traffic root contexts that stopped beating without a goodbye.
+    /// Traffic root contexts silent without a goodbye now (not back).
     pub lost: u64,
+    /// Ever declared lost, and of those, back (they beat again: late, not dead).
+    pub lost_total: u64,
+    pub back_total: u64,
+    /// Registrations refused (more traffic roots than drain-gate watches).
+    pub refused: u64,
+    /// Times the health role itself did not run for long (the process
+    /// stalled), and the longest such gap.
+    pub stalls: u64,
+    pub longest_stall_ms: u64,
+}
+
+/// What drain-gate keeps in the process, for an operator to see it bounded.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct Footprint {
+    /// Metric definitions of the VM that answered (one set per VM).
+    pub metric_definitions: u64,
+    /// Shared-data keys drain-gate has created in this process.
+    pub shared_keys: u64,
 }
 
 /// Which clock the timers run on, and the wall-clock steps seen so far;
@@ -71,9 +90,17 @@ pub struct View<'a> {
     pub traffic: TrafficInfo,
     pub draining_lb_status: u16,
     pub checkers: &'a Checkers,
+    /// Checks answered from sources outside `lb_checkers` (the counter).
+    pub ignored_checks: u64,
     pub lb_fall: u32,
     pub close_after: CloseAfter,
     pub rotation: RotationView<'a>,
+    pub footprint: Footprint,
+    /// What the current (or last) drain counted: the counters now minus
+    /// those at its start (`crate::receipt`).
+    pub receipt: Tally,
+    /// `draining_new_requests`.
+    pub new_requests: &'static str,
 }
 
 /// Connection rotation at drain start: configured where, and what the last
@@ -158,15 +185,30 @@ struct CheckerOut<'a> {
 }
 
 #[derive(Serialize)]
+struct IgnoredOut<'a> {
+    /// Checks answered but not recorded, since the process started.
+    count: u64,
+    last_source: Option<&'a str>,
+    last_source_since: Option<String>,
+}
+
+#[derive(Serialize)]
 struct Lb<'a> {
     close_after: CloseAfter,
     lb_fall: u32,
     observed_down: bool,
     observed_down_at: Option<String>,
-    /// DRAINING: every live checker has been served a 404 since the drain
-    /// began (what a gated soft drain waits for). False in every other state.
+    /// DRAINING: at least one live checker, and every one has been served a
+    /// 404 since the drain began. Never true when no checker asked.
     saw_drain: bool,
+    /// A gated soft drain: what its active = 0 flip waits for (`null` when
+    /// no gated drain is running).
+    gate: Option<Gate>,
+    /// Checkers that asked within the last 30 s.
+    live_checkers: usize,
     checkers: Vec<CheckerOut<'a>>,
+    /// Checks from sources outside `lb_checkers`.
+    ignored_checks: IgnoredOut<'a>,
 }
 
 #[derive(Serialize)]
@@ -188,6 +230,33 @@ impl From<ClockInfo> for ClockOut {
     }
 }
 
+/// The current (or last) drain's receipt.
+#[derive(Serialize)]
+struct ReceiptOut {
+    /// The drain these count (`null` before the first).
+    drain_started_at: Option<String>,
+    cut: u64,
+    cut_http: u64,
+    cut_tcp: u64,
+    /// Cut within 2 s after an LB checker was served its `lb_fall`-th 503.
+    cut_lb: u64,
+    /// Every other cut: a client that gave up by itself (or an LB whose checks drain-gate does not see).
+    cut_other: u64,
+    completed: u64,
+    ended_upstream: u64,
+    refused: u64,
+}
+
+#[derive(Serialize)]
+struct Refusing {
+    /// `draining_new_requests`: `serve` or `refuse`.
+    mode: &'static str,
+    /// New requests are being refused now (refuse mode, and a drain running).
+    active: bool,
+    /// Requests refused in the current (or last) drain.
+    this_drain: u64,
+}
+
 #[derive(Serialize)]
 struct Status<'a> {
     state: State,
@@ -205,6 +274,11 @@ struct Status<'a> {
     lb: Lb<'a>,
     connection_rotation: RotationOut<'a>,
     clock: ClockOut,
+    footprint: Footprint,
+    /// Streams and connections the current (or last) drain cut (`receipt` has the rest).
+    cut: u64,
+    receipt: ReceiptOut,
+    refusing: Refusing,
     #[serde(skip_serializing_if = "Option::is_none")]
     error: Option<&'a str>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -232,8 +306,31 @@ fn status_body<'a>(v: &View<'a>, error: Option<&'a str>, wait: Option<&'a str>) 
         lb: lb_out(v),
         connection_rotation: rotation_out(&v.rotation),
         clock: v.clock.into(),
+        footprint: v.footprint,
+        cut: v.receipt.cut,
+        receipt: receipt_out(v),
+        refusing: Refusing {
+            mode: v.new_requests,
+            active: v.new_requests == "refuse" && r.state != State::Open,
+            this_drain: v.receipt.refused,
+        },
         error,
         wait,
+    }
+}
+
+fn receipt_out(v: &View) -> ReceiptOut {
+    let t = &v.receipt;
+    ReceiptOut {
+        drain_started_at: v.rec.drain_started_ms.map(rfc3339),
+        cut: t.cut,
+        cut_http: t.cut.saturating_sub(t.cut_tcp),
+        cut_tcp: t.cut_tcp,
+        cut_lb: t.cut_lb,
+        cut_other: t.cut.saturating_sub(t.cut_lb),
+        completed: t.completed,
+        ended_upstream: t.ended_upstream,
+        refused: t.refused,
     }
 }
 
@@ -270,16 +367,25 @@ fn progress(v: &View) -> Progress {
 }
 
 /// What each LB checker has been answered, and whether the LB saw the drain.
+/// The record keeps timer-clock times; they are shown on the wall clock.
 fn lb_out<'a>(v: &View<'a>) -> Lb<'a> {
     let r = v.rec;
+    let now = v.now.timer_ms();
+    let shown = |t: u64| rfc3339(v.now.wall_ms.saturating_sub(now.saturating_sub(t)));
+    let draining = r.state == State::Draining;
+    let since = r.drain_started_timer_ms().unwrap_or(0);
+    let gate = r
+        .plan
+        .filter(|p| p.lb_gate && draining)
+        .map(|p| v.checkers.gate(since, now, p.lb_gate_needs_checker));
     Lb {
         close_after: v.close_after,
         lb_fall: v.lb_fall,
-        observed_down: v.checkers.all_down(v.now.wall_ms, v.lb_fall),
-        observed_down_at: v.checkers.down_since(v.now.wall_ms, v.lb_fall).map(rfc3339),
-        saw_drain: r.state == State::Draining
-            && r.drain_started_ms
-                .is_some_and(|t| v.checkers.saw_drain(t, v.now.wall_ms)),
+        observed_down: v.checkers.all_down(now, v.lb_fall),
+        observed_down_at: v.checkers.down_since(now, v.lb_fall).map(shown),
+        saw_drain: draining && v.checkers.saw_drain(since, now),
+        gate,
+        live_checkers: v.checkers.live_count(now),
         checkers: v
             .checkers
             .list
@@ -288,10 +394,15 @@ fn lb_out<'a>(v: &View<'a>) -> Lb<'a> {
                 source: &c.source,
                 consecutive_non_200: c.consecutive_non_200,
                 consecutive_503: c.consecutive_503,
-                last_seen: rfc3339(c.last_seen_ms),
-                last_404: c.last_404_ms.map(rfc3339),
+                last_seen: shown(c.last_seen_ms),
+                last_404: c.last_404_ms.map(shown),
             })
             .collect(),
+        ignored_checks: IgnoredOut {
+            count: v.ignored_checks,
+            last_source: v.checkers.ignored.as_ref().map(|i| i.source.as_str()),
+            last_source_since: v.checkers.ignored.as_ref().map(|i| shown(i.since_ms)),
+        },
     }
 }
 
@@ -306,6 +417,9 @@ pub enum WaitEnd {
     Closed,
     /// The drain was abandoned (reopen or fault) while waiting.
     Aborted,
+    /// The gateway was in FAULT when the wait was asked for: there is no
+    /// drain to wait for, and none can start.
+    InFault,
     TimedOut,
 }
 
@@ -340,6 +454,13 @@ pub fn wait_reply(end: WaitEnd, v: &View) -> Reply {
             "drain_aborted",
             "the drain was abandoned (reopen or fault) before CLOSED; see GET /drain/status",
             "aborted",
+        ),
+        WaitEnd::InFault => (
+            409,
+            "in_fault",
+            "the gateway is in FAULT: no drain was started and none can be; FAULT ends only \
+             with a restart of istio-proxy",
+            "fault",
         ),
         WaitEnd::TimedOut => (
             504,
@@ -400,13 +521,17 @@ mod tests {
             traffic: TrafficInfo {
                 seen: true,
                 roots: 2,
-                lost: 0,
+                ..TrafficInfo::default()
             },
             draining_lb_status: 200,
             checkers: &checkers,
+            ignored_checks: 0,
             lb_fall: 2,
             close_after: CloseAfter::LbBuffer,
             rotation: RotationView::default(),
+            footprint: Footprint::default(),
+            receipt: Tally::default(),
+            new_requests: "serve",
         };
         f(v)
     }
@@ -470,11 +595,7 @@ mod tests {
             let s = body(&status(&v));
             assert_eq!(s["waiting_for"], serde_json::Value::Null);
             let waiting = View {
-                traffic: TrafficInfo {
-                    seen: false,
-                    roots: 0,
-                    lost: 0,
-                },
+                traffic: TrafficInfo::default(),
                 ..v
             };
             let s = body(&status(&waiting));
@@ -507,6 +628,7 @@ mod tests {
             for (end, code, error, wait) in [
                 (WaitEnd::TimedOut, 504, "wait_timeout", "timeout"),
                 (WaitEnd::Aborted, 409, "drain_aborted", "aborted"),
+                (WaitEnd::InFault, 409, "in_fault", "fault"),
             ] {
                 let w = wait_reply(end, &v);
                 assert_eq!(w.status, code);

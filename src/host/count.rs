@@ -21,20 +21,18 @@
 //! exactly when the last stream ends.
 //!
 //! Every failure errs toward "still active": a stream that could not be
-//! counted marks the count unreliable, and an unreliable count never reads 0.
+//! counted is itself counted in `keys::UNCOUNTED` until it ends, and while
+//! that is above 0 — or the liveness verdict (`keys::VERDICT`, written by the
+//! health role's watch) names a reason — the count is unreliable, and an
+//! unreliable count never reads 0. Each reason ends when what caused it
+//! ended: the uncounted stream, the lost root beating again.
 
 use std::cell::Cell;
 
-use super::metrics::{gauge_is_live, Metrics};
-use super::shared::{cas_update, Envoy, Host, Step};
+use super::keys;
+use super::metrics::Metrics;
+use super::shared::{self, cas_update, Envoy, Host, Step};
 use crate::liveness::Why;
-
-const UNRELIABLE_KEY: &str = "drain_gate.count_unreliable.v1";
-/// Set by every traffic root context at configure time. Shared data is per
-/// `vm_id`: until a health role sees it, no traffic role counts in its
-/// vm_id, so the count is not trusted (and the gateway not announced, see
-/// `crate::liveness`).
-const TRAFFIC_KEY: &str = "drain_gate.traffic_present.v1";
 /// How much a root context adds to the global count at a time outside a drain.
 pub const LEASE: u64 = 8;
 
@@ -53,8 +51,8 @@ impl Part {
     /// The shared-data key of the part's count when its gauge is not live.
     fn shared_key(self) -> &'static str {
         match self {
-            Part::Streams => "drain_gate.active.v1",
-            Part::Connections => "drain_gate.active_connections.v1",
+            Part::Streams => keys::ACTIVE_STREAMS,
+            Part::Connections => keys::ACTIVE_CONNECTIONS,
         }
     }
 }
@@ -76,15 +74,17 @@ pub struct Counter<H: Host = Envoy> {
     local: Cell<u64>,
     /// What this root context has added to the global count: never below `local`.
     held: Cell<u64>,
-    /// A stream was not counted and the unreliable mark could not be written
-    /// yet: retried on every `enter` and `settle` (tick) until it is.
-    unmarked: Cell<bool>,
+    /// Streams in flight here that could not be counted and are not yet in
+    /// `keys::UNCOUNTED` (its write failed too): retried on every `enter` and
+    /// `settle` (tick); meanwhile this root's own reads are unreliable.
+    owed: Cell<u64>,
+    /// Uncounted streams that ended but whose -1 in `keys::UNCOUNTED` could
+    /// not be written yet (retried the same way; errs toward "unreliable").
+    owed_release: Cell<u64>,
 }
 
 fn shared_value(bytes: Option<&[u8]>) -> Option<u64> {
-    bytes
-        .and_then(|b| <[u8; 8]>::try_from(b).ok())
-        .map(u64::from_le_bytes)
+    bytes.and_then(shared::u64_of)
 }
 
 /// Creates the shared-data count of both parts if absent. Shared data has no
@@ -92,28 +92,31 @@ fn shared_value(bytes: Option<&[u8]>) -> Option<u64> {
 /// thread before any worker VM exists (and every later configure finds it).
 pub fn create_shared<H: Host>(host: &H) {
     for key in Part::ALL.map(Part::shared_key) {
-        if matches!(host.get(key), Ok((None, _))) {
-            if let Err(e) = host.set(key, &0u64.to_le_bytes(), None) {
-                log::error!("event=shared_data_error key={key} status={e:?}");
-            }
+        if let Err(e) = shared::create(host, key, &0u64.to_le_bytes()) {
+            log::error!("event=shared_data_error key={key} error=\"{e}\"");
         }
     }
 }
 
-/// Announces a traffic role in this vm_id (see `TRAFFIC_KEY`).
+/// Announces a traffic role in this vm_id (`keys::TRAFFIC_PRESENT`): until a
+/// health role sees it, no traffic role counts in its vm_id, so the count is
+/// not trusted (and the gateway not announced, see `crate::liveness`).
 pub fn announce_traffic<H: Host>(host: &H) {
-    if let Err(e) = host.set(TRAFFIC_KEY, b"1", None) {
-        log::error!("event=shared_data_error key={TRAFFIC_KEY} status={e:?}");
+    if let Err(e) = host.set(keys::TRAFFIC_PRESENT, b"1", None) {
+        log::error!(
+            "event=shared_data_error key={} status={e:?}",
+            keys::TRAFFIC_PRESENT
+        );
     }
 }
 
-impl Counter<Envoy> {
-    /// `gauge`: the id of the part's gauge, if the host defined it; it is
-    /// used only if it proves live.
-    pub fn new(part: Part, gauge: Option<u32>) -> Counter {
-        create_shared(&Envoy);
+impl<H: Host> Counter<H> {
+    /// `gauge`: the id of the part's gauge, if the host defined it and it
+    /// proved live (`Metrics`); otherwise the part lives in shared data.
+    pub fn new(host: H, part: Part, gauge: Option<u32>) -> Counter<H> {
+        create_shared(&host);
         let source = match gauge {
-            Some(id) if gauge_is_live(id) => Source::Gauge(id),
+            Some(id) => Source::Gauge(id),
             _ => {
                 log::warn!(
                     "event=count_source part={part:?} source=shared_data why=\"gauge is not live (stats_matcher?)\""
@@ -121,11 +124,9 @@ impl Counter<Envoy> {
                 Source::SharedData
             }
         };
-        Counter::with_host(Envoy, part, source)
+        Counter::with_host(host, part, source)
     }
-}
 
-impl<H: Host> Counter<H> {
     pub fn with_host(host: H, part: Part, source: Source) -> Counter<H> {
         Counter {
             host,
@@ -133,7 +134,8 @@ impl<H: Host> Counter<H> {
             key: part.shared_key(),
             local: Cell::new(0),
             held: Cell::new(0),
-            unmarked: Cell::new(false),
+            owed: Cell::new(0),
+            owed_release: Cell::new(0),
         }
     }
 
@@ -146,7 +148,7 @@ impl<H: Host> Counter<H> {
 
     fn add(&self, delta: i64) -> bool {
         match self.source {
-            Source::Gauge(id) => self.host.gauge_add(id, delta).is_ok(),
+            Source::Gauge(id) => self.host.metric_add(id, delta).is_ok(),
             // The key exists from configure on; written without a version it
             // would overwrite concurrent updates, so an absent key is a failure.
             Source::SharedData => cas_update(&self.host, self.key, |bytes| {
@@ -158,22 +160,34 @@ impl<H: Host> Counter<H> {
         }
     }
 
-    /// A traffic stream started. Returns whether it was counted; if not, the
-    /// caller marks the count unreliable (`not_counted`). `exact` adds just
-    /// this stream; otherwise a lease of `LEASE` when needed.
+    /// A traffic stream started. Returns whether it was counted; if not, it
+    /// is counted as uncounted (`keys::UNCOUNTED`) until the caller reports
+    /// its end with `uncounted_ended`, and the caller logs it
+    /// (`not_counted`). `exact` adds just this stream; otherwise a lease of
+    /// `LEASE` when needed.
     pub fn enter(&self, exact: bool) -> bool {
         let local = self.local.get() + 1;
         if local > self.held.get() {
             let step = if exact { 1 } else { LEASE };
             if !self.add(step as i64) {
-                self.unmarked.set(true);
-                self.write_mark();
+                self.owed.set(self.owed.get() + 1);
+                self.write_owed();
                 return false;
             }
             self.held.set(self.held.get() + step);
         }
         self.local.set(local);
         true
+    }
+
+    /// An uncounted stream ended: it no longer makes the count unreliable.
+    pub fn uncounted_ended(&self) {
+        if self.owed.get() > 0 {
+            self.owed.set(self.owed.get() - 1); // never published
+            return;
+        }
+        self.owed_release.set(self.owed_release.get() + 1);
+        self.write_owed();
     }
 
     /// A counted traffic stream ended. Returns how many streams this root
@@ -193,23 +207,33 @@ impl<H: Host> Counter<H> {
         self.local.get()
     }
 
-    /// Writes the unreliable mark this root context owes, if it owes one.
-    fn write_mark(&self) {
-        if self.unmarked.get() && flag_unreliable(&self.host, Why::StreamNotCounted).is_some() {
-            self.unmarked.set(false);
+    /// Writes what this root context owes to `keys::UNCOUNTED`, if anything.
+    fn write_owed(&self) {
+        let (owed, released) = (self.owed.get(), self.owed_release.get());
+        if owed == 0 && released == 0 {
+            return;
+        }
+        let written = cas_update(&self.host, keys::UNCOUNTED, |bytes| {
+            let value = bytes.and_then(shared::u64_of).unwrap_or(0);
+            let next = value.saturating_add(owed).saturating_sub(released);
+            Ok::<_, std::convert::Infallible>(Step::Write(next.to_le_bytes().to_vec(), ()))
+        });
+        if written.is_ok() {
+            self.owed.set(0);
+            self.owed_release.set(0);
         }
     }
 
-    /// Whether this root context owes the unreliable mark (a stream it did
-    /// not count, a mark it could not write yet).
+    /// Whether this root context has an uncounted stream in flight that the
+    /// shared count does not know of yet (its write failed).
     pub fn mark_pending(&self) -> bool {
-        self.unmarked.get()
+        self.owed.get() > 0
     }
 
     /// Gives back what this root context holds beyond its streams in flight
-    /// (and retries an unreliable mark it owes).
+    /// (and retries what it owes to `keys::UNCOUNTED`).
     pub fn settle(&self) {
-        self.write_mark();
+        self.write_owed();
         let excess = self.held.get().saturating_sub(self.local.get());
         if excess == 0 {
             return;
@@ -225,7 +249,7 @@ impl<H: Host> Counter<H> {
     /// Whether this part reads 0 (one host call; no reliability checks).
     pub fn reads_zero(&self) -> bool {
         match self.source {
-            Source::Gauge(id) => self.host.gauge_get(id) == Ok(0),
+            Source::Gauge(id) => self.host.metric_get(id) == Ok(0),
             Source::SharedData => {
                 matches!(self.host.get(self.key), Ok((b, _)) if shared_value(b.as_deref()) == Some(0))
             }
@@ -235,7 +259,7 @@ impl<H: Host> Counter<H> {
     /// This part over every worker; `None` when it cannot be read.
     fn value(&self) -> Option<u64> {
         match self.source {
-            Source::Gauge(id) => self.host.gauge_get(id).ok(),
+            Source::Gauge(id) => self.host.metric_get(id).ok(),
             Source::SharedData => self
                 .host
                 .get(self.key)
@@ -254,11 +278,21 @@ pub struct Counts<H: Host = Envoy> {
     connections: Counter<H>,
 }
 
-impl Counts<Envoy> {
-    pub fn new(metrics: &Metrics) -> Counts {
+impl<H: Host + Copy> Counts<H> {
+    pub fn new(metrics: &Metrics<H>) -> Counts<H> {
+        let host = *metrics.host();
+        let live = |id: Option<u32>, live: bool| id.filter(|_| live);
         Counts::of(
-            Counter::new(Part::Streams, metrics.active),
-            Counter::new(Part::Connections, metrics.active_connections),
+            Counter::new(
+                host,
+                Part::Streams,
+                live(metrics.active, metrics.active_live),
+            ),
+            Counter::new(
+                host,
+                Part::Connections,
+                live(metrics.active_connections, metrics.active_connections_live),
+            ),
         )
     }
 }
@@ -300,16 +334,19 @@ impl<H: Host> Counts<H> {
     pub fn read(&self) -> Reading {
         let (streams, connections) = (self.streams.value(), self.connections.value());
         let host = &self.streams.host;
-        let mark = unreliable_mark(host);
-        let traffic_seen = matches!(host.get(TRAFFIC_KEY), Ok((Some(_), _)));
-        let why = match mark {
-            Ok(Some(why)) => Some(why),
+        let uncounted = shared::read_u64(host, keys::UNCOUNTED).map(|v| v.unwrap_or(0));
+        let verdict = verdict(host);
+        let traffic_seen = matches!(host.get(keys::TRAFFIC_PRESENT), Ok((Some(_), _)));
+        // This root context knows of a stream it did not count even when the
+        // shared value could not be written yet.
+        let owed = self.streams.mark_pending() || self.connections.mark_pending();
+        let why = match (&verdict, &uncounted) {
+            (Ok(Some(why)), _) => Some(*why),
+            (_, Ok(n)) if *n > 0 => Some(Why::StreamNotCounted),
+            _ if owed => Some(Why::StreamNotCounted),
             _ if !traffic_seen => Some(Why::TrafficRoleNotSeen),
             _ => None,
         };
-        // This root context knows of a stream it did not count even when the
-        // mark could not be written yet.
-        let owed = self.streams.unmarked.get() || self.connections.unmarked.get();
         let (s, c) = (streams.unwrap_or(0), connections.unwrap_or(0));
         Reading {
             active: s.saturating_add(c),
@@ -317,10 +354,10 @@ impl<H: Host> Counts<H> {
             connections: c,
             reliable: streams.is_some()
                 && connections.is_some()
-                && mark == Ok(None)
-                && traffic_seen
-                && !owed,
-            why: why.or(owed.then_some(Why::StreamNotCounted)),
+                && verdict.is_ok()
+                && uncounted.is_ok()
+                && why.is_none(),
+            why,
         }
     }
 }
@@ -336,51 +373,59 @@ impl<H: Host> Drop for Counter<H> {
     }
 }
 
-/// Marks the count unreliable for the life of the process (what was lost
-/// cannot be recounted). `Some(true)` when this call was the first to mark
-/// it, `Some(false)` when it was marked already, `None` when the mark could
-/// not be written (the caller tries again).
-pub fn flag_unreliable<H: Host>(host: &H, why: Why) -> Option<bool> {
-    cas_update(host, UNRELIABLE_KEY, |current| {
-        Ok::<_, ()>(match current {
-            Some(b) if !b.is_empty() => Step::Keep(false),
-            _ => Step::Write(why.name().as_bytes().to_vec(), true),
-        })
-    })
-    .ok()
-}
-
-/// `flag_unreliable` in Envoy, with its log line and gauge.
-pub fn mark_unreliable(why: Why, metrics: &Metrics) {
-    if flag_unreliable(&Envoy, why) == Some(true) {
-        log::error!(
-            "event=count_unreliable why={} what=\"the count is no longer trusted to reach 0; a drain closes at drain_timeout\"",
-            why.name()
-        );
-    }
-    metrics.set_count_unreliable(true);
-}
-
-/// A stream that could not be counted (the counter has tried to mark the
-/// count unreliable, and retries on its ticks): counted as an error, logged.
-pub fn not_counted(metrics: &Metrics) {
-    metrics.count_error();
-    log::error!("event=count_error what=\"stream not counted; drain will wait for drain_timeout\"");
-    metrics.set_count_unreliable(true);
-}
-
-/// Why the count is unreliable, if it was marked so.
-fn unreliable_mark<H: Host>(host: &H) -> Result<Option<Why>, ()> {
-    match host.get(UNRELIABLE_KEY) {
-        Ok((Some(b), _)) if !b.is_empty() => Ok(Some(
-            std::str::from_utf8(&b)
-                .ok()
-                .and_then(Why::from_name)
-                .unwrap_or(Why::StreamNotCounted),
-        )),
-        Ok(_) => Ok(None),
+/// The liveness verdict the health role's watch last wrote
+/// (`keys::VERDICT`: the registry generation it was judged at, then the
+/// reason's name; no reason when empty or absent).
+fn verdict<H: Host>(host: &H) -> Result<Option<Why>, ()> {
+    match host.get(keys::VERDICT) {
+        // Shorter than a generation, or a name drain-gate does not write:
+        // not trusted.
+        Ok((Some(b), _)) => Ok(match b.get(8..) {
+            Some([]) => None,
+            Some(name) => Some(
+                std::str::from_utf8(name)
+                    .ok()
+                    .and_then(Why::from_name)
+                    .unwrap_or(Why::TrafficRoleLost),
+            ),
+            None => Some(Why::TrafficRoleLost),
+        }),
+        Ok((None, _)) => Ok(None),
         Err(_) => Err(()),
     }
+}
+
+/// Writes the verdict judged at registry generation `gen`, unless a verdict
+/// of a later generation is already written (two judges never turn a newer
+/// verdict back into an older one). Returns whether the reason changed with
+/// this write (the caller logs it once).
+pub fn write_verdict<H: Host>(host: &H, gen: u64, why: Option<Why>) -> bool {
+    let name = why.map_or("", Why::name).as_bytes();
+    let mut bytes = gen.to_le_bytes().to_vec();
+    bytes.extend_from_slice(name);
+    cas_update(host, keys::VERDICT, |current| {
+        let written_gen = current
+            .and_then(|b| b.get(..8))
+            .and_then(shared::u64_of)
+            .unwrap_or(0);
+        let written_name = current.and_then(|b| b.get(8..)).unwrap_or_default();
+        Ok::<_, std::convert::Infallible>(match current {
+            Some(_) if written_gen > gen => Step::Keep(false),
+            Some(b) if b == bytes.as_slice() => Step::Keep(false),
+            _ => Step::Write(bytes.clone(), written_name != name),
+        })
+    })
+    .unwrap_or(false)
+}
+
+/// A stream that could not be counted (the counter counts it as uncounted
+/// until it ends): counted as an error, logged.
+pub fn not_counted<H: Host>(metrics: &Metrics<H>) {
+    metrics.count_error();
+    log::error!(
+        "event=count_error what=\"stream not counted; the count is unreliable until it ends\""
+    );
+    metrics.set_count_unreliable(true);
 }
 
 /// The global count as a role reads it.
@@ -403,5 +448,97 @@ impl Reading {
         } else {
             self.active.max(1)
         }
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::indexing_slicing)]
+mod tests {
+    use super::*;
+    use crate::host::sim::Sim;
+    use crate::metric_names as names;
+
+    fn process(sim: &Sim) -> Metrics<&Sim> {
+        let m = Metrics::define(sim);
+        announce_traffic(&sim);
+        m
+    }
+
+    #[test]
+    fn a_live_gauge_counts_and_an_excluded_one_moves_the_count_to_shared_data() {
+        let sim = Sim::at(0);
+        let live = Counts::new(&process(&sim));
+        assert_eq!(live.source_name(), "gauge");
+        let sim2 = Sim::at(0);
+        sim2.excluded
+            .borrow_mut()
+            .push(names::ACTIVE_REQUESTS.to_string());
+        let moved = Counts::new(&process(&sim2));
+        assert_eq!(
+            moved.source_name(),
+            "mixed",
+            "streams in shared data, connections on the gauge"
+        );
+        let c = moved.part(Part::Streams);
+        assert!(c.enter(true));
+        assert_eq!(moved.read().streams, 1);
+        assert_eq!(
+            sim2.metric(names::ACTIVE_REQUESTS),
+            0,
+            "the null stat never moved"
+        );
+    }
+
+    #[test]
+    fn leases_lead_the_truth_outside_a_drain_and_are_given_back_by_the_tick() {
+        let sim = Sim::at(0);
+        let counts = Counts::new(&process(&sim));
+        let c = counts.part(Part::Streams);
+        assert!(c.enter(false) && c.enter(false));
+        assert_eq!(counts.read().active, LEASE, "one lease of 8");
+        assert_eq!(c.exit(false), 1);
+        assert_eq!(
+            counts.read().active,
+            LEASE,
+            "outside a drain: nothing given back yet"
+        );
+        c.settle();
+        assert_eq!(counts.read().active, 1);
+        assert_eq!(c.exit(true), 0);
+        assert!(counts.reads_zero() && counts.read().reliable);
+    }
+
+    #[test]
+    fn a_stream_that_could_not_be_counted_is_owed_until_the_mark_is_written() {
+        let sim = Sim::at(0);
+        let counts = Counts::new(&process(&sim));
+        let c = counts.part(Part::Streams);
+        sim.failures.set(2); // the gauge update and the mark's write both fail
+        assert!(!c.enter(true));
+        assert!(c.mark_pending());
+        let r = counts.read();
+        assert!(
+            !r.reliable && r.for_decisions() == 1,
+            "this root knows: {r:?}"
+        );
+        assert_eq!(r.why, Some(Why::StreamNotCounted));
+        c.settle(); // the tick writes the mark
+        assert!(!c.mark_pending());
+        let other = Counts::new(&Metrics::define(&sim));
+        assert_eq!(
+            other.read().why,
+            Some(Why::StreamNotCounted),
+            "every reader sees it"
+        );
+    }
+
+    #[test]
+    fn no_traffic_role_in_this_vm_id_is_never_a_zero() {
+        let sim = Sim::at(0);
+        let counts = Counts::new(&Metrics::define(&sim));
+        let r = counts.read();
+        assert_eq!((r.active, r.reliable), (0, false));
+        assert_eq!(r.why, Some(Why::TrafficRoleNotSeen));
+        assert_eq!(r.for_decisions(), 1);
     }
 }

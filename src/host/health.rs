@@ -5,23 +5,36 @@ use proxy_wasm::hostcalls;
 use proxy_wasm::traits::{Context, HttpContext};
 use proxy_wasm::types::{Action, MapType};
 use std::cell::RefCell;
+use std::fmt::Display;
 use std::net::{IpAddr, SocketAddr};
 use std::rc::Rc;
 
 use super::count::{Counts, Reading};
+use super::in_flight;
 use super::liveness::Watch;
 use super::metrics::Metrics;
 use super::rotation::Rotator;
-use super::{in_flight, now, store, wall_ms};
+use super::shared::{Envoy, Host};
+use super::store::{self, Store};
 use crate::api::{self, Audience, CountInfo, Endpoint, Reply, RotationView, TrafficInfo, View};
 use crate::clock::{self, Now};
 use crate::config::Config;
 use crate::fsm::{self, CloseAfter, Move, Record, State};
 use crate::lb::Checkers;
+use crate::receipt;
 use crate::rotation;
 
 /// What a status answer shows beyond the FSM record, read at once.
-type Snapshot = (Reading, Checkers, TrafficInfo, Option<rotation::Record>);
+struct Snapshot {
+    reading: Reading,
+    checkers: Checkers,
+    traffic: TrafficInfo,
+    rotation: Option<rotation::Record>,
+    /// The registered traffic roots (whose in-flight summaries count).
+    ids: Vec<u64>,
+    /// One above the highest registry id ever handed out.
+    ids_high: u64,
+}
 
 /// A held `wait=closed` request.
 #[derive(Clone, Copy, Debug)]
@@ -39,83 +52,102 @@ impl Waiter {
 
 /// Shared by every stream of one health root context.
 #[derive(Debug)]
-pub struct Health {
+pub struct Health<H: Host = Envoy> {
     pub config: Config,
-    pub counter: Counts,
-    pub metrics: Metrics,
-    pub rotator: Rotator,
+    pub counter: Counts<H>,
+    pub metrics: Metrics<H>,
+    pub rotator: Rotator<H>,
+    store: Store<H>,
     waiters: RefCell<Vec<Waiter>>,
-    watch: Watch,
+    watch: Watch<H>,
 }
 
-fn send(reply: &Reply) {
+/// Sends `reply` on the stream `context_id` (`None`: the current one).
+fn send<H: Host>(host: &H, context_id: Option<u32>, reply: &Reply) {
     let headers: Vec<(&str, &str)> = reply
         .headers
         .iter()
         .map(|(n, v)| (*n, v.as_str()))
         .collect();
-    if let Err(e) =
-        hostcalls::send_http_response(u32::from(reply.status), headers, Some(&reply.body))
-    {
+    if let Err(e) = host.respond(context_id, reply.status, &headers, &reply.body) {
         log::warn!("event=send_failed status={e:?}");
     }
 }
 
 /// Logs why the state could not be read; the answer is the core's.
-fn unavailable(error: &str) -> Reply {
+fn unavailable(error: &dyn Display) -> Reply {
     log::error!("event=state_unavailable role=health error=\"{error}\"");
     api::unavailable()
 }
 
-impl Health {
-    pub fn new(config: Config, metrics: Metrics) -> Health {
+impl<H: Host + Copy> Health<H> {
+    pub fn new(config: Config, metrics: Metrics<H>) -> Health<H> {
+        let host = *metrics.host();
         let counter = Counts::new(&metrics);
-        let rotator = Rotator::new(config.rotate_connections.clone());
+        let rotator = Rotator::new(host, config.rotate_connections.clone());
+        let watch = Watch::new(host, config.tick_ms);
         let health = Health {
             config,
             counter,
             metrics,
             rotator,
+            store: Store::new(host),
             waiters: RefCell::new(Vec::new()),
-            watch: Watch::default(),
+            watch,
         };
         // Record where the wall clock stands before the first tick, so that
         // a step even then is seen.
         health.watch_clock();
         health
     }
+}
+
+impl<H: Host> Health<H> {
+    fn host(&self) -> &H {
+        self.store.host()
+    }
 
     /// Everything a status answer shows, read now.
     fn snapshot(&self) -> Snapshot {
-        let checkers = store::lb_checkers().unwrap_or_else(|e| {
+        let checkers = self.store.lb_checkers().unwrap_or_else(|e| {
             log::warn!("event=lb_record_unavailable error=\"{e}\"");
             Checkers::default()
         });
-        let rotation = store::rotation_load().unwrap_or_else(|e| {
+        let rotation = self.store.rotation_load().unwrap_or_else(|e| {
             log::warn!("event=rotation_record_unavailable error=\"{e}\"");
             None
         });
-        let (reg, verdict) = self.watch.snapshot();
+        let (reg, verdict, watch) = self.watch.snapshot();
         let traffic = TrafficInfo {
             seen: !verdict.waiting,
             roots: reg.roots.len(),
-            lost: reg.lost_total,
+            lost: (reg.lost.len() as u64).saturating_add(reg.dropped_lost),
+            lost_total: reg.lost_total,
+            back_total: reg.back_total,
+            refused: reg.refused,
+            stalls: watch.stalls,
+            longest_stall_ms: watch.longest_stall_ms,
         };
-        (self.counter.read(), checkers, traffic, rotation)
+        let ids = reg.roots.iter().map(|r| r.id).collect();
+        Snapshot {
+            reading: self.counter.read(),
+            checkers,
+            traffic,
+            rotation,
+            ids,
+            ids_high: reg.ids_high,
+        }
     }
 
-    fn view<'a>(
-        &'a self,
-        rec: &'a Record,
-        (reading, checkers, traffic, rotation): &'a Snapshot,
-    ) -> View<'a> {
-        let now = now();
+    fn view<'a>(&'a self, rec: &'a Record, snap: &'a Snapshot) -> View<'a> {
+        let now = self.host().now();
+        let reading = &snap.reading;
         View {
             rec,
             active: reading.active,
             now,
             clock: self.clock_info(),
-            in_flight: in_flight::read(now.timer_ms()),
+            in_flight: in_flight::read(self.host(), now.timer_ms(), snap.ids.iter().copied()),
             count: CountInfo {
                 source: self.counter.source_name(),
                 reliable: reading.reliable,
@@ -123,15 +155,22 @@ impl Health {
                 tcp_connections: reading.connections,
                 unreliable_reason: reading.why.map(|w| w.name()),
             },
-            traffic: *traffic,
+            traffic: snap.traffic,
             draining_lb_status: self.config.draining_lb_status,
-            checkers,
+            checkers: &snap.checkers,
+            ignored_checks: self.metrics.lb_checks_ignored(),
             lb_fall: self.config.lb_fall,
             close_after: self.config.close_after,
             rotation: RotationView {
                 cluster: self.rotator.cluster(),
-                last: rotation.as_ref(),
+                last: snap.rotation.as_ref(),
             },
+            footprint: api::Footprint {
+                metric_definitions: super::metrics::definitions(),
+                shared_keys: super::keys::created(snap.ids_high),
+            },
+            receipt: self.tally_of(rec),
+            new_requests: self.config.draining_new_requests.name(),
         }
     }
 
@@ -148,9 +187,10 @@ impl Health {
         if self.config.close_after != CloseAfter::LbObservedDown {
             return None;
         }
-        store::lb_checkers()
+        self.store
+            .lb_checkers()
             .ok()
-            .and_then(|c| c.down_since(wall_ms(), self.config.lb_fall))
+            .and_then(|c| c.down_since(self.host().now().timer_ms(), self.config.lb_fall))
     }
 
     /// Answers the LB check and remembers what this checker was served
@@ -158,24 +198,50 @@ impl Health {
     /// soft drain waits for flips it at once if nothing is in flight.
     fn lb_check(&self, state: State, req: &api::Request) -> Reply {
         let reply = api::check(Audience::Lb, state, &self.config, req.if_none_match);
-        let Some(ip) = req.source.filter(|ip| self.config.is_checker(*ip)) else {
+        let Some(ip) = req.source else {
             return reply;
         };
+        if !self.config.is_checker(ip) {
+            self.ignored_check(ip);
+            return reply;
+        }
         let served = if reply.status == 304 {
             200
         } else {
             reply.status
         };
-        if let Err(e) = store::lb_observe(&ip.to_string(), served, self.config.lb_fall) {
+        if let Err(e) = self
+            .store
+            .lb_observe(&ip.to_string(), served, self.config.lb_fall)
+        {
             log::warn!("event=lb_record_unavailable error=\"{e}\"");
         }
         if state == State::Draining && served == 404 {
             let active = self.counter.read().for_decisions();
-            if let Err(e) = store::apply_due(active, self.lb_down_ms(), &self.metrics) {
+            if let Err(e) = self
+                .store
+                .apply_due(active, self.lb_down_ms(), &self.metrics)
+            {
                 log::error!("event=state_unavailable role=health error=\"{e}\"");
             }
         }
         reply
+    }
+
+    /// A check from outside `lb_checkers`: answered, not recorded — counted,
+    /// and logged once per new source, so that an LB whose checks arrive from
+    /// another address (SNAT, a wrong CIDR) is seen, not silently ignored.
+    fn ignored_check(&self, ip: IpAddr) {
+        self.metrics.lb_check_ignored();
+        match self.store.lb_ignore(&ip.to_string()) {
+            Ok(true) => log::warn!(
+                "event=lb_check_ignored source={ip} what=\"a /health_check.html from outside \
+                 lb_checkers: answered, not recorded; if it is the LB, a soft drain's gate and \
+                 lb_observed_down never see it\""
+            ),
+            Ok(false) => {}
+            Err(e) => log::warn!("event=lb_record_unavailable error=\"{e}\""),
+        }
     }
 
     /// Moves the FSM for an admin command, then applies whatever became due
@@ -188,14 +254,17 @@ impl Health {
             plan: Some(cmd.plan(&self.config)),
             force: cmd.force(),
         };
-        let moved = store::advance(choose, self.counter.read().active, &self.metrics)?;
+        let moved = self
+            .store
+            .advance(choose, self.counter.read().active, &self.metrics)?;
         self.rotator.moved(&moved);
-        store::apply_due(
-            self.counter.read().for_decisions(),
-            self.lb_down_ms(),
-            &self.metrics,
-        )
-        .map_err(store::Error::Store)
+        self.store
+            .apply_due(
+                self.counter.read().for_decisions(),
+                self.lb_down_ms(),
+                &self.metrics,
+            )
+            .map_err(store::Error::Shared)
     }
 
     /// The answer to one request, or `None` when it is held.
@@ -204,7 +273,7 @@ impl Health {
             Ok(e) => e,
             Err(reply) => return Some(reply),
         };
-        let rec = match store::load() {
+        let rec = match self.store.load() {
             Ok(r) => r,
             Err(e) => return Some(unavailable(&e)),
         };
@@ -226,7 +295,7 @@ impl Health {
             Endpoint::Transition(cmd) => Some(match self.command(cmd) {
                 Ok(next) => self.status_reply(&next),
                 Err(store::Error::Illegal(e)) => api::illegal(e),
-                Err(store::Error::Store(e)) => unavailable(&e),
+                Err(store::Error::Shared(e)) => unavailable(&e),
             }),
             Endpoint::DrainAndWait { timeout_ms } => {
                 self.drain_and_wait(rec, timeout_ms, context_id)
@@ -238,14 +307,17 @@ impl Health {
     /// answer is a preStop hold (`fsm::renew_hold`), and a maintenance drain
     /// it joins turns automatic (`fsm::resume`).
     fn drain_and_wait(&self, rec: Record, timeout_ms: u64, context_id: u32) -> Option<Reply> {
+        if rec.state == State::Fault {
+            return Some(self.wait_reply(api::WaitEnd::InFault, &rec));
+        }
         let joined = match rec.state {
             State::Open => match self.command(api::Command::Drain) {
                 Ok(next) => Ok(next),
                 // Someone else started it first: join.
-                Err(store::Error::Illegal(_)) => store::update(fsm::resume),
-                Err(store::Error::Store(e)) => Err(e),
+                Err(store::Error::Illegal(_)) => self.store.update(fsm::resume),
+                Err(store::Error::Shared(e)) => Err(e),
             },
-            _ => store::update(fsm::resume),
+            _ => self.store.update(fsm::resume),
         };
         let rec = match joined {
             Ok(r) => r,
@@ -256,7 +328,7 @@ impl Health {
         }
         self.waiters.borrow_mut().push(Waiter {
             context_id,
-            since: now(),
+            since: self.host().now(),
             timeout_ms,
         });
         self.renew_hold();
@@ -266,26 +338,27 @@ impl Health {
     /// Keeps the preStop hold of this worker's held answers alive.
     fn renew_hold(&self) {
         let lease = self.config.hold_lease_ms();
-        if let Err(e) = store::update(|r| fsm::renew_hold(r, now(), lease)) {
+        let now = self.host().now();
+        if let Err(e) = self.store.update(|r| fsm::renew_hold(r, now, lease)) {
             log::warn!("event=hold_unavailable error=\"{e}\"");
         }
     }
 
     /// Which clock the timers run on, and the wall-clock steps seen so far.
     fn clock_info(&self) -> api::ClockInfo {
-        let steps = store::clock_steps().unwrap_or_else(|e| {
+        let steps = self.store.clock_steps().unwrap_or_else(|e| {
             log::warn!("event=clock_record_unavailable error=\"{e}\"");
             clock::Steps::default()
         });
-        api::ClockInfo::new(now().timers(), &steps)
+        api::ClockInfo::new(self.host().now().timers(), &steps)
     }
 
     /// Makes a wall-clock step visible: the worker that sees it first logs
     /// and counts it. The timers themselves never look at the wall clock.
     fn watch_clock(&self) {
-        let now = now();
+        let now = self.host().now();
         let threshold = clock::step_threshold_ms(self.config.tick_ms);
-        match store::clock_look(now, threshold) {
+        match self.store.clock_look(now, threshold) {
             Ok(Some((steps, by))) => {
                 log::warn!(
                     "event=clock_step step_ms={by} wall={} steps={} timers={}",
@@ -306,8 +379,10 @@ impl Health {
         self.watch_clock();
         self.watch.tick(&self.metrics);
         let reading = self.counter.read();
-        let rec = match store::apply_due(reading.for_decisions(), self.lb_down_ms(), &self.metrics)
-        {
+        let due = self
+            .store
+            .apply_due(reading.for_decisions(), self.lb_down_ms(), &self.metrics);
+        let rec = match due {
             Ok(r) => r,
             Err(e) => {
                 log::error!("event=state_unavailable role=health error=\"{e}\"");
@@ -317,9 +392,64 @@ impl Health {
         self.metrics.sync_state(rec.state);
         self.rotator.tick(&rec);
         self.metrics.set_count_unreliable(!reading.reliable);
-        let now = now();
-        self.metrics
-            .set_oldest_in_flight(in_flight::read(now.timer_ms()).oldest_age_ms);
+        let ids: Vec<u64> = self.watch.snapshot().0.roots.iter().map(|r| r.id).collect();
+        let now = self.host().now();
+        let oldest = in_flight::read(self.host(), now.timer_ms(), ids).oldest_age_ms;
+        self.metrics.set_oldest_in_flight(oldest);
+        self.keep_receipt(&rec, oldest);
+        self.release_waiters(&rec, now);
+    }
+
+    /// Records the oldest stream at the flip (within a tick of it) and logs
+    /// the drain's receipt once when the drain ends; one worker each.
+    fn keep_receipt(&self, rec: &Record, oldest: Option<u64>) {
+        if fsm::record_flip(rec, oldest).is_some() {
+            if let Err(e) = self.store.update(|r| fsm::record_flip(r, oldest)) {
+                log::warn!("event=state_unavailable role=health error=\"{e}\"");
+            }
+        }
+        if !fsm::receipt_due(rec) {
+            return;
+        }
+        let won = std::cell::Cell::new(false);
+        let marked = self.store.update(|r| {
+            let next = fsm::mark_receipt(r);
+            won.set(next.is_some());
+            next
+        });
+        match marked {
+            Ok(r) if won.get() => log::info!("{}", self.receipt(&r)),
+            Ok(_) => {}
+            Err(e) => log::warn!("event=state_unavailable role=health error=\"{e}\""),
+        }
+    }
+
+    /// The receipt of the drain `rec` holds (or held).
+    fn receipt<'a>(&self, rec: &'a Record) -> receipt::Receipt<'a> {
+        let now = self.host().now();
+        receipt::Receipt {
+            started_ms: rec.drain_started_ms.unwrap_or(0),
+            flipped_ms: rec.closing_ms,
+            closed_ms: rec.closed_ms,
+            ended: rec.state.name(),
+            forced: rec.forced,
+            duration_ms: rec.drain_duration_ms(now),
+            active_at_flip: rec.active_at_closing,
+            oldest_at_flip_ms: rec.oldest_at_closing_ms,
+            tally: self.tally_of(rec),
+        }
+    }
+
+    /// What the drain of `rec` counted so far (nothing before a first drain).
+    fn tally_of(&self, rec: &Record) -> receipt::Tally {
+        rec.receipt_base
+            .map(|base| self.metrics.tally().since(&base))
+            .unwrap_or_default()
+    }
+
+    /// Answers the held `wait=closed` requests whose wait is over; renews the
+    /// preStop hold of the others.
+    fn release_waiters(&self, rec: &Record, now: Now) {
         if self.waiters.borrow().is_empty() {
             return;
         }
@@ -334,10 +464,8 @@ impl Health {
         *self.waiters.borrow_mut() = held;
         for w in over {
             if let Some(end) = api::wait_end(rec.state, w.timed_out(now)) {
-                let reply = self.wait_reply(end, &rec);
-                if hostcalls::set_effective_context(w.context_id).is_ok() {
-                    send(&reply);
-                }
+                let reply = self.wait_reply(end, rec);
+                send(self.host(), Some(w.context_id), &reply);
             }
         }
     }
@@ -393,7 +521,7 @@ impl HttpContext for HealthStream {
             source: source_ip(),
         };
         if let Some(reply) = self.health.handle(&req, self.context_id) {
-            send(&reply);
+            send(self.health.host(), None, &reply);
         }
         // Answered locally or held: never forwarded.
         Action::Pause
@@ -403,5 +531,423 @@ impl HttpContext for HealthStream {
 impl Drop for HealthStream {
     fn drop(&mut self) {
         self.health.forget(self.context_id);
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::indexing_slicing)]
+mod tests {
+    use super::*;
+    use crate::host::count::Part;
+    use crate::host::sim::Sim;
+    use crate::host::traffic::{Traffic, TrafficStream};
+
+    const T0: u64 = 1_764_000_000_000;
+
+    /// A gateway in one simulated process: a health root and a traffic root
+    /// (registered by its first tick), both with `extra` configuration.
+    fn gateway<'a>(sim: &'a Sim, extra: &str) -> (Health<&'a Sim>, Rc<Traffic<&'a Sim>>) {
+        let parse = |role: &str| {
+            let mut raw: serde_json::Value = serde_json::from_str(extra).unwrap();
+            raw["role"] = role.into();
+            Config::parse(raw.to_string().as_bytes()).unwrap()
+        };
+        let traffic = Rc::new(Traffic::new(
+            Part::Streams,
+            Metrics::define(sim),
+            &parse("traffic"),
+        ));
+        crate::host::liveness::ensure_registry(&sim);
+        crate::host::count::announce_traffic(&sim);
+        traffic.tick();
+        let health = Health::new(parse("health"), Metrics::define(sim));
+        health.tick();
+        (health, traffic)
+    }
+
+    fn call(h: &Health<&Sim>, method: &str, path: &str, ctx: u32) -> Option<Reply> {
+        let req = api::Request {
+            method,
+            path,
+            source: Some("127.0.0.1".parse().unwrap()),
+            ..api::Request::default()
+        };
+        h.handle(&req, ctx)
+    }
+
+    fn json(r: &Reply) -> serde_json::Value {
+        serde_json::from_slice(&r.body).unwrap()
+    }
+
+    fn state(h: &Health<&Sim>) -> State {
+        h.store.load().unwrap().state
+    }
+
+    /// Both roots tick, `n` times, `ms` apart.
+    fn ticks(sim: &Sim, h: &Health<&Sim>, t: &Traffic<&Sim>, n: usize, ms: u64) {
+        for _ in 0..n {
+            sim.advance(ms);
+            t.tick();
+            h.tick();
+        }
+    }
+
+    #[test]
+    fn a_drain_with_nothing_in_flight_is_closing_at_once_then_closed_after_lb_buffer() {
+        let sim = Sim::at(T0);
+        let (h, t) = gateway(&sim, r#"{"lb_buffer":"1s"}"#);
+        let r = call(&h, "POST", "/drain", 1).unwrap();
+        assert_eq!(
+            (r.status, json(&r)["state"].as_str()),
+            (200, Some("CLOSING"))
+        );
+        ticks(&sim, &h, &t, 9, 100);
+        assert_eq!(state(&h), State::Closing, "lb_buffer not over");
+        ticks(&sim, &h, &t, 1, 100);
+        assert_eq!(state(&h), State::Closed);
+    }
+
+    #[test]
+    fn a_stream_in_flight_holds_the_drain_and_its_end_flips_it() {
+        let sim = Sim::at(T0);
+        let (h, t) = gateway(&sim, r#"{}"#);
+        let stream = TrafficStream::new(Rc::clone(&t));
+        call(&h, "POST", "/drain", 1).unwrap();
+        ticks(&sim, &h, &t, 3, 100);
+        assert_eq!(state(&h), State::Draining);
+        let lb = call(&h, "GET", "/health_check.html", 2).unwrap();
+        assert_eq!(lb.status, 200, "the LB check stays 200 while it runs");
+        drop(stream);
+        assert_eq!(state(&h), State::Closing, "flipped by the stream's own end");
+    }
+
+    #[test]
+    fn without_a_traffic_role_the_gateway_waits_and_a_drain_never_trusts_zero() {
+        let sim = Sim::at(T0);
+        let config = Config::parse(br#"{"role":"health","drain_timeout":"2s"}"#).unwrap();
+        let h = Health::new(config, Metrics::define(&sim));
+        h.tick();
+        let lb = call(&h, "GET", "/health_check.html", 1).unwrap();
+        assert_eq!((lb.status, lb.body.as_slice()), (503, b"WAIT\n".as_slice()));
+        let r = call(&h, "POST", "/drain", 2).unwrap();
+        assert_eq!(
+            json(&r)["state"],
+            "DRAINING",
+            "an unseen traffic role is not a 0"
+        );
+        assert_eq!(
+            json(&r)["count"]["unreliable_reason"],
+            "traffic_role_not_seen"
+        );
+        for _ in 0..21 {
+            sim.advance(100);
+            h.tick();
+        }
+        let rec = h.store.load().unwrap();
+        assert_eq!(
+            (rec.state, rec.reason),
+            (State::Closing, fsm::Reason::DrainTimeout)
+        );
+    }
+
+    #[test]
+    fn a_held_wait_answers_at_closed_on_its_own_stream() {
+        let sim = Sim::at(T0);
+        let (h, t) = gateway(&sim, r#"{"lb_buffer":"500ms"}"#);
+        assert!(call(&h, "POST", "/drain?wait=closed", 7).is_none(), "held");
+        assert!(sim.answers.borrow().is_empty());
+        ticks(&sim, &h, &t, 5, 100);
+        let answers = sim.answers.borrow();
+        assert_eq!(answers.len(), 1);
+        let a = &answers[0];
+        assert_eq!((a.context_id, a.status), (Some(7), 200));
+        assert_eq!(
+            (a.json()["state"].as_str(), a.json()["wait"].as_str()),
+            (Some("CLOSED"), Some("closed"))
+        );
+    }
+
+    #[test]
+    fn a_held_wait_times_out_with_a_small_504_and_the_drain_goes_on() {
+        let sim = Sim::at(T0);
+        let (h, t) = gateway(&sim, r#"{}"#);
+        let _stream = TrafficStream::new(Rc::clone(&t));
+        assert!(call(&h, "GET", "/prestop?timeout=1s", 3).is_none());
+        ticks(&sim, &h, &t, 9, 100);
+        assert!(sim.answers.borrow().is_empty(), "0.9 s: still held");
+        ticks(&sim, &h, &t, 1, 100);
+        let a = sim.answers.borrow()[0].clone();
+        assert_eq!((a.context_id, a.status), (Some(3), 504));
+        assert_eq!(a.json()["error"], "wait_timeout");
+        assert_eq!(state(&h), State::Draining);
+    }
+
+    #[test]
+    fn a_held_wait_holds_reopen_until_its_lease_runs_out() {
+        let sim = Sim::at(T0);
+        let (h, t) = gateway(&sim, r#"{}"#);
+        let _stream = TrafficStream::new(Rc::clone(&t));
+        assert!(call(&h, "POST", "/drain?wait=closed", 4).is_none());
+        ticks(&sim, &h, &t, 30, 100); // renewed by every tick while held
+        let r = call(&h, "POST", "/reopen", 5).unwrap();
+        assert_eq!(
+            (r.status, json(&r)["error"].as_str()),
+            (409, Some("prestop_hold"))
+        );
+        // The caller hung up: nothing renews the hold, which expires after its lease.
+        h.forget(4);
+        ticks(&sim, &h, &t, 19, 100);
+        assert_eq!(
+            call(&h, "POST", "/reopen", 6).unwrap().status,
+            409,
+            "1.9 s: held"
+        );
+        ticks(&sim, &h, &t, 1, 100);
+        assert_eq!(call(&h, "POST", "/reopen", 6).unwrap().status, 200);
+    }
+
+    #[test]
+    fn a_forced_reopen_aborts_the_held_wait() {
+        let sim = Sim::at(T0);
+        let (h, t) = gateway(&sim, r#"{}"#);
+        let _stream = TrafficStream::new(Rc::clone(&t));
+        assert!(call(&h, "POST", "/drain?wait=closed", 4).is_none());
+        let r = call(&h, "POST", "/reopen?force=true", 5).unwrap();
+        assert_eq!((r.status, json(&r)["state"].as_str()), (200, Some("OPEN")));
+        ticks(&sim, &h, &t, 1, 100);
+        let a = sim.answers.borrow()[0].clone();
+        assert_eq!((a.context_id, a.status), (Some(4), 409));
+        assert_eq!(a.json()["error"], "drain_aborted");
+    }
+
+    #[test]
+    fn a_gated_soft_drain_flips_on_the_404_that_completes_it() {
+        let sim = Sim::at(T0);
+        let (h, t) = gateway(&sim, r#"{"draining_lb_status":404}"#);
+        assert_eq!(
+            call(&h, "GET", "/health_check.html", 1).unwrap().status,
+            200
+        );
+        let r = call(&h, "POST", "/drain", 2).unwrap();
+        assert_eq!(
+            json(&r)["state"],
+            "DRAINING",
+            "the LB has not been served the 404"
+        );
+        ticks(&sim, &h, &t, 5, 100);
+        assert_eq!(state(&h), State::Draining);
+        let lb = call(&h, "GET", "/health_check.html", 3).unwrap();
+        assert_eq!(lb.status, 404);
+        assert_eq!(state(&h), State::Closing, "the 404 itself flipped it");
+    }
+
+    #[test]
+    fn a_drain_start_sends_one_rotation_call_on_the_next_tick() {
+        let sim = Sim::at(T0);
+        let (h, t) = gateway(&sim, r#"{}"#);
+        let _stream = TrafficStream::new(Rc::clone(&t));
+        call(&h, "POST", "/drain", 1).unwrap();
+        assert!(sim.calls.borrow().is_empty(), "not from the /drain stream");
+        ticks(&sim, &h, &t, 3, 100);
+        let calls = sim.calls.borrow().clone();
+        assert_eq!(calls.len(), 1, "once per drain");
+        assert_eq!(calls[0].cluster, crate::rotation::DEFAULT_CLUSTER);
+        assert!(calls[0]
+            .headers
+            .contains(&(":path".to_string(), crate::rotation::ADMIN_PATH.to_string())));
+        sim.call_status.set(Some(200));
+        h.rotator.answered(calls[0].token, 3);
+        let status = json(&call(&h, "GET", "/drain/status", 2).unwrap());
+        assert_eq!(status["connection_rotation"]["last"]["outcome"], "done");
+    }
+
+    #[test]
+    fn a_maintenance_drain_neither_rotates_nor_closes() {
+        let sim = Sim::at(T0);
+        let (h, t) = gateway(&sim, r#"{"lb_buffer":"1s"}"#);
+        let r = call(&h, "POST", "/drain?hold=closing", 1).unwrap();
+        assert_eq!(json(&r)["state"], "CLOSING");
+        ticks(&sim, &h, &t, 30, 100);
+        assert_eq!(state(&h), State::Closing);
+        assert!(sim.calls.borrow().is_empty());
+        assert_eq!(call(&h, "POST", "/reopen", 2).unwrap().status, 200);
+    }
+
+    #[test]
+    fn a_wait_asked_for_in_fault_says_so_and_one_aborted_by_a_fault_says_that() {
+        let sim = Sim::at(T0);
+        let (h, t) = gateway(&sim, r#"{}"#);
+        let _stream = TrafficStream::new(Rc::clone(&t));
+        assert!(call(&h, "GET", "/prestop", 1).is_none());
+        assert_eq!(call(&h, "POST", "/fault", 2).unwrap().status, 200);
+        ticks(&sim, &h, &t, 1, 100);
+        let aborted = sim.answers.borrow()[0].clone();
+        assert_eq!(
+            (aborted.status, aborted.json()["error"].as_str()),
+            (409, Some("drain_aborted"))
+        );
+        for (method, path) in [("GET", "/prestop"), ("POST", "/drain?wait=closed")] {
+            let r = call(&h, method, path, 3).unwrap();
+            assert_eq!(
+                (r.status, json(&r)["error"].as_str()),
+                (409, Some("in_fault")),
+                "{path}"
+            );
+            assert_eq!(json(&r)["wait"], "fault");
+        }
+    }
+
+    /// A stream that ends with these response flags (what `on_log` reads).
+    fn end_with(sim: &Sim, mut stream: TrafficStream<&Sim>, flags: u64) {
+        sim.set_flags(flags);
+        stream.log();
+        drop(stream);
+    }
+
+    #[test]
+    fn ends_during_a_drain_are_sorted_and_the_lb_s_cuts_attributed() {
+        let sim = Sim::at(T0);
+        let (h, t) = gateway(&sim, r#"{"lb_buffer":"60m"}"#);
+        let outside = TrafficStream::new(Rc::clone(&t));
+        end_with(&sim, outside, 0x4000); // a client abort while OPEN: not a drain's
+        let streams: Vec<_> = (0..4).map(|_| TrafficStream::new(Rc::clone(&t))).collect();
+        let held = TrafficStream::new(Rc::clone(&t));
+        call(&h, "POST", "/drain", 1).unwrap();
+        ticks(&sim, &h, &t, 1, 100);
+        let mut it = streams.into_iter();
+        end_with(&sim, it.next().unwrap(), 0); // completed
+        end_with(&sim, it.next().unwrap(), 0x10); // upstream reset
+        end_with(&sim, it.next().unwrap(), 0x4000); // a client that gave up
+        assert_eq!(
+            json(&call(&h, "GET", "/drain/status", 2).unwrap())["cut"],
+            1
+        );
+        // The LB is served 503 twice (lb_fall 2) after the flip: DOWN, and it
+        // resets what it still carries.
+        call(&h, "POST", "/close-lb", 3).unwrap();
+        for _ in 0..2 {
+            assert_eq!(
+                call(&h, "GET", "/health_check.html", 4).unwrap().status,
+                503
+            );
+            sim.advance(500);
+        }
+        end_with(&sim, it.next().unwrap(), 0x1000_0000); // RST_STREAM at DOWN
+        sim.advance(3_000);
+        end_with(&sim, held, 0x4000); // long after the DOWN: not the LB's
+        let st = json(&call(&h, "GET", "/drain/status", 5).unwrap());
+        let r = &st["receipt"];
+        assert_eq!(st["cut"], 3);
+        assert_eq!(
+            (r["cut_lb"].as_u64(), r["cut_other"].as_u64()),
+            (Some(1), Some(2))
+        );
+        assert_eq!(
+            (r["completed"].as_u64(), r["ended_upstream"].as_u64()),
+            (Some(1), Some(1))
+        );
+        assert_eq!(
+            sim.metric(crate::metric_names::CUT),
+            3,
+            "the OPEN abort is not counted"
+        );
+        assert_eq!(sim.metric(crate::metric_names::CUT_LB), 1);
+    }
+
+    #[test]
+    fn a_connection_reset_by_the_downstream_is_a_cut_one_closed_after_its_upstream_is_not() {
+        use proxy_wasm::types::PeerType;
+        let sim = Sim::at(T0);
+        let (h, _t) = gateway(&sim, r#"{"lb_buffer":"60m"}"#);
+        let tcp = Rc::new(Traffic::new(
+            Part::Connections,
+            Metrics::define(&sim),
+            &Config::parse(br#"{"role":"traffic_tcp"}"#).unwrap(),
+        ));
+        let (mut a, mut b) = (
+            TrafficStream::new(Rc::clone(&tcp)),
+            TrafficStream::new(Rc::clone(&tcp)),
+        );
+        call(&h, "POST", "/drain", 1).unwrap();
+        tcp.tick();
+        a.closed(true, PeerType::Remote); // a reset from the client side
+        drop(a);
+        b.closed(false, PeerType::Unknown); // the upstream closed first ...
+        b.closed(true, PeerType::Local); // ... then Envoy closed the client side
+        drop(b);
+        let r = json(&call(&h, "GET", "/drain/status", 2).unwrap())["receipt"].clone();
+        assert_eq!(
+            (r["cut_tcp"].as_u64(), r["completed"].as_u64()),
+            (Some(1), Some(1))
+        );
+    }
+
+    #[test]
+    fn refuse_mode_answers_new_requests_503_while_draining_and_stops_at_reopen() {
+        let sim = Sim::at(T0);
+        let (h, t) = gateway(
+            &sim,
+            r#"{"draining_new_requests":"refuse","lb_buffer":"60m"}"#,
+        );
+        let mut before = TrafficStream::new(Rc::clone(&t));
+        assert_eq!(before.request_headers(), Action::Continue, "OPEN: served");
+        call(&h, "POST", "/drain?hold=closing", 1).unwrap();
+        ticks(&sim, &h, &t, 1, 100);
+        let mut new = TrafficStream::new(Rc::clone(&t));
+        assert_eq!(new.request_headers(), Action::Pause);
+        let a = sim.answers.borrow().last().cloned().unwrap();
+        assert_eq!(
+            (a.context_id, a.status, a.json()["error"].as_str()),
+            (None, 503, Some("draining"))
+        );
+        assert!(a
+            .headers
+            .contains(&("x-drain-gate".to_string(), "refused; draining".to_string())));
+        new.log();
+        drop(new);
+        let st = json(&call(&h, "GET", "/drain/status", 2).unwrap());
+        assert_eq!(
+            st["refusing"],
+            serde_json::json!({"mode": "refuse", "active": true, "this_drain": 1})
+        );
+        assert_eq!(sim.metric(crate::metric_names::REFUSED), 1);
+        assert_eq!(call(&h, "POST", "/reopen", 3).unwrap().status, 200);
+        let mut after = TrafficStream::new(Rc::clone(&t));
+        assert_eq!(
+            after.request_headers(),
+            Action::Continue,
+            "reopened: served at once, before a tick"
+        );
+        drop((before, after));
+    }
+
+    #[test]
+    fn a_drain_s_receipt_is_logged_once_when_it_ends() {
+        let sim = Sim::at(T0);
+        let (h, t) = gateway(&sim, r#"{"lb_buffer":"1s"}"#);
+        let s = TrafficStream::new(Rc::clone(&t));
+        call(&h, "POST", "/drain", 1).unwrap();
+        ticks(&sim, &h, &t, 1, 100);
+        end_with(&sim, s, 0);
+        ticks(&sim, &h, &t, 12, 100);
+        let rec = h.store.load().unwrap();
+        assert_eq!(rec.state, State::Closed);
+        assert!(rec.receipt_logged && rec.flip_recorded);
+        assert_eq!(h.receipt(&rec).tally.completed, 1);
+        assert!(fsm::mark_receipt(&rec).is_none(), "once");
+    }
+
+    #[test]
+    fn an_unreadable_record_fails_closed_with_503() {
+        let sim = Sim::at(T0);
+        let (h, _t) = gateway(&sim, r#"{}"#);
+        sim.put(crate::host::keys::FSM, b"{not json");
+        for path in ["/health_check.html", "/health", "/drain/status"] {
+            let r = call(&h, "GET", path, 1).unwrap();
+            assert_eq!(
+                (r.status, json(&r)["error"].as_str()),
+                (503, Some("state_unavailable"))
+            );
+        }
     }
 }

@@ -1,69 +1,108 @@
 //! Traffic-role liveness in shared data (the decisions are `crate::liveness`).
 //!
-//! A traffic root registers ([`Heartbeat::beat`], first tick), writes its beat from
-//! every tick to its own key (one unconditional write of 8 bytes, nothing
-//! per stream), and unregisters when removed cleanly. A health root
-//! ([`Watch`]) moves silent roots to `lost` on its tick and turns the
-//! registry into a verdict.
+//! A traffic root registers ([`Heartbeat::beat`], first tick), writes its beat
+//! from every tick to its own key (one unconditional write of 8 bytes, nothing
+//! per stream), and unregisters when removed cleanly. The health roots'
+//! [`Watch`] judges the registry — at most one health tick per half `tick`
+//! does, the others skip — and writes the verdict the count reads
+//! (`keys::VERDICT`).
 
 use std::cell::Cell;
 
-use super::clock::mono_ms;
 use super::count;
+use super::keys;
 use super::metrics::Metrics;
-use super::shared::{json_read, json_update, Envoy, Host};
-use super::wall_ms;
-use crate::liveness::{Lost, Registry, Verdict, Why};
-
-const REGISTRY_KEY: &str = "drain_gate.traffic.v1";
+use super::shared::{self, cas_update, json_read, json_update, Envoy, Host, SharedError};
+use super::store::flatten;
+use crate::liveness::{self as core, Judge, Lost, Registry, Verdict, Why};
 
 /// The clock registrations and beats are written on: the host's monotonic
 /// clock (one for every worker of the process; no wall-clock step moves it,
 /// so a step can neither fake a dead root nor hide one), else the wall clock.
-fn now_ms() -> u64 {
-    mono_ms().unwrap_or_else(wall_ms)
+fn now_ms<H: Host>(host: &H) -> u64 {
+    host.now().timer_ms()
 }
 
-fn beat_key(id: u64) -> String {
-    format!("drain_gate.beat.v1.{id}")
-}
-
-fn read_beat(id: u64) -> Option<u64> {
-    let (bytes, _) = Envoy.get(&beat_key(id)).ok()?;
-    let b = <[u8; 8]>::try_from(bytes?.as_slice()).ok()?;
-    Some(u64::from_le_bytes(b))
+fn read_beat<H: Host>(host: &H, id: u64) -> Option<u64> {
+    shared::read_u64(host, &keys::beat(id)).ok().flatten()
 }
 
 /// Creates the registry if absent (configure runs on the main thread before
 /// any worker VM, so this cannot race another creator).
-pub fn ensure_registry() {
-    if matches!(Envoy.get(REGISTRY_KEY), Ok((None, _))) {
-        if let Ok(bytes) = serde_json::to_vec(&Registry::default()) {
-            if let Err(e) = Envoy.set(REGISTRY_KEY, &bytes, None) {
-                log::error!("event=shared_data_error key={REGISTRY_KEY} status={e:?}");
-            }
-        }
+pub fn ensure_registry<H: Host>(host: &H) {
+    let created = shared::encode(keys::REGISTRY, &Registry::default())
+        .and_then(|bytes| shared::create(host, keys::REGISTRY, &bytes));
+    if let Err(e) = created {
+        log::error!(
+            "event=shared_data_error key={} error=\"{e}\"",
+            keys::REGISTRY
+        );
     }
 }
 
-/// One per traffic root context. It registers on its first tick, not on
-/// configure: Envoy also configures the plugin once in the main thread's
-/// base VM to validate it, and that root context never ticks and is never
-/// removed — registered, it would look like a failed VM.
+/// Changes the registry (compare-and-swap); every change moves its
+/// generation on, which orders the verdicts judged from it.
+fn update<H: Host, R>(
+    host: &H,
+    mut f: impl FnMut(&mut Registry) -> R,
+) -> Result<(R, u64), SharedError> {
+    json_update(host, keys::REGISTRY, |r: &mut Registry| {
+        r.generation = r.generation.saturating_add(1);
+        Ok::<_, SharedError>((f(r), r.generation))
+    })
+    .map_err(flatten)
+}
+
+/// Marks the count unreliable for the life of the process because a role
+/// is loaded where it cannot count (`Why::MisplacedRole`).
+pub fn misplaced<H: Host>(host: &H) {
+    if let Err(e) = update(host, |r| r.misplaced = true) {
+        log::error!(
+            "event=shared_data_error key={} error=\"{e}\"",
+            keys::REGISTRY
+        );
+    }
+}
+
+/// One per traffic root context. It registers on its first tick or its
+/// first stream, not on configure: Envoy also configures the plugin once in
+/// the main thread's base VM to validate it, and that root context never
+/// ticks, carries no stream and is never removed — registered, it would look
+/// like a lost VM.
 #[derive(Debug)]
-pub struct Heartbeat {
+pub struct Heartbeat<H: Host = Envoy> {
+    host: H,
     tick_ms: u64,
     id: Cell<Option<u64>>,
+    /// A registration was refused (`MAX_ROOTS`): logged once.
+    refused: Cell<bool>,
     /// Set by a goodbye: never register again.
     done: Cell<bool>,
 }
 
-impl Heartbeat {
-    pub fn new(tick_ms: u64) -> Heartbeat {
+impl<H: Host> Heartbeat<H> {
+    pub fn new(host: H, tick_ms: u64) -> Heartbeat<H> {
         Heartbeat {
+            host,
             tick_ms,
             id: Cell::new(None),
+            refused: Cell::new(false),
             done: Cell::new(false),
+        }
+    }
+
+    /// This root's registry id, once registered.
+    pub fn id(&self) -> Option<u64> {
+        self.id.get()
+    }
+
+    /// From a stream's creation: registers a root that has not ticked yet
+    /// (one `Cell` read once registered). A VM can only fail while it runs a
+    /// callback — a tick or a stream — so with this, every VM that fails was
+    /// registered first and is noticed.
+    pub fn ensure(&self) {
+        if self.id.get().is_none() && !self.done.get() {
+            self.register();
         }
     }
 
@@ -80,19 +119,31 @@ impl Heartbeat {
                 None => return,
             },
         };
-        let _ = Envoy.set(&beat_key(id), &now_ms().to_le_bytes(), None);
+        let _ = self
+            .host
+            .set(&keys::beat(id), &now_ms(&self.host).to_le_bytes(), None);
     }
 
     fn register(&self) -> Option<u64> {
-        let now = now_ms();
+        let now = now_ms(&self.host);
         let tick_ms = self.tick_ms;
-        match json_update(&Envoy, REGISTRY_KEY, |r: &mut Registry| {
-            Ok::<_, String>(r.announce(tick_ms, now))
-        }) {
-            Ok(id) => {
+        match update(&self.host, |r| r.announce(tick_ms, now)) {
+            Ok((Some(id), _)) => {
                 log::info!("event=traffic_role_registered id={id}");
                 self.id.set(Some(id));
                 Some(id)
+            }
+            Ok((None, _)) => {
+                if !self.refused.replace(true) {
+                    log::error!(
+                        "event=traffic_role_refused why=too_many_traffic_roots max={} what=\"more \
+                         traffic root contexts than drain-gate watches (one per worker and traffic \
+                         filter, plus the main thread's): lower the Envoy concurrency; the count is \
+                         not trusted meanwhile\"",
+                        core::MAX_ROOTS
+                    );
+                }
+                None
             }
             Err(e) => {
                 log::error!("event=traffic_role_unregistered error=\"{e}\"");
@@ -105,81 +156,333 @@ impl Heartbeat {
     pub fn goodbye(&self) {
         self.done.set(true);
         let Some(id) = self.id.take() else { return };
-        let now = now_ms();
-        match json_update(&Envoy, REGISTRY_KEY, |r: &mut Registry| {
-            Ok::<_, String>(r.goodbye(id, now))
-        }) {
+        let now = now_ms(&self.host);
+        match update(&self.host, |r| r.goodbye(id, now)) {
             Ok(_) => log::info!("event=traffic_role_unregistered id={id} why=goodbye"),
             Err(e) => log::error!("event=traffic_role_goodbye_failed id={id} error=\"{e}\""),
         }
-        let _ = Envoy.set(&beat_key(id), &[], None);
     }
 }
 
-impl Drop for Heartbeat {
+impl<H: Host> Drop for Heartbeat<H> {
     fn drop(&mut self) {
         self.goodbye();
     }
 }
 
 /// One per health root context.
-#[derive(Debug, Default)]
-pub struct Watch {
+#[derive(Debug)]
+pub struct Watch<H: Host = Envoy> {
+    host: H,
+    tick_ms: u64,
     /// Once a traffic root was seen, it stays seen: no read per check.
     seen: Cell<bool>,
 }
 
-impl Watch {
+impl<H: Host> Watch<H> {
+    pub fn new(host: H, tick_ms: u64) -> Watch<H> {
+        Watch {
+            host,
+            tick_ms,
+            seen: Cell::new(false),
+        }
+    }
+
     /// Whether the gateway may be announced (a traffic root has registered).
     pub fn seen(&self) -> bool {
         if !self.seen.get() {
-            let seen = json_read::<_, Registry>(&Envoy, REGISTRY_KEY).is_ok_and(|r| r.seen);
+            let seen = json_read::<_, Registry>(&self.host, keys::REGISTRY).is_ok_and(|r| r.seen);
             self.seen.set(seen);
         }
         self.seen.get()
     }
 
-    /// From the health tick: moves silent roots to `lost`, marks the count
-    /// unreliable when a root was lost or every root is gone.
-    pub fn tick(&self, metrics: &Metrics) {
-        let now = now_ms();
-        let Ok(reg) = json_read::<_, Registry>(&Envoy, REGISTRY_KEY) else {
-            return;
-        };
-        self.seen.set(self.seen.get() || reg.seen);
-        let dead = reg.stale(now, read_beat);
-        let mut lost_now = false;
-        if !dead.is_empty() {
-            let moved = json_update(&Envoy, REGISTRY_KEY, |r: &mut Registry| {
-                Ok::<_, String>(r.mark_lost(&dead))
-            });
-            for l in moved.unwrap_or_default() {
-                report_lost(&l, metrics);
-                lost_now = true;
+    /// Whether this health tick judges, and silence counted from when: at
+    /// most one health tick per half `tick` judges; one that comes after the
+    /// health role did not run for `late_after_ms` starts the run afresh.
+    fn judge(&self, now: u64) -> Option<u64> {
+        let tick_ms = self.tick_ms;
+        let judged = cas_update(&self.host, keys::WATCH, |bytes| {
+            let watch: core::Watch = match bytes {
+                Some(b) => shared::parse(keys::WATCH, b)?,
+                None => core::Watch::default(),
+            };
+            let next = watch.next(now, tick_ms);
+            let (w, stall) = match next {
+                Judge::Skip => return Ok(shared::Step::Keep(None)),
+                Judge::Now(w) => (w, None),
+                Judge::AfterStall(w, gap) => (w, Some(gap)),
+            };
+            let bytes = shared::encode(keys::WATCH, &w)?;
+            Ok(shared::Step::Write(bytes, Some((w.since_ms, stall))))
+        })
+        .map_err(flatten);
+        match judged {
+            Ok(Some((since, stall))) => {
+                if let Some(gap) = stall {
+                    log::warn!(
+                        "event=stall late_ms={gap} what=\"the health role did not run for {gap} ms \
+                         (the process stalled: CPU throttling, a long main-thread task, memory \
+                         pressure); traffic roots get a fresh {} ms to beat before any is judged \
+                         lost\"",
+                        core::stale_after_ms(tick_ms)
+                    );
+                }
+                Some(since)
             }
-        }
-        // Every tick while it holds (one read once marked): a mark whose write
-        // failed is written by a later tick.
-        let why = reg.verdict(now).unreliable;
-        if let Some(why) = why.or(lost_now.then_some(Why::TrafficRoleLost)) {
-            count::mark_unreliable(why, metrics);
+            Ok(None) => None,
+            Err(e) => {
+                log::warn!("event=shared_data_error key={} error=\"{e}\"", keys::WATCH);
+                None
+            }
         }
     }
 
-    /// The registry now (for `/drain/status`).
-    pub fn snapshot(&self) -> (Registry, Verdict) {
-        let reg = json_read::<_, Registry>(&Envoy, REGISTRY_KEY).unwrap_or_default();
-        let v = reg.verdict(now_ms());
-        (reg, v)
+    /// From the health tick: registers again the lost roots that beat again,
+    /// moves silent roots to `lost`, notes a gap without roots, and writes
+    /// the verdict the count reads.
+    pub fn tick(&self, metrics: &Metrics<H>) {
+        let now = now_ms(&self.host);
+        let Some(since) = self.judge(now) else {
+            return;
+        };
+        let beat = |id| read_beat(&self.host, id);
+        let judged = update(&self.host, |r| {
+            let back = r.revive(beat);
+            let dead = r.stale(now, since, beat);
+            let lost = r.mark_lost(&dead);
+            let gap = r.note_gap(now, since);
+            (back, lost, gap, r.verdict(now), r.seen)
+        });
+        let ((back, lost, gap, verdict, seen), gen) = match judged {
+            Ok(j) => j,
+            Err(e) => {
+                log::warn!(
+                    "event=shared_data_error key={} error=\"{e}\"",
+                    keys::REGISTRY
+                );
+                return;
+            }
+        };
+        self.seen.set(self.seen.get() || seen);
+        for l in &back {
+            report_back(l, now);
+        }
+        for l in &lost {
+            report_lost(l);
+            metrics.traffic_role_lost();
+        }
+        if gap {
+            log::error!(
+                "event=traffic_role_gone what=\"every traffic root said goodbye and none came back: \
+                 the traffic filter left the listeners; streams that ran meanwhile are not \
+                 counted, so the count is not trusted until istio-proxy restarts\""
+            );
+        }
+        if count::write_verdict(&self.host, gen, verdict.unreliable) {
+            report_verdict(verdict.unreliable);
+        }
+    }
+
+    /// The registry and the watch record now (for `/drain/status`).
+    pub fn snapshot(&self) -> (Registry, Verdict, core::Watch) {
+        let reg = json_read::<_, Registry>(&self.host, keys::REGISTRY).unwrap_or_default();
+        let watch = json_read::<_, core::Watch>(&self.host, keys::WATCH).unwrap_or_default();
+        let v = reg.verdict(now_ms(&self.host));
+        (reg, v, watch)
     }
 }
 
-fn report_lost(l: &Lost, metrics: &Metrics) {
+fn report_lost(l: &Lost) {
     log::error!(
-        "event=traffic_role_lost id={} last_beat_ms={} what=\"a traffic VM stopped without a goodbye; the count is unreliable, a drain closes at drain_timeout\"",
+        "event=traffic_role_lost id={} last_beat_ms={} what=\"a traffic root went silent without a \
+         goodbye (its VM may have failed); the count is not trusted until it beats again\"",
         l.id,
         l.last_beat_ms
     );
-    metrics.traffic_role_lost();
-    let _ = Envoy.set(&beat_key(l.id), &[], None);
+}
+
+fn report_back(l: &Lost, now: u64) {
+    log::warn!(
+        "event=traffic_role_back id={} silent_ms={} what=\"a traffic root declared lost beats \
+         again: it was late, not dead\"",
+        l.id,
+        now.saturating_sub(l.last_beat_ms)
+    );
+}
+
+fn report_verdict(why: Option<Why>) {
+    match why {
+        Some(why) => log::error!(
+            "event=count_unreliable why={} what=\"the count is not trusted to reach 0; a drain \
+             waits for drain_timeout unless the reason ends first\"",
+            why.name()
+        ),
+        None => log::info!("event=count_reliable what=\"the count is trusted again\""),
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::indexing_slicing)]
+mod tests {
+    use super::*;
+    use crate::host::count::{Counter, Counts, Part, Source};
+    use crate::host::sim::Sim;
+
+    fn reading(sim: &Sim) -> count::Reading {
+        let part = |p| Counter::with_host(sim, p, Source::SharedData);
+        Counts::of(part(Part::Streams), part(Part::Connections)).read()
+    }
+
+    fn process(sim: &Sim) -> (Watch<&Sim>, Metrics<&Sim>) {
+        count::create_shared(&sim);
+        count::announce_traffic(&sim);
+        ensure_registry(&sim);
+        (Watch::new(sim, 100), Metrics::define(sim))
+    }
+
+    #[test]
+    fn a_root_that_says_goodbye_marks_nothing() {
+        let sim = Sim::at(1_000);
+        let (watch, metrics) = process(&sim);
+        let old = Heartbeat::new(&sim, 100);
+        old.beat();
+        let new = Heartbeat::new(&sim, 100);
+        new.beat();
+        assert!(watch.seen());
+        drop(old); // removed cleanly (LDS update)
+        for _ in 0..50 {
+            sim.advance(100);
+            new.beat();
+            watch.tick(&metrics);
+        }
+        assert!(reading(&sim).reliable);
+        assert_eq!(watch.snapshot().0.roots.len(), 1);
+    }
+
+    #[test]
+    fn a_root_that_stops_beating_is_lost_and_the_count_unreliable() {
+        let sim = Sim::at(1_000);
+        let (watch, metrics) = process(&sim);
+        let dead = Heartbeat::new(&sim, 100);
+        dead.beat();
+        std::mem::forget(dead); // a trapped VM runs nothing, not even Drop
+        for _ in 0..20 {
+            sim.advance(100);
+            watch.tick(&metrics);
+        }
+        assert!(reading(&sim).reliable, "2 s is not yet stale");
+        // Silence counts from the watch's first tick (1.1 s): lost after 3.1 s.
+        sim.advance(100);
+        watch.tick(&metrics);
+        assert!(
+            reading(&sim).reliable,
+            "2 s of judged silence is not yet stale"
+        );
+        sim.advance(100);
+        watch.tick(&metrics);
+        let r = reading(&sim);
+        assert!(!r.reliable && r.for_decisions() >= 1);
+        assert_eq!(r.why, Some(Why::TrafficRoleLost));
+        assert_eq!(sim.metric(crate::metric_names::TRAFFIC_ROLES_LOST), 1);
+        assert_eq!(watch.snapshot().0.lost_total, 1);
+    }
+
+    #[test]
+    fn a_stall_of_the_whole_process_loses_nothing() {
+        let sim = Sim::at(1_000);
+        let (watch, metrics) = process(&sim);
+        let roots: Vec<_> = (0..3).map(|_| Heartbeat::new(&sim, 100)).collect();
+        let tick = |sim: &Sim| {
+            sim.advance(100);
+            roots.iter().for_each(Heartbeat::beat);
+            watch.tick(&metrics);
+        };
+        for _ in 0..10 {
+            tick(&sim);
+        }
+        sim.advance(3_500); // SIGSTOP: nothing runs, every clock moves on
+        watch.tick(&metrics); // the health tick comes first after it
+        tick(&sim);
+        let (reg, _, w) = watch.snapshot();
+        assert_eq!((reg.roots.len(), reg.lost_total), (3, 0));
+        assert_eq!((w.stalls, w.longest_stall_ms), (1, 3_500));
+        assert!(reading(&sim).reliable);
+    }
+
+    #[test]
+    fn a_late_root_is_lost_then_back_and_the_count_trusted_again() {
+        let sim = Sim::at(1_000);
+        let (watch, metrics) = process(&sim);
+        let on_time = Heartbeat::new(&sim, 100);
+        let late = Heartbeat::new(&sim, 100);
+        for i in 0..40 {
+            sim.advance(100);
+            on_time.beat();
+            if i < 5 {
+                late.beat(); // then its worker is busy for 3.5 s
+            }
+            watch.tick(&metrics);
+        }
+        assert_eq!(reading(&sim).why, Some(Why::TrafficRoleLost));
+        late.beat();
+        sim.advance(100);
+        watch.tick(&metrics);
+        let r = reading(&sim);
+        assert!(r.reliable, "back: {r:?}");
+        let (reg, _, _) = watch.snapshot();
+        assert_eq!((reg.lost_total, reg.back_total, reg.roots.len()), (1, 1, 2));
+    }
+
+    #[test]
+    fn every_root_gone_without_a_replacement_is_unreliable_for_good() {
+        let sim = Sim::at(1_000);
+        let (watch, metrics) = process(&sim);
+        let only = Heartbeat::new(&sim, 100);
+        only.beat();
+        only.goodbye();
+        // The grace counts from the watch's first tick (1.1 s): gone after 3.1 s.
+        for _ in 0..22 {
+            sim.advance(100);
+            watch.tick(&metrics);
+        }
+        assert_eq!(reading(&sim).why, Some(Why::TrafficRoleGone));
+        let again = Heartbeat::new(&sim, 100);
+        again.beat();
+        sim.advance(100);
+        watch.tick(&metrics);
+        assert_eq!(reading(&sim).why, Some(Why::TrafficRoleGone));
+    }
+
+    #[test]
+    fn heartbeat_keys_stay_bounded_over_reconfigurations() {
+        let sim = Sim::at(1_000);
+        let (watch, metrics) = process(&sim);
+        for _ in 0..300 {
+            let root = Heartbeat::new(&sim, 100);
+            root.beat();
+            sim.advance(100);
+            watch.tick(&metrics);
+        } // each dropped: a goodbye
+        let beats = (0..400u64)
+            .filter(|id| sim.value(&keys::beat(*id)).is_some())
+            .count();
+        assert_eq!(beats, 1, "one id, reused 300 times");
+    }
+
+    #[test]
+    fn a_newer_verdict_is_never_overwritten_by_an_older_one() {
+        let sim = Sim::at(1_000);
+        assert!(count::write_verdict(&&sim, 5, Some(Why::TrafficRoleLost)));
+        assert!(
+            !count::write_verdict(&&sim, 4, None),
+            "judged from an older registry"
+        );
+        assert_eq!(reading(&sim).why, Some(Why::TrafficRoleLost));
+        assert!(count::write_verdict(&&sim, 6, None));
+        assert!(
+            !count::write_verdict(&&sim, 6, None),
+            "unchanged: not rewritten"
+        );
+    }
 }

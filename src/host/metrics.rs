@@ -1,21 +1,29 @@
 //! Defines the metrics of `crate::metric_names`, probes whether a gauge is
 //! live, and records transitions.
 
-use proxy_wasm::hostcalls;
 use proxy_wasm::types::MetricType;
+use serde::{Deserialize, Serialize};
+use std::sync::atomic::{AtomicU64, Ordering};
 
+use super::keys;
+use super::shared::{self, Envoy, Host};
 use crate::fsm::{Record, State};
 use crate::metric_names::{self as names, Kind};
+use crate::receipt::{End, Tally};
 
 /// Metric ids of this VM. A missing id (the host refused the definition) only
 /// loses that metric.
 #[derive(Clone, Copy, Debug, Default)]
-pub struct Metrics {
+pub struct Metrics<H: Host = Envoy> {
+    host: H,
     pub active: Option<u32>,
     pub active_connections: Option<u32>,
     state: Option<u32>,
     /// The state gauge proved live: traffic streams may read it as a hint.
     state_live: bool,
+    /// The count's gauges proved live (else the count lives in shared data).
+    pub active_live: bool,
+    pub active_connections_live: bool,
     transitions: [Option<u32>; 5],
     forced: Option<u32>,
     count_errors: Option<u32>,
@@ -23,9 +31,27 @@ pub struct Metrics {
     traffic_roles_lost: Option<u32>,
     oldest_in_flight: Option<u32>,
     clock_steps: Option<u32>,
+    lb_checks_ignored: Option<u32>,
+    /// The receipt's counters (`crate::receipt`).
+    cut: Option<u32>,
+    cut_lb: Option<u32>,
+    cut_tcp: Option<u32>,
+    completed: Option<u32>,
+    ended_upstream: Option<u32>,
+    refused: Option<u32>,
 }
 
-fn define(name: &str) -> Option<u32> {
+/// Metric definitions this VM made (Envoy keeps every one: this must stay
+/// flat across reconfigurations).
+static DEFINITIONS: AtomicU64 = AtomicU64::new(0);
+
+/// How many metric definitions this VM has made.
+pub fn definitions() -> u64 {
+    DEFINITIONS.load(Ordering::Relaxed)
+}
+
+fn define<H: Host>(host: &H, name: &str) -> Option<u32> {
+    DEFINITIONS.fetch_add(1, Ordering::Relaxed);
     let kind = names::ALL
         .iter()
         .find(|m| m.name == name)
@@ -34,7 +60,7 @@ fn define(name: &str) -> Option<u32> {
         Kind::Counter => MetricType::Counter,
         Kind::Gauge => MetricType::Gauge,
     };
-    match hostcalls::define_metric(t, name) {
+    match host.define_metric(t, name) {
         Ok(id) => Some(id),
         Err(e) => {
             log::warn!("event=metric_unavailable name={name} status={e:?}");
@@ -45,47 +71,108 @@ fn define(name: &str) -> Option<u32> {
 
 /// Adds 1 to the gauge, reads it back, removes the 1: a null stat (a gauge a
 /// `stats_matcher` excludes) reads 0.
-pub fn gauge_is_live(id: u32) -> bool {
-    if hostcalls::increment_metric(id, 1).is_err() {
+fn gauge_is_live<H: Host>(host: &H, id: Option<u32>) -> bool {
+    let Some(id) = id else { return false };
+    if host.metric_add(id, 1).is_err() {
         return false;
     }
-    let seen = hostcalls::get_metric(id).unwrap_or(0);
-    let _ = hostcalls::increment_metric(id, -1);
+    let seen = host.metric_get(id).unwrap_or(0);
+    let _ = host.metric_add(id, -1);
     seen >= 1
 }
 
-fn bump(id: Option<u32>) {
-    if let Some(id) = id {
-        let _ = hostcalls::increment_metric(id, 1);
+/// Which gauges are live, probed once per process: by the first root
+/// context configured, which Envoy configures on the main thread before any
+/// worker VM exists — so nobody else writes a gauge while it is probed (a
+/// probe racing a `record` could leave the state gauge wrapped to 2⁶⁴−1), and
+/// no later root probes again (a `stats_matcher` is fixed at bootstrap).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+struct Live {
+    state: bool,
+    active: bool,
+    active_connections: bool,
+}
+
+fn live_gauges<H: Host>(
+    host: &H,
+    state: Option<u32>,
+    active: Option<u32>,
+    conns: Option<u32>,
+) -> Live {
+    if let Ok(Some(b)) = host.get(keys::GAUGES).map(|(b, _)| b) {
+        if let Ok(live) = shared::parse(keys::GAUGES, &b) {
+            return live;
+        }
+    }
+    let live = Live {
+        state: gauge_is_live(host, state),
+        active: gauge_is_live(host, active),
+        active_connections: gauge_is_live(host, conns),
+    };
+    let written = shared::encode(keys::GAUGES, &live)
+        .and_then(|bytes| shared::create(host, keys::GAUGES, &bytes));
+    if let Err(e) = written {
+        log::warn!("event=shared_data_error key={} error=\"{e}\"", keys::GAUGES);
+    }
+    live
+}
+
+impl<H: Host + Copy> Metrics<H> {
+    pub fn define(host: H) -> Metrics<H> {
+        let mut transitions = [None; 5];
+        for (slot, name) in transitions.iter_mut().zip(names::TRANSITIONS_TO) {
+            *slot = define(&host, name);
+        }
+        let state = define(&host, names::STATE);
+        let active = define(&host, names::ACTIVE_REQUESTS);
+        let active_connections = define(&host, names::ACTIVE_CONNECTIONS);
+        let live = live_gauges(&host, state, active, active_connections);
+        Metrics {
+            host,
+            active,
+            active_connections,
+            state,
+            state_live: live.state,
+            active_live: live.active,
+            active_connections_live: live.active_connections,
+            transitions,
+            forced: define(&host, names::FORCED_CLOSES),
+            count_unreliable: define(&host, names::COUNT_UNRELIABLE),
+            oldest_in_flight: define(&host, names::OLDEST_IN_FLIGHT),
+            count_errors: define(&host, names::COUNT_ERRORS),
+            traffic_roles_lost: define(&host, names::TRAFFIC_ROLES_LOST),
+            clock_steps: define(&host, names::CLOCK_STEPS),
+            lb_checks_ignored: define(&host, names::LB_CHECKS_IGNORED),
+            cut: define(&host, names::CUT),
+            cut_lb: define(&host, names::CUT_LB),
+            cut_tcp: define(&host, names::CUT_TCP),
+            completed: define(&host, names::DRAIN_COMPLETED),
+            ended_upstream: define(&host, names::DRAIN_ENDED_UPSTREAM),
+            refused: define(&host, names::REFUSED),
+        }
     }
 }
 
-impl Metrics {
-    pub fn define() -> Metrics {
-        let mut transitions = [None; 5];
-        for (slot, name) in transitions.iter_mut().zip(names::TRANSITIONS_TO) {
-            *slot = define(name);
+impl<H: Host> Metrics<H> {
+    /// The host these metrics live in.
+    pub fn host(&self) -> &H {
+        &self.host
+    }
+
+    fn bump(&self, id: Option<u32>) {
+        if let Some(id) = id {
+            let _ = self.host.metric_add(id, 1);
         }
-        let state = define(names::STATE);
-        Metrics {
-            active: define(names::ACTIVE_REQUESTS),
-            active_connections: define(names::ACTIVE_CONNECTIONS),
-            state,
-            state_live: state.is_some_and(gauge_is_live),
-            transitions,
-            forced: define(names::FORCED_CLOSES),
-            count_unreliable: define(names::COUNT_UNRELIABLE),
-            oldest_in_flight: define(names::OLDEST_IN_FLIGHT),
-            count_errors: define(names::COUNT_ERRORS),
-            traffic_roles_lost: define(names::TRAFFIC_ROLES_LOST),
-            clock_steps: define(names::CLOCK_STEPS),
+    }
+
+    fn record(&self, id: Option<u32>, value: u64) {
+        if let Some(id) = id {
+            let _ = self.host.metric_record(id, value);
         }
     }
 
     pub fn set_state(&self, state: State) {
-        if let Some(id) = self.state {
-            let _ = hostcalls::record_metric(id, state.code());
-        }
+        self.record(self.state, state.code());
     }
 
     /// The state as the `drain_gate_state` gauge says, if that gauge is live
@@ -100,7 +187,7 @@ impl Metrics {
     /// The raw value of the state gauge, if that gauge is live.
     fn state_gauge(&self) -> Option<u64> {
         let id = self.state.filter(|_| self.state_live)?;
-        hostcalls::get_metric(id).ok()
+        self.host.metric_get(id).ok()
     }
 
     /// Repairs the state gauge if a late writer left it stale, or it holds a
@@ -115,34 +202,74 @@ impl Metrics {
     pub fn transition(&self, next: &Record) {
         self.set_state(next.state);
         let i = State::ALL.iter().position(|s| *s == next.state);
-        bump(i.and_then(|i| self.transitions.get(i).copied().flatten()));
+        self.bump(i.and_then(|i| self.transitions.get(i).copied().flatten()));
         if next.state == State::Closing && next.forced {
-            bump(self.forced);
+            self.bump(self.forced);
         }
     }
 
     pub fn set_count_unreliable(&self, unreliable: bool) {
-        if let Some(id) = self.count_unreliable {
-            let _ = hostcalls::record_metric(id, u64::from(unreliable));
-        }
+        self.record(self.count_unreliable, u64::from(unreliable));
     }
 
     /// Whole seconds, as the gauge's name says (Envoy gauges are integers).
     pub fn set_oldest_in_flight(&self, age_ms: Option<u64>) {
-        if let Some(id) = self.oldest_in_flight {
-            let _ = hostcalls::record_metric(id, age_ms.unwrap_or(0) / 1000);
-        }
+        self.record(self.oldest_in_flight, age_ms.unwrap_or(0) / 1000);
     }
 
     pub fn count_error(&self) {
-        bump(self.count_errors);
+        self.bump(self.count_errors);
     }
 
     pub fn traffic_role_lost(&self) {
-        bump(self.traffic_roles_lost);
+        self.bump(self.traffic_roles_lost);
     }
 
     pub fn clock_step(&self) {
-        bump(self.clock_steps);
+        self.bump(self.clock_steps);
+    }
+
+    pub fn lb_check_ignored(&self) {
+        self.bump(self.lb_checks_ignored);
+    }
+
+    /// The ignored-checks counter over every VM (0 when it cannot be read).
+    pub fn lb_checks_ignored(&self) -> u64 {
+        self.read(self.lb_checks_ignored)
+    }
+
+    /// A counter over every VM (0 when it cannot be read).
+    fn read(&self, id: Option<u32>) -> u64 {
+        id.and_then(|id| self.host.metric_get(id).ok()).unwrap_or(0)
+    }
+
+    /// How a stream or connection that ended during a drain ended.
+    pub fn ended(&self, end: End, tcp: bool, by_lb: bool) {
+        match end {
+            End::Completed => self.bump(self.completed),
+            End::Upstream => self.bump(self.ended_upstream),
+            End::Refused => self.bump(self.refused),
+            End::Cut => {
+                self.bump(self.cut);
+                if tcp {
+                    self.bump(self.cut_tcp);
+                }
+                if by_lb {
+                    self.bump(self.cut_lb);
+                }
+            }
+        }
+    }
+
+    /// The receipt's counters now.
+    pub fn tally(&self) -> Tally {
+        Tally {
+            cut: self.read(self.cut),
+            cut_lb: self.read(self.cut_lb),
+            cut_tcp: self.read(self.cut_tcp),
+            completed: self.read(self.completed),
+            ended_upstream: self.read(self.ended_upstream),
+            refused: self.read(self.refused),
+        }
     }
 }

@@ -1,16 +1,19 @@
 //! The host shell: translates between proxy-wasm and the pure core. Nothing
-//! here decides anything the core can decide.
+//! here decides anything the core can decide. Every host call goes through
+//! the [`wasm_host::Host`] trait, so the shell runs in `cargo test` against a
+//! stand-in host ([`sim`]) as well as in Envoy.
 
-pub mod clock;
 pub mod count;
 pub mod health;
 pub mod in_flight;
+pub mod keys;
 pub mod liveness;
 pub mod metrics;
 pub mod root;
 pub mod rotation;
 pub mod shared;
+#[cfg(not(target_arch = "wasm32"))]
+pub mod sim;
 pub mod store;
 pub mod traffic;
-
-pub use clock::{now, wall_ms};
+pub mod wasm_host;

@@ -5,6 +5,7 @@
 use proxy_wasm::hostcalls;
 use proxy_wasm::traits::{Context, HttpContext, RootContext, StreamContext};
 use proxy_wasm::types::ContextType;
+use std::cell::{Cell, OnceCell};
 use std::rc::Rc;
 use std::time::Duration;
 
@@ -13,9 +14,22 @@ use super::health::{Health, HealthStream};
 use super::liveness;
 use super::metrics::Metrics;
 use super::shared::Envoy;
-use super::store;
+use super::store::Store;
 use super::traffic::{Traffic, TrafficStream};
-use crate::config::{Config, Role};
+use crate::config::{self, Config};
+
+thread_local! {
+    /// This VM's metric ids, defined once: Envoy does not deduplicate
+    /// `define_metric`, and every root context of the VM — each filter
+    /// configuration of every role, again on every reconfiguration — would
+    /// otherwise define all of them again.
+    static METRICS: OnceCell<Metrics> = const { OnceCell::new() };
+}
+
+/// The metrics of this VM.
+fn metrics() -> Metrics {
+    METRICS.with(|m| *m.get_or_init(|| Metrics::define(Envoy)))
+}
 
 /// A stream or connection of an unconfigured root: does nothing.
 struct Passthrough;
@@ -23,8 +37,9 @@ impl Context for Passthrough {}
 impl HttpContext for Passthrough {}
 impl StreamContext for Passthrough {}
 
+/// What a root context does, once configured.
 #[derive(Default)]
-pub enum Root {
+pub enum Role {
     /// Not (or not successfully) configured: creates no streams.
     #[default]
     Unconfigured,
@@ -32,11 +47,95 @@ pub enum Root {
     Health(Rc<Health>),
 }
 
+/// The kind of filter a root context sits in: an HTTP filter hands it
+/// streams, a network filter connections.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Filter {
+    Http,
+    Network,
+}
+
+#[derive(Default)]
+pub struct Root {
+    pub role: Role,
+    /// Learnt from the first context the host creates (see `get_type`).
+    filter: Cell<Option<Filter>>,
+}
+
+impl Role {
+    /// The kind of filter this role must be loaded as.
+    fn filter(&self) -> Option<Filter> {
+        match self {
+            Role::Traffic(t) if t.part == Part::Connections => Some(Filter::Network),
+            Role::Traffic(_) | Role::Health(_) => Some(Filter::Http),
+            Role::Unconfigured => None,
+        }
+    }
+
+    fn name(&self) -> &'static str {
+        match self {
+            Role::Traffic(t) if t.part == Part::Connections => "traffic_tcp",
+            Role::Traffic(_) => "traffic",
+            Role::Health(_) => "health",
+            Role::Unconfigured => "(unconfigured)",
+        }
+    }
+}
+
+impl Root {
+    /// A role loaded as the wrong kind of filter: what passes it is not
+    /// counted, so a traffic role marks the count unreliable for the life of
+    /// the process (`Why::MisplacedRole`); every role says so in one line.
+    fn misplaced(&self, loaded_as: Filter) {
+        let (kind, wanted) = match loaded_as {
+            Filter::Http => ("an HTTP filter", "a network filter before tcp_proxy"),
+            Filter::Network => ("a network filter", "an HTTP filter"),
+        };
+        log::error!(
+            "event=misplaced_role role={} what=\"loaded as {kind}; this role is {wanted}: it passes \
+             everything through, counts nothing{}\"",
+            self.role.name(),
+            if matches!(self.role, Role::Traffic(_)) {
+                ", and the count is not trusted until istio-proxy restarts"
+            } else {
+                ""
+            }
+        );
+        if matches!(self.role, Role::Traffic(_)) {
+            liveness::misplaced(&Envoy);
+        }
+    }
+
+    /// The kind of filter the first context showed: an HTTP stream knows its
+    /// protocol when it is created, a connection does not. One host call per
+    /// root context, never per stream.
+    fn loaded_as(&self) -> Filter {
+        if let Some(f) = self.filter.get() {
+            return f;
+        }
+        let http = matches!(
+            hostcalls::get_property(vec!["request", "protocol"]),
+            Ok(Some(_))
+        );
+        let filter = if http { Filter::Http } else { Filter::Network };
+        self.filter.set(Some(filter));
+        if self.role.filter().is_some_and(|want| want != filter) {
+            self.misplaced(filter);
+        }
+        filter
+    }
+
+    /// Whether this root runs its role for the contexts it is given.
+    fn in_place(&self) -> bool {
+        self.role.filter() == self.filter.get()
+    }
+}
+
 impl Context for Root {
     /// The admin API's answer to the connection rotation (the health role's
     /// only outgoing call).
     fn on_http_call_response(&mut self, token: u32, num_headers: usize, _: usize, _: usize) {
-        if let Root::Health(h) = self {
+        if let Role::Health(h) = &self.role {
             h.rotator.answered(token, num_headers);
         }
     }
@@ -44,7 +143,7 @@ impl Context for Root {
     /// The plugin is being removed (LDS update, reconfiguration): a clean
     /// goodbye, so that the health role does not take it for a failed VM.
     fn on_done(&mut self) -> bool {
-        if let Root::Traffic(t) = self {
+        if let Role::Traffic(t) = &self.role {
             t.goodbye();
         }
         true
@@ -71,8 +170,8 @@ impl RootContext for Root {
                 return false;
             }
         };
-        let metrics = Metrics::define();
-        match store::load() {
+        let metrics = metrics();
+        match Store::new(Envoy).load() {
             Ok(rec) => metrics.set_state(rec.state),
             Err(e) => log::error!("event=state_unavailable error=\"{e}\""),
         }
@@ -80,61 +179,67 @@ impl RootContext for Root {
             log::error!("invalid configuration: tick: the host refused it: {e:?}");
             return false;
         }
-        *self = match config.role {
+        self.role = match config.role {
             // Both traffic roles announce themselves and beat the same
             // heartbeat: a TCP-only gateway is a traffic role seen.
-            Role::Traffic | Role::TrafficTcp => {
-                liveness::ensure_registry();
+            config::Role::Traffic | config::Role::TrafficTcp => {
+                liveness::ensure_registry(&Envoy);
                 count::announce_traffic(&Envoy);
                 let part = match config.role {
-                    Role::TrafficTcp => Part::Connections,
+                    config::Role::TrafficTcp => Part::Connections,
                     _ => Part::Streams,
                 };
-                Root::Traffic(Rc::new(Traffic::new(part, metrics, config.tick_ms)))
+                Role::Traffic(Rc::new(Traffic::new(part, metrics, &config)))
             }
-            Role::Health => {
-                liveness::ensure_registry();
-                Root::Health(Rc::new(Health::new(config, metrics)))
+            config::Role::Health => {
+                for w in config.warnings() {
+                    log::warn!("event=config_warning what=\"{w}\"");
+                }
+                liveness::ensure_registry(&Envoy);
+                Role::Health(Rc::new(Health::new(config, metrics)))
             }
         };
         true
     }
 
     fn on_tick(&mut self) {
-        match self {
-            Root::Health(h) => h.tick(),
-            Root::Traffic(t) => t.tick(),
-            Root::Unconfigured => {}
+        match &self.role {
+            Role::Health(h) => h.tick(),
+            Role::Traffic(t) => t.tick(),
+            Role::Unconfigured => {}
         }
     }
 
     fn create_http_context(&self, context_id: u32) -> Option<Box<dyn HttpContext>> {
-        match self {
-            Root::Traffic(t) => Some(Box::new(TrafficStream::new(Rc::clone(t)))),
-            Root::Health(h) => Some(Box::new(HealthStream::new(context_id, Rc::clone(h)))),
+        if !self.in_place() {
+            return Some(Box::new(Passthrough));
+        }
+        match &self.role {
+            Role::Traffic(t) => Some(Box::new(TrafficStream::new(Rc::clone(t)))),
+            Role::Health(h) => Some(Box::new(HealthStream::new(context_id, Rc::clone(h)))),
             // The host does not create streams for a plugin whose
             // configuration was refused; if it ever did, pass them through.
-            Root::Unconfigured => Some(Box::new(Passthrough)),
+            Role::Unconfigured => Some(Box::new(Passthrough)),
         }
     }
 
-    /// Connections of a network filter (`traffic_tcp`); any other role
-    /// loaded as a network filter passes them through uncounted.
+    /// Connections of a network filter (`traffic_tcp`).
     fn create_stream_context(&self, _: u32) -> Option<Box<dyn StreamContext>> {
-        match self {
-            Root::Traffic(t) if t.part == Part::Connections => {
-                Some(Box::new(TrafficStream::new(Rc::clone(t))))
-            }
+        match &self.role {
+            Role::Traffic(t) if self.in_place() => Some(Box::new(TrafficStream::new(Rc::clone(t)))),
             _ => Some(Box::new(Passthrough)),
         }
     }
 
-    /// Which kind of context the host's new contexts are: connections for
-    /// `traffic_tcp`, HTTP streams otherwise.
+    /// Which kind of context the host's new contexts are: what the filter
+    /// this root sits in creates, whatever the role wants — so that a role
+    /// loaded as the wrong kind of filter passes its traffic through and says
+    /// so (`misplaced`), instead of the SDK aborting the VM on the first
+    /// callback of the other kind.
     fn get_type(&self) -> Option<ContextType> {
-        match self {
-            Root::Traffic(t) if t.part == Part::Connections => Some(ContextType::StreamContext),
-            _ => Some(ContextType::HttpContext),
-        }
+        Some(match self.loaded_as() {
+            Filter::Http => ContextType::HttpContext,
+            Filter::Network => ContextType::StreamContext,
+        })
     }
 }

@@ -6,12 +6,11 @@
 //! would belong to it, and Envoy cancels a stream's calls when the stream ends
 //! — which the `/drain` answer does at once.
 
-use proxy_wasm::hostcalls;
-use proxy_wasm::types::MapType;
 use std::cell::RefCell;
 use std::time::Duration;
 
-use super::{store, wall_ms};
+use super::shared::{Envoy, Host};
+use super::store::Store;
 use crate::fsm::Record;
 use crate::rotation::{self, Outcome};
 
@@ -26,22 +25,11 @@ enum Step {
 
 /// This worker's part in the rotation: at most one call at a time.
 #[derive(Debug)]
-pub struct Rotator {
+pub struct Rotator<H: Host = Envoy> {
+    store: Store<H>,
     /// `None`: rotation is turned off.
     cluster: Option<String>,
     step: RefCell<Step>,
-}
-
-/// Saves `rec` unless a later drain's rotation is already recorded.
-fn save(rec: &rotation::Record) {
-    let newer =
-        matches!(store::rotation_load(), Ok(Some(r)) if r.drain_started_ms > rec.drain_started_ms);
-    if newer {
-        return;
-    }
-    if let Err(e) = store::rotation_save(rec) {
-        log::warn!("event=rotation_record_unavailable error=\"{e}\"");
-    }
 }
 
 fn log_outcome(rec: &rotation::Record) {
@@ -59,9 +47,10 @@ fn log_outcome(rec: &rotation::Record) {
     }
 }
 
-impl Rotator {
-    pub fn new(cluster: Option<String>) -> Rotator {
+impl<H: Host> Rotator<H> {
+    pub fn new(host: H, cluster: Option<String>) -> Rotator<H> {
         Rotator {
+            store: Store::new(host),
             cluster,
             step: RefCell::new(Step::Idle),
         }
@@ -86,7 +75,19 @@ impl Rotator {
         };
         let rec = self.send(now, drain_ms);
         log_outcome(&rec);
-        save(&rec);
+        self.save(&rec);
+    }
+
+    /// Saves `rec` unless a later drain's rotation is already recorded.
+    fn save(&self, rec: &rotation::Record) {
+        let newer = matches!(self.store.rotation_load(),
+            Ok(Some(r)) if r.drain_started_ms > rec.drain_started_ms);
+        if newer {
+            return;
+        }
+        if let Err(e) = self.store.rotation_save(rec) {
+            log::warn!("event=rotation_record_unavailable error=\"{e}\"");
+        }
     }
 
     fn send(&self, now: &Record, drain_ms: u64) -> rotation::Record {
@@ -96,15 +97,16 @@ impl Rotator {
             return rotation::Record::not_sent(drain_ms, Outcome::Skipped, why);
         }
         let cluster = self.cluster.as_deref().unwrap_or(rotation::DEFAULT_CLUSTER);
-        let headers = vec![
+        let headers = [
             (":method", "POST"),
             (":path", rotation::ADMIN_PATH),
             (":authority", "envoy-admin"),
         ];
         let timeout = Duration::from_millis(rotation::TIMEOUT_MS);
-        match hostcalls::dispatch_http_call(cluster, headers, None, vec![], timeout) {
+        let host = self.store.host();
+        match host.http_call(cluster, &headers, timeout) {
             Ok(token) => {
-                let rec = rotation::Record::pending(drain_ms, wall_ms());
+                let rec = rotation::Record::pending(drain_ms, host.now().wall_ms);
                 *self.step.borrow_mut() = Step::Sent(token, rec.clone());
                 rec
             }
@@ -123,16 +125,14 @@ impl Rotator {
             _ => return,
         };
         *self.step.borrow_mut() = Step::Idle;
+        let host = self.store.host();
         let status = if num_headers == 0 {
             None
         } else {
-            hostcalls::get_map_value(MapType::HttpCallResponseHeaders, ":status")
-                .ok()
-                .flatten()
-                .and_then(|s| s.parse::<u16>().ok())
+            host.http_call_status()
         };
-        let rec = sent.answered(status, wall_ms());
+        let rec = sent.answered(status, host.now().wall_ms);
         log_outcome(&rec);
-        save(&rec);
+        self.save(&rec);
     }
 }

@@ -1,45 +1,52 @@
-//! What the count, the state record and the registries need from the host:
-//! shared data (per `vm_id`, versioned) and gauges (one stat across worker
-//! VMs). Behind a trait so that the logic above it — leases, settle,
-//! compare-and-swap retries, root drop — runs in `cargo test` against a
-//! simulated host with injected failures (`tests/model.rs`).
+//! Shared data over the [`Host`] trait: the one compare-and-swap loop
+//! ([`cas_update`]) every writer of a shared value goes through — the state
+//! record, the LB and clock records, the count, the registries — its JSON
+//! forms, and the one error type of a shared-data access.
 
-use proxy_wasm::hostcalls;
 use proxy_wasm::types::Status;
+use std::fmt;
 
-/// Shared data and gauges, as Envoy offers them to a wasm VM.
-pub trait Host {
-    /// The value and its version; `(None, None)` when the key is absent.
-    fn get(&self, key: &str) -> Result<(Option<Vec<u8>>, Option<u32>), Status>;
-    /// Writes if the version still is `cas` (`None`: unconditionally);
-    /// `Err(CasMismatch)` when another writer came first.
-    fn set(&self, key: &str, value: &[u8], cas: Option<u32>) -> Result<(), Status>;
-    fn gauge_add(&self, id: u32, delta: i64) -> Result<(), Status>;
-    fn gauge_get(&self, id: u32) -> Result<u64, Status>;
-}
-
-/// The real host.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct Envoy;
-
-impl Host for Envoy {
-    fn get(&self, key: &str) -> Result<(Option<Vec<u8>>, Option<u32>), Status> {
-        hostcalls::get_shared_data(key)
-    }
-    fn set(&self, key: &str, value: &[u8], cas: Option<u32>) -> Result<(), Status> {
-        hostcalls::set_shared_data(key, Some(value), cas)
-    }
-    fn gauge_add(&self, id: u32, delta: i64) -> Result<(), Status> {
-        hostcalls::increment_metric(id, delta)
-    }
-    fn gauge_get(&self, id: u32) -> Result<u64, Status> {
-        hostcalls::get_metric(id)
-    }
-}
+pub use super::wasm_host::{Envoy, Host};
 
 /// Compare-and-swap retries before an update gives up (only under
 /// pathological contention).
 pub const RETRIES: usize = 64;
+
+/// Why a shared-data access failed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SharedError {
+    Read(Status),
+    Write(Status),
+    /// `RETRIES` writers in a row came first.
+    Contention,
+    /// The value is not what drain-gate writes there.
+    Unreadable {
+        key: String,
+        why: String,
+    },
+}
+
+impl SharedError {
+    pub fn unreadable(key: &str, why: impl fmt::Display) -> SharedError {
+        SharedError::Unreadable {
+            key: key.to_string(),
+            why: why.to_string(),
+        }
+    }
+}
+
+impl fmt::Display for SharedError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            SharedError::Read(s) => write!(f, "shared data read failed: {s:?}"),
+            SharedError::Write(s) => write!(f, "shared data write failed: {s:?}"),
+            SharedError::Contention => write!(f, "too much contention on shared data"),
+            SharedError::Unreadable { key, why } => write!(f, "unreadable {key}: {why}"),
+        }
+    }
+}
+
+impl std::error::Error for SharedError {}
 
 /// What the update function decides for the value it was shown.
 pub enum Step<R> {
@@ -49,97 +56,149 @@ pub enum Step<R> {
     Keep(R),
 }
 
-/// Why an update did not happen.
+/// Why an update did not happen: the update function refused the value it
+/// was shown, or the host failed.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Failed<E> {
-    /// The update function refused the value it was shown.
     Refused(E),
-    Read(Status),
-    Write(Status),
-    /// `RETRIES` writers in a row came first.
-    Contention,
+    Shared(SharedError),
 }
 
-impl<E> Failed<E> {
-    /// What the update function refused, or what the host failed at.
-    pub fn refused(self) -> Result<E, String> {
-        match self {
-            Failed::Refused(e) => Ok(e),
-            Failed::Read(s) => Err(format!("shared data read failed: {s:?}")),
-            Failed::Write(s) => Err(format!("shared data write failed: {s:?}")),
-            Failed::Contention => Err("too much contention on shared data".to_string()),
-        }
+impl<E> From<SharedError> for Failed<E> {
+    fn from(e: SharedError) -> Failed<E> {
+        Failed::Shared(e)
     }
 }
 
-impl<E: std::fmt::Display> std::fmt::Display for Failed<E> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+impl<E: fmt::Display> fmt::Display for Failed<E> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Failed::Refused(e) => write!(f, "{e}"),
-            Failed::Read(s) => write!(f, "shared data read failed: {s:?}"),
-            Failed::Write(s) => write!(f, "shared data write failed: {s:?}"),
-            Failed::Contention => write!(f, "too much contention on shared data"),
+            Failed::Shared(e) => write!(f, "{e}"),
         }
     }
 }
+
+impl<E: fmt::Debug + fmt::Display> std::error::Error for Failed<E> {}
 
 /// The one compare-and-swap loop: reads `key`, lets `f` decide from the
 /// current bytes (`None`: absent), writes with the version it read, and
 /// starts again when another writer came first. An absent key is written
-/// unconditionally (shared data has no create-if-absent; every key is
-/// created on configure, which Envoy runs on the main thread first).
+/// unconditionally (shared data has no create-if-absent; every key that
+/// several writers share is created on configure, which Envoy runs on the
+/// main thread before any worker VM exists).
 pub fn cas_update<H: Host + ?Sized, R, E>(
     host: &H,
     key: &str,
     mut f: impl FnMut(Option<&[u8]>) -> Result<Step<R>, E>,
 ) -> Result<R, Failed<E>> {
     for _ in 0..RETRIES {
-        let (bytes, cas) = host.get(key).map_err(Failed::Read)?;
+        let (bytes, cas) = host.get(key).map_err(SharedError::Read)?;
         match f(bytes.as_deref()).map_err(Failed::Refused)? {
             Step::Keep(r) => return Ok(r),
             Step::Write(next, r) => match host.set(key, &next, cas) {
                 Ok(()) => return Ok(r),
                 Err(Status::CasMismatch) => continue,
-                Err(e) => return Err(Failed::Write(e)),
+                Err(e) => return Err(SharedError::Write(e).into()),
             },
         }
     }
-    Err(Failed::Contention)
+    Err(SharedError::Contention.into())
 }
 
-/// `cas_update` for a JSON value that starts as `T::default()` when absent.
+/// Parses a JSON value drain-gate wrote under `key`.
+pub fn parse<T: serde::de::DeserializeOwned>(key: &str, bytes: &[u8]) -> Result<T, SharedError> {
+    serde_json::from_slice(bytes).map_err(|e| SharedError::unreadable(key, e))
+}
+
+/// Serializes a value for `key`.
+pub fn encode<T: serde::Serialize>(key: &str, value: &T) -> Result<Vec<u8>, SharedError> {
+    serde_json::to_vec(value).map_err(|e| SharedError::unreadable(key, e))
+}
+
+/// `cas_update` for a JSON value that starts as `T::default()` when absent:
+/// `f` changes it (or refuses), and the changed value is written.
 pub fn json_update<H, T, R, E>(
     host: &H,
     key: &str,
     mut f: impl FnMut(&mut T) -> Result<R, E>,
-) -> Result<R, Failed<String>>
+) -> Result<R, Failed<E>>
 where
     H: Host + ?Sized,
     T: serde::Serialize + serde::de::DeserializeOwned + Default,
-    E: std::fmt::Display,
 {
     cas_update(host, key, |bytes| {
         let mut value: T = match bytes {
-            Some(b) => serde_json::from_slice(b).map_err(|e| format!("unreadable {key}: {e}"))?,
+            Some(b) => parse(key, b).map_err(Failed::Shared)?,
             None => T::default(),
         };
-        let r = f(&mut value).map_err(|e| e.to_string())?;
-        let next = serde_json::to_vec(&value).map_err(|e| e.to_string())?;
-        Ok(Step::Write(next, r))
+        let r = f(&mut value).map_err(Failed::Refused)?;
+        Ok(Step::Write(encode(key, &value).map_err(Failed::Shared)?, r))
+    })
+    .map_err(|e| match e {
+        Failed::Refused(inner) => inner,
+        Failed::Shared(s) => Failed::Shared(s),
+    })
+}
+
+/// `json_update` that writes only when `f` says it changed the value.
+pub fn json_change<H, T, E>(
+    host: &H,
+    key: &str,
+    mut f: impl FnMut(&mut T) -> Result<bool, E>,
+) -> Result<bool, Failed<E>>
+where
+    H: Host + ?Sized,
+    T: serde::Serialize + serde::de::DeserializeOwned + Default,
+{
+    cas_update(host, key, |bytes| {
+        let mut value: T = match bytes {
+            Some(b) => parse(key, b).map_err(Failed::Shared)?,
+            None => T::default(),
+        };
+        if !f(&mut value).map_err(Failed::Refused)? {
+            return Ok(Step::Keep(false));
+        }
+        Ok(Step::Write(
+            encode(key, &value).map_err(Failed::Shared)?,
+            true,
+        ))
+    })
+    .map_err(|e| match e {
+        Failed::Refused(inner) => inner,
+        Failed::Shared(s) => Failed::Shared(s),
     })
 }
 
 /// A JSON value, `T::default()` when absent.
-pub fn json_read<H, T>(host: &H, key: &str) -> Result<T, String>
+pub fn json_read<H, T>(host: &H, key: &str) -> Result<T, SharedError>
 where
     H: Host + ?Sized,
     T: serde::de::DeserializeOwned + Default,
 {
-    match host.get(key) {
-        Ok((Some(b), _)) => {
-            serde_json::from_slice(&b).map_err(|e| format!("unreadable {key}: {e}"))
-        }
-        Ok((None, _)) => Ok(T::default()),
-        Err(e) => Err(format!("shared data read failed: {e:?}")),
+    match host.get(key).map_err(SharedError::Read)? {
+        (Some(b), _) => parse(key, &b),
+        (None, _) => Ok(T::default()),
+    }
+}
+
+/// A little-endian `u64` (the counts, the beats), `None` when absent or of
+/// another shape.
+pub fn read_u64<H: Host + ?Sized>(host: &H, key: &str) -> Result<Option<u64>, SharedError> {
+    let (bytes, _) = host.get(key).map_err(SharedError::Read)?;
+    Ok(bytes.as_deref().and_then(u64_of))
+}
+
+/// The `u64` in these bytes, if they are one.
+pub fn u64_of(bytes: &[u8]) -> Option<u64> {
+    <[u8; 8]>::try_from(bytes).ok().map(u64::from_le_bytes)
+}
+
+/// Writes `value` under `key` unless the key already exists (configure-time
+/// creation, see `cas_update`).
+pub fn create<H: Host + ?Sized>(host: &H, key: &str, value: &[u8]) -> Result<(), SharedError> {
+    match host.get(key).map_err(SharedError::Read)? {
+        (Some(_), _) => Ok(()),
+        (None, _) => host.set(key, value, None).map_err(SharedError::Write),
     }
 }

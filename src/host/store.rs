@@ -1,199 +1,335 @@
-//! The FSM record in Envoy shared data: one value per `vm_id`, process-wide,
+//! The FSM record in shared data — one value per `vm_id`, process-wide,
 //! written only by compare-and-swap so that every worker sees one state and
-//! two racing callers of a transition get one success and one 409.
+//! two racing callers of a transition get one success and one 409 — and the
+//! records beside it: what the LB checkers were served, the connection
+//! rotation of the last drain, the clock-step watch.
 
-use proxy_wasm::hostcalls;
-use proxy_wasm::types::Status;
+use std::fmt;
 
+use super::keys;
 use super::metrics::Metrics;
-use super::shared::{cas_update, json_read, json_update, Envoy, Host, Step, RETRIES};
-use super::{now, wall_ms};
+use super::shared::{self, cas_update, json_change, json_read, Failed, Host, SharedError, Step};
 use crate::clock::{Look, Now, Steps};
 use crate::fsm::{self, Illegal, Move, Record};
-use crate::lb::Checkers;
+use crate::lb::{Checkers, Gate};
 use crate::rotation;
-
-const KEY: &str = "drain_gate.fsm.v1";
-const LB_KEY: &str = "drain_gate.lb.v1";
-const CLOCK_KEY: &str = "drain_gate.clock.v1";
 
 #[derive(Debug)]
 pub enum Error {
     /// The move is not legal from the current state (HTTP 409).
     Illegal(Illegal),
     /// Shared data could not be read or written (HTTP 503).
-    Store(String),
+    Shared(SharedError),
 }
 
-fn read() -> Result<Option<(Record, u32)>, String> {
-    match hostcalls::get_shared_data(KEY) {
-        Ok((Some(bytes), Some(cas))) => serde_json::from_slice(&bytes)
-            .map(|r| Some((r, cas)))
-            .map_err(|e| format!("unreadable state record: {e}")),
-        Ok(_) => Ok(None),
-        Err(e) => Err(format!("shared data read failed: {e:?}")),
-    }
-}
-
-fn write(rec: &Record, cas: Option<u32>) -> Result<(), Status> {
-    let bytes = serde_json::to_vec(rec).map_err(|_| Status::SerializationFailure)?;
-    hostcalls::set_shared_data(KEY, Some(&bytes), cas)
-}
-
-/// The current record and its CAS version, creating the OPEN record on first use.
-pub fn load_versioned() -> Result<(Record, u32), String> {
-    for _ in 0..RETRIES {
-        if let Some(found) = read()? {
-            return Ok(found);
-        }
-        // First VM in the process: create the initial record. Another VM may
-        // do the same concurrently; both write OPEN before any transition can
-        // have happened, and the read above then picks up the stored one.
-        write(&Record::new(wall_ms()), None)
-            .map_err(|e| format!("shared data write failed: {e:?}"))?;
-    }
-    Err("state record missing after create".to_string())
-}
-
-pub fn load() -> Result<Record, String> {
-    load_versioned().map(|(r, _)| r)
-}
-
-/// Applies `fsm::advance` with the move `choose` picks for the current record,
-/// retrying on CAS conflicts. The winner logs and counts the transition.
-pub fn advance(
-    choose: impl Fn(&Record) -> Move,
-    active: u64,
-    metrics: &Metrics,
-) -> Result<Record, Error> {
-    load_versioned().map_err(Error::Store)?; // created on first use
-    let moved = cas_update(&Envoy, KEY, |bytes| {
-        let rec: Record = serde_json::from_slice(bytes.unwrap_or_default())
-            .map_err(|e| Error::Store(format!("unreadable state record: {e}")))?;
-        let next = fsm::advance(&rec, choose(&rec), now(), active).map_err(Error::Illegal)?;
-        let out = serde_json::to_vec(&next).map_err(|e| Error::Store(e.to_string()))?;
-        Ok(Step::Write(out, (rec.state, next)))
-    });
-    let (from, next) = moved.map_err(|f| f.refused().unwrap_or_else(Error::Store))?;
-    log::info!(
-        "event=transition from={} to={} reason={} active={} forced={} seq={}",
-        from.name(),
-        next.state.name(),
-        next.reason.name(),
-        active,
-        next.forced,
-        next.seq
-    );
-    metrics.transition(&next);
-    Ok(next)
-}
-
-/// Rewrites the record with what `change` makes of it (a lease or a plan
-/// change, not a transition), retrying on CAS conflicts; `None` from
-/// `change` writes nothing. Returns the record as it now stands.
-pub fn update(change: impl Fn(&Record) -> Option<Record>) -> Result<Record, String> {
-    for _ in 0..RETRIES {
-        let (rec, cas) = load_versioned()?;
-        let Some(next) = change(&rec) else {
-            return Ok(rec);
-        };
-        match write(&next, Some(cas)) {
-            Ok(()) => return Ok(next),
-            Err(Status::CasMismatch) => continue,
-            Err(e) => return Err(format!("shared data write failed: {e:?}")),
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Error::Illegal(e) => write!(
+                f,
+                "illegal transition {} -> {}",
+                e.state.name(),
+                e.requested.name()
+            ),
+            Error::Shared(e) => write!(f, "{e}"),
         }
     }
-    Err("too much contention on the state record".to_string())
 }
 
-/// Applies every automatic transition that is due (active=0 flip, drain
-/// timeout, lb_buffer, LB observed DOWN) and returns the resulting record.
-pub fn apply_due(
-    active: u64,
-    lb_down_ms: Option<u64>,
-    metrics: &Metrics,
-) -> Result<Record, String> {
-    let mut rec = load()?;
-    // At most two automatic steps can follow each other (CLOSING, then CLOSED
-    // when lb_buffer is 0).
-    for _ in 0..3 {
-        let Some(mv) = fsm::due_gated(&rec, now(), active, lb_down_ms, lb_saw_drain(&rec)) else {
-            return Ok(rec);
-        };
-        rec = match advance(|_| mv, active, metrics) {
-            Ok(next) => next,
-            // Another worker moved first: look again at what it left.
-            Err(Error::Illegal(_)) => load()?,
-            Err(Error::Store(e)) => return Err(e),
-        };
+impl std::error::Error for Error {}
+
+impl From<SharedError> for Error {
+    fn from(e: SharedError) -> Error {
+        Error::Shared(e)
     }
-    Ok(rec)
 }
 
-/// For a gated soft drain: whether every live checker has been served the
-/// 404 since the drain began (unreadable: not yet; `drain_timeout` bounds it).
-fn lb_saw_drain(rec: &Record) -> bool {
-    let gated = rec.state == fsm::State::Draining && rec.plan.is_some_and(|p| p.lb_gate);
-    if !gated {
-        return true;
+/// The shared records, through one host.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Store<H> {
+    host: H,
+}
+
+/// The record these bytes hold; the OPEN record of a process that never
+/// wrote one (absent: the first VM creates it on its first write).
+fn record_of(bytes: Option<&[u8]>, now: Now) -> Result<Record, SharedError> {
+    match bytes {
+        Some(b) => shared::parse(keys::FSM, b),
+        None => Ok(Record::new(now.wall_ms)),
     }
-    let since = rec.drain_started_ms.unwrap_or(0);
-    lb_checkers().is_ok_and(|c| c.saw_drain(since, wall_ms()))
 }
 
-/// What every LB checker has been answered so far.
-pub fn lb_checkers() -> Result<Checkers, String> {
-    json_read(&Envoy, LB_KEY)
-}
+impl<H: Host> Store<H> {
+    pub fn new(host: H) -> Store<H> {
+        Store { host }
+    }
 
-/// Records an answer served to an LB checker (compare-and-swap, retried).
-pub fn lb_observe(source: &str, status: u16, lb_fall: u32) -> Result<(), String> {
-    json_update(&Envoy, LB_KEY, |c: &mut Checkers| {
-        c.observe(source, status, wall_ms(), lb_fall);
-        Ok::<_, String>(())
-    })
-    .map_err(|e| e.to_string())
-}
+    pub fn host(&self) -> &H {
+        &self.host
+    }
 
-/// The rotation record of the last drain (`crate::rotation`): written only by
-/// the worker that owns that drain's rotation, read by any status answer.
-const ROTATION_KEY: &str = "drain_gate.rotation.v1";
+    /// The current record, created OPEN on first use. Two VMs that create it
+    /// at once both write OPEN before any transition can have happened.
+    pub fn load(&self) -> Result<Record, SharedError> {
+        let now = self.host.now();
+        cas_update(&self.host, keys::FSM, |bytes| {
+            let rec = record_of(bytes, now)?;
+            Ok(match bytes {
+                Some(_) => Step::Keep(rec),
+                None => Step::Write(shared::encode(keys::FSM, &rec)?, rec),
+            })
+        })
+        .map_err(|e: Failed<SharedError>| match e {
+            Failed::Refused(e) | Failed::Shared(e) => e,
+        })
+    }
 
-pub fn rotation_load() -> Result<Option<rotation::Record>, String> {
-    json_read(&Envoy, ROTATION_KEY)
-}
-
-/// One writer per drain, so no compare-and-swap: the last write wins.
-pub fn rotation_save(rec: &rotation::Record) -> Result<(), String> {
-    let bytes = serde_json::to_vec(rec).map_err(|e| e.to_string())?;
-    Envoy
-        .set(ROTATION_KEY, &bytes, None)
-        .map_err(|e| format!("shared data write failed: {e:?}"))
-}
-
-/// The clock-step record (see `crate::clock::Steps`).
-pub fn clock_steps() -> Result<Steps, String> {
-    json_read(&Envoy, CLOCK_KEY)
-}
-
-/// Compares the clocks with the clock-step record and updates it. Returns the
-/// step when this caller recorded one (so that each step is logged and
-/// counted once, by the worker that saw it first).
-pub fn clock_look(now: Now, threshold_ms: u64) -> Result<Option<(Steps, i64)>, String> {
-    cas_update(&Envoy, CLOCK_KEY, |bytes| {
-        let steps: Steps = match bytes {
-            Some(b) => {
-                serde_json::from_slice(b).map_err(|e| format!("unreadable clock record: {e}"))?
+    /// Applies `fsm::advance` with the move `choose` picks for the current
+    /// record, retrying on CAS conflicts. The winner logs and counts the
+    /// transition.
+    pub fn advance(
+        &self,
+        choose: impl Fn(&Record) -> Move,
+        active: u64,
+        metrics: &Metrics<H>,
+    ) -> Result<Record, Error> {
+        let now = self.host.now();
+        let moved = cas_update(&self.host, keys::FSM, |bytes| {
+            let rec = record_of(bytes, now).map_err(Error::Shared)?;
+            let mut next = fsm::advance(&rec, choose(&rec), now, active).map_err(Error::Illegal)?;
+            if next.state == fsm::State::Draining && rec.state == fsm::State::Open {
+                // The drain's receipt counts from here.
+                next.receipt_base = Some(metrics.tally());
             }
-            None => Steps::default(),
-        };
-        let (next, step) = match steps.look(now, threshold_ms) {
-            Look::Same => return Ok(Step::Keep(None)),
-            Look::Crept(next) => (next, None),
-            Look::Stepped(next, by) => (next, Some(by)),
-        };
-        let out = serde_json::to_vec(&next).map_err(|e| e.to_string())?;
-        Ok(Step::Write(out, step.map(|by| (next, by))))
-    })
-    .map_err(|f| f.refused().unwrap_or_else(|e| e))
+            let out = shared::encode(keys::FSM, &next).map_err(Error::Shared)?;
+            Ok(Step::Write(out, (rec.state, next)))
+        });
+        let (from, next) = moved.map_err(|f| match f {
+            Failed::Refused(e) => e,
+            Failed::Shared(e) => Error::Shared(e),
+        })?;
+        log::info!(
+            "event=transition from={} to={} reason={} active={} forced={} seq={}",
+            from.name(),
+            next.state.name(),
+            next.reason.name(),
+            active,
+            next.forced,
+            next.seq
+        );
+        metrics.transition(&next);
+        Ok(next)
+    }
+
+    /// Rewrites the record with what `change` makes of it (a lease or a plan
+    /// change, not a transition), retrying on CAS conflicts; `None` from
+    /// `change` writes nothing. Returns the record as it now stands.
+    pub fn update(
+        &self,
+        change: impl Fn(&Record) -> Option<Record>,
+    ) -> Result<Record, SharedError> {
+        let now = self.host.now();
+        cas_update(&self.host, keys::FSM, |bytes| {
+            let rec = record_of(bytes, now)?;
+            Ok(match change(&rec) {
+                Some(next) => Step::Write(shared::encode(keys::FSM, &next)?, next),
+                None => Step::Keep(rec),
+            })
+        })
+        .map_err(|e: Failed<SharedError>| match e {
+            Failed::Refused(e) | Failed::Shared(e) => e,
+        })
+    }
+
+    /// Applies every automatic transition that is due (active=0 flip, drain
+    /// timeout, lb_buffer, LB observed DOWN) and returns the resulting record.
+    pub fn apply_due(
+        &self,
+        active: u64,
+        lb_down_ms: Option<u64>,
+        metrics: &Metrics<H>,
+    ) -> Result<Record, SharedError> {
+        let mut rec = self.load()?;
+        // At most two automatic steps can follow each other (CLOSING, then
+        // CLOSED when lb_buffer is 0).
+        for _ in 0..3 {
+            let now = self.host.now();
+            let Some(mv) = fsm::due_gated(&rec, now, active, lb_down_ms, self.lb_saw_drain(&rec))
+            else {
+                return Ok(rec);
+            };
+            rec = match self.advance(|_| mv, active, metrics) {
+                Ok(next) => next,
+                // Another worker moved first: look again at what it left.
+                Err(Error::Illegal(_)) => self.load()?,
+                Err(Error::Shared(e)) => return Err(e),
+            };
+        }
+        Ok(rec)
+    }
+
+    /// For a gated soft drain: whether the gate lets the active = 0 flip go
+    /// ahead (unreadable: not yet; `drain_timeout` bounds it).
+    fn lb_saw_drain(&self, rec: &Record) -> bool {
+        self.gate(rec).map_or(true, Gate::passes)
+    }
+
+    /// What a gated soft drain waits for (`None`: not a gated drain now).
+    pub fn gate(&self, rec: &Record) -> Option<Gate> {
+        let plan = rec
+            .plan
+            .filter(|p| p.lb_gate && rec.state == fsm::State::Draining)?;
+        let since = rec.drain_started_timer_ms().unwrap_or(0);
+        let now = self.host.now().timer_ms();
+        Some(match self.lb_checkers() {
+            Ok(c) => c.gate(since, now, plan.lb_gate_needs_checker),
+            Err(_) => Gate::Waiting,
+        })
+    }
+
+    /// What every LB checker has been answered so far.
+    pub fn lb_checkers(&self) -> Result<Checkers, SharedError> {
+        json_read(&self.host, keys::LB)
+    }
+
+    /// Records an answer served to an LB checker (compare-and-swap, retried;
+    /// written only when the record changed).
+    pub fn lb_observe(&self, source: &str, status: u16, lb_fall: u32) -> Result<(), SharedError> {
+        let now_ms = self.host.now().timer_ms();
+        json_change(&self.host, keys::LB, |c: &mut Checkers| {
+            Ok::<_, SharedError>(c.observe(source, status, now_ms, lb_fall))
+        })
+        .map(|_| ())
+        .map_err(flatten)
+    }
+
+    /// Records a check from outside `lb_checkers`; `true` when its source is
+    /// new (the caller logs it once).
+    pub fn lb_ignore(&self, source: &str) -> Result<bool, SharedError> {
+        let now_ms = self.host.now().timer_ms();
+        json_change(&self.host, keys::LB, |c: &mut Checkers| {
+            Ok::<_, SharedError>(c.ignore(source, now_ms))
+        })
+        .map_err(flatten)
+    }
+
+    /// The rotation record of the last drain (`crate::rotation`): written only
+    /// by the worker that owns that drain's rotation, read by any status answer.
+    pub fn rotation_load(&self) -> Result<Option<rotation::Record>, SharedError> {
+        json_read(&self.host, keys::ROTATION)
+    }
+
+    /// One writer per drain, so no compare-and-swap: the last write wins.
+    pub fn rotation_save(&self, rec: &rotation::Record) -> Result<(), SharedError> {
+        let bytes = shared::encode(keys::ROTATION, rec)?;
+        self.host
+            .set(keys::ROTATION, &bytes, None)
+            .map_err(SharedError::Write)
+    }
+
+    /// The clock-step record (see `crate::clock::Steps`).
+    pub fn clock_steps(&self) -> Result<Steps, SharedError> {
+        json_read(&self.host, keys::CLOCK)
+    }
+
+    /// Compares the clocks with the clock-step record and updates it. Returns
+    /// the step when this caller recorded one (so that each step is logged and
+    /// counted once, by the worker that saw it first).
+    pub fn clock_look(
+        &self,
+        now: Now,
+        threshold_ms: u64,
+    ) -> Result<Option<(Steps, i64)>, SharedError> {
+        cas_update(&self.host, keys::CLOCK, |bytes| {
+            let steps: Steps = match bytes {
+                Some(b) => shared::parse(keys::CLOCK, b)?,
+                None => Steps::default(),
+            };
+            let (next, step) = match steps.look(now, threshold_ms) {
+                Look::Same => return Ok(Step::Keep(None)),
+                Look::Crept(next) => (next, None),
+                Look::Stepped(next, by) => (next, Some(by)),
+            };
+            let out = shared::encode(keys::CLOCK, &next)?;
+            Ok(Step::Write(out, step.map(|by| (next, by))))
+        })
+        .map_err(flatten)
+    }
+}
+
+/// A failure whose refusal is itself a shared-data error.
+pub fn flatten(e: Failed<SharedError>) -> SharedError {
+    match e {
+        Failed::Refused(e) | Failed::Shared(e) => e,
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::indexing_slicing)]
+mod tests {
+    use super::*;
+    use crate::config::Config;
+    use crate::fsm::{Reason, State};
+    use crate::host::sim::Sim;
+
+    fn drain() -> Move {
+        Move {
+            expected_from: State::Open,
+            to: State::Draining,
+            reason: Reason::DrainRequested,
+            plan: Some(Config::default().plan()),
+            force: false,
+        }
+    }
+
+    #[test]
+    fn the_record_is_created_open_once_and_one_of_two_racing_drains_wins() {
+        let sim = Sim::at(5_000);
+        let store = Store::new(&sim);
+        let metrics = Metrics::define(&sim);
+        assert_eq!(store.load().unwrap().state, State::Open);
+        sim.cas_races.set(3); // retried transparently
+        let first = store.advance(|_| drain(), 2, &metrics).unwrap();
+        assert_eq!((first.state, first.seq), (State::Draining, 1));
+        let second = store.advance(|_| drain(), 2, &metrics).unwrap_err();
+        assert!(matches!(second, Error::Illegal(i) if i.state == State::Draining));
+        assert_eq!(sim.metric("drain_gate_transitions_to_draining"), 1);
+        assert_eq!(sim.metric(crate::metric_names::STATE), 1);
+    }
+
+    #[test]
+    fn endless_contention_and_unreadable_values_are_errors_not_panics() {
+        let sim = Sim::at(5_000);
+        let store = Store::new(&sim);
+        store.load().unwrap();
+        sim.cas_races.set(u32::MAX);
+        let e = store.update(|r| Some(r.clone())).unwrap_err();
+        assert_eq!(e, SharedError::Contention);
+        sim.cas_races.set(0);
+        sim.put(keys::LB, b"[1,2");
+        let e = store.lb_checkers().unwrap_err();
+        assert!(
+            e.to_string().starts_with("unreadable drain_gate.lb.v2: "),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn a_clock_step_is_recorded_once() {
+        let sim = Sim::at(5_000);
+        let store = Store::new(&sim);
+        assert_eq!(
+            store.clock_look(sim.now_of(), 300).unwrap(),
+            None,
+            "first look"
+        );
+        sim.step_wall(3_600_000);
+        let (steps, by) = store.clock_look(sim.now_of(), 300).unwrap().unwrap();
+        assert_eq!((steps.count, by), (1, 3_600_000));
+        assert_eq!(
+            store.clock_look(sim.now_of(), 300).unwrap(),
+            None,
+            "seen once"
+        );
+    }
 }

@@ -7,34 +7,40 @@
 //! has in flight.
 
 use proxy_wasm::traits::{Context, HttpContext, StreamContext};
+use proxy_wasm::types::{Action, PeerType};
 use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 
 use super::count::{self, Counter, Counts, Part};
+use super::in_flight;
 use super::liveness::Heartbeat;
 use super::metrics::Metrics;
-use super::{in_flight, now, store};
+use super::shared::{Envoy, Host};
+use super::store::Store;
+use crate::config::{Config, NewRequests};
 use crate::fsm::State;
 use crate::in_flight::Ages;
+use crate::receipt::{self, End};
 
 /// This worker's streams by start tick (`crate::in_flight`). A stream is
 /// stamped with the time of the last tick, so starting and ending one makes
 /// no host call; the tick publishes the summary.
 #[derive(Debug)]
-struct AgeBook {
+struct AgeBook<H: Host> {
+    host: H,
     ages: RefCell<Ages>,
     last_tick_ms: Cell<u64>,
     tick_ms: u64,
-    slot: Option<u32>,
 }
 
-impl AgeBook {
-    fn new(tick_ms: u64) -> AgeBook {
+impl<H: Host> AgeBook<H> {
+    fn new(host: H, tick_ms: u64) -> AgeBook<H> {
+        let last_tick_ms = Cell::new(host.now().timer_ms());
         AgeBook {
+            host,
             ages: RefCell::new(Ages::default()),
-            last_tick_ms: Cell::new(now().timer_ms()),
+            last_tick_ms,
             tick_ms,
-            slot: in_flight::claim_slot(),
         }
     }
 
@@ -52,46 +58,78 @@ impl AgeBook {
         }
     }
 
-    fn tick(&self) {
-        let now = now().timer_ms();
+    /// Publishes the summary under the root's registry id (none yet: the
+    /// root has not registered, and no reader looks for it).
+    fn tick(&self, id: Option<u64>) {
+        let now = self.host.now().timer_ms();
         self.last_tick_ms.set(now);
-        let (Some(slot), Ok(mut ages)) = (self.slot, self.ages.try_borrow_mut()) else {
+        let (Some(id), Ok(mut ages)) = (id, self.ages.try_borrow_mut()) else {
             return;
         };
         ages.compact();
-        in_flight::publish(slot, &ages.publish(now, self.tick_ms));
+        in_flight::publish(&self.host, id, &ages.publish(now, self.tick_ms));
     }
 }
 
 /// Shared by every stream (or connection) of one traffic root context.
 #[derive(Debug)]
-pub struct Traffic {
+pub struct Traffic<H: Host = Envoy> {
     /// What this root counts.
     pub part: Part,
-    counts: Counts,
-    metrics: Metrics,
-    /// Whether a drain was running at the last tick (or may be: it starts
-    /// true). Outside a drain no stream end needs to look any further.
+    counts: Counts<H>,
+    metrics: Metrics<H>,
+    store: Store<H>,
+    /// Whether the state was DRAINING at the last tick (or may be: it starts
+    /// true): every stream is then counted exactly, and the last one's end
+    /// flips. Outside a drain no stream end needs to look any further.
     draining: Cell<bool>,
-    ages: AgeBook,
-    heartbeat: Heartbeat,
+    /// Whether the state was anything but OPEN at the last tick (it starts
+    /// false: a root created mid-drain sorts ends from its first tick on).
+    /// Only then does an end cost a look at how it ended (`crate::receipt`).
+    in_drain: Cell<bool>,
+    /// `draining_new_requests`.
+    new_requests: NewRequests,
+    ages: AgeBook<H>,
+    heartbeat: Heartbeat<H>,
 }
 
-impl Traffic {
-    pub fn new(part: Part, metrics: Metrics, tick_ms: u64) -> Traffic {
+impl<H: Host + Copy> Traffic<H> {
+    pub fn new(part: Part, metrics: Metrics<H>, config: &Config) -> Traffic<H> {
+        let host = *metrics.host();
         Traffic {
             part,
             counts: Counts::new(&metrics),
             metrics,
+            store: Store::new(host),
             draining: Cell::new(true),
-            ages: AgeBook::new(tick_ms),
-            heartbeat: Heartbeat::new(tick_ms),
+            in_drain: Cell::new(false),
+            new_requests: config.draining_new_requests,
+            ages: AgeBook::new(host, config.tick_ms),
+            heartbeat: Heartbeat::new(host, config.tick_ms),
         }
     }
+}
 
+impl<H: Host> Traffic<H> {
     /// The counter of this root's part.
-    fn counter(&self) -> &Counter {
+    fn counter(&self) -> &Counter<H> {
         self.counts.part(self.part)
+    }
+
+    /// Streams (or connections) this root counted and has in flight.
+    pub fn in_flight(&self) -> u64 {
+        self.counter().in_flight()
+    }
+
+    /// Whether this root has an uncounted stream the shared count does not
+    /// know of yet (its write failed; retried from the tick).
+    pub fn owes_uncounted(&self) -> bool {
+        self.counter().mark_pending()
+    }
+
+    /// This root's registry id, once it registered (its first tick).
+    pub fn id(&self) -> Option<u64> {
+        self.heartbeat.id()
     }
 
     /// The root context is being removed cleanly: leave the registry.
@@ -104,16 +142,17 @@ impl Traffic {
     /// already ended before it knew about the drain.
     pub fn tick(&self) {
         self.heartbeat.beat();
-        self.ages.tick();
+        self.ages.tick(self.heartbeat.id());
         let state = match self.metrics.state_hint() {
             Some(state) => state,
-            None => match store::load() {
+            None => match self.store.load() {
                 Ok(rec) => rec.state,
                 Err(_) => State::Draining, // unknown: keep looking
             },
         };
         let draining = state == State::Draining;
         self.draining.set(draining);
+        self.in_drain.set(state != State::Open);
         self.counter().settle();
         if draining && self.counter().in_flight() == 0 {
             self.try_flip();
@@ -139,6 +178,42 @@ impl Traffic {
         self.try_flip();
     }
 
+    /// The state now, when the tick's view may be a tick old (`None`: unknown).
+    fn state_now(&self) -> Option<State> {
+        self.metrics
+            .state_hint()
+            .or_else(|| self.store.load().ok().map(|r| r.state))
+    }
+
+    /// A new HTTP request: refused while draining when
+    /// `draining_new_requests: refuse` (the state confirmed, so that a
+    /// `/reopen` ends the refusing at once). One host call per request, only
+    /// in a drain and only in that mode.
+    fn refuses(&self) -> bool {
+        self.new_requests == NewRequests::Refuse
+            && self.in_drain.get()
+            && self.state_now().is_some_and(|s| s != State::Open)
+    }
+
+    /// How a stream or connection that ended during a drain ended, counted
+    /// (`crate::receipt`). A cut is confirmed against the state (the tick's
+    /// view may be a tick old) and attributed to the LB when it came within
+    /// `lb::CUT_WINDOW_MS` of a checker's DOWN.
+    fn sort_end(&self, end: End) {
+        let tcp = self.part == Part::Connections;
+        let by_lb = match end {
+            End::Cut => {
+                if self.state_now() == Some(State::Open) {
+                    return; // reopened meanwhile: not a drain's end
+                }
+                let now = self.metrics.host().now().timer_ms();
+                self.store.lb_checkers().is_ok_and(|c| c.cut_by_lb(now))
+            }
+            _ => false,
+        };
+        self.metrics.ended(end, tcp, by_lb);
+    }
+
     /// The global count may be 0 during a drain: flip if it is.
     fn try_flip(&self) {
         if self
@@ -151,7 +226,7 @@ impl Traffic {
         if !self.counts.reads_zero() || self.counts.read().for_decisions() > 0 {
             return;
         }
-        if let Err(e) = store::apply_due(0, None, &self.metrics) {
+        if let Err(e) = self.store.apply_due(0, None, &self.metrics) {
             log::error!("event=state_unavailable role=traffic error=\"{e}\"");
         }
     }
@@ -162,14 +237,31 @@ impl Traffic {
 /// answer locally), and released in `Drop`, which the host runs for every
 /// stream end and connection close, resets included. It implements no data
 /// callback: the host's per-read calls get the SDK's `Continue`.
-pub struct TrafficStream {
-    traffic: Rc<Traffic>,
+pub struct TrafficStream<H: Host = Envoy> {
+    traffic: Rc<Traffic<H>>,
     counted: bool,
     started_ms: u64,
+    /// Answered 503 by drain-gate (refused while draining).
+    refused: bool,
+    /// A connection: its upstream side closed.
+    upstream_closed: bool,
+    /// A connection: the downstream closed it while the upstream was open.
+    downstream_first: bool,
+    /// How it ended, when it ended during a drain (HTTP: from `on_log`).
+    end: Option<End>,
 }
 
-impl TrafficStream {
-    pub fn new(traffic: Rc<Traffic>) -> TrafficStream {
+/// The refusal's answer: small, and saying who refused and why.
+const REFUSED_BODY: &[u8] = br#"{"error":"draining","message":"this gateway is draining and takes no new requests; resend to another one"}"#;
+
+impl<H: Host> TrafficStream<H> {
+    /// Whether this stream is in the count (else in `keys::UNCOUNTED`).
+    pub fn counted(&self) -> bool {
+        self.counted
+    }
+
+    pub fn new(traffic: Rc<Traffic<H>>) -> TrafficStream<H> {
+        traffic.heartbeat.ensure();
         let counted = traffic.counter().enter(traffic.draining.get());
         if !counted {
             count::not_counted(&traffic.metrics);
@@ -179,21 +271,106 @@ impl TrafficStream {
             traffic,
             counted,
             started_ms,
+            refused: false,
+            upstream_closed: false,
+            downstream_first: false,
+            end: None,
+        }
+    }
+
+    /// The request's headers arrived: forwarded, or refused while draining
+    /// (503, never forwarded, so always safe to resend). `connection: close`
+    /// is Envoy's to add, not a filter's: it strips the hop-by-hop headers of
+    /// a local reply, and adds `connection: close` to every HTTP/1.1 response
+    /// once its drain sequence runs (the connection rotation at drain start).
+    pub fn request_headers(&mut self) -> Action {
+        if !self.traffic.refuses() {
+            return Action::Continue;
+        }
+        self.refused = true;
+        let headers = [
+            ("content-type", "application/json"),
+            ("x-drain-gate", "refused; draining"),
+            ("retry-after", "0"),
+        ];
+        let host = self.traffic.metrics.host();
+        if let Err(e) = host.respond(None, 503, &headers, REFUSED_BODY) {
+            log::warn!("event=refuse_failed status={e:?}");
+            self.refused = false;
+            return Action::Continue;
+        }
+        Action::Pause
+    }
+
+    /// The stream's access-log moment (its end): during a drain, how it ended.
+    pub fn log(&mut self) {
+        if !self.traffic.in_drain.get() {
+            return;
+        }
+        self.end = Some(if self.refused {
+            End::Refused
+        } else {
+            let flags = self
+                .traffic
+                .metrics
+                .host()
+                .property(&["response", "flags"])
+                .and_then(|b| crate::host::shared::u64_of(&b))
+                .unwrap_or(0);
+            receipt::http_end(flags)
+        });
+    }
+
+    /// One side of a connection closed.
+    pub fn closed(&mut self, downstream: bool, peer: PeerType) {
+        if downstream {
+            self.downstream_first |= !self.upstream_closed && peer == PeerType::Remote;
+        } else {
+            self.upstream_closed = true;
         }
     }
 }
 
 impl Context for TrafficStream {}
 
-impl HttpContext for TrafficStream {}
+impl HttpContext for TrafficStream {
+    fn on_http_request_headers(&mut self, _: usize, _: bool) -> Action {
+        self.request_headers()
+    }
 
-impl StreamContext for TrafficStream {}
+    fn on_log(&mut self) {
+        self.log();
+    }
+}
 
-impl Drop for TrafficStream {
+impl StreamContext for TrafficStream {
+    fn on_downstream_close(&mut self, peer: PeerType) {
+        self.closed(true, peer);
+    }
+
+    fn on_upstream_close(&mut self, peer: PeerType) {
+        self.closed(false, peer);
+    }
+}
+
+impl<H: Host> Drop for TrafficStream<H> {
     fn drop(&mut self) {
         self.traffic.ages.exit(self.started_ms);
+        let end = match self.traffic.part {
+            Part::Streams => self.end,
+            Part::Connections => self
+                .traffic
+                .in_drain
+                .get()
+                .then(|| receipt::tcp_end(self.downstream_first)),
+        };
+        if let Some(end) = end {
+            self.traffic.sort_end(end);
+        }
         if self.counted {
             self.traffic.stream_ended();
+        } else {
+            self.traffic.counter().uncounted_ended();
         }
     }
 }

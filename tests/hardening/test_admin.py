@@ -203,3 +203,15 @@ def test_no_answer_carries_attacker_input(gateway):
                     assert MARK not in blob, (method, target, code, blob[:400])
                     answers += 1
     assert answers >= 500
+
+
+def test_an_empty_admin_allow_without_a_token_locks_every_caller_out_and_says_so(gateway):
+    """`admin_allow: []` and no `admin_token`: nobody may call the admin endpoints, loopback (the
+    preStop hook's source) included, and the health role says so in its log when it loads."""
+    gw = gateway({**STILL, "admin_allow": []})
+    for method, path in ADMIN:
+        code, _, body = request(gw, method, honoured(path), source="127.0.0.1")
+        assert code == 403 and json.loads(body)["error"] == "forbidden", (path, code, body)
+    assert fresh_get(gw.ports.health, "/health")[0] == 200, "reads stay open"
+    assert status(gw)["state"] == "OPEN" and transitions(gw.log()) == []
+    assert "event=config_warning" in gw.log() and "nobody can call the admin endpoints" in gw.log()

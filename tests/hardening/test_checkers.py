@@ -59,3 +59,29 @@ def test_lb_checkers_keeps_spoofed_sources_out(gateway):
     st = wait_for(lambda: (s := status(gw))["state"] == "CLOSING" and s, 5, what="flip on the LB's 404")
     assert st["progress"]["reason"] == "active_zero"
     assert st["lb"]["checkers"][0]["last_404"] is not None
+
+
+def test_an_lb_outside_lb_checkers_is_seen_and_the_gate_holds(gateway):
+    """`lb_checkers` names an address the LB's checks do not come from (SNAT, a wrong CIDR):
+    nothing the LB is served is recorded. The gate does not open on the vacuum — nobody it
+    waits for was seen — and says so: `lb.gate: no_checker`, the ignored checks counted
+    (status, metric) and one log line naming the source. The drain closes at drain_timeout,
+    unforced (nothing was in flight)."""
+    drain_timeout = 4
+    gw = gateway({**SOFT, "drain_timeout": f"{drain_timeout}s", "lb_checkers": ["127.0.0.9/32"]})
+    for _ in range(3):
+        assert check_from(gw, LB) == 200
+    st = status(gw)
+    assert st["lb"]["checkers"] == [] and st["lb"]["live_checkers"] == 0
+    assert st["lb"]["ignored_checks"]["count"] == 3 and st["lb"]["ignored_checks"]["last_source"] == LB
+    assert gw.stat("wasmcustom.drain_gate_lb_checks_ignored") == 3
+    assert gw.log().count(f"event=lb_check_ignored source={LB}") == 1, "logged once per source"
+    started = time.monotonic()
+    assert post(gw, "/drain").json()["state"] == "DRAINING"
+    while time.monotonic() - started < drain_timeout - 1:
+        assert check_from(gw, LB) == 404, "the LB is served the soft drain all the same"
+        st = status(gw)
+        assert (st["state"], st["lb"]["gate"], st["lb"]["saw_drain"]) == ("DRAINING", "no_checker", False)
+        time.sleep(0.2)
+    st = wait_for(lambda: (s := status(gw))["state"] == "CLOSING" and s, 5, what="CLOSING at drain_timeout")
+    assert (st["progress"]["reason"], st["progress"]["forced"]) == ("drain_timeout", False)

@@ -80,7 +80,8 @@ def test_not_announced_until_a_traffic_role_registers(custom_gateway):
     assert json.loads(body) == {"state": "OPEN", "ready": False, "waiting_for": "traffic_role"}
     st = status(gw)
     assert st["waiting_for"] == "traffic_role" and st["ready"] is False and st["lb_status"] == 503
-    assert st["traffic"] == {"seen": False, "roots": 0, "lost": 0}
+    assert {k: st["traffic"][k] for k in ("seen", "roots", "lost", "lost_total")} == \
+        {"seen": False, "roots": 0, "lost": 0, "lost_total": 0}
     assert st["count"]["reliable"] is False
     # The traffic listener, with its filter, arrives through LDS.
     lds.push(listeners)

@@ -72,11 +72,20 @@ def plugin_config(raw: str | None) -> dict:
     return value
 
 
+# Each worker starts its own wasm VM (a few seconds of compiling on a small machine), and
+# every traffic root a worker holds is watched by the health role (at most 512 at once).
+MAX_WORKERS = 64
+
+
 def concurrency(raw: str | None) -> int:
-    """ENVOY_CONCURRENCY: Envoy's worker count, a whole number from 1."""
+    """ENVOY_CONCURRENCY: Envoy's worker count, a whole number from 1 to MAX_WORKERS."""
     text = (raw or "2").strip()
     if not text.isdigit() or int(text) < 1:
         raise Refused(f"ENVOY_CONCURRENCY must be a whole number of workers, 1 or more, got {raw!r}")
+    if int(text) > MAX_WORKERS:
+        raise Refused(f"ENVOY_CONCURRENCY={text}: at most {MAX_WORKERS} workers (this machine has "
+                      f"{os.cpu_count()} cores; every worker starts its own wasm VM, and drain-gate watches at "
+                      "most 512 traffic roots)")
     return int(text)
 
 

@@ -46,7 +46,7 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 
 {{/* The plugin configuration of one role. The health role gets every `config`
      value. The traffic roles (traffic, traffic_tcp) get only what they use
-     (role, tick), both checked
+     (role, tick, draining_new_requests), each checked
      here at render: a refused configuration then never takes the traffic
      listeners down with a health listener still answering 200, the one unsafe
      outcome measured (envoyfilter/README.md, "When the module cannot load"). */}}
@@ -54,7 +54,7 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{- if eq .role "health" -}}
 {{- toJson (merge (dict "role" "health") .root.Values.config) -}}
 {{- else -}}
-{{- toJson (merge (dict "role" .role) (pick .root.Values.config "tick")) -}}
+{{- toJson (merge (dict "role" .role) (pick .root.Values.config "tick" "draining_new_requests")) -}}
 {{- end -}}
 {{- end -}}
 

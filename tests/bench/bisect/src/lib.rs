@@ -10,7 +10,7 @@
 
 include!("../../../fixtures/src_modules.rs");
 
-use host::root::Root;
+use host::root::{Role, Root};
 use host::traffic::Traffic;
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::ContextType;
@@ -43,8 +43,8 @@ impl RootContext for BisectRoot {
     }
 
     fn create_http_context(&self, context_id: u32) -> Option<Box<dyn HttpContext>> {
-        match &self.inner {
-            Root::Traffic(traffic) => {
+        match &self.inner.role {
+            Role::Traffic(traffic) => {
                 self.local.set(self.local.get().wrapping_add(1));
                 Some(Box::new(TwinStream {
                     _traffic: Rc::clone(traffic),

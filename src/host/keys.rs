@@ -1,0 +1,66 @@
+//! Every shared-data key drain-gate uses, in one place. Shared data is per
+//! `vm_id` and process-wide: every role of one Envoy reads and writes these.
+//! A `.v1` suffix names the value's format; a new format takes a new key.
+
+/// The FSM record (`crate::fsm::Record`, JSON), written by compare-and-swap.
+pub const FSM: &str = "drain_gate.fsm.v1";
+/// What every LB checker has been answered (`crate::lb::Checkers`, JSON;
+/// times on the timer clock).
+pub const LB: &str = "drain_gate.lb.v2";
+/// The clock-step record (`crate::clock::Steps`, JSON).
+pub const CLOCK: &str = "drain_gate.clock.v1";
+/// The connection rotation of the last drain (`crate::rotation::Record`, JSON).
+pub const ROTATION: &str = "drain_gate.rotation.v1";
+/// HTTP streams in flight when the gauge is not live (u64, little-endian).
+pub const ACTIVE_STREAMS: &str = "drain_gate.active.v1";
+/// TCP connections in flight when the gauge is not live (u64, little-endian).
+pub const ACTIVE_CONNECTIONS: &str = "drain_gate.active_connections.v1";
+/// Streams in flight that could not be counted (u64): the count is
+/// unreliable while it is above 0.
+pub const UNCOUNTED: &str = "drain_gate.uncounted.v1";
+/// The liveness verdict (the registry generation it was judged at, u64, then
+/// a `crate::liveness::Why` name; no name: trusted), written by the health
+/// role's watch.
+pub const VERDICT: &str = "drain_gate.verdict.v1";
+/// Who judges the registry, and since when (`crate::liveness::Watch`, JSON).
+pub const WATCH: &str = "drain_gate.watch.v1";
+/// Which of drain-gate's gauges are live (JSON), probed once per process.
+pub const GAUGES: &str = "drain_gate.gauges.v1";
+/// Set by every traffic root at configure time: a traffic role counts in this vm_id.
+pub const TRAFFIC_PRESENT: &str = "drain_gate.traffic_present.v1";
+/// The traffic roots registered for liveness (`crate::liveness::Registry`, JSON).
+pub const REGISTRY: &str = "drain_gate.traffic.v2";
+
+/// Every key above: one each per process.
+pub const FIXED: [&str; 12] = [
+    FSM,
+    LB,
+    CLOCK,
+    ROTATION,
+    ACTIVE_STREAMS,
+    ACTIVE_CONNECTIONS,
+    UNCOUNTED,
+    VERDICT,
+    WATCH,
+    GAUGES,
+    TRAFFIC_PRESENT,
+    REGISTRY,
+];
+
+/// How many keys drain-gate has created in this process: the fixed ones and,
+/// per registry id ever handed out (`ids_high`), a beat and an in-flight key.
+pub fn created(ids_high: u64) -> u64 {
+    (FIXED.len() as u64).saturating_add(ids_high.saturating_mul(2))
+}
+
+/// A traffic root's heartbeat: the timer-clock time of its last tick (u64).
+/// One per registry id; ids are reused, so these stay bounded.
+pub fn beat(id: u64) -> String {
+    format!("drain_gate.beat.v1.{id}")
+}
+
+/// A traffic root's in-flight summary (`crate::in_flight::Published`, JSON),
+/// under its registry id.
+pub fn in_flight(id: u64) -> String {
+    format!("drain_gate.in_flight.v2.{id}")
+}

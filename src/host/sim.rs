@@ -1,0 +1,267 @@
+//! A stand-in host for `cargo test`: shared data with versions, metrics by
+//! name, two settable clocks, recorded HTTP calls and local answers — and
+//! injected faults (lost compare-and-swap races, failed writes). One `Sim`
+//! is one Envoy process: every simulated VM of a test shares it, through
+//! `&Sim` (the `Host` the shell is generic over). Built for the host only,
+//! never into the wasm module.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing)]
+
+use proxy_wasm::types::{MetricType, Status};
+use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
+use std::time::Duration;
+
+use super::wasm_host::Host;
+use crate::clock::Now;
+
+/// An HTTP call the shell made.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Call {
+    pub token: u32,
+    pub cluster: String,
+    pub headers: Vec<(String, String)>,
+}
+
+/// A local answer the shell sent.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Answer {
+    /// The stream it went to (`None`: the stream whose callback ran).
+    pub context_id: Option<u32>,
+    pub status: u16,
+    pub headers: Vec<(String, String)>,
+    pub body: Vec<u8>,
+}
+
+impl Answer {
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::from_slice(&self.body).unwrap_or(serde_json::Value::Null)
+    }
+}
+
+#[derive(Default)]
+pub struct Sim {
+    data: RefCell<HashMap<String, (Vec<u8>, u32)>>,
+    /// Metric definitions: id → name.
+    ids: RefCell<Vec<String>>,
+    /// Stat values by name (one stat per name, whatever the id).
+    values: RefCell<HashMap<String, i64>>,
+    /// Names a `stats_matcher` excludes: null stats that read 0.
+    pub excluded: RefCell<Vec<String>>,
+    /// The next this many versioned writes lose a race (CasMismatch, nothing written).
+    pub cas_races: Cell<u32>,
+    /// The next this many writes or metric updates fail outright.
+    pub failures: Cell<u32>,
+    /// Failures actually returned so far.
+    pub failed: Cell<u32>,
+    pub wall_ms: Cell<u64>,
+    /// `None`: a host without a monotonic clock.
+    pub mono_ms: Cell<Option<u64>>,
+    pub calls: RefCell<Vec<Call>>,
+    /// What `http_call` answers (`Err`: the cluster does not exist).
+    pub call_refused: Cell<bool>,
+    /// The `:status` of the HTTP call answer being delivered.
+    pub call_status: Cell<Option<u16>>,
+    pub answers: RefCell<Vec<Answer>>,
+    /// Properties of the stream whose callback runs, by dotted path.
+    pub properties: RefCell<HashMap<String, Vec<u8>>>,
+}
+
+impl Sim {
+    /// A host at wall time `wall_ms` with its monotonic clock at 1 s.
+    pub fn at(wall_ms: u64) -> Sim {
+        let sim = Sim::default();
+        sim.wall_ms.set(wall_ms);
+        sim.mono_ms.set(Some(1_000));
+        sim
+    }
+
+    /// Both clocks move on by `ms`.
+    pub fn advance(&self, ms: u64) {
+        self.wall_ms.set(self.wall_ms.get() + ms);
+        self.mono_ms.set(self.mono_ms.get().map(|m| m + ms));
+    }
+
+    /// The response flags the next ending stream reports (`response.flags`).
+    pub fn set_flags(&self, flags: u64) {
+        self.properties
+            .borrow_mut()
+            .insert("response.flags".to_string(), flags.to_le_bytes().to_vec());
+    }
+
+    /// Both clocks now (what `Host::now` answers).
+    pub fn now_of(&self) -> Now {
+        Now {
+            wall_ms: self.wall_ms.get(),
+            mono_ms: self.mono_ms.get(),
+        }
+    }
+
+    /// The wall clock steps by `ms` (the monotonic clock does not move).
+    pub fn step_wall(&self, ms: i64) {
+        self.wall_ms
+            .set(self.wall_ms.get().saturating_add_signed(ms));
+    }
+
+    fn fail_now(&self) -> bool {
+        if self.failures.get() == 0 {
+            return false;
+        }
+        self.failures.set(self.failures.get() - 1);
+        self.failed.set(self.failed.get() + 1);
+        true
+    }
+
+    /// A stat's value by name, as signed (a value below 0 is a bug the
+    /// caller asserts on); 0 when never touched.
+    pub fn metric(&self, name: &str) -> i64 {
+        self.values.borrow().get(name).copied().unwrap_or(0)
+    }
+
+    /// How many times a metric was defined (Envoy keeps every definition).
+    pub fn definitions(&self) -> usize {
+        self.ids.borrow().len()
+    }
+
+    /// How many shared-data keys exist.
+    pub fn keys(&self) -> usize {
+        self.data.borrow().len()
+    }
+
+    /// The raw bytes under `key`.
+    pub fn value(&self, key: &str) -> Option<Vec<u8>> {
+        self.data.borrow().get(key).map(|(v, _)| v.clone())
+    }
+
+    /// Writes `key` behind every simulated VM's back (what another writer,
+    /// or a corrupting one, would leave).
+    pub fn put(&self, key: &str, value: &[u8]) {
+        let mut data = self.data.borrow_mut();
+        let version = data.get(key).map_or(1, |(_, c)| c + 1);
+        data.insert(key.to_string(), (value.to_vec(), version));
+    }
+
+    fn name_of(&self, id: u32) -> Result<String, Status> {
+        self.ids
+            .borrow()
+            .get(id as usize)
+            .cloned()
+            .ok_or(Status::NotFound)
+    }
+
+    fn is_null(&self, name: &str) -> bool {
+        self.excluded.borrow().iter().any(|n| n == name)
+    }
+}
+
+fn owned(headers: &[(&str, &str)]) -> Vec<(String, String)> {
+    headers
+        .iter()
+        .map(|(n, v)| (n.to_string(), v.to_string()))
+        .collect()
+}
+
+impl Host for &Sim {
+    fn get(&self, key: &str) -> Result<(Option<Vec<u8>>, Option<u32>), Status> {
+        Ok(match self.data.borrow().get(key) {
+            Some((v, cas)) => (Some(v.clone()), Some(*cas)),
+            None => (None, None),
+        })
+    }
+
+    fn set(&self, key: &str, value: &[u8], cas: Option<u32>) -> Result<(), Status> {
+        if self.fail_now() {
+            return Err(Status::InternalFailure);
+        }
+        let mut data = self.data.borrow_mut();
+        let current = data.get(key).map(|(_, c)| *c);
+        if let Some(want) = cas {
+            if self.cas_races.get() > 0 {
+                self.cas_races.set(self.cas_races.get() - 1);
+                return Err(Status::CasMismatch);
+            }
+            if current != Some(want) {
+                return Err(Status::CasMismatch);
+            }
+        }
+        data.insert(key.to_string(), (value.to_vec(), current.unwrap_or(0) + 1));
+        Ok(())
+    }
+
+    fn define_metric(&self, _kind: MetricType, name: &str) -> Result<u32, Status> {
+        let mut ids = self.ids.borrow_mut();
+        ids.push(name.to_string());
+        u32::try_from(ids.len() - 1).map_err(|_| Status::InternalFailure)
+    }
+
+    fn metric_add(&self, id: u32, delta: i64) -> Result<(), Status> {
+        let name = self.name_of(id)?;
+        if self.fail_now() {
+            return Err(Status::InternalFailure);
+        }
+        if !self.is_null(&name) {
+            *self.values.borrow_mut().entry(name).or_default() += delta;
+        }
+        Ok(())
+    }
+
+    fn metric_get(&self, id: u32) -> Result<u64, Status> {
+        let name = self.name_of(id)?;
+        // Envoy's gauges are u64: a value below 0 reads wrapped.
+        Ok(self.metric(&name) as u64)
+    }
+
+    fn metric_record(&self, id: u32, value: u64) -> Result<(), Status> {
+        let name = self.name_of(id)?;
+        if !self.is_null(&name) {
+            self.values.borrow_mut().insert(name, value as i64);
+        }
+        Ok(())
+    }
+
+    fn now(&self) -> Now {
+        self.now_of()
+    }
+
+    fn http_call(
+        &self,
+        cluster: &str,
+        headers: &[(&str, &str)],
+        _timeout: Duration,
+    ) -> Result<u32, Status> {
+        if self.call_refused.get() {
+            return Err(Status::BadArgument);
+        }
+        let mut calls = self.calls.borrow_mut();
+        let token = u32::try_from(calls.len() + 1).map_err(|_| Status::InternalFailure)?;
+        calls.push(Call {
+            token,
+            cluster: cluster.to_string(),
+            headers: owned(headers),
+        });
+        Ok(token)
+    }
+
+    fn http_call_status(&self) -> Option<u16> {
+        self.call_status.get()
+    }
+
+    fn property(&self, path: &[&str]) -> Option<Vec<u8>> {
+        self.properties.borrow().get(&path.join(".")).cloned()
+    }
+
+    fn respond(
+        &self,
+        context_id: Option<u32>,
+        status: u16,
+        headers: &[(&str, &str)],
+        body: &[u8],
+    ) -> Result<(), Status> {
+        self.answers.borrow_mut().push(Answer {
+            context_id,
+            status,
+            headers: owned(headers),
+            body: body.to_vec(),
+        });
+        Ok(())
+    }
+}

@@ -1,0 +1,158 @@
+//! Every call the shell makes into the host, behind one small trait: Envoy in
+//! production ([`Envoy`]), a stand-in in `cargo test` (`host::sim`). Nothing
+//! above this trait names `proxy_wasm::hostcalls`, so the logic that talks to
+//! shared data, metrics, clocks and held answers — leases, compare-and-swap
+//! retries, liveness, the health role's timers — runs without Envoy.
+
+use proxy_wasm::hostcalls;
+use proxy_wasm::types::{MapType, MetricType, Status};
+use std::time::{Duration, UNIX_EPOCH};
+
+use crate::clock::Now;
+
+/// What the shell needs from the host.
+pub trait Host {
+    /// Shared data (per `vm_id`, versioned): the value and its version;
+    /// `(None, None)` when the key is absent.
+    fn get(&self, key: &str) -> Result<(Option<Vec<u8>>, Option<u32>), Status>;
+    /// Writes if the version still is `cas` (`None`: unconditionally);
+    /// `Err(CasMismatch)` when another writer came first.
+    fn set(&self, key: &str, value: &[u8], cas: Option<u32>) -> Result<(), Status>;
+    /// Defines a metric by name; every definition of a name is the same stat.
+    fn define_metric(&self, kind: MetricType, name: &str) -> Result<u32, Status>;
+    fn metric_add(&self, id: u32, delta: i64) -> Result<(), Status>;
+    fn metric_get(&self, id: u32) -> Result<u64, Status>;
+    fn metric_record(&self, id: u32, value: u64) -> Result<(), Status>;
+    /// Both clocks, read together.
+    fn now(&self) -> Now;
+    /// An HTTP call to `cluster` from the root context; the answer comes back
+    /// to `on_http_call_response` with the returned token.
+    fn http_call(
+        &self,
+        cluster: &str,
+        headers: &[(&str, &str)],
+        timeout: Duration,
+    ) -> Result<u32, Status>;
+    /// The `:status` of the HTTP call answer being delivered, if it has one.
+    fn http_call_status(&self) -> Option<u16>;
+    /// A property of the stream or connection whose callback is running
+    /// (`None`: absent, or the host refused).
+    fn property(&self, path: &[&str]) -> Option<Vec<u8>>;
+    /// Sends a complete local answer on the HTTP stream `context_id` (`None`:
+    /// the stream whose callback is running).
+    fn respond(
+        &self,
+        context_id: Option<u32>,
+        status: u16,
+        headers: &[(&str, &str)],
+        body: &[u8],
+    ) -> Result<(), Status>;
+}
+
+/// The real host.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Envoy;
+
+/// Milliseconds since the Unix epoch from the host's wall clock (0 if it
+/// fails, which only delays timed transitions).
+fn wall_ms() -> u64 {
+    hostcalls::get_current_time()
+        .ok()
+        .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
+        .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+        .unwrap_or(0)
+}
+
+#[cfg(target_arch = "wasm32")]
+#[link(wasm_import_module = "wasi_snapshot_preview1")]
+extern "C" {
+    /// WASI preview 1. Envoy answers clock 1 (monotonic) from its time
+    /// source's `monotonicTime()` (`std::chrono::steady_clock`), the clock
+    /// its own timers run on; one clock for every worker of the process.
+    fn clock_time_get(id: u32, precision: u64, time: *mut u64) -> u16;
+}
+
+/// Milliseconds on the host's monotonic clock, or `None` if the host does not
+/// answer. Called directly rather than through `std::time::Instant`, which
+/// panics (aborting the VM) when the host refuses the clock.
+#[cfg(target_arch = "wasm32")]
+fn mono_ms() -> Option<u64> {
+    const MONOTONIC: u32 = 1;
+    let mut nanos: u64 = 0;
+    // SAFETY: the host writes one u64 to the pointer it is given, which
+    // points at a live local of that type.
+    let errno = unsafe { clock_time_get(MONOTONIC, 1_000_000, &mut nanos) };
+    (errno == 0).then_some(nanos / 1_000_000)
+}
+
+/// Off wasm (host-side builds) there is no Envoy clock.
+#[cfg(not(target_arch = "wasm32"))]
+fn mono_ms() -> Option<u64> {
+    None
+}
+
+impl Host for Envoy {
+    fn get(&self, key: &str) -> Result<(Option<Vec<u8>>, Option<u32>), Status> {
+        hostcalls::get_shared_data(key)
+    }
+
+    fn set(&self, key: &str, value: &[u8], cas: Option<u32>) -> Result<(), Status> {
+        hostcalls::set_shared_data(key, Some(value), cas)
+    }
+
+    fn define_metric(&self, kind: MetricType, name: &str) -> Result<u32, Status> {
+        hostcalls::define_metric(kind, name)
+    }
+
+    fn metric_add(&self, id: u32, delta: i64) -> Result<(), Status> {
+        hostcalls::increment_metric(id, delta)
+    }
+
+    fn metric_get(&self, id: u32) -> Result<u64, Status> {
+        hostcalls::get_metric(id)
+    }
+
+    fn metric_record(&self, id: u32, value: u64) -> Result<(), Status> {
+        hostcalls::record_metric(id, value)
+    }
+
+    fn now(&self) -> Now {
+        Now {
+            wall_ms: wall_ms(),
+            mono_ms: mono_ms(),
+        }
+    }
+
+    fn http_call(
+        &self,
+        cluster: &str,
+        headers: &[(&str, &str)],
+        timeout: Duration,
+    ) -> Result<u32, Status> {
+        hostcalls::dispatch_http_call(cluster, headers.to_vec(), None, vec![], timeout)
+    }
+
+    fn http_call_status(&self) -> Option<u16> {
+        hostcalls::get_map_value(MapType::HttpCallResponseHeaders, ":status")
+            .ok()
+            .flatten()
+            .and_then(|s| s.parse::<u16>().ok())
+    }
+
+    fn property(&self, path: &[&str]) -> Option<Vec<u8>> {
+        hostcalls::get_property(path.to_vec()).ok().flatten()
+    }
+
+    fn respond(
+        &self,
+        context_id: Option<u32>,
+        status: u16,
+        headers: &[(&str, &str)],
+        body: &[u8],
+    ) -> Result<(), Status> {
+        if let Some(id) = context_id {
+            hostcalls::set_effective_context(id)?;
+        }
+        hostcalls::send_http_response(u32::from(status), headers.to_vec(), Some(body))
+    }
+}

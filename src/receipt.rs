@@ -1,0 +1,230 @@
+//! A drain's receipt: how every stream and connection that ended during it
+//! ended, and what the LB cut. Pure.
+//!
+//! The traffic roles sort each stream or connection that ends while the
+//! state is not OPEN — and only those: outside a drain no end costs a host
+//! call — into one of four counters, process-wide stats: **completed**;
+//! **ended by the upstream or by Envoy** (an upstream reset or timeout, a
+//! local reply); **refused** (`draining_new_requests: refuse`); and **cut**:
+//! ended by the downstream before it completed. A cut within
+//! [`crate::lb::CUT_WINDOW_MS`] after an LB checker was served its
+//! `lb_fall`-th consecutive 503 — the moment the LB marks the gateway DOWN and
+//! resets its sessions (HAProxy `shutdown-sessions`, NetScaler
+//! `downStateFlush`) — is an **LB cut**; any other cut is a client that gave
+//! up by itself (or an LB whose checks drain-gate does not see).
+//!
+//! The transition into DRAINING records the counters ([`Tally`]) in the
+//! drain record; a drain's receipt is the counters now minus that.
+
+use serde::{Deserialize, Serialize};
+use std::fmt;
+
+use crate::clock::rfc3339;
+
+/// The counters a receipt is made of, as read at one moment.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Tally {
+    pub cut: u64,
+    pub cut_lb: u64,
+    pub cut_tcp: u64,
+    pub completed: u64,
+    pub ended_upstream: u64,
+    pub refused: u64,
+}
+
+impl Tally {
+    /// What happened since `base` (a counter never goes back; one that read
+    /// lower — its stat was reset — counts from 0).
+    pub fn since(&self, base: &Tally) -> Tally {
+        Tally {
+            cut: self.cut.saturating_sub(base.cut),
+            cut_lb: self.cut_lb.saturating_sub(base.cut_lb),
+            cut_tcp: self.cut_tcp.saturating_sub(base.cut_tcp),
+            completed: self.completed.saturating_sub(base.completed),
+            ended_upstream: self.ended_upstream.saturating_sub(base.ended_upstream),
+            refused: self.refused.saturating_sub(base.refused),
+        }
+    }
+}
+
+/// One drain, as its receipt line tells it (`event=drain_receipt`, logged
+/// once when the drain ends: at CLOSED, on a reopen, or in FAULT).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Receipt<'a> {
+    pub started_ms: u64,
+    /// When the LB check flipped to 503 (CLOSING), if it did.
+    pub flipped_ms: Option<u64>,
+    pub closed_ms: Option<u64>,
+    /// The state the drain ended in: `CLOSED`, `OPEN` (reopened), `FAULT`.
+    pub ended: &'a str,
+    pub forced: bool,
+    pub duration_ms: Option<u64>,
+    pub active_at_flip: Option<u64>,
+    /// The oldest stream in flight just after the flip (`None`: none was).
+    pub oldest_at_flip_ms: Option<u64>,
+    pub tally: Tally,
+}
+
+fn stamp(ms: Option<u64>) -> String {
+    ms.map_or_else(|| "-".to_string(), rfc3339)
+}
+
+fn num(n: Option<u64>) -> String {
+    n.map_or_else(|| "-".to_string(), |n| n.to_string())
+}
+
+impl fmt::Display for Receipt<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let t = &self.tally;
+        write!(
+            f,
+            "event=drain_receipt started={} flipped={} closed={} ended={} forced={} duration_ms={} \
+             completed={} cut={} cut_http={} cut_tcp={} cut_lb={} cut_other={} ended_upstream={} \
+             refused={} active_at_flip={} oldest_at_flip_ms={}",
+            rfc3339(self.started_ms),
+            stamp(self.flipped_ms),
+            stamp(self.closed_ms),
+            self.ended,
+            self.forced,
+            num(self.duration_ms),
+            t.completed,
+            t.cut,
+            t.cut.saturating_sub(t.cut_tcp),
+            t.cut_tcp,
+            t.cut_lb,
+            t.cut.saturating_sub(t.cut_lb),
+            t.ended_upstream,
+            t.refused,
+            num(self.active_at_flip),
+            num(self.oldest_at_flip_ms),
+        )
+    }
+}
+
+/// How one stream or connection ended during a drain.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum End {
+    Completed,
+    /// Ended by the upstream or by Envoy itself.
+    Upstream,
+    /// Ended by the downstream before it completed.
+    Cut,
+    /// Answered 503 by drain-gate (`draining_new_requests: refuse`).
+    Refused,
+}
+
+/// Envoy's response flags (`response.flags`, Envoy 1.36–1.40) that say the
+/// downstream ended the stream: `DC` (downstream connection termination) and
+/// `DR` (downstream remote reset, an HTTP/2 or HTTP/3 RST_STREAM).
+pub const DOWNSTREAM_FLAGS: u64 = 0x4000 | 0x1000_0000;
+
+/// How an HTTP stream ended, from its response flags.
+pub fn http_end(flags: u64) -> End {
+    if flags & DOWNSTREAM_FLAGS != 0 {
+        End::Cut
+    } else if flags == 0 {
+        End::Completed
+    } else {
+        End::Upstream
+    }
+}
+
+/// How a TCP or TLS-passthrough connection ended: the downstream closed it
+/// (a reset, or a close the upstream had not answered yet) while the
+/// upstream was still open is a cut; any other end — the upstream closing
+/// first, or Envoy closing both — completed it.
+pub fn tcp_end(downstream_closed_first: bool) -> End {
+    if downstream_closed_first {
+        End::Cut
+    } else {
+        End::Completed
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn http_ends_by_their_flags() {
+        assert_eq!(http_end(0), End::Completed);
+        assert_eq!(
+            http_end(0x4000),
+            End::Cut,
+            "DC: the client's connection went away"
+        );
+        assert_eq!(
+            http_end(0x1000_0000),
+            End::Cut,
+            "DR: the client reset the stream"
+        );
+        assert_eq!(
+            http_end(0x4000 | 0x10),
+            End::Cut,
+            "the downstream's end wins"
+        );
+        assert_eq!(http_end(0x10), End::Upstream, "UR: upstream remote reset");
+        assert_eq!(
+            http_end(0x80_0000),
+            End::Upstream,
+            "UPE: upstream protocol error"
+        );
+        assert_eq!(tcp_end(true), End::Cut);
+        assert_eq!(tcp_end(false), End::Completed);
+    }
+
+    #[test]
+    fn the_receipt_line_names_every_count() {
+        let r = Receipt {
+            started_ms: 1_764_000_000_000,
+            flipped_ms: Some(1_764_000_009_000),
+            closed_ms: None,
+            ended: "OPEN",
+            forced: false,
+            duration_ms: Some(9_000),
+            active_at_flip: Some(0),
+            oldest_at_flip_ms: None,
+            tally: Tally {
+                cut: 3,
+                cut_lb: 2,
+                cut_tcp: 1,
+                completed: 40,
+                ended_upstream: 1,
+                refused: 7,
+            },
+        };
+        assert_eq!(
+            r.to_string(),
+            "event=drain_receipt started=2025-11-24T16:00:00.000Z flipped=2025-11-24T16:00:09.000Z \
+             closed=- ended=OPEN forced=false duration_ms=9000 completed=40 cut=3 cut_http=2 cut_tcp=1 \
+             cut_lb=2 cut_other=1 ended_upstream=1 refused=7 active_at_flip=0 oldest_at_flip_ms=-"
+        );
+    }
+
+    #[test]
+    fn a_receipt_is_the_counters_since_the_drain_began() {
+        let base = Tally {
+            cut: 2,
+            completed: 10,
+            ..Tally::default()
+        };
+        let now = Tally {
+            cut: 5,
+            cut_lb: 1,
+            completed: 12,
+            refused: 4,
+            ..Tally::default()
+        };
+        assert_eq!(
+            now.since(&base),
+            Tally {
+                cut: 3,
+                cut_lb: 1,
+                completed: 2,
+                refused: 4,
+                ..Tally::default()
+            }
+        );
+        assert_eq!(base.since(&now).cut, 0, "a reset stat counts from 0");
+    }
+}
