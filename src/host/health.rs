@@ -797,8 +797,10 @@ mod tests {
         }
     }
 
-    /// A stream that ends with these response flags (what `on_log` reads).
+    /// A stream that ends with these response flags (what `on_log` reads);
+    /// 0: its response ended, it completed.
     fn end_with(sim: &Sim, mut stream: TrafficStream<&Sim>, flags: u64) {
+        stream.response(flags == 0);
         sim.set_flags(flags);
         stream.log();
         drop(stream);

@@ -247,6 +247,9 @@ pub struct TrafficStream<H: Host = Envoy> {
     upstream_closed: bool,
     /// A connection: the downstream closed it while the upstream was open.
     downstream_first: bool,
+    /// An HTTP stream: its response ended (end of stream seen on the way
+    /// out), so it completed whatever happens to its connection afterwards.
+    response_done: bool,
     /// How it ended, when it ended during a drain (HTTP: from `on_log`).
     end: Option<End>,
 }
@@ -274,6 +277,7 @@ impl<H: Host> TrafficStream<H> {
             refused: false,
             upstream_closed: false,
             downstream_first: false,
+            response_done: false,
             end: None,
         }
     }
@@ -302,13 +306,24 @@ impl<H: Host> TrafficStream<H> {
         Action::Pause
     }
 
-    /// The stream's access-log moment (its end): during a drain, how it ended.
+    /// A piece of the response passed on its way out; `end` when it was
+    /// the last (headers, the last data frame, or trailers).
+    pub fn response(&mut self, end: bool) {
+        self.response_done |= end;
+    }
+
+    /// The stream's access-log moment (its end): during a drain, how it
+    /// ended. A stream whose response ended completed, with no host call;
+    /// only one that ended before its response did — cut, or ended by the
+    /// upstream or Envoy — reads its response flags to say which.
     pub fn log(&mut self) {
         if !self.traffic.in_drain.get() {
             return;
         }
         self.end = Some(if self.refused {
             End::Refused
+        } else if self.response_done {
+            End::Completed
         } else {
             let flags = self
                 .traffic
@@ -336,6 +351,21 @@ impl Context for TrafficStream {}
 impl HttpContext for TrafficStream {
     fn on_http_request_headers(&mut self, _: usize, _: bool) -> Action {
         self.request_headers()
+    }
+
+    fn on_http_response_headers(&mut self, _: usize, end_of_stream: bool) -> Action {
+        self.response(end_of_stream);
+        Action::Continue
+    }
+
+    fn on_http_response_body(&mut self, _: usize, end_of_stream: bool) -> Action {
+        self.response(end_of_stream);
+        Action::Continue
+    }
+
+    fn on_http_response_trailers(&mut self, _: usize) -> Action {
+        self.response(true);
+        Action::Continue
     }
 
     fn on_log(&mut self) {

@@ -17,6 +17,9 @@ Variants:
                        every stream is counted exactly
   dg-min-drain         the shipped module during a drain held open by min_drain (no stream held):
                        each time the worker's count reaches 0 the traffic role asks whether to flip
+  dg-draining-no-rotation  (bisection) drain-gate-draining with `rotate_connections: false`: the
+                       drain without Envoy's drain sequence (every response asking its client to
+                       close, so that every request of the drain comes on a new connection)
   dg-no-count          (bisection) the real module, root, tick and health role, traffic streams
                        with the twin's structure instead of counted ones (tests/bench/bisect)
   dg-no-wasm-opt       (bisection) the shipped source as cargo builds it, before wasm-opt -Oz
@@ -40,7 +43,9 @@ TWIN_WASM = TARGET / "noop" / "wasm32-wasip1" / "release" / "twin_filter.wasm"
 BISECT_WASM = TARGET / "bench-fixtures" / "wasm32-wasip1" / "release" / "drain_gate_bisect.wasm"
 CARGO_WASM = TARGET / "wasm32-wasip1" / "release" / "drain_gate.wasm"
 VARIANTS = ["none", "noop", "twin", "drain-gate", "drain-gate-draining"]
-BISECT = ["dg-min-drain", "dg-no-count", "dg-no-wasm-opt"]
+BISECT = ["dg-min-drain", "dg-draining-no-rotation", "dg-no-count", "dg-no-wasm-opt"]
+# The variants held in a drain by one long stream.
+HELD = ("drain-gate-draining", "dg-draining-no-rotation")
 # The drain must outlast the run: only the held stream keeps it open, and nothing may end it.
 CONFIG = {"drain_timeout": "60m", "lb_buffer": "60m"}
 LOADS = {
@@ -59,6 +64,8 @@ def doc(kind: str, ports: Ports) -> dict:
         return variant("noop", ports, "direct", config=CONFIG, baseline=TWIN_WASM)
     if kind == "dg-min-drain":
         return variant("drain-gate", ports, "direct", config={**CONFIG, "min_drain": "60m"})
+    if kind == "dg-draining-no-rotation":
+        return variant("drain-gate", ports, "direct", config={**CONFIG, "rotate_connections": False})
     shipped = variant("drain-gate", ports, "direct", config=CONFIG)
     if kind == "dg-no-count":
         return with_code(shipped, "traffic", BISECT_WASM)
@@ -116,7 +123,7 @@ def run_rounds(envoys: dict, rounds: range, seconds: float, warmup: bool, sample
 def running(kinds: list[str], workdir: Path, backend_port: int):
     """One Envoy per variant, the draining one in its drain; stopped on every exit path."""
     envoys: dict = {}
-    held = None
+    held = []
     try:
         for kind in kinds:
             ports = Ports(backend=backend_port)
@@ -124,13 +131,13 @@ def running(kinds: list[str], workdir: Path, backend_port: int):
                 wait_ready=False)
         for e in envoys.values():
             e.wait_ready()
-        held = enter_drain(envoys["drain-gate-draining"])
+        held = [enter_drain(envoys[k]) for k in HELD if k in envoys]
         if "dg-min-drain" in envoys:
             assert requests.post(envoys["dg-min-drain"].health("/drain"), timeout=5).json()["state"] == "DRAINING"
         yield envoys
     finally:
-        if held:
-            held.close()
+        for h in held:
+            h.close()
         for e in envoys.values():
             e.stop()
 
@@ -179,11 +186,11 @@ def count_checks(envoys: dict) -> dict:
     """After all the load the count is exact: 0 outside the drain (once the tick gave back the
     unused lease), exactly the held stream during it, and the drain still running."""
     out = {}
-    for kind in ("drain-gate", "drain-gate-draining", "dg-min-drain"):
+    for kind in ("drain-gate", *HELD, "dg-min-drain"):
         e = envoys.get(kind)
         if e is None:
             continue
-        want = 1 if kind == "drain-gate-draining" else 0
+        want = 1 if kind in HELD else 0
         try:
             wait_for(lambda: requests.get(e.health("/drain/status"), timeout=5).json()["active"] == want, 5)
         except TimeoutError:
