@@ -149,7 +149,11 @@ mod tests {
 
     #[test]
     fn http_ends_by_their_flags() {
-        assert_eq!(http_end(0), End::Upstream, "no response end, no downstream flag");
+        assert_eq!(
+            http_end(0),
+            End::Upstream,
+            "no response end, no downstream flag"
+        );
         assert_eq!(
             http_end(0x4000),
             End::Cut,

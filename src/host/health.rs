@@ -254,10 +254,8 @@ impl<H: Host> Health<H> {
             plan: Some(cmd.plan(&self.config)),
             force: cmd.force(),
         };
-        let moved = self
-            .store
+        self.store
             .advance(choose, self.counter.read().active, &self.metrics)?;
-        self.rotator.moved(&moved);
         self.store
             .apply_due(
                 self.counter.read().for_decisions(),
@@ -390,7 +388,7 @@ impl<H: Host> Health<H> {
             }
         };
         self.metrics.sync_state(rec.state);
-        self.rotator.tick(&rec);
+        self.rotator.tick(&rec, self.store.gate(&rec));
         self.metrics.set_count_unreliable(!reading.reliable);
         let ids: Vec<u64> = self.watch.snapshot().0.roots.iter().map(|r| r.id).collect();
         let now = self.host().now();
@@ -742,12 +740,21 @@ mod tests {
     }
 
     #[test]
-    fn a_drain_start_sends_one_rotation_call_on_the_next_tick() {
+    fn the_rotation_goes_out_once_at_the_flip_not_at_the_drain_start() {
         let sim = Sim::at(T0);
-        let (h, t) = gateway(&sim, r#"{}"#);
-        let _stream = TrafficStream::new(Rc::clone(&t));
+        let (h, t) = gateway(&sim, r#"{"lb_buffer":"60m"}"#);
+        let stream = TrafficStream::new(Rc::clone(&t));
         call(&h, "POST", "/drain", 1).unwrap();
-        assert!(sim.calls.borrow().is_empty(), "not from the /drain stream");
+        ticks(&sim, &h, &t, 5, 100);
+        assert!(
+            sim.calls.borrow().is_empty(),
+            "200 while draining: connections kept"
+        );
+        drop(stream); // the flip
+        assert!(
+            sim.calls.borrow().is_empty(),
+            "not from a stream's callback"
+        );
         ticks(&sim, &h, &t, 3, 100);
         let calls = sim.calls.borrow().clone();
         assert_eq!(calls.len(), 1, "once per drain");
@@ -758,7 +765,43 @@ mod tests {
         sim.call_status.set(Some(200));
         h.rotator.answered(calls[0].token, 3);
         let status = json(&call(&h, "GET", "/drain/status", 2).unwrap());
-        assert_eq!(status["connection_rotation"]["last"]["outcome"], "done");
+        let last = &status["connection_rotation"]["last"];
+        assert_eq!(
+            (last["outcome"].as_str(), last["trigger"].as_str()),
+            (Some("done"), Some("flip"))
+        );
+        // A second health root (another worker) finds the drain's rotation claimed.
+        let other = Health::new(h.config.clone(), Metrics::define(&sim));
+        other.tick();
+        assert_eq!(sim.calls.borrow().len(), 1);
+    }
+
+    #[test]
+    fn a_soft_drain_rotates_once_the_lb_was_served_its_404() {
+        let sim = Sim::at(T0);
+        let (h, t) = gateway(&sim, r#"{"draining_lb_status":404,"lb_buffer":"60m"}"#);
+        let _stream = TrafficStream::new(Rc::clone(&t));
+        assert_eq!(
+            call(&h, "GET", "/health_check.html", 1).unwrap().status,
+            200
+        );
+        call(&h, "POST", "/drain", 2).unwrap();
+        ticks(&sim, &h, &t, 3, 100);
+        assert!(
+            sim.calls.borrow().is_empty(),
+            "the LB still sends new connections here"
+        );
+        assert_eq!(
+            call(&h, "GET", "/health_check.html", 3).unwrap().status,
+            404
+        );
+        ticks(&sim, &h, &t, 1, 100);
+        assert_eq!(
+            sim.calls.borrow().len(),
+            1,
+            "NOLB: a reconnect goes elsewhere now"
+        );
+        assert_eq!(state(&h), State::Draining, "the stream still runs");
     }
 
     #[test]

@@ -219,7 +219,27 @@ impl<H: Host> Store<H> {
         json_read(&self.host, keys::ROTATION)
     }
 
-    /// One writer per drain, so no compare-and-swap: the last write wins.
+    /// Claims the rotation of `claim`'s drain for this worker: written unless
+    /// that drain (or a later one) already has a record. `true`: claimed.
+    pub fn rotation_claim(&self, claim: &rotation::Record) -> Result<bool, SharedError> {
+        cas_update(&self.host, keys::ROTATION, |bytes| {
+            let current: Option<rotation::Record> = match bytes {
+                Some(b) => shared::parse(keys::ROTATION, b)?,
+                None => None,
+            };
+            if current.is_some_and(|r| r.drain_started_ms >= claim.drain_started_ms) {
+                return Ok(Step::Keep(false));
+            }
+            Ok(Step::Write(
+                shared::encode(keys::ROTATION, &Some(claim))?,
+                true,
+            ))
+        })
+        .map_err(flatten)
+    }
+
+    /// After the claim, one writer per drain, so no compare-and-swap: the
+    /// last write wins.
     pub fn rotation_save(&self, rec: &rotation::Record) -> Result<(), SharedError> {
         let bytes = shared::encode(keys::ROTATION, rec)?;
         self.host
