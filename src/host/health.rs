@@ -983,6 +983,26 @@ mod tests {
     }
 
     #[test]
+    fn a_drain_held_open_costs_a_stream_only_its_exact_count() {
+        let sim = Sim::at(T0);
+        let (h, t) = gateway(
+            &sim,
+            r#"{"min_drain":"60m","drain_timeout":"60m","lb_buffer":"60m"}"#,
+        );
+        call(&h, "POST", "/drain", 1).unwrap();
+        ticks(&sim, &h, &t, 1, 100);
+        let before = sim.host_calls.get();
+        for _ in 0..100 {
+            end_with(&sim, TrafficStream::new(Rc::clone(&t)), 0); // each brings the count to 0
+        }
+        // The count +1 and −1, the clock for the hold, the receipt's counter:
+        // nothing reads the state, the count or the record.
+        let per_stream = (sim.host_calls.get() - before) as f64 / 100.0;
+        assert!(per_stream <= 4.0, "{per_stream} host calls per stream");
+        assert_eq!(state(&h), State::Draining);
+    }
+
+    #[test]
     fn an_unreadable_record_fails_closed_with_503() {
         let sim = Sim::at(T0);
         let (h, _t) = gateway(&sim, r#"{}"#);

@@ -71,6 +71,17 @@ impl<H: Host> AgeBook<H> {
     }
 }
 
+/// What holds a drain's flip back, learnt by the traffic role's tick.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum FlipHold {
+    None,
+    /// `min_drain`: no flip before this timer-clock time.
+    Until(u64),
+    /// A soft drain's gate has not passed: the health role flips on the 404
+    /// that passes it, or on its tick.
+    Gate,
+}
+
 /// Shared by every stream (or connection) of one traffic root context.
 #[derive(Debug)]
 pub struct Traffic<H: Host = Envoy> {
@@ -89,6 +100,10 @@ pub struct Traffic<H: Host = Envoy> {
     in_drain: Cell<bool>,
     /// `draining_new_requests`.
     new_requests: NewRequests,
+    /// What holds the flip of the running drain back, as of the last tick:
+    /// until then a stream end that brings the count to 0 does not look
+    /// (the health role flips when the hold ends).
+    hold: Cell<FlipHold>,
     ages: AgeBook<H>,
     heartbeat: Heartbeat<H>,
 }
@@ -104,6 +119,7 @@ impl<H: Host + Copy> Traffic<H> {
             draining: Cell::new(true),
             in_drain: Cell::new(false),
             new_requests: config.draining_new_requests,
+            hold: Cell::new(FlipHold::None),
             ages: AgeBook::new(host, config.tick_ms),
             heartbeat: Heartbeat::new(host, config.tick_ms),
         }
@@ -153,6 +169,11 @@ impl<H: Host> Traffic<H> {
         let draining = state == State::Draining;
         self.draining.set(draining);
         self.in_drain.set(state != State::Open);
+        self.hold.set(if draining {
+            self.flip_hold()
+        } else {
+            FlipHold::None
+        });
         self.counter().settle();
         if draining && self.counter().in_flight() == 0 {
             self.try_flip();
@@ -175,7 +196,33 @@ impl<H: Host> Traffic<H> {
         if self.counter().exit(draining) > 0 || !draining {
             return; // streams in flight here, or no drain running
         }
+        match self.hold.get() {
+            FlipHold::Gate => return, // the health role flips on the 404 that passes it
+            FlipHold::Until(t) if self.metrics.host().now().timer_ms() < t => return,
+            _ => {}
+        }
         self.try_flip();
+    }
+
+    /// What holds the running drain's flip back now (the tick asks, once per
+    /// tick, only while DRAINING): a drain a `min_drain` or a gate holds open
+    /// costs the streams that bring the count to 0 nothing until it ends.
+    fn flip_hold(&self) -> FlipHold {
+        let Ok(rec) = self.store.load() else {
+            return FlipHold::None;
+        };
+        let (Some(plan), Some(started)) = (rec.plan, rec.drain_started_timer_ms()) else {
+            return FlipHold::None;
+        };
+        let now = self.metrics.host().now().timer_ms();
+        let until = started.saturating_add(plan.min_drain_ms);
+        if now < until {
+            FlipHold::Until(until)
+        } else if self.store.gate(&rec).is_some_and(|g| !g.passes()) {
+            FlipHold::Gate
+        } else {
+            FlipHold::None
+        }
     }
 
     /// The state now, when the tick's view may be a tick old (`None`: unknown).
