@@ -13,7 +13,9 @@
 //! closest buckets merge under the older key, so a long-lived mix of streams
 //! can make ages read long, never short.
 
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
+
+use crate::json::record;
 use std::collections::BTreeMap;
 
 /// Upper bounds of the age classes: < 1 s, < 10 s, < 60 s, and ≥ 60 s.
@@ -29,13 +31,15 @@ pub struct Ages {
     buckets: BTreeMap<u64, u64>,
 }
 
-/// The streams in flight per age class, youngest first.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Histogram {
-    pub lt_1s: u64,
-    pub lt_10s: u64,
-    pub lt_60s: u64,
-    pub ge_60s: u64,
+record! {
+    /// The streams in flight per age class, youngest first.
+    #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+    pub struct Histogram {
+        pub lt_1s: u64,
+        pub lt_10s: u64,
+        pub lt_60s: u64,
+        pub ge_60s: u64,
+    }
 }
 
 impl Histogram {
@@ -60,18 +64,20 @@ impl Histogram {
     }
 }
 
-/// What a worker publishes every tick.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Published {
-    /// When it was published (ms since the epoch).
-    pub at_ms: u64,
-    /// The publisher's `tick`: a summary not refreshed for three of them
-    /// (and at least a second) is a worker that stopped, and is left out.
-    pub tick_ms: u64,
-    /// The start tick of the oldest stream in flight, if any.
-    pub oldest_started_ms: Option<u64>,
-    /// Ages as of `at_ms`.
-    pub ages: Histogram,
+record! {
+    /// What a worker publishes every tick.
+    #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+    pub struct Published {
+        /// When it was published (ms since the epoch).
+        pub at_ms: u64,
+        /// The publisher's `tick`: a summary not refreshed for three of them
+        /// (and at least a second) is a worker that stopped, and is left out.
+        pub tick_ms: u64,
+        /// The start tick of the oldest stream in flight, if any.
+        pub oldest_started_ms: Option<u64>,
+        /// Ages as of `at_ms`.
+        pub ages: Histogram,
+    }
 }
 
 /// Every worker's streams, merged: what `/drain/status` shows.

@@ -17,20 +17,22 @@
 //! The transition into DRAINING records the counters ([`Tally`]) in the
 //! drain record; a drain's receipt is the counters now minus that.
 
-use serde::{Deserialize, Serialize};
+use crate::json::record;
 use std::fmt;
 
 use crate::clock::rfc3339;
 
-/// The counters a receipt is made of, as read at one moment.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Tally {
-    pub cut: u64,
-    pub cut_lb: u64,
-    pub cut_tcp: u64,
-    pub completed: u64,
-    pub ended_upstream: u64,
-    pub refused: u64,
+record! {
+    /// The counters a receipt is made of, as read at one moment.
+    #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+    pub struct Tally {
+        pub cut: u64,
+        pub cut_lb: u64,
+        pub cut_tcp: u64,
+        pub completed: u64,
+        pub ended_upstream: u64,
+        pub refused: u64,
+    }
 }
 
 impl Tally {

@@ -32,7 +32,7 @@
 //! rotates: it is meant to be reopened, and Envoy's drain sequence lasts
 //! until istio-proxy restarts.
 
-use serde::{Deserialize, Serialize};
+use crate::json::{named, record};
 
 use crate::fsm::{self, State};
 use crate::lb::Gate;
@@ -44,40 +44,43 @@ pub const ADMIN_PATH: &str = "/drain_listeners?graceful&skip_exit";
 /// How long Envoy waits for the admin API to answer.
 pub const TIMEOUT_MS: u64 = 2_000;
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Outcome {
-    /// Sent, no answer yet.
-    Pending,
-    /// The admin API answered 2xx: Envoy is rotating connections.
-    Done,
-    /// Not sent (no such cluster), not answered, or answered non-2xx.
-    Failed,
+named! {
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    pub enum Outcome {
+        /// Sent, no answer yet.
+        Pending = "pending",
+        /// The admin API answered 2xx: Envoy is rotating connections.
+        Done = "done",
+        /// Not sent (no such cluster), not answered, or answered non-2xx.
+        Failed = "failed",
+    }
 }
 
-/// What made the rotation due.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Trigger {
-    /// A soft drain's gate passed: the LB sends no new connection here.
-    SoftDrainGate,
-    /// The flip to 503: the LB marks the gateway DOWN `fall` checks later.
-    Flip,
+named! {
+    /// What made the rotation due.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    pub enum Trigger {
+        /// A soft drain's gate passed: the LB sends no new connection here.
+        SoftDrainGate = "soft_drain_gate",
+        /// The flip to 503: the LB marks the gateway DOWN `fall` checks later.
+        Flip = "flip",
+    }
 }
 
-/// What became of the rotation of one drain; shared by every worker.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Record {
-    /// The drain this rotation belongs to (`fsm::Record::drain_started_ms`).
-    pub drain_started_ms: u64,
-    #[serde(default)]
-    pub trigger: Option<Trigger>,
-    pub outcome: Outcome,
-    pub requested_ms: Option<u64>,
-    pub answered_ms: Option<u64>,
-    /// The admin API's HTTP status, when it answered.
-    pub admin_status: Option<u16>,
-    pub error: Option<String>,
+record! {
+    /// What became of the rotation of one drain; shared by every worker.
+    #[derive(Clone, Debug, PartialEq, Eq)]
+    pub struct Record {
+        /// The drain this rotation belongs to (`fsm::Record::drain_started_ms`).
+        pub drain_started_ms: u64,
+        pub trigger: Option<Trigger>,
+        pub outcome: Outcome,
+        pub requested_ms: Option<u64>,
+        pub answered_ms: Option<u64>,
+        /// The admin API's HTTP status, when it answered.
+        pub admin_status: Option<u16>,
+        pub error: Option<String>,
+    }
 }
 
 /// Whether the rotation of the drain `rec` holds is due now, and why: in a

@@ -1,8 +1,8 @@
 //! Defines the metrics of `crate::metric_names`, probes whether a gauge is
 //! live, and records transitions.
 
+use crate::json::record;
 use proxy_wasm::types::MetricType;
-use serde::{Deserialize, Serialize};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::keys;
@@ -81,16 +81,18 @@ fn gauge_is_live<H: Host>(host: &H, id: Option<u32>) -> bool {
     seen >= 1
 }
 
-/// Which gauges are live, probed once per process: by the first root
-/// context configured, which Envoy configures on the main thread before any
-/// worker VM exists — so nobody else writes a gauge while it is probed (a
-/// probe racing a `record` could leave the state gauge wrapped to 2⁶⁴−1), and
-/// no later root probes again (a `stats_matcher` is fixed at bootstrap).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-struct Live {
-    state: bool,
-    active: bool,
-    active_connections: bool,
+record! {
+    /// Which gauges are live, probed once per process: by the first root
+    /// context configured, which Envoy configures on the main thread before any
+    /// worker VM exists — so nobody else writes a gauge while it is probed (a
+    /// probe racing a `record` could leave the state gauge wrapped to 2⁶⁴−1), and
+    /// no later root probes again (a `stats_matcher` is fixed at bootstrap).
+    #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+    struct Live {
+        state: bool,
+        active: bool,
+        active_connections: bool,
+    }
 }
 
 fn live_gauges<H: Host>(

@@ -7,6 +7,7 @@ use proxy_wasm::types::Status;
 use std::fmt;
 
 pub use super::wasm_host::{Envoy, Host};
+use crate::json::{self, FromJson};
 
 /// Compare-and-swap retries before an update gives up (only under
 /// pathological contention).
@@ -107,8 +108,8 @@ pub fn cas_update<H: Host + ?Sized, R, E>(
 }
 
 /// Parses a JSON value drain-gate wrote under `key`.
-pub fn parse<T: serde::de::DeserializeOwned>(key: &str, bytes: &[u8]) -> Result<T, SharedError> {
-    serde_json::from_slice(bytes).map_err(|e| SharedError::unreadable(key, e))
+pub fn parse<T: FromJson>(key: &str, bytes: &[u8]) -> Result<T, SharedError> {
+    json::from_slice(bytes).map_err(|e| SharedError::unreadable(key, e))
 }
 
 /// Serializes a value for `key`.
@@ -125,7 +126,7 @@ pub fn json_update<H, T, R, E>(
 ) -> Result<R, Failed<E>>
 where
     H: Host + ?Sized,
-    T: serde::Serialize + serde::de::DeserializeOwned + Default,
+    T: serde::Serialize + FromJson + Default,
 {
     cas_update(host, key, |bytes| {
         let mut value: T = match bytes {
@@ -149,7 +150,7 @@ pub fn json_change<H, T, E>(
 ) -> Result<bool, Failed<E>>
 where
     H: Host + ?Sized,
-    T: serde::Serialize + serde::de::DeserializeOwned + Default,
+    T: serde::Serialize + FromJson + Default,
 {
     cas_update(host, key, |bytes| {
         let mut value: T = match bytes {
@@ -174,7 +175,7 @@ where
 pub fn json_read<H, T>(host: &H, key: &str) -> Result<T, SharedError>
 where
     H: Host + ?Sized,
-    T: serde::de::DeserializeOwned + Default,
+    T: FromJson + Default,
 {
     match host.get(key).map_err(SharedError::Read)? {
         (Some(b), _) => parse(key, &b),
