@@ -18,9 +18,9 @@ impl std::fmt::Display for DurationError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             DurationError::NotADuration(s) => {
-                write!(f, "{s:?} is not a duration (use e.g. 500ms, 30s, 2m)")
+                write!(f, "\"{s}\" is not a duration (use e.g. 500ms, 30s, 2m)")
             }
-            DurationError::TooLong(s) => write!(f, "{s:?} is too long"),
+            DurationError::TooLong(s) => write!(f, "\"{s}\" is too long"),
         }
     }
 }

@@ -15,39 +15,36 @@
 use serde_json::{Map, Value};
 use std::fmt;
 
-/// A record that is not what drain-gate writes: which field, and what it
-/// expected there.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// A record that is not what drain-gate writes: the innermost field that is
+/// not, and what it expected there.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Bad {
-    pub path: String,
+    pub field: &'static str,
     pub expected: &'static str,
 }
 
 impl Bad {
     pub fn expected(expected: &'static str) -> Bad {
         Bad {
-            path: String::new(),
+            field: "",
             expected,
         }
     }
 
-    /// The same error one level down, under `field`.
-    pub fn under(mut self, field: &str) -> Bad {
-        self.path = if self.path.is_empty() {
-            field.to_string()
-        } else {
-            format!("{field}.{}", self.path)
-        };
-        self
+    /// The error of a value read as `field`, unless an inner field named it.
+    pub fn under(self, field: &'static str) -> Bad {
+        match self.field {
+            "" => Bad { field, ..self },
+            _ => self,
+        }
     }
 }
 
 impl fmt::Display for Bad {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        if self.path.is_empty() {
-            write!(f, "expected {}", self.expected)
-        } else {
-            write!(f, "{}: expected {}", self.path, self.expected)
+        match self.field {
+            "" => write!(f, "expected {}", self.expected),
+            field => write!(f, "{field}: expected {}", self.expected),
         }
     }
 }
@@ -77,7 +74,7 @@ pub fn object(v: &Value) -> Result<&Map<String, Value>, Bad> {
 /// Field `name` of `o`; `default` when it is absent or null.
 pub fn field<T: FromJson>(
     o: &Map<String, Value>,
-    name: &str,
+    name: &'static str,
     default: Option<fn() -> T>,
 ) -> Result<T, Bad> {
     match (o.get(name), default) {
@@ -146,11 +143,7 @@ impl<T: FromJson> FromJson for Option<T> {
 impl<T: FromJson> FromJson for Vec<T> {
     fn from_json(v: &Value) -> Result<Self, Bad> {
         let items = v.as_array().ok_or(Bad::expected("a list"))?;
-        items
-            .iter()
-            .enumerate()
-            .map(|(i, item)| T::from_json(item).map_err(|e| e.under(&i.to_string())))
-            .collect()
+        items.iter().map(T::from_json).collect()
     }
 }
 
@@ -297,14 +290,14 @@ mod tests {
     fn a_wrong_field_is_named_with_its_path() {
         let v = json!({"a": 1, "colour": "red", "inner": [{"n": "x"}]});
         let e = Outer::from_json(&v).unwrap_err();
-        assert_eq!(e.to_string(), "inner.0.n: expected an unsigned integer");
+        assert_eq!(e.to_string(), "n: expected an unsigned integer");
         let v = json!({"colour": "red", "inner": []});
         assert_eq!(
             Outer::from_json(&v).unwrap_err().to_string(),
             "a: expected a value (the field is missing)"
         );
         let v = json!({"a": 1, "colour": "green", "inner": []});
-        assert_eq!(Outer::from_json(&v).unwrap_err().path, "colour");
+        assert_eq!(Outer::from_json(&v).unwrap_err().field, "colour");
         assert!(from_slice::<Outer>(b"{").is_err());
         assert_eq!(
             u32::from_json(&json!(1u64 << 40)).unwrap_err().expected,

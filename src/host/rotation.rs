@@ -31,14 +31,14 @@ pub struct Rotator<H: Host = Envoy> {
 fn log_outcome(rec: &rotation::Record) {
     match rec.outcome {
         Outcome::Done | Outcome::Pending => log::info!(
-            "event=connection_rotation outcome={:?} trigger={:?} admin_status={:?}",
-            rec.outcome,
-            rec.trigger,
-            rec.admin_status
+            "event=connection_rotation outcome={} trigger={} admin_status={}",
+            rec.outcome.name(),
+            rec.trigger.map_or("none", rotation::Trigger::name),
+            rec.admin_status.unwrap_or(0)
         ),
         Outcome::Failed => log::warn!(
-            "event=connection_rotation outcome={:?} error=\"{}\"",
-            rec.outcome,
+            "event=connection_rotation outcome={} error=\"{}\"",
+            rec.outcome.name(),
             rec.error.as_deref().unwrap_or("")
         ),
     }
@@ -111,7 +111,9 @@ impl<H: Host> Rotator<H> {
                 claim.drain_started_ms,
                 claim.trigger.unwrap_or(rotation::Trigger::Flip),
                 Outcome::Failed,
-                format!("Envoy refused the call to cluster {cluster:?} ({e:?}): no such cluster?"),
+                format!(
+                    "Envoy refused the call to cluster \"{cluster}\" ({e:?}): no such cluster?"
+                ),
             ),
         }
     }
