@@ -4,7 +4,7 @@
 use proxy_wasm::hostcalls;
 use proxy_wasm::traits::{Context, HttpContext};
 use proxy_wasm::types::{Action, MapType};
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::fmt::Display;
 use std::net::{IpAddr, SocketAddr};
 use std::rc::Rc;
@@ -60,6 +60,10 @@ pub struct Health<H: Host = Envoy> {
     store: Store<H>,
     waiters: RefCell<Vec<Waiter>>,
     watch: Watch<H>,
+    lb_seen: store::LbSeen,
+    /// The last tick could not read (or update) the record: checks fail
+    /// closed until a tick succeeds again.
+    unreadable: Cell<bool>,
 }
 
 /// Sends `reply` on the stream `context_id` (`None`: the current one).
@@ -94,6 +98,8 @@ impl<H: Host + Copy> Health<H> {
             store: Store::new(host),
             waiters: RefCell::new(Vec::new()),
             watch,
+            lb_seen: RefCell::new(None),
+            unreadable: Cell::new(false),
         };
         // Record where the wall clock stands before the first tick, so that
         // a step even then is seen.
@@ -210,9 +216,9 @@ impl<H: Host> Health<H> {
         } else {
             reply.status
         };
-        if let Err(e) = self
-            .store
-            .lb_observe(&ip.to_string(), served, self.config.lb_fall)
+        if let Err(e) =
+            self.store
+                .lb_observe(&ip.to_string(), served, self.config.lb_fall, &self.lb_seen)
         {
             log::warn!("event=lb_record_unavailable error=\"{e}\"");
         }
@@ -271,24 +277,15 @@ impl<H: Host> Health<H> {
             Ok(e) => e,
             Err(reply) => return Some(reply),
         };
+        if let Endpoint::Check(audience) = endpoint {
+            return Some(self.check(audience, req));
+        }
         let rec = match self.store.load() {
             Ok(r) => r,
             Err(e) => return Some(unavailable(&e)),
         };
         match endpoint {
-            Endpoint::Check(audience) if !self.watch.seen() => Some(api::check_waiting(
-                audience,
-                rec.state,
-                &self.config,
-                req.if_none_match,
-            )),
-            Endpoint::Check(Audience::Lb) => Some(self.lb_check(rec.state, req)),
-            Endpoint::Check(audience) => Some(api::check(
-                audience,
-                rec.state,
-                &self.config,
-                req.if_none_match,
-            )),
+            Endpoint::Check(audience) => Some(self.check(audience, req)),
             Endpoint::Status => Some(self.status_reply(&rec)),
             Endpoint::Transition(cmd) => Some(match self.command(cmd) {
                 Ok(next) => self.status_reply(&next),
@@ -298,6 +295,29 @@ impl<H: Host> Health<H> {
             Endpoint::DrainAndWait { timeout_ms } => {
                 self.drain_and_wait(rec, timeout_ms, context_id)
             }
+        }
+    }
+
+    /// A health check, answered from the state gauge (one host call, no
+    /// record to parse) when that gauge is live, else from the record. The
+    /// gauge is written right after each transition by the worker whose
+    /// write won, and repaired every tick (`Metrics::sync_state`); a record
+    /// the tick could not read fails the checks closed from then on.
+    fn check(&self, audience: Audience, req: &api::Request) -> Reply {
+        let gauge = self.metrics.state_hint().filter(|_| !self.unreadable.get());
+        let state = match gauge {
+            Some(state) => state,
+            None => match self.store.load() {
+                Ok(rec) => rec.state,
+                Err(e) => return unavailable(&e),
+            },
+        };
+        match audience {
+            _ if !self.watch.seen() => {
+                api::check_waiting(audience, state, &self.config, req.if_none_match)
+            }
+            Audience::Lb => self.lb_check(state, req),
+            _ => api::check(audience, state, &self.config, req.if_none_match),
         }
     }
 
@@ -380,6 +400,7 @@ impl<H: Host> Health<H> {
         let due = self
             .store
             .apply_due(reading.for_decisions(), self.lb_down_ms(), &self.metrics);
+        self.unreadable.set(due.is_err());
         let rec = match due {
             Ok(r) => r,
             Err(e) => {
@@ -1007,6 +1028,10 @@ mod tests {
         let sim = Sim::at(T0);
         let (h, _t) = gateway(&sim, r#"{}"#);
         sim.put(crate::host::keys::FSM, b"{not json");
+        // Checks answer from the state gauge until a tick finds the record
+        // unreadable; the status document reads the record at once.
+        assert_eq!(call(&h, "GET", "/drain/status", 1).unwrap().status, 503);
+        h.tick();
         for path in ["/health_check.html", "/health", "/drain/status"] {
             let r = call(&h, "GET", path, 1).unwrap();
             assert_eq!(
@@ -1014,5 +1039,35 @@ mod tests {
                 (503, Some("state_unavailable"))
             );
         }
+    }
+
+    #[test]
+    fn a_check_that_changes_nothing_reads_two_values_and_writes_none() {
+        let sim = Sim::at(T0);
+        let (h, _t) = gateway(&sim, r#"{}"#);
+        assert_eq!(
+            call(&h, "GET", "/health_check.html", 1).unwrap().status,
+            200
+        );
+        let lb = sim.value(crate::host::keys::LB);
+        let before = sim.host_calls.get();
+        for _ in 0..10 {
+            assert_eq!(
+                call(&h, "GET", "/health_check.html", 1).unwrap().status,
+                200
+            );
+        }
+        // Per check: the state gauge, the clock, the LB record (remembered
+        // by version, so not parsed) — and no write.
+        assert_eq!((sim.host_calls.get() - before) / 10, 3);
+        assert_eq!(sim.value(crate::host::keys::LB), lb);
+        // What does change is written: the 404 of a soft drain.
+        let (h, _t) = gateway(&sim, r#"{"draining_lb_status": 404}"#);
+        call(&h, "POST", "/drain", 2).unwrap();
+        assert_eq!(
+            call(&h, "GET", "/health_check.html", 3).unwrap().status,
+            404
+        );
+        assert_ne!(sim.value(crate::host::keys::LB), lb);
     }
 }

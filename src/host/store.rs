@@ -4,6 +4,7 @@
 //! records beside it: what the LB checkers were served, the connection
 //! rotation of the last drain, the clock-step watch.
 
+use std::cell::RefCell;
 use std::fmt;
 
 use super::keys;
@@ -43,6 +44,9 @@ impl From<SharedError> for Error {
         Error::Shared(e)
     }
 }
+
+/// The LB record as its reader parsed it last, with that version's `cas`.
+pub type LbSeen = RefCell<Option<(u32, Checkers)>>;
 
 /// The shared records, through one host.
 #[derive(Clone, Copy, Debug, Default)]
@@ -193,9 +197,38 @@ impl<H: Host> Store<H> {
     }
 
     /// Records an answer served to an LB checker (compare-and-swap, retried;
-    /// written only when the record changed).
-    pub fn lb_observe(&self, source: &str, status: u16, lb_fall: u32) -> Result<(), SharedError> {
+    /// written only when the record changed). A check that changes nothing —
+    /// the common case: the same answer to the same checker — costs one read
+    /// and no parse: `seen` keeps the version of the record its caller parsed
+    /// last (shared data's `cas` changes with every write).
+    pub fn lb_observe(
+        &self,
+        source: &str,
+        status: u16,
+        lb_fall: u32,
+        seen: &LbSeen,
+    ) -> Result<(), SharedError> {
         let now_ms = self.host.now().timer_ms();
+        let (bytes, cas) = self.host.get(keys::LB).map_err(SharedError::Read)?;
+        let remembered = seen
+            .borrow()
+            .as_ref()
+            .filter(|(v, _)| Some(*v) == cas)
+            .map(|(_, c)| c.clone());
+        let mut current = match remembered {
+            Some(c) => c,
+            None => {
+                let c: Checkers = match bytes {
+                    Some(b) => shared::parse(keys::LB, &b)?,
+                    None => Checkers::default(),
+                };
+                *seen.borrow_mut() = cas.map(|v| (v, c.clone()));
+                c
+            }
+        };
+        if !current.observe(source, status, now_ms, lb_fall) {
+            return Ok(());
+        }
         json_change(&self.host, keys::LB, |c: &mut Checkers| {
             Ok::<_, SharedError>(c.observe(source, status, now_ms, lb_fall))
         })
