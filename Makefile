@@ -73,8 +73,8 @@ BINARYEN := 132.0.0
 WASM_OPT := .tools/node_modules/.bin/wasm-opt
 # The SDK exports every proxy-wasm callback; these are ones drain-gate does not
 # implement. Without the export the host skips the call into the VM (a request
-# body chunk, a TCP data chunk cost none) and the SDK's code for it goes.
-UNUSED_CALLBACKS := proxy_on_grpc_*,proxy_on_foreign_function,proxy_on_queue_ready,proxy_on_request_body,proxy_on_request_trailers,proxy_on_downstream_data,proxy_on_upstream_data,proxy_on_new_connection
+# body or trailers cost no VM call) and the SDK's code for it goes.
+UNUSED_CALLBACKS := proxy_on_grpc_*,proxy_on_foreign_function,proxy_on_queue_ready,proxy_on_request_body,proxy_on_request_trailers,proxy_on_new_connection
 
 wasm-opt:
 	@if [ ! -x $(WASM_OPT) ] && command -v npm >/dev/null; then \

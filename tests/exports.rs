@@ -13,8 +13,6 @@ const METHODS: &[(&str, &str)] = &[
     ("proxy_on_queue_ready", "fn on_queue_ready"),
     ("proxy_on_request_body", "fn on_http_request_body"),
     ("proxy_on_request_trailers", "fn on_http_request_trailers"),
-    ("proxy_on_downstream_data", "fn on_downstream_data"),
-    ("proxy_on_upstream_data", "fn on_upstream_data"),
     ("proxy_on_new_connection", "fn on_new_connection"),
 ];
 
