@@ -60,10 +60,26 @@ pub trait FromJson: Sized {
     }
 }
 
+/// Why bytes are not a record drain-gate wrote.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Unreadable {
+    NotJson,
+    Bad(Bad),
+}
+
+impl fmt::Display for Unreadable {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Unreadable::NotJson => f.write_str("not JSON"),
+            Unreadable::Bad(bad) => bad.fmt(f),
+        }
+    }
+}
+
 /// Parses bytes drain-gate wrote into a `T`.
-pub fn from_slice<T: FromJson>(bytes: &[u8]) -> Result<T, String> {
-    let v: Value = serde_json::from_slice(bytes).map_err(|e| e.to_string())?;
-    T::from_json(&v).map_err(|e| e.to_string())
+pub fn from_slice<T: FromJson>(bytes: &[u8]) -> Result<T, Unreadable> {
+    let v: Value = serde_json::from_slice(bytes).map_err(|_| Unreadable::NotJson)?;
+    T::from_json(&v).map_err(Unreadable::Bad)
 }
 
 /// The object a record is read from.
@@ -298,7 +314,7 @@ mod tests {
         );
         let v = json!({"a": 1, "colour": "green", "inner": []});
         assert_eq!(Outer::from_json(&v).unwrap_err().field, "colour");
-        assert!(from_slice::<Outer>(b"{").is_err());
+        assert_eq!(from_slice::<Outer>(b"{"), Err(Unreadable::NotJson));
         assert_eq!(
             u32::from_json(&json!(1u64 << 40)).unwrap_err().expected,
             "an integer below 2^32"

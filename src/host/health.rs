@@ -261,7 +261,7 @@ impl<H: Host> Health<H> {
             force: cmd.force(),
         };
         self.store
-            .advance(choose, self.counter.read().active, &self.metrics)?;
+            .advance(&choose, self.counter.read().active, &self.metrics)?;
         self.store
             .apply_due(
                 self.counter.read().for_decisions(),
@@ -332,10 +332,10 @@ impl<H: Host> Health<H> {
             State::Open => match self.command(api::Command::Drain) {
                 Ok(next) => Ok(next),
                 // Someone else started it first: join.
-                Err(store::Error::Illegal(_)) => self.store.update(fsm::resume),
+                Err(store::Error::Illegal(_)) => self.store.update(&fsm::resume),
                 Err(store::Error::Shared(e)) => Err(e),
             },
-            _ => self.store.update(fsm::resume),
+            _ => self.store.update(&fsm::resume),
         };
         let rec = match joined {
             Ok(r) => r,
@@ -357,7 +357,7 @@ impl<H: Host> Health<H> {
     fn renew_hold(&self) {
         let lease = self.config.hold_lease_ms();
         let now = self.host().now();
-        if let Err(e) = self.store.update(|r| fsm::renew_hold(r, now, lease)) {
+        if let Err(e) = self.store.update(&|r| fsm::renew_hold(r, now, lease)) {
             log::warn!("event=hold_unavailable error=\"{e}\"");
         }
     }
@@ -423,7 +423,7 @@ impl<H: Host> Health<H> {
     /// the drain's receipt once when the drain ends; one worker each.
     fn keep_receipt(&self, rec: &Record, oldest: Option<u64>) {
         if fsm::record_flip(rec, oldest).is_some() {
-            if let Err(e) = self.store.update(|r| fsm::record_flip(r, oldest)) {
+            if let Err(e) = self.store.update(&|r| fsm::record_flip(r, oldest)) {
                 log::warn!("event=state_unavailable role=health error=\"{e}\"");
             }
         }
@@ -431,7 +431,7 @@ impl<H: Host> Health<H> {
             return;
         }
         let won = std::cell::Cell::new(false);
-        let marked = self.store.update(|r| {
+        let marked = self.store.update(&|r| {
             let next = fsm::mark_receipt(r);
             won.set(next.is_some());
             next

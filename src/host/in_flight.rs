@@ -11,7 +11,7 @@ use crate::json;
 
 pub fn publish<H: Host>(host: &H, id: u64, summary: &Published) {
     let key = keys::in_flight(id);
-    let written = shared::encode(&key, summary).and_then(|bytes| {
+    let written = shared::encode(keys::IN_FLIGHT, summary).and_then(|bytes| {
         host.set(&key, &bytes, None)
             .map_err(shared::SharedError::Write)
     });

@@ -46,9 +46,20 @@ fn update<H: Host, R>(
     host: &H,
     mut f: impl FnMut(&mut Registry) -> R,
 ) -> Result<(R, u64), SharedError> {
+    let mut out = None;
+    let generation = update_registry(host, &mut |r| out = Some(f(r)))?;
+    out.map(|r| (r, generation)).ok_or(SharedError::Contention)
+}
+
+/// `update`'s body, one copy for every caller: `f` runs once per attempt.
+fn update_registry<H: Host>(
+    host: &H,
+    f: &mut dyn FnMut(&mut Registry),
+) -> Result<u64, SharedError> {
     json_update(host, keys::REGISTRY, |r: &mut Registry| {
         r.generation = r.generation.saturating_add(1);
-        Ok::<_, SharedError>((f(r), r.generation))
+        f(r);
+        Ok::<_, SharedError>(r.generation)
     })
     .map_err(flatten)
 }

@@ -93,7 +93,7 @@ impl<H: Host> Store<H> {
     /// transition.
     pub fn advance(
         &self,
-        choose: impl Fn(&Record) -> Move,
+        choose: &dyn Fn(&Record) -> Move,
         active: u64,
         metrics: &Metrics<H>,
     ) -> Result<Record, Error> {
@@ -130,7 +130,7 @@ impl<H: Host> Store<H> {
     /// `change` writes nothing. Returns the record as it now stands.
     pub fn update(
         &self,
-        change: impl Fn(&Record) -> Option<Record>,
+        change: &dyn Fn(&Record) -> Option<Record>,
     ) -> Result<Record, SharedError> {
         let now = self.host.now();
         cas_update(&self.host, keys::FSM, |bytes| {
@@ -162,7 +162,7 @@ impl<H: Host> Store<H> {
             else {
                 return Ok(rec);
             };
-            rec = match self.advance(|_| mv, active, metrics) {
+            rec = match self.advance(&|_| mv, active, metrics) {
                 Ok(next) => next,
                 // Another worker moved first: look again at what it left.
                 Err(Error::Illegal(_)) => self.load()?,
@@ -342,9 +342,9 @@ mod tests {
         let metrics = Metrics::define(&sim);
         assert_eq!(store.load().unwrap().state, State::Open);
         sim.cas_races.set(3); // retried transparently
-        let first = store.advance(|_| drain(), 2, &metrics).unwrap();
+        let first = store.advance(&|_| drain(), 2, &metrics).unwrap();
         assert_eq!((first.state, first.seq), (State::Draining, 1));
-        let second = store.advance(|_| drain(), 2, &metrics).unwrap_err();
+        let second = store.advance(&|_| drain(), 2, &metrics).unwrap_err();
         assert!(matches!(second, Error::Illegal(i) if i.state == State::Draining));
         assert_eq!(sim.metric("drain_gate_transitions_to_draining"), 1);
         assert_eq!(sim.metric(crate::metric_names::STATE), 1);
@@ -356,7 +356,7 @@ mod tests {
         let store = Store::new(&sim);
         store.load().unwrap();
         sim.cas_races.set(u32::MAX);
-        let e = store.update(|r| Some(r.clone())).unwrap_err();
+        let e = store.update(&|r| Some(r.clone())).unwrap_err();
         assert_eq!(e, SharedError::Contention);
         sim.cas_races.set(0);
         sim.put(keys::LB, b"[1,2");
