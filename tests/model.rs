@@ -218,7 +218,9 @@ impl<'a> Model<'a> {
                         force: false,
                     };
                     // An injected failure leaves it OPEN: tried again later.
-                    self.drain = store.advance(&|_| mv, 0, &Metrics::define(self.sim)).is_ok();
+                    self.drain = store
+                        .advance(&|_| mv, 0, &Metrics::define(self.sim))
+                        .is_ok();
                 }
             }
             Op::RootDrop(w) => {
