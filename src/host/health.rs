@@ -12,6 +12,7 @@ use std::rc::Rc;
 use super::count::{Counts, Reading};
 use super::in_flight;
 use super::liveness::Watch;
+use super::logs;
 use super::metrics::Metrics;
 use super::rotation::Rotator;
 use super::shared::{Envoy, Host};
@@ -74,13 +75,13 @@ fn send<H: Host>(host: &H, context_id: Option<u32>, reply: &Reply) {
         .map(|(n, v)| (*n, v.as_str()))
         .collect();
     if let Err(e) = host.respond(context_id, reply.status, &headers, &reply.body) {
-        log::warn!("event=send_failed status={e:?}");
+        logs::warning!("event=send_failed status={e:?}");
     }
 }
 
 /// Logs why the state could not be read; the answer is the core's.
 fn unavailable(error: &dyn Display) -> Reply {
-    log::error!("event=state_unavailable role=health error=\"{error}\"");
+    logs::error!("event=state_unavailable role=health error=\"{error}\"");
     api::unavailable()
 }
 
@@ -116,11 +117,11 @@ impl<H: Host> Health<H> {
     /// Everything a status answer shows, read now.
     fn snapshot(&self) -> Snapshot {
         let checkers = self.store.lb_checkers().unwrap_or_else(|e| {
-            log::warn!("event=lb_record_unavailable error=\"{e}\"");
+            logs::warning!("event=lb_record_unavailable error=\"{e}\"");
             Checkers::default()
         });
         let rotation = self.store.rotation_load().unwrap_or_else(|e| {
-            log::warn!("event=rotation_record_unavailable error=\"{e}\"");
+            logs::warning!("event=rotation_record_unavailable error=\"{e}\"");
             None
         });
         let (reg, verdict, watch) = self.watch.snapshot();
@@ -220,7 +221,7 @@ impl<H: Host> Health<H> {
             self.store
                 .lb_observe(&ip.to_string(), served, self.config.lb_fall, &self.lb_seen)
         {
-            log::warn!("event=lb_record_unavailable error=\"{e}\"");
+            logs::warning!("event=lb_record_unavailable error=\"{e}\"");
         }
         if state == State::Draining && served == 404 {
             let active = self.counter.read().for_decisions();
@@ -228,7 +229,7 @@ impl<H: Host> Health<H> {
                 .store
                 .apply_due(active, self.lb_down_ms(), &self.metrics)
             {
-                log::error!("event=state_unavailable role=health error=\"{e}\"");
+                logs::error!("event=state_unavailable role=health error=\"{e}\"");
             }
         }
         reply
@@ -240,13 +241,13 @@ impl<H: Host> Health<H> {
     fn ignored_check(&self, ip: IpAddr) {
         self.metrics.lb_check_ignored();
         match self.store.lb_ignore(&ip.to_string()) {
-            Ok(true) => log::warn!(
+            Ok(true) => logs::warning!(
                 "event=lb_check_ignored source={ip} what=\"a /health_check.html from outside \
                  lb_checkers: answered, not recorded; if it is the LB, a soft drain's gate and \
                  lb_observed_down never see it\""
             ),
             Ok(false) => {}
-            Err(e) => log::warn!("event=lb_record_unavailable error=\"{e}\""),
+            Err(e) => logs::warning!("event=lb_record_unavailable error=\"{e}\""),
         }
     }
 
@@ -358,14 +359,14 @@ impl<H: Host> Health<H> {
         let lease = self.config.hold_lease_ms();
         let now = self.host().now();
         if let Err(e) = self.store.update(&|r| fsm::renew_hold(r, now, lease)) {
-            log::warn!("event=hold_unavailable error=\"{e}\"");
+            logs::warning!("event=hold_unavailable error=\"{e}\"");
         }
     }
 
     /// Which clock the timers run on, and the wall-clock steps seen so far.
     fn clock_info(&self) -> api::ClockInfo {
         let steps = self.store.clock_steps().unwrap_or_else(|e| {
-            log::warn!("event=clock_record_unavailable error=\"{e}\"");
+            logs::warning!("event=clock_record_unavailable error=\"{e}\"");
             clock::Steps::default()
         });
         api::ClockInfo::new(self.host().now().timers(), &steps)
@@ -378,7 +379,7 @@ impl<H: Host> Health<H> {
         let threshold = clock::step_threshold_ms(self.config.tick_ms);
         match self.store.clock_look(now, threshold) {
             Ok(Some((steps, by))) => {
-                log::warn!(
+                logs::warning!(
                     "event=clock_step step_ms={by} wall={} steps={} timers={}",
                     api::rfc3339(now.wall_ms),
                     steps.count,
@@ -387,7 +388,7 @@ impl<H: Host> Health<H> {
                 self.metrics.clock_step();
             }
             Ok(None) => {}
-            Err(e) => log::warn!("event=clock_record_unavailable error=\"{e}\""),
+            Err(e) => logs::warning!("event=clock_record_unavailable error=\"{e}\""),
         }
     }
 
@@ -404,7 +405,7 @@ impl<H: Host> Health<H> {
         let rec = match due {
             Ok(r) => r,
             Err(e) => {
-                log::error!("event=state_unavailable role=health error=\"{e}\"");
+                logs::error!("event=state_unavailable role=health error=\"{e}\"");
                 return;
             }
         };
@@ -424,7 +425,7 @@ impl<H: Host> Health<H> {
     fn keep_receipt(&self, rec: &Record, oldest: Option<u64>) {
         if fsm::record_flip(rec, oldest).is_some() {
             if let Err(e) = self.store.update(&|r| fsm::record_flip(r, oldest)) {
-                log::warn!("event=state_unavailable role=health error=\"{e}\"");
+                logs::warning!("event=state_unavailable role=health error=\"{e}\"");
             }
         }
         if !fsm::receipt_due(rec) {
@@ -437,9 +438,9 @@ impl<H: Host> Health<H> {
             next
         });
         match marked {
-            Ok(r) if won.get() => log::info!("{}", self.receipt(&r)),
+            Ok(r) if won.get() => logs::info!("{}", self.receipt(&r)),
             Ok(_) => {}
-            Err(e) => log::warn!("event=state_unavailable role=health error=\"{e}\""),
+            Err(e) => logs::warning!("event=state_unavailable role=health error=\"{e}\""),
         }
     }
 

@@ -5,6 +5,7 @@
 //! roots.
 
 use super::keys;
+use super::logs;
 use super::shared::{self, Host};
 use crate::in_flight::{self, InFlight, Published};
 use crate::json;
@@ -16,7 +17,7 @@ pub fn publish<H: Host>(host: &H, id: u64, summary: &Published) {
             .map_err(shared::SharedError::Write)
     });
     if let Err(e) = written {
-        log::warn!("event=shared_data_error key={key} error=\"{e}\"");
+        logs::warning!("event=shared_data_error key={key} error=\"{e}\"");
     }
 }
 

@@ -6,6 +6,7 @@ use proxy_wasm::types::MetricType;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::keys;
+use super::logs;
 use super::shared::{self, Envoy, Host};
 use crate::fsm::{Record, State};
 use crate::metric_names::{self as names, Kind};
@@ -63,7 +64,7 @@ fn define<H: Host>(host: &H, name: &str) -> Option<u32> {
     match host.define_metric(t, name) {
         Ok(id) => Some(id),
         Err(e) => {
-            log::warn!("event=metric_unavailable name={name} status={e:?}");
+            logs::warning!("event=metric_unavailable name={name} status={e:?}");
             None
         }
     }
@@ -114,7 +115,7 @@ fn live_gauges<H: Host>(
     let written = shared::encode(keys::GAUGES, &live)
         .and_then(|bytes| shared::create(host, keys::GAUGES, &bytes));
     if let Err(e) = written {
-        log::warn!("event=shared_data_error key={} error=\"{e}\"", keys::GAUGES);
+        logs::warning!("event=shared_data_error key={} error=\"{e}\"", keys::GAUGES);
     }
     live
 }

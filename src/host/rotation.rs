@@ -10,6 +10,7 @@
 use std::cell::RefCell;
 use std::time::Duration;
 
+use super::logs;
 use super::shared::{Envoy, Host};
 use super::store::Store;
 use crate::fsm::Record;
@@ -30,13 +31,13 @@ pub struct Rotator<H: Host = Envoy> {
 
 fn log_outcome(rec: &rotation::Record) {
     match rec.outcome {
-        Outcome::Done | Outcome::Pending => log::info!(
+        Outcome::Done | Outcome::Pending => logs::info!(
             "event=connection_rotation outcome={} trigger={} admin_status={}",
             rec.outcome.name(),
             rec.trigger.map_or("none", rotation::Trigger::name),
             rec.admin_status.unwrap_or(0)
         ),
-        Outcome::Failed => log::warn!(
+        Outcome::Failed => logs::warning!(
             "event=connection_rotation outcome={} error=\"{}\"",
             rec.outcome.name(),
             rec.error.as_deref().unwrap_or("")
@@ -73,7 +74,7 @@ impl<H: Host> Rotator<H> {
             Ok(true) => {}
             Ok(false) => return, // another worker sent it, or a later drain's is recorded
             Err(e) => {
-                log::warn!("event=rotation_record_unavailable error=\"{e}\"");
+                logs::warning!("event=rotation_record_unavailable error=\"{e}\"");
                 return;
             }
         }
@@ -90,7 +91,7 @@ impl<H: Host> Rotator<H> {
             return;
         }
         if let Err(e) = self.store.rotation_save(rec) {
-            log::warn!("event=rotation_record_unavailable error=\"{e}\"");
+            logs::warning!("event=rotation_record_unavailable error=\"{e}\"");
         }
     }
 

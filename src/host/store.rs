@@ -8,6 +8,7 @@ use std::cell::RefCell;
 use std::fmt;
 
 use super::keys;
+use super::logs;
 use super::metrics::Metrics;
 use super::shared::{self, cas_update, json_change, json_read, Failed, Host, SharedError, Step};
 use crate::clock::{Look, Now, Steps};
@@ -112,7 +113,7 @@ impl<H: Host> Store<H> {
             Failed::Refused(e) => e,
             Failed::Shared(e) => Error::Shared(e),
         })?;
-        log::info!(
+        logs::info!(
             "event=transition from={} to={} reason={} active={} forced={} seq={}",
             from.name(),
             next.state.name(),

@@ -14,6 +14,7 @@ use std::rc::Rc;
 use super::count::{self, Counter, Counts, Part};
 use super::in_flight;
 use super::liveness::Heartbeat;
+use super::logs;
 use super::metrics::Metrics;
 use super::shared::{Envoy, Host};
 use super::store::Store;
@@ -274,7 +275,7 @@ impl<H: Host> Traffic<H> {
             return;
         }
         if let Err(e) = self.store.apply_due(0, None, &self.metrics) {
-            log::error!("event=state_unavailable role=traffic error=\"{e}\"");
+            logs::error!("event=state_unavailable role=traffic error=\"{e}\"");
         }
     }
 }
@@ -346,7 +347,7 @@ impl<H: Host> TrafficStream<H> {
         ];
         let host = self.traffic.metrics.host();
         if let Err(e) = host.respond(None, 503, &headers, REFUSED_BODY) {
-            log::warn!("event=refuse_failed status={e:?}");
+            logs::warning!("event=refuse_failed status={e:?}");
             self.refused = false;
             return Action::Continue;
         }
