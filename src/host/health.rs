@@ -510,7 +510,7 @@ impl HealthStream {
 
 fn header(name: &str) -> Option<String> {
     match hostcalls::get_map_value_bytes(MapType::HttpRequestHeaders, name) {
-        Ok(Some(v)) => Some(String::from_utf8_lossy(&v).into_owned()),
+        Ok(Some(v)) => String::from_utf8(v).ok(),
         _ => None,
     }
 }
