@@ -303,15 +303,14 @@ fn cidr_list(v: &Value) -> Result<Vec<Cidr>, Problem> {
     let items = v
         .as_array()
         .ok_or_else(|| format!("expected a list of CIDRs, got {}", Shown(v)))?;
-    items
-        .iter()
-        .map(|item| {
-            let text = item
-                .as_str()
-                .ok_or_else(|| format!("expected a CIDR string, got {}", Shown(item)))?;
-            Ok(Cidr::parse(text)?)
-        })
-        .collect()
+    let mut list = Vec::with_capacity(items.len());
+    for item in items {
+        let text = item
+            .as_str()
+            .ok_or_else(|| format!("expected a CIDR string, got {}", Shown(item)))?;
+        list.push(Cidr::parse(text)?);
+    }
+    Ok(list)
 }
 
 fn admin_allow(c: &mut Config, v: &Value) -> Result<(), Problem> {
