@@ -23,9 +23,14 @@ Variants:
   dg-no-count          (bisection) the real module, root, tick and health role, traffic streams
                        with the twin's structure instead of counted ones (tests/bench/bisect)
   dg-no-wasm-opt       (bisection) the shipped source as cargo builds it, before wasm-opt -Oz
+
+Every variant's traffic listener has a TLS-terminating twin (the same filters behind a
+DownstreamTlsContext, ALPN h2 and http/1.1), as the chart's gateways terminate TLS: the TLS loads
+run against it, so a drain that made every request reconnect would pay a handshake per request.
 """
 from __future__ import annotations
 
+import copy
 import random
 import socket
 import statistics
@@ -35,7 +40,8 @@ from pathlib import Path
 import requests
 
 from tests.bench.bench import _open_stream, h2load, variant, wrk
-from tests.harness.envoy import REPO, Envoy, Ports, wait_for
+from tests.harness.envoy import REPO, Envoy, Ports, free_port, wait_for
+from tests.harness.haproxy import make_cert
 from tests.harness.variants import with_code
 
 TARGET = REPO / "target"
@@ -48,16 +54,42 @@ BISECT = ["dg-min-drain", "dg-draining-no-rotation", "dg-no-count", "dg-no-wasm-
 HELD = ("drain-gate-draining", "dg-draining-no-rotation")
 # The drain must outlast the run: only the held stream keeps it open, and nothing may end it.
 CONFIG = {"drain_timeout": "60m", "lb_buffer": "60m"}
+# load -> (over TLS, run(url, seconds))
 LOADS = {
-    "wrk -c16 (HTTP/1.1)": lambda url, s: wrk(url, s, 16),
-    "h2load -c4 -m16 (HTTP/2)": lambda url, s: h2load(url, s, 4, 16),
+    "wrk -c16 (HTTP/1.1)": (False, lambda url, s: wrk(url, s, 16)),
+    "h2load -c4 -m16 (HTTP/2)": (False, lambda url, s: h2load(url, s, 4, 16)),
+    "wrk -c16 (HTTPS/1.1)": (True, lambda url, s: wrk(url, s, 16)),
+    "h2load -c4 -m16 (HTTP/2 over TLS)": (True, lambda url, s: h2load(url, s, 4, 16)),
 }
 REFERENCES = ("noop", "twin", "drain-gate")
 RESAMPLES = 2000
 
 
-def doc(kind: str, ports: Ports) -> dict:
-    """The bootstrap of one variant."""
+def doc(kind: str, ports: Ports, tls_port: int, pem: Path) -> dict:
+    """The bootstrap of one variant, its traffic listener beside a TLS-terminating twin."""
+    d = plain_doc(kind, ports)
+    listeners = d["static_resources"]["listeners"]
+    plain = next(l for l in listeners if l["name"] == "traffic")
+    tls = copy.deepcopy(plain)
+    tls["name"] = "traffic-tls"
+    tls["address"]["socket_address"]["port_value"] = tls_port
+    pem_path = str(pem)
+    tls["filter_chains"][0]["transport_socket"] = {
+        "name": "envoy.transport_sockets.tls",
+        "typed_config": {
+            "@type": "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.DownstreamTlsContext",
+            "common_tls_context": {
+                "alpn_protocols": ["h2", "http/1.1"],
+                "tls_certificates": [{"certificate_chain": {"filename": pem_path},
+                                      "private_key": {"filename": pem_path}}],
+            },
+        },
+    }
+    listeners.append(tls)
+    return d
+
+
+def plain_doc(kind: str, ports: Ports) -> dict:
     if kind in ("none", "noop"):
         return variant(kind, ports, "direct", config=CONFIG)
     if kind == "twin":
@@ -107,11 +139,12 @@ def run_rounds(envoys: dict, rounds: range, seconds: float, warmup: bool, sample
     errors = 0
     for r in ([None] if warmup else []) + list(rounds):  # None warms every VM up and is not kept
         shift = (r or 0) % len(kinds)
-        for load, run in LOADS.items():
+        for load, (tls, run) in LOADS.items():
             for kind in kinds[shift:] + kinds[:shift]:
                 e = envoys[kind]
+                url = f"https://127.0.0.1:{e.tls_port}/" if tls else e.traffic("/")
                 before = worker_ns(e.proc.pid, tids[kind])
-                result = run(e.traffic("/"), seconds)
+                result = run(url, seconds)
                 used = worker_ns(e.proc.pid, tids[kind]) - before
                 if r is not None:
                     samples[load][kind].append(used / 1000 / max(result.requests, 1))
@@ -125,10 +158,14 @@ def running(kinds: list[str], workdir: Path, backend_port: int):
     envoys: dict = {}
     held = []
     try:
+        workdir.mkdir(parents=True, exist_ok=True)
+        pem = make_cert(workdir)
         for kind in kinds:
             ports = Ports(backend=backend_port)
-            envoys[kind] = Envoy(doc(kind, ports), ports, concurrency=1, workdir=workdir / kind).start(
-                wait_ready=False)
+            tls_port = free_port()
+            envoys[kind] = Envoy(doc(kind, ports, tls_port, pem), ports, concurrency=1,
+                                 workdir=workdir / kind).start(wait_ready=False)
+            envoys[kind].tls_port = tls_port
         for e in envoys.values():
             e.wait_ready()
         held = [enter_drain(envoys[k]) for k in HELD if k in envoys]
@@ -142,9 +179,10 @@ def running(kinds: list[str], workdir: Path, backend_port: int):
             e.stop()
 
 
-def paired(xs: list[float], ys: list[float], seed: int = 1) -> dict:
-    """Median of the per-round differences xs − ys, and a bootstrap 95% interval of that median."""
-    d = [x - y for x, y in zip(xs, ys)]
+def paired(xs: list[float], ys: list[float], seed: int = 1, ratio: bool = False) -> dict:
+    """Median of the per-round differences xs − ys (or ratios xs / ys), and a bootstrap 95%
+    interval of that median."""
+    d = [x / y if ratio else x - y for x, y in zip(xs, ys)]
     rng = random.Random(seed)
     boots = sorted(statistics.median(rng.choices(d, k=len(d))) for _ in range(RESAMPLES))
     return {"median": statistics.median(d), "ci95": [boots[int(0.025 * RESAMPLES)], boots[int(0.975 * RESAMPLES) - 1]]}
@@ -160,6 +198,8 @@ def summary(per_kind: dict) -> dict:
                 continue  # drain-gate is the reference of its own variants only
             if ref in per_kind and ref != kind:
                 row[f"vs_{ref}"] = paired(xs, per_kind[ref])
+        if kind.startswith(("drain-gate-", "dg-")) and "drain-gate" in per_kind:
+            row["x_drain-gate"] = paired(xs, per_kind["drain-gate"], ratio=True)
         out[kind] = row
     return out
 
@@ -217,11 +257,28 @@ def markdown(res: dict) -> list[str]:
     lines = [f"Worker CPU per request: {res['rounds']} interleaved rounds of {res['seconds']:g} s per load "
              f"({res['blocks']} blocks of fresh Envoys); median [IQR]; differences are medians of per-round "
              "paired differences [bootstrap 95% interval], µs.",
-             "", "| load | variant | µs/req | − no-op | − twin | − drain-gate |", "|---|---|---|---|---|---|"]
+             "", "| load | variant | µs/req | − no-op | − twin | − drain-gate | × drain-gate |",
+             "|---|---|---|---|---|---|---|"]
     for load, rows in res["loads"].items():
         for kind, r in rows.items():
             diffs = [_ci(r[f"vs_{ref}"]) if f"vs_{ref}" in r else "" for ref in REFERENCES]
+            x = r.get("x_drain-gate")
+            ratio = f"{x['median']:.3f} [{x['ci95'][0]:.3f}, {x['ci95'][1]:.3f}]" if x else ""
             lines.append(f"| {load} | {kind} | {r['median']:.1f} [{r['iqr'][0]:.1f}, {r['iqr'][1]:.1f}] | "
-                         f"{' | '.join(diffs)} |")
+                         f"{' | '.join(diffs)} | {ratio} |")
     lines.append("")
     return lines
+
+
+def goals(res: dict) -> list[tuple[str, str, bool]]:
+    """(goal, what was measured, met) for the cost of a drain: a drain costs a request at most
+    10% more than outside one, and a drain min_drain holds open at most 1 µs over the twin."""
+    out = []
+    for load, rows in res["loads"].items():
+        if "drain-gate-draining" in rows:
+            x = rows["drain-gate-draining"]["x_drain-gate"]["median"]
+            out.append((f"{load}: during a drain ≤ 1.10 × outside", f"{x:.3f} ×", x <= 1.10))
+        if "dg-min-drain" in rows and "vs_twin" in rows["dg-min-drain"]:
+            d = rows["dg-min-drain"]["vs_twin"]["median"]
+            out.append((f"{load}: held by min_drain ≤ twin + 1 µs", f"{d:+.1f} µs", d <= 1.0))
+    return out
