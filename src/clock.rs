@@ -11,7 +11,9 @@
 //! The wall clock minus the monotonic clock is constant while nobody steps the
 //! wall clock; `Steps` watches that offset to make a step visible.
 
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
+
+use crate::json::record;
 
 /// Both host clocks, read together (milliseconds).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -90,19 +92,21 @@ pub fn step_threshold_ms(tick_ms: u64) -> u64 {
     tick_ms.saturating_mul(3).max(100)
 }
 
-/// Where the wall clock stood against the monotonic clock, and the steps
-/// seen so far. One value per process (shared data), so that a step is
-/// counted once whichever worker sees it first.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Steps {
-    /// Wall minus monotonic when last recorded.
-    pub offset_ms: Option<i64>,
-    /// Steps seen since the process started.
-    pub count: u64,
-    /// The last step (positive: the wall clock jumped forward).
-    pub last_step_ms: Option<i64>,
-    /// When it was seen (wall clock after the step).
-    pub last_step_wall_ms: Option<u64>,
+record! {
+    /// Where the wall clock stood against the monotonic clock, and the steps
+    /// seen so far. One value per process (shared data), so that a step is
+    /// counted once whichever worker sees it first.
+    #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+    pub struct Steps {
+        /// Wall minus monotonic when last recorded.
+        pub offset_ms: Option<i64>,
+        /// Steps seen since the process started.
+        pub count: u64,
+        /// The last step (positive: the wall clock jumped forward).
+        pub last_step_ms: Option<i64>,
+        /// When it was seen (wall clock after the step).
+        pub last_step_wall_ms: Option<u64>,
+    }
 }
 
 /// What one look at the clocks found.

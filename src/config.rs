@@ -207,17 +207,47 @@ fn err(key: &str, problem: impl Into<String>) -> ConfigError {
     }
 }
 
+/// A configuration value as an error message shows it: strings quoted,
+/// numbers and literals as written, lists and objects by kind. (Not `Value`'s
+/// own `Display`, which brings a float formatter into the module.)
+struct Shown<'a>(&'a Value);
+
+impl fmt::Display for Shown<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.0 {
+            Value::Null => f.write_str("null"),
+            Value::Bool(b) => write!(f, "{b}"),
+            Value::Number(n) => match (n.as_u64(), n.as_i64()) {
+                (Some(u), _) => write!(f, "{u}"),
+                (None, Some(i)) => write!(f, "{i}"),
+                (None, None) => f.write_str("a fractional number"),
+            },
+            Value::String(s) => write!(f, "\"{s}\""),
+            Value::Array(_) => f.write_str("a list"),
+            Value::Object(_) => f.write_str("an object"),
+        }
+    }
+}
+
 /// A duration value from `min_ms` to `max_ms`.
 fn duration(v: &Value, min_ms: u64, max_ms: u64) -> Result<u64, Problem> {
     let s = v
         .as_str()
-        .ok_or_else(|| format!("expected a duration string like \"30s\", got {v}"))?;
+        .ok_or_else(|| format!("expected a duration string like \"30s\", got {}", Shown(v)))?;
     let ms = duration::parse_ms(s)?;
     if ms < min_ms {
-        return Err(format!("{s:?} is below the minimum {}", duration::format_ms(min_ms)).into());
+        return Err(format!(
+            "\"{s}\" is below the minimum {}",
+            duration::format_ms(min_ms)
+        )
+        .into());
     }
     if ms > max_ms {
-        return Err(format!("{s:?} is above the maximum {}", duration::format_ms(max_ms)).into());
+        return Err(format!(
+            "\"{s}\" is above the maximum {}",
+            duration::format_ms(max_ms)
+        )
+        .into());
     }
     Ok(ms)
 }
@@ -228,9 +258,11 @@ fn role(c: &mut Config, v: &Value) -> Result<(), Problem> {
         Some("traffic_tcp") => Role::TrafficTcp,
         Some("health") => Role::Health,
         _ => {
-            return Err(
-                format!("expected \"traffic\", \"traffic_tcp\" or \"health\", got {v}").into(),
+            return Err(format!(
+                "expected \"traffic\", \"traffic_tcp\" or \"health\", got {}",
+                Shown(v)
             )
+            .into())
         }
     };
     Ok(())
@@ -262,7 +294,7 @@ fn draining_lb_status(c: &mut Config, v: &Value) -> Result<(), Problem> {
     c.draining_lb_status = match v.as_u64() {
         Some(200) => 200,
         Some(404) => 404,
-        _ => return Err(format!("expected 200 or 404, got {v}").into()),
+        _ => return Err(format!("expected 200 or 404, got {}", Shown(v)).into()),
     };
     Ok(())
 }
@@ -270,16 +302,15 @@ fn draining_lb_status(c: &mut Config, v: &Value) -> Result<(), Problem> {
 fn cidr_list(v: &Value) -> Result<Vec<Cidr>, Problem> {
     let items = v
         .as_array()
-        .ok_or_else(|| format!("expected a list of CIDRs, got {v}"))?;
-    items
-        .iter()
-        .map(|item| {
-            let text = item
-                .as_str()
-                .ok_or_else(|| format!("expected a CIDR string, got {item}"))?;
-            Ok(Cidr::parse(text)?)
-        })
-        .collect()
+        .ok_or_else(|| format!("expected a list of CIDRs, got {}", Shown(v)))?;
+    let mut list = Vec::with_capacity(items.len());
+    for item in items {
+        let text = item
+            .as_str()
+            .ok_or_else(|| format!("expected a CIDR string, got {}", Shown(item)))?;
+        list.push(Cidr::parse(text)?);
+    }
+    Ok(list)
 }
 
 fn admin_allow(c: &mut Config, v: &Value) -> Result<(), Problem> {
@@ -306,7 +337,7 @@ fn lb_checkers(c: &mut Config, v: &Value) -> Result<(), Problem> {
 fn soft_drain_gate(c: &mut Config, v: &Value) -> Result<(), Problem> {
     c.soft_drain_gate = v
         .as_bool()
-        .ok_or_else(|| format!("expected true or false, got {v}"))?;
+        .ok_or_else(|| format!("expected true or false, got {}", Shown(v)))?;
     Ok(())
 }
 
@@ -314,7 +345,7 @@ fn draining_new_requests(c: &mut Config, v: &Value) -> Result<(), Problem> {
     c.draining_new_requests = match v.as_str() {
         Some("serve") => NewRequests::Serve,
         Some("refuse") => NewRequests::Refuse,
-        _ => return Err(format!("expected \"serve\" or \"refuse\", got {v}").into()),
+        _ => return Err(format!("expected \"serve\" or \"refuse\", got {}", Shown(v)).into()),
     };
     Ok(())
 }
@@ -347,7 +378,13 @@ fn close_after(c: &mut Config, v: &Value) -> Result<(), Problem> {
     c.close_after = match v.as_str() {
         Some("lb_buffer") => CloseAfter::LbBuffer,
         Some("lb_observed_down") => CloseAfter::LbObservedDown,
-        _ => return Err(format!("expected \"lb_buffer\" or \"lb_observed_down\", got {v}").into()),
+        _ => {
+            return Err(format!(
+                "expected \"lb_buffer\" or \"lb_observed_down\", got {}",
+                Shown(v)
+            )
+            .into())
+        }
     };
     Ok(())
 }
@@ -355,7 +392,7 @@ fn close_after(c: &mut Config, v: &Value) -> Result<(), Problem> {
 fn lb_fall(c: &mut Config, v: &Value) -> Result<(), Problem> {
     c.lb_fall = match v.as_u64() {
         Some(n @ 1..=10) => n as u32,
-        _ => return Err(format!("expected a whole number from 1 to 10, got {v}").into()),
+        _ => return Err(format!("expected a whole number from 1 to 10, got {}", Shown(v)).into()),
     };
     Ok(())
 }
@@ -383,7 +420,8 @@ fn rotate_connections(c: &mut Config, v: &Value) -> Result<(), Problem> {
         _ => {
             return Err(format!(
                 "expected false, true or an Envoy cluster name (1 to {MAX_CLUSTER_LEN} \
-                 printable ASCII characters), got {v}"
+                 printable ASCII characters), got {}",
+                Shown(v)
             )
             .into())
         }

@@ -18,9 +18,9 @@ impl std::fmt::Display for DurationError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             DurationError::NotADuration(s) => {
-                write!(f, "{s:?} is not a duration (use e.g. 500ms, 30s, 2m)")
+                write!(f, "\"{s}\" is not a duration (use e.g. 500ms, 30s, 2m)")
             }
-            DurationError::TooLong(s) => write!(f, "{s:?} is too long"),
+            DurationError::TooLong(s) => write!(f, "\"{s}\" is too long"),
         }
     }
 }
@@ -31,7 +31,7 @@ impl std::error::Error for DurationError {}
 pub fn parse_ms(s: &str) -> Result<u64, DurationError> {
     let not_a_duration = || DurationError::NotADuration(s.to_string());
     let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
-    let (digits, unit) = s.split_at(split);
+    let (digits, unit) = s.split_at_checked(split).ok_or_else(not_a_duration)?;
     let scale = match unit {
         "ms" => 1,
         "s" => 1_000,

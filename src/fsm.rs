@@ -26,43 +26,26 @@
 //! | CLOSED   | 503                           | 503                 | 200              |
 //! | FAULT    | 503                           | 503                 | 500              |
 
-use serde::{Deserialize, Serialize};
+use crate::json::{named, record};
 
 use crate::clock::Now;
 use crate::receipt::Tally;
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "UPPERCASE")]
-pub enum State {
-    Open,
-    Draining,
-    Closing,
-    Closed,
-    Fault,
+named! {
+    #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+    pub enum State {
+        Open = "OPEN",
+        Draining = "DRAINING",
+        Closing = "CLOSING",
+        Closed = "CLOSED",
+        Fault = "FAULT",
+    }
 }
 
 impl State {
-    pub const ALL: [State; 5] = [
-        State::Open,
-        State::Draining,
-        State::Closing,
-        State::Closed,
-        State::Fault,
-    ];
-
-    pub fn name(self) -> &'static str {
-        match self {
-            State::Open => "OPEN",
-            State::Draining => "DRAINING",
-            State::Closing => "CLOSING",
-            State::Closed => "CLOSED",
-            State::Fault => "FAULT",
-        }
-    }
-
     /// The state whose `code()` this is.
     pub fn from_code(code: u64) -> Option<State> {
-        State::ALL.into_iter().find(|s| s.code() == code)
+        State::ALL.iter().copied().find(|s| s.code() == code)
     }
 
     /// Numeric value of the `drain_gate_state` gauge.
@@ -113,53 +96,38 @@ impl State {
     }
 }
 
-/// Why a transition happened. Serialized as the `reason` string in logs and status.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Reason {
-    /// The process started (initial record).
-    Start,
-    /// `POST /drain`, `POST /drain?wait=closed` or `GET /prestop`.
-    DrainRequested,
-    /// The last in-flight request ended while DRAINING.
-    ActiveZero,
-    /// `drain_timeout` passed with requests still in flight (forced).
-    DrainTimeout,
-    /// `POST /close-lb`.
-    CloseLbRequested,
-    /// `lb_buffer` passed in CLOSING.
-    LbBufferElapsed,
-    /// Every LB checker was served `lb_fall` 503s, then `lb_buffer` passed
-    /// (`close_after: lb_observed_down`).
-    LbObservedDown,
-    /// `close_after: lb_observed_down`, but the LB was not observed DOWN
-    /// within `lb_down_timeout`.
-    LbDownTimeout,
-    /// `POST /close`.
-    CloseRequested,
-    /// `POST /reopen`.
-    ReopenRequested,
-    /// `POST /fault`.
-    FaultRequested,
+named! {
+    /// Why a transition happened. Serialized as the `reason` string in logs and status.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    pub enum Reason {
+        /// The process started (initial record).
+        Start = "start",
+        /// `POST /drain`, `POST /drain?wait=closed` or `GET /prestop`.
+        DrainRequested = "drain_requested",
+        /// The last in-flight request ended while DRAINING.
+        ActiveZero = "active_zero",
+        /// `drain_timeout` passed with requests still in flight (forced).
+        DrainTimeout = "drain_timeout",
+        /// `POST /close-lb`.
+        CloseLbRequested = "close_lb_requested",
+        /// `lb_buffer` passed in CLOSING.
+        LbBufferElapsed = "lb_buffer_elapsed",
+        /// Every LB checker was served `lb_fall` 503s, then `lb_buffer` passed
+        /// (`close_after: lb_observed_down`).
+        LbObservedDown = "lb_observed_down",
+        /// `close_after: lb_observed_down`, but the LB was not observed DOWN
+        /// within `lb_down_timeout`.
+        LbDownTimeout = "lb_down_timeout",
+        /// `POST /close`.
+        CloseRequested = "close_requested",
+        /// `POST /reopen`.
+        ReopenRequested = "reopen_requested",
+        /// `POST /fault`.
+        FaultRequested = "fault_requested",
+    }
 }
 
 impl Reason {
-    pub fn name(self) -> &'static str {
-        match self {
-            Reason::Start => "start",
-            Reason::DrainRequested => "drain_requested",
-            Reason::ActiveZero => "active_zero",
-            Reason::DrainTimeout => "drain_timeout",
-            Reason::CloseLbRequested => "close_lb_requested",
-            Reason::LbBufferElapsed => "lb_buffer_elapsed",
-            Reason::LbObservedDown => "lb_observed_down",
-            Reason::LbDownTimeout => "lb_down_timeout",
-            Reason::CloseRequested => "close_requested",
-            Reason::ReopenRequested => "reopen_requested",
-            Reason::FaultRequested => "fault_requested",
-        }
-    }
-
     /// A forced transition leaves the LB with requests still in flight.
     pub fn forced(self) -> bool {
         self == Reason::DrainTimeout
@@ -183,112 +151,107 @@ pub fn legal(from: State, to: State) -> bool {
     )
 }
 
-/// When CLOSING ends.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum CloseAfter {
-    /// `lb_buffer` after CLOSING began (the default: a fixed wait).
-    #[default]
-    LbBuffer,
-    /// `lb_buffer` after every LB checker was seen served `lb_fall` 503s,
-    /// or `lb_down_timeout` after CLOSING began if that never happens.
-    LbObservedDown,
+named! {
+    /// When CLOSING ends.
+    #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+    pub enum CloseAfter {
+        /// `lb_buffer` after CLOSING began (the default: a fixed wait).
+        #[default]
+        LbBuffer = "lb_buffer",
+        /// `lb_buffer` after every LB checker was seen served `lb_fall` 503s,
+        /// or `lb_down_timeout` after CLOSING began if that never happens.
+        LbObservedDown = "lb_observed_down",
+    }
 }
 
-/// Timings fixed when a drain starts, so that every worker (and the traffic
-/// role, which has no timing configuration) applies the same deadlines.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct DrainPlan {
-    pub min_drain_ms: u64,
-    pub drain_timeout_ms: u64,
-    pub lb_buffer_ms: u64,
-    #[serde(default)]
-    pub close_after: CloseAfter,
-    #[serde(default)]
-    pub lb_down_timeout_ms: u64,
-    /// Soft drain: the active = 0 flip also waits until the LB has been
-    /// served the draining answer (see `due_gated`).
-    #[serde(default)]
-    pub lb_gate: bool,
-    /// With `lb_gate`: `lb_checkers` names the LB's addresses, so a drain
-    /// during which none of them asks holds the gate (`crate::lb::Gate`).
-    #[serde(default)]
-    pub lb_gate_needs_checker: bool,
-    /// A maintenance drain (`POST /drain?hold=closing`): CLOSING lasts until
-    /// `/reopen` or `/close`, never ended by a timer.
-    #[serde(default)]
-    pub hold_closing: bool,
+record! {
+    /// Timings fixed when a drain starts, so that every worker (and the traffic
+    /// role, which has no timing configuration) applies the same deadlines.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    pub struct DrainPlan {
+        pub min_drain_ms: u64,
+        pub drain_timeout_ms: u64,
+        pub lb_buffer_ms: u64,
+        pub close_after: CloseAfter = Default::default(),
+        pub lb_down_timeout_ms: u64 = 0,
+        /// Soft drain: the active = 0 flip also waits until the LB has been
+        /// served the draining answer (see `due_gated`).
+        pub lb_gate: bool = false,
+        /// With `lb_gate`: `lb_checkers` names the LB's addresses, so a drain
+        /// during which none of them asks holds the gate (`crate::lb::Gate`).
+        pub lb_gate_needs_checker: bool = false,
+        /// A maintenance drain (`POST /drain?hold=closing`): CLOSING lasts until
+        /// `/reopen` or `/close`, never ended by a timer.
+        pub hold_closing: bool = false,
+    }
 }
 
-/// One line of the transition history.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Step {
-    pub from: State,
-    pub to: State,
-    pub reason: Reason,
-    pub at_ms: u64,
-    pub active: u64,
+record! {
+    /// One line of the transition history.
+    #[derive(Clone, Debug, PartialEq, Eq)]
+    pub struct Step {
+        pub from: State,
+        pub to: State,
+        pub reason: Reason,
+        pub at_ms: u64,
+        pub active: u64,
+    }
 }
 
 /// How many transitions the record remembers.
 pub const HISTORY: usize = 16;
 
-/// The whole shared state: one value for every worker of the Envoy.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Record {
-    pub state: State,
-    /// When the current state was entered (ms since the Unix epoch).
-    pub since_ms: u64,
-    /// Reason of the last transition.
-    pub reason: Reason,
-    /// Present from `/drain` until the record leaves the drain (reopen).
-    pub plan: Option<DrainPlan>,
-    pub drain_started_ms: Option<u64>,
-    pub closing_ms: Option<u64>,
-    pub closed_ms: Option<u64>,
-    /// In-flight requests when CLOSING was entered (non-zero only when forced).
-    pub active_at_closing: Option<u64>,
-    pub forced: bool,
-    /// Oldest first, at most `HISTORY` entries.
-    pub history: Vec<Step>,
-    /// Transitions since the process started: orders log lines written by
-    /// different workers.
-    #[serde(default)]
-    pub seq: u64,
-    /// `drain_started_ms` and `closing_ms` on the host's monotonic clock: the
-    /// timers measure from these (see `crate::clock`).
-    #[serde(default)]
-    pub drain_started_mono_ms: Option<u64>,
-    #[serde(default)]
-    pub closing_mono_ms: Option<u64>,
-    /// The preStop hold, while some worker holds a `wait=closed` answer.
-    #[serde(default)]
-    pub hold: Option<Hold>,
-    /// The receipt's counters when the drain began (`crate::receipt`): the
-    /// drain's receipt is the counters now minus these.
-    #[serde(default)]
-    pub receipt_base: Option<Tally>,
-    /// The oldest stream in flight just after the flip to CLOSING (ms; `None`
-    /// when nothing was), recorded by the health role within a tick of it
-    /// (`flip_recorded`).
-    #[serde(default)]
-    pub oldest_at_closing_ms: Option<u64>,
-    #[serde(default)]
-    pub flip_recorded: bool,
-    /// This drain's receipt has been logged (once, by one worker).
-    #[serde(default)]
-    pub receipt_logged: bool,
+record! {
+    /// The whole shared state: one value for every worker of the Envoy.
+    #[derive(Clone, Debug, PartialEq, Eq)]
+    pub struct Record {
+        pub state: State,
+        /// When the current state was entered (ms since the Unix epoch).
+        pub since_ms: u64,
+        /// Reason of the last transition.
+        pub reason: Reason,
+        /// Present from `/drain` until the record leaves the drain (reopen).
+        pub plan: Option<DrainPlan>,
+        pub drain_started_ms: Option<u64>,
+        pub closing_ms: Option<u64>,
+        pub closed_ms: Option<u64>,
+        /// In-flight requests when CLOSING was entered (non-zero only when forced).
+        pub active_at_closing: Option<u64>,
+        pub forced: bool,
+        /// Oldest first, at most `HISTORY` entries.
+        pub history: Vec<Step>,
+        /// Transitions since the process started: orders log lines written by
+        /// different workers.
+        pub seq: u64 = 0,
+        /// `drain_started_ms` and `closing_ms` on the host's monotonic clock: the
+        /// timers measure from these (see `crate::clock`).
+        pub drain_started_mono_ms: Option<u64>,
+        pub closing_mono_ms: Option<u64>,
+        /// The preStop hold, while some worker holds a `wait=closed` answer.
+        pub hold: Option<Hold>,
+        /// The receipt's counters when the drain began (`crate::receipt`): the
+        /// drain's receipt is the counters now minus these.
+        pub receipt_base: Option<Tally>,
+        /// The oldest stream in flight just after the flip to CLOSING (ms; `None`
+        /// when nothing was), recorded by the health role within a tick of it
+        /// (`flip_recorded`).
+        pub oldest_at_closing_ms: Option<u64>,
+        pub flip_recorded: bool = false,
+        /// This drain's receipt has been logged (once, by one worker).
+        pub receipt_logged: bool = false,
+    }
 }
 
-/// A preStop hold: a lease that the worker holding a `wait=closed` answer
-/// renews every tick (`renew_hold`), so that the hold of a worker that died
-/// expires by itself. Measured like the timers (`crate::clock`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Hold {
-    pub renewed_ms: u64,
-    #[serde(default)]
-    pub renewed_mono_ms: Option<u64>,
-    pub lease_ms: u64,
+record! {
+    /// A preStop hold: a lease that the worker holding a `wait=closed` answer
+    /// renews every tick (`renew_hold`), so that the hold of a worker that died
+    /// expires by itself. Measured like the timers (`crate::clock`).
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    pub struct Hold {
+        pub renewed_ms: u64,
+        pub renewed_mono_ms: Option<u64>,
+        pub lease_ms: u64,
+    }
 }
 
 impl Hold {
@@ -669,8 +632,8 @@ mod tests {
     #[test]
     fn exactly_the_documented_moves_are_legal() {
         let mut legal_moves = vec![];
-        for from in State::ALL {
-            for to in State::ALL {
+        for &from in State::ALL {
+            for &to in State::ALL {
                 if legal(from, to) {
                     legal_moves.push((from, to));
                 }
@@ -894,7 +857,7 @@ mod tests {
         .unwrap();
         let s = serde_json::to_string(&r).unwrap();
         assert!(s.contains("\"DRAINING\""), "{s}");
-        assert_eq!(serde_json::from_str::<Record>(&s).unwrap(), r);
+        assert_eq!(crate::json::from_slice::<Record>(s.as_bytes()).unwrap(), r);
     }
 
     #[test]

@@ -13,8 +13,9 @@
 //! closest buckets merge under the older key, so a long-lived mix of streams
 //! can make ages read long, never short.
 
-use serde::{Deserialize, Serialize};
-use std::collections::BTreeMap;
+use serde::Serialize;
+
+use crate::json::record;
 
 /// Upper bounds of the age classes: < 1 s, < 10 s, < 60 s, and ≥ 60 s.
 pub const AGE_BOUNDS_MS: [u64; 3] = [1_000, 10_000, 60_000];
@@ -26,16 +27,22 @@ const STALE_MIN_MS: u64 = 1_000;
 /// One worker's streams in flight, by start tick (ms since the epoch).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Ages {
-    buckets: BTreeMap<u64, u64>,
+    /// (start tick, streams), oldest first, every count above 0. At most
+    /// `MAX_BUCKETS` and the current tick's: a sorted list is as quick as a
+    /// tree at that size (a stream usually enters and ends in the newest
+    /// bucket), and keeps a second map type out of the module.
+    buckets: Vec<(u64, u64)>,
 }
 
-/// The streams in flight per age class, youngest first.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Histogram {
-    pub lt_1s: u64,
-    pub lt_10s: u64,
-    pub lt_60s: u64,
-    pub ge_60s: u64,
+record! {
+    /// The streams in flight per age class, youngest first.
+    #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+    pub struct Histogram {
+        pub lt_1s: u64,
+        pub lt_10s: u64,
+        pub lt_60s: u64,
+        pub ge_60s: u64,
+    }
 }
 
 impl Histogram {
@@ -60,18 +67,20 @@ impl Histogram {
     }
 }
 
-/// What a worker publishes every tick.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Published {
-    /// When it was published (ms since the epoch).
-    pub at_ms: u64,
-    /// The publisher's `tick`: a summary not refreshed for three of them
-    /// (and at least a second) is a worker that stopped, and is left out.
-    pub tick_ms: u64,
-    /// The start tick of the oldest stream in flight, if any.
-    pub oldest_started_ms: Option<u64>,
-    /// Ages as of `at_ms`.
-    pub ages: Histogram,
+record! {
+    /// What a worker publishes every tick.
+    #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+    pub struct Published {
+        /// When it was published (ms since the epoch).
+        pub at_ms: u64,
+        /// The publisher's `tick`: a summary not refreshed for three of them
+        /// (and at least a second) is a worker that stopped, and is left out.
+        pub tick_ms: u64,
+        /// The start tick of the oldest stream in flight, if any.
+        pub oldest_started_ms: Option<u64>,
+        /// Ages as of `at_ms`.
+        pub ages: Histogram,
+    }
 }
 
 /// Every worker's streams, merged: what `/drain/status` shows.
@@ -85,49 +94,56 @@ pub struct InFlight {
 impl Ages {
     /// A stream starts: counted under the current tick.
     pub fn enter(&mut self, tick_ms: u64) {
-        let n = self.buckets.entry(tick_ms).or_insert(0);
-        *n = n.saturating_add(1);
+        let i = self.buckets.partition_point(|(k, _)| *k < tick_ms);
+        match self.buckets.get_mut(i) {
+            Some((k, n)) if *k == tick_ms => *n = n.saturating_add(1),
+            _ => self.buckets.insert(i, (tick_ms, 1)),
+        }
     }
 
     /// A stream that entered at `started_ms` ends. Its bucket is the one with
     /// the greatest key not after it (a merge may have moved it older); if the
     /// clock stepped back there may be none, and the oldest bucket gives one.
     pub fn exit(&mut self, started_ms: u64) {
-        let found = match self.buckets.range(..=started_ms).next_back() {
-            Some((&key, _)) => Some(key),
-            None => self.buckets.keys().next().copied(),
-        };
-        let Some((key, n)) = found.and_then(|k| self.buckets.get_mut(&k).map(|n| (k, n))) else {
+        let i = self
+            .buckets
+            .partition_point(|(k, _)| *k <= started_ms)
+            .saturating_sub(1);
+        let Some((_, n)) = self.buckets.get_mut(i) else {
             return;
         };
         *n = n.saturating_sub(1);
         if *n == 0 {
-            self.buckets.remove(&key);
+            self.buckets.remove(i);
         }
     }
 
     pub fn in_flight(&self) -> u64 {
-        self.buckets.values().fold(0, |a, n| a.saturating_add(*n))
+        self.buckets
+            .iter()
+            .fold(0, |a, (_, n)| a.saturating_add(*n))
     }
 
     /// Keeps at most `MAX_BUCKETS` buckets (the tick runs this): merges the
     /// two adjacent buckets closest in start time into the older one.
     pub fn compact(&mut self) {
         while self.buckets.len() > MAX_BUCKETS {
-            let keys: Vec<u64> = self.buckets.keys().copied().collect();
-            let closest = keys
+            let closest = self
+                .buckets
                 .windows(2)
-                .filter_map(|w| match w {
-                    [a, b] => Some((b.saturating_sub(*a), *a, *b)),
+                .enumerate()
+                .filter_map(|(i, w)| match w {
+                    [(a, _), (b, _)] => Some((b.saturating_sub(*a), i)),
                     _ => None,
                 })
                 .min();
-            let Some((_, older, newer)) = closest else {
+            let Some((_, older)) = closest else {
                 return;
             };
-            let moved = self.buckets.remove(&newer).unwrap_or(0);
-            let n = self.buckets.entry(older).or_insert(0);
-            *n = n.saturating_add(moved);
+            let (_, moved) = self.buckets.remove(older.saturating_add(1));
+            if let Some((_, n)) = self.buckets.get_mut(older) {
+                *n = n.saturating_add(moved);
+            }
         }
     }
 
@@ -139,7 +155,7 @@ impl Ages {
         Published {
             at_ms: now_ms,
             tick_ms,
-            oldest_started_ms: self.buckets.keys().next().copied(),
+            oldest_started_ms: self.buckets.first().map(|(k, _)| *k),
             ages,
         }
     }

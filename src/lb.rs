@@ -10,7 +10,9 @@
 //! open a soft-drain gate the LB never passed — nor make a DOWN look older
 //! than the CLOSING it followed.
 
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
+
+use crate::json::record;
 
 /// A checker not seen for this long is gone (LB failover, reconfiguration)
 /// and no longer holds up `observed_down` or the soft-drain gate.
@@ -30,38 +32,41 @@ pub const CUT_WINDOW_MS: u64 = 2_000;
 /// a second, not one per check.
 pub const SEEN_RESOLUTION_MS: u64 = 1_000;
 
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Checker {
-    pub source: String,
-    pub consecutive_non_200: u32,
-    pub consecutive_503: u32,
-    /// Timer-clock time of its last check (to `SEEN_RESOLUTION_MS`).
-    pub last_seen_ms: u64,
-    /// When this checker was last served a 404 (soft drain).
-    #[serde(default)]
-    pub last_404_ms: Option<u64>,
-    /// When this checker was last served its `lb_fall`-th consecutive 503:
-    /// the LB marked the gateway DOWN then.
-    #[serde(default)]
-    pub down_ms: Option<u64>,
+record! {
+    #[derive(Clone, Debug, PartialEq, Eq)]
+    pub struct Checker {
+        pub source: String,
+        pub consecutive_non_200: u32,
+        pub consecutive_503: u32,
+        /// Timer-clock time of its last check (to `SEEN_RESOLUTION_MS`).
+        pub last_seen_ms: u64,
+        /// When this checker was last served a 404 (soft drain).
+        pub last_404_ms: Option<u64>,
+        /// When this checker was last served its `lb_fall`-th consecutive 503:
+        /// the LB marked the gateway DOWN then.
+        pub down_ms: Option<u64>,
+    }
 }
 
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Checkers {
-    pub list: Vec<Checker>,
-    /// When the last live checker reached `lb_fall` consecutive 503s.
-    pub observed_down_ms: Option<u64>,
-    /// The last source whose checks were answered but not recorded (outside
-    /// `lb_checkers`), and when it was first seen.
-    #[serde(default)]
-    pub ignored: Option<Ignored>,
+record! {
+    #[derive(Clone, Debug, Default, PartialEq, Eq)]
+    pub struct Checkers {
+        pub list: Vec<Checker>,
+        /// When the last live checker reached `lb_fall` consecutive 503s.
+        pub observed_down_ms: Option<u64>,
+        /// The last source whose checks were answered but not recorded (outside
+        /// `lb_checkers`), and when it was first seen.
+        pub ignored: Option<Ignored>,
+    }
 }
 
-/// A source outside `lb_checkers` that asked `/health_check.html`.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Ignored {
-    pub source: String,
-    pub since_ms: u64,
+record! {
+    /// A source outside `lb_checkers` that asked `/health_check.html`.
+    #[derive(Clone, Debug, PartialEq, Eq)]
+    pub struct Ignored {
+        pub source: String,
+        pub since_ms: u64,
+    }
 }
 
 /// What a gated soft drain is waiting for (see `Checkers::gate`).

@@ -11,6 +11,7 @@
 //!   ([`api::status`]), the reply type and error answers ([`api::reply`]);
 //! - [`lb`]: what each LB checker has been answered (LB-observed-down);
 //! - [`in_flight`]: how old the streams in flight are (what a drain waits for);
+//! - [`json`]: drain-gate's own records as JSON, each field name declared once;
 //! - [`liveness`]: whether the traffic role is there and alive;
 //! - [`metric_names`]: every metric name (the host defines them);
 //! - [`receipt`]: how the streams of a drain ended, and what the LB cut;
@@ -27,6 +28,7 @@ pub mod duration;
 pub mod fsm;
 pub mod host;
 pub mod in_flight;
+pub mod json;
 pub mod lb;
 pub mod liveness;
 pub mod metric_names;

@@ -36,7 +36,7 @@
 //!
 //! None of this changes the LB answer: a flip would cut what is in flight.
 
-use serde::{Deserialize, Serialize};
+use crate::json::{named, record};
 
 /// A root whose last beat is older than this many of its ticks is lost.
 pub const STALE_TICKS: u64 = 10;
@@ -61,102 +61,89 @@ pub fn late_after_ms(tick_ms: u64) -> u64 {
     tick_ms.saturating_mul(5).max(1_000)
 }
 
-/// One registered traffic root context.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Root {
-    pub id: u64,
-    pub tick_ms: u64,
-    pub since_ms: u64,
+record! {
+    /// One registered traffic root context.
+    #[derive(Clone, Debug, PartialEq, Eq)]
+    pub struct Root {
+        pub id: u64,
+        pub tick_ms: u64,
+        pub since_ms: u64,
+    }
 }
 
-/// A root that went silent without a goodbye.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Lost {
-    pub id: u64,
-    pub tick_ms: u64,
-    pub last_beat_ms: u64,
-    pub at_ms: u64,
+record! {
+    /// A root that went silent without a goodbye.
+    #[derive(Clone, Debug, PartialEq, Eq)]
+    pub struct Lost {
+        pub id: u64,
+        pub tick_ms: u64,
+        pub last_beat_ms: u64,
+        pub at_ms: u64,
+    }
 }
 
-/// Why the count is not trusted.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Why {
-    /// A stream is in flight that could not be counted (a host call failed).
-    StreamNotCounted,
-    /// A traffic root went silent without a goodbye (its VM may have failed).
-    TrafficRoleLost,
-    /// Every traffic root said goodbye and none came back.
-    TrafficRoleGone,
-    /// No traffic root has registered in this `vm_id` yet.
-    TrafficRoleNotSeen,
-    /// More traffic roots than the registry watches (`MAX_ROOTS`).
-    TooManyTrafficRoots,
-    /// A role was loaded as the wrong kind of filter: what passes it is not counted.
-    MisplacedRole,
+named! {
+    /// Why the count is not trusted.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    pub enum Why {
+        /// A stream is in flight that could not be counted (a host call failed).
+        StreamNotCounted = "stream_not_counted",
+        /// A traffic root went silent without a goodbye (its VM may have failed).
+        TrafficRoleLost = "traffic_role_lost",
+        /// Every traffic root said goodbye and none came back.
+        TrafficRoleGone = "traffic_role_gone",
+        /// No traffic root has registered in this `vm_id` yet.
+        TrafficRoleNotSeen = "traffic_role_not_seen",
+        /// More traffic roots than the registry watches (`MAX_ROOTS`).
+        TooManyTrafficRoots = "too_many_traffic_roots",
+        /// A role was loaded as the wrong kind of filter: what passes it is not counted.
+        MisplacedRole = "misplaced_role",
+    }
 }
 
 impl Why {
-    pub const ALL: [Why; 6] = [
-        Why::StreamNotCounted,
-        Why::TrafficRoleLost,
-        Why::TrafficRoleGone,
-        Why::TrafficRoleNotSeen,
-        Why::TooManyTrafficRoots,
-        Why::MisplacedRole,
-    ];
-
-    pub fn name(self) -> &'static str {
-        match self {
-            Why::StreamNotCounted => "stream_not_counted",
-            Why::TrafficRoleLost => "traffic_role_lost",
-            Why::TrafficRoleGone => "traffic_role_gone",
-            Why::TrafficRoleNotSeen => "traffic_role_not_seen",
-            Why::TooManyTrafficRoots => "too_many_traffic_roots",
-            Why::MisplacedRole => "misplaced_role",
-        }
-    }
-
     pub fn from_name(s: &str) -> Option<Why> {
-        Why::ALL.into_iter().find(|w| w.name() == s)
+        Why::ALL.iter().copied().find(|w| w.name() == s)
     }
 }
 
-/// The traffic roots of one `vm_id`, in shared data (compare-and-swap).
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Registry {
-    /// Moves on with every change (the verdicts judged from it are ordered by it).
-    pub generation: u64,
-    /// One above the highest id ever handed out: how many beat and in-flight
-    /// keys exist.
-    pub ids_high: u64,
-    /// A traffic root has registered at least once.
-    pub seen: bool,
-    /// A role was loaded as the wrong kind of filter: what passed it was not
-    /// counted, for the life of the process.
-    pub misplaced: bool,
-    pub roots: Vec<Root>,
-    /// Lost and not back (their ids stay reserved, so that a beat on their
-    /// key is theirs). At most `MAX_ROOTS`; past that the oldest is dropped
-    /// and counted in `dropped_lost`.
-    pub lost: Vec<Lost>,
-    /// Lost roots dropped from `lost`: never seen back, so never trusted again.
-    pub dropped_lost: u64,
-    /// Roots lost in total, and lost roots that beat again.
-    pub lost_total: u64,
-    pub back_total: u64,
-    /// Registrations refused because `MAX_ROOTS` were registered.
-    pub refused: u64,
-    /// When the last refusal happened (a refused root retries every tick:
-    /// none for `stale_after_ms` means every root got in).
-    pub last_refused_ms: Option<u64>,
-    /// When the last root said goodbye, while none is registered.
-    pub empty_since_ms: Option<u64>,
-    /// A gap without any root (every root said goodbye, none back in time)
-    /// began then: streams that started in it were not counted.
-    pub gap_since_ms: Option<u64>,
-    /// The shortest tick of any root seen: bounds how long "gone" waits.
-    pub min_tick_ms: Option<u64>,
+record! {
+    /// The traffic roots of one `vm_id`, in shared data (compare-and-swap).
+    #[derive(Clone, Debug, Default, PartialEq, Eq)]
+    pub struct Registry {
+        /// Moves on with every change (the verdicts judged from it are ordered by it).
+        pub generation: u64,
+        /// One above the highest id ever handed out: how many beat and in-flight
+        /// keys exist.
+        pub ids_high: u64,
+        /// A traffic root has registered at least once.
+        pub seen: bool,
+        /// A role was loaded as the wrong kind of filter: what passed it was not
+        /// counted, for the life of the process.
+        pub misplaced: bool,
+        pub roots: Vec<Root>,
+        /// Lost and not back (their ids stay reserved, so that a beat on their
+        /// key is theirs). At most `MAX_ROOTS`; past that the oldest is dropped
+        /// and counted in `dropped_lost`.
+        pub lost: Vec<Lost>,
+        /// Lost roots dropped from `lost`: never seen back, so never trusted again.
+        pub dropped_lost: u64,
+        /// Roots lost in total, and lost roots that beat again.
+        pub lost_total: u64,
+        pub back_total: u64,
+        /// Registrations refused because `MAX_ROOTS` were registered.
+        pub refused: u64,
+        /// When the last refusal happened (a refused root retries every tick:
+        /// none for `stale_after_ms` means every root got in).
+        pub last_refused_ms: Option<u64>,
+        /// When the last root said goodbye, while none is registered.
+        pub empty_since_ms: Option<u64>,
+        /// A gap without any root (every root said goodbye, none back in time)
+        /// began then: streams that started in it were not counted.
+        pub gap_since_ms: Option<u64>,
+        /// The shortest tick of any root seen: bounds how long "gone" waits.
+        pub min_tick_ms: Option<u64>,
+    }
 }
 
 /// What the health role does with the registry.
@@ -317,20 +304,22 @@ impl Registry {
     }
 }
 
-/// Who judges the registry, and since when its run of on-time ticks lasts:
-/// one value per process (shared data), written by the health tick that
-/// judges (at most one per half `tick`).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Watch {
-    /// The last judging tick (timer clock).
-    pub last_ms: Option<u64>,
-    /// Silence is judged from here at the earliest: the first on-time tick
-    /// after the health role last did not run for `late_after_ms`.
-    pub since_ms: u64,
-    /// Stalls seen (the health role did not run for `late_after_ms`).
-    pub stalls: u64,
-    /// The longest stall seen.
-    pub longest_stall_ms: u64,
+record! {
+    /// Who judges the registry, and since when its run of on-time ticks lasts:
+    /// one value per process (shared data), written by the health tick that
+    /// judges (at most one per half `tick`).
+    #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+    pub struct Watch {
+        /// The last judging tick (timer clock).
+        pub last_ms: Option<u64>,
+        /// Silence is judged from here at the earliest: the first on-time tick
+        /// after the health role last did not run for `late_after_ms`.
+        pub since_ms: u64,
+        /// Stalls seen (the health role did not run for `late_after_ms`).
+        pub stalls: u64,
+        /// The longest stall seen.
+        pub longest_stall_ms: u64,
+    }
 }
 
 /// What a health tick does with the watch record.
@@ -586,7 +575,7 @@ mod tests {
 
     #[test]
     fn why_names_round_trip() {
-        for w in Why::ALL {
+        for &w in Why::ALL {
             assert_eq!(Why::from_name(w.name()), Some(w));
             assert_eq!(
                 serde_json::to_string(&w).unwrap(),

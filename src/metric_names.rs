@@ -14,6 +14,8 @@ pub enum Kind {
 pub struct Metric {
     pub name: &'static str,
     pub kind: Kind,
+    /// What it means (the envoyfilter/README.md table; not in the module).
+    #[cfg(test)]
     pub help: &'static str,
 }
 
@@ -47,106 +49,127 @@ pub const ALL: [Metric; 21] = [
     Metric {
         name: ACTIVE_REQUESTS,
         kind: Kind::Gauge,
+        #[cfg(test)]
         help: "HTTP streams in flight on the traffic listeners (all workers)",
     },
     Metric {
         name: ACTIVE_CONNECTIONS,
         kind: Kind::Gauge,
+        #[cfg(test)]
         help: "connections in flight on the TCP and TLS-passthrough chains (all workers)",
     },
     Metric {
         name: STATE,
         kind: Kind::Gauge,
+        #[cfg(test)]
         help: "0 OPEN, 1 DRAINING, 2 CLOSING, 3 CLOSED, 4 FAULT",
     },
     Metric {
         name: TRANSITIONS_TO[0],
         kind: Kind::Counter,
+        #[cfg(test)]
         help: "transitions into OPEN (reopen)",
     },
     Metric {
         name: TRANSITIONS_TO[1],
         kind: Kind::Counter,
+        #[cfg(test)]
         help: "transitions into DRAINING",
     },
     Metric {
         name: TRANSITIONS_TO[2],
         kind: Kind::Counter,
+        #[cfg(test)]
         help: "transitions into CLOSING (LB check flips to 503)",
     },
     Metric {
         name: TRANSITIONS_TO[3],
         kind: Kind::Counter,
+        #[cfg(test)]
         help: "transitions into CLOSED (readiness flips to 503)",
     },
     Metric {
         name: TRANSITIONS_TO[4],
         kind: Kind::Counter,
+        #[cfg(test)]
         help: "transitions into FAULT",
     },
     Metric {
         name: FORCED_CLOSES,
         kind: Kind::Counter,
+        #[cfg(test)]
         help: "drains closed by drain_timeout with requests still in flight",
     },
     Metric {
         name: COUNT_ERRORS,
         kind: Kind::Counter,
+        #[cfg(test)]
         help: "streams the filter could not count (the drain then waits for drain_timeout)",
     },
     Metric {
         name: COUNT_UNRELIABLE,
         kind: Kind::Gauge,
+        #[cfg(test)]
         help: "1 while the health role does not trust the count (count.unreliable_reason in /drain/status says why)",
     },
     Metric {
         name: TRAFFIC_ROLES_LOST,
         kind: Kind::Counter,
+        #[cfg(test)]
         help: "traffic root contexts declared lost: silent without a goodbye (a failed VM, or a worker late by seconds: traffic.back_total counts those that came back)",
     },
     Metric {
         name: OLDEST_IN_FLIGHT,
         kind: Kind::Gauge,
+        #[cfg(test)]
         help: "age of the oldest stream in flight, all workers (0 when none; to one tick)",
     },
     Metric {
         name: CLOCK_STEPS,
         kind: Kind::Counter,
+        #[cfg(test)]
         help: "wall-clock steps seen (the drain timers run on the monotonic clock and ignore them)",
     },
     Metric {
         name: LB_CHECKS_IGNORED,
         kind: Kind::Counter,
+        #[cfg(test)]
         help: "LB checks from sources outside lb_checkers: answered, not recorded (an LB behind SNAT or a wrong CIDR)",
     },
     Metric {
         name: CUT,
         kind: Kind::Counter,
+        #[cfg(test)]
         help: "streams and connections the downstream ended before they completed, during a drain (the LB's reset at DOWN, or a client that gave up)",
     },
     Metric {
         name: CUT_LB,
         kind: Kind::Counter,
+        #[cfg(test)]
         help: "of drain_gate_cut, those that ended within 2 s after an LB checker was served its lb_fall-th consecutive 503: cut by the LB marking the gateway DOWN",
     },
     Metric {
         name: CUT_TCP,
         kind: Kind::Counter,
+        #[cfg(test)]
         help: "of drain_gate_cut, TCP and TLS-passthrough connections (the rest are HTTP streams)",
     },
     Metric {
         name: DRAIN_COMPLETED,
         kind: Kind::Counter,
+        #[cfg(test)]
         help: "streams and connections that completed during a drain",
     },
     Metric {
         name: DRAIN_ENDED_UPSTREAM,
         kind: Kind::Counter,
+        #[cfg(test)]
         help: "streams and connections ended by the upstream or by Envoy itself during a drain (reset, timeout, local reply)",
     },
     Metric {
         name: REFUSED,
         kind: Kind::Counter,
+        #[cfg(test)]
         help: "new HTTP requests answered 503 while draining (draining_new_requests: refuse), never forwarded",
     },
 ];

@@ -40,14 +40,14 @@ pub enum CidrError {
 impl fmt::Display for CidrError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            CidrError::NotAnAddress(s) => write!(f, "{s:?} is not an IP address or CIDR"),
+            CidrError::NotAnAddress(s) => write!(f, "\"{s}\" is not an IP address or CIDR"),
             CidrError::Prefix { input, max } => {
-                write!(f, "{input:?} has a prefix length outside 0..={max}")
+                write!(f, "\"{input}\" has a prefix length outside 0..={max}")
             }
             CidrError::HostBits { input, network } => {
                 write!(
                     f,
-                    "{input:?} has host bits set (did you mean \"{network}\"?)"
+                    "\"{input}\" has host bits set (did you mean \"{network}\"?)"
                 )
             }
         }

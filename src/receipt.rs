@@ -3,7 +3,8 @@
 //!
 //! The traffic roles sort each stream or connection that ends while the
 //! state is not OPEN — and only those: outside a drain no end costs a host
-//! call — into one of four counters, process-wide stats: **completed**;
+//! call, and during one only a stream whose response did not end reads its
+//! response flags — into one of four counters, process-wide stats: **completed**;
 //! **ended by the upstream or by Envoy** (an upstream reset or timeout, a
 //! local reply); **refused** (`draining_new_requests: refuse`); and **cut**:
 //! ended by the downstream before it completed. A cut within
@@ -16,20 +17,22 @@
 //! The transition into DRAINING records the counters ([`Tally`]) in the
 //! drain record; a drain's receipt is the counters now minus that.
 
-use serde::{Deserialize, Serialize};
+use crate::json::record;
 use std::fmt;
 
 use crate::clock::rfc3339;
 
-/// The counters a receipt is made of, as read at one moment.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Tally {
-    pub cut: u64,
-    pub cut_lb: u64,
-    pub cut_tcp: u64,
-    pub completed: u64,
-    pub ended_upstream: u64,
-    pub refused: u64,
+record! {
+    /// The counters a receipt is made of, as read at one moment.
+    #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+    pub struct Tally {
+        pub cut: u64,
+        pub cut_lb: u64,
+        pub cut_tcp: u64,
+        pub completed: u64,
+        pub ended_upstream: u64,
+        pub refused: u64,
+    }
 }
 
 impl Tally {
@@ -118,12 +121,13 @@ pub enum End {
 /// `DR` (downstream remote reset, an HTTP/2 or HTTP/3 RST_STREAM).
 pub const DOWNSTREAM_FLAGS: u64 = 0x4000 | 0x1000_0000;
 
-/// How an HTTP stream ended, from its response flags.
+/// How an HTTP stream whose response did not end ended, from its response
+/// flags: the downstream's end (`DOWNSTREAM_FLAGS`) is a cut; anything else
+/// — an upstream reset or timeout, a local reply — ended upstream. (A stream
+/// whose response ended completed; the caller knows that without asking.)
 pub fn http_end(flags: u64) -> End {
     if flags & DOWNSTREAM_FLAGS != 0 {
         End::Cut
-    } else if flags == 0 {
-        End::Completed
     } else {
         End::Upstream
     }
@@ -147,7 +151,11 @@ mod tests {
 
     #[test]
     fn http_ends_by_their_flags() {
-        assert_eq!(http_end(0), End::Completed);
+        assert_eq!(
+            http_end(0),
+            End::Upstream,
+            "no response end, no downstream flag"
+        );
         assert_eq!(
             http_end(0x4000),
             End::Cut,

@@ -1,7 +1,7 @@
-//! Connection rotation at drain start — Envoy's own connection drain, event ③
+//! Connection rotation during a drain — Envoy's own connection drain, event ③
 //! of a pod termination. Pure.
 //!
-//! When DRAINING begins, the health role asks Envoy's admin API for
+//! The health role asks Envoy's admin API for
 //! `POST /drain_listeners?graceful&skip_exit`: Envoy starts its own drain
 //! sequence, so every HTTP/1.1 connection gets `connection: close` on its next
 //! response and every HTTP/2 connection a GOAWAY, while new connections are
@@ -9,18 +9,33 @@
 //! to this gateway, the client then reconnects through the LB before the LB
 //! marks the gateway DOWN, instead of being reset by it.
 //!
+//! **When** ([`due`]): Envoy's drain sequence cannot be narrowed to the
+//! connections of the moment — once started, every response of every
+//! connection asks its client to close, until the process ends — and a wasm
+//! filter can neither add `connection: close` to a response (Envoy strips
+//! hop-by-hop headers) nor send a GOAWAY. So the rotation waits until a
+//! reconnect goes elsewhere or the LB is about to reset what stays: in a soft
+//! drain, when the gate passes (every LB checker was served the 404: the LB
+//! sends no new connection here); in a drain answering 200, at the flip (the
+//! LB marks the gateway DOWN `fall` checks later). Until then keep-alive
+//! connections are kept — an L7 LB's pool, a pinned client — and no request
+//! pays a new connection (or TLS handshake) for the rotation.
+//!
 //! `skip_exit` keeps every listener open — the health listener included — for
 //! good: the two other forms (`drain_listeners`, `drain_listeners?graceful`)
 //! stop the listeners, the health listener with them, so the LB would mark the
 //! gateway DOWN with requests in flight. `ADMIN_PATH` is the only call made.
 //!
-//! Exactly once per drain: only the caller whose compare-and-swap moved the
-//! state to DRAINING (`started_by`) asks; a failure is recorded, never retried,
-//! and never changes the drain.
+//! Exactly once per drain: the health worker whose compare-and-swap claims the
+//! drain's rotation record asks; a failure is recorded, never retried, and
+//! never changes the drain. A maintenance drain (`?hold=closing`) never
+//! rotates: it is meant to be reopened, and Envoy's drain sequence lasts
+//! until istio-proxy restarts.
 
-use serde::{Deserialize, Serialize};
+use crate::json::{named, record};
 
 use crate::fsm::{self, State};
+use crate::lb::Gate;
 
 /// The Envoy cluster that reaches the admin API, unless configured otherwise.
 pub const DEFAULT_CLUSTER: &str = "drain_gate_envoy_admin";
@@ -29,59 +44,70 @@ pub const ADMIN_PATH: &str = "/drain_listeners?graceful&skip_exit";
 /// How long Envoy waits for the admin API to answer.
 pub const TIMEOUT_MS: u64 = 2_000;
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Outcome {
-    /// Sent, no answer yet.
-    Pending,
-    /// The admin API answered 2xx: Envoy is rotating connections.
-    Done,
-    /// Not sent (no such cluster), not answered, or answered non-2xx.
-    Failed,
-    /// The drain ended (reopen, fault) before the call went out.
-    Skipped,
-}
-
-/// What became of the rotation of one drain; shared by every worker.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Record {
-    /// The drain this rotation belongs to (`fsm::Record::drain_started_ms`).
-    pub drain_started_ms: u64,
-    pub outcome: Outcome,
-    pub requested_ms: Option<u64>,
-    pub answered_ms: Option<u64>,
-    /// The admin API's HTTP status, when it answered.
-    pub admin_status: Option<u16>,
-    pub error: Option<String>,
-}
-
-/// The drain whose rotation the caller owns: `Some` only for the record a
-/// successful OPEN → DRAINING move returned, i.e. for the one caller whose
-/// compare-and-swap wrote it. A maintenance drain (`?hold=closing`) owns
-/// none: it is meant to be reopened, and Envoy's drain sequence, once started,
-/// lasts until istio-proxy restarts (every response closes its connection).
-pub fn started_by(moved: &fsm::Record) -> Option<u64> {
-    if moved.state == State::Draining && !moved.holds_closing() {
-        moved.drain_started_ms
-    } else {
-        None
+named! {
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    pub enum Outcome {
+        /// Sent, no answer yet.
+        Pending = "pending",
+        /// The admin API answered 2xx: Envoy is rotating connections.
+        Done = "done",
+        /// Not sent (no such cluster), not answered, or answered non-2xx.
+        Failed = "failed",
     }
 }
 
-/// Whether the rotation of the drain started at `drain_ms` is still wanted
-/// when the state is `now`: the same drain, not abandoned. (CLOSING and CLOSED
-/// still want it: an idle gateway flips at once, and its keep-alive
-/// connections must rotate all the same.)
-pub fn still_wanted(now: &fsm::Record, drain_ms: u64) -> bool {
-    matches!(now.state, State::Draining | State::Closing | State::Closed)
-        && now.drain_started_ms == Some(drain_ms)
+named! {
+    /// What made the rotation due.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    pub enum Trigger {
+        /// A soft drain's gate passed: the LB sends no new connection here.
+        SoftDrainGate = "soft_drain_gate",
+        /// The flip to 503: the LB marks the gateway DOWN `fall` checks later.
+        Flip = "flip",
+    }
+}
+
+record! {
+    /// What became of the rotation of one drain; shared by every worker.
+    #[derive(Clone, Debug, PartialEq, Eq)]
+    pub struct Record {
+        /// The drain this rotation belongs to (`fsm::Record::drain_started_ms`).
+        pub drain_started_ms: u64,
+        pub trigger: Option<Trigger>,
+        pub outcome: Outcome,
+        pub requested_ms: Option<u64>,
+        pub answered_ms: Option<u64>,
+        /// The admin API's HTTP status, when it answered.
+        pub admin_status: Option<u16>,
+        pub error: Option<String>,
+    }
+}
+
+/// Whether the rotation of the drain `rec` holds is due now, and why: in a
+/// gated soft drain once `gate` passes; in any drain at the flip (CLOSING,
+/// or CLOSED for a drain that got there within a tick). Never for a
+/// maintenance drain. The caller sends it once per drain (the rotation
+/// record's claim).
+pub fn due(rec: &fsm::Record, gate: Option<Gate>) -> Option<Trigger> {
+    let plan = rec.plan?;
+    if plan.hold_closing {
+        return None;
+    }
+    match rec.state {
+        State::Draining if plan.lb_gate && gate.is_some_and(Gate::passes) => {
+            Some(Trigger::SoftDrainGate)
+        }
+        State::Closing | State::Closed => Some(Trigger::Flip),
+        _ => None,
+    }
 }
 
 impl Record {
     /// The call went out at `now_ms`.
-    pub fn pending(drain_ms: u64, now_ms: u64) -> Record {
+    pub fn pending(drain_ms: u64, trigger: Trigger, now_ms: u64) -> Record {
         Record {
             drain_started_ms: drain_ms,
+            trigger: Some(trigger),
             outcome: Outcome::Pending,
             requested_ms: Some(now_ms),
             answered_ms: None,
@@ -91,9 +117,10 @@ impl Record {
     }
 
     /// The call was not made: `outcome` says why, `error` in words.
-    pub fn not_sent(drain_ms: u64, outcome: Outcome, error: String) -> Record {
+    pub fn not_sent(drain_ms: u64, trigger: Trigger, outcome: Outcome, error: String) -> Record {
         Record {
             drain_started_ms: drain_ms,
+            trigger: Some(trigger),
             outcome,
             requested_ms: None,
             answered_ms: None,
@@ -141,9 +168,9 @@ mod tests {
     }
 
     #[test]
-    fn only_the_move_into_draining_owns_the_rotation() {
+    fn the_rotation_waits_for_the_lb_to_leave_or_for_the_flip() {
         let open = fsm::Record::new(10);
-        assert_eq!(started_by(&open), None);
+        assert_eq!(due(&open, None), None);
         let draining = advance(
             &open,
             mv(State::Open, State::Draining, Reason::DrainRequested),
@@ -151,15 +178,17 @@ mod tests {
             3,
         )
         .unwrap();
-        assert_eq!(started_by(&draining), Some(50));
-        // A maintenance drain is meant to be reopened: it never rotates.
-        let mut maintenance = draining.clone();
-        maintenance.plan = maintenance.plan.map(|p| fsm::DrainPlan {
-            hold_closing: true,
-            ..p
-        });
-        assert_eq!(started_by(&maintenance), None);
-        // The same drain, one step on: whoever moved it to CLOSING owns nothing.
+        assert_eq!(
+            due(&draining, None),
+            None,
+            "200 while draining: keep the connections"
+        );
+        let mut soft = draining.clone();
+        soft.plan = soft.plan.map(|p| fsm::DrainPlan { lb_gate: true, ..p });
+        assert_eq!(due(&soft, Some(Gate::Waiting)), None);
+        assert_eq!(due(&soft, Some(Gate::NoChecker)), None);
+        assert_eq!(due(&soft, Some(Gate::Open)), Some(Trigger::SoftDrainGate));
+        assert_eq!(due(&soft, Some(Gate::NoLb)), Some(Trigger::SoftDrainGate));
         let closing = advance(
             &draining,
             mv(State::Draining, State::Closing, Reason::ActiveZero),
@@ -167,9 +196,14 @@ mod tests {
             0,
         )
         .unwrap();
-        assert_eq!(started_by(&closing), None);
-        assert!(still_wanted(&closing, 50));
-        assert!(!still_wanted(&closing, 49));
+        assert_eq!(due(&closing, None), Some(Trigger::Flip));
+        // A maintenance drain is meant to be reopened: it never rotates.
+        let mut maintenance = closing.clone();
+        maintenance.plan = maintenance.plan.map(|p| fsm::DrainPlan {
+            hold_closing: true,
+            ..p
+        });
+        assert_eq!(due(&maintenance, None), None);
         let reopened = advance(
             &draining,
             mv(State::Draining, State::Open, Reason::ReopenRequested),
@@ -177,12 +211,12 @@ mod tests {
             0,
         )
         .unwrap();
-        assert!(!still_wanted(&reopened, 50));
+        assert_eq!(due(&reopened, None), None);
     }
 
     #[test]
     fn answers_become_outcomes() {
-        let p = Record::pending(50, 60);
+        let p = Record::pending(50, Trigger::Flip, 60);
         assert_eq!(p.outcome, Outcome::Pending);
         let done = p.clone().answered(Some(200), 65);
         assert_eq!(

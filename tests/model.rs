@@ -218,7 +218,9 @@ impl<'a> Model<'a> {
                         force: false,
                     };
                     // An injected failure leaves it OPEN: tried again later.
-                    self.drain = store.advance(|_| mv, 0, &Metrics::define(self.sim)).is_ok();
+                    self.drain = store
+                        .advance(&|_| mv, 0, &Metrics::define(self.sim))
+                        .is_ok();
                 }
             }
             Op::RootDrop(w) => {
@@ -502,7 +504,7 @@ fn a_stall_of_the_whole_process_disarms_nothing() {
         plan: Some(plan),
         force: false,
     };
-    store.advance(|_| mv, 1, &metrics).unwrap();
+    store.advance(&|_| mv, 1, &metrics).unwrap();
     m.step(&Op::Time(TICK_MS, false));
     assert_eq!(store.load().unwrap().state, State::Draining);
     m.step(&Op::Exit(0));

@@ -568,7 +568,7 @@ proptest! {
                 }
             }
             check_record(&rec)?;
-            let round: Record = serde_json::from_str(&serde_json::to_string(&rec).unwrap()).unwrap();
+            let round: Record = drain_gate::json::from_slice(&serde_json::to_vec(&rec).unwrap()).unwrap();
             prop_assert_eq!(&round, &rec);
         }
     }

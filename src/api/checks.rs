@@ -131,7 +131,7 @@ mod tests {
     #[test]
     fn health_answers_follow_the_state_table() {
         let c = cfg();
-        for s in State::ALL {
+        for &s in State::ALL {
             let lb = check(Audience::Lb, s, &c, None);
             assert_eq!(lb.status, s.lb_status(200));
             assert_eq!(

@@ -147,7 +147,7 @@ pub struct Route {
 impl Route {
     /// Whether the endpoint takes `method`.
     pub fn allows(&self, method: &str) -> bool {
-        self.allow.split(", ").any(|m| m == method)
+        self.allow.split(',').any(|m| m.trim_start() == method)
     }
 }
 

@@ -40,14 +40,14 @@ impl Params {
             let (k, v) = (decode(k)?, decode(v)?);
             let Some(name) = NAMES.iter().copied().find(|n| n.as_bytes() == k) else {
                 return Err(bad_request(&format!(
-                    "unknown query parameter; {}",
+                    "unknown query parameter; this endpoint {}",
                     takes_phrase(takes)
                 )));
             };
             if !takes.contains(&name) {
                 return Err(bad_request(&format!(
                     "{name}: not a parameter of this endpoint, which {}",
-                    takes_phrase(takes).trim_start_matches("this endpoint ")
+                    takes_phrase(takes)
                 )));
             }
             if given.contains(&name) {
@@ -104,11 +104,12 @@ impl Params {
 }
 
 /// "this endpoint takes wait, timeout" / "this endpoint takes no query parameters".
+/// "takes no query parameters", "takes wait, timeout".
 fn takes_phrase(takes: &[&str]) -> String {
     if takes.is_empty() {
-        "this endpoint takes no query parameters".to_string()
+        "takes no query parameters".to_string()
     } else {
-        format!("this endpoint takes {}", takes.join(", "))
+        format!("takes {}", takes.join(", "))
     }
 }
 

@@ -123,6 +123,8 @@ struct RotationOut<'a> {
 #[derive(Serialize)]
 struct RotationLast<'a> {
     drain_started_at: String,
+    /// What made it due: `soft_drain_gate` (the LB stopped sending here) or `flip`.
+    trigger: Option<rotation::Trigger>,
     outcome: rotation::Outcome,
     requested_at: Option<String>,
     answered_at: Option<String>,
@@ -137,6 +139,7 @@ fn rotation_out<'a>(v: &RotationView<'a>) -> RotationOut<'a> {
         admin_path: rotation::ADMIN_PATH,
         last: v.last.map(|r| RotationLast {
             drain_started_at: rfc3339(r.drain_started_ms),
+            trigger: r.trigger,
             outcome: r.outcome,
             requested_at: r.requested_ms.map(rfc3339),
             answered_at: r.answered_ms.map(rfc3339),
@@ -570,8 +573,12 @@ mod tests {
             let s = body(&status(&v));
             assert_eq!(s["connection_rotation"]["enabled"], false);
             assert!(s["connection_rotation"]["last"].is_null());
-            let failed = rotation::Record::pending(1_764_000_000_100, 1_764_000_000_200)
-                .answered(Some(404), 1_764_000_000_300);
+            let failed = rotation::Record::pending(
+                1_764_000_000_100,
+                rotation::Trigger::Flip,
+                1_764_000_000_200,
+            )
+            .answered(Some(404), 1_764_000_000_300);
             let with = View {
                 rotation: RotationView {
                     cluster: Some("admin"),

@@ -30,6 +30,7 @@
 use std::cell::Cell;
 
 use super::keys;
+use super::logs;
 use super::metrics::Metrics;
 use super::shared::{self, cas_update, Envoy, Host, Step};
 use crate::liveness::Why;
@@ -93,7 +94,7 @@ fn shared_value(bytes: Option<&[u8]>) -> Option<u64> {
 pub fn create_shared<H: Host>(host: &H) {
     for key in Part::ALL.map(Part::shared_key) {
         if let Err(e) = shared::create(host, key, &0u64.to_le_bytes()) {
-            log::error!("event=shared_data_error key={key} error=\"{e}\"");
+            logs::error!("event=shared_data_error key={key} error=\"{e}\"");
         }
     }
 }
@@ -103,7 +104,7 @@ pub fn create_shared<H: Host>(host: &H) {
 /// not trusted (and the gateway not announced, see `crate::liveness`).
 pub fn announce_traffic<H: Host>(host: &H) {
     if let Err(e) = host.set(keys::TRAFFIC_PRESENT, b"1", None) {
-        log::error!(
+        logs::error!(
             "event=shared_data_error key={} status={e:?}",
             keys::TRAFFIC_PRESENT
         );
@@ -118,7 +119,7 @@ impl<H: Host> Counter<H> {
         let source = match gauge {
             Some(id) => Source::Gauge(id),
             _ => {
-                log::warn!(
+                logs::warning!(
                     "event=count_source part={part:?} source=shared_data why=\"gauge is not live (stats_matcher?)\""
                 );
                 Source::SharedData
@@ -242,7 +243,7 @@ impl<H: Host> Counter<H> {
             self.held.set(self.local.get());
         } else {
             // Left over-counted: the drain waits longer, never flips early.
-            log::error!("event=count_error what=\"count not given back\"");
+            logs::error!("event=count_error what=\"count not given back\"");
         }
     }
 
@@ -422,7 +423,7 @@ pub fn write_verdict<H: Host>(host: &H, gen: u64, why: Option<Why>) -> bool {
 /// until it ends): counted as an error, logged.
 pub fn not_counted<H: Host>(metrics: &Metrics<H>) {
     metrics.count_error();
-    log::error!(
+    logs::error!(
         "event=count_error what=\"stream not counted; the count is unreliable until it ends\""
     );
     metrics.set_count_unreliable(true);

@@ -4,7 +4,7 @@
 use proxy_wasm::hostcalls;
 use proxy_wasm::traits::{Context, HttpContext};
 use proxy_wasm::types::{Action, MapType};
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::fmt::Display;
 use std::net::{IpAddr, SocketAddr};
 use std::rc::Rc;
@@ -12,6 +12,7 @@ use std::rc::Rc;
 use super::count::{Counts, Reading};
 use super::in_flight;
 use super::liveness::Watch;
+use super::logs;
 use super::metrics::Metrics;
 use super::rotation::Rotator;
 use super::shared::{Envoy, Host};
@@ -60,6 +61,10 @@ pub struct Health<H: Host = Envoy> {
     store: Store<H>,
     waiters: RefCell<Vec<Waiter>>,
     watch: Watch<H>,
+    lb_seen: store::LbSeen,
+    /// The last tick could not read (or update) the record: checks fail
+    /// closed until a tick succeeds again.
+    unreadable: Cell<bool>,
 }
 
 /// Sends `reply` on the stream `context_id` (`None`: the current one).
@@ -70,13 +75,13 @@ fn send<H: Host>(host: &H, context_id: Option<u32>, reply: &Reply) {
         .map(|(n, v)| (*n, v.as_str()))
         .collect();
     if let Err(e) = host.respond(context_id, reply.status, &headers, &reply.body) {
-        log::warn!("event=send_failed status={e:?}");
+        logs::warning!("event=send_failed status={e:?}");
     }
 }
 
 /// Logs why the state could not be read; the answer is the core's.
 fn unavailable(error: &dyn Display) -> Reply {
-    log::error!("event=state_unavailable role=health error=\"{error}\"");
+    logs::error!("event=state_unavailable role=health error=\"{error}\"");
     api::unavailable()
 }
 
@@ -94,6 +99,8 @@ impl<H: Host + Copy> Health<H> {
             store: Store::new(host),
             waiters: RefCell::new(Vec::new()),
             watch,
+            lb_seen: RefCell::new(None),
+            unreadable: Cell::new(false),
         };
         // Record where the wall clock stands before the first tick, so that
         // a step even then is seen.
@@ -110,11 +117,11 @@ impl<H: Host> Health<H> {
     /// Everything a status answer shows, read now.
     fn snapshot(&self) -> Snapshot {
         let checkers = self.store.lb_checkers().unwrap_or_else(|e| {
-            log::warn!("event=lb_record_unavailable error=\"{e}\"");
+            logs::warning!("event=lb_record_unavailable error=\"{e}\"");
             Checkers::default()
         });
         let rotation = self.store.rotation_load().unwrap_or_else(|e| {
-            log::warn!("event=rotation_record_unavailable error=\"{e}\"");
+            logs::warning!("event=rotation_record_unavailable error=\"{e}\"");
             None
         });
         let (reg, verdict, watch) = self.watch.snapshot();
@@ -210,11 +217,11 @@ impl<H: Host> Health<H> {
         } else {
             reply.status
         };
-        if let Err(e) = self
-            .store
-            .lb_observe(&ip.to_string(), served, self.config.lb_fall)
+        if let Err(e) =
+            self.store
+                .lb_observe(&ip.to_string(), served, self.config.lb_fall, &self.lb_seen)
         {
-            log::warn!("event=lb_record_unavailable error=\"{e}\"");
+            logs::warning!("event=lb_record_unavailable error=\"{e}\"");
         }
         if state == State::Draining && served == 404 {
             let active = self.counter.read().for_decisions();
@@ -222,7 +229,7 @@ impl<H: Host> Health<H> {
                 .store
                 .apply_due(active, self.lb_down_ms(), &self.metrics)
             {
-                log::error!("event=state_unavailable role=health error=\"{e}\"");
+                logs::error!("event=state_unavailable role=health error=\"{e}\"");
             }
         }
         reply
@@ -234,13 +241,13 @@ impl<H: Host> Health<H> {
     fn ignored_check(&self, ip: IpAddr) {
         self.metrics.lb_check_ignored();
         match self.store.lb_ignore(&ip.to_string()) {
-            Ok(true) => log::warn!(
+            Ok(true) => logs::warning!(
                 "event=lb_check_ignored source={ip} what=\"a /health_check.html from outside \
                  lb_checkers: answered, not recorded; if it is the LB, a soft drain's gate and \
                  lb_observed_down never see it\""
             ),
             Ok(false) => {}
-            Err(e) => log::warn!("event=lb_record_unavailable error=\"{e}\""),
+            Err(e) => logs::warning!("event=lb_record_unavailable error=\"{e}\""),
         }
     }
 
@@ -254,10 +261,8 @@ impl<H: Host> Health<H> {
             plan: Some(cmd.plan(&self.config)),
             force: cmd.force(),
         };
-        let moved = self
-            .store
-            .advance(choose, self.counter.read().active, &self.metrics)?;
-        self.rotator.moved(&moved);
+        self.store
+            .advance(&choose, self.counter.read().active, &self.metrics)?;
         self.store
             .apply_due(
                 self.counter.read().for_decisions(),
@@ -273,24 +278,15 @@ impl<H: Host> Health<H> {
             Ok(e) => e,
             Err(reply) => return Some(reply),
         };
+        if let Endpoint::Check(audience) = endpoint {
+            return Some(self.check(audience, req));
+        }
         let rec = match self.store.load() {
             Ok(r) => r,
             Err(e) => return Some(unavailable(&e)),
         };
         match endpoint {
-            Endpoint::Check(audience) if !self.watch.seen() => Some(api::check_waiting(
-                audience,
-                rec.state,
-                &self.config,
-                req.if_none_match,
-            )),
-            Endpoint::Check(Audience::Lb) => Some(self.lb_check(rec.state, req)),
-            Endpoint::Check(audience) => Some(api::check(
-                audience,
-                rec.state,
-                &self.config,
-                req.if_none_match,
-            )),
+            Endpoint::Check(audience) => Some(self.check(audience, req)),
             Endpoint::Status => Some(self.status_reply(&rec)),
             Endpoint::Transition(cmd) => Some(match self.command(cmd) {
                 Ok(next) => self.status_reply(&next),
@@ -300,6 +296,29 @@ impl<H: Host> Health<H> {
             Endpoint::DrainAndWait { timeout_ms } => {
                 self.drain_and_wait(rec, timeout_ms, context_id)
             }
+        }
+    }
+
+    /// A health check, answered from the state gauge (one host call, no
+    /// record to parse) when that gauge is live, else from the record. The
+    /// gauge is written right after each transition by the worker whose
+    /// write won, and repaired every tick (`Metrics::sync_state`); a record
+    /// the tick could not read fails the checks closed from then on.
+    fn check(&self, audience: Audience, req: &api::Request) -> Reply {
+        let gauge = self.metrics.state_hint().filter(|_| !self.unreadable.get());
+        let state = match gauge {
+            Some(state) => state,
+            None => match self.store.load() {
+                Ok(rec) => rec.state,
+                Err(e) => return unavailable(&e),
+            },
+        };
+        match audience {
+            _ if !self.watch.seen() => {
+                api::check_waiting(audience, state, &self.config, req.if_none_match)
+            }
+            Audience::Lb => self.lb_check(state, req),
+            _ => api::check(audience, state, &self.config, req.if_none_match),
         }
     }
 
@@ -314,10 +333,10 @@ impl<H: Host> Health<H> {
             State::Open => match self.command(api::Command::Drain) {
                 Ok(next) => Ok(next),
                 // Someone else started it first: join.
-                Err(store::Error::Illegal(_)) => self.store.update(fsm::resume),
+                Err(store::Error::Illegal(_)) => self.store.update(&fsm::resume),
                 Err(store::Error::Shared(e)) => Err(e),
             },
-            _ => self.store.update(fsm::resume),
+            _ => self.store.update(&fsm::resume),
         };
         let rec = match joined {
             Ok(r) => r,
@@ -339,15 +358,15 @@ impl<H: Host> Health<H> {
     fn renew_hold(&self) {
         let lease = self.config.hold_lease_ms();
         let now = self.host().now();
-        if let Err(e) = self.store.update(|r| fsm::renew_hold(r, now, lease)) {
-            log::warn!("event=hold_unavailable error=\"{e}\"");
+        if let Err(e) = self.store.update(&|r| fsm::renew_hold(r, now, lease)) {
+            logs::warning!("event=hold_unavailable error=\"{e}\"");
         }
     }
 
     /// Which clock the timers run on, and the wall-clock steps seen so far.
     fn clock_info(&self) -> api::ClockInfo {
         let steps = self.store.clock_steps().unwrap_or_else(|e| {
-            log::warn!("event=clock_record_unavailable error=\"{e}\"");
+            logs::warning!("event=clock_record_unavailable error=\"{e}\"");
             clock::Steps::default()
         });
         api::ClockInfo::new(self.host().now().timers(), &steps)
@@ -360,7 +379,7 @@ impl<H: Host> Health<H> {
         let threshold = clock::step_threshold_ms(self.config.tick_ms);
         match self.store.clock_look(now, threshold) {
             Ok(Some((steps, by))) => {
-                log::warn!(
+                logs::warning!(
                     "event=clock_step step_ms={by} wall={} steps={} timers={}",
                     api::rfc3339(now.wall_ms),
                     steps.count,
@@ -369,7 +388,7 @@ impl<H: Host> Health<H> {
                 self.metrics.clock_step();
             }
             Ok(None) => {}
-            Err(e) => log::warn!("event=clock_record_unavailable error=\"{e}\""),
+            Err(e) => logs::warning!("event=clock_record_unavailable error=\"{e}\""),
         }
     }
 
@@ -382,15 +401,16 @@ impl<H: Host> Health<H> {
         let due = self
             .store
             .apply_due(reading.for_decisions(), self.lb_down_ms(), &self.metrics);
+        self.unreadable.set(due.is_err());
         let rec = match due {
             Ok(r) => r,
             Err(e) => {
-                log::error!("event=state_unavailable role=health error=\"{e}\"");
+                logs::error!("event=state_unavailable role=health error=\"{e}\"");
                 return;
             }
         };
         self.metrics.sync_state(rec.state);
-        self.rotator.tick(&rec);
+        self.rotator.tick(&rec, self.store.gate(&rec));
         self.metrics.set_count_unreliable(!reading.reliable);
         let ids: Vec<u64> = self.watch.snapshot().0.roots.iter().map(|r| r.id).collect();
         let now = self.host().now();
@@ -404,23 +424,23 @@ impl<H: Host> Health<H> {
     /// the drain's receipt once when the drain ends; one worker each.
     fn keep_receipt(&self, rec: &Record, oldest: Option<u64>) {
         if fsm::record_flip(rec, oldest).is_some() {
-            if let Err(e) = self.store.update(|r| fsm::record_flip(r, oldest)) {
-                log::warn!("event=state_unavailable role=health error=\"{e}\"");
+            if let Err(e) = self.store.update(&|r| fsm::record_flip(r, oldest)) {
+                logs::warning!("event=state_unavailable role=health error=\"{e}\"");
             }
         }
         if !fsm::receipt_due(rec) {
             return;
         }
         let won = std::cell::Cell::new(false);
-        let marked = self.store.update(|r| {
+        let marked = self.store.update(&|r| {
             let next = fsm::mark_receipt(r);
             won.set(next.is_some());
             next
         });
         match marked {
-            Ok(r) if won.get() => log::info!("{}", self.receipt(&r)),
+            Ok(r) if won.get() => logs::info!("{}", self.receipt(&r)),
             Ok(_) => {}
-            Err(e) => log::warn!("event=state_unavailable role=health error=\"{e}\""),
+            Err(e) => logs::warning!("event=state_unavailable role=health error=\"{e}\""),
         }
     }
 
@@ -490,7 +510,7 @@ impl HealthStream {
 
 fn header(name: &str) -> Option<String> {
     match hostcalls::get_map_value_bytes(MapType::HttpRequestHeaders, name) {
-        Ok(Some(v)) => Some(String::from_utf8_lossy(&v).into_owned()),
+        Ok(Some(v)) => String::from_utf8(v).ok(),
         _ => None,
     }
 }
@@ -742,12 +762,21 @@ mod tests {
     }
 
     #[test]
-    fn a_drain_start_sends_one_rotation_call_on_the_next_tick() {
+    fn the_rotation_goes_out_once_at_the_flip_not_at_the_drain_start() {
         let sim = Sim::at(T0);
-        let (h, t) = gateway(&sim, r#"{}"#);
-        let _stream = TrafficStream::new(Rc::clone(&t));
+        let (h, t) = gateway(&sim, r#"{"lb_buffer":"60m"}"#);
+        let stream = TrafficStream::new(Rc::clone(&t));
         call(&h, "POST", "/drain", 1).unwrap();
-        assert!(sim.calls.borrow().is_empty(), "not from the /drain stream");
+        ticks(&sim, &h, &t, 5, 100);
+        assert!(
+            sim.calls.borrow().is_empty(),
+            "200 while draining: connections kept"
+        );
+        drop(stream); // the flip
+        assert!(
+            sim.calls.borrow().is_empty(),
+            "not from a stream's callback"
+        );
         ticks(&sim, &h, &t, 3, 100);
         let calls = sim.calls.borrow().clone();
         assert_eq!(calls.len(), 1, "once per drain");
@@ -758,7 +787,43 @@ mod tests {
         sim.call_status.set(Some(200));
         h.rotator.answered(calls[0].token, 3);
         let status = json(&call(&h, "GET", "/drain/status", 2).unwrap());
-        assert_eq!(status["connection_rotation"]["last"]["outcome"], "done");
+        let last = &status["connection_rotation"]["last"];
+        assert_eq!(
+            (last["outcome"].as_str(), last["trigger"].as_str()),
+            (Some("done"), Some("flip"))
+        );
+        // A second health root (another worker) finds the drain's rotation claimed.
+        let other = Health::new(h.config.clone(), Metrics::define(&sim));
+        other.tick();
+        assert_eq!(sim.calls.borrow().len(), 1);
+    }
+
+    #[test]
+    fn a_soft_drain_rotates_once_the_lb_was_served_its_404() {
+        let sim = Sim::at(T0);
+        let (h, t) = gateway(&sim, r#"{"draining_lb_status":404,"lb_buffer":"60m"}"#);
+        let _stream = TrafficStream::new(Rc::clone(&t));
+        assert_eq!(
+            call(&h, "GET", "/health_check.html", 1).unwrap().status,
+            200
+        );
+        call(&h, "POST", "/drain", 2).unwrap();
+        ticks(&sim, &h, &t, 3, 100);
+        assert!(
+            sim.calls.borrow().is_empty(),
+            "the LB still sends new connections here"
+        );
+        assert_eq!(
+            call(&h, "GET", "/health_check.html", 3).unwrap().status,
+            404
+        );
+        ticks(&sim, &h, &t, 1, 100);
+        assert_eq!(
+            sim.calls.borrow().len(),
+            1,
+            "NOLB: a reconnect goes elsewhere now"
+        );
+        assert_eq!(state(&h), State::Draining, "the stream still runs");
     }
 
     #[test]
@@ -797,8 +862,10 @@ mod tests {
         }
     }
 
-    /// A stream that ends with these response flags (what `on_log` reads).
+    /// A stream that ends with these response flags (what `on_log` reads);
+    /// 0: its response ended, it completed.
     fn end_with(sim: &Sim, mut stream: TrafficStream<&Sim>, flags: u64) {
+        stream.response(flags == 0);
         sim.set_flags(flags);
         stream.log();
         drop(stream);
@@ -938,10 +1005,34 @@ mod tests {
     }
 
     #[test]
+    fn a_drain_held_open_costs_a_stream_only_its_exact_count() {
+        let sim = Sim::at(T0);
+        let (h, t) = gateway(
+            &sim,
+            r#"{"min_drain":"60m","drain_timeout":"60m","lb_buffer":"60m"}"#,
+        );
+        call(&h, "POST", "/drain", 1).unwrap();
+        ticks(&sim, &h, &t, 1, 100);
+        let before = sim.host_calls.get();
+        for _ in 0..100 {
+            end_with(&sim, TrafficStream::new(Rc::clone(&t)), 0); // each brings the count to 0
+        }
+        // The count +1 and −1, the clock for the hold, the receipt's counter:
+        // nothing reads the state, the count or the record.
+        let per_stream = (sim.host_calls.get() - before) as f64 / 100.0;
+        assert!(per_stream <= 4.0, "{per_stream} host calls per stream");
+        assert_eq!(state(&h), State::Draining);
+    }
+
+    #[test]
     fn an_unreadable_record_fails_closed_with_503() {
         let sim = Sim::at(T0);
         let (h, _t) = gateway(&sim, r#"{}"#);
         sim.put(crate::host::keys::FSM, b"{not json");
+        // Checks answer from the state gauge until a tick finds the record
+        // unreadable; the status document reads the record at once.
+        assert_eq!(call(&h, "GET", "/drain/status", 1).unwrap().status, 503);
+        h.tick();
         for path in ["/health_check.html", "/health", "/drain/status"] {
             let r = call(&h, "GET", path, 1).unwrap();
             assert_eq!(
@@ -949,5 +1040,35 @@ mod tests {
                 (503, Some("state_unavailable"))
             );
         }
+    }
+
+    #[test]
+    fn a_check_that_changes_nothing_reads_two_values_and_writes_none() {
+        let sim = Sim::at(T0);
+        let (h, _t) = gateway(&sim, r#"{}"#);
+        assert_eq!(
+            call(&h, "GET", "/health_check.html", 1).unwrap().status,
+            200
+        );
+        let lb = sim.value(crate::host::keys::LB);
+        let before = sim.host_calls.get();
+        for _ in 0..10 {
+            assert_eq!(
+                call(&h, "GET", "/health_check.html", 1).unwrap().status,
+                200
+            );
+        }
+        // Per check: the state gauge, the clock, the LB record (remembered
+        // by version, so not parsed) — and no write.
+        assert_eq!((sim.host_calls.get() - before) / 10, 3);
+        assert_eq!(sim.value(crate::host::keys::LB), lb);
+        // What does change is written: the 404 of a soft drain.
+        let (h, _t) = gateway(&sim, r#"{"draining_lb_status": 404}"#);
+        call(&h, "POST", "/drain", 2).unwrap();
+        assert_eq!(
+            call(&h, "GET", "/health_check.html", 3).unwrap().status,
+            404
+        );
+        assert_ne!(sim.value(crate::host::keys::LB), lb);
     }
 }

@@ -5,17 +5,19 @@
 //! roots.
 
 use super::keys;
+use super::logs;
 use super::shared::{self, Host};
 use crate::in_flight::{self, InFlight, Published};
+use crate::json;
 
 pub fn publish<H: Host>(host: &H, id: u64, summary: &Published) {
     let key = keys::in_flight(id);
-    let written = shared::encode(&key, summary).and_then(|bytes| {
+    let written = shared::encode(keys::IN_FLIGHT, summary).and_then(|bytes| {
         host.set(&key, &bytes, None)
             .map_err(shared::SharedError::Write)
     });
     if let Err(e) = written {
-        log::warn!("event=shared_data_error key={key} error=\"{e}\"");
+        logs::warning!("event=shared_data_error key={key} error=\"{e}\"");
     }
 }
 
@@ -26,7 +28,7 @@ pub fn read<H: Host>(host: &H, now_ms: u64, ids: impl IntoIterator<Item = u64>) 
         .into_iter()
         .filter_map(|id| host.get(&keys::in_flight(id)).ok())
         .filter_map(|(bytes, _)| bytes)
-        .filter_map(|bytes| serde_json::from_slice(&bytes).ok())
+        .filter_map(|bytes| json::from_slice(&bytes).ok())
         .collect();
     in_flight::merge(&published, now_ms)
 }

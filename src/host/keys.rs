@@ -59,8 +59,11 @@ pub fn beat(id: u64) -> String {
     format!("drain_gate.beat.v1.{id}")
 }
 
+/// The prefix of the in-flight summaries' keys (and their name in errors).
+pub const IN_FLIGHT: &str = "drain_gate.in_flight.v2";
+
 /// A traffic root's in-flight summary (`crate::in_flight::Published`, JSON),
 /// under its registry id.
 pub fn in_flight(id: u64) -> String {
-    format!("drain_gate.in_flight.v2.{id}")
+    format!("{IN_FLIGHT}.{id}")
 }

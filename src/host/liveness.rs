@@ -11,6 +11,7 @@ use std::cell::Cell;
 
 use super::count;
 use super::keys;
+use super::logs;
 use super::metrics::Metrics;
 use super::shared::{self, cas_update, json_read, json_update, Envoy, Host, SharedError};
 use super::store::flatten;
@@ -33,7 +34,7 @@ pub fn ensure_registry<H: Host>(host: &H) {
     let created = shared::encode(keys::REGISTRY, &Registry::default())
         .and_then(|bytes| shared::create(host, keys::REGISTRY, &bytes));
     if let Err(e) = created {
-        log::error!(
+        logs::error!(
             "event=shared_data_error key={} error=\"{e}\"",
             keys::REGISTRY
         );
@@ -46,9 +47,20 @@ fn update<H: Host, R>(
     host: &H,
     mut f: impl FnMut(&mut Registry) -> R,
 ) -> Result<(R, u64), SharedError> {
+    let mut out = None;
+    let generation = update_registry(host, &mut |r| out = Some(f(r)))?;
+    out.map(|r| (r, generation)).ok_or(SharedError::Contention)
+}
+
+/// `update`'s body, one copy for every caller: `f` runs once per attempt.
+fn update_registry<H: Host>(
+    host: &H,
+    f: &mut dyn FnMut(&mut Registry),
+) -> Result<u64, SharedError> {
     json_update(host, keys::REGISTRY, |r: &mut Registry| {
         r.generation = r.generation.saturating_add(1);
-        Ok::<_, SharedError>((f(r), r.generation))
+        f(r);
+        Ok::<_, SharedError>(r.generation)
     })
     .map_err(flatten)
 }
@@ -57,7 +69,7 @@ fn update<H: Host, R>(
 /// is loaded where it cannot count (`Why::MisplacedRole`).
 pub fn misplaced<H: Host>(host: &H) {
     if let Err(e) = update(host, |r| r.misplaced = true) {
-        log::error!(
+        logs::error!(
             "event=shared_data_error key={} error=\"{e}\"",
             keys::REGISTRY
         );
@@ -129,13 +141,13 @@ impl<H: Host> Heartbeat<H> {
         let tick_ms = self.tick_ms;
         match update(&self.host, |r| r.announce(tick_ms, now)) {
             Ok((Some(id), _)) => {
-                log::info!("event=traffic_role_registered id={id}");
+                logs::info!("event=traffic_role_registered id={id}");
                 self.id.set(Some(id));
                 Some(id)
             }
             Ok((None, _)) => {
                 if !self.refused.replace(true) {
-                    log::error!(
+                    logs::error!(
                         "event=traffic_role_refused why=too_many_traffic_roots max={} what=\"more \
                          traffic root contexts than drain-gate watches (one per worker and traffic \
                          filter, plus the main thread's): lower the Envoy concurrency; the count is \
@@ -146,7 +158,7 @@ impl<H: Host> Heartbeat<H> {
                 None
             }
             Err(e) => {
-                log::error!("event=traffic_role_unregistered error=\"{e}\"");
+                logs::error!("event=traffic_role_unregistered error=\"{e}\"");
                 None
             }
         }
@@ -158,8 +170,8 @@ impl<H: Host> Heartbeat<H> {
         let Some(id) = self.id.take() else { return };
         let now = now_ms(&self.host);
         match update(&self.host, |r| r.goodbye(id, now)) {
-            Ok(_) => log::info!("event=traffic_role_unregistered id={id} why=goodbye"),
-            Err(e) => log::error!("event=traffic_role_goodbye_failed id={id} error=\"{e}\""),
+            Ok(_) => logs::info!("event=traffic_role_unregistered id={id} why=goodbye"),
+            Err(e) => logs::error!("event=traffic_role_goodbye_failed id={id} error=\"{e}\""),
         }
     }
 }
@@ -220,7 +232,7 @@ impl<H: Host> Watch<H> {
         match judged {
             Ok(Some((since, stall))) => {
                 if let Some(gap) = stall {
-                    log::warn!(
+                    logs::warning!(
                         "event=stall late_ms={gap} what=\"the health role did not run for {gap} ms \
                          (the process stalled: CPU throttling, a long main-thread task, memory \
                          pressure); traffic roots get a fresh {} ms to beat before any is judged \
@@ -232,7 +244,7 @@ impl<H: Host> Watch<H> {
             }
             Ok(None) => None,
             Err(e) => {
-                log::warn!("event=shared_data_error key={} error=\"{e}\"", keys::WATCH);
+                logs::warning!("event=shared_data_error key={} error=\"{e}\"", keys::WATCH);
                 None
             }
         }
@@ -257,7 +269,7 @@ impl<H: Host> Watch<H> {
         let ((back, lost, gap, verdict, seen), gen) = match judged {
             Ok(j) => j,
             Err(e) => {
-                log::warn!(
+                logs::warning!(
                     "event=shared_data_error key={} error=\"{e}\"",
                     keys::REGISTRY
                 );
@@ -273,7 +285,7 @@ impl<H: Host> Watch<H> {
             metrics.traffic_role_lost();
         }
         if gap {
-            log::error!(
+            logs::error!(
                 "event=traffic_role_gone what=\"every traffic root said goodbye and none came back: \
                  the traffic filter left the listeners; streams that ran meanwhile are not \
                  counted, so the count is not trusted until istio-proxy restarts\""
@@ -294,7 +306,7 @@ impl<H: Host> Watch<H> {
 }
 
 fn report_lost(l: &Lost) {
-    log::error!(
+    logs::error!(
         "event=traffic_role_lost id={} last_beat_ms={} what=\"a traffic root went silent without a \
          goodbye (its VM may have failed); the count is not trusted until it beats again\"",
         l.id,
@@ -303,7 +315,7 @@ fn report_lost(l: &Lost) {
 }
 
 fn report_back(l: &Lost, now: u64) {
-    log::warn!(
+    logs::warning!(
         "event=traffic_role_back id={} silent_ms={} what=\"a traffic root declared lost beats \
          again: it was late, not dead\"",
         l.id,
@@ -313,12 +325,12 @@ fn report_back(l: &Lost, now: u64) {
 
 fn report_verdict(why: Option<Why>) {
     match why {
-        Some(why) => log::error!(
+        Some(why) => logs::error!(
             "event=count_unreliable why={} what=\"the count is not trusted to reach 0; a drain \
              waits for drain_timeout unless the reason ends first\"",
             why.name()
         ),
-        None => log::info!("event=count_reliable what=\"the count is trusted again\""),
+        None => logs::info!("event=count_reliable what=\"the count is trusted again\""),
     }
 }
 

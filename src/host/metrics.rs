@@ -1,11 +1,12 @@
 //! Defines the metrics of `crate::metric_names`, probes whether a gauge is
 //! live, and records transitions.
 
+use crate::json::record;
 use proxy_wasm::types::MetricType;
-use serde::{Deserialize, Serialize};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::keys;
+use super::logs;
 use super::shared::{self, Envoy, Host};
 use crate::fsm::{Record, State};
 use crate::metric_names::{self as names, Kind};
@@ -63,7 +64,7 @@ fn define<H: Host>(host: &H, name: &str) -> Option<u32> {
     match host.define_metric(t, name) {
         Ok(id) => Some(id),
         Err(e) => {
-            log::warn!("event=metric_unavailable name={name} status={e:?}");
+            logs::warning!("event=metric_unavailable name={name} status={e:?}");
             None
         }
     }
@@ -81,16 +82,18 @@ fn gauge_is_live<H: Host>(host: &H, id: Option<u32>) -> bool {
     seen >= 1
 }
 
-/// Which gauges are live, probed once per process: by the first root
-/// context configured, which Envoy configures on the main thread before any
-/// worker VM exists — so nobody else writes a gauge while it is probed (a
-/// probe racing a `record` could leave the state gauge wrapped to 2⁶⁴−1), and
-/// no later root probes again (a `stats_matcher` is fixed at bootstrap).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-struct Live {
-    state: bool,
-    active: bool,
-    active_connections: bool,
+record! {
+    /// Which gauges are live, probed once per process: by the first root
+    /// context configured, which Envoy configures on the main thread before any
+    /// worker VM exists — so nobody else writes a gauge while it is probed (a
+    /// probe racing a `record` could leave the state gauge wrapped to 2⁶⁴−1), and
+    /// no later root probes again (a `stats_matcher` is fixed at bootstrap).
+    #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+    struct Live {
+        state: bool,
+        active: bool,
+        active_connections: bool,
+    }
 }
 
 fn live_gauges<H: Host>(
@@ -112,7 +115,7 @@ fn live_gauges<H: Host>(
     let written = shared::encode(keys::GAUGES, &live)
         .and_then(|bytes| shared::create(host, keys::GAUGES, &bytes));
     if let Err(e) = written {
-        log::warn!("event=shared_data_error key={} error=\"{e}\"", keys::GAUGES);
+        logs::warning!("event=shared_data_error key={} error=\"{e}\"", keys::GAUGES);
     }
     live
 }

@@ -8,6 +8,7 @@ pub mod health;
 pub mod in_flight;
 pub mod keys;
 pub mod liveness;
+pub mod logs;
 pub mod metrics;
 pub mod root;
 pub mod rotation;

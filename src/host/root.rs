@@ -12,6 +12,7 @@ use std::time::Duration;
 use super::count::{self, Part};
 use super::health::{Health, HealthStream};
 use super::liveness;
+use super::logs;
 use super::metrics::Metrics;
 use super::shared::Envoy;
 use super::store::Store;
@@ -91,7 +92,7 @@ impl Root {
             Filter::Http => ("an HTTP filter", "a network filter before tcp_proxy"),
             Filter::Network => ("a network filter", "an HTTP filter"),
         };
-        log::error!(
+        logs::error!(
             "event=misplaced_role role={} what=\"loaded as {kind}; this role is {wanted}: it passes \
              everything through, counts nothing{}\"",
             self.role.name(),
@@ -159,24 +160,24 @@ impl RootContext for Root {
         ) {
             Ok(b) => b.unwrap_or_default(),
             Err(e) => {
-                log::error!("invalid configuration: (configuration): cannot be read: {e:?}");
+                logs::error!("invalid configuration: (configuration): cannot be read: {e:?}");
                 return false;
             }
         };
         let config = match Config::parse(&bytes) {
             Ok(c) => c,
             Err(e) => {
-                log::error!("{e}");
+                logs::error!("{e}");
                 return false;
             }
         };
         let metrics = metrics();
         match Store::new(Envoy).load() {
             Ok(rec) => metrics.set_state(rec.state),
-            Err(e) => log::error!("event=state_unavailable error=\"{e}\""),
+            Err(e) => logs::error!("event=state_unavailable error=\"{e}\""),
         }
         if let Err(e) = hostcalls::set_tick_period(Duration::from_millis(config.tick_ms)) {
-            log::error!("invalid configuration: tick: the host refused it: {e:?}");
+            logs::error!("invalid configuration: tick: the host refused it: {e:?}");
             return false;
         }
         self.role = match config.role {
@@ -193,7 +194,7 @@ impl RootContext for Root {
             }
             config::Role::Health => {
                 for w in config.warnings() {
-                    log::warn!("event=config_warning what=\"{w}\"");
+                    logs::warning!("event=config_warning what=\"{w}\"");
                 }
                 liveness::ensure_registry(&Envoy);
                 Role::Health(Rc::new(Health::new(config, metrics)))

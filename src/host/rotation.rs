@@ -1,27 +1,24 @@
 //! Connection rotation at drain start (`crate::rotation`): the health root
 //! context's call to Envoy's admin API, and its record in shared data.
 //!
-//! The stream that moves the state to DRAINING only marks the rotation due;
-//! the root context sends it on its next tick. A call made from that stream
-//! would belong to it, and Envoy cancels a stream's calls when the stream ends
-//! — which the `/drain` answer does at once.
+//! The health root context's tick sends it once it is due
+//! (`rotation::due`): a call made from a stream would belong to it, and Envoy
+//! cancels a stream's calls when the stream ends — which the `/drain` answer
+//! does at once. One worker per drain sends it: the one whose
+//! compare-and-swap claims the drain's rotation record.
 
 use std::cell::RefCell;
 use std::time::Duration;
 
+use super::logs;
 use super::shared::{Envoy, Host};
 use super::store::Store;
 use crate::fsm::Record;
+use crate::lb::Gate;
 use crate::rotation::{self, Outcome};
 
-#[derive(Clone, Debug, PartialEq, Eq)]
-enum Step {
-    Idle,
-    /// This worker moved the state to DRAINING at this instant; not sent yet.
-    Due(u64),
-    /// Sent; the answer comes back with this token.
-    Sent(u32, rotation::Record),
-}
+/// This worker's rotation call in flight, if any: its token and record.
+type Sent = Option<(u32, rotation::Record)>;
 
 /// This worker's part in the rotation: at most one call at a time.
 #[derive(Debug)]
@@ -29,19 +26,20 @@ pub struct Rotator<H: Host = Envoy> {
     store: Store<H>,
     /// `None`: rotation is turned off.
     cluster: Option<String>,
-    step: RefCell<Step>,
+    sent: RefCell<Sent>,
 }
 
 fn log_outcome(rec: &rotation::Record) {
     match rec.outcome {
-        Outcome::Done | Outcome::Pending => log::info!(
-            "event=connection_rotation outcome={:?} admin_status={:?}",
-            rec.outcome,
-            rec.admin_status
+        Outcome::Done | Outcome::Pending => logs::info!(
+            "event=connection_rotation outcome={} trigger={} admin_status={}",
+            rec.outcome.name(),
+            rec.trigger.map_or("none", rotation::Trigger::name),
+            rec.admin_status.unwrap_or(0)
         ),
-        Outcome::Failed | Outcome::Skipped => log::warn!(
-            "event=connection_rotation outcome={:?} error=\"{}\"",
-            rec.outcome,
+        Outcome::Failed => logs::warning!(
+            "event=connection_rotation outcome={} error=\"{}\"",
+            rec.outcome.name(),
             rec.error.as_deref().unwrap_or("")
         ),
     }
@@ -52,7 +50,7 @@ impl<H: Host> Rotator<H> {
         Rotator {
             store: Store::new(host),
             cluster,
-            step: RefCell::new(Step::Idle),
+            sent: RefCell::new(None),
         }
     }
 
@@ -60,20 +58,27 @@ impl<H: Host> Rotator<H> {
         self.cluster.as_deref()
     }
 
-    /// Called with the record a successful move returned: marks the
-    /// rotation due when that move started a drain.
-    pub fn moved(&self, next: &Record) {
-        if let (Some(drain_ms), Some(_)) = (rotation::started_by(next), &self.cluster) {
-            *self.step.borrow_mut() = Step::Due(drain_ms);
-        }
-    }
-
-    /// Runs in the root context's tick: sends a due call.
-    pub fn tick(&self, now: &Record) {
-        let Step::Due(drain_ms) = *self.step.borrow() else {
+    /// Runs in the health root context's tick: sends the drain's rotation
+    /// once it is due (`rotation::due`), if this worker claims it first.
+    pub fn tick(&self, now: &Record, gate: Option<Gate>) {
+        let (Some(_), Some(drain_ms), Some(trigger)) = (
+            &self.cluster,
+            now.drain_started_ms,
+            rotation::due(now, gate),
+        ) else {
             return;
         };
-        let rec = self.send(now, drain_ms);
+        let host = self.store.host();
+        let claim = rotation::Record::pending(drain_ms, trigger, host.now().wall_ms);
+        match self.store.rotation_claim(&claim) {
+            Ok(true) => {}
+            Ok(false) => return, // another worker sent it, or a later drain's is recorded
+            Err(e) => {
+                logs::warning!("event=rotation_record_unavailable error=\"{e}\"");
+                return;
+            }
+        }
+        let rec = self.send(claim);
         log_outcome(&rec);
         self.save(&rec);
     }
@@ -86,16 +91,11 @@ impl<H: Host> Rotator<H> {
             return;
         }
         if let Err(e) = self.store.rotation_save(rec) {
-            log::warn!("event=rotation_record_unavailable error=\"{e}\"");
+            logs::warning!("event=rotation_record_unavailable error=\"{e}\"");
         }
     }
 
-    fn send(&self, now: &Record, drain_ms: u64) -> rotation::Record {
-        *self.step.borrow_mut() = Step::Idle;
-        if !rotation::still_wanted(now, drain_ms) {
-            let why = format!("the drain ended ({}) before the call", now.state.name());
-            return rotation::Record::not_sent(drain_ms, Outcome::Skipped, why);
-        }
+    fn send(&self, claim: rotation::Record) -> rotation::Record {
         let cluster = self.cluster.as_deref().unwrap_or(rotation::DEFAULT_CLUSTER);
         let headers = [
             (":method", "POST"),
@@ -103,28 +103,29 @@ impl<H: Host> Rotator<H> {
             (":authority", "envoy-admin"),
         ];
         let timeout = Duration::from_millis(rotation::TIMEOUT_MS);
-        let host = self.store.host();
-        match host.http_call(cluster, &headers, timeout) {
+        match self.store.host().http_call(cluster, &headers, timeout) {
             Ok(token) => {
-                let rec = rotation::Record::pending(drain_ms, host.now().wall_ms);
-                *self.step.borrow_mut() = Step::Sent(token, rec.clone());
-                rec
+                *self.sent.borrow_mut() = Some((token, claim.clone()));
+                claim
             }
             Err(e) => rotation::Record::not_sent(
-                drain_ms,
+                claim.drain_started_ms,
+                claim.trigger.unwrap_or(rotation::Trigger::Flip),
                 Outcome::Failed,
-                format!("Envoy refused the call to cluster {cluster:?} ({e:?}): no such cluster?"),
+                format!(
+                    "Envoy refused the call to cluster \"{cluster}\" ({e:?}): no such cluster?"
+                ),
             ),
         }
     }
 
     /// The admin API's answer (or its absence) to the call sent with `token`.
     pub fn answered(&self, token: u32, num_headers: usize) {
-        let sent = match &*self.step.borrow() {
-            Step::Sent(t, rec) if *t == token => rec.clone(),
+        let sent = match &*self.sent.borrow() {
+            Some((t, rec)) if *t == token => rec.clone(),
             _ => return,
         };
-        *self.step.borrow_mut() = Step::Idle;
+        *self.sent.borrow_mut() = None;
         let host = self.store.host();
         let status = if num_headers == 0 {
             None

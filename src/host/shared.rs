@@ -7,13 +7,14 @@ use proxy_wasm::types::Status;
 use std::fmt;
 
 pub use super::wasm_host::{Envoy, Host};
+use crate::json::{self, FromJson, Unreadable};
 
 /// Compare-and-swap retries before an update gives up (only under
 /// pathological contention).
 pub const RETRIES: usize = 64;
 
 /// Why a shared-data access failed.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum SharedError {
     Read(Status),
     Write(Status),
@@ -21,18 +22,13 @@ pub enum SharedError {
     Contention,
     /// The value is not what drain-gate writes there.
     Unreadable {
-        key: String,
-        why: String,
+        key: &'static str,
+        why: Unreadable,
     },
-}
-
-impl SharedError {
-    pub fn unreadable(key: &str, why: impl fmt::Display) -> SharedError {
-        SharedError::Unreadable {
-            key: key.to_string(),
-            why: why.to_string(),
-        }
-    }
+    /// The value could not be serialized (never expected: plain records).
+    Unwritable {
+        key: &'static str,
+    },
 }
 
 impl fmt::Display for SharedError {
@@ -42,6 +38,9 @@ impl fmt::Display for SharedError {
             SharedError::Write(s) => write!(f, "shared data write failed: {s:?}"),
             SharedError::Contention => write!(f, "too much contention on shared data"),
             SharedError::Unreadable { key, why } => write!(f, "unreadable {key}: {why}"),
+            SharedError::Unwritable { key } => {
+                write!(f, "{key}: the value could not be serialized")
+            }
         }
     }
 }
@@ -107,25 +106,25 @@ pub fn cas_update<H: Host + ?Sized, R, E>(
 }
 
 /// Parses a JSON value drain-gate wrote under `key`.
-pub fn parse<T: serde::de::DeserializeOwned>(key: &str, bytes: &[u8]) -> Result<T, SharedError> {
-    serde_json::from_slice(bytes).map_err(|e| SharedError::unreadable(key, e))
+pub fn parse<T: FromJson>(key: &'static str, bytes: &[u8]) -> Result<T, SharedError> {
+    json::from_slice(bytes).map_err(|why| SharedError::Unreadable { key, why })
 }
 
 /// Serializes a value for `key`.
-pub fn encode<T: serde::Serialize>(key: &str, value: &T) -> Result<Vec<u8>, SharedError> {
-    serde_json::to_vec(value).map_err(|e| SharedError::unreadable(key, e))
+pub fn encode<T: serde::Serialize>(key: &'static str, value: &T) -> Result<Vec<u8>, SharedError> {
+    serde_json::to_vec(value).map_err(|_| SharedError::Unwritable { key })
 }
 
 /// `cas_update` for a JSON value that starts as `T::default()` when absent:
 /// `f` changes it (or refuses), and the changed value is written.
 pub fn json_update<H, T, R, E>(
     host: &H,
-    key: &str,
+    key: &'static str,
     mut f: impl FnMut(&mut T) -> Result<R, E>,
 ) -> Result<R, Failed<E>>
 where
     H: Host + ?Sized,
-    T: serde::Serialize + serde::de::DeserializeOwned + Default,
+    T: serde::Serialize + FromJson + Default,
 {
     cas_update(host, key, |bytes| {
         let mut value: T = match bytes {
@@ -144,12 +143,12 @@ where
 /// `json_update` that writes only when `f` says it changed the value.
 pub fn json_change<H, T, E>(
     host: &H,
-    key: &str,
+    key: &'static str,
     mut f: impl FnMut(&mut T) -> Result<bool, E>,
 ) -> Result<bool, Failed<E>>
 where
     H: Host + ?Sized,
-    T: serde::Serialize + serde::de::DeserializeOwned + Default,
+    T: serde::Serialize + FromJson + Default,
 {
     cas_update(host, key, |bytes| {
         let mut value: T = match bytes {
@@ -171,10 +170,10 @@ where
 }
 
 /// A JSON value, `T::default()` when absent.
-pub fn json_read<H, T>(host: &H, key: &str) -> Result<T, SharedError>
+pub fn json_read<H, T>(host: &H, key: &'static str) -> Result<T, SharedError>
 where
     H: Host + ?Sized,
-    T: serde::de::DeserializeOwned + Default,
+    T: FromJson + Default,
 {
     match host.get(key).map_err(SharedError::Read)? {
         (Some(b), _) => parse(key, &b),

@@ -64,6 +64,8 @@ pub struct Sim {
     pub answers: RefCell<Vec<Answer>>,
     /// Properties of the stream whose callback runs, by dotted path.
     pub properties: RefCell<HashMap<String, Vec<u8>>>,
+    /// Host calls made so far (what a hot path costs).
+    pub host_calls: Cell<u64>,
 }
 
 impl Sim {
@@ -162,6 +164,7 @@ fn owned(headers: &[(&str, &str)]) -> Vec<(String, String)> {
 
 impl Host for &Sim {
     fn get(&self, key: &str) -> Result<(Option<Vec<u8>>, Option<u32>), Status> {
+        self.host_calls.set(self.host_calls.get() + 1);
         Ok(match self.data.borrow().get(key) {
             Some((v, cas)) => (Some(v.clone()), Some(*cas)),
             None => (None, None),
@@ -169,6 +172,7 @@ impl Host for &Sim {
     }
 
     fn set(&self, key: &str, value: &[u8], cas: Option<u32>) -> Result<(), Status> {
+        self.host_calls.set(self.host_calls.get() + 1);
         if self.fail_now() {
             return Err(Status::InternalFailure);
         }
@@ -188,12 +192,14 @@ impl Host for &Sim {
     }
 
     fn define_metric(&self, _kind: MetricType, name: &str) -> Result<u32, Status> {
+        self.host_calls.set(self.host_calls.get() + 1);
         let mut ids = self.ids.borrow_mut();
         ids.push(name.to_string());
         u32::try_from(ids.len() - 1).map_err(|_| Status::InternalFailure)
     }
 
     fn metric_add(&self, id: u32, delta: i64) -> Result<(), Status> {
+        self.host_calls.set(self.host_calls.get() + 1);
         let name = self.name_of(id)?;
         if self.fail_now() {
             return Err(Status::InternalFailure);
@@ -205,12 +211,14 @@ impl Host for &Sim {
     }
 
     fn metric_get(&self, id: u32) -> Result<u64, Status> {
+        self.host_calls.set(self.host_calls.get() + 1);
         let name = self.name_of(id)?;
         // Envoy's gauges are u64: a value below 0 reads wrapped.
         Ok(self.metric(&name) as u64)
     }
 
     fn metric_record(&self, id: u32, value: u64) -> Result<(), Status> {
+        self.host_calls.set(self.host_calls.get() + 1);
         let name = self.name_of(id)?;
         if !self.is_null(&name) {
             self.values.borrow_mut().insert(name, value as i64);
@@ -219,6 +227,7 @@ impl Host for &Sim {
     }
 
     fn now(&self) -> Now {
+        self.host_calls.set(self.host_calls.get() + 1);
         self.now_of()
     }
 
@@ -228,6 +237,7 @@ impl Host for &Sim {
         headers: &[(&str, &str)],
         _timeout: Duration,
     ) -> Result<u32, Status> {
+        self.host_calls.set(self.host_calls.get() + 1);
         if self.call_refused.get() {
             return Err(Status::BadArgument);
         }
@@ -242,10 +252,12 @@ impl Host for &Sim {
     }
 
     fn http_call_status(&self) -> Option<u16> {
+        self.host_calls.set(self.host_calls.get() + 1);
         self.call_status.get()
     }
 
     fn property(&self, path: &[&str]) -> Option<Vec<u8>> {
+        self.host_calls.set(self.host_calls.get() + 1);
         self.properties.borrow().get(&path.join(".")).cloned()
     }
 
@@ -256,6 +268,7 @@ impl Host for &Sim {
         headers: &[(&str, &str)],
         body: &[u8],
     ) -> Result<(), Status> {
+        self.host_calls.set(self.host_calls.get() + 1);
         self.answers.borrow_mut().push(Answer {
             context_id,
             status,

@@ -4,9 +4,11 @@
 //! records beside it: what the LB checkers were served, the connection
 //! rotation of the last drain, the clock-step watch.
 
+use std::cell::RefCell;
 use std::fmt;
 
 use super::keys;
+use super::logs;
 use super::metrics::Metrics;
 use super::shared::{self, cas_update, json_change, json_read, Failed, Host, SharedError, Step};
 use crate::clock::{Look, Now, Steps};
@@ -43,6 +45,9 @@ impl From<SharedError> for Error {
         Error::Shared(e)
     }
 }
+
+/// The LB record as its reader parsed it last, with that version's `cas`.
+pub type LbSeen = RefCell<Option<(u32, Checkers)>>;
 
 /// The shared records, through one host.
 #[derive(Clone, Copy, Debug, Default)]
@@ -89,7 +94,7 @@ impl<H: Host> Store<H> {
     /// transition.
     pub fn advance(
         &self,
-        choose: impl Fn(&Record) -> Move,
+        choose: &dyn Fn(&Record) -> Move,
         active: u64,
         metrics: &Metrics<H>,
     ) -> Result<Record, Error> {
@@ -108,7 +113,7 @@ impl<H: Host> Store<H> {
             Failed::Refused(e) => e,
             Failed::Shared(e) => Error::Shared(e),
         })?;
-        log::info!(
+        logs::info!(
             "event=transition from={} to={} reason={} active={} forced={} seq={}",
             from.name(),
             next.state.name(),
@@ -126,7 +131,7 @@ impl<H: Host> Store<H> {
     /// `change` writes nothing. Returns the record as it now stands.
     pub fn update(
         &self,
-        change: impl Fn(&Record) -> Option<Record>,
+        change: &dyn Fn(&Record) -> Option<Record>,
     ) -> Result<Record, SharedError> {
         let now = self.host.now();
         cas_update(&self.host, keys::FSM, |bytes| {
@@ -158,7 +163,7 @@ impl<H: Host> Store<H> {
             else {
                 return Ok(rec);
             };
-            rec = match self.advance(|_| mv, active, metrics) {
+            rec = match self.advance(&|_| mv, active, metrics) {
                 Ok(next) => next,
                 // Another worker moved first: look again at what it left.
                 Err(Error::Illegal(_)) => self.load()?,
@@ -193,9 +198,38 @@ impl<H: Host> Store<H> {
     }
 
     /// Records an answer served to an LB checker (compare-and-swap, retried;
-    /// written only when the record changed).
-    pub fn lb_observe(&self, source: &str, status: u16, lb_fall: u32) -> Result<(), SharedError> {
+    /// written only when the record changed). A check that changes nothing —
+    /// the common case: the same answer to the same checker — costs one read
+    /// and no parse: `seen` keeps the version of the record its caller parsed
+    /// last (shared data's `cas` changes with every write).
+    pub fn lb_observe(
+        &self,
+        source: &str,
+        status: u16,
+        lb_fall: u32,
+        seen: &LbSeen,
+    ) -> Result<(), SharedError> {
         let now_ms = self.host.now().timer_ms();
+        let (bytes, cas) = self.host.get(keys::LB).map_err(SharedError::Read)?;
+        let remembered = seen
+            .borrow()
+            .as_ref()
+            .filter(|(v, _)| Some(*v) == cas)
+            .map(|(_, c)| c.clone());
+        let mut current = match remembered {
+            Some(c) => c,
+            None => {
+                let c: Checkers = match bytes {
+                    Some(b) => shared::parse(keys::LB, &b)?,
+                    None => Checkers::default(),
+                };
+                *seen.borrow_mut() = cas.map(|v| (v, c.clone()));
+                c
+            }
+        };
+        if !current.observe(source, status, now_ms, lb_fall) {
+            return Ok(());
+        }
         json_change(&self.host, keys::LB, |c: &mut Checkers| {
             Ok::<_, SharedError>(c.observe(source, status, now_ms, lb_fall))
         })
@@ -219,7 +253,27 @@ impl<H: Host> Store<H> {
         json_read(&self.host, keys::ROTATION)
     }
 
-    /// One writer per drain, so no compare-and-swap: the last write wins.
+    /// Claims the rotation of `claim`'s drain for this worker: written unless
+    /// that drain (or a later one) already has a record. `true`: claimed.
+    pub fn rotation_claim(&self, claim: &rotation::Record) -> Result<bool, SharedError> {
+        cas_update(&self.host, keys::ROTATION, |bytes| {
+            let current: Option<rotation::Record> = match bytes {
+                Some(b) => shared::parse(keys::ROTATION, b)?,
+                None => None,
+            };
+            if current.is_some_and(|r| r.drain_started_ms >= claim.drain_started_ms) {
+                return Ok(Step::Keep(false));
+            }
+            Ok(Step::Write(
+                shared::encode(keys::ROTATION, &Some(claim))?,
+                true,
+            ))
+        })
+        .map_err(flatten)
+    }
+
+    /// After the claim, one writer per drain, so no compare-and-swap: the
+    /// last write wins.
     pub fn rotation_save(&self, rec: &rotation::Record) -> Result<(), SharedError> {
         let bytes = shared::encode(keys::ROTATION, rec)?;
         self.host
@@ -289,9 +343,9 @@ mod tests {
         let metrics = Metrics::define(&sim);
         assert_eq!(store.load().unwrap().state, State::Open);
         sim.cas_races.set(3); // retried transparently
-        let first = store.advance(|_| drain(), 2, &metrics).unwrap();
+        let first = store.advance(&|_| drain(), 2, &metrics).unwrap();
         assert_eq!((first.state, first.seq), (State::Draining, 1));
-        let second = store.advance(|_| drain(), 2, &metrics).unwrap_err();
+        let second = store.advance(&|_| drain(), 2, &metrics).unwrap_err();
         assert!(matches!(second, Error::Illegal(i) if i.state == State::Draining));
         assert_eq!(sim.metric("drain_gate_transitions_to_draining"), 1);
         assert_eq!(sim.metric(crate::metric_names::STATE), 1);
@@ -303,7 +357,7 @@ mod tests {
         let store = Store::new(&sim);
         store.load().unwrap();
         sim.cas_races.set(u32::MAX);
-        let e = store.update(|r| Some(r.clone())).unwrap_err();
+        let e = store.update(&|r| Some(r.clone())).unwrap_err();
         assert_eq!(e, SharedError::Contention);
         sim.cas_races.set(0);
         sim.put(keys::LB, b"[1,2");

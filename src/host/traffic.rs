@@ -14,6 +14,7 @@ use std::rc::Rc;
 use super::count::{self, Counter, Counts, Part};
 use super::in_flight;
 use super::liveness::Heartbeat;
+use super::logs;
 use super::metrics::Metrics;
 use super::shared::{Envoy, Host};
 use super::store::Store;
@@ -71,6 +72,17 @@ impl<H: Host> AgeBook<H> {
     }
 }
 
+/// What holds a drain's flip back, learnt by the traffic role's tick.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum FlipHold {
+    None,
+    /// `min_drain`: no flip before this timer-clock time.
+    Until(u64),
+    /// A soft drain's gate has not passed: the health role flips on the 404
+    /// that passes it, or on its tick.
+    Gate,
+}
+
 /// Shared by every stream (or connection) of one traffic root context.
 #[derive(Debug)]
 pub struct Traffic<H: Host = Envoy> {
@@ -89,6 +101,10 @@ pub struct Traffic<H: Host = Envoy> {
     in_drain: Cell<bool>,
     /// `draining_new_requests`.
     new_requests: NewRequests,
+    /// What holds the flip of the running drain back, as of the last tick:
+    /// until then a stream end that brings the count to 0 does not look
+    /// (the health role flips when the hold ends).
+    hold: Cell<FlipHold>,
     ages: AgeBook<H>,
     heartbeat: Heartbeat<H>,
 }
@@ -104,6 +120,7 @@ impl<H: Host + Copy> Traffic<H> {
             draining: Cell::new(true),
             in_drain: Cell::new(false),
             new_requests: config.draining_new_requests,
+            hold: Cell::new(FlipHold::None),
             ages: AgeBook::new(host, config.tick_ms),
             heartbeat: Heartbeat::new(host, config.tick_ms),
         }
@@ -153,6 +170,11 @@ impl<H: Host> Traffic<H> {
         let draining = state == State::Draining;
         self.draining.set(draining);
         self.in_drain.set(state != State::Open);
+        self.hold.set(if draining {
+            self.flip_hold()
+        } else {
+            FlipHold::None
+        });
         self.counter().settle();
         if draining && self.counter().in_flight() == 0 {
             self.try_flip();
@@ -175,7 +197,33 @@ impl<H: Host> Traffic<H> {
         if self.counter().exit(draining) > 0 || !draining {
             return; // streams in flight here, or no drain running
         }
+        match self.hold.get() {
+            FlipHold::Gate => return, // the health role flips on the 404 that passes it
+            FlipHold::Until(t) if self.metrics.host().now().timer_ms() < t => return,
+            _ => {}
+        }
         self.try_flip();
+    }
+
+    /// What holds the running drain's flip back now (the tick asks, once per
+    /// tick, only while DRAINING): a drain a `min_drain` or a gate holds open
+    /// costs the streams that bring the count to 0 nothing until it ends.
+    fn flip_hold(&self) -> FlipHold {
+        let Ok(rec) = self.store.load() else {
+            return FlipHold::None;
+        };
+        let (Some(plan), Some(started)) = (rec.plan, rec.drain_started_timer_ms()) else {
+            return FlipHold::None;
+        };
+        let now = self.metrics.host().now().timer_ms();
+        let until = started.saturating_add(plan.min_drain_ms);
+        if now < until {
+            FlipHold::Until(until)
+        } else if self.store.gate(&rec).is_some_and(|g| !g.passes()) {
+            FlipHold::Gate
+        } else {
+            FlipHold::None
+        }
     }
 
     /// The state now, when the tick's view may be a tick old (`None`: unknown).
@@ -227,7 +275,7 @@ impl<H: Host> Traffic<H> {
             return;
         }
         if let Err(e) = self.store.apply_due(0, None, &self.metrics) {
-            log::error!("event=state_unavailable role=traffic error=\"{e}\"");
+            logs::error!("event=state_unavailable role=traffic error=\"{e}\"");
         }
     }
 }
@@ -247,6 +295,9 @@ pub struct TrafficStream<H: Host = Envoy> {
     upstream_closed: bool,
     /// A connection: the downstream closed it while the upstream was open.
     downstream_first: bool,
+    /// An HTTP stream: its response ended (end of stream seen on the way
+    /// out), so it completed whatever happens to its connection afterwards.
+    response_done: bool,
     /// How it ended, when it ended during a drain (HTTP: from `on_log`).
     end: Option<End>,
 }
@@ -274,6 +325,7 @@ impl<H: Host> TrafficStream<H> {
             refused: false,
             upstream_closed: false,
             downstream_first: false,
+            response_done: false,
             end: None,
         }
     }
@@ -295,20 +347,31 @@ impl<H: Host> TrafficStream<H> {
         ];
         let host = self.traffic.metrics.host();
         if let Err(e) = host.respond(None, 503, &headers, REFUSED_BODY) {
-            log::warn!("event=refuse_failed status={e:?}");
+            logs::warning!("event=refuse_failed status={e:?}");
             self.refused = false;
             return Action::Continue;
         }
         Action::Pause
     }
 
-    /// The stream's access-log moment (its end): during a drain, how it ended.
+    /// A piece of the response passed on its way out; `end` when it was
+    /// the last (headers, the last data frame, or trailers).
+    pub fn response(&mut self, end: bool) {
+        self.response_done |= end;
+    }
+
+    /// The stream's access-log moment (its end): during a drain, how it
+    /// ended. A stream whose response ended completed, with no host call;
+    /// only one that ended before its response did — cut, or ended by the
+    /// upstream or Envoy — reads its response flags to say which.
     pub fn log(&mut self) {
         if !self.traffic.in_drain.get() {
             return;
         }
         self.end = Some(if self.refused {
             End::Refused
+        } else if self.response_done {
+            End::Completed
         } else {
             let flags = self
                 .traffic
@@ -336,6 +399,21 @@ impl Context for TrafficStream {}
 impl HttpContext for TrafficStream {
     fn on_http_request_headers(&mut self, _: usize, _: bool) -> Action {
         self.request_headers()
+    }
+
+    fn on_http_response_headers(&mut self, _: usize, end_of_stream: bool) -> Action {
+        self.response(end_of_stream);
+        Action::Continue
+    }
+
+    fn on_http_response_body(&mut self, _: usize, end_of_stream: bool) -> Action {
+        self.response(end_of_stream);
+        Action::Continue
+    }
+
+    fn on_http_response_trailers(&mut self, _: usize) -> Action {
+        self.response(true);
+        Action::Continue
     }
 
     fn on_log(&mut self) {

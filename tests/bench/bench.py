@@ -25,6 +25,7 @@ import re
 import socket
 import statistics
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -40,6 +41,13 @@ from tests.harness.variants import listener
 
 NOOP_WASM = REPO / "target" / "noop" / "wasm32-wasip1" / "release" / "noop_filter.wasm"
 OUT = REPO / "out" / "bench"
+# A whole `make bench` run is kept here and written into tests/README.md between these lines.
+COMMITTED = REPO / "tests" / "bench" / "results.json"
+README = REPO / "tests" / "README.md"
+BEGIN = "<!-- bench results: written by `make bench` from tests/bench/results.json, never by hand -->"
+END = "<!-- end of bench results -->"
+# The module's budget: Helm keeps it twice in a release Secret (1 MiB), V8 compiles it per worker.
+MODULE_BUDGET_BYTES = 250_000
 CLK = os.sysconf("SC_CLK_TCK")
 
 
@@ -438,10 +446,61 @@ def footprint(workdir: Path, backend_port: int) -> dict:
 
 # -- report ----------------------------------------------------------------------------------
 
+def goals(res: dict) -> list[tuple[str, str, bool]]:
+    """(goal, measured, met): what a drain may cost the gateway, the health listener, the module."""
+    from tests.bench import cpu
+
+    out = cpu.goals(res["cpu"]) if "cpu" in res else []
+    if "health" in res:
+        dg, floor = res["health"]["drain-gate /health_check.html"], res["health"]["direct_response (floor)"]
+        x = floor["checks_per_s"] / dg["checks_per_s"]
+        out.append(("health checks: the floor's checks/s ≤ 1.2 × drain-gate's", f"{x:.2f} ×", x <= 1.2))
+    if "footprint" in res:
+        b = res["footprint"]["drain_gate_wasm_bytes"]
+        out.append((f"module ≤ {MODULE_BUDGET_BYTES:,} bytes", f"{b:,} bytes", b <= MODULE_BUDGET_BYTES))
+    return out
+
+
+def report(res: dict) -> str:
+    """The whole run as markdown: what results.md and the README's block hold."""
+    from tests.bench import under_load
+
+    lines = [markdown(res), *under_load.markdown(res)]
+    met = goals(res)
+    if met:
+        lines += ["| goal | measured | met |", "|---|---|---|"]
+        lines += [f"| {g} | {m} | {'yes' if ok else '**no**'} |" for g, m, ok in met]
+        lines.append("")
+    return "\n".join(lines)
+
+
+def readme_block(text: str) -> str | None:
+    """What stands between BEGIN and END in the README."""
+    if BEGIN not in text or END not in text:
+        return None
+    return text.split(BEGIN, 1)[1].split(END, 1)[0].strip("\n")
+
+
+def write_readme(res: dict) -> None:
+    """Keeps a whole run (tests/bench/results.json) and writes it into tests/README.md."""
+    COMMITTED.write_text(json.dumps(res, indent=2) + "\n")
+    text = README.read_text()
+    head, rest = text.split(BEGIN, 1)
+    tail = rest.split(END, 1)[1]
+    README.write_text(f"{head}{BEGIN}\n{report(res)}\n{END}{tail}")
+
+
+def source_commit() -> str:
+    """The commit measured, `-dirty` when the module's sources differ from it."""
+    git = lambda *a: subprocess.run(["git", *a], cwd=REPO, capture_output=True, text=True).stdout.strip()
+    dirty = git("status", "--porcelain", "--", "src", "Cargo.toml", "Cargo.lock", "Makefile")
+    return git("rev-parse", "--short=12", "HEAD") + ("-dirty" if dirty else "")
+
+
 def markdown(res: dict) -> str:
     m = res["meta"]
     lines = [f"Measured {m['date']} on {m['cpus']} cores ({m['cpu_model']}), Envoy {m['envoy']}, "
-             f"command `{m['command']}`.", ""]
+             f"command `{m['command']}`, commit {m.get('commit', 'unknown')}.", ""]
     for section in ("overhead", "tcp"):
         if section not in res:
             continue
@@ -522,11 +581,13 @@ def main() -> int:
     version = re.search(r"/(\d+\.\d+\.\d+)/", banner).group(1)
     cpu_model = next((l.split(":", 1)[1].strip() for l in Path("/proc/cpuinfo").read_text().splitlines()
                       if l.startswith("model name")), platform.machine())
+    argv = " ".join(a for a in sys.argv[1:] if a != "--quick")
+    command = "make bench-quick" if quick else "make bench" + (f' BENCH_ARGS="{argv}"' if argv else "")
     res: dict = {"meta": {"date": time.strftime("%Y-%m-%d"), "cpus": os.cpu_count(), "cpu_model": cpu_model,
-                          "envoy": version, "command": "make bench-quick" if quick else "make bench"}}
+                          "envoy": version, "command": command, "commit": source_commit()}}
     if quick:
         sections = [
-            ("cpu", lambda: cpu.worker_cpu(rounds=2, seconds=1, workdir=work, backend_port=port, bisect=False, warmup=False)),
+            ("cpu", lambda: cpu.worker_cpu(rounds=1, seconds=1, workdir=work, backend_port=port, bisect=False, warmup=False)),
             ("flip", lambda: flip(drains=3, baseline_drains=1, streams=3, workdir=work, backend_port=port)),
             ("tcp", lambda: tcp(rounds=1, seconds=1, conns=16, workdir=work)),
         ]
@@ -549,8 +610,10 @@ def main() -> int:
         res[name] = run()
         (OUT / "results.json").write_text(json.dumps(res, indent=2))  # partial results survive a failure
     srv.shutdown()
-    md = markdown(res) + "\n".join(under_load.markdown(res))
+    md = report(res)
     (OUT / "results.md").write_text(md)
+    if not quick and not args.only:
+        write_readme(res)  # a whole run is what the README shows
     if "overhead" in res:
         chart(res, OUT / "overhead.svg")
     print(md)

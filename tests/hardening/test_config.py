@@ -41,6 +41,7 @@ BAD = {
     "rotate_connections": ["", 0],
     "lb_checkers": [[], ["10.0.0.300/32"], "10.0.0.0/8"],
     "soft_drain_gate": ["yes", 1],
+    "draining_new_requests": ["drop", True],
 }
 LISTENER = {"health": "drain-gate-health", "traffic": "traffic"}
 

@@ -1,0 +1,23 @@
+//! Every log line goes through one call of the `log` crate: the SDK's logger
+//! sends only the message to Envoy, so the target, module and file that each
+//! `log::info!` site would carry stay out of the module.
+
+/// Writes one log line at `level` (the `log` crate, then the SDK's logger).
+#[inline(never)]
+pub fn emit(level: log::Level, args: std::fmt::Arguments<'_>) {
+    log::log!(level, "{args}");
+}
+
+macro_rules! info {
+    ($($arg:tt)*) => { $crate::host::logs::emit(log::Level::Info, format_args!($($arg)*)) };
+}
+
+macro_rules! warning {
+    ($($arg:tt)*) => { $crate::host::logs::emit(log::Level::Warn, format_args!($($arg)*)) };
+}
+
+macro_rules! error {
+    ($($arg:tt)*) => { $crate::host::logs::emit(log::Level::Error, format_args!($($arg)*)) };
+}
+
+pub(crate) use {error, info, warning};

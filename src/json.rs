@@ -1,0 +1,336 @@
+//! drain-gate's own records as JSON: written with `derive(Serialize)`, read
+//! back from a parsed `serde_json::Value` by [`FromJson`].
+//!
+//! Why not `derive(Deserialize)`: every derived type brings its own copy of
+//! serde_json's parser loop, field visitor and `Option`/`Vec` visitors, and
+//! serde's float-formatting error path (`invalid type: floating point …`)
+//! with them — about a third of the module. Here the parser is instantiated
+//! once (for `Value`), and a record is read by a handful of small functions.
+//!
+//! One source per field name: [`record!`] declares a struct once and derives
+//! both directions from that declaration (`field: Type = default` for a field
+//! an older record may lack); [`named!`] does the same for an enum serialized
+//! as a string.
+
+use serde_json::{Map, Value};
+use std::fmt;
+
+/// A record that is not what drain-gate writes: the innermost field that is
+/// not, and what it expected there.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Bad {
+    pub field: &'static str,
+    pub expected: &'static str,
+}
+
+impl Bad {
+    pub fn expected(expected: &'static str) -> Bad {
+        Bad {
+            field: "",
+            expected,
+        }
+    }
+
+    /// The error of a value read as `field`, unless an inner field named it.
+    pub fn under(self, field: &'static str) -> Bad {
+        match self.field {
+            "" => Bad { field, ..self },
+            _ => self,
+        }
+    }
+}
+
+impl fmt::Display for Bad {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.field {
+            "" => write!(f, "expected {}", self.expected),
+            field => write!(f, "{field}: expected {}", self.expected),
+        }
+    }
+}
+
+/// A value read back from the JSON drain-gate wrote.
+pub trait FromJson: Sized {
+    fn from_json(v: &Value) -> Result<Self, Bad>;
+
+    /// What a record missing this field reads as (an error, unless the field
+    /// may be absent).
+    fn missing() -> Result<Self, Bad> {
+        Err(Bad::expected("a value (the field is missing)"))
+    }
+}
+
+/// Why bytes are not a record drain-gate wrote.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Unreadable {
+    NotJson,
+    Bad(Bad),
+}
+
+impl fmt::Display for Unreadable {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Unreadable::NotJson => f.write_str("not JSON"),
+            Unreadable::Bad(bad) => bad.fmt(f),
+        }
+    }
+}
+
+/// Parses bytes drain-gate wrote into a `T`.
+pub fn from_slice<T: FromJson>(bytes: &[u8]) -> Result<T, Unreadable> {
+    let v: Value = serde_json::from_slice(bytes).map_err(|_| Unreadable::NotJson)?;
+    T::from_json(&v).map_err(Unreadable::Bad)
+}
+
+/// The object a record is read from.
+pub fn object(v: &Value) -> Result<&Map<String, Value>, Bad> {
+    v.as_object().ok_or(Bad::expected("an object"))
+}
+
+/// Field `name` of `o`; `default` when it is absent or null.
+pub fn field<T: FromJson>(
+    o: &Map<String, Value>,
+    name: &'static str,
+    default: Option<fn() -> T>,
+) -> Result<T, Bad> {
+    match (o.get(name), default) {
+        (None | Some(Value::Null), Some(d)) => Ok(d()),
+        (None, None) => T::missing(),
+        (Some(v), _) => T::from_json(v),
+    }
+    .map_err(|e| e.under(name))
+}
+
+impl FromJson for u64 {
+    fn from_json(v: &Value) -> Result<Self, Bad> {
+        v.as_u64().ok_or(Bad::expected("an unsigned integer"))
+    }
+}
+
+impl FromJson for i64 {
+    fn from_json(v: &Value) -> Result<Self, Bad> {
+        v.as_i64().ok_or(Bad::expected("an integer"))
+    }
+}
+
+impl FromJson for u32 {
+    fn from_json(v: &Value) -> Result<Self, Bad> {
+        u64::from_json(v)?
+            .try_into()
+            .map_err(|_| Bad::expected("an integer below 2^32"))
+    }
+}
+
+impl FromJson for u16 {
+    fn from_json(v: &Value) -> Result<Self, Bad> {
+        u64::from_json(v)?
+            .try_into()
+            .map_err(|_| Bad::expected("an integer below 65536"))
+    }
+}
+
+impl FromJson for bool {
+    fn from_json(v: &Value) -> Result<Self, Bad> {
+        v.as_bool().ok_or(Bad::expected("true or false"))
+    }
+}
+
+impl FromJson for String {
+    fn from_json(v: &Value) -> Result<Self, Bad> {
+        v.as_str()
+            .map(str::to_string)
+            .ok_or(Bad::expected("a string"))
+    }
+}
+
+impl<T: FromJson> FromJson for Option<T> {
+    fn from_json(v: &Value) -> Result<Self, Bad> {
+        match v {
+            Value::Null => Ok(None),
+            v => T::from_json(v).map(Some),
+        }
+    }
+
+    fn missing() -> Result<Self, Bad> {
+        Ok(None)
+    }
+}
+
+impl<T: FromJson> FromJson for Vec<T> {
+    fn from_json(v: &Value) -> Result<Self, Bad> {
+        let items = v.as_array().ok_or(Bad::expected("a list"))?;
+        let mut out = Vec::with_capacity(items.len());
+        for item in items {
+            out.push(T::from_json(item)?);
+        }
+        Ok(out)
+    }
+}
+
+/// The variant of `all` whose `name` is `s`.
+pub fn by_name<T: Copy>(v: &Value, all: &[T], name: fn(T) -> &'static str) -> Result<T, Bad> {
+    let s = v.as_str().ok_or(Bad::expected("a name"))?;
+    all.iter()
+        .copied()
+        .find(|t| name(*t) == s)
+        .ok_or(Bad::expected("one of the names drain-gate writes"))
+}
+
+/// A struct written with `derive(Serialize)` and read by [`FromJson`], its
+/// field names declared once. `field: Type = default` reads `default` when
+/// the field is absent or null (a record written before the field existed).
+macro_rules! record {
+    (
+        $(#[$m:meta])*
+        $vis:vis struct $name:ident {
+            $( $(#[$fm:meta])* $fvis:vis $f:ident : $t:ty $(= $d:expr)? ),* $(,)?
+        }
+    ) => {
+        $(#[$m])*
+        #[derive(serde::Serialize)]
+        $vis struct $name {
+            $( $(#[$fm])* $fvis $f: $t, )*
+        }
+
+        impl $crate::json::FromJson for $name {
+            fn from_json(v: &serde_json::Value) -> Result<Self, $crate::json::Bad> {
+                let o = $crate::json::object(v)?;
+                Ok($name {
+                    $( $f: $crate::json::field(o, stringify!($f), $crate::json::record!(@default $t $(, $d)?))?, )*
+                })
+            }
+        }
+    };
+    (@default $t:ty) => { None };
+    (@default $t:ty, $d:expr) => { Some((|| $d) as fn() -> $t) };
+}
+
+/// An enum serialized as one string per variant, the strings declared once:
+/// `name()` returns it, `ALL` lists the variants, and both serde directions
+/// use them.
+macro_rules! named {
+    (
+        $(#[$m:meta])*
+        $vis:vis enum $name:ident {
+            $( $(#[$vm:meta])* $v:ident = $s:literal ),* $(,)?
+        }
+    ) => {
+        $(#[$m])*
+        $vis enum $name {
+            $( $(#[$vm])* $v, )*
+        }
+
+        impl $name {
+            /// Every variant, in declaration order.
+            pub const ALL: &'static [$name] = &[ $( $name::$v, )* ];
+
+            /// The string this variant is written as (status, logs, records).
+            pub fn name(self) -> &'static str {
+                match self {
+                    $( $name::$v => $s, )*
+                }
+            }
+        }
+
+        impl serde::Serialize for $name {
+            fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+                s.serialize_str(self.name())
+            }
+        }
+
+        impl $crate::json::FromJson for $name {
+            fn from_json(v: &serde_json::Value) -> Result<Self, $crate::json::Bad> {
+                $crate::json::by_name(v, $name::ALL, $name::name)
+            }
+        }
+    };
+}
+
+pub(crate) use named;
+pub(crate) use record;
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    record! {
+        #[derive(Clone, Debug, PartialEq, Eq)]
+        struct Inner {
+            n: u32,
+        }
+    }
+
+    named! {
+        #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+        enum Colour {
+            Red = "red",
+            DarkBlue = "dark_blue",
+        }
+    }
+
+    record! {
+        #[derive(Clone, Debug, PartialEq, Eq)]
+        struct Outer {
+            a: u64,
+            b: Option<u64>,
+            c: bool = false,
+            colour: Colour,
+            inner: Vec<Inner>,
+            late: u64 = 7,
+        }
+    }
+
+    fn outer() -> Outer {
+        Outer {
+            a: 1,
+            b: Some(2),
+            c: true,
+            colour: Colour::DarkBlue,
+            inner: vec![Inner { n: 3 }],
+            late: 9,
+        }
+    }
+
+    #[test]
+    fn a_record_reads_back_what_it_wrote() {
+        let bytes = serde_json::to_vec(&outer()).unwrap();
+        assert_eq!(from_slice::<Outer>(&bytes), Ok(outer()));
+    }
+
+    #[test]
+    fn absent_fields_take_their_defaults_and_options_are_none() {
+        let v = json!({"a": 1, "colour": "red", "inner": []});
+        let o = Outer::from_json(&v).unwrap();
+        assert_eq!((o.b, o.c, o.late), (None, false, 7));
+    }
+
+    #[test]
+    fn a_wrong_field_is_named_with_its_path() {
+        let v = json!({"a": 1, "colour": "red", "inner": [{"n": "x"}]});
+        let e = Outer::from_json(&v).unwrap_err();
+        assert_eq!(e.to_string(), "n: expected an unsigned integer");
+        let v = json!({"colour": "red", "inner": []});
+        assert_eq!(
+            Outer::from_json(&v).unwrap_err().to_string(),
+            "a: expected a value (the field is missing)"
+        );
+        let v = json!({"a": 1, "colour": "green", "inner": []});
+        assert_eq!(Outer::from_json(&v).unwrap_err().field, "colour");
+        assert_eq!(from_slice::<Outer>(b"{"), Err(Unreadable::NotJson));
+        assert_eq!(
+            u32::from_json(&json!(1u64 << 40)).unwrap_err().expected,
+            "an integer below 2^32"
+        );
+    }
+
+    #[test]
+    fn a_named_enum_writes_and_reads_its_names() {
+        for c in Colour::ALL {
+            let v = serde_json::to_value(c).unwrap();
+            assert_eq!(v, json!(c.name()));
+            assert_eq!(Colour::from_json(&v), Ok(*c));
+        }
+    }
+}
