@@ -39,13 +39,18 @@ FRONTS = ("haproxy", "envoy", "nginx")
 W = rl.RIG
 
 
+RETRY_LINES = ["retry-on conn-failure empty-response 503", "option redispatch 1",
+               "http-request wait-for-body time 1s if { req.hdr(content-length) -m found }"]
+
+
 def _directives(path) -> list[str]:
     return [code for line in path.read_text().splitlines() if (code := line.split("#", 1)[0].rstrip()).strip()]
 
 
 def test_haproxy_refuse_cfg_is_haproxy_cfg_plus_the_retry_lines(tmp_path):
     """haproxy-refuse.cfg parses with every frontend on and is haproxy.cfg plus, in the HTTP
-    backend only, `retry-on conn-failure empty-response 503` and `option redispatch 1`."""
+    backend only, `retry-on conn-failure empty-response 503`, `option redispatch 1` and the wait
+    for a request body of announced length."""
     env = {**os.environ, "HAPROXY_SOCKET": str(tmp_path / "admin.sock"), "GW2_ADDR": "127.0.0.1:1",
            "TLS_PEM": str(make_cert(tmp_path)), "GW1_TLS_ADDR": "127.0.0.1:2", "GW2_TLS_ADDR": "127.0.0.1:3",
            "APISERVER_ADDR": "127.0.0.1:4"}
@@ -53,7 +58,7 @@ def test_haproxy_refuse_cfg_is_haproxy_cfg_plus_the_retry_lines(tmp_path):
     assert r.returncode == 0 and "WARNING" not in r.stdout + r.stderr, r.stdout + r.stderr
     plain, refuse = _directives(CFG), _directives(CFG_REFUSE)
     extra = [line for line in refuse if line not in plain]
-    assert [line.strip() for line in extra] == ["retry-on conn-failure empty-response 503", "option redispatch 1"]
+    assert [line.strip() for line in extra] == RETRY_LINES
     assert [line for line in refuse if line not in extra] == plain
     backend = refuse.index("backend gateways")
     nxt = next(i for i, line in enumerate(refuse) if i > backend and not line.startswith(" "))
@@ -150,6 +155,27 @@ def test_what_each_lb_resends(tmp_path):
     assert processed("nginx, nginx-drain-gate.conf (http_503 non_idempotent)") == 2, "each gateway once"
     assert resent("nginx, without non_idempotent") == [True, False, False]
     assert processed("nginx, without non_idempotent") == 1
+
+
+def test_haproxy_resends_a_post_only_once_it_holds_its_body(tmp_path):
+    """HAProxy 2.6 resends a refused POST only if the whole request was in its buffer when the
+    503 came: a body written after the headers was still on its way and the client got the 503.
+    haproxy-refuse.cfg's wait-for-body line makes it wait for a body of announced length first
+    (the control: the same file without that line, in the same rig)."""
+    shipped = CFG_REFUSE.read_text()
+    without = tmp_path / "haproxy-refuse-without-wait.cfg"
+    without.write_text("\n".join(line for line in shipped.splitlines()
+                                 if line.strip() != RETRY_LINES[2]) + "\n")
+    assert without.read_text().count("wait-for-body") == shipped.count("wait-for-body") - 1
+    with rl.FrontRig(tmp_path / "rig", rl.PROBE_HELD) as rig:
+        assert rig.gw("gw1").post("/drain").json()["state"] == "DRAINING"
+        rig.use("haproxy", haproxy_cfg=without)
+        assert rl.refused_raw_posts(rig, 1024, apart=False) == [200] * 3, "headers and body in one write: resent"
+        assert rl.refused_raw_posts(rig, 1024, apart=True) == [503] * 3, "the body after the headers: not resent"
+        rig.use("haproxy")
+        assert rl.refused_raw_posts(rig, 1024, apart=True) == [200] * 3, "with wait-for-body: resent"
+        assert rl.refused_raw_posts(rig, 12000, apart=True) == [200] * 3
+        assert rl.refused_raw_posts(rig, 64 * 1024, apart=False) == [503] * 3, "bigger than the buffer"
 
 
 def test_tcp_a_refused_connection_is_lost_never_resent(tmp_path):

@@ -56,6 +56,7 @@ from tests.harness.front import EnvoyFront, Nginx, Served
 from tests.harness.haproxy import CFG, CFG_REFUSE, CFG_TCP, HAProxy
 from tests.harness.rig import Backend, Gateway, PreStop
 from tests.harness.timeline import parse_time
+from tests.harness.wire import recv_until_close
 
 FRONTS = ("haproxy", "haproxy-retries", "envoy", "nginx")
 INTER_S = 0.5
@@ -129,9 +130,11 @@ class FrontRig:
     def __exit__(self, *exc) -> None:
         self.stack.close()
 
-    def use(self, front: str, *, envoy_retry: str = "shipped", non_idempotent: bool = True) -> "FrontRig":
+    def use(self, front: str, *, envoy_retry: str = "shipped", non_idempotent: bool = True,
+            haproxy_cfg: Path | None = None) -> "FrontRig":
         """Starts `front` (on fresh ports; the one before is stopped) and waits until it has every
-        gateway UP on a real check (nginx checks nothing: until it listens)."""
+        gateway UP on a real check (nginx checks nothing: until it listens). `haproxy_cfg`: another
+        file than the front's own."""
         if front not in FRONTS:
             raise ValueError(front)
         if self.lb is not None:
@@ -140,7 +143,7 @@ class FrontRig:
         wd = self.workdir / f"{front}-{time.monotonic_ns()}"
         if front.startswith("haproxy"):
             lb = HAProxy(wd, [(t, h) for _, t, h in checked], inter=f"{int(self.inter_s * 1000)}ms", tls=False,
-                         cfg=CFG_REFUSE if front == "haproxy" else CFG)
+                         cfg=haproxy_cfg or (CFG_REFUSE if front == "haproxy" else CFG))
         elif front == "envoy":
             lb = EnvoyFront(wd, checked, inter_s=self.inter_s, retry=envoy_retry)
         else:
@@ -316,6 +319,39 @@ def probe_refused(rig: FrontRig, method: str, size: int, tries: int = 4) -> dict
         if _refused_so_far(gw1) > before:
             return {"status": code, "resent": code == 200, "backend": body}
     raise RuntimeError(f"{rig.front}: gw1 refused none of {tries} {method} requests")
+
+
+def raw_post(port: int, size: int, *, apart: bool) -> int:
+    """One POST of `size` bytes on a new connection: its headers and body in one write, or
+    (`apart`) the body 50 ms after the headers, as a client that writes them separately. The
+    status it got (0: none)."""
+    body = b"x" * size
+    head = (f"POST /status?code=200&id=raw-{time.monotonic_ns()} HTTP/1.1\r\nHost: probe\r\n"
+            f"Connection: close\r\nContent-Length: {size}\r\n\r\n").encode()
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if apart:
+            s.sendall(head)
+            time.sleep(0.05)
+            s.sendall(body)
+        else:
+            s.sendall(head + body)
+        answer = recv_until_close(s)
+    m = re.match(rb"HTTP/1\.1 (\d{3}) ", answer)
+    return int(m[1]) if m else 0
+
+
+def refused_raw_posts(rig: FrontRig, size: int, apart: bool, want: int = 3, tries: int = 12) -> list[int]:
+    """What the clients of the first `want` raw POSTs gw1 refused got."""
+    gw1, got = rig.gw("gw1"), []
+    for _ in range(tries):
+        before = _refused_so_far(gw1)
+        code = raw_post(rig.lb.http_port, size, apart=apart)
+        if _refused_so_far(gw1) > before:
+            got.append(code)
+            if len(got) == want:
+                return got
+    raise RuntimeError(f"gw1 refused {len(got)} of {tries} POSTs")
 
 
 def probe_app_503(rig: FrontRig, method: str = "POST", size: int = 1024) -> dict:
