@@ -24,7 +24,7 @@ from pathlib import Path
 
 from tests.harness.envoy import REPO, wait_for
 from tests.harness.rig import Backend
-from tests.harness.timeline import StatPoller
+from tests.harness.timeline import StatPoller, parse_time
 from tests.rollout import fleet, picture
 from tests.rollout.traffic import FULL, QUICK, Profile, Traffic
 
@@ -134,6 +134,7 @@ def account(strategy, traffic: Traffic, old, new, stat, haproxy, t0: float, end:
     return {
         "sent": sent,
         "lost": lost,
+        "gateway": gateway_account(old, haproxy.requests()),
         "rollout_s": round(end - t0, 3),
         "drain_s": [p.drain_s for p in old],
         "ready_s": ready,
@@ -154,15 +155,104 @@ def account(strategy, traffic: Traffic, old, new, stat, haproxy, t0: float, end:
     }
 
 
+def gateway_account(old: list, logged) -> dict:
+    """The fleet's own account: each old gateway's drain receipt, read before it exited, summed.
+    `drains`: gateways that ran a drain-gate drain (istio-default and fail-then-wait run none:
+    their gateways stay OPEN, and drain-gate sorts no end outside a drain).
+
+    `ws_closed_by_client`: websockets that ran to their end on a gateway during its drain (HAProxy
+    logged them `----`): the client closes a websocket when it is done, Envoy flags that end as
+    the downstream's, and the receipt sorts it as a cut (`cut_other`), as it sorts a client that
+    gave up."""
+    receipts = {p.name: p.receipt for p in old}
+    drained = [r for r in receipts.values() if r and r.get("drain_started_at")]
+    ws = 0
+    for p in old:
+        r = receipts[p.name]
+        if r and r.get("drain_started_at") and p.exit_at:
+            began = parse_time(r["drain_started_at"])
+            ws += sum(1 for x in logged if x.server == p.name and x.request.startswith("GET /ws")
+                      and x.termination == "----" and began <= x.end <= p.exit_at)
+    return {"drains": len(drained), "unread": sorted(n for n, r in receipts.items() if r is None),
+            **{k: sum(r[k] for r in drained) for k in ("cut", "cut_lb", "refused")},
+            "ws_closed_by_client": ws, "per_gateway": receipts}
+
+
+def lost_total(r: dict) -> int:
+    return sum(r["lost"].values())
+
+
+def gateway_cell(r: dict) -> str:
+    """The gateway's own figure beside the clients': cut (cut_lb), or why there is none."""
+    g = r.get("gateway")
+    if not g:
+        return "-"
+    if not g["drains"]:
+        return "no drain ran"
+    refused = f", refused {g['refused']}" if g["refused"] else ""
+    return f"{g['cut']} ({g['cut_lb']}){refused}"
+
+
+def ws_cell(r: dict) -> str:
+    g = r.get("gateway")
+    return str(g["ws_closed_by_client"]) if g and g["drains"] else "-"
+
+
+def disagreements(result: dict) -> list[str]:
+    """Where the fleet's own account and the clients' losses disagree. A strategy whose gateways
+    ran a drain-gate drain must have counted every request its clients lost as the LB's cut
+    (HAProxy's DOWN, within 2 s of the lb_fall-th 503 it was served), and no other cut than the
+    websockets their clients closed; one whose gateways ran none must say so for every gateway (it
+    could count nothing). Every receipt must have been read."""
+    out = []
+    for name, r in result["strategies"].items():
+        g, lost = r["gateway"], lost_total(r)
+        if g["unread"]:
+            out.append(f"{name}: no receipt from {g['unread']}")
+        elif g["drains"] == 0:
+            if any(v and v.get("drain_started_at") for v in g["per_gateway"].values()):
+                out.append(f"{name}: some drains, not all")
+        elif g["drains"] != len(g["per_gateway"]):
+            out.append(f"{name}: {g['drains']} of {len(g['per_gateway'])} gateways drained")
+        elif g["cut_lb"] != lost or g["cut"] - g["cut_lb"] != g["ws_closed_by_client"]:
+            out.append(f"{name}: clients lost {lost}, gateways counted cut {g['cut']} (cut_lb {g['cut_lb']}); "
+                       f"{g['ws_closed_by_client']} websockets closed by their clients during the drains")
+    return out
+
+
+# The strategies that must lose nothing of any kind.
+LOSSLESS = ("drain-gate-404", "drain-gate-200-refuse")
+
+
+def failures(result: dict) -> list[str]:
+    """What makes `make rollout` fail: the gateways' account and the clients' losses disagree, or a
+    lossless strategy lost a request."""
+    lossy = [f"{name}: lost {r['lost']}" for name, r in result["strategies"].items()
+             if name in LOSSLESS and lost_total(r)]
+    return disagreements(result) + lossy
+
+
+def verdict(result: dict) -> list[str]:
+    bad = failures(result)
+    if not bad:
+        return ["gateways and clients agree on every loss; "
+                + ", ".join(n for n in LOSSLESS if n in result["strategies"]) + " lost nothing"]
+    return [f"FAIL: {b}" for b in bad]
+
+
 def table(result: dict) -> str:
-    """tests/README.md's table: lost / sent per kind, rollout time, drain time per gateway."""
-    lines = ["| strategy | short lost/sent | HTTP/1.1 streams | HTTP/2 streams | websockets | rollout s | drain s per gateway (median, max) |",
-             "|---|---|---|---|---|---|---|"]
+    """tests/README.md's table: lost / sent per kind, the gateways' own count, rollout time,
+    drain time per gateway."""
+    lines = ["| strategy | short lost/sent | HTTP/1.1 streams | HTTP/2 streams | websockets | lost, all kinds "
+             "| gateways: cut (cut_lb) | of which websockets closed by their clients | rollout s "
+             "| drain s per gateway (median, max) |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for name, r in result["strategies"].items():
         cells = [f"{r['lost'][k]}/{r['sent'][k]}" for k in ("short", "h1_stream", "h2_stream", "websocket")]
         d = drains(r)
         drain = f"{statistics.median(d):.1f}, {max(d):.1f}" if d else "-"
-        lines.append(f"| {name} | {' | '.join(cells)} | {r['rollout_s']:.1f} | {drain} |")
+        lines.append(f"| {name} | {' | '.join(cells)} | {lost_total(r)} | {gateway_cell(r)} | {ws_cell(r)} | "
+                     f"{r['rollout_s']:.1f} | {drain} |")
     return "\n".join(lines)
 
 
@@ -210,6 +300,7 @@ def run(*, quick: bool, n: int | None = None, names: list[str] | None = None, ou
         result["strategies"][name] = run_strategy(all_strategies[name], n, profile, run_dir / name, replacement)
         write(result, out, run_dir)  # a partial result survives a failure
     print(table(result) + "\n\n" + paper_table(result))
+    print("\n".join(verdict(result)))
     return result
 
 
@@ -225,14 +316,21 @@ def write(result: dict, out: Path, run_dir: Path) -> None:
 def runs_table(results: list[dict]) -> str:
     """Several runs side by side: lost/sent per kind and rollout seconds, one cell per run."""
     kinds = ("short", "h1_stream", "h2_stream", "websocket")
-    lines = ["| strategy | short lost/sent | HTTP/1.1 streams | HTTP/2 streams | websockets | rollout s | drain s per gateway, median (range) |",
-             "|---|---|---|---|---|---|---|"]
-    for name in results[0]["strategies"]:
+    lines = ["| strategy | short lost/sent | HTTP/1.1 streams | HTTP/2 streams | websockets | lost, all kinds "
+             "| gateways: cut (cut_lb) | of which websockets closed by their clients | rollout s "
+             "| drain s per gateway, median (range) |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    names = list(dict.fromkeys(n for res in results for n in res["strategies"]))
+    for name in names:
         rs = [res["strategies"][name] for res in results if name in res["strategies"]]
         cells = [", ".join(f"{r['lost'][k]}/{r['sent'][k]}" for r in rs) for k in kinds]
         d = [x for r in rs for x in drains(r)]
         times = ", ".join(f"{r['rollout_s']:.1f}" for r in rs)
-        lines.append(f"| {name} | {' | '.join(cells)} | {times} | {statistics.median(d):.1f} ({min(d):.1f}–{max(d):.1f}) |")
+        lost = ", ".join(str(lost_total(r)) for r in rs)
+        gw = "; ".join(gateway_cell(r) for r in rs)
+        ws = ", ".join(ws_cell(r) for r in rs)
+        lines.append(f"| {name} | {' | '.join(cells)} | {lost} | {gw} | {ws} | {times} | "
+                     f"{statistics.median(d):.1f} ({min(d):.1f}–{max(d):.1f}) |")
     return "\n".join(lines)
 
 
@@ -272,9 +370,9 @@ def main() -> int:
         results = [json.loads(p.read_text()) for p in args.summarize]
         print(runs_table(results) + "\n\n" + pooled_table(results))
         return 0
-    run(quick=args.quick, n=args.n, names=args.strategies.split(",") if args.strategies else None,
-        out=args.out, replacement=args.replacement)
-    return 0
+    result = run(quick=args.quick, n=args.n, names=args.strategies.split(",") if args.strategies else None,
+                 out=args.out, replacement=args.replacement)
+    return 1 if failures(result) else 0
 
 
 if __name__ == "__main__":
