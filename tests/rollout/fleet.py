@@ -195,6 +195,7 @@ class Pod:
         self.prestop_result: str = ""
         self.flip_at: float | None = None  # when the check the LB reads began to fail
         self.receipt: dict | None = None  # the gateway's own account of its drain, read before it exits
+        self.receipt_at: float | None = None
         self.admin = requests.Session()
         self._agent: ThreadingHTTPServer | None = None
         self._kubelet: threading.Thread | None = None
@@ -253,6 +254,7 @@ class Pod:
     def _kill(self) -> None:
         proc = self.envoy.proc
         if proc and proc.poll() is None:
+            self.receipt_at = time.time()
             self.receipt = self._read_receipt()
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(10)
@@ -289,7 +291,7 @@ class Pod:
         return round(self.exit_at - self.deleted_at, 3) if self.exit_at and self.deleted_at else None
 
     def summary(self) -> dict:
-        keys = ("created_at", "up_at", "deleted_at", "flip_at", "prestop_end", "sigterm_at", "exit_at")
+        keys = ("created_at", "up_at", "deleted_at", "flip_at", "prestop_end", "sigterm_at", "receipt_at", "exit_at")
         return {"name": self.name, **{k: getattr(self, k) for k in keys},
                 "drain_s": self.drain_s, "prestop_result": self.prestop_result, "receipt": self.receipt}
 
