@@ -18,6 +18,7 @@ import argparse
 import contextlib
 import json
 import math
+import re
 import statistics
 import time
 from pathlib import Path
@@ -144,6 +145,7 @@ def account(strategy, traffic: Traffic, old, new, stat, haproxy, t0: float, end:
         "lost_when": {w: sum(1 for o in lost_list if o["when"] == w)
                       for w in ("in flight at the flip", "between the flip and DOWN", "elsewhere")},
         "cut_at_down": haproxy.down_events(),
+        "tries": tries(haproxy.log()),
         "prestop": {p.name: p.prestop_result for p in old},
         "config": {"check": strategy.check_path, "soft_drain": strategy.soft_drain,
                    "prestop": strategy.prestop, "drain_gate": strategy.config},
@@ -154,6 +156,20 @@ def account(strategy, traffic: Traffic, old, new, stat, haproxy, t0: float, end:
             "lost": lost_list,
         },
     }
+
+
+_TRIES = re.compile(r" \S{4} \d+/\d+/\d+/\d+/\+?(\d+) ")
+
+
+def tries(log: str) -> dict[str, int]:
+    """Requests by how many tries HAProxy took to answer them (its log's retries field, plus 1):
+    2 or more, a request it resent (after a failed connection, or a refusal with retry-on)."""
+    counts: dict[str, int] = {}
+    for m in map(_TRIES.search, log.splitlines()):
+        if m:
+            k = str(1 + int(m[1]))
+            counts[k] = counts.get(k, 0) + 1
+    return dict(sorted(counts.items(), key=lambda kv: int(kv[0])))
 
 
 def gateway_account(old: list, logged) -> dict:

@@ -58,6 +58,7 @@ class Strategy:
     soft_drain: bool = False  # HAProxy `http-check disable-on-404`
     config: dict = field(default_factory=dict)  # drain-gate's plugin configuration
     resend: bool = False  # HAProxy's retry lines of the refuse mode (haproxy-refuse.cfg)
+    retries: int | None = None  # HAProxy's `retries`, when not the shipped 3
 
     @property
     def haproxy_cfg(self) -> Path:
@@ -89,17 +90,19 @@ def strategies(inter_s: float) -> dict[str, Strategy]:
         Strategy("sidecar-design", check="health", prestop="drain.sh", config=hc_fsm),
         Strategy("drain-gate-200", check="health", prestop="drain-gate", config=_DG),
         Strategy("drain-gate-404", check="health", prestop="drain-gate", soft_drain=True, config=soft),
-        Strategy("drain-gate-200-refuse", check="health", prestop="drain-gate", resend=True,
+        # Three gateways drain at once in this rollout, and each redispatch avoids only the server
+        # HAProxy just tried: 3 retries are not enough (measured, tests/README.md), 8 are.
+        Strategy("drain-gate-200-refuse", check="health", prestop="drain-gate", resend=True, retries=8,
                  config={**_DG, "draining_new_requests": "refuse"}),
     )}
 
 
 # -- HAProxy --------------------------------------------------------------------------------
 
-def render_haproxy_cfg(base: Path, names: list[str], check: list[str]) -> str:
+def render_haproxy_cfg(base: Path, names: list[str], check: list[str], retries: int | None = None) -> str:
     """The reference configuration with one `server` line per gateway (copied from gw1's),
     `option redispatch` after `retries 3` (unless the file has its own, as haproxy-refuse.cfg),
-    and the strategy's check request lines."""
+    `retries` set to `retries` when given, and the strategy's check request lines."""
     out, skip, seen = [], False, set()
     own_redispatch = any(line.split("#", 1)[0].split()[:2] == ["option", "redispatch"]
                          for line in base.read_text().splitlines())
@@ -116,7 +119,10 @@ def render_haproxy_cfg(base: Path, names: list[str], check: list[str]) -> str:
             out += [line.replace(s, c) for c in check]
             seen.add("httpchk")
         elif s == "retries 3":
-            out += [line] if own_redispatch else [line, line.replace("retries 3", "option redispatch")]
+            indent = line[: len(line) - len(line.lstrip())]
+            out.append(f"{indent}retries {retries or 3}")
+            if not own_redispatch:
+                out.append(f"{indent}option redispatch")
             seen.add("retries")
         else:
             out.append(line)
@@ -140,7 +146,7 @@ class FleetHAProxy(HAProxy):
             self.env[f"{name.upper()}_ADDR"] = f"127.0.0.1:{traffic}"
             self.env[f"{name.upper()}_HEALTH_PORT"] = str(check)
         self.cfg = self.workdir / "haproxy.cfg"
-        self.cfg.write_text(render_haproxy_cfg(base, self.names, strategy.check_request))
+        self.cfg.write_text(render_haproxy_cfg(base, self.names, strategy.check_request, strategy.retries))
 
 
 # -- the pod ----------------------------------------------------------------------------------
