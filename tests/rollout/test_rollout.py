@@ -66,6 +66,7 @@ def test_the_gateways_own_account_agrees_with_the_clients(result):
     drain (its gateways stay OPEN), so the gateways count nothing of what its clients lost — and
     say so (`drain_started_at` null on every one), rather than a 0 that would read as "no cut"."""
     assert driver.disagreements(result) == [], driver.disagreements(result)
+    assert driver.failures(result) == [], driver.failures(result)
     r404 = result["strategies"]["drain-gate-404"]["gateway"]
     assert r404["drains"] == 2 and r404["cut_lb"] == 0 and r404["refused"] == 0, r404
     default = result["strategies"]["istio-default"]

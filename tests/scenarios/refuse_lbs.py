@@ -491,7 +491,7 @@ def tcp_refusal(workdir: Path, connections: int = 8, timeout: float = 3.0) -> li
                 lb.wait_status(name, lambda s: s.up and s.check_status == "L7OK", 10 * INTER_S + 10)
             outcomes = [_tcp_request(lb.http_port, timeout) for _ in range(connections)]
             lb.stop()
-            rows.append({"gw1": how, "connections": connections,
+            rows.append({"gw1": how, "connections": connections, "client_timeout_s": timeout,
                          "accepted_by_gw1": refuser.accepted if refuser else None,
                          **{k: outcomes.count(k) for k in ("served", "closed", "reset", "timed out", "other")}})
             if refuser:
@@ -501,7 +501,7 @@ def tcp_refusal(workdir: Path, connections: int = 8, timeout: float = 3.0) -> li
 
 def tcp_table(rows: list[dict]) -> str:
     head = ("| gw1 answers a new connection by | connections | served | closed, no answer | reset "
-            "| held until the client gave up (3 s) |\n|---|---|---|---|---|---|\n")
+            f"| held until the client gave up ({rows[0]['client_timeout_s']:g} s) |\n|---|---|---|---|---|---|\n")
     names = {"close": "closing it (FIN)", "reset": "resetting it (RST)", "hold": "holding it (never answered)",
              "gateway": "serving it (the real gateway, the control)"}
     return head + "\n".join(f"| {names[r['gw1']]} | {r['connections']} | {r['served']} | {r['closed']} | "
