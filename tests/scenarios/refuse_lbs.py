@@ -211,6 +211,7 @@ def run_once(front: str, mode: str, workdir: Path, w: Workload = RIG) -> dict:
     """One drain of gw1 under the workload; the streams' outcome and the gateway's account."""
     streams: list[CurlStream] = []
     with FrontRig(workdir, gateway_config(mode, w)) as rig:
+        rig.stack.callback(lambda: [s.kill() for s in streams])  # every exit path: no curl left behind
         rig.use(front)
         gw1 = rig.gw("gw1")
         t0 = time.time()
