@@ -10,12 +10,12 @@ VENV     := .venv
 PY       := $(VENV)/bin/python
 APT_PKGS := haproxy wrk nghttp2-client curl socat gcc openssl
 
-.PHONY: all build run test lint unit integration deps deps-rust deps-wasm deps-apt deps-prometheus wasm-opt clean envoy-matrix oci configmap bench bench-quick noop bench-fixtures
+.PHONY: all build run test lint unit integration deps deps-rust deps-wasm deps-apt deps-prometheus deps-nginx wasm-opt clean envoy-matrix oci configmap bench bench-quick noop bench-fixtures
 
 all: build
 
 ## Dependencies -------------------------------------------------------------
-deps: deps-rust deps-apt deps-prometheus wasm-opt $(VENV)/.installed
+deps: deps-rust deps-apt deps-prometheus deps-nginx wasm-opt $(VENV)/.installed
 
 # What building the wasm needs: the wasm32-wasip1 target.
 deps-wasm:
@@ -50,6 +50,23 @@ deps-prometheus:
 	  if command -v systemctl >/dev/null; then \
 	    now=$$( [ -d /run/systemd/system ] && echo --now ); \
 	    $$SUDO systemctl disable $$now prometheus >/dev/null 2>&1 || true; fi; \
+	  exit $$rc; }
+
+# Debian's nginx, a front LB of tests/test_refuse_lbs.py: the tests run the binary on loopback
+# ports; the package's service (which would take :80) is never started, as for Prometheus.
+deps-nginx:
+	@dpkg-query -W -f='$${Status}' nginx 2>/dev/null | grep -q 'ok installed' || { \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); guard=; \
+	  if [ ! -e /usr/sbin/policy-rc.d ]; then \
+	    printf '#!/bin/sh\nexit 101\n' | $$SUDO tee /usr/sbin/policy-rc.d >/dev/null; \
+	    $$SUDO chmod 755 /usr/sbin/policy-rc.d; guard=1; fi; \
+	  echo "installing: nginx"; \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq \
+	    --no-install-recommends nginx >/dev/null; rc=$$?; \
+	  if [ -n "$$guard" ]; then $$SUDO rm -f /usr/sbin/policy-rc.d; fi; \
+	  if command -v systemctl >/dev/null; then \
+	    now=$$( [ -d /run/systemd/system ] && echo --now ); \
+	    $$SUDO systemctl disable $$now nginx >/dev/null 2>&1 || true; fi; \
 	  exit $$rc; }
 
 # `make run` installs only tests/requirements-run.txt (Envoy, PyYAML, requests);
@@ -167,14 +184,17 @@ configmap: wasm-opt build
 # `make test` already runs the quick set (S1, S4, S5 soft drain, L4 behind
 # haproxy-tcp.cfg with and without the connection rotation, the controls;
 # HAProxy checks every 1 s). `make scenarios` runs all of them with the shipped
-# timings (inter 2s, lb_buffer 10s); results in out/scenarios/latest/.
+# timings (inter 2s, lb_buffer 10s); results in out/scenarios/latest/. The refuse mode
+# behind HAProxy, Envoy and nginx (tests/test_refuse_lbs.py): one round in `make test`,
+# five here; results in out/refuse-lbs/.
 .PHONY: scenarios
 
 scenarios: deps build $(VENV)/.installed
 	@command -v openssl >/dev/null || { SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
 	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq openssl >/dev/null; }
-	DRAIN_GATE_SCENARIOS=full PYTHONPATH=. $(PY) -m pytest tests/test_scenarios.py tests/test_passthrough.py -v -p no:cacheprovider $(PYTEST_ARGS)
-	@cat out/scenarios/latest/results.md
+	DRAIN_GATE_SCENARIOS=full PYTHONPATH=. $(PY) -m pytest tests/test_scenarios.py tests/test_passthrough.py \
+	  tests/test_refuse_lbs.py -v -p no:cacheprovider $(PYTEST_ARGS)
+	@cat out/scenarios/latest/results.md out/refuse-lbs/results.md
 
 ## Hardening: failure fixture, API contract, property tests, count torture ---
 # `make test` also builds the failure fixture (the real filter compiled with a
@@ -301,7 +321,9 @@ dashboard-png: $(VENV)/.installed
 ## Rollout -----------------------------------------------------------------------
 # A rolling update (maxSurge 1, maxUnavailable 0) of a gateway fleet behind HAProxy with the
 # shipped timings (inter 2s rise 2 fall 2), once per strategy, under short GETs, HTTP/1.1 and HTTP/2 streams and
-# websockets (tests/rollout/). `make rollout`: 4 gateways, all five strategies (about 7 min).
+# websockets (tests/rollout/). `make rollout`: 4 gateways, all six strategies (about 9 min); it fails
+# when a gateway's own count of what was cut disagrees with what the clients lost, or when
+# drain-gate-404 or drain-gate-200-refuse lost a request.
 # `make rollout-quick` (part of `make test`, about 90 s): 2 gateways, istio-default and drain-gate-404.
 # Both write out/rollout/result.json, results.md and timeline.svg.
 .PHONY: rollout rollout-quick

@@ -6,6 +6,9 @@
   GET /reset?after_ms=N      sends headers and one chunk, then resets the TCP connection
   GET /ws                    websocket upgrade (101), then echoes raw bytes until the client closes
   GET /headers               200, the request headers as a JSON object (lower-case names)
+  GET /status?code=N&id=X    answers N; the body is how many requests with that id this backend
+                             has processed ("processed 2"): a request an LB resent shows it
+  POST (any path)            the body is read first, then answered as the GET
 
 Run: python -m tests.harness.backend --port 18081
 """
@@ -17,8 +20,13 @@ import socket
 import struct
 import threading
 import time
+from collections import Counter
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlsplit
+
+
+_PROCESSED: Counter = Counter()  # /status?id=X: requests processed per id
+_PROCESSED_LOCK = threading.Lock()
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -95,10 +103,24 @@ class Handler(BaseHTTPRequestHandler):
             self.close_connection = True
         elif path == "/headers":
             self._plain(200, json.dumps({k.lower(): v for k, v in self.headers.items()}))
+        elif path == "/status":
+            key = (parse_qs(urlsplit(self.path).query).get("id") or [""])[0]
+            with _PROCESSED_LOCK:
+                _PROCESSED[key] += 1
+                n = _PROCESSED[key]
+            self._plain(int(self._q("code", 200)), f"processed {n}\n")
         else:
             self._plain(200, "hello\n")
 
-    do_POST = do_GET
+    def do_POST(self):
+        # Read the body first: left unread it would be parsed as the next request on the connection.
+        left = int(self.headers.get("content-length") or 0)
+        while left > 0:
+            chunk = self.rfile.read(min(left, 65536))
+            if not chunk:
+                break
+            left -= len(chunk)
+        self.do_GET()
 
 
 class Server(ThreadingHTTPServer):

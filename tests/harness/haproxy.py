@@ -27,6 +27,8 @@ CFG = CFG_DIR / "haproxy.cfg"
 CFG_SOFT_DRAIN = CFG_DIR / "haproxy-soft-drain.cfg"
 # `mode tcp` (an L4 LB); SOFT_DRAIN=1 in its environment adds disable-on-404.
 CFG_TCP = CFG_DIR / "haproxy-tcp.cfg"
+# haproxy.cfg plus the lines that resend what a draining gateway refused (`draining_new_requests: refuse`).
+CFG_REFUSE = CFG_DIR / "haproxy-refuse.cfg"
 BACKEND = "gateways"
 SOCKET_PATH_MAX = 97  # HAProxy 2.6 refuses a longer `stats socket` path
 
@@ -134,18 +136,20 @@ class HAProxy(Child):
         tcp: bool = False,
         env: dict[str, str] | None = None,
         master_worker: bool = False,
+        cfg: Path | None = None,
     ):
         """`gateways`: (traffic port, health port) of gw1[, gw2] on 127.0.0.1.
 
         `tcp`: haproxy-tcp.cfg (an L4 LB, no TLS frontend) instead of the HTTP-mode
         files. `env` adds placeholders (the passthrough and kube-apiserver frontends
         exist only when their addresses are given); `master_worker` runs
-        HAProxy with a master CLI socket (`-W -S`), which can reload it."""
+        HAProxy with a master CLI socket (`-W -S`), which can reload it. `cfg`: another
+        file of envoyfilter/haproxy/ (haproxy-refuse.cfg), run as written like the others."""
         if not 1 <= len(gateways) <= 2:
             raise ValueError("the reference configuration has one or two gateways")
         self.workdir = Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
-        self.cfg = CFG_TCP if tcp else CFG_SOFT_DRAIN if soft_drain else CFG
+        self.cfg = cfg or (CFG_TCP if tcp else CFG_SOFT_DRAIN if soft_drain else CFG)
         tls = tls and not tcp
         self.socket_path = self.workdir / "admin.sock"
         if len(str(self.socket_path)) > SOCKET_PATH_MAX:  # a deep workdir: the socket goes to a short one

@@ -161,7 +161,7 @@ class Rig:
 
     def __init__(self, workdir: Path, *, gateways: int = 1, config: dict | None = None,
                  soft_drain: bool = False, timing: Timing = QUICK, tls: bool = False, tcp: bool = False,
-                 haproxy_env: dict[str, str] | None = None):
+                 haproxy_env: dict[str, str] | None = None, haproxy_cfg: Path | None = None):
         self.workdir = Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.n = gateways
@@ -171,6 +171,7 @@ class Rig:
         self.tls = tls
         self.tcp = tcp
         self.haproxy_env = haproxy_env
+        self.haproxy_cfg = haproxy_cfg
         self.stack = contextlib.ExitStack()
         self.gws: list[Gateway] = []
         self.haproxy: HAProxy | None = None
@@ -204,6 +205,7 @@ class Rig:
             tls=self.tls,
             tcp=self.tcp,
             env=self.haproxy_env,
+            cfg=self.haproxy_cfg,
         )
         self.stack.callback(self.haproxy.stop)
         self.haproxy.start()

@@ -16,11 +16,14 @@ the part of pilot-agent that matters to a drain, emulated here:
   and every response asks the client to close.
 
 Kubelet (Pod.delete): the strategy's preStop hook to completion or the grace period, then SIGTERM;
-SIGKILL at the end of the grace period whatever happens.
+SIGKILL at the end of the grace period whatever happens. Just before the SIGKILL the pod reads
+the gateway's own account of its drain (`/drain/status` `receipt`: what it cut, what the LB cut,
+what it refused), with its `event=drain_receipt` log line as the fallback.
 """
 from __future__ import annotations
 
 import os
+import re
 import signal
 import threading
 import time
@@ -32,7 +35,7 @@ import requests
 
 from tests.bench.bench import _sidecar_poller
 from tests.harness.envoy import Envoy, Ports, free_port, render
-from tests.harness.haproxy import CFG, CFG_SOFT_DRAIN, HAProxy
+from tests.harness.haproxy import CFG, CFG_REFUSE, CFG_SOFT_DRAIN, HAProxy
 from tests.harness.timeline import parse_time
 
 TERMINATION_DRAIN_S = 5.0  # Istio's terminationDrainDuration default
@@ -54,6 +57,12 @@ class Strategy:
     prestop: str | None  # None, "fail-then-wait", "drain.sh" or "drain-gate"
     soft_drain: bool = False  # HAProxy `http-check disable-on-404`
     config: dict = field(default_factory=dict)  # drain-gate's plugin configuration
+    resend: bool = False  # HAProxy's retry lines of the refuse mode (haproxy-refuse.cfg)
+    retries: int | None = None  # HAProxy's `retries`, when not the shipped 3
+
+    @property
+    def haproxy_cfg(self) -> Path:
+        return CFG_REFUSE if self.resend else CFG_SOFT_DRAIN if self.soft_drain else CFG
 
     @property
     def check_path(self) -> str:
@@ -81,15 +90,22 @@ def strategies(inter_s: float) -> dict[str, Strategy]:
         Strategy("sidecar-design", check="health", prestop="drain.sh", config=hc_fsm),
         Strategy("drain-gate-200", check="health", prestop="drain-gate", config=_DG),
         Strategy("drain-gate-404", check="health", prestop="drain-gate", soft_drain=True, config=soft),
+        # Three gateways drain at once in this rollout, and each redispatch avoids only the server
+        # HAProxy just tried: 3 retries are not enough (measured, tests/README.md), 8 are.
+        Strategy("drain-gate-200-refuse", check="health", prestop="drain-gate", resend=True, retries=8,
+                 config={**_DG, "draining_new_requests": "refuse"}),
     )}
 
 
 # -- HAProxy --------------------------------------------------------------------------------
 
-def render_haproxy_cfg(base: Path, names: list[str], check: list[str]) -> str:
+def render_haproxy_cfg(base: Path, names: list[str], check: list[str], retries: int | None = None) -> str:
     """The reference configuration with one `server` line per gateway (copied from gw1's),
-    `option redispatch` after `retries 3`, and the strategy's check request lines."""
+    `option redispatch` after `retries 3` (unless the file has its own, as haproxy-refuse.cfg),
+    `retries` set to `retries` when given, and the strategy's check request lines."""
     out, skip, seen = [], False, set()
+    own_redispatch = any(line.split("#", 1)[0].split()[:2] == ["option", "redispatch"]
+                         for line in base.read_text().splitlines())
     for line in base.read_text().splitlines():
         s = line.strip()
         if s.startswith(".if defined(GW2_ADDR)"):
@@ -103,7 +119,10 @@ def render_haproxy_cfg(base: Path, names: list[str], check: list[str]) -> str:
             out += [line.replace(s, c) for c in check]
             seen.add("httpchk")
         elif s == "retries 3":
-            out += [line, line.replace("retries 3", "option redispatch")]
+            indent = line[: len(line) - len(line.lstrip())]
+            out.append(f"{indent}retries {retries or 3}")
+            if not own_redispatch:
+                out.append(f"{indent}option redispatch")
             seen.add("retries")
         else:
             out.append(line)
@@ -120,14 +139,14 @@ class FleetHAProxy(HAProxy):
         self.http_port, self.https_port = free_port(), free_port()
         self.env["FRONTEND_HTTP"] = f"127.0.0.1:{self.http_port}"
         self.env["FRONTEND_HTTPS"] = f"127.0.0.1:{self.https_port}"
-        base = CFG_SOFT_DRAIN if strategy.soft_drain else CFG
+        base = strategy.haproxy_cfg
         self.names = [name for name, _, _ in servers]
         self.env = {k: v for k, v in self.env.items() if not k.startswith("GW1_")}
         for name, traffic, check in servers:
             self.env[f"{name.upper()}_ADDR"] = f"127.0.0.1:{traffic}"
             self.env[f"{name.upper()}_HEALTH_PORT"] = str(check)
         self.cfg = self.workdir / "haproxy.cfg"
-        self.cfg.write_text(render_haproxy_cfg(base, self.names, strategy.check_request))
+        self.cfg.write_text(render_haproxy_cfg(base, self.names, strategy.check_request, strategy.retries))
 
 
 # -- the pod ----------------------------------------------------------------------------------
@@ -181,6 +200,8 @@ class Pod:
         self.prestop_end = self.sigterm_at = self.exit_at = None
         self.prestop_result: str = ""
         self.flip_at: float | None = None  # when the check the LB reads began to fail
+        self.receipt: dict | None = None  # the gateway's own account of its drain, read before it exits
+        self.receipt_at: float | None = None
         self.admin = requests.Session()
         self._agent: ThreadingHTTPServer | None = None
         self._kubelet: threading.Thread | None = None
@@ -239,6 +260,8 @@ class Pod:
     def _kill(self) -> None:
         proc = self.envoy.proc
         if proc and proc.poll() is None:
+            self.receipt_at = time.time()
+            self.receipt = self._read_receipt()
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(10)
         self.exit_at = time.time()
@@ -246,6 +269,21 @@ class Pod:
             self._agent.shutdown()
             self._agent.server_close()
             self._agent = None
+
+    def _read_receipt(self) -> dict | None:
+        """The drain's receipt from `/drain/status` (`drain_started_at` null: no drain ran), else
+        from the `event=drain_receipt` line the gateway logged when the drain ended."""
+        try:
+            return requests.get(self.envoy.health("/drain/status"), timeout=2).json()["receipt"]
+        except (requests.RequestException, ValueError, KeyError):
+            pass
+        lines = re.findall(r"event=drain_receipt .*", self.envoy.log())
+        if not lines:
+            return None
+        fields = dict(kv.split("=", 1) for kv in lines[-1].split() if "=" in kv)
+        return {"drain_started_at": fields["started"],
+                **{k: int(fields[k]) for k in ("cut", "cut_http", "cut_tcp", "cut_lb", "cut_other", "completed",
+                                               "ended_upstream", "refused")}}
 
     def _run_prestop(self) -> None:
         try:
@@ -259,9 +297,9 @@ class Pod:
         return round(self.exit_at - self.deleted_at, 3) if self.exit_at and self.deleted_at else None
 
     def summary(self) -> dict:
-        keys = ("created_at", "up_at", "deleted_at", "flip_at", "prestop_end", "sigterm_at", "exit_at")
+        keys = ("created_at", "up_at", "deleted_at", "flip_at", "prestop_end", "sigterm_at", "receipt_at", "exit_at")
         return {"name": self.name, **{k: getattr(self, k) for k in keys},
-                "drain_s": self.drain_s, "prestop_result": self.prestop_result}
+                "drain_s": self.drain_s, "prestop_result": self.prestop_result, "receipt": self.receipt}
 
 
 # -- preStop hooks ----------------------------------------------------------------------------

@@ -60,6 +60,20 @@ def test_istio_default_cuts_long_streams(result):
     assert sum(n for _, n in r["cut_at_down"]) > 0, r["cut_at_down"]
 
 
+def test_the_gateways_own_account_agrees_with_the_clients(result):
+    """Each old gateway's drain receipt, read before it exited, summed over the fleet: drain-gate-404
+    cut nothing the LB could cut, as its clients lost nothing; Istio's default runs no drain-gate
+    drain (its gateways stay OPEN), so the gateways count nothing of what its clients lost — and
+    say so (`drain_started_at` null on every one), rather than a 0 that would read as "no cut"."""
+    assert driver.disagreements(result) == [], driver.disagreements(result)
+    assert driver.failures(result) == [], driver.failures(result)
+    r404 = result["strategies"]["drain-gate-404"]["gateway"]
+    assert r404["drains"] == 2 and r404["cut_lb"] == 0 and r404["refused"] == 0, r404
+    default = result["strategies"]["istio-default"]
+    assert default["gateway"]["drains"] == 0 and driver.lost_total(default) > 0, default["gateway"]
+    assert "no drain ran" in driver.table(result)
+
+
 def test_summarize_prints_the_tables_of_the_readme(result):
     """`python -m tests.rollout.driver --summarize <result.json>…`, as tests/README.md runs it."""
     out = subprocess.run([sys.executable, "-m", "tests.rollout.driver", "--summarize", str(driver.OUT / "result.json")],
