@@ -38,7 +38,7 @@ deps-apt:
 # denies it is in place during the install (unless one already is), and the
 # unit is disabled afterwards (and stopped, where systemd runs).
 deps-prometheus:
-	@dpkg-query -W -f='${Status}' prometheus 2>/dev/null | grep -q 'ok installed' || { \
+	@dpkg-query -W -f='$${Status}' prometheus 2>/dev/null | grep -q 'ok installed' || { \
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); guard=; \
 	  if [ ! -e /usr/sbin/policy-rc.d ]; then \
 	    printf '#!/bin/sh\nexit 101\n' | $$SUDO tee /usr/sbin/policy-rc.d >/dev/null; \
