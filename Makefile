@@ -33,41 +33,33 @@ deps-apt:
 	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $$missing >/dev/null; \
 	fi
 
-# Prometheus 2.42 + promtool from Debian. The tests run the binary on a free
-# loopback port; the package's service is never started: a policy-rc.d that
-# denies it is in place during the install (unless one already is), and the
-# unit is disabled afterwards (and stopped, where systemd runs).
-deps-prometheus:
-	@dpkg-query -W -f='$${Status}' prometheus 2>/dev/null | grep -q 'ok installed' || { \
+# Debian packages whose service must never start (the tests run the binary on
+# loopback ports): a policy-rc.d that denies starting it is in place during the
+# install (unless one already is), and the unit is disabled afterwards (and
+# stopped, where systemd runs). $(1): the package.
+define install-without-service
+	@dpkg-query -W -f='$${Status}' $(1) 2>/dev/null | grep -q 'ok installed' || { \
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); guard=; \
 	  if [ ! -e /usr/sbin/policy-rc.d ]; then \
 	    printf '#!/bin/sh\nexit 101\n' | $$SUDO tee /usr/sbin/policy-rc.d >/dev/null; \
 	    $$SUDO chmod 755 /usr/sbin/policy-rc.d; guard=1; fi; \
-	  echo "installing: prometheus"; \
+	  echo "installing: $(1)"; \
 	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq \
-	    --no-install-recommends prometheus >/dev/null; rc=$$?; \
+	    --no-install-recommends $(1) >/dev/null; rc=$$?; \
 	  if [ -n "$$guard" ]; then $$SUDO rm -f /usr/sbin/policy-rc.d; fi; \
 	  if command -v systemctl >/dev/null; then \
 	    now=$$( [ -d /run/systemd/system ] && echo --now ); \
-	    $$SUDO systemctl disable $$now prometheus >/dev/null 2>&1 || true; fi; \
+	    $$SUDO systemctl disable $$now $(1) >/dev/null 2>&1 || true; fi; \
 	  exit $$rc; }
+endef
 
-# Debian's nginx, a front LB of tests/test_refuse_lbs.py: the tests run the binary on loopback
-# ports; the package's service (which would take :80) is never started, as for Prometheus.
+# Prometheus 2.42 + promtool, for the alerting rules and the dashboard queries.
+deps-prometheus:
+	$(call install-without-service,prometheus)
+
+# nginx, a front LB of tests/test_refuse_lbs.py (its service would take :80).
 deps-nginx:
-	@dpkg-query -W -f='$${Status}' nginx 2>/dev/null | grep -q 'ok installed' || { \
-	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); guard=; \
-	  if [ ! -e /usr/sbin/policy-rc.d ]; then \
-	    printf '#!/bin/sh\nexit 101\n' | $$SUDO tee /usr/sbin/policy-rc.d >/dev/null; \
-	    $$SUDO chmod 755 /usr/sbin/policy-rc.d; guard=1; fi; \
-	  echo "installing: nginx"; \
-	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq \
-	    --no-install-recommends nginx >/dev/null; rc=$$?; \
-	  if [ -n "$$guard" ]; then $$SUDO rm -f /usr/sbin/policy-rc.d; fi; \
-	  if command -v systemctl >/dev/null; then \
-	    now=$$( [ -d /run/systemd/system ] && echo --now ); \
-	    $$SUDO systemctl disable $$now nginx >/dev/null 2>&1 || true; fi; \
-	  exit $$rc; }
+	$(call install-without-service,nginx)
 
 # `make run` installs only tests/requirements-run.txt (Envoy, PyYAML, requests);
 # `make test` adds the test libraries of tests/requirements.txt to the same venv.
