@@ -15,7 +15,7 @@
 //! - [`liveness`]: whether the traffic role is there and alive;
 //! - [`metric_names`]: every metric name (the host defines them);
 //! - [`receipt`]: how the streams of a drain ended, and what the LB cut;
-//! - [`rotation`]: connection rotation at drain start (Envoy's own connection drain,
+//! - [`rotation`]: connection rotation during a drain (Envoy's own connection drain,
 //!   event ③ of a pod termination).
 //!
 //! Host shell ([`host`]): root, traffic and health contexts, shared data,

@@ -140,7 +140,7 @@ pub const ALL: [Metric; 21] = [
         name: CUT,
         kind: Kind::Counter,
         #[cfg(test)]
-        help: "streams and connections the downstream ended before they completed, during a drain (the LB's reset at DOWN, or a client that gave up)",
+        help: "streams and connections the downstream ended before they completed, during a drain (the LB's reset at DOWN, or a client that gave up; also a websocket its client closed, [Limits](#limits))",
     },
     Metric {
         name: CUT_LB,

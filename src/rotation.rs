@@ -19,7 +19,10 @@
 //! sends no new connection here); in a drain answering 200, at the flip (the
 //! LB marks the gateway DOWN `fall` checks later). Until then keep-alive
 //! connections are kept — an L7 LB's pool, a pinned client — and no request
-//! pays a new connection (or TLS handshake) for the rotation.
+//! pays a new connection (or TLS handshake) for the rotation. A drain that
+//! refuses new requests (`draining_new_requests: refuse`) rotates at once:
+//! nothing is served here any more, and the refusal that closes a pinned
+//! client's connection sends it through the LB to another gateway.
 //!
 //! `skip_exit` keeps every listener open — the health listener included — for
 //! good: the two other forms (`drain_listeners`, `drain_listeners?graceful`)
@@ -64,6 +67,8 @@ named! {
         SoftDrainGate = "soft_drain_gate",
         /// The flip to 503: the LB marks the gateway DOWN `fall` checks later.
         Flip = "flip",
+        /// A drain that refuses new requests began: nothing is served here.
+        Refusing = "refusing",
     }
 }
 
@@ -83,17 +88,18 @@ record! {
     }
 }
 
-/// Whether the rotation of the drain `rec` holds is due now, and why: in a
-/// gated soft drain once `gate` passes; in any drain at the flip (CLOSING,
-/// or CLOSED for a drain that got there within a tick). Never for a
-/// maintenance drain. The caller sends it once per drain (the rotation
-/// record's claim).
-pub fn due(rec: &fsm::Record, gate: Option<Gate>) -> Option<Trigger> {
+/// Whether the rotation of the drain `rec` holds is due now, and why: when a
+/// drain that `refusing` new requests begins; in a gated soft drain once
+/// `gate` passes; in any drain at the flip (CLOSING, or CLOSED for a drain
+/// that got there within a tick). Never for a maintenance drain. The caller
+/// sends it once per drain (the rotation record's claim).
+pub fn due(rec: &fsm::Record, gate: Option<Gate>, refusing: bool) -> Option<Trigger> {
     let plan = rec.plan?;
     if plan.hold_closing {
         return None;
     }
     match rec.state {
+        State::Draining if refusing => Some(Trigger::Refusing),
         State::Draining if plan.lb_gate && gate.is_some_and(Gate::passes) => {
             Some(Trigger::SoftDrainGate)
         }
@@ -168,9 +174,9 @@ mod tests {
     }
 
     #[test]
-    fn the_rotation_waits_for_the_lb_to_leave_or_for_the_flip() {
+    fn the_rotation_waits_for_the_lb_to_leave_for_the_flip_or_for_refusals() {
         let open = fsm::Record::new(10);
-        assert_eq!(due(&open, None), None);
+        assert_eq!(due(&open, None, false), None);
         let draining = advance(
             &open,
             mv(State::Open, State::Draining, Reason::DrainRequested),
@@ -179,16 +185,22 @@ mod tests {
         )
         .unwrap();
         assert_eq!(
-            due(&draining, None),
+            due(&draining, None, false),
             None,
             "200 while draining: keep the connections"
         );
         let mut soft = draining.clone();
         soft.plan = soft.plan.map(|p| fsm::DrainPlan { lb_gate: true, ..p });
-        assert_eq!(due(&soft, Some(Gate::Waiting)), None);
-        assert_eq!(due(&soft, Some(Gate::NoChecker)), None);
-        assert_eq!(due(&soft, Some(Gate::Open)), Some(Trigger::SoftDrainGate));
-        assert_eq!(due(&soft, Some(Gate::NoLb)), Some(Trigger::SoftDrainGate));
+        assert_eq!(due(&soft, Some(Gate::Waiting), false), None);
+        assert_eq!(due(&soft, Some(Gate::NoChecker), false), None);
+        assert_eq!(
+            due(&soft, Some(Gate::Open), false),
+            Some(Trigger::SoftDrainGate)
+        );
+        assert_eq!(
+            due(&soft, Some(Gate::NoLb), false),
+            Some(Trigger::SoftDrainGate)
+        );
         let closing = advance(
             &draining,
             mv(State::Draining, State::Closing, Reason::ActiveZero),
@@ -196,14 +208,18 @@ mod tests {
             0,
         )
         .unwrap();
-        assert_eq!(due(&closing, None), Some(Trigger::Flip));
+        assert_eq!(due(&closing, None, false), Some(Trigger::Flip));
+        // A drain that refuses new requests rotates as it begins.
+        assert_eq!(due(&draining, None, true), Some(Trigger::Refusing));
+        assert_eq!(due(&open, None, true), None);
         // A maintenance drain is meant to be reopened: it never rotates.
         let mut maintenance = closing.clone();
         maintenance.plan = maintenance.plan.map(|p| fsm::DrainPlan {
             hold_closing: true,
             ..p
         });
-        assert_eq!(due(&maintenance, None), None);
+        assert_eq!(due(&maintenance, None, false), None);
+        assert_eq!(due(&maintenance, None, true), None);
         let reopened = advance(
             &draining,
             mv(State::Draining, State::Open, Reason::ReopenRequested),
@@ -211,7 +227,7 @@ mod tests {
             0,
         )
         .unwrap();
-        assert_eq!(due(&reopened, None), None);
+        assert_eq!(due(&reopened, None, false), None);
     }
 
     #[test]

@@ -332,10 +332,17 @@ def _rotation_outcome(env) -> dict:
                     10, what="the rotation's outcome")
 
 
+def _drain_and_flip(env) -> None:
+    """A drain answering 200 rotates at its flip: drain, then flip at once (`/close-lb`)."""
+    assert requests.post(env.health("/drain"), timeout=10).status_code == 200
+    assert status(env)["connection_rotation"]["last"] is None, "no rotation while the LB still sends here"
+    assert requests.post(env.health("/close-lb"), timeout=10).status_code == 200
+
+
 @pytest.mark.parametrize("version", VERSIONS)
-def test_envoyfilter_form_rotates_connections_at_drain_start(version, start_gateway):
+def test_envoyfilter_form_rotates_connections_at_the_flip(version, start_gateway):
     """The health listener as shipped rotates through the bootstrap's
-    prometheus_stats cluster (the EnvoyFilters add none): after /drain a
+    prometheus_stats cluster (the EnvoyFilters add none): after the flip a
     keep-alive connection is closed after its next response, and the health
     listener keeps answering."""
     efs = [load("traffic-filter.yaml"), patched(load("health-listener.yaml"), min_drain="30m", drain_timeout="60m")]
@@ -344,15 +351,15 @@ def test_envoyfilter_form_rotates_connections_at_drain_start(version, start_gate
     client = KeepAlive(env.ports.traffic)
     try:
         assert client.get() is None
-        assert requests.post(env.health("/drain"), timeout=10).status_code == 200
+        _drain_and_flip(env)
         last = _rotation_outcome(env)
-        assert (last["outcome"], last["admin_status"]) == ("done", 200), last
+        assert (last["outcome"], last["admin_status"], last["trigger"]) == ("done", 200, "flip"), last
         assert status(env)["connection_rotation"]["cluster"] == "prometheus_stats"
         assert client.get() == "close"
     finally:
         client.close()
     assert requests.get(env.traffic("/"), timeout=5).status_code == 200
-    assert lb_check(env)[0] == "HTTP/1.0 200 OK"
+    assert lb_check(env)[0].startswith("HTTP/1.0 503"), "CLOSING: the health listener answers, 503"
 
 
 # The admin cluster the chart used to add: istio-proxy's admin at a fixed 127.0.0.1:15000.
@@ -378,7 +385,7 @@ def test_rotation_reaches_an_admin_on_ipv6_loopback_only(version, start_gateway)
     client = KeepAlive(env.ports.traffic)
     try:
         assert client.get() is None
-        assert requests.post(env.health("/drain"), timeout=10).status_code == 200
+        _drain_and_flip(env)
         last = _rotation_outcome(env)
         assert (last["outcome"], last["admin_status"]) == ("done", 200), last
         assert client.get() == "close"
@@ -388,7 +395,7 @@ def test_rotation_reaches_an_admin_on_ipv6_loopback_only(version, start_gateway)
     fixed = istio.apply_envoyfilters([istio.gateway_listener(8080)], [
         load("traffic-filter.yaml"), patched(health, rotate_connections=FIXED_ADMIN_CLUSTER["name"])])
     env = start_gateway(version, fixed, clusters=[FIXED_ADMIN_CLUSTER], admin_address="::1")
-    assert requests.post(env.health("/drain"), timeout=10).status_code == 200
+    _drain_and_flip(env)
     last = _rotation_outcome(env)
     assert last["outcome"] == "failed" and last["admin_status"] != 200, last
 

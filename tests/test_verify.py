@@ -484,7 +484,7 @@ def test_rotation_cluster_away_from_an_ipv6_admin_fails(start_gateway):
     assert f"PASS rotation cluster: cluster prometheus_stats dials [::1]:{env.ports.admin} = Envoy's admin" in lines
     for name, expected in (
             ("drain_gate_envoy_admin", "FAIL rotation cluster: cluster drain_gate_envoy_admin dials "
-             "127.0.0.1:{port}, Envoy's admin listens on [::1]:{port}: the rotation at drain start fails "
+             "127.0.0.1:{port}, Envoy's admin listens on [::1]:{port}: the rotation of a drain fails "
              "(rotate_connections: prometheus_stats, the bootstrap's own cluster to the admin, follows its address "
              "and port)"),
             ("no_such_cluster", "FAIL rotation cluster: rotate_connections names cluster 'no_such_cluster', which "

@@ -443,7 +443,7 @@ def check_rotation(report: Report, dump: dict, config: dict) -> None:
     want = host_port(*admin)
     report.check(dials == [want], "rotation cluster", f"cluster {name} dials {', '.join(dials) or 'nothing'}"
                  + (" = Envoy's admin" if dials == [want] else f", Envoy's admin listens on {want}: the rotation "
-                    "at drain start fails (rotate_connections: prometheus_stats, the bootstrap's own cluster to "
+                    "of a drain fails (rotate_connections: prometheus_stats, the bootstrap's own cluster to "
                     "the admin, follows its address and port)"))
 
 

@@ -103,8 +103,7 @@ pub struct View<'a> {
     pub new_requests: &'static str,
 }
 
-/// Connection rotation at drain start: configured where, and what the last
-/// drain's call did.
+/// Connection rotation: configured where, and what the last drain's call did.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct RotationView<'a> {
     /// `None`: turned off (`rotate_connections: false`).
@@ -123,7 +122,7 @@ struct RotationOut<'a> {
 #[derive(Serialize)]
 struct RotationLast<'a> {
     drain_started_at: String,
-    /// What made it due: `soft_drain_gate` (the LB stopped sending here) or `flip`.
+    /// What made it due: `soft_drain_gate` (the LB stopped sending here), `flip` or `refusing`.
     trigger: Option<rotation::Trigger>,
     outcome: rotation::Outcome,
     requested_at: Option<String>,

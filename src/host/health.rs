@@ -19,7 +19,7 @@ use super::shared::{Envoy, Host};
 use super::store::{self, Store};
 use crate::api::{self, Audience, CountInfo, Endpoint, Reply, RotationView, TrafficInfo, View};
 use crate::clock::{self, Now};
-use crate::config::Config;
+use crate::config::{Config, NewRequests};
 use crate::fsm::{self, CloseAfter, Move, Record, State};
 use crate::lb::Checkers;
 use crate::receipt;
@@ -89,7 +89,8 @@ impl<H: Host + Copy> Health<H> {
     pub fn new(config: Config, metrics: Metrics<H>) -> Health<H> {
         let host = *metrics.host();
         let counter = Counts::new(&metrics);
-        let rotator = Rotator::new(host, config.rotate_connections.clone());
+        let refusing = config.draining_new_requests == NewRequests::Refuse;
+        let rotator = Rotator::new(host, config.rotate_connections.clone(), refusing);
         let watch = Watch::new(host, config.tick_ms);
         let health = Health {
             config,

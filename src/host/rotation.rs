@@ -1,5 +1,5 @@
-//! Connection rotation at drain start (`crate::rotation`): the health root
-//! context's call to Envoy's admin API, and its record in shared data.
+//! Connection rotation (`crate::rotation`): the health root context's call to
+//! Envoy's admin API, and its record in shared data.
 //!
 //! The health root context's tick sends it once it is due
 //! (`rotation::due`): a call made from a stream would belong to it, and Envoy
@@ -26,6 +26,7 @@ pub struct Rotator<H: Host = Envoy> {
     store: Store<H>,
     /// `None`: rotation is turned off.
     cluster: Option<String>,
+    refusing: bool,
     sent: RefCell<Sent>,
 }
 
@@ -46,10 +47,12 @@ fn log_outcome(rec: &rotation::Record) {
 }
 
 impl<H: Host> Rotator<H> {
-    pub fn new(host: H, cluster: Option<String>) -> Rotator<H> {
+    /// `refusing`: drains refuse new requests (`draining_new_requests`).
+    pub fn new(host: H, cluster: Option<String>, refusing: bool) -> Rotator<H> {
         Rotator {
             store: Store::new(host),
             cluster,
+            refusing,
             sent: RefCell::new(None),
         }
     }
@@ -64,7 +67,7 @@ impl<H: Host> Rotator<H> {
         let (Some(_), Some(drain_ms), Some(trigger)) = (
             &self.cluster,
             now.drain_started_ms,
-            rotation::due(now, gate),
+            rotation::due(now, gate, self.refusing),
         ) else {
             return;
         };

@@ -334,7 +334,8 @@ impl<H: Host> TrafficStream<H> {
     /// (503, never forwarded, so always safe to resend). `connection: close`
     /// is Envoy's to add, not a filter's: it strips the hop-by-hop headers of
     /// a local reply, and adds `connection: close` to every HTTP/1.1 response
-    /// once its drain sequence runs (the connection rotation at drain start).
+    /// once its drain sequence runs (the connection rotation, which a refusing
+    /// drain starts as it begins).
     pub fn request_headers(&mut self) -> Action {
         if !self.traffic.refuses() {
             return Action::Continue;
