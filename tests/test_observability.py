@@ -264,14 +264,14 @@ def _every_panel_returns_data(prom: Prometheus) -> None:
 
 def _save(prom: Prometheus, start: float) -> None:
     """What envoyfilter/README.md's dashboard picture is drawn from (`make dashboard-png`): every
-    panel's series from the start up to a 1 s step that shows the alert firing."""
-    firing = f'ALERTS{{alertname="{FORCED}",alertstate="firing"}}'
+    panel's series from the start up to a 1 s step that shows the alerts firing."""
+    firing = f'ALERTS{{alertname="{CUT}",alertstate="firing"}}'
     end = wait_for(lambda: prom.query_range(firing, start, time.time()) and time.time(), 10,
                    interval=0.25, what="the firing alert on a range step")
     series = [{"panel": title, "legend": legend, "result": prom.query_range(expr, start, end)}
               for title, legend, expr in panel_queries() if "[1h]" not in expr]
-    series.append({"panel": "ALERTS", "legend": FORCED,
-                   "result": prom.query_range(f'ALERTS{{alertname="{FORCED}"}}', start, end)})
+    series.append({"panel": "ALERTS", "legend": f"{FORCED}, {CUT}",
+                   "result": prom.query_range(f'ALERTS{{alertname=~"{FORCED}|{CUT}"}}', start, end)})
     SAVED.parent.mkdir(parents=True, exist_ok=True)
     SAVED.write_text(json.dumps({"start": start, "end": end, "series": series}))
 

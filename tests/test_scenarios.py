@@ -22,9 +22,17 @@
                                                                   (the control) connections are reset
     control  S1 (and S2, S4) with the "current" flip
              (503 at drain start)                              -> the stream is cut, every time
+    cuts     the "current" flip with HTTP/1.1 and HTTP/2 (TLS
+             frontend) streams in flight, clients giving up    -> the gateway's receipt counts the 3 LB
+                                                                  cuts and the 1 client that gave up in
+                                                                  the drain, not the one that gave up OPEN
+
+Every run also reads the gateway's own receipt of the drain and asserts that
+it counts what the clients lost: cut_lb = what was cut in flight, cut_other =
+what the test gave up itself during the drain (`assert_counts_agree`).
 
 `make test` runs the quick set (S1, S4, S5 404, L4 with both LB answers and
-the 200 control, the HTTP/1.1 control) with
+the 200 control, the HTTP/1.1 control, the cut-count control) with
 HAProxy checks every 1 s; `make scenarios` (DRAIN_GATE_SCENARIOS=full) runs
 every scenario with the shipped timings (inter 2s, lb_buffer 10s). Each run
 writes, under out/scenarios/<run>/, a JSON timeline of the six events of a pod
