@@ -89,6 +89,8 @@ def client_figure(c: dict) -> str:
     """The clients' loss, in the gateway's terms: cut in flight (+ gave up by themselves during
     the drain; + failed on a connection HAProxy had closed while idle, which the gateway never saw)."""
     out = str(c["cut"])
+    if c.get("unseen"):
+        out += f" ({c['unseen']} at DOWN unseen)"
     if c.get("gave_up"):
         out += f" + {c['gave_up']} gave up"
     if c.get("idle"):
@@ -132,11 +134,12 @@ def rollout_table(rows: list[dict]) -> str:
         return ""
     head = ("\nS3 rollout restart (2 gateways, continuous short requests through HAProxy, both restarted "
             "one after the other):\n\n"
-            "| mode | checks | traffic | requests | connection errors | gateways' cut / cut_lb | 5xx | p50 | p99 "
+            "| mode | checks | traffic | requests | connection errors | gateways' cut / cut_lb (unseen at DOWN) | 5xx | p50 | p99 "
             "| sessions cut at DOWN |\n"
             "|---|---|---|---|---|---|---|---|---|---|\n")
     lines = [f"| {r['mode']} | inter {r['check_inter']} | {r['seconds']:.0f} s | {r['requests']} "
-             f"| {r['connection_errors']} | {gateway_figure(r['gateway'])} | {r['http_5xx']} | {r['p50_ms']} ms "
+             f"| {r['connection_errors']} | {gateway_figure(r['gateway'])} ({r.get('unseen', '-')}) | {r['http_5xx']} "
+             f"| {r['p50_ms']} ms "
              f"| {r['p99_ms']} ms | {r['sessions_cut_at_down']} |" for r in rows]
     return head + "\n".join(lines) + "\n"
 
@@ -146,10 +149,11 @@ def soft_gate_table(rows: list[dict]) -> str:
         return ""
     head = ("\nSoft drain gate (404, min_drain 0s, an idle gw1 drained under short GETs, checks every 500 ms; "
             "tests/scenarios/soft_gate.py):\n\n"
-            "| mode | drains | requests | drains with a cut | clients lost | gateway cut / cut_lb |\n"
-            "|---|---|---|---|---|---|\n")
+            "| mode | drains | requests | drains with a cut | clients lost | gateway cut / cut_lb | unseen at DOWN |\n"
+            "|---|---|---|---|---|---|---|\n")
     lines = [f"| {r['mode']} | {r['drains']} | {r['requests']} | {r['drains_with_a_cut']} "
-             f"| {r['client_cut']} | {r['gateway']['cut']} / {r['gateway']['cut_lb']} |" for r in rows]
+             f"| {r['client_cut']} | {r['gateway']['cut']} / {r['gateway']['cut_lb']} "
+             f"| {sum(x.get('unseen', 0) for x in r['runs'])} |" for r in rows]
     return head + "\n".join(lines) + "\n"
 
 
@@ -186,14 +190,13 @@ def client_losses(rig: Rig, server: str, streams=(), short=None, pinned=None) ->
     `cut`: in flight on `server` when it was cut - long streams that did not complete (and that
     the test did not abort), short requests that got no answer (a connection error), pinned
     requests under way when HAProxy cut their session (its tcplog's termination D, at ms
-    resolution); `gave_up`: streams the test aborted itself during the drain; `idle` (behind
-    `mode tcp`): requests sent on a connection HAProxy had cut while it was idle - they never
-    reached the gateway, which has nothing of theirs to count.
+    resolution); `short`: of them, the short requests; `gave_up`: streams the test aborted
+    itself during the drain; `idle` (behind `mode tcp`): requests sent on a connection HAProxy
+    had cut while it was idle - they never reached the gateway, which has nothing to count.
     """
     cut = sum(1 for s in streams if not s.complete and not s.gave_up)
     gave_up = sum(1 for s in streams if s.gave_up)
-    if short is not None:
-        cut += len(short.connection_errors)
+    short_cut = len(short.connection_errors) if short is not None else 0
     idle = 0
     if pinned is not None:
         cuts = [x.end for x in rig.haproxy.sessions() if x.server == server and x.killed_by_down]
@@ -202,16 +205,36 @@ def client_losses(rig: Rig, server: str, streams=(), short=None, pinned=None) ->
                 cut += 1
             else:
                 idle += 1
-    return {"cut": cut, "gave_up": gave_up, "idle": idle}
+    return {"cut": cut + short_cut, "short": short_cut, "gave_up": gave_up, "idle": idle}
 
 
-def assert_counts_agree(tl: dict) -> None:
-    """The gateway's receipt counts what the clients lost: every stream cut in flight is an LB
-    cut (HAProxy cut it at DOWN), every stream a client gave up by itself during the drain a cut
-    that is not the LB's, and nothing else."""
+# A short request HAProxy was still forwarding when it marked the gateway DOWN is lost without a
+# stream in the gateway, or after the gateway had completed it: the clients saw it cut, the
+# gateway has no cut to count. Only a short request ending this close to a DOWN may be that.
+AT_DOWN_S = 0.5
+
+
+def unseen_at_down(lost: int, counted: int, error_ends, downs) -> int:
+    """How many of the clients' `lost` the gateway did not count (`counted`), once it is checked
+    that the gateway counted no more than they lost and that each one it did not see is a short
+    request that failed (at `error_ends`) within AT_DOWN_S of a DOWN instant in `downs`."""
+    assert counted <= lost, f"the gateway counted {counted} cuts, the clients lost {lost}"
+    at_down = sum(1 for t in error_ends if any(abs(t - d) <= AT_DOWN_S for d in downs if d is not None))
+    assert lost - counted <= at_down, (
+        f"the gateway did not count {lost - counted} of {lost} cuts; only {at_down} were short requests at DOWN")
+    return lost - counted
+
+
+def assert_counts_agree(tl: dict, short=None) -> None:
+    """The gateway's receipt counts what the clients lost: every stream and connection cut in flight
+    in it as an LB cut (HAProxy cut it at DOWN), every stream a client gave up by itself during the
+    drain as a cut that is not the LB's, and nothing else. Exact for what was in flight in the
+    gateway; a short request at the DOWN instant may be lost out of its sight (`unseen_at_down`)."""
     c, g = tl["client"], tl["gateway"]
-    assert (g["cut_lb"], g["cut_other"], g["cut"]) == (c["cut"], c["gave_up"], c["cut"] + c["gave_up"]), (
-        f"{tl['scenario']} {tl['mode']}: the gateway counted {g}, the clients lost {c}")
+    detail = f"{tl['scenario']} {tl['mode']}: the gateway counted {g}, the clients lost {c}"
+    assert (g["cut_other"], g["cut"]) == (c["gave_up"], g["cut_lb"] + c["gave_up"]), detail
+    ends = [e.end for e in short.connection_errors] if short is not None else []
+    c["unseen"] = unseen_at_down(c["cut"], g["cut_lb"], ends, [tl["events"]["lb_down"]])
 
 
 def finish(run_dir: Path, rig: Rig, *, scenario: str, mode: str, trigger: float, gw_name: str = "gw1",
@@ -255,7 +278,7 @@ def finish(run_dir: Path, rig: Rig, *, scenario: str, mode: str, trigger: float,
         panels.append((m, json.loads(p.read_text()) if p.exists() else None))
     timeline.render_svg(d / "timeline.svg", panels, f"{scenario}: {pair[0]} vs {pair[1]} (HAProxy inter {rig.timing.inter}, fall 2)")
     RESULTS.append(tl)
-    assert_counts_agree(tl)
+    assert_counts_agree(tl, short)
     return tl
 
 
@@ -449,7 +472,8 @@ def test_control_the_gateway_counts_what_haproxy_cut_and_what_clients_gave_up(ru
     assert open_quitter.gave_up and quitter.gave_up
     g = tl["gateway"]
     assert (g["cut"], g["cut_lb"], g["cut_other"], g["cut_http"], g["cut_tcp"]) == (4, 3, 1, 4, 0), g
-    assert tl["client"] == {"cut": 3, "gave_up": 1, "idle": 0}, tl["client"]
+    assert {k: tl["client"][k] for k in ("cut", "gave_up", "idle", "unseen")} == \
+        {"cut": 3, "gave_up": 1, "idle": 0, "unseen": 0}, tl["client"]
 
 
 # -- S1 with LB-observed-down ---------------------------------------------------------------------
@@ -628,11 +652,22 @@ def test_s3_rollout_restart_of_both_gateways(run_dir, mode):
     ROLLOUTS.append({"mode": mode, "check_inter": TIMING.inter, "seconds": summary["ended"] - summary["started"],
                      **{k: summary[k] for k in ("requests", "connection_errors", "http_5xx", "p50_ms", "p99_ms")},
                      "sessions_cut_at_down": max(len(cut), sum(n for _, n in downs)), "gateway": gateway,
-                     "pods": pods})
+                     "errors": [vars(e) for e in short.connection_errors + short.server_errors],
+                     "haproxy_killed": [vars(x) for x in cut], "pods": pods})
     (run_dir / "s3-rollout" / f"{mode}.json").write_text(json.dumps(ROLLOUTS[-1], indent=2))
     assert summary["ended"] - short.started >= S3_SECONDS - 1 and short.total > 1000, summary
-    # Each gateway counted what its DOWN cut: the clients' connection errors, all of them the LB's.
-    assert (gateway["cut_lb"], gateway["cut_other"]) == (summary["connection_errors"], 0), (gateway, summary)
+    # Each gateway counted what its DOWN cut: the clients' connection errors, all of them the LB's
+    # (less a short request at a DOWN instant the gateway never saw cut). In "current", Envoy's own
+    # listener drain (the modelled pod kill, --drain-time-s 1 here) also closes connections HAProxy
+    # still sends on: requests lost without a stream in the gateway, and not the LB's cut.
+    assert gateway["cut_other"] == 0, (gateway, summary)
+    errors = summary["connection_errors"]
+    if mode == "current":
+        assert gateway["cut_lb"] <= errors, (gateway, summary)
+        ROLLOUTS[-1]["unseen"] = errors - gateway["cut_lb"]
+    else:
+        ROLLOUTS[-1]["unseen"] = unseen_at_down(errors, gateway["cut_lb"], [e.end for e in short.connection_errors],
+                                                [p["down"] for p in pods])
     for p in pods:
         assert p["down"] is not None and p["down"] < p["stopped"], f"{p['gateway']} stopped before DOWN: {p}"
         assert any(x.server == p["gateway"] and x.accept > p["up"] for x in log), f"{p['gateway']} idle after UP"
@@ -879,9 +914,12 @@ def test_soft_drain_gate_idle_gateway_short_loop(run_dir):
                           "client_cut": sum(r["connection_errors"] for r in runs),
                           "gateway": {k: sum(r["gateway"][k] for r in runs) for k in ("cut", "cut_lb")},
                           "runs": runs})
-    for r in gated + control:
-        g = r["gateway"]
-        assert (g["cut_lb"], g["cut"]) == (r["connection_errors"], r["connection_errors"]), detail
+    for r in gated:
+        assert r["gateway"]["cut"] == 0 == r["connection_errors"], detail
+    for r in control:
+        assert r["gateway"]["cut_other"] == 0, detail
+        r["unseen"] = unseen_at_down(r["connection_errors"], r["gateway"]["cut_lb"], r["error_ends"], [r["down"]])
+    assert sum(r["gateway"]["cut_lb"] for r in control) > 0, f"the gateway counted none of the control's cuts\n{detail}"
     assert len(gated) == len(control) == drains
     for r in gated:
         assert r["cut"] == 0 and not r["sessions_cut_at_down"], detail

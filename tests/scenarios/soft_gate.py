@@ -62,12 +62,15 @@ def one_drain(rig: Rig, name: str = "gw1") -> dict:
     events = wait_for(lambda: (e := rig.haproxy.state_events(name)[seen:]) and "DOWN" in e and e, 5,
                       what="DOWN in HAProxy's log")
     cut_at_down = [n for srv, n in rig.haproxy.down_events() if srv == name]
+    down = wait_for(lambda: rig.stat.first(name, "DOWN", trigger), 5, 0.05, what="DOWN in the stat poller")
     assert gw.post("/reopen").status_code == 200
     rig.haproxy.wait_status(name, "UP", wait)
     return {
         "requests": s["requests"],
         "cut": s["connection_errors"] + s["http_5xx"],
         "connection_errors": s["connection_errors"],
+        "error_ends": [e.end for e in loop.connection_errors],
+        "down": down,
         "gateway": {k: receipt[k] for k in ("cut", "cut_lb", "cut_other", "completed")},
         "sessions_cut_at_down": cut_at_down[-1] if cut_at_down else None,
         "lb_states": events,
