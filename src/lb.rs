@@ -27,6 +27,13 @@ pub const MAX_CHECKERS: usize = 32;
 /// resolution, and is far below any LB's check interval: a cut later than that
 /// is not the DOWN's.
 pub const CUT_WINDOW_MS: u64 = 2_000;
+/// One source address can be several checks: HAProxy checks a gateway once
+/// per backend that lists it (haproxy.cfg's HTTP and TLS-passthrough backends,
+/// from the same address), and each backend marks it DOWN at its own
+/// `lb_fall`-th 503 — within one check interval of the others, so up to the
+/// source's `DOWN_SPREAD × lb_fall`-th consecutive 503. Each 503 from the
+/// `lb_fall`-th to that one opens the cut window again (`Checker::down_last_ms`).
+pub const DOWN_SPREAD: u32 = 2;
 /// A checker's `last_seen_ms` is rewritten only when it moved by this much
 /// (or its counts changed), so that a steady LB costs one shared-data write
 /// a second, not one per check.
@@ -45,6 +52,10 @@ record! {
         /// When this checker was last served its `lb_fall`-th consecutive 503:
         /// the LB marked the gateway DOWN then.
         pub down_ms: Option<u64>,
+        /// The last of its 503s from the `lb_fall`-th to the
+        /// `DOWN_SPREAD × lb_fall`-th: another check from the same address (a
+        /// second HAProxy backend) may have marked the gateway DOWN then.
+        pub down_last_ms: Option<u64>,
     }
 }
 
@@ -142,6 +153,7 @@ impl Checkers {
                     last_seen_ms: now_ms,
                     last_404_ms: None,
                     down_ms: None,
+                    down_last_ms: None,
                 });
                 self.list.len() - 1
             }
@@ -162,6 +174,9 @@ impl Checkers {
                 c.consecutive_503 = c.consecutive_503.saturating_add(1);
                 if c.consecutive_503 == lb_fall {
                     c.down_ms = Some(now_ms);
+                }
+                if (lb_fall..=lb_fall.saturating_mul(DOWN_SPREAD)).contains(&c.consecutive_503) {
+                    c.down_last_ms = Some(now_ms);
                 }
             } else {
                 c.consecutive_503 = 0;
@@ -217,11 +232,15 @@ impl Checkers {
     }
 
     /// Whether a cut at `now_ms` is the LB's: some checker was served its
-    /// `lb_fall`-th consecutive 503 at most `CUT_WINDOW_MS` before.
+    /// `lb_fall`-th consecutive 503 before, and that one or one of the next
+    /// (up to the `DOWN_SPREAD × lb_fall`-th) at most `CUT_WINDOW_MS` before.
     pub fn cut_by_lb(&self, now_ms: u64) -> bool {
-        self.list.iter().any(|c| {
-            c.down_ms
-                .is_some_and(|t| t <= now_ms && now_ms - t <= CUT_WINDOW_MS)
+        self.list.iter().any(|c| match (c.down_ms, c.down_last_ms) {
+            (Some(first), last) => {
+                let last = last.unwrap_or(first).max(first);
+                first <= now_ms && now_ms <= last.saturating_add(CUT_WINDOW_MS)
+            }
+            (None, _) => false,
         })
     }
 
@@ -354,10 +373,38 @@ mod tests {
         assert!(!c.cut_by_lb(1_999), "before the DOWN");
         c.observe("a", 503, 3_000, 2);
         assert_eq!(c.list[0].down_ms, Some(2_000), "DOWN once per run of 503s");
+        assert!(
+            c.cut_by_lb(3_000 + CUT_WINDOW_MS),
+            "the 3rd 503 may be a second backend's DOWN"
+        );
         c.observe("a", 200, 4_000, 2);
         c.observe("a", 503, 5_000, 2);
         c.observe("a", 503, 6_000, 2);
         assert_eq!(c.list[0].down_ms, Some(6_000), "DOWN again after an UP");
+    }
+
+    #[test]
+    fn two_backends_checking_from_one_address_each_open_the_cut_window() {
+        // haproxy.cfg with its passthrough frontend: backends A and B check the
+        // same gateway from one address, 2 s apart each, 1.5 s out of phase.
+        // The address's 2nd 503 (B's first) is not yet a DOWN; A's DOWN is its
+        // 3rd, B's its 4th (2 s after the 2nd: the plain window would end there).
+        let mut c = Checkers::default();
+        for t in [10_000, 11_500, 12_000, 13_500] {
+            c.observe("lb", 503, t, 2);
+        }
+        assert_eq!(c.list[0].down_ms, Some(11_500));
+        assert_eq!(c.list[0].down_last_ms, Some(13_500));
+        assert!(c.cut_by_lb(12_001), "A's DOWN");
+        assert!(c.cut_by_lb(13_502), "B's DOWN");
+        assert!(c.cut_by_lb(13_500 + CUT_WINDOW_MS));
+        assert!(!c.cut_by_lb(13_501 + CUT_WINDOW_MS));
+        // Further 503s (both backends DOWN) no longer move the window.
+        c.observe("lb", 503, 14_000, 2);
+        c.observe("lb", 503, 15_500, 2);
+        assert_eq!(c.list[0].down_last_ms, Some(13_500));
+        assert!(!c.cut_by_lb(16_000), "long after both DOWNs: not the LB's");
+        assert!(!c.cut_by_lb(11_499), "before the first DOWN");
     }
 
     #[test]

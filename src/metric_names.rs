@@ -146,7 +146,7 @@ pub const ALL: [Metric; 21] = [
         name: CUT_LB,
         kind: Kind::Counter,
         #[cfg(test)]
-        help: "of drain_gate_cut, those that ended within 2 s after an LB checker was served its lb_fall-th consecutive 503: cut by the LB marking the gateway DOWN",
+        help: "of drain_gate_cut, those that ended within 2 s of an LB checker's DOWN (its lb_fall-th consecutive 503, or one of the next lb_fall from the same address: a second backend of one LB): cut by the LB marking the gateway DOWN",
     },
     Metric {
         name: CUT_TCP,

@@ -7,9 +7,11 @@
 //! response flags — into one of four counters, process-wide stats: **completed**;
 //! **ended by the upstream or by Envoy** (an upstream reset or timeout, a
 //! local reply); **refused** (`draining_new_requests: refuse`); and **cut**:
-//! ended by the downstream before it completed. A cut within
+//! ended by the downstream before it completed (HTTP: by its response
+//! flags; a TCP connection: see [`tcp_end`]). A cut within
 //! [`crate::lb::CUT_WINDOW_MS`] after an LB checker was served its
-//! `lb_fall`-th consecutive 503 — the moment the LB marks the gateway DOWN and
+//! `lb_fall`-th consecutive 503 (or one of the next, [`crate::lb::DOWN_SPREAD`])
+//! — the moment the LB marks the gateway DOWN and
 //! resets its sessions (HAProxy `shutdown-sessions`, NetScaler
 //! `downStateFlush`) — is an **LB cut**; any other cut is a client that gave
 //! up by itself (or an LB whose checks drain-gate does not see).
@@ -133,15 +135,29 @@ pub fn http_end(flags: u64) -> End {
     }
 }
 
-/// How a TCP or TLS-passthrough connection ended: the downstream closed it
-/// (a reset, or a close the upstream had not answered yet) while the
-/// upstream was still open is a cut; any other end — the upstream closing
-/// first, or Envoy closing both — completed it.
-pub fn tcp_end(downstream_closed_first: bool) -> End {
-    if downstream_closed_first {
-        End::Cut
-    } else {
-        End::Completed
+/// Which side of a TCP or TLS-passthrough connection ended first.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum First {
+    /// The upstream ended first, or Envoy closed both (or nothing ended yet).
+    #[default]
+    Upstream,
+    /// The downstream half-closed (its FIN) while the upstream was open.
+    DownstreamFin,
+    /// The downstream closed — a reset — while the upstream was open.
+    DownstreamReset,
+}
+
+/// How a TCP or TLS-passthrough connection ended, by the side that ended
+/// first. A downstream reset is a cut. A downstream FIN is a cut only at the
+/// LB's DOWN (`at_lb_down`, read only for that case): HAProxy's
+/// `shutdown-sessions` in `mode tcp` ends a session with a FIN toward the
+/// server, the same packet a client that is done with its connection sends;
+/// any other FIN first, and any end the upstream began, completed it.
+pub fn tcp_end(first: First, at_lb_down: impl FnOnce() -> bool) -> End {
+    match first {
+        First::DownstreamReset => End::Cut,
+        First::DownstreamFin if at_lb_down() => End::Cut,
+        First::DownstreamFin | First::Upstream => End::Completed,
     }
 }
 
@@ -177,8 +193,28 @@ mod tests {
             End::Upstream,
             "UPE: upstream protocol error"
         );
-        assert_eq!(tcp_end(true), End::Cut);
-        assert_eq!(tcp_end(false), End::Completed);
+    }
+
+    #[test]
+    fn tcp_ends_by_the_side_that_ended_first() {
+        let read = std::cell::Cell::new(0);
+        let never = || {
+            read.set(read.get() + 1);
+            true
+        };
+        assert_eq!(tcp_end(First::DownstreamReset, never), End::Cut);
+        assert_eq!(tcp_end(First::Upstream, never), End::Completed);
+        assert_eq!(read.get(), 0, "the LB's window is read for a FIN only");
+        assert_eq!(
+            tcp_end(First::DownstreamFin, || true),
+            End::Cut,
+            "a FIN at the LB's DOWN: shutdown-sessions"
+        );
+        assert_eq!(
+            tcp_end(First::DownstreamFin, || false),
+            End::Completed,
+            "a client done with its connection"
+        );
     }
 
     #[test]

@@ -4,10 +4,15 @@
   generate.py makes today, and the dashboard loads back into the SDK's model.
 - Live: a real Envoy running drain-gate, a real Prometheus 2.42 scraping its
   `/stats/prometheus` every second and evaluating the rules file as written
-  every second. A clean drain leaves DrainGateForcedClose inactive; a drain
-  forced by drain_timeout with a stream held makes it fire for that pod. Every
-  dashboard query returns data during the drain. A second Envoy without the
-  health listener is the control for the role alerts' expressions.
+  every second. A clean drain - whose one stream's client gives up by itself
+  (a cut, not the LB's) - leaves DrainGateForcedClose and DrainGateCut
+  inactive; a drain forced by drain_timeout with a stream held makes
+  DrainGateForcedClose fire for that pod, and once the test, playing the LB
+  checker, has been served lb_fall 503s and resets the stream (the LB's
+  shutdown-sessions at DOWN), DrainGateCut fires too, and the query that
+  answers "did the rollout cut anything?" reads exactly the receipt's count.
+  Every dashboard query returns data during the drain. A second Envoy without
+  the health listener is the control for the role alerts' expressions.
 """
 from __future__ import annotations
 
@@ -31,6 +36,11 @@ from tests.harness.prometheus import NAMESPACE, RULES, Prometheus
 POD = "gateway-0"
 LONE = "gateway-traffic-only"
 FORCED = "DrainGateForcedClose"
+CUT = "DrainGateCut"
+# "Did the last rollout cut anything?": the streams and connections the LB cut in drains over the
+# last hour, per namespace (envoyfilter/README.md, Observability). Exact: no extrapolation.
+ROLLOUT_CUT = ("sum by (namespace) (max_over_time(drain_gate_cut_lb[1h]) - min_over_time(drain_gate_cut_lb[1h]))")
+RECEIPTS = REPO / "out" / "observability" / "receipts.log"
 # The variables Grafana substitutes: every namespace and pod, its default rate window.
 GRAFANA_VARS = {"$namespace": ".*", "$pod": ".*", "$__rate_interval": "1m"}
 SAVED = REPO / "out" / "observability" / "drain.json"
@@ -151,8 +161,9 @@ def traffic_only(backend_port: int, workdir) -> Envoy:
     return Envoy(variants.without_listener(render(ports), "drain-gate-health"), ports, workdir=workdir)
 
 
-def test_live_forced_close_fires_and_clean_drain_does_not(gateway, stream, backend_port, tmp_path):
-    gw = gateway({"drain_timeout": "4s", "lb_buffer": "60s"})
+def test_live_forced_close_and_lb_cut_fire_and_clean_drain_does_not(gateway, stream, backend_port, tmp_path):
+    # One worker: that it sorts the ends of a drain is observable (a request completed in it is counted).
+    gw = gateway({"drain_timeout": "4s", "lb_buffer": "60s"}, concurrency=1)
     lone = traffic_only(backend_port, tmp_path / "traffic-only")
     try:
         lone.start(wait_ready=False)
@@ -169,14 +180,25 @@ def _live(gw, stream, targets: dict[str, int], workdir) -> None:
         _seen(prom, f"drain_gate_state{sel}", 0, "the gateway scraped, OPEN")
         _role_alerts_match_envoy_stats(prom)
 
-        # A clean drain: nothing in flight, CLOSING at once, not forced.
+        # A clean drain: its one stream's client gives up by itself during it (a cut, not the
+        # LB's), and the flip follows at once, not forced.
+        quitter = stream(gw.traffic("/stream?seconds=40"))
+        wait_for(lambda: wire.status(gw)["active"] == 1, 10, what="the stream counted")
         _post(gw, "/drain")
+        wait_for(lambda: wire.fresh_get(gw.ports.traffic, "/")[0] == 200
+                 and wire.status(gw)["receipt"]["completed"] >= 1, 10, what="the worker sorting the drain's ends")
+        quitter.kill()
         wait_for(lambda: wire.status(gw)["state"] == "CLOSING", 10, what="clean drain reaches CLOSING")
-        assert wire.status(gw)["progress"]["forced"] is False
-        seen = _seen(prom, f"drain_gate_transitions_to_closing{sel}", 1, "the clean close scraped")
-        wait_for(lambda: prom.evaluated_since(FORCED, seen), 10, interval=0.2, what="rules evaluated after it")
-        assert prom.rule(FORCED)["state"] == "inactive"
-        assert prom.alerts(FORCED, "firing") == [] and prom.alerts(FORCED, "pending") == []
+        st = wire.status(gw)
+        assert st["progress"]["forced"] is False
+        assert (st["receipt"]["cut"], st["receipt"]["cut_lb"]) == (1, 0), st["receipt"]
+        _seen(prom, f"drain_gate_transitions_to_closing{sel}", 1, "the clean close scraped")
+        seen = _seen(prom, f"drain_gate_cut{sel}", 1, "the client's cut scraped")
+        for alert in (FORCED, CUT):
+            wait_for(lambda: prom.evaluated_since(alert, seen), 10, interval=0.2, what=f"{alert} evaluated after it")
+            assert prom.rule(alert)["state"] == "inactive", alert
+            assert prom.alerts(alert, "firing") == [] and prom.alerts(alert, "pending") == [], alert
+        assert _rollout_cut(prom) == 0
 
         # A drain forced by drain_timeout with a stream held.
         _post(gw, "/reopen")
@@ -188,9 +210,33 @@ def _live(gw, stream, targets: dict[str, int], workdir) -> None:
         firing = wait_for(lambda: prom.alerts(FORCED, "firing"), 20, interval=0.2, what=f"{FORCED} firing")
         assert [(a["namespace"], a["pod"]) for a in firing] == [(NAMESPACE, POD)]
         assert held.running(), "the gateway itself never cuts the held stream"
+        assert prom.alerts(CUT, "firing") == [], "nothing cut yet: the LB has not marked it DOWN"
+
+        # The LB: its lb_fall-th 503 marks the gateway DOWN, and shutdown-sessions resets the stream.
+        for _ in range(2):
+            assert requests.get(gw.health("/health_check.html"), timeout=5).status_code == 503
+        held.kill()
+        r = wait_for(lambda: (r := wire.status(gw)["receipt"])["cut_lb"] == 1 and r, 5, what="the LB's cut counted")
+        assert (r["cut"], r["cut_other"]) == (1, 0), r
+        firing = wait_for(lambda: prom.alerts(CUT, "firing"), 20, interval=0.2, what=f"{CUT} firing")
+        assert [(a["namespace"], a["pod"], a["severity"]) for a in firing] == [(NAMESPACE, POD, "critical")]
+        assert _rollout_cut(prom) == 1, "the query reads the receipt's count exactly"
 
         _every_panel_returns_data(prom)
         _save(prom, start)
+        _post(gw, "/close")
+        receipts = wait_for(lambda: len(found := re.findall(r"event=drain_receipt .*", gw.log())) == 2 and found,
+                            10, what="both drains' receipt lines")
+        assert "ended=OPEN" in receipts[0] and " cut=1 " in receipts[0] and " cut_lb=0 " in receipts[0], receipts
+        assert "ended=CLOSED forced=true" in receipts[1] and " cut_lb=1 " in receipts[1], receipts
+        RECEIPTS.parent.mkdir(parents=True, exist_ok=True)
+        RECEIPTS.write_text("\n".join(receipts) + "\n")
+
+
+def _rollout_cut(prom: Prometheus) -> float:
+    result = prom.query(ROLLOUT_CUT)
+    assert [r["metric"].get("namespace") for r in result] == [NAMESPACE], result
+    return float(result[0]["value"][1])
 
 
 def _role_alerts_match_envoy_stats(prom: Prometheus) -> None:
@@ -218,14 +264,14 @@ def _every_panel_returns_data(prom: Prometheus) -> None:
 
 def _save(prom: Prometheus, start: float) -> None:
     """What envoyfilter/README.md's dashboard picture is drawn from (`make dashboard-png`): every
-    panel's series from the start up to a 1 s step that shows the alert firing."""
-    firing = f'ALERTS{{alertname="{FORCED}",alertstate="firing"}}'
+    panel's series from the start up to a 1 s step that shows the alerts firing."""
+    firing = f'ALERTS{{alertname="{CUT}",alertstate="firing"}}'
     end = wait_for(lambda: prom.query_range(firing, start, time.time()) and time.time(), 10,
                    interval=0.25, what="the firing alert on a range step")
     series = [{"panel": title, "legend": legend, "result": prom.query_range(expr, start, end)}
               for title, legend, expr in panel_queries() if "[1h]" not in expr]
-    series.append({"panel": "ALERTS", "legend": FORCED,
-                   "result": prom.query_range(f'ALERTS{{alertname="{FORCED}"}}', start, end)})
+    series.append({"panel": "ALERTS", "legend": f"{FORCED}, {CUT}",
+                   "result": prom.query_range(f'ALERTS{{alertname=~"{FORCED}|{CUT}"}}', start, end)})
     SAVED.parent.mkdir(parents=True, exist_ok=True)
     SAVED.write_text(json.dumps({"start": start, "end": end, "series": series}))
 

@@ -9,6 +9,14 @@ is held across a drain.
   it closes.
 - The control, in the same run: a gateway whose TCP chain is tcp_proxy alone
   (HTTP counted only) flips at once and HAProxy's DOWN cuts the connection.
+- The gateway's own count: with the traffic_tcp role, a drain whose flip comes
+  at once (the "current" mode) has HAProxy cut the held connection at DOWN,
+  and the receipt counts it as a TCP cut by the LB - behind haproxy.cfg's
+  passthrough frontend (its HTTP and passthrough backends check the gateway
+  from one address) and behind haproxy-tcp.cfg. HAProxy's `shutdown-sessions`
+  sends the gateway a FIN, as a client done with its connection does: a
+  connection a client closes during the drain is completed, one it resets is
+  a cut but not the LB's.
 
 `make test` holds the connection a few seconds with HAProxy checking every
 1 s; `make scenarios` (DRAIN_GATE_SCENARIOS=full) holds it 30 s with the
@@ -17,11 +25,13 @@ shipped 2 s checks.
 from __future__ import annotations
 
 import os
+import socket
+import struct
 import time
 
 import pytest
 
-from tests.harness import variants
+from tests.harness import results, variants
 from tests.harness.envoy import free_port, wait_for
 from tests.harness.haproxy import HAProxy
 from tests.harness.rig import QUICK, SHIPPED
@@ -32,6 +42,24 @@ FULL = os.environ.get("DRAIN_GATE_SCENARIOS", "") == "full"
 TIMING = SHIPPED if FULL else QUICK
 HOLD_S = 30 if FULL else 3
 BACKEND = "gateways-passthrough"
+ROWS: list[dict] = []
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _results_table():
+    """This file's rows in the scenario run's results.md (`make scenarios` runs it after
+    tests/test_scenarios.py, in the same run directory)."""
+    yield
+    if ROWS:
+        head = ("\nTLS passthrough behind HAProxy `mode tcp` (tests/test_passthrough.py):\n\n"
+                "| test | LB config | checks | cut at DOWN: clients / gateway cut_lb "
+                "| reset by their client: clients / gateway cut_other | closed by their client: clients / gateway "
+                "completed | gateway cut (tcp) | sessions cut at DOWN |\n"
+                "|---|---|---|---|---|---|---|---|\n")
+        lines = [f"| {r['test']} | {r['lb']} | inter {TIMING.inter} | {r['client_cut']} / {r['gateway']['cut_lb']} "
+                 f"| {r['client_reset']} / {r['gateway']['cut_other']} | {r['client_closed']} / {r['gateway']['completed']} "
+                 f"| {r['gateway']['cut']} ({r['gateway']['cut_tcp']}) | {r['down_sessions']} |" for r in ROWS]
+        results.add_section("passthrough", head + "\n".join(lines) + "\n", ROWS)
 
 
 @pytest.fixture
@@ -41,15 +69,19 @@ def passthrough(gateway, tmp_path):
     echo = Echo(tmp_path, tls=True).start()
     started: list[HAProxy] = []
 
-    def start(name: str, counted: bool):
+    def start(name: str, counted: bool, config: dict | None = None, tcp_cfg: bool = False, concurrency: int = 2):
+        """`tcp_cfg`: behind haproxy-tcp.cfg (its one backend), else haproxy.cfg's passthrough frontend."""
         port = free_port()
-        gw = gateway({"lb_buffer": "60m", "drain_timeout": "10m"},
+        gw = gateway({"lb_buffer": "60m", "drain_timeout": "10m", **(config or {})}, concurrency=concurrency,
                      transform=lambda doc, _: variants.tcp_listener(doc, port, echo.port, counted=counted))
-        lb = HAProxy(tmp_path / f"haproxy-{name}", [(gw.ports.traffic, gw.ports.health)], inter=TIMING.inter,
-                     tls=False, env={"GW1_TLS_ADDR": f"127.0.0.1:{port}"})
+        if tcp_cfg:
+            lb = HAProxy(tmp_path / f"haproxy-{name}", [(port, gw.ports.health)], inter=TIMING.inter, tcp=True)
+        else:
+            lb = HAProxy(tmp_path / f"haproxy-{name}", [(gw.ports.traffic, gw.ports.health)], inter=TIMING.inter,
+                         tls=False, env={"GW1_TLS_ADDR": f"127.0.0.1:{port}"})
         started.append(lb)
         lb.start()
-        lb.wait_status("gw1", "UP", 15, backend=BACKEND)
+        lb.wait_status("gw1", "UP", 15, backend=backend(lb))
         return gw, lb
 
     try:
@@ -58,6 +90,41 @@ def passthrough(gateway, tmp_path):
         for lb in started:
             lb.stop()
         echo.stop()
+
+
+def backend(lb: HAProxy) -> str:
+    return "gateways" if lb.cfg.name == "haproxy-tcp.cfg" else BACKEND
+
+
+def entry(lb: HAProxy) -> int:
+    """The port a client connects to: the TCP frontend of haproxy-tcp.cfg, or haproxy.cfg's passthrough one."""
+    return lb.http_port if lb.cfg.name == "haproxy-tcp.cfg" else lb.passthrough_port
+
+
+def killed_at_down(lb: HAProxy) -> list:
+    """The sessions HAProxy's shutdown-sessions cut: its tcplog lines with termination D (the
+    "is DOWN ... N sessions active" message can read 0 for a session it cuts in the same step)."""
+    return [x for x in lb.sessions() if x.backend == backend(lb) and x.killed_by_down]
+
+
+def probe(port: int) -> bool:
+    """One connection that echoes a line and closes (its client's FIN)."""
+    with Held(port, tls=True) as conn:
+        return conn.echoes()
+
+
+def reset(conn: Held) -> None:
+    """The client aborts: its close sends a TCP reset (SO_LINGER 0), not a FIN."""
+    conn.sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    conn.close()
+
+
+def receipt_of(gw, at_least: int = 0, timeout: float = 5) -> dict:
+    """The gateway's receipt once its `cut` reached `at_least`, or as it is after `timeout`."""
+    deadline = time.monotonic() + timeout
+    while (r := status(gw)["receipt"])["cut"] < at_least and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return r
 
 
 def test_long_tls_connection_survives_the_drain_and_the_control_is_cut(passthrough):
@@ -73,7 +140,7 @@ def test_long_tls_connection_survives_the_drain_and_the_control_is_cut(passthrou
 
         ctl_lb.wait_status("gw1", "DOWN", TIMING.detection_window + 5, backend=BACKEND)
         wait_for(lambda: not ctl.echoes(1), 5, what="the control's connection cut by shutdown-sessions")
-        assert ctl_lb.down_events(BACKEND) == [("gw1", 1)], ctl_lb.log_tail()
+        wait_for(lambda: len(killed_at_down(ctl_lb)) == 1, 5, what="the control's session logged cut at DOWN")
 
         deadline = time.monotonic() + HOLD_S
         while time.monotonic() < deadline:  # held across the drain, checked every 100 ms
@@ -87,4 +154,53 @@ def test_long_tls_connection_survives_the_drain_and_the_control_is_cut(passthrou
     st = status(gw)
     assert st["progress"]["reason"] == "active_zero" and st["progress"]["forced"] is False
     lb.wait_status("gw1", "DOWN", TIMING.detection_window + 5, backend=BACKEND)
-    assert lb.down_events(BACKEND) == [("gw1", 0)], "nothing left to cut at DOWN"
+    assert [n for _, n in lb.down_events(BACKEND)] == [0] and not killed_at_down(lb), "nothing left to cut at DOWN"
+    # The client closed its connection itself during the drain: completed, no cut. The
+    # control's connection was cut, but a gateway without the TCP role has nothing to count.
+    r, ctl_r = status(gw)["receipt"], status(ctl_gw)["receipt"]
+    ROWS.append({"test": "held across the drain", "lb": "haproxy.cfg passthrough", "client_cut": 0,
+                 "client_closed": 1, "client_reset": 0, "gateway": r, "down_sessions": 0})
+    assert (r["cut"], r["completed"]) == (0, 1), r
+    assert ctl_r["cut"] == 0, ctl_r
+
+
+@pytest.mark.parametrize("tcp_cfg", [False, True], ids=["haproxy.cfg-passthrough", "haproxy-tcp.cfg"])
+def test_control_the_gateway_counts_the_connection_haproxy_cut(passthrough, tcp_cfg):
+    """The flip at once (POST /drain then /close-lb) with a TLS connection held: HAProxy's DOWN
+    cuts it, and the gateway counts one TCP cut, the LB's. In the same drain, before the flip:
+    a connection its client closes (a FIN, as HAProxy's cut sends) is completed, one its client
+    resets is a cut that is not the LB's. One worker, so that its sorting of the drain's ends is
+    observable (a connection closed after the drain began is counted)."""
+    gw, lb = passthrough("current", counted=True, config={"rotate_connections": False}, tcp_cfg=tcp_cfg,
+                         concurrency=1)
+    held, closes, resets = (Held(entry(lb), tls=True) for _ in range(3))
+    try:
+        assert held.echoes() and closes.echoes() and resets.echoes()
+        wait_for(lambda: status(gw)["count"]["tcp_connections"] == 3, 10, what="three connections counted")
+        assert post(gw, "/drain").json()["state"] == "DRAINING"
+        # The worker sorts ends from its next tick on: connect and close until one is counted.
+        probes = []
+        wait_for(lambda: probes.append(probe(entry(lb))) or (all(probes) and status(gw)["receipt"]["completed"] >= 1),
+                 10, 0.05, what="the drain's first end sorted")
+        sorted_before = status(gw)["receipt"]["completed"]
+        closes.close()
+        reset(resets)
+        r = wait_for(lambda: (r := status(gw)["receipt"])["completed"] > sorted_before and r["cut"] >= 1 and r, 10,
+                     what="the closed and the reset connection sorted")
+        assert (r["cut"], r["cut_lb"], r["completed"]) == (1, 0, sorted_before + 1), r
+        assert post(gw, "/close-lb").json()["state"] == "CLOSING"
+        lb.wait_status("gw1", "DOWN", TIMING.detection_window + 5, backend=backend(lb))
+        wait_for(lambda: not held.echoes(1), 5, what="the held connection cut by shutdown-sessions")
+    finally:
+        for c in (held, closes, resets):
+            c.close()
+    r = receipt_of(gw, at_least=2)
+    killed = killed_at_down(lb)
+    # Closed by their client in the drain: `closes` and the probes (those that closed before the
+    # worker's first tick of the drain ended while it was, to it, OPEN: not the drain's).
+    ROWS.append({"test": "control: flip at once", "lb": "haproxy-tcp.cfg" if tcp_cfg else "haproxy.cfg passthrough",
+                 "client_cut": 1, "client_closed": f"{1 + len(probes)}", "client_reset": 1, "gateway": r,
+                 "down_sessions": len(killed)})
+    assert len(killed) == 1, lb.log_tail()
+    assert (r["cut_tcp"], r["cut_lb"], r["cut_other"], r["cut_http"]) == (2, 1, 1, 0), r
+    assert 2 <= r["completed"] <= 1 + len(probes), r

@@ -22,9 +22,17 @@
                                                                   (the control) connections are reset
     control  S1 (and S2, S4) with the "current" flip
              (503 at drain start)                              -> the stream is cut, every time
+    cuts     the "current" flip with HTTP/1.1 and HTTP/2 (TLS
+             frontend) streams in flight, clients giving up    -> the gateway's receipt counts the 3 LB
+                                                                  cuts and the 1 client that gave up in
+                                                                  the drain, not the one that gave up OPEN
+
+Every run also reads the gateway's own receipt of the drain and asserts that
+it counts what the clients lost: cut_lb = what was cut in flight, cut_other =
+what the test gave up itself during the drain (`assert_counts_agree`).
 
 `make test` runs the quick set (S1, S4, S5 404, L4 with both LB answers and
-the 200 control, the HTTP/1.1 control) with
+the 200 control, the HTTP/1.1 control, the cut-count control) with
 HAProxy checks every 1 s; `make scenarios` (DRAIN_GATE_SCENARIOS=full) runs
 every scenario with the shipped timings (inter 2s, lb_buffer 10s). Each run
 writes, under out/scenarios/<run>/, a JSON timeline of the six events of a pod
@@ -37,13 +45,12 @@ import json
 import os
 import subprocess
 import time
-from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
 import requests
 
-from tests.harness import timeline
+from tests.harness import results, timeline
 from tests.harness.clients import CurlStream, PinnedClients, ShortLoop
 from tests.harness.envoy import REPO, wait_for
 from tests.harness.haproxy import CFG, CFG_SOFT_DRAIN, CFG_TCP, make_cert
@@ -53,12 +60,9 @@ FULL = os.environ.get("DRAIN_GATE_SCENARIOS", "") == "full"
 TIMING: Timing = SHIPPED if FULL else QUICK
 full_only = pytest.mark.skipif(not FULL, reason="full scenario set: `make scenarios` (DRAIN_GATE_SCENARIOS=full)")
 
-OUT = REPO / "out" / "scenarios"
-RUN_ID = os.environ.get("DRAIN_GATE_RUN_ID") or (
-    datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ") + f"-{TIMING.name}"
-)
 RESULTS: list[dict] = []
 ROLLOUTS: list[dict] = []  # S3 rollout rows, side by side in their own table
+SOFT_GATE: list[dict] = []  # the soft drain gate's drains, in their own table
 
 STREAM_SECONDS = 12  # >= 10 s, as the sidecar design's S1
 INTERVAL_MS = 500
@@ -74,23 +78,37 @@ SOFT = {"draining_lb_status": 404, "min_drain": "0s"}
 
 @pytest.fixture(scope="module")
 def run_dir():
-    d = OUT / RUN_ID
-    d.mkdir(parents=True, exist_ok=True)
-    latest = OUT / "latest"
-    if latest.is_symlink() or not latest.exists():
-        latest.unlink(missing_ok=True)
-        latest.symlink_to(RUN_ID)
+    d = results.run_dir()
     yield d
-    if RESULTS or ROLLOUTS:
-        (d / "results.json").write_text(json.dumps(RESULTS + ROLLOUTS, indent=2))
-        (d / "results.md").write_text(results_table(RESULTS) + rollout_table(ROLLOUTS))
+    if RESULTS or ROLLOUTS or SOFT_GATE:
+        results.add_section("scenarios", results_table(RESULTS) + rollout_table(ROLLOUTS) + soft_gate_table(SOFT_GATE),
+                            RESULTS + ROLLOUTS + SOFT_GATE)
+
+
+def client_figure(c: dict) -> str:
+    """The clients' loss, in the gateway's terms: cut in flight (+ gave up by themselves during
+    the drain; + failed on a connection HAProxy had closed while idle, which the gateway never saw)."""
+    out = str(c["cut"])
+    if c.get("unseen"):
+        out += f" ({c['unseen']} at DOWN unseen)"
+    if c.get("gave_up"):
+        out += f" + {c['gave_up']} gave up"
+    if c.get("idle"):
+        out += f" (+{c['idle']} on idle conns)"
+    return out
+
+
+def gateway_figure(g: dict | None) -> str:
+    """The gateway's own receipt: cut / of them the LB's."""
+    return "-" if g is None else f"{g['cut']} / {g['cut_lb']}"
 
 
 def results_table(rows: list[dict]) -> str:
-    head = ("| scenario | mode | checks | long streams complete | short reqs / conn err / 5xx "
+    head = ("| scenario | mode | checks | long streams complete | short reqs / conn err / 5xx | clients lost "
+            "| gateway cut / cut_lb "
             "| DRAINING | 3 Envoy drain | 4 active=0 | 1 LB 503 | 5 LB DOWN | 2 ready 503 | 6 first RST | cut at DOWN "
             "| notes |\n"
-            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
 
     def t(v):
         return "-" if v is None else f"{v:+.1f}s"
@@ -103,7 +121,8 @@ def results_table(rows: list[dict]) -> str:
         streams = r["streams"]
         st = f"{sum(s['complete'] for s in streams)}/{len(streams)}" if streams else "-"
         lines.append(
-            f"| {r['scenario']} | {r['mode']} | inter {r['check_inter']} | {st} | {sh} | {t(ev['drain_start'])} "
+            f"| {r['scenario']} | {r['mode']} | inter {r['check_inter']} | {st} | {sh} | {client_figure(r['client'])} "
+            f"| {gateway_figure(r['gateway'])} | {t(ev['drain_start'])} "
             f"| {t(ev.get('rotation'))} | {t(ev['active_zero'])} | {t(ev['health_flip'])} | {t(ev['lb_down'])} | {t(ev['readiness_flip'])} "
             f"| {t(ev['first_rst'])} | {r.get('sessions_cut_at_down', '-')} | {note(r)} |"
         )
@@ -115,11 +134,26 @@ def rollout_table(rows: list[dict]) -> str:
         return ""
     head = ("\nS3 rollout restart (2 gateways, continuous short requests through HAProxy, both restarted "
             "one after the other):\n\n"
-            "| mode | checks | traffic | requests | connection errors | 5xx | p50 | p99 | sessions cut at DOWN |\n"
-            "|---|---|---|---|---|---|---|---|---|\n")
+            "| mode | checks | traffic | requests | connection errors | gateways' cut / cut_lb (unseen at DOWN) | 5xx | p50 | p99 "
+            "| sessions cut at DOWN |\n"
+            "|---|---|---|---|---|---|---|---|---|---|\n")
     lines = [f"| {r['mode']} | inter {r['check_inter']} | {r['seconds']:.0f} s | {r['requests']} "
-             f"| {r['connection_errors']} | {r['http_5xx']} | {r['p50_ms']} ms | {r['p99_ms']} ms "
-             f"| {r['sessions_cut_at_down']} |" for r in rows]
+             f"| {r['connection_errors']} | {gateway_figure(r['gateway'])} ({r.get('unseen', '-')}) | {r['http_5xx']} "
+             f"| {r['p50_ms']} ms "
+             f"| {r['p99_ms']} ms | {r['sessions_cut_at_down']} |" for r in rows]
+    return head + "\n".join(lines) + "\n"
+
+
+def soft_gate_table(rows: list[dict]) -> str:
+    if not rows:
+        return ""
+    head = ("\nSoft drain gate (404, min_drain 0s, an idle gw1 drained under short GETs, checks every 500 ms; "
+            "tests/scenarios/soft_gate.py):\n\n"
+            "| mode | drains | requests | drains with a cut | clients lost | gateway cut / cut_lb | unseen at DOWN |\n"
+            "|---|---|---|---|---|---|---|\n")
+    lines = [f"| {r['mode']} | {r['drains']} | {r['requests']} | {r['drains_with_a_cut']} "
+             f"| {r['client_cut']} | {r['gateway']['cut']} / {r['gateway']['cut_lb']} "
+             f"| {sum(x.get('unseen', 0) for x in r['runs'])} |" for r in rows]
     return head + "\n".join(lines) + "\n"
 
 
@@ -150,12 +184,69 @@ def note(r: dict) -> str:
     return "; ".join(parts)
 
 
+def client_losses(rig: Rig, server: str, streams=(), short=None, pinned=None) -> dict:
+    """What the clients lost, in the terms the gateway counts.
+
+    `cut`: in flight on `server` when it was cut - long streams that did not complete (and that
+    the test did not abort), short requests that got no answer (a connection error), pinned
+    requests under way when HAProxy cut their session (its tcplog's termination D, at ms
+    resolution); `short`: of them, the short requests; `gave_up`: streams the test aborted
+    itself during the drain; `idle` (behind `mode tcp`): requests sent on a connection HAProxy
+    had cut while it was idle - they never reached the gateway, which has nothing to count.
+    """
+    cut = sum(1 for s in streams if not s.complete and not s.gave_up)
+    gave_up = sum(1 for s in streams if s.gave_up)
+    short_cut = len(short.connection_errors) if short is not None else 0
+    idle = 0
+    if pinned is not None:
+        cuts = [x.end for x in rig.haproxy.sessions() if x.server == server and x.killed_by_down]
+        for f in pinned.failures:
+            if any(f.start < c <= f.end for c in cuts):
+                cut += 1
+            else:
+                idle += 1
+    return {"cut": cut + short_cut, "short": short_cut, "gave_up": gave_up, "idle": idle}
+
+
+# A short request HAProxy was still forwarding when it marked the gateway DOWN is lost without a
+# stream in the gateway, or after the gateway had completed it: the clients saw it cut, the
+# gateway has no cut to count. Only a short request ending this close to a DOWN may be that.
+AT_DOWN_S = 0.5
+
+
+def unseen_at_down(lost: int, counted: int, error_ends, downs) -> int:
+    """How many of the clients' `lost` the gateway did not count (`counted`), once it is checked
+    that the gateway counted no more than they lost and that each one it did not see is a short
+    request that failed (at `error_ends`) within AT_DOWN_S of a DOWN instant in `downs`."""
+    assert counted <= lost, f"the gateway counted {counted} cuts, the clients lost {lost}"
+    at_down = sum(1 for t in error_ends if any(abs(t - d) <= AT_DOWN_S for d in downs if d is not None))
+    assert lost - counted <= at_down, (
+        f"the gateway did not count {lost - counted} of {lost} cuts; only {at_down} were short requests at DOWN")
+    return lost - counted
+
+
+def assert_counts_agree(tl: dict, short=None) -> None:
+    """The gateway's receipt counts what the clients lost: every stream and connection cut in flight
+    in it as an LB cut (HAProxy cut it at DOWN), every stream a client gave up by itself during the
+    drain as a cut that is not the LB's, and nothing else. Exact for what was in flight in the
+    gateway; a short request at the DOWN instant may be lost out of its sight (`unseen_at_down`)."""
+    c, g = tl["client"], tl["gateway"]
+    detail = f"{tl['scenario']} {tl['mode']}: the gateway counted {g}, the clients lost {c}"
+    assert (g["cut_other"], g["cut"]) == (c["gave_up"], g["cut_lb"] + c["gave_up"]), detail
+    ends = [e.end for e in short.connection_errors] if short is not None else []
+    c["unseen"] = unseen_at_down(c["cut"], g["cut_lb"], ends, [tl["events"]["lb_down"]])
+
+
 def finish(run_dir: Path, rig: Rig, *, scenario: str, mode: str, trigger: float, gw_name: str = "gw1",
            status: dict | None = None, streams=(), short=None, pinned=None, pair: tuple[str, str] = ("current", "improved"),
-           extra: dict | None = None) -> dict:
-    """Builds, writes and draws one run's timeline; returns it."""
+           extra: dict | None = None, receipt: dict | None = None) -> dict:
+    """Builds, writes and draws one run's timeline; returns it, once it has checked that the
+    gateway's own count (its receipt, `receipt` when the gateway no longer runs) agrees with
+    what the clients lost."""
     gw = rig.gw(gw_name)
     status = status or gw.status()
+    client = client_losses(rig, gw_name, streams, short, pinned)
+    receipt = receipt or gw.receipt(at_least=client["cut"] + client["gave_up"])
     downs = [n for s, n in rig.haproxy.down_events() if s == gw_name]
     killed = [r for r in rig.haproxy.requests() if r.killed_by_down and r.server == gw_name]
     tl = timeline.build(
@@ -177,7 +268,7 @@ def finish(run_dir: Path, rig: Rig, *, scenario: str, mode: str, trigger: float,
         # message can miss an HTTP/2 stream; a request cut before its response has no log line).
         extra={"server": gw_name, "haproxy_down_message_sessions": downs[0] if downs else None,
                "sessions_cut_at_down": max(len(killed), downs[0] if downs else 0),
-               "timing": rig.timing.name, **(extra or {})},
+               "timing": rig.timing.name, "client": client, "gateway": receipt, **(extra or {})},
     )
     d = run_dir / scenario
     timeline.write_json(tl, d / f"{mode}.json")
@@ -187,6 +278,7 @@ def finish(run_dir: Path, rig: Rig, *, scenario: str, mode: str, trigger: float,
         panels.append((m, json.loads(p.read_text()) if p.exists() else None))
     timeline.render_svg(d / "timeline.svg", panels, f"{scenario}: {pair[0]} vs {pair[1]} (HAProxy inter {rig.timing.inter}, fall 2)")
     RESULTS.append(tl)
+    assert_counts_agree(tl, short)
     return tl
 
 
@@ -296,6 +388,7 @@ def assert_survived(s: CurlStream, tl: dict, down: float, ps: PreStop) -> None:
     assert tl["sessions_cut_at_down"] == 0
     assert tl["haproxy_killed_sessions"] == []
     assert tl["events"]["first_rst"] is None
+    assert tl["gateway"]["completed"] >= 1, "the gateway did not see the long stream complete"
 
 
 def assert_cut(s: CurlStream, tl: dict, down: float) -> None:
@@ -335,6 +428,52 @@ def test_control_s2_immediate_flip_cuts_the_http2_stream(run_dir):
     rig, s, ps, tl, down = long_stream_run(run_dir, scenario="s2", mode="current", http2=True)
     assert s.http_version == "2", s.summary()
     assert_cut(s, tl, down)
+
+
+# -- the gateway's own count of what was cut --------------------------------------------------------
+
+
+def test_control_the_gateway_counts_what_haproxy_cut_and_what_clients_gave_up(run_dir):
+    """The "current" flip (503 at once) with three long streams in flight - HTTP/1.1 at the plain
+    frontend, HTTP/1.1 and HTTP/2 at the TLS frontend: HAProxy's DOWN cuts all three, and the
+    gateway's receipt counts exactly those as LB cuts. A client that gives up by itself while
+    the gateway is OPEN is not counted; one that gives up during the drain (before the flip,
+    far from any DOWN) is a cut, not the LB's. One worker, so that its sorting of ends during
+    the drain is observable (a request completed after the drain began is counted)."""
+    wd = run_dir / "cuts" / "current"
+    with Rig(wd, gateways=1, timing=TIMING, tls=True, config=CURRENT, concurrency=1) as rig:
+        gw = rig.gw()
+        open_quitter = CurlStream(rig.url("/stream"), seconds=60, label="gives up while OPEN")
+        wait_for(lambda: gw.status()["active"] == 1, 10, 0.05, "the first client's stream in flight")
+        open_quitter.kill()
+        wait_for(lambda: gw.status()["active"] == 0, 10, 0.05, "its end seen by the gateway, still OPEN")
+        streams = [CurlStream(rig.url("/stream"), seconds=STREAM_SECONDS, interval_ms=INTERVAL_MS, label="h1"),
+                   CurlStream(rig.url("/stream", https=True), seconds=STREAM_SECONDS, interval_ms=INTERVAL_MS,
+                              label="h1 at the TLS frontend"),
+                   CurlStream(rig.url("/stream", https=True), seconds=STREAM_SECONDS, interval_ms=INTERVAL_MS,
+                              http2=True, label="h2 at the TLS frontend")]
+        quitter = CurlStream(rig.url("/stream"), seconds=60, label="gives up during the drain")
+        wait_for(lambda: gw.status()["active"] == 4, 10, 0.05, "four streams in flight")
+        trigger = time.time()
+        assert gw.post("/drain").json()["state"] == "DRAINING"
+        # The worker sorts ends from its next tick on: wait until it counts one.
+        wait_for(lambda: requests.get(rig.url("/"), timeout=5).status_code == 200
+                 and gw.status()["receipt"]["completed"] >= 1, 10, 0.05, "the worker sorting the drain's ends")
+        quitter.kill()
+        assert gw.receipt(at_least=1)["cut"] == 1, "the client that gave up during the drain"
+        assert gw.post("/close-lb").json()["state"] == "CLOSING"
+        down = lb_down_seen(rig, "gw1", trigger, 4 * TIMING.detection_window)
+        wait_streams(streams, STREAM_SECONDS + 30)
+        tl = finish(run_dir, rig, scenario="cuts", mode="current", trigger=trigger, streams=streams + [quitter],
+                    pair=("current", "current"))
+    assert streams[2].http_version == "2", streams[2].summary()
+    for s in streams:
+        assert_cut(s, tl, down)
+    assert open_quitter.gave_up and quitter.gave_up
+    g = tl["gateway"]
+    assert (g["cut"], g["cut_lb"], g["cut_other"], g["cut_http"], g["cut_tcp"]) == (4, 3, 1, 4, 0), g
+    assert {k: tl["client"][k] for k in ("cut", "gave_up", "idle", "unseen")} == \
+        {"cut": 3, "gave_up": 1, "idle": 0, "unseen": 0}, tl["client"]
 
 
 # -- S1 with LB-observed-down ---------------------------------------------------------------------
@@ -436,7 +575,7 @@ def test_s3_rollout_under_continuous_short_requests(run_dir, lb_status):
         short.join(duration + 30)
         served_after = [r for r in rig.haproxy.requests() if r.server == "gw1" and r.accept > up]
         tl = finish(run_dir, rig, scenario="s3", mode=mode, trigger=ps.trigger, status=final, short=short,
-                    pair=("default-200", "soft-404"),
+                    pair=("default-200", "soft-404"), receipt=final["receipt"],
                     extra={"stopped": stopped, "restarted": started, "lb_up_again": up,
                            "gw1_requests_after_restart": len(served_after)})
     summary = short.summary()
@@ -481,6 +620,7 @@ def restart_pod(rig: Rig, gw, mode: str) -> dict:
     else:
         ps = PreStop(gw, via="prestop")
         assert ps.wait(120) == 200, ps.body
+    receipt = gw.status()["receipt"]  # this pod's drain, before the pod is gone
     stopped = time.time()
     gw.stop()
     gw.start()
@@ -488,7 +628,7 @@ def restart_pod(rig: Rig, gw, mode: str) -> dict:
     up = wait_for(lambda: rig.stat.first(gw.name, "UP", started), 10 * TIMING.inter_s + 10, 0.05,
                   f"{gw.name} UP again")
     down = rig.stat.first(gw.name, "DOWN", trigger)
-    return {"gateway": gw.name, "trigger": trigger, "down": down, "stopped": stopped, "up": up}
+    return {"gateway": gw.name, "trigger": trigger, "down": down, "stopped": stopped, "up": up, "receipt": receipt}
 
 
 @full_only
@@ -508,11 +648,26 @@ def test_s3_rollout_restart_of_both_gateways(run_dir, mode):
         cut = [x for x in log if x.killed_by_down]
         downs = rig.haproxy.down_events()
     summary = short.summary()
+    gateway = {k: sum(p["receipt"][k] for p in pods) for k in ("cut", "cut_lb", "cut_other")}
     ROLLOUTS.append({"mode": mode, "check_inter": TIMING.inter, "seconds": summary["ended"] - summary["started"],
                      **{k: summary[k] for k in ("requests", "connection_errors", "http_5xx", "p50_ms", "p99_ms")},
-                     "sessions_cut_at_down": max(len(cut), sum(n for _, n in downs)), "pods": pods})
+                     "sessions_cut_at_down": max(len(cut), sum(n for _, n in downs)), "gateway": gateway,
+                     "errors": [vars(e) for e in short.connection_errors + short.server_errors],
+                     "haproxy_killed": [vars(x) for x in cut], "pods": pods})
     (run_dir / "s3-rollout" / f"{mode}.json").write_text(json.dumps(ROLLOUTS[-1], indent=2))
     assert summary["ended"] - short.started >= S3_SECONDS - 1 and short.total > 1000, summary
+    # Each gateway counted what its DOWN cut: the clients' connection errors, all of them the LB's
+    # (less a short request at a DOWN instant the gateway never saw cut). In "current", Envoy's own
+    # listener drain (the modelled pod kill, --drain-time-s 1 here) also closes connections HAProxy
+    # still sends on: requests lost without a stream in the gateway, and not the LB's cut.
+    assert gateway["cut_other"] == 0, (gateway, summary)
+    errors = summary["connection_errors"]
+    if mode == "current":
+        assert gateway["cut_lb"] <= errors, (gateway, summary)
+        ROLLOUTS[-1]["unseen"] = errors - gateway["cut_lb"]
+    else:
+        ROLLOUTS[-1]["unseen"] = unseen_at_down(errors, gateway["cut_lb"], [e.end for e in short.connection_errors],
+                                                [p["down"] for p in pods])
     for p in pods:
         assert p["down"] is not None and p["down"] < p["stopped"], f"{p['gateway']} stopped before DOWN: {p}"
         assert any(x.server == p["gateway"] and x.accept > p["up"] for x in log), f"{p['gateway']} idle after UP"
@@ -741,17 +896,30 @@ def test_l4_rotation_at_drain_start_loses_nothing(run_dir, lb_status):
 def test_control_l4_without_rotation_pinned_connections_are_reset(run_dir, lb_status):
     clients, tl, down = l4_run(run_dir, lb_status=lb_status, rotate=False)
     assert_pinned_connections_reset(clients, tl)
-def test_soft_drain_gate_idle_gateway_short_loop(tmp_path):
+def test_soft_drain_gate_idle_gateway_short_loop(run_dir):
     """Soft drain, min_drain 0s, an idle gateway drained under a loop of short GETs
     (tests/scenarios/soft_gate.py): gated, HAProxy always sees the 404 (NOLB) before
     the 503 and DOWN cuts nothing; the control (soft_drain_gate: false) in the same
-    run flips at once, HAProxy goes from UP to DOWN and cuts what it sent meanwhile."""
+    run flips at once, HAProxy goes from UP to DOWN and cuts what it sent meanwhile.
+    Drain by drain, the gateway's receipt counts what the clients lost, as LB cuts."""
     from tests.scenarios import soft_gate
 
     drains = 8 if FULL else 3
-    res = soft_gate.run(drains, tmp_path)
+    res = soft_gate.run(drains, run_dir / "soft-gate")
     detail = json.dumps(res, indent=1)
     gated, control = res["gated"], res["control"]
+    for mode, runs in res.items():
+        SOFT_GATE.append({"mode": mode, "drains": len(runs), "requests": sum(r["requests"] for r in runs),
+                          "drains_with_a_cut": sum(1 for r in runs if r["cut"]),
+                          "client_cut": sum(r["connection_errors"] for r in runs),
+                          "gateway": {k: sum(r["gateway"][k] for r in runs) for k in ("cut", "cut_lb")},
+                          "runs": runs})
+    for r in gated:
+        assert r["gateway"]["cut"] == 0 == r["connection_errors"], detail
+    for r in control:
+        assert r["gateway"]["cut_other"] == 0, detail
+        r["unseen"] = unseen_at_down(r["connection_errors"], r["gateway"]["cut_lb"], r["error_ends"], [r["down"]])
+    assert sum(r["gateway"]["cut_lb"] for r in control) > 0, f"the gateway counted none of the control's cuts\n{detail}"
     assert len(gated) == len(control) == drains
     for r in gated:
         assert r["cut"] == 0 and not r["sessions_cut_at_down"], detail

@@ -115,7 +115,7 @@ def dashboard() -> dict:
         dash.Dashboard("drain-gate")
         .uid("drain-gate")
         .description("Ingress gateway drains: state, requests in flight and their age, transitions, forced closes, "
-                     "count health")
+                     "what the LB cut, count health")
         .tags(["drain-gate", "istio", "envoy"])
         .tooltip(DashboardCursorSync.CROSSHAIR)
         .time("now-1h", "now")
@@ -142,6 +142,16 @@ def panels() -> list:
                      [query(f"count_over_time(((drain_gate_state{{{POD}}} >= 1) <= 2)[10m:5s]) * 5")], unit="s"),
         series_panel("Forced closes", "drains closed by drain_timeout with requests still in flight",
                      [query(f"increase(drain_gate_forced_closes{{{POD}}}[$__rate_interval])")], bars=True),
+        series_panel("Cut in drains",
+                     "streams and connections ended by the downstream during a drain: cut by the LB at its DOWN "
+                     "(DrainGateCut pages), or given up by their clients (ordinary, no alert)",
+                     [query(f"increase(drain_gate_cut_lb{{{POD}}}[$__rate_interval])", f"{LEGEND} cut by the LB", "A"),
+                      query(f"increase(drain_gate_cut{{{POD}}}[$__rate_interval]) - "
+                            f"increase(drain_gate_cut_lb{{{POD}}}[$__rate_interval])", f"{LEGEND} gave up", "B")],
+                     bars=True),
+        stat_panel("Cut by the LB (1h)",
+                   "streams and connections the LB cut in drains in the last hour: 0 is a rollout that lost nothing",
+                   f"max_over_time(drain_gate_cut_lb{{{POD}}}[1h]) - min_over_time(drain_gate_cut_lb{{{POD}}}[1h])"),
         stat_panel("Forced closes (1h)", "drain_timeout closes in the last hour",
                    f"increase(drain_gate_forced_closes{{{POD}}}[1h])"),
         stat_panel("Count errors (1h)", "streams the traffic role could not count: the count is unreliable",

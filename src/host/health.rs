@@ -923,7 +923,7 @@ mod tests {
     }
 
     #[test]
-    fn a_connection_reset_by_the_downstream_is_a_cut_one_closed_after_its_upstream_is_not() {
+    fn a_connection_the_downstream_ended_first_is_a_cut_when_reset_or_at_the_lb_s_down() {
         use proxy_wasm::types::PeerType;
         let sim = Sim::at(T0);
         let (h, _t) = gateway(&sim, r#"{"lb_buffer":"60m"}"#);
@@ -932,21 +932,56 @@ mod tests {
             Metrics::define(&sim),
             &Config::parse(br#"{"role":"traffic_tcp"}"#).unwrap(),
         ));
-        let (mut a, mut b) = (
-            TrafficStream::new(Rc::clone(&tcp)),
-            TrafficStream::new(Rc::clone(&tcp)),
-        );
+        let conn = || TrafficStream::new(Rc::clone(&tcp));
+        let (mut reset, mut upstream_first, mut done, mut at_down, mut late) =
+            (conn(), conn(), conn(), conn(), conn());
         call(&h, "POST", "/drain", 1).unwrap();
         tcp.tick();
-        a.closed(true, PeerType::Remote); // a reset from the client side
-        drop(a);
-        b.closed(false, PeerType::Unknown); // the upstream closed first ...
-        b.closed(true, PeerType::Local); // ... then Envoy closed the client side
-        drop(b);
+        reset.closed(true, PeerType::Remote); // a reset from the client side
+        drop(reset);
+        upstream_first.half_closed(false); // the upstream's FIN first ...
+        upstream_first.half_closed(true);
+        upstream_first.closed(false, PeerType::Unknown);
+        upstream_first.closed(true, PeerType::Local); // ... then Envoy closed the client side
+        drop(upstream_first);
+        done.half_closed(true); // a client done with its connection: its FIN first ...
+        done.half_closed(false); // ... answered by the upstream's
+        done.closed(false, PeerType::Unknown);
+        done.closed(true, PeerType::Local);
+        drop(done);
         let r = json(&call(&h, "GET", "/drain/status", 2).unwrap())["receipt"].clone();
         assert_eq!(
             (r["cut_tcp"].as_u64(), r["completed"].as_u64()),
-            (Some(1), Some(1))
+            (Some(1), Some(2))
+        );
+        // The LB's DOWN (lb_fall 2): HAProxy's shutdown-sessions in mode tcp
+        // sends the gateway a FIN, and its reset may follow before the upstream
+        // answers the FIN.
+        call(&h, "POST", "/close-lb", 3).unwrap();
+        for _ in 0..2 {
+            assert_eq!(
+                call(&h, "GET", "/health_check.html", 4).unwrap().status,
+                503
+            );
+        }
+        sim.advance(5);
+        at_down.half_closed(true);
+        at_down.closed(true, PeerType::Remote);
+        drop(at_down);
+        sim.advance(3_000); // past the window: a FIN is a client's again
+        late.half_closed(true);
+        late.half_closed(false);
+        late.closed(true, PeerType::Local);
+        drop(late);
+        let r = json(&call(&h, "GET", "/drain/status", 5).unwrap())["receipt"].clone();
+        assert_eq!(
+            (
+                r["cut_tcp"].as_u64(),
+                r["cut_lb"].as_u64(),
+                r["completed"].as_u64()
+            ),
+            (Some(2), Some(1), Some(3)),
+            "{r}"
         );
     }
 

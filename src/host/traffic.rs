@@ -21,7 +21,7 @@ use super::store::Store;
 use crate::config::{Config, NewRequests};
 use crate::fsm::State;
 use crate::in_flight::Ages;
-use crate::receipt::{self, End};
+use crate::receipt::{self, End, First};
 
 /// This worker's streams by start tick (`crate::in_flight`). A stream is
 /// stamped with the time of the last tick, so starting and ending one makes
@@ -246,20 +246,25 @@ impl<H: Host> Traffic<H> {
     /// How a stream or connection that ended during a drain ended, counted
     /// (`crate::receipt`). A cut is confirmed against the state (the tick's
     /// view may be a tick old) and attributed to the LB when it came within
-    /// `lb::CUT_WINDOW_MS` of a checker's DOWN.
-    fn sort_end(&self, end: End) {
+    /// `lb::CUT_WINDOW_MS` of a checker's DOWN (`at_lb_down`: already read).
+    fn sort_end(&self, end: End, at_lb_down: Option<bool>) {
         let tcp = self.part == Part::Connections;
         let by_lb = match end {
             End::Cut => {
                 if self.state_now() == Some(State::Open) {
                     return; // reopened meanwhile: not a drain's end
                 }
-                let now = self.metrics.host().now().timer_ms();
-                self.store.lb_checkers().is_ok_and(|c| c.cut_by_lb(now))
+                at_lb_down.unwrap_or_else(|| self.at_lb_down())
             }
             _ => false,
         };
         self.metrics.ended(end, tcp, by_lb);
+    }
+
+    /// Whether now is within `lb::CUT_WINDOW_MS` of a checker's DOWN.
+    fn at_lb_down(&self) -> bool {
+        let now = self.metrics.host().now().timer_ms();
+        self.store.lb_checkers().is_ok_and(|c| c.cut_by_lb(now))
     }
 
     /// The global count may be 0 during a drain: flip if it is.
@@ -283,18 +288,19 @@ impl<H: Host> Traffic<H> {
 /// One HTTP stream or one TCP connection. It is counted from creation,
 /// whether or not any of its callbacks ever runs (an earlier filter may
 /// answer locally), and released in `Drop`, which the host runs for every
-/// stream end and connection close, resets included. It implements no data
-/// callback: the host's per-read calls get the SDK's `Continue`.
+/// stream end and connection close, resets included. Its only data
+/// callbacks are a connection's, which look at `end_of_stream` (which side
+/// ended first, `crate::receipt::First`), make no host call and continue.
 pub struct TrafficStream<H: Host = Envoy> {
     traffic: Rc<Traffic<H>>,
     counted: bool,
     started_ms: u64,
     /// Answered 503 by drain-gate (refused while draining).
     refused: bool,
-    /// A connection: its upstream side closed.
-    upstream_closed: bool,
-    /// A connection: the downstream closed it while the upstream was open.
-    downstream_first: bool,
+    /// A connection: its upstream side ended (a FIN or its close).
+    upstream_ended: bool,
+    /// A connection: which side ended first.
+    first: First,
     /// An HTTP stream: its response ended (end of stream seen on the way
     /// out), so it completed whatever happens to its connection afterwards.
     response_done: bool,
@@ -323,8 +329,8 @@ impl<H: Host> TrafficStream<H> {
             counted,
             started_ms,
             refused: false,
-            upstream_closed: false,
-            downstream_first: false,
+            upstream_ended: false,
+            first: First::Upstream,
             response_done: false,
             end: None,
         }
@@ -385,12 +391,31 @@ impl<H: Host> TrafficStream<H> {
         });
     }
 
-    /// One side of a connection closed.
+    /// One side of a connection closed (Envoy's close event).
     pub fn closed(&mut self, downstream: bool, peer: PeerType) {
         if downstream {
-            self.downstream_first |= !self.upstream_closed && peer == PeerType::Remote;
+            if peer == PeerType::Remote {
+                self.downstream_ended(First::DownstreamReset);
+            }
         } else {
-            self.upstream_closed = true;
+            self.upstream_ended = true;
+        }
+    }
+
+    /// One side of a connection half-closed: its data ended (a FIN).
+    pub fn half_closed(&mut self, downstream: bool) {
+        if downstream {
+            self.downstream_ended(First::DownstreamFin);
+        } else {
+            self.upstream_ended = true;
+        }
+    }
+
+    /// The downstream ended its side: the first end, unless the upstream's
+    /// (or the downstream's own FIN) came before.
+    fn downstream_ended(&mut self, how: First) {
+        if !self.upstream_ended && self.first == First::Upstream {
+            self.first = how;
         }
     }
 }
@@ -423,6 +448,20 @@ impl HttpContext for TrafficStream {
 }
 
 impl StreamContext for TrafficStream {
+    fn on_downstream_data(&mut self, _: usize, end_of_stream: bool) -> Action {
+        if end_of_stream {
+            self.half_closed(true);
+        }
+        Action::Continue
+    }
+
+    fn on_upstream_data(&mut self, _: usize, end_of_stream: bool) -> Action {
+        if end_of_stream {
+            self.half_closed(false);
+        }
+        Action::Continue
+    }
+
     fn on_downstream_close(&mut self, peer: PeerType) {
         self.closed(true, peer);
     }
@@ -435,16 +474,15 @@ impl StreamContext for TrafficStream {
 impl<H: Host> Drop for TrafficStream<H> {
     fn drop(&mut self) {
         self.traffic.ages.exit(self.started_ms);
+        let mut at_lb_down = None;
         let end = match self.traffic.part {
             Part::Streams => self.end,
-            Part::Connections => self
-                .traffic
-                .in_drain
-                .get()
-                .then(|| receipt::tcp_end(self.downstream_first)),
+            Part::Connections => self.traffic.in_drain.get().then(|| {
+                receipt::tcp_end(self.first, || *at_lb_down.insert(self.traffic.at_lb_down()))
+            }),
         };
         if let Some(end) = end {
-            self.traffic.sort_end(end);
+            self.traffic.sort_end(end, at_lb_down);
         }
         if self.counted {
             self.traffic.stream_ended();

@@ -42,11 +42,14 @@ class CurlStream:
         self.label = label
         args = ["curl", "-sS", "-N", "--max-time", str(max_time or seconds + 30),
                 "-w", _MARK + "%{http_code} %{http_version}\n"]
-        args += ["--http2", "-k"] if http2 else ["--http1.1"]
+        args += ["--http2"] if http2 else ["--http1.1"]
+        if http2 or url.startswith("https:"):
+            args.append("-k")  # the test certificate
         self.start_time = time.time()
         self.proc = subprocess.Popen(args + [self.url], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         self.end_time: float | None = None
         self.returncode: int | None = None
+        self.gave_up = False  # killed by the test: a client that gave up by itself
         self.out = ""
         self.err = ""
         self._done = threading.Event()
@@ -70,6 +73,7 @@ class CurlStream:
 
     def kill(self) -> None:
         if self.proc.poll() is None:
+            self.gave_up = True
             self.proc.kill()
         self._done.wait(10)
 
@@ -108,6 +112,7 @@ class CurlStream:
             "chunks": self.chunks,
             "expected_chunks": self.expected_chunks,
             "complete": self.complete,
+            "gave_up": self.gave_up,
             "error": self.err.strip()[-300:],
         }
 

@@ -95,6 +95,37 @@ _HTTPLOG = re.compile(
 )
 
 
+# 127.0.0.1:4321 [01/Dec/2026:10:49:27.271] fe be/srv Tw/Tc/Tt bytes TERM ... (`option tcplog`, mode tcp)
+_TCPLOG = re.compile(
+    r"\[(?P<date>\d+/\w+/\d+:\d+:\d+:\d+\.\d+)\] (?P<fe>\S+) (?P<be>[^/\s]+)/(?P<srv>\S+) "
+    r"(?P<timers>-?\d+/-?\d+/\+?-?\d+) \S+ (?P<term>\S{2}) \d+/\d+/\d+/\d+/\d+ \d+/\d+\s*$"
+)
+
+
+@dataclass
+class Session:
+    """One `option tcplog` line (mode tcp): a connection through HAProxy."""
+
+    accept: float
+    end: float  # accept + Tt
+    backend: str
+    server: str
+    termination: str  # "--", "CD", "SD", "D-" (cut by shutdown-sessions) ...
+
+    @property
+    def killed_by_down(self) -> bool:
+        return self.termination.startswith("D")
+
+
+def parse_tcp_log_line(line: str) -> Session | None:
+    m = _TCPLOG.search(line)
+    if not m:
+        return None
+    accept = datetime.strptime(m["date"], "%d/%b/%Y:%H:%M:%S.%f").replace(tzinfo=timezone.utc).timestamp()
+    total = int(m["timers"].split("/")[-1].lstrip("+"))
+    return Session(accept, accept + max(total, 0) / 1000, m["be"], m["srv"], m["term"])
+
+
 # Logged once per DOWN transition (the stderr copy starts with "[WARNING]").
 _DOWN = re.compile(r"^Server (?P<be>[^/\s]+)/(?P<srv>\S+) is DOWN\b.*?(?P<sessions>\d+) sessions active")
 _STATE = re.compile(rf"^Server {BACKEND}/(?P<srv>\S+) is (?P<state>UP|DOWN|stopping)\b")
@@ -264,6 +295,10 @@ class HAProxy(Child):
     # -- logs --------------------------------------------------------------
     def requests(self) -> list[LogLine]:
         return [r for r in map(parse_log_line, self.log().splitlines()) if r]
+
+    def sessions(self) -> list[Session]:
+        """Every connection HAProxy logged in `mode tcp` (`option tcplog`), in log order."""
+        return [x for x in map(parse_tcp_log_line, self.log().splitlines()) if x]
 
     def down_events(self, backend: str = BACKEND) -> list[tuple[str, int]]:
         """(server, sessions it still had) for every "Server <backend>/X is DOWN" message, in order.

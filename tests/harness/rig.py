@@ -96,6 +96,17 @@ class Gateway:
         return wait_for(lambda: (s := self.status())["state"] == state and s, timeout, 0.05,
                         f"{self.name} state {state}")
 
+    def receipt(self, at_least: int = 0, timeout: float = 5) -> dict:
+        """The gateway's receipt of its current (or last) drain (`/drain/status`), once its
+        `cut` has reached `at_least` (what the clients saw cut: a stream's end is counted when
+        Envoy has processed the reset), or as it is after `timeout`."""
+        deadline = time.monotonic() + timeout
+        while True:
+            r = self.status()["receipt"]
+            if r["cut"] >= at_least or time.monotonic() >= deadline:
+                return r
+            time.sleep(0.05)
+
 
 class PreStop:
     """The preStop hook: one held admin call on the gateway's health port, on a thread.
@@ -161,7 +172,8 @@ class Rig:
 
     def __init__(self, workdir: Path, *, gateways: int = 1, config: dict | None = None,
                  soft_drain: bool = False, timing: Timing = QUICK, tls: bool = False, tcp: bool = False,
-                 haproxy_env: dict[str, str] | None = None, haproxy_cfg: Path | None = None):
+                 haproxy_env: dict[str, str] | None = None, haproxy_cfg: Path | None = None,
+                 concurrency: int = 2):
         self.workdir = Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.n = gateways
@@ -172,6 +184,7 @@ class Rig:
         self.tcp = tcp
         self.haproxy_env = haproxy_env
         self.haproxy_cfg = haproxy_cfg
+        self.concurrency = concurrency
         self.stack = contextlib.ExitStack()
         self.gws: list[Gateway] = []
         self.haproxy: HAProxy | None = None
@@ -193,7 +206,7 @@ class Rig:
         self.stack.callback(backend.stop)
         self.backend = backend
         for i in range(self.n):
-            gw = Gateway(f"gw{i + 1}", backend.port, self.config, self.workdir)
+            gw = Gateway(f"gw{i + 1}", backend.port, self.config, self.workdir, concurrency=self.concurrency)
             self.stack.callback(gw.stop)
             gw.start()
             self.gws.append(gw)

@@ -17,7 +17,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from envoyfilter.observability.generate import STATES  # noqa: E402
 
-PANELS = ["State per gateway", "Active requests", "Oldest request in flight", "Transitions", "Forced closes"]
+PANELS = ["State per gateway", "Active requests", "Oldest request in flight", "Transitions", "Forced closes",
+          "Cut in drains"]
 
 
 def points(result: list[dict], t0: float):
@@ -33,7 +34,7 @@ def legend(template: str, metric: dict) -> str:
 
 def draw(data: dict, out: Path) -> None:
     t0 = data["start"]
-    fig, axes = plt.subplots(len(PANELS) + 1, 1, figsize=(12, 10.5), sharex=True)
+    fig, axes = plt.subplots(len(PANELS) + 1, 1, figsize=(12, 12), sharex=True)
     for ax, title in zip(axes, PANELS):
         for s in (s for s in data["series"] if s["panel"] == title):
             for metric, xs, ys in points(s["result"], t0):
@@ -46,13 +47,13 @@ def draw(data: dict, out: Path) -> None:
     alerts = axes[-1]
     alert_series = next(s["result"] for s in data["series"] if s["panel"] == "ALERTS")
     for metric, xs, _ in points(alert_series, t0):
-        alerts.plot(xs, [1 if metric["alertstate"] == "firing" else 0.5] * len(xs), "o",
-                    ms=3, label=f'{metric["alertname"]} {metric["alertstate"]}')
-    alerts.set_title("ALERTS (DrainGateForcedClose)", loc="left", fontsize=10)
+        y = (1 if metric["alertstate"] == "firing" else 0.5) + (0.15 if metric["alertname"] == "DrainGateCut" else 0)
+        alerts.plot(xs, [y] * len(xs), "o", ms=3, label=f'{metric["alertname"]} {metric["alertstate"]}')
+    alerts.set_title("ALERTS (DrainGateForcedClose, DrainGateCut)", loc="left", fontsize=10)
     alerts.set_yticks([0.5, 1], ["pending", "firing"])
     alerts.set_ylim(0, 1.5)
-    alerts.set_xlabel("seconds since Prometheus started: clean drain, reopen, a stream held, drain forced by "
-                      "drain_timeout (4 s)")
+    alerts.set_xlabel("seconds since Prometheus started: a drain whose client gives up; reopen; a stream held, "
+                      "drain forced at drain_timeout (4 s); the LB's cut")
     for ax in axes:
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))

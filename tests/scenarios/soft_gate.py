@@ -54,17 +54,24 @@ def one_drain(rig: Rig, name: str = "gw1") -> dict:
         rig.haproxy.wait_status(name, "DOWN", wait)
     finally:
         loop.stop()
-    st = gw.status()
     s = loop.summary()
+    # The gateway's own count of this drain, once it has seen what the clients lost.
+    receipt = gw.receipt(at_least=s["connection_errors"])
+    st = gw.status()
     # HAProxy's own log, in order: "stopping" (NOLB, the 404 seen) before "DOWN"?
     events = wait_for(lambda: (e := rig.haproxy.state_events(name)[seen:]) and "DOWN" in e and e, 5,
                       what="DOWN in HAProxy's log")
     cut_at_down = [n for srv, n in rig.haproxy.down_events() if srv == name]
+    down = wait_for(lambda: rig.stat.first(name, "DOWN", trigger), 5, 0.05, what="DOWN in the stat poller")
     assert gw.post("/reopen").status_code == 200
     rig.haproxy.wait_status(name, "UP", wait)
     return {
         "requests": s["requests"],
         "cut": s["connection_errors"] + s["http_5xx"],
+        "connection_errors": s["connection_errors"],
+        "error_ends": [e.end for e in loop.connection_errors],
+        "down": down,
+        "gateway": {k: receipt[k] for k in ("cut", "cut_lb", "cut_other", "completed")},
         "sessions_cut_at_down": cut_at_down[-1] if cut_at_down else None,
         "lb_states": events,
         "nolb_before_down": "stopping" in events and events.index("stopping") < events.index("DOWN"),
