@@ -1,0 +1,171 @@
+"""The on-paper LB recipes (envoyfilter/f5, aws, gcp): nothing here runs a
+BIG-IP, an AWS NLB or a Google Cloud LB. What is checked is that each file
+parses, checks drain-gate's `/health_check.html` on the check NodePort and
+sends traffic to the traffic NodePort of envoyfilter/kubernetes/service.yaml,
+and that its check timings give the detection window, `lb_fall` and an
+`lb_buffer` above the window that envoyfilter/README.md ("Other LBs, on
+paper") states: a port, path or timing changed in one place fails here."""
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+import yaml
+
+from tests.harness import istio
+
+ENVOYFILTER = istio.ENVOYFILTER
+README = ENVOYFILTER / "README.md"
+COLUMNS = ("F5 BIG-IP", "AWS NLB", "GCP passthrough Network LB")
+
+
+def _duration_s(text: str) -> int:
+    m = re.fullmatch(r"`?(\d+)s`?", text.strip())
+    assert m, f"not a duration in seconds: {text!r}"
+    return int(m.group(1))
+
+
+@pytest.fixture(scope="module")
+def node_ports() -> dict[int, int]:
+    """targetPort -> nodePort of the example Service."""
+    service = istio.load_one(istio.KUBERNETES / "service.yaml")
+    assert service["spec"]["externalTrafficPolicy"] == "Local"
+    return {p["targetPort"]: p["nodePort"] for p in service["spec"]["ports"]}
+
+
+@pytest.fixture(scope="module")
+def section() -> str:
+    text = README.read_text()
+    start = text.index("### Other LBs, on paper")
+    end = text.index("## Refusing new requests while draining", start)
+    return text[start:end]
+
+
+@pytest.fixture(scope="module")
+def table(section) -> dict[str, dict[str, str]]:
+    """The recipe table of the section: row label -> {LB: cell}."""
+    rows = [l for l in section.splitlines() if l.startswith("|")]
+    header = [c.strip() for c in rows[0].strip("|").split("|")]
+    assert tuple(header[1:]) == COLUMNS, header
+    out = {}
+    for row in rows[2:]:
+        cells = [c.strip() for c in row.strip("|").split("|")]
+        out[cells[0]] = dict(zip(COLUMNS, cells[1:]))
+    for label in ("detection window", "`lb_buffer`", "`lb_fall`", "at DOWN, the connections in flight"):
+        assert label in out, f"the table has no row {label!r}"
+    return out
+
+
+def _stated(table, lb: str) -> tuple[int, int, int]:
+    """(detection window s, lb_buffer s, lb_fall) as the README states them for `lb`."""
+    window = re.fullmatch(r"(\d+) s", table["detection window"][lb])
+    assert window, table["detection window"][lb]
+    return int(window.group(1)), _duration_s(table["`lb_buffer`"][lb]), int(table["`lb_fall`"][lb].strip("`"))
+
+
+def test_the_section_names_the_service_s_ports_and_path(section, node_ports):
+    # "30180 (→ 18180)" and "30080 (→ 8080)": the mapping as the Service has it.
+    assert f"NodePort {node_ports[18180]} (→ 18180)" in section
+    assert f"NodePort {node_ports[8080]} (→ 8080)" in section
+    assert "`GET /health_check.html`" in section
+    # each recipe is marked as not run, and cites its vendor's documentation
+    for heading, vendor in (("### F5 BIG-IP (on paper)", "f5.com"),
+                            ("### AWS NLB (on paper)", "docs.aws.amazon.com"),
+                            ("### GCP passthrough Network LB (on paper)", "cloud.google.com")):
+        start = section.index(heading)
+        end = section.find("\n### ", start + 1)
+        body = section[start:] if end < 0 else section[start:end]
+        assert "On paper: not run here." in body, heading
+        assert f"https://{vendor}" in body or f".{vendor}/" in body, heading
+
+
+def test_f5_monitor_and_pool(table, node_ports):
+    text = (ENVOYFILTER / "f5" / "drain-gate.tmsh").read_text()
+    lines = [l for l in text.splitlines() if l.strip() and not l.startswith("#")]
+    (monitor,) = [l for l in lines if l.startswith("create ltm monitor http ")]
+    assert f"destination *:{node_ports[18180]}" in monitor
+    send = re.search(r'send "([^"]*)"', monitor).group(1)
+    # HTTP/1.1 needs Host (Envoy answers 400 without one); the string is tmsh's, escapes as written
+    assert send == r"GET /health_check.html HTTP/1.1\r\nHost: drain-gate\r\nConnection: close\r\n\r\n"
+    recv = re.search(r' recv "([^"]*)"', monitor).group(1)
+    disable = re.search(r' recv-disable "([^"]*)"', monitor).group(1)
+    # drain-gate's answers as Envoy writes them: 200 "OK", 404 and 503 "DRAIN"
+    ok = "HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\n\r\nOK"
+    soft = "HTTP/1.1 404 Not Found\r\ncontent-type: text/plain\r\n\r\nDRAIN"
+    down = "HTTP/1.1 503 Service Unavailable\r\ncontent-type: text/plain\r\n\r\nDRAIN"
+    assert recv in ok and recv not in soft and recv not in down, recv
+    assert disable in soft and disable not in ok and disable not in down, disable
+    (pool,) = [l for l in lines if l.startswith("create ltm pool ")]
+    assert "monitor mon-drain-gate" in pool and "service-down-action reset" in pool
+    members = re.search(r"members add \{([^}]*)\}", pool).group(1).split()
+    assert len(members) == 3 and all(m.endswith(f":{node_ports[8080]}") for m in members), members
+    interval = int(re.search(r" interval (\d+)", monitor).group(1))
+    timeout = int(re.search(r" timeout (\d+)", monitor).group(1))
+    assert timeout == 3 * interval + 1, "F5's rule of thumb the README quotes"
+    window, buffer, fall = _stated(table, "F5 BIG-IP")
+    assert window == timeout and fall == timeout // interval
+    assert buffer > window
+    assert table["at DOWN, the connections in flight"]["F5 BIG-IP"].startswith("reset")
+
+
+def test_aws_target_group(table, node_ports):
+    template = json.loads((ENVOYFILTER / "aws" / "nlb-target-group.json").read_text())
+    (tg,) = [r["Properties"] for r in template["Resources"].values()
+             if r["Type"] == "AWS::ElasticLoadBalancingV2::TargetGroup"]
+    assert tg["TargetType"] == "instance" and tg["Protocol"] == "TCP"
+    assert tg["Port"] == node_ports[8080]
+    assert all(t["Port"] == node_ports[8080] for t in tg["Targets"]) and len(tg["Targets"]) == 3
+    assert tg["HealthCheckProtocol"] == "HTTP"  # a TCP check would pass on drain-gate's 503
+    assert tg["HealthCheckPort"] == str(node_ports[18180])
+    assert tg["HealthCheckPath"] == "/health_check.html"
+    assert tg["Matcher"] == {"HttpCode": "200"}
+    interval, timeout = tg["HealthCheckIntervalSeconds"], tg["HealthCheckTimeoutSeconds"]
+    unhealthy = tg["UnhealthyThresholdCount"]
+    # the ranges of AWS's CreateTargetGroup reference (on paper)
+    assert 5 <= interval <= 300 and 2 <= timeout <= 120 and timeout < interval
+    assert 2 <= unhealthy <= 10 and 2 <= tg["HealthyThresholdCount"] <= 10
+    attrs = {a["Key"]: a["Value"] for a in tg["TargetGroupAttributes"]}
+    assert attrs["target_health_state.unhealthy.connection_termination.enabled"] == "true"
+    assert attrs["deregistration_delay.connection_termination.enabled"] == "false"
+    assert 0 <= int(attrs["deregistration_delay.timeout_seconds"]) <= 3600
+    assert attrs["load_balancing.cross_zone.enabled"] == "true"
+    window, buffer, fall = _stated(table, "AWS NLB")
+    assert window == interval * unhealthy + timeout and fall == unhealthy
+    assert buffer > window
+    assert table["at DOWN, the connections in flight"]["AWS NLB"].startswith("reset")
+
+
+def test_gcp_health_check_backend_service_and_forwarding_rule(table, node_ports):
+    docs = list(yaml.safe_load_all((ENVOYFILTER / "gcp" / "backend-service.yaml").read_text()))
+    by_kind = {d["kind"]: d for d in docs}
+    assert set(by_kind) == {"compute#healthCheck", "compute#backendService", "compute#forwardingRule"}
+    hc, bs, fr = (by_kind[k] for k in ("compute#healthCheck", "compute#backendService", "compute#forwardingRule"))
+    assert hc["type"] == "HTTP"
+    http = hc["httpHealthCheck"]
+    assert http["port"] == node_ports[18180]
+    assert http["requestPath"] == "/health_check.html" and http["host"]
+    assert hc["timeoutSec"] <= hc["checkIntervalSec"]
+    assert bs["loadBalancingScheme"] == "EXTERNAL" and bs["protocol"] == "TCP"
+    assert bs["healthChecks"] == [f"projects/PROJECT/regions/REGION/healthChecks/{hc['name']}"]
+    assert all(b["balancingMode"] == "CONNECTION" for b in bs["backends"]) and bs["backends"]
+    tracking = bs["connectionTrackingPolicy"]
+    assert tracking["trackingMode"] == "PER_CONNECTION"
+    assert tracking["connectionPersistenceOnUnhealthyBackends"] == "DEFAULT_FOR_PROTOCOL"
+    assert 0 <= bs["connectionDraining"]["drainingTimeoutSec"] <= 3600
+    assert fr["backendService"].endswith(f"/backendServices/{bs['name']}")
+    assert fr["ports"] == ["80", "443"] and fr["loadBalancingScheme"] == "EXTERNAL"
+    window, buffer, fall = _stated(table, "GCP passthrough Network LB")
+    assert window == hc["checkIntervalSec"] * hc["unhealthyThreshold"] + hc["timeoutSec"]
+    assert fall == hc["unhealthyThreshold"] and buffer > window
+    assert table["at DOWN, the connections in flight"]["GCP passthrough Network LB"].startswith("kept")
+
+
+def test_the_files_state_the_windows_the_readme_states(table):
+    """The comments of the files quote the same windows and lb_buffer as the table."""
+    f5 = (ENVOYFILTER / "f5" / "drain-gate.tmsh").read_text()
+    gcp = (ENVOYFILTER / "gcp" / "backend-service.yaml").read_text()
+    w, b, _ = _stated(table, "F5 BIG-IP")
+    assert f"({w} s here)" in f5 and f"lb_buffer above it ({b}s)" in f5
+    w, b, _ = _stated(table, "GCP passthrough Network LB")
+    assert f"= {w} s, below drain-gate's lb_buffer ({b}s)" in gcp
