@@ -52,6 +52,12 @@ def verify_lines(gw) -> list[str]:
     return [line for line in r.stdout.splitlines() if "listener traffic_h3:" in line]
 
 
+def rotation_done(gw) -> dict | None:
+    """The drain's rotation record once Envoy's admin answered it, else None."""
+    last = status(gw)["connection_rotation"]["last"]
+    return last if last and last["outcome"] == "done" else None
+
+
 def lb(gw) -> int:
     return requests.get(gw.health("/health_check.html"), timeout=5).status_code
 
@@ -99,8 +105,7 @@ def test_an_http3_stream_is_counted_a_drain_waits_for_it_and_the_rotation_sends_
 
         # The rotation at the flip: Envoy's drain sequence, which reaches this idle
         # QUIC connection only with its next response.
-        last = wait_for(lambda: (status(gw)["connection_rotation"]["last"] or {}).get("outcome") == "done"
-                        and status(gw)["connection_rotation"]["last"], 5, what="the rotation")
+        last = wait_for(lambda: rotation_done(gw), 5, what="the rotation")
         assert (last["trigger"], last["admin_status"]) == ("flip", 200)
         rotated = time.monotonic()
         while time.monotonic() < rotated + 3.0:  # 3 s after the rotation: nothing sent unasked
@@ -142,9 +147,9 @@ def test_control_without_the_filter_the_http3_stream_is_not_counted_and_the_drai
         assert lb(gw) == 503, "the LB is told to take the gateway out under the stream"
         progress = status(gw)["progress"]
         assert progress["active_at_closing"] == 0 and progress["transitions"][0]["active"] == 0
-        last = wait_for(lambda: (status(gw)["connection_rotation"]["last"] or {}).get("outcome") == "done"
-                        and status(gw)["connection_rotation"]["last"], 5, what="the rotation at the flip")
+        last = wait_for(lambda: rotation_done(gw), 5, what="the rotation at the flip")
         assert last["trigger"] == "flip"
+        assert not client.snapshot(s).ended, "the rotation came while the stream ran"
         client.wait(lambda: client.snapshot(s).ended, 10, what="the stream's end")
         done = client.snapshot(s)
         assert (done.chunks, done.reset) == (CHUNKS, None), "Envoy does not cut it: only the LB's DOWN would"
