@@ -155,3 +155,34 @@ class Lds:
         with os.fdopen(fd, "w") as f:
             f.write(yaml.safe_dump(body, sort_keys=False))
         os.rename(tmp, self.path)
+
+
+def quic_listener(doc: dict, port: int, workdir: Path, counted: bool = True) -> dict:
+    """The bootstrap plus an HTTP/3 listener on UDP `port`: the traffic listener's
+    connection manager (its routes and filters, drain-gate's traffic role included)
+    with codec HTTP3, behind a QUIC transport socket with a self-signed certificate
+    (made in `workdir`), as an Istio gateway's QUIC listener carries it.
+    `counted=False`: the same without drain-gate's filter (the control)."""
+    from tests.harness.haproxy import make_cert  # the one home of the test certificate
+
+    doc = copy.deepcopy(doc)
+    make_cert(Path(workdir))
+    chain = copy.deepcopy(listener(doc, "traffic")["filter_chains"][0])
+    manager = chain["filters"][0]["typed_config"]
+    manager.update({"stat_prefix": "traffic_h3", "codec_type": "HTTP3", "http3_protocol_options": {}})
+    manager.pop("upgrade_configs", None)  # an HTTP/3 websocket would be extended CONNECT, not an upgrade
+    if not counted:
+        manager["http_filters"] = [f for f in manager["http_filters"] if f["name"] != "drain-gate"]
+    tls = {"common_tls_context": {"tls_certificates": [{
+        "certificate_chain": {"filename": str(Path(workdir) / "tls.crt")},
+        "private_key": {"filename": str(Path(workdir) / "tls.key")}}]}}
+    chain["transport_socket"] = {"name": "envoy.transport_sockets.quic", "typed_config": {
+        "@type": "type.googleapis.com/envoy.extensions.transport_sockets.quic.v3.QuicDownstreamTransport",
+        "downstream_tls_context": tls}}
+    doc["static_resources"]["listeners"].append({
+        "name": "traffic_h3",
+        "address": {"socket_address": {"protocol": "UDP", "address": "127.0.0.1", "port_value": port}},
+        "udp_listener_config": {"quic_options": {}},
+        "filter_chains": [chain],
+    })
+    return doc
