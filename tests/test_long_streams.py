@@ -1,0 +1,377 @@
+"""Long-lived gRPC and WebSocket streams through real HAProxy and drain-gate.
+
+    gRPC (grpcio)   a server-streaming and a bidirectional RPC, h2c from the client to HAProxy
+                    (HTTP mode) and from HAProxy to the gateway (`proto h2` on the server line),
+                    h2 from the gateway to a grpc server
+    WebSocket       the `websockets` library on both ends, through HAProxy (haproxy.cfg as written)
+
+For each: the stream is counted, the drain waits for it (DRAINING while it runs), and what the
+client sees when the drain ends
+
+    clean    the stream ends by itself before drain_timeout     -> gRPC OK, WebSocket 1000
+    forced   it outlives drain_timeout: the forced flip to 503,
+             HAProxy's DOWN and its shutdown-sessions            -> the cut: gRPC UNAVAILABLE,
+                                                                    WebSocket 1006
+
+The clean run is the control of the forced one (same rig, same streams, only drain_timeout
+differs). Behind HAProxy `mode tcp` (L4) the gRPC cut is UNAVAILABLE. And the connection
+rotation, direct to the gateway (what an L4 LB passes on): Envoy's GOAWAY comes with the next
+response on the connection, the gRPC stream in flight runs to its end with OK, the RPC after the
+GOAWAY takes a new connection; an upgraded websocket is left alone (no close frame) and runs on.
+
+envoyfilter/README.md, "Long-lived gRPC and WebSocket streams", quotes what these tests measure.
+"""
+from __future__ import annotations
+
+import contextlib
+import re
+import threading
+import time
+from concurrent import futures
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import grpc
+import websockets.exceptions
+import websockets.sync.client
+import websockets.sync.server
+
+from tests.harness.envoy import wait_for
+from tests.harness.haproxy import CFG, HAProxy
+from tests.harness.ports import free_port
+from tests.harness.rig import QUICK, Gateway
+
+SERVICE = "drain_gate.test.Long"
+TICKS = f"/{SERVICE}/Ticks"  # server streaming: request b"<n> <interval_ms>", n messages back
+ECHO = f"/{SERVICE}/Echo"  # bidirectional: every message echoed
+INTERVAL = 0.2  # seconds between two messages of a stream
+
+# The forced run: the drain gives up at drain_timeout with the streams still running.
+FORCED = {"drain_timeout": "2s", "lb_buffer": QUICK.lb_buffer}
+# The clean run (the control): the streams end long before drain_timeout.
+CLEAN = {"drain_timeout": "60s", "lb_buffer": QUICK.lb_buffer}
+
+
+# -- backends --------------------------------------------------------------------------------
+@contextlib.contextmanager
+def grpc_backend():
+    """A grpc server on loopback with generic handlers (bytes in, bytes out: no codegen)."""
+
+    def ticks(request: bytes, context):
+        n, ms = (int(x) for x in request.split())
+        for i in range(n):
+            if not context.is_active():
+                return
+            yield b"tick %d" % i
+            time.sleep(ms / 1000)
+
+    def echo(requests, context):
+        for m in requests:
+            yield m
+
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=16))
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, {
+        "Ticks": grpc.unary_stream_rpc_method_handler(ticks),
+        "Echo": grpc.stream_stream_rpc_method_handler(echo),
+    }),))
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        yield port
+    finally:
+        server.stop(0).wait(5)
+
+
+@contextlib.contextmanager
+def ws_backend():
+    """A websockets server: /ticks?n=N sends N messages, INTERVAL apart, then closes with 1000."""
+
+    def handler(ws):
+        n = int(re.search(r"n=(\d+)", ws.request.path)[1])
+        for i in range(n):
+            ws.send(f"tick {i}")
+            time.sleep(INTERVAL)
+        ws.close(1000, "done")
+
+    port = free_port()
+    server = websockets.sync.server.serve(handler, "127.0.0.1", port)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield port
+    finally:
+        server.shutdown()
+
+
+def h2_backend(doc: dict) -> dict:
+    """The bootstrap's backend cluster speaks HTTP/2 (gRPC); everything else as written."""
+    for c in doc["static_resources"]["clusters"]:
+        if c["name"] == "backend":
+            c["typed_extension_protocol_options"] = {
+                "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
+                    "@type": "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
+                    "explicit_http_config": {"http2_protocol_options": {}},
+                }
+            }
+    return doc
+
+
+def haproxy_h2_cfg(workdir: Path) -> Path:
+    """haproxy.cfg with `proto h2 check-proto h1` on the gateways' server lines: HAProxy then speaks
+    h2c to the gateway, which gRPC needs (its trailers, its bidirectional streams), and keeps its
+    health check on HTTP/1 (`proto h2` alone moves the check to h2 too, which times out: L7TOUT)."""
+    text = CFG.read_text()
+    out = re.sub(r"(server gw\d \"\$\{GW\d_ADDR[^\n]*?) on-marked-down", r"\1 proto h2 check-proto h1 on-marked-down", text)
+    assert out.count("proto h2") == 2, "haproxy.cfg's server lines changed"
+    path = workdir / "haproxy-h2.cfg"
+    path.write_text(out)
+    return path
+
+
+@contextlib.contextmanager
+def lb_rig(tmp_path: Path, backend_port: int, config: dict, *, h2: bool, lb: str = "http"):
+    """One gateway (real Envoy + drain-gate, its backend `backend_port`) behind real HAProxy:
+    `lb="http"` haproxy.cfg (with `proto h2` to the gateway when `h2`), `lb="tcp"` haproxy-tcp.cfg."""
+    with contextlib.ExitStack() as stack:
+        gw = Gateway("gw1", backend_port, config, tmp_path)
+        if h2:
+            h2_backend(gw.envoy.doc)
+        stack.callback(gw.stop)
+        gw.start()
+        hap = HAProxy(tmp_path / "haproxy", [(gw.ports.traffic, gw.ports.health)], inter=QUICK.inter, tls=False,
+                      tcp=lb == "tcp", cfg=haproxy_h2_cfg(tmp_path) if h2 and lb == "http" else None)
+        stack.callback(hap.stop)
+        hap.start()
+        hap.wait_status("gw1", lambda s: s.up and s.check_status == "L7OK", timeout=5 * QUICK.inter_s + 5)
+        yield gw, hap
+
+
+# -- clients ---------------------------------------------------------------------------------
+@dataclass
+class Outcome:
+    """What one client saw of its stream: messages, the end (gRPC status / WebSocket close code)."""
+
+    kind: str
+    messages: int = 0
+    code: str | int | None = None  # grpc.StatusCode name, or the WebSocket close code
+    details: str = ""
+    times: list[float] = field(default_factory=list)  # when each message arrived
+    ended: float | None = None
+    done: threading.Event = field(default_factory=threading.Event)
+
+    def wait(self, timeout: float) -> "Outcome":
+        assert self.done.wait(timeout), f"{self.kind} still running after {timeout}s"
+        return self
+
+
+def _run(outcome: Outcome, body) -> Outcome:
+    def target():
+        try:
+            body(outcome)
+        finally:
+            outcome.ended = time.time()
+            outcome.done.set()
+
+    threading.Thread(target=target, daemon=True).start()
+    return outcome
+
+
+def grpc_ticks(channel: grpc.Channel, n: int) -> Outcome:
+    """The server-streaming RPC: n messages, INTERVAL apart."""
+
+    def body(o: Outcome):
+        call = channel.unary_stream(TICKS)(b"%d %d" % (n, INTERVAL * 1000))
+        try:
+            for _ in call:
+                o.messages += 1
+                o.times.append(time.time())
+            o.code = call.code().name
+        except grpc.RpcError as e:
+            o.code, o.details = e.code().name, e.details() or ""
+
+    return _run(Outcome("grpc server-streaming"), body)
+
+
+def grpc_echo(channel: grpc.Channel, n: int) -> Outcome:
+    """The bidirectional RPC: the client sends n messages, INTERVAL apart, and reads the echoes."""
+
+    def requests():
+        for i in range(n):
+            yield b"ping %d" % i
+            time.sleep(INTERVAL)
+
+    def body(o: Outcome):
+        call = channel.stream_stream(ECHO)(requests())
+        try:
+            for _ in call:
+                o.messages += 1
+                o.times.append(time.time())
+            o.code = call.code().name
+        except grpc.RpcError as e:
+            o.code, o.details = e.code().name, e.details() or ""
+
+    return _run(Outcome("grpc bidirectional"), body)
+
+
+def ws_ticks(url: str, n: int) -> Outcome:
+    def body(o: Outcome):
+        with websockets.sync.client.connect(url, open_timeout=10, close_timeout=5) as ws:
+            try:
+                for _ in ws:
+                    o.messages += 1
+                    o.times.append(time.time())
+            except websockets.exceptions.ConnectionClosed as e:
+                o.details = repr(e)
+            o.code = ws.protocol.close_code
+
+    return _run(Outcome("websocket"), body)
+
+
+def active(gw: Gateway) -> int:
+    return gw.status()["active"]
+
+
+# -- the drains -------------------------------------------------------------------------------
+def drain_with(gw: Gateway, hap: HAProxy | None, streams: list[Outcome], n: int) -> dict:
+    """Streams counted and flowing, then POST /drain; until CLOSING and every stream's end."""
+    counted = wait_for(lambda: (a := active(gw)) >= len(streams) and a, 10, 0.05, "every stream counted")
+    wait_for(lambda: all(s.messages >= 2 for s in streams), 10, 0.05, "messages flowing")
+    assert gw.post("/drain").status_code == 200
+    draining = gw.status()
+    closing = gw.wait_state("CLOSING", 30)
+    flip = time.time()
+    for s in streams:
+        s.wait(30)
+    status = gw.status()
+    return {"counted": counted, "draining": draining, "closing": closing, "flip": flip, "streams": streams,
+            "down": hap.down_events() if hap else [], "status": status, "n": n}
+
+
+def grpc_drain(tmp_path: Path, config: dict, n: int, lb: str = "http") -> dict:
+    """Both gRPC streams through HAProxy, a drain started while they run."""
+    with grpc_backend() as port, lb_rig(tmp_path, port, config, h2=True, lb=lb) as (gw, hap), \
+            grpc.insecure_channel(f"127.0.0.1:{hap.http_port}") as channel:
+        return drain_with(gw, hap, [grpc_ticks(channel, n), grpc_echo(channel, n)], n)
+
+
+def ws_drain(tmp_path: Path, config: dict, n: int) -> dict:
+    with ws_backend() as port, lb_rig(tmp_path, port, config, h2=False) as (gw, hap):
+        return drain_with(gw, hap, [ws_ticks(f"ws://127.0.0.1:{hap.http_port}/ticks?n={n}", n)], n)
+
+
+def assert_clean(r: dict, ok) -> None:
+    """The control: the drain waited (DRAINING while the streams ran, the flip at their end,
+    not forced), every stream ended by itself with `ok`, HAProxy cut nothing."""
+    assert r["counted"] >= len(r["streams"])
+    assert r["draining"]["state"] == "DRAINING"
+    assert r["closing"]["progress"]["forced"] is False, r["closing"]["progress"]
+    for s in r["streams"]:
+        assert (s.code, s.messages) == (ok, r["n"]), vars(s)
+        # The flip came when the stream ended: after its last message, before the next would have come.
+        assert s.times[-1] <= r["flip"] <= s.times[-1] + INTERVAL + 1, (s.times[-1], r["flip"])
+    assert r["status"]["receipt"]["cut"] == 0, r["status"]["receipt"]
+    assert all(sessions == 0 for _, sessions in r["down"]), r["down"]
+
+
+def assert_cut(r: dict) -> None:
+    """The forced flip at drain_timeout with every stream still in flight, the rotation done
+    (its GOAWAY / connection: close did not end them: they kept flowing after it), and HAProxy's
+    DOWN cut them: short of their messages, counted cut by the gateway."""
+    progress = r["closing"]["progress"]
+    assert (progress["forced"], progress["active_at_closing"]) == (True, len(r["streams"])), progress
+    assert r["status"]["connection_rotation"]["last"]["outcome"] == "done"
+    for s in r["streams"]:
+        assert s.messages < r["n"], vars(s)
+        assert sum(t > r["flip"] for t in s.times) >= 2, "the stream stopped at the flip, not at the LB's cut"
+    assert r["down"] and r["down"][0][0] == "gw1" and r["down"][0][1] >= 1, r["down"]
+
+
+# -- gRPC through HAProxy ----------------------------------------------------------------------
+def test_grpc_clean_drain_waits_for_the_streams_and_they_end_ok(tmp_path):
+    r = grpc_drain(tmp_path, CLEAN, n=15)  # 3 s of messages, the drain starts after 0.4 s
+    assert_clean(r, "OK")
+
+
+def test_grpc_forced_flip_then_haproxy_cut(tmp_path):
+    """HAProxy (HTTP mode, h2 both sides) ends a stream it cuts with an empty DATA frame carrying
+    END_STREAM and no trailers: grpcio reports UNKNOWN; the bidirectional call, whose client still
+    sends, also gets RST_STREAM(CANCEL): CANCELLED."""
+    r = grpc_drain(tmp_path, FORCED, n=100)  # 20 s of messages: outlives drain_timeout 2 s
+    assert_cut(r)
+    codes = {s.kind: s.code for s in r["streams"]}
+    assert codes == {"grpc server-streaming": "UNKNOWN", "grpc bidirectional": "CANCELLED"}, \
+        [vars(s) for s in r["streams"]]
+    assert r["status"]["receipt"]["cut_lb"] == 2, r["status"]["receipt"]
+
+
+def test_grpc_forced_flip_then_l4_cut(tmp_path):
+    """Behind HAProxy `mode tcp` the cut is the connection's: grpcio reports UNAVAILABLE."""
+    r = grpc_drain(tmp_path, FORCED, n=100, lb="tcp")
+    assert_cut(r)
+    assert {s.code for s in r["streams"]} == {"UNAVAILABLE"}, [vars(s) for s in r["streams"]]
+
+
+# -- WebSocket through HAProxy -----------------------------------------------------------------
+def test_websocket_clean_drain_waits_and_closes_1000(tmp_path):
+    assert_clean(ws_drain(tmp_path, CLEAN, n=15), 1000)
+
+
+def test_websocket_forced_flip_then_haproxy_cut_is_1006(tmp_path):
+    r = ws_drain(tmp_path, FORCED, n=100)
+    assert_cut(r)
+    (s,) = r["streams"]
+    assert s.code == 1006, vars(s)
+
+
+# -- the rotation's GOAWAY, seen by the client (direct to the gateway, as through an L4 LB) ---------
+def test_rotation_goaway_lets_the_grpc_stream_finish_and_the_next_rpc_reconnect(tmp_path):
+    """After the rotation Envoy sends its GOAWAY on a connection's next response, not at once: the
+    first RPC after it still runs on the old connection and carries the GOAWAY back, the one after
+    takes a new connection; the long stream in flight on the old connection runs to its end (10 s,
+    beyond the HTTP connection manager's default 5 s drain_timeout) with OK."""
+    n = 50  # 10 s; the forced flip (and its rotation) at 2 s, CLOSED at 12 s
+    with grpc_backend() as port, contextlib.ExitStack() as stack:
+        gw = Gateway("gw1", port, {**FORCED, "lb_buffer": "10s"}, tmp_path)
+        h2_backend(gw.envoy.doc)
+        stack.callback(gw.stop)
+        gw.start()
+        channel = stack.enter_context(grpc.insecure_channel(f"127.0.0.1:{gw.ports.traffic}"))
+        stat = gw.envoy.stat
+        long = grpc_ticks(channel, n)
+        wait_for(lambda: active(gw) == 1 and long.messages >= 2, 10, 0.05, "the stream counted and flowing")
+        assert stat("http.traffic.downstream_cx_total") == 1
+        assert gw.post("/drain").status_code == 200
+        gw.wait_state("CLOSING", 10)
+        wait_for(lambda: gw.status()["connection_rotation"]["last"]["outcome"] == "done", 5, 0.05, "rotation done")
+        goaway_idle = stat("http2.goaway_sent")
+        first = grpc_ticks(channel, 2).wait(10)
+        after_first = (stat("http.traffic.downstream_cx_total"), stat("http.traffic.downstream_cx_drain_close"))
+        second = grpc_ticks(channel, 2).wait(10)
+        after_second = stat("http.traffic.downstream_cx_total")
+        assert not long.done.is_set(), vars(long)
+        long.wait(20)
+        assert goaway_idle == 0
+        assert [(r.code, r.messages) for r in (first, second)] == [("OK", 2)] * 2
+        assert after_first == (1, 1), "the first RPC after the rotation: same connection, its GOAWAY"
+        assert after_second == 2, "the RPC after the GOAWAY did not take a new connection"
+        assert (long.code, long.messages) == ("OK", n), vars(long)
+
+
+def test_rotation_leaves_an_upgraded_websocket_alone(tmp_path):
+    """Envoy's drain sequence sends nothing on an upgraded connection (no GOAWAY, no close frame:
+    it does not speak WebSocket framing): direct to the gateway, the websocket runs through the
+    forced flip and its rotation to its own end, 1000."""
+    n = 25  # 5 s; the forced flip at 2 s
+    with ws_backend() as port, contextlib.ExitStack() as stack:
+        gw = Gateway("gw1", port, {**FORCED, "lb_buffer": "10s"}, tmp_path)
+        stack.callback(gw.stop)
+        gw.start()
+        ws = ws_ticks(f"ws://127.0.0.1:{gw.ports.traffic}/ticks?n={n}", n)
+        wait_for(lambda: active(gw) == 1 and ws.messages >= 2, 10, 0.05, "the websocket counted and flowing")
+        assert gw.post("/drain").status_code == 200
+        gw.wait_state("CLOSING", 10)
+        rotated = time.time()
+        wait_for(lambda: gw.status()["connection_rotation"]["last"]["outcome"] == "done", 5, 0.05, "rotation done")
+        ws.wait(20)
+        assert (ws.code, ws.messages) == (1000, n), vars(ws)
+        assert sum(t > rotated for t in ws.times) >= 5, ws.times
+        assert gw.envoy.stat("http.traffic.downstream_cx_upgrades_total") == 1
