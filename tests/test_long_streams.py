@@ -344,6 +344,7 @@ def test_rotation_goaway_lets_the_grpc_stream_finish_and_the_next_rpc_reconnect(
         wait_for(lambda: gw.status()["connection_rotation"]["last"]["outcome"] == "done", 5, 0.05, "rotation done")
         goaway_idle = stat("http2.goaway_sent")
         first = grpc_ticks(channel, 2).wait(10)
+        goaway = first.ended  # its response carried Envoy's GOAWAY (checked below)
         after_first = (stat("http.traffic.downstream_cx_total"), stat("http.traffic.downstream_cx_drain_close"))
         second = grpc_ticks(channel, 2).wait(10)
         after_second = stat("http.traffic.downstream_cx_total")
@@ -354,6 +355,7 @@ def test_rotation_goaway_lets_the_grpc_stream_finish_and_the_next_rpc_reconnect(
         assert after_first == (1, 1), "the first RPC after the rotation: same connection, its GOAWAY"
         assert after_second == 2, "the RPC after the GOAWAY did not take a new connection"
         assert (long.code, long.messages) == ("OK", n), vars(long)
+        assert long.times[-1] - goaway > 5, "the long stream outlived the connection manager's 5 s drain_timeout"
 
 
 def test_rotation_leaves_an_upgraded_websocket_alone(tmp_path):
