@@ -24,6 +24,7 @@ envoyfilter/README.md, "Long-lived gRPC and WebSocket streams", quotes what thes
 from __future__ import annotations
 
 import contextlib
+import os
 import re
 import threading
 import time
@@ -33,6 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import grpc
+import pytest
 import websockets.exceptions
 import websockets.sync.client
 import websockets.sync.server
@@ -40,17 +42,20 @@ import websockets.sync.server
 from tests.harness.envoy import wait_for
 from tests.harness.haproxy import CFG, HAProxy
 from tests.harness.ports import free_port
-from tests.harness.rig import QUICK, Gateway
+from tests.harness.rig import QUICK, SHIPPED, Gateway
 
 SERVICE = "drain_gate.test.Long"
 TICKS = f"/{SERVICE}/Ticks"  # server streaming: request b"<n> <interval_ms>", n messages back
 ECHO = f"/{SERVICE}/Echo"  # bidirectional: every message echoed
 INTERVAL = 0.2  # seconds between two messages of a stream
+# `make test`: HAProxy checks every 1 s; `make scenarios` (DRAIN_GATE_SCENARIOS=full): the shipped
+# timings (inter 2s, lb_buffer 10s), the same assertions.
+TIMING = SHIPPED if os.environ.get("DRAIN_GATE_SCENARIOS", "") == "full" else QUICK
 
 # The forced run: the drain gives up at drain_timeout with the streams still running.
-FORCED = {"drain_timeout": "2s", "lb_buffer": QUICK.lb_buffer}
+FORCED = {"drain_timeout": "2s", "lb_buffer": TIMING.lb_buffer}
 # The clean run (the control): the streams end long before drain_timeout.
-CLEAN = {"drain_timeout": "60s", "lb_buffer": QUICK.lb_buffer}
+CLEAN = {"drain_timeout": "60s", "lb_buffer": TIMING.lb_buffer}
 
 
 # -- backends --------------------------------------------------------------------------------
@@ -138,11 +143,11 @@ def lb_rig(tmp_path: Path, backend_port: int, config: dict, *, h2: bool, lb: str
             h2_backend(gw.envoy.doc)
         stack.callback(gw.stop)
         gw.start()
-        hap = HAProxy(tmp_path / "haproxy", [(gw.ports.traffic, gw.ports.health)], inter=QUICK.inter, tls=False,
+        hap = HAProxy(tmp_path / "haproxy", [(gw.ports.traffic, gw.ports.health)], inter=TIMING.inter, tls=False,
                       tcp=lb == "tcp", cfg=haproxy_h2_cfg(tmp_path) if h2 and lb == "http" else None)
         stack.callback(hap.stop)
         hap.start()
-        hap.wait_status("gw1", lambda s: s.up and s.check_status == "L7OK", timeout=5 * QUICK.inter_s + 5)
+        hap.wait_status("gw1", lambda s: s.up and s.check_status == "L7OK", timeout=5 * TIMING.inter_s + 5)
         yield gw, hap
 
 
@@ -255,8 +260,8 @@ def grpc_drain(tmp_path: Path, config: dict, n: int, lb: str = "http") -> dict:
         return drain_with(gw, hap, [grpc_ticks(channel, n), grpc_echo(channel, n)], n)
 
 
-def ws_drain(tmp_path: Path, config: dict, n: int) -> dict:
-    with ws_backend() as port, lb_rig(tmp_path, port, config, h2=False) as (gw, hap):
+def ws_drain(tmp_path: Path, config: dict, n: int, lb: str = "http") -> dict:
+    with ws_backend() as port, lb_rig(tmp_path, port, config, h2=False, lb=lb) as (gw, hap):
         return drain_with(gw, hap, [ws_ticks(f"ws://127.0.0.1:{hap.http_port}/ticks?n={n}", n)], n)
 
 
@@ -317,8 +322,9 @@ def test_websocket_clean_drain_waits_and_closes_1000(tmp_path):
     assert_clean(ws_drain(tmp_path, CLEAN, n=15), 1000)
 
 
-def test_websocket_forced_flip_then_haproxy_cut_is_1006(tmp_path):
-    r = ws_drain(tmp_path, FORCED, n=100)
+@pytest.mark.parametrize("lb", ["http", "tcp"])
+def test_websocket_forced_flip_then_lb_cut_is_1006(tmp_path, lb):
+    r = ws_drain(tmp_path, FORCED, n=100, lb=lb)
     assert_cut(r)
     (s,) = r["streams"]
     assert s.code == 1006, vars(s)
