@@ -332,38 +332,64 @@ def test_websocket_forced_flip_then_lb_cut_is_1006(tmp_path, lb):
 
 # -- the rotation's GOAWAY, seen by the client (direct to the gateway, as through an L4 LB) ---------
 def test_rotation_goaway_lets_the_grpc_stream_finish_and_the_next_rpc_reconnect(tmp_path):
-    """After the rotation Envoy sends its GOAWAY on a connection's next response, not at once: the
-    first RPC after it still runs on the old connection and carries the GOAWAY back, the one after
-    takes a new connection; the long stream in flight on the old connection runs to its end (10 s,
-    beyond the HTTP connection manager's default 5 s drain_timeout) with OK."""
-    n = 50  # 10 s; the forced flip (and its rotation) at 2 s, CLOSED at 12 s
+    """After the rotation Envoy sends its GOAWAY with a connection's next response, not at once and
+    not at the end of a stream that began before it. Two channels, each its own connection:
+
+    A  a 10 s stream; right after the rotation two short RPCs on the same channel: the first still
+       runs on the old connection and carries the GOAWAY back, the second takes a new connection
+       (whose response carries a GOAWAY too: while Envoy drains, every response does);
+       the long stream runs to its end with OK, more than the connection manager's default 5 s
+       drain_timeout after that GOAWAY.
+    B  a 4 s stream that ends after the rotation with no other RPC on its connection: its end
+       carries no GOAWAY, so the next RPC still runs on that connection (and brings it back), and
+       only the one after takes a new connection."""
+    n_a, n_b = 50, 20  # 10 s and 4 s; the forced flip (and its rotation) at 2 s, CLOSED at 12 s
+    own = [("grpc.use_local_subchannel_pool", 1)]  # one connection per channel
     with grpc_backend() as port, contextlib.ExitStack() as stack:
         gw = Gateway("gw1", port, {**FORCED, "lb_buffer": "10s"}, tmp_path)
         h2_backend(gw.envoy.doc)
         stack.callback(gw.stop)
         gw.start()
-        channel = stack.enter_context(grpc.insecure_channel(f"127.0.0.1:{gw.ports.traffic}"))
-        stat = gw.envoy.stat
-        long = grpc_ticks(channel, n)
-        wait_for(lambda: active(gw) == 1 and long.messages >= 2, 10, 0.05, "the stream counted and flowing")
-        assert stat("http.traffic.downstream_cx_total") == 1
+        target = f"127.0.0.1:{gw.ports.traffic}"
+        ch_a = stack.enter_context(grpc.insecure_channel(target, options=own))
+        ch_b = stack.enter_context(grpc.insecure_channel(target, options=own))
+
+        def cx():  # (connections opened, connections Envoy closed for its drain: a GOAWAY each)
+            return (gw.envoy.stat("http.traffic.downstream_cx_total"),
+                    gw.envoy.stat("http.traffic.downstream_cx_drain_close"))
+
+        long_a, long_b = grpc_ticks(ch_a, n_a), grpc_ticks(ch_b, n_b)
+        wait_for(lambda: active(gw) == 2 and long_a.messages >= 2 and long_b.messages >= 2, 10, 0.05,
+                 "both streams counted and flowing")
+        assert cx() == (2, 0)
         assert gw.post("/drain").status_code == 200
         gw.wait_state("CLOSING", 10)
         wait_for(lambda: gw.status()["connection_rotation"]["last"]["outcome"] == "done", 5, 0.05, "rotation done")
-        goaway_idle = stat("http2.goaway_sent")
-        first = grpc_ticks(channel, 2).wait(10)
-        goaway = first.ended  # its response carried Envoy's GOAWAY (checked below)
-        after_first = (stat("http.traffic.downstream_cx_total"), stat("http.traffic.downstream_cx_drain_close"))
-        second = grpc_ticks(channel, 2).wait(10)
-        after_second = stat("http.traffic.downstream_cx_total")
-        assert not long.done.is_set(), vars(long)
-        long.wait(20)
-        assert goaway_idle == 0
-        assert [(r.code, r.messages) for r in (first, second)] == [("OK", 2)] * 2
-        assert after_first == (1, 1), "the first RPC after the rotation: same connection, its GOAWAY"
-        assert after_second == 2, "the RPC after the GOAWAY did not take a new connection"
-        assert (long.code, long.messages) == ("OK", n), vars(long)
-        assert long.times[-1] - goaway > 5, "the long stream outlived the connection manager's 5 s drain_timeout"
+        assert not long_b.done.is_set(), "B ended before the rotation"
+        first = grpc_ticks(ch_a, 2).wait(10)
+        goaway = first.ended
+        after_first = cx()
+        second = grpc_ticks(ch_a, 2).wait(10)
+        after_second = cx()
+        long_b.wait(10)
+        after_b = cx()
+        b_next = grpc_ticks(ch_b, 2).wait(10)
+        after_b_next = cx()
+        b_then = grpc_ticks(ch_b, 2).wait(10)
+        after_b_then = cx()
+        assert not long_a.done.is_set(), vars(long_a)
+        long_a.wait(20)
+        assert [(r.code, r.messages) for r in (first, second, b_next, b_then)] == [("OK", 2)] * 4
+        assert after_first == (2, 1), "A's first RPC after the rotation: its old connection, and the GOAWAY"
+        # A new connection, whose response carries a GOAWAY too: while Envoy drains (strategy
+        # immediate, as istio-proxy) every response does.
+        assert after_second == (3, 2), "A's RPC after the GOAWAY did not take a new connection"
+        assert (long_b.code, long_b.messages) == ("OK", n_b), vars(long_b)
+        assert after_b == (3, 2), "B's stream, ended after the rotation, brought a GOAWAY"
+        assert after_b_next == (3, 3), "B's next RPC: its old connection, and the GOAWAY"
+        assert after_b_then == (4, 4), "B's RPC after the GOAWAY did not take a new connection"
+        assert (long_a.code, long_a.messages) == ("OK", n_a), vars(long_a)
+        assert long_a.times[-1] - goaway > 5, "the long stream outlived the connection manager's 5 s drain_timeout"
 
 
 def test_rotation_leaves_an_upgraded_websocket_alone(tmp_path):
