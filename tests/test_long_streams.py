@@ -10,13 +10,16 @@ client sees when the drain ends
 
     clean    the stream ends by itself before drain_timeout     -> gRPC OK, WebSocket 1000
     forced   it outlives drain_timeout: the forced flip to 503,
-             HAProxy's DOWN and its shutdown-sessions            -> the cut: gRPC UNAVAILABLE,
+             HAProxy's DOWN and its shutdown-sessions            -> the cut: gRPC UNKNOWN (server-
+                                                                    streaming), CANCELLED (bidirectional);
                                                                     WebSocket 1006
 
 The clean run is the control of the forced one (same rig, same streams, only drain_timeout
-differs). Behind HAProxy `mode tcp` (L4) the gRPC cut is UNAVAILABLE. And the connection
+differs). Behind HAProxy `mode tcp` (L4) the gRPC cut is UNAVAILABLE, the WebSocket's 1006. `make test`
+runs HAProxy checks every 1 s; `make scenarios` (DRAIN_GATE_SCENARIOS=full) the shipped timings. And the connection
 rotation, direct to the gateway (what an L4 LB passes on): Envoy's GOAWAY comes with the next
-response on the connection, the gRPC stream in flight runs to its end with OK, the RPC after the
+response on the connection (not with the end of a stream begun before the rotation), the gRPC
+stream in flight runs to its end with OK, the RPC after the
 GOAWAY takes a new connection; an upgraded websocket is left alone (no close frame) and runs on.
 
 envoyfilter/README.md, "Long-lived gRPC and WebSocket streams", quotes what these tests measure.
