@@ -251,9 +251,13 @@ def drain_with(gw: Gateway, hap: HAProxy | None, streams: list[Outcome], n: int)
     flip = datetime.fromisoformat(closing["progress"]["closing_at"].replace("Z", "+00:00")).timestamp()
     for s in streams:
         s.wait(30)
+    # The receipt counts a cut once Envoy has processed the reset: wait for it when the drain was
+    # forced with streams in flight (their cut is what the forced runs assert).
+    forced = closing["progress"]["forced"]
+    receipt = gw.receipt(at_least=len(streams) if forced else 0, timeout=5)
     status = gw.status()
     return {"counted": counted, "draining": draining, "closing": closing, "flip": flip, "streams": streams,
-            "down": hap.down_events() if hap else [], "status": status, "n": n}
+            "down": hap.down_events() if hap else [], "status": status, "receipt": receipt, "n": n}
 
 
 def grpc_drain(tmp_path: Path, config: dict, n: int, lb: str = "http") -> dict:
@@ -278,7 +282,7 @@ def assert_clean(r: dict, ok) -> None:
         assert (s.code, s.messages) == (ok, r["n"]), vars(s)
         # The flip came when the stream ended: after its last message, before the next would have come.
         assert s.times[-1] - 0.1 <= r["flip"] <= s.times[-1] + INTERVAL + 2, (s.times[-1], r["flip"])
-    assert r["status"]["receipt"]["cut"] == 0, r["status"]["receipt"]
+    assert r["receipt"]["cut"] == 0, r["receipt"]
     assert all(sessions == 0 for _, sessions in r["down"]), r["down"]
 
 
@@ -292,7 +296,12 @@ def assert_cut(r: dict) -> None:
     for s in r["streams"]:
         assert s.messages < r["n"], vars(s)
         assert sum(t > r["flip"] for t in s.times) >= 2, "the stream stopped at the flip, not at the LB's cut"
-    assert r["down"] and r["down"][0][0] == "gw1" and r["down"][0][1] >= 1, r["down"]
+    # HAProxy marked the gateway DOWN, and the gateway counts every stream as cut by the LB (the
+    # number of sessions in HAProxy's DOWN message is not used: behind `mode tcp` it read 0 in some
+    # runs while the client was cut at that instant).
+    assert r["down"] and r["down"][0][0] == "gw1", r["down"]
+    assert r["receipt"]["cut_lb"] == len(r["streams"]), (
+        r["receipt"], r["flip"], [(s.kind, s.code, s.details, s.messages, s.ended - r["flip"]) for s in r["streams"]])
 
 
 # -- gRPC through HAProxy ----------------------------------------------------------------------
@@ -310,7 +319,6 @@ def test_grpc_forced_flip_then_haproxy_cut(tmp_path):
     codes = {s.kind: s.code for s in r["streams"]}
     assert codes == {"grpc server-streaming": "UNKNOWN", "grpc bidirectional": "CANCELLED"}, \
         [vars(s) for s in r["streams"]]
-    assert r["status"]["receipt"]["cut_lb"] == 2, r["status"]["receipt"]
 
 
 def test_grpc_forced_flip_then_l4_cut(tmp_path):
