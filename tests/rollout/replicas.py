@@ -446,6 +446,7 @@ def account(n: int, rate: float, shots: list[Shot], logged: list[LogLine], phase
             "rate_req_s": round(len(due) / dur, 1) if dur else 0.0,
             "others": sorted({seg.pod for seg in ph.segments}),
             "others_served": served,
+            "others_req_s_per_gw": round(served / span, 1) if span else None,
             "others_p50_ms": _ms(_p(lat, 0.50)), "others_p99_ms": _ms(_p(lat, 0.99)),
             "others_worker_us_per_req": round(worker / 1000 / served, 1) if served else None,
             "others_proc_us_per_req": round(proc / 1000 / served, 1) if served else None,
@@ -464,7 +465,7 @@ def _ms(x: float | None) -> float | None:
 
 # -- the report -------------------------------------------------------------------------------
 
-METRICS = ("rate_req_s", "others_p99_ms", "others_worker_us_per_req", "others_proc_us_per_req",
+METRICS = ("rate_req_s", "others_req_s_per_gw", "others_p99_ms", "others_worker_us_per_req", "others_proc_us_per_req",
            "others_worker_core_pct")
 
 
@@ -498,15 +499,17 @@ def _cell(v, ratio=None) -> str:
 
 
 def table(rows: list[dict]) -> str:
-    lines = ["| N | phase | each other's share | total req/s | others' p99 ms (× before) "
+    lines = ["| N | phase | each other's share | total req/s | req/s per other gateway (× before) "
+             "| others' p99 ms (× before) "
              "| others' worker CPU µs/req (× before) | others' Envoy CPU µs/req | % of a core per other "
              "gateway, worker (× before) | lost (client / HAProxy log / after CLOSED) |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         before = r["phase"] == "before"
         ratio = (lambda m: None) if before else (lambda m: r[m + "_ratio"])
         lines.append(
             f"| {r['n']} | {r['phase'] + (' (control)' if r['phase'] == CONTROL else '')} | {r['share']} | {_cell(r['rate_req_s'])} | "
+            f"{_cell(r['others_req_s_per_gw'], ratio('others_req_s_per_gw'))} | "
             f"{_cell(r['others_p99_ms'], ratio('others_p99_ms'))} | "
             f"{_cell(r['others_worker_us_per_req'], ratio('others_worker_us_per_req'))} | "
             f"{_cell(r['others_proc_us_per_req'])} | "
