@@ -319,10 +319,14 @@ dashboard-png: $(VENV)/.installed
 # drain-gate-404 or drain-gate-200-refuse lost a request.
 # `make rollout-quick` (part of `make test`, about 90 s): 2 gateways, istio-default and drain-gate-404.
 # Both write out/rollout/result.json, results.md and timeline.svg.
-.PHONY: rollout rollout-quick
+.PHONY: rollout rollout-quick replicas
 
 rollout: deps build $(VENV)/.installed
 	PYTHONPATH=. $(PY) -m tests.rollout.driver $(ROLLOUT_ARGS)
 
 rollout-quick: deps build $(VENV)/.installed
 	PYTHONPATH=. $(PY) -m pytest tests/rollout -q -p no:cacheprovider $(PYTEST_ARGS)
+
+# N = 2, 4, 8 gateways under one fixed load: the others' p99 and CPU before, in a drain, in a rolling restart; 0 lost.
+replicas: deps build $(VENV)/.installed
+	PYTHONPATH=. $(PY) -m tests.rollout.replicas $(REPLICAS_ARGS)
