@@ -179,11 +179,11 @@ def running(kinds: list[str], workdir: Path, backend_port: int):
             e.stop()
 
 
-def paired(xs: list[float], ys: list[float], seed: int = 1, ratio: bool = False) -> dict:
+def paired(xs: list[float], ys: list[float], rng_seed: int = 1, ratio: bool = False) -> dict:
     """Median of the per-round differences xs − ys (or ratios xs / ys), and a bootstrap 95%
     interval of that median."""
     d = [x / y if ratio else x - y for x, y in zip(xs, ys)]
-    rng = random.Random(seed)
+    rng = random.Random(rng_seed)
     boots = sorted(statistics.median(rng.choices(d, k=len(d))) for _ in range(RESAMPLES))
     return {"median": statistics.median(d), "ci95": [boots[int(0.025 * RESAMPLES)], boots[int(0.975 * RESAMPLES) - 1]]}
 

@@ -74,7 +74,7 @@ def test_count_is_exact_under_torture(custom_gateway, stats):
         common = ["-H", "x-fault-abort: 1", "-t", "1", "-c", "16"]
         loads = [torture.H2Load(["--h1", "-n", str(bulk), *common, url]),
                  torture.H2Load(["-n", str(bulk), "-m", "4", *common, url])]
-        mixed = torture.run_mix(gw.ports.traffic, TOTAL - 2 * bulk, seed=6)
+        mixed = torture.run_mix(gw.ports.traffic, TOTAL - 2 * bulk, rng_seed=6)
         results = [load.result(timeout=900) for load in loads]
         assert held.all_open(), "a held stream ended during the run: the test proves nothing"
         poller.stop.set()

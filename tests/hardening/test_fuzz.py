@@ -20,7 +20,7 @@ import pytest
 from tests.harness.envoy import VM_TROUBLE, transitions
 from tests.harness.wire import fresh_get, state, statuses
 
-SEED = 6
+RNG_SEED = 6
 CONNECTIONS = 1600
 PATHS = ["/health_check.html", "/health", "/live", "/drain/status", "/drain", "/close-lb", "/close",
          "/reopen", "/fault", "/prestop", "/", "/nope"]
@@ -99,7 +99,7 @@ def fuzz_request(rng: random.Random, last: bool) -> bytes:
 
 
 def one_connection(port: int, i: int) -> tuple[int, list[int]]:
-    rng = random.Random(SEED * 7919 + i)
+    rng = random.Random(RNG_SEED * 7919 + i)
     n = rng.choice([1, 1, 2, 3, 5, 8])  # several requests: pipelined in one write
     data = b"".join(fuzz_request(rng, last=(k == n - 1)) for k in range(n))
     out = b""
@@ -140,8 +140,8 @@ def assert_vm_untroubled_and_state_unmoved(gw) -> None:
     assert transitions(log) == [], "a fuzzed request moved the state"
 
 
-@pytest.mark.parametrize("seed", [SEED])
-def test_fuzzed_requests_leave_the_vm_serving_and_the_state_open(gateway, seed):
+@pytest.mark.parametrize("rng_seed", [RNG_SEED])
+def test_fuzzed_requests_leave_the_vm_serving_and_the_state_open(gateway, rng_seed):
     gw = gateway(FUZZED)
     sent, codes = fuzz(gw, one_connection, CONNECTIONS, 32)
     assert sent >= 5000, sent
@@ -245,7 +245,7 @@ def h2_connection(port: int, i: int) -> tuple[int, list[int]]:
     import h2.connection
     import h2.exceptions
 
-    rng = random.Random(SEED * 104729 + i)
+    rng = random.Random(RNG_SEED * 104729 + i)
     conn = h2.connection.H2Connection(h2.config.H2Configuration(
         client_side=True, header_encoding=None, validate_outbound_headers=False,
         normalize_outbound_headers=False, validate_inbound_headers=False))

@@ -59,12 +59,12 @@ def as_one_sequence(steps: list[tuple[str, str, str]]) -> list[tuple[str, str, s
     return chain
 
 
-@pytest.mark.parametrize("seed", [3])
-def test_racing_admin_posts(custom_gateway, seed):
+@pytest.mark.parametrize("rng_seed", [3])
+def test_racing_admin_posts(custom_gateway, rng_seed):
     # min_drain 0: a /drain with nothing in flight also flips to CLOSING on its
     # own (reason active_zero), racing the explicit /close-lb and /reopen.
     gw = custom_gateway({"min_drain": "0s", "drain_timeout": "60m", "lb_buffer": "60m"}, concurrency=4)
-    rng = random.Random(seed)
+    rng = random.Random(rng_seed)
     # FAULT is final: keep /fault rare and late so the race has many rounds first.
     paths = [rng.choice(["/drain"] * 4 + ["/reopen"] * 4 + ["/close-lb"] * 2) for _ in range(N - 100)]
     paths += [rng.choice(["/drain", "/reopen", "/close-lb"] * 5 + ["/fault"]) for _ in range(100)]

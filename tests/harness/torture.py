@@ -196,11 +196,11 @@ MIX = [  # (function, weight)
 ]
 
 
-def run_mix(port: int, total: int, seed: int, workers: int = 24) -> Counter:
+def run_mix(port: int, total: int, rng_seed: int, workers: int = 24) -> Counter:
     """About `total` streams of every kind above, plus HTTP/2 connections."""
     import concurrent.futures as cf
 
-    rng = random.Random(seed)
+    rng = random.Random(rng_seed)
     funcs = [f for f, w in MIX for _ in range(w)]
     h2_every = 12  # one HTTP/2 connection (12 streams) per this many HTTP/1.1 tasks
     tasks: list = []
@@ -217,7 +217,7 @@ def run_mix(port: int, total: int, seed: int, workers: int = 24) -> Counter:
 
     def one(i_task):
         i, task = i_task
-        r = random.Random(seed * 1_000_003 + i)
+        r = random.Random(rng_seed * 1_000_003 + i)
         try:
             res = task(port, r)
         except (OSError, h2.exceptions.ProtocolError) as e:  # a reset the client saw is still an ending

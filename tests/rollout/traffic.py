@@ -69,10 +69,10 @@ def _stream_bytes(seconds: int, interval_ms: int) -> int:
 class Traffic:
     """Starts every kind of client against HAProxy; stop() ends the launching, drain() waits."""
 
-    def __init__(self, http_base: str, https_base: str, ws_addr: tuple[str, int], profile: Profile, seed: int = 1):
+    def __init__(self, http_base: str, https_base: str, ws_addr: tuple[str, int], profile: Profile, rng_seed: int = 1):
         self.http, self.https, self.ws_addr = http_base, https_base, ws_addr
         self.p = profile
-        self.rng = random.Random(seed)
+        self.rng = random.Random(rng_seed)
         self.outcomes: list[Outcome] = []
         self._lock = threading.Lock()
         self._stop = threading.Event()
