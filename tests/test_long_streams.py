@@ -184,18 +184,22 @@ def _run(outcome: Outcome, body) -> Outcome:
     return outcome
 
 
+def _read_rpc(o: Outcome, call) -> None:
+    """Reads a streaming RPC's messages into `o` until it ends: its status code, or the error's."""
+    try:
+        for _ in call:
+            o.messages += 1
+            o.times.append(time.time())
+        o.code = call.code().name
+    except grpc.RpcError as e:
+        o.code, o.details = e.code().name, e.details() or ""
+
+
 def grpc_ticks(channel: grpc.Channel, n: int) -> Outcome:
     """The server-streaming RPC: n messages, INTERVAL apart."""
 
     def body(o: Outcome):
-        call = channel.unary_stream(TICKS)(b"%d %d" % (n, INTERVAL * 1000))
-        try:
-            for _ in call:
-                o.messages += 1
-                o.times.append(time.time())
-            o.code = call.code().name
-        except grpc.RpcError as e:
-            o.code, o.details = e.code().name, e.details() or ""
+        _read_rpc(o, channel.unary_stream(TICKS)(b"%d %d" % (n, INTERVAL * 1000)))
 
     return _run(Outcome("grpc server-streaming"), body)
 
@@ -209,14 +213,7 @@ def grpc_echo(channel: grpc.Channel, n: int) -> Outcome:
             time.sleep(INTERVAL)
 
     def body(o: Outcome):
-        call = channel.stream_stream(ECHO)(requests())
-        try:
-            for _ in call:
-                o.messages += 1
-                o.times.append(time.time())
-            o.code = call.code().name
-        except grpc.RpcError as e:
-            o.code, o.details = e.code().name, e.details() or ""
+        _read_rpc(o, channel.stream_stream(ECHO)(requests()))
 
     return _run(Outcome("grpc bidirectional"), body)
 
