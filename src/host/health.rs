@@ -1041,7 +1041,7 @@ mod tests {
     }
 
     #[test]
-    fn a_drain_held_open_costs_a_stream_only_its_exact_count() {
+    fn a_drain_held_open_costs_a_stream_only_its_receipt() {
         let sim = Sim::at(T0);
         let (h, t) = gateway(
             &sim,
@@ -1053,11 +1053,63 @@ mod tests {
         for _ in 0..100 {
             end_with(&sim, TrafficStream::new(Rc::clone(&t)), 0); // each brings the count to 0
         }
-        // The count +1 and −1, the clock for the hold, the receipt's counter:
-        // nothing reads the state, the count or the record.
+        // The receipt's counter: the lease counts the streams while the
+        // minimum holds, and nothing reads the state, the count or the record.
         let per_stream = (sim.host_calls.get() - before) as f64 / 100.0;
-        assert!(per_stream <= 4.0, "{per_stream} host calls per stream");
+        assert!(per_stream <= 1.1, "{per_stream} host calls per stream");
         assert_eq!(state(&h), State::Draining);
+    }
+
+    #[test]
+    fn a_drain_held_by_min_drain_never_reads_below_its_stream_and_flips_at_its_end() {
+        let sim = Sim::at(T0);
+        let (h, t) = gateway(
+            &sim,
+            r#"{"min_drain":"1s","drain_timeout":"60m","lb_buffer":"60m"}"#,
+        );
+        call(&h, "POST", "/drain", 1).unwrap();
+        ticks(&sim, &h, &t, 1, 100);
+        let s = TrafficStream::new(Rc::clone(&t));
+        for _ in 0..12 {
+            assert!(sim.metric(crate::metric_names::ACTIVE_REQUESTS) >= 1);
+            ticks(&sim, &h, &t, 1, 100);
+        }
+        assert_eq!(
+            state(&h),
+            State::Draining,
+            "its stream holds it past min_drain"
+        );
+        assert_eq!(
+            sim.metric(crate::metric_names::ACTIVE_REQUESTS),
+            1,
+            "exact once it ended"
+        );
+        end_with(&sim, s, 0);
+        assert_eq!(state(&h), State::Closing, "flipped by the stream's own end");
+        assert!(!h.store.load().unwrap().reason.forced());
+    }
+
+    #[test]
+    fn streams_that_ended_while_min_drain_held_leave_the_flip_to_its_end() {
+        let sim = Sim::at(T0);
+        let (h, t) = gateway(
+            &sim,
+            r#"{"min_drain":"1s","drain_timeout":"60m","lb_buffer":"60m"}"#,
+        );
+        call(&h, "POST", "/drain", 1).unwrap();
+        ticks(&sim, &h, &t, 1, 100);
+        for _ in 0..20 {
+            end_with(&sim, TrafficStream::new(Rc::clone(&t)), 0);
+        }
+        ticks(&sim, &h, &t, 8, 100);
+        assert_eq!(state(&h), State::Draining, "min_drain not over");
+        ticks(&sim, &h, &t, 3, 100);
+        assert_eq!(
+            state(&h),
+            State::Closing,
+            "within a tick of min_drain's end"
+        );
+        assert_eq!(sim.metric(crate::metric_names::ACTIVE_REQUESTS), 0);
     }
 
     #[test]

@@ -76,8 +76,8 @@ impl<H: Host> AgeBook<H> {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum FlipHold {
     None,
-    /// `min_drain`: no flip before this timer-clock time.
-    Until(u64),
+    /// `min_drain` has not elapsed: no flip before it does.
+    Minimum,
     /// A soft drain's gate has not passed: the health role flips on the 404
     /// that passes it, or on its tick.
     Gate,
@@ -92,8 +92,8 @@ pub struct Traffic<H: Host = Envoy> {
     metrics: Metrics<H>,
     store: Store<H>,
     /// Whether the state was DRAINING at the last tick (or may be: it starts
-    /// true): every stream is then counted exactly, and the last one's end
-    /// flips. Outside a drain no stream end needs to look any further.
+    /// true): every stream is then counted exactly (`exact`: unless
+    /// `min_drain` holds the flip), and the last one's end flips. Outside a drain no stream end needs to look any further.
     draining: Cell<bool>,
     /// Whether the state was anything but OPEN at the last tick (it starts
     /// false: a root created mid-drain sorts ends from its first tick on).
@@ -131,6 +131,14 @@ impl<H: Host> Traffic<H> {
     /// The counter of this root's part.
     fn counter(&self) -> &Counter<H> {
         self.counts.part(self.part)
+    }
+
+    /// Whether streams are counted exactly now: during a drain, except while
+    /// its `min_drain` holds the flip back. Then the lease of outside a drain
+    /// serves (an over-count, never below the truth), and the tick that sees
+    /// the minimum end gives it back before anything may flip.
+    fn exact(&self) -> bool {
+        self.draining.get() && self.hold.get() != FlipHold::Minimum
     }
 
     /// Streams (or connections) this root counted and has in flight.
@@ -193,14 +201,12 @@ impl<H: Host> Traffic<H> {
     /// the last HTTP stream and the last TCP connection ending at once is
     /// the same argument once more.
     fn stream_ended(&self) {
-        let draining = self.draining.get();
-        if self.counter().exit(draining) > 0 || !draining {
-            return; // streams in flight here, or no drain running
+        let exact = self.exact();
+        if self.counter().exit(exact) > 0 || !exact {
+            return; // streams in flight here, no drain running, or min_drain holds it
         }
-        match self.hold.get() {
-            FlipHold::Gate => return, // the health role flips on the 404 that passes it
-            FlipHold::Until(t) if self.metrics.host().now().timer_ms() < t => return,
-            _ => {}
+        if self.hold.get() == FlipHold::Gate {
+            return; // the health role flips on the 404 that passes it
         }
         self.try_flip();
     }
@@ -218,7 +224,7 @@ impl<H: Host> Traffic<H> {
         let now = self.metrics.host().now().timer_ms();
         let until = started.saturating_add(plan.min_drain_ms);
         if now < until {
-            FlipHold::Until(until)
+            FlipHold::Minimum
         } else if self.store.gate(&rec).is_some_and(|g| !g.passes()) {
             FlipHold::Gate
         } else {
@@ -319,7 +325,7 @@ impl<H: Host> TrafficStream<H> {
 
     pub fn new(traffic: Rc<Traffic<H>>) -> TrafficStream<H> {
         traffic.heartbeat.ensure();
-        let counted = traffic.counter().enter(traffic.draining.get());
+        let counted = traffic.counter().enter(traffic.exact());
         if !counted {
             count::not_counted(&traffic.metrics);
         }
