@@ -105,6 +105,10 @@ pub struct Traffic<H: Host = Envoy> {
     /// until then a stream end that brings the count to 0 does not look
     /// (the health role flips when the hold ends).
     hold: Cell<FlipHold>,
+    /// Ends of the drain that completed since the last tick: the common end
+    /// is added to its counter once a tick, not by a host call per stream
+    /// (the receipt's other ends are counted at once).
+    completed: Cell<u64>,
     ages: AgeBook<H>,
     heartbeat: Heartbeat<H>,
 }
@@ -121,6 +125,7 @@ impl<H: Host + Copy> Traffic<H> {
             in_drain: Cell::new(false),
             new_requests: config.draining_new_requests,
             hold: Cell::new(FlipHold::None),
+            completed: Cell::new(0),
             ages: AgeBook::new(host, config.tick_ms),
             heartbeat: Heartbeat::new(host, config.tick_ms),
         }
@@ -157,15 +162,24 @@ impl<H: Host> Traffic<H> {
         self.heartbeat.id()
     }
 
-    /// The root context is being removed cleanly: leave the registry.
+    /// The root context is being removed cleanly: count what completed,
+    /// leave the registry.
     pub fn goodbye(&self) {
+        self.flush_completed();
         self.heartbeat.goodbye();
+    }
+
+    /// Adds the drain's ends that completed since the last tick to their
+    /// counter.
+    fn flush_completed(&self) {
+        self.metrics.completed(self.completed.take());
     }
 
     /// Every `tick`: publish the ages; is a drain running? Give back the
     /// unused lease, and during a drain check whether this VM's last stream
     /// already ended before it knew about the drain.
     pub fn tick(&self) {
+        self.flush_completed();
         self.heartbeat.beat();
         self.ages.tick(self.heartbeat.id());
         let state = match self.metrics.state_hint() {
@@ -254,6 +268,10 @@ impl<H: Host> Traffic<H> {
     /// view may be a tick old) and attributed to the LB when it came within
     /// `lb::CUT_WINDOW_MS` of a checker's DOWN (`at_lb_down`: already read).
     fn sort_end(&self, end: End, at_lb_down: Option<bool>) {
+        if end == End::Completed {
+            self.completed.set(self.completed.get().saturating_add(1));
+            return;
+        }
         let tcp = self.part == Part::Connections;
         let by_lb = match end {
             End::Cut => {
