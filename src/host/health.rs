@@ -65,9 +65,9 @@ pub struct Health<H: Host = Envoy> {
     /// The last tick could not read (or update) the record: checks fail
     /// closed until a tick succeeds again.
     unreadable: Cell<bool>,
-    /// The transition (`Record::seq`) whose receipt this root saw due at its
-    /// last tick: it is logged a tick later, once every traffic root's tick
-    /// has counted what completed (`Traffic::tick`).
+    /// The CLOSED (`Record::seq`) whose receipt this root saw due at its last
+    /// tick: it is logged a tick later, once every traffic root's tick has
+    /// counted what completed (`Traffic::tick`).
     receipt_seen: Cell<Option<u64>>,
 }
 
@@ -437,8 +437,10 @@ impl<H: Host> Health<H> {
         if !fsm::receipt_due(rec) {
             return;
         }
-        if self.receipt_seen.replace(Some(rec.seq)) != Some(rec.seq) {
-            return; // due since this tick: the traffic roots count a tick first
+        // At CLOSED the line waits a tick for what completed in the last one
+        // (a reopen or FAULT logs at once: a new drain may begin any moment).
+        if rec.state == State::Closed && self.receipt_seen.replace(Some(rec.seq)) != Some(rec.seq) {
+            return;
         }
         let won = std::cell::Cell::new(false);
         let marked = self.store.update(&|r| {
