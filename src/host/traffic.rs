@@ -93,7 +93,8 @@ pub struct Traffic<H: Host = Envoy> {
     store: Store<H>,
     /// Whether the state was DRAINING at the last tick (or may be: it starts
     /// true): every stream is then counted exactly (`exact`: unless
-    /// `min_drain` holds the flip), and the last one's end flips. Outside a drain no stream end needs to look any further.
+    /// `min_drain` holds the flip), and the last one's end flips. Outside a
+    /// drain no stream end needs to look any further.
     draining: Cell<bool>,
     /// Whether the state was anything but OPEN at the last tick (it starts
     /// false: a root created mid-drain sorts ends from its first tick on).
