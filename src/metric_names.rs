@@ -158,7 +158,7 @@ pub const ALL: [Metric; 21] = [
         name: DRAIN_COMPLETED,
         kind: Kind::Counter,
         #[cfg(test)]
-        help: "streams and connections that completed during a drain",
+        help: "streams and connections that completed during a drain (each worker adds its own up and counts them at its next tick)",
     },
     Metric {
         name: DRAIN_ENDED_UPSTREAM,

@@ -21,8 +21,12 @@
 //!   never reads 0 for a decision: a false 0 is only possible in the window
 //!   between a VM's death and the moment it is declared lost (or a write a
 //!   worker still owes);
-//! - during a drain with no failure, once every worker has ticked and none
-//!   is lost, it reads exactly the streams in flight.
+//! - during a drain with no failure, once every worker has ticked since
+//!   nothing holds the flip back any more (`min_drain` over) and none is
+//!   lost, it reads exactly the streams in flight. While `min_drain` holds
+//!   it, the count may lead the truth (the lease of outside a drain), never
+//!   trail it. Each run draws its `min_drain`: none, one that ends within
+//!   the run, one that outlasts it.
 //!
 //! Run with `cargo test --test model`.
 #![allow(clippy::unwrap_used, clippy::indexing_slicing, clippy::panic)]
@@ -108,6 +112,8 @@ struct Worker<'a> {
     busy: bool,
     /// Busy at some time since its root last beat: a loss of it is excused.
     late: bool,
+    /// Ticked during the drain after its `min_drain` was over: from then on
+    /// this worker counts exactly.
     ticked_in_drain: bool,
     /// The registry ids of its VMs that died.
     dead_ids: Vec<u64>,
@@ -118,15 +124,22 @@ struct Model<'a> {
     workers: Vec<Worker<'a>>,
     health: Health<&'a Sim>,
     drain: bool,
+    /// The drains' `min_drain`.
+    min_drain_ms: u64,
     deaths: u32,
     /// A root was declared lost whose worker was never late (only the whole
     /// process stalled): must never happen.
     stall_loss: Option<String>,
 }
 
-fn config(role: &str) -> Config {
-    // A drain that never ends by itself: the count's exactness is what is checked.
-    let raw = format!(r#"{{"role":"{role}","min_drain":"60m","drain_timeout":"60m"}}"#);
+/// `min_drain`s a run draws from: none, one that ends within most runs, one
+/// that outlasts every run.
+const MIN_DRAINS_MS: [u64; 3] = [0, 500, 3_600_000];
+
+fn config(role: &str, min_drain_ms: u64) -> Config {
+    // No timeout within a run: the count's exactness is what is checked.
+    let raw =
+        format!(r#"{{"role":"{role}","min_drain":"{min_drain_ms}ms","drain_timeout":"60m"}}"#);
     Config::parse(raw.as_bytes()).unwrap()
 }
 
@@ -134,12 +147,12 @@ fn root(sim: &Sim, w: usize) -> Rc<Traffic<&Sim>> {
     Rc::new(Traffic::new(
         part_of(w),
         Metrics::define(sim),
-        &config("traffic"),
+        &config("traffic", 0),
     ))
 }
 
 impl<'a> Model<'a> {
-    fn new(sim: &'a Sim, workers: usize) -> Model<'a> {
+    fn new(sim: &'a Sim, workers: usize, min_drain_ms: u64) -> Model<'a> {
         drain_gate::host::liveness::ensure_registry(&sim);
         drain_gate::host::count::announce_traffic(&sim);
         let workers = (0..workers)
@@ -153,24 +166,37 @@ impl<'a> Model<'a> {
                 dead_ids: Vec::new(),
             })
             .collect();
-        let health = Health::new(config("health"), Metrics::define(sim));
+        let health = Health::new(config("health", min_drain_ms), Metrics::define(sim));
         Model {
             sim,
             workers,
             health,
             drain: false,
+            min_drain_ms,
             deaths: 0,
             stall_loss: None,
         }
     }
 
+    /// Whether the drain runs and its `min_drain` is over.
+    fn drain_unheld(&self) -> bool {
+        let Ok(rec) = Store::new(self.sim).load() else {
+            return false;
+        };
+        let now = self.sim.now().timer_ms();
+        rec.state == State::Draining
+            && rec
+                .drain_started_timer_ms()
+                .is_some_and(|t| now >= t + self.min_drain_ms)
+    }
+
     fn tick(&mut self, w: usize) {
-        let drain = self.drain;
+        let unheld = self.drain_unheld();
         let wk = &mut self.workers[w];
         if let (Some(r), false) = (&wk.root, wk.busy) {
             r.tick();
             wk.late = false;
-            wk.ticked_in_drain |= drain;
+            wk.ticked_in_drain |= unheld;
         }
     }
 
@@ -214,7 +240,7 @@ impl<'a> Model<'a> {
                         expected_from: State::Open,
                         to: State::Draining,
                         reason: Reason::DrainRequested,
-                        plan: Some(config("health").plan()),
+                        plan: Some(config("health", self.min_drain_ms).plan()),
                         force: false,
                     };
                     // An injected failure leaves it OPEN: tried again later.
@@ -369,20 +395,21 @@ fn check(m: &Model, after: &Op) -> Result<(), TestCaseError> {
         .workers
         .iter()
         .all(|w| w.root.is_none() || w.ticked_in_drain);
-    if m.drain && clean && all_ticked && r.reliable {
+    if m.drain_unheld() && clean && all_ticked && r.reliable {
         prop_assert_eq!(
             r.active,
             truth,
-            "during a drain the count is exact (after {:?})",
+            "during a drain nothing holds the count is exact (min_drain {} ms, after {:?})",
+            m.min_drain_ms,
             after
         );
     }
     Ok(())
 }
 
-fn run(workers: usize, ops: &[Op]) -> Result<(), TestCaseError> {
+fn run(workers: usize, min_drain_ms: u64, ops: &[Op]) -> Result<(), TestCaseError> {
     let sim = Sim::at(1_764_000_000_000);
-    let mut m = Model::new(&sim, workers);
+    let mut m = Model::new(&sim, workers, min_drain_ms);
     m.step(&Op::Time(TICK_MS, false)); // every root registers on its first tick
     for op in ops {
         m.step(op);
@@ -437,9 +464,13 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
 
     #[test]
-    fn the_count_keeps_its_invariants(workers in 1usize..5, ops in prop::collection::vec(op(4), 1..120)) {
+    fn the_count_keeps_its_invariants(
+        workers in 1usize..5,
+        min_drain_ms in prop::sample::select(MIN_DRAINS_MS.to_vec()),
+        ops in prop::collection::vec(op(4), 1..120),
+    ) {
         let ops: Vec<Op> = ops.into_iter().map(|o| clamp(o, workers)).collect();
-        run(workers, &ops)?;
+        run(workers, min_drain_ms, &ops)?;
     }
 }
 
@@ -453,14 +484,18 @@ fn the_shared_data_count_keeps_its_invariants() {
     });
     runner
         .run(
-            &(1usize..5, prop::collection::vec(op(4), 1..120)),
-            |(workers, ops)| {
+            &(
+                1usize..5,
+                prop::sample::select(MIN_DRAINS_MS.to_vec()),
+                prop::collection::vec(op(4), 1..120),
+            ),
+            |(workers, min_drain_ms, ops)| {
                 let ops: Vec<Op> = ops.into_iter().map(|o| clamp(o, workers)).collect();
                 let sim = Sim::at(1_764_000_000_000);
                 for name in [names::ACTIVE_REQUESTS, names::ACTIVE_CONNECTIONS] {
                     sim.excluded.borrow_mut().push(name.to_string());
                 }
-                let mut m = Model::new(&sim, workers);
+                let mut m = Model::new(&sim, workers, min_drain_ms);
                 m.step(&Op::Time(TICK_MS, false));
                 prop_assert_eq!(m.health.counter.source_name(), "shared_data");
                 for op in &ops {
@@ -480,7 +515,7 @@ fn the_shared_data_count_keeps_its_invariants() {
 #[test]
 fn a_stall_of_the_whole_process_disarms_nothing() {
     let sim = Sim::at(1_764_000_000_000);
-    let mut m = Model::new(&sim, 3);
+    let mut m = Model::new(&sim, 3, MIN_DRAINS_MS[2]);
     for _ in 0..10 {
         m.step(&Op::Time(TICK_MS, false));
     }
@@ -521,7 +556,7 @@ fn a_stall_of_the_whole_process_disarms_nothing() {
 #[test]
 fn a_busy_worker_is_lost_then_back() {
     let sim = Sim::at(1_764_000_000_000);
-    let mut m = Model::new(&sim, 2);
+    let mut m = Model::new(&sim, 2, MIN_DRAINS_MS[2]);
     m.step(&Op::Time(TICK_MS, false));
     m.step(&Op::Busy(1));
     let stale = liveness::stale_after_ms(TICK_MS);

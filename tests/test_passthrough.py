@@ -187,7 +187,8 @@ def test_control_the_gateway_counts_the_connection_haproxy_cut(passthrough, tcp_
         reset(resets)
         r = wait_for(lambda: (r := status(gw)["receipt"])["completed"] > sorted_before and r["cut"] >= 1 and r, 10,
                      what="the closed and the reset connection sorted")
-        assert (r["cut"], r["cut_lb"], r["completed"]) == (1, 0, sorted_before + 1), r
+        # (probes that ended in the worker's last tick may still be counted with them: completed at its tick)
+        assert (r["cut"], r["cut_lb"]) == (1, 0) and r["completed"] >= sorted_before + 1, r
         assert post(gw, "/close-lb").json()["state"] == "CLOSING"
         lb.wait_status("gw1", "DOWN", TIMING.detection_window + 5, backend=backend(lb))
         wait_for(lambda: not held.echoes(1), 5, what="the held connection cut by shutdown-sessions")

@@ -249,7 +249,7 @@ impl<H: Host> Metrics<H> {
     /// How a stream or connection that ended during a drain ended.
     pub fn ended(&self, end: End, tcp: bool, by_lb: bool) {
         match end {
-            End::Completed => self.bump(self.completed),
+            End::Completed => self.completed(1),
             End::Upstream => self.bump(self.ended_upstream),
             End::Refused => self.bump(self.refused),
             End::Cut => {
@@ -261,6 +261,16 @@ impl<H: Host> Metrics<H> {
                     self.bump(self.cut_lb);
                 }
             }
+        }
+    }
+
+    /// `n` streams or connections that ended during a drain completed
+    /// (the traffic role adds them up between its ticks).
+    pub fn completed(&self, n: u64) {
+        if let (Some(id), true) = (self.completed, n > 0) {
+            let _ = self
+                .host
+                .metric_add(id, i64::try_from(n).unwrap_or(i64::MAX));
         }
     }
 

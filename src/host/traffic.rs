@@ -76,8 +76,8 @@ impl<H: Host> AgeBook<H> {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum FlipHold {
     None,
-    /// `min_drain`: no flip before this timer-clock time.
-    Until(u64),
+    /// `min_drain` has not elapsed: no flip before it does.
+    Minimum,
     /// A soft drain's gate has not passed: the health role flips on the 404
     /// that passes it, or on its tick.
     Gate,
@@ -92,8 +92,9 @@ pub struct Traffic<H: Host = Envoy> {
     metrics: Metrics<H>,
     store: Store<H>,
     /// Whether the state was DRAINING at the last tick (or may be: it starts
-    /// true): every stream is then counted exactly, and the last one's end
-    /// flips. Outside a drain no stream end needs to look any further.
+    /// true): every stream is then counted exactly (`exact`: unless
+    /// `min_drain` holds the flip), and the last one's end flips. Outside a
+    /// drain no stream end needs to look any further.
     draining: Cell<bool>,
     /// Whether the state was anything but OPEN at the last tick (it starts
     /// false: a root created mid-drain sorts ends from its first tick on).
@@ -105,6 +106,10 @@ pub struct Traffic<H: Host = Envoy> {
     /// until then a stream end that brings the count to 0 does not look
     /// (the health role flips when the hold ends).
     hold: Cell<FlipHold>,
+    /// Ends of the drain that completed since the last tick: the common end
+    /// is added to its counter once a tick, not by a host call per stream
+    /// (the receipt's other ends are counted at once).
+    completed: Cell<u64>,
     ages: AgeBook<H>,
     heartbeat: Heartbeat<H>,
 }
@@ -121,6 +126,7 @@ impl<H: Host + Copy> Traffic<H> {
             in_drain: Cell::new(false),
             new_requests: config.draining_new_requests,
             hold: Cell::new(FlipHold::None),
+            completed: Cell::new(0),
             ages: AgeBook::new(host, config.tick_ms),
             heartbeat: Heartbeat::new(host, config.tick_ms),
         }
@@ -131,6 +137,14 @@ impl<H: Host> Traffic<H> {
     /// The counter of this root's part.
     fn counter(&self) -> &Counter<H> {
         self.counts.part(self.part)
+    }
+
+    /// Whether streams are counted exactly now: during a drain, except while
+    /// its `min_drain` holds the flip back. Then the lease of outside a drain
+    /// serves (an over-count, never below the truth), and the tick that sees
+    /// the minimum end gives it back before anything may flip.
+    fn exact(&self) -> bool {
+        self.draining.get() && self.hold.get() != FlipHold::Minimum
     }
 
     /// Streams (or connections) this root counted and has in flight.
@@ -149,15 +163,24 @@ impl<H: Host> Traffic<H> {
         self.heartbeat.id()
     }
 
-    /// The root context is being removed cleanly: leave the registry.
+    /// The root context is being removed cleanly: count what completed,
+    /// leave the registry.
     pub fn goodbye(&self) {
+        self.flush_completed();
         self.heartbeat.goodbye();
+    }
+
+    /// Adds the drain's ends that completed since the last tick to their
+    /// counter.
+    fn flush_completed(&self) {
+        self.metrics.completed(self.completed.take());
     }
 
     /// Every `tick`: publish the ages; is a drain running? Give back the
     /// unused lease, and during a drain check whether this VM's last stream
     /// already ended before it knew about the drain.
     pub fn tick(&self) {
+        self.flush_completed();
         self.heartbeat.beat();
         self.ages.tick(self.heartbeat.id());
         let state = match self.metrics.state_hint() {
@@ -193,14 +216,12 @@ impl<H: Host> Traffic<H> {
     /// the last HTTP stream and the last TCP connection ending at once is
     /// the same argument once more.
     fn stream_ended(&self) {
-        let draining = self.draining.get();
-        if self.counter().exit(draining) > 0 || !draining {
-            return; // streams in flight here, or no drain running
+        let exact = self.exact();
+        if self.counter().exit(exact) > 0 || !exact {
+            return; // streams in flight here, no drain running, or min_drain holds it
         }
-        match self.hold.get() {
-            FlipHold::Gate => return, // the health role flips on the 404 that passes it
-            FlipHold::Until(t) if self.metrics.host().now().timer_ms() < t => return,
-            _ => {}
+        if self.hold.get() == FlipHold::Gate {
+            return; // the health role flips on the 404 that passes it
         }
         self.try_flip();
     }
@@ -218,7 +239,7 @@ impl<H: Host> Traffic<H> {
         let now = self.metrics.host().now().timer_ms();
         let until = started.saturating_add(plan.min_drain_ms);
         if now < until {
-            FlipHold::Until(until)
+            FlipHold::Minimum
         } else if self.store.gate(&rec).is_some_and(|g| !g.passes()) {
             FlipHold::Gate
         } else {
@@ -248,6 +269,10 @@ impl<H: Host> Traffic<H> {
     /// view may be a tick old) and attributed to the LB when it came within
     /// `lb::CUT_WINDOW_MS` of a checker's DOWN (`at_lb_down`: already read).
     fn sort_end(&self, end: End, at_lb_down: Option<bool>) {
+        if end == End::Completed {
+            self.completed.set(self.completed.get().saturating_add(1));
+            return;
+        }
         let tcp = self.part == Part::Connections;
         let by_lb = match end {
             End::Cut => {
@@ -319,7 +344,7 @@ impl<H: Host> TrafficStream<H> {
 
     pub fn new(traffic: Rc<Traffic<H>>) -> TrafficStream<H> {
         traffic.heartbeat.ensure();
-        let counted = traffic.counter().enter(traffic.draining.get());
+        let counted = traffic.counter().enter(traffic.exact());
         if !counted {
             count::not_counted(&traffic.metrics);
         }
