@@ -39,8 +39,8 @@ def _schemathesis_installed():
 
 def schemathesis(gw, tmp_path, *extra: str) -> subprocess.CompletedProcess:
     args = [str(ST), "run", str(SPEC), "--url", f"http://127.0.0.1:{gw.ports.health}",
-            "--checks", CHECKS, "--max-examples", EXAMPLES, "--seed", "6", "--phases", "examples,coverage,fuzzing",
-            "--request-timeout", "10", "--no-color", "--workers", "1", "--generation-database", "none",
+            "--checks", CHECKS, "--max-examples", EXAMPLES, "--generation-deterministic", "--phases", "examples,coverage,fuzzing",
+            "--request-timeout", "10", "--no-color", "--workers", "1",
             "--suppress-health-check", "all", *extra]
     p = subprocess.run(args, capture_output=True, text=True, timeout=300, cwd=tmp_path,
                        env={**os.environ, "SCHEMATHESIS_HOOKS": ""})
