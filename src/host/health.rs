@@ -1077,15 +1077,23 @@ mod tests {
         assert_eq!(h.receipt(&rec).tally.completed, 1);
     }
 
+    /// A gateway DRAINING with nothing in flight, its `min_drain` `min`, ticked
+    /// once since the drain began.
+    fn draining_with_min_drain<'a>(
+        sim: &'a Sim,
+        min: &str,
+    ) -> (Health<&'a Sim>, Rc<Traffic<&'a Sim>>) {
+        let config = format!(r#"{{"min_drain":"{min}","drain_timeout":"60m","lb_buffer":"60m"}}"#);
+        let (h, t) = gateway(sim, &config);
+        call(&h, "POST", "/drain", 1).unwrap();
+        ticks(sim, &h, &t, 1, 100);
+        (h, t)
+    }
+
     #[test]
     fn a_drain_held_open_costs_a_stream_next_to_nothing() {
         let sim = Sim::at(T0);
-        let (h, t) = gateway(
-            &sim,
-            r#"{"min_drain":"60m","drain_timeout":"60m","lb_buffer":"60m"}"#,
-        );
-        call(&h, "POST", "/drain", 1).unwrap();
-        ticks(&sim, &h, &t, 1, 100);
+        let (h, t) = draining_with_min_drain(&sim, "60m");
         let before = sim.host_calls.get();
         for _ in 0..100 {
             end_with(&sim, TrafficStream::new(Rc::clone(&t)), 0); // each brings the count to 0
@@ -1101,12 +1109,7 @@ mod tests {
     #[test]
     fn a_drain_held_by_min_drain_never_reads_below_its_stream_and_flips_at_its_end() {
         let sim = Sim::at(T0);
-        let (h, t) = gateway(
-            &sim,
-            r#"{"min_drain":"1s","drain_timeout":"60m","lb_buffer":"60m"}"#,
-        );
-        call(&h, "POST", "/drain", 1).unwrap();
-        ticks(&sim, &h, &t, 1, 100);
+        let (h, t) = draining_with_min_drain(&sim, "1s");
         let s = TrafficStream::new(Rc::clone(&t));
         for _ in 0..12 {
             assert!(sim.metric(crate::metric_names::ACTIVE_REQUESTS) >= 1);
@@ -1130,12 +1133,7 @@ mod tests {
     #[test]
     fn streams_that_ended_while_min_drain_held_leave_the_flip_to_its_end() {
         let sim = Sim::at(T0);
-        let (h, t) = gateway(
-            &sim,
-            r#"{"min_drain":"1s","drain_timeout":"60m","lb_buffer":"60m"}"#,
-        );
-        call(&h, "POST", "/drain", 1).unwrap();
-        ticks(&sim, &h, &t, 1, 100);
+        let (h, t) = draining_with_min_drain(&sim, "1s");
         for _ in 0..20 {
             end_with(&sim, TrafficStream::new(Rc::clone(&t)), 0);
         }
