@@ -73,6 +73,15 @@ TWIN = ("check", "the minimal health answer (tests/bench/health_twin): reads `:p
                  "3-byte body")
 
 
+class Profile:
+    """With `--profile PATH`: the meters of that path, whose timelines are printed."""
+    on = False
+    meters: list[Meter] = []
+
+
+PROFILE = Profile()
+
+
 class PathError(AssertionError):
     """A path did not do what it is named for: its numbers would mean nothing."""
 
@@ -115,7 +124,8 @@ class Gateway:
     @contextmanager
     def metered(self):
         """Counts what every callback makes while open; no error may be logged meanwhile."""
-        meter, logs = Meter(), len(self.p.logs)
+        meter, logs = Meter(timeline=PROFILE.on), len(self.p.logs)
+        PROFILE.meters.append(meter)
         self.p.meter = meter
         try:
             yield meter
@@ -502,15 +512,45 @@ def compare(base: dict, now: dict) -> list[str]:
     return problems
 
 
+def profile(wasm: Path, name: str) -> int:
+    """Prints one unit of `name`: each event and the instructions since the one before."""
+    PROFILE.on = True
+    runs = {"tick_1": lambda m: path_tick(m, 1), "tick_8": lambda m: path_tick(m, 8),
+            "tick_64": lambda m: path_tick(m, 64)}
+    run = runs.get(name) or globals()[f"path_{name}"]
+    run(Module(wasm))
+    timeline = [e for m in PROFILE.meters for e in m.timeline]
+    vm = timeline[0][0].split()[0]
+    ends = 2 if PATHS[name][0] == "tick" else 1
+    end = "< proxy_on_tick" if PATHS[name][0] == "tick" else "< proxy_on_delete"
+    total = 0
+    for event, n in timeline:
+        if not event.startswith(vm + " "):
+            continue
+        total += n
+        print(f"{n:>9,}  {event}")
+        if event.endswith(end):
+            ends -= 1
+            if ends == 0:
+                break
+    print(f"{total:>9,}  in all")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--baseline", action="store_true",
                     help="keep this run as tests/bench/cost.json and write its table into tests/README.md")
     ap.add_argument("--wasm", type=Path, default=WASM)
+    ap.add_argument("--profile", choices=sorted(PATHS), metavar="PATH",
+                    help="print where one stream (check, tick) of PATH spends its instructions: the instructions "
+                         "before each host call and callback return, then exit")
     args = ap.parse_args(argv)
     if not args.wasm.exists():
         print(f"{args.wasm} does not exist: run `make build` first", file=sys.stderr)
         return 2
+    if args.profile:
+        return profile(args.wasm, args.profile)
     res = measure(args.wasm)
     OUT.parent.mkdir(parents=True, exist_ok=True)
     OUT.write_text(dump(res))

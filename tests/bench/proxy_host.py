@@ -138,9 +138,20 @@ class Process:
 class Meter:
     """What the callbacks made while it was open: fuel and host calls by name."""
 
-    def __init__(self):
+    def __init__(self, timeline: bool = False):
         self.fuel = 0
         self.calls: Counter[str] = Counter()
+        # With `timeline`: (event, instructions since the previous event) — each host call, each callback's
+        # entry (`> name`) and return (`< name`).
+        self.timeline: list[tuple[str, int]] | None = [] if timeline else None
+        self._last: dict[int, int] = {}
+
+    def mark(self, vm: "Vm", event: str) -> None:
+        if self.timeline is None:
+            return
+        fuel = vm.store.get_fuel()
+        self.timeline.append((f"{vm.name} {event}", self._last.get(id(vm), fuel) - fuel))
+        self._last[id(vm)] = fuel
 
     @property
     def host_calls(self) -> int:
@@ -200,6 +211,8 @@ class Vm:
     def _bind(self, name: str, impl: Callable) -> Callable:
         def call(*args):
             self.process.count(name)
+            if self.process.meter is not None:
+                self.process.meter.mark(self, name)
             return impl(self, *args)
         return call
 
@@ -210,10 +223,16 @@ class Vm:
         before_ctx, self.current = self.current, context
         outer = self.depth == 0
         self.depth += 1
+        meter = self.process.meter
+        if meter is not None:
+            meter._last[id(self)] = self.store.get_fuel() if outer else meter._last.get(id(self), 0)
+            meter.mark(self, f"> {export}")
         before = self.store.get_fuel()
         try:
             return fn(self.store, *args)
         finally:
+            if meter is not None:
+                meter.mark(self, f"< {export}")
             self.depth -= 1
             # The module's allocation for a host call runs inside the callback: counted with it, once.
             if outer and self.process.meter is not None:
