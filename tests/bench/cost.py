@@ -25,6 +25,7 @@ from contextlib import contextmanager
 from importlib import metadata
 from pathlib import Path
 
+from tests.bench import readme
 from tests.bench.proxy_host import (PEER_LOCAL, PEER_REMOTE, Answer, HostError, Meter, Module, Process, Vm)
 
 REPO = Path(__file__).resolve().parents[2]
@@ -475,15 +476,11 @@ def table(res: dict) -> str:
 
 
 def readme_block(text: str) -> str | None:
-    if BEGIN not in text or END not in text:
-        return None
-    return text.split(BEGIN, 1)[1].split(END, 1)[0].strip("\n")
+    return readme.block(text, BEGIN, END)
 
 
 def write_readme(res: dict) -> None:
-    text = README.read_text()
-    head, rest = text.split(BEGIN, 1)
-    README.write_text(f"{head}{BEGIN}\n{table(res)}\n{END}{rest.split(END, 1)[1]}")
+    readme.write(README, BEGIN, END, table(res))
 
 
 def dump(res: dict) -> str:
