@@ -35,9 +35,26 @@ def test_no_path_costs_more_than_its_baseline(measured):
         + "\n(a deliberate change: `make cost-baseline` keeps the new figures and writes tests/README.md's table)")
 
 
-def test_two_runs_count_the_same(measured):
-    again = cost.measure(cost.WASM, twin=None)
+def test_make_cost_counts_the_same_again(measured, capsys):
+    """`make cost`'s command: a second run writes what the first counted, and finds nothing dearer."""
+    assert cost.main([]) == 0
+    again = json.loads(cost.OUT.read_text())
+    again["baselines"].pop("lb_check_twin", None)  # the twin, when built, is measured beside the module
+    again["goals"] = [g for g in again["goals"] if not g["goal"].startswith("lb_check")]
     assert cost.dump(again) == cost.dump(measured)
+    assert "against the baseline: no path costs more" in capsys.readouterr().out
+
+
+def test_a_path_s_profile_adds_up_host_call_by_host_call(capsys):
+    assert cost.main(["--profile", "lb_check"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    events = [l.split(None, 2) for l in lines[:-1]]
+    assert [e[2] for e in events if e[2].startswith(">")][:2] == ["> proxy_on_context_create",
+                                                                    "> proxy_on_request_headers"]
+    assert "proxy_send_local_response" in {e[2] for e in events}
+    assert lines[-1].endswith("in all")
+    total = int(lines[-1].split()[0].replace(",", ""))
+    assert total == sum(int(e[0].replace(",", "")) for e in events) > 0
 
 
 def test_the_readme_table_is_the_baseline():

@@ -126,7 +126,8 @@ class Gateway:
     def metered(self):
         """Counts what every callback makes while open; no error may be logged meanwhile."""
         meter, logs = Meter(timeline=PROFILE.on), len(self.p.logs)
-        PROFILE.meters.append(meter)
+        if PROFILE.on:
+            PROFILE.meters.append(meter)
         self.p.meter = meter
         try:
             yield meter
@@ -465,6 +466,9 @@ def table(res: dict) -> str:
         us = f"{estimate_us(row, cal):.2f}" if cal else "–"
         lines.append(f"| `{name}` | {row['per']} | {row['instructions']:,.0f} | {row['host_calls']:g} | {us} | "
                      f"{calls} |")
+    lines += ["", "| path | what one stream (check, connection, tick) of it is |", "|---|---|"]
+    lines += [f"| `{name}` | {PATHS[name][1]} |" for name in res["paths"] if name in PATHS]
+    lines += [f"| `lb_check_twin` | {TWIN[1]} |"] if "lb_check_twin" in res["baselines"] else []
     lines += ["", "| goal | measured | met |", "|---|---|---|"]
     for g in res["goals"]:
         met = "yes" if g["met"] else f"**no**: {g['miss']}"
@@ -511,11 +515,14 @@ def compare(base: dict, now: dict) -> list[str]:
 
 def profile(wasm: Path, name: str) -> int:
     """Prints one unit of `name`: each event and the instructions since the one before."""
-    PROFILE.on = True
     runs = {"tick_1": lambda m: path_tick(m, 1), "tick_8": lambda m: path_tick(m, 8),
             "tick_64": lambda m: path_tick(m, 64)}
     run = runs.get(name) or globals()[f"path_{name}"]
-    run(Module(wasm))
+    PROFILE.on, PROFILE.meters = True, []
+    try:
+        run(Module(wasm))
+    finally:
+        PROFILE.on = False
     timeline = [e for m in PROFILE.meters for e in m.timeline]
     vm = timeline[0][0].split()[0]
     ends = 2 if PATHS[name][0] == "tick" else 1
