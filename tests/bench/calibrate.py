@@ -13,6 +13,7 @@ stream in a drain): its figure stands for every kind, which the bench cannot tel
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import random
 import statistics
@@ -107,6 +108,7 @@ def main() -> int:
     out = {
         "bench": {k: res["meta"][k] for k in ("date", "command", "commit", "cpu_model", "envoy")},
         "counted_at": git("rev-parse", "--short=12", "HEAD"),
+        "module_sha256": hashlib.sha256(cost.WASM.read_bytes()).hexdigest(),
         "sources_changed_since_the_bench": changed,
         "ns_per_instruction": round(ns_i, 3),
         "ns_per_instruction_ci95": [round(a_ci[lo] * 1000, 3), round(a_ci[hi] * 1000, 3)],
