@@ -85,6 +85,11 @@ WASM_OPT := .tools/node_modules/.bin/wasm-opt
 # body or trailers cost no VM call) and the SDK's code for it goes.
 UNUSED_CALLBACKS := proxy_on_grpc_*,proxy_on_foreign_function,proxy_on_queue_ready,proxy_on_request_body,proxy_on_request_trailers,proxy_on_new_connection
 
+# How the shipped module is optimized ($(1): cargo's module, $(2): the output); the cost
+# fixture (tests/bench/health_twin) is optimized the same way.
+WASM_OPT_FLAGS := --enable-bulk-memory --enable-sign-ext --enable-nontrapping-float-to-int \
+  --enable-mutable-globals --remove-exports --pass-arg="remove-exports@$(UNUSED_CALLBACKS)" -Oz
+
 wasm-opt:
 	@if [ ! -x $(WASM_OPT) ] && command -v npm >/dev/null; then \
 	  echo "installing binaryen $(BINARYEN) (wasm-opt) into .tools"; \
@@ -96,9 +101,7 @@ build: deps-wasm
 	cargo build --release --target $(TARGET)
 	@if [ ! -f $(WASM) ] || [ $(CARGO_WASM) -nt $(WASM) ] || { [ -x $(WASM_OPT) ] && [ -f $(WASM).unoptimized ]; }; then \
 	  if [ -x $(WASM_OPT) ]; then \
-	    $(WASM_OPT) --enable-bulk-memory --enable-sign-ext --enable-nontrapping-float-to-int \
-	      --enable-mutable-globals --remove-exports --pass-arg="remove-exports@$(UNUSED_CALLBACKS)" -Oz \
-	      $(CARGO_WASM) -o $(WASM).tmp && mv $(WASM).tmp $(WASM) && rm -f $(WASM).unoptimized; \
+	    $(WASM_OPT) $(WASM_OPT_FLAGS) $(CARGO_WASM) -o $(WASM).tmp && mv $(WASM).tmp $(WASM) && rm -f $(WASM).unoptimized; \
 	  else echo "wasm-opt not installed (optional; \`make test\` installs it): $(WASM) is cargo's module as it is"; \
 	    cp $(CARGO_WASM) $(WASM).tmp && mv $(WASM).tmp $(WASM) && touch $(WASM).unoptimized; fi; \
 	fi
@@ -141,6 +144,34 @@ bench: build bench-fixtures deps
 
 bench-quick: build noop deps
 	PYTHONPATH=. $(PY) -m tests.bench.bench --quick
+
+## Cost -----------------------------------------------------------------------
+# `make cost`: wasm instructions and host calls per stream for every path, counted on the
+# shipped module in a proxy-wasm host stand-in on wasmtime (tests/bench/cost.py): out/cost.json
+# and its table. Deterministic (no clock is read), so `make test` guards it: a path whose
+# instructions rise over 5 % of tests/bench/cost.json, or whose host calls rise at all, fails
+# tests/test_cost.py. `make cost-baseline` keeps a run as that baseline and writes its table into
+# tests/README.md. The health twin (a minimal health answer, built as the module is) is the
+# LB check's floor.
+.PHONY: cost cost-baseline cost-calibration health-twin
+HEALTH_TWIN_CARGO := target/health-twin/$(TARGET)/release/health_twin.wasm
+HEALTH_TWIN       := target/health_twin.wasm
+
+health-twin: deps-wasm wasm-opt
+	cargo build --release --target $(TARGET) --manifest-path tests/bench/health_twin/Cargo.toml --target-dir target/health-twin
+	@if [ -x $(WASM_OPT) ]; then $(WASM_OPT) $(WASM_OPT_FLAGS) $(HEALTH_TWIN_CARGO) -o $(HEALTH_TWIN); \
+	else echo "wasm-opt not installed: no health twin, the lb_check goal is not evaluated"; rm -f $(HEALTH_TWIN); fi
+
+cost: build health-twin $(VENV)/.installed
+	PYTHONPATH=. $(PY) -m tests.bench.cost
+
+cost-baseline: build health-twin $(VENV)/.installed
+	PYTHONPATH=. $(PY) -m tests.bench.cost --baseline
+
+# Once per kept `make bench` run: ns per wasm instruction and per host call, fitted to its worker
+# CPU against the meter's counts of the same modules (tests/bench/cost-calibration.json).
+cost-calibration: build bench-fixtures $(VENV)/.installed
+	PYTHONPATH=. $(PY) -m tests.bench.calibrate
 
 clean:
 	cargo clean

@@ -34,6 +34,7 @@ from pathlib import Path
 
 import requests
 
+from tests.bench import readme
 from tests.harness import backend as demo_backend
 from tests.harness.envoy import REPO, WASM, Envoy, Ports, free_port, hcm, render, wait_for
 from tests.harness import variants
@@ -476,18 +477,13 @@ def report(res: dict) -> str:
 
 def readme_block(text: str) -> str | None:
     """What stands between BEGIN and END in the README."""
-    if BEGIN not in text or END not in text:
-        return None
-    return text.split(BEGIN, 1)[1].split(END, 1)[0].strip("\n")
+    return readme.block(text, BEGIN, END)
 
 
 def write_readme(res: dict) -> None:
     """Keeps a whole run (tests/bench/results.json) and writes it into tests/README.md."""
     COMMITTED.write_text(json.dumps(res, indent=2) + "\n")
-    text = README.read_text()
-    head, rest = text.split(BEGIN, 1)
-    tail = rest.split(END, 1)[1]
-    README.write_text(f"{head}{BEGIN}\n{report(res)}\n{END}{tail}")
+    readme.write(README, BEGIN, END, report(res))
 
 
 def source_commit() -> str:

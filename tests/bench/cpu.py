@@ -272,13 +272,11 @@ def markdown(res: dict) -> list[str]:
 
 def goals(res: dict) -> list[tuple[str, str, bool]]:
     """(goal, what was measured, met) for the cost of a drain: a drain costs a request at most
-    10% more than outside one, and a drain min_drain holds open at most 1 µs over the twin."""
+    10% more than outside one. What a drain min_drain holds open costs a stream is below what a
+    run resolves here: `make cost` counts it and keeps its goal (tests/bench/cost.py)."""
     out = []
     for load, rows in res["loads"].items():
         if "drain-gate-draining" in rows:
             x = rows["drain-gate-draining"]["x_drain-gate"]["median"]
             out.append((f"{load}: during a drain ≤ 1.10 × outside", f"{x:.3f} ×", x <= 1.10))
-        if "dg-min-drain" in rows and "vs_twin" in rows["dg-min-drain"]:
-            d = rows["dg-min-drain"]["vs_twin"]["median"]
-            out.append((f"{load}: held by min_drain ≤ twin + 1 µs", f"{d:+.1f} µs", d <= 1.0))
     return out
