@@ -36,7 +36,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.harness import wire
+from tests.harness import istio, wire
 from tests.harness.envoy import REPO
 from tests.harness.process import wait_for
 from tests.harness.rig import QUICK, Backend, Gateway, PreStop, Rig
@@ -103,10 +103,30 @@ def test_standard_library_only():
     assert names and names <= set(sys.stdlib_module_names) | {"__future__"}, names - set(sys.stdlib_module_names)
 
 
+def test_the_staging_backend_is_valid_and_outlasts_the_longest_stream():
+    """kubernetes/prove-httpbin.yaml: valid objects (strict), go-httpbin with MAX_DURATION above
+    prove.py's longest --seconds (go-httpbin refuses a longer /drip and ends a websocket there),
+    the Service on the pod's port."""
+    docs = {d["kind"]: d for d in istio.load_docs(istio.KUBERNETES / "prove-httpbin.yaml")}
+    assert set(docs) == {"Namespace", "Deployment", "Service"}
+    for obj in docs.values():
+        assert istio.k8s_errors(obj) == [], obj["kind"]
+    (container,) = docs["Deployment"]["spec"]["template"]["spec"]["containers"]
+    assert container["image"].startswith("docker.io/mccutchen/go-httpbin:")
+    env = {e["name"]: e["value"] for e in container["env"]}
+    m = re.fullmatch(r"(\d+)m", env["MAX_DURATION"])
+    limit = re.search(r"^MAX_SECONDS = (\d+)", PROVE.read_text(), re.M)
+    assert m and limit and int(m[1]) * 60 > int(limit[1]), (env, limit)
+    (port,) = docs["Service"]["spec"]["ports"]
+    assert port["targetPort"] == container["ports"][0]["name"]
+    assert docs["Service"]["spec"]["selector"] == docs["Deployment"]["spec"]["selector"]["matchLabels"]
+
+
 @pytest.mark.parametrize("args, cause", [
     (["--kinds", "http1,grpc"], "--kinds: grpc: the kinds are http1, http2, ws"),
     (["--streams", "0"], "--streams 0: between 1 and 1000"),
-    (["--seconds", "0"], "--seconds 0: between 1 and 3600"),
+    (["--seconds", "0"], "--seconds 0: between 1 and 600"),
+    (["--seconds", "601"], "--seconds 601: between 1 and 600"),
     (["--through", "ftp://203.0.113.10/"], "--through ftp://203.0.113.10/: not an http(s) URL"),
     (["--health", "203.0.113.212:18180"], "--health 203.0.113.212:18180: not an http(s) URL"),
     (["--cacert", "/nonexistent/ca.pem"], "--cacert /nonexistent/ca.pem: no such file"),
