@@ -5,7 +5,8 @@ the stream's certificate checked with --cacert) and mode tcp (haproxy-tcp.cfg: h
 knowledge), Envoy as the front LB (lb/envoy-front.yaml) and nginx (lb/nginx-drain-gate.conf),
 two gateways behind each, the demo backend answering go-httpbin's /drip and /websocket/echo.
 
-Behind each LB the control first (--control: the flip at drain start, on gw1), then the proof
+Behind each LB the two commands of envoyfilter/README.md ("Prove your LB in staging") with the
+rig's addresses: the control first (--control: the flip at drain start, on gw1), then the proof
 (the preStop's drain, on gw2, which then carries every stream):
 - HAProxy (`on-marked-down shutdown-sessions`): the control exits 1 and what it lost is what the
   drained gateway counts as the LB's cuts; the proof exits 0: nothing lost, nothing cut.
@@ -27,6 +28,7 @@ import ast
 import contextlib
 import os
 import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -36,13 +38,14 @@ from pathlib import Path
 
 import pytest
 
-from tests.harness import istio, wire
+from tests.harness import docs, istio, wire
 from tests.harness.envoy import REPO
 from tests.harness.process import wait_for
 from tests.harness.rig import QUICK, Backend, Gateway, PreStop, Rig
 from tests.scenarios.refuse_lbs import FrontRig
 
 PROVE = REPO / "envoyfilter" / "tools" / "prove.py"
+README = REPO / "envoyfilter" / "README.md"
 OUT = REPO / "out" / "prove"
 LAST = re.compile(r"^prove: lost (\d+) of (\d+), gateway cut (\d+), forced (\d+)$", re.M)
 REACHED = re.compile(r"^prove: (\d+) of (\d+) streams reached the gateway", re.M)
@@ -246,12 +249,51 @@ def test_a_gateway_in_a_prestop_hold_exits_2_and_keeps_its_hold(pair, tmp_path):
 
 
 # -- behind the LBs ---------------------------------------------------------------------------
+def readme_commands() -> tuple[str, str]:
+    """prove.py's two commands in envoyfilter/README.md ("Prove your LB in staging"): the control,
+    then the proof."""
+    found = [c for b in docs.sh_blocks(README) for c in docs.commands(b) if "envoyfilter/tools/prove.py" in c]
+    assert len(found) == 2, found
+    return found[0], found[1]
+
+
+CONTROL_SHELL = re.compile(r"^rc=0; (?P<prove>python3 envoyfilter/tools/prove.py .* --control) \|\| rc=\$\?; "
+                           r"\[ \$rc -eq 1 \]$")
+
+
+def test_the_readme_runs_the_control_first_then_the_proof():
+    control, proof = readme_commands()
+    m = CONTROL_SHELL.match(control)
+    assert m and "--control" not in proof, (control, proof)
+    assert m["prove"].removesuffix(" --control") == proof
+    # The line as bash -euo pipefail runs it: only the control's exit 1 goes on to the proof.
+    for code in (0, 1, 2, 130):
+        r = subprocess.run(["bash", "-euo", "pipefail", "-c", control.replace(m["prove"], f"(exit {code})")])
+        assert (r.returncode == 0) == (code == 1), code
+
+
+def as_run_here(command: str, through: list[str], health: str, *extra: str) -> list[str]:
+    """A README command with a rig's addresses (`through`: the URL and its options) and `extra`."""
+    m = CONTROL_SHELL.match(command)
+    argv = shlex.split(m["prove"] if m else command)
+    assert argv[:2] == ["python3", "envoyfilter/tools/prove.py"], argv
+    out, args = [], iter(argv[2:])
+    for a in args:
+        value = next(args) if a in ("--through", "--health") else None
+        out += through if a == "--through" else ["--health", health] if a == "--health" else [a]
+        assert a not in ("--through", "--health") or value, a
+    return out + list(extra)
+
+
 def control_then_proof(name: str, through: list[str], gw1: Gateway, gw2: Gateway, kinds: str,
                        control_s: int, proof_s: int) -> tuple[Proof, Proof]:
+    """The README's two commands behind a rig's LB: the control on gw1, the proof on gw2."""
+    control_cmd, proof_cmd = readme_commands()
     common = ["--streams", str(STREAMS), "--kinds", kinds]
-    control = prove(*through, "--health", gw1.url(""), "--seconds", str(control_s), "--control", *common,
+    control = prove(*as_run_here(control_cmd, through, gw1.url(""), "--seconds", str(control_s), *common),
                     name=f"{name}-control")
-    proof = prove(*through, "--health", gw2.url(""), "--seconds", str(proof_s), *common, name=f"{name}-proof")
+    proof = prove(*as_run_here(proof_cmd, through, gw2.url(""), "--seconds", str(proof_s), *common),
+                  name=f"{name}-proof")
     for p in (control, proof):
         assert p.code in (0, 1), (p.out, p.err)
         assert p.reached >= len(kinds.split(",")) and p.last["of"] == STREAMS, p.out
