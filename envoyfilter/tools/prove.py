@@ -15,7 +15,6 @@ import hashlib
 import http.client
 import json
 import os
-import re
 import select
 import shutil
 import signal
@@ -226,12 +225,11 @@ class CurlStream(Stream):
         super().__init__(kind)
         url, self.expected = through.drip(seconds)
         proto = "--http1.1" if kind == "http1" else "--http2" if through.https else "--http2-prior-knowledge"
-        argv = ["curl", "-sS", "-N", "-D", "-", "-o", os.devnull, "-w", MARK + "%{http_code} %{size_download} "
-                "%{http_version}\n", "--max-time", str(seconds + 60), proto, *through.curl_tls(), url]
+        argv = ["curl", "-sS", "-N", "-D", "-", "-o", os.devnull, "-w", MARK + "%{http_code} %{size_download}\n",
+                "--max-time", str(seconds + 60), proto, *through.curl_tls(), url]
         # Its own session: a Ctrl-C reaches prove.py alone, which ends the streams itself.
         self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                      start_new_session=True)
-        self.version = ""
         threading.Thread(target=self._read, daemon=True).start()
 
     def _read(self) -> None:
@@ -245,12 +243,10 @@ class CurlStream(Stream):
         _, _, tail = "".join(out).rpartition(MARK.strip("\n"))
         parts = tail.split()
         status, size = (int(parts[0]), int(parts[1])) if len(parts) >= 2 and parts[1].isdigit() else (0, 0)
-        self.version = parts[2] if len(parts) > 2 else ""
         if code == 0 and status == 200 and size == self.expected:
             self._end(True)
         elif code:
             last = err.strip().splitlines()[-1] if err.strip() else ""
-            self.detail = last
             self._end(False, f"curl {code} ({CURL_EXITS.get(code, last or 'error')})")
         elif status != 200:
             self._end(False, f"status {status}")
@@ -605,8 +601,10 @@ class Run:
                 print(f"prove: {left}", file=sys.stderr, flush=True)
             return EXIT_BAD
         except KeyboardInterrupt:
-            left = self.leave()
-            say("prove: interrupted" + (f": {left}" if left else "; nothing was drained" if not self.held else ""))
+            if self.closed:
+                say("prove: interrupted; the drain had ended: the gateway is CLOSED")
+            else:
+                say("prove: interrupted" + (f": {self.leave()}" if self.held else "; nothing was drained"))
             return EXIT_INTERRUPTED
         finally:
             for s in self.streams:
