@@ -606,6 +606,11 @@ class Run:
             else:
                 say("prove: interrupted" + (f": {self.leave()}" if self.held else "; nothing was drained"))
             return EXIT_INTERRUPTED
+        except Exception:  # a fault of this tool: the drain it started must not outlive it
+            left = self.leave()
+            if left:
+                print(f"prove: {left}", file=sys.stderr, flush=True)
+            raise
         finally:
             for s in self.streams:
                 s.kill()
