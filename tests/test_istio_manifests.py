@@ -270,25 +270,3 @@ def test_makefile_installs_the_envoy_versions_the_tests_run():
     assert m, "ENVOY_MATRIX missing from the Makefile"
     assert tuple(m.group(1).split()) == istio.ENVOY_MATRIX
     assert re.search(r"^test:.*\benvoy-matrix\b", text, re.M), "make test must install the matrix"
-
-
-def test_netscaler_snippet_checks_drain_gate_and_keeps_down_state_flush():
-    text = (istio.NETSCALER / "drain-gate.conf").read_text()
-    lines = [l for l in text.splitlines() if l and not l.startswith("#")]
-    (monitor,) = [l for l in lines if l.startswith("add lb monitor")]
-    assert '-httpRequest "GET /health_check.html"' in monitor
-    # HTTP/1.1 without Host gets 400 from Envoy: the monitor sends one.
-    assert '-customHeaders "Host: drain-gate\\r\\n"' in monitor
-    assert "-respCode 200" in monitor
-    service = istio.load_one(istio.KUBERNETES / "service.yaml")
-    node_port = {p["targetPort"]: p["nodePort"] for p in service["spec"]["ports"]}
-    assert f"-destPort {node_port[18180]}" in monitor
-    (group,) = [l for l in lines if l.startswith("add serviceGroup")]
-    assert "-downStateFlush ENABLED" in group
-    members = [l for l in lines if l.startswith("bind serviceGroup") and "-monitorName" not in l]
-    assert members and all(l.endswith(f" {node_port[8080]}") for l in members)
-    # detection window (interval x retries + resptimeout) below the default lb_buffer (10 s)
-    interval = int(re.search(r"-interval (\d+) SEC", monitor).group(1))
-    retries = int(re.search(r"-retries (\d+)", monitor).group(1))
-    resp = int(re.search(r"-resptimeout (\d+) SEC", monitor).group(1))
-    assert interval * retries + resp < 10

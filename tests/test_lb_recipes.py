@@ -1,10 +1,11 @@
-"""The on-paper LB recipes (envoyfilter/f5, aws, gcp): nothing here runs a
-BIG-IP, an AWS NLB or a Google Cloud LB. What is checked is that each file
-parses, checks drain-gate's `/health_check.html` on the check NodePort and
-sends traffic to the traffic NodePort of envoyfilter/kubernetes/service.yaml,
-and that its check timings give the detection window, `lb_fall` and an
-`lb_buffer` above the window that envoyfilter/README.md ("Other LBs, on
-paper") states: a port, path or timing changed in one place fails here."""
+"""The LB recipes not run here (envoyfilter/netscaler, f5, aws, gcp): nothing here runs a
+NetScaler, a BIG-IP, an AWS NLB or a Google Cloud LB (tools/prove.py is how an operator runs one,
+tests/test_prove.py). What is checked is that each file parses, checks drain-gate's
+`/health_check.html` on the check NodePort and sends traffic to the traffic NodePorts of
+envoyfilter/kubernetes/service.yaml, that its check timings give the detection window, `lb_fall`
+and an `lb_buffer` above the window that envoyfilter/README.md states, and that every NetScaler
+and BIG-IP command cites its vendor's documentation: a port, path or timing changed in one place
+fails here."""
 from __future__ import annotations
 
 import json
@@ -80,9 +81,77 @@ def test_the_section_names_the_service_s_ports_and_path(section, node_ports):
         assert f"https://{vendor}" in body or f".{vendor}/" in body, heading
 
 
+def commands_and_sources(path, prefix: str, hosts: tuple[str, ...]) -> list[str]:
+    """The commands of a vendor CLI file, each checked to follow a comment that cites a source
+    ([n]), every cited [n] listed at the end with a URL on one of `hosts`."""
+    text = path.read_text()
+    body, _, sources = text.partition("# Sources (")
+    urls = dict(re.findall(r"^# \[(\d+)\] .*?\n#\s+.*?(https://[^\s]+)", sources, re.M | re.S))
+    assert urls and all(re.match(rf"https://([\w-]+\.)*({'|'.join(map(re.escape, hosts))})/", u)
+                            for u in urls.values()), urls
+    commands, cited = [], None
+    for line in body.splitlines():
+        if line.startswith("#"):
+            cited = set(re.findall(r"\[(\d+)\]", line)) or cited
+        elif not line.strip():  # a comment speaks for the commands up to the next blank line
+            cited = None
+        else:
+            assert line.startswith(prefix), line
+            assert cited, f"{path.name}: no source cited for: {line}"
+            assert cited <= set(urls), (line, cited - set(urls))
+            commands.append(line)
+    used = {n for n in re.findall(r"\[(\d+)\]", body)}
+    assert used == set(urls), f"sources listed and not cited, or cited and not listed: {used ^ set(urls)}"
+    return commands
+
+
+def test_netscaler_monitor_service_groups_and_vservers(node_ports):
+    """What the sidecar design ran on NetScaler: TLS offload on 443 with HTTP/2 and websockets,
+    X-Forwarded-For, 80, TLS passthrough (SSL_BRIDGE) on 8443, one monitor on drain-gate's
+    port, downStateFlush on every service group and vserver."""
+    lines = commands_and_sources(istio.NETSCALER / "drain-gate.conf", ("add ", "bind ", "enable "),
+                                 ("citrix.com", "netscaler.com"))
+    (monitor,) = [l for l in lines if l.startswith("add lb monitor")]
+    assert '-httpRequest "GET /health_check.html"' in monitor
+    # HTTP/1.1 without Host gets 400 from Envoy: the monitor sends one.
+    assert '-customHeaders "Host: drain-gate\\r\\n"' in monitor
+    assert "-respCode 200" in monitor and f"-destPort {node_ports[18180]}" in monitor
+    groups = {l.split()[2]: l for l in lines if l.startswith("add serviceGroup")}
+    assert set(groups) == {"sg-istio-igw", "sg-istio-igw-tls"}
+    assert groups["sg-istio-igw"].split()[3] == "HTTP" and "-cip ENABLED X-Forwarded-For" in groups["sg-istio-igw"]
+    assert groups["sg-istio-igw-tls"].split()[3] == "SSL_BRIDGE"
+    for name, port in (("sg-istio-igw", node_ports[8080]), ("sg-istio-igw-tls", node_ports[8443])):
+        assert "-downStateFlush ENABLED" in groups[name]
+        binds = [l for l in lines if l.startswith(f"bind serviceGroup {name} ")]
+        members = [l for l in binds if "-monitorName" not in l]
+        assert len(members) == 3 and all(l.endswith(f" {port}") for l in members), members
+        assert f"bind serviceGroup {name} -monitorName mon-drain-gate" in binds
+    (profile,) = [l for l in lines if l.startswith("add ns httpProfile")]
+    assert "-http2 ENABLED" in profile and "-webSocket ENABLED" in profile
+    vservers = {l.split()[3]: l.split() for l in lines if l.startswith("add lb vserver")}
+    assert {k: (v[4], v[6]) for k, v in vservers.items()} == {
+        "vs-istio-igw-443": ("SSL", "443"), "vs-istio-igw": ("HTTP", "80"), "vs-istio-igw-8443": ("SSL_BRIDGE", "8443")}
+    for name, words in vservers.items():
+        assert " ".join(words).endswith("-downStateFlush ENABLED"), name
+        if words[4] != "SSL_BRIDGE":
+            assert "-httpProfileName http-drain-gate" in " ".join(words), name
+    assert "bind ssl vserver vs-istio-igw-443 -certkeyName igw-cert" in lines
+    assert {l for l in lines if l.startswith("bind lb vserver")} == {
+        "bind lb vserver vs-istio-igw-443 sg-istio-igw", "bind lb vserver vs-istio-igw sg-istio-igw",
+        "bind lb vserver vs-istio-igw-8443 sg-istio-igw-tls"}
+    # detection window (interval x retries + resptimeout) below the default lb_buffer (10 s)
+    interval = int(re.search(r"-interval (\d+) SEC", monitor).group(1))
+    retries = int(re.search(r"-retries (\d+)", monitor).group(1))
+    resp = int(re.search(r"-resptimeout (\d+) SEC", monitor).group(1))
+    window = interval * retries + resp
+    assert window < 10
+    text = (istio.NETSCALER / "drain-gate.conf").read_text()
+    assert f"{interval} x {retries} + {resp} = {window} s" in text
+    assert f"Its detection window is about {window} s" in " ".join(README.read_text().split())
+
+
 def test_f5_monitor_and_pool(table, node_ports):
-    text = (ENVOYFILTER / "f5" / "drain-gate.tmsh").read_text()
-    lines = [l for l in text.splitlines() if l.strip() and not l.startswith("#")]
+    lines = commands_and_sources(ENVOYFILTER / "f5" / "drain-gate.tmsh", ("create ",), ("f5.com",))
     (monitor,) = [l for l in lines if l.startswith("create ltm monitor http ")]
     assert f"destination *:{node_ports[18180]}" in monitor
     send = re.search(r'send "([^"]*)"', monitor).group(1)
@@ -96,10 +165,20 @@ def test_f5_monitor_and_pool(table, node_ports):
     down = "HTTP/1.1 503 Service Unavailable\r\ncontent-type: text/plain\r\n\r\nDRAIN"
     assert recv in ok and recv not in soft and recv not in down, recv
     assert disable in soft and disable not in ok and disable not in down, disable
-    (pool,) = [l for l in lines if l.startswith("create ltm pool ")]
-    assert "monitor mon-drain-gate" in pool and "service-down-action reset" in pool
-    members = re.search(r"members add \{([^}]*)\}", pool).group(1).split()
-    assert len(members) == 3 and all(m.endswith(f":{node_ports[8080]}") for m in members), members
+    pools = {l.split()[3]: l for l in lines if l.startswith("create ltm pool ")}
+    assert set(pools) == {"pool-istio-igw", "pool-istio-igw-tls"}
+    for name, port in (("pool-istio-igw", node_ports[8080]), ("pool-istio-igw-tls", node_ports[8443])):
+        assert "monitor mon-drain-gate" in pools[name] and "service-down-action reset" in pools[name]
+        members = re.search(r"members add \{([^}]*)\}", pools[name]).group(1).split()
+        assert len(members) == 3 and all(m.endswith(f":{port}") for m in members), members
+    virtuals = {l.split()[3]: l for l in lines if l.startswith("create ltm virtual ")}
+    assert {k: re.search(r"destination \S+:(\d+)", v).group(1) for k, v in virtuals.items()} == {
+        "vs-istio-igw-443": "443", "vs-istio-igw": "80", "vs-istio-igw-8443": "8443"}
+    assert "clientssl-igw { context clientside }" in virtuals["vs-istio-igw-443"]
+    assert "http2 { context clientside }" in virtuals["vs-istio-igw-443"]
+    assert all("http-drain-gate" in virtuals[v] for v in ("vs-istio-igw-443", "vs-istio-igw"))
+    assert "pool pool-istio-igw-tls" in virtuals["vs-istio-igw-8443"] and "ssl" not in virtuals["vs-istio-igw-8443"]
+    assert "insert-xforwarded-for enabled" in next(l for l in lines if l.startswith("create ltm profile http "))
     interval = int(re.search(r" interval (\d+)", monitor).group(1))
     timeout = int(re.search(r" timeout (\d+)", monitor).group(1))
     assert timeout == 3 * interval + 1, "F5's rule of thumb the README quotes"

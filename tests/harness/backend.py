@@ -5,6 +5,10 @@
   GET /slow?ms=N             waits N ms, then 200
   GET /reset?after_ms=N      sends headers and one chunk, then resets the TCP connection
   GET /ws                    websocket upgrade (101), then echoes raw bytes until the client closes
+  GET /drip?duration=D&numbytes=N   go-httpbin's /drip (what prove.py streams): content-length N,
+                             N bytes "*" spread over D (Go duration "5s", or seconds)
+  GET /websocket/echo        go-httpbin's websocket echo (RFC 6455 frames): each message back,
+                             pong to a ping, close frame to a close frame, then the server closes
   GET /headers               200, the request headers as a JSON object (lower-case names)
   GET /status?code=N&id=X    answers N; the body is how many requests with that id this backend
                              has processed ("processed 2"): a request an LB resent shows it
@@ -16,6 +20,7 @@ import argparse
 import base64
 import hashlib
 import json
+import re
 import socket
 import struct
 import threading
@@ -25,6 +30,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlsplit
 
 
+_WS_GUID = "258EAFA5-E914-47DA-95CA-C5AB0DC85B11"
 _PROCESSED: Counter = Counter()  # /status?id=X: requests processed per id
 _PROCESSED_LOCK = threading.Lock()
 
@@ -87,7 +93,7 @@ class Handler(BaseHTTPRequestHandler):
             self.send_header("connection", "Upgrade")
             key = self.headers.get("sec-websocket-key")
             if key:  # RFC 6455 handshake; HAProxy refuses a 101 without it (502)
-                digest = hashlib.sha1((key + "258EAFA5-E914-47DA-95CA-C5AB0DC85B11").encode()).digest()
+                digest = hashlib.sha1((key + _WS_GUID).encode()).digest()
                 self.send_header("sec-websocket-accept", base64.b64encode(digest).decode())
             self.end_headers()
             self.wfile.flush()
@@ -101,6 +107,10 @@ class Handler(BaseHTTPRequestHandler):
             except OSError:
                 pass
             self.close_connection = True
+        elif path == "/drip":
+            self._drip()
+        elif path == "/websocket/echo":
+            self._websocket_echo()
         elif path == "/headers":
             self._plain(200, json.dumps({k.lower(): v for k, v in self.headers.items()}))
         elif path == "/status":
@@ -112,6 +122,48 @@ class Handler(BaseHTTPRequestHandler):
         else:
             self._plain(200, "hello\n")
 
+    def _drip(self):
+        """go-httpbin's /drip: `numbytes` bytes over `duration`, the first at once."""
+        q = parse_qs(urlsplit(self.path).query)
+        duration = _go_duration((q.get("duration") or ["2s"])[0])
+        n = int((q.get("numbytes") or ["10"])[0])
+        pause = duration / (n - 1) if n > 1 else duration
+        self.send_response(200)
+        self.send_header("content-type", "application/octet-stream")
+        self.send_header("content-length", str(n))
+        self.end_headers()
+        for i in range(n):
+            if i and pause:
+                time.sleep(pause)
+            self.wfile.write(b"*")
+            self.wfile.flush()
+
+    def _websocket_echo(self):
+        key = self.headers.get("sec-websocket-key")
+        if (self.headers.get("upgrade") or "").lower() != "websocket" or not key:
+            self._plain(400, "not a websocket upgrade\n")
+            return
+        self.send_response(101)
+        self.send_header("upgrade", "websocket")
+        self.send_header("connection", "Upgrade")
+        self.send_header("sec-websocket-accept",
+                         base64.b64encode(hashlib.sha1((key + _WS_GUID).encode()).digest()).decode())
+        self.end_headers()
+        self.wfile.flush()
+        self.close_connection = True
+        self.connection.settimeout(3600)
+        try:
+            while (frame := _ws_read(self.rfile)) is not None:
+                opcode, payload = frame
+                if opcode == 0x8:  # close: answer it, then the server closes first (RFC 6455 7.1.1)
+                    self.wfile.write(_ws_frame(0x8, payload[:2]))
+                    return
+                if opcode in (0x1, 0x2, 0x9):  # text, binary: echoed; ping: pong
+                    self.wfile.write(_ws_frame(0xA if opcode == 0x9 else opcode, payload))
+                    self.wfile.flush()
+        except OSError:
+            pass
+
     def do_POST(self):
         # Read the body first: left unread it would be parsed as the next request on the connection.
         left = int(self.headers.get("content-length") or 0)
@@ -121,6 +173,37 @@ class Handler(BaseHTTPRequestHandler):
                 break
             left -= len(chunk)
         self.do_GET()
+
+
+def _go_duration(text: str) -> float:
+    """A Go duration ("5s", "500ms", "1m") or a number of seconds, as go-httpbin reads it."""
+    units = {"ms": 0.001, "s": 1, "m": 60, "h": 3600}
+    m = re.fullmatch(r"(\d+(?:\.\d+)?)(ms|s|m|h)?", text)
+    if not m:
+        raise ValueError(f"not a duration: {text!r}")
+    return float(m[1]) * units[m[2] or "s"]
+
+
+def _ws_read(rfile) -> tuple[int, bytes] | None:
+    """One client frame (masked, unfragmented): (opcode, payload); None at EOF."""
+    head = rfile.read(2)
+    if len(head) < 2:
+        return None
+    n = head[1] & 0x7F
+    if n == 126:
+        n = struct.unpack("!H", rfile.read(2))[0]
+    elif n == 127:
+        n = struct.unpack("!Q", rfile.read(8))[0]
+    mask = rfile.read(4) if head[1] & 0x80 else b"\0\0\0\0"
+    data = rfile.read(n)
+    return head[0] & 0x0F, bytes(b ^ mask[i % 4] for i, b in enumerate(data))
+
+
+def _ws_frame(opcode: int, payload: bytes) -> bytes:
+    """One unmasked server frame (FIN set)."""
+    n = len(payload)
+    size = bytes([n]) if n < 126 else b"\x7e" + struct.pack("!H", n) if n < 65536 else b"\x7f" + struct.pack("!Q", n)
+    return bytes([0x80 | opcode]) + size + payload
 
 
 class Server(ThreadingHTTPServer):

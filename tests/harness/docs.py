@@ -9,7 +9,8 @@ kubectl stand-in:
     (else the stand-in fails with kubectl's complaint). Then, what the cluster
     would do:
       `apply [--server-side] -f F...`: kubectl decodes what it would send
-        (`patch --local`), recorded (no other apply flag has an offline form);
+        (`patch --local`), each document recorded (no other apply flag has an
+        offline form);
       `-n NS rollout status|restart|undo TARGET`: recorded;
       `exec POD -c istio-proxy -- pilot-agent request GET PATH`: the test's reply file PATH
         (`exec … curl` is refused: -distroless images have no curl);
@@ -101,8 +102,12 @@ STAND_INS = textwrap.dedent('''\
             r = real(["patch", "--local", "-f", name, "--type", "merge", "-p", "{{}}", "-o", "json"], stdin)
             if r.returncode:
                 sys.exit(r.stderr)
-            doc = json.loads(r.stdout)
-            for obj in doc["items"] if doc.get("kind") == "List" else [doc]:
+            # One JSON object per document of the file, one after the other (or a List).
+            docs, text, at = [], r.stdout, 0
+            while text[at:].strip():
+                doc, at = json.JSONDecoder().raw_decode(text, len(text) - len(text[at:].lstrip()))
+                docs += doc["items"] if doc.get("kind") == "List" else [doc]
+            for obj in docs:
                 record({{"verb": "apply", "flags": flags, "file": name,
                         "stdin": stdin if name == "-" else None, "object": obj}})
 
