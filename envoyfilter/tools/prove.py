@@ -49,6 +49,7 @@ STEADY_S = 0.25
 START_WITHIN_S = 15.0
 WS_PERIOD_S = 0.5  # one echo every this long
 WS_TIMEOUT_S = 10.0
+STOP_WITHIN_S = 5.0  # how long an ended run waits for each stream's thread
 REOPEN_WITHIN_S = 30.0  # a hold's lease outlives its call by 10 ticks (>= 2 s)
 # What curl's exit codes mean for a stream that did not complete (curl's man page, EXIT CODES).
 CURL_EXITS = {6: "host not resolved", 7: "could not connect", 16: "HTTP/2 error", 18: "closed before the end",
@@ -379,6 +380,8 @@ class WsStream(Stream):
     def kill(self) -> None:
         if self.sock is not None:
             with contextlib.suppress(OSError):
+                self.sock.shutdown(socket.SHUT_RDWR)  # wakes this stream's thread in select or recv
+            with contextlib.suppress(OSError):
                 self.sock.close()
 
 
@@ -614,6 +617,10 @@ class Run:
         finally:
             for s in self.streams:
                 s.kill()
+            # No stream's thread may outlive the run: the interpreter's exit would find it
+            # blocked in a read.
+            for s in self.streams:
+                s.done.wait(STOP_WITHIN_S)
 
     def leave(self) -> str:
         """Leaves no drain this run started behind: hangs up the held call, reopens."""
