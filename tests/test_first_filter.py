@@ -247,6 +247,13 @@ def draining_while_counted(gw) -> int:
     return seen
 
 
+def receipt(gw, completed: int) -> tuple[int, int]:
+    """Once the drain's receipt counts `completed` ends completed: (cut, cut by the LB)."""
+    r = wait_for(lambda: (r := gw.status()["receipt"])["completed"] == completed and r, 3,
+                 what=f"{gw.name}'s receipt: {completed} completed")
+    return r["cut"], r["cut_lb"]
+
+
 def served(rig: Rig, held: list[Held]) -> dict[str, tuple[str, int | str, bool]]:
     """marker -> (server, client's status, HAProxy cut it at DOWN); one of each kind on each gateway."""
     for h in held:
@@ -281,6 +288,10 @@ def test_envoyfilter_form_counts_requests_held_after_it_behind_haproxy(tmp_path)
             for marker, (server, code, cut) in served(rig, held).items():
                 assert (code, cut) == ((200, False) if server == "gw1" else (502, True)), marker
             assert [server for server, _ in rig.haproxy.down_events()] == ["gw2"], "gw1 goes DOWN with nothing left"
+            # The receipts: gw1's three completed. gw2 counted none of its three while they were held, yet its
+            # receipt has them as the LB's cuts: Envoy creates a wasm filter's stream at the access log of a
+            # stream that never reached it.
+            assert (receipt(gw1, completed=3), receipt(gw2, completed=0)) == ((0, 0), (3, 3))
             code, lines = verify_dump(gw1)
             assert code == 0 and lines == [f"PASS first filter: listener 0.0.0.0_{TRAFFIC_PORT}: drain-gate is "
                                            "the first HTTP filter"], lines
@@ -321,6 +332,7 @@ def test_wasmplugin_form_counts_requests_held_after_it_behind_haproxy(tmp_path):
             for marker, (server, code, cut) in served(rig, held).items():
                 want = expected[server][marker[3:-1]]
                 assert (code, cut) == (want, want == 502), (marker, server)
+            assert (receipt(gw1, completed=2), receipt(gw2, completed=1)) == ((1, 1), (2, 2))
             code, lines = verify_dump(gw1)
             assert code == 1 and len(lines) == 1 and lines[0].startswith(
                 f"FAIL first filter: listener 0.0.0.0_{TRAFFIC_PORT}: before drain-gate: envoy.filters.http.rbac, "
