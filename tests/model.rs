@@ -911,6 +911,13 @@ fn state(m: &Model) -> State {
     m.state().unwrap()
 }
 
+/// The drain still waits; `ops` (the last request's end, a tick) flip it.
+fn flips_after(m: &mut Model, ops: &[Op]) {
+    assert_eq!(state(m), State::Draining);
+    steps(m, ops);
+    assert_eq!(state(m), State::Closing);
+}
+
 /// A request that a filter after drain-gate holds (an authorization call, a
 /// delay) is counted from its arrival: the drain waits for it, and its end
 /// flips.
@@ -941,12 +948,11 @@ fn coinciding_failed_counts_keep_the_drain_waiting() {
         ],
     );
     steps(&mut m, &ticks(10));
-    assert_eq!(state(&m), State::Draining, "one uncounted stream in flight");
-    steps(
+    // One uncounted stream still in flight.
+    flips_after(
         &mut m,
         &[Op::Exit(1, How::Completed), Op::Time(TICK_MS, true)],
     );
-    assert_eq!(state(&m), State::Closing);
 }
 
 /// The lease of outside a drain covers a stream until it ends, on a root
@@ -969,8 +975,7 @@ fn a_stream_counted_under_a_lease_holds_the_drain_until_it_ends() {
         State::Draining,
         "the replaced root's stream runs on"
     );
-    steps(&mut m, &[Op::Exit(1, How::Cut), Op::Time(TICK_MS, false)]);
-    assert_eq!(state(&m), State::Closing);
+    flips_after(&mut m, &[Op::Exit(1, How::Cut), Op::Time(TICK_MS, false)]);
     assert!(
         m.workers[1].replaced.is_empty(),
         "said goodbye after its last stream"
@@ -988,12 +993,10 @@ fn refused_requests_are_sorted_and_never_hold_the_drain() {
     );
     steps(&mut m, &[Op::Arrive(0), Op::Arrive(0)]);
     assert_eq!(m.receipt().unwrap().refused, 2);
-    assert_eq!(state(&m), State::Draining);
-    steps(
+    flips_after(
         &mut m,
         &[Op::Exit(0, How::Completed), Op::Time(TICK_MS, false)],
     );
-    assert_eq!(state(&m), State::Closing);
 }
 
 /// The stall of a few seconds that once disarmed every later drain, written
