@@ -258,9 +258,13 @@ def served(rig: Rig, held: list[Held]) -> dict[str, tuple[str, int | str, bool]]
     """marker -> (server, client's status, HAProxy cut it at DOWN); one of each kind on each gateway."""
     for h in held:
         h.wait()
-    logs = {h.marker: next((r for r in rig.haproxy.requests() if h.marker in r.request), None) for h in held}
-    missing = [m for m, r in logs.items() if r is None]
-    assert not missing, f"HAProxy logged no {missing}"
+
+    def logged():
+        lines = {h.marker: next((r for r in rig.haproxy.requests() if h.marker in r.request), None) for h in held}
+        return None not in lines.values() and lines
+
+    # HAProxy writes a request's line as its session ends, which can come after its client saw the answer.
+    logs = wait_for(logged, 5, what="HAProxy's log line of each request")
     result = {h.marker: (logs[h.marker].server, h.status, logs[h.marker].killed_by_down) for h in held}
     kinds = sorted((server, marker[3:-1]) for marker, (server, _, _) in result.items())
     assert kinds == sorted((gw, kind) for gw in ("gw1", "gw2") for kind in KINDS), result
@@ -270,7 +274,7 @@ def served(rig: Rig, held: list[Held]) -> dict[str, tuple[str, int | str, bool]]
 def test_envoyfilter_form_counts_requests_held_after_it_behind_haproxy(tmp_path):
     """gw1 counts all three held requests, gw2 (before the router) none."""
     traffic, health = load("traffic-filter.yaml"), load("health-listener.yaml")
-    hold = 4000  # longer than a flip to HAProxy's DOWN (fall 2 x inter 1 s)
+    hold = 5000  # longer than the sends, then a flip to HAProxy's DOWN (fall 2 x inter 1 s)
     with AuthzServer() as authz:
         shipped = gateway(authz, lambda _: istio.apply_envoyfilters(chain(authz, hold), [traffic, health]))
         control = gateway(authz, lambda _: istio.apply_envoyfilters(chain(authz, hold),
@@ -287,7 +291,8 @@ def test_envoyfilter_form_counts_requests_held_after_it_behind_haproxy(tmp_path)
             assert (st["progress"]["reason"], st["progress"]["forced"]) == ("active_zero", False)
             for marker, (server, code, cut) in served(rig, held).items():
                 assert (code, cut) == ((200, False) if server == "gw1" else (502, True)), marker
-            assert [server for server, _ in rig.haproxy.down_events()] == ["gw2"], "gw1 goes DOWN with nothing left"
+            downs = dict(rig.haproxy.down_events())
+            assert "gw2" in downs and downs.get("gw1", 0) == 0, f"gw1 goes DOWN with nothing left: {downs}"
             # The receipts: gw1's three completed. gw2 counted none of its three while they were held, yet its
             # receipt has them as the LB's cuts: Envoy creates a wasm filter's stream at the access log of a
             # stream that never reached it.

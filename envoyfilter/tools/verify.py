@@ -22,7 +22,8 @@ Envoy (--config-dump FILE|URL|-):
     has the drain-gate traffic filter before its router, FAIL_OPEN, and as its
     first HTTP filter: a filter in front of it that can hold a request (an
     authorization call, a JWKS fetch, a delay) is named as a failure, one that
-    never does (istio.metadata_exchange, RBAC) as a pass;
+    never does (Istio's metadata exchange, ALPN and stats filters, RBAC, gRPC
+    stats, CORS) as a pass;
   * every TCP or TLS-passthrough filter chain (tcp_proxy) has the drain-gate
     TCP filter (role traffic_tcp) before tcp_proxy, FAIL_OPEN, the health vm_id,
     inline (EnvoyFilter) or over ECDS (a WasmPlugin of type NETWORK); no HTTP
@@ -330,6 +331,9 @@ NEVER_HOLD = {
     # every chain istiod builds): source/extensions/filters/http/peer_metadata,
     # decodeHeaders reads and writes headers and continues.
     "type.googleapis.com/io.istio.http.peer_metadata.Config": "reads and writes headers, then continues",
+    # Its ALPN override and its stats filter (istio.alpn, istio.stats: alpn_filter.cc, istio_stats.cc).
+    "type.googleapis.com/istio.envoy.config.filter.http.alpn.v2alpha1.FilterConfig": "sets the upstream ALPN",
+    "type.googleapis.com/stats.PluginConfig": "counts the request",
     # Envoy's RBAC filter (a CUSTOM AuthorizationPolicy's shadow RBAC only marks the
     # requests its ext_authz checks), gRPC stats and CORS filters.
     RBAC_TYPES[0]: "decides at once: continues, or answers 403 itself",
