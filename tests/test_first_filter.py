@@ -372,3 +372,21 @@ def test_verify_names_an_envoyfilter_in_front_of_the_gateway_api_form(start_gate
         "begun meanwhile flips with it in flight (the drain-gate chart inserts the traffic filter first "
         "(INSERT_FIRST at priority 2147483647): an older chart, or another EnvoyFilter of that priority applied "
         "after it, put these in front)"], lines
+
+
+def test_verify_passes_a_filter_in_front_that_never_holds(start_gateway, tmp_path):
+    """Every EnvoyFilter patch lands after the WasmPlugin phases: another team's
+    RBAC inserted first stands in front of the WasmPlugin form. RBAC decides at
+    once, so verify.py passes the chain, naming it."""
+    wp, health = load("wasmplugin/traffic.yaml"), load("wasmplugin/health-listener.yaml")
+    rbac = {"name": "team.rbac", "typed_config": {"@type": "type.googleapis.com/envoy.extensions.filters.http.rbac."
+                                                           "v3.RBAC", "rules": {"action": "DENY"}}}
+    ecds = tmp_path / "ecds.yaml"
+    istio.write_ecds(ecds, [istio.wasmplugin_extension_config(wp, WASM)])
+    listeners = istio.apply_envoyfilters(istio.insert_wasmplugins([istio.gateway_listener(TRAFFIC_PORT)], [(wp, ecds)]),
+                                         [user_envoyfilter("team-rbac", 0, "INSERT_FIRST", rbac), health])
+    assert names(listeners[0])[:2] == ["team.rbac", istio.wasmplugin_resource_name(wp)]
+    env = start_gateway(istio.ENVOY_MATRIX[-1], listeners)
+    code, lines = verify("--config-dump", "-", stdin=dump_of(env))
+    assert code == 0 and f"PASS first filter: listener 0.0.0.0_{TRAFFIC_PORT}: before drain-gate only team.rbac, " \
+        "which never hold a request (team.rbac decides at once: continues, or answers 403 itself)" in lines, lines
