@@ -10,7 +10,7 @@ import re
 import pytest
 import yaml
 
-from tests.harness import istio
+from tests.harness import istio, k8s
 from tests.harness.envoy import BOOTSTRAP, REPO, hcm
 from tests.harness.variants import listener
 
@@ -149,8 +149,8 @@ def test_health_listener_agrees_with_envoy_yaml():
     assert hcm(ours)["stream_idle_timeout"] == "7300s"
     (route,) = hcm(ours)["route_config"]["virtual_hosts"][0]["routes"]
     assert route["match"] == {"prefix": "/"} and route["direct_response"]["status"] == 503
-    # Gateway additions: HAProxy's HTTP/1.0 check without Host, and a router the
-    # traffic patch cannot match.
+    # Gateway additions: HAProxy's HTTP/1.0 check without Host, and a router no
+    # patch relative to envoy.filters.http.router matches.
     assert hcm(ours)["http_protocol_options"] == {"accept_http_10": True, "default_host_for_http_10": "drain-gate",
                                                   "allow_custom_methods": True}
     names = [f["name"] for f in hcm(ours)["http_filters"]]
@@ -181,11 +181,15 @@ def test_admin_cluster_is_the_bootstrap_one_where_envoy_yaml_adds_its_own():
 
 
 def test_traffic_filter_agrees_with_envoy_yaml():
+    """The first HTTP filter in both: INSERT_FIRST at the highest priority there
+    is, and envoy.yaml's traffic listener starts with it."""
     (patch,) = _value(istio.ISTIO / "traffic-filter.yaml")
-    assert patch["applyTo"] == "HTTP_FILTER" and patch["patch"]["operation"] == "INSERT_BEFORE"
+    assert patch["applyTo"] == "HTTP_FILTER" and patch["patch"]["operation"] == "INSERT_FIRST"
+    assert istio.load_one(istio.ISTIO / "traffic-filter.yaml")["spec"]["priority"] == 2 ** 31 - 1
     assert patch["match"]["context"] == "GATEWAY"
     fm = patch["match"]["listener"]["filterChain"]["filter"]
-    assert fm == {"name": istio.HCM_NAME, "subFilter": {"name": "envoy.filters.http.router"}}
+    assert fm == {"name": istio.HCM_NAME}, "INSERT_FIRST ignores a subFilter: none, not a misleading one"
+    assert hcm(_bootstrap_listener("traffic"))["http_filters"][0]["name"] == "drain-gate"
     local = _wasm(hcm(_bootstrap_listener("traffic"))["http_filters"])
     assert _without_path(copy.deepcopy(patch["patch"]["value"]["typed_config"]["config"])) == _without_path(local)
     assert patch["patch"]["value"]["typed_config"]["config"]["failure_policy"] == "FAIL_OPEN"
@@ -198,8 +202,8 @@ def test_tcp_filter_is_the_traffic_filter_as_a_network_filter_before_tcp_proxy()
     traffic_ef = istio.load_one(istio.ISTIO / "traffic-filter.yaml")
     assert patch["match"] == {"context": "GATEWAY", "proxy": traffic_ef["spec"]["configPatches"][0]["match"]["proxy"],
                               "listener": {"filterChain": {"filter": {"name": "envoy.filters.network.tcp_proxy"}}}}
-    for key in ("workloadSelector", "priority"):
-        assert ef["spec"][key] == traffic_ef["spec"][key], key
+    assert ef["spec"]["workloadSelector"] == traffic_ef["spec"]["workloadSelector"]
+    assert ef["spec"]["priority"] == istio.load_one(k8s.CHART / "values.yaml")["priority"]
     assert ef["metadata"]["namespace"] == traffic_ef["metadata"]["namespace"]
     value = patch["patch"]["value"]
     assert value["typed_config"]["@type"] == istio.WASM_NETWORK
@@ -240,7 +244,8 @@ def test_wasmplugins_are_the_traffic_roles_on_the_mounted_file():
         spec = obj["spec"]
         assert spec["pluginConfig"]["role"] == role
         assert spec["failStrategy"] == "FAIL_OPEN"
-        assert spec["phase"] == "UNSPECIFIED_PHASE" and spec["type"] == kind
+        # The earliest a WasmPlugin gets: first in phase AUTHN.
+        assert (spec["phase"], spec["priority"], spec["type"]) == ("AUTHN", 2 ** 31 - 1, kind)
         # The file the health listener loads: one module, nothing to fetch.
         assert spec["url"] == "file://" + health["vm_config"]["code"]["local"]["filename"]
         # The Envoy config istiod generates from it has no vm_id at all: the health listener's "".

@@ -19,7 +19,11 @@ the kubelet will do, prints one line per check, exits 1 if any check fails.
 
 Envoy (--config-dump FILE|URL|-):
   * every HTTP listener but the health listener (and Istio's own 15021/15090)
-    has the drain-gate traffic filter before its router, FAIL_OPEN;
+    has the drain-gate traffic filter before its router, FAIL_OPEN, and as its
+    first HTTP filter: a filter in front of it that can hold a request (an
+    authorization call, a JWKS fetch, a delay) is named as a failure, one that
+    never does (Istio's metadata exchange, ALPN and stats filters, RBAC, gRPC
+    stats, CORS) as a pass;
   * every TCP or TLS-passthrough filter chain (tcp_proxy) has the drain-gate
     TCP filter (role traffic_tcp) before tcp_proxy, FAIL_OPEN, the health vm_id,
     inline (EnvoyFilter) or over ECDS (a WasmPlugin of type NETWORK); no HTTP
@@ -314,8 +318,65 @@ def check_traffic(report: Report, all_listeners, health_port: int, ecds: dict, v
             traffic = [(i, p) for i, p, role in drain_gate_filters(hcm, ecds) if role == "traffic"]
             before = [p for i, p in traffic if router is not None and i < router]
             check_counting_filter(report, before, f"listener {name}", ("traffic", "traffic", "the router"), vm_id)
+            check_first_filter(report, f"listener {name}", hcm, ecds)
             check_stand_ins(report, f"listener {name}", hcm.get("http_filters", []), ecds)
     return seen
+
+
+# HTTP filters that never hold a request: they decide from its headers at once,
+# then continue or answer it themselves. In front of drain-gate they cost a
+# stream nothing: it reaches drain-gate in the same dispatch.
+NEVER_HOLD = {
+    # istio-proxy's metadata exchange (Istio's istio.metadata_exchange, first in
+    # every chain istiod builds): source/extensions/filters/http/peer_metadata,
+    # decodeHeaders reads and writes headers and continues.
+    "type.googleapis.com/io.istio.http.peer_metadata.Config": "reads and writes headers, then continues",
+    # Its ALPN override and its stats filter (istio.alpn, istio.stats: alpn_filter.cc, istio_stats.cc).
+    "type.googleapis.com/istio.envoy.config.filter.http.alpn.v2alpha1.FilterConfig": "sets the upstream ALPN",
+    "type.googleapis.com/stats.PluginConfig": "counts the request",
+    # Envoy's RBAC filter (a CUSTOM AuthorizationPolicy's shadow RBAC only marks the
+    # requests its ext_authz checks), gRPC stats and CORS filters.
+    RBAC_TYPES[0]: "decides at once: continues, or answers 403 itself",
+    "type.googleapis.com/envoy.extensions.filters.http.grpc_stats.v3.FilterConfig": "counts gRPC messages",
+    "type.googleapis.com/envoy.extensions.filters.http.cors.v3.Cors": "continues, or answers a preflight itself",
+}
+
+
+def filter_type(f: dict, ecds: dict) -> str:
+    """A filter's type: its typed_config's, a TypedStruct's inner one (Istio's own filters)."""
+    typed = typed_config(f, ecds)
+    return typed.get("type_url") or typed.get("@type") or ""
+
+
+def check_first_filter(report: Report, where: str, hcm: dict, ecds: dict) -> None:
+    """drain-gate is the first HTTP filter of a traffic connection manager.
+    Envoy creates a wasm filter's stream when the request reaches that filter:
+    a request an earlier filter holds (an authorization call, a JWKS fetch, a
+    rate-limit call, an injected delay, a buffered body) is not counted while
+    it is held, and a drain begun meanwhile flips with it in flight."""
+    filters = hcm.get("http_filters", [])
+    traffic = [i for i, _, role in drain_gate_filters(hcm, ecds) if role == "traffic"]
+    if not traffic:
+        return  # the traffic filter check fails it
+    front = filters[:traffic[0]]
+    names = ", ".join(f.get("name", "?") for f in front)
+    holding = [f.get("name", "?") for f in front if filter_type(f, ecds) not in NEVER_HOLD]
+    if not front:
+        report.check(True, "first filter", f"{where}: drain-gate is the first HTTP filter")
+    elif not holding:
+        why = "; ".join(f"{f.get('name')} {NEVER_HOLD[filter_type(f, ecds)]}" for f in front)
+        report.check(True, "first filter", f"{where}: before drain-gate only {names}, which never hold a "
+                     f"request ({why})")
+    else:
+        wasmplugin = "config_discovery" in filters[traffic[0]]
+        remedy = ("the WasmPlugin form cannot come first: a CUSTOM AuthorizationPolicy's filters and every "
+                  "EnvoyFilter patch stand before the earliest WasmPlugin phase (AUTHN); use the EnvoyFilter "
+                  "form (form: envoyfilter)" if wasmplugin else
+                  "the drain-gate chart inserts the traffic filter first (INSERT_FIRST at priority 2147483647): "
+                  "an older chart, or another EnvoyFilter of that priority applied after it, put these in front")
+        report.check(False, "first filter", f"{where}: before drain-gate: {names}; {', '.join(holding)} can hold "
+                     "a request, which is not counted until it is let go, and a drain begun meanwhile flips with "
+                     f"it in flight ({remedy})")
 
 
 def check_counting_filter(report: Report, found: list[dict], where: str, kind: tuple[str, str, str], vm_id) -> None:

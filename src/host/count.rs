@@ -88,12 +88,25 @@ fn shared_value(bytes: Option<&[u8]>) -> Option<u64> {
     bytes.and_then(shared::u64_of)
 }
 
-/// Creates the shared-data count of both parts if absent. Shared data has no
-/// create-if-absent: this runs on configure, which Envoy runs on the main
-/// thread before any worker VM exists (and every later configure finds it).
+/// Creates the count's shared keys if absent: both parts, the uncounted
+/// streams (0) and the liveness verdict (judged at generation 0, no reason:
+/// trusted, as when absent). Shared data has no create-if-absent, and a
+/// compare-and-swap that finds a key absent writes without a version: two
+/// workers whose first write to a key coincides would both write their own
+/// value, and one update would be lost (for `keys::UNCOUNTED`, an uncounted
+/// stream forgotten while it is in flight). This runs on configure, which
+/// Envoy runs on the main thread before any worker VM exists (and every later
+/// configure finds the keys), so every later write is versioned.
 pub fn create_shared<H: Host>(host: &H) {
-    for key in Part::ALL.map(Part::shared_key) {
-        if let Err(e) = shared::create(host, key, &0u64.to_le_bytes()) {
+    let zero = 0u64.to_le_bytes();
+    let created = [
+        (keys::ACTIVE_STREAMS, &zero[..]),
+        (keys::ACTIVE_CONNECTIONS, &zero[..]),
+        (keys::UNCOUNTED, &zero[..]),
+        (keys::VERDICT, &zero[..]),
+    ];
+    for (key, value) in created {
+        if let Err(e) = shared::create(host, key, value) {
             logs::error!("event=shared_data_error key={key} error=\"{e}\"");
         }
     }
@@ -214,10 +227,12 @@ impl<H: Host> Counter<H> {
         if owed == 0 && released == 0 {
             return;
         }
+        // Created on configure (`create_shared`): an absent key is a failure,
+        // retried from the tick, never a write without a version.
         let written = cas_update(&self.host, keys::UNCOUNTED, |bytes| {
-            let value = bytes.and_then(shared::u64_of).unwrap_or(0);
+            let value = shared_value(bytes).ok_or(())?;
             let next = value.saturating_add(owed).saturating_sub(released);
-            Ok::<_, std::convert::Infallible>(Step::Write(next.to_le_bytes().to_vec(), ()))
+            Ok::<_, ()>(Step::Write(next.to_le_bytes().to_vec(), ()))
         });
         if written.is_ok() {
             self.owed.set(0);
@@ -531,6 +546,32 @@ mod tests {
             Some(Why::StreamNotCounted),
             "every reader sees it"
         );
+    }
+
+    #[test]
+    fn two_workers_whose_first_failed_counts_coincide_both_stay_counted() {
+        let sim = Sim::at(0);
+        let metrics = process(&sim);
+        let (a, b) = (Counts::new(&metrics), Counts::new(&metrics));
+        let health = Counts::new(&metrics);
+        // Each worker's count fails; the second read the uncounted key
+        // before the first wrote it, and writes only now.
+        sim.failures.set(1);
+        assert!(!a.part(Part::Streams).enter(true));
+        sim.failures.set(1);
+        sim.read_stale(keys::UNCOUNTED);
+        assert!(!b.part(Part::Streams).enter(true));
+        assert_eq!(shared::read_u64(&&sim, keys::UNCOUNTED), Ok(Some(2)));
+        a.part(Part::Streams).uncounted_ended();
+        let r = health.read();
+        assert_eq!(
+            r.why,
+            Some(Why::StreamNotCounted),
+            "one is still in flight: {r:?}"
+        );
+        assert_eq!(r.for_decisions(), 1);
+        b.part(Part::Streams).uncounted_ended();
+        assert!(health.read().reliable);
     }
 
     #[test]

@@ -28,16 +28,23 @@ fn read_beat<H: Host>(host: &H, id: u64) -> Option<u64> {
     shared::read_u64(host, &keys::beat(id)).ok().flatten()
 }
 
-/// Creates the registry if absent (configure runs on the main thread before
-/// any worker VM, so this cannot race another creator).
+/// Creates the registry and the watch record if absent (configure runs on
+/// the main thread before any worker VM, so this cannot race another creator).
 pub fn ensure_registry<H: Host>(host: &H) {
-    let created = shared::encode(keys::REGISTRY, &Registry::default())
-        .and_then(|bytes| shared::create(host, keys::REGISTRY, &bytes));
-    if let Err(e) = created {
-        logs::error!(
-            "event=shared_data_error key={} error=\"{e}\"",
-            keys::REGISTRY
-        );
+    let created = [
+        (
+            keys::REGISTRY,
+            shared::encode(keys::REGISTRY, &Registry::default()),
+        ),
+        (
+            keys::WATCH,
+            shared::encode(keys::WATCH, &core::Watch::default()),
+        ),
+    ];
+    for (key, bytes) in created {
+        if let Err(e) = bytes.and_then(|b| shared::create(host, key, &b)) {
+            logs::error!("event=shared_data_error key={key} error=\"{e}\"");
+        }
     }
 }
 

@@ -14,7 +14,7 @@ use super::health::{Health, HealthStream};
 use super::liveness;
 use super::logs;
 use super::metrics::Metrics;
-use super::shared::Envoy;
+use super::shared::{Envoy, Host};
 use super::store::Store;
 use super::traffic::{Traffic, TrafficStream};
 use crate::config::{self, Config};
@@ -81,6 +81,18 @@ impl Role {
             Role::Unconfigured => "(unconfigured)",
         }
     }
+}
+
+/// Creates every shared-data key several writers update (but
+/// `keys::TRAFFIC_PRESENT`, whose absence says that no traffic role runs
+/// here), whatever the role. Configure runs on the main thread before any
+/// worker VM exists, so each key is created once and every later
+/// compare-and-swap writes with a version (`shared::cas_update`).
+/// `keys::GAUGES` is created with the metrics (`Metrics::define`).
+pub fn create_shared<H: Host + Copy>(host: H) {
+    Store::new(host).create();
+    liveness::ensure_registry(&host);
+    count::create_shared(&host);
 }
 
 impl Root {
@@ -172,6 +184,7 @@ impl RootContext for Root {
             }
         };
         let metrics = metrics();
+        create_shared(Envoy);
         match Store::new(Envoy).load() {
             Ok(rec) => metrics.set_state(rec.state),
             Err(e) => logs::error!("event=state_unavailable error=\"{e}\""),
@@ -242,5 +255,35 @@ impl RootContext for Root {
             Filter::Http => ContextType::HttpContext,
             Filter::Network => ContextType::StreamContext,
         })
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use crate::host::keys;
+    use crate::host::sim::Sim;
+
+    #[test]
+    fn configure_creates_every_key_several_writers_update() {
+        let sim = Sim::at(1_000);
+        Metrics::define(&sim);
+        create_shared(&sim);
+        let absent: Vec<_> = keys::FIXED
+            .iter()
+            .filter(|k| **k != keys::TRAFFIC_PRESENT && sim.value(k).is_none())
+            .collect();
+        assert!(absent.is_empty(), "not created on configure: {absent:?}");
+        assert_eq!(
+            sim.value(keys::TRAFFIC_PRESENT),
+            None,
+            "a traffic role sets it"
+        );
+        // What each key reads as is what it read as absent.
+        let store = Store::new(&sim);
+        assert_eq!(store.load().unwrap().state, crate::fsm::State::Open);
+        assert_eq!(store.rotation_load().unwrap(), None);
+        assert_eq!(store.lb_checkers().unwrap(), Default::default());
     }
 }

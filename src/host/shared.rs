@@ -83,9 +83,11 @@ impl<E: fmt::Debug + fmt::Display> std::error::Error for Failed<E> {}
 /// The one compare-and-swap loop: reads `key`, lets `f` decide from the
 /// current bytes (`None`: absent), writes with the version it read, and
 /// starts again when another writer came first. An absent key is written
-/// unconditionally (shared data has no create-if-absent; every key that
-/// several writers share is created on configure, which Envoy runs on the
-/// main thread before any worker VM exists).
+/// unconditionally: shared data has no create-if-absent, so two writers that
+/// both find a key absent both write, and one update is lost. Every key that
+/// several writers share is therefore created on configure
+/// (`host::root::create_shared`), which Envoy runs on the main thread before
+/// any worker VM exists; the count's keys refuse an absent value outright.
 pub fn cas_update<H: Host + ?Sized, R, E>(
     host: &H,
     key: &str,

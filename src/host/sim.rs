@@ -38,9 +38,12 @@ impl Answer {
     }
 }
 
+/// A shared-data value and its version.
+type Versioned = (Vec<u8>, u32);
+
 #[derive(Default)]
 pub struct Sim {
-    data: RefCell<HashMap<String, (Vec<u8>, u32)>>,
+    data: RefCell<HashMap<String, Versioned>>,
     /// Metric definitions: id → name.
     ids: RefCell<Vec<String>>,
     /// Stat values by name (one stat per name, whatever the id).
@@ -49,6 +52,12 @@ pub struct Sim {
     pub excluded: RefCell<Vec<String>>,
     /// The next this many versioned writes lose a race (CasMismatch, nothing written).
     pub cas_races: Cell<u32>,
+    /// The next read of this key answers what it held before its last write
+    /// (absent, if that write created it): a reader that read just before
+    /// another writer wrote, and writes only now.
+    pub stale_read: RefCell<Option<String>>,
+    /// What each key held before its last write.
+    before: RefCell<HashMap<String, Option<Versioned>>>,
     /// The next this many writes or metric updates fail outright.
     pub failures: Cell<u32>,
     /// Failures actually returned so far.
@@ -147,7 +156,13 @@ impl Sim {
     pub fn put(&self, key: &str, value: &[u8]) {
         let mut data = self.data.borrow_mut();
         let version = data.get(key).map_or(1, |(_, c)| c + 1);
-        data.insert(key.to_string(), (value.to_vec(), version));
+        let before = data.insert(key.to_string(), (value.to_vec(), version));
+        self.before.borrow_mut().insert(key.to_string(), before);
+    }
+
+    /// The next read of `key` answers what it held before its last write.
+    pub fn read_stale(&self, key: &str) {
+        *self.stale_read.borrow_mut() = Some(key.to_string());
     }
 
     fn name_of(&self, id: u32) -> Result<String, Status> {
@@ -173,8 +188,15 @@ fn owned(headers: &[(&str, &str)]) -> Vec<(String, String)> {
 impl Host for &Sim {
     fn get(&self, key: &str) -> Result<(Option<Vec<u8>>, Option<u32>), Status> {
         self.calls(1);
-        Ok(match self.data.borrow().get(key) {
-            Some((v, cas)) => (Some(v.clone()), Some(*cas)),
+        let stale = self.stale_read.borrow().as_deref() == Some(key);
+        let value = if stale {
+            self.stale_read.borrow_mut().take();
+            self.before.borrow().get(key).cloned().flatten()
+        } else {
+            self.data.borrow().get(key).cloned()
+        };
+        Ok(match value {
+            Some((v, cas)) => (Some(v), Some(cas)),
             None => (None, None),
         })
     }
@@ -195,7 +217,8 @@ impl Host for &Sim {
                 return Err(Status::CasMismatch);
             }
         }
-        data.insert(key.to_string(), (value.to_vec(), current.unwrap_or(0) + 1));
+        let before = data.insert(key.to_string(), (value.to_vec(), current.unwrap_or(0) + 1));
+        self.before.borrow_mut().insert(key.to_string(), before);
         Ok(())
     }
 

@@ -89,6 +89,31 @@ impl<H: Host> Store<H> {
         })
     }
 
+    /// Creates the records several workers update, if absent: the FSM record
+    /// (OPEN), the LB checkers, the clock-step record, the rotation record (none
+    /// yet), each as it reads when absent. Run on configure (see
+    /// `count::create_shared`): every later write is versioned.
+    pub fn create(&self) {
+        let now = self.host.now();
+        let created = [
+            (
+                keys::FSM,
+                shared::encode(keys::FSM, &Record::new(now.wall_ms)),
+            ),
+            (keys::LB, shared::encode(keys::LB, &Checkers::default())),
+            (keys::CLOCK, shared::encode(keys::CLOCK, &Steps::default())),
+            (
+                keys::ROTATION,
+                shared::encode(keys::ROTATION, &None::<rotation::Record>),
+            ),
+        ];
+        for (key, bytes) in created {
+            if let Err(e) = bytes.and_then(|b| shared::create(&self.host, key, &b)) {
+                logs::error!("event=shared_data_error key={key} error=\"{e}\"");
+            }
+        }
+    }
+
     /// Applies `fsm::advance` with the move `choose` picks for the current
     /// record, retrying on CAS conflicts. The winner logs and counts the
     /// transition.

@@ -310,8 +310,16 @@ impl<H: Host> Traffic<H> {
     }
 }
 
-/// One HTTP stream or one TCP connection. It is counted from creation,
-/// whether or not any of its callbacks ever runs (an earlier filter may
+/// One HTTP stream or one TCP connection. It is counted from its creation,
+/// which Envoy runs when the stream reaches this filter (the filter's
+/// `decodeHeaders`; a connection's `onNewConnection`), not when the
+/// connection manager decodes it: a request an earlier filter holds (an
+/// authorization call, a JWKS fetch, an injected delay) does not exist here
+/// until it is let go (Envoy creates it at the access log of a stream that
+/// never reached the filter: counted for that instant, its end sorted).
+/// Hence the traffic role is the first HTTP filter of every chain
+/// (envoyfilter/README.md, "What is counted"). Once created it
+/// is counted whether or not a later callback runs (a later filter may
 /// answer locally), and released in `Drop`, which the host runs for every
 /// stream end and connection close, resets included. Its only data
 /// callbacks are a connection's, which look at `end_of_stream` (which side

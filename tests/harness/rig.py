@@ -17,6 +17,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import requests
 
@@ -65,14 +66,18 @@ class Backend(Child):
 
 
 class Gateway:
-    """One Envoy running drain-gate on fixed ports, so that it can be stopped and started again."""
+    """One Envoy running drain-gate on fixed ports, so that it can be stopped and started again.
 
-    def __init__(self, name: str, backend_port: int, config: dict, workdir: Path, concurrency: int = 2):
+    `bootstrap(ports, workdir)`: the gateway's bootstrap, instead of envoy.yaml's
+    (`render`); it may write the files the bootstrap names into `workdir`."""
+
+    def __init__(self, name: str, backend_port: int, config: dict, workdir: Path, concurrency: int = 2,
+                 bootstrap: Callable[[Ports, Path], dict] | None = None):
         self.name = name
         self.ports = Ports(backend=backend_port)
         self.config = config
-        self.envoy = Envoy(render(self.ports, config), self.ports, concurrency=concurrency,
-                           workdir=workdir / name)
+        doc = bootstrap(self.ports, workdir / name) if bootstrap else render(self.ports, config)
+        self.envoy = Envoy(doc, self.ports, concurrency=concurrency, workdir=workdir / name)
         self.poller: GatewayPoller | None = None
         self.session = requests.Session()
 
@@ -173,7 +178,8 @@ class Rig:
     def __init__(self, workdir: Path, *, gateways: int = 1, config: dict | None = None,
                  soft_drain: bool = False, timing: Timing = QUICK, tls: bool = False, tcp: bool = False,
                  haproxy_env: dict[str, str] | None = None, haproxy_cfg: Path | None = None,
-                 concurrency: int = 2):
+                 concurrency: int = 2, bootstraps: list[Callable[[Ports, Path], dict]] | None = None):
+        """`bootstraps`: each gateway's bootstrap (see `Gateway`), instead of envoy.yaml's."""
         self.workdir = Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.n = gateways
@@ -185,6 +191,7 @@ class Rig:
         self.haproxy_env = haproxy_env
         self.haproxy_cfg = haproxy_cfg
         self.concurrency = concurrency
+        self.bootstraps = bootstraps
         self.stack = contextlib.ExitStack()
         self.gws: list[Gateway] = []
         self.haproxy: HAProxy | None = None
@@ -206,7 +213,8 @@ class Rig:
         self.stack.callback(backend.stop)
         self.backend = backend
         for i in range(self.n):
-            gw = Gateway(f"gw{i + 1}", backend.port, self.config, self.workdir, concurrency=self.concurrency)
+            gw = Gateway(f"gw{i + 1}", backend.port, self.config, self.workdir, concurrency=self.concurrency,
+                         bootstrap=self.bootstraps[i] if self.bootstraps else None)
             self.stack.callback(gw.stop)
             gw.start()
             self.gws.append(gw)

@@ -60,7 +60,7 @@ def normal(port: int, rng: random.Random) -> str:
 
 
 def fault_abort(port: int, rng: random.Random) -> str:
-    """A request the fault filter (before drain-gate) may answer locally."""
+    """A request the fault filter (after drain-gate) may answer locally."""
     out = _exchange(port, f"GET / HTTP/1.1\r\nHost: t\r\n{FAULT_HEADER}: 1\r\nConnection: close\r\n\r\n".encode())
     if out.startswith(b"HTTP/1.1 503"):
         return "local_reply"

@@ -90,9 +90,10 @@ def without_listener(doc: dict, name: str) -> dict:
 
 
 def with_fault_and_timeout(doc: dict, abort_percent: int = 20, route_timeout: str = "0.2s") -> dict:
-    """Traffic listener with Envoy's fault filter BEFORE drain-gate (aborting
-    `abort_percent` % of the requests that carry FAULT_HEADER with a local 503)
-    and a second route, /timeout → the backend's /slow, with a route timeout."""
+    """Traffic listener with Envoy's fault filter after drain-gate, where istiod
+    puts it (aborting `abort_percent` % of the requests that carry FAULT_HEADER
+    with a local 503: counted, then answered before the router) and a second
+    route, /timeout → the backend's /slow, with a route timeout."""
     doc = copy.deepcopy(doc)
     t = hcm(listener(doc, "traffic"))
     fault = {
@@ -105,7 +106,7 @@ def with_fault_and_timeout(doc: dict, abort_percent: int = 20, route_timeout: st
     }
     filters = t["http_filters"]
     idx = next(i for i, f in enumerate(filters) if f["name"] == "drain-gate")
-    filters.insert(idx, fault)
+    filters.insert(idx + 1, fault)
     routes = t["route_config"]["virtual_hosts"][0]["routes"]
     routes.insert(0, {
         "match": {"prefix": "/timeout"},

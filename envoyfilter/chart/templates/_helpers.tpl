@@ -86,6 +86,14 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{- join "," $out -}}
 {{- end -}}
 
+{{/* The priority that puts the traffic filter first: the highest there is.
+     istiod applies EnvoyFilters by ascending priority (an INSERT_FIRST applied
+     later goes in front) and orders a WasmPlugin phase's plugins by
+     descending priority. */}}
+{{- define "drain-gate.firstPriority" -}}
+2147483647
+{{- end -}}
+
 {{/* Where a WasmPlugin loads the module from: wasmPlugin.url, or the mounted file. */}}
 {{- define "drain-gate.wasmPluginURL" -}}
 {{- .Values.wasmPlugin.url | default (printf "file://%s" .Values.wasm.path) -}}
@@ -117,7 +125,12 @@ spec:
   imagePullPolicy: {{ $root.Values.wasmPlugin.imagePullPolicy }}
   {{- end }}
   pluginName: {{ .rootId }}
-  phase: UNSPECIFIED_PHASE
+  # The earliest place a WasmPlugin gets: its AUTHN phase, first in it. Only
+  # istio.metadata_exchange and a CUSTOM AuthorizationPolicy's filters (a
+  # shadow RBAC, then ext_authz) come before (envoyfilter/README.md, "What is
+  # counted").
+  phase: AUTHN
+  priority: {{ include "drain-gate.firstPriority" $root }}
   type: {{ .type }}
   {{- with .ports }}
   # istiod puts a NETWORK plugin on every filter chain of the ports it matches,

@@ -23,8 +23,8 @@ from tests.harness.istio.deployment import (
     strategic_patch,
 )
 from tests.harness.istio.envoyfilter import (
-    HCM_NAME, WASM_HTTP, WASM_NETWORK, added_clusters, apply_envoyfilters, gateway_listener, hcms,
-    selects_workload,
+    HCM_NAME, WASM_HTTP, WASM_NETWORK, added_clusters, apply_envoyfilters, custom_authz_filters, envoyfilter_order,
+    gateway_http_filters, gateway_listener, hcms, selects_workload,
 )
 from tests.harness.istio.files import (
     CRDS, DRAIN_GATE_LABEL, ENVOY_MATRIX, ENVOYFILTER, GATEWAY_API, GATEWAY_API_FIXTURES, GATEWAY_LABELS,
@@ -36,5 +36,6 @@ from tests.harness.istio.schema import (
     K8S_VERSIONS, cel_errors, crd_errors, crd_schemas, crd_validators, k8s_errors,
 )
 from tests.harness.istio.wasmplugin import (
-    insert_wasmplugin, wasmplugin_extension_config, wasmplugin_fetch_failed, wasmplugin_resource_name, write_ecds,
+    insert_wasmplugin, insert_wasmplugins, wasmplugin_extension_config, wasmplugin_fetch_failed,
+    wasmplugin_resource_name, write_ecds,
 )

