@@ -64,6 +64,12 @@ pub struct Sim {
     pub answers: RefCell<Vec<Answer>>,
     /// Properties of the stream whose callback runs, by dotted path.
     pub properties: RefCell<HashMap<String, Vec<u8>>>,
+    /// Request headers of the stream whose callback runs.
+    pub request_headers: RefCell<HashMap<String, String>>,
+    /// Response headers the shell set, in order.
+    pub response_headers: RefCell<Vec<(String, String)>>,
+    /// Streams the shell reset.
+    pub resets: Cell<u32>,
     /// Host calls made so far (what a hot path costs).
     pub host_calls: Cell<u64>,
 }
@@ -275,6 +281,25 @@ impl Host for &Sim {
             headers: owned(headers),
             body: body.to_vec(),
         });
+        Ok(())
+    }
+
+    fn request_header(&self, name: &str) -> Option<String> {
+        self.host_calls.set(self.host_calls.get() + 1);
+        self.request_headers.borrow().get(name).cloned()
+    }
+
+    fn set_response_header(&self, name: &str, value: &str) -> Result<(), Status> {
+        self.host_calls.set(self.host_calls.get() + 1);
+        self.response_headers
+            .borrow_mut()
+            .push((name.to_string(), value.to_string()));
+        Ok(())
+    }
+
+    fn reset_stream(&self) -> Result<(), Status> {
+        self.host_calls.set(self.host_calls.get() + 1);
+        self.resets.set(self.resets.get() + 1);
         Ok(())
     }
 }
