@@ -53,7 +53,8 @@ import requests
 from tests.harness.clients import CurlStream
 from tests.harness.envoy import free_port, wait_for
 from tests.harness.front import EnvoyFront, Nginx, Served
-from tests.harness.haproxy import CFG, CFG_REFUSE, CFG_TCP, HAProxy
+from tests.harness.grpc_app import h2_backend
+from tests.harness.haproxy import CFG, CFG_REFUSE, CFG_TCP, HAProxy, h2_cfg
 from tests.harness.rig import Backend, Gateway, PreStop
 from tests.harness.timeline import parse_time
 from tests.harness.wire import recv_until_close
@@ -102,13 +103,18 @@ def gateway_config(mode: str, w: Workload = RIG) -> dict:
 class FrontRig:
     """Backend, gw1 and gw2 (the same plugin configuration) and, once `use()` named it, one
     front LB (another `use()` replaces it). A context manager: everything it started is
-    stopped on every exit path."""
+    stopped on every exit path. `backend_port`: another backend than the demo one (`h2`: it
+    speaks HTTP/2, a gRPC server)."""
 
-    def __init__(self, workdir: Path, config: dict, *, inter_s: float = INTER_S):
+    def __init__(self, workdir: Path, config: dict, *, inter_s: float = INTER_S, backend_port: int | None = None,
+                 h2: bool = False, concurrency: int = 2):
         self.workdir = Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.config = config
         self.inter_s = inter_s
+        self.backend_port = backend_port
+        self.h2 = h2
+        self.concurrency = concurrency
         self.stack = contextlib.ExitStack()
         self.gws: list[Gateway] = []
         self.lb = None
@@ -116,10 +122,14 @@ class FrontRig:
 
     def __enter__(self) -> "FrontRig":
         try:
-            self.backend = Backend(self.workdir).start()
-            self.stack.callback(self.backend.stop)
+            if self.backend_port is None:
+                self.backend = Backend(self.workdir).start()
+                self.stack.callback(self.backend.stop)
+                self.backend_port = self.backend.port
             for name in ("gw1", "gw2"):
-                gw = Gateway(name, self.backend.port, self.config, self.workdir)
+                gw = Gateway(name, self.backend_port, self.config, self.workdir, concurrency=self.concurrency)
+                if self.h2:
+                    h2_backend(gw.envoy.doc)
                 self.stack.callback(gw.stop)
                 self.gws.append(gw.start())
         except BaseException:
@@ -131,10 +141,11 @@ class FrontRig:
         self.stack.close()
 
     def use(self, front: str, *, envoy_retry: str = "shipped", non_idempotent: bool = True,
-            haproxy_cfg: Path | None = None) -> "FrontRig":
+            haproxy_cfg: Path | None = None, nginx_next: str | None = None, h2: bool = False) -> "FrontRig":
         """Starts `front` (on fresh ports; the one before is stopped) and waits until it has every
         gateway UP on a real check (nginx checks nothing: until it listens). `haproxy_cfg`: another
-        file than the front's own."""
+        file than the front's own; `h2`: HAProxy speaks HTTP/2 to the gateways (`proto h2`, what
+        gRPC needs); `nginx_next`: nginx's `proxy_next_upstream` conditions."""
         if front not in FRONTS:
             raise ValueError(front)
         if self.lb is not None:
@@ -142,12 +153,14 @@ class FrontRig:
         checked = [(g.name, g.ports.traffic, g.ports.health) for g in self.gws]
         wd = self.workdir / f"{front}-{time.monotonic_ns()}"
         if front.startswith("haproxy"):
+            cfg = haproxy_cfg or (CFG_REFUSE if front == "haproxy" else CFG)
+            wd.mkdir(parents=True, exist_ok=True)
             lb = HAProxy(wd, [(t, h) for _, t, h in checked], inter=f"{int(self.inter_s * 1000)}ms", tls=False,
-                         cfg=haproxy_cfg or (CFG_REFUSE if front == "haproxy" else CFG))
+                         cfg=h2_cfg(cfg, wd) if h2 else cfg)
         elif front == "envoy":
             lb = EnvoyFront(wd, checked, inter_s=self.inter_s, retry=envoy_retry)
         else:
-            lb = Nginx(wd, [(n, t) for n, t, _ in checked], non_idempotent=non_idempotent)
+            lb = Nginx(wd, [(n, t) for n, t, _ in checked], non_idempotent=non_idempotent, next_upstream=nginx_next)
         self.lb, self.front = lb, front
         self.stack.callback(lb.stop)
         lb.start()
@@ -163,6 +176,16 @@ class FrontRig:
 
     def url(self, path: str) -> str:
         return self.lb.http(path) if isinstance(self.lb, HAProxy) else self.lb.url(path)
+
+    @property
+    def port(self) -> int:
+        """The front LB's HTTP port."""
+        return self.lb.http_port if isinstance(self.lb, HAProxy) else self.lb.port
+
+    @property
+    def grpc_target(self) -> str:
+        """Where a gRPC client dials the front LB (nginx: its gRPC server)."""
+        return self.lb.grpc_target if isinstance(self.lb, Nginx) else f"127.0.0.1:{self.port}"
 
     def served(self) -> list[Served]:
         return haproxy_served(self.lb) if isinstance(self.lb, HAProxy) else self.lb.served()
