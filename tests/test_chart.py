@@ -204,7 +204,7 @@ def test_wasmplugin_form_loads_the_mounted_module_and_counts_tcp_on_its_ports(mo
     assert tcp["match"] == [{"ports": [{"number": 15443}, {"number": 9443}]}]
     assert traffic["pluginConfig"] == {"role": "traffic", "tick": "100ms", "draining_new_requests": "serve",
                                        "draining_grpc_requests": "serve", "refuse_with": "response"}
-    assert tcp["pluginConfig"] == {"role": "traffic_tcp", "tick": "100ms", "draining_new_requests": "serve"}
+    assert tcp["pluginConfig"] == {**traffic["pluginConfig"], "role": "traffic_tcp"}
     assert traffic["failStrategy"] == tcp["failStrategy"] == "FAIL_OPEN"
     digest = "a" * 64
     oci = k8s.by_kind(k8s.template(*with_module(module, *WASMPLUGIN, "--set", f"wasmPlugin.url={OCI}",
@@ -252,7 +252,8 @@ def test_config_values_reach_the_health_role_and_traffic_gets_only_what_it_uses(
             traffic = json.loads(value["typed_config"]["config"]["configuration"]["value"])
             value = objs[("EnvoyFilter", "drain-gate-tcp")]["spec"]["configPatches"][0]["patch"]["value"]
             tcp = json.loads(value["typed_config"]["config"]["configuration"]["value"])
-            assert tcp == {"role": "traffic_tcp", "tick": "50ms", "draining_new_requests": "serve"}
+            assert tcp == {"role": "traffic_tcp", "tick": "50ms", "draining_new_requests": "serve",
+                           "draining_grpc_requests": "serve", "refuse_with": "response"}
         assert traffic == {"role": "traffic", "tick": "50ms", "draining_new_requests": "serve",
                            "draining_grpc_requests": "serve", "refuse_with": "response"}
 

@@ -18,13 +18,13 @@ out/refuse-grpc/results.json and results.md.
 """
 from __future__ import annotations
 
-import json
 import os
 
 import pytest
 
 from tests.harness.envoy import REPO
 from tests.scenarios import refuse_grpc as rg
+from tests.scenarios.refuse_lbs import rounds
 
 FULL = os.environ.get("DRAIN_GATE_SCENARIOS", "") == "full"
 ROUNDS = 3 if FULL else 1
@@ -34,13 +34,7 @@ FRONTS = ("haproxy", "envoy", "nginx")
 
 @pytest.fixture(scope="module")
 def rows() -> list[dict]:
-    out = []
-    for i in range(ROUNDS):
-        out += rg.run_round(OUT / "runs" / f"round-{i}")
-    OUT.mkdir(parents=True, exist_ok=True)
-    (OUT / "results.json").write_text(json.dumps(out, indent=1))
-    (OUT / "results.md").write_text(rg.table(out))
-    return out
+    return rounds(rg.run_round, ROUNDS, OUT, rg.table)
 
 
 def of(rows: list[dict], front: str, mode: str) -> list[dict]:

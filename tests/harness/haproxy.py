@@ -38,8 +38,9 @@ def h2_cfg(base: Path, workdir: Path) -> Path:
     to the gateway, which gRPC needs (its trailers, its bidirectional streams), and keeps its
     health check on HTTP/1 (`proto h2` alone moves the check to h2 too, which times out: L7TOUT)."""
     text = base.read_text()
-    out = re.sub(r"(server gw\d \"\$\{GW\d_ADDR[^\n]*?) on-marked-down", r"\1 proto h2 check-proto h1 on-marked-down", text)
-    if out.count("proto h2") != 2:
+    out, n = re.subn(r"(server gw\d \"\$\{GW\d_ADDR[^\n]*?) on-marked-down", r"\1 proto h2 check-proto h1 on-marked-down",
+                     text)
+    if n != 2:
         raise ValueError(f"{base.name}: the server lines changed")
     path = Path(workdir) / f"{base.stem}-h2.cfg"
     path.write_text(out)

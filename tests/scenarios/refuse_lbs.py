@@ -312,6 +312,18 @@ def run_round(workdir: Path, runs: list[tuple[str, str]] = ROUND, w: Workload = 
         return [f.result() for f in futures]
 
 
+def rounds(run, n: int, out: Path, table, *args) -> list[dict]:
+    """`n` rounds of `run(workdir, *args)` (run_round), their rows written to `out`/results.json and
+    results.md (`table`)."""
+    rows = []
+    for i in range(n):
+        rows += run(out / "runs" / f"round-{i}", *args)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(json.dumps(rows, indent=1))
+    (out / "results.md").write_text(table(rows))
+    return rows
+
+
 def table(rows: list[dict]) -> str:
     head = ("| front LB | mode | streams lost / started | on gw1 | resent by the LB | gateway: refused "
             "| gateway: cut (cut_lb) | DRAINING s (drain_timeout 5 s) | forced |\n"

@@ -53,19 +53,17 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{- end -}}
 
 {{/* The plugin configuration of one role. The health role gets every `config`
-     value. The traffic roles get only what they use (traffic: role, tick,
-     draining_new_requests, draining_grpc_requests, refuse_with; traffic_tcp:
-     role, tick, draining_new_requests), each checked
+     value. The traffic roles (traffic, traffic_tcp) get only what they use
+     (role, tick, draining_new_requests, draining_grpc_requests, refuse_with:
+     one configuration for both), each checked
      here at render: a refused configuration then never takes the traffic
      listeners down with a health listener still answering 200, the one unsafe
      outcome measured (envoyfilter/README.md, "When the module cannot load"). */}}
 {{- define "drain-gate.configuration" -}}
 {{- if eq .role "health" -}}
 {{- toJson (merge (dict "role" "health") .root.Values.config) -}}
-{{- else if eq .role "traffic" -}}
-{{- toJson (merge (dict "role" .role) (pick .root.Values.config "tick" "draining_new_requests" "draining_grpc_requests" "refuse_with")) -}}
 {{- else -}}
-{{- toJson (merge (dict "role" .role) (pick .root.Values.config "tick" "draining_new_requests")) -}}
+{{- toJson (merge (dict "role" .role) (pick .root.Values.config "tick" "draining_new_requests" "draining_grpc_requests" "refuse_with")) -}}
 {{- end -}}
 {{- end -}}
 
