@@ -555,7 +555,7 @@ def probe_table(rows: list[dict]) -> str:
 
     def cell(c: dict) -> str:
         if not c["reached"]:
-            return f"{c['status']} from the LB, never sent to a gateway"
+            return f"never reached gw1: {c['status']} to the client"
         out = "resent" if c["resent"] else f"not resent: {c['status']} to the client"
         if "http2" in c:
             out += f" ({'HTTP/2' if c['http2'] else 'HTTP/1.1'}, {c['new_connections']} new to gw1)"
