@@ -209,7 +209,8 @@ configmap: wasm-opt build
 # HAProxy checks every 1 s). `make scenarios` runs all of them with the shipped
 # timings (inter 2s, lb_buffer 10s); results in out/scenarios/latest/. The refuse mode
 # behind HAProxy, Envoy and nginx (tests/test_refuse_lbs.py): one round in `make test`,
-# five here; results in out/refuse-lbs/. The long gRPC and WebSocket streams (tests/test_long_streams.py)
+# five here; results in out/refuse-lbs/; its gRPC calls (tests/test_refuse_grpc.py): one
+# round in `make test`, three here; results in out/refuse-grpc/. The long gRPC and WebSocket streams (tests/test_long_streams.py)
 # run in both, here with the shipped timings.
 .PHONY: scenarios
 
@@ -217,8 +218,8 @@ scenarios: deps build $(VENV)/.installed
 	@command -v openssl >/dev/null || { SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
 	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq openssl >/dev/null; }
 	DRAIN_GATE_SCENARIOS=full PYTHONPATH=. $(PY) -m pytest tests/test_scenarios.py tests/test_passthrough.py \
-	  tests/test_refuse_lbs.py tests/test_long_streams.py -v -p no:cacheprovider $(PYTEST_ARGS)
-	@cat out/scenarios/latest/results.md out/refuse-lbs/results.md
+	  tests/test_refuse_lbs.py tests/test_refuse_grpc.py tests/test_long_streams.py -v -p no:cacheprovider $(PYTEST_ARGS)
+	@cat out/scenarios/latest/results.md out/refuse-lbs/results.md out/refuse-grpc/results.md
 
 ## Hardening: failure fixture, API contract, property tests, count torture ---
 # `make test` also builds the failure fixture (the real filter compiled with a

@@ -11,6 +11,7 @@ use std::net::IpAddr;
 use crate::duration::{self, DurationError};
 use crate::fsm::{CloseAfter, DrainPlan};
 use crate::net::{Cidr, CidrError, LOOPBACK};
+use crate::refusal::Refusal;
 use crate::rotation;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -52,6 +53,10 @@ pub struct Config {
     pub soft_drain_gate: bool,
     /// What the traffic role does with a new HTTP request while draining.
     pub draining_new_requests: NewRequests,
+    /// What it does with a new gRPC request while it refuses the others.
+    pub draining_grpc_requests: NewRequests,
+    /// How it refuses.
+    pub refuse_with: RefuseWith,
 }
 
 /// What the traffic role does with a new HTTP request from DRAINING on.
@@ -71,6 +76,29 @@ impl NewRequests {
         match self {
             NewRequests::Serve => "serve",
             NewRequests::Refuse => "refuse",
+        }
+    }
+}
+
+/// How a refused request is met (`crate::refusal`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum RefuseWith {
+    /// The 503 answer, `x-drain-gate: refused; draining`: for an LB that
+    /// resends a 503 (HAProxy `retry-on 503`, Envoy `retriable_status_codes`).
+    #[default]
+    Response,
+    /// The stream reset, no answer (HTTP/1.1: the connection closed; HTTP/2:
+    /// `RST_STREAM`): for an LB that resends what failed but must pass every
+    /// answer on (nginx `proxy_next_upstream error`), so that an
+    /// application's own 503 is never resent.
+    Reset,
+}
+
+impl RefuseWith {
+    pub fn name(self) -> &'static str {
+        match self {
+            RefuseWith::Response => "response",
+            RefuseWith::Reset => "reset",
         }
     }
 }
@@ -159,7 +187,7 @@ macro_rules! key_table {
 
 key_table! {
     /// Every configuration key, in the order they are checked.
-    pub const KEYS: [&str; 15] = [
+    pub const KEYS: [&str; 17] = [
         "role" => Rule::Required(role, ROLE_REQUIRED),
         "drain_timeout" => Rule::Optional(drain_timeout),
         "min_drain" => Rule::Optional(min_drain),
@@ -175,6 +203,8 @@ key_table! {
         "lb_checkers" => Rule::Optional(lb_checkers),
         "soft_drain_gate" => Rule::Optional(soft_drain_gate),
         "draining_new_requests" => Rule::Optional(draining_new_requests),
+        "draining_grpc_requests" => Rule::Optional(draining_grpc_requests),
+        "refuse_with" => Rule::Optional(refuse_with),
     ];
 }
 
@@ -196,6 +226,8 @@ impl Default for Config {
             lb_checkers: None,
             soft_drain_gate: true,
             draining_new_requests: NewRequests::Serve,
+            draining_grpc_requests: NewRequests::Serve,
+            refuse_with: RefuseWith::Response,
         }
     }
 }
@@ -341,12 +373,47 @@ fn soft_drain_gate(c: &mut Config, v: &Value) -> Result<(), Problem> {
     Ok(())
 }
 
+fn new_requests(v: &Value) -> Result<NewRequests, Problem> {
+    match v.as_str() {
+        Some("serve") => Ok(NewRequests::Serve),
+        Some("refuse") => Ok(NewRequests::Refuse),
+        _ => Err(format!("expected \"serve\" or \"refuse\", got {}", Shown(v)).into()),
+    }
+}
+
 fn draining_new_requests(c: &mut Config, v: &Value) -> Result<(), Problem> {
-    c.draining_new_requests = match v.as_str() {
-        Some("serve") => NewRequests::Serve,
-        Some("refuse") => NewRequests::Refuse,
-        _ => return Err(format!("expected \"serve\" or \"refuse\", got {}", Shown(v)).into()),
+    c.draining_new_requests = new_requests(v)?;
+    Ok(())
+}
+
+/// A way of refusing that is not the default needs the refusing (checked
+/// after `draining_new_requests`, the order of `KEYS`).
+fn needs_refusing(c: &Config, value: &str) -> Result<(), Problem> {
+    if c.draining_new_requests == NewRequests::Refuse {
+        return Ok(());
+    }
+    Err(format!("\"{value}\" needs draining_new_requests: \"refuse\"").into())
+}
+
+/// gRPC is served unless it is refused too: an LB that cannot resend a
+/// gRPC call would pass the refusal to its client.
+fn draining_grpc_requests(c: &mut Config, v: &Value) -> Result<(), Problem> {
+    c.draining_grpc_requests = new_requests(v)?;
+    if c.draining_grpc_requests == NewRequests::Refuse {
+        needs_refusing(c, "refuse")?;
+    }
+    Ok(())
+}
+
+fn refuse_with(c: &mut Config, v: &Value) -> Result<(), Problem> {
+    c.refuse_with = match v.as_str() {
+        Some("response") => RefuseWith::Response,
+        Some("reset") => RefuseWith::Reset,
+        _ => return Err(format!("expected \"response\" or \"reset\", got {}", Shown(v)).into()),
     };
+    if c.refuse_with == RefuseWith::Reset {
+        needs_refusing(c, "reset")?;
+    }
     Ok(())
 }
 
@@ -430,6 +497,14 @@ fn rotate_connections(c: &mut Config, v: &Value) -> Result<(), Problem> {
 }
 
 impl Config {
+    /// How the refusing refuses (`draining_grpc_requests`, `refuse_with`).
+    pub fn refusal(&self) -> Refusal {
+        Refusal {
+            grpc: self.draining_grpc_requests,
+            with: self.refuse_with,
+        }
+    }
+
     /// Parses the plugin configuration bytes. Empty input is refused: the role
     /// must be chosen explicitly.
     pub fn parse(bytes: &[u8]) -> Result<Config, ConfigError> {
@@ -624,6 +699,21 @@ mod tests {
         assert_eq!(c.draining_new_requests, NewRequests::Serve);
         let c = parse(r#"{"role":"traffic","draining_new_requests":"refuse"}"#).unwrap();
         assert_eq!(c.draining_new_requests.name(), "refuse");
+        assert_eq!(c.draining_grpc_requests, NewRequests::Serve, "gRPC served");
+        assert_eq!(c.refuse_with, RefuseWith::Response, "with the 503");
+        let c = parse(
+            r#"{"role":"traffic","draining_new_requests":"refuse","draining_grpc_requests":"refuse",
+                "refuse_with":"reset"}"#,
+        )
+        .unwrap();
+        assert_eq!(c.draining_grpc_requests.name(), "refuse");
+        assert_eq!(c.refuse_with.name(), "reset");
+        // The defaults spelled out are valid in either mode (the chart passes every value).
+        let c = parse(
+            r#"{"role":"traffic","draining_grpc_requests":"serve","refuse_with":"response"}"#,
+        )
+        .unwrap();
+        assert_eq!(c.draining_new_requests, NewRequests::Serve);
     }
 
     #[test]
@@ -692,6 +782,10 @@ mod tests {
             ("soft_drain_gate", r#""yes""#),
             ("draining_new_requests", r#""drop""#),
             ("draining_new_requests", "true"),
+            ("draining_grpc_requests", r#""drop""#),
+            ("draining_grpc_requests", r#""refuse""#),
+            ("refuse_with", "503"),
+            ("refuse_with", r#""reset""#),
         ];
         let keyed = keyed.map(|(key, value)| {
             let input = format!(r#"{{"role":"health","{key}":{value}}}"#);
@@ -727,6 +821,15 @@ mod tests {
         assert_eq!(
             problem(r#"{"role":"health","drain_timeout":"0s"}"#),
             "invalid configuration: drain_timeout: \"0s\" is below the minimum 1ms"
+        );
+        assert_eq!(
+            problem(r#"{"role":"traffic","draining_grpc_requests":"refuse"}"#),
+            "invalid configuration: draining_grpc_requests: \"refuse\" needs \
+             draining_new_requests: \"refuse\""
+        );
+        assert_eq!(
+            problem(r#"{"role":"traffic","draining_new_requests":"refuse","refuse_with":503}"#),
+            "invalid configuration: refuse_with: expected \"response\" or \"reset\", got 503"
         );
         assert_eq!(
             problem(r#"{"role":"health","admin_allow":["10.0.0.1/8"]}"#),

@@ -15,6 +15,7 @@
 //! - [`liveness`]: whether the traffic role is there and alive;
 //! - [`metric_names`]: every metric name (the host defines them);
 //! - [`receipt`]: how the streams of a drain ended, and what the LB cut;
+//! - [`refusal`]: which new requests a refusing drain refuses, and how;
 //! - [`rotation`]: connection rotation during a drain (Envoy's own connection drain,
 //!   event ③ of a pod termination).
 //!
@@ -34,6 +35,7 @@ pub mod liveness;
 pub mod metric_names;
 pub mod net;
 pub mod receipt;
+pub mod refusal;
 pub mod rotation;
 
 proxy_wasm::main! {{

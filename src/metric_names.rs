@@ -170,7 +170,7 @@ pub const ALL: [Metric; 21] = [
         name: REFUSED,
         kind: Kind::Counter,
         #[cfg(test)]
-        help: "new HTTP requests answered 503 while draining (draining_new_requests: refuse), never forwarded",
+        help: "new HTTP requests refused while draining (draining_new_requests: refuse: answered 503 or reset), never forwarded",
     },
 ];
 

@@ -114,7 +114,7 @@ pub enum End {
     Upstream,
     /// Ended by the downstream before it completed.
     Cut,
-    /// Answered 503 by drain-gate (`draining_new_requests: refuse`).
+    /// Refused by drain-gate (`draining_new_requests: refuse`): answered 503, or reset.
     Refused,
 }
 

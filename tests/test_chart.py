@@ -107,6 +107,7 @@ def test_values_are_every_key_of_the_configuration_table():
     (("--set", "config.draining_lb_status=503"), "draining_lb_status"),
     (("--set", "config.admin_token=short"), "admin_token"),
     (("--set", "config.close_after=lb_down"), "close_after"),
+    (("--set", "config.refuse_with=503"), "refuse_with"),
     (("--set", "config.lb_fall=11"), "lb_fall"),
     (("--set", "form=both"), "form"),
     (("--set", "wasm.bas64=x"), "bas64"),
@@ -121,6 +122,9 @@ def test_schema_refuses_unknown_keys_and_bad_values(module, args, named):
     (("--set", "config.lb_down_timeout=0s"), 'config.lb_down_timeout: "0s" is below the minimum 1ms'),
     (("--set", "config.tick=5ms"), 'config.tick: "5ms" is outside 10ms..10s'),
     (("--set", "config.min_drain=3m"), "config.min_drain must not exceed config.drain_timeout"),
+    (("--set", "config.draining_grpc_requests=refuse"),
+     'config.draining_grpc_requests: "refuse" needs config.draining_new_requests: "refuse"'),
+    (("--set", "config.refuse_with=reset"), 'config.refuse_with: "reset" needs config.draining_new_requests: "refuse"'),
     (("--set", f"wasmPlugin.url={OCI}"), "wasmPlugin.url and wasmPlugin.canary.url take effect with form wasmplugin"),
 ])
 def test_render_refuses_values_the_plugin_would_refuse(module, args, message):
@@ -198,8 +202,9 @@ def test_wasmplugin_form_loads_the_mounted_module_and_counts_tcp_on_its_ports(mo
     assert (traffic["type"], traffic["pluginName"], "match" in traffic) == ("HTTP", "drain_gate_traffic", False)
     assert (tcp["type"], tcp["pluginName"]) == ("NETWORK", "drain_gate_tcp")
     assert tcp["match"] == [{"ports": [{"number": 15443}, {"number": 9443}]}]
-    assert traffic["pluginConfig"] == {"role": "traffic", "tick": "100ms", "draining_new_requests": "serve"}
-    assert tcp["pluginConfig"] == {"role": "traffic_tcp", "tick": "100ms", "draining_new_requests": "serve"}
+    assert traffic["pluginConfig"] == {"role": "traffic", "tick": "100ms", "draining_new_requests": "serve",
+                                       "draining_grpc_requests": "serve", "refuse_with": "response"}
+    assert tcp["pluginConfig"] == {**traffic["pluginConfig"], "role": "traffic_tcp"}
     assert traffic["failStrategy"] == tcp["failStrategy"] == "FAIL_OPEN"
     digest = "a" * 64
     oci = k8s.by_kind(k8s.template(*with_module(module, *WASMPLUGIN, "--set", f"wasmPlugin.url={OCI}",
@@ -247,8 +252,10 @@ def test_config_values_reach_the_health_role_and_traffic_gets_only_what_it_uses(
             traffic = json.loads(value["typed_config"]["config"]["configuration"]["value"])
             value = objs[("EnvoyFilter", "drain-gate-tcp")]["spec"]["configPatches"][0]["patch"]["value"]
             tcp = json.loads(value["typed_config"]["config"]["configuration"]["value"])
-            assert tcp == {"role": "traffic_tcp", "tick": "50ms", "draining_new_requests": "serve"}
-        assert traffic == {"role": "traffic", "tick": "50ms", "draining_new_requests": "serve"}
+            assert tcp == {"role": "traffic_tcp", "tick": "50ms", "draining_new_requests": "serve",
+                           "draining_grpc_requests": "serve", "refuse_with": "response"}
+        assert traffic == {"role": "traffic", "tick": "50ms", "draining_new_requests": "serve",
+                           "draining_grpc_requests": "serve", "refuse_with": "response"}
 
 
 def test_tcp_value_renders_or_leaves_out_the_tcp_filter(module):

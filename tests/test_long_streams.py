@@ -31,7 +31,6 @@ import os
 import re
 import threading
 import time
-from concurrent import futures
 from datetime import datetime
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -43,13 +42,11 @@ import websockets.sync.client
 import websockets.sync.server
 
 from tests.harness.envoy import wait_for
-from tests.harness.haproxy import CFG, HAProxy
+from tests.harness.grpc_app import ECHO, TICKS, grpc_backend, h2_backend
+from tests.harness.haproxy import CFG, HAProxy, h2_cfg
 from tests.harness.ports import free_port
 from tests.harness.rig import QUICK, SHIPPED, Gateway
 
-SERVICE = "drain_gate.test.Long"
-TICKS = f"/{SERVICE}/Ticks"  # server streaming: request b"<n> <interval_ms>", n messages back
-ECHO = f"/{SERVICE}/Echo"  # bidirectional: every message echoed
 INTERVAL = 0.2  # seconds between two messages of a stream
 # `make test`: HAProxy checks every 1 s; `make scenarios` (DRAIN_GATE_SCENARIOS=full): the shipped
 # timings (inter 2s, lb_buffer 10s), the same assertions.
@@ -62,35 +59,6 @@ CLEAN = {"drain_timeout": "60s", "lb_buffer": TIMING.lb_buffer}
 
 
 # -- backends --------------------------------------------------------------------------------
-@contextlib.contextmanager
-def grpc_backend():
-    """A grpc server on loopback with generic handlers (bytes in, bytes out: no codegen)."""
-
-    def ticks(request: bytes, context):
-        n, ms = (int(x) for x in request.split())
-        for i in range(n):
-            if not context.is_active():
-                return
-            yield b"tick %d" % i
-            time.sleep(ms / 1000)
-
-    def echo(requests, context):
-        for m in requests:
-            yield m
-
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=16))
-    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, {
-        "Ticks": grpc.unary_stream_rpc_method_handler(ticks),
-        "Echo": grpc.stream_stream_rpc_method_handler(echo),
-    }),))
-    port = server.add_insecure_port("127.0.0.1:0")
-    server.start()
-    try:
-        yield port
-    finally:
-        server.stop(0).wait(5)
-
-
 @contextlib.contextmanager
 def ws_backend():
     """A websockets server: /ticks?n=N sends N messages, INTERVAL apart, then closes with 1000."""
@@ -111,31 +79,6 @@ def ws_backend():
         server.shutdown()
 
 
-def h2_backend(doc: dict) -> dict:
-    """The bootstrap's backend cluster speaks HTTP/2 (gRPC); everything else as written."""
-    for c in doc["static_resources"]["clusters"]:
-        if c["name"] == "backend":
-            c["typed_extension_protocol_options"] = {
-                "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
-                    "@type": "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
-                    "explicit_http_config": {"http2_protocol_options": {}},
-                }
-            }
-    return doc
-
-
-def haproxy_h2_cfg(workdir: Path) -> Path:
-    """haproxy.cfg with `proto h2 check-proto h1` on the gateways' server lines: HAProxy then speaks
-    h2c to the gateway, which gRPC needs (its trailers, its bidirectional streams), and keeps its
-    health check on HTTP/1 (`proto h2` alone moves the check to h2 too, which times out: L7TOUT)."""
-    text = CFG.read_text()
-    out = re.sub(r"(server gw\d \"\$\{GW\d_ADDR[^\n]*?) on-marked-down", r"\1 proto h2 check-proto h1 on-marked-down", text)
-    assert out.count("proto h2") == 2, "haproxy.cfg's server lines changed"
-    path = workdir / "haproxy-h2.cfg"
-    path.write_text(out)
-    return path
-
-
 @contextlib.contextmanager
 def lb_rig(tmp_path: Path, backend_port: int, config: dict, *, h2: bool, lb: str = "http"):
     """One gateway (real Envoy + drain-gate, its backend `backend_port`) behind real HAProxy:
@@ -147,7 +90,7 @@ def lb_rig(tmp_path: Path, backend_port: int, config: dict, *, h2: bool, lb: str
         stack.callback(gw.stop)
         gw.start()
         hap = HAProxy(tmp_path / "haproxy", [(gw.ports.traffic, gw.ports.health)], inter=TIMING.inter, tls=False,
-                      tcp=lb == "tcp", cfg=haproxy_h2_cfg(tmp_path) if h2 and lb == "http" else None)
+                      tcp=lb == "tcp", cfg=h2_cfg(CFG, tmp_path) if h2 and lb == "http" else None)
         stack.callback(hap.stop)
         hap.start()
         hap.wait_status("gw1", lambda s: s.up and s.check_status == "L7OK", timeout=5 * TIMING.inter_s + 5)

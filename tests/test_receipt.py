@@ -60,7 +60,8 @@ def test_every_counter_exists_from_the_start_at_0(gateway):
         assert gw.stat(f"wasmcustom.{name}") == 0, name
     st = status(gw)
     assert st["cut"] == 0 and st["receipt"]["drain_started_at"] is None
-    assert st["refusing"] == {"mode": "serve", "active": False, "this_drain": 0}
+    assert st["refusing"] == {"mode": "serve", "grpc": "serve", "refuse_with": "response", "active": False,
+                              "this_drain": 0}
 
 
 def test_a_drain_counts_its_cuts_and_attributes_the_lb_s(gateway):

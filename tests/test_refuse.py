@@ -4,18 +4,27 @@ HTTP request is answered at once with 503, `connection: close`, the header
 (POST included) — while the requests in flight when the drain began run to
 their end; the health listener is untouched; `/reopen` ends it at once. The
 LBs that resend those 503s (HAProxy `retry-on`, Envoy `retry_policy`, nginx
-`proxy_next_upstream`) are measured in tests/test_refuse_lbs.py."""
+`proxy_next_upstream`) are measured in tests/test_refuse_lbs.py.
+
+gRPC requests are served while the others are refused, unless
+`draining_grpc_requests: refuse`: then answered HTTP 503 (Envoy would make a
+filter's local reply to gRPC `200` + `grpc-status: 14`, which no LB resends)
+with `grpc-status: 14`. `refuse_with: reset` resets the stream instead of
+answering: HTTP/1.1 the connection closed with no answer, HTTP/2
+`RST_STREAM` (INTERNAL_ERROR; NO_ERROR from Envoy 1.36)."""
 from __future__ import annotations
 
+import re
 import socket
 import time
 
+import grpc
 import pytest
 import requests
 
 from tests.harness import torture
 from tests.harness.envoy import wait_for
-from tests.harness.wire import fresh_get, post, read_head, status
+from tests.harness.wire import fresh_get, h2_exchange, post, read_head, recv_until_close, status
 
 REFUSE = {"draining_new_requests": "refuse", "lb_buffer": "60m", "drain_timeout": "60m"}
 
@@ -85,6 +94,60 @@ def test_serve_mode_serves_while_draining(gateway):
         time.sleep(0.3)
         for _ in range(3):
             assert requests.get(gw.traffic("/"), timeout=5).status_code == 200
-        assert status(gw)["refusing"] == {"mode": "serve", "active": False, "this_drain": 0}
+        assert status(gw)["refusing"] == {"mode": "serve", "grpc": "serve", "refuse_with": "response",
+                                          "active": False, "this_drain": 0}
     finally:
         held.close()
+
+
+# A gRPC request as a client sends it (HTTP/2, prior knowledge); Envoy tells gRPC by the content-type.
+GRPC_CALL = [(":method", "POST"), (":scheme", "http"), (":authority", "gw"), (":path", "/drain_gate.test.Long/Ticks"),
+             ("content-type", "application/grpc"), ("te", "trailers")]
+# RFC 9113 §7: the code of Envoy's RST_STREAM for a filter's reset, measured: NO_ERROR on Envoy 1.36,
+# INTERNAL_ERROR on 1.38 and 1.40.
+RESET_CODES = {"1.36": 0, "1.38": 2, "1.40": 2}
+
+
+def test_a_refused_grpc_request_is_answered_503_that_an_lb_resends(gateway):
+    """With `draining_grpc_requests: refuse` (served by default: `test_refuse_with_reset_answers_nothing`)."""
+    gw = gateway({**REFUSE, "rotate_connections": False, "draining_grpc_requests": "refuse"})
+    assert post(gw, "/drain?hold=closing").json()["state"] == "CLOSING"
+    wait_for(lambda: refused(requests.get(gw.traffic("/"), timeout=5)), 2, interval=0.05, what="refusing")
+    time.sleep(0.3)  # a tick: every worker refuses
+    before = status(gw)["refusing"]["this_drain"]
+    a = h2_exchange(gw.ports.traffic, GRPC_CALL)
+    # The answer of a refusal, HTTP 503 (not the 200 Envoy makes of a local reply to gRPC) with
+    # the gRPC status a client reads: UNAVAILABLE, which a gRPC client may retry.
+    assert (a.outcome, a.status) == ("ended", 503), vars(a)
+    assert a.headers["grpc-status"] == "14" and a.headers["x-drain-gate"] == "refused; draining", a.headers
+    assert a.headers["content-type"] == "application/grpc"
+    with grpc.insecure_channel(f"127.0.0.1:{gw.ports.traffic}") as ch:
+        with pytest.raises(grpc.RpcError) as e:
+            ch.unary_unary("/drain_gate.test.Long/Unary")(b"", timeout=5)
+    assert e.value.code() == grpc.StatusCode.UNAVAILABLE, e.value
+    assert status(gw)["refusing"] == {"mode": "refuse", "grpc": "refuse", "refuse_with": "response", "active": True,
+                                      "this_drain": before + 2}
+
+
+def test_refuse_with_reset_answers_nothing(gateway):
+    """HTTP/1.1: the connection closed with no answer; HTTP/2: RST_STREAM. gRPC is
+    served (the default), the HTTP/2 request of another kind reset."""
+    gw = gateway({**REFUSE, "rotate_connections": False, "refuse_with": "reset"})
+    assert post(gw, "/drain?hold=closing").json()["state"] == "CLOSING"
+
+    def h1_answer() -> bytes:
+        with socket.create_connection(("127.0.0.1", gw.ports.traffic), timeout=5) as s:
+            s.sendall(b"GET / HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n")
+            return recv_until_close(s)
+
+    wait_for(lambda: h1_answer() == b"", 2, interval=0.05, what="reset: closed with no answer")
+    time.sleep(0.3)  # a tick: every worker refuses
+    assert h1_answer() == b""
+    get = [(k, v) for k, v in GRPC_CALL if k not in ("content-type", "te")]
+    a = h2_exchange(gw.ports.traffic, [*get, ("content-type", "application/json")])
+    version = re.search(r"/(\d+\.\d+)\.\d+/", requests.get(gw.admin("/server_info"), timeout=5).json()["version"])[1]
+    assert (a.outcome, a.status, a.error_code) == ("reset", None, RESET_CODES[version]), vars(a)
+    assert h2_exchange(gw.ports.traffic, GRPC_CALL).status == 200, "gRPC served"
+    st = status(gw)
+    assert st["refusing"]["refuse_with"] == "reset" and st["refusing"]["this_drain"] >= 3
+    assert st["receipt"]["refused"] == st["refusing"]["this_drain"]

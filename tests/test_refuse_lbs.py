@@ -1,7 +1,7 @@
 """`draining_new_requests: refuse` behind real LBs that resend a 503 (tests/scenarios/refuse_lbs.py):
 two gateways behind HAProxy 2.6 (envoyfilter/haproxy/haproxy-refuse.cfg), Envoy as the front LB
-(envoyfilter/lb/envoy-front.yaml) or Debian's nginx (envoyfilter/lb/nginx-drain-gate.conf), each
-file run as written; a new 2.5 s stream every 0.3 s for 8 s, gw1 drained at t = 1 s with
+(envoyfilter/lb/envoy-front.yaml) or Debian's nginx (envoyfilter/lb/nginx-drain-gate.conf, the
+gateways with `refuse_with: reset`), each file run as written; a new 2.5 s stream every 0.3 s for 8 s, gw1 drained at t = 1 s with
 `drain_timeout: 5s`.
 
 - `refuse` loses 0 of >= 20 streams behind each LB, the drain closes on its own (active = 0,
@@ -12,8 +12,10 @@ file run as written; a new 2.5 s stream every 0.3 s for 8 s, gw1 drained at t = 
   HAProxy the loss is its DOWN's reset, and the gateway's own `cut_lb` counts exactly the
   streams the clients lost; behind Envoy and nginx it is the pod's exit, which the gateway's
   receipt (read just before it) cannot see.
-- what each LB resends (GET, POST with a small and a big body) and what it does with a 503 the
-  application answered itself; `retries 3` alone resends nothing.
+- what each LB resends (GET, POST bodies from 1 kB to 2 MiB, a WebSocket upgrade, a request on a
+  connection opened before the drain) and what it does with a 503 the application answered
+  itself; `retries 3` alone resends nothing; nginx's recipe keeps every gateway in after an
+  application's 503 and still moves a refused request on (`refuse_with: reset`).
 - TCP: behind HAProxy `mode tcp` a connection a server closes, resets or holds at once is lost to
   its client, never resent: the TCP role serves while draining.
 
@@ -67,14 +69,7 @@ def test_haproxy_refuse_cfg_is_haproxy_cfg_plus_the_retry_lines(tmp_path):
 
 @pytest.fixture(scope="module")
 def rows() -> list[dict]:
-    runs = rl.ROUND + ([rl.RETRIES_ALONE] if FULL else [])
-    out = []
-    for i in range(ROUNDS):
-        out += rl.run_round(OUT / "runs" / f"round-{i}", runs)
-    OUT.mkdir(parents=True, exist_ok=True)
-    (OUT / "results.json").write_text(json.dumps(out, indent=1))
-    (OUT / "results.md").write_text(rl.table(out))
-    return out
+    return rl.rounds(rl.run_round, ROUNDS, OUT, rl.table, rl.ROUND + ([rl.RETRIES_ALONE] if FULL else []))
 
 
 def of(rows: list[dict], front: str, mode: str) -> list[dict]:
@@ -129,32 +124,76 @@ def test_retries_alone_pass_every_refusal_to_its_client(rows):
         assert (r["closing_reason"], r["forced"]) == ("active_zero", False), r
 
 
-def test_what_each_lb_resends(tmp_path):
-    """A request gw1 refused, through each LB; and the application's own 503 to a POST."""
-    got = {r["lb"]: r for r in rl.probe(tmp_path)}
-    (OUT).mkdir(parents=True, exist_ok=True)
-    (OUT / "probe.md").write_text(rl.probe_table(list(got.values())))
+@pytest.fixture(scope="module")
+def probed(tmp_path_factory) -> dict[str, dict]:
+    """What each LB does with a request gw1 refused (rl.probe): the shipped recipes and their
+    controls, and in `make scenarios` every variant the recipes name."""
+    rows = rl.probe(tmp_path_factory.mktemp("probe"), full=FULL)
+    OUT.mkdir(parents=True, exist_ok=True)
+    (OUT / "probe.json").write_text(json.dumps(rows, indent=1))
+    (OUT / "probe.md").write_text(rl.probe_table(rows))
+    return {(r["lb"], r["refuse_with"]): r for r in rows}
 
-    def resent(lb):
-        return [got[lb][f"{m} {s}"]["resent"] for m, s in rl.PROBE_KINDS]  # GET, POST 1 kB, POST 64 kB
 
-    def processed(lb):
-        return got[lb]["app_503_post"]["processed"]
+SIZES = [f"POST {n}" for n in (1024, 65536, 921600, 2097152)]
 
-    # HAProxy resends what it holds whole in its buffer (tune.bufsize 16 kB): not a 64 kB POST.
-    assert resent("HAProxy, haproxy-refuse.cfg") == [True, True, False]
-    assert got["HAProxy, haproxy-refuse.cfg"]["POST 65536"]["status"] == 503
-    assert processed("HAProxy, haproxy-refuse.cfg") == 4, "retries 3: the application's 503 is resent too"
-    assert resent("HAProxy, haproxy.cfg (`retries 3` alone)") == [False] * 3
-    assert processed("HAProxy, haproxy.cfg (`retries 3` alone)") == 1
-    assert resent("Envoy, envoy-front.yaml (retriable_status_codes 503)") == [True] * 3
-    assert processed("Envoy, envoy-front.yaml (retriable_status_codes 503)") == 4
-    assert resent("Envoy, retriable-headers x-drain-gate") == [True] * 3
-    assert processed("Envoy, retriable-headers x-drain-gate") == 1, "only drain-gate's refusals are resent"
-    assert resent("nginx, nginx-drain-gate.conf (http_503 non_idempotent)") == [True] * 3
-    assert processed("nginx, nginx-drain-gate.conf (http_503 non_idempotent)") == 2, "each gateway once"
-    assert resent("nginx, without non_idempotent") == [True, False, False]
-    assert processed("nginx, without non_idempotent") == 1
+
+def resent(row: dict, kinds=("GET 0", *SIZES, "websocket", "existing")) -> list[bool]:
+    return [row[k]["resent"] for k in kinds]
+
+
+def test_what_each_lb_resends(probed):
+    """A request gw1 refused, through each LB: GET, POST bodies of 1 kB to 2 MiB, a WebSocket
+    upgrade, a GET on a connection the LB opened to gw1 before the drain; and the application's
+    own 503 to a POST."""
+    hap = probed["HAProxy, haproxy-refuse.cfg", "response"]
+    # HAProxy resends what it holds whole in its buffer (tune.bufsize 16 kB): no POST of 64 kB or more.
+    assert resent(hap) == [True, True, False, False, False, True, True], hap
+    assert {hap[k]["status"] for k in SIZES[1:]} == {503}
+    assert hap["app_503_post"]["processed"] == 4, "retries 3: the application's 503 is resent too"
+    alone = probed["HAProxy, haproxy.cfg (`retries 3` alone)", "response"]
+    assert resent(alone) == [False] * 7 and alone["app_503_post"]["processed"] == 1, alone
+    envoy = probed["Envoy, envoy-front.yaml (retriable_status_codes 503)", "response"]
+    # Envoy holds the request body for a retry up to its buffer (1 MiB): not the 2 MiB one.
+    assert resent(envoy) == [True, True, True, True, False, True, True], envoy
+    # Resent whether the LB refused it on the HTTP/2 connection it had or took a new one after the
+    # drain's GOAWAY (both seen: `new_connections` 0 or 1).
+    assert envoy["existing"]["http2"], envoy
+    assert envoy["app_503_post"]["processed"] == 4
+    h2 = probed["HAProxy, haproxy-refuse.cfg, `proto h2` (gRPC)", "response"]
+    assert resent(h2, ("GET 0", "POST 1024", "existing")) == [True] * 3 and h2["existing"]["http2"], h2
+    # `proto h2` carries no WebSocket upgrade to the gateway: HAProxy answers it 502 itself.
+    assert (h2["websocket"]["reached"], h2["websocket"]["status"]) == (False, 502), h2
+    nginx = probed["nginx, nginx-drain-gate.conf (`error timeout non_idempotent`)", "reset"]
+    # nginx holds the whole body (up to client_max_body_size, 1 MiB by default: a bigger one it
+    # answers 413 itself, draining or not).
+    assert resent(nginx) == [True, True, True, True, False, True, True], nginx
+    assert (nginx["POST 2097152"]["reached"], nginx["POST 2097152"]["status"]) == (False, 413)
+    if FULL:
+        reset_hap = probed["HAProxy, `retry-on conn-failure empty-response`", "reset"]
+        assert resent(reset_hap, ("GET 0", "POST 1024", "websocket")) == [True] * 3, reset_hap
+        assert reset_hap["POST 65536"]["status"] == 502 and reset_hap["app_503_post"]["processed"] == 1
+        assert probed["HAProxy, haproxy-refuse.cfg", "reset"]["app_503_post"]["processed"] == 4
+        reset_envoy = probed["Envoy, `retry_on: connect-failure,reset`", "reset"]
+        assert resent(reset_envoy)[:4] == [True] * 4 and reset_envoy["app_503_post"]["processed"] == 1, reset_envoy
+        headers = probed["Envoy, retriable-headers x-drain-gate", "response"]
+        assert resent(headers)[:4] == [True] * 4 and headers["app_503_post"]["processed"] == 1, headers
+        post = probed["nginx, without non_idempotent", "reset"]
+        assert resent(post, ("GET 0", "POST 1024", "websocket")) == [True, False, True], post
+        assert post["POST 1024"]["status"] == 502
+
+
+def test_nginx_keeps_every_gateway_in_after_an_application_503_and_moves_a_refused_request_on(probed):
+    """nginx-drain-gate.conf passes every answer on (no `http_503`): the application's own 503
+    reaches its client once, processed once, and the next requests reach both gateways; a request
+    drain-gate refused (`refuse_with: reset`: an error to nginx) goes to the other gateway. The
+    control, the recipe before (`http_503 non_idempotent`, `max_fails=1`), resends the
+    application's 503 to the other gateway (processed twice) and takes the first gateway out."""
+    nginx = probed["nginx, nginx-drain-gate.conf (`error timeout non_idempotent`)", "reset"]
+    assert nginx["app_503_post"] == {"status": 503, "processed": 1, "then": ["gw1", "gw2"]}, nginx
+    assert nginx["GET 0"]["resent"] and nginx["POST 1024"]["resent"], nginx
+    before = probed["nginx, `http_503 non_idempotent` (the recipe before)", "response"]
+    assert before["app_503_post"] == {"status": 503, "processed": 2, "then": ["gw2"]}, before
 
 
 def test_haproxy_resends_a_post_only_once_it_holds_its_body(tmp_path):

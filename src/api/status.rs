@@ -10,6 +10,7 @@ use crate::fsm::{CloseAfter, Record, State};
 use crate::in_flight::InFlight;
 use crate::lb::{Checkers, Gate};
 use crate::receipt::Tally;
+use crate::refusal::Refusal;
 use crate::rotation;
 
 /// How the active count is kept; reported in the status.
@@ -101,6 +102,8 @@ pub struct View<'a> {
     pub receipt: Tally,
     /// `draining_new_requests`.
     pub new_requests: &'static str,
+    /// `draining_grpc_requests` and `refuse_with`.
+    pub refusal: Refusal,
 }
 
 /// Connection rotation: configured where, and what the last drain's call did.
@@ -253,6 +256,10 @@ struct ReceiptOut {
 struct Refusing {
     /// `draining_new_requests`: `serve` or `refuse`.
     mode: &'static str,
+    /// `draining_grpc_requests`: gRPC requests `serve`d or `refuse`d too.
+    grpc: &'static str,
+    /// `refuse_with`: `response` (the 503) or `reset`.
+    refuse_with: &'static str,
     /// New requests are being refused now (refuse mode, and a drain running).
     active: bool,
     /// Requests refused in the current (or last) drain.
@@ -313,6 +320,8 @@ fn status_body<'a>(v: &View<'a>, error: Option<&'a str>, wait: Option<&'a str>) 
         receipt: receipt_out(v),
         refusing: Refusing {
             mode: v.new_requests,
+            grpc: v.refusal.grpc.name(),
+            refuse_with: v.refusal.with.name(),
             active: v.new_requests == "refuse" && r.state != State::Open,
             this_drain: v.receipt.refused,
         },
@@ -534,6 +543,7 @@ mod tests {
             footprint: Footprint::default(),
             receipt: Tally::default(),
             new_requests: "serve",
+            refusal: Refusal::default(),
         };
         f(v)
     }

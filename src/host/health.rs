@@ -184,6 +184,7 @@ impl<H: Host> Health<H> {
             },
             receipt: self.tally_of(rec),
             new_requests: self.config.draining_new_requests.name(),
+            refusal: self.config.refusal(),
         }
     }
 
@@ -1024,7 +1025,8 @@ mod tests {
         let st = json(&call(&h, "GET", "/drain/status", 2).unwrap());
         assert_eq!(
             st["refusing"],
-            serde_json::json!({"mode": "refuse", "active": true, "this_drain": 1})
+            serde_json::json!({"mode": "refuse", "grpc": "serve", "refuse_with": "response",
+                               "active": true, "this_drain": 1})
         );
         assert_eq!(sim.metric(crate::metric_names::REFUSED), 1);
         assert_eq!(call(&h, "POST", "/reopen", 3).unwrap().status, 200);
@@ -1035,6 +1037,74 @@ mod tests {
             "reopened: served at once, before a tick"
         );
         drop((before, after));
+    }
+
+    /// A refusing drain, and `n` new requests with `content_type`: what each met.
+    fn refusing(config: &str, content_type: &str, n: usize) -> (Sim, Vec<Action>) {
+        let sim = Sim::at(T0);
+        let (h, t) = gateway(&sim, config);
+        call(&h, "POST", "/drain?hold=closing", 1).unwrap();
+        ticks(&sim, &h, &t, 1, 100);
+        sim.request_headers
+            .borrow_mut()
+            .insert("content-type".into(), content_type.into());
+        let mut met = Vec::new();
+        for _ in 0..n {
+            let mut s = TrafficStream::new(Rc::clone(&t));
+            met.push(s.request_headers());
+            s.response_headers(true);
+            s.log();
+        }
+        let st = json(&call(&h, "GET", "/drain/status", 2).unwrap());
+        assert_eq!(
+            st["receipt"]["refused"],
+            sim.metric(crate::metric_names::REFUSED)
+        );
+        drop((h, t));
+        (sim, met)
+    }
+
+    #[test]
+    fn grpc_is_served_while_refusing_unless_refused_too_then_answered_503() {
+        let refuse = r#""draining_new_requests":"refuse","lb_buffer":"60m""#;
+        let (sim, met) = refusing(&format!("{{{refuse}}}"), "application/grpc", 2);
+        assert_eq!(met, [Action::Continue; 2], "gRPC served by default");
+        assert!(sim.answers.borrow().is_empty());
+        assert_eq!(sim.metric(crate::metric_names::REFUSED), 0);
+        let (sim, met) = refusing(&format!("{{{refuse}}}"), "application/json", 1);
+        assert_eq!(met, [Action::Pause]);
+        assert!(
+            sim.response_headers.borrow().is_empty(),
+            "not gRPC: the 503 as sent"
+        );
+        let grpc_too = format!(r#"{{{refuse},"draining_grpc_requests":"refuse"}}"#);
+        let (sim, met) = refusing(&grpc_too, "application/grpc+proto", 2);
+        assert_eq!(met, [Action::Pause; 2]);
+        assert_eq!(sim.answers.borrow().len(), 2);
+        assert_eq!(sim.answers.borrow()[0].status, 503);
+        // Envoy made the answer 200 + grpc-status 14: each gets its 503 back, once.
+        let restored = (":status".to_string(), "503".to_string());
+        assert_eq!(*sim.response_headers.borrow(), [restored.clone(), restored]);
+        assert_eq!(sim.metric(crate::metric_names::REFUSED), 2);
+    }
+
+    #[test]
+    fn refuse_with_reset_resets_with_no_answer_and_counts_it_refused() {
+        let reset = r#"{"draining_new_requests":"refuse","refuse_with":"reset","lb_buffer":"60m""#;
+        let (sim, met) = refusing(&format!("{reset}}}"), "text/plain", 3);
+        assert_eq!(met, [Action::Pause; 3]);
+        assert_eq!(sim.resets.get(), 3);
+        assert!(sim.answers.borrow().is_empty() && sim.response_headers.borrow().is_empty());
+        assert_eq!(sim.metric(crate::metric_names::REFUSED), 3);
+        let (sim, met) = refusing(&format!("{reset}}}"), "application/grpc", 1);
+        assert_eq!(
+            (met, sim.resets.get()),
+            (vec![Action::Continue], 0),
+            "gRPC served"
+        );
+        let all = format!(r#"{reset},"draining_grpc_requests":"refuse"}}"#);
+        let (sim, met) = refusing(&all, "application/grpc", 1);
+        assert_eq!((met, sim.resets.get()), (vec![Action::Pause], 1));
     }
 
     #[test]

@@ -73,6 +73,12 @@ pub struct Sim {
     pub answers: RefCell<Vec<Answer>>,
     /// Properties of the stream whose callback runs, by dotted path.
     pub properties: RefCell<HashMap<String, Vec<u8>>>,
+    /// Request headers of the stream whose callback runs.
+    pub request_headers: RefCell<HashMap<String, String>>,
+    /// Response headers the shell set, in order.
+    pub response_headers: RefCell<Vec<(String, String)>>,
+    /// Streams the shell reset.
+    pub resets: Cell<u32>,
     /// Host calls made so far (what a hot path costs), counted as the ABI
     /// calls Envoy serves: `now` is two (the wall clock and WASI's monotonic
     /// one), an answer on another stream two (`proxy_set_effective_context`
@@ -308,6 +314,25 @@ impl Host for &Sim {
             headers: owned(headers),
             body: body.to_vec(),
         });
+        Ok(())
+    }
+
+    fn request_header(&self, name: &str) -> Option<String> {
+        self.host_calls.set(self.host_calls.get() + 1);
+        self.request_headers.borrow().get(name).cloned()
+    }
+
+    fn set_response_header(&self, name: &str, value: &str) -> Result<(), Status> {
+        self.host_calls.set(self.host_calls.get() + 1);
+        self.response_headers
+            .borrow_mut()
+            .push((name.to_string(), value.to_string()));
+        Ok(())
+    }
+
+    fn reset_stream(&self) -> Result<(), Status> {
+        self.host_calls.set(self.host_calls.get() + 1);
+        self.resets.set(self.resets.get() + 1);
         Ok(())
     }
 }

@@ -22,6 +22,7 @@ use crate::config::{Config, NewRequests};
 use crate::fsm::State;
 use crate::in_flight::Ages;
 use crate::receipt::{self, End, First};
+use crate::refusal::{self, Meet, Refusal};
 
 /// This worker's streams by start tick (`crate::in_flight`). A stream is
 /// stamped with the time of the last tick, so starting and ending one makes
@@ -102,6 +103,8 @@ pub struct Traffic<H: Host = Envoy> {
     in_drain: Cell<bool>,
     /// `draining_new_requests`.
     new_requests: NewRequests,
+    /// How it refuses (`draining_grpc_requests`, `refuse_with`).
+    refusal: Refusal,
     /// What holds the flip of the running drain back, as of the last tick:
     /// until then a stream end that brings the count to 0 does not look
     /// (the health role flips when the hold ends).
@@ -125,6 +128,7 @@ impl<H: Host + Copy> Traffic<H> {
             draining: Cell::new(true),
             in_drain: Cell::new(false),
             new_requests: config.draining_new_requests,
+            refusal: config.refusal(),
             hold: Cell::new(FlipHold::None),
             completed: Cell::new(0),
             ages: AgeBook::new(host, config.tick_ms),
@@ -328,8 +332,10 @@ pub struct TrafficStream<H: Host = Envoy> {
     traffic: Rc<Traffic<H>>,
     counted: bool,
     started_ms: u64,
-    /// Answered 503 by drain-gate (refused while draining).
+    /// Refused by drain-gate while draining (answered 503, or reset).
     refused: bool,
+    /// A refused gRPC request: its answer gets its 503 back on the way out.
+    restore_status: bool,
     /// A connection: its upstream side ended (a FIN or its close).
     upstream_ended: bool,
     /// A connection: which side ended first.
@@ -340,9 +346,6 @@ pub struct TrafficStream<H: Host = Envoy> {
     /// How it ended, when it ended during a drain (HTTP: from `on_log`).
     end: Option<End>,
 }
-
-/// The refusal's answer: small, and saying who refused and why.
-const REFUSED_BODY: &[u8] = br#"{"error":"draining","message":"this gateway is draining and takes no new requests; resend to another one"}"#;
 
 impl<H: Host> TrafficStream<H> {
     /// Whether this stream is in the count (else in `keys::UNCOUNTED`).
@@ -362,6 +365,7 @@ impl<H: Host> TrafficStream<H> {
             counted,
             started_ms,
             refused: false,
+            restore_status: false,
             upstream_ended: false,
             first: First::Upstream,
             response_done: false,
@@ -370,28 +374,52 @@ impl<H: Host> TrafficStream<H> {
     }
 
     /// The request's headers arrived: forwarded, or refused while draining
-    /// (503, never forwarded, so always safe to resend). `connection: close`
-    /// is Envoy's to add, not a filter's: it strips the hop-by-hop headers of
-    /// a local reply, and adds `connection: close` to every HTTP/1.1 response
-    /// once its drain sequence runs (the connection rotation, which a refusing
-    /// drain starts as it begins).
+    /// (never forwarded, so always safe to resend): answered 503, or reset
+    /// (`crate::refusal`). `connection: close` is Envoy's to add, not a
+    /// filter's: it strips the hop-by-hop headers of a local reply, and adds
+    /// `connection: close` to every HTTP/1.1 response once its drain sequence
+    /// runs (the connection rotation, which a refusing drain starts as it
+    /// begins).
     pub fn request_headers(&mut self) -> Action {
         if !self.traffic.refuses() {
             return Action::Continue;
         }
-        self.refused = true;
-        let headers = [
-            ("content-type", "application/json"),
-            ("x-drain-gate", "refused; draining"),
-            ("retry-after", "0"),
-        ];
+        let refusal = self.traffic.refusal;
         let host = self.traffic.metrics.host();
-        if let Err(e) = host.respond(None, 503, &headers, REFUSED_BODY) {
+        let grpc = refusal.asks_content_type()
+            && refusal::is_grpc(host.request_header(refusal::CONTENT_TYPE).as_deref());
+        let meet = refusal.meet(grpc);
+        if meet == Meet::Serve {
+            return Action::Continue;
+        }
+        self.refused = true;
+        self.restore_status = meet == (Meet::Respond { grpc: true });
+        let sent = match meet {
+            Meet::Reset => host.reset_stream(),
+            _ => host.respond(None, refusal::STATUS, &refusal::HEADERS, refusal::BODY),
+        };
+        if let Err(e) = sent {
             logs::warning!("event=refuse_failed status={e:?}");
             self.refused = false;
+            self.restore_status = false;
             return Action::Continue;
         }
         Action::Pause
+    }
+
+    /// The response's headers pass on their way out: a refused gRPC request's
+    /// answer, which Envoy made `:status: 200` with `grpc-status: 14`, gets
+    /// its 503 back, so that an LB resends it as any refusal.
+    pub fn response_headers(&mut self, end: bool) {
+        if self.restore_status {
+            self.restore_status = false;
+            let host = self.traffic.metrics.host();
+            let status = refusal::STATUS.to_string();
+            if let Err(e) = host.set_response_header(refusal::STATUS_HEADER, &status) {
+                logs::warning!("event=refuse_status_failed status={e:?}");
+            }
+        }
+        self.response(end);
     }
 
     /// A piece of the response passed on its way out; `end` when it was
@@ -461,7 +489,7 @@ impl HttpContext for TrafficStream {
     }
 
     fn on_http_response_headers(&mut self, _: usize, end_of_stream: bool) -> Action {
-        self.response(end_of_stream);
+        self.response_headers(end_of_stream);
         Action::Continue
     }
 

@@ -47,6 +47,13 @@ pub trait Host {
         headers: &[(&str, &str)],
         body: &[u8],
     ) -> Result<(), Status>;
+    /// A request header of the HTTP stream whose callback is running (`None`:
+    /// absent, or the host refused).
+    fn request_header(&self, name: &str) -> Option<String>;
+    /// Sets a response header of the HTTP stream whose callback is running.
+    fn set_response_header(&self, name: &str, value: &str) -> Result<(), Status>;
+    /// Resets the HTTP stream whose callback is running, with no answer.
+    fn reset_stream(&self) -> Result<(), Status>;
 }
 
 /// The real host.
@@ -154,5 +161,19 @@ impl Host for Envoy {
             hostcalls::set_effective_context(id)?;
         }
         hostcalls::send_http_response(u32::from(status), headers.to_vec(), Some(body))
+    }
+
+    fn request_header(&self, name: &str) -> Option<String> {
+        hostcalls::get_map_value(MapType::HttpRequestHeaders, name)
+            .ok()
+            .flatten()
+    }
+
+    fn set_response_header(&self, name: &str, value: &str) -> Result<(), Status> {
+        hostcalls::set_map_value(MapType::HttpResponseHeaders, name, Some(value))
+    }
+
+    fn reset_stream(&self) -> Result<(), Status> {
+        hostcalls::reset_http_request()
     }
 }

@@ -28,6 +28,8 @@ NGINX_CONF = LB_DIR / "nginx-drain-gate.conf"
 # The precise alternative envoy-front.yaml's comment gives: resend only drain-gate's refusals.
 RETRY_ON_HEADER = {"retry_on": "retriable-headers",
                    "retriable_headers": [{"name": "x-drain-gate", "string_match": {"prefix": "refused"}}]}
+# Its other alternative, behind gateways that refuse with a reset (`refuse_with: reset`).
+RETRY_ON_RESET = {"retry_on": "connect-failure,reset"}
 
 
 @dataclass
@@ -50,7 +52,8 @@ class EnvoyFront(Child):
     """envoyfilter/lb/envoy-front.yaml in a real Envoy. `gateways`: [(name, traffic port, check port)].
 
     `retry`: "shipped" (the file as written), "headers" (the alternative of its comment:
-    only drain-gate's refusals) or "none" (no retry_policy at all)."""
+    only drain-gate's refusals), "reset" (its other one, for `refuse_with: reset`) or "none" (no
+    retry_policy at all)."""
 
     name = "envoy front LB"
 
@@ -125,10 +128,10 @@ def render_envoy_front(gateways: list[tuple[str, int, int]], port: int, admin_po
     route = hcm["route_config"]["virtual_hosts"][0]["routes"][0]["route"]
     if retry == "none":
         del route["retry_policy"]
-    elif retry == "headers":
+    elif retry in ("headers", "reset"):
         policy = route["retry_policy"]
         policy.pop("retriable_status_codes")
-        policy.update(RETRY_ON_HEADER)
+        policy.update(RETRY_ON_HEADER if retry == "headers" else RETRY_ON_RESET)
     elif retry != "shipped":
         raise ValueError(retry)
     (cluster,) = doc["static_resources"]["clusters"]
@@ -148,17 +151,21 @@ def render_envoy_front(gateways: list[tuple[str, int, int]], port: int, admin_po
 class Nginx(Child):
     """envoyfilter/lb/nginx-drain-gate.conf in Debian's nginx, included in a minimal nginx.conf
     (pid, logs and temp paths in `workdir`). `non_idempotent=False` drops that word from
-    `proxy_next_upstream` (what nginx does by default with a POST)."""
+    `proxy_next_upstream` (what nginx does by default with a POST); `next_upstream` replaces that
+    directive's conditions (NGINX_503: what the recipe had before)."""
 
     name = "nginx"
 
-    def __init__(self, workdir: Path, gateways: list[tuple[str, int]], *, non_idempotent: bool = True):
+    def __init__(self, workdir: Path, gateways: list[tuple[str, int]], *, non_idempotent: bool = True,
+                 next_upstream: str | None = None):
         self.workdir = Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.gateways = gateways
         self.port = free_port()
+        self.grpc_port = free_port()
         self.conf_d = self.workdir / "drain-gate.conf"
-        self.conf_d.write_text(render_nginx_conf(gateways, self.port, non_idempotent=non_idempotent))
+        self.conf_d.write_text(render_nginx_conf(gateways, self.port, self.grpc_port, non_idempotent=non_idempotent,
+                                                 next_upstream=next_upstream))
         self.access_log = self.workdir / "access.log"
         self.main_conf = self.workdir / "nginx.conf"
         temps = "\n".join(f"    {k}_temp_path {self.workdir / k};" for k in ("client_body", "proxy", "fastcgi",
@@ -193,6 +200,10 @@ class Nginx(Child):
     def url(self, path: str) -> str:
         return f"http://127.0.0.1:{self.port}{path}"
 
+    @property
+    def grpc_target(self) -> str:
+        return f"127.0.0.1:{self.grpc_port}"
+
     def served(self) -> list[Served]:
         by_addr = {f"127.0.0.1:{traffic}": name for name, traffic in self.gateways}
         try:
@@ -208,9 +219,15 @@ class Nginx(Child):
         return out
 
 
-def render_nginx_conf(gateways: list[tuple[str, int]], port: int, *, non_idempotent: bool = True) -> str:
-    """The shipped file with one `server` line per gateway (options copied from the first one)
-    and `listen` on 127.0.0.1:`port`."""
+# The conditions of the recipe's `proxy_next_upstream` before it moved to drain-gate's reset:
+# every 503 resent, and counted a failure of its gateway.
+NGINX_503 = "error timeout http_503 non_idempotent"
+
+
+def render_nginx_conf(gateways: list[tuple[str, int]], port: int, grpc_port: int, *, non_idempotent: bool = True,
+                      next_upstream: str | None = None) -> str:
+    """The shipped file with one `server` line per gateway (options copied from the first one),
+    `listen` on 127.0.0.1:`port` and, for gRPC, 127.0.0.1:`grpc_port`."""
     out, seen = [], set()
     for line in NGINX_CONF.read_text().splitlines():
         s = line.strip()
@@ -224,10 +241,16 @@ def render_nginx_conf(gateways: list[tuple[str, int]], port: int, *, non_idempot
         if s == "listen 80;":
             line = line.replace("listen 80;", f"listen 127.0.0.1:{port};")
             seen.add("listen")
-        if s.startswith("proxy_next_upstream ") and not non_idempotent:
-            line = line.replace(" non_idempotent", "")
+        if s == "listen 50051 http2;":
+            line = line.replace("listen 50051", f"listen 127.0.0.1:{grpc_port}")
+            seen.add("listen grpc")
+        if s.startswith("proxy_next_upstream "):
+            if next_upstream:
+                line = line.replace(s, f"proxy_next_upstream {next_upstream};")
+            if not non_idempotent:
+                line = line.replace(" non_idempotent", "")
             seen.add("next")
         out.append(line)
-    if not {"server", "listen"} <= seen:
+    if not {"server", "listen", "listen grpc", "next"} <= seen:
         raise ValueError(f"{NGINX_CONF}: expected lines not found (found {sorted(seen)})")
     return "\n".join(out) + "\n"

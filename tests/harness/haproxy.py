@@ -33,6 +33,31 @@ BACKEND = "gateways"
 SOCKET_PATH_MAX = 97  # HAProxy 2.6 refuses a longer `stats socket` path
 
 
+def h2_cfg(base: Path, workdir: Path) -> Path:
+    """`base` with `proto h2 check-proto h1` on the gateways' server lines: HAProxy then speaks h2c
+    to the gateway, which gRPC needs (its trailers, its bidirectional streams), and keeps its
+    health check on HTTP/1 (`proto h2` alone moves the check to h2 too, which times out: L7TOUT)."""
+    text = base.read_text()
+    out, n = re.subn(r"(server gw\d \"\$\{GW\d_ADDR[^\n]*?) on-marked-down", r"\1 proto h2 check-proto h1 on-marked-down",
+                     text)
+    if n != 2:
+        raise ValueError(f"{base.name}: the server lines changed")
+    path = Path(workdir) / f"{base.stem}-h2.cfg"
+    path.write_text(out)
+    return path
+
+
+def retry_on_cfg(base: Path, workdir: Path, keywords: str) -> Path:
+    """haproxy-refuse.cfg (`base`) with its `retry-on` line's keywords replaced."""
+    text = base.read_text()
+    out = re.sub(r"^(\s*)retry-on [^\n]*$", rf"\1retry-on {keywords}", text, count=1, flags=re.M)
+    if out == text:
+        raise ValueError(f"{base.name}: no retry-on line")
+    path = Path(workdir) / f"{base.stem}-retry-on-{keywords.replace(' ', '-')}.cfg"
+    path.write_text(out)
+    return path
+
+
 def make_cert(workdir: Path) -> Path:
     """A self-signed certificate + key in one PEM (made once per `workdir`), as
     `bind ... ssl crt` and socat's `cert=` want it."""

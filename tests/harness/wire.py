@@ -107,6 +107,8 @@ class H2Answer:
     # "ended" (a whole answer), "reset" (RST_STREAM), "closed" (the connection
     # went away: GOAWAY, EOF or TCP reset) or "timeout".
     outcome: str = "timeout"
+    # The RST_STREAM's error code (RFC 9113 §7), when reset.
+    error_code: int | None = None
 
 
 def h2_exchange(port: int, headers: list[tuple[str, str]], timeout: float = 5) -> H2Answer:
@@ -146,6 +148,7 @@ def _h2_event(conn: h2.connection.H2Connection, ev, answer: H2Answer) -> None:
         answer.outcome = "ended"
     elif isinstance(ev, h2.events.StreamReset):
         answer.outcome = "reset"
+        answer.error_code = int(ev.error_code)
     elif isinstance(ev, h2.events.ConnectionTerminated):
         answer.outcome = "closed"
 

@@ -292,7 +292,7 @@ def disagreements(result: dict) -> list[str]:
 
 
 # The strategies that must lose nothing of any kind.
-LOSSLESS = ("drain-gate-404", "drain-gate-200-refuse")
+LOSSLESS = ("drain-gate-404", "drain-gate-200-refuse", "drain-gate-200-refuse-keep-sessions")
 
 
 def failures(result: dict) -> list[str]:
@@ -370,7 +370,7 @@ def run(*, quick: bool, n: int | None = None, names: list[str] | None = None, ou
     profile = QUICK if quick else FULL
     n = n or (2 if quick else 4)
     all_strategies = fleet.strategies(INTER_S)
-    names = names or (list(QUICK_STRATEGIES) if quick else list(all_strategies))
+    names = names or (list(QUICK_STRATEGIES) if quick else [n for n in all_strategies if n not in fleet.OPTIONAL])
     run_dir = out.resolve() / time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     result = {"n": n, "quick": quick, "inter": INTER, "replacement": replacement, "profile": vars(profile),
               "strategies": {}}

@@ -59,6 +59,7 @@ class Strategy:
     config: dict = field(default_factory=dict)  # drain-gate's plugin configuration
     resend: bool = False  # HAProxy's retry lines of the refuse mode (haproxy-refuse.cfg)
     retries: int | None = None  # HAProxy's `retries`, when not the shipped 3
+    shutdown_sessions: bool = True  # the server lines' `on-marked-down shutdown-sessions`
 
     @property
     def haproxy_cfg(self) -> Path:
@@ -94,15 +95,25 @@ def strategies(inter_s: float) -> dict[str, Strategy]:
         # HAProxy just tried: 3 retries are not enough (measured, tests/README.md), 8 are.
         Strategy("drain-gate-200-refuse", check="health", prestop="drain-gate", resend=True, retries=8,
                  config={**_DG, "draining_new_requests": "refuse"}),
+        # The same without `on-marked-down shutdown-sessions`: nothing kills a request HAProxy
+        # assigned to a gateway at the instant of its DOWN. Run on request only (OPTIONAL).
+        Strategy("drain-gate-200-refuse-keep-sessions", check="health", prestop="drain-gate", resend=True,
+                 retries=8, shutdown_sessions=False, config={**_DG, "draining_new_requests": "refuse"}),
     )}
+
+
+# Run only when named (`--strategies`): not part of `make rollout`.
+OPTIONAL = ("drain-gate-200-refuse-keep-sessions",)
 
 
 # -- HAProxy --------------------------------------------------------------------------------
 
-def render_haproxy_cfg(base: Path, names: list[str], check: list[str], retries: int | None = None) -> str:
-    """The reference configuration with one `server` line per gateway (copied from gw1's),
-    `option redispatch` after `retries 3` (unless the file has its own, as haproxy-refuse.cfg),
-    `retries` set to `retries` when given, and the strategy's check request lines."""
+def render_haproxy_cfg(base: Path, names: list[str], check: list[str], retries: int | None = None,
+                       shutdown_sessions: bool = True) -> str:
+    """The reference configuration with one `server` line per gateway (copied from gw1's, without
+    `on-marked-down shutdown-sessions` unless `shutdown_sessions`), `option redispatch` after
+    `retries 3` (unless the file has its own, as haproxy-refuse.cfg), `retries` set to `retries`
+    when given, and the strategy's check request lines."""
     out, skip, seen = [], False, set()
     own_redispatch = any(line.split("#", 1)[0].split()[:2] == ["option", "redispatch"]
                          for line in base.read_text().splitlines())
@@ -113,6 +124,10 @@ def render_haproxy_cfg(base: Path, names: list[str], check: list[str], retries: 
         elif skip:
             skip = s != ".endif"
         elif s.startswith("server gw1 "):
+            if not shutdown_sessions:
+                if " on-marked-down shutdown-sessions" not in line:
+                    raise ValueError(f"{base}: no shutdown-sessions on the server line")
+                line = line.replace(" on-marked-down shutdown-sessions", "")
             out += [line.replace("gw1", n).replace("GW1_", f"{n.upper()}_") for n in names]
             seen.add("server")
         elif s == "option httpchk GET /health_check.html":
@@ -146,7 +161,8 @@ class FleetHAProxy(HAProxy):
             self.env[f"{name.upper()}_ADDR"] = f"127.0.0.1:{traffic}"
             self.env[f"{name.upper()}_HEALTH_PORT"] = str(check)
         self.cfg = self.workdir / "haproxy.cfg"
-        self.cfg.write_text(render_haproxy_cfg(base, self.names, strategy.check_request, strategy.retries))
+        self.cfg.write_text(render_haproxy_cfg(base, self.names, strategy.check_request, strategy.retries,
+                                               strategy.shutdown_sessions))
 
 
 # -- the pod ----------------------------------------------------------------------------------

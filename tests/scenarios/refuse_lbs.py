@@ -36,8 +36,11 @@ gateway.
 from __future__ import annotations
 
 import argparse
+import base64
 import contextlib
+import hashlib
 import json
+import os
 import re
 import socket
 import struct
@@ -52,11 +55,12 @@ import requests
 
 from tests.harness.clients import CurlStream
 from tests.harness.envoy import free_port, wait_for
-from tests.harness.front import EnvoyFront, Nginx, Served
-from tests.harness.haproxy import CFG, CFG_REFUSE, CFG_TCP, HAProxy
+from tests.harness.front import NGINX_503, EnvoyFront, Nginx, Served
+from tests.harness.grpc_app import h2_backend
+from tests.harness.haproxy import CFG, CFG_REFUSE, CFG_TCP, HAProxy, h2_cfg, retry_on_cfg
 from tests.harness.rig import Backend, Gateway, PreStop
 from tests.harness.timeline import parse_time
-from tests.harness.wire import recv_until_close
+from tests.harness.wire import h2_exchange, read_head, recv_until_close
 
 FRONTS = ("haproxy", "haproxy-retries", "envoy", "nginx")
 INTER_S = 0.5
@@ -95,20 +99,32 @@ def haproxy_served(lb: HAProxy) -> list[Served]:
     return out
 
 
-def gateway_config(mode: str, w: Workload = RIG) -> dict:
-    return {"draining_new_requests": mode, "drain_timeout": f"{w.drain_timeout_s}s", "lb_buffer": LB_BUFFER}
+# How the gateways refuse behind each front LB: nginx's recipe resends a reset, not a 503.
+REFUSE_WITH = {"nginx": "reset"}
+
+
+def gateway_config(mode: str, w: Workload = RIG, front: str = "haproxy") -> dict:
+    config = {"draining_new_requests": mode, "drain_timeout": f"{w.drain_timeout_s}s", "lb_buffer": LB_BUFFER}
+    if mode == "refuse" and front in REFUSE_WITH:
+        config["refuse_with"] = REFUSE_WITH[front]
+    return config
 
 
 class FrontRig:
     """Backend, gw1 and gw2 (the same plugin configuration) and, once `use()` named it, one
     front LB (another `use()` replaces it). A context manager: everything it started is
-    stopped on every exit path."""
+    stopped on every exit path. `backend_port`: another backend than the demo one (`h2`: it
+    speaks HTTP/2, a gRPC server)."""
 
-    def __init__(self, workdir: Path, config: dict, *, inter_s: float = INTER_S):
+    def __init__(self, workdir: Path, config: dict, *, inter_s: float = INTER_S, backend_port: int | None = None,
+                 h2: bool = False, concurrency: int = 2):
         self.workdir = Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.config = config
         self.inter_s = inter_s
+        self.backend_port = backend_port
+        self.h2 = h2
+        self.concurrency = concurrency
         self.stack = contextlib.ExitStack()
         self.gws: list[Gateway] = []
         self.lb = None
@@ -116,10 +132,14 @@ class FrontRig:
 
     def __enter__(self) -> "FrontRig":
         try:
-            self.backend = Backend(self.workdir).start()
-            self.stack.callback(self.backend.stop)
+            if self.backend_port is None:
+                self.backend = Backend(self.workdir).start()
+                self.stack.callback(self.backend.stop)
+                self.backend_port = self.backend.port
             for name in ("gw1", "gw2"):
-                gw = Gateway(name, self.backend.port, self.config, self.workdir)
+                gw = Gateway(name, self.backend_port, self.config, self.workdir, concurrency=self.concurrency)
+                if self.h2:
+                    h2_backend(gw.envoy.doc)
                 self.stack.callback(gw.stop)
                 self.gws.append(gw.start())
         except BaseException:
@@ -131,24 +151,33 @@ class FrontRig:
         self.stack.close()
 
     def use(self, front: str, *, envoy_retry: str = "shipped", non_idempotent: bool = True,
-            haproxy_cfg: Path | None = None) -> "FrontRig":
+            haproxy_cfg: Path | None = None, nginx_next: str | None = None, h2: bool = False) -> "FrontRig":
         """Starts `front` (on fresh ports; the one before is stopped) and waits until it has every
         gateway UP on a real check (nginx checks nothing: until it listens). `haproxy_cfg`: another
-        file than the front's own."""
-        if front not in FRONTS:
-            raise ValueError(front)
+        file than the front's own; `h2`: HAProxy speaks HTTP/2 to the gateways (`proto h2`, what
+        gRPC needs); `nginx_next`: nginx's `proxy_next_upstream` conditions."""
         if self.lb is not None:
             self.lb.stop()
+        self.lb, self.front = self.start_lb(front, envoy_retry=envoy_retry, non_idempotent=non_idempotent,
+                                            haproxy_cfg=haproxy_cfg, nginx_next=nginx_next, h2=h2), front
+        return self
+
+    def start_lb(self, front: str, *, envoy_retry: str = "shipped", non_idempotent: bool = True,
+                 haproxy_cfg: Path | None = None, nginx_next: str | None = None, h2: bool = False):
+        """A front LB of its own, beside any other (`use()`'s options), stopped with the rig."""
+        if front not in FRONTS:
+            raise ValueError(front)
         checked = [(g.name, g.ports.traffic, g.ports.health) for g in self.gws]
         wd = self.workdir / f"{front}-{time.monotonic_ns()}"
         if front.startswith("haproxy"):
+            cfg = haproxy_cfg or (CFG_REFUSE if front == "haproxy" else CFG)
+            wd.mkdir(parents=True, exist_ok=True)
             lb = HAProxy(wd, [(t, h) for _, t, h in checked], inter=f"{int(self.inter_s * 1000)}ms", tls=False,
-                         cfg=haproxy_cfg or (CFG_REFUSE if front == "haproxy" else CFG))
+                         cfg=h2_cfg(cfg, wd) if h2 else cfg)
         elif front == "envoy":
             lb = EnvoyFront(wd, checked, inter_s=self.inter_s, retry=envoy_retry)
         else:
-            lb = Nginx(wd, [(n, t) for n, t, _ in checked], non_idempotent=non_idempotent)
-        self.lb, self.front = lb, front
+            lb = Nginx(wd, [(n, t) for n, t, _ in checked], non_idempotent=non_idempotent, next_upstream=nginx_next)
         self.stack.callback(lb.stop)
         lb.start()
         for g in self.gws:
@@ -156,13 +185,23 @@ class FrontRig:
                 lb.wait_status(g.name, lambda s: s.up and s.check_status == "L7OK", 10 * self.inter_s + 10)
             elif isinstance(lb, EnvoyFront):
                 lb.wait_status(g.name, "UP", 10 * self.inter_s + 10)
-        return self
+        return lb
 
     def gw(self, name: str = "gw1") -> Gateway:
         return next(g for g in self.gws if g.name == name)
 
     def url(self, path: str) -> str:
         return self.lb.http(path) if isinstance(self.lb, HAProxy) else self.lb.url(path)
+
+    @property
+    def port(self) -> int:
+        """The front LB's HTTP port."""
+        return self.lb.http_port if isinstance(self.lb, HAProxy) else self.lb.port
+
+    @property
+    def grpc_target(self) -> str:
+        """Where a gRPC client dials the front LB (nginx: its gRPC server)."""
+        return self.lb.grpc_target if isinstance(self.lb, Nginx) else f"127.0.0.1:{self.port}"
 
     def served(self) -> list[Served]:
         return haproxy_served(self.lb) if isinstance(self.lb, HAProxy) else self.lb.served()
@@ -210,7 +249,7 @@ def _closing(st: dict) -> tuple[float | None, str | None]:
 def run_once(front: str, mode: str, workdir: Path, w: Workload = RIG) -> dict:
     """One drain of gw1 under the workload; the streams' outcome and the gateway's account."""
     streams: list[CurlStream] = []
-    with FrontRig(workdir, gateway_config(mode, w)) as rig:
+    with FrontRig(workdir, gateway_config(mode, w, front)) as rig:
         rig.stack.callback(lambda: [s.kill() for s in streams])  # every exit path: no curl left behind
         rig.use(front)
         gw1 = rig.gw("gw1")
@@ -273,6 +312,18 @@ def run_round(workdir: Path, runs: list[tuple[str, str]] = ROUND, w: Workload = 
         return [f.result() for f in futures]
 
 
+def rounds(run, n: int, out: Path, table, *args) -> list[dict]:
+    """`n` rounds of `run(workdir, *args)` (run_round), their rows written to `out`/results.json and
+    results.md (`table`)."""
+    rows = []
+    for i in range(n):
+        rows += run(out / "runs" / f"round-{i}", *args)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(json.dumps(rows, indent=1))
+    (out / "results.md").write_text(table(rows))
+    return rows
+
+
 def table(rows: list[dict]) -> str:
     head = ("| front LB | mode | streams lost / started | on gw1 | resent by the LB | gateway: refused "
             "| gateway: cut (cut_lb) | DRAINING s (drain_timeout 5 s) | forced |\n"
@@ -285,17 +336,28 @@ def table(rows: list[dict]) -> str:
 
 # -- what an LB resends ------------------------------------------------------------------------
 
-# (front, options, label): every LB recipe, and the variants the recipes' comments name.
-PROBE_LBS = [
-    ("haproxy", {}, "HAProxy, haproxy-refuse.cfg"),
-    ("haproxy-retries", {}, "HAProxy, haproxy.cfg (`retries 3` alone)"),
-    ("envoy", {"envoy_retry": "shipped"}, "Envoy, envoy-front.yaml (retriable_status_codes 503)"),
-    ("envoy", {"envoy_retry": "headers"}, "Envoy, retriable-headers x-drain-gate"),
-    ("nginx", {"non_idempotent": True}, "nginx, nginx-drain-gate.conf (http_503 non_idempotent)"),
-    ("nginx", {"non_idempotent": False}, "nginx, without non_idempotent"),
-]
+# (front, options, label, in `make test`) by how the gateways refuse (`refuse_with`): every LB
+# recipe as shipped and its control (`make test`), and the variants the recipes' comments name.
+PROBE_LBS = {
+    "response": [
+        ("haproxy", {}, "HAProxy, haproxy-refuse.cfg", True),
+        ("haproxy-retries", {}, "HAProxy, haproxy.cfg (`retries 3` alone)", True),
+        ("envoy", {"envoy_retry": "shipped"}, "Envoy, envoy-front.yaml (retriable_status_codes 503)", True),
+        ("envoy", {"envoy_retry": "headers"}, "Envoy, retriable-headers x-drain-gate", False),
+        ("haproxy", {"h2": True}, "HAProxy, haproxy-refuse.cfg, `proto h2` (gRPC)", True),
+        ("nginx", {"nginx_next": NGINX_503}, "nginx, `http_503 non_idempotent` (the recipe before)", True),
+    ],
+    "reset": [
+        ("haproxy", {}, "HAProxy, haproxy-refuse.cfg", False),
+        ("haproxy", {"retry_on": "conn-failure empty-response"}, "HAProxy, `retry-on conn-failure empty-response`",
+         False),
+        ("envoy", {"envoy_retry": "reset"}, "Envoy, `retry_on: connect-failure,reset`", False),
+        ("nginx", {}, "nginx, nginx-drain-gate.conf (`error timeout non_idempotent`)", True),
+        ("nginx", {"non_idempotent": False}, "nginx, without non_idempotent", False),
+    ],
+}
 # What is sent: (method, body bytes).
-PROBE_KINDS = [("GET", 0), ("POST", 1024), ("POST", 64 * 1024)]
+PROBE_KINDS = [("GET", 0), ("POST", 1024), ("POST", 64 * 1024), ("POST", 900 * 1024), ("POST", 2 * 1024 * 1024)]
 PROBE_HELD = {"draining_new_requests": "refuse", "min_drain": "60m", "drain_timeout": "60m", "lb_buffer": "60m"}
 
 
@@ -309,17 +371,53 @@ def _refused_so_far(gw: Gateway) -> int:
     return gw.status()["refusing"]["this_drain"]
 
 
-def probe_refused(rig: FrontRig, method: str, size: int, tries: int = 4) -> dict:
-    """Requests through the front LB until gw1 (DRAINING, refusing) has refused one: what its
-    client got. gw1's own counter says which request it refused, whatever the LB logs."""
-    gw1 = rig.gw("gw1")
-    for n in range(tries):
+def lb_port(lb) -> int:
+    return lb.http_port if isinstance(lb, HAProxy) else lb.port
+
+
+def lb_url(lb, path: str) -> str:
+    return f"http://127.0.0.1:{lb_port(lb)}{path}"
+
+
+def until_refused(gw1: Gateway, send, tries: int = 4) -> dict:
+    """`send()` (→ what its client got) until gw1 has refused one: gw1's own counter says which,
+    whatever the LB logs. `reached: False`: gw1 refused none (the LB answered by itself)."""
+    got = None
+    for _ in range(tries):
         before = _refused_so_far(gw1)
-        code, body = _send(rig.url(f"/status?code=200&id=probe-{method}-{size}-{n}-{time.monotonic_ns()}"),
-                           method, size)
+        got = send()
         if _refused_so_far(gw1) > before:
-            return {"status": code, "resent": code == 200, "backend": body}
-    raise RuntimeError(f"{rig.front}: gw1 refused none of {tries} {method} requests")
+            return {"status": got, "reached": True}
+    return {"status": got, "reached": False}
+
+
+def probe_refused(rig: FrontRig, method: str, size: int, tries: int = 4, lb=None) -> dict:
+    """Requests through the front LB (`lb`, else the rig's) until gw1 (DRAINING, refusing) has
+    refused one: what its client got."""
+    lb = lb or rig.lb
+
+    def send() -> int:
+        return _send(lb_url(lb, f"/status?code=200&id=probe-{method}-{size}-{time.monotonic_ns()}"), method, size)[0]
+
+    got = until_refused(rig.gw("gw1"), send, tries)
+    return {**got, "resent": got["reached"] and got["status"] == 200}
+
+
+def ws_upgrade(port: int) -> int:
+    """A WebSocket upgrade (RFC 6455 handshake) on a new connection: the status it got (0: none;
+    101 only with the server's `Sec-WebSocket-Accept` for this key: the upgrade went through)."""
+    key = base64.b64encode(os.urandom(16)).decode()
+    accept = base64.b64encode(hashlib.sha1((key + "258EAFA5-E914-47DA-95CA-C5AB0DC85B11").encode()).digest())
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+        s.sendall(f"GET /ws?id=ws-{time.monotonic_ns()} HTTP/1.1\r\nHost: probe\r\nUpgrade: websocket\r\n"
+                  f"Connection: Upgrade\r\nSec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n\r\n".encode())
+        head = read_head(s)
+    m = re.match(rb"HTTP/1\.1 (\d{3}) ", head)
+    code = int(m[1]) if m else 0
+    got = re.search(rb"(?im)^sec-websocket-accept:\s*(\S+)\r$", head)
+    if code == 101 and (not got or got[1] != accept):
+        return -101  # a 101 without the handshake: not a WebSocket
+    return code
 
 
 def raw_post(port: int, size: int, *, apart: bool) -> int:
@@ -355,50 +453,124 @@ def refused_raw_posts(rig: FrontRig, size: int, apart: bool, want: int = 3, trie
     raise RuntimeError(f"gw1 refused {len(got)} of {tries} POSTs")
 
 
-def probe_app_503(rig: FrontRig, method: str = "POST", size: int = 1024) -> dict:
+def probe_app_503(rig: FrontRig, method: str = "POST", size: int = 1024, lb=None) -> dict:
     """A 503 the application answers (both gateways OPEN, forwarding): does the LB resend it,
-    and how many times did the application process the request?"""
+    how many times did the application process the request, and which gateways do the next
+    requests reach (four of HTTP/1.1 and, but to nginx, four of HTTP/2; nginx: one it counted a
+    failure is out)?"""
+    lb = lb or rig.lb
     key = f"app-{rig.front}-{time.monotonic_ns()}"
-    code, body = _send(rig.url(f"/status?code=503&id={key}"), method, size)
+    code, body = _send(lb_url(lb, f"/status?code=503&id={key}"), method, size)
     m = re.search(r"processed (\d+)", body)
-    return {"status": code, "processed": int(m[1]) if m else None}
+    marker = f"after-{time.monotonic_ns()}"
+    h2 = not isinstance(lb, Nginx)  # nginx's HTTP port speaks HTTP/1.1 only
+    for i in range(4):  # and HTTP/2, for an LB that speaks it to the gateway only for an HTTP/2 client
+        requests.get(lb_url(lb, f"/status?code=200&id={marker}-{i}"), timeout=10)
+        if h2:
+            h2_exchange(lb_port(lb), [(":method", "GET"), (":scheme", "http"), (":authority", "probe"),
+                                      (":path", f"/status?code=200&id=h2-{marker}-{i}")])
+    served = wait_for(lambda: (v := [x for x in served_by(lb) if marker in x.path]) and len(v) == 4 * (1 + h2) and v,
+                      10, 0.1, "the front LB logged every request")
+    return {"status": code, "processed": int(m[1]) if m else None, "then": sorted({x.server for x in served})}
 
 
-def probe(workdir: Path) -> list[dict]:
-    """Every LB of PROBE_LBS in front of the same two gateways (refuse mode): first the
-    application's own 503 to a POST (gw1 OPEN), then, gw1 held DRAINING (min_drain), each kind of
-    request it refuses. nginx is started again before each request it is to send to gw1: its
-    round robin then begins with gw1, and a 503 takes gw1 out of its rotation (max_fails=1)."""
-    rows = {label: {"lb": label} for _, _, label in PROBE_LBS}
-    with FrontRig(workdir, PROBE_HELD) as rig:
-        for front, opts, label in PROBE_LBS:
-            rig.use(front, **opts)
-            rows[label]["app_503_post"] = probe_app_503(rig)
+def served_by(lb) -> list[Served]:
+    return haproxy_served(lb) if isinstance(lb, HAProxy) else lb.served()
+
+
+def _start(rig: FrontRig, front: str, opts: dict, workdir: Path):
+    opts = dict(opts)
+    if "retry_on" in opts:
+        opts["haproxy_cfg"] = retry_on_cfg(CFG_REFUSE, workdir, opts.pop("retry_on"))
+    return rig.start_lb(front, **opts)
+
+
+def probe_form(workdir: Path, refuse_with: str, full: bool = True) -> list[dict]:
+    """Every LB of PROBE_LBS[refuse_with] in front of the same two gateways, each its own process
+    for the whole probe: first the application's own 503 to a POST (gw1 OPEN), then, gw1 held
+    DRAINING (min_drain), each kind of request it refuses. nginx is started again before each
+    request it is to send to gw1: its round robin then begins with gw1, and a refusal takes gw1
+    out of its rotation (max_fails=1)."""
+    workdir = Path(workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    lbs = [(front, opts, label) for front, opts, label, quick in PROBE_LBS[refuse_with] if full or quick]
+    rows = [{"lb": label, "refuse_with": refuse_with} for _, _, label in lbs]
+    with FrontRig(workdir, {**PROBE_HELD, "refuse_with": refuse_with}) as rig:
+        running = [_start(rig, front, opts, workdir) for front, opts, _ in lbs]
+        for row, lb, (front, _, _) in zip(rows, running, lbs):
+            rig.front = front
+            row["app_503_post"] = probe_app_503(rig, lb=lb)
         r = rig.gw("gw1").post("/drain")
         assert r.status_code == 200 and r.json()["state"] == "DRAINING", r.text
         wait_for(lambda: rig.gw("gw1").status()["refusing"]["active"], 5, 0.05, "gw1 refusing")
-        for front, opts, label in PROBE_LBS:
+        time.sleep(0.3)  # a tick: every worker refuses
+        for row, lb, (front, opts, _) in zip(rows, running, lbs):
+            row["existing"] = probe_existing(rig, lb, h2=opts.get("h2", False) or front == "envoy")
+        for i, (row, (front, opts, _)) in enumerate(zip(rows, lbs)):
             for method, size in PROBE_KINDS:
-                rig.use(front, **opts)  # fresh: nginx's record of failed servers starts over
-                rows[label][f"{method} {size}"] = probe_refused(rig, method, size)
-    return list(rows.values())
+                if front == "nginx":  # fresh: nginx's record of failed servers starts over
+                    running[i].stop()
+                    running[i] = _start(rig, front, opts, workdir)
+                row[f"{method} {size}"] = probe_refused(rig, method, size, lb=running[i])
+            if front == "nginx":
+                running[i].stop()
+                running[i] = _start(rig, front, opts, workdir)
+            code = until_refused(rig.gw("gw1"), lambda lb=running[i]: ws_upgrade(lb_port(lb)))
+            row["websocket"] = {**code, "resent": code["reached"] and code["status"] == 101}
+    return rows
+
+
+def probe(workdir: Path, full: bool = True) -> list[dict]:
+    """probe_form for both ways of refusing, at the same time (`full`: every variant too)."""
+    with ThreadPoolExecutor(2) as pool:
+        futures = [pool.submit(probe_form, Path(workdir) / form, form, full) for form in PROBE_LBS]
+        return [row for f in futures for row in f.result()]
+
+
+def probe_existing(rig: FrontRig, lb, *, h2: bool) -> dict:
+    """A request gw1 refuses on a connection to it the LB opened before the drain (the probe's
+    requests while gw1 was OPEN): HTTP/2 (`h2`: HAProxy with `proto h2`; Envoy for an HTTP/2
+    client) or a keep-alive HTTP/1.1 one. What its client got, and how many connections gw1 took
+    meanwhile (the drain's rotation sent a GOAWAY on an HTTP/2 one as it began)."""
+    gw1 = rig.gw("gw1")
+    opened = gw1.envoy.stat("http.traffic.downstream_cx_total")
+
+    def send() -> int:
+        path = f"/status?code=200&id=existing-{time.monotonic_ns()}"
+        if not h2:
+            return requests.get(lb_url(lb, path), timeout=10).status_code
+        return h2_exchange(lb_port(lb), [(":method", "GET"), (":scheme", "http"), (":authority", "probe"),
+                                         (":path", path)]).status or 0
+
+    got = until_refused(gw1, send)
+    return {**got, "resent": got["reached"] and got["status"] == 200, "http2": h2,
+            "new_connections": gw1.envoy.stat("http.traffic.downstream_cx_total") - opened}
 
 
 def probe_table(rows: list[dict]) -> str:
-    kinds = [f"{m} {s}" for m, s in PROBE_KINDS]
-    names = {"GET 0": "GET", "POST 1024": "POST 1 kB", "POST 65536": "POST 64 kB"}
+    kinds = [f"{m} {s}" for m, s in PROBE_KINDS] + ["websocket", "existing"]
+    names = {"GET 0": "GET", "POST 1024": "POST 1 kB", "POST 65536": "POST 64 kB", "POST 921600": "POST 900 kB",
+             "POST 2097152": "POST 2 MiB", "websocket": "WebSocket upgrade",
+             "existing": "GET on a connection opened before the drain"}
 
     def cell(c: dict) -> str:
-        return "resent → 200" if c["resent"] else f"not resent: {c['status']} to the client"
+        if not c["reached"]:
+            return f"never reached gw1: {c['status']} to the client"
+        out = "resent" if c["resent"] else f"not resent: {c['status']} to the client"
+        if "http2" in c:
+            out += f" ({'HTTP/2' if c['http2'] else 'HTTP/1.1'}, {c['new_connections']} new to gw1)"
+        return out
 
-    head = ("| LB | " + " | ".join(f"refused {names[k]}" for k in kinds) +
-            " | the application's own 503 to a POST |\n|---|" + "---|" * (len(kinds) + 1) + "\n")
+    head = ("| LB | refuse_with | " + " | ".join(f"refused {names[k]}" for k in kinds) +
+            " | the application's own 503 to a POST | the next requests reach |\n|---|---|" + "---|" * (len(kinds) + 2)
+            + "\n")
     lines = []
     for r in rows:
         app = r["app_503_post"]
         app_cell = (f"resent, processed {app['processed']}×" if app["processed"] and app["processed"] > 1
                     else f"not resent, processed {app['processed']}×")
-        lines.append(f"| {r['lb']} | " + " | ".join(cell(r[k]) for k in kinds) + f" | {app_cell} |")
+        lines.append(f"| {r['lb']} | {r['refuse_with']} | " + " | ".join(cell(r[k]) for k in kinds) +
+                     f" | {app_cell} | {', '.join(app['then'])} |")
     return head + "\n".join(lines) + "\n"
 
 

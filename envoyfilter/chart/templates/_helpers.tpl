@@ -39,6 +39,14 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{- if gt (int64 (include "drain-gate.ms" ($c.min_drain | default "0s"))) (int64 (include "drain-gate.ms" ($c.drain_timeout | default "120s"))) -}}
 {{- fail "drain-gate: config.min_drain must not exceed config.drain_timeout" -}}
 {{- end -}}
+{{- if ne ($c.draining_new_requests | default "serve") "refuse" -}}
+{{- if eq ($c.draining_grpc_requests | default "serve") "refuse" -}}
+{{- fail "drain-gate: config.draining_grpc_requests: \"refuse\" needs config.draining_new_requests: \"refuse\"" -}}
+{{- end -}}
+{{- if eq ($c.refuse_with | default "response") "reset" -}}
+{{- fail "drain-gate: config.refuse_with: \"reset\" needs config.draining_new_requests: \"refuse\"" -}}
+{{- end -}}
+{{- end -}}
 {{- if and (ne .Values.form "wasmplugin") (or .Values.wasmPlugin.url .Values.wasmPlugin.canary.url) -}}
 {{- fail "drain-gate: wasmPlugin.url and wasmPlugin.canary.url take effect with form wasmplugin only" -}}
 {{- end -}}
@@ -46,7 +54,8 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 
 {{/* The plugin configuration of one role. The health role gets every `config`
      value. The traffic roles (traffic, traffic_tcp) get only what they use
-     (role, tick, draining_new_requests), each checked
+     (role, tick, draining_new_requests, draining_grpc_requests, refuse_with:
+     one configuration for both), each checked
      here at render: a refused configuration then never takes the traffic
      listeners down with a health listener still answering 200, the one unsafe
      outcome measured (envoyfilter/README.md, "When the module cannot load"). */}}
@@ -54,7 +63,7 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{- if eq .role "health" -}}
 {{- toJson (merge (dict "role" "health") .root.Values.config) -}}
 {{- else -}}
-{{- toJson (merge (dict "role" .role) (pick .root.Values.config "tick" "draining_new_requests")) -}}
+{{- toJson (merge (dict "role" .role) (pick .root.Values.config "tick" "draining_new_requests" "draining_grpc_requests" "refuse_with")) -}}
 {{- end -}}
 {{- end -}}
 
