@@ -229,10 +229,10 @@ def test_tcp_patch_lands_before_tcp_proxy_and_only_there():
     assert istio.apply_envoyfilters(base, [tcp], labels={"istio": "other"}) == base
 
 
-def tcp_connection_holds_the_drain(env) -> None:
-    """A connection through the TCP server on :15443 (tcp_proxy to the backend)
+def tcp_connection_holds_the_drain(env, port: int = 15443) -> None:
+    """A connection through the TCP server on `port` (tcp_proxy to the backend)
     is counted and holds the drain; its close flips it."""
-    conn = socket.create_connection(("127.0.0.1", env.at[15443]), timeout=10)
+    conn = socket.create_connection(("127.0.0.1", env.at[port]), timeout=10)
     try:
         conn.sendall(b"GET / HTTP/1.1\r\nHost: backend\r\n\r\n")
         assert read_head(conn).startswith(b"HTTP/1.1 200 OK"), "tcp_proxy carries the bytes"
@@ -491,15 +491,15 @@ def local_module(wp: dict, pulled=None):
 
 
 def _wasmplugin_gateway(tmp_path, health_ef: dict, listeners: list[dict], plugins: list[tuple[dict, dict]],
-                        labels: dict = istio.POD_LABELS) -> list[dict]:
+                        labels: dict = istio.POD_LABELS, server_ports: dict[str, int] | None = None) -> list[dict]:
     """`listeners` with each WasmPlugin's ECDS filter where istiod puts it and the
     health EnvoyFilter applied. `plugins`: (WasmPlugin, the TypedExtensionConfig
     Envoy receives for it), one ECDS file each (Envoy takes one resource per
-    filter subscription)."""
+    filter subscription); `server_ports`: see `istio.insert_wasmplugin`."""
     for i, (wp, ext) in enumerate(plugins):
         ecds = tmp_path / f"ecds-{i}.yaml"
         istio.write_ecds(ecds, [ext])
-        listeners = istio.insert_wasmplugin(listeners, wp, ecds)
+        listeners = istio.insert_wasmplugin(listeners, wp, ecds, server_ports)
     return istio.apply_envoyfilters(listeners, [health_ef], labels=labels)
 
 
@@ -551,23 +551,41 @@ def test_wasmplugin_oci_route_count_reaches_the_health_fsm(version, start_gatewa
     _count_flips_at_zero(env, stream, 8080)
 
 
-def _tcp_gateway(tmp_path, tcp: dict | None = None) -> list[dict]:
-    """An HTTP listener (8080) and a TCP server (15443) with the WasmPlugin form:
-    the HTTP plugin, the NETWORK plugin `tcp` (default wasmplugin/tcp.yaml), the health listener."""
+def passthrough() -> tuple[dict, dict[str, int]]:
+    """The example's TLS-passthrough server as istiod builds it (a tcp_proxy
+    chain on the listener 8443, for the Gateway server on 443), and the server
+    port its NETWORK plugin match is compared with."""
+    listener = istio.gateway_listener(istio.PASSTHROUGH_LISTENER_PORT, tcp=True)
+    return listener, {listener["name"]: istio.PASSTHROUGH_SERVER_PORT}
+
+
+def _tcp_gateway(tmp_path, tcp: dict | None = None, health: dict | None = None) -> list[dict]:
+    """An HTTP listener (8080) and the passthrough server (443 -> 8443) with the
+    WasmPlugin form: the HTTP plugin, the NETWORK plugin `tcp` (default
+    wasmplugin/tcp.yaml), the health listener."""
     wp, tcp = load("wasmplugin/traffic.yaml"), tcp or load("wasmplugin/tcp.yaml")
     plugins = [(p, istio.wasmplugin_extension_config(p, local_module(p))) for p in (wp, tcp)]
-    base = [istio.gateway_listener(8080), istio.gateway_listener(15443, tcp=True)]
-    return _wasmplugin_gateway(tmp_path, load("wasmplugin/health-listener.yaml"), base, plugins)
+    listener, server_ports = passthrough()
+    return _wasmplugin_gateway(tmp_path, health or load("wasmplugin/health-listener.yaml"),
+                               [istio.gateway_listener(8080), listener], plugins, server_ports=server_ports)
 
 
-def test_wasmplugin_tcp_plugin_lands_before_tcp_proxy_on_its_ports_only(tmp_path):
-    listeners = {l["name"]: l for l in _tcp_gateway(tmp_path)}
-    tcp_chain = [f["name"] for f in listeners["0.0.0.0_15443"]["filter_chains"][0]["filters"]]
+def test_wasmplugin_tcp_plugin_lands_before_tcp_proxy_on_its_server_port_only(tmp_path):
+    """The example's tcp.yaml names the passthrough server's port (443): istiod
+    puts the plugin on that server's tcp_proxy chain, whose listener is 8443,
+    and on no HTTP chain. Named by the listener's port (8443) instead, it
+    reaches no TCP chain; without a match it reaches the HTTP chain too."""
     tcp_name = istio.wasmplugin_resource_name(load("wasmplugin/tcp.yaml"))
     assert tcp_name == "extensions.istio.io/trafficextension/istio-system.drain-gate-tcp~istio-translated-wasmplugin"
+    assert load("wasmplugin/tcp.yaml")["spec"]["match"] == [{"ports": [{"number": istio.PASSTHROUGH_SERVER_PORT}]}]
+    listeners = {l["name"]: l for l in _tcp_gateway(tmp_path)}
+    tcp_chain = [f["name"] for f in listeners["0.0.0.0_8443"]["filter_chains"][0]["filters"]]
     assert tcp_chain == [tcp_name, "envoy.filters.network.tcp_proxy"]
     assert [f["name"] for f in listeners["0.0.0.0_8080"]["filter_chains"][0]["filters"]] == [istio.HCM_NAME]
-    # Without match.ports, istiod puts it on the HTTP chain too, before the HCM.
+    by_listener_port = copy.deepcopy(load("wasmplugin/tcp.yaml"))
+    by_listener_port["spec"]["match"] = [{"ports": [{"number": istio.PASSTHROUGH_LISTENER_PORT}]}]
+    chain = {l["name"]: l for l in _tcp_gateway(tmp_path, by_listener_port)}["0.0.0.0_8443"]["filter_chains"][0]
+    assert [f["name"] for f in chain["filters"]] == ["envoy.filters.network.tcp_proxy"], "uncounted"
     unmatched = copy.deepcopy(load("wasmplugin/tcp.yaml"))
     del unmatched["spec"]["match"]
     http_chain = {l["name"]: l for l in _tcp_gateway(tmp_path, unmatched)}["0.0.0.0_8080"]["filter_chains"][0]
@@ -578,15 +596,11 @@ def test_wasmplugin_tcp_plugin_lands_before_tcp_proxy_on_its_ports_only(tmp_path
 def test_wasmplugin_tcp_plugin_counts_a_passthrough_connection_and_flips_on_its_close(version, start_gateway,
                                                                                         tmp_path):
     """The NETWORK WasmPlugin as istiod + istio-agent deliver it (ECDS network
-    filter, vm_id "", the mounted module): a connection through the TCP server
-    holds the drain; its close flips it. As the EnvoyFilter form's TCP filter does."""
+    filter, vm_id "", the mounted module): a connection through the passthrough
+    server holds the drain; its close flips it. As the EnvoyFilter form's TCP filter does."""
     health = patched(load("wasmplugin/health-listener.yaml"), lb_buffer="60m")
-    wp, tcp = load("wasmplugin/traffic.yaml"), load("wasmplugin/tcp.yaml")
-    plugins = [(p, istio.wasmplugin_extension_config(p, local_module(p))) for p in (wp, tcp)]
-    listeners = _wasmplugin_gateway(tmp_path, health, [istio.gateway_listener(8080),
-                                                       istio.gateway_listener(15443, tcp=True)], plugins)
-    env = start_gateway(version, listeners)
-    tcp_connection_holds_the_drain(env)
+    env = start_gateway(version, _tcp_gateway(tmp_path, health=health))
+    tcp_connection_holds_the_drain(env, istio.PASSTHROUGH_LISTENER_PORT)
 
 
 def _canary_plugins(pulled, fetched: bool) -> list[tuple[dict, dict]]:

@@ -21,7 +21,9 @@ import yaml
 from tests.harness import istio, k8s
 from tests.harness.envoy import WASM
 from tests.harness.process import accepts, wait_for
-from tests.test_istio_envoy import _wasmplugin_gateway, _wasmplugin_listeners, load, pulled_wasm, start_gateway  # noqa: F401
+from tests.test_istio_envoy import (  # noqa: F401
+    _wasmplugin_gateway, _wasmplugin_listeners, load, passthrough, pulled_wasm, start_gateway,
+)
 from tests.test_gateway_api import _rollout
 from tests.test_istio_kubernetes import render_chart
 
@@ -526,16 +528,18 @@ def wasmplugin_form(tmp_path, tcp: dict | None = None, fetched: bool = True, bas
     wp, tcp = load("wasmplugin/traffic.yaml"), tcp or load("wasmplugin/tcp.yaml")
     plugins = [(wp, istio.wasmplugin_extension_config(wp, WASM) if fetched else istio.wasmplugin_fetch_failed(wp)),
                (tcp, istio.wasmplugin_extension_config(tcp, WASM))]
-    base = base or [istio.gateway_listener(8080), istio.gateway_listener(15443, tcp=True)]
-    return _wasmplugin_gateway(tmp_path, load("wasmplugin/health-listener.yaml"), base, plugins)
+    listener, server_ports = passthrough()
+    base = base or [istio.gateway_listener(8080), listener]
+    return _wasmplugin_gateway(tmp_path, load("wasmplugin/health-listener.yaml"), base, plugins,
+                               server_ports=server_ports)
 
 
 def test_shipped_wasmplugin_form_with_tcp_passes(start_gateway, tmp_path):
     env = start_gateway(VERSION, wasmplugin_form(tmp_path))
     code, lines = verify("--config-dump", "-", stdin=dump_of(env))
     assert code == 0, lines
-    assert "PASS tcp filter: listener 0.0.0.0_15443: drain-gate TCP filter before tcp_proxy" in lines
-    assert "PASS vm_id: listener 0.0.0.0_15443: tcp vm_id '' = health" in lines
+    assert "PASS tcp filter: listener 0.0.0.0_8443: drain-gate TCP filter before tcp_proxy" in lines
+    assert "PASS vm_id: listener 0.0.0.0_8443: tcp vm_id '' = health" in lines
 
 
 def test_a_module_istio_agent_could_not_fetch_fails_naming_the_rbac_stand_in(start_gateway, tmp_path):

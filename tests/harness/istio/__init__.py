@@ -28,7 +28,8 @@ from tests.harness.istio.envoyfilter import (
 )
 from tests.harness.istio.files import (
     CRDS, DRAIN_GATE_LABEL, ENVOY_MATRIX, ENVOYFILTER, GATEWAY_API, GATEWAY_API_FIXTURES, GATEWAY_LABELS,
-    HAPROXY_HTTPCHK, HEALTH_PORT, ISTIO, ISTIO_ADMIN_PORT, KUBERNETES, NETSCALER, POD_LABELS, PROXY_VERSION,
+    HAPROXY_HTTPCHK, HEALTH_PORT, ISTIO, ISTIO_ADMIN_PORT, KUBERNETES, NETSCALER, PASSTHROUGH_LISTENER_PORT,
+    PASSTHROUGH_SERVER_PORT, POD_LABELS, PROXY_VERSION,
     REPO, SHARED, envoy_bin, load_docs, load_one, objects, yaml_files,
 )
 from tests.harness.istio.oci import istio_extract_compat

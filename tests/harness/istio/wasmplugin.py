@@ -103,13 +103,23 @@ def _wasmplugin_ports(wp: dict) -> set[int] | None:
     return ports or None
 
 
-def insert_wasmplugin(listeners: list[dict], wp: dict, ecds_path: Path) -> list[dict]:
+def insert_wasmplugin(listeners: list[dict], wp: dict, ecds_path: Path,
+                      server_ports: dict[str, int] | None = None) -> list[dict]:
     """istiod's gateway listeners with the WasmPlugin's ECDS filter (phase
     UNSPECIFIED_PHASE) on the listeners it built itself: HTTP, just before the
-    router of every HCM; NETWORK, on the listeners of the ports its match names
-    (every port without one), just before tcp_proxy on a TCP chain
+    router of every HCM; NETWORK, just before tcp_proxy on a TCP chain
     (buildCompleteNetworkFilters) and before the HCM on an HTTP chain
-    (buildGatewayTCPBasedFilterChains: a network extension precedes the HCM)."""
+    (buildGatewayTCPBasedFilterChains: a network extension precedes the HCM),
+    where its match names the port (every port without one).
+
+    The port a NETWORK plugin's match is compared with differs by chain
+    (pilot/pkg/networking/core/gateway.go, Istio 1.30.3): on an HTTP chain the
+    listener's own port, the Gateway server's port as the Service translated it
+    to its targetPort (`opts.port`, resolvePorts in pilot/pkg/model/gateway.go);
+    on a TCP or passthrough chain the Gateway server's port as written
+    (buildGatewayNetworkFiltersFromTCPRoutes / FromTLSRoutes: server.Port.Number).
+    `server_ports`: listener name -> that server port, for a TCP listener whose
+    Service maps another port to it (absent: the listener's port)."""
     assert wp["spec"].get("phase", "UNSPECIFIED_PHASE") == "UNSPECIFIED_PHASE"
     out = copy.deepcopy(listeners)
     if wasmplugin_type(wp) == "HTTP":
@@ -121,12 +131,13 @@ def insert_wasmplugin(listeners: list[dict], wp: dict, ecds_path: Path) -> list[
         return out
     ports = _wasmplugin_ports(wp)
     for listener in out:
-        if ports is not None and listener["address"]["socket_address"]["port_value"] not in ports:
-            continue
+        own = listener["address"]["socket_address"]["port_value"]
         for chain in listener.get("filter_chains", []):
             filters = chain["filters"]
             at = next(i for i, f in enumerate(filters) if f["name"] in (HCM_NAME, "envoy.filters.network.tcp_proxy"))
-            filters.insert(at, _ecds_filter(wp, ecds_path))
+            matched = own if filters[at]["name"] == HCM_NAME else (server_ports or {}).get(listener["name"], own)
+            if ports is None or matched in ports:
+                filters.insert(at, _ecds_filter(wp, ecds_path))
     return out
 
 
