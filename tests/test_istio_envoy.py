@@ -422,7 +422,7 @@ def test_envoyfilter_form_counts_flips_and_prestop_returns_at_closed(version, st
     assert status(env)["count"]["reliable"] is True
 
     # The gateway values' preStop (as written but for the port) and readiness;
-    # the patches for Istio < 1.27 carry the same.
+    # the patches for a gateway without the chart carry the same.
     proxy = istio.load_one(istio.KUBERNETES / "gateway-values.yaml")
     command = [a.replace(":18180/", f":{env.ports.health}/") for a in proxy["lifecycle"]["preStop"]["exec"]["command"]]
     with held_call(command) as prestop:
