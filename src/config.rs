@@ -22,6 +22,11 @@ pub enum Role {
     TrafficTcp,
     /// Serves the FSM on the dedicated health listener.
     Health,
+    /// Stands in for a traffic filter whose own configuration did not load:
+    /// the configuration an ECDS filter runs until its own arrives (Envoy's
+    /// `default_config`), and instead of it when it is refused. Counts
+    /// nothing; its presence keeps the gateway out (`crate::placeholder`).
+    Placeholder,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -145,7 +150,7 @@ enum Rule {
     Optional(Apply),
 }
 
-const ROLE_REQUIRED: &str = "required: \"traffic\", \"traffic_tcp\" or \"health\"";
+const ROLE_REQUIRED: &str = "required: \"traffic\", \"traffic_tcp\", \"health\" or \"placeholder\"";
 
 /// Declares `KEYS` (the names) and `RULES` (each name with its rule) from one
 /// list, so a key is written exactly once.
@@ -257,9 +262,10 @@ fn role(c: &mut Config, v: &Value) -> Result<(), Problem> {
         Some("traffic") => Role::Traffic,
         Some("traffic_tcp") => Role::TrafficTcp,
         Some("health") => Role::Health,
+        Some("placeholder") => Role::Placeholder,
         _ => {
             return Err(format!(
-                "expected \"traffic\", \"traffic_tcp\" or \"health\", got {}",
+                "expected \"traffic\", \"traffic_tcp\", \"health\" or \"placeholder\", got {}",
                 Shown(v)
             )
             .into())
@@ -562,6 +568,7 @@ mod tests {
             ("traffic", Role::Traffic),
             ("traffic_tcp", Role::TrafficTcp),
             ("health", Role::Health),
+            ("placeholder", Role::Placeholder),
         ] {
             let c = parse(&format!(r#"{{"role":"{name}"}}"#)).unwrap();
             assert_eq!(c.role, role, "{name}");
@@ -722,7 +729,7 @@ mod tests {
         );
         assert_eq!(
             problem(r#"{"drain_timeout":"1s"}"#),
-            "invalid configuration: role: required: \"traffic\", \"traffic_tcp\" or \"health\""
+            "invalid configuration: role: required: \"traffic\", \"traffic_tcp\", \"health\" or \"placeholder\""
         );
         assert_eq!(
             problem(r#"{"role":"health","drain_timeout":"0s"}"#),

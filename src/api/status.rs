@@ -3,7 +3,7 @@
 
 use serde::Serialize;
 
-use super::checks::{WAITING_FOR_TRAFFIC, WAITING_STATUS};
+use super::checks::{waiting_for, WAITING_STATUS};
 use super::reply::Reply;
 use crate::clock::{rfc3339, Now, Steps, Timers};
 use crate::fsm::{CloseAfter, Record, State};
@@ -49,6 +49,11 @@ pub struct TrafficInfo {
     /// stalled), and the longest such gap.
     pub stalls: u64,
     pub longest_stall_ms: u64,
+    /// Placeholders running now, and of those, the ones that passed a
+    /// request on: a traffic filter without its own configuration
+    /// (`crate::placeholder`).
+    pub placeholders: u64,
+    pub placeholders_serving: u64,
 }
 
 /// What drain-gate keeps in the process, for an operator to see it bounded.
@@ -267,7 +272,8 @@ struct Status<'a> {
     lb_status: u16,
     active: u64,
     count: CountInfo,
-    /// `traffic_role` while no traffic role has registered: the gateway is
+    /// `traffic_role` while no traffic role has registered, `filter_config`
+    /// while a placeholder runs on a gateway not yet announced: the gateway is
     /// not announced (LB check and readiness 503).
     waiting_for: Option<&'static str>,
     traffic: TrafficInfo,
@@ -289,19 +295,25 @@ struct Status<'a> {
 
 fn status_body<'a>(v: &View<'a>, error: Option<&'a str>, wait: Option<&'a str>) -> Status<'a> {
     let r = v.rec;
-    let waiting = !v.traffic.seen;
+    let placeholders = crate::placeholder::action(
+        v.traffic.placeholders,
+        v.traffic.placeholders_serving,
+        v.checkers.announced_ms.is_some(),
+        r.state,
+    );
+    let waiting = waiting_for(v.traffic.seen, placeholders);
     Status {
         state: r.state,
-        ready: r.state.ready() && !waiting,
+        ready: r.state.ready() && waiting.is_none(),
         live: r.state.live(),
-        lb_status: if waiting {
+        lb_status: if waiting.is_some() {
             WAITING_STATUS
         } else {
             r.state.lb_status(v.draining_lb_status)
         },
         active: v.active,
         count: v.count,
-        waiting_for: waiting.then_some(WAITING_FOR_TRAFFIC),
+        waiting_for: waiting,
         traffic: v.traffic,
         in_flight: v.in_flight,
         progress: progress(v),
@@ -613,6 +625,46 @@ mod tests {
                     &serde_json::json!(503)
                 )
             );
+        })
+    }
+
+    #[test]
+    fn status_says_a_placeholder_keeps_a_new_gateway_out_and_not_an_announced_one() {
+        let placeholders = TrafficInfo {
+            seen: true,
+            roots: 2,
+            placeholders: 3,
+            placeholders_serving: 1,
+            ..TrafficInfo::default()
+        };
+        let mut announced = Checkers::default();
+        announced.observe("10.0.0.1", 200, 1_764_000_000_000, 2);
+        sample(|v| {
+            let new = body(&status(&View {
+                traffic: placeholders,
+                ..v
+            }));
+            assert_eq!(
+                (&new["waiting_for"], &new["ready"], &new["lb_status"]),
+                (
+                    &serde_json::json!("filter_config"),
+                    &serde_json::json!(false),
+                    &serde_json::json!(503)
+                )
+            );
+            assert_eq!(
+                (
+                    &new["traffic"]["placeholders"],
+                    &new["traffic"]["placeholders_serving"]
+                ),
+                (&serde_json::json!(3), &serde_json::json!(1))
+            );
+            let old = body(&status(&View {
+                traffic: placeholders,
+                checkers: &announced,
+                ..v
+            }));
+            assert_eq!(old["waiting_for"], serde_json::Value::Null);
         })
     }
 

@@ -14,6 +14,7 @@ use super::health::{Health, HealthStream};
 use super::liveness;
 use super::logs;
 use super::metrics::Metrics;
+use super::placeholder::{self, Stand, StandStream};
 use super::shared::Envoy;
 use super::store::Store;
 use super::traffic::{Traffic, TrafficStream};
@@ -46,6 +47,8 @@ pub enum Role {
     Unconfigured,
     Traffic(Rc<Traffic>),
     Health(Rc<Health>),
+    /// Stands in for a traffic filter without its configuration (`crate::placeholder`).
+    Placeholder(Rc<Stand>),
 }
 
 /// The kind of filter a root context sits in: an HTTP filter hands it
@@ -68,7 +71,7 @@ impl Role {
     fn filter(&self) -> Option<Filter> {
         match self {
             Role::Traffic(t) if t.part == Part::Connections => Some(Filter::Network),
-            Role::Traffic(_) | Role::Health(_) => Some(Filter::Http),
+            Role::Traffic(_) | Role::Health(_) | Role::Placeholder(_) => Some(Filter::Http),
             Role::Unconfigured => None,
         }
     }
@@ -78,6 +81,7 @@ impl Role {
             Role::Traffic(t) if t.part == Part::Connections => "traffic_tcp",
             Role::Traffic(_) => "traffic",
             Role::Health(_) => "health",
+            Role::Placeholder(_) => "placeholder",
             Role::Unconfigured => "(unconfigured)",
         }
     }
@@ -144,8 +148,10 @@ impl Context for Root {
     /// The plugin is being removed (LDS update, reconfiguration): a clean
     /// goodbye, so that the health role does not take it for a failed VM.
     fn on_done(&mut self) -> bool {
-        if let Role::Traffic(t) = &self.role {
-            t.goodbye();
+        match &self.role {
+            Role::Traffic(t) => t.goodbye(),
+            Role::Placeholder(p) => p.goodbye(),
+            Role::Health(_) | Role::Unconfigured => {}
         }
         true
     }
@@ -197,7 +203,12 @@ impl RootContext for Root {
                     logs::warning!("event=config_warning what=\"{w}\"");
                 }
                 liveness::ensure_registry(&Envoy);
+                placeholder::ensure(&Envoy);
                 Role::Health(Rc::new(Health::new(config, metrics)))
+            }
+            config::Role::Placeholder => {
+                placeholder::ensure(&Envoy);
+                Role::Placeholder(Rc::new(Stand::new(Envoy)))
             }
         };
         true
@@ -207,6 +218,7 @@ impl RootContext for Root {
         match &self.role {
             Role::Health(h) => h.tick(),
             Role::Traffic(t) => t.tick(),
+            Role::Placeholder(p) => p.tick(),
             Role::Unconfigured => {}
         }
     }
@@ -218,6 +230,7 @@ impl RootContext for Root {
         match &self.role {
             Role::Traffic(t) => Some(Box::new(TrafficStream::new(Rc::clone(t)))),
             Role::Health(h) => Some(Box::new(HealthStream::new(context_id, Rc::clone(h)))),
+            Role::Placeholder(p) => Some(Box::new(StandStream::new(Rc::clone(p)))),
             // The host does not create streams for a plugin whose
             // configuration was refused; if it ever did, pass them through.
             Role::Unconfigured => Some(Box::new(Passthrough)),
