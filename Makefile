@@ -320,7 +320,7 @@ dashboard-png: $(VENV)/.installed
 # drain-gate-404 or drain-gate-200-refuse lost a request.
 # `make rollout-quick` (part of `make test`, about 90 s): 2 gateways, istio-default and drain-gate-404.
 # Both write out/rollout/result.json, results.md and timeline.svg.
-.PHONY: rollout rollout-quick replicas
+.PHONY: rollout rollout-quick replicas surge
 
 rollout: deps build $(VENV)/.installed
 	PYTHONPATH=. $(PY) -m tests.rollout.driver $(ROLLOUT_ARGS)
@@ -331,3 +331,10 @@ rollout-quick: deps build $(VENV)/.installed
 # N = 2, 4, 8 gateways under one fixed load: the others' p99 and CPU before, in a drain, in a rolling restart; 0 lost.
 replicas: deps build $(VENV)/.installed
 	PYTHONPATH=. $(PY) -m tests.rollout.replicas $(REPLICAS_ARGS)
+
+# The Gateway API form's surge onto the node it replaces (maxSurge 1): one node, its NodePorts as kube-proxy
+# (Local, KEP-1669) moves new connections to the new pod, behind HAProxy; drain-gate (close_after lb_buffer,
+# lb_observed_down) and Istio's default as the control, under traffic that never stops (about 4 min).
+# Writes out/surge/result.json and results.md.
+surge: deps build $(VENV)/.installed
+	PYTHONPATH=. $(PY) -m tests.rollout.surge $(SURGE_ARGS)

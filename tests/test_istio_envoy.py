@@ -491,16 +491,24 @@ def local_module(wp: dict, pulled=None):
 
 
 def _wasmplugin_gateway(tmp_path, health_ef: dict, listeners: list[dict], plugins: list[tuple[dict, dict]],
-                        labels: dict = istio.POD_LABELS, server_ports: dict[str, int] | None = None) -> list[dict]:
-    """`listeners` with each WasmPlugin's ECDS filter where istiod puts it and the
-    health EnvoyFilter applied. `plugins`: (WasmPlugin, the TypedExtensionConfig
-    Envoy receives for it), one ECDS file each (Envoy takes one resource per
-    filter subscription); `server_ports`: see `istio.insert_wasmplugin`."""
+                        labels: dict = istio.POD_LABELS, server_ports: dict[str, int] | None = None,
+                        envoyfilters: list[dict] = ()) -> list[dict]:
+    """`listeners` with each WasmPlugin's ECDS filter where istiod puts it, for
+    the pod with `labels`, then the health EnvoyFilter and `envoyfilters`
+    applied. `plugins`: (WasmPlugin, the TypedExtensionConfig Envoy receives
+    for it), one ECDS file each (Envoy takes one resource per filter
+    subscription; a filter an EnvoyFilter replaced by istiod's own entry reads
+    the same file instead of ADS); `server_ports`: see `istio.insert_wasmplugin`."""
+    paths = {}
     for i, (wp, ext) in enumerate(plugins):
+        if not istio.selects_workload(wp, wp["metadata"]["namespace"], labels):
+            continue
         ecds = tmp_path / f"ecds-{i}.yaml"
         istio.write_ecds(ecds, [ext])
+        paths[istio.wasmplugin_resource_name(wp)] = ecds
         listeners = istio.insert_wasmplugin(listeners, wp, ecds, server_ports)
-    return istio.apply_envoyfilters(listeners, [health_ef], labels=labels)
+    return istio.ecds_over_files(istio.apply_envoyfilters(listeners, [health_ef, *envoyfilters], labels=labels),
+                                 paths)
 
 
 def _wasmplugin_listeners(tmp_path, health_ef: dict, module=None, wp: dict | None = None,
@@ -603,15 +611,35 @@ def test_wasmplugin_tcp_plugin_counts_a_passthrough_connection_and_flips_on_its_
     tcp_connection_holds_the_drain(env, istio.PASSTHROUGH_LISTENER_PORT)
 
 
-def _canary_plugins(pulled, fetched: bool) -> list[tuple[dict, dict]]:
-    """The fleet's WasmPlugin (file://) and the canary's (oci://, on the labelled pod):
-    the canary's module as pulled, or (fetched False) istio-agent's stand-in."""
-    objs = k8s.by_kind(k8s.template("--set", "wasm.configMap.create=false", "--set", "form=wasmplugin",
-                                    "--set", "wasmPlugin.canary.url=oci://registry.example.com/drain-gate/drain-gate:0.2.0",
+CANARY_LABELS = {**istio.POD_LABELS, "drain-gate.io/canary": "true"}
+CANARY_URL = "oci://registry.example.com/drain-gate/drain-gate:0.2.0"
+
+
+def canary_objects(*sets: str) -> dict[tuple[str, str], dict]:
+    """The chart's WasmPlugin form with a canary image: the fleet's WasmPlugin
+    (file://), the canary's (oci://) and the canary's placeholder EnvoyFilter."""
+    return k8s.by_kind(k8s.template("--set", "wasm.configMap.create=false", "--set", "form=wasmplugin",
+                                    "--set", f"wasmPlugin.canary.url={CANARY_URL}", *sets,
                                     "--show-only", "templates/wasmplugin.yaml"))
+
+
+def _canary_plugins(module, fetched: bool = True) -> list[tuple[dict, dict]]:
+    """The fleet's WasmPlugin (file://) and the canary's (oci://, on the labelled pod):
+    the canary's module as istio-agent pulled it (`module`), or (fetched False)
+    istio-agent's stand-in."""
+    objs = canary_objects()
     fleet, canary = objs[("WasmPlugin", "drain-gate-traffic")], objs[("WasmPlugin", "drain-gate-traffic-canary")]
-    ext = istio.wasmplugin_extension_config(canary, pulled) if fetched else istio.wasmplugin_fetch_failed(canary)
+    ext = istio.wasmplugin_extension_config(canary, module) if fetched else istio.wasmplugin_fetch_failed(canary)
     return [(fleet, istio.wasmplugin_extension_config(fleet, local_module(fleet))), (canary, ext)]
+
+
+def canary_pod(tmp_path, plugins: list[tuple[dict, dict]], placeholder: bool = True,
+               labels: dict = CANARY_LABELS) -> list[dict]:
+    """A pod's listeners with the canary rendered: the canary pod's by default;
+    `placeholder` False: without the chart's placeholder EnvoyFilter (as the chart was)."""
+    efs = [canary_objects()[("EnvoyFilter", "drain-gate-traffic-canary-placeholder")]] if placeholder else []
+    return _wasmplugin_gateway(tmp_path, load("wasmplugin/health-listener.yaml"), [istio.gateway_listener(8080)],
+                               plugins, labels, envoyfilters=efs)
 
 
 @pytest.mark.parametrize("fetched", [True, False], ids=["canary-fetched", "canary-fetch-failed"])
@@ -620,11 +648,10 @@ def test_wasmplugin_canary_pod_stays_counted_whatever_its_image_does(fetched, st
     """The canary pod (drain-gate.io/canary=true) runs the fleet's filter and the
     canary's. Fetched, both count: each stream twice, the flip still at zero.
     Not fetched (istio-agent's allow-all RBAC stand-in), the fleet's filter
-    still counts: the pod stays protected while verify.py names the stand-in."""
-    labels = {**istio.POD_LABELS, "drain-gate.io/canary": "true"}
-    listeners = _wasmplugin_gateway(tmp_path, load("wasmplugin/health-listener.yaml"), [istio.gateway_listener(8080)],
-                                    _canary_plugins(pulled_wasm, fetched), labels)
-    env = start_gateway(VERSIONS[-1], listeners)
+    still counts: the pod stays protected while verify.py names the stand-in.
+    Either configuration replaces the placeholder."""
+    env = start_gateway(VERSIONS[-1], canary_pod(tmp_path, _canary_plugins(pulled_wasm, fetched)))
+    assert status(env)["traffic"]["placeholders"] == 0
     _count_flips_at_zero(env, stream, 8080, per_stream=2 if fetched else 1)
 
 

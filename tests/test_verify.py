@@ -595,11 +595,8 @@ def test_canary_pod_counts_twice_or_fails_naming_the_canary_stand_in(fetched, st
     """The canary pod: the fleet's filter and the canary's count each stream
     (a warning, not a failure); if the canary's image was replaced by
     istio-agent's stand-in, verify.py names it, though the pod still counts."""
-    from tests.test_istio_envoy import _canary_plugins
-    labels = {**istio.POD_LABELS, "drain-gate.io/canary": "true"}
-    env = start_gateway(VERSION, _wasmplugin_gateway(tmp_path, load("wasmplugin/health-listener.yaml"),
-                                                     [istio.gateway_listener(8080)],
-                                                     _canary_plugins(pulled_wasm, fetched), labels))
+    from tests.test_istio_envoy import _canary_plugins, canary_pod
+    env = start_gateway(VERSION, canary_pod(tmp_path, _canary_plugins(pulled_wasm, fetched)))
     code, lines = verify("--config-dump", "-", stdin=dump_of(env))
     if fetched:
         assert code == 0, lines

@@ -37,5 +37,6 @@ from tests.harness.istio.schema import (
     K8S_VERSIONS, cel_errors, crd_errors, crd_schemas, crd_validators, k8s_errors,
 )
 from tests.harness.istio.wasmplugin import (
-    insert_wasmplugin, wasmplugin_extension_config, wasmplugin_fetch_failed, wasmplugin_resource_name, write_ecds,
+    ecds_over_files, insert_wasmplugin, wasmplugin_extension_config, wasmplugin_fetch_failed, wasmplugin_resource_name,
+    write_ecds,
 )

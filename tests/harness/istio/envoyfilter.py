@@ -143,7 +143,7 @@ def apply_envoyfilters(listeners: list[dict], envoyfilters: list[dict], labels: 
     """The listeners after istiod applied `envoyfilters` for a gateway with `labels`
     running Istio `proxy_version`, in order of spec.priority as istiod sorts them.
 
-    Implements what the files here use (HTTP_FILTER INSERT_BEFORE/ADD,
+    Implements what the files here use (HTTP_FILTER INSERT_BEFORE/ADD/REPLACE,
     LISTENER ADD, and CLUSTER ADD: see `added_clusters`) and refuses anything
     else, so a change of operation cannot pass unnoticed.
     """
@@ -175,6 +175,9 @@ def apply_envoyfilters(listeners: list[dict], envoyfilters: list[dict], labels: 
                     at = next((i for i, f in enumerate(filters) if f["name"] == sub), None) if sub else 0
                     if at is not None:
                         filters.insert(at, value)
+                elif op == "REPLACE":
+                    # istiod replaces the filter the match names (none named: no-op, listener_patch.go).
+                    filters[:] = [copy.deepcopy(value) if sub and f["name"] == sub else f for f in filters]
                 else:
                     raise NotImplementedError(f"HTTP_FILTER {op}")
     # istiod appends added listeners after patching its own (listener_patch.go).

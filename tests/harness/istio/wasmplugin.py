@@ -141,5 +141,21 @@ def insert_wasmplugin(listeners: list[dict], wp: dict, ecds_path: Path,
     return out
 
 
+def ecds_over_files(listeners: list[dict], paths: dict[str, Path]) -> list[dict]:
+    """The listeners with every ECDS filter that names ADS as its config source
+    (an EnvoyFilter REPLACE copies istiod's own entry: `ads: {}`) reading its
+    resource from the file `paths` gives for its name instead: the harness
+    has no ADS server, and file-based ECDS stands in for it (as `_ecds_filter`)."""
+    out = copy.deepcopy(listeners)
+    for listener in out:
+        for hcm in hcms(listener, {}):
+            for f in hcm["http_filters"]:
+                source = (f.get("config_discovery") or {}).get("config_source") or {}
+                if "ads" in source:
+                    del source["ads"]
+                    source["path_config_source"] = {"path": str(paths[f["name"]])}
+    return out
+
+
 def write_ecds(path: Path, extension_configs: list[dict]) -> None:
     path.write_text(yaml.safe_dump({"version_info": "1", "resources": extension_configs}, sort_keys=False))
