@@ -256,6 +256,16 @@ impl Checkers {
         })
     }
 
+    /// Whether any check was recorded at or after `since_ms` (a drain's start).
+    /// A check is recorded within `SEEN_RESOLUTION_MS` of the last one written,
+    /// so an LB that still checks reads true from one of its check intervals
+    /// and a second into the drain on. False for longer: its checks of this
+    /// node reach another pod (a Gateway API surge pod on the same node, which
+    /// kube-proxy prefers as the node's ready endpoint).
+    pub fn checked_since(&self, since_ms: u64) -> bool {
+        self.list.iter().any(|c| c.last_seen_ms >= since_ms)
+    }
+
     /// The moment the LB was observed DOWN, if that is still true now.
     pub fn down_since(&self, now_ms: u64, lb_fall: u32) -> Option<u64> {
         self.observed_down_ms
@@ -283,6 +293,31 @@ mod tests {
         assert!(c.all_down(3_100, 2));
         assert_eq!(c.down_since(3_200, 2), Some(3_100));
         assert_eq!(c.list[0].consecutive_non_200, 2);
+    }
+
+    #[test]
+    fn a_drain_sees_whether_the_lb_still_checks_within_a_second() {
+        let mut c = Checkers::default();
+        c.observe("a", 200, 10_000, 2);
+        c.observe("a", 200, 10_400, 2);
+        assert!(
+            !c.checked_since(10_500),
+            "the drain began at 10.5 s: nothing since"
+        );
+        c.observe("a", 200, 10_800, 2);
+        assert!(
+            !c.checked_since(10_500),
+            "not written: less than a second after the last write"
+        );
+        c.observe("a", 200, 11_100, 2);
+        assert!(
+            c.checked_since(10_500),
+            "a second after the last write: recorded"
+        );
+        assert!(
+            !Checkers::default().checked_since(0),
+            "no checker: nothing checked"
+        );
     }
 
     #[test]

@@ -213,6 +213,10 @@ struct Lb<'a> {
     gate: Option<Gate>,
     /// Checkers that asked within the last 30 s.
     live_checkers: usize,
+    /// Since the drain began (`null`: no drain yet), has any LB check reached this
+    /// gateway? False longer than a check interval and a second: the LB's checks
+    /// of its node reach another pod, and never see this one's 503.
+    checked_in_drain: Option<bool>,
     checkers: Vec<CheckerOut<'a>>,
     /// Checks from sources outside `lb_checkers`.
     ignored_checks: IgnoredOut<'a>,
@@ -400,6 +404,9 @@ fn lb_out<'a>(v: &View<'a>) -> Lb<'a> {
         saw_drain: draining && v.checkers.saw_drain(since, now),
         gate,
         live_checkers: v.checkers.live_count(now),
+        checked_in_drain: r
+            .drain_started_timer_ms()
+            .map(|t| v.checkers.checked_since(t)),
         checkers: v
             .checkers
             .list
@@ -625,6 +632,34 @@ mod tests {
                     &serde_json::json!(503)
                 )
             );
+        })
+    }
+
+    #[test]
+    fn status_says_whether_an_lb_check_reached_the_gateway_in_its_drain() {
+        let mut checkers = Checkers::default();
+        checkers.observe("10.0.0.1", 200, 1_000, 2);
+        let mut rec = Record::new(1_764_000_000_000);
+        sample(|v| {
+            let lb = |rec: &Record, c: &Checkers| {
+                body(&status(&View {
+                    rec,
+                    checkers: c,
+                    ..v
+                }))["lb"]["checked_in_drain"]
+                    .clone()
+            };
+            assert_eq!(lb(&rec, &checkers), serde_json::Value::Null, "no drain yet");
+            rec.drain_started_ms = Some(1_764_000_000_000);
+            rec.drain_started_mono_ms = Some(2_000);
+            assert_eq!(
+                lb(&rec, &checkers),
+                serde_json::json!(false),
+                "the node's checks go elsewhere"
+            );
+            let mut after = checkers.clone();
+            after.observe("10.0.0.1", 200, 2_100, 2);
+            assert_eq!(lb(&rec, &after), serde_json::json!(true));
         })
     }
 

@@ -278,15 +278,19 @@ impl<H: Host> Health<H> {
     /// Moves the FSM for an admin command, then applies whatever became due
     /// (a drain with nothing in flight flips at once).
     fn command(&self, cmd: api::Command) -> Result<Record, store::Error> {
-        let choose = |r: &Record| Move {
+        self.advance(&|r: &Record| Move {
             expected_from: cmd.expected_from(r.state),
             to: cmd.target(),
             reason: cmd.reason(),
             plan: Some(cmd.plan(&self.config)),
             force: cmd.force(),
-        };
+        })
+    }
+
+    /// Moves the FSM as `choose` says, then applies whatever became due.
+    fn advance(&self, choose: &dyn Fn(&Record) -> Move) -> Result<Record, store::Error> {
         self.store
-            .advance(&choose, self.counter.read().active, &self.metrics)?;
+            .advance(choose, self.counter.read().active, &self.metrics)?;
         self.store
             .apply_due(
                 self.counter.read().for_decisions(),
@@ -473,7 +477,7 @@ impl<H: Host> Health<H> {
         if action != PlaceholderAction::Drain {
             return;
         }
-        let choose = |_: &Record| Move {
+        let started = self.advance(&|_: &Record| Move {
             expected_from: State::Open,
             to: State::Draining,
             reason: Reason::FilterNotLoaded,
@@ -482,19 +486,7 @@ impl<H: Host> Health<H> {
                 ..self.config.plan()
             }),
             force: false,
-        };
-        let started = self
-            .store
-            .advance(&choose, self.counter.read().active, &self.metrics)
-            .and_then(|_| {
-                self.store
-                    .apply_due(
-                        self.counter.read().for_decisions(),
-                        self.lb_down_ms(),
-                        &self.metrics,
-                    )
-                    .map_err(store::Error::Shared)
-            });
+        });
         match started {
             Ok(_) => logs::error!(
                 "event=placeholder_drain placeholders={} what=\"a traffic filter serves without its own \

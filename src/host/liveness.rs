@@ -31,14 +31,7 @@ fn read_beat<H: Host>(host: &H, id: u64) -> Option<u64> {
 /// Creates the registry if absent (configure runs on the main thread before
 /// any worker VM, so this cannot race another creator).
 pub fn ensure_registry<H: Host>(host: &H) {
-    let created = shared::encode(keys::REGISTRY, &Registry::default())
-        .and_then(|bytes| shared::create(host, keys::REGISTRY, &bytes));
-    if let Err(e) = created {
-        logs::error!(
-            "event=shared_data_error key={} error=\"{e}\"",
-            keys::REGISTRY
-        );
-    }
+    shared::ensure_json(host, keys::REGISTRY, &Registry::default());
 }
 
 /// Changes the registry (compare-and-swap); every change moves its

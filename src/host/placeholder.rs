@@ -22,14 +22,7 @@ use crate::placeholder::Placeholders;
 /// Creates the record if absent (configure runs on the main thread before any
 /// worker VM, so this cannot race another creator).
 pub fn ensure<H: Host>(host: &H) {
-    let created = shared::encode(keys::PLACEHOLDERS, &Placeholders::default())
-        .and_then(|bytes| shared::create(host, keys::PLACEHOLDERS, &bytes));
-    if let Err(e) = created {
-        logs::error!(
-            "event=shared_data_error key={} error=\"{e}\"",
-            keys::PLACEHOLDERS
-        );
-    }
+    shared::ensure_json(host, keys::PLACEHOLDERS, &Placeholders::default());
 }
 
 /// The placeholders of this `vm_id` (none when unreadable: the error is logged).

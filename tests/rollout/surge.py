@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import re
 import time
 from pathlib import Path
 
@@ -53,6 +54,9 @@ VARIANTS = {
     "istio-default (control)": fleet.Strategy("istio-default", check="agent", prestop=None),
 }
 QUICK = ("drain-gate", "istio-default (control)")
+# The pinned requests run this long past minReadySeconds: the new pod's start, and then
+# beyond the old pod's terminationDrainDuration (5 s) after its deletion.
+PIN_S = 12
 
 
 def readiness_url(pod: fleet.Pod) -> str:
@@ -84,13 +88,14 @@ def run(name: str, strategy: fleet.Strategy, workdir: Path, min_ready_s: float) 
         stack.callback(haproxy.stop)
         haproxy.start()
         haproxy.wait_status("node1", lambda s: s.up and s.check_status == "L7OK", timeout=30)
-        traffic = Traffic(haproxy.http("").rstrip("/"), haproxy.https("").rstrip("/"),
-                          ("127.0.0.1", haproxy.http_port), PROFILE)
+        traffic = Traffic.through(haproxy, PROFILE)
         stack.callback(traffic.stop)
         traffic.start()
-        wait_for(lambda: sum(o.ok for o in traffic.outcomes if o.kind == "short") >= 20, 30, 0.1,
-                 "short GETs flowing")
+        traffic.flowing()
         time.sleep(PROFILE.stream_seconds[0])  # long requests of every kind in flight on the old pod
+        # Three more on the old pod alone (the node's one endpoint), lasting past its deletion and
+        # terminationDrainDuration: what a pod that exits at once cuts.
+        traffic.pin(int(PIN_S + min_ready_s))
         # The surge: the new pod on the same node, ready, then minReadySeconds, then the old pod goes.
         new.start()
         new_endpoint = node.add(endpoint(new))
@@ -101,7 +106,7 @@ def run(name: str, strategy: fleet.Strategy, workdir: Path, min_ready_s: float) 
         old.wait_exit(fleet.GRACE_S + 30)
         time.sleep(2)
         traffic.stop()
-        traffic.drain(PROFILE.stream_seconds[1] + 20)
+        traffic.drain(PIN_S + min_ready_s + 30)
         return summary(name, strategy, traffic, node, haproxy, old)
 
 
@@ -127,7 +132,10 @@ def summary(name: str, strategy: fleet.Strategy, traffic: Traffic, node: NodePor
             "closing_s": (round(parse_time(progress["closed_at"]) - parse_time(progress["closing_at"]), 1)
                           if progress.get("closed_at") and progress.get("closing_at") else None),
             "receipt": old.receipt,
+            "draining_s": (round(parse_time(progress["closing_at"]) - parse_time(progress["drain_started_at"]), 1)
+                           if progress.get("closing_at") and progress.get("drain_started_at") else None),
             "lb_observed_down": (st.get("lb") or {}).get("observed_down"),
+            "checked_in_drain": (st.get("lb") or {}).get("checked_in_drain"),
             "last_lb_check_before_deletion_s": (round(old.deleted_at - last_check, 1) if last_check else None),
         },
         "checks_after_deletion": after,
@@ -137,20 +145,22 @@ def summary(name: str, strategy: fleet.Strategy, traffic: Traffic, node: NodePor
 
 
 def table(results: list[dict]) -> str:
-    rows = ["| variant | lost (short / h1 / h2 / ws) of sent | old pod: CLOSING by, ended by (s) | preStop held (s) "
-            "| receipt cut_lb / cut_other / completed | LB checks of the node after deletion: old / new "
-            "| HAProxy DOWN |", "|---|---|---|---|---|---|---|"]
+    rows = ["| variant | lost (short / h1 / h2 / ws) of sent | old pod: DRAINING (s), CLOSING by, ended by (s) "
+            "| deletion to exit (s) | receipt cut_lb / cut_other / completed | LB checks of the node after deletion: "
+            "old / new | `lb.checked_in_drain` | HAProxy DOWN |", "|---|---|---|---|---|---|---|---|"]
     for r in results:
         o = r["old_pod"]
         lost = " / ".join(f"{r['lost'][k]}" for k in ("short", "h1_stream", "h2_stream", "websocket"))
         sent = sum(r["sent"].values())
         rc = o["receipt"] or {}
-        closing = f"{o['closing_reason'] or '–'}, {o['closed_reason'] or '–'}" + (
+        closing = (f"{o['draining_s']:g}, " if o["draining_s"] is not None else "") + (
+            f"{o['closing_reason'] or '–'}, {o['closed_reason'] or '–'}") + (
             f" ({o['closing_s']:g})" if o["closing_s"] is not None else "")
-        rows.append(f"| {r['variant']} | {lost} of {sent} | {closing} | {o['drain_s']} "
+        checked = "–" if o["checked_in_drain"] is None else str(o["checked_in_drain"]).lower()
+        rows.append(f"| {r['variant']} | {lost} of {sent} | {closing} | {o['drain_s']:.1f} "
                     f"| {rc.get('cut_lb', '–')} / {rc.get('cut_other', '–')} / {rc.get('completed', '–')} "
                     f"| {r['checks_after_deletion'].get('old', 0)} / {r['checks_after_deletion'].get('new', 0)} "
-                    f"| {len(r['haproxy_down_events'])} |")
+                    f"| {checked} | {len(r['haproxy_down_events'])} |")
     return "\n".join(rows) + "\n"
 
 
@@ -160,7 +170,11 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     OUT.mkdir(parents=True, exist_ok=True)
     names = QUICK if args.quick else tuple(VARIANTS)
-    results = [run(n, VARIANTS[n], OUT / n.split(" ")[0].replace(",", ""), MIN_READY_S) for n in names]
+    results = []
+    for n in names:
+        workdir = OUT / re.sub(r"[^a-z0-9]+", "-", n).strip("-")
+        workdir.mkdir(parents=True, exist_ok=True)
+        results.append(run(n, VARIANTS[n], workdir, MIN_READY_S))
     (OUT / "result.json").write_text(json.dumps(results, indent=2))
     (OUT / "results.md").write_text(table(results))
     print(table(results))
