@@ -23,6 +23,11 @@ pub enum Role {
     TrafficTcp,
     /// Serves the FSM on the dedicated health listener.
     Health,
+    /// Stands in for a traffic filter whose own configuration did not load:
+    /// the configuration an ECDS filter runs until its own arrives (Envoy's
+    /// `default_config`), and instead of it when it is refused. Counts
+    /// nothing; its presence keeps the gateway out (`crate::placeholder`).
+    Placeholder,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -173,7 +178,7 @@ enum Rule {
     Optional(Apply),
 }
 
-const ROLE_REQUIRED: &str = "required: \"traffic\", \"traffic_tcp\" or \"health\"";
+const ROLE_REQUIRED: &str = "required: \"traffic\", \"traffic_tcp\", \"health\" or \"placeholder\"";
 
 /// Declares `KEYS` (the names) and `RULES` (each name with its rule) from one
 /// list, so a key is written exactly once.
@@ -289,9 +294,10 @@ fn role(c: &mut Config, v: &Value) -> Result<(), Problem> {
         Some("traffic") => Role::Traffic,
         Some("traffic_tcp") => Role::TrafficTcp,
         Some("health") => Role::Health,
+        Some("placeholder") => Role::Placeholder,
         _ => {
             return Err(format!(
-                "expected \"traffic\", \"traffic_tcp\" or \"health\", got {}",
+                "expected \"traffic\", \"traffic_tcp\", \"health\" or \"placeholder\", got {}",
                 Shown(v)
             )
             .into())
@@ -637,6 +643,7 @@ mod tests {
             ("traffic", Role::Traffic),
             ("traffic_tcp", Role::TrafficTcp),
             ("health", Role::Health),
+            ("placeholder", Role::Placeholder),
         ] {
             let c = parse(&format!(r#"{{"role":"{name}"}}"#)).unwrap();
             assert_eq!(c.role, role, "{name}");
@@ -816,7 +823,7 @@ mod tests {
         );
         assert_eq!(
             problem(r#"{"drain_timeout":"1s"}"#),
-            "invalid configuration: role: required: \"traffic\", \"traffic_tcp\" or \"health\""
+            "invalid configuration: role: required: \"traffic\", \"traffic_tcp\", \"health\" or \"placeholder\""
         );
         assert_eq!(
             problem(r#"{"role":"health","drain_timeout":"0s"}"#),

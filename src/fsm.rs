@@ -124,6 +124,10 @@ named! {
         ReopenRequested = "reopen_requested",
         /// `POST /fault`.
         FaultRequested = "fault_requested",
+        /// A placeholder served a request on an announced gateway: a traffic
+        /// filter runs without its own configuration (`crate::placeholder`);
+        /// the drain holds CLOSING, as a maintenance drain does.
+        FilterNotLoaded = "filter_not_loaded",
     }
 }
 

@@ -68,6 +68,9 @@ record! {
         /// The last source whose checks were answered but not recorded (outside
         /// `lb_checkers`), and when it was first seen.
         pub ignored: Option<Ignored>,
+        /// When a check, from any source, was first answered 200 in this process:
+        /// from then on the LB may have sent the gateway requests.
+        pub announced_ms: Option<u64> = None,
     }
 }
 
@@ -164,6 +167,7 @@ impl Checkers {
             }
             if status == 200 {
                 c.consecutive_non_200 = 0;
+                self.announced_ms.get_or_insert(now_ms);
             } else {
                 c.consecutive_non_200 = c.consecutive_non_200.saturating_add(1);
             }
@@ -188,6 +192,14 @@ impl Checkers {
             self.observed_down_ms = None;
         }
         *self != before
+    }
+
+    /// An answer of 200 to a source outside `lb_checkers`: not a checker, but
+    /// the gateway is announced. Returns whether that is new.
+    pub fn announce(&mut self, now_ms: u64) -> bool {
+        let new = self.announced_ms.is_none();
+        self.announced_ms.get_or_insert(now_ms);
+        new
     }
 
     /// Records a check from a source outside `lb_checkers` (answered, not
@@ -244,6 +256,16 @@ impl Checkers {
         })
     }
 
+    /// Whether any check was recorded at or after `since_ms` (a drain's start).
+    /// A check is recorded within `SEEN_RESOLUTION_MS` of the last one written,
+    /// so an LB that still checks reads true from one of its check intervals
+    /// and a second into the drain on. False for longer: its checks of this
+    /// node reach another pod (a Gateway API surge pod on the same node, which
+    /// kube-proxy prefers as the node's ready endpoint).
+    pub fn checked_since(&self, since_ms: u64) -> bool {
+        self.list.iter().any(|c| c.last_seen_ms >= since_ms)
+    }
+
     /// The moment the LB was observed DOWN, if that is still true now.
     pub fn down_since(&self, now_ms: u64, lb_fall: u32) -> Option<u64> {
         self.observed_down_ms
@@ -271,6 +293,44 @@ mod tests {
         assert!(c.all_down(3_100, 2));
         assert_eq!(c.down_since(3_200, 2), Some(3_100));
         assert_eq!(c.list[0].consecutive_non_200, 2);
+    }
+
+    #[test]
+    fn a_drain_sees_whether_the_lb_still_checks_within_a_second() {
+        let mut c = Checkers::default();
+        c.observe("a", 200, 10_000, 2);
+        c.observe("a", 200, 10_400, 2);
+        assert!(
+            !c.checked_since(10_500),
+            "the drain began at 10.5 s: nothing since"
+        );
+        c.observe("a", 200, 10_800, 2);
+        assert!(
+            !c.checked_since(10_500),
+            "not written: less than a second after the last write"
+        );
+        c.observe("a", 200, 11_100, 2);
+        assert!(
+            c.checked_since(10_500),
+            "a second after the last write: recorded"
+        );
+        assert!(
+            !Checkers::default().checked_since(0),
+            "no checker: nothing checked"
+        );
+    }
+
+    #[test]
+    fn the_first_200_announces_the_gateway() {
+        let mut c = Checkers::default();
+        c.observe("a", 503, 5, 2);
+        assert_eq!(c.announced_ms, None, "a 503 WAIT announces nothing");
+        c.observe("a", 200, 7, 2);
+        c.observe("b", 200, 9, 2);
+        assert_eq!(c.announced_ms, Some(7));
+        let mut d = Checkers::default();
+        assert!(d.announce(3) && !d.announce(4));
+        assert_eq!(d.announced_ms, Some(3));
     }
 
     #[test]

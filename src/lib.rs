@@ -13,6 +13,7 @@
 //! - [`in_flight`]: how old the streams in flight are (what a drain waits for);
 //! - [`json`]: drain-gate's own records as JSON, each field name declared once;
 //! - [`liveness`]: whether the traffic role is there and alive;
+//! - [`placeholder`]: a traffic filter whose own configuration did not load;
 //! - [`metric_names`]: every metric name (the host defines them);
 //! - [`receipt`]: how the streams of a drain ended, and what the LB cut;
 //! - [`refusal`]: which new requests a refusing drain refuses, and how;
@@ -34,6 +35,7 @@ pub mod lb;
 pub mod liveness;
 pub mod metric_names;
 pub mod net;
+pub mod placeholder;
 pub mod receipt;
 pub mod refusal;
 pub mod rotation;

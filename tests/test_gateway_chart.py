@@ -127,3 +127,12 @@ def test_the_drain_gate_chart_selects_and_feeds_these_pods(rendered, tmp_path):
     assert mount["mountPath"] == chart_values["wasm"]["path"]
     # Another gateway in the namespace without the values is not selected.
     assert not istio.DRAIN_GATE_LABEL.items() <= istio.GATEWAY_LABELS.items()
+
+
+def test_the_chart_has_no_way_to_set_a_startup_probe(rendered):
+    """envoyfilter/README.md, Readiness: on the chart route a startupProbe has no
+    way in. The chart's schema refuses the key, and nothing renders one."""
+    r = k8s.template("-f", str(VALUES), "--set", "startupProbe.httpGet.port=15021", chart=k8s.GATEWAY_CHART,
+                     release=RELEASE, check=False)
+    assert r.returncode != 0 and "additional properties 'startupProbe' not allowed" in r.stderr, r.stderr
+    assert "startupProbe" not in proxy_of(rendered[("Deployment", RELEASE)])

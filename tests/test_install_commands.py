@@ -121,6 +121,11 @@ def cluster_replies(block: str, shell: docs.OfflineShell, start_gateway) -> dict
         shell.reply("get deploy/istio-ingressgateway-canary service/istio-ingressgateway-canary pdb/drain-gate "
                     "configmap/istio-sidecar-injector -o json",
                     listed(gw["Deployment"], gw["Service"], drain_gate_pdb(), injector()))
+    if "helm get values drain-gate" in block:  # the canary: a fleet on the oci:// route
+        from tests.test_canary import fleet_release
+        values, manifest = fleet_release(shell.replies.parent)
+        shell.reply("helm get values drain-gate -n istio-system -o yaml", values)
+        shell.reply("helm get manifest drain-gate -n istio-system", manifest)
     sidecar = {d["kind"]: d for d in istio.load_docs(SIDECAR_DESIGN)}
     shell.reply("get deploy istio-ingressgateway -o json", json.dumps(sidecar["Deployment"]))
     shell.reply("get service istio-ingressgateway -o json", json.dumps(sidecar["Service"]))
@@ -186,6 +191,11 @@ def test_readme_block_runs_offline(block, shell, start_gateway):  # noqa: F811
     assert len(verdicts) == runs + (2 * 3 - 2 if "for pod in" in ran else 0), r.stdout
     if re.search(r"3018[01]/health_check.html", block):
         assert "200" in r.stdout.splitlines()
+    if "helm get values drain-gate" in block:  # the canary's upgrade adds its two objects, changes none
+        from tests.test_canary import CANARY_OBJECTS, changed
+        upgrade = [e for e in shell.recorded() if e["verb"] == "helm install"][-1]
+        running = (shell.replies / "helm get manifest drain-gate -n istio-system").read_text()
+        assert changed(k8s.by_kind(k8s.docs(running)), k8s.by_kind(k8s.docs(upgrade["manifest"]))) == CANARY_OBJECTS
     if "grep -nE" in block:  # the LB team's lines, in the shipped haproxy.cfg
         for line in ("option httpchk GET /health_check.html", "retries 3", "check port", "inter",
                      "rise 2 fall 2 on-marked-down shutdown-sessions"):

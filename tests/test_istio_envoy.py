@@ -228,10 +228,10 @@ def test_tcp_patch_lands_before_tcp_proxy_and_only_there():
     assert istio.apply_envoyfilters(base, [tcp], labels={"istio": "other"}) == base
 
 
-def tcp_connection_holds_the_drain(env) -> None:
-    """A connection through the TCP server on :15443 (tcp_proxy to the backend)
+def tcp_connection_holds_the_drain(env, port: int = 15443) -> None:
+    """A connection through the TCP server on `port` (tcp_proxy to the backend)
     is counted and holds the drain; its close flips it."""
-    conn = socket.create_connection(("127.0.0.1", env.at[15443]), timeout=10)
+    conn = socket.create_connection(("127.0.0.1", env.at[port]), timeout=10)
     try:
         conn.sendall(b"GET / HTTP/1.1\r\nHost: backend\r\n\r\n")
         assert read_head(conn).startswith(b"HTTP/1.1 200 OK"), "tcp_proxy carries the bytes"
@@ -421,7 +421,7 @@ def test_envoyfilter_form_counts_flips_and_prestop_returns_at_closed(version, st
     assert status(env)["count"]["reliable"] is True
 
     # The gateway values' preStop (as written but for the port) and readiness;
-    # the patches for Istio < 1.27 carry the same.
+    # the patches for a gateway without the chart carry the same.
     proxy = istio.load_one(istio.KUBERNETES / "gateway-values.yaml")
     command = [a.replace(":18180/", f":{env.ports.health}/") for a in proxy["lifecycle"]["preStop"]["exec"]["command"]]
     with held_call(command) as prestop:
@@ -490,16 +490,25 @@ def local_module(wp: dict, pulled=None):
 
 
 def _wasmplugin_gateway(tmp_path, health_ef: dict, listeners: list[dict], plugins: list[tuple[dict, dict]],
-                        labels: dict = istio.POD_LABELS) -> list[dict]:
-    """`listeners` with each WasmPlugin's ECDS filter where istiod puts it and the
-    health EnvoyFilter applied. `plugins`: (WasmPlugin, the TypedExtensionConfig
-    Envoy receives for it), one ECDS file each (Envoy takes one resource per
-    filter subscription)."""
-    files = []
+                        labels: dict = istio.POD_LABELS, server_ports: dict[str, int] | None = None,
+                        envoyfilters: list[dict] = ()) -> list[dict]:
+    """`listeners` with each WasmPlugin's ECDS filter where istiod puts it, for
+    the pod with `labels`, then the health EnvoyFilter and `envoyfilters`
+    applied. `plugins`: (WasmPlugin, the TypedExtensionConfig Envoy receives
+    for it), one ECDS file each (Envoy takes one resource per filter
+    subscription; a filter an EnvoyFilter replaced by istiod's own entry reads
+    the same file instead of ADS); `server_ports`: see `istio.insert_wasmplugin`."""
+    paths, files = {}, []
     for i, (wp, ext) in enumerate(plugins):
-        files.append((wp, tmp_path / f"ecds-{i}.yaml"))
-        istio.write_ecds(files[-1][1], [ext])
-    return istio.apply_envoyfilters(istio.insert_wasmplugins(listeners, files), [health_ef], labels=labels)
+        if not istio.selects_workload(wp, wp["metadata"]["namespace"], labels):
+            continue
+        ecds = tmp_path / f"ecds-{i}.yaml"
+        istio.write_ecds(ecds, [ext])
+        paths[istio.wasmplugin_resource_name(wp)] = ecds
+        files.append((wp, ecds))
+    listeners = istio.insert_wasmplugins(listeners, files, server_ports)
+    return istio.ecds_over_files(istio.apply_envoyfilters(listeners, [health_ef, *envoyfilters], labels=labels),
+                                 paths)
 
 
 def _wasmplugin_listeners(tmp_path, health_ef: dict, module=None, wp: dict | None = None,
@@ -550,23 +559,41 @@ def test_wasmplugin_oci_route_count_reaches_the_health_fsm(version, start_gatewa
     _count_flips_at_zero(env, stream, 8080)
 
 
-def _tcp_gateway(tmp_path, tcp: dict | None = None) -> list[dict]:
-    """An HTTP listener (8080) and a TCP server (15443) with the WasmPlugin form:
-    the HTTP plugin, the NETWORK plugin `tcp` (default wasmplugin/tcp.yaml), the health listener."""
+def passthrough() -> tuple[dict, dict[str, int]]:
+    """The example's TLS-passthrough server as istiod builds it (a tcp_proxy
+    chain on the listener 8443, for the Gateway server on 443), and the server
+    port its NETWORK plugin match is compared with."""
+    listener = istio.gateway_listener(istio.PASSTHROUGH_LISTENER_PORT, tcp=True)
+    return listener, {listener["name"]: istio.PASSTHROUGH_SERVER_PORT}
+
+
+def _tcp_gateway(tmp_path, tcp: dict | None = None, health: dict | None = None) -> list[dict]:
+    """An HTTP listener (8080) and the passthrough server (443 -> 8443) with the
+    WasmPlugin form: the HTTP plugin, the NETWORK plugin `tcp` (default
+    wasmplugin/tcp.yaml), the health listener."""
     wp, tcp = load("wasmplugin/traffic.yaml"), tcp or load("wasmplugin/tcp.yaml")
     plugins = [(p, istio.wasmplugin_extension_config(p, local_module(p))) for p in (wp, tcp)]
-    base = [istio.gateway_listener(8080), istio.gateway_listener(15443, tcp=True)]
-    return _wasmplugin_gateway(tmp_path, load("wasmplugin/health-listener.yaml"), base, plugins)
+    listener, server_ports = passthrough()
+    return _wasmplugin_gateway(tmp_path, health or load("wasmplugin/health-listener.yaml"),
+                               [istio.gateway_listener(8080), listener], plugins, server_ports=server_ports)
 
 
-def test_wasmplugin_tcp_plugin_lands_before_tcp_proxy_on_its_ports_only(tmp_path):
-    listeners = {l["name"]: l for l in _tcp_gateway(tmp_path)}
-    tcp_chain = [f["name"] for f in listeners["0.0.0.0_15443"]["filter_chains"][0]["filters"]]
+def test_wasmplugin_tcp_plugin_lands_before_tcp_proxy_on_its_server_port_only(tmp_path):
+    """The example's tcp.yaml names the passthrough server's port (443): istiod
+    puts the plugin on that server's tcp_proxy chain, whose listener is 8443,
+    and on no HTTP chain. Named by the listener's port (8443) instead, it
+    reaches no TCP chain; without a match it reaches the HTTP chain too."""
     tcp_name = istio.wasmplugin_resource_name(load("wasmplugin/tcp.yaml"))
     assert tcp_name == "extensions.istio.io/trafficextension/istio-system.drain-gate-tcp~istio-translated-wasmplugin"
+    assert load("wasmplugin/tcp.yaml")["spec"]["match"] == [{"ports": [{"number": istio.PASSTHROUGH_SERVER_PORT}]}]
+    listeners = {l["name"]: l for l in _tcp_gateway(tmp_path)}
+    tcp_chain = [f["name"] for f in listeners["0.0.0.0_8443"]["filter_chains"][0]["filters"]]
     assert tcp_chain == [tcp_name, "envoy.filters.network.tcp_proxy"]
     assert [f["name"] for f in listeners["0.0.0.0_8080"]["filter_chains"][0]["filters"]] == [istio.HCM_NAME]
-    # Without match.ports, istiod puts it on the HTTP chain too, before the HCM.
+    by_listener_port = copy.deepcopy(load("wasmplugin/tcp.yaml"))
+    by_listener_port["spec"]["match"] = [{"ports": [{"number": istio.PASSTHROUGH_LISTENER_PORT}]}]
+    chain = {l["name"]: l for l in _tcp_gateway(tmp_path, by_listener_port)}["0.0.0.0_8443"]["filter_chains"][0]
+    assert [f["name"] for f in chain["filters"]] == ["envoy.filters.network.tcp_proxy"], "uncounted"
     unmatched = copy.deepcopy(load("wasmplugin/tcp.yaml"))
     del unmatched["spec"]["match"]
     http_chain = {l["name"]: l for l in _tcp_gateway(tmp_path, unmatched)}["0.0.0.0_8080"]["filter_chains"][0]
@@ -577,26 +604,42 @@ def test_wasmplugin_tcp_plugin_lands_before_tcp_proxy_on_its_ports_only(tmp_path
 def test_wasmplugin_tcp_plugin_counts_a_passthrough_connection_and_flips_on_its_close(version, start_gateway,
                                                                                         tmp_path):
     """The NETWORK WasmPlugin as istiod + istio-agent deliver it (ECDS network
-    filter, vm_id "", the mounted module): a connection through the TCP server
-    holds the drain; its close flips it. As the EnvoyFilter form's TCP filter does."""
+    filter, vm_id "", the mounted module): a connection through the passthrough
+    server holds the drain; its close flips it. As the EnvoyFilter form's TCP filter does."""
     health = patched(load("wasmplugin/health-listener.yaml"), lb_buffer="60m")
-    wp, tcp = load("wasmplugin/traffic.yaml"), load("wasmplugin/tcp.yaml")
-    plugins = [(p, istio.wasmplugin_extension_config(p, local_module(p))) for p in (wp, tcp)]
-    listeners = _wasmplugin_gateway(tmp_path, health, [istio.gateway_listener(8080),
-                                                       istio.gateway_listener(15443, tcp=True)], plugins)
-    env = start_gateway(version, listeners)
-    tcp_connection_holds_the_drain(env)
+    env = start_gateway(version, _tcp_gateway(tmp_path, health=health))
+    tcp_connection_holds_the_drain(env, istio.PASSTHROUGH_LISTENER_PORT)
 
 
-def _canary_plugins(pulled, fetched: bool) -> list[tuple[dict, dict]]:
-    """The fleet's WasmPlugin (file://) and the canary's (oci://, on the labelled pod):
-    the canary's module as pulled, or (fetched False) istio-agent's stand-in."""
-    objs = k8s.by_kind(k8s.template("--set", "wasm.configMap.create=false", "--set", "form=wasmplugin",
-                                    "--set", "wasmPlugin.canary.url=oci://registry.example.com/drain-gate/drain-gate:0.2.0",
+CANARY_LABELS = {**istio.POD_LABELS, "drain-gate.io/canary": "true"}
+CANARY_URL = "oci://registry.example.com/drain-gate/drain-gate:0.2.0"
+
+
+def canary_objects(*sets: str) -> dict[tuple[str, str], dict]:
+    """The chart's WasmPlugin form with a canary image: the fleet's WasmPlugin
+    (file://), the canary's (oci://) and the canary's placeholder EnvoyFilter."""
+    return k8s.by_kind(k8s.template("--set", "wasm.configMap.create=false", "--set", "form=wasmplugin",
+                                    "--set", f"wasmPlugin.canary.url={CANARY_URL}", *sets,
                                     "--show-only", "templates/wasmplugin.yaml"))
+
+
+def _canary_plugins(module, fetched: bool = True) -> list[tuple[dict, dict]]:
+    """The fleet's WasmPlugin (file://) and the canary's (oci://, on the labelled pod):
+    the canary's module as istio-agent pulled it (`module`), or (fetched False)
+    istio-agent's stand-in."""
+    objs = canary_objects()
     fleet, canary = objs[("WasmPlugin", "drain-gate-traffic")], objs[("WasmPlugin", "drain-gate-traffic-canary")]
-    ext = istio.wasmplugin_extension_config(canary, pulled) if fetched else istio.wasmplugin_fetch_failed(canary)
+    ext = istio.wasmplugin_extension_config(canary, module) if fetched else istio.wasmplugin_fetch_failed(canary)
     return [(fleet, istio.wasmplugin_extension_config(fleet, local_module(fleet))), (canary, ext)]
+
+
+def canary_pod(tmp_path, plugins: list[tuple[dict, dict]], placeholder: bool = True,
+               labels: dict = CANARY_LABELS) -> list[dict]:
+    """A pod's listeners with the canary rendered: the canary pod's by default;
+    `placeholder` False: without the chart's placeholder EnvoyFilter (as the chart was)."""
+    efs = [canary_objects()[("EnvoyFilter", "drain-gate-traffic-canary-placeholder")]] if placeholder else []
+    return _wasmplugin_gateway(tmp_path, load("wasmplugin/health-listener.yaml"), [istio.gateway_listener(8080)],
+                               plugins, labels, envoyfilters=efs)
 
 
 @pytest.mark.parametrize("fetched", [True, False], ids=["canary-fetched", "canary-fetch-failed"])
@@ -605,11 +648,10 @@ def test_wasmplugin_canary_pod_stays_counted_whatever_its_image_does(fetched, st
     """The canary pod (drain-gate.io/canary=true) runs the fleet's filter and the
     canary's. Fetched, both count: each stream twice, the flip still at zero.
     Not fetched (istio-agent's allow-all RBAC stand-in), the fleet's filter
-    still counts: the pod stays protected while verify.py names the stand-in."""
-    labels = {**istio.POD_LABELS, "drain-gate.io/canary": "true"}
-    listeners = _wasmplugin_gateway(tmp_path, load("wasmplugin/health-listener.yaml"), [istio.gateway_listener(8080)],
-                                    _canary_plugins(pulled_wasm, fetched), labels)
-    env = start_gateway(VERSIONS[-1], listeners)
+    still counts: the pod stays protected while verify.py names the stand-in.
+    Either configuration replaces the placeholder."""
+    env = start_gateway(VERSIONS[-1], canary_pod(tmp_path, _canary_plugins(pulled_wasm, fetched)))
+    assert status(env)["traffic"]["placeholders"] == 0
     _count_flips_at_zero(env, stream, 8080, per_stream=2 if fetched else 1)
 
 

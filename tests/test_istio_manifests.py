@@ -253,7 +253,8 @@ def test_wasmplugins_are_the_traffic_roles_on_the_mounted_file():
         assert "vm_id" not in ec["typed_config"]["config"]["vm_config"] and health["vm_config"]["vm_id"] == ""
         assert ec["name"].startswith("extensions.istio.io/trafficextension/")
     assert "match" not in wp["spec"], "every HTTP listener istiod builds for the gateway is counted"
-    assert tcp["spec"]["match"] == [{"ports": [{"number": 15443}]}], "a NETWORK plugin lands on HTTP chains too"
+    assert tcp["spec"]["match"] == [{"ports": [{"number": istio.PASSTHROUGH_SERVER_PORT}]}], \
+        "a NETWORK plugin lands on HTTP chains too"
 
 
 def test_wasm_path_is_where_the_chart_mounts_the_configmap():

@@ -211,8 +211,33 @@ def test_aws_target_group(table, node_ports):
     assert attrs["load_balancing.cross_zone.enabled"] == "true"
     window, buffer, fall = _stated(table, "AWS NLB")
     assert window == interval * unhealthy + timeout and fall == unhealthy
-    assert buffer > window
+    # New connections for up to 40 s after Unhealthy (users' reports, aws/containers-roadmap#470): CLOSING covers them.
+    lag = re.fullmatch(r"up to 30–(\d+) s after DOWN \(reported\)", table["new connections stop"]["AWS NLB"])
+    assert lag, table["new connections stop"]["AWS NLB"]
+    assert buffer > window + int(lag.group(1))
     assert table["at DOWN, the connections in flight"]["AWS NLB"].startswith("reset")
+    # Healthy again after the first check and HealthyThresholdCount good ones: minReadySeconds outlasts it.
+    up = interval + tg["HealthyThresholdCount"] * interval
+    assert table["UP again once the new pod is ready"]["AWS NLB"].startswith(f"≤ {up} s")
+    assert _min_ready(table, "AWS NLB") >= up > istio.load_one(istio.KUBERNETES / "gateway-values.yaml")[
+        "minReadySeconds"], "the values' minReadySeconds is too short for the NLB"
+
+
+def _min_ready(table, lb: str) -> int:
+    return int(table["`minReadySeconds` (gateway values)"][lb].strip("`"))
+
+
+def test_every_lb_is_up_again_within_its_min_ready_seconds(table):
+    """F5 and GCP put a node back within the gateway values' minReadySeconds; the row says so."""
+    values = istio.load_one(istio.KUBERNETES / "gateway-values.yaml")
+    gcp = {d["kind"]: d for d in yaml.safe_load_all((ENVOYFILTER / "gcp" / "backend-service.yaml").read_text())}
+    hc = gcp["compute#healthCheck"]
+    f5 = (ENVOYFILTER / "f5" / "drain-gate.tmsh").read_text()
+    f5_interval = int(re.search(r" interval (\d+)", f5).group(1))
+    for lb, up in (("F5 BIG-IP", f5_interval), ("GCP passthrough Network LB",
+                                                  hc["checkIntervalSec"] * (1 + hc["healthyThreshold"]))):
+        assert table["UP again once the new pod is ready"][lb].startswith(f"≤ {up} s"), lb
+        assert _min_ready(table, lb) == values["minReadySeconds"] >= up, lb
 
 
 def test_gcp_health_check_backend_service_and_forwarding_rule(table, node_ports):

@@ -21,7 +21,10 @@ import yaml
 from tests.harness import istio, k8s
 from tests.harness.envoy import WASM
 from tests.harness.process import accepts, wait_for
-from tests.test_istio_envoy import _wasmplugin_gateway, _wasmplugin_listeners, load, pulled_wasm, start_gateway  # noqa: F401
+from tests.test_istio_envoy import (  # noqa: F401
+    _wasmplugin_gateway, _wasmplugin_listeners, load, passthrough, pulled_wasm, start_gateway,
+)
+from tests.test_gateway_api import _rollout
 from tests.test_istio_kubernetes import render_chart
 
 VERIFY = istio.ENVOYFILTER / "tools" / "verify.py"
@@ -316,6 +319,95 @@ def test_the_nodes_that_fit_are_one_per_replica_and_the_lb_servers():
         .replace(",", ", ") + "; no fitting node has 203.0.113.214 (the LB sends there, no gateway pod can run there)"]
 
 
+SPARE_NODE = istio.REPO / "tests" / "fixtures" / "sidecar-design" / "spare-node.yaml"
+FOUR_SERVERS = ("--lb-nodes", "203.0.113.212,203.0.113.213,203.0.113.214,203.0.113.215")
+
+
+def sidecar_design_with_its_strategy(tmp_path) -> tuple[list[dict], list[dict]]:
+    """The sidecar design's gateway with its own rollout strategy (maxSurge 1,
+    maxUnavailable 0), migrated to drain-gate, with its Service and the chart's
+    PDB; and the cluster's nodes (four LB nodes for three replicas)."""
+    strategy, *nodes = istio.load_docs(SPARE_NODE)
+    deployment = istio.strategic_patch(sidecar_design("Deployment"), yaml.safe_dump(strategy), tmp_path)
+    migrated = istio.strategic_patch(deployment, MIGRATION.read_text(), tmp_path)
+    service = istio.strategic_patch(sidecar_design("Service"),
+                                    (istio.KUBERNETES / "migrate-from-sidecar-design-service.yaml").read_text(),
+                                    tmp_path)
+    (pdb,) = k8s.template("--set", "wasm.configMap.create=false", "--show-only", "templates/poddisruptionbudget.yaml")
+    return [migrated, service, pdb], nodes
+
+
+def rollout_line(lines: list[str]) -> str:
+    (line,) = [x for x in lines if x.split(":")[0].endswith(" rollout")]
+    return line
+
+
+def test_the_sidecar_design_s_surge_onto_a_spare_node_passes(tmp_path):
+    """maxSurge 1, maxUnavailable 0 with one pod per node is judged by the nodes
+    the pods fit: with a spare LB node the surge pod has a node, and the whole
+    migrated gateway passes; the rollout model (the Deployment controller and the
+    scheduler's filters, tests/test_gateway_api.py) finishes the same rollout."""
+    objects, nodes = sidecar_design_with_its_strategy(tmp_path)
+    code, lines = pod_verdict(*objects, *nodes, args=FOUR_SERVERS)
+    assert code == 0, failures(lines)
+    assert rollout_line(lines) == (
+        "PASS rollout: Deployment istio-ingressgateway: required anti-affinity per node, maxSurge 1, "
+        "maxUnavailable 0; 4 node(s) fit (worker1, worker2, worker3, worker4) for 3 replica(s): the surge pod "
+        "takes a node without a gateway pod, then an old pod drains (the LB must check every fitting node: the "
+        "one without a pod answers DOWN)")
+    assert _rollout(objects[0], workers=4, tainted_nodes=0)[0] is True
+
+
+def test_a_surge_with_no_node_to_spare_fails_whatever_keeps_the_node_away(tmp_path):
+    """The same strategy where the surge pod finds no node: three LB nodes for
+    three replicas, the spare node tainted or cordoned, or no Nodes given at all.
+    A toleration of the taint gives the node back. The model agrees on each."""
+    objects, nodes = sidecar_design_with_its_strategy(tmp_path)
+    deployment, others = objects[0], objects[1:]
+    three = [n for n in nodes if n["metadata"]["name"] != "worker4"]
+    servers = ("--lb-nodes", FOUR_SERVERS[1].rsplit(",", 1)[0])
+    code, lines = pod_verdict(deployment, *others, *three, args=servers)
+    assert code == 1 and failures(lines) == [
+        "FAIL rollout: Deployment istio-ingressgateway: required anti-affinity per node, maxSurge 1, "
+        "maxUnavailable 0; 3 node(s) fit (worker1, worker2, worker3) for 3 replica(s): the surge pod finds no node "
+        "without a gateway pod and stays Pending, and no old pod may go before it is ready: the rollout hangs (add "
+        "a node the pods fit, or use maxSurge 0, maxUnavailable 1)"], lines
+    assert _rollout(deployment, workers=3, tainted_nodes=0) == (False, [])
+
+    tainted = copy.deepcopy(nodes)
+    spare = next(n for n in tainted if n["metadata"]["name"] == "worker4")
+    spare["spec"] = {"taints": [{"key": "maintenance", "value": "disk", "effect": "NoSchedule"}]}
+    code, lines = pod_verdict(deployment, *others, *tainted, args=FOUR_SERVERS)
+    assert code == 1 and rollout_line(lines) == (
+        "FAIL rollout: Deployment istio-ingressgateway: required anti-affinity per node, maxSurge 1, "
+        "maxUnavailable 0; 3 node(s) fit (worker1, worker2, worker3) for 3 replica(s) (worker4 has "
+        "maintenance=disk:NoSchedule, which the pods do not tolerate): the surge pod finds no node without a "
+        "gateway pod and stays Pending, and no old pod may go before it is ready: the rollout hangs (add a node the "
+        "pods fit, or use maxSurge 0, maxUnavailable 1)"), lines
+    assert _rollout(deployment, workers=3, tainted_nodes=1) == (False, [])
+    spare["spec"] = {"taints": [{"key": "maintenance", "value": "disk", "effect": "PreferNoSchedule"}]}
+    assert rollout_line(pod_verdict(deployment, *others, *tainted, args=FOUR_SERVERS)[1]).startswith("PASS ")
+
+    spare["spec"] = {"unschedulable": True}
+    assert "(worker4 has node.kubernetes.io/unschedulable:NoSchedule, which the pods do not tolerate)" in \
+        rollout_line(pod_verdict(deployment, *others, *tainted, args=FOUR_SERVERS)[1])
+
+    spare["spec"] = {"taints": [{"key": "maintenance", "value": "disk", "effect": "NoSchedule"}]}
+    tolerant = copy.deepcopy(deployment)
+    tolerant["spec"]["template"]["spec"]["tolerations"] = [
+        {"key": "maintenance", "operator": "Equal", "value": "disk", "effect": "NoSchedule"}]
+    code, lines = pod_verdict(tolerant, *others, *tainted, args=FOUR_SERVERS)
+    assert code == 0 and rollout_line(lines).startswith("PASS rollout: "), failures(lines)
+    tolerant["spec"]["template"]["spec"]["tolerations"][0]["value"] = "network"
+    assert pod_verdict(tolerant, *others, *tainted, args=FOUR_SERVERS)[0] == 1
+
+    code, lines = pod_verdict(deployment, *others)
+    assert code == 1 and failures(lines) == [
+        "FAIL rollout: Deployment istio-ingressgateway: required anti-affinity per node, maxSurge 1, "
+        "maxUnavailable 0; no Nodes given to judge it by: the surge pod needs a node the pods fit that has no "
+        "gateway pod (give `kubectl get nodes -o json`, or use maxSurge 0, maxUnavailable 1)"], lines
+
+
 def injector(lifecycle: dict, name: str = "istio-sidecar-injector") -> dict:
     """The ConfigMap istiod's injector reads (istio-discovery's templates/istiod-injector-configmap.yaml):
     `values` is JSON, global.proxy.lifecycle what the gateway template puts on istio-proxy."""
@@ -436,16 +528,18 @@ def wasmplugin_form(tmp_path, tcp: dict | None = None, fetched: bool = True, bas
     wp, tcp = load("wasmplugin/traffic.yaml"), tcp or load("wasmplugin/tcp.yaml")
     plugins = [(wp, istio.wasmplugin_extension_config(wp, WASM) if fetched else istio.wasmplugin_fetch_failed(wp)),
                (tcp, istio.wasmplugin_extension_config(tcp, WASM))]
-    base = base or [istio.gateway_listener(8080), istio.gateway_listener(15443, tcp=True)]
-    return _wasmplugin_gateway(tmp_path, load("wasmplugin/health-listener.yaml"), base, plugins)
+    listener, server_ports = passthrough()
+    base = base or [istio.gateway_listener(8080), listener]
+    return _wasmplugin_gateway(tmp_path, load("wasmplugin/health-listener.yaml"), base, plugins,
+                               server_ports=server_ports)
 
 
 def test_shipped_wasmplugin_form_with_tcp_passes(start_gateway, tmp_path):
     env = start_gateway(VERSION, wasmplugin_form(tmp_path))
     code, lines = verify("--config-dump", "-", stdin=dump_of(env))
     assert code == 0, lines
-    assert "PASS tcp filter: listener 0.0.0.0_15443: drain-gate TCP filter before tcp_proxy" in lines
-    assert "PASS vm_id: listener 0.0.0.0_15443: tcp vm_id '' = health" in lines
+    assert "PASS tcp filter: listener 0.0.0.0_8443: drain-gate TCP filter before tcp_proxy" in lines
+    assert "PASS vm_id: listener 0.0.0.0_8443: tcp vm_id '' = health" in lines
 
 
 def test_a_module_istio_agent_could_not_fetch_fails_naming_the_rbac_stand_in(start_gateway, tmp_path):
@@ -501,11 +595,8 @@ def test_canary_pod_counts_twice_or_fails_naming_the_canary_stand_in(fetched, st
     """The canary pod: the fleet's filter and the canary's count each stream
     (a warning, not a failure); if the canary's image was replaced by
     istio-agent's stand-in, verify.py names it, though the pod still counts."""
-    from tests.test_istio_envoy import _canary_plugins
-    labels = {**istio.POD_LABELS, "drain-gate.io/canary": "true"}
-    env = start_gateway(VERSION, _wasmplugin_gateway(tmp_path, load("wasmplugin/health-listener.yaml"),
-                                                     [istio.gateway_listener(8080)],
-                                                     _canary_plugins(pulled_wasm, fetched), labels))
+    from tests.test_istio_envoy import _canary_plugins, canary_pod
+    env = start_gateway(VERSION, canary_pod(tmp_path, _canary_plugins(pulled_wasm, fetched)))
     code, lines = verify("--config-dump", "-", stdin=dump_of(env))
     if fetched:
         assert code == 0, lines

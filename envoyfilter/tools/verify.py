@@ -57,9 +57,11 @@ Pod (--pod-spec FILE|-), container istio-proxy:
     + 5 s hold margin + terminationDrainDuration + 5 s spare; curl's --max-time
     of an exec preStop between the hold and the grace period;
   * no rollout that deadlocks: one pod per node enforced by required
-    anti-affinity with maxUnavailable 0 leaves the surge pod no node (a
+    anti-affinity with maxSurge > 0, maxUnavailable 0 needs a node the pods
+    fit (labels, required node affinity, taints) beyond one per replica for
+    the surge pod, judged from the Nodes given (none given: it fails); a
     DoNotSchedule topology spread on the hostname, the Gateway API form's, is
-    one pod per node without that deadlock);
+    one pod per node without that deadlock;
   * every Service and PodDisruptionBudget given selects the pods (a selector
     key the pod template lacks selects nothing), a Service reaches the health
     port, names only ports the pod has, and keeps externalTrafficPolicy Local;
@@ -900,7 +902,64 @@ def one_per_node(workload: dict) -> bool:
         and t.get("maxSkew") == 1 for t in pod.get("topologySpreadConstraints") or [])
 
 
-def check_rollout(report: Report, workload: dict) -> None:
+# The taint effects that keep a pod off a node (PreferNoSchedule only prefers).
+BLOCKING_TAINTS = ("NoSchedule", "NoExecute")
+# What `kubectl cordon` (spec.unschedulable) amounts to for the scheduler.
+CORDON_TAINT = {"key": "node.kubernetes.io/unschedulable", "effect": "NoSchedule"}
+
+
+def tolerates(tolerations: list, taint: dict) -> bool:
+    """The scheduler's TaintToleration filter for one taint."""
+    for t in tolerations or []:
+        if t.get("effect") and t["effect"] != taint.get("effect"):
+            continue
+        exists = t.get("operator", "Equal") == "Exists"
+        if not t.get("key"):
+            if exists:
+                return True
+            continue
+        if t["key"] == taint.get("key") and (exists or t.get("value", "") == taint.get("value", "")):
+            return True
+    return False
+
+
+def untolerated(node: dict, spec: dict) -> list[str]:
+    """The taints (and a cordon) of `node` that keep these pods off it."""
+    taints = list((node.get("spec") or {}).get("taints") or [])
+    if (node.get("spec") or {}).get("unschedulable"):
+        taints.append(CORDON_TAINT)
+    return [f"{t.get('key')}{'=' + t['value'] if t.get('value') else ''}:{t.get('effect')}"
+            for t in taints if t.get("effect") in BLOCKING_TAINTS
+            and not tolerates(spec.get("tolerations") or [], t)]
+
+
+def surge_room(workload: dict, docs: list) -> tuple[bool, str]:
+    """Whether a surge pod finds a node while every old pod still runs: the nodes
+    the pods fit (nodeSelector, required node affinity, taints) less one per
+    replica (the required anti-affinity keeps the surge pod off a node with a
+    gateway pod). Returns (room, why)."""
+    nodes = kinds(docs, ("Node",))
+    if not nodes:
+        return False, ("no Nodes given to judge it by: the surge pod needs a node the pods fit that has no "
+                       "gateway pod (give `kubectl get nodes -o json`, or use maxSurge 0, maxUnavailable 1)")
+    spec = pod_spec(workload)
+    replicas = workload.get("spec", {}).get("replicas", 1)
+    labelled = [n for n in nodes if node_fits(n, spec)]
+    tainted = {n["metadata"]["name"]: untolerated(n, spec) for n in labelled}
+    fit = sorted(n["metadata"]["name"] for n in labelled if not tainted[n["metadata"]["name"]])
+    kept_off = "; ".join(f"{name} has {', '.join(t)}, which the pods do not tolerate"
+                         for name, t in sorted(tainted.items()) if t)
+    counted = f"{len(fit)} node(s) fit ({', '.join(fit) or 'none'}) for {replicas} replica(s)" + (
+        f" ({kept_off})" if kept_off else "")
+    if len(fit) > replicas:
+        return True, (f"{counted}: the surge pod takes a node without a gateway pod, then an old pod drains "
+                      "(the LB must check every fitting node: the one without a pod answers DOWN)")
+    return False, (f"{counted}: the surge pod finds no node without a gateway pod and stays Pending, and no old "
+                   "pod may go before it is ready: the rollout hangs (add a node the pods fit, or use maxSurge 0, "
+                   "maxUnavailable 1)")
+
+
+def check_rollout(report: Report, workload: dict, docs: list) -> None:
     if workload["kind"] != "Deployment":
         return
     name = name_of(workload)
@@ -922,10 +981,12 @@ def check_rollout(report: Report, workload: dict) -> None:
     rolling = (spec.get("strategy") or {}).get("rollingUpdate") or {}
     surge = resolve(rolling.get("maxSurge", "25%"), replicas, round_up=True)
     unavailable = resolve(rolling.get("maxUnavailable", "25%"), replicas, round_up=False)
-    report.check(not (surge > 0 and unavailable == 0), "rollout", f"{name}: required anti-affinity per node, "
-                 f"maxSurge {surge}, maxUnavailable {unavailable}" + (
-                     ": the surge pod finds no free node when replicas = nodes, the rollout hangs "
-                     "(use maxSurge 0, maxUnavailable 1)" if surge > 0 and unavailable == 0 else ""))
+    what = f"{name}: required anti-affinity per node, maxSurge {surge}, maxUnavailable {unavailable}"
+    if surge > 0 and unavailable == 0:
+        room, why = surge_room(workload, docs)
+        report.check(room, "rollout", f"{what}; {why}")
+    else:
+        report.check(True, "rollout", what)
 
 
 def verify_pod_spec(report: Report, docs: list, config: dict, health_port: int, selector: dict,
@@ -946,7 +1007,7 @@ def verify_pod_spec(report: Report, docs: list, config: dict, health_port: int, 
         check_mesh_lifecycle(report, name, workload, proxy, docs)
         check_lb_nodes(report, workload, docs, lb_nodes)
         check_grace(report, workload, config)
-        check_rollout(report, workload)
+        check_rollout(report, workload, docs)
     check_selectors(report, docs, found, health_port)
 
 

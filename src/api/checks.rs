@@ -6,6 +6,7 @@ use serde::Serialize;
 use super::reply::{Reply, TEXT};
 use crate::config::Config;
 use crate::fsm::State;
+use crate::placeholder::Action;
 
 const HEALTH_CACHE: &str = "max-age=1";
 
@@ -84,8 +85,23 @@ pub fn check(audience: Audience, state: State, cfg: &Config, if_none_match: Opti
 /// What the LB check and readiness answer while no traffic role counts.
 pub const WAITING_STATUS: u16 = 503;
 
-/// `/drain/status` names what the gateway waits for before it is announced.
+/// `/drain/status` names what the gateway waits for before it is announced:
+/// a traffic role to register in this `vm_id`, ...
 pub const WAITING_FOR_TRAFFIC: &str = "traffic_role";
+/// ... or a traffic filter's own configuration (a placeholder runs in its place).
+pub const WAITING_FOR_FILTER: &str = "filter_config";
+
+/// What the gateway waits for before it is announced, if anything (the
+/// placeholders' `action`: see `crate::placeholder`).
+pub fn waiting_for(traffic_seen: bool, placeholders: Action) -> Option<&'static str> {
+    if !traffic_seen {
+        Some(WAITING_FOR_TRAFFIC)
+    } else if placeholders == Action::KeepOut {
+        Some(WAITING_FOR_FILTER)
+    } else {
+        None
+    }
+}
 
 #[derive(Serialize)]
 struct Waiting {
@@ -94,8 +110,9 @@ struct Waiting {
     waiting_for: &'static str,
 }
 
-/// A health check while no traffic role has registered in this `vm_id`:
-/// the gateway does not count its streams yet, so neither the LB nor
+/// A health check while the gateway waits for `waiting_for` (see
+/// [`waiting_for`]): it does not count its streams yet, or a filter of its
+/// listeners runs without its configuration, so neither the LB nor
 /// Kubernetes may send it any (LB check and readiness 503; liveness as
 /// usual, so that the pod is not restarted for it).
 pub fn check_waiting(
@@ -103,6 +120,7 @@ pub fn check_waiting(
     state: State,
     cfg: &Config,
     if_none_match: Option<&str>,
+    waiting_for: &'static str,
 ) -> Reply {
     let reply = match audience {
         Audience::Liveness => return check(audience, state, cfg, if_none_match),
@@ -112,7 +130,7 @@ pub fn check_waiting(
             &Waiting {
                 state,
                 ready: false,
-                waiting_for: WAITING_FOR_TRAFFIC,
+                waiting_for,
             },
         ),
     };
@@ -179,19 +197,37 @@ mod tests {
     }
 
     #[test]
-    fn waiting_for_the_traffic_role_answers_503_to_lb_and_readiness() {
+    fn waiting_answers_503_to_lb_and_readiness_naming_what_it_waits_for() {
         let c = cfg();
-        let lb = check_waiting(Audience::Lb, State::Open, &c, Some("\"open-200\""));
-        assert_eq!((lb.status, lb.body.as_slice()), (503, b"WAIT\n".as_slice()));
-        assert_ne!(header(&lb, "etag"), Some("\"open-200\""));
-        let ready = check_waiting(Audience::Readiness, State::Open, &c, None);
-        assert_eq!(ready.status, 503);
+        for what in [WAITING_FOR_TRAFFIC, WAITING_FOR_FILTER] {
+            let lb = check_waiting(Audience::Lb, State::Open, &c, Some("\"open-200\""), what);
+            assert_eq!((lb.status, lb.body.as_slice()), (503, b"WAIT\n".as_slice()));
+            assert_ne!(header(&lb, "etag"), Some("\"open-200\""));
+            let ready = check_waiting(Audience::Readiness, State::Open, &c, None, what);
+            assert_eq!(ready.status, 503);
+            assert_eq!(
+                body(&ready),
+                serde_json::json!({"state":"OPEN","ready":false,"waiting_for":what})
+            );
+            let live = check_waiting(Audience::Liveness, State::Open, &c, None, what);
+            assert_eq!(live, check(Audience::Liveness, State::Open, &c, None));
+        }
+    }
+
+    #[test]
+    fn the_traffic_role_comes_first_then_a_placeholder_on_a_gateway_not_announced() {
+        assert_eq!(waiting_for(false, Action::None), Some(WAITING_FOR_TRAFFIC));
         assert_eq!(
-            body(&ready),
-            serde_json::json!({"state":"OPEN","ready":false,"waiting_for":"traffic_role"})
+            waiting_for(false, Action::KeepOut),
+            Some(WAITING_FOR_TRAFFIC)
         );
-        let live = check_waiting(Audience::Liveness, State::Open, &c, None);
-        assert_eq!(live, check(Audience::Liveness, State::Open, &c, None));
+        assert_eq!(waiting_for(true, Action::KeepOut), Some(WAITING_FOR_FILTER));
+        assert_eq!(
+            waiting_for(true, Action::Drain),
+            None,
+            "an announced gateway drains"
+        );
+        assert_eq!(waiting_for(true, Action::None), None);
     }
 
     #[test]

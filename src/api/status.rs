@@ -3,7 +3,7 @@
 
 use serde::Serialize;
 
-use super::checks::{WAITING_FOR_TRAFFIC, WAITING_STATUS};
+use super::checks::{waiting_for, WAITING_STATUS};
 use super::reply::Reply;
 use crate::clock::{rfc3339, Now, Steps, Timers};
 use crate::fsm::{CloseAfter, Record, State};
@@ -50,6 +50,11 @@ pub struct TrafficInfo {
     /// stalled), and the longest such gap.
     pub stalls: u64,
     pub longest_stall_ms: u64,
+    /// Placeholders running now, and of those, the ones that passed a
+    /// request on: a traffic filter without its own configuration
+    /// (`crate::placeholder`).
+    pub placeholders: u64,
+    pub placeholders_serving: u64,
 }
 
 /// What drain-gate keeps in the process, for an operator to see it bounded.
@@ -211,6 +216,10 @@ struct Lb<'a> {
     gate: Option<Gate>,
     /// Checkers that asked within the last 30 s.
     live_checkers: usize,
+    /// Since the drain began (`null`: no drain yet), has any LB check reached this
+    /// gateway? False longer than a check interval and a second: the LB's checks
+    /// of its node reach another pod, and never see this one's 503.
+    checked_in_drain: Option<bool>,
     checkers: Vec<CheckerOut<'a>>,
     /// Checks from sources outside `lb_checkers`.
     ignored_checks: IgnoredOut<'a>,
@@ -274,7 +283,8 @@ struct Status<'a> {
     lb_status: u16,
     active: u64,
     count: CountInfo,
-    /// `traffic_role` while no traffic role has registered: the gateway is
+    /// `traffic_role` while no traffic role has registered, `filter_config`
+    /// while a placeholder runs on a gateway not yet announced: the gateway is
     /// not announced (LB check and readiness 503).
     waiting_for: Option<&'static str>,
     traffic: TrafficInfo,
@@ -296,19 +306,25 @@ struct Status<'a> {
 
 fn status_body<'a>(v: &View<'a>, error: Option<&'a str>, wait: Option<&'a str>) -> Status<'a> {
     let r = v.rec;
-    let waiting = !v.traffic.seen;
+    let placeholders = crate::placeholder::action(
+        v.traffic.placeholders,
+        v.traffic.placeholders_serving,
+        v.checkers.announced_ms.is_some(),
+        r.state,
+    );
+    let waiting = waiting_for(v.traffic.seen, placeholders);
     Status {
         state: r.state,
-        ready: r.state.ready() && !waiting,
+        ready: r.state.ready() && waiting.is_none(),
         live: r.state.live(),
-        lb_status: if waiting {
+        lb_status: if waiting.is_some() {
             WAITING_STATUS
         } else {
             r.state.lb_status(v.draining_lb_status)
         },
         active: v.active,
         count: v.count,
-        waiting_for: waiting.then_some(WAITING_FOR_TRAFFIC),
+        waiting_for: waiting,
         traffic: v.traffic,
         in_flight: v.in_flight,
         progress: progress(v),
@@ -397,6 +413,9 @@ fn lb_out<'a>(v: &View<'a>) -> Lb<'a> {
         saw_drain: draining && v.checkers.saw_drain(since, now),
         gate,
         live_checkers: v.checkers.live_count(now),
+        checked_in_drain: r
+            .drain_started_timer_ms()
+            .map(|t| v.checkers.checked_since(t)),
         checkers: v
             .checkers
             .list
@@ -623,6 +642,74 @@ mod tests {
                     &serde_json::json!(503)
                 )
             );
+        })
+    }
+
+    #[test]
+    fn status_says_whether_an_lb_check_reached_the_gateway_in_its_drain() {
+        let mut checkers = Checkers::default();
+        checkers.observe("10.0.0.1", 200, 1_000, 2);
+        let mut rec = Record::new(1_764_000_000_000);
+        sample(|v| {
+            let lb = |rec: &Record, c: &Checkers| {
+                body(&status(&View {
+                    rec,
+                    checkers: c,
+                    ..v
+                }))["lb"]["checked_in_drain"]
+                    .clone()
+            };
+            assert_eq!(lb(&rec, &checkers), serde_json::Value::Null, "no drain yet");
+            rec.drain_started_ms = Some(1_764_000_000_000);
+            rec.drain_started_mono_ms = Some(2_000);
+            assert_eq!(
+                lb(&rec, &checkers),
+                serde_json::json!(false),
+                "the node's checks go elsewhere"
+            );
+            let mut after = checkers.clone();
+            after.observe("10.0.0.1", 200, 2_100, 2);
+            assert_eq!(lb(&rec, &after), serde_json::json!(true));
+        })
+    }
+
+    #[test]
+    fn status_says_a_placeholder_keeps_a_new_gateway_out_and_not_an_announced_one() {
+        let placeholders = TrafficInfo {
+            seen: true,
+            roots: 2,
+            placeholders: 3,
+            placeholders_serving: 1,
+            ..TrafficInfo::default()
+        };
+        let mut announced = Checkers::default();
+        announced.observe("10.0.0.1", 200, 1_764_000_000_000, 2);
+        sample(|v| {
+            let new = body(&status(&View {
+                traffic: placeholders,
+                ..v
+            }));
+            assert_eq!(
+                (&new["waiting_for"], &new["ready"], &new["lb_status"]),
+                (
+                    &serde_json::json!("filter_config"),
+                    &serde_json::json!(false),
+                    &serde_json::json!(503)
+                )
+            );
+            assert_eq!(
+                (
+                    &new["traffic"]["placeholders"],
+                    &new["traffic"]["placeholders_serving"]
+                ),
+                (&serde_json::json!(3), &serde_json::json!(1))
+            );
+            let old = body(&status(&View {
+                traffic: placeholders,
+                checkers: &announced,
+                ..v
+            }));
+            assert_eq!(old["waiting_for"], serde_json::Value::Null);
         })
     }
 

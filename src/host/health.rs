@@ -14,14 +14,16 @@ use super::in_flight;
 use super::liveness::Watch;
 use super::logs;
 use super::metrics::Metrics;
+use super::placeholder;
 use super::rotation::Rotator;
 use super::shared::{Envoy, Host};
 use super::store::{self, Store};
 use crate::api::{self, Audience, CountInfo, Endpoint, Reply, RotationView, TrafficInfo, View};
 use crate::clock::{self, Now};
 use crate::config::{Config, NewRequests};
-use crate::fsm::{self, CloseAfter, Move, Record, State};
+use crate::fsm::{self, CloseAfter, DrainPlan, Move, Reason, Record, State};
 use crate::lb::Checkers;
+use crate::placeholder::Action as PlaceholderAction;
 use crate::receipt;
 use crate::rotation;
 
@@ -65,6 +67,11 @@ pub struct Health<H: Host = Envoy> {
     /// The last tick could not read (or update) the record: checks fail
     /// closed until a tick succeeds again.
     unreadable: Cell<bool>,
+    /// What the last tick decided about the placeholders (`crate::placeholder`):
+    /// the checks read it, no shared data per check.
+    placeholders: Cell<PlaceholderAction>,
+    /// An LB check was answered 200 (as of this worker's last look).
+    announced: Cell<bool>,
     /// The CLOSED (`Record::seq`) whose receipt this root saw due at its last
     /// tick: it is logged a tick later, once every traffic root's tick has
     /// counted what completed (`Traffic::tick`).
@@ -107,6 +114,8 @@ impl<H: Host + Copy> Health<H> {
             watch,
             lb_seen: RefCell::new(None),
             unreadable: Cell::new(false),
+            placeholders: Cell::new(PlaceholderAction::None),
+            announced: Cell::new(false),
         };
         // Record where the wall clock stands before the first tick, so that
         // a step even then is seen.
@@ -131,6 +140,7 @@ impl<H: Host> Health<H> {
             None
         });
         let (reg, verdict, watch) = self.watch.snapshot();
+        let placeholders = placeholder::read(self.host());
         let traffic = TrafficInfo {
             seen: !verdict.waiting,
             roots: reg.roots.len(),
@@ -140,6 +150,8 @@ impl<H: Host> Health<H> {
             refused: reg.refused,
             stalls: watch.stalls,
             longest_stall_ms: watch.longest_stall_ms,
+            placeholders: placeholders.present(),
+            placeholders_serving: placeholders.serving(),
         };
         let ids = reg.roots.iter().map(|r| r.id).collect();
         Snapshot {
@@ -216,7 +228,7 @@ impl<H: Host> Health<H> {
             return reply;
         };
         if !self.config.is_checker(ip) {
-            self.ignored_check(ip);
+            self.ignored_check(ip, reply.status);
             return reply;
         }
         let served = if reply.status == 304 {
@@ -245,8 +257,14 @@ impl<H: Host> Health<H> {
     /// A check from outside `lb_checkers`: answered, not recorded — counted,
     /// and logged once per new source, so that an LB whose checks arrive from
     /// another address (SNAT, a wrong CIDR) is seen, not silently ignored.
-    fn ignored_check(&self, ip: IpAddr) {
+    fn ignored_check(&self, ip: IpAddr, status: u16) {
         self.metrics.lb_check_ignored();
+        if matches!(status, 200 | 304) && !self.announced.get() {
+            match self.store.lb_announce() {
+                Ok(_) => self.announced.set(true),
+                Err(e) => logs::warning!("event=lb_record_unavailable error=\"{e}\""),
+            }
+        }
         match self.store.lb_ignore(&ip.to_string()) {
             Ok(true) => logs::warning!(
                 "event=lb_check_ignored source={ip} what=\"a /health_check.html from outside \
@@ -261,15 +279,19 @@ impl<H: Host> Health<H> {
     /// Moves the FSM for an admin command, then applies whatever became due
     /// (a drain with nothing in flight flips at once).
     fn command(&self, cmd: api::Command) -> Result<Record, store::Error> {
-        let choose = |r: &Record| Move {
+        self.advance(&|r: &Record| Move {
             expected_from: cmd.expected_from(r.state),
             to: cmd.target(),
             reason: cmd.reason(),
             plan: Some(cmd.plan(&self.config)),
             force: cmd.force(),
-        };
+        })
+    }
+
+    /// Moves the FSM as `choose` says, then applies whatever became due.
+    fn advance(&self, choose: &dyn Fn(&Record) -> Move) -> Result<Record, store::Error> {
         self.store
-            .advance(&choose, self.counter.read().active, &self.metrics)?;
+            .advance(choose, self.counter.read().active, &self.metrics)?;
         self.store
             .apply_due(
                 self.counter.read().for_decisions(),
@@ -321,9 +343,20 @@ impl<H: Host> Health<H> {
             },
         };
         match audience {
-            _ if !self.watch.seen() => {
-                api::check_waiting(audience, state, &self.config, req.if_none_match)
-            }
+            _ if !self.watch.seen() => api::check_waiting(
+                audience,
+                state,
+                &self.config,
+                req.if_none_match,
+                api::checks::WAITING_FOR_TRAFFIC,
+            ),
+            _ if self.placeholders.get() == PlaceholderAction::KeepOut => api::check_waiting(
+                audience,
+                state,
+                &self.config,
+                req.if_none_match,
+                api::checks::WAITING_FOR_FILTER,
+            ),
             Audience::Lb => self.lb_check(state, req),
             _ => api::check(audience, state, &self.config, req.if_none_match),
         }
@@ -417,6 +450,7 @@ impl<H: Host> Health<H> {
             }
         };
         self.metrics.sync_state(rec.state);
+        self.judge_placeholders(&rec);
         self.rotator.tick(&rec, self.store.gate(&rec));
         self.metrics.set_count_unreliable(!reading.reliable);
         let ids: Vec<u64> = self.watch.snapshot().0.roots.iter().map(|r| r.id).collect();
@@ -425,6 +459,45 @@ impl<H: Host> Health<H> {
         self.metrics.set_oldest_in_flight(oldest);
         self.keep_receipt(&rec, oldest);
         self.release_waiters(&rec, now);
+    }
+
+    /// Keeps a gateway not yet announced out while a placeholder runs, and
+    /// drains an announced one once a placeholder served a request: a drain
+    /// that holds CLOSING, as a maintenance drain does (`crate::placeholder`).
+    fn judge_placeholders(&self, rec: &Record) {
+        let p = placeholder::read(self.host());
+        if !self.announced.get() && p.present() > 0 {
+            match self.store.lb_checkers() {
+                Ok(c) => self.announced.set(c.announced_ms.is_some()),
+                Err(e) => logs::warning!("event=lb_record_unavailable error=\"{e}\""),
+            }
+        }
+        let action =
+            crate::placeholder::action(p.present(), p.serving(), self.announced.get(), rec.state);
+        self.placeholders.set(action);
+        if action != PlaceholderAction::Drain {
+            return;
+        }
+        let started = self.advance(&|_: &Record| Move {
+            expected_from: State::Open,
+            to: State::Draining,
+            reason: Reason::FilterNotLoaded,
+            plan: Some(DrainPlan {
+                hold_closing: true,
+                ..self.config.plan()
+            }),
+            force: false,
+        });
+        match started {
+            Ok(_) => logs::error!(
+                "event=placeholder_drain placeholders={} what=\"a traffic filter serves without its own \
+                 configuration: the gateway drains out of the LB (CLOSING holds: /reopen once the filter loads)\"",
+                p.present()
+            ),
+            // Another worker started it first.
+            Err(store::Error::Illegal(_)) => {}
+            Err(store::Error::Shared(e)) => logs::error!("event=state_unavailable role=health error=\"{e}\""),
+        }
     }
 
     /// Records the oldest stream at the flip (within a tick of it) and logs
@@ -848,6 +921,114 @@ mod tests {
         assert_eq!(state(&h), State::Closing);
         assert!(sim.calls.borrow().is_empty());
         assert_eq!(call(&h, "POST", "/reopen", 2).unwrap().status, 200);
+    }
+
+    fn placeholder(sim: &Sim) -> crate::host::placeholder::Stand<&Sim> {
+        crate::host::placeholder::ensure(&sim);
+        let p = crate::host::placeholder::Stand::new(sim);
+        p.tick();
+        p
+    }
+
+    #[test]
+    fn a_placeholder_keeps_a_gateway_no_lb_check_saw_out_until_it_goes() {
+        let sim = Sim::at(T0);
+        let (h, t) = gateway(&sim, r#"{}"#);
+        let p = placeholder(&sim);
+        ticks(&sim, &h, &t, 1, 100);
+        let lb = call(&h, "GET", "/health_check.html", 1).unwrap();
+        assert_eq!((lb.status, lb.body.as_slice()), (503, b"WAIT\n".as_slice()));
+        let ready = call(&h, "GET", "/health", 2).unwrap();
+        assert_eq!(
+            (ready.status, json(&ready)["waiting_for"].as_str()),
+            (503, Some("filter_config"))
+        );
+        let st = json(&call(&h, "GET", "/drain/status", 3).unwrap());
+        assert_eq!(
+            (
+                st["waiting_for"].as_str(),
+                st["traffic"]["placeholders"].as_u64()
+            ),
+            (Some("filter_config"), Some(1))
+        );
+        // Its request (a new pod's listener warm without the filter's configuration): still out, not drained.
+        p.serve();
+        ticks(&sim, &h, &t, 3, 100);
+        assert_eq!(
+            call(&h, "GET", "/health_check.html", 4).unwrap().status,
+            503
+        );
+        assert_eq!(state(&h), State::Open);
+        // The filter got its own configuration: Envoy removes the placeholder.
+        drop(p);
+        ticks(&sim, &h, &t, 1, 100);
+        assert_eq!(
+            call(&h, "GET", "/health_check.html", 5).unwrap().status,
+            200
+        );
+        assert_eq!(call(&h, "GET", "/health", 6).unwrap().status, 200);
+    }
+
+    #[test]
+    fn a_placeholder_that_serves_on_an_announced_gateway_drains_it_and_cuts_nothing() {
+        let sim = Sim::at(T0);
+        let (h, t) = gateway(&sim, r#"{"lb_buffer":"1s"}"#);
+        assert_eq!(
+            call(&h, "GET", "/health_check.html", 1).unwrap().status,
+            200,
+            "announced"
+        );
+        let p = placeholder(&sim);
+        ticks(&sim, &h, &t, 5, 100);
+        assert_eq!(
+            (
+                call(&h, "GET", "/health_check.html", 2).unwrap().status,
+                state(&h)
+            ),
+            (200, State::Open),
+            "present only: a listener still warming, the previous one serves"
+        );
+        // The listener went live without the filter's configuration: a request passes the placeholder.
+        let stream = TrafficStream::new(Rc::clone(&t));
+        p.serve();
+        ticks(&sim, &h, &t, 1, 100);
+        let st = json(&call(&h, "GET", "/drain/status", 3).unwrap());
+        assert_eq!(
+            (st["state"].as_str(), st["progress"]["reason"].as_str()),
+            (Some("DRAINING"), Some("filter_not_loaded"))
+        );
+        assert_eq!(st["waiting_for"], serde_json::Value::Null);
+        assert_eq!(
+            call(&h, "GET", "/health_check.html", 4).unwrap().status,
+            200,
+            "its stream runs"
+        );
+        drop(stream);
+        ticks(&sim, &h, &t, 1, 100);
+        assert_eq!(
+            call(&h, "GET", "/health_check.html", 5).unwrap().status,
+            503,
+            "flipped at its end"
+        );
+        ticks(&sim, &h, &t, 30, 100);
+        assert_eq!(
+            state(&h),
+            State::Closing,
+            "held, as a maintenance drain: no lb_buffer close"
+        );
+        // Reopened while the placeholder still serves: out again at the next tick.
+        assert_eq!(call(&h, "POST", "/reopen", 6).unwrap().status, 200);
+        ticks(&sim, &h, &t, 1, 100);
+        assert_eq!(state(&h), State::Closing);
+        // Once the filter loaded (the placeholder gone), a reopen stays.
+        drop(p);
+        assert_eq!(call(&h, "POST", "/reopen", 7).unwrap().status, 200);
+        ticks(&sim, &h, &t, 5, 100);
+        assert_eq!(state(&h), State::Open);
+        assert!(
+            sim.calls.borrow().is_empty(),
+            "it never rotated connections"
+        );
     }
 
     #[test]

@@ -30,9 +30,11 @@ pub const GAUGES: &str = "drain_gate.gauges.v1";
 pub const TRAFFIC_PRESENT: &str = "drain_gate.traffic_present.v1";
 /// The traffic roots registered for liveness (`crate::liveness::Registry`, JSON).
 pub const REGISTRY: &str = "drain_gate.traffic.v2";
+/// The placeholders running (`crate::placeholder::Placeholders`, JSON).
+pub const PLACEHOLDERS: &str = "drain_gate.placeholders.v1";
 
 /// Every key above: one each per process.
-pub const FIXED: [&str; 12] = [
+pub const FIXED: [&str; 13] = [
     FSM,
     LB,
     CLOCK,
@@ -45,6 +47,7 @@ pub const FIXED: [&str; 12] = [
     GAUGES,
     TRAFFIC_PRESENT,
     REGISTRY,
+    PLACEHOLDERS,
 ];
 
 /// How many keys drain-gate has created in this process: the fixed ones and,

@@ -31,21 +31,8 @@ fn read_beat<H: Host>(host: &H, id: u64) -> Option<u64> {
 /// Creates the registry and the watch record if absent (configure runs on
 /// the main thread before any worker VM, so this cannot race another creator).
 pub fn ensure_registry<H: Host>(host: &H) {
-    let created = [
-        (
-            keys::REGISTRY,
-            shared::encode(keys::REGISTRY, &Registry::default()),
-        ),
-        (
-            keys::WATCH,
-            shared::encode(keys::WATCH, &core::Watch::default()),
-        ),
-    ];
-    for (key, bytes) in created {
-        if let Err(e) = bytes.and_then(|b| shared::create(host, key, &b)) {
-            logs::error!("event=shared_data_error key={key} error=\"{e}\"");
-        }
-    }
+    shared::ensure_json(host, keys::REGISTRY, &Registry::default());
+    shared::ensure_json(host, keys::WATCH, &core::Watch::default());
 }
 
 /// Changes the registry (compare-and-swap); every change moves its

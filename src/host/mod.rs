@@ -10,6 +10,7 @@ pub mod keys;
 pub mod liveness;
 pub mod logs;
 pub mod metrics;
+pub mod placeholder;
 pub mod root;
 pub mod rotation;
 pub mod shared;

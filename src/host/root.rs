@@ -14,6 +14,7 @@ use super::health::{Health, HealthStream};
 use super::liveness;
 use super::logs;
 use super::metrics::Metrics;
+use super::placeholder::{self, Stand, StandStream};
 use super::shared::{Envoy, Host};
 use super::store::Store;
 use super::traffic::{Traffic, TrafficStream};
@@ -46,6 +47,8 @@ pub enum Role {
     Unconfigured,
     Traffic(Rc<Traffic>),
     Health(Rc<Health>),
+    /// Stands in for a traffic filter without its configuration (`crate::placeholder`).
+    Placeholder(Rc<Stand>),
 }
 
 /// The kind of filter a root context sits in: an HTTP filter hands it
@@ -68,7 +71,7 @@ impl Role {
     fn filter(&self) -> Option<Filter> {
         match self {
             Role::Traffic(t) if t.part == Part::Connections => Some(Filter::Network),
-            Role::Traffic(_) | Role::Health(_) => Some(Filter::Http),
+            Role::Traffic(_) | Role::Health(_) | Role::Placeholder(_) => Some(Filter::Http),
             Role::Unconfigured => None,
         }
     }
@@ -78,6 +81,7 @@ impl Role {
             Role::Traffic(t) if t.part == Part::Connections => "traffic_tcp",
             Role::Traffic(_) => "traffic",
             Role::Health(_) => "health",
+            Role::Placeholder(_) => "placeholder",
             Role::Unconfigured => "(unconfigured)",
         }
     }
@@ -92,6 +96,7 @@ impl Role {
 pub fn create_shared<H: Host + Copy>(host: H) {
     Store::new(host).create();
     liveness::ensure_registry(&host);
+    placeholder::ensure(&host);
     count::create_shared(&host);
 }
 
@@ -156,8 +161,10 @@ impl Context for Root {
     /// The plugin is being removed (LDS update, reconfiguration): a clean
     /// goodbye, so that the health role does not take it for a failed VM.
     fn on_done(&mut self) -> bool {
-        if let Role::Traffic(t) = &self.role {
-            t.goodbye();
+        match &self.role {
+            Role::Traffic(t) => t.goodbye(),
+            Role::Placeholder(p) => p.goodbye(),
+            Role::Health(_) | Role::Unconfigured => {}
         }
         true
     }
@@ -197,7 +204,6 @@ impl RootContext for Root {
             // Both traffic roles announce themselves and beat the same
             // heartbeat: a TCP-only gateway is a traffic role seen.
             config::Role::Traffic | config::Role::TrafficTcp => {
-                liveness::ensure_registry(&Envoy);
                 count::announce_traffic(&Envoy);
                 let part = match config.role {
                     config::Role::TrafficTcp => Part::Connections,
@@ -209,9 +215,9 @@ impl RootContext for Root {
                 for w in config.warnings() {
                     logs::warning!("event=config_warning what=\"{w}\"");
                 }
-                liveness::ensure_registry(&Envoy);
                 Role::Health(Rc::new(Health::new(config, metrics)))
             }
+            config::Role::Placeholder => Role::Placeholder(Rc::new(Stand::new(Envoy))),
         };
         true
     }
@@ -220,6 +226,7 @@ impl RootContext for Root {
         match &self.role {
             Role::Health(h) => h.tick(),
             Role::Traffic(t) => t.tick(),
+            Role::Placeholder(p) => p.tick(),
             Role::Unconfigured => {}
         }
     }
@@ -231,6 +238,7 @@ impl RootContext for Root {
         match &self.role {
             Role::Traffic(t) => Some(Box::new(TrafficStream::new(Rc::clone(t)))),
             Role::Health(h) => Some(Box::new(HealthStream::new(context_id, Rc::clone(h)))),
+            Role::Placeholder(p) => Some(Box::new(StandStream::new(Rc::clone(p)))),
             // The host does not create streams for a plugin whose
             // configuration was refused; if it ever did, pass them through.
             Role::Unconfigured => Some(Box::new(Passthrough)),

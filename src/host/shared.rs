@@ -195,6 +195,14 @@ pub fn u64_of(bytes: &[u8]) -> Option<u64> {
     <[u8; 8]>::try_from(bytes).ok().map(u64::from_le_bytes)
 }
 
+/// Creates `key` holding `value` as JSON unless it exists (configure-time
+/// creation: `create`); a failure is logged, naming the key.
+pub fn ensure_json<H: Host + ?Sized, T: serde::Serialize>(host: &H, key: &'static str, value: &T) {
+    if let Err(e) = encode(key, value).and_then(|bytes| create(host, key, &bytes)) {
+        super::logs::error!("event=shared_data_error key={key} error=\"{e}\"");
+    }
+}
+
 /// Writes `value` under `key` unless the key already exists (configure-time
 /// creation, see `cas_update`).
 pub fn create<H: Host + ?Sized>(host: &H, key: &str, value: &[u8]) -> Result<(), SharedError> {

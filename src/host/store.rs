@@ -262,6 +262,16 @@ impl<H: Host> Store<H> {
         .map_err(flatten)
     }
 
+    /// A 200 served to a source outside `lb_checkers`: the gateway is announced
+    /// (written once).
+    pub fn lb_announce(&self) -> Result<bool, SharedError> {
+        let now_ms = self.host.now().timer_ms();
+        json_change(&self.host, keys::LB, |c: &mut Checkers| {
+            Ok::<_, SharedError>(c.announce(now_ms))
+        })
+        .map_err(flatten)
+    }
+
     /// Records a check from outside `lb_checkers`; `true` when its source is
     /// new (the caller logs it once).
     pub fn lb_ignore(&self, source: &str) -> Result<bool, SharedError> {

@@ -19,11 +19,12 @@ kubectl stand-in:
       anything else (label, patch, delete, …): recorded, no output.
 helm stand-in: a command naming `istio/gateway` must pin `--version` to the
 chart's version in ../shared (SOURCE.md: Istio 1.30.3), and then renders that
-chart; `upgrade --install` runs as `helm template` with the same arguments,
+chart; `upgrade [--install]` runs as `helm template` with the same arguments,
 its objects recorded; a command that needs a cluster (`rollback`, `history`,
-`uninstall`, `status`) runs against an address where nothing listens: it must
-fail on the connection, never on its arguments, and is recorded; anything
-else runs the real helm.
+`uninstall`, `status`, `get`) runs against an address where nothing listens: it
+must fail on the connection, never on its arguments, and is recorded; `get …`
+is then answered with the test's reply file named after it ("helm get values
+drain-gate -n istio-system -o yaml"); anything else runs the real helm.
 """
 from __future__ import annotations
 
@@ -80,15 +81,17 @@ STAND_INS = textwrap.dedent('''\
             at = argv.index("--version")
             del argv[at:at + 2]
             argv[argv.index("istio/gateway")] = GATEWAY_CHART
-        if argv[:1] in (["rollback"], ["history"], ["uninstall"], ["status"]):
+        if argv[:1] in (["rollback"], ["history"], ["uninstall"], ["status"], ["get"]):
             r = real([*argv, "--kube-apiserver", "http://127.0.0.1:1"])
             if r.returncode == 0 or "127.0.0.1:1" not in r.stderr:
                 sys.exit(f"helm {{' '.join(args)}}: not refused by the connection: {{r.stderr.strip()}}")
             record({{"verb": "helm " + argv[0], "args": args}})
+            if argv[:1] == ["get"]:
+                reply(("helm " + " ".join(args)).replace("/", "+"))
             return
-        if argv[:2] != ["upgrade", "--install"]:
+        if argv[:1] != ["upgrade"]:
             os.execv(REAL, [REAL, *argv])
-        r = real(["template", *argv[2:]])
+        r = real(["template", *[a for a in argv[1:] if a != "--install"]])
         if r.returncode:
             sys.exit(r.stderr)
         record({{"verb": "helm install", "args": args, "manifest": r.stdout}})
@@ -207,7 +210,8 @@ class OfflineShell:
         return r
 
     def reply(self, name: str, text: str) -> None:
-        """What the cluster answers `kubectl [-n NS] NAME` (a `get`; "/" written "+")."""
+        """What the cluster answers `kubectl [-n NS] NAME` (a `get`; "/" written "+"), or
+        the helm command `NAME` ("helm get ...")."""
         (self.replies / name.replace("/", "+")).write_text(text)
 
     def recorded(self) -> list[dict]:

@@ -85,13 +85,11 @@ def run_strategy(strategy: fleet.Strategy, n: int, profile: Profile, workdir: Pa
         old, new, haproxy = start_fleet(stack, strategy, n, workdir)
         stat = StatPoller(haproxy).start()
         stack.callback(stat.stop)
-        traffic = Traffic(haproxy.http("").rstrip("/"), haproxy.https("").rstrip("/"),
-                          ("127.0.0.1", haproxy.http_port), profile)
+        traffic = Traffic.through(haproxy, profile)
         stack.callback(traffic.stop)
         traffic.start()
         # Long requests of every kind in flight on the old gateways before the first surge.
-        wait_for(lambda: sum(o.ok for o in traffic.outcomes if o.kind == "short") >= 20, 30, 0.1,
-                 "short GETs flowing")
+        traffic.flowing()
         time.sleep(profile.stream_seconds[0])
         t0 = time.time()
         roll(old, new, haproxy, replacement)

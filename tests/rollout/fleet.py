@@ -217,6 +217,7 @@ class Pod:
         self.prestop_result: str = ""
         self.flip_at: float | None = None  # when the check the LB reads began to fail
         self.receipt: dict | None = None  # the gateway's own account of its drain, read before it exits
+        self.final_status: dict | None = None  # its whole /drain/status then
         self.receipt_at: float | None = None
         self.admin = requests.Session()
         self._agent: ThreadingHTTPServer | None = None
@@ -290,7 +291,8 @@ class Pod:
         """The drain's receipt from `/drain/status` (`drain_started_at` null: no drain ran), else
         from the `event=drain_receipt` line the gateway logged when the drain ended."""
         try:
-            return requests.get(self.envoy.health("/drain/status"), timeout=2).json()["receipt"]
+            self.final_status = requests.get(self.envoy.health("/drain/status"), timeout=2).json()
+            return self.final_status["receipt"]
         except (requests.RequestException, ValueError, KeyError):
             pass
         lines = re.findall(r"event=drain_receipt .*", self.envoy.log())

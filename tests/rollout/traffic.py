@@ -23,6 +23,7 @@ from dataclasses import asdict, dataclass, field
 import requests
 
 from tests.harness.clients import CurlStream
+from tests.harness.process import wait_for
 
 KINDS = ("short", "h1_stream", "h2_stream", "websocket")
 SHORT_BODY = b"hello\n"  # the demo backend's answer to GET /
@@ -80,6 +81,17 @@ class Traffic:
         self._curls: list[tuple[Outcome, CurlStream]] = []
         self._n = 0
         self.started = self.stopped = None
+
+    @classmethod
+    def through(cls, haproxy, profile: Profile) -> "Traffic":
+        """Clients of a harness HAProxy's HTTP and HTTPS frontends."""
+        return cls(haproxy.http("").rstrip("/"), haproxy.https("").rstrip("/"), ("127.0.0.1", haproxy.http_port),
+                   profile)
+
+    def flowing(self, timeout: float = 30) -> None:
+        """Until 20 short GETs have been answered."""
+        wait_for(lambda: sum(o.ok for o in self.outcomes if o.kind == "short") >= 20, timeout, 0.1,
+                 "short GETs flowing")
 
     def _new(self, kind: str) -> Outcome:
         with self._lock:
@@ -152,9 +164,16 @@ class Traffic:
         lo, hi = self.p.stream_seconds
         return self.rng.randint(lo, hi)
 
-    def _curl(self, kind: str) -> None:
+    def pin(self, seconds: int) -> None:
+        """One HTTP/1.1 stream, one HTTP/2 stream and one websocket that last `seconds`:
+        requests known to be in flight at a later moment, accounted with the rest."""
+        self._curl("h1_stream", seconds)
+        self._curl("h2_stream", seconds)
+        self._spawn(self._websocket, self._new("websocket"), seconds)
+
+    def _curl(self, kind: str, seconds: int | None = None) -> None:
         o = self._new(kind)
-        seconds = self._seconds()
+        seconds = seconds or self._seconds()
         o.expected_bytes = _stream_bytes(seconds, self.p.interval_ms)
         base = self.https if kind == "h2_stream" else self.http
         c = CurlStream(f"{base}/stream?id={o.id}", seconds=seconds, interval_ms=self.p.interval_ms,
@@ -171,8 +190,8 @@ class Traffic:
         o.ok = c.returncode == 0 and c.http_code == 200 and o.bytes == o.expected_bytes
         o.error = c.err.strip()[-160:]
 
-    def _websocket(self, o: Outcome) -> None:
-        lines = max(1, round(self._seconds() / (self.p.interval_ms / 1000)))
+    def _websocket(self, o: Outcome, seconds: int | None = None) -> None:
+        lines = max(1, round((seconds or self._seconds()) / (self.p.interval_ms / 1000)))
         o.expected_bytes = sum(len(b"ping %d\n" % i) for i in range(lines))
         try:
             with socket.create_connection(self.ws_addr, timeout=10) as s:

@@ -165,3 +165,70 @@ runtime: envoy.wasm.runtime.v8
 code:
   local: { filename: {{ .Values.wasm.path }} }
 {{- end -}}
+
+
+{{/* The canary's placeholder (envoyfilter/README.md, "Canary a new image"): an
+     EnvoyFilter that gives the canary WasmPlugin's ECDS filter, on the canary
+     pods, a default configuration — drain-gate in the placeholder role, from
+     the mounted module. Envoy runs it until the canary's own configuration
+     arrives, and instead of it when the module was fetched but does not load
+     (istiod sets no default: that filter would answer every request 500 while
+     the health listener answers the LB 200). The placeholder passes requests on
+     uncounted (the fleet's filter counts them) and keeps the pod out of the LB:
+     a pod no LB check saw stays out (503 WAIT, waiting_for filter_config), an
+     announced one drains once a request passed it (src/placeholder.rs). One
+     patch per name istiod gives the filter: Istio 1.30's TrafficExtension
+     translation, and 1.28/1.29's WasmPlugin name; the value is istiod's own
+     entry (ADS, no initial fetch timeout, the wasm and RBAC type URLs) plus
+     default_config. */}}
+{{- define "drain-gate.canaryPlaceholder" -}}
+{{- $ns := .Release.Namespace -}}
+apiVersion: networking.istio.io/v1alpha3
+kind: EnvoyFilter
+metadata:
+  name: drain-gate-traffic-canary-placeholder
+  namespace: {{ $ns }}
+  labels:
+    {{- include "drain-gate.labels" . | nindent 4 }}
+spec:
+  workloadSelector:
+    labels:
+      {{- merge (include "drain-gate.workloadLabels" . | fromYaml) .Values.wasmPlugin.canaryLabel | toYaml | nindent 6 }}
+  configPatches:
+  {{- range $name := list (printf "extensions.istio.io/trafficextension/%s.drain-gate-traffic-canary~istio-translated-wasmplugin" $ns) (printf "extensions.istio.io/wasmplugin/%s.drain-gate-traffic-canary" $ns) }}
+  - applyTo: HTTP_FILTER
+    match:
+      context: GATEWAY
+      proxy:
+        proxyVersion: {{ $.Values.proxyVersion | squote }}
+      listener:
+        filterChain:
+          filter:
+            name: envoy.filters.network.http_connection_manager
+            subFilter:
+              name: {{ $name }}
+    patch:
+      operation: REPLACE
+      value:
+        name: {{ $name }}
+        config_discovery:
+          config_source:
+            ads: {}
+            initial_fetch_timeout: 0s
+            resource_api_version: V3
+          default_config:
+            "@type": type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm
+            config:
+              name: drain-gate-traffic-canary-placeholder
+              root_id: drain_gate_placeholder
+              failure_policy: FAIL_OPEN
+              vm_config:
+                {{- include "drain-gate.vmConfig" $ | nindent 16 }}
+              configuration:
+                "@type": type.googleapis.com/google.protobuf.StringValue
+                value: {{ include "drain-gate.configuration" (dict "role" "placeholder" "root" $) | squote }}
+          type_urls:
+          - type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm
+          - type.googleapis.com/envoy.extensions.filters.http.rbac.v3.RBAC
+  {{- end }}
+{{- end -}}

@@ -28,7 +28,8 @@ from tests.harness.istio.envoyfilter import (
 )
 from tests.harness.istio.files import (
     CRDS, DRAIN_GATE_LABEL, ENVOY_MATRIX, ENVOYFILTER, GATEWAY_API, GATEWAY_API_FIXTURES, GATEWAY_LABELS,
-    HAPROXY_HTTPCHK, HEALTH_PORT, ISTIO, ISTIO_ADMIN_PORT, KUBERNETES, NETSCALER, POD_LABELS, PROXY_VERSION,
+    HAPROXY_HTTPCHK, HEALTH_PORT, ISTIO, ISTIO_ADMIN_PORT, KUBERNETES, NETSCALER, PASSTHROUGH_LISTENER_PORT,
+    PASSTHROUGH_SERVER_PORT, POD_LABELS, PROXY_VERSION,
     REPO, SHARED, envoy_bin, load_docs, load_one, objects, yaml_files,
 )
 from tests.harness.istio.oci import istio_extract_compat
@@ -36,6 +37,6 @@ from tests.harness.istio.schema import (
     K8S_VERSIONS, cel_errors, crd_errors, crd_schemas, crd_validators, k8s_errors,
 )
 from tests.harness.istio.wasmplugin import (
-    insert_wasmplugin, insert_wasmplugins, wasmplugin_extension_config, wasmplugin_fetch_failed,
+    ecds_over_files, insert_wasmplugin, insert_wasmplugins, wasmplugin_extension_config, wasmplugin_fetch_failed,
     wasmplugin_resource_name, write_ecds,
 )

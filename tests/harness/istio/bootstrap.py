@@ -28,7 +28,8 @@ def gateway_bootstrap(listeners: list[dict], ports: dict[int, int], admin_port: 
                       wasm: Path = WASM, clusters: list[dict] = (), admin_address: str = "127.0.0.1") -> dict:
     """A bootstrap holding `listeners` and added `clusters` as written, but for
     ports (logical -> actual, every listener port must be mapped; a cluster's
-    ISTIO_ADMIN_PORT is the admin's actual port) and the wasm file path.
+    ISTIO_ADMIN_PORT is the admin's actual port) and the mounted wasm file's
+    path (inline filters and ECDS filters' default configurations).
 
     Like istio-proxy's (tools/packaging/common/envoy_bootstrap.json), the admin
     listens on the pod's loopback ({{ .localhost }}: 127.0.0.1, or ::1 in an
@@ -47,6 +48,11 @@ def gateway_bootstrap(listeners: list[dict], ports: dict[int, int], admin_port: 
         addr["port_value"] = ports[addr["port_value"]]
         for f in wasm_filters(listener):
             f["typed_config"]["config"]["vm_config"]["code"]["local"]["filename"] = str(wasm)
+        for hcm in hcms(listener, {}):
+            for f in hcm["http_filters"]:  # an ECDS filter's default (the canary's placeholder)
+                default = (f.get("config_discovery") or {}).get("default_config") or {}
+                if default.get("@type") == WASM_HTTP:
+                    default["config"]["vm_config"]["code"]["local"]["filename"] = str(wasm)
     admin = {"socket_address": {"address": admin_address, "port_value": admin_port}}
     return {
         "node": {

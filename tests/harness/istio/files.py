@@ -33,6 +33,10 @@ POD_LABELS = {**GATEWAY_LABELS, **DRAIN_GATE_LABEL}
 # version of the gateway chart in ../shared).
 PROXY_VERSION = "1.30.3"
 HEALTH_PORT = 18180
+# The example Gateway's TLS-passthrough server: port 443, which
+# envoyfilter/kubernetes/service.yaml maps to the listener port 8443 (NodePort
+# 31443); the WasmPlugin form's tcp.yaml matches the server's port.
+PASSTHROUGH_SERVER_PORT, PASSTHROUGH_LISTENER_PORT = 443, 8443
 # Where istio-proxy serves Envoy's admin API (127.0.0.1 only).
 ISTIO_ADMIN_PORT = 15000
 # What HAProxy 2.6 writes for `option httpchk GET /health_check.html` (captured

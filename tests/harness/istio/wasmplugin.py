@@ -143,7 +143,8 @@ def _http_chain(filters: list[dict], plugins: list[tuple[dict, Path]]) -> list[d
     return [f for _, f in sorted(ranked, key=lambda rf: rf[0])]
 
 
-def insert_wasmplugins(listeners: list[dict], plugins: list[tuple[dict, Path]]) -> list[dict]:
+def insert_wasmplugins(listeners: list[dict], plugins: list[tuple[dict, Path]],
+                       server_ports: dict[str, int] | None = None) -> list[dict]:
     """istiod's gateway listeners with the WasmPlugins' ECDS filters
     (`plugins`: each WasmPlugin and its ECDS file) on the listeners it built
     itself, before any EnvoyFilter patch. HTTP: in their phase among istiod's
@@ -151,7 +152,16 @@ def insert_wasmplugins(listeners: list[dict], plugins: list[tuple[dict, Path]]) 
     descending priority within one. NETWORK: on the listeners of the ports its
     match names (every port without one), before tcp_proxy on a TCP chain
     (buildCompleteNetworkFilters) and before the HCM on an HTTP chain
-    (buildGatewayTCPBasedFilterChains: a network extension precedes the HCM)."""
+    (buildGatewayTCPBasedFilterChains: a network extension precedes the HCM).
+
+    The port a NETWORK plugin's match is compared with differs by chain
+    (pilot/pkg/networking/core/gateway.go, Istio 1.30.3): on an HTTP chain the
+    listener's own port, the Gateway server's port as the Service translated it
+    to its targetPort (`opts.port`, resolvePorts in pilot/pkg/model/gateway.go);
+    on a TCP or passthrough chain the Gateway server's port as written
+    (buildGatewayNetworkFiltersFromTCPRoutes / FromTLSRoutes: server.Port.Number).
+    `server_ports`: listener name -> that server port, for a TCP listener whose
+    Service maps another port to it (absent: the listener's port)."""
     out = copy.deepcopy(listeners)
     http = [(wp, ecds) for wp, ecds in plugins if wasmplugin_type(wp) == "HTTP"]
     for listener in out:
@@ -162,18 +172,36 @@ def insert_wasmplugins(listeners: list[dict], plugins: list[tuple[dict, Path]]) 
             continue
         ports = _wasmplugin_ports(wp)
         for listener in out:
-            if ports is not None and listener["address"]["socket_address"]["port_value"] not in ports:
-                continue
+            own = listener["address"]["socket_address"]["port_value"]
             for chain in listener.get("filter_chains", []):
                 filters = chain["filters"]
                 at = next(i for i, f in enumerate(filters) if f["name"] in (HCM_NAME, "envoy.filters.network.tcp_proxy"))
-                filters.insert(at, _ecds_filter(wp, ecds_path))
+                matched = own if filters[at]["name"] == HCM_NAME else (server_ports or {}).get(listener["name"], own)
+                if ports is None or matched in ports:
+                    filters.insert(at, _ecds_filter(wp, ecds_path))
     return out
 
 
-def insert_wasmplugin(listeners: list[dict], wp: dict, ecds_path: Path) -> list[dict]:
+def ecds_over_files(listeners: list[dict], paths: dict[str, Path]) -> list[dict]:
+    """The listeners with every ECDS filter that names ADS as its config source
+    (an EnvoyFilter REPLACE copies istiod's own entry: `ads: {}`) reading its
+    resource from the file `paths` gives for its name instead: the harness
+    has no ADS server, and file-based ECDS stands in for it (as `_ecds_filter`)."""
+    out = copy.deepcopy(listeners)
+    for listener in out:
+        for hcm in hcms(listener, {}):
+            for f in hcm["http_filters"]:
+                source = (f.get("config_discovery") or {}).get("config_source") or {}
+                if "ads" in source:
+                    del source["ads"]
+                    source["path_config_source"] = {"path": str(paths[f["name"]])}
+    return out
+
+
+def insert_wasmplugin(listeners: list[dict], wp: dict, ecds_path: Path,
+                      server_ports: dict[str, int] | None = None) -> list[dict]:
     """`insert_wasmplugins` with one WasmPlugin."""
-    return insert_wasmplugins(listeners, [(wp, ecds_path)])
+    return insert_wasmplugins(listeners, [(wp, ecds_path)], server_ports)
 
 
 def write_ecds(path: Path, extension_configs: list[dict]) -> None:

@@ -1,0 +1,198 @@
+//! Placeholders in shared data (the decisions are `crate::placeholder`).
+//!
+//! A placeholder root registers on its first tick (present), marks its first
+//! request (served: one compare-and-swap per root, then a `Cell` read per
+//! request) and leaves when Envoy removes it (its filter got its own
+//! configuration). It registers on its first tick, not on configure, for the
+//! reason the traffic roots do (`super::liveness::Heartbeat`): the root Envoy
+//! configures in the main thread's base VM to validate the plugin never
+//! ticks, carries no request and is never removed.
+
+use proxy_wasm::traits::{Context, HttpContext};
+use proxy_wasm::types::Action;
+use std::cell::Cell;
+use std::rc::Rc;
+
+use super::keys;
+use super::logs;
+use super::shared::{self, json_change, json_read, json_update, Envoy, Host};
+use super::store::flatten;
+use crate::placeholder::Placeholders;
+
+/// Creates the record if absent (configure runs on the main thread before any
+/// worker VM, so this cannot race another creator).
+pub fn ensure<H: Host>(host: &H) {
+    shared::ensure_json(host, keys::PLACEHOLDERS, &Placeholders::default());
+}
+
+/// The placeholders of this `vm_id` (none when unreadable: the error is logged).
+pub fn read<H: Host>(host: &H) -> Placeholders {
+    json_read(host, keys::PLACEHOLDERS).unwrap_or_else(|e| {
+        logs::warning!(
+            "event=shared_data_error key={} error=\"{e}\"",
+            keys::PLACEHOLDERS
+        );
+        Placeholders::default()
+    })
+}
+
+/// One per placeholder root context.
+#[derive(Debug)]
+pub struct Stand<H: Host = Envoy> {
+    host: H,
+    id: Cell<Option<u64>>,
+    served: Cell<bool>,
+    /// Set by a goodbye: never register again.
+    done: Cell<bool>,
+}
+
+impl<H: Host> Stand<H> {
+    pub fn new(host: H) -> Stand<H> {
+        Stand {
+            host,
+            id: Cell::new(None),
+            served: Cell::new(false),
+            done: Cell::new(false),
+        }
+    }
+
+    /// From the tick: registers, once.
+    pub fn tick(&self) {
+        if self.id.get().is_none() && !self.done.get() {
+            self.register();
+        }
+    }
+
+    fn register(&self) -> Option<u64> {
+        let now = self.host.now().timer_ms();
+        match json_update(&self.host, keys::PLACEHOLDERS, |p: &mut Placeholders| {
+            Ok::<_, shared::SharedError>(p.register(now))
+        })
+        .map_err(flatten)
+        {
+            Ok(Some(id)) => {
+                logs::warning!(
+                    "event=placeholder_present id={id} what=\"a traffic filter runs drain-gate's placeholder: \
+                     its own configuration has not loaded (yet); a gateway not announced stays out\""
+                );
+                self.id.set(Some(id));
+                Some(id)
+            }
+            Ok(None) => None,
+            Err(e) => {
+                logs::error!("event=placeholder_unregistered error=\"{e}\"");
+                None
+            }
+        }
+    }
+
+    /// From each request it passes on: the first one marks it served.
+    pub fn serve(&self) {
+        if self.served.get() || self.done.get() {
+            return;
+        }
+        self.served.set(true);
+        let Some(id) = self.id.get().or_else(|| self.register()) else {
+            return;
+        };
+        match json_change(&self.host, keys::PLACEHOLDERS, |p: &mut Placeholders| {
+            Ok::<_, shared::SharedError>(p.serve(id))
+        }) {
+            Ok(_) => logs::error!(
+                "event=placeholder_served id={id} what=\"a request passed a traffic filter that runs without \
+                 its own configuration: the module did not load; an announced gateway drains\""
+            ),
+            Err(e) => logs::error!("event=placeholder_unregistered id={id} error=\"{}\"", flatten(e)),
+        }
+    }
+
+    /// Leaves the record (Envoy removed this placeholder). Idempotent.
+    pub fn goodbye(&self) {
+        self.done.set(true);
+        let Some(id) = self.id.take() else { return };
+        match json_change(&self.host, keys::PLACEHOLDERS, |p: &mut Placeholders| {
+            Ok::<_, shared::SharedError>(p.goodbye(id))
+        }) {
+            Ok(_) => logs::info!("event=placeholder_gone id={id}"),
+            Err(e) => logs::error!(
+                "event=placeholder_goodbye_failed id={id} error=\"{}\"",
+                flatten(e)
+            ),
+        }
+    }
+}
+
+impl<H: Host> Drop for Stand<H> {
+    fn drop(&mut self) {
+        self.goodbye();
+    }
+}
+
+/// A request through a placeholder: passed on, uncounted.
+pub struct StandStream {
+    stand: Rc<Stand>,
+}
+
+impl StandStream {
+    pub fn new(stand: Rc<Stand>) -> StandStream {
+        StandStream { stand }
+    }
+}
+
+impl Context for StandStream {}
+
+impl HttpContext for StandStream {
+    fn on_http_request_headers(&mut self, _: usize, _: bool) -> Action {
+        self.stand.serve();
+        Action::Continue
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use crate::host::sim::Sim;
+
+    #[test]
+    fn present_on_its_first_tick_served_on_its_first_request_gone_when_dropped() {
+        let sim = Sim::at(1_000);
+        ensure(&&sim);
+        let stand = Stand::new(&sim);
+        assert_eq!(
+            read(&&sim).present(),
+            0,
+            "registered on its first tick, not before"
+        );
+        stand.tick();
+        stand.tick();
+        assert_eq!((read(&&sim).present(), read(&&sim).serving()), (1, 0));
+        stand.serve();
+        let writes = sim.host_calls.get();
+        stand.serve();
+        assert_eq!(
+            sim.host_calls.get(),
+            writes,
+            "a request after the first costs no host call"
+        );
+        assert_eq!(read(&&sim).serving(), 1);
+        drop(stand);
+        assert_eq!(read(&&sim).present(), 0);
+    }
+
+    #[test]
+    fn a_request_before_the_first_tick_registers_it_served() {
+        let sim = Sim::at(1_000);
+        ensure(&&sim);
+        let stand = Stand::new(&sim);
+        stand.serve();
+        assert_eq!((read(&&sim).present(), read(&&sim).serving()), (1, 1));
+        stand.goodbye();
+        stand.tick();
+        assert_eq!(
+            read(&&sim).present(),
+            0,
+            "never registers again after its goodbye"
+        );
+    }
+}
