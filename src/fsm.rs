@@ -29,7 +29,7 @@
 use crate::json::{named, record};
 
 use crate::clock::Now;
-use crate::receipt::Tally;
+use crate::receipt::{self, Drain, Ended, Owed, Tally};
 
 named! {
     #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -229,16 +229,23 @@ record! {
         pub closing_mono_ms: Option<u64>,
         /// The preStop hold, while some worker holds a `wait=closed` answer.
         pub hold: Option<Hold>,
-        /// The receipt's counters when the drain began (`crate::receipt`): the
-        /// drain's receipt is the counters now minus these.
-        pub receipt_base: Option<Tally>,
+        /// The drain's id: the `seq` of its transition into DRAINING. The
+        /// traffic roots add its ends under it (`add_ends`).
+        pub drain_id: Option<u64>,
+        /// How the ends of the current (or last) drain ended, as the traffic
+        /// roots added them at their ticks (`crate::receipt`).
+        pub tally: Tally = Tally::default(),
         /// The oldest stream in flight just after the flip to CLOSING (ms; `None`
         /// when nothing was), recorded by the health role within a tick of it
         /// (`flip_recorded`).
         pub oldest_at_closing_ms: Option<u64>,
         pub flip_recorded: bool = false,
-        /// This drain's receipt has been logged (once, by one worker).
-        pub receipt_logged: bool = false,
+        /// This drain's receipt is owed (in `owed`) or logged: once per drain.
+        pub receipt_made: bool = false,
+        /// The receipts of drains that ended and whose line is not logged yet,
+        /// oldest first (at most `receipt::KEPT`): the next drain may begin
+        /// before a line is logged, and takes nothing from it.
+        pub owed: Vec<Owed> = Vec::new(),
     }
 }
 
@@ -282,10 +289,12 @@ impl Record {
             drain_started_mono_ms: None,
             closing_mono_ms: None,
             hold: None,
-            receipt_base: None,
+            drain_id: None,
+            tally: Tally::default(),
             oldest_at_closing_ms: None,
             flip_recorded: false,
-            receipt_logged: false,
+            receipt_made: false,
+            owed: Vec::new(),
         }
     }
 
@@ -382,6 +391,9 @@ pub fn advance(rec: &Record, mv: Move, now: Now, active: u64) -> Result<Record, 
     let mut next = rec.clone();
     enter(&mut next, &mv, now, active).ok_or(illegal)?;
     next.seq = rec.seq.saturating_add(1);
+    if mv.to == State::Draining {
+        next.drain_id = Some(next.seq);
+    }
     next.history.push(Step {
         from: rec.state,
         to: mv.to,
@@ -400,6 +412,7 @@ pub fn advance(rec: &Record, mv: Move, now: Now, active: u64) -> Result<Record, 
 /// drain, CLOSING's count and forced flag. `None` when a drain has no plan.
 fn enter(next: &mut Record, mv: &Move, now: Now, active: u64) -> Option<()> {
     let now_ms = now.wall_ms;
+    let forced = next.forced;
     next.state = mv.to;
     next.since_ms = now_ms;
     next.reason = mv.reason;
@@ -415,7 +428,8 @@ fn enter(next: &mut Record, mv: &Move, now: Now, active: u64) -> Option<()> {
             next.forced = false;
             next.oldest_at_closing_ms = None;
             next.flip_recorded = false;
-            next.receipt_logged = false;
+            next.receipt_made = false;
+            next.tally = Tally::default();
         }
         State::Closing => {
             next.closing_ms = Some(now_ms);
@@ -433,6 +447,15 @@ fn enter(next: &mut Record, mv: &Move, now: Now, active: u64) -> Option<()> {
             next.hold = None;
         }
         State::Fault => {}
+    }
+    let ended = match mv.to {
+        State::Closed => Some(Ended::Closed),
+        State::Open => Some(Ended::Open),
+        State::Fault => Some(Ended::Fault),
+        State::Draining | State::Closing => None,
+    };
+    if let Some(ended) = ended {
+        next.owe(ended, forced, now);
     }
     Some(())
 }
@@ -539,20 +562,71 @@ pub fn record_flip(rec: &Record, oldest_ms: Option<u64>) -> Option<Record> {
     Some(next)
 }
 
-/// Whether the drain this record holds is over and its receipt still owed:
-/// CLOSED, reopened or in FAULT, after a drain began.
-pub fn receipt_due(rec: &Record) -> bool {
-    rec.drain_started_ms.is_some()
-        && !rec.receipt_logged
-        && matches!(rec.state, State::Closed | State::Open | State::Fault)
+impl Record {
+    /// Owes the receipt of the drain this record holds, once per drain (and
+    /// only after a drain began): it ended (`ended`) at `now`, its `forced`
+    /// flag as the drain left it.
+    fn owe(&mut self, ended: Ended, forced: bool, now: Now) {
+        let (Some(started_ms), false) = (self.drain_started_ms, self.receipt_made) else {
+            return;
+        };
+        self.receipt_made = true;
+        let drain = Drain {
+            started_ms,
+            flipped_ms: self.closing_ms,
+            closed_ms: self.closed_ms,
+            ended,
+            forced,
+            duration_ms: self.drain_duration_ms(now),
+            active_at_flip: self.active_at_closing,
+            oldest_at_flip_ms: self.oldest_at_closing_ms,
+        };
+        self.owed
+            .push(drain.owed(self.drain_id.unwrap_or(0), self.tally));
+        if self.owed.len() > receipt::KEPT {
+            self.owed.remove(0);
+        }
+    }
 }
 
-/// The record with the receipt marked logged, if it was owed.
-pub fn mark_receipt(rec: &Record) -> Option<Record> {
-    receipt_due(rec).then(|| Record {
-        receipt_logged: true,
-        ..rec.clone()
-    })
+/// The record with the drain's receipt owed at the pod's SIGTERM, seen
+/// before CLOSED (the drain is cut short: the pod exits with it), or `None`
+/// when no drain runs or its receipt is already owed.
+pub fn cut_short(rec: &Record, now: Now) -> Option<Record> {
+    if !matches!(rec.state, State::Draining | State::Closing) || rec.receipt_made {
+        return None;
+    }
+    let mut next = rec.clone();
+    next.owe(Ended::Sigterm, rec.forced, now);
+    Some(next)
+}
+
+/// The record with a traffic root's ends of drain `drain` added: to its
+/// owed receipt while the line waits, and to the record's tally while the
+/// drain is the current (or last) one. `None`: neither (a drain long over).
+pub fn add_ends(rec: &Record, drain: u64, tally: &Tally) -> Option<Record> {
+    let mut next = rec.clone();
+    let owed = next.owed.iter_mut().find(|o| o.drain == drain);
+    let current = rec.drain_id == Some(drain);
+    if owed.is_none() && !current {
+        return None;
+    }
+    if let Some(o) = owed {
+        o.tally.add(tally);
+    }
+    if current {
+        next.tally.add(tally);
+    }
+    Some(next)
+}
+
+/// The record without the owed receipt of drain `drain` (its line is being
+/// logged), or `None` when it is not owed (another worker logged it).
+pub fn receipt_logged(rec: &Record, drain: u64) -> Option<Record> {
+    let i = rec.owed.iter().position(|o| o.drain == drain)?;
+    let mut next = rec.clone();
+    next.owed.remove(i);
+    Some(next)
 }
 
 /// The record with a maintenance drain turned automatic again (a preStop

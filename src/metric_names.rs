@@ -146,7 +146,7 @@ pub const ALL: [Metric; 21] = [
         name: CUT_LB,
         kind: Kind::Counter,
         #[cfg(test)]
-        help: "of drain_gate_cut, those that ended within 2 s of an LB checker's DOWN (its lb_fall-th consecutive 503, or one of the next lb_fall from the same address: a second backend of one LB): cut by the LB marking the gateway DOWN",
+        help: "of drain_gate_cut, those the LB made: within 2 s of an LB checker's DOWN (its lb_fall-th consecutive 503), or, from that checker's own address, within 2 s of one of its next lb_fall 503s (a second backend of one LB)",
     },
     Metric {
         name: CUT_TCP,
@@ -158,13 +158,13 @@ pub const ALL: [Metric; 21] = [
         name: DRAIN_COMPLETED,
         kind: Kind::Counter,
         #[cfg(test)]
-        help: "streams and connections that completed during a drain (each worker adds its own up and counts them at its next tick)",
+        help: "streams and connections that completed during a drain: the upstream's answer (or the route's direct response) ended (each worker adds its own up and counts them at its next tick)",
     },
     Metric {
         name: DRAIN_ENDED_UPSTREAM,
         kind: Kind::Counter,
         #[cfg(test)]
-        help: "streams and connections ended by the upstream or by Envoy itself during a drain (reset, timeout, local reply)",
+        help: "streams and connections ended by the upstream or by Envoy itself during a drain (an upstream reset or timeout; a local reply: Envoy's 504 on a route timeout, its 503 on a connect failure, whatever reached the client)",
     },
     Metric {
         name: REFUSED,

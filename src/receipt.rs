@@ -3,23 +3,28 @@
 //!
 //! The traffic roles sort each stream or connection that ends while the
 //! state is not OPEN — and only those: outside a drain no end costs a host
-//! call, and during one only a stream whose response did not end reads its
-//! response flags — into one of four counters, process-wide stats: **completed**;
-//! **ended by the upstream or by Envoy** (an upstream reset or timeout, a
-//! local reply); **refused** (`draining_new_requests: refuse`); and **cut**:
-//! ended by the downstream before it completed (HTTP: by its response
-//! flags; a TCP connection: see [`tcp_end`]). A cut within
-//! [`crate::lb::CUT_WINDOW_MS`] after an LB checker was served its
-//! `lb_fall`-th consecutive 503 (or one of the next, [`crate::lb::DOWN_SPREAD`])
-//! — the moment the LB marks the gateway DOWN and
-//! resets its sessions (HAProxy `shutdown-sessions`, NetScaler
-//! `downStateFlush`) — is an **LB cut**; any other cut is a client that gave
-//! up by itself (or an LB whose checks drain-gate does not see).
+//! call — into one of four counts: **completed**; **ended by the upstream or
+//! by Envoy** (an upstream reset or timeout, a local reply); **refused**
+//! (`draining_new_requests: refuse`); and **cut**: ended by the downstream
+//! before it completed. An HTTP stream is sorted by what Envoy says happened
+//! to it, one property read per end: a stream whose response ended by its
+//! `response.code_details` ([`http_done`]: the upstream's answer or the
+//! route's direct response completed; any other answer is Envoy's own local
+//! reply), one whose response did not end by its `response.flags`
+//! ([`http_end`]). A TCP connection by the side that ended first
+//! ([`tcp_end`]). A cut soon after an LB checker was served its `lb_fall`-th
+//! consecutive 503 — the moment the LB marks the gateway DOWN and resets its
+//! sessions (HAProxy `shutdown-sessions`, NetScaler `downStateFlush`) — is an
+//! **LB cut** (`crate::lb::Checkers::cut_by_lb` says how soon, and from which
+//! address); any other cut is a client that gave up by itself (or an LB whose
+//! checks drain-gate does not see).
 //!
-//! The transition into DRAINING records the counters ([`Tally`]) in the
-//! drain record; a drain's receipt is the counters now minus that.
+//! Each traffic root adds up the ends of the drain its last tick saw and adds
+//! them, at its next tick, to that drain's tally in the FSM record (the
+//! running drain's, or an ended drain's [`Owed`] receipt): one receipt per
+//! drain, however soon the next drain begins.
 
-use crate::json::record;
+use crate::json::{named, record};
 use std::fmt;
 
 use crate::clock::rfc3339;
@@ -38,36 +43,89 @@ record! {
 }
 
 impl Tally {
-    /// What happened since `base` (a counter never goes back; one that read
-    /// lower — its stat was reset — counts from 0).
-    pub fn since(&self, base: &Tally) -> Tally {
-        Tally {
-            cut: self.cut.saturating_sub(base.cut),
-            cut_lb: self.cut_lb.saturating_sub(base.cut_lb),
-            cut_tcp: self.cut_tcp.saturating_sub(base.cut_tcp),
-            completed: self.completed.saturating_sub(base.completed),
-            ended_upstream: self.ended_upstream.saturating_sub(base.ended_upstream),
-            refused: self.refused.saturating_sub(base.refused),
-        }
+    /// Counts one end: `tcp` a connection (else an HTTP stream), `by_lb` a
+    /// cut the LB made.
+    pub fn count(&mut self, end: End, tcp: bool, by_lb: bool) {
+        let n = match end {
+            End::Completed => &mut self.completed,
+            End::Upstream => &mut self.ended_upstream,
+            End::Refused => &mut self.refused,
+            End::Cut => {
+                if tcp {
+                    self.cut_tcp = self.cut_tcp.saturating_add(1);
+                }
+                if by_lb {
+                    self.cut_lb = self.cut_lb.saturating_add(1);
+                }
+                &mut self.cut
+            }
+        };
+        *n = n.saturating_add(1);
+    }
+
+    /// Adds `other`'s counts to these.
+    pub fn add(&mut self, other: &Tally) {
+        self.cut = self.cut.saturating_add(other.cut);
+        self.cut_lb = self.cut_lb.saturating_add(other.cut_lb);
+        self.cut_tcp = self.cut_tcp.saturating_add(other.cut_tcp);
+        self.completed = self.completed.saturating_add(other.completed);
+        self.ended_upstream = self.ended_upstream.saturating_add(other.ended_upstream);
+        self.refused = self.refused.saturating_add(other.refused);
+    }
+
+    /// Nothing counted.
+    pub fn is_empty(&self) -> bool {
+        *self == Tally::default()
     }
 }
 
-/// One drain, as its receipt line tells it (`event=drain_receipt`, logged
-/// once when the drain ends: at CLOSED, on a reopen, or in FAULT).
+/// How many ended drains' receipts can wait for their line at once.
+pub const KEPT: usize = 4;
+
+named! {
+    /// How a drain's receipt came to be owed: the state the drain ended in —
+    /// or the pod's SIGTERM, seen before CLOSED (`crate::fsm::cut_short`):
+    /// the drain was cut short, and the pod exits with it.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    pub enum Ended {
+        Closed = "CLOSED",
+        /// Reopened.
+        Open = "OPEN",
+        Fault = "FAULT",
+        Sigterm = "SIGTERM",
+    }
+}
+
+/// One drain that ended, as its receipt line tells it (everything but the
+/// tally, which the traffic roots complete a tick later).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Receipt<'a> {
+pub struct Drain {
     pub started_ms: u64,
     /// When the LB check flipped to 503 (CLOSING), if it did.
     pub flipped_ms: Option<u64>,
     pub closed_ms: Option<u64>,
-    /// The state the drain ended in: `CLOSED`, `OPEN` (reopened), `FAULT`.
-    pub ended: &'a str,
+    pub ended: Ended,
     pub forced: bool,
     pub duration_ms: Option<u64>,
     pub active_at_flip: Option<u64>,
     /// The oldest stream in flight just after the flip (`None`: none was).
     pub oldest_at_flip_ms: Option<u64>,
-    pub tally: Tally,
+}
+
+record! {
+    /// A drain that ended and whose receipt line (`event=drain_receipt`) is
+    /// owed: kept in the FSM record until the line is logged, a tick later,
+    /// once every traffic root has added the drain's last ends to `tally`.
+    #[derive(Clone, Debug, PartialEq, Eq)]
+    pub struct Owed {
+        /// The drain's id (`crate::fsm::Record::drain_id`).
+        pub drain: u64,
+        /// The line's fields up to `duration_ms`, written when it ended.
+        pub head: String,
+        pub active_at_flip: Option<u64>,
+        pub oldest_at_flip_ms: Option<u64>,
+        pub tally: Tally,
+    }
 }
 
 fn stamp(ms: Option<u64>) -> String {
@@ -78,20 +136,35 @@ fn num(n: Option<u64>) -> String {
     n.map_or_else(|| "-".to_string(), |n| n.to_string())
 }
 
-impl fmt::Display for Receipt<'_> {
+impl Drain {
+    /// Its receipt, owed, under the drain's id, with the ends counted so far.
+    pub fn owed(&self, drain: u64, tally: Tally) -> Owed {
+        Owed {
+            drain,
+            head: format!(
+                "started={} flipped={} closed={} ended={} forced={} duration_ms={}",
+                rfc3339(self.started_ms),
+                stamp(self.flipped_ms),
+                stamp(self.closed_ms),
+                self.ended.name(),
+                self.forced,
+                num(self.duration_ms),
+            ),
+            active_at_flip: self.active_at_flip,
+            oldest_at_flip_ms: self.oldest_at_flip_ms,
+            tally,
+        }
+    }
+}
+
+impl fmt::Display for Owed {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let t = &self.tally;
         write!(
             f,
-            "event=drain_receipt started={} flipped={} closed={} ended={} forced={} duration_ms={} \
-             completed={} cut={} cut_http={} cut_tcp={} cut_lb={} cut_other={} ended_upstream={} \
-             refused={} active_at_flip={} oldest_at_flip_ms={}",
-            rfc3339(self.started_ms),
-            stamp(self.flipped_ms),
-            stamp(self.closed_ms),
-            self.ended,
-            self.forced,
-            num(self.duration_ms),
+            "event=drain_receipt {} completed={} cut={} cut_http={} cut_tcp={} cut_lb={} \
+             cut_other={} ended_upstream={} refused={} active_at_flip={} oldest_at_flip_ms={}",
+            self.head,
             t.completed,
             t.cut,
             t.cut.saturating_sub(t.cut_tcp),
@@ -125,13 +198,33 @@ pub const DOWNSTREAM_FLAGS: u64 = 0x4000 | 0x1000_0000;
 
 /// How an HTTP stream whose response did not end ended, from its response
 /// flags: the downstream's end (`DOWNSTREAM_FLAGS`) is a cut; anything else
-/// — an upstream reset or timeout, a local reply — ended upstream. (A stream
-/// whose response ended completed; the caller knows that without asking.)
+/// — an upstream reset or timeout — ended upstream. (A stream whose response
+/// ended is sorted by [`http_done`].)
 pub fn http_end(flags: u64) -> End {
     if flags & DOWNSTREAM_FLAGS != 0 {
         End::Cut
     } else {
         End::Upstream
+    }
+}
+
+/// What `response.code_details` says of the upstream's own answer, and of a
+/// route's direct response (or redirect): the two answers a stream completes
+/// with. Every other value names a local reply of Envoy's — an upstream
+/// connect failure (`upstream_reset_before_response_started{…}`, 503 `UF`),
+/// a route timeout (`response_timeout`, 504 `UT`), a request timeout
+/// (`request_overall_timeout`, 408, no response flag), no healthy upstream,
+/// a filter's refusal.
+pub const COMPLETED_DETAILS: [&[u8]; 2] = [b"via_upstream", b"direct_response"];
+
+/// How an HTTP stream whose response ended ended, from its
+/// `response.code_details` (`None`: the host did not say): the upstream's
+/// answer or the route's completed it; an answer Envoy made itself ended it
+/// upstream, whatever reached the client.
+pub fn http_done(details: Option<&[u8]>) -> End {
+    match details {
+        Some(d) if !d.is_empty() && !COMPLETED_DETAILS.contains(&d) => End::Upstream,
+        _ => End::Completed,
     }
 }
 
@@ -219,24 +312,25 @@ mod tests {
 
     #[test]
     fn the_receipt_line_names_every_count() {
-        let r = Receipt {
+        let d = Drain {
             started_ms: 1_764_000_000_000,
             flipped_ms: Some(1_764_000_009_000),
             closed_ms: None,
-            ended: "OPEN",
+            ended: Ended::Open,
             forced: false,
             duration_ms: Some(9_000),
             active_at_flip: Some(0),
             oldest_at_flip_ms: None,
-            tally: Tally {
-                cut: 3,
-                cut_lb: 2,
-                cut_tcp: 1,
-                completed: 40,
-                ended_upstream: 1,
-                refused: 7,
-            },
         };
+        let tally = Tally {
+            cut: 3,
+            cut_lb: 2,
+            cut_tcp: 1,
+            completed: 40,
+            ended_upstream: 1,
+            refused: 7,
+        };
+        let r = d.owed(3, tally);
         assert_eq!(
             r.to_string(),
             "event=drain_receipt started=2025-11-24T16:00:00.000Z flipped=2025-11-24T16:00:09.000Z \
@@ -246,29 +340,43 @@ mod tests {
     }
 
     #[test]
-    fn a_receipt_is_the_counters_since_the_drain_began() {
-        let base = Tally {
-            cut: 2,
-            completed: 10,
-            ..Tally::default()
-        };
-        let now = Tally {
-            cut: 5,
-            cut_lb: 1,
-            completed: 12,
-            refused: 4,
-            ..Tally::default()
-        };
+    fn a_stream_whose_response_ended_is_sorted_by_who_answered() {
+        assert_eq!(http_done(Some(b"via_upstream")), End::Completed);
         assert_eq!(
-            now.since(&base),
+            http_done(Some(b"direct_response")),
+            End::Completed,
+            "a route's direct response or redirect"
+        );
+        for local in [
+            b"response_timeout".as_slice(),
+            b"upstream_reset_before_response_started{remote_connection_failure|delayed_connect_error:_Connection_refused}",
+            b"request_overall_timeout",
+            b"no_healthy_upstream",
+        ] {
+            assert_eq!(http_done(Some(local)), End::Upstream, "{local:?}");
+        }
+        assert_eq!(http_done(None), End::Completed, "the host did not say");
+        assert_eq!(http_done(Some(b"")), End::Completed);
+    }
+
+    #[test]
+    fn a_tally_counts_each_end_where_it_belongs() {
+        let mut one = Tally::default();
+        one.count(End::Completed, false, false);
+        one.count(End::Cut, true, true);
+        one.count(End::Cut, false, false);
+        one.count(End::Upstream, false, false);
+        one.count(End::Refused, false, false);
+        assert_eq!(
+            one,
             Tally {
-                cut: 3,
+                cut: 2,
                 cut_lb: 1,
-                completed: 2,
-                refused: 4,
-                ..Tally::default()
+                cut_tcp: 1,
+                completed: 1,
+                ended_upstream: 1,
+                refused: 1,
             }
         );
-        assert_eq!(base.since(&now).cut, 0, "a reset stat counts from 0");
     }
 }

@@ -96,8 +96,8 @@ pub struct View<'a> {
     pub close_after: CloseAfter,
     pub rotation: RotationView<'a>,
     pub footprint: Footprint,
-    /// What the current (or last) drain counted: the counters now minus
-    /// those at its start (`crate::receipt`).
+    /// What the current (or last) drain counted, as the traffic roots added
+    /// it at their ticks (`crate::receipt`).
     pub receipt: Tally,
     /// `draining_new_requests`.
     pub new_requests: &'static str,
@@ -240,7 +240,7 @@ struct ReceiptOut {
     cut: u64,
     cut_http: u64,
     cut_tcp: u64,
-    /// Cut within 2 s after an LB checker was served its `lb_fall`-th 503.
+    /// Cut by the LB at its DOWN (`crate::lb::Checkers::cut_by_lb`).
     cut_lb: u64,
     /// Every other cut: a client that gave up by itself (or an LB whose checks drain-gate does not see).
     cut_other: u64,

@@ -101,11 +101,7 @@ impl<H: Host> Store<H> {
         let now = self.host.now();
         let moved = cas_update(&self.host, keys::FSM, |bytes| {
             let rec = record_of(bytes, now).map_err(Error::Shared)?;
-            let mut next = fsm::advance(&rec, choose(&rec), now, active).map_err(Error::Illegal)?;
-            if next.state == fsm::State::Draining && rec.state == fsm::State::Open {
-                // The drain's receipt counts from here.
-                next.receipt_base = Some(metrics.tally());
-            }
+            let next = fsm::advance(&rec, choose(&rec), now, active).map_err(Error::Illegal)?;
             let out = shared::encode(keys::FSM, &next).map_err(Error::Shared)?;
             Ok(Step::Write(out, (rec.state, next)))
         });
