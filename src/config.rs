@@ -429,6 +429,19 @@ fn rotate_connections(c: &mut Config, v: &Value) -> Result<(), Problem> {
     Ok(())
 }
 
+/// `names` for an error message: `a, b, c` (one small loop, not the
+/// standard library's generic `join`: the module's size is budgeted).
+pub fn listed(names: &[&str]) -> String {
+    let mut out = String::new();
+    for name in names {
+        if !out.is_empty() {
+            out.push_str(", ");
+        }
+        out.push_str(name);
+    }
+    out
+}
+
 impl Config {
     /// Parses the plugin configuration bytes. Empty input is refused: the role
     /// must be chosen explicitly.
@@ -446,7 +459,7 @@ impl Config {
         if let Some(unknown) = obj.keys().find(|k| !KEYS.contains(&k.as_str())) {
             return Err(err(
                 unknown,
-                format!("unknown key (known keys: {})", KEYS.join(", ")),
+                format!("unknown key (known keys: {})", listed(&KEYS)),
             ));
         }
         let mut c = Config::default();

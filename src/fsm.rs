@@ -29,7 +29,7 @@
 use crate::json::{named, record};
 
 use crate::clock::Now;
-use crate::receipt::{self, Drain, Ended, Owed, Tally};
+use crate::receipt::{Receipt, Tally};
 
 named! {
     #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -229,23 +229,27 @@ record! {
         pub closing_mono_ms: Option<u64>,
         /// The preStop hold, while some worker holds a `wait=closed` answer.
         pub hold: Option<Hold>,
-        /// The drain's id: the `seq` of its transition into DRAINING. The
-        /// traffic roots add its ends under it (`add_ends`).
+        /// The drain's id: the `seq` of its transition into DRAINING (what a
+        /// traffic root's completed ends are counted for, `add_completed`).
         pub drain_id: Option<u64>,
-        /// How the ends of the current (or last) drain ended, as the traffic
-        /// roots added them at their ticks (`crate::receipt`).
-        pub tally: Tally = Tally::default(),
+        /// The receipt's counters when the drain began (`crate::receipt`): the
+        /// drain's receipt is the counters now minus these.
+        pub receipt_base: Option<Tally>,
         /// The oldest stream in flight just after the flip to CLOSING (ms; `None`
         /// when nothing was), recorded by the health role within a tick of it
         /// (`flip_recorded`).
         pub oldest_at_closing_ms: Option<u64>,
         pub flip_recorded: bool = false,
-        /// This drain's receipt is owed (in `owed`) or logged: once per drain.
-        pub receipt_made: bool = false,
-        /// The receipts of drains that ended and whose line is not logged yet,
-        /// oldest first (at most `receipt::KEPT`): the next drain may begin
-        /// before a line is logged, and takes nothing from it.
-        pub owed: Vec<Owed> = Vec::new(),
+        /// This drain's receipt line is written (owed, then logged): once per drain.
+        pub receipt_logged: bool = false,
+        /// The receipt line of a drain that ended, written then and logged a
+        /// tick later (`owe`; the next drain may begin meanwhile): what comes
+        /// before its completed count, that count, and what comes after.
+        pub owed_line: Option<String>,
+        pub owed_completed: u64 = 0,
+        pub owed_tail: Option<String>,
+        /// The drain that line is of.
+        pub owed_drain: Option<u64>,
     }
 }
 
@@ -290,11 +294,14 @@ impl Record {
             closing_mono_ms: None,
             hold: None,
             drain_id: None,
-            tally: Tally::default(),
+            receipt_base: None,
             oldest_at_closing_ms: None,
             flip_recorded: false,
-            receipt_made: false,
-            owed: Vec::new(),
+            receipt_logged: false,
+            owed_line: None,
+            owed_completed: 0,
+            owed_tail: None,
+            owed_drain: None,
         }
     }
 
@@ -412,7 +419,6 @@ pub fn advance(rec: &Record, mv: Move, now: Now, active: u64) -> Result<Record, 
 /// drain, CLOSING's count and forced flag. `None` when a drain has no plan.
 fn enter(next: &mut Record, mv: &Move, now: Now, active: u64) -> Option<()> {
     let now_ms = now.wall_ms;
-    let forced = next.forced;
     next.state = mv.to;
     next.since_ms = now_ms;
     next.reason = mv.reason;
@@ -428,8 +434,7 @@ fn enter(next: &mut Record, mv: &Move, now: Now, active: u64) -> Option<()> {
             next.forced = false;
             next.oldest_at_closing_ms = None;
             next.flip_recorded = false;
-            next.receipt_made = false;
-            next.tally = Tally::default();
+            next.receipt_logged = false;
         }
         State::Closing => {
             next.closing_ms = Some(now_ms);
@@ -447,15 +452,6 @@ fn enter(next: &mut Record, mv: &Move, now: Now, active: u64) -> Option<()> {
             next.hold = None;
         }
         State::Fault => {}
-    }
-    let ended = match mv.to {
-        State::Closed => Some(Ended::Closed),
-        State::Open => Some(Ended::Open),
-        State::Fault => Some(Ended::Fault),
-        State::Draining | State::Closing => None,
-    };
-    if let Some(ended) = ended {
-        next.owe(ended, forced, now);
     }
     Some(())
 }
@@ -562,70 +558,90 @@ pub fn record_flip(rec: &Record, oldest_ms: Option<u64>) -> Option<Record> {
     Some(next)
 }
 
-impl Record {
-    /// Owes the receipt of the drain this record holds, once per drain (and
-    /// only after a drain began): it ended (`ended`) at `now`, its `forced`
-    /// flag as the drain left it.
-    fn owe(&mut self, ended: Ended, forced: bool, now: Now) {
-        let (Some(started_ms), false) = (self.drain_started_ms, self.receipt_made) else {
-            return;
-        };
-        self.receipt_made = true;
-        let drain = Drain {
-            started_ms,
-            flipped_ms: self.closing_ms,
-            closed_ms: self.closed_ms,
-            ended,
-            forced,
-            duration_ms: self.drain_duration_ms(now),
-            active_at_flip: self.active_at_closing,
-            oldest_at_flip_ms: self.oldest_at_closing_ms,
-        };
-        self.owed
-            .push(drain.owed(self.drain_id.unwrap_or(0), self.tally));
-        if self.owed.len() > receipt::KEPT {
-            self.owed.remove(0);
-        }
-    }
+/// Whether the move from `from` to `to` ends the drain `from` holds, whose
+/// receipt is not written yet: its line is owed now (`owe`).
+pub fn ends_drain(from: &Record, to: State) -> bool {
+    from.drain_started_ms.is_some()
+        && !from.receipt_logged
+        && matches!(to, State::Closed | State::Open | State::Fault)
 }
 
-/// The record with the drain's receipt owed at the pod's SIGTERM, seen
-/// before CLOSED (the drain is cut short: the pod exits with it), or `None`
-/// when no drain runs or its receipt is already owed.
-pub fn cut_short(rec: &Record, now: Now) -> Option<Record> {
-    if !matches!(rec.state, State::Draining | State::Closing) || rec.receipt_made {
+/// The record with the receipt line of the drain it holds written (`ended`:
+/// the state it ended in, or `SIGTERM`), its tally `tally` (the counters
+/// now minus `receipt_base`; the completed ends its workers have not
+/// counted yet come with `add_completed`). It is logged a tick later
+/// (`take_owed`). A line still owed then — a second drain ended within a
+/// tick — is returned to be logged at once.
+pub fn owe(rec: &mut Record, ended: &str, tally: Tally, now: Now) -> Option<String> {
+    let started_ms = rec.drain_started_ms?;
+    let (head, tail) = Receipt {
+        started_ms,
+        flipped_ms: rec.closing_ms,
+        closed_ms: rec.closed_ms,
+        ended,
+        forced: rec.forced,
+        duration_ms: rec.drain_duration_ms(now),
+        active_at_flip: rec.active_at_closing,
+        oldest_at_flip_ms: rec.oldest_at_closing_ms,
+        tally,
+    }
+    .halves();
+    rec.receipt_logged = true;
+    let displaced = take(rec);
+    rec.owed_line = Some(head);
+    rec.owed_completed = tally.completed;
+    rec.owed_tail = Some(tail);
+    rec.owed_drain = rec.drain_id;
+    displaced
+}
+
+/// Takes the owed line out of `rec`, with the completed ends counted since.
+fn take(rec: &mut Record) -> Option<String> {
+    let head = rec.owed_line.take()?;
+    let tail = rec.owed_tail.take().unwrap_or_default();
+    rec.owed_drain = None;
+    let completed = std::mem::take(&mut rec.owed_completed);
+    Some(format!("{head}{completed}{tail}"))
+}
+
+/// The record without its owed line (being logged: `line` is it), or
+/// `None` when no line is owed (another worker logged it).
+pub fn take_owed(rec: &Record, line: &mut Option<String>) -> Option<Record> {
+    let mut next = rec.clone();
+    *line = take(&mut next);
+    line.as_ref().map(|_| next)
+}
+
+/// The record with the pod's SIGTERM, seen before CLOSED, in the drain's
+/// receipt (the drain is cut short: the pod exits with it; `tally`: the
+/// counters now minus `receipt_base`), or `None` when no drain runs or its
+/// line is already written.
+pub fn cut_short(rec: &Record, tally: Tally, now: Now) -> Option<Record> {
+    if !matches!(rec.state, State::Draining | State::Closing) || rec.receipt_logged {
         return None;
     }
     let mut next = rec.clone();
-    next.owe(Ended::Sigterm, rec.forced, now);
+    owe(&mut next, "SIGTERM", tally, now);
     Some(next)
 }
 
-/// The record with a traffic root's ends of drain `drain` added: to its
-/// owed receipt while the line waits, and to the record's tally while the
-/// drain is the current (or last) one. `None`: neither (a drain long over).
-pub fn add_ends(rec: &Record, drain: u64, tally: &Tally) -> Option<Record> {
-    let mut next = rec.clone();
-    let owed = next.owed.iter_mut().find(|o| o.drain == drain);
-    let current = rec.drain_id == Some(drain);
-    if owed.is_none() && !current {
+/// The record with `n` completed ends of drain `drain` counted by a traffic
+/// root at its tick (the counter already moved): in that drain's owed line
+/// while it waits, and out of the current drain's receipt if a newer one
+/// began meanwhile (its base moves up with them). `None`: nothing to change.
+pub fn add_completed(rec: &Record, drain: u64, n: u64) -> Option<Record> {
+    let owed = rec.owed_drain == Some(drain);
+    let newer = rec.drain_id != Some(drain) && rec.receipt_base.is_some();
+    if n == 0 || !(owed || newer) {
         return None;
     }
-    if let Some(o) = owed {
-        o.tally.add(tally);
-    }
-    if current {
-        next.tally.add(tally);
-    }
-    Some(next)
-}
-
-/// The record without the owed receipt of drain `drain` (its line is being
-/// logged), or `None` when it is not owed (another worker logged it).
-pub fn receipt_logged(rec: &Record, drain: u64) -> Option<Record> {
-    let i = rec.owed.iter().position(|o| o.drain == drain)?;
     let mut next = rec.clone();
-    next.owed.remove(i);
+    if owed {
+        next.owed_completed = next.owed_completed.saturating_add(n);
+    }
+    if let (true, Some(base)) = (newer, next.receipt_base.as_mut()) {
+        base.completed = base.completed.saturating_add(n);
+    }
     Some(next)
 }
 

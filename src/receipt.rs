@@ -19,12 +19,14 @@
 //! address); any other cut is a client that gave up by itself (or an LB whose
 //! checks drain-gate does not see).
 //!
-//! Each traffic root adds up the ends of the drain its last tick saw and adds
-//! them, at its next tick, to that drain's tally in the FSM record (the
-//! running drain's, or an ended drain's [`Owed`] receipt): one receipt per
-//! drain, however soon the next drain begins.
+//! Every end is counted at once (process-wide stats), but for the common
+//! one: a completed end is added up by its worker and counted at its next
+//! tick. A drain's receipt is the counters minus those at its start
+//! ([`Tally`] in the FSM record); its line ([`Receipt`]) is written when the
+//! drain ends and logged a tick later, with the completed ends its workers
+//! counted meanwhile (`crate::fsm::owe`).
 
-use crate::json::{named, record};
+use crate::json::record;
 use std::fmt;
 
 use crate::clock::rfc3339;
@@ -43,89 +45,38 @@ record! {
 }
 
 impl Tally {
-    /// Counts one end: `tcp` a connection (else an HTTP stream), `by_lb` a
-    /// cut the LB made.
-    pub fn count(&mut self, end: End, tcp: bool, by_lb: bool) {
-        let n = match end {
-            End::Completed => &mut self.completed,
-            End::Upstream => &mut self.ended_upstream,
-            End::Refused => &mut self.refused,
-            End::Cut => {
-                if tcp {
-                    self.cut_tcp = self.cut_tcp.saturating_add(1);
-                }
-                if by_lb {
-                    self.cut_lb = self.cut_lb.saturating_add(1);
-                }
-                &mut self.cut
-            }
-        };
-        *n = n.saturating_add(1);
-    }
-
-    /// Adds `other`'s counts to these.
-    pub fn add(&mut self, other: &Tally) {
-        self.cut = self.cut.saturating_add(other.cut);
-        self.cut_lb = self.cut_lb.saturating_add(other.cut_lb);
-        self.cut_tcp = self.cut_tcp.saturating_add(other.cut_tcp);
-        self.completed = self.completed.saturating_add(other.completed);
-        self.ended_upstream = self.ended_upstream.saturating_add(other.ended_upstream);
-        self.refused = self.refused.saturating_add(other.refused);
-    }
-
-    /// Nothing counted.
-    pub fn is_empty(&self) -> bool {
-        *self == Tally::default()
+    /// What happened since `base` (a counter never goes back; one that read
+    /// lower — its stat was reset — counts from 0).
+    pub fn since(&self, base: &Tally) -> Tally {
+        Tally {
+            cut: self.cut.saturating_sub(base.cut),
+            cut_lb: self.cut_lb.saturating_sub(base.cut_lb),
+            cut_tcp: self.cut_tcp.saturating_sub(base.cut_tcp),
+            completed: self.completed.saturating_sub(base.completed),
+            ended_upstream: self.ended_upstream.saturating_sub(base.ended_upstream),
+            refused: self.refused.saturating_sub(base.refused),
+        }
     }
 }
 
-/// How many ended drains' receipts can wait for their line at once.
-pub const KEPT: usize = 4;
-
-named! {
-    /// How a drain's receipt came to be owed: the state the drain ended in —
-    /// or the pod's SIGTERM, seen before CLOSED (`crate::fsm::cut_short`):
-    /// the drain was cut short, and the pod exits with it.
-    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-    pub enum Ended {
-        Closed = "CLOSED",
-        /// Reopened.
-        Open = "OPEN",
-        Fault = "FAULT",
-        Sigterm = "SIGTERM",
-    }
-}
-
-/// One drain that ended, as its receipt line tells it (everything but the
-/// tally, which the traffic roots complete a tick later).
+/// One drain, as its receipt line tells it (`event=drain_receipt`, logged
+/// once per drain, a tick after it ended: at CLOSED, on a reopen, in FAULT,
+/// or at the pod's SIGTERM before CLOSED, `ended=SIGTERM`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Drain {
+pub struct Receipt<'a> {
     pub started_ms: u64,
     /// When the LB check flipped to 503 (CLOSING), if it did.
     pub flipped_ms: Option<u64>,
     pub closed_ms: Option<u64>,
-    pub ended: Ended,
+    /// How the drain ended: the state it ended in (`CLOSED`, `OPEN`:
+    /// reopened, `FAULT`), or `SIGTERM`: the pod's, before CLOSED.
+    pub ended: &'a str,
     pub forced: bool,
     pub duration_ms: Option<u64>,
     pub active_at_flip: Option<u64>,
     /// The oldest stream in flight just after the flip (`None`: none was).
     pub oldest_at_flip_ms: Option<u64>,
-}
-
-record! {
-    /// A drain that ended and whose receipt line (`event=drain_receipt`) is
-    /// owed: kept in the FSM record until the line is logged, a tick later,
-    /// once every traffic root has added the drain's last ends to `tally`.
-    #[derive(Clone, Debug, PartialEq, Eq)]
-    pub struct Owed {
-        /// The drain's id (`crate::fsm::Record::drain_id`).
-        pub drain: u64,
-        /// The line's fields up to `duration_ms`, written when it ended.
-        pub head: String,
-        pub active_at_flip: Option<u64>,
-        pub oldest_at_flip_ms: Option<u64>,
-        pub tally: Tally,
-    }
+    pub tally: Tally,
 }
 
 fn stamp(ms: Option<u64>) -> String {
@@ -136,36 +87,25 @@ fn num(n: Option<u64>) -> String {
     n.map_or_else(|| "-".to_string(), |n| n.to_string())
 }
 
-impl Drain {
-    /// Its receipt, owed, under the drain's id, with the ends counted so far.
-    pub fn owed(&self, drain: u64, tally: Tally) -> Owed {
-        Owed {
-            drain,
-            head: format!(
-                "started={} flipped={} closed={} ended={} forced={} duration_ms={}",
-                rfc3339(self.started_ms),
-                stamp(self.flipped_ms),
-                stamp(self.closed_ms),
-                self.ended.name(),
-                self.forced,
-                num(self.duration_ms),
-            ),
-            active_at_flip: self.active_at_flip,
-            oldest_at_flip_ms: self.oldest_at_flip_ms,
-            tally,
-        }
-    }
-}
-
-impl fmt::Display for Owed {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+impl Receipt<'_> {
+    /// The line around its completed count: what comes before it (up to
+    /// `completed=`) and after it. The count itself is the one field that
+    /// can still grow once the line is written (`crate::fsm::owe`).
+    pub fn halves(&self) -> (String, String) {
         let t = &self.tally;
-        write!(
-            f,
-            "event=drain_receipt {} completed={} cut={} cut_http={} cut_tcp={} cut_lb={} \
-             cut_other={} ended_upstream={} refused={} active_at_flip={} oldest_at_flip_ms={}",
-            self.head,
-            t.completed,
+        let head = format!(
+            "event=drain_receipt started={} flipped={} closed={} ended={} forced={} duration_ms={} \
+             completed=",
+            rfc3339(self.started_ms),
+            stamp(self.flipped_ms),
+            stamp(self.closed_ms),
+            self.ended,
+            self.forced,
+            num(self.duration_ms),
+        );
+        let tail = format!(
+            " cut={} cut_http={} cut_tcp={} cut_lb={} cut_other={} ended_upstream={} refused={} \
+             active_at_flip={} oldest_at_flip_ms={}",
             t.cut,
             t.cut.saturating_sub(t.cut_tcp),
             t.cut_tcp,
@@ -175,7 +115,15 @@ impl fmt::Display for Owed {
             t.refused,
             num(self.active_at_flip),
             num(self.oldest_at_flip_ms),
-        )
+        );
+        (head, tail)
+    }
+}
+
+impl fmt::Display for Receipt<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let (head, tail) = self.halves();
+        write!(f, "{head}{}{tail}", self.tally.completed)
     }
 }
 
@@ -312,31 +260,63 @@ mod tests {
 
     #[test]
     fn the_receipt_line_names_every_count() {
-        let d = Drain {
+        let r = Receipt {
             started_ms: 1_764_000_000_000,
             flipped_ms: Some(1_764_000_009_000),
             closed_ms: None,
-            ended: Ended::Open,
+            ended: "OPEN",
             forced: false,
             duration_ms: Some(9_000),
             active_at_flip: Some(0),
             oldest_at_flip_ms: None,
+            tally: Tally {
+                cut: 3,
+                cut_lb: 2,
+                cut_tcp: 1,
+                completed: 40,
+                ended_upstream: 1,
+                refused: 7,
+            },
         };
-        let tally = Tally {
-            cut: 3,
-            cut_lb: 2,
-            cut_tcp: 1,
-            completed: 40,
-            ended_upstream: 1,
-            refused: 7,
-        };
-        let r = d.owed(3, tally);
+        let line = r.to_string();
         assert_eq!(
-            r.to_string(),
+            line,
             "event=drain_receipt started=2025-11-24T16:00:00.000Z flipped=2025-11-24T16:00:09.000Z \
              closed=- ended=OPEN forced=false duration_ms=9000 completed=40 cut=3 cut_http=2 cut_tcp=1 \
              cut_lb=2 cut_other=1 ended_upstream=1 refused=7 active_at_flip=0 oldest_at_flip_ms=-"
         );
+        let (head, tail) = r.halves();
+        assert_eq!(
+            format!("{head}42{tail}"),
+            line.replace(" completed=40 ", " completed=42 ")
+        );
+    }
+
+    #[test]
+    fn a_receipt_is_the_counters_since_the_drain_began() {
+        let base = Tally {
+            cut: 2,
+            completed: 10,
+            ..Tally::default()
+        };
+        let now = Tally {
+            cut: 5,
+            cut_lb: 1,
+            completed: 12,
+            refused: 4,
+            ..Tally::default()
+        };
+        assert_eq!(
+            now.since(&base),
+            Tally {
+                cut: 3,
+                cut_lb: 1,
+                completed: 2,
+                refused: 4,
+                ..Tally::default()
+            }
+        );
+        assert_eq!(base.since(&now).cut, 0, "a reset stat counts from 0");
     }
 
     #[test]
@@ -357,26 +337,5 @@ mod tests {
         }
         assert_eq!(http_done(None), End::Completed, "the host did not say");
         assert_eq!(http_done(Some(b"")), End::Completed);
-    }
-
-    #[test]
-    fn a_tally_counts_each_end_where_it_belongs() {
-        let mut one = Tally::default();
-        one.count(End::Completed, false, false);
-        one.count(End::Cut, true, true);
-        one.count(End::Cut, false, false);
-        one.count(End::Upstream, false, false);
-        one.count(End::Refused, false, false);
-        assert_eq!(
-            one,
-            Tally {
-                cut: 2,
-                cut_lb: 1,
-                cut_tcp: 1,
-                completed: 1,
-                ended_upstream: 1,
-                refused: 1,
-            }
-        );
     }
 }

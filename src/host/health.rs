@@ -22,6 +22,7 @@ use crate::clock::{self, Now};
 use crate::config::{Config, NewRequests};
 use crate::fsm::{self, CloseAfter, Move, Record, State};
 use crate::lb::Checkers;
+use crate::receipt;
 use crate::rotation;
 
 /// What a status answer shows beyond the FSM record, read at once.
@@ -64,10 +65,10 @@ pub struct Health<H: Host = Envoy> {
     /// The last tick could not read (or update) the record: checks fail
     /// closed until a tick succeeds again.
     unreadable: Cell<bool>,
-    /// The drains whose receipt this root saw owed at its last tick: each is
-    /// logged a tick later, once every traffic root's tick has added the
-    /// drain's ends to its tally (`Traffic::tick`).
-    receipt_seen: RefCell<Vec<u64>>,
+    /// The drain whose owed receipt line this root saw at its last tick: it
+    /// is logged a tick later, once every traffic root's tick has counted
+    /// what completed (`Traffic::tick`).
+    receipt_seen: Cell<Option<u64>>,
 }
 
 /// Sends `reply` on the stream `context_id` (`None`: the current one).
@@ -102,7 +103,7 @@ impl<H: Host + Copy> Health<H> {
             rotator,
             store: Store::new(host),
             waiters: RefCell::new(Vec::new()),
-            receipt_seen: RefCell::new(Vec::new()),
+            receipt_seen: Cell::new(None),
             watch,
             lb_seen: RefCell::new(None),
             unreadable: Cell::new(false),
@@ -181,7 +182,7 @@ impl<H: Host> Health<H> {
                 metric_definitions: super::metrics::definitions(),
                 shared_keys: super::keys::created(snap.ids_high),
             },
-            receipt: rec.tally,
+            receipt: self.tally_of(rec),
             new_requests: self.config.draining_new_requests.name(),
         }
     }
@@ -426,31 +427,35 @@ impl<H: Host> Health<H> {
     }
 
     /// Records the oldest stream at the flip (within a tick of it), and logs
-    /// each owed receipt once, a tick after this root first saw it owed (the
-    /// traffic roots add a drain's last ends to its tally at their tick); one
-    /// worker each.
+    /// the owed receipt line a tick after this root first saw it (the traffic
+    /// roots count the drain's last completed ends at their tick); one worker
+    /// each.
     fn keep_receipt(&self, rec: &Record, oldest: Option<u64>) {
         if fsm::record_flip(rec, oldest).is_some() {
             if let Err(e) = self.store.update(&|r| fsm::record_flip(r, oldest)) {
                 logs::warning!("event=state_unavailable role=health error=\"{e}\"");
             }
         }
-        let owed: Vec<u64> = rec.owed.iter().map(|o| o.drain).collect();
-        let seen = self.receipt_seen.replace(owed.clone());
-        for drain in owed.into_iter().filter(|d| seen.contains(d)) {
-            let won = RefCell::new(None);
-            let marked = self.store.update(&|r| {
-                *won.borrow_mut() = r.owed.iter().find(|o| o.drain == drain).cloned();
-                fsm::receipt_logged(r, drain)
-            });
-            match (marked, won.take()) {
-                (Ok(_), Some(owed)) => logs::info!("{owed}"),
-                (Ok(_), None) => {}
-                (Err(e), _) => {
-                    logs::warning!("event=state_unavailable role=health error=\"{e}\"")
-                }
-            }
+        let owed = rec.owed_line.as_ref().and(rec.owed_drain);
+        if owed.is_none() || self.receipt_seen.replace(owed) != owed {
+            return;
         }
+        let line = RefCell::new(None);
+        let taken = self
+            .store
+            .update(&|r| fsm::take_owed(r, &mut line.borrow_mut()));
+        match (taken, line.take()) {
+            (Ok(_), Some(line)) => logs::info!("{line}"),
+            (Ok(_), None) => {}
+            (Err(e), _) => logs::warning!("event=state_unavailable role=health error=\"{e}\""),
+        }
+    }
+
+    /// What the drain of `rec` counted so far (nothing before a first drain).
+    fn tally_of(&self, rec: &Record) -> receipt::Tally {
+        rec.receipt_base
+            .map(|base| self.metrics.tally().since(&base))
+            .unwrap_or_default()
     }
 
     /// Answers the held `wait=closed` requests whose wait is over; renews the
@@ -1079,7 +1084,7 @@ mod tests {
         ticks(&sim, &h, &t, 12, 100);
         let rec = h.store.load().unwrap();
         assert_eq!(rec.state, State::Closed);
-        assert!(rec.receipt_made && rec.flip_recorded && rec.owed.is_empty());
+        assert!(rec.receipt_logged && rec.flip_recorded && rec.owed_line.is_none());
         let lines = receipt_lines();
         assert_eq!(lines.len(), 1, "once");
         assert_eq!(
@@ -1102,15 +1107,14 @@ mod tests {
         h.tick();
         let rec = h.store.load().unwrap();
         assert_eq!(rec.state, State::Closed);
-        assert_eq!(
-            rec.owed.len(),
-            1,
+        assert!(
+            rec.owed_line.is_some(),
             "owed, but its traffic root has not counted it yet"
         );
         assert_eq!(sim.metric(crate::metric_names::DRAIN_COMPLETED), 0);
         ticks(&sim, &h, &t, 1, 100);
         assert!(
-            h.store.load().unwrap().owed.is_empty(),
+            h.store.load().unwrap().owed_line.is_none(),
             "logged a tick later"
         );
         assert_eq!(sim.metric(crate::metric_names::DRAIN_COMPLETED), 1);
@@ -1135,7 +1139,10 @@ mod tests {
         assert_eq!(call(&h, "POST", "/reopen", 2).unwrap().status, 200);
         assert_eq!(call(&h, "POST", "/drain", 3).unwrap().status, 200);
         let rec = h.store.load().unwrap();
-        assert_eq!((rec.state, rec.owed.len()), (State::Draining, 1));
+        assert_eq!(
+            (rec.state, rec.owed_line.is_some()),
+            (State::Draining, true)
+        );
         end_with(&sim, it.next().unwrap(), How::Completed); // the traffic root still sees drain 1
         ticks(&sim, &h, &t, 1, 100); // ... until its tick: from here on, drain 2
         for s in second {
@@ -1151,7 +1158,7 @@ mod tests {
         assert_eq!(counts(&lines[0]), ["OPEN", "2", "1", "1"]);
         assert_eq!(counts(&lines[1]), ["OPEN", "0", "3", "0"]);
         assert_ne!(lines[0]["started"], lines[1]["started"]);
-        assert!(h.store.load().unwrap().owed.is_empty());
+        assert!(h.store.load().unwrap().owed_line.is_none());
     }
 
     /// A gateway DRAINING with nothing in flight, its `min_drain` `min`, ticked

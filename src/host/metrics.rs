@@ -10,7 +10,7 @@ use super::logs;
 use super::shared::{self, Envoy, Host};
 use crate::fsm::{Record, State};
 use crate::metric_names::{self as names, Kind};
-use crate::receipt::End;
+use crate::receipt::{End, Tally};
 
 /// Metric ids of this VM. A missing id (the host refused the definition) only
 /// loses that metric.
@@ -271,6 +271,18 @@ impl<H: Host> Metrics<H> {
             let _ = self
                 .host
                 .metric_add(id, i64::try_from(n).unwrap_or(i64::MAX));
+        }
+    }
+
+    /// The receipt's counters now.
+    pub fn tally(&self) -> Tally {
+        Tally {
+            cut: self.read(self.cut),
+            cut_lb: self.read(self.cut_lb),
+            cut_tcp: self.read(self.cut_tcp),
+            completed: self.read(self.completed),
+            ended_upstream: self.read(self.ended_upstream),
+            refused: self.read(self.refused),
         }
     }
 }

@@ -101,11 +101,20 @@ impl<H: Host> Store<H> {
         let now = self.host.now();
         let moved = cas_update(&self.host, keys::FSM, |bytes| {
             let rec = record_of(bytes, now).map_err(Error::Shared)?;
-            let next = fsm::advance(&rec, choose(&rec), now, active).map_err(Error::Illegal)?;
+            let mut next = fsm::advance(&rec, choose(&rec), now, active).map_err(Error::Illegal)?;
+            let mut displaced = None;
+            if next.state == fsm::State::Draining && rec.state == fsm::State::Open {
+                // The drain's receipt counts from here.
+                next.receipt_base = Some(metrics.tally());
+            } else if fsm::ends_drain(&rec, next.state) {
+                let tally = metrics.tally().since(&rec.receipt_base.unwrap_or_default());
+                let ended = next.state.name();
+                displaced = fsm::owe(&mut next, ended, tally, now);
+            }
             let out = shared::encode(keys::FSM, &next).map_err(Error::Shared)?;
-            Ok(Step::Write(out, (rec.state, next)))
+            Ok(Step::Write(out, (rec.state, next, displaced)))
         });
-        let (from, next) = moved.map_err(|f| match f {
+        let (from, next, displaced) = moved.map_err(|f| match f {
             Failed::Refused(e) => e,
             Failed::Shared(e) => Error::Shared(e),
         })?;
@@ -119,6 +128,9 @@ impl<H: Host> Store<H> {
             next.seq
         );
         metrics.transition(&next);
+        if let Some(line) = displaced {
+            logs::info!("{line}"); // a second drain ended within a tick of the first
+        }
         Ok(next)
     }
 

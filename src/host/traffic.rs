@@ -21,7 +21,7 @@ use super::store::Store;
 use crate::config::{Config, NewRequests};
 use crate::fsm::{self, Record, State};
 use crate::in_flight::Ages;
-use crate::receipt::{self, End, First, Tally};
+use crate::receipt::{self, End, First};
 
 /// This worker's streams by start tick (`crate::in_flight`). A stream is
 /// stamped with the time of the last tick, so starting and ending one makes
@@ -108,11 +108,10 @@ pub struct Traffic<H: Host = Envoy> {
     hold: Cell<FlipHold>,
     /// Ends of the drain that completed since the last tick: the common end
     /// is added to its counter once a tick, not by a host call per stream
-    /// (the receipt's other ends are counted at once).
+    /// (the receipt's other ends are counted at once), and to `drain`'s
+    /// receipt when that one ended or a newer began meanwhile
+    /// (`fsm::add_completed`).
     completed: Cell<u64>,
-    /// How the ends since the last tick ended: added to `drain`'s tally at
-    /// the next tick (`fsm::add_ends`), before it looks at the state again.
-    tally: Cell<Tally>,
     ages: AgeBook<H>,
     heartbeat: Heartbeat<H>,
 }
@@ -130,7 +129,6 @@ impl<H: Host + Copy> Traffic<H> {
             new_requests: config.draining_new_requests,
             hold: Cell::new(FlipHold::None),
             completed: Cell::new(0),
-            tally: Cell::new(Tally::default()),
             ages: AgeBook::new(host, config.tick_ms),
             heartbeat: Heartbeat::new(host, config.tick_ms),
         }
@@ -167,10 +165,10 @@ impl<H: Host> Traffic<H> {
         self.heartbeat.id()
     }
 
-    /// The root context is being removed cleanly: count what completed and
-    /// how the drain's ends ended, leave the registry.
+    /// The root context is being removed cleanly: count what completed,
+    /// leave the registry.
     pub fn goodbye(&self) {
-        self.flush_ends();
+        self.flush_completed(self.store.load().ok().as_ref());
         self.heartbeat.goodbye();
     }
 
@@ -180,33 +178,36 @@ impl<H: Host> Traffic<H> {
     }
 
     /// Adds the drain's ends that completed since the last tick to their
-    /// counter, and every end since then to the tally of the drain they were
-    /// sorted for (kept for the next tick if it cannot be written).
-    fn flush_ends(&self) {
-        self.metrics.completed(self.completed.take());
-        let tally = self.tally.take();
-        let Some(drain) = self.drain.get().filter(|_| !tally.is_empty()) else {
-            return;
-        };
-        if let Err(e) = self.store.update(&|r| fsm::add_ends(r, drain, &tally)) {
-            logs::warning!("event=receipt_unavailable role=traffic error=\"{e}\"");
-            self.tally.set(tally);
+    /// counter — and to the receipt of the drain they were sorted for, if
+    /// `rec` (the record before the counter moves) says that drain's line is
+    /// already written or a newer drain began.
+    fn flush_completed(&self, rec: Option<&Record>) {
+        let n = self.completed.take();
+        if let (Some(drain), Some(rec)) = (self.drain.get(), rec) {
+            if fsm::add_completed(rec, drain, n).is_some() {
+                if let Err(e) = self.store.update(&|r| fsm::add_completed(r, drain, n)) {
+                    logs::warning!("event=state_unavailable role=traffic error=\"{e}\"");
+                }
+            }
         }
+        self.metrics.completed(n);
     }
 
     /// Every `tick`: publish the ages; is a drain running? Give back the
     /// unused lease, and during a drain check whether this VM's last stream
     /// already ended before it knew about the drain.
     pub fn tick(&self) {
-        self.flush_ends();
         self.heartbeat.beat();
         self.ages.tick(self.heartbeat.id());
         let hint = self.metrics.state_hint();
-        // Out of OPEN the record says which drain runs (and what holds it).
+        // Out of OPEN the record says which drain runs (and what holds it);
+        // in OPEN, whether the drain that completed ends belong to owes its line.
+        let owing = self.completed.get() > 0 && self.in_drain();
         let rec = match hint {
-            Some(State::Open) => None,
+            Some(State::Open) if !owing => None,
             _ => self.store.load().ok(),
         };
+        self.flush_completed(rec.as_ref());
         let state = hint
             .or(rec.as_ref().map(|r| r.state))
             .unwrap_or(State::Draining); // unknown: keep looking
@@ -285,22 +286,17 @@ impl<H: Host> Traffic<H> {
     }
 
     /// How a stream or connection that ended during a drain ended, counted
-    /// (`crate::receipt`): into the tally of the drain, and into its counter
-    /// (a completed end at the tick, the others at once). A cut is confirmed
-    /// against the state (the tick's view may be a tick old); `by_lb`: it came
-    /// at a checker's DOWN (`at_lb_down`, read when the end was seen).
+    /// (`crate::receipt`). A cut is confirmed against the state (the tick's
+    /// view may be a tick old); `by_lb`: it came at a checker's DOWN
+    /// (`at_lb_down`, read when the end was seen).
     fn sort_end(&self, end: End, by_lb: bool) {
-        let tcp = self.part == Part::Connections;
         match end {
             End::Completed => self.completed.set(self.completed.get().saturating_add(1)),
-            End::Cut if self.state_now() == Some(State::Open) => {
-                return; // reopened meanwhile: not a drain's end
-            }
-            _ => self.metrics.ended(end, tcp, by_lb),
+            End::Cut if self.state_now() == Some(State::Open) => {} // reopened meanwhile: not a drain's end
+            _ => self
+                .metrics
+                .ended(end, self.part == Part::Connections, by_lb),
         }
-        let mut tally = self.tally.get();
-        tally.count(end, tcp, by_lb);
-        self.tally.set(tally);
     }
 
     /// Whether a cut now is the LB's (`lb::Checkers::cut_by_lb`): the LB
