@@ -52,6 +52,13 @@ pub struct Config {
     pub soft_drain_gate: bool,
     /// What the traffic role does with a new HTTP request while draining.
     pub draining_new_requests: NewRequests,
+    /// The Envoy cluster that reaches pilot-agent's status port: while a
+    /// preStop answer is held, its readiness turning 503 is the pod's SIGTERM
+    /// (`host::termination`); `None`: not watched.
+    pub termination_watch: Option<String>,
+    /// A held preStop answer comes this long after CLOSED: one scrape of the
+    /// pod sees CLOSED and the drain's counters before it exits.
+    pub scrape_interval_ms: u64,
 }
 
 /// What the traffic role does with a new HTTP request from DRAINING on.
@@ -129,10 +136,11 @@ pub const MAX_TOKENS: usize = 4;
 /// Longest `tick` accepted.
 const MAX_TICK_MS: u64 = 10_000;
 /// The longest a held `wait=closed` or `/prestop` can last, under any
-/// configuration: `drain_timeout` + `lb_down_timeout` (each at most 60m) + 5s.
-/// The health listener's `stream_idle_timeout` is set above it
-/// (`envoyfilter/envoy.yaml` and the Istio health listeners).
-pub const MAX_WAIT_MS: u64 = 2 * duration::MAX_MS + 5_000;
+/// configuration: `drain_timeout` + `lb_down_timeout` (each at most 60m) +
+/// `scrape_interval` (at most 60s) + 5s. The health listener's
+/// `stream_idle_timeout` is set above it (`envoyfilter/envoy.yaml` and the
+/// Istio health listeners).
+pub const MAX_WAIT_MS: u64 = 2 * duration::MAX_MS + MAX_SCRAPE_INTERVAL_MS + 5_000;
 
 /// Sets one field of the configuration from the key's value, or says what is
 /// wrong with the value (the caller names the key).
@@ -159,7 +167,7 @@ macro_rules! key_table {
 
 key_table! {
     /// Every configuration key, in the order they are checked.
-    pub const KEYS: [&str; 15] = [
+    pub const KEYS: [&str; 17] = [
         "role" => Rule::Required(role, ROLE_REQUIRED),
         "drain_timeout" => Rule::Optional(drain_timeout),
         "min_drain" => Rule::Optional(min_drain),
@@ -175,6 +183,8 @@ key_table! {
         "lb_checkers" => Rule::Optional(lb_checkers),
         "soft_drain_gate" => Rule::Optional(soft_drain_gate),
         "draining_new_requests" => Rule::Optional(draining_new_requests),
+        "termination_watch" => Rule::Optional(termination_watch),
+        "scrape_interval" => Rule::Optional(scrape_interval),
     ];
 }
 
@@ -196,6 +206,8 @@ impl Default for Config {
             lb_checkers: None,
             soft_drain_gate: true,
             draining_new_requests: NewRequests::Serve,
+            termination_watch: None,
+            scrape_interval_ms: 0,
         }
     }
 }
@@ -404,29 +416,46 @@ fn lb_down_timeout(c: &mut Config, v: &Value) -> Result<(), Problem> {
 /// Longest accepted cluster name.
 const MAX_CLUSTER_LEN: usize = 256;
 
-/// `false` turns the rotation off, `true` uses the default cluster, a string
-/// names the cluster.
-fn rotate_connections(c: &mut Config, v: &Value) -> Result<(), Problem> {
-    c.rotate_connections = match v {
-        Value::Bool(false) => None,
-        Value::Bool(true) => Some(rotation::DEFAULT_CLUSTER.into()),
+/// An Envoy cluster a key names: `false` turns it off, `true` is `default`,
+/// a string names the cluster.
+fn cluster(v: &Value, default: &str) -> Result<Option<String>, Problem> {
+    match v {
+        Value::Bool(false) => Ok(None),
+        Value::Bool(true) => Ok(Some(default.into())),
         Value::String(name)
             if !name.is_empty()
                 && name.len() <= MAX_CLUSTER_LEN
                 && name.bytes().all(|b| b.is_ascii_graphic()) =>
         {
-            Some(name.clone())
+            Ok(Some(name.clone()))
         }
-        _ => {
-            return Err(format!(
-                "expected false, true or an Envoy cluster name (1 to {MAX_CLUSTER_LEN} \
-                 printable ASCII characters), got {}",
-                Shown(v)
-            )
-            .into())
-        }
-    };
+        _ => Err(format!(
+            "expected false, true or an Envoy cluster name (1 to {MAX_CLUSTER_LEN} \
+             printable ASCII characters), got {}",
+            Shown(v)
+        )
+        .into()),
+    }
+}
+
+fn rotate_connections(c: &mut Config, v: &Value) -> Result<(), Problem> {
+    c.rotate_connections = cluster(v, rotation::DEFAULT_CLUSTER)?;
     Ok(())
+}
+
+/// istio-proxy's cluster to pilot-agent's status port (`true`).
+pub const AGENT_CLUSTER: &str = "agent";
+
+fn termination_watch(c: &mut Config, v: &Value) -> Result<(), Problem> {
+    c.termination_watch = cluster(v, AGENT_CLUSTER)?;
+    Ok(())
+}
+
+/// Longest `scrape_interval` accepted.
+const MAX_SCRAPE_INTERVAL_MS: u64 = 60_000;
+
+fn scrape_interval(c: &mut Config, v: &Value) -> Result<(), Problem> {
+    duration(v, 0, MAX_SCRAPE_INTERVAL_MS).map(|ms| c.scrape_interval_ms = ms)
 }
 
 /// `names` for an error message: `a, b, c` (one small loop, not the
@@ -537,7 +566,7 @@ impl Config {
     /// longest a drain can take, plus a margin for the tick. At most
     /// [`MAX_WAIT_MS`].
     pub fn default_wait_ms(&self) -> u64 {
-        self.drain_timeout_ms + self.max_closing_ms() + 5_000
+        self.drain_timeout_ms + self.max_closing_ms() + self.scrape_interval_ms + 5_000
     }
 }
 
@@ -770,7 +799,7 @@ mod tests {
     fn the_longest_default_hold_is_max_wait() {
         let longest = parse(
             r#"{"role":"health","drain_timeout":"60m","close_after":"lb_observed_down",
-                "lb_down_timeout":"60m","lb_buffer":"60m"}"#,
+                "lb_down_timeout":"60m","lb_buffer":"60m","scrape_interval":"60s"}"#,
         )
         .unwrap();
         assert_eq!(longest.default_wait_ms(), MAX_WAIT_MS);

@@ -35,6 +35,7 @@ pub const CUT_TCP: &str = "drain_gate_cut_tcp";
 pub const DRAIN_COMPLETED: &str = "drain_gate_drain_completed";
 pub const DRAIN_ENDED_UPSTREAM: &str = "drain_gate_drain_ended_upstream";
 pub const REFUSED: &str = "drain_gate_refused";
+pub const DRAINS_CUT_SHORT: &str = "drain_gate_drains_cut_short";
 
 /// The transition counter for each target state, indexed like `State::ALL`.
 pub const TRANSITIONS_TO: [&str; 5] = [
@@ -45,7 +46,7 @@ pub const TRANSITIONS_TO: [&str; 5] = [
     "drain_gate_transitions_to_fault",
 ];
 
-pub const ALL: [Metric; 21] = [
+pub const ALL: [Metric; 22] = [
     Metric {
         name: ACTIVE_REQUESTS,
         kind: Kind::Gauge,
@@ -171,6 +172,12 @@ pub const ALL: [Metric; 21] = [
         kind: Kind::Counter,
         #[cfg(test)]
         help: "new HTTP requests answered 503 while draining (draining_new_requests: refuse), never forwarded",
+    },
+    Metric {
+        name: DRAINS_CUT_SHORT,
+        kind: Kind::Counter,
+        #[cfg(test)]
+        help: "drains cut short: the pod's SIGTERM came before CLOSED, while its preStop answer was held (pilot-agent's readiness turned 503, termination_watch); the drain's receipt line says ended=SIGTERM",
     },
 ];
 

@@ -425,10 +425,12 @@ pub enum WaitEnd {
     TimedOut,
 }
 
-/// Whether a held wait is over: CLOSED ends it, leaving the drain aborts it,
-/// the deadline times it out.
-pub fn wait_end(state: State, timed_out: bool) -> Option<WaitEnd> {
+/// Whether a held wait is over: CLOSED ends it (once `lingering` is over:
+/// `scrape_interval` after CLOSED, or at its deadline), leaving the drain
+/// aborts it, the deadline times it out.
+pub fn wait_end(state: State, timed_out: bool, lingering: bool) -> Option<WaitEnd> {
     match state {
+        State::Closed if lingering && !timed_out => None,
         State::Closed => Some(WaitEnd::Closed),
         State::Open | State::Fault => Some(WaitEnd::Aborted),
         State::Draining | State::Closing if timed_out => Some(WaitEnd::TimedOut),
@@ -655,10 +657,15 @@ mod tests {
 
     #[test]
     fn wait_outcomes() {
-        assert_eq!(wait_end(State::Draining, false), None);
-        assert_eq!(wait_end(State::Closing, true), Some(WaitEnd::TimedOut));
-        assert_eq!(wait_end(State::Closed, true), Some(WaitEnd::Closed));
-        assert_eq!(wait_end(State::Open, false), Some(WaitEnd::Aborted));
-        assert_eq!(wait_end(State::Fault, false), Some(WaitEnd::Aborted));
+        assert_eq!(wait_end(State::Draining, false, false), None);
+        assert_eq!(
+            wait_end(State::Closing, true, false),
+            Some(WaitEnd::TimedOut)
+        );
+        assert_eq!(wait_end(State::Closed, true, false), Some(WaitEnd::Closed));
+        assert_eq!(wait_end(State::Closed, false, true), None, "scraped first");
+        assert_eq!(wait_end(State::Closed, true, true), Some(WaitEnd::Closed));
+        assert_eq!(wait_end(State::Open, false, false), Some(WaitEnd::Aborted));
+        assert_eq!(wait_end(State::Fault, false, false), Some(WaitEnd::Aborted));
     }
 }

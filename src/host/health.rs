@@ -17,6 +17,7 @@ use super::metrics::Metrics;
 use super::rotation::Rotator;
 use super::shared::{Envoy, Host};
 use super::store::{self, Store};
+use super::termination;
 use crate::api::{self, Audience, CountInfo, Endpoint, Reply, RotationView, TrafficInfo, View};
 use crate::clock::{self, Now};
 use crate::config::{Config, NewRequests};
@@ -58,6 +59,7 @@ pub struct Health<H: Host = Envoy> {
     pub counter: Counts<H>,
     pub metrics: Metrics<H>,
     pub rotator: Rotator<H>,
+    pub termination: termination::Watch<H>,
     store: Store<H>,
     waiters: RefCell<Vec<Waiter>>,
     watch: Watch<H>,
@@ -95,12 +97,14 @@ impl<H: Host + Copy> Health<H> {
         let counter = Counts::new(&metrics);
         let refusing = config.draining_new_requests == NewRequests::Refuse;
         let rotator = Rotator::new(host, config.rotate_connections.clone(), refusing);
+        let termination = termination::Watch::new(host, config.termination_watch.clone());
         let watch = Watch::new(host, config.tick_ms);
         let health = Health {
             config,
             counter,
             metrics,
             rotator,
+            termination,
             store: Store::new(host),
             waiters: RefCell::new(Vec::new()),
             receipt_seen: Cell::new(None),
@@ -348,7 +352,8 @@ impl<H: Host> Health<H> {
             Ok(r) => r,
             Err(e) => return Some(unavailable(&e)),
         };
-        if let Some(end) = api::wait_end(rec.state, false) {
+        if let Some(end) = api::wait_end(rec.state, false, self.lingering(&rec, self.host().now()))
+        {
             return Some(self.wait_reply(end, &rec));
         }
         self.waiters.borrow_mut().push(Waiter {
@@ -424,6 +429,9 @@ impl<H: Host> Health<H> {
         self.metrics.set_oldest_in_flight(oldest);
         self.keep_receipt(&rec, oldest);
         self.release_waiters(&rec, now);
+        let held = !self.waiters.borrow().is_empty();
+        self.termination
+            .tick(held && matches!(rec.state, State::Draining | State::Closing));
     }
 
     /// Records the oldest stream at the flip (within a tick of it), and logs
@@ -451,6 +459,28 @@ impl<H: Host> Health<H> {
         }
     }
 
+    /// pilot-agent says the pod got its SIGTERM while a preStop answer is
+    /// held (`termination`): the drain is cut short before CLOSED. The worker
+    /// that writes it into the receipt counts it and says so; the receipt
+    /// line (`ended=SIGTERM`) follows a tick later.
+    pub fn sigterm(&self) {
+        let now = self.host().now();
+        let cut = Cell::new(None);
+        let written = self.store.update(&|r| {
+            let next = fsm::cut_short(r, self.tally_of(r), now);
+            cut.set(next.as_ref().map(|_| r.state));
+            next
+        });
+        match (written, cut.get()) {
+            (Ok(_), Some(state)) => {
+                self.metrics.drain_cut_short();
+                logs::warning!("event=sigterm_before_closed state={}", state.name());
+            }
+            (Ok(_), None) => {}
+            (Err(e), _) => logs::warning!("event=state_unavailable role=health error=\"{e}\""),
+        }
+    }
+
     /// What the drain of `rec` counted so far (nothing before a first drain).
     fn tally_of(&self, rec: &Record) -> receipt::Tally {
         rec.receipt_base
@@ -464,21 +494,29 @@ impl<H: Host> Health<H> {
         if self.waiters.borrow().is_empty() {
             return;
         }
+        let lingering = self.lingering(rec, now);
         let (over, held): (Vec<Waiter>, Vec<Waiter>) = self
             .waiters
             .borrow()
             .iter()
-            .partition(|w| api::wait_end(rec.state, w.timed_out(now)).is_some());
+            .partition(|w| api::wait_end(rec.state, w.timed_out(now), lingering).is_some());
         if !held.is_empty() {
             self.renew_hold();
         }
         *self.waiters.borrow_mut() = held;
         for w in over {
-            if let Some(end) = api::wait_end(rec.state, w.timed_out(now)) {
+            if let Some(end) = api::wait_end(rec.state, w.timed_out(now), lingering) {
                 let reply = self.wait_reply(end, rec);
                 send(self.host(), Some(w.context_id), &reply);
             }
         }
+    }
+
+    /// Whether CLOSED began less than `scrape_interval` ago: a held preStop
+    /// answer waits for a scrape to see it.
+    fn lingering(&self, rec: &Record, now: Now) -> bool {
+        rec.closed_ms
+            .is_some_and(|at| !now.passed(at, None, self.config.scrape_interval_ms))
     }
 
     fn forget(&self, context_id: u32) {
@@ -545,6 +583,7 @@ impl Drop for HealthStream {
 #[allow(clippy::unwrap_used, clippy::indexing_slicing)]
 mod tests {
     use super::*;
+    use crate::config;
     use crate::host::count::Part;
     use crate::host::sim::Sim;
     use crate::host::traffic::{Traffic, TrafficStream};
@@ -1159,6 +1198,101 @@ mod tests {
         assert_eq!(counts(&lines[1]), ["OPEN", "0", "3", "0"]);
         assert_ne!(lines[0]["started"], lines[1]["started"]);
         assert!(h.store.load().unwrap().owed_line.is_none());
+    }
+
+    #[test]
+    fn a_sigterm_before_closed_while_the_prestop_is_held_is_in_the_receipt() {
+        let sim = Sim::at(T0);
+        let (h, t) = gateway(&sim, r#"{"termination_watch":"agent","lb_buffer":"60m"}"#);
+        let s = TrafficStream::new(Rc::clone(&t));
+        call(&h, "POST", "/drain", 1).unwrap();
+        ticks(&sim, &h, &t, 2, 100);
+        assert!(
+            sim.calls.borrow().is_empty(),
+            "no preStop held: nothing watched"
+        );
+        assert!(
+            call(&h, "POST", "/drain?wait=closed", 2).is_none(),
+            "the preStop, held"
+        );
+        ticks(&sim, &h, &t, 3, 100);
+        let calls = sim.calls.borrow().clone();
+        assert_eq!(calls.len(), 1, "one call at a time");
+        assert_eq!(calls[0].cluster, "agent");
+        assert!(calls[0]
+            .headers
+            .contains(&(":path".to_string(), termination::READY_PATH.to_string())));
+        sim.call_status.set(Some(200));
+        assert!(
+            !h.termination.answered(calls[0].token, 3),
+            "ready: no SIGTERM yet"
+        );
+        ticks(&sim, &h, &t, 1, 100);
+        let token = sim.calls.borrow().last().unwrap().token;
+        sim.call_status.set(Some(503)); // pilot-agent: "server is terminated"
+        assert!(h.termination.answered(token, 3));
+        h.sigterm();
+        h.sigterm(); // another worker's answer: once per drain
+        assert_eq!(sim.metric(crate::metric_names::DRAINS_CUT_SHORT), 1);
+        end_with(&sim, s, How::Flags(0x4000)); // Envoy ends with the pod
+        ticks(&sim, &h, &t, 2, 100);
+        let lines = receipt_lines();
+        assert_eq!(lines.len(), 1, "{lines:?}");
+        assert_eq!(
+            (lines[0]["ended"].as_str(), lines[0]["closed"].as_str()),
+            ("SIGTERM", "-")
+        );
+        call(&h, "POST", "/close", 3).unwrap();
+        ticks(&sim, &h, &t, 3, 100);
+        assert!(
+            receipt_lines().is_empty(),
+            "one line per drain: CLOSED adds none"
+        );
+    }
+
+    #[test]
+    fn without_the_watch_or_a_call_answered_nothing_is_cut_short() {
+        let sim = Sim::at(T0);
+        let (h, t) = gateway(&sim, r#"{"lb_buffer":"60m"}"#);
+        let _s = TrafficStream::new(Rc::clone(&t));
+        assert!(call(&h, "POST", "/drain?wait=closed", 1).is_none());
+        ticks(&sim, &h, &t, 5, 100);
+        assert!(
+            sim.calls.borrow().is_empty(),
+            "termination_watch is off by default"
+        );
+        let (h, t) = gateway(&sim, r#"{"termination_watch":true,"lb_buffer":"60m"}"#);
+        let _s = TrafficStream::new(Rc::clone(&t));
+        assert!(call(&h, "POST", "/drain?wait=closed", 2).is_none());
+        ticks(&sim, &h, &t, 1, 100);
+        let token = sim.calls.borrow().last().unwrap().token;
+        assert_eq!(
+            sim.calls.borrow().last().unwrap().cluster,
+            config::AGENT_CLUSTER
+        );
+        assert!(!h.termination.answered(token, 0), "no answer says nothing");
+        assert!(!h.termination.answered(token + 100, 3), "not its call");
+    }
+
+    #[test]
+    fn a_held_prestop_answer_comes_a_scrape_interval_after_closed() {
+        let sim = Sim::at(T0);
+        let (h, t) = gateway(&sim, r#"{"lb_buffer":"500ms","scrape_interval":"2s"}"#);
+        assert!(call(&h, "POST", "/drain?wait=closed", 7).is_none());
+        while state(&h) != State::Closed {
+            ticks(&sim, &h, &t, 1, 100);
+        }
+        ticks(&sim, &h, &t, 19, 100);
+        assert!(
+            sim.answers.borrow().is_empty(),
+            "1.9 s after CLOSED: still held"
+        );
+        ticks(&sim, &h, &t, 1, 100);
+        let a = sim.answers.borrow()[0].clone();
+        assert_eq!(
+            (a.context_id, a.status, a.json()["wait"].as_str()),
+            (Some(7), 200, Some("closed"))
+        );
     }
 
     /// A gateway DRAINING with nothing in flight, its `min_drain` `min`, ticked
