@@ -102,6 +102,6 @@ def test_lds_updates_leave_keys_metrics_memory_and_ages_flat(custom_gateway):
     assert st["footprint"]["metric_definitions"] == warm[2]
     if UPDATES == 200:  # `make soak`: the run the README shows
         figures.write(figures.TESTS_README, "lds-soak", "\n" + "\n".join(
-            [f"  `make soak`, {time.strftime('%Y-%m-%d')}, commit {figures.commit()}, {gw.concurrency} workers:", ""]
+            [f"  `DRAIN_GATE_SOAK=1` (what `make soak` sets), {time.strftime('%Y-%m-%d')}, commit {figures.commit()}, {gw.concurrency} workers:", ""]
             + [f"  {row}" for row in table]
             + ["", f"  The oldest stream's age read long by at most {worst_age_error_ms:.0f} ms and never short."]) + "\n  ")
