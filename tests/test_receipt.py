@@ -75,11 +75,7 @@ def with_failing_routes(doc: dict, dead_port: int) -> dict:
                                                     "prefix_rewrite": "/slow"}},
         {"match": {"prefix": "/dead"}, "route": {"cluster": "dead"}},
     ]
-    doc["static_resources"]["clusters"].append({
-        "name": "dead", "type": "STATIC", "connect_timeout": "1s",
-        "load_assignment": {"cluster_name": "dead", "endpoints": [{"lb_endpoints": [{"endpoint": {
-            "address": {"socket_address": {"address": "127.0.0.1", "port_value": dead_port}}}}]}]},
-    })
+    doc["static_resources"]["clusters"].append(variants.static_cluster("dead", dead_port))
     return doc
 
 

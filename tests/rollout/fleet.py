@@ -40,6 +40,7 @@ from tests.bench.bench import _sidecar_poller
 from tests.harness.envoy import Envoy, Ports, free_port, render
 from tests.harness.haproxy import CFG, CFG_REFUSE, CFG_SOFT_DRAIN, HAProxy
 from tests.harness.timeline import parse_time
+from tests.harness.variants import static_cluster
 
 TERMINATION_DRAIN_S = 5.0  # Istio's terminationDrainDuration default
 ISTIO_DRAIN_DURATION_S = 45  # Istio's drainDuration default: Envoy --drain-time-s
@@ -195,11 +196,8 @@ class Pod:
         self.ports = Ports(backend=backend_port)
         self.agent_port = free_port()
         doc = render(self.ports, strategy.config)
-        doc["static_resources"]["clusters"].append({  # istio-proxy's cluster to pilot-agent's status port
-            "name": "agent", "type": "STATIC", "connect_timeout": "0.250s",
-            "load_assignment": {"cluster_name": "agent", "endpoints": [{"lb_endpoints": [{"endpoint": {
-                "address": {"socket_address": {"address": "127.0.0.1", "port_value": self.agent_port}}}}]}]},
-        })
+        # istio-proxy's cluster to pilot-agent's status port.
+        doc["static_resources"]["clusters"].append(static_cluster("agent", self.agent_port, "0.250s"))
         for listener in doc["static_resources"]["listeners"]:
             if listener["name"] == "traffic":
                 # What `drain_listeners?inboundonly` drains: the traffic listener only (the sidecar
