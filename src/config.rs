@@ -796,6 +796,28 @@ mod tests {
     }
 
     #[test]
+    fn the_termination_watch_names_a_cluster_and_the_scrape_interval_lengthens_the_hold() {
+        let off = parse(r#"{"role":"health"}"#).unwrap();
+        assert_eq!((off.termination_watch.as_deref(), off.scrape_interval_ms), (None, 0));
+        let on =
+            parse(r#"{"role":"health","termination_watch":true,"scrape_interval":"5s"}"#).unwrap();
+        assert_eq!(on.termination_watch.as_deref(), Some(AGENT_CLUSTER));
+        assert_eq!(on.default_wait_ms(), off.default_wait_ms() + 5_000);
+        let named = parse(r#"{"role":"health","termination_watch":"pilot"}"#).unwrap();
+        assert_eq!(named.termination_watch.as_deref(), Some("pilot"));
+        assert_eq!(
+            parse(r#"{"role":"health","scrape_interval":"61s"}"#)
+                .unwrap_err()
+                .to_string(),
+            "invalid configuration: scrape_interval: \"61s\" is above the maximum 1m"
+        );
+        assert!(parse(r#"{"role":"health","termination_watch":""}"#)
+            .unwrap_err()
+            .to_string()
+            .starts_with("invalid configuration: termination_watch: expected false, true or an Envoy cluster name"));
+    }
+
+    #[test]
     fn the_longest_default_hold_is_max_wait() {
         let longest = parse(
             r#"{"role":"health","drain_timeout":"60m","close_after":"lb_observed_down",

@@ -389,7 +389,7 @@ def test_pod_monitor_scrapes_the_gateways_and_the_prestop_waits_its_interval(mod
     longer = k8s.by_kind(k8s.template(*with_module(module, "--set", "observability.podMonitor=true",
                                                    "--set", "config.scrape_interval=15s")))
     assert json.loads(_health_config(longer))["scrape_interval"] == "15s", "the longer of the two"
-    assert "above the maximum 60s" in refusal(*with_module(module, "--set", "config.scrape_interval=61s"))
+    assert "above the maximum 1m" in refusal(*with_module(module, "--set", "config.scrape_interval=61s"))
 
 
 def _health_config(objs: dict) -> str:

@@ -42,6 +42,8 @@ BAD = {
     "lb_checkers": [[], ["10.0.0.300/32"], "10.0.0.0/8"],
     "soft_drain_gate": ["yes", 1],
     "draining_new_requests": ["drop", True],
+    "termination_watch": ["", 1, "has space"],
+    "scrape_interval": ["61s", "-1s", 5],
 }
 LISTENER = {"health": "drain-gate-health", "traffic": "traffic"}
 

@@ -31,7 +31,7 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{- end -}}
 {{- end -}}
 {{- if gt (int64 (include "drain-gate.ms" (include "drain-gate.scrapeInterval" .))) 60000 -}}
-{{- fail (printf "drain-gate: config.scrape_interval (or observability.podMonitorInterval): %q is above the maximum 60s" (include "drain-gate.scrapeInterval" .)) -}}
+{{- fail (printf "drain-gate: config.scrape_interval (or observability.podMonitorInterval): %q is above the maximum 1m" (include "drain-gate.scrapeInterval" .)) -}}
 {{- end -}}
 {{- if hasKey $c "tick" -}}
 {{- $tick := int64 (include "drain-gate.ms" $c.tick) -}}
