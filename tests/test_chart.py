@@ -272,7 +272,8 @@ def test_rendered_istio_objects_are_valid_against_the_crds(module):
 
 
 @pytest.mark.parametrize("config", [{}, {"drain_timeout": "300s", "lb_buffer": "1500ms"},
-                                    {"close_after": "lb_observed_down", "lb_down_timeout": "90s"}])
+                                    {"close_after": "lb_observed_down", "lb_down_timeout": "90s"},
+                                    {"scrape_interval": "5s"}])
 def test_install_notes_give_the_grace_period_verify_checks(module, config):
     """`helm install` prints the minimum terminationGracePeriodSeconds; it is
     the one verify.py --pod-spec checks (with the values' 5 s drain duration)."""
@@ -283,8 +284,8 @@ def test_install_notes_give_the_grace_period_verify_checks(module, config):
     spec = importlib.util.spec_from_file_location("verify", istio.ENVOYFILTER / "tools" / "verify.py")
     verify = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(verify)
-    drain, closing = verify.timings(config)
-    assert printed == math.ceil(drain + closing + verify.HOLD_MARGIN_S + 5 + verify.SPARE_S)
+    drain, closing, scrape = verify.timings(config)
+    assert printed == math.ceil(drain + closing + scrape + verify.HOLD_MARGIN_S + 5 + verify.SPARE_S)
 
 
 def test_the_chart_refuses_kubernetes_before_1_28(module):

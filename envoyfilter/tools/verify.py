@@ -534,13 +534,13 @@ def drain_duration_s(workload: dict) -> float:
     return float(m[1]) if m else 5.0
 
 
-def timings(config: dict) -> tuple[float, float]:
-    """(drain_timeout, longest CLOSING + scrape_interval: the preStop answer's wait after CLOSED) in seconds."""
+def timings(config: dict) -> tuple[float, float, float]:
+    """(drain_timeout, longest CLOSING, scrape_interval: the preStop answer's wait after CLOSED) in seconds."""
     c = {**DEFAULTS, **(config or {})}
     closing = duration_s(c["lb_buffer"])
     if c["close_after"] == "lb_observed_down":
         closing = max(closing, duration_s(c["lb_down_timeout"]))
-    return duration_s(c["drain_timeout"]), closing + duration_s(c["scrape_interval"])
+    return duration_s(c["drain_timeout"]), closing, duration_s(c["scrape_interval"])
 
 
 def handlers(hook: dict | None) -> list[str]:
@@ -807,12 +807,12 @@ def check_grace(report: Report, workload: dict, config: dict) -> None:
     name = name_of(workload)
     spec = pod_spec(workload)
     grace = spec.get("terminationGracePeriodSeconds", 30)
-    drain, closing = timings(config)
-    hold = drain + closing + HOLD_MARGIN_S
+    drain, closing, scrape = timings(config)
+    hold = drain + closing + scrape + HOLD_MARGIN_S
     need = hold + drain_duration_s(workload) + SPARE_S
     report.check(grace >= need, "terminationGracePeriodSeconds",
                  f"{name}: {grace} s; needs >= {need:g} s = drain_timeout {drain:g} + longest CLOSING "
-                 f"(+ scrape_interval) {closing:g} + hold margin {HOLD_MARGIN_S} + terminationDrainDuration "
+                 f"{closing:g} + scrape_interval {scrape:g} + hold margin {HOLD_MARGIN_S} + terminationDrainDuration "
                  f"{drain_duration_s(workload):g} + spare {SPARE_S}")
     proxy = next((c for c in spec.get("containers", []) if c.get("name") == "istio-proxy"), {})
     command = (((proxy.get("lifecycle") or {}).get("preStop") or {}).get("exec") or {}).get("command") or []
