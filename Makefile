@@ -10,7 +10,7 @@ VENV     := .venv
 PY       := $(VENV)/bin/python
 APT_PKGS := haproxy wrk nghttp2-client curl socat gcc openssl
 
-.PHONY: all build run test lint unit integration deps deps-rust deps-wasm deps-apt deps-prometheus deps-nginx wasm-opt clean envoy-matrix oci configmap bench bench-quick noop bench-fixtures
+.PHONY: all build run test test-timed lint unit integration deps deps-rust deps-wasm deps-apt deps-prometheus deps-nginx wasm-opt clean envoy-matrix oci configmap bench bench-quick noop bench-fixtures
 
 all: build
 
@@ -114,6 +114,10 @@ run: $(VENV)/.run-installed build
 
 ## Test ----------------------------------------------------------------------
 test: deps envoy-matrix k8s-tools build lint unit hardening-deps props rules integration rollout-quick bench-quick
+
+# `make test`, timed: its length written into tests/README.md, the one place that figure is kept.
+test-timed:
+	python3 tests/harness/figures.py make-test
 
 lint: deps-rust
 	cargo fmt --check

@@ -62,6 +62,13 @@ pub struct Config {
     pub draining_grpc_requests: NewRequests,
     /// How it refuses.
     pub refuse_with: RefuseWith,
+    /// The Envoy cluster that reaches pilot-agent's status port: while a
+    /// preStop answer is held, its readiness turning 503 is the pod's SIGTERM
+    /// (`host::termination`); `None`: not watched.
+    pub termination_watch: Option<String>,
+    /// A held preStop answer comes this long after CLOSED: one scrape of the
+    /// pod sees CLOSED and the drain's counters before it exits.
+    pub scrape_interval_ms: u64,
 }
 
 /// What the traffic role does with a new HTTP request from DRAINING on.
@@ -162,10 +169,11 @@ pub const MAX_TOKENS: usize = 4;
 /// Longest `tick` accepted.
 const MAX_TICK_MS: u64 = 10_000;
 /// The longest a held `wait=closed` or `/prestop` can last, under any
-/// configuration: `drain_timeout` + `lb_down_timeout` (each at most 60m) + 5s.
-/// The health listener's `stream_idle_timeout` is set above it
-/// (`envoyfilter/envoy.yaml` and the Istio health listeners).
-pub const MAX_WAIT_MS: u64 = 2 * duration::MAX_MS + 5_000;
+/// configuration: `drain_timeout` + `lb_down_timeout` (each at most 60m) +
+/// `scrape_interval` (at most 60s) + 5s. The health listener's
+/// `stream_idle_timeout` is set above it (`envoyfilter/envoy.yaml` and the
+/// Istio health listeners).
+pub const MAX_WAIT_MS: u64 = 2 * duration::MAX_MS + MAX_SCRAPE_INTERVAL_MS + 5_000;
 
 /// Sets one field of the configuration from the key's value, or says what is
 /// wrong with the value (the caller names the key).
@@ -192,7 +200,7 @@ macro_rules! key_table {
 
 key_table! {
     /// Every configuration key, in the order they are checked.
-    pub const KEYS: [&str; 17] = [
+    pub const KEYS: [&str; 19] = [
         "role" => Rule::Required(role, ROLE_REQUIRED),
         "drain_timeout" => Rule::Optional(drain_timeout),
         "min_drain" => Rule::Optional(min_drain),
@@ -210,6 +218,8 @@ key_table! {
         "draining_new_requests" => Rule::Optional(draining_new_requests),
         "draining_grpc_requests" => Rule::Optional(draining_grpc_requests),
         "refuse_with" => Rule::Optional(refuse_with),
+        "termination_watch" => Rule::Optional(termination_watch),
+        "scrape_interval" => Rule::Optional(scrape_interval),
     ];
 }
 
@@ -233,6 +243,8 @@ impl Default for Config {
             draining_new_requests: NewRequests::Serve,
             draining_grpc_requests: NewRequests::Serve,
             refuse_with: RefuseWith::Response,
+            termination_watch: None,
+            scrape_interval_ms: 0,
         }
     }
 }
@@ -477,29 +489,59 @@ fn lb_down_timeout(c: &mut Config, v: &Value) -> Result<(), Problem> {
 /// Longest accepted cluster name.
 const MAX_CLUSTER_LEN: usize = 256;
 
-/// `false` turns the rotation off, `true` uses the default cluster, a string
-/// names the cluster.
-fn rotate_connections(c: &mut Config, v: &Value) -> Result<(), Problem> {
-    c.rotate_connections = match v {
-        Value::Bool(false) => None,
-        Value::Bool(true) => Some(rotation::DEFAULT_CLUSTER.into()),
+/// An Envoy cluster a key names: `false` turns it off, `true` is `default`,
+/// a string names the cluster.
+fn cluster(v: &Value, default: &str) -> Result<Option<String>, Problem> {
+    match v {
+        Value::Bool(false) => Ok(None),
+        Value::Bool(true) => Ok(Some(default.into())),
         Value::String(name)
             if !name.is_empty()
                 && name.len() <= MAX_CLUSTER_LEN
                 && name.bytes().all(|b| b.is_ascii_graphic()) =>
         {
-            Some(name.clone())
+            Ok(Some(name.clone()))
         }
-        _ => {
-            return Err(format!(
-                "expected false, true or an Envoy cluster name (1 to {MAX_CLUSTER_LEN} \
-                 printable ASCII characters), got {}",
-                Shown(v)
-            )
-            .into())
-        }
-    };
+        _ => Err(format!(
+            "expected false, true or an Envoy cluster name (1 to {MAX_CLUSTER_LEN} \
+             printable ASCII characters), got {}",
+            Shown(v)
+        )
+        .into()),
+    }
+}
+
+fn rotate_connections(c: &mut Config, v: &Value) -> Result<(), Problem> {
+    c.rotate_connections = cluster(v, rotation::DEFAULT_CLUSTER)?;
     Ok(())
+}
+
+/// istio-proxy's cluster to pilot-agent's status port (`true`).
+pub const AGENT_CLUSTER: &str = "agent";
+
+fn termination_watch(c: &mut Config, v: &Value) -> Result<(), Problem> {
+    c.termination_watch = cluster(v, AGENT_CLUSTER)?;
+    Ok(())
+}
+
+/// Longest `scrape_interval` accepted.
+const MAX_SCRAPE_INTERVAL_MS: u64 = 60_000;
+
+fn scrape_interval(c: &mut Config, v: &Value) -> Result<(), Problem> {
+    duration(v, 0, MAX_SCRAPE_INTERVAL_MS).map(|ms| c.scrape_interval_ms = ms)
+}
+
+/// `names` for an error message: `a, b, c` (one small loop, not the
+/// standard library's generic `join`: the module's size is budgeted).
+pub fn listed(names: &[&str]) -> String {
+    let mut out = String::new();
+    for name in names {
+        if !out.is_empty() {
+            out.push_str(", ");
+        }
+        out.push_str(name);
+    }
+    out
 }
 
 impl Config {
@@ -527,7 +569,7 @@ impl Config {
         if let Some(unknown) = obj.keys().find(|k| !KEYS.contains(&k.as_str())) {
             return Err(err(
                 unknown,
-                format!("unknown key (known keys: {})", KEYS.join(", ")),
+                format!("unknown key (known keys: {})", listed(&KEYS)),
             ));
         }
         let mut c = Config::default();
@@ -605,7 +647,7 @@ impl Config {
     /// longest a drain can take, plus a margin for the tick. At most
     /// [`MAX_WAIT_MS`].
     pub fn default_wait_ms(&self) -> u64 {
-        self.drain_timeout_ms + self.max_closing_ms() + 5_000
+        self.drain_timeout_ms + self.max_closing_ms() + self.scrape_interval_ms + 5_000
     }
 }
 
@@ -864,10 +906,35 @@ mod tests {
     }
 
     #[test]
+    fn the_termination_watch_names_a_cluster_and_the_scrape_interval_lengthens_the_hold() {
+        let off = parse(r#"{"role":"health"}"#).unwrap();
+        assert_eq!(
+            (off.termination_watch.as_deref(), off.scrape_interval_ms),
+            (None, 0)
+        );
+        let on =
+            parse(r#"{"role":"health","termination_watch":true,"scrape_interval":"5s"}"#).unwrap();
+        assert_eq!(on.termination_watch.as_deref(), Some(AGENT_CLUSTER));
+        assert_eq!(on.default_wait_ms(), off.default_wait_ms() + 5_000);
+        let named = parse(r#"{"role":"health","termination_watch":"pilot"}"#).unwrap();
+        assert_eq!(named.termination_watch.as_deref(), Some("pilot"));
+        assert_eq!(
+            parse(r#"{"role":"health","scrape_interval":"61s"}"#)
+                .unwrap_err()
+                .to_string(),
+            "invalid configuration: scrape_interval: \"61s\" is above the maximum 1m"
+        );
+        assert!(parse(r#"{"role":"health","termination_watch":""}"#)
+            .unwrap_err()
+            .to_string()
+            .starts_with("invalid configuration: termination_watch: expected false, true or an Envoy cluster name"));
+    }
+
+    #[test]
     fn the_longest_default_hold_is_max_wait() {
         let longest = parse(
             r#"{"role":"health","drain_timeout":"60m","close_after":"lb_observed_down",
-                "lb_down_timeout":"60m","lb_buffer":"60m"}"#,
+                "lb_down_timeout":"60m","lb_buffer":"60m","scrape_interval":"60s"}"#,
         )
         .unwrap();
         assert_eq!(longest.default_wait_ms(), MAX_WAIT_MS);

@@ -29,7 +29,7 @@
 use crate::json::{named, record};
 
 use crate::clock::Now;
-use crate::receipt::Tally;
+use crate::receipt::{Receipt, Tally};
 
 named! {
     #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -233,6 +233,9 @@ record! {
         pub closing_mono_ms: Option<u64>,
         /// The preStop hold, while some worker holds a `wait=closed` answer.
         pub hold: Option<Hold>,
+        /// The drain's id: the `seq` of its transition into DRAINING (what a
+        /// traffic root's completed ends are counted for, `add_completed`).
+        pub drain_id: Option<u64>,
         /// The receipt's counters when the drain began (`crate::receipt`): the
         /// drain's receipt is the counters now minus these.
         pub receipt_base: Option<Tally>,
@@ -241,8 +244,16 @@ record! {
         /// (`flip_recorded`).
         pub oldest_at_closing_ms: Option<u64>,
         pub flip_recorded: bool = false,
-        /// This drain's receipt has been logged (once, by one worker).
+        /// This drain's receipt line is written (owed, then logged): once per drain.
         pub receipt_logged: bool = false,
+        /// The receipt line of a drain that ended, written then and logged a
+        /// tick later (`owe`; the next drain may begin meanwhile): what comes
+        /// before its completed count, that count, and what comes after.
+        pub owed_line: Option<String>,
+        pub owed_completed: u64 = 0,
+        pub owed_tail: Option<String>,
+        /// The drain that line is of.
+        pub owed_drain: Option<u64>,
     }
 }
 
@@ -286,10 +297,15 @@ impl Record {
             drain_started_mono_ms: None,
             closing_mono_ms: None,
             hold: None,
+            drain_id: None,
             receipt_base: None,
             oldest_at_closing_ms: None,
             flip_recorded: false,
             receipt_logged: false,
+            owed_line: None,
+            owed_completed: 0,
+            owed_tail: None,
+            owed_drain: None,
         }
     }
 
@@ -386,6 +402,9 @@ pub fn advance(rec: &Record, mv: Move, now: Now, active: u64) -> Result<Record, 
     let mut next = rec.clone();
     enter(&mut next, &mv, now, active).ok_or(illegal)?;
     next.seq = rec.seq.saturating_add(1);
+    if mv.to == State::Draining {
+        next.drain_id = Some(next.seq);
+    }
     next.history.push(Step {
         from: rec.state,
         to: mv.to,
@@ -543,20 +562,91 @@ pub fn record_flip(rec: &Record, oldest_ms: Option<u64>) -> Option<Record> {
     Some(next)
 }
 
-/// Whether the drain this record holds is over and its receipt still owed:
-/// CLOSED, reopened or in FAULT, after a drain began.
-pub fn receipt_due(rec: &Record) -> bool {
-    rec.drain_started_ms.is_some()
-        && !rec.receipt_logged
-        && matches!(rec.state, State::Closed | State::Open | State::Fault)
+/// Whether the move from `from` to `to` ends the drain `from` holds, whose
+/// receipt is not written yet: its line is owed now (`owe`).
+pub fn ends_drain(from: &Record, to: State) -> bool {
+    from.drain_started_ms.is_some()
+        && !from.receipt_logged
+        && matches!(to, State::Closed | State::Open | State::Fault)
 }
 
-/// The record with the receipt marked logged, if it was owed.
-pub fn mark_receipt(rec: &Record) -> Option<Record> {
-    receipt_due(rec).then(|| Record {
-        receipt_logged: true,
-        ..rec.clone()
-    })
+/// The record with the receipt line of the drain it holds written (`ended`:
+/// the state it ended in, or `SIGTERM`), its tally `tally` (the counters
+/// now minus `receipt_base`; the completed ends its workers have not
+/// counted yet come with `add_completed`). It is logged a tick later
+/// (`take_owed`). A line still owed then — a second drain ended within a
+/// tick — is returned to be logged at once.
+pub fn owe(rec: &mut Record, ended: &str, tally: Tally, now: Now) -> Option<String> {
+    let started_ms = rec.drain_started_ms?;
+    let (head, tail) = Receipt {
+        started_ms,
+        flipped_ms: rec.closing_ms,
+        closed_ms: rec.closed_ms,
+        ended,
+        forced: rec.forced,
+        duration_ms: rec.drain_duration_ms(now),
+        active_at_flip: rec.active_at_closing,
+        oldest_at_flip_ms: rec.oldest_at_closing_ms,
+        tally,
+    }
+    .halves();
+    rec.receipt_logged = true;
+    let displaced = take(rec);
+    rec.owed_line = Some(head);
+    rec.owed_completed = tally.completed;
+    rec.owed_tail = Some(tail);
+    rec.owed_drain = rec.drain_id;
+    displaced
+}
+
+/// Takes the owed line out of `rec`, with the completed ends counted since.
+fn take(rec: &mut Record) -> Option<String> {
+    let head = rec.owed_line.take()?;
+    let tail = rec.owed_tail.take().unwrap_or_default();
+    rec.owed_drain = None;
+    let completed = std::mem::take(&mut rec.owed_completed);
+    Some(format!("{head}{completed}{tail}"))
+}
+
+/// The record without its owed line (being logged: `line` is it), or
+/// `None` when no line is owed (another worker logged it).
+pub fn take_owed(rec: &Record, line: &mut Option<String>) -> Option<Record> {
+    let mut next = rec.clone();
+    *line = take(&mut next);
+    line.as_ref().map(|_| next)
+}
+
+/// The record with the pod's SIGTERM, seen before CLOSED, in the drain's
+/// receipt (the drain is cut short: the pod exits with it; `tally`: the
+/// counters now minus `receipt_base`), or `None` when no drain runs or its
+/// line is already written.
+pub fn cut_short(rec: &Record, tally: Tally, now: Now) -> Option<Record> {
+    if !matches!(rec.state, State::Draining | State::Closing) || rec.receipt_logged {
+        return None;
+    }
+    let mut next = rec.clone();
+    owe(&mut next, "SIGTERM", tally, now);
+    Some(next)
+}
+
+/// The record with `n` completed ends of drain `drain` counted by a traffic
+/// root at its tick (the counter already moved): in that drain's owed line
+/// while it waits, and out of the current drain's receipt if a newer one
+/// began meanwhile (its base moves up with them). `None`: nothing to change.
+pub fn add_completed(rec: &Record, drain: u64, n: u64) -> Option<Record> {
+    let owed = rec.owed_drain == Some(drain);
+    let newer = rec.drain_id != Some(drain) && rec.receipt_base.is_some();
+    if n == 0 || !(owed || newer) {
+        return None;
+    }
+    let mut next = rec.clone();
+    if owed {
+        next.owed_completed = next.owed_completed.saturating_add(n);
+    }
+    if let (true, Some(base)) = (newer, next.receipt_base.as_mut()) {
+        base.completed = base.completed.saturating_add(n);
+    }
+    Some(next)
 }
 
 /// The record with a maintenance drain turned automatic again (a preStop

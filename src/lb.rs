@@ -11,6 +11,7 @@
 //! than the CLOSING it followed.
 
 use serde::Serialize;
+use std::net::IpAddr;
 
 use crate::json::record;
 
@@ -25,14 +26,17 @@ pub const MAX_CHECKERS: usize = 32;
 /// it DOWN, on that check's answer; the resets reach Envoy within
 /// milliseconds. Two seconds leaves room for a busy LB and for the record's
 /// resolution, and is far below any LB's check interval: a cut later than that
-/// is not the DOWN's.
+/// is not the DOWN's. (From the checker's own address the window also opens
+/// at its next 503s: `DOWN_SPREAD`, `Checkers::cut_by_lb`.)
 pub const CUT_WINDOW_MS: u64 = 2_000;
 /// One source address can be several checks: HAProxy checks a gateway once
 /// per backend that lists it (haproxy.cfg's HTTP and TLS-passthrough backends,
 /// from the same address), and each backend marks it DOWN at its own
 /// `lb_fall`-th 503 — within one check interval of the others, so up to the
 /// source's `DOWN_SPREAD × lb_fall`-th consecutive 503. Each 503 from the
-/// `lb_fall`-th to that one opens the cut window again (`Checker::down_last_ms`).
+/// `lb_fall`-th to that one opens the cut window again
+/// (`Checker::down_last_ms`) — for cuts from that address only: the LB's
+/// sessions come from the address it checks from.
 pub const DOWN_SPREAD: u32 = 2;
 /// A checker's `last_seen_ms` is rewritten only when it moved by this much
 /// (or its counts changed), so that a steady LB costs one shared-data write
@@ -243,17 +247,35 @@ impl Checkers {
         self.gate(since_ms, now_ms, false) == Gate::Open
     }
 
-    /// Whether a cut at `now_ms` is the LB's: some checker was served its
-    /// `lb_fall`-th consecutive 503 before, and that one or one of the next
-    /// (up to the `DOWN_SPREAD × lb_fall`-th) at most `CUT_WINDOW_MS` before.
-    pub fn cut_by_lb(&self, now_ms: u64) -> bool {
-        self.list.iter().any(|c| match (c.down_ms, c.down_last_ms) {
-            (Some(first), last) => {
-                let last = last.unwrap_or(first).max(first);
+    /// Whether a cut at `now_ms` is the LB's. An LB resets its own sessions,
+    /// which come from the address it checks from (HAProxy's source, a
+    /// NetScaler's SNIP): a cut from a checker's address (`source`, the
+    /// downstream's, asked for only when some checker's window is open) is
+    /// the LB's within `CUT_WINDOW_MS` after that checker was served its
+    /// `lb_fall`-th consecutive 503 or one of its next (`DOWN_SPREAD`). A cut
+    /// from another address — a client in the cluster, or an LB that passes
+    /// its clients' addresses on (PROXY protocol, transparent mode) — is the
+    /// LB's only within `CUT_WINDOW_MS` after a checker's first DOWN.
+    pub fn cut_by_lb(&self, now_ms: u64, source: impl FnOnce() -> Option<IpAddr>) -> bool {
+        let open = |c: &Checker, spread: bool| {
+            c.down_ms.is_some_and(|first| {
+                let last = if spread {
+                    c.down_last_ms.unwrap_or(first).max(first)
+                } else {
+                    first
+                };
                 first <= now_ms && now_ms <= last.saturating_add(CUT_WINDOW_MS)
-            }
-            (None, _) => false,
-        })
+            })
+        };
+        if !self.list.iter().any(|c| open(c, true)) {
+            return false;
+        }
+        let source = source().map(|ip| ip.to_string());
+        let own = |c: &&Checker| source.as_deref() == Some(c.source.as_str());
+        match self.list.iter().find(own) {
+            Some(c) => open(c, true),
+            None => self.list.iter().any(|c| open(c, false)),
+        }
     }
 
     /// Whether any check was recorded at or after `since_ms` (a drain's start).
@@ -418,29 +440,72 @@ mod tests {
         assert!(!c.ignore("10.9.9.9", 6));
     }
 
+    /// The address of the checker "lb" of the tests below, and of a client.
+    fn lb() -> Option<IpAddr> {
+        "10.0.0.9".parse().ok()
+    }
+
+    fn client() -> Option<IpAddr> {
+        "10.1.2.3".parse().ok()
+    }
+
     #[test]
     fn a_cut_right_after_a_checker_s_down_is_the_lb_s() {
         let mut c = Checkers::default();
-        c.observe("a", 503, 1_000, 2);
-        assert!(!c.cut_by_lb(1_100), "one 503 is not DOWN");
-        c.observe("a", 503, 2_000, 2);
+        c.observe("10.0.0.9", 503, 1_000, 2);
+        assert!(!c.cut_by_lb(1_100, lb), "one 503 is not DOWN");
+        c.observe("10.0.0.9", 503, 2_000, 2);
         assert_eq!(c.list[0].down_ms, Some(2_000));
-        assert!(c.cut_by_lb(2_000) && c.cut_by_lb(2_000 + CUT_WINDOW_MS));
-        assert!(
-            !c.cut_by_lb(2_001 + CUT_WINDOW_MS),
-            "too late: not the DOWN's"
-        );
-        assert!(!c.cut_by_lb(1_999), "before the DOWN");
-        c.observe("a", 503, 3_000, 2);
+        for from in [lb, client] {
+            assert!(c.cut_by_lb(2_000, from) && c.cut_by_lb(2_000 + CUT_WINDOW_MS, from));
+            assert!(
+                !c.cut_by_lb(2_001 + CUT_WINDOW_MS, from),
+                "too late: not the DOWN's"
+            );
+            assert!(!c.cut_by_lb(1_999, from), "before the DOWN");
+        }
+        c.observe("10.0.0.9", 503, 3_000, 2);
         assert_eq!(c.list[0].down_ms, Some(2_000), "DOWN once per run of 503s");
         assert!(
-            c.cut_by_lb(3_000 + CUT_WINDOW_MS),
-            "the 3rd 503 may be a second backend's DOWN"
+            c.cut_by_lb(3_000 + CUT_WINDOW_MS, lb),
+            "from the checker's address the 3rd 503 may be a second backend's DOWN"
         );
-        c.observe("a", 200, 4_000, 2);
-        c.observe("a", 503, 5_000, 2);
-        c.observe("a", 503, 6_000, 2);
+        assert!(
+            !c.cut_by_lb(3_000 + CUT_WINDOW_MS, client),
+            "from another address: 2 s after the DOWN, no more"
+        );
+        assert!(
+            !c.cut_by_lb(3_000 + CUT_WINDOW_MS, || None),
+            "an address unknown is another's"
+        );
+        c.observe("10.0.0.9", 200, 4_000, 2);
+        c.observe("10.0.0.9", 503, 5_000, 2);
+        c.observe("10.0.0.9", 503, 6_000, 2);
         assert_eq!(c.list[0].down_ms, Some(6_000), "DOWN again after an UP");
+    }
+
+    #[test]
+    fn one_checker_at_inter_2s_holds_the_window_for_its_own_address_only() {
+        // One HAProxy backend, inter 2s fall 2: 503s at 0, 2, 4, 6, 8 s. DOWN at
+        // the 2nd; from its address the window runs to 2 s after the 4th
+        // (DOWN_SPREAD); a client in the cluster closing then is not the LB's.
+        let mut c = Checkers::default();
+        for t in [10_000, 12_000, 14_000, 16_000, 18_000] {
+            c.observe("10.0.0.9", 503, t, 2);
+        }
+        assert!(c.cut_by_lb(17_000, lb));
+        assert!(!c.cut_by_lb(17_000, client), "3 s after the DOWN");
+        assert!(
+            c.cut_by_lb(13_000, client),
+            "1 s after it: the LB's, by time alone"
+        );
+        assert!(!c.cut_by_lb(22_000, lb), "10 s after the DOWN: nobody's");
+        let mut asked = false;
+        assert!(!c.cut_by_lb(22_000, || {
+            asked = true;
+            lb()
+        }));
+        assert!(!asked, "no window open: the address is not read");
     }
 
     #[test]
@@ -451,20 +516,23 @@ mod tests {
         // 3rd, B's its 4th (2 s after the 2nd: the plain window would end there).
         let mut c = Checkers::default();
         for t in [10_000, 11_500, 12_000, 13_500] {
-            c.observe("lb", 503, t, 2);
+            c.observe("10.0.0.9", 503, t, 2);
         }
         assert_eq!(c.list[0].down_ms, Some(11_500));
         assert_eq!(c.list[0].down_last_ms, Some(13_500));
-        assert!(c.cut_by_lb(12_001), "A's DOWN");
-        assert!(c.cut_by_lb(13_502), "B's DOWN");
-        assert!(c.cut_by_lb(13_500 + CUT_WINDOW_MS));
-        assert!(!c.cut_by_lb(13_501 + CUT_WINDOW_MS));
+        assert!(c.cut_by_lb(12_001, lb), "A's DOWN");
+        assert!(c.cut_by_lb(13_502, lb), "B's DOWN");
+        assert!(c.cut_by_lb(13_500 + CUT_WINDOW_MS, lb));
+        assert!(!c.cut_by_lb(13_501 + CUT_WINDOW_MS, lb));
         // Further 503s (both backends DOWN) no longer move the window.
-        c.observe("lb", 503, 14_000, 2);
-        c.observe("lb", 503, 15_500, 2);
+        c.observe("10.0.0.9", 503, 14_000, 2);
+        c.observe("10.0.0.9", 503, 15_500, 2);
         assert_eq!(c.list[0].down_last_ms, Some(13_500));
-        assert!(!c.cut_by_lb(16_000), "long after both DOWNs: not the LB's");
-        assert!(!c.cut_by_lb(11_499), "before the first DOWN");
+        assert!(
+            !c.cut_by_lb(16_000, lb),
+            "long after both DOWNs: not the LB's"
+        );
+        assert!(!c.cut_by_lb(11_499, lb), "before the first DOWN");
     }
 
     #[test]

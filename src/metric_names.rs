@@ -35,6 +35,7 @@ pub const CUT_TCP: &str = "drain_gate_cut_tcp";
 pub const DRAIN_COMPLETED: &str = "drain_gate_drain_completed";
 pub const DRAIN_ENDED_UPSTREAM: &str = "drain_gate_drain_ended_upstream";
 pub const REFUSED: &str = "drain_gate_refused";
+pub const DRAINS_CUT_SHORT: &str = "drain_gate_drains_cut_short";
 
 /// The transition counter for each target state, indexed like `State::ALL`.
 pub const TRANSITIONS_TO: [&str; 5] = [
@@ -45,7 +46,7 @@ pub const TRANSITIONS_TO: [&str; 5] = [
     "drain_gate_transitions_to_fault",
 ];
 
-pub const ALL: [Metric; 21] = [
+pub const ALL: [Metric; 22] = [
     Metric {
         name: ACTIVE_REQUESTS,
         kind: Kind::Gauge,
@@ -146,7 +147,7 @@ pub const ALL: [Metric; 21] = [
         name: CUT_LB,
         kind: Kind::Counter,
         #[cfg(test)]
-        help: "of drain_gate_cut, those that ended within 2 s of an LB checker's DOWN (its lb_fall-th consecutive 503, or one of the next lb_fall from the same address: a second backend of one LB): cut by the LB marking the gateway DOWN",
+        help: "of drain_gate_cut, those the LB made: within 2 s of an LB checker's DOWN (its lb_fall-th consecutive 503), or, from that checker's own address, within 2 s of one of its next lb_fall 503s (a second backend of one LB)",
     },
     Metric {
         name: CUT_TCP,
@@ -158,19 +159,25 @@ pub const ALL: [Metric; 21] = [
         name: DRAIN_COMPLETED,
         kind: Kind::Counter,
         #[cfg(test)]
-        help: "streams and connections that completed during a drain (each worker adds its own up and counts them at its next tick)",
+        help: "streams and connections that completed during a drain: the upstream's answer (or the route's direct response) ended (each worker adds its own up and counts them at its next tick)",
     },
     Metric {
         name: DRAIN_ENDED_UPSTREAM,
         kind: Kind::Counter,
         #[cfg(test)]
-        help: "streams and connections ended by the upstream or by Envoy itself during a drain (reset, timeout, local reply)",
+        help: "streams and connections ended by the upstream or by Envoy itself during a drain (an upstream reset or timeout; a local reply: Envoy's 504 on a route timeout, its 503 on a connect failure, whatever reached the client)",
     },
     Metric {
         name: REFUSED,
         kind: Kind::Counter,
         #[cfg(test)]
         help: "new HTTP requests refused while draining (draining_new_requests: refuse: answered 503 or reset), never forwarded",
+    },
+    Metric {
+        name: DRAINS_CUT_SHORT,
+        kind: Kind::Counter,
+        #[cfg(test)]
+        help: "drains cut short: the pod's SIGTERM came before CLOSED, while its preStop answer was held (pilot-agent's readiness turned 503, termination_watch); the drain's receipt line says ended=SIGTERM",
     },
 ];
 

@@ -1,7 +1,21 @@
-//! IP networks for `admin_allow`. Pure.
+//! IP networks for `admin_allow`, and peer addresses as Envoy gives them.
+//! Pure.
 
 use std::fmt;
-use std::net::IpAddr;
+use std::net::{IpAddr, SocketAddr};
+
+/// The IP of a peer address as Envoy's `source.address` gives it
+/// (`ip:port`, `[ip6]:port`, or the address alone); an IPv4-mapped IPv6
+/// address (a dual-stack listener's IPv4 peer) as the IPv4 address, so that
+/// one peer reads the same on every listener.
+pub fn peer_ip(bytes: &[u8]) -> Option<IpAddr> {
+    let text = std::str::from_utf8(bytes).ok()?;
+    text.parse::<SocketAddr>()
+        .map(|s| s.ip())
+        .or_else(|_| text.parse::<IpAddr>())
+        .ok()
+        .map(|ip| ip.to_canonical())
+}
 
 /// An IPv4 or IPv6 network, e.g. `127.0.0.0/8`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -181,6 +195,16 @@ mod tests {
         ] {
             assert!(Cidr::parse(ok).is_ok(), "{ok}");
         }
+    }
+
+    #[test]
+    fn a_peer_address_gives_its_ip() {
+        assert_eq!(peer_ip(b"10.0.0.9:41234"), "10.0.0.9".parse().ok());
+        assert_eq!(peer_ip(b"[fd00::7]:443"), "fd00::7".parse().ok());
+        assert_eq!(peer_ip(b"127.0.0.2"), "127.0.0.2".parse().ok());
+        assert_eq!(peer_ip(b"[::ffff:10.0.0.9]:80"), "10.0.0.9".parse().ok());
+        assert_eq!(peer_ip(b"not an address"), None);
+        assert_eq!(peer_ip(&[0xff, 0xfe]), None);
     }
 
     #[test]

@@ -3,21 +3,28 @@
 //!
 //! The traffic roles sort each stream or connection that ends while the
 //! state is not OPEN — and only those: outside a drain no end costs a host
-//! call, and during one only a stream whose response did not end reads its
-//! response flags — into one of four counters, process-wide stats: **completed**;
-//! **ended by the upstream or by Envoy** (an upstream reset or timeout, a
-//! local reply); **refused** (`draining_new_requests: refuse`); and **cut**:
-//! ended by the downstream before it completed (HTTP: by its response
-//! flags; a TCP connection: see [`tcp_end`]). A cut within
-//! [`crate::lb::CUT_WINDOW_MS`] after an LB checker was served its
-//! `lb_fall`-th consecutive 503 (or one of the next, [`crate::lb::DOWN_SPREAD`])
-//! — the moment the LB marks the gateway DOWN and
-//! resets its sessions (HAProxy `shutdown-sessions`, NetScaler
-//! `downStateFlush`) — is an **LB cut**; any other cut is a client that gave
-//! up by itself (or an LB whose checks drain-gate does not see).
+//! call — into one of four counts: **completed**; **ended by the upstream or
+//! by Envoy** (an upstream reset or timeout, a local reply); **refused**
+//! (`draining_new_requests: refuse`); and **cut**: ended by the downstream
+//! before it completed. An HTTP stream is sorted by what Envoy says happened
+//! to it, one property read per end: a stream whose response ended by its
+//! `response.code_details` ([`http_done`]: the upstream's answer or the
+//! route's direct response completed; any other answer is Envoy's own local
+//! reply), one whose response did not end by its `response.flags`
+//! ([`http_end`]). A TCP connection by the side that ended first
+//! ([`tcp_end`]). A cut soon after an LB checker was served its `lb_fall`-th
+//! consecutive 503 — the moment the LB marks the gateway DOWN and resets its
+//! sessions (HAProxy `shutdown-sessions`, NetScaler `downStateFlush`) — is an
+//! **LB cut** (`crate::lb::Checkers::cut_by_lb` says how soon, and from which
+//! address); any other cut is a client that gave up by itself (or an LB whose
+//! checks drain-gate does not see).
 //!
-//! The transition into DRAINING records the counters ([`Tally`]) in the
-//! drain record; a drain's receipt is the counters now minus that.
+//! Every end is counted at once (process-wide stats), but for the common
+//! one: a completed end is added up by its worker and counted at its next
+//! tick. A drain's receipt is the counters minus those at its start
+//! ([`Tally`] in the FSM record); its line ([`Receipt`]) is written when the
+//! drain ends and logged a tick later, with the completed ends its workers
+//! counted meanwhile (`crate::fsm::owe`).
 
 use crate::json::record;
 use std::fmt;
@@ -53,14 +60,16 @@ impl Tally {
 }
 
 /// One drain, as its receipt line tells it (`event=drain_receipt`, logged
-/// once when the drain ends: at CLOSED, on a reopen, or in FAULT).
+/// once per drain, a tick after it ended: at CLOSED, on a reopen, in FAULT,
+/// or at the pod's SIGTERM before CLOSED, `ended=SIGTERM`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Receipt<'a> {
     pub started_ms: u64,
     /// When the LB check flipped to 503 (CLOSING), if it did.
     pub flipped_ms: Option<u64>,
     pub closed_ms: Option<u64>,
-    /// The state the drain ended in: `CLOSED`, `OPEN` (reopened), `FAULT`.
+    /// How the drain ended: the state it ended in (`CLOSED`, `OPEN`:
+    /// reopened, `FAULT`), or `SIGTERM`: the pod's, before CLOSED.
     pub ended: &'a str,
     pub forced: bool,
     pub duration_ms: Option<u64>,
@@ -78,21 +87,25 @@ fn num(n: Option<u64>) -> String {
     n.map_or_else(|| "-".to_string(), |n| n.to_string())
 }
 
-impl fmt::Display for Receipt<'_> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+impl Receipt<'_> {
+    /// The line around its completed count: what comes before it (up to
+    /// `completed=`) and after it. The count itself is the one field that
+    /// can still grow once the line is written (`crate::fsm::owe`).
+    pub fn halves(&self) -> (String, String) {
         let t = &self.tally;
-        write!(
-            f,
+        let head = format!(
             "event=drain_receipt started={} flipped={} closed={} ended={} forced={} duration_ms={} \
-             completed={} cut={} cut_http={} cut_tcp={} cut_lb={} cut_other={} ended_upstream={} \
-             refused={} active_at_flip={} oldest_at_flip_ms={}",
+             completed=",
             rfc3339(self.started_ms),
             stamp(self.flipped_ms),
             stamp(self.closed_ms),
             self.ended,
             self.forced,
             num(self.duration_ms),
-            t.completed,
+        );
+        let tail = format!(
+            " cut={} cut_http={} cut_tcp={} cut_lb={} cut_other={} ended_upstream={} refused={} \
+             active_at_flip={} oldest_at_flip_ms={}",
             t.cut,
             t.cut.saturating_sub(t.cut_tcp),
             t.cut_tcp,
@@ -102,7 +115,15 @@ impl fmt::Display for Receipt<'_> {
             t.refused,
             num(self.active_at_flip),
             num(self.oldest_at_flip_ms),
-        )
+        );
+        (head, tail)
+    }
+}
+
+impl fmt::Display for Receipt<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let (head, tail) = self.halves();
+        write!(f, "{head}{}{tail}", self.tally.completed)
     }
 }
 
@@ -125,13 +146,33 @@ pub const DOWNSTREAM_FLAGS: u64 = 0x4000 | 0x1000_0000;
 
 /// How an HTTP stream whose response did not end ended, from its response
 /// flags: the downstream's end (`DOWNSTREAM_FLAGS`) is a cut; anything else
-/// — an upstream reset or timeout, a local reply — ended upstream. (A stream
-/// whose response ended completed; the caller knows that without asking.)
+/// — an upstream reset or timeout — ended upstream. (A stream whose response
+/// ended is sorted by [`http_done`].)
 pub fn http_end(flags: u64) -> End {
     if flags & DOWNSTREAM_FLAGS != 0 {
         End::Cut
     } else {
         End::Upstream
+    }
+}
+
+/// What `response.code_details` says of the upstream's own answer, and of a
+/// route's direct response (or redirect): the two answers a stream completes
+/// with. Every other value names a local reply of Envoy's — an upstream
+/// connect failure (`upstream_reset_before_response_started{…}`, 503 `UF`),
+/// a route timeout (`response_timeout`, 504 `UT`), a request timeout
+/// (`request_overall_timeout`, 408, no response flag), no healthy upstream,
+/// a filter's refusal.
+pub const COMPLETED_DETAILS: [&[u8]; 2] = [b"via_upstream", b"direct_response"];
+
+/// How an HTTP stream whose response ended ended, from its
+/// `response.code_details` (`None`: the host did not say): the upstream's
+/// answer or the route's completed it; an answer Envoy made itself ended it
+/// upstream, whatever reached the client.
+pub fn http_done(details: Option<&[u8]>) -> End {
+    match details {
+        Some(d) if !d.is_empty() && !COMPLETED_DETAILS.contains(&d) => End::Upstream,
+        _ => End::Completed,
     }
 }
 
@@ -237,11 +278,17 @@ mod tests {
                 refused: 7,
             },
         };
+        let line = r.to_string();
         assert_eq!(
-            r.to_string(),
+            line,
             "event=drain_receipt started=2025-11-24T16:00:00.000Z flipped=2025-11-24T16:00:09.000Z \
              closed=- ended=OPEN forced=false duration_ms=9000 completed=40 cut=3 cut_http=2 cut_tcp=1 \
              cut_lb=2 cut_other=1 ended_upstream=1 refused=7 active_at_flip=0 oldest_at_flip_ms=-"
+        );
+        let (head, tail) = r.halves();
+        assert_eq!(
+            format!("{head}42{tail}"),
+            line.replace(" completed=40 ", " completed=42 ")
         );
     }
 
@@ -270,5 +317,25 @@ mod tests {
             }
         );
         assert_eq!(base.since(&now).cut, 0, "a reset stat counts from 0");
+    }
+
+    #[test]
+    fn a_stream_whose_response_ended_is_sorted_by_who_answered() {
+        assert_eq!(http_done(Some(b"via_upstream")), End::Completed);
+        assert_eq!(
+            http_done(Some(b"direct_response")),
+            End::Completed,
+            "a route's direct response or redirect"
+        );
+        for local in [
+            b"response_timeout".as_slice(),
+            b"upstream_reset_before_response_started{remote_connection_failure|delayed_connect_error:_Connection_refused}",
+            b"request_overall_timeout",
+            b"no_healthy_upstream",
+        ] {
+            assert_eq!(http_done(Some(local)), End::Upstream, "{local:?}");
+        }
+        assert_eq!(http_done(None), End::Completed, "the host did not say");
+        assert_eq!(http_done(Some(b"")), End::Completed);
     }
 }

@@ -18,7 +18,7 @@ import yaml
 
 from tests.hardening import test_config as config_keys
 from tests.harness import istio, k8s
-from tests.harness.envoy import REPO, WASM
+from tests.harness.envoy import REPO, WASM, hcm
 
 OCI = "oci://registry.example.com/drain-gate/drain-gate:0.1.0"
 # The WasmPlugin form as shipped: the module the chart mounts (file://), TCP on an example port.
@@ -88,11 +88,14 @@ def test_values_are_every_key_of_the_configuration_table():
     assert set(table) == set(keys), "README table and src/config.rs KEYS differ"
     values = istio.load_one(k8s.CHART / "values.yaml")["config"]
     assert "role" not in values, "the chart sets the role of each filter"
-    # One default differs, on purpose: in istio-proxy the admin API is reached
-    # through the bootstrap's own cluster (it follows the admin's address and port).
+    # Two defaults differ, on purpose: in istio-proxy the admin API is reached
+    # through the bootstrap's own cluster (it follows the admin's address and port),
+    # and pilot-agent through its `agent` cluster (the termination watch).
     assert values.pop("rotate_connections") == ISTIO_ADMIN_CLUSTER
     assert table["rotate_connections"] == "drain_gate_envoy_admin"
-    assert values == {k: v for k, v in table.items() if k not in ("role", "rotate_connections")}, \
+    assert values.pop("termination_watch") == "agent" and table["termination_watch"] is False
+    assert values == {k: v for k, v in table.items() if k not in ("role", "rotate_connections",
+                                                                  "termination_watch")}, \
         "chart defaults are the plugin's defaults"
     schema = json.loads((k8s.CHART / "values.schema.json").read_text())
     assert set(schema["properties"]["config"]["properties"]) == set(keys) - {"role"}
@@ -276,7 +279,8 @@ def test_rendered_istio_objects_are_valid_against_the_crds(module):
 
 
 @pytest.mark.parametrize("config", [{}, {"drain_timeout": "300s", "lb_buffer": "1500ms"},
-                                    {"close_after": "lb_observed_down", "lb_down_timeout": "90s"}])
+                                    {"close_after": "lb_observed_down", "lb_down_timeout": "90s"},
+                                    {"scrape_interval": "5s"}])
 def test_install_notes_give_the_grace_period_verify_checks(module, config):
     """`helm install` prints the minimum terminationGracePeriodSeconds; it is
     the one verify.py --pod-spec checks (with the values' 5 s drain duration)."""
@@ -287,8 +291,8 @@ def test_install_notes_give_the_grace_period_verify_checks(module, config):
     spec = importlib.util.spec_from_file_location("verify", istio.ENVOYFILTER / "tools" / "verify.py")
     verify = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(verify)
-    drain, closing = verify.timings(config)
-    assert printed == math.ceil(drain + closing + verify.HOLD_MARGIN_S + 5 + verify.SPARE_S)
+    drain, closing, scrape = verify.timings(config)
+    assert printed == math.ceil(drain + closing + scrape + verify.HOLD_MARGIN_S + 5 + verify.SPARE_S)
 
 
 def test_the_chart_refuses_kubernetes_before_1_28(module):
@@ -372,3 +376,32 @@ def test_observability_value_installs_the_rule_and_the_dashboard(module, tmp_pat
     assert board["data"]["drain-gate.json"] == (observability / "drain-gate.dashboard.json").read_text()
     assert board["metadata"]["labels"]["grafana_dashboard"] == "1"
     _validate_k8s(board)
+
+
+def test_pod_monitor_scrapes_the_gateways_and_the_prestop_waits_its_interval(module):
+    """observability.podMonitor renders a PodMonitor of the gateway pods' Envoy at its interval
+    (off by default), and the health role's preStop answer then waits that interval after CLOSED:
+    config.scrape_interval in its configuration, and in the hold the grace period must cover."""
+    default = k8s.by_kind(k8s.template(*with_module(module)))
+    assert ("PodMonitor", "drain-gate") not in default, "off by default"
+    health = json.loads(_health_config(default))
+    assert (health["scrape_interval"], health["termination_watch"]) == ("0s", "agent")
+    objs = k8s.by_kind(k8s.template(*with_module(module, "--set", "observability.podMonitor=true")))
+    monitor = objs[("PodMonitor", "drain-gate")]
+    assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
+    assert monitor["spec"]["podMetricsEndpoints"] == [
+        {"port": "http-envoy-prom", "path": "/stats/prometheus", "interval": "5s"}]
+    values = istio.load_one(k8s.CHART / "values.yaml")
+    assert monitor["spec"]["selector"]["matchLabels"] == values["podSelector"]
+    assert json.loads(_health_config(objs))["scrape_interval"] == "5s"
+    longer = k8s.by_kind(k8s.template(*with_module(module, "--set", "observability.podMonitor=true",
+                                                   "--set", "config.scrape_interval=15s")))
+    assert json.loads(_health_config(longer))["scrape_interval"] == "15s", "the longer of the two"
+    assert "above the maximum 1m" in refusal(*with_module(module, "--set", "config.scrape_interval=61s"))
+
+
+def _health_config(objs: dict) -> str:
+    """The health role's plugin configuration in rendered objects."""
+    ef = objs[("EnvoyFilter", "drain-gate-health")]
+    value = ef["spec"]["configPatches"][0]["patch"]["value"]
+    return hcm(value)["http_filters"][0]["typed_config"]["config"]["configuration"]["value"]

@@ -1,6 +1,7 @@
 """Every relative link of the three READMEs reaches a file of the repository,
 and every `#anchor` a heading of the file it names (GitHub's anchors: the
-heading in lower case, punctuation dropped, spaces as hyphens)."""
+heading in lower case, punctuation dropped, spaces as hyphens). README.md's
+code map names every source file of the module."""
 from __future__ import annotations
 
 import re
@@ -47,3 +48,11 @@ def test_relative_links_and_anchors_resolve(readme):
 def test_anchors_come_from_headings_outside_code_blocks(tmp_path):
     (tmp_path / "a.md").write_text("# One\n\n## Two words\n\n```sh\n# not a heading\n```\n")
     assert anchors(tmp_path / "a.md") == {"one", "two-words"}
+
+
+def test_the_code_map_names_every_source_file():
+    section = (REPO / "README.md").read_text().split("## Code map", 1)[1].split("\n## ", 1)[0]
+    mapped = set(re.findall(r"^\| \[`(src/[\w/]+\.rs)`\]", section, re.M))
+    sources = {p.relative_to(REPO).as_posix() for p in (REPO / "src").rglob("*.rs")
+               if p.relative_to(REPO).as_posix() not in ("src/lib.rs", "src/host/mod.rs")}
+    assert mapped == sources, f"missing: {sorted(sources - mapped)}, gone: {sorted(mapped - sources)}"

@@ -112,11 +112,13 @@ def start_gateway(backend_port, tmp_path, monkeypatch):
     stack = contextlib.ExitStack()
 
     def start(version: str, listeners: list[dict], wasm=WASM, ready_path: str | None = "/live",
-              clusters: list[dict] = (), admin_address: str = "127.0.0.1") -> Envoy:
+              clusters: list[dict] = (), admin_address: str = "127.0.0.1", stats_config: dict | None = None) -> Envoy:
         monkeypatch.setenv("ENVOY_BIN", istio.envoy_bin(version))
         at = {l["address"]["socket_address"]["port_value"]: free_port() for l in listeners}
         admin = free_port(admin_address)
         doc = istio.gateway_bootstrap(listeners, at, admin, backend_port, wasm, clusters, admin_address)
+        if stats_config is not None:
+            doc["stats_config"] = stats_config
         traffic = min(p for p in at if p != istio.HEALTH_PORT)
         env = Envoy(doc, istio.harness_ports(at, admin, backend_port, traffic), concurrency=2,
                     workdir=tmp_path / f"envoy-{admin}")
@@ -841,3 +843,82 @@ def test_gateway_api_distroless_prestop_with_bearer_header(start_gateway, tmp_pa
     assert requests.post(env.health("/close"), headers=auth, timeout=5).status_code == 200
     held.join(10)
     assert answer and answer[0].status_code == 200 and answer[0].json()["state"] == "CLOSED"
+
+
+# -- the role alerts on each form's names ------------------------------------------------
+RULES_TEST = istio.REPO / "tests" / "observability" / "drain-gate.rules.test.yaml"
+# istio-proxy's stats settings that shape a stat's Prometheus name: no default tag extractors
+# (tools/packaging/common/envoy_bootstrap.json; none of its own tags matches a wasm.* name), and an
+# inclusion list that keeps the wasm prefix (pkg/bootstrap/config.go).
+ISTIO_STATS = {"use_all_default_tags": False,
+               "stats_matcher": {"inclusion_list": {"patterns": [{"prefix": "wasm"}, {"prefix": "server"}]}}}
+
+
+def plugin_stat_names(env) -> dict[str, str]:
+    """The drain-gate plugins' `vm_reload` counters this Envoy exports to Prometheus, by role (its
+    plugin config's name: drain-gate-health, -traffic or -tcp, the form's prefix and suffix around it)."""
+    text = requests.get(env.admin("/stats/prometheus"), timeout=5).text
+    names = set(re.findall(r"^(envoy_wasm_\w*drain_gate_\w+_vm_reload)\b", text, re.M))
+    return {re.search(r"drain_gate_(health|traffic|tcp)", n)[1]: n for n in names}
+
+
+def role_alerts_test(forms: dict[str, dict[str, str]]) -> dict:
+    """A promtool unit test of the rules file: for each form's names, a gateway with every role, a
+    TCP-only one (health + TCP), and one missing each role; each alert expected exactly on the pods
+    that miss the role it names."""
+    pods = {}
+    for form, names in forms.items():
+        pods[f"{form}-both"] = ["health", "traffic", "tcp"]
+        pods[f"{form}-tcp-only"] = ["health", "tcp"]
+        pods[f"{form}-no-health"] = ["traffic", "tcp"]
+        pods[f"{form}-tcp-no-health"] = ["tcp"]
+        pods[f"{form}-no-traffic"] = ["health"]
+    series = [{"series": f'{forms[pod.split("-")[0]][role]}{{namespace="gw",pod="{pod}"}}', "values": "0x10"}
+              for pod, roles in pods.items() for role in roles]
+    lacks = {"DrainGateHealthRoleMissing": lambda roles: "health" not in roles,
+             "DrainGateTrafficRoleMissing": lambda roles: not {"traffic", "tcp"} & set(roles)}
+    rules = istio.REPO / "envoyfilter" / "observability" / "drain-gate.rules.yaml"
+    annotations = {r["alert"]: r["annotations"] for g in yaml.safe_load(rules.read_text())["groups"]
+                   for r in g["rules"] if r.get("alert") in lacks}
+
+    def expected(alert: str, pod: str) -> dict:
+        ann = {k: v.replace("{{ $labels.namespace }}", "gw").replace("{{ $labels.pod }}", pod)
+               for k, v in annotations[alert].items()}
+        return {"exp_labels": {"severity": "critical", "namespace": "gw", "pod": pod}, "exp_annotations": ann}
+
+    tests = [{"eval_time": "6m", "alertname": alert,
+              "exp_alerts": [expected(alert, pod) for pod, roles in pods.items() if lacked(roles)]}
+             for alert, lacked in lacks.items()]
+    return {"rule_files": [str(rules)],
+            "evaluation_interval": "1m",
+            "tests": [{"interval": "1m", "input_series": series, "alert_rule_test": tests}]}
+
+
+def test_role_alerts_fire_exactly_when_a_role_is_missing_under_each_form_s_real_names(start_gateway, tmp_path):
+    """Each form's rendered config in a real Envoy 1.40 with istio-proxy's stats settings: the names
+    its drain-gate plugins export are the ones the rules' promtool test feeds (EnvoyFilter form:
+    drain-gate-*; WasmPlugin form on Istio 1.30: istio-system.drain-gate-*~istio-translated-wasmplugin,
+    the health listener an EnvoyFilter), and, fed to promtool, each role alert fires exactly on the
+    gateways that miss its role — a TCP-only gateway included."""
+    envoyfilter = istio.apply_envoyfilters(
+        [istio.gateway_listener(8080), istio.gateway_listener(15443, tcp=True)],
+        [load("traffic-filter.yaml"), load("tcp-filter.yaml"), load("health-listener.yaml")])
+    forms = {}
+    for form, listeners in (("envoyfilter", envoyfilter), ("wasmplugin", _tcp_gateway(tmp_path))):
+        env = start_gateway(VERSIONS[-1], listeners, stats_config=ISTIO_STATS)
+        forms[form] = wait_for(lambda: len(n := plugin_stat_names(env)) == 3 and n, 10,
+                               what=f"the {form} form's three plugins' stats")
+        env.stop()
+    assert forms["envoyfilter"] == {r: f"envoy_wasm_drain_gate_{r}_vm_reload" for r in ("health", "traffic", "tcp")}
+    assert forms["wasmplugin"] == {
+        "health": "envoy_wasm_drain_gate_health_vm_reload",
+        **{r: f"envoy_wasm_istio_system_drain_gate_{r}_istio_translated_wasmplugin_vm_reload"
+           for r in ("traffic", "tcp")}}
+    fed = RULES_TEST.read_text()
+    for names in forms.values():
+        for name in names.values():
+            assert f"series: {name}{{" in fed, f"{RULES_TEST.name} does not feed {name}"
+    test = tmp_path / "roles.rules.test.yaml"
+    test.write_text(yaml.safe_dump(role_alerts_test(forms), sort_keys=False))
+    run = subprocess.run(["promtool", "test", "rules", str(test)], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0 and "SUCCESS" in run.stdout, run.stdout + run.stderr

@@ -145,7 +145,8 @@ def test_health_listener_agrees_with_envoy_yaml():
     for key in ("stat_prefix", "codec_type", "stream_idle_timeout", "request_headers_timeout", "route_config",
                 "local_reply_config", "http_protocol_options"):
         assert hcm(ours)[key] == hcm(local)[key], key
-    # A held wait=closed answer is idle for up to drain_timeout + the longest CLOSING + 5 s (<= 2 h 5 s).
+    # A held wait=closed answer is idle for up to drain_timeout + the longest CLOSING + scrape_interval + 5 s
+    # (<= 2 h 1 min 5 s).
     assert hcm(ours)["stream_idle_timeout"] == "7300s"
     (route,) = hcm(ours)["route_config"]["virtual_hosts"][0]["routes"]
     assert route["match"] == {"prefix": "/"} and route["direct_response"]["status"] == 503

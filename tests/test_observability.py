@@ -13,9 +13,16 @@
   answers "did the rollout cut anything?" reads exactly the receipt's count.
   Every dashboard query returns data during the drain. A second Envoy without
   the health listener is the control for the role alerts' expressions.
+- Live, a pod killed mid-drain: the rig's kubelet (tests/rollout/fleet.py) runs
+  drain-gate's preStop for a 3 s grace period with a stream held, then SIGTERM
+  (pilot-agent's readiness turns 503) and, 2 s later, SIGKILL: the gateway's
+  receipt line says ended=SIGTERM, and DrainGateDrainCutShort fires in the real
+  Prometheus that scraped it. The control: a pod whose drain reaches CLOSED
+  within its grace period, the same rig, no line with ended=SIGTERM and no alert.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import re
@@ -32,6 +39,7 @@ from envoyfilter.observability import generate
 from tests.harness.envoy import REPO, Envoy, Ports, render, wait_for
 from tests.harness import variants, wire
 from tests.harness.prometheus import NAMESPACE, RULES, Prometheus
+from tests.rollout import fleet
 
 POD = "gateway-0"
 LONE = "gateway-traffic-only"
@@ -190,9 +198,10 @@ def _live(gw, stream, targets: dict[str, int], workdir) -> None:
                  and wire.status(gw)["receipt"]["completed"] >= 1, 10, what="the worker sorting the drain's ends")
         quitter.kill()
         wait_for(lambda: wire.status(gw)["state"] == "CLOSING", 10, what="clean drain reaches CLOSING")
-        st = wire.status(gw)
-        assert st["progress"]["forced"] is False
-        assert (st["receipt"]["cut"], st["receipt"]["cut_lb"]) == (1, 0), st["receipt"]
+        assert wire.status(gw)["progress"]["forced"] is False
+        # The worker adds the cut to the drain's receipt at its next tick.
+        r = wait_for(lambda: (r := wire.status(gw)["receipt"])["cut"] == 1 and r, 5, what="the client's cut counted")
+        assert r["cut_lb"] == 0, r
         _seen(prom, f"drain_gate_transitions_to_closing{sel}", 1, "the clean close scraped")
         seen = _seen(prom, f"drain_gate_cut{sel}", 1, "the client's cut scraped")
         for alert in (FORCED, CUT):
@@ -232,6 +241,48 @@ def _live(gw, stream, targets: dict[str, int], workdir) -> None:
         assert "ended=CLOSED forced=true" in receipts[1] and " cut_lb=1 " in receipts[1], receipts
         RECEIPTS.parent.mkdir(parents=True, exist_ok=True)
         RECEIPTS.write_text("\n".join(receipts) + "\n")
+
+
+CUT_SHORT = "DrainGateDrainCutShort"
+
+
+def _receipt_lines(pod: fleet.Pod) -> list[dict]:
+    return [dict(kv.split("=", 1) for kv in line.split() if "=" in kv)
+            for line in re.findall(r"event=drain_receipt .*", pod.envoy.log())]
+
+
+def test_a_pod_killed_mid_drain_leaves_a_cut_short_receipt_and_pages(backend_port, stream, tmp_path):
+    strategy = fleet.strategies(1.0)["drain-gate-200"]
+    cut = fleet.Pod("gateway-cut", backend_port, strategy, tmp_path, grace_s=3.0)
+    # The control closes 1 s after its flip whether or not an LB checks it: its preStop returns at CLOSED.
+    closes = dataclasses.replace(strategy, config={**strategy.config, "close_after": "lb_buffer"})
+    done = fleet.Pod("gateway-done", backend_port, closes, tmp_path, grace_s=30.0)
+    try:
+        for pod in (cut, done):
+            pod.start()
+        with Prometheus({cut.name: cut.ports.admin, done.name: done.ports.admin}, tmp_path / "prometheus") as prom:
+            for pod in (cut, done):
+                _seen(prom, f'drain_gate_drains_cut_short{{pod="{pod.name}"}}', 0, f"{pod.name} scraped")
+            held = stream(cut.envoy.traffic("/stream?seconds=40"))  # the drain cannot end within 3 s
+            wait_for(lambda: wire.status(cut.envoy)["active"] == 1, 10, what="the held stream counted")
+            for pod in (cut, done):
+                pod.delete()  # the kubelet: preStop, SIGTERM, SIGKILL
+            for pod in (cut, done):
+                pod.wait_exit(40)
+            assert held.wait(10) != 0, "the stream ended with the pod"
+            assert cut.exit_at - cut.sigterm_at >= fleet.MIN_GRACE_S - 0.1
+            lines = _receipt_lines(cut)
+            assert [line["ended"] for line in lines] == ["SIGTERM"], lines
+            assert lines[0]["closed"] == "-" and "event=sigterm_before_closed state=DRAINING" in cut.envoy.log()
+            assert [line["ended"] for line in _receipt_lines(done)] == ["CLOSED"], "the control drained"
+            firing = wait_for(lambda: prom.alerts(CUT_SHORT, "firing"), 20, interval=0.2, what=f"{CUT_SHORT} firing")
+            assert [(a["pod"], a["severity"]) for a in firing] == [(cut.name, "critical")]
+            seen = time.time()
+            wait_for(lambda: prom.evaluated_since(CUT_SHORT, seen), 10, interval=0.2, what="evaluated again")
+            assert [a["pod"] for a in prom.alerts(CUT_SHORT, "firing")] == [cut.name], "not the pod that drained"
+    finally:
+        for pod in (cut, done):
+            pod.stop()
 
 
 def _rollout_cut(prom: Prometheus) -> float:

@@ -1,13 +1,17 @@
 """The gateway counts what a drain cut, in a real Envoy (`crate::receipt`).
 
 During a drain (any state but OPEN) the traffic role sorts every stream that
-ends: completed, ended by the upstream or Envoy, refused, or cut — ended by
-the downstream before it completed. A cut within 2 s after an LB checker was
-served its `lb_fall`-th consecutive 503 is the LB's (it marked the gateway
-DOWN and reset its sessions); any other is a client that gave up. Here the
-checker is the test itself asking `/health_check.html` from 127.0.0.1 — the
-LB's reset is what tests/test_scenarios.py measures behind a real HAProxy.
-Outside a drain no end is sorted, so a client that aborts then is never a cut.
+ends by what Envoy says happened to it: completed (the upstream's answer),
+ended by the upstream or Envoy (a reset, Envoy's own 504 or 503), refused, or
+cut — ended by the downstream before it completed. A cut within 2 s after an
+LB checker was served its `lb_fall`-th consecutive 503 is the LB's (it marked
+the gateway DOWN and reset its sessions); from the checker's own address also
+2 s after its next 503s. Any other is a client that gave up. Here the checker
+is the test itself asking `/health_check.html` from 127.0.0.1, and a client in
+the cluster is one on 127.0.0.2 — the LB's reset is what
+tests/test_scenarios.py measures behind a real HAProxy. Outside a drain no end
+is sorted, so a client that aborts then is never a cut. Every drain logs one
+receipt line, with its own ends, however soon the next begins.
 """
 from __future__ import annotations
 
@@ -19,9 +23,11 @@ import h2.config
 import h2.connection
 import h2.errors
 import pytest
+import requests
 
-from tests.harness import istio, torture
-from tests.harness.envoy import wait_for
+from tests.harness import istio, torture, variants
+from tests.harness.envoy import free_port, hcm, wait_for
+from tests.harness.tcp import Echo
 from tests.harness.wire import fresh_get, post, read_head, status
 
 COUNTERS = ["drain_gate_cut", "drain_gate_cut_lb", "drain_gate_cut_tcp", "drain_gate_drain_completed",
@@ -52,6 +58,35 @@ def h2_stream(port: int) -> tuple[socket.socket, h2.connection.H2Connection, int
 
 def receipt(gw) -> dict:
     return status(gw)["receipt"]
+
+
+def receipt_lines(gw) -> list[dict]:
+    """The `event=drain_receipt` lines the gateway logged, each as its fields."""
+    return [dict(kv.split("=", 1) for kv in line.split() if "=" in kv)
+            for line in re.findall(r"event=drain_receipt .*", gw.log())]
+
+
+def with_failing_routes(doc: dict, dead_port: int) -> dict:
+    """The traffic listener with a route whose upstream times out (`/timeout` → the backend's
+    /slow, 0.3 s) and one whose upstream refuses connections (`/dead` → a closed port)."""
+    t = hcm(variants.listener(doc, "traffic"))
+    t["route_config"]["virtual_hosts"][0]["routes"][:0] = [
+        {"match": {"prefix": "/timeout"}, "route": {"cluster": "backend", "timeout": "0.3s",
+                                                    "prefix_rewrite": "/slow"}},
+        {"match": {"prefix": "/dead"}, "route": {"cluster": "dead"}},
+    ]
+    doc["static_resources"]["clusters"].append(variants.static_cluster("dead", dead_port))
+    return doc
+
+
+def tcp_closed(port: int, source: str) -> None:
+    """One connection from `source` through the TCP chain: a line echoed, then the client's
+    normal close (its FIN first, answered by the upstream's)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=5, source_address=(source, 0)) as s:
+        s.sendall(b"ping\n")
+        assert s.recv(5) == b"ping\n"
+        s.shutdown(socket.SHUT_WR)
+        assert s.recv(1) == b"", "the upstream answered the FIN"
 
 
 def test_every_counter_exists_from_the_start_at_0(gateway):
@@ -95,6 +130,90 @@ def test_a_drain_counts_its_cuts_and_attributes_the_lb_s(gateway):
     r = wait_for(lambda: (r := receipt(gw))["cut"] == 4 and r, 5, what="a late abort counted")
     assert (r["cut_lb"], r["cut_other"]) == (2, 2), "not the LB's: after its window"
     s.close()
+
+
+def test_envoy_s_own_504_and_503_during_a_drain_end_upstream_not_completed(gateway, tmp_path):
+    """A route timeout (504 `UT`) and a connect failure (503 `UF`) reach the client as whole
+    responses: their response ended, but Envoy answered them, not the upstream."""
+    gw = gateway({"lb_buffer": "60m"}, transform=lambda doc, _: with_failing_routes(doc, free_port()))
+    p = gw.ports.traffic
+    assert post(gw, "/drain").json()["state"] == "CLOSING"  # nothing in flight: the flip at once
+    time.sleep(0.3)  # a few ticks: every worker sorts ends from its next tick on
+    assert fresh_get(p, "/")[0] == 200
+    assert fresh_get(p, "/timeout?ms=3000")[0] == 504
+    assert fresh_get(p, "/dead/x")[0] == 503
+    r = wait_for(lambda: (r := receipt(gw))["completed"] + r["ended_upstream"] == 3 and r, 5,
+                 what="the three ends in the drain's tally")
+    assert (r["completed"], r["ended_upstream"], r["cut"]) == (1, 2, 0), r
+    assert gw.stat("wasmcustom.drain_gate_drain_ended_upstream") == 2
+
+
+def test_a_normal_tcp_close_is_the_lb_s_cut_only_from_its_address_and_near_its_down(gateway, tmp_path):
+    """HAProxy's shutdown-sessions in `mode tcp` ends a session with a FIN — the packet a client done
+    with its connection sends. A FIN is the LB's only near the DOWN: from the checker's address within
+    2 s of its DOWN or of its next 503s (a second backend's DOWN), from any other within 2 s of the
+    DOWN. Ten seconds after it, a FIN from the checker's own address is a completed connection."""
+    echo = Echo(tmp_path).start()
+    try:
+        port = free_port()
+        gw = gateway({"lb_buffer": "60m"}, concurrency=1,
+                     transform=lambda doc, _: variants.tcp_listener(doc, port, echo.port))
+        assert post(gw, "/drain").json()["state"] == "CLOSING"
+        time.sleep(0.3)  # the worker's next tick: it sorts ends from then on
+        check = lambda: fresh_get(gw.ports.health, "/health_check.html")[0]  # noqa: E731 - the checker, 127.0.0.1
+        assert check() == 503
+        assert check() == 503  # lb_fall 2: DOWN
+        down = time.monotonic()
+        tcp_closed(port, "127.0.0.2")  # a client in the cluster, at the DOWN: the LB's, by time alone
+        tcp_closed(port, "127.0.0.1")  # the checker's address at its DOWN: shutdown-sessions
+        wait_for(lambda: receipt(gw)["cut"] == 2, 5, what="the two FINs at the DOWN sorted")
+        while time.monotonic() < down + 1.5:
+            time.sleep(0.05)
+        assert check() == 503 and check() == 503  # its 3rd and 4th 503: the window stays open for its address
+        while time.monotonic() < down + 2.8:
+            time.sleep(0.05)
+        tcp_closed(port, "127.0.0.2")  # 2.8 s after the DOWN, not the checker's address: completed
+        tcp_closed(port, "127.0.0.1")  # the checker's: within 2 s of its 4th 503
+        r = wait_for(lambda: (r := receipt(gw))["cut"] + r["completed"] >= 4 and r, 5,
+                     what="the FINs 2.8 s after the DOWN sorted")
+        assert (r["cut_lb"], r["cut_tcp"], r["completed"]) == (3, 3, 1), r
+        while time.monotonic() < down + 10.0:
+            time.sleep(0.1)
+        tcp_closed(port, "127.0.0.1")  # 10 s after the DOWN: a client done with its connection
+        r = wait_for(lambda: (r := receipt(gw))["completed"] == 2 and r, 5, what="the late FIN sorted")
+        assert (r["cut"], r["cut_lb"]) == (3, 3), r
+    finally:
+        echo.stop()
+
+
+def test_a_reopen_and_a_drain_within_a_tick_log_two_receipts_each_with_its_own_ends(gateway):
+    gw = gateway({"lb_buffer": "60m", "drain_timeout": "60m"},
+                 transform=lambda doc, _: with_failing_routes(doc, free_port()))
+    p = gw.ports.traffic
+    first = stream(p)
+    wait_for(lambda: status(gw)["active"] == 1, 5, what="the stream counted")
+    assert post(gw, "/drain").json()["state"] == "DRAINING"
+    time.sleep(0.3)  # a few ticks: every worker sorts ends from its next tick on
+    assert fresh_get(p, "/")[0] == 200  # the first drain: one completed ...
+    torture._abort(first)  # ... one cut
+    wait_for(lambda: receipt(gw)["cut"] == 1, 5, what="the first drain's cut in its tally")
+    s = requests.Session()
+    t0 = time.monotonic()
+    assert post(gw, "/reopen", session=s).json()["state"] == "OPEN"
+    assert post(gw, "/drain", session=s).json()["state"] == "CLOSING"
+    within = time.monotonic() - t0
+    assert within < 0.1, f"/reopen and /drain took {within:.3f} s: more than a tick"
+    time.sleep(0.3)  # the workers' next ticks: the second drain's ends from then on
+    assert fresh_get(p, "/timeout?ms=3000")[0] == 504  # the second drain: one ended upstream
+    wait_for(lambda: receipt(gw)["ended_upstream"] == 1, 5, what="the second drain's 504 in its tally")
+    assert post(gw, "/reopen").json()["state"] == "OPEN"
+    lines = wait_for(lambda: len(ls := receipt_lines(gw)) == 2 and ls, 5, what="two receipt lines")
+    counts = [{k: int(line[k]) for k in ("completed", "cut", "ended_upstream")} for line in lines]
+    assert counts == [{"completed": 1, "cut": 1, "ended_upstream": 0},
+                      {"completed": 0, "cut": 0, "ended_upstream": 1}], lines
+    assert lines[0]["started"] != lines[1]["started"] and [x["ended"] for x in lines] == ["OPEN", "OPEN"]
+    time.sleep(0.3)
+    assert len(receipt_lines(gw)) == 2, "one line per drain"
 
 
 def test_the_receipt_is_logged_once_when_the_drain_ends(gateway):

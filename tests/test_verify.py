@@ -156,7 +156,8 @@ def test_short_grace_period_fails_with_the_arithmetic(start_gateway, tmp_path):
     assert code == 1
     assert failures(lines) == [
         "FAIL terminationGracePeriodSeconds: Deployment istio-ingressgateway: 150 s; needs >= 325 s = "
-        "drain_timeout 300 + longest CLOSING 10 + hold margin 5 + terminationDrainDuration 5 + spare 5",
+        "drain_timeout 300 + longest CLOSING 10 + scrape_interval 0 + hold margin 5 + terminationDrainDuration 5 + "
+        "spare 5",
         "FAIL preStop --max-time: Deployment istio-ingressgateway: 140 s; between the hold 315 s and grace - "
         "terminationDrainDuration 145 s"]
 

@@ -44,7 +44,7 @@ LEGEND = "{{namespace}}/{{pod}}"
 STATES = [("OPEN", "green"), ("DRAINING", "yellow"), ("CLOSING", "orange"), ("CLOSED", "blue"), ("FAULT", "red")]
 TRANSITIONS = ["open", "draining", "closing", "closed", "fault"]
 # The drain-gate plugins Envoy runs, from its own per-plugin wasm stats.
-PLUGINS = 'envoy_wasm_(.+_)?drain_gate_(health|traffic)_vm_reload'
+PLUGINS = 'envoy_wasm_(.+_)?drain_gate_(health|traffic|tcp)(_canary)?(_istio_translated_wasmplugin)?_vm_reload'
 
 
 def query(expr: str, legend: str = LEGEND, ref: str = "A") -> prometheus.Dataquery:

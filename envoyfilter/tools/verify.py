@@ -54,7 +54,7 @@ Pod (--pod-spec FILE|-), container istio-proxy:
     with Nodes given, exactly one fitting node per replica, and with
     --lb-nodes, exactly the LB's servers;
   * terminationGracePeriodSeconds >= drain_timeout + the longest CLOSING
-    + 5 s hold margin + terminationDrainDuration + 5 s spare; curl's --max-time
+    + scrape_interval + 5 s hold margin + terminationDrainDuration + 5 s spare; curl's --max-time
     of an exec preStop between the hold and the grace period;
   * no rollout that deadlocks: one pod per node enforced by required
     anti-affinity with maxSurge > 0, maxUnavailable 0 needs a node the pods
@@ -93,7 +93,8 @@ RBAC_TYPES = ("type.googleapis.com/envoy.extensions.filters.http.rbac.v3.RBAC",
               "type.googleapis.com/envoy.extensions.filters.network.rbac.v3.RBAC")
 ISTIO_RBAC_STAND_INS = {"wasm-default-allow": "an allow-all", "wasm-default-deny": "a deny-all"}
 ISTIO_OWN_PORTS = (15021, 15090)
-DEFAULTS = {"drain_timeout": "120s", "lb_buffer": "10s", "close_after": "lb_buffer", "lb_down_timeout": "60s"}
+DEFAULTS = {"drain_timeout": "120s", "lb_buffer": "10s", "close_after": "lb_buffer", "lb_down_timeout": "60s",
+            "scrape_interval": "0s"}
 # drain-gate's own default for rotate_connections (src/rotation.rs).
 DEFAULT_ROTATION_CLUSTER = "drain_gate_envoy_admin"
 # The drain-gate chart's podSelector and wasm.path (envoyfilter/chart/values.yaml).
@@ -596,13 +597,13 @@ def drain_duration_s(workload: dict) -> float:
     return float(m[1]) if m else 5.0
 
 
-def timings(config: dict) -> tuple[float, float]:
-    """(drain_timeout, longest CLOSING) in seconds."""
+def timings(config: dict) -> tuple[float, float, float]:
+    """(drain_timeout, longest CLOSING, scrape_interval: the preStop answer's wait after CLOSED) in seconds."""
     c = {**DEFAULTS, **(config or {})}
     closing = duration_s(c["lb_buffer"])
     if c["close_after"] == "lb_observed_down":
         closing = max(closing, duration_s(c["lb_down_timeout"]))
-    return duration_s(c["drain_timeout"]), closing
+    return duration_s(c["drain_timeout"]), closing, duration_s(c["scrape_interval"])
 
 
 def handlers(hook: dict | None) -> list[str]:
@@ -869,12 +870,12 @@ def check_grace(report: Report, workload: dict, config: dict) -> None:
     name = name_of(workload)
     spec = pod_spec(workload)
     grace = spec.get("terminationGracePeriodSeconds", 30)
-    drain, closing = timings(config)
-    hold = drain + closing + HOLD_MARGIN_S
+    drain, closing, scrape = timings(config)
+    hold = drain + closing + scrape + HOLD_MARGIN_S
     need = hold + drain_duration_s(workload) + SPARE_S
     report.check(grace >= need, "terminationGracePeriodSeconds",
                  f"{name}: {grace} s; needs >= {need:g} s = drain_timeout {drain:g} + longest CLOSING "
-                 f"{closing:g} + hold margin {HOLD_MARGIN_S} + terminationDrainDuration "
+                 f"{closing:g} + scrape_interval {scrape:g} + hold margin {HOLD_MARGIN_S} + terminationDrainDuration "
                  f"{drain_duration_s(workload):g} + spare {SPARE_S}")
     proxy = next((c for c in spec.get("containers", []) if c.get("name") == "istio-proxy"), {})
     command = (((proxy.get("lifecycle") or {}).get("preStop") or {}).get("exec") or {}).get("command") or []

@@ -109,7 +109,7 @@ fn takes_phrase(takes: &[&str]) -> String {
     if takes.is_empty() {
         "takes no query parameters".to_string()
     } else {
-        format!("takes {}", takes.join(", "))
+        format!("takes {}", crate::config::listed(takes))
     }
 }
 

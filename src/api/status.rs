@@ -102,8 +102,8 @@ pub struct View<'a> {
     pub close_after: CloseAfter,
     pub rotation: RotationView<'a>,
     pub footprint: Footprint,
-    /// What the current (or last) drain counted: the counters now minus
-    /// those at its start (`crate::receipt`).
+    /// What the current (or last) drain counted, as the traffic roots added
+    /// it at their ticks (`crate::receipt`).
     pub receipt: Tally,
     /// `draining_new_requests`.
     pub new_requests: &'static str,
@@ -252,7 +252,7 @@ struct ReceiptOut {
     cut: u64,
     cut_http: u64,
     cut_tcp: u64,
-    /// Cut within 2 s after an LB checker was served its `lb_fall`-th 503.
+    /// Cut by the LB at its DOWN (`crate::lb::Checkers::cut_by_lb`).
     cut_lb: u64,
     /// Every other cut: a client that gave up by itself (or an LB whose checks drain-gate does not see).
     cut_other: u64,
@@ -453,10 +453,12 @@ pub enum WaitEnd {
     TimedOut,
 }
 
-/// Whether a held wait is over: CLOSED ends it, leaving the drain aborts it,
-/// the deadline times it out.
-pub fn wait_end(state: State, timed_out: bool) -> Option<WaitEnd> {
+/// Whether a held wait is over: CLOSED ends it (once `lingering` is over:
+/// `scrape_interval` after CLOSED, or at its deadline), leaving the drain
+/// aborts it, the deadline times it out.
+pub fn wait_end(state: State, timed_out: bool, lingering: bool) -> Option<WaitEnd> {
     match state {
+        State::Closed if lingering && !timed_out => None,
         State::Closed => Some(WaitEnd::Closed),
         State::Open | State::Fault => Some(WaitEnd::Aborted),
         State::Draining | State::Closing if timed_out => Some(WaitEnd::TimedOut),
@@ -752,10 +754,15 @@ mod tests {
 
     #[test]
     fn wait_outcomes() {
-        assert_eq!(wait_end(State::Draining, false), None);
-        assert_eq!(wait_end(State::Closing, true), Some(WaitEnd::TimedOut));
-        assert_eq!(wait_end(State::Closed, true), Some(WaitEnd::Closed));
-        assert_eq!(wait_end(State::Open, false), Some(WaitEnd::Aborted));
-        assert_eq!(wait_end(State::Fault, false), Some(WaitEnd::Aborted));
+        assert_eq!(wait_end(State::Draining, false, false), None);
+        assert_eq!(
+            wait_end(State::Closing, true, false),
+            Some(WaitEnd::TimedOut)
+        );
+        assert_eq!(wait_end(State::Closed, true, false), Some(WaitEnd::Closed));
+        assert_eq!(wait_end(State::Closed, false, true), None, "scraped first");
+        assert_eq!(wait_end(State::Closed, true, true), Some(WaitEnd::Closed));
+        assert_eq!(wait_end(State::Open, false, false), Some(WaitEnd::Aborted));
+        assert_eq!(wait_end(State::Fault, false, false), Some(WaitEnd::Aborted));
     }
 }

@@ -6,7 +6,7 @@ use proxy_wasm::traits::{Context, HttpContext};
 use proxy_wasm::types::{Action, MapType};
 use std::cell::{Cell, RefCell};
 use std::fmt::Display;
-use std::net::{IpAddr, SocketAddr};
+use std::net::IpAddr;
 use std::rc::Rc;
 
 use super::count::{Counts, Reading};
@@ -18,6 +18,7 @@ use super::placeholder;
 use super::rotation::Rotator;
 use super::shared::{Envoy, Host};
 use super::store::{self, Store};
+use super::termination;
 use crate::api::{self, Audience, CountInfo, Endpoint, Reply, RotationView, TrafficInfo, View};
 use crate::clock::{self, Now};
 use crate::config::{Config, NewRequests};
@@ -60,6 +61,7 @@ pub struct Health<H: Host = Envoy> {
     pub counter: Counts<H>,
     pub metrics: Metrics<H>,
     pub rotator: Rotator<H>,
+    pub termination: termination::Watch<H>,
     store: Store<H>,
     waiters: RefCell<Vec<Waiter>>,
     watch: Watch<H>,
@@ -72,9 +74,9 @@ pub struct Health<H: Host = Envoy> {
     placeholders: Cell<PlaceholderAction>,
     /// An LB check was answered 200 (as of this worker's last look).
     announced: Cell<bool>,
-    /// The CLOSED (`Record::seq`) whose receipt this root saw due at its last
-    /// tick: it is logged a tick later, once every traffic root's tick has
-    /// counted what completed (`Traffic::tick`).
+    /// The drain whose owed receipt line this root saw at its last tick: it
+    /// is logged a tick later, once every traffic root's tick has counted
+    /// what completed (`Traffic::tick`).
     receipt_seen: Cell<Option<u64>>,
 }
 
@@ -102,12 +104,14 @@ impl<H: Host + Copy> Health<H> {
         let counter = Counts::new(&metrics);
         let refusing = config.draining_new_requests == NewRequests::Refuse;
         let rotator = Rotator::new(host, config.rotate_connections.clone(), refusing);
+        let termination = termination::Watch::new(host, config.termination_watch.clone());
         let watch = Watch::new(host, config.tick_ms);
         let health = Health {
             config,
             counter,
             metrics,
             rotator,
+            termination,
             store: Store::new(host),
             waiters: RefCell::new(Vec::new()),
             receipt_seen: Cell::new(None),
@@ -382,7 +386,8 @@ impl<H: Host> Health<H> {
             Ok(r) => r,
             Err(e) => return Some(unavailable(&e)),
         };
-        if let Some(end) = api::wait_end(rec.state, false) {
+        if let Some(end) = api::wait_end(rec.state, false, self.lingering(&rec, self.host().now()))
+        {
             return Some(self.wait_reply(end, &rec));
         }
         self.waiters.borrow_mut().push(Waiter {
@@ -459,6 +464,9 @@ impl<H: Host> Health<H> {
         self.metrics.set_oldest_in_flight(oldest);
         self.keep_receipt(&rec, oldest);
         self.release_waiters(&rec, now);
+        let held = !self.waiters.borrow().is_empty();
+        self.termination
+            .tick(held && matches!(rec.state, State::Draining | State::Closing));
     }
 
     /// Keeps a gateway not yet announced out while a placeholder runs, and
@@ -500,48 +508,50 @@ impl<H: Host> Health<H> {
         }
     }
 
-    /// Records the oldest stream at the flip (within a tick of it) and logs
-    /// the drain's receipt once when the drain ends; one worker each.
+    /// Records the oldest stream at the flip (within a tick of it), and logs
+    /// the owed receipt line a tick after this root first saw it (the traffic
+    /// roots count the drain's last completed ends at their tick); one worker
+    /// each.
     fn keep_receipt(&self, rec: &Record, oldest: Option<u64>) {
         if fsm::record_flip(rec, oldest).is_some() {
             if let Err(e) = self.store.update(&|r| fsm::record_flip(r, oldest)) {
                 logs::warning!("event=state_unavailable role=health error=\"{e}\"");
             }
         }
-        if !fsm::receipt_due(rec) {
+        let owed = rec.owed_line.as_ref().and(rec.owed_drain);
+        if owed.is_none() || self.receipt_seen.replace(owed) != owed {
             return;
         }
-        // At CLOSED the line waits a tick for what completed in the last one
-        // (a reopen or FAULT logs at once: a new drain may begin any moment).
-        if rec.state == State::Closed && self.receipt_seen.replace(Some(rec.seq)) != Some(rec.seq) {
-            return;
-        }
-        let won = std::cell::Cell::new(false);
-        let marked = self.store.update(&|r| {
-            let next = fsm::mark_receipt(r);
-            won.set(next.is_some());
-            next
-        });
-        match marked {
-            Ok(r) if won.get() => logs::info!("{}", self.receipt(&r)),
-            Ok(_) => {}
-            Err(e) => logs::warning!("event=state_unavailable role=health error=\"{e}\""),
+        let line = RefCell::new(None);
+        let taken = self
+            .store
+            .update(&|r| fsm::take_owed(r, &mut line.borrow_mut()));
+        match (taken, line.take()) {
+            (Ok(_), Some(line)) => logs::info!("{line}"),
+            (Ok(_), None) => {}
+            (Err(e), _) => logs::warning!("event=state_unavailable role=health error=\"{e}\""),
         }
     }
 
-    /// The receipt of the drain `rec` holds (or held).
-    fn receipt<'a>(&self, rec: &'a Record) -> receipt::Receipt<'a> {
+    /// pilot-agent says the pod got its SIGTERM while a preStop answer is
+    /// held (`termination`): the drain is cut short before CLOSED. The worker
+    /// that writes it into the receipt counts it and says so; the receipt
+    /// line (`ended=SIGTERM`) follows a tick later.
+    pub fn sigterm(&self) {
         let now = self.host().now();
-        receipt::Receipt {
-            started_ms: rec.drain_started_ms.unwrap_or(0),
-            flipped_ms: rec.closing_ms,
-            closed_ms: rec.closed_ms,
-            ended: rec.state.name(),
-            forced: rec.forced,
-            duration_ms: rec.drain_duration_ms(now),
-            active_at_flip: rec.active_at_closing,
-            oldest_at_flip_ms: rec.oldest_at_closing_ms,
-            tally: self.tally_of(rec),
+        let cut = Cell::new(None);
+        let written = self.store.update(&|r| {
+            let next = fsm::cut_short(r, self.tally_of(r), now);
+            cut.set(next.as_ref().map(|_| r.state));
+            next
+        });
+        match (written, cut.get()) {
+            (Ok(_), Some(state)) => {
+                self.metrics.drain_cut_short();
+                logs::warning!("event=sigterm_before_closed state={}", state.name());
+            }
+            (Ok(_), None) => {}
+            (Err(e), _) => logs::warning!("event=state_unavailable role=health error=\"{e}\""),
         }
     }
 
@@ -558,21 +568,29 @@ impl<H: Host> Health<H> {
         if self.waiters.borrow().is_empty() {
             return;
         }
+        let lingering = self.lingering(rec, now);
         let (over, held): (Vec<Waiter>, Vec<Waiter>) = self
             .waiters
             .borrow()
             .iter()
-            .partition(|w| api::wait_end(rec.state, w.timed_out(now)).is_some());
+            .partition(|w| api::wait_end(rec.state, w.timed_out(now), lingering).is_some());
         if !held.is_empty() {
             self.renew_hold();
         }
         *self.waiters.borrow_mut() = held;
         for w in over {
-            if let Some(end) = api::wait_end(rec.state, w.timed_out(now)) {
+            if let Some(end) = api::wait_end(rec.state, w.timed_out(now), lingering) {
                 let reply = self.wait_reply(end, rec);
                 send(self.host(), Some(w.context_id), &reply);
             }
         }
+    }
+
+    /// Whether CLOSED began less than `scrape_interval` ago: a held preStop
+    /// answer waits for a scrape to see it.
+    fn lingering(&self, rec: &Record, now: Now) -> bool {
+        rec.closed_ms
+            .is_some_and(|at| !now.passed(at, None, self.config.scrape_interval_ms))
     }
 
     fn forget(&self, context_id: u32) {
@@ -603,11 +621,7 @@ fn header(name: &str) -> Option<String> {
 /// The downstream peer address (`source.address` is "ip:port").
 fn source_ip() -> Option<IpAddr> {
     let bytes = hostcalls::get_property(vec!["source", "address"]).ok()??;
-    let text = std::str::from_utf8(&bytes).ok()?;
-    text.parse::<SocketAddr>()
-        .map(|s| s.ip())
-        .or_else(|_| text.parse::<IpAddr>())
-        .ok()
+    crate::net::peer_ip(&bytes)
 }
 
 impl Context for HealthStream {}
@@ -643,6 +657,7 @@ impl Drop for HealthStream {
 #[allow(clippy::unwrap_used, clippy::indexing_slicing)]
 mod tests {
     use super::*;
+    use crate::config;
     use crate::host::count::Part;
     use crate::host::sim::Sim;
     use crate::host::traffic::{Traffic, TrafficStream};
@@ -1055,13 +1070,52 @@ mod tests {
         }
     }
 
-    /// A stream that ends with these response flags (what `on_log` reads);
-    /// 0: its response ended, it completed.
-    fn end_with(sim: &Sim, mut stream: TrafficStream<&Sim>, flags: u64) {
-        stream.response(flags == 0);
-        sim.set_flags(flags);
+    /// How a stream of these tests ends (what `on_log` reads).
+    #[derive(Clone, Copy)]
+    enum How {
+        /// Its response ended: the upstream's answer.
+        Completed,
+        /// Its response ended: Envoy's own answer, with these code details.
+        Local(&'static str),
+        /// Its response did not end: these response flags.
+        Flags(u64),
+    }
+
+    fn end_with(sim: &Sim, mut stream: TrafficStream<&Sim>, how: How) {
+        let details = match how {
+            How::Completed => "via_upstream",
+            How::Local(d) => d,
+            How::Flags(flags) => {
+                sim.set_flags(flags);
+                "via_upstream"
+            }
+        };
+        stream.response(!matches!(how, How::Flags(_)));
+        sim.set_property("response.code_details", details.as_bytes());
         stream.log();
         drop(stream);
+    }
+
+    /// `/drain/status`'s receipt once the traffic root's tick added what it
+    /// sorted to the drain's tally.
+    fn receipt_after_tick(h: &Health<&Sim>, t: &Traffic<&Sim>) -> serde_json::Value {
+        t.tick();
+        json(&call(h, "GET", "/drain/status", 9).unwrap())["receipt"].clone()
+    }
+
+    /// The `event=drain_receipt` lines logged so far on this test's thread,
+    /// each as its fields.
+    fn receipt_lines() -> Vec<std::collections::HashMap<String, String>> {
+        logs::taken()
+            .iter()
+            .filter(|l| l.starts_with("event=drain_receipt "))
+            .map(|l| {
+                l.split(' ')
+                    .filter_map(|kv| kv.split_once('='))
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .collect()
+            })
+            .collect()
     }
 
     #[test]
@@ -1069,19 +1123,22 @@ mod tests {
         let sim = Sim::at(T0);
         let (h, t) = gateway(&sim, r#"{"lb_buffer":"60m"}"#);
         let outside = TrafficStream::new(Rc::clone(&t));
-        end_with(&sim, outside, 0x4000); // a client abort while OPEN: not a drain's
-        let streams: Vec<_> = (0..4).map(|_| TrafficStream::new(Rc::clone(&t))).collect();
+        end_with(&sim, outside, How::Flags(0x4000)); // a client abort while OPEN: not a drain's
+        let streams: Vec<_> = (0..6).map(|_| TrafficStream::new(Rc::clone(&t))).collect();
         let held = TrafficStream::new(Rc::clone(&t));
         call(&h, "POST", "/drain", 1).unwrap();
         ticks(&sim, &h, &t, 1, 100);
         let mut it = streams.into_iter();
-        end_with(&sim, it.next().unwrap(), 0); // completed
-        end_with(&sim, it.next().unwrap(), 0x10); // upstream reset
-        end_with(&sim, it.next().unwrap(), 0x4000); // a client that gave up
-        assert_eq!(
-            json(&call(&h, "GET", "/drain/status", 2).unwrap())["cut"],
-            1
-        );
+        end_with(&sim, it.next().unwrap(), How::Completed);
+        end_with(&sim, it.next().unwrap(), How::Flags(0x10)); // upstream reset
+        end_with(&sim, it.next().unwrap(), How::Local("response_timeout")); // 504 UT
+        end_with(
+            &sim,
+            it.next().unwrap(),
+            How::Local("upstream_reset_before_response_started{remote_connection_failure}"),
+        ); // 503 UF
+        end_with(&sim, it.next().unwrap(), How::Flags(0x4000)); // a client that gave up
+        assert_eq!(receipt_after_tick(&h, &t)["cut"], 1);
         // The LB is served 503 twice (lb_fall 2) after the flip: DOWN, and it
         // resets what it still carries.
         call(&h, "POST", "/close-lb", 3).unwrap();
@@ -1092,20 +1149,22 @@ mod tests {
             );
             sim.advance(500);
         }
-        end_with(&sim, it.next().unwrap(), 0x1000_0000); // RST_STREAM at DOWN
+        end_with(&sim, it.next().unwrap(), How::Flags(0x1000_0000)); // RST_STREAM at DOWN
         sim.advance(3_000);
-        end_with(&sim, held, 0x4000); // long after the DOWN: not the LB's
-        t.tick(); // what completed is counted once a tick
-        let st = json(&call(&h, "GET", "/drain/status", 5).unwrap());
-        let r = &st["receipt"];
-        assert_eq!(st["cut"], 3);
+        end_with(&sim, held, How::Flags(0x4000)); // long after the DOWN: not the LB's
+        let r = receipt_after_tick(&h, &t);
         assert_eq!(
-            (r["cut_lb"].as_u64(), r["cut_other"].as_u64()),
-            (Some(1), Some(2))
+            (
+                r["cut"].as_u64(),
+                r["cut_lb"].as_u64(),
+                r["cut_other"].as_u64()
+            ),
+            (Some(3), Some(1), Some(2))
         );
         assert_eq!(
             (r["completed"].as_u64(), r["ended_upstream"].as_u64()),
-            (Some(1), Some(1))
+            (Some(1), Some(3)),
+            "Envoy's 504 and 503 are not completed: {r}"
         );
         assert_eq!(
             sim.metric(crate::metric_names::CUT),
@@ -1113,6 +1172,7 @@ mod tests {
             "the OPEN abort is not counted"
         );
         assert_eq!(sim.metric(crate::metric_names::CUT_LB), 1);
+        assert_eq!(sim.metric(crate::metric_names::DRAIN_ENDED_UPSTREAM), 3);
     }
 
     #[test]
@@ -1126,8 +1186,9 @@ mod tests {
             &Config::parse(br#"{"role":"traffic_tcp"}"#).unwrap(),
         ));
         let conn = || TrafficStream::new(Rc::clone(&tcp));
-        let (mut reset, mut upstream_first, mut done, mut at_down, mut late) =
-            (conn(), conn(), conn(), conn(), conn());
+        let (mut reset, mut upstream_first, mut done) = (conn(), conn(), conn());
+        let (mut at_down, mut client_in_window, mut lb_in_window, mut late) =
+            (conn(), conn(), conn(), conn());
         call(&h, "POST", "/drain", 1).unwrap();
         tcp.tick();
         reset.closed(true, PeerType::Remote); // a reset from the client side
@@ -1142,15 +1203,14 @@ mod tests {
         done.closed(false, PeerType::Unknown);
         done.closed(true, PeerType::Local);
         drop(done);
-        tcp.tick(); // what completed is counted once a tick
-        let r = json(&call(&h, "GET", "/drain/status", 2).unwrap())["receipt"].clone();
+        let r = receipt_after_tick(&h, &tcp);
         assert_eq!(
             (r["cut_tcp"].as_u64(), r["completed"].as_u64()),
             (Some(1), Some(2))
         );
-        // The LB's DOWN (lb_fall 2): HAProxy's shutdown-sessions in mode tcp
-        // sends the gateway a FIN, and its reset may follow before the upstream
-        // answers the FIN.
+        // The LB's DOWN (lb_fall 2, the checker at 127.0.0.1): HAProxy's
+        // shutdown-sessions in mode tcp sends the gateway a FIN from its own
+        // address, and its reset may follow before the upstream answers.
         call(&h, "POST", "/close-lb", 3).unwrap();
         for _ in 0..2 {
             assert_eq!(
@@ -1159,23 +1219,37 @@ mod tests {
             );
         }
         sim.advance(5);
+        sim.set_property("source.address", b"127.0.0.1:40100");
         at_down.half_closed(true);
         at_down.closed(true, PeerType::Remote);
         drop(at_down);
-        sim.advance(3_000); // past the window: a FIN is a client's again
+        // Its 3rd and 4th 503 (a second backend's DOWN may come then) hold the
+        // window open for its own address, 2 s past the 4th.
+        for _ in 0..2 {
+            sim.advance(1_000);
+            call(&h, "GET", "/health_check.html", 4).unwrap();
+        }
+        sim.advance(1_500); // 3.5 s after the DOWN
+        sim.set_property("source.address", b"10.1.2.3:51000");
+        client_in_window.half_closed(true); // a client in the cluster done with it
+        client_in_window.half_closed(false);
+        drop(client_in_window);
+        sim.set_property("source.address", b"127.0.0.1:40101");
+        lb_in_window.half_closed(true); // the checker's own address: its FIN is the LB's
+        drop(lb_in_window);
+        sim.advance(6_500); // 10 s after the DOWN: a FIN is a client's again
         late.half_closed(true);
         late.half_closed(false);
         late.closed(true, PeerType::Local);
         drop(late);
-        tcp.tick();
-        let r = json(&call(&h, "GET", "/drain/status", 5).unwrap())["receipt"].clone();
+        let r = receipt_after_tick(&h, &tcp);
         assert_eq!(
             (
                 r["cut_tcp"].as_u64(),
                 r["cut_lb"].as_u64(),
                 r["completed"].as_u64()
             ),
-            (Some(2), Some(1), Some(3)),
+            (Some(3), Some(2), Some(4)),
             "{r}"
         );
     }
@@ -1203,6 +1277,7 @@ mod tests {
             .contains(&("x-drain-gate".to_string(), "refused; draining".to_string())));
         new.log();
         drop(new);
+        t.tick(); // the drain's ends are in its tally from the root's tick
         let st = json(&call(&h, "GET", "/drain/status", 2).unwrap());
         assert_eq!(
             st["refusing"],
@@ -1295,13 +1370,19 @@ mod tests {
         let s = TrafficStream::new(Rc::clone(&t));
         call(&h, "POST", "/drain", 1).unwrap();
         ticks(&sim, &h, &t, 1, 100);
-        end_with(&sim, s, 0);
+        end_with(&sim, s, How::Completed);
         ticks(&sim, &h, &t, 12, 100);
         let rec = h.store.load().unwrap();
         assert_eq!(rec.state, State::Closed);
-        assert!(rec.receipt_logged && rec.flip_recorded);
-        assert_eq!(h.receipt(&rec).tally.completed, 1);
-        assert!(fsm::mark_receipt(&rec).is_none(), "once");
+        assert!(rec.receipt_logged && rec.flip_recorded && rec.owed_line.is_none());
+        let lines = receipt_lines();
+        assert_eq!(lines.len(), 1, "once");
+        assert_eq!(
+            (lines[0]["ended"].as_str(), lines[0]["completed"].as_str()),
+            ("CLOSED", "1")
+        );
+        ticks(&sim, &h, &t, 5, 100);
+        assert!(receipt_lines().is_empty(), "once, whatever the ticks");
     }
 
     #[test]
@@ -1312,20 +1393,157 @@ mod tests {
         ticks(&sim, &h, &t, 1, 100);
         let late = TrafficStream::new(Rc::clone(&t)); // the LB still sends in CLOSING
         sim.advance(1_000);
-        end_with(&sim, late, 0); // completed after its traffic root's last tick
+        end_with(&sim, late, How::Completed); // completed after its traffic root's last tick
         h.tick();
         let rec = h.store.load().unwrap();
         assert_eq!(rec.state, State::Closed);
         assert!(
-            !rec.receipt_logged,
-            "due, but its traffic root has not counted it yet"
+            rec.owed_line.is_some(),
+            "owed, but its traffic root has not counted it yet"
         );
         assert_eq!(sim.metric(crate::metric_names::DRAIN_COMPLETED), 0);
         ticks(&sim, &h, &t, 1, 100);
-        let rec = h.store.load().unwrap();
-        assert!(rec.receipt_logged, "logged a tick later");
+        assert!(
+            h.store.load().unwrap().owed_line.is_none(),
+            "logged a tick later"
+        );
         assert_eq!(sim.metric(crate::metric_names::DRAIN_COMPLETED), 1);
-        assert_eq!(h.receipt(&rec).tally.completed, 1);
+        let lines = receipt_lines();
+        assert_eq!((lines.len(), lines[0]["completed"].as_str()), (1, "1"));
+    }
+
+    #[test]
+    fn a_reopen_and_a_new_drain_within_a_tick_log_one_receipt_each_with_its_own_ends() {
+        let sim = Sim::at(T0);
+        let (h, t) = gateway(&sim, r#"{"lb_buffer":"60m"}"#);
+        let first: Vec<_> = (0..4).map(|_| TrafficStream::new(Rc::clone(&t))).collect();
+        let second: Vec<_> = (0..3).map(|_| TrafficStream::new(Rc::clone(&t))).collect();
+        call(&h, "POST", "/drain", 1).unwrap();
+        ticks(&sim, &h, &t, 1, 100);
+        let mut it = first.into_iter();
+        end_with(&sim, it.next().unwrap(), How::Completed);
+        end_with(&sim, it.next().unwrap(), How::Flags(0x4000)); // a client gave up
+        end_with(&sim, it.next().unwrap(), How::Local("response_timeout"));
+        // Reopened and drained again before any tick: the first drain's line
+        // is still owed when the second begins.
+        assert_eq!(call(&h, "POST", "/reopen", 2).unwrap().status, 200);
+        assert_eq!(call(&h, "POST", "/drain", 3).unwrap().status, 200);
+        let rec = h.store.load().unwrap();
+        assert_eq!(
+            (rec.state, rec.owed_line.is_some()),
+            (State::Draining, true)
+        );
+        end_with(&sim, it.next().unwrap(), How::Completed); // the traffic root still sees drain 1
+        ticks(&sim, &h, &t, 1, 100); // ... until its tick: from here on, drain 2
+        for s in second {
+            end_with(&sim, s, How::Flags(0x1000_0000));
+        }
+        assert_eq!(call(&h, "POST", "/reopen", 4).unwrap().status, 200);
+        ticks(&sim, &h, &t, 3, 100);
+        let lines = receipt_lines();
+        assert_eq!(lines.len(), 2, "{lines:?}");
+        let counts = |l: &std::collections::HashMap<String, String>| {
+            ["ended", "completed", "cut", "ended_upstream"].map(|k| l[k].clone())
+        };
+        assert_eq!(counts(&lines[0]), ["OPEN", "2", "1", "1"]);
+        assert_eq!(counts(&lines[1]), ["OPEN", "0", "3", "0"]);
+        assert_ne!(lines[0]["started"], lines[1]["started"]);
+        assert!(h.store.load().unwrap().owed_line.is_none());
+    }
+
+    #[test]
+    fn a_sigterm_before_closed_while_the_prestop_is_held_is_in_the_receipt() {
+        let sim = Sim::at(T0);
+        let (h, t) = gateway(&sim, r#"{"termination_watch":"agent","lb_buffer":"60m"}"#);
+        let s = TrafficStream::new(Rc::clone(&t));
+        call(&h, "POST", "/drain", 1).unwrap();
+        ticks(&sim, &h, &t, 2, 100);
+        assert!(
+            sim.calls.borrow().is_empty(),
+            "no preStop held: nothing watched"
+        );
+        assert!(
+            call(&h, "POST", "/drain?wait=closed", 2).is_none(),
+            "the preStop, held"
+        );
+        ticks(&sim, &h, &t, 3, 100);
+        let calls = sim.calls.borrow().clone();
+        assert_eq!(calls.len(), 1, "one call at a time");
+        assert_eq!(calls[0].cluster, "agent");
+        assert!(calls[0]
+            .headers
+            .contains(&(":path".to_string(), termination::READY_PATH.to_string())));
+        sim.call_status.set(Some(200));
+        assert!(
+            !h.termination.answered(calls[0].token, 3),
+            "ready: no SIGTERM yet"
+        );
+        ticks(&sim, &h, &t, 1, 100);
+        let token = sim.calls.borrow().last().unwrap().token;
+        sim.call_status.set(Some(503)); // pilot-agent: "server is terminated"
+        assert!(h.termination.answered(token, 3));
+        h.sigterm();
+        h.sigterm(); // another worker's answer: once per drain
+        assert_eq!(sim.metric(crate::metric_names::DRAINS_CUT_SHORT), 1);
+        end_with(&sim, s, How::Flags(0x4000)); // Envoy ends with the pod
+        ticks(&sim, &h, &t, 2, 100);
+        let lines = receipt_lines();
+        assert_eq!(lines.len(), 1, "{lines:?}");
+        assert_eq!(
+            (lines[0]["ended"].as_str(), lines[0]["closed"].as_str()),
+            ("SIGTERM", "-")
+        );
+        call(&h, "POST", "/close", 3).unwrap();
+        ticks(&sim, &h, &t, 3, 100);
+        assert!(
+            receipt_lines().is_empty(),
+            "one line per drain: CLOSED adds none"
+        );
+    }
+
+    #[test]
+    fn without_the_watch_or_a_call_answered_nothing_is_cut_short() {
+        let sim = Sim::at(T0);
+        let (h, t) = gateway(&sim, r#"{"lb_buffer":"60m"}"#);
+        let _s = TrafficStream::new(Rc::clone(&t));
+        assert!(call(&h, "POST", "/drain?wait=closed", 1).is_none());
+        ticks(&sim, &h, &t, 5, 100);
+        assert!(
+            sim.calls.borrow().is_empty(),
+            "termination_watch is off by default"
+        );
+        let (h, t) = gateway(&sim, r#"{"termination_watch":true,"lb_buffer":"60m"}"#);
+        let _s = TrafficStream::new(Rc::clone(&t));
+        assert!(call(&h, "POST", "/drain?wait=closed", 2).is_none());
+        ticks(&sim, &h, &t, 1, 100);
+        let token = sim.calls.borrow().last().unwrap().token;
+        assert_eq!(
+            sim.calls.borrow().last().unwrap().cluster,
+            config::AGENT_CLUSTER
+        );
+        assert!(!h.termination.answered(token, 0), "no answer says nothing");
+        assert!(!h.termination.answered(token + 100, 3), "not its call");
+    }
+
+    #[test]
+    fn a_held_prestop_answer_comes_a_scrape_interval_after_closed() {
+        let sim = Sim::at(T0);
+        let (h, t) = gateway(&sim, r#"{"lb_buffer":"500ms","scrape_interval":"2s"}"#);
+        assert!(call(&h, "POST", "/drain?wait=closed", 7).is_none());
+        while state(&h) != State::Closed {
+            ticks(&sim, &h, &t, 1, 100);
+        }
+        ticks(&sim, &h, &t, 19, 100);
+        assert!(
+            sim.answers.borrow().is_empty(),
+            "1.9 s after CLOSED: still held"
+        );
+        ticks(&sim, &h, &t, 1, 100);
+        let a = sim.answers.borrow()[0].clone();
+        assert_eq!(
+            (a.context_id, a.status, a.json()["wait"].as_str()),
+            (Some(7), 200, Some("closed"))
+        );
     }
 
     /// A gateway DRAINING with nothing in flight, its `min_drain` `min`, ticked
@@ -1347,13 +1565,14 @@ mod tests {
         let (h, t) = draining_with_min_drain(&sim, "60m");
         let before = sim.host_calls.get();
         for _ in 0..100 {
-            end_with(&sim, TrafficStream::new(Rc::clone(&t)), 0); // each brings the count to 0
+            end_with(&sim, TrafficStream::new(Rc::clone(&t)), How::Completed); // each brings the count to 0
         }
         // The lease counts the streams while the minimum holds, the receipt
-        // adds what completed at the tick, and nothing reads the state, the
-        // count or the record.
-        let per_stream = (sim.host_calls.get() - before) as f64 / 100.0;
-        assert!(per_stream <= 0.2, "{per_stream} host calls per stream");
+        // reads how each ended (one property) and adds it up for the tick, and
+        // nothing reads the state, the count or the record.
+        let calls = sim.host_calls.get() - before;
+        let per_stream = calls as f64 / 100.0;
+        assert!(per_stream <= 1.2, "{per_stream} host calls per stream");
         assert_eq!(state(&h), State::Draining);
     }
 
@@ -1376,7 +1595,7 @@ mod tests {
             1,
             "exact once it ended"
         );
-        end_with(&sim, s, 0);
+        end_with(&sim, s, How::Completed);
         assert_eq!(state(&h), State::Closing, "flipped by the stream's own end");
         assert!(!h.store.load().unwrap().reason.forced());
     }
@@ -1386,7 +1605,7 @@ mod tests {
         let sim = Sim::at(T0);
         let (h, t) = draining_with_min_drain(&sim, "1s");
         for _ in 0..20 {
-            end_with(&sim, TrafficStream::new(Rc::clone(&t)), 0);
+            end_with(&sim, TrafficStream::new(Rc::clone(&t)), How::Completed);
         }
         ticks(&sim, &h, &t, 8, 100);
         assert_eq!(state(&h), State::Draining, "min_drain not over");

@@ -40,6 +40,7 @@ pub struct Metrics<H: Host = Envoy> {
     completed: Option<u32>,
     ended_upstream: Option<u32>,
     refused: Option<u32>,
+    drains_cut_short: Option<u32>,
 }
 
 /// Metric definitions this VM made (Envoy keeps every one: this must stay
@@ -152,6 +153,7 @@ impl<H: Host + Copy> Metrics<H> {
             completed: define(&host, names::DRAIN_COMPLETED),
             ended_upstream: define(&host, names::DRAIN_ENDED_UPSTREAM),
             refused: define(&host, names::REFUSED),
+            drains_cut_short: define(&host, names::DRAINS_CUT_SHORT),
         }
     }
 }
@@ -230,6 +232,10 @@ impl<H: Host> Metrics<H> {
 
     pub fn clock_step(&self) {
         self.bump(self.clock_steps);
+    }
+
+    pub fn drain_cut_short(&self) {
+        self.bump(self.drains_cut_short);
     }
 
     pub fn lb_check_ignored(&self) {

@@ -17,5 +17,6 @@ pub mod shared;
 #[cfg(not(target_arch = "wasm32"))]
 pub mod sim;
 pub mod store;
+pub mod termination;
 pub mod traffic;
 pub mod wasm_host;

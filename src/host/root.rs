@@ -150,11 +150,14 @@ impl Root {
 }
 
 impl Context for Root {
-    /// The admin API's answer to the connection rotation (the health role's
-    /// only outgoing call).
+    /// The health role's outgoing calls: the admin API's answer to the
+    /// connection rotation, pilot-agent's to the termination watch.
     fn on_http_call_response(&mut self, token: u32, num_headers: usize, _: usize, _: usize) {
         if let Role::Health(h) = &self.role {
             h.rotator.answered(token, num_headers);
+            if h.termination.answered(token, num_headers) {
+                h.sigterm();
+            }
         }
     }
 

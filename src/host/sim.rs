@@ -103,9 +103,15 @@ impl Sim {
 
     /// The response flags the next ending stream reports (`response.flags`).
     pub fn set_flags(&self, flags: u64) {
+        self.set_property("response.flags", &flags.to_le_bytes());
+    }
+
+    /// A property of the stream whose callback runs next, by dotted path
+    /// (`response.code_details`, `source.address`).
+    pub fn set_property(&self, path: &str, value: &[u8]) {
         self.properties
             .borrow_mut()
-            .insert("response.flags".to_string(), flags.to_le_bytes().to_vec());
+            .insert(path.to_string(), value.to_vec());
     }
 
     /// Both clocks now (what `Host::now` answers).

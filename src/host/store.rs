@@ -76,17 +76,7 @@ impl<H: Host> Store<H> {
     /// The current record, created OPEN on first use. Two VMs that create it
     /// at once both write OPEN before any transition can have happened.
     pub fn load(&self) -> Result<Record, SharedError> {
-        let now = self.host.now();
-        cas_update(&self.host, keys::FSM, |bytes| {
-            let rec = record_of(bytes, now)?;
-            Ok(match bytes {
-                Some(_) => Step::Keep(rec),
-                None => Step::Write(shared::encode(keys::FSM, &rec)?, rec),
-            })
-        })
-        .map_err(|e: Failed<SharedError>| match e {
-            Failed::Refused(e) | Failed::Shared(e) => e,
-        })
+        self.update(&|_| None)
     }
 
     /// Creates the records several workers update, if absent: the FSM record
@@ -124,19 +114,32 @@ impl<H: Host> Store<H> {
         metrics: &Metrics<H>,
     ) -> Result<Record, Error> {
         let now = self.host.now();
-        let moved = cas_update(&self.host, keys::FSM, |bytes| {
-            let rec = record_of(bytes, now).map_err(Error::Shared)?;
-            let mut next = fsm::advance(&rec, choose(&rec), now, active).map_err(Error::Illegal)?;
+        // What the winning attempt moved from, or why it could not move.
+        let outcome = RefCell::new(Err(None));
+        let next = self.update(&|rec| {
+            let moved = fsm::advance(rec, choose(rec), now, active);
+            let mut next = match moved {
+                Ok(next) => next,
+                Err(e) => {
+                    *outcome.borrow_mut() = Err(Some(e));
+                    return None;
+                }
+            };
+            let mut displaced = None;
             if next.state == fsm::State::Draining && rec.state == fsm::State::Open {
                 // The drain's receipt counts from here.
                 next.receipt_base = Some(metrics.tally());
+            } else if fsm::ends_drain(rec, next.state) {
+                let tally = metrics.tally().since(&rec.receipt_base.unwrap_or_default());
+                let ended = next.state.name();
+                displaced = fsm::owe(&mut next, ended, tally, now);
             }
-            let out = shared::encode(keys::FSM, &next).map_err(Error::Shared)?;
-            Ok(Step::Write(out, (rec.state, next)))
-        });
-        let (from, next) = moved.map_err(|f| match f {
-            Failed::Refused(e) => e,
-            Failed::Shared(e) => Error::Shared(e),
+            *outcome.borrow_mut() = Ok((rec.state, displaced));
+            Some(next)
+        })?;
+        let (from, displaced) = outcome.into_inner().map_err(|e| match e {
+            Some(illegal) => Error::Illegal(illegal),
+            None => Error::Shared(SharedError::Contention),
         })?;
         logs::info!(
             "event=transition from={} to={} reason={} active={} forced={} seq={}",
@@ -148,12 +151,16 @@ impl<H: Host> Store<H> {
             next.seq
         );
         metrics.transition(&next);
+        if let Some(line) = displaced {
+            logs::info!("{line}"); // a second drain ended within a tick of the first
+        }
         Ok(next)
     }
 
     /// Rewrites the record with what `change` makes of it (a lease or a plan
     /// change, not a transition), retrying on CAS conflicts; `None` from
-    /// `change` writes nothing. Returns the record as it now stands.
+    /// `change` writes nothing (but the OPEN record of a process that never
+    /// wrote one). Returns the record as it now stands.
     pub fn update(
         &self,
         change: &dyn Fn(&Record) -> Option<Record>,
@@ -161,9 +168,10 @@ impl<H: Host> Store<H> {
         let now = self.host.now();
         cas_update(&self.host, keys::FSM, |bytes| {
             let rec = record_of(bytes, now)?;
-            Ok(match change(&rec) {
-                Some(next) => Step::Write(shared::encode(keys::FSM, &next)?, next),
-                None => Step::Keep(rec),
+            Ok(match (change(&rec), bytes) {
+                (Some(next), _) => Step::Write(shared::encode(keys::FSM, &next)?, next),
+                (None, None) => Step::Write(shared::encode(keys::FSM, &rec)?, rec),
+                (None, Some(_)) => Step::Keep(rec),
             })
         })
         .map_err(|e: Failed<SharedError>| match e {
@@ -255,10 +263,19 @@ impl<H: Host> Store<H> {
         if !current.observe(source, status, now_ms, lb_fall) {
             return Ok(());
         }
+        self.lb_change(&mut |c| c.observe(source, status, now_ms, lb_fall))
+            .map(|_| ())
+    }
+
+    /// Rewrites the LB record with `change` when it says it changed it (one
+    /// copy of the update for every change: the module's size is budgeted).
+    fn lb_change(
+        &self,
+        change: &mut dyn FnMut(&mut Checkers) -> bool,
+    ) -> Result<bool, SharedError> {
         json_change(&self.host, keys::LB, |c: &mut Checkers| {
-            Ok::<_, SharedError>(c.observe(source, status, now_ms, lb_fall))
+            Ok::<_, SharedError>(change(c))
         })
-        .map(|_| ())
         .map_err(flatten)
     }
 
@@ -276,10 +293,7 @@ impl<H: Host> Store<H> {
     /// new (the caller logs it once).
     pub fn lb_ignore(&self, source: &str) -> Result<bool, SharedError> {
         let now_ms = self.host.now().timer_ms();
-        json_change(&self.host, keys::LB, |c: &mut Checkers| {
-            Ok::<_, SharedError>(c.ignore(source, now_ms))
-        })
-        .map_err(flatten)
+        self.lb_change(&mut |c| c.ignore(source, now_ms))
     }
 
     /// The rotation record of the last drain (`crate::rotation`): written only

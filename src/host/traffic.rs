@@ -19,7 +19,7 @@ use super::metrics::Metrics;
 use super::shared::{Envoy, Host};
 use super::store::Store;
 use crate::config::{Config, NewRequests};
-use crate::fsm::State;
+use crate::fsm::{self, Record, State};
 use crate::in_flight::Ages;
 use crate::receipt::{self, End, First};
 use crate::refusal::{self, Meet, Refusal};
@@ -97,10 +97,10 @@ pub struct Traffic<H: Host = Envoy> {
     /// `min_drain` holds the flip), and the last one's end flips. Outside a
     /// drain no stream end needs to look any further.
     draining: Cell<bool>,
-    /// Whether the state was anything but OPEN at the last tick (it starts
-    /// false: a root created mid-drain sorts ends from its first tick on).
-    /// Only then does an end cost a look at how it ended (`crate::receipt`).
-    in_drain: Cell<bool>,
+    /// The drain the last tick saw (`fsm::Record::drain_id`; `None`: OPEN,
+    /// and a root created mid-drain sorts ends from its first tick on). Only
+    /// during one does an end cost a look at how it ended (`crate::receipt`).
+    drain: Cell<Option<u64>>,
     /// `draining_new_requests`.
     new_requests: NewRequests,
     /// How it refuses (`draining_grpc_requests`, `refuse_with`).
@@ -111,7 +111,9 @@ pub struct Traffic<H: Host = Envoy> {
     hold: Cell<FlipHold>,
     /// Ends of the drain that completed since the last tick: the common end
     /// is added to its counter once a tick, not by a host call per stream
-    /// (the receipt's other ends are counted at once).
+    /// (the receipt's other ends are counted at once), and to `drain`'s
+    /// receipt when that one ended or a newer began meanwhile
+    /// (`fsm::add_completed`).
     completed: Cell<u64>,
     ages: AgeBook<H>,
     heartbeat: Heartbeat<H>,
@@ -126,7 +128,7 @@ impl<H: Host + Copy> Traffic<H> {
             metrics,
             store: Store::new(host),
             draining: Cell::new(true),
-            in_drain: Cell::new(false),
+            drain: Cell::new(None),
             new_requests: config.draining_new_requests,
             refusal: config.refusal(),
             hold: Cell::new(FlipHold::None),
@@ -170,37 +172,59 @@ impl<H: Host> Traffic<H> {
     /// The root context is being removed cleanly: count what completed,
     /// leave the registry.
     pub fn goodbye(&self) {
-        self.flush_completed();
+        self.flush_completed(self.store.load().ok().as_ref());
         self.heartbeat.goodbye();
     }
 
+    /// Whether a drain runs, as of the last tick: ends are sorted.
+    fn in_drain(&self) -> bool {
+        self.drain.get().is_some()
+    }
+
     /// Adds the drain's ends that completed since the last tick to their
-    /// counter.
-    fn flush_completed(&self) {
-        self.metrics.completed(self.completed.take());
+    /// counter — and to the receipt of the drain they were sorted for, if
+    /// `rec` (the record before the counter moves) says that drain's line is
+    /// already written or a newer drain began.
+    fn flush_completed(&self, rec: Option<&Record>) {
+        let n = self.completed.take();
+        if let (Some(drain), Some(rec)) = (self.drain.get(), rec) {
+            if fsm::add_completed(rec, drain, n).is_some() {
+                if let Err(e) = self.store.update(&|r| fsm::add_completed(r, drain, n)) {
+                    logs::warning!("event=state_unavailable role=traffic error=\"{e}\"");
+                }
+            }
+        }
+        self.metrics.completed(n);
     }
 
     /// Every `tick`: publish the ages; is a drain running? Give back the
     /// unused lease, and during a drain check whether this VM's last stream
     /// already ended before it knew about the drain.
     pub fn tick(&self) {
-        self.flush_completed();
         self.heartbeat.beat();
         self.ages.tick(self.heartbeat.id());
-        let state = match self.metrics.state_hint() {
-            Some(state) => state,
-            None => match self.store.load() {
-                Ok(rec) => rec.state,
-                Err(_) => State::Draining, // unknown: keep looking
-            },
+        let hint = self.metrics.state_hint();
+        // Out of OPEN the record says which drain runs (and what holds it);
+        // in OPEN, whether the drain that completed ends belong to owes its line.
+        let owing = self.completed.get() > 0 && self.in_drain();
+        let rec = match hint {
+            Some(State::Open) if !owing => None,
+            _ => self.store.load().ok(),
         };
+        self.flush_completed(rec.as_ref());
+        let state = hint
+            .or(rec.as_ref().map(|r| r.state))
+            .unwrap_or(State::Draining); // unknown: keep looking
         let draining = state == State::Draining;
         self.draining.set(draining);
-        self.in_drain.set(state != State::Open);
-        self.hold.set(if draining {
-            self.flip_hold()
-        } else {
-            FlipHold::None
+        self.drain.set(match (state, &rec) {
+            (State::Open, _) => None,
+            (_, Some(r)) => r.drain_id,
+            (_, None) => self.drain.get(),
+        });
+        self.hold.set(match (draining, &rec) {
+            (true, Some(r)) => self.flip_hold(r),
+            _ => FlipHold::None,
         });
         self.counter().settle();
         if draining && self.counter().in_flight() == 0 {
@@ -233,10 +257,7 @@ impl<H: Host> Traffic<H> {
     /// What holds the running drain's flip back now (the tick asks, once per
     /// tick, only while DRAINING): a drain a `min_drain` or a gate holds open
     /// costs the streams that bring the count to 0 nothing until it ends.
-    fn flip_hold(&self) -> FlipHold {
-        let Ok(rec) = self.store.load() else {
-            return FlipHold::None;
-        };
+    fn flip_hold(&self, rec: &Record) -> FlipHold {
         let (Some(plan), Some(started)) = (rec.plan, rec.drain_started_timer_ms()) else {
             return FlipHold::None;
         };
@@ -244,7 +265,7 @@ impl<H: Host> Traffic<H> {
         let until = started.saturating_add(plan.min_drain_ms);
         if now < until {
             FlipHold::Minimum
-        } else if self.store.gate(&rec).is_some_and(|g| !g.passes()) {
+        } else if self.store.gate(rec).is_some_and(|g| !g.passes()) {
             FlipHold::Gate
         } else {
             FlipHold::None
@@ -264,36 +285,39 @@ impl<H: Host> Traffic<H> {
     /// in a drain and only in that mode.
     fn refuses(&self) -> bool {
         self.new_requests == NewRequests::Refuse
-            && self.in_drain.get()
+            && self.in_drain()
             && self.state_now().is_some_and(|s| s != State::Open)
     }
 
     /// How a stream or connection that ended during a drain ended, counted
     /// (`crate::receipt`). A cut is confirmed against the state (the tick's
-    /// view may be a tick old) and attributed to the LB when it came within
-    /// `lb::CUT_WINDOW_MS` of a checker's DOWN (`at_lb_down`: already read).
-    fn sort_end(&self, end: End, at_lb_down: Option<bool>) {
-        if end == End::Completed {
-            self.completed.set(self.completed.get().saturating_add(1));
-            return;
+    /// view may be a tick old); `by_lb`: it came at a checker's DOWN
+    /// (`at_lb_down`, read when the end was seen).
+    fn sort_end(&self, end: End, by_lb: bool) {
+        match end {
+            End::Completed => self.completed.set(self.completed.get().saturating_add(1)),
+            End::Cut if self.state_now() == Some(State::Open) => {} // reopened meanwhile: not a drain's end
+            _ => self
+                .metrics
+                .ended(end, self.part == Part::Connections, by_lb),
         }
-        let tcp = self.part == Part::Connections;
-        let by_lb = match end {
-            End::Cut => {
-                if self.state_now() == Some(State::Open) {
-                    return; // reopened meanwhile: not a drain's end
-                }
-                at_lb_down.unwrap_or_else(|| self.at_lb_down())
-            }
-            _ => false,
-        };
-        self.metrics.ended(end, tcp, by_lb);
     }
 
-    /// Whether now is within `lb::CUT_WINDOW_MS` of a checker's DOWN.
-    fn at_lb_down(&self) -> bool {
-        let now = self.metrics.host().now().timer_ms();
-        self.store.lb_checkers().is_ok_and(|c| c.cut_by_lb(now))
+    /// Whether a cut now is the LB's (`lb::Checkers::cut_by_lb`): the LB
+    /// record is read, and the downstream's address when a checker's window
+    /// is open (`source`: whether this callback can read it).
+    fn at_lb_down(&self, source: bool) -> bool {
+        let host = self.metrics.host();
+        let now = host.now().timer_ms();
+        let peer = || {
+            source
+                .then(|| host.property(&["source", "address"]))
+                .flatten()
+                .and_then(|b| crate::net::peer_ip(&b))
+        };
+        self.store
+            .lb_checkers()
+            .is_ok_and(|c| c.cut_by_lb(now, peer))
     }
 
     /// The global count may be 0 during a drain: flip if it is.
@@ -341,10 +365,15 @@ pub struct TrafficStream<H: Host = Envoy> {
     /// A connection: which side ended first.
     first: First,
     /// An HTTP stream: its response ended (end of stream seen on the way
-    /// out), so it completed whatever happens to its connection afterwards.
+    /// out): it completed, or ended by Envoy's own answer (`on_log` reads
+    /// which), whatever happens to its connection afterwards.
     response_done: bool,
-    /// How it ended, when it ended during a drain (HTTP: from `on_log`).
-    end: Option<End>,
+    /// How it ended, when it ended during a drain (HTTP: from `on_log`), and
+    /// whether a cut was the LB's.
+    end: Option<(End, bool)>,
+    /// A connection whose downstream ended first during a drain: whether
+    /// that came at a checker's DOWN (read when it happened).
+    at_lb_down: Option<bool>,
 }
 
 impl<H: Host> TrafficStream<H> {
@@ -370,6 +399,7 @@ impl<H: Host> TrafficStream<H> {
             first: First::Upstream,
             response_done: false,
             end: None,
+            at_lb_down: None,
         }
     }
 
@@ -429,27 +459,31 @@ impl<H: Host> TrafficStream<H> {
     }
 
     /// The stream's access-log moment (its end): during a drain, how it
-    /// ended. A stream whose response ended completed, with no host call;
-    /// only one that ended before its response did — cut, or ended by the
-    /// upstream or Envoy — reads its response flags to say which.
+    /// ended, by what Envoy says happened — one property read per end: a
+    /// stream whose response ended reads its `response.code_details` (the
+    /// upstream's answer completed it, Envoy's own local reply did not), one
+    /// whose response did not end its `response.flags` (cut, or ended by the
+    /// upstream or Envoy). A cut also reads the LB record, and, at a
+    /// checker's DOWN, its downstream's address. A refused stream reads
+    /// nothing. Outside a drain: nothing.
     pub fn log(&mut self) {
-        if !self.traffic.in_drain.get() {
+        if !self.traffic.in_drain() {
             return;
         }
-        self.end = Some(if self.refused {
+        let host = self.traffic.metrics.host();
+        let end = if self.refused {
             End::Refused
         } else if self.response_done {
-            End::Completed
+            receipt::http_done(host.property(&["response", "code_details"]).as_deref())
         } else {
-            let flags = self
-                .traffic
-                .metrics
-                .host()
+            let flags = host
                 .property(&["response", "flags"])
                 .and_then(|b| crate::host::shared::u64_of(&b))
                 .unwrap_or(0);
             receipt::http_end(flags)
-        });
+        };
+        let by_lb = end == End::Cut && self.traffic.at_lb_down(true);
+        self.end = Some((end, by_lb));
     }
 
     /// One side of a connection closed (Envoy's close event).
@@ -473,10 +507,14 @@ impl<H: Host> TrafficStream<H> {
     }
 
     /// The downstream ended its side: the first end, unless the upstream's
-    /// (or the downstream's own FIN) came before.
+    /// (or the downstream's own FIN) came before. During a drain, whether it
+    /// came at a checker's DOWN is read now, from this connection's callback.
     fn downstream_ended(&mut self, how: First) {
         if !self.upstream_ended && self.first == First::Upstream {
             self.first = how;
+            if self.traffic.in_drain() {
+                self.at_lb_down = Some(self.traffic.at_lb_down(true));
+            }
         }
     }
 }
@@ -535,15 +573,19 @@ impl StreamContext for TrafficStream {
 impl<H: Host> Drop for TrafficStream<H> {
     fn drop(&mut self) {
         self.traffic.ages.exit(self.started_ms);
-        let mut at_lb_down = None;
         let end = match self.traffic.part {
             Part::Streams => self.end,
-            Part::Connections => self.traffic.in_drain.get().then(|| {
-                receipt::tcp_end(self.first, || *at_lb_down.insert(self.traffic.at_lb_down()))
+            Part::Connections => self.traffic.in_drain().then(|| {
+                // A downstream end seen before the drain did: its address is
+                // no longer readable here.
+                let at_down = self
+                    .at_lb_down
+                    .unwrap_or_else(|| self.traffic.at_lb_down(false));
+                (receipt::tcp_end(self.first, || at_down), at_down)
             }),
         };
-        if let Some(end) = end {
-            self.traffic.sort_end(end, at_lb_down);
+        if let Some((end, at_down)) = end {
+            self.traffic.sort_end(end, end == End::Cut && at_down);
         }
         if self.counted {
             self.traffic.stream_ended();

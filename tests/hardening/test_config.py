@@ -44,6 +44,8 @@ BAD = {
     "draining_new_requests": ["drop", True],
     "draining_grpc_requests": ["drop", "refuse"],
     "refuse_with": [503, "reset"],
+    "termination_watch": ["", 1, "has space"],
+    "scrape_interval": ["61s", "-1s", 5],
 }
 LISTENER = {"health": "drain-gate-health", "traffic": "traffic"}
 

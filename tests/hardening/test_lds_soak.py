@@ -16,14 +16,14 @@ over several of them — and at checkpoints the test reads:
   reads long by less than a tick plus the poll, never short.
 
 `make test` runs 60 updates; `make soak` (DRAIN_GATE_SOAK=1) runs 200 and
-prints the table tests/README.md quotes.
+writes its table into tests/README.md (tests/harness/figures.py).
 """
 from __future__ import annotations
 
 import os
 import time
 
-from tests.harness import torture
+from tests.harness import figures, torture
 from tests.harness.envoy import wait_for
 from tests.harness.wire import status
 from tests.hardening.test_liveness import lds_gateway, with_traffic_config
@@ -87,10 +87,10 @@ def test_lds_updates_leave_keys_metrics_memory_and_ages_flat(custom_gateway):
     finally:
         for _, _, held in streams:
             held.close()
-    print("\nupdates | shared-data keys | metric definitions (health VM) | traffic roots | Envoy RSS MiB")
-    for i, keys, defs, roots, rss in rows:
-        print(f"{i} | {keys} | {defs} | {roots} | {rss / 1024:.1f}")
-    print(f"largest age error: +{worst_age_error_ms:.0f} ms")
+    table = ["| updates | shared-data keys | metric definitions (a VM) | traffic roots | Envoy RSS |",
+             "|---|---|---|---|---|"]
+    table += [f"| {i} | {keys} | {defs} | {roots} | {rss / 1024:.1f} MiB |" for i, keys, defs, roots, rss in rows]
+    print("\n" + "\n".join(table) + f"\nlargest age error: +{worst_age_error_ms:.0f} ms")
     warm = rows[0]
     for i, keys, defs, _, rss in rows[1:]:
         assert keys <= warm[1] + 6, f"shared-data keys grew from {warm[1]} to {keys} by update {i}"
@@ -100,3 +100,8 @@ def test_lds_updates_leave_keys_metrics_memory_and_ages_flat(custom_gateway):
     assert st["traffic"]["lost_total"] == 0 and "event=traffic_role_lost" not in gw.log()
     assert "event=count_unreliable" not in gw.log()
     assert st["footprint"]["metric_definitions"] == warm[2]
+    if UPDATES == 200:  # `make soak`: the run the README shows
+        figures.write(figures.TESTS_README, "lds-soak", "\n" + "\n".join(
+            [f"  `DRAIN_GATE_SOAK=1` (what `make soak` sets), {time.strftime('%Y-%m-%d')}, commit {figures.commit()}, {gw.concurrency} workers:", ""]
+            + [f"  {row}" for row in table]
+            + ["", f"  The oldest stream's age read long by at most {worst_age_error_ms:.0f} ms and never short."]) + "\n  ")

@@ -73,12 +73,17 @@ def tcp_listener(doc: dict, port: int, upstream_port: int, config: dict | None =
                 "stat_prefix": "tcp", "cluster": "tcp_backend"},
         }]}],
     })
-    doc["static_resources"]["clusters"].append({
-        "name": "tcp_backend", "type": "STATIC", "connect_timeout": "1s",
-        "load_assignment": {"cluster_name": "tcp_backend", "endpoints": [{"lb_endpoints": [{"endpoint": {
-            "address": {"socket_address": {"address": "127.0.0.1", "port_value": upstream_port}}}}]}]},
-    })
+    doc["static_resources"]["clusters"].append(static_cluster("tcp_backend", upstream_port))
     return doc
+
+
+def static_cluster(name: str, port: int, connect_timeout: str = "1s") -> dict:
+    """A STATIC cluster `name` with one endpoint, 127.0.0.1:`port`."""
+    return {
+        "name": name, "type": "STATIC", "connect_timeout": connect_timeout,
+        "load_assignment": {"cluster_name": name, "endpoints": [{"lb_endpoints": [{"endpoint": {
+            "address": {"socket_address": {"address": "127.0.0.1", "port_value": port}}}}]}]},
+    }
 
 
 def without_listener(doc: dict, name: str) -> dict:

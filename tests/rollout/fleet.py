@@ -16,7 +16,10 @@ the part of pilot-agent that matters to a drain, emulated here:
   and every response asks the client to close.
 
 Kubelet (Pod.delete): the strategy's preStop hook to completion or the grace period, then SIGTERM;
-SIGKILL at the end of the grace period whatever happens. Just before the SIGKILL the pod reads
+SIGKILL at the end of the grace period whatever happens, but never sooner than 2 s after the SIGTERM
+(the kubelet's minimum grace, when the preStop took the whole period). Envoy reaches pilot-agent's
+readiness through the bootstrap's `agent` cluster, as istio-proxy's does (drain-gate's
+`termination_watch`). Just before the SIGKILL the pod reads
 the gateway's own account of its drain (`/drain/status` `receipt`: what it cut, what the LB cut,
 what it refused), with its `event=drain_receipt` log line as the fallback.
 """
@@ -37,10 +40,12 @@ from tests.bench.bench import _sidecar_poller
 from tests.harness.envoy import Envoy, Ports, free_port, render
 from tests.harness.haproxy import CFG, CFG_REFUSE, CFG_SOFT_DRAIN, HAProxy
 from tests.harness.timeline import parse_time
+from tests.harness.variants import static_cluster
 
 TERMINATION_DRAIN_S = 5.0  # Istio's terminationDrainDuration default
 ISTIO_DRAIN_DURATION_S = 45  # Istio's drainDuration default: Envoy --drain-time-s
 GRACE_S = 150.0  # terminationGracePeriodSeconds of envoyfilter/kubernetes/gateway-values.yaml
+MIN_GRACE_S = 2.0  # the kubelet's minimum between SIGTERM and SIGKILL (minimumGracePeriodInSeconds)
 DRAIN_TIMEOUT_S = 30  # every strategy that waits for active = 0 gives up after this long
 FAIL_WAIT_S = 15.0  # fail-then-wait's fixed drain time (Contour / Envoy Gateway default: 60 s)
 DRAIN_SH_LB_BUFFER_S = 10.0  # the sidecar design's drain.sh: its LB_BUFFER
@@ -77,7 +82,8 @@ class Strategy:
         return [f"option httpchk GET {self.check_path}"]
 
 
-_DG = {"close_after": "lb_observed_down", "lb_fall": 2, "lb_buffer": "1s", "drain_timeout": f"{DRAIN_TIMEOUT_S}s"}
+_DG = {"close_after": "lb_observed_down", "lb_fall": 2, "lb_buffer": "1s", "drain_timeout": f"{DRAIN_TIMEOUT_S}s",
+       "termination_watch": "agent"}
 
 
 def strategies(inter_s: float) -> dict[str, Strategy]:
@@ -199,12 +205,15 @@ class _ReadinessServer(ThreadingHTTPServer):
 class Pod:
     """One gateway pod: Envoy + the emulated pilot-agent + the kubelet's termination."""
 
-    def __init__(self, name: str, backend_port: int, strategy: Strategy, workdir: Path):
+    def __init__(self, name: str, backend_port: int, strategy: Strategy, workdir: Path, grace_s: float = GRACE_S):
         self.name = name
         self.strategy = strategy
+        self.grace_s = grace_s
         self.ports = Ports(backend=backend_port)
         self.agent_port = free_port()
         doc = render(self.ports, strategy.config)
+        # istio-proxy's cluster to pilot-agent's status port.
+        doc["static_resources"]["clusters"].append(static_cluster("agent", self.agent_port, "0.250s"))
         for listener in doc["static_resources"]["listeners"]:
             if listener["name"] == "traffic":
                 # What `drain_listeners?inboundonly` drains: the traffic listener only (the sidecar
@@ -258,11 +267,11 @@ class Pod:
                 raise TimeoutError(f"{self.name} still terminating after {timeout}s")
 
     def _terminate(self) -> None:
-        deadline = self.deleted_at + GRACE_S
+        deadline = self.deleted_at + self.grace_s
         if self.strategy.prestop:
             hook = threading.Thread(target=self._run_prestop, daemon=True)
             hook.start()
-            hook.join(GRACE_S)
+            hook.join(self.grace_s)
             self.prestop_end = time.time()
         self.sigterm_at = time.time()
         if self.strategy.check == "agent":
@@ -271,7 +280,8 @@ class Pod:
             self.admin.post(self.envoy.admin("/drain_listeners?graceful"), timeout=5)
         except requests.RequestException:
             pass
-        time.sleep(max(0.0, min(TERMINATION_DRAIN_S, deadline - time.time())))
+        kill_at = min(self.sigterm_at + TERMINATION_DRAIN_S, max(deadline, self.sigterm_at + MIN_GRACE_S))
+        time.sleep(max(0.0, kill_at - time.time()))
         self._kill()
 
     def _kill(self) -> None:
@@ -353,7 +363,7 @@ def _drain_sh(pod: Pod) -> str:
 
 def _drain_gate(pod: Pod) -> str:
     """drain-gate's preStop: one held call, answered at CLOSED."""
-    r = requests.post(pod.envoy.health("/drain?wait=closed"), timeout=GRACE_S)
+    r = requests.post(pod.envoy.health("/drain?wait=closed"), timeout=pod.grace_s + 60)
     body = r.json()
     pod.flip_at = parse_time(body.get("progress", {}).get("closing_at"))
     reason = next((t["reason"] for t in reversed(body.get("progress", {}).get("transitions", []))

@@ -30,6 +30,9 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{- fail (printf "drain-gate: config.%s: %q is below the minimum 1ms" $key (get $c $key)) -}}
 {{- end -}}
 {{- end -}}
+{{- if gt (int64 (include "drain-gate.ms" (include "drain-gate.scrapeInterval" .))) 60000 -}}
+{{- fail (printf "drain-gate: config.scrape_interval (or observability.podMonitorInterval): %q is above the maximum 1m" (include "drain-gate.scrapeInterval" .)) -}}
+{{- end -}}
 {{- if hasKey $c "tick" -}}
 {{- $tick := int64 (include "drain-gate.ms" $c.tick) -}}
 {{- if or (lt $tick 10) (gt $tick 10000) -}}
@@ -61,21 +64,35 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
      outcome measured (envoyfilter/README.md, "When the module cannot load"). */}}
 {{- define "drain-gate.configuration" -}}
 {{- if eq .role "health" -}}
-{{- toJson (merge (dict "role" "health") .root.Values.config) -}}
+{{- toJson (merge (dict "role" "health" "scrape_interval" (include "drain-gate.scrapeInterval" .root)) .root.Values.config) -}}
 {{- else -}}
 {{- toJson (merge (dict "role" .role) (pick .root.Values.config "tick" "draining_new_requests" "draining_grpc_requests" "refuse_with")) -}}
 {{- end -}}
 {{- end -}}
 
+{{/* config.scrape_interval as the health role gets it: with
+     observability.podMonitor, at least that PodMonitor's interval. */}}
+{{- define "drain-gate.scrapeInterval" -}}
+{{- $own := .Values.config.scrape_interval | default "0s" -}}
+{{- $o := .Values.observability -}}
+{{- if and $o.podMonitor (gt (int64 (include "drain-gate.ms" $o.podMonitorInterval)) (int64 (include "drain-gate.ms" $own))) -}}
+{{- $o.podMonitorInterval -}}
+{{- else -}}
+{{- $own -}}
+{{- end -}}
+{{- end -}}
+
 {{/* The longest a drain can hold the preStop hook, in seconds: drain_timeout
-     + the longest CLOSING + the hold's 5 s margin (src/config.rs default_wait_ms). */}}
+     + the longest CLOSING + scrape_interval + the hold's 5 s margin
+     (src/config.rs default_wait_ms). */}}
 {{- define "drain-gate.holdSeconds" -}}
 {{- $c := .Values.config -}}
 {{- $closing := int64 (include "drain-gate.ms" ($c.lb_buffer | default "10s")) -}}
 {{- if eq ($c.close_after | default "lb_buffer") "lb_observed_down" -}}
 {{- $closing = max $closing (int64 (include "drain-gate.ms" ($c.lb_down_timeout | default "60s"))) -}}
 {{- end -}}
-{{- div (add (int64 (include "drain-gate.ms" ($c.drain_timeout | default "120s"))) $closing 5000 999) 1000 -}}
+{{- $scrape := int64 (include "drain-gate.ms" (include "drain-gate.scrapeInterval" .)) -}}
+{{- div (add (int64 (include "drain-gate.ms" ($c.drain_timeout | default "120s"))) $closing $scrape 5000 999) 1000 -}}
 {{- end -}}
 
 {{/* The labels the EnvoyFilters select: podSelector, and in the Gateway API

@@ -8,6 +8,8 @@ import copy
 from pathlib import Path
 
 from tests.harness.envoy import WASM, Ports
+from tests.harness.ports import free_port
+from tests.harness.variants import static_cluster
 from tests.harness.istio.envoyfilter import WASM_HTTP, WASM_NETWORK, hcms
 from tests.harness.istio.files import HEALTH_PORT, ISTIO_ADMIN_PORT
 
@@ -83,6 +85,9 @@ def gateway_bootstrap(listeners: list[dict], ports: dict[int, int], admin_port: 
                         "endpoints": [{"lb_endpoints": [{"endpoint": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": backend_port}}}}]}],
                     },
                 },
+                # istio-proxy's cluster to pilot-agent's status port (drain-gate's termination_watch):
+                # nothing listens on it here, so a readiness call gets no answer, which says nothing.
+                static_cluster("agent", free_port(), "0.250s"),
                 *clusters,
             ],
         },
