@@ -55,10 +55,11 @@ def dump_of(env) -> str:
     return json.dumps(_logical_ports(dump, {actual: logical for logical, actual in env.at.items()}))
 
 
-def envoyfilter_form(traffic: dict | None = None, tcp: bool = True) -> list[dict]:
-    return istio.apply_envoyfilters(
+def envoyfilter_form(traffic: dict | None = None, tcp: bool = True, health: dict | None = None) -> istio.Xds:
+    return istio.gateway_xds(
         [istio.gateway_listener(8080), istio.gateway_listener(8443), istio.gateway_listener(15443, tcp=True)],
-        [traffic or load("traffic-filter.yaml"), load("health-listener.yaml")] + ([load("tcp-filter.yaml")] if tcp else []))
+        [traffic or load("traffic-filter.yaml"), health or load("health-listener.yaml")]
+        + ([load("tcp-filter.yaml")] if tcp else []))
 
 
 @contextlib.contextmanager
@@ -142,12 +143,10 @@ def test_vm_id_mismatch_fails_naming_the_listener(start_gateway, tmp_path):  # n
 def test_short_grace_period_fails_with_the_arithmetic(start_gateway, tmp_path):
     """The timings come from the health filter Envoy runs (drain_timeout 300s here)."""
     health = load("health-listener.yaml")
-    hcm = health["spec"]["configPatches"][0]["patch"]["value"]["filter_chains"][0]["filters"][0]["typed_config"]
-    plugin = hcm["http_filters"][0]["typed_config"]["config"]
+    plugin = istio.plugin_config(health)
     plugin["configuration"]["value"] = json.dumps({**json.loads(plugin["configuration"]["value"]),
                                                    "drain_timeout": "300s"})
-    env = start_gateway(VERSION, istio.apply_envoyfilters([istio.gateway_listener(8080)],
-                                                          [load("traffic-filter.yaml"), health]))
+    env = start_gateway(VERSION, istio.gateway_xds([istio.gateway_listener(8080)], [load("traffic-filter.yaml"), health]))
     (tmp_path / "pod.json").write_text(deployment())
     code, lines = verify("--config-dump", "-", "--pod-spec", str(tmp_path / "pod.json"), stdin=dump_of(env))
     assert code == 1
@@ -210,10 +209,9 @@ def test_health_listener_failing_open_fails_naming_both_fields(start_gateway):
     would tell the LB the gateway is fine."""
     health = copy.deepcopy(load("health-listener.yaml"))
     hcm = health["spec"]["configPatches"][0]["patch"]["value"]["filter_chains"][0]["filters"][0]["typed_config"]
-    hcm["http_filters"][0]["typed_config"]["config"]["failure_policy"] = "FAIL_OPEN"
+    istio.plugin_config(health)["failure_policy"] = "FAIL_OPEN"
     hcm["route_config"]["virtual_hosts"][0]["routes"][-1]["direct_response"]["status"] = 200
-    env = start_gateway(VERSION, istio.apply_envoyfilters([istio.gateway_listener(8080)],
-                                                          [load("traffic-filter.yaml"), health]))
+    env = start_gateway(VERSION, istio.gateway_xds([istio.gateway_listener(8080)], [load("traffic-filter.yaml"), health]))
     code, lines = verify("--config-dump", "-", stdin=dump_of(env))
     assert code == 1
     assert failures(lines) == [
@@ -489,7 +487,7 @@ def test_rotation_cluster_away_from_an_ipv6_admin_fails(start_gateway):
              "and port)"),
             ("no_such_cluster", "FAIL rotation cluster: rotate_connections names cluster 'no_such_cluster', which "
              "Envoy does not have: a drain starts without rotating the keep-alive connections")):
-        listeners = istio.apply_envoyfilters([istio.gateway_listener(8080)], [
+        listeners = istio.gateway_xds([istio.gateway_listener(8080)], [
             load("traffic-filter.yaml"), patched(health, rotate_connections=name)])
         env = start_gateway(VERSION, listeners, clusters=[FIXED_ADMIN_CLUSTER], admin_address="::1")
         code, lines = verify("--config-dump", "-", stdin=dump_of(env))
