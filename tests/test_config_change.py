@@ -23,6 +23,8 @@ keeps a replaced chain's connections).
   with nothing and the pod would go on to SIGTERM with requests in flight.
 
   PYTHONPATH=. .venv/bin/python -m pytest tests/test_config_change.py -v -p no:cacheprovider
+
+What each run saw is written to out/config-change/measured.md.
 """
 from __future__ import annotations
 
@@ -35,15 +37,22 @@ import pytest
 import requests
 
 from tests.harness import istio, k8s
-from tests.harness.envoy import WASM, Envoy, free_port, wait_for
+from tests.harness.envoy import REPO, WASM, Envoy, free_port, wait_for
 from tests.harness.variants import Lds
 from tests.harness.wire import read_head, status
 from tests.test_istio_envoy import held_call, lb_check
 
+OUT = REPO / "out" / "config-change"
 DRAIN_TIME_S = 2
 CHANGE = ("--set", "config.tick=200ms", "--set", "config.draining_lb_status=404")
 STREAM_S = 7  # outlasts the change (~2 s in) + the drain time + a margin
-PORTS = (8080, 15443)
+# A value other than the chart's default for every key of its `config`.
+EVERY_KEY = {
+    "drain_timeout": "90s", "min_drain": "1s", "lb_buffer": "20s", "tick": "200ms", "draining_lb_status": "404",
+    "admin_allow": "{10.0.0.0/8}", "admin_token": "a3f1c2d4e5b60718293a4b5c", "close_after": "lb_observed_down",
+    "lb_fall": "3", "lb_down_timeout": "30s", "rotate_connections": "false", "lb_checkers": "{10.0.0.0/8}",
+    "soft_drain_gate": "false", "draining_new_requests": "refuse",
+}
 
 
 def chart_envoyfilters(*sets: str) -> list[dict]:
@@ -59,7 +68,10 @@ def istiod(*sets: str) -> istio.Xds:
 def test_a_configuration_change_is_a_new_ecds_resource_and_the_same_listeners():
     """What istiod sends before and after `helm upgrade --set …`: the same
     listeners, each drain-gate filter asking for its configuration by name,
-    and three new ECDS resources (every role's configuration changed)."""
+    and three new ECDS resources (every role's configuration changed); the
+    same for a change of every configuration key; new listeners for a new
+    healthPort or tcp.enabled (envoyfilter/README.md, "Changing the
+    configuration")."""
     before, after = istiod(), istiod(*CHANGE)
     assert after.listeners == before.listeners
     assert istio.ecds_names(before.listeners) == ["drain-gate", "drain-gate-tcp", "drain-gate-health"]
@@ -68,6 +80,12 @@ def test_a_configuration_change_is_a_new_ecds_resource_and_the_same_listeners():
     changed = {b["name"] for b, a in zip(sorted(before.extensions, key=lambda e: e["name"]),
                                          sorted(after.extensions, key=lambda e: e["name"])) if a != b}
     assert changed == {"drain-gate", "drain-gate-tcp", "drain-gate-health"}
+    # Every configuration key, all changed at once: still only ECDS. What moves filters does change listeners.
+    assert set(EVERY_KEY) == set(istio.load_one(k8s.CHART / "values.yaml")["config"])
+    every = istiod(*[a for k, v in EVERY_KEY.items() for a in ("--set", f"config.{k}={v}")])
+    assert every.listeners == before.listeners and every.extensions != before.extensions
+    for sets in (("--set", "healthPort=18181"), ("--set", "tcp.enabled=false")):
+        assert istiod(*sets).listeners != before.listeners, sets
     # The control's form: the configuration inline, so the change is a listener change.
     inline = istio.inline_extensions(before.listeners, before.extensions)
     assert istio.ecds_names(inline) == [] and istio.inline_extensions(after.listeners, after.extensions) != inline
@@ -155,6 +173,18 @@ def mid_drain(gw: Gateway, stream):
         tcp.close()
 
 
+@pytest.fixture(scope="module")
+def measured():
+    """Collects one line per run; written to out/config-change/measured.md when the module ends."""
+    lines: list[str] = []
+    yield lines
+    if lines:
+        OUT.mkdir(parents=True, exist_ok=True)
+        (OUT / "measured.md").write_text(
+            f"`PYTHONPATH=. .venv/bin/python -m pytest tests/test_config_change.py -v`, --drain-time-s "
+            f"{DRAIN_TIME_S}, change: `{' '.join(CHANGE)}`\n\n" + "\n".join(lines) + "\n")
+
+
 @pytest.fixture
 def gateway(backend_port, tmp_path, monkeypatch):
     """gateway(version, inline) -> a started Gateway; stopped on every path."""
@@ -169,7 +199,7 @@ def gateway(backend_port, tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("version", istio.ENVOY_MATRIX)
-def test_a_configuration_change_cuts_nothing(version, gateway, stream):
+def test_a_configuration_change_cuts_nothing(version, gateway, stream, measured):
     gw = gateway(version, inline=False)
     with mid_drain(gw, stream) as (s, tcp, prestop):
         modified, reloads = gw.stat("listener_manager.listener_modified"), gw.reloads()
@@ -180,6 +210,7 @@ def test_a_configuration_change_cuts_nothing(version, gateway, stream):
                  what="the three new configurations loaded")
         wait_for(lambda: lb_check(gw.env)[0] == "HTTP/1.0 404 Not Found", 5,
                  what="the new health configuration answers the LB (draining_lb_status 404)")
+        in_effect = time.monotonic() - changed
         wait_for(lambda: status(gw.env)["traffic"]["roots"] > roots, 5,
                  what="the traffic roles of the new configuration registered")
         # Past the drain time: nothing was replaced, nothing drains, everything runs on.
@@ -189,6 +220,7 @@ def test_a_configuration_change_cuts_nothing(version, gateway, stream):
         assert gw.stat("listener_manager.listener_modified") == modified
         assert gw.stat("listener_manager.total_filter_chains_draining") == 0
         assert tcp.works(), "the TCP connection outlives the drain time"
+        tcp_at = time.monotonic() - changed
         st = status(gw.env)
         assert (st["state"], st["active"], st["count"]["reliable"]) == ("DRAINING", 2, True), st
         assert s.wait(STREAM_S + 10) == 0 and s.chunks == STREAM_S * 4, s.err
@@ -200,9 +232,13 @@ def test_a_configuration_change_cuts_nothing(version, gateway, stream):
         assert requests.post(gw.env.health("/close"), timeout=5).status_code == 200
         out, err = prestop.communicate(timeout=10)
         assert prestop.returncode == 0 and json.loads(out)["state"] == "CLOSED", (out, err)
+    measured.append(f"- ECDS, Envoy {version}: 0 listeners modified, 0 chains draining; the new health "
+                    f"configuration answered the LB {in_effect:.2f} s after the change; the {STREAM_S} s stream "
+                    f"completed ({s.chunks} chunks), the TCP connection answered {tcp_at:.1f} s "
+                    "after the change, the held preStop returned CLOSED")
 
 
-def test_the_control_inline_configuration_cuts_all_three_after_the_drain_time(gateway, stream):
+def test_the_control_inline_configuration_cuts_all_three_after_the_drain_time(gateway, stream, measured):
     gw = gateway(istio.ENVOY_MATRIX[-1], inline=True)
     with mid_drain(gw, stream) as (s, tcp, prestop):
         modified = gw.stat("listener_manager.listener_modified")
@@ -218,3 +254,6 @@ def test_the_control_inline_configuration_cuts_all_three_after_the_drain_time(ga
         out, _ = prestop.communicate(timeout=5)
         assert prestop.returncode != 0 and '"state"' not in out, "the preStop returned with no answer"
         assert not tcp.works(), "the TCP connection was closed"
+    measured.append(f"- inline (control), Envoy {istio.ENVOY_MATRIX[-1]}: 3 listeners modified; the stream "
+                    f"({s.chunks} of {STREAM_S * 4} chunks), the held preStop (no answer) and the TCP connection "
+                    f"cut {cut:.1f} s after the change")
