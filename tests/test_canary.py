@@ -98,8 +98,7 @@ def test_the_command_as_it_was_changes_every_pod(tmp_path):
     assert ("EnvoyFilter", "drain-gate-traffic") in set(fleet) - set(after)
 
     def health(objs):
-        plugin = objs[("EnvoyFilter", "drain-gate-health")]["spec"]["configPatches"][0]["patch"]["value"][
-            "filter_chains"][0]["filters"][0]["typed_config"]["http_filters"][0]["typed_config"]["config"]
+        plugin = istio.plugin_config(objs[("EnvoyFilter", "drain-gate-health")], "drain-gate-health")
         return plugin["vm_config"]["vm_id"], json.loads(plugin["configuration"]["value"])["lb_buffer"]
     assert (health(fleet), health(after)) == (("drain-gate", "20s"), ("", "10s"))
     # With the fleet's own values the EnvoyFilter form has no canary to give: refused, naming it.
@@ -218,7 +217,8 @@ def test_a_canary_that_does_not_load_on_a_pod_in_service_drains_it_and_cuts_noth
     before = _wasmplugin_gateway(tmp_path / "before", health, [istio.gateway_listener(8080)], plugins[:1],
                                  CANARY_LABELS)
     with_canary = canary_pod(tmp_path, plugins)
-    lds = Lds(istio.gateway_bootstrap(before, at, admin, backend_port, WASM), tmp_path / "lds")
+    ecds = tmp_path / "ecds"
+    lds = Lds(istio.gateway_bootstrap(before, at, admin, backend_port, WASM, ecds_dir=ecds), tmp_path / "lds")
     # pilot-agent's drainDuration (45 s) keeps a replaced chain's connections; 30 s outlasts the test.
     env = Envoy(lds.doc, istio.harness_ports(at, admin, backend_port), concurrency=2, workdir=tmp_path / "envoy",
                 drain_time_s=30)
@@ -227,7 +227,8 @@ def test_a_canary_that_does_not_load_on_a_pod_in_service_drains_it_and_cuts_noth
         wait_for(lambda: lb_check(env)[0] == "HTTP/1.0 200 OK", 5, what="an LB check answered 200: announced")
         old = stream(f"http://127.0.0.1:{at[8080]}/stream?seconds=6&interval_ms=250")
         wait_for(lambda: status(env)["active"] == 1, 10, what="the request on the chain before counted")
-        lds.push(istio.gateway_bootstrap(with_canary, at, admin, backend_port, WASM)["static_resources"]["listeners"])
+        lds.push(istio.gateway_bootstrap(with_canary, at, admin, backend_port, WASM, ecds_dir=ecds)[
+            "static_resources"]["listeners"])
         wait_for(lambda: status(env)["traffic"]["placeholders"] >= 1, 20, what="the new chain with the placeholder")
         assert (status(env)["state"], lb_check(env)[0]) == ("OPEN", "HTTP/1.0 200 OK"), "only present: no change"
         # The new chain serves as soon as the ECDS update is refused; a new connection reaches it.

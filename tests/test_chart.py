@@ -167,7 +167,8 @@ def test_rendered_objects_select_drain_gate_pods_in_the_release_namespace(module
     assert health["spec"]["workloadSelector"] == {"labels": istio.DRAIN_GATE_LABEL}
     assert objs[("PodDisruptionBudget", "drain-gate")]["spec"]["selector"] == {"matchLabels": istio.DRAIN_GATE_LABEL}
     patches = list(health["spec"]["configPatches"])
-    assert [p["applyTo"] for p in patches] == ["LISTENER"], "no admin cluster added: the bootstrap has one"
+    assert [p["applyTo"] for p in patches] == ["LISTENER", "EXTENSION_CONFIG"], \
+        "no admin cluster added: the bootstrap has one"
     if wasmplugin:
         for name in ("drain-gate-traffic", "drain-gate-tcp"):
             wp = objs[("WasmPlugin", name)]
@@ -235,28 +236,32 @@ def test_canary_value_adds_a_second_traffic_plugin_for_the_labelled_pod(module):
 
 
 def test_config_values_reach_the_health_role_and_traffic_gets_only_what_it_uses(module):
-    """The traffic role's configuration is role + tick, both checked at render:
-    no value can make Envoy refuse the traffic filter alone, which on a fresh
-    start leaves a health listener answering 200 in front of no traffic
-    listener (tests/test_load_failure.py, "traffic config")."""
+    """The traffic role's configuration is role + tick + draining_new_requests,
+    each checked at render: no value can make Envoy refuse the traffic
+    configuration alone, which on a fresh pod leaves its traffic filters on
+    their fallback, counting nothing (tests/test_load_failure.py, "traffic
+    config"). Every value reaches the roles over ECDS, in the EnvoyFilters'
+    EXTENSION_CONFIG patches: the filters themselves carry none."""
     for form in ((), WASMPLUGIN):
         objs = k8s.by_kind(k8s.template(*with_module(module, "--set", "config.drain_timeout=30s",
                                                      "--set", "config.draining_lb_status=404",
                                                      "--set", "config.tick=50ms", *form)))
-        health = objs[("EnvoyFilter", "drain-gate-health")]["spec"]["configPatches"][0]["patch"]["value"]
-        hcm = health["filter_chains"][0]["filters"][0]["typed_config"]
-        config = json.loads(hcm["http_filters"][0]["typed_config"]["config"]["configuration"]["value"])
+        health = objs[("EnvoyFilter", "drain-gate-health")]
+        config = json.loads(istio.plugin_config(health, "drain-gate-health")["configuration"]["value"])
         assert config["role"] == "health"
         assert (config["drain_timeout"], config["draining_lb_status"], config["tick"]) == ("30s", 404, "50ms")
+        assert "50ms" not in json.dumps(health["spec"]["configPatches"][0]), "not in the listener"
         if form:
             traffic = objs[("WasmPlugin", "drain-gate-traffic")]["spec"]["pluginConfig"]
         else:
-            value = objs[("EnvoyFilter", "drain-gate-traffic")]["spec"]["configPatches"][0]["patch"]["value"]
-            traffic = json.loads(value["typed_config"]["config"]["configuration"]["value"])
-            value = objs[("EnvoyFilter", "drain-gate-tcp")]["spec"]["configPatches"][0]["patch"]["value"]
-            tcp = json.loads(value["typed_config"]["config"]["configuration"]["value"])
+            traffic = json.loads(istio.plugin_config(objs[("EnvoyFilter", "drain-gate-traffic")], "drain-gate")[
+                "configuration"]["value"])
+            tcp = json.loads(istio.plugin_config(objs[("EnvoyFilter", "drain-gate-tcp")], "drain-gate-tcp")[
+                "configuration"]["value"])
             assert tcp == {"role": "traffic_tcp", "tick": "50ms", "draining_new_requests": "serve",
                            "draining_grpc_requests": "serve", "refuse_with": "response"}
+            for name in ("drain-gate-traffic", "drain-gate-tcp"):
+                assert "50ms" not in json.dumps(objs[("EnvoyFilter", name)]["spec"]["configPatches"][0]), name
         assert traffic == {"role": "traffic", "tick": "50ms", "draining_new_requests": "serve",
                            "draining_grpc_requests": "serve", "refuse_with": "response"}
 
@@ -402,6 +407,4 @@ def test_pod_monitor_scrapes_the_gateways_and_the_prestop_waits_its_interval(mod
 
 def _health_config(objs: dict) -> str:
     """The health role's plugin configuration in rendered objects."""
-    ef = objs[("EnvoyFilter", "drain-gate-health")]
-    value = ef["spec"]["configPatches"][0]["patch"]["value"]
-    return hcm(value)["http_filters"][0]["typed_config"]["config"]["configuration"]["value"]
+    return istio.plugin_config(objs[("EnvoyFilter", "drain-gate-health")], "drain-gate-health")["configuration"]["value"]

@@ -56,7 +56,7 @@ def before_the_router(traffic_ef: dict) -> dict:
     """The traffic EnvoyFilter as the chart had it: INSERT_BEFORE the router, priority 10."""
     ef = copy.deepcopy(traffic_ef)
     ef["spec"]["priority"] = 10
-    (patch,) = ef["spec"]["configPatches"]
+    patch = ef["spec"]["configPatches"][0]
     patch["patch"]["operation"] = "INSERT_BEFORE"
     patch["match"]["listener"]["filterChain"]["filter"]["subFilter"] = {"name": "envoy.filters.http.router"}
     return ef
@@ -148,9 +148,10 @@ KINDS = ("fault", "jwt", "authz")
 
 
 def gateway(authz: AuthzServer, listeners, plugins: list[tuple[dict, dict]] = ()):
-    """A bootstrap factory for the rig: istiod's listeners (`listeners(ecds files)`)
-    with the authorization server's cluster. `plugins`: WasmPlugins and their
-    ECDS configurations, written into the gateway's directory."""
+    """A bootstrap factory for the rig: what istiod sends (`listeners(ecds files)`:
+    an istio.Xds) with the authorization server's cluster. `plugins`:
+    WasmPlugins and their ECDS configurations, written into the gateway's
+    directory."""
     def bootstrap(ports: Ports, workdir: Path) -> dict:
         workdir.mkdir(parents=True, exist_ok=True)
         files = []
@@ -158,7 +159,7 @@ def gateway(authz: AuthzServer, listeners, plugins: list[tuple[dict, dict]] = ()
             files.append((wp, workdir / f"ecds-{i}.yaml"))
             istio.write_ecds(files[-1][1], [ext])
         doc = istio.gateway_bootstrap(listeners(files), {TRAFFIC_PORT: ports.traffic, istio.HEALTH_PORT: ports.health},
-                                      ports.admin, ports.backend)
+                                      ports.admin, ports.backend, ecds_dir=workdir / "ecds")
         doc["static_resources"]["clusters"].append(authz.cluster())
         return doc
     return bootstrap
@@ -276,9 +277,8 @@ def test_envoyfilter_form_counts_requests_held_after_it_behind_haproxy(tmp_path)
     traffic, health = load("traffic-filter.yaml"), load("health-listener.yaml")
     hold = 5000  # longer than the sends, then a flip to HAProxy's DOWN (fall 2 x inter 1 s)
     with AuthzServer() as authz:
-        shipped = gateway(authz, lambda _: istio.apply_envoyfilters(chain(authz, hold), [traffic, health]))
-        control = gateway(authz, lambda _: istio.apply_envoyfilters(chain(authz, hold),
-                                                                      [before_the_router(traffic), health]))
+        shipped = gateway(authz, lambda _: istio.gateway_xds(chain(authz, hold), [traffic, health]))
+        control = gateway(authz, lambda _: istio.gateway_xds(chain(authz, hold), [before_the_router(traffic), health]))
         with Rig(tmp_path, gateways=2, bootstraps=[shipped, control]) as rig:
             gw1, gw2 = rig.gws
             held = send_held(rig, authz, {kind: hold for kind in KINDS})
@@ -322,7 +322,7 @@ def test_wasmplugin_form_counts_requests_held_after_it_behind_haproxy(tmp_path):
     hold = {"fault": 1500, "jwt": 6000, "authz": 10000}
     with AuthzServer() as authz:
         def form(plugin: dict):
-            return gateway(authz, lambda files: istio.apply_envoyfilters(
+            return gateway(authz, lambda files: istio.gateway_xds(
                 istio.insert_wasmplugins(chain(authz, hold["jwt"]), files), [health]),
                 [(plugin, istio.wasmplugin_extension_config(plugin, WASM))])
         with Rig(tmp_path, gateways=2, bootstraps=[form(wp), form(old)]) as rig:
@@ -361,10 +361,9 @@ def test_verify_names_an_envoyfilter_in_front_of_the_gateway_api_form(start_gate
                              namespace=traffic["metadata"]["namespace"], created="2026-12-02T10:00:00Z")
     other["spec"]["workloadSelector"] = traffic["spec"]["workloadSelector"]
     labels = {**istio.POD_LABELS, **traffic["spec"]["workloadSelector"]["labels"]}
-    listeners = istio.apply_envoyfilters([istio.gateway_listener(TRAFFIC_PORT)], [traffic, health, other],
-                                         labels=labels)
-    assert names(listeners[0])[:2] == ["envoy.filters.http.ext_authz", "drain-gate"]
-    env = start_gateway(istio.ENVOY_MATRIX[-1], listeners)
+    xds = istio.gateway_xds([istio.gateway_listener(TRAFFIC_PORT)], [traffic, health, other], labels=labels)
+    assert names(xds.listeners[0])[:2] == ["envoy.filters.http.ext_authz", "drain-gate"]
+    env = start_gateway(istio.ENVOY_MATRIX[-1], xds)
     code, lines = verify("--config-dump", "-", stdin=dump_of(env))
     assert code == 1 and [line for line in lines if line.startswith("FAIL ")] == [
         f"FAIL first filter: listener 0.0.0.0_{TRAFFIC_PORT}: before drain-gate: envoy.filters.http.ext_authz; "
@@ -383,10 +382,10 @@ def test_verify_passes_a_filter_in_front_that_never_holds(start_gateway, tmp_pat
                                                            "v3.RBAC", "rules": {"action": "DENY"}}}
     ecds = tmp_path / "ecds.yaml"
     istio.write_ecds(ecds, [istio.wasmplugin_extension_config(wp, WASM)])
-    listeners = istio.apply_envoyfilters(istio.insert_wasmplugins([istio.gateway_listener(TRAFFIC_PORT)], [(wp, ecds)]),
-                                         [user_envoyfilter("team-rbac", 0, "INSERT_FIRST", rbac), health])
-    assert names(listeners[0])[:2] == ["team.rbac", istio.wasmplugin_resource_name(wp)]
-    env = start_gateway(istio.ENVOY_MATRIX[-1], listeners)
+    xds = istio.gateway_xds(istio.insert_wasmplugins([istio.gateway_listener(TRAFFIC_PORT)], [(wp, ecds)]),
+                            [user_envoyfilter("team-rbac", 0, "INSERT_FIRST", rbac), health])
+    assert names(xds.listeners[0])[:2] == ["team.rbac", istio.wasmplugin_resource_name(wp)]
+    env = start_gateway(istio.ENVOY_MATRIX[-1], xds)
     code, lines = verify("--config-dump", "-", stdin=dump_of(env))
     assert code == 0 and f"PASS first filter: listener 0.0.0.0_{TRAFFIC_PORT}: before drain-gate only team.rbac, " \
         "which never hold a request (team.rbac decides at once: continues, or answers 403 itself)" in lines, lines

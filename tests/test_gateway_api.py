@@ -316,14 +316,9 @@ def test_istio_objects_are_the_istio_folder_ones_but_for_namespace_and_selector(
 
 def test_envoyfilters_load_the_file_the_options_mount():
     (mount,) = [m for m in proxy_container(yaml.safe_load(load("options.yaml")["data"]["deployment"]))["volumeMounts"]]
-    for rel in ("health-listener.yaml", "wasmplugin/health-listener.yaml"):
-        value = load(rel)["spec"]["configPatches"][0]["patch"]["value"]
-        hcm = value["filter_chains"][0]["filters"][0]["typed_config"]
-        (wasm,) = [f for f in hcm["http_filters"] if f.get("typed_config", {}).get("@type") == istio.WASM_HTTP]
-        assert wasm["typed_config"]["config"]["vm_config"]["code"]["local"]["filename"] == mount["mountPath"], rel
-    for rel in ("traffic-filter.yaml", "tcp-filter.yaml"):
-        traffic = load(rel)["spec"]["configPatches"][0]["patch"]["value"]["typed_config"]["config"]
-        assert traffic["vm_config"]["code"]["local"]["filename"] == mount["mountPath"] == WASM_MOUNT, rel
+    for rel in ("health-listener.yaml", "wasmplugin/health-listener.yaml", "traffic-filter.yaml", "tcp-filter.yaml"):
+        plugin = istio.plugin_config(load(rel))
+        assert plugin["vm_config"]["code"]["local"]["filename"] == mount["mountPath"] == WASM_MOUNT, rel
     for rel in ("wasmplugin/traffic.yaml", "wasmplugin/tcp.yaml"):
         assert load(rel)["spec"]["url"] == "file://" + mount["mountPath"], rel
 

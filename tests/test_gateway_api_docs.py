@@ -110,8 +110,7 @@ def test_distroless_commands_put_one_token_in_both_places(recorded):
     stdin = [e for e in applied(recorded) if e["file"] == "-"]
     (health,) = [e["object"] for e in stdin if e["object"]["kind"] == "EnvoyFilter"]
     (options,) = [e["object"] for e in stdin if e["object"]["kind"] == "ConfigMap"]
-    hcm = health["spec"]["configPatches"][0]["patch"]["value"]["filter_chains"][0]["filters"][0]["typed_config"]
-    plugin = json.loads(hcm["http_filters"][0]["typed_config"]["config"]["configuration"]["value"])
+    plugin = json.loads(istio.plugin_config(health)["configuration"]["value"])
     token = plugin["admin_token"]
     assert re.fullmatch(r"[0-9a-f]{48}", token), token
     assert f"Bearer {token}" in options["data"]["deployment"] and PLACEHOLDER not in options["data"]["deployment"]

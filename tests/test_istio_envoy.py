@@ -76,8 +76,7 @@ def load(rel: str) -> dict:
 def patched(ef: dict, **config) -> dict:
     """The health EnvoyFilter with keys merged into its plugin configuration."""
     ef = copy.deepcopy(ef)
-    value = ef["spec"]["configPatches"][0]["patch"]["value"]
-    plugin = hcm(value)["http_filters"][0]["typed_config"]["config"]
+    plugin = istio.plugin_config(ef)
     merged = json.loads(plugin["configuration"]["value"])
     merged.update(config)
     plugin["configuration"]["value"] = json.dumps(merged, separators=(",", ":"))
@@ -105,24 +104,27 @@ def _oci_tool():
 
 @pytest.fixture
 def start_gateway(backend_port, tmp_path, monkeypatch):
-    """Factory: start_gateway(version, listeners) -> a started Envoy; `env.at`
-    maps each logical listener port to the actual one; `admin_address` is where
-    its admin (and the bootstrap's prometheus_stats cluster) listens. Stopped on
+    """Factory: start_gateway(version, xds) -> a started Envoy running what
+    istiod sends (`istio.Xds`: listeners and ECDS resources, or listeners
+    alone); `env.at` maps each logical listener port to the actual one,
+    `env.ecds_dir` is where its ECDS files are; `admin_address` is where its
+    admin (and the bootstrap's prometheus_stats cluster) listens. Stopped on
     every path."""
     stack = contextlib.ExitStack()
 
-    def start(version: str, listeners: list[dict], wasm=WASM, ready_path: str | None = "/live",
+    def start(version: str, xds, wasm=WASM, ready_path: str | None = "/live",
               clusters: list[dict] = (), admin_address: str = "127.0.0.1", stats_config: dict | None = None) -> Envoy:
         monkeypatch.setenv("ENVOY_BIN", istio.envoy_bin(version))
-        at = {l["address"]["socket_address"]["port_value"]: free_port() for l in listeners}
+        xds = xds if isinstance(xds, istio.Xds) else istio.Xds(xds)
+        at = {l["address"]["socket_address"]["port_value"]: free_port() for l in xds.listeners}
         admin = free_port(admin_address)
-        doc = istio.gateway_bootstrap(listeners, at, admin, backend_port, wasm, clusters, admin_address)
+        workdir = tmp_path / f"envoy-{admin}"
+        doc = istio.gateway_bootstrap(xds, at, admin, backend_port, wasm, clusters, admin_address, workdir / "ecds")
         if stats_config is not None:
             doc["stats_config"] = stats_config
         traffic = min(p for p in at if p != istio.HEALTH_PORT)
-        env = Envoy(doc, istio.harness_ports(at, admin, backend_port, traffic), concurrency=2,
-                    workdir=tmp_path / f"envoy-{admin}")
-        env.at = at
+        env = Envoy(doc, istio.harness_ports(at, admin, backend_port, traffic), concurrency=2, workdir=workdir)
+        env.at, env.ecds_dir = at, workdir / "ecds"
         stack.callback(env.stop)
         if ready_path:
             env.start(timeout=60)
@@ -255,7 +257,7 @@ def tcp_connection_holds_the_drain(env, port: int = 15443) -> None:
 def test_tcp_patch_counts_a_passthrough_connection_and_flips_on_its_close(version, start_gateway):
     """The three EnvoyFilters as written: a connection through the TCP server
     (tcp_proxy to the backend) holds the drain; its close flips it."""
-    listeners = istio.apply_envoyfilters(
+    listeners = istio.gateway_xds(
         [istio.gateway_listener(8080), istio.gateway_listener(15443, tcp=True)],
         [load("traffic-filter.yaml"), load("tcp-filter.yaml"), patched(load("health-listener.yaml"), lb_buffer="60m")],
     )
@@ -308,7 +310,7 @@ def test_admin_drain_forms_behave_as_documented(version, form, start_gateway, st
     """Catches an Envoy upgrade that changes what the three forms do."""
     efs = [load("traffic-filter.yaml"),
            patched(load("health-listener.yaml"), min_drain="30m", drain_timeout="60m", rotate_connections=False)]
-    env = start_gateway(version, istio.apply_envoyfilters([istio.gateway_listener(8080)], efs))
+    env = start_gateway(version, istio.gateway_xds([istio.gateway_listener(8080)], efs))
     s = stream(env.traffic("/stream?seconds=3&interval_ms=500"))
     wait_for(lambda: status(env)["active"] == 1, 10, what="the stream counted")
     client = KeepAlive(env.ports.traffic)
@@ -348,7 +350,7 @@ def test_envoyfilter_form_rotates_connections_at_the_flip(version, start_gateway
     listener keeps answering."""
     efs = [load("traffic-filter.yaml"), patched(load("health-listener.yaml"), min_drain="30m", drain_timeout="60m")]
     assert istio.added_clusters(efs) == []
-    env = start_gateway(version, istio.apply_envoyfilters([istio.gateway_listener(8080)], efs))
+    env = start_gateway(version, istio.gateway_xds([istio.gateway_listener(8080)], efs))
     client = KeepAlive(env.ports.traffic)
     try:
         assert client.get() is None
@@ -378,7 +380,7 @@ def test_rotation_reaches_an_admin_on_ipv6_loopback_only(version, start_gateway)
     listener rotates through it; a cluster fixed at 127.0.0.1 (the chart's
     former CLUSTER ADD, here at the admin's own port) finds nothing there."""
     health = patched(load("health-listener.yaml"), min_drain="30m", drain_timeout="60m")
-    listeners = istio.apply_envoyfilters([istio.gateway_listener(8080)], [load("traffic-filter.yaml"), health])
+    listeners = istio.gateway_xds([istio.gateway_listener(8080)], [load("traffic-filter.yaml"), health])
     env = start_gateway(version, listeners, clusters=[FIXED_ADMIN_CLUSTER], admin_address="::1")
     assert env.admin("/ready").startswith("http://[::1]:") and requests.get(env.admin("/ready"), timeout=5).ok
     with pytest.raises(requests.ConnectionError):
@@ -393,7 +395,7 @@ def test_rotation_reaches_an_admin_on_ipv6_loopback_only(version, start_gateway)
     finally:
         client.close()
     # The control: the same listener naming the fixed cluster.
-    fixed = istio.apply_envoyfilters([istio.gateway_listener(8080)], [
+    fixed = istio.gateway_xds([istio.gateway_listener(8080)], [
         load("traffic-filter.yaml"), patched(health, rotate_connections=FIXED_ADMIN_CLUSTER["name"])])
     env = start_gateway(version, fixed, clusters=[FIXED_ADMIN_CLUSTER], admin_address="::1")
     _drain_and_flip(env)
@@ -403,7 +405,7 @@ def test_rotation_reaches_an_admin_on_ipv6_loopback_only(version, start_gateway)
 
 @pytest.mark.parametrize("version", VERSIONS)
 def test_envoyfilter_form_counts_flips_and_prestop_returns_at_closed(version, start_gateway, stream):
-    listeners = istio.apply_envoyfilters(
+    listeners = istio.gateway_xds(
         [istio.gateway_listener(8080), istio.gateway_listener(8443)],
         [load("traffic-filter.yaml"), load("health-listener.yaml")],
     )
@@ -493,10 +495,10 @@ def local_module(wp: dict, pulled=None):
 
 def _wasmplugin_gateway(tmp_path, health_ef: dict, listeners: list[dict], plugins: list[tuple[dict, dict]],
                         labels: dict = istio.POD_LABELS, server_ports: dict[str, int] | None = None,
-                        envoyfilters: list[dict] = ()) -> list[dict]:
+                        envoyfilters: list[dict] = ()) -> istio.Xds:
     """`listeners` with each WasmPlugin's ECDS filter where istiod puts it, for
     the pod with `labels`, then the health EnvoyFilter and `envoyfilters`
-    applied. `plugins`: (WasmPlugin, the TypedExtensionConfig Envoy receives
+    applied (their configuration over ECDS too). `plugins`: (WasmPlugin, the TypedExtensionConfig Envoy receives
     for it), one ECDS file each (Envoy takes one resource per filter
     subscription; a filter an EnvoyFilter replaced by istiod's own entry reads
     the same file instead of ADS); `server_ports`: see `istio.insert_wasmplugin`."""
@@ -508,13 +510,13 @@ def _wasmplugin_gateway(tmp_path, health_ef: dict, listeners: list[dict], plugin
         istio.write_ecds(ecds, [ext])
         paths[istio.wasmplugin_resource_name(wp)] = ecds
         files.append((wp, ecds))
-    listeners = istio.insert_wasmplugins(listeners, files, server_ports)
-    return istio.ecds_over_files(istio.apply_envoyfilters(listeners, [health_ef, *envoyfilters], labels=labels),
-                                 paths)
+    xds = istio.gateway_xds(istio.insert_wasmplugins(listeners, files, server_ports), [health_ef, *envoyfilters],
+                            labels=labels)
+    return istio.Xds(istio.ecds_over_files(xds.listeners, paths), xds.extensions)
 
 
 def _wasmplugin_listeners(tmp_path, health_ef: dict, module=None, wp: dict | None = None,
-                          labels: dict = istio.POD_LABELS, port: int = 8080) -> list[dict]:
+                          labels: dict = istio.POD_LABELS, port: int = 8080) -> istio.Xds:
     wp = wp or load("wasmplugin/traffic.yaml")
     ext = istio.wasmplugin_extension_config(wp, module or local_module(wp))
     return _wasmplugin_gateway(tmp_path, health_ef, [istio.gateway_listener(port)], [(wp, ext)], labels)
@@ -569,7 +571,7 @@ def passthrough() -> tuple[dict, dict[str, int]]:
     return listener, {listener["name"]: istio.PASSTHROUGH_SERVER_PORT}
 
 
-def _tcp_gateway(tmp_path, tcp: dict | None = None, health: dict | None = None) -> list[dict]:
+def _tcp_gateway(tmp_path, tcp: dict | None = None, health: dict | None = None) -> istio.Xds:
     """An HTTP listener (8080) and the passthrough server (443 -> 8443) with the
     WasmPlugin form: the HTTP plugin, the NETWORK plugin `tcp` (default
     wasmplugin/tcp.yaml), the health listener."""
@@ -588,17 +590,17 @@ def test_wasmplugin_tcp_plugin_lands_before_tcp_proxy_on_its_server_port_only(tm
     tcp_name = istio.wasmplugin_resource_name(load("wasmplugin/tcp.yaml"))
     assert tcp_name == "extensions.istio.io/trafficextension/istio-system.drain-gate-tcp~istio-translated-wasmplugin"
     assert load("wasmplugin/tcp.yaml")["spec"]["match"] == [{"ports": [{"number": istio.PASSTHROUGH_SERVER_PORT}]}]
-    listeners = {l["name"]: l for l in _tcp_gateway(tmp_path)}
+    listeners = {l["name"]: l for l in _tcp_gateway(tmp_path).listeners}
     tcp_chain = [f["name"] for f in listeners["0.0.0.0_8443"]["filter_chains"][0]["filters"]]
     assert tcp_chain == [tcp_name, "envoy.filters.network.tcp_proxy"]
     assert [f["name"] for f in listeners["0.0.0.0_8080"]["filter_chains"][0]["filters"]] == [istio.HCM_NAME]
     by_listener_port = copy.deepcopy(load("wasmplugin/tcp.yaml"))
     by_listener_port["spec"]["match"] = [{"ports": [{"number": istio.PASSTHROUGH_LISTENER_PORT}]}]
-    chain = {l["name"]: l for l in _tcp_gateway(tmp_path, by_listener_port)}["0.0.0.0_8443"]["filter_chains"][0]
+    chain = {l["name"]: l for l in _tcp_gateway(tmp_path, by_listener_port).listeners}["0.0.0.0_8443"]["filter_chains"][0]
     assert [f["name"] for f in chain["filters"]] == ["envoy.filters.network.tcp_proxy"], "uncounted"
     unmatched = copy.deepcopy(load("wasmplugin/tcp.yaml"))
     del unmatched["spec"]["match"]
-    http_chain = {l["name"]: l for l in _tcp_gateway(tmp_path, unmatched)}["0.0.0.0_8080"]["filter_chains"][0]
+    http_chain = {l["name"]: l for l in _tcp_gateway(tmp_path, unmatched).listeners}["0.0.0.0_8080"]["filter_chains"][0]
     assert [f["name"] for f in http_chain["filters"]] == [tcp_name, istio.HCM_NAME]
 
 
@@ -708,7 +710,7 @@ def test_distroless_prestop_with_bearer_header(version, start_gateway):
     (health,) = k8s.template("--set", "wasm.configMap.create=false", "--set", f"config.admin_token={token}",
                              "--show-only", "templates/health-listener.yaml")
     health = patched(health, admin_allow=[])
-    env = start_gateway(version, istio.apply_envoyfilters(
+    env = start_gateway(version, istio.gateway_xds(
         [istio.gateway_listener(8080)], [load("traffic-filter.yaml"), health]))
     url = env.health(hook["path"])
 
@@ -730,8 +732,8 @@ def test_health_listener_without_its_plugin_fails_closed(version, start_gateway)
     catch-all 503 (the route as written; only the plugin taken out)."""
     health = copy.deepcopy(load("health-listener.yaml"))
     health_hcm = hcm(health["spec"]["configPatches"][0]["patch"]["value"])
-    health_hcm["http_filters"] = [f for f in health_hcm["http_filters"] if f["name"] != "drain-gate"]
-    env_listeners = istio.apply_envoyfilters([istio.gateway_listener(8080)], [health])
+    health_hcm["http_filters"] = [f for f in health_hcm["http_filters"] if f["name"] != "drain-gate-health"]
+    env_listeners = istio.gateway_xds([istio.gateway_listener(8080)], [health])
     # Envoy.wait_ready asks /live, which is 503 here: start without it, then poll.
     env = start_gateway(version, env_listeners, ready_path=None)
     line, body = lb_check(env)
@@ -747,22 +749,22 @@ def _gateway_api_pod(options: str, workdir) -> tuple[dict, dict]:
     return deployment["spec"]["template"], istio.proxy_container(deployment)
 
 
-def _gateway_api_listeners(health: dict, pod_labels: dict) -> list[dict]:
+def _gateway_api_listeners(health: dict, pod_labels: dict) -> istio.Xds:
     """istiod's listener for the Gateway's listener port, with the Gateway API
-    EnvoyFilters applied for a pod with `pod_labels`."""
+    EnvoyFilters applied for a pod with `pod_labels` (and their ECDS resources)."""
     (listener,) = istio.load_one(istio.GATEWAY_API / "gateway.yaml")["spec"]["listeners"]
     traffic = istio.load_one(istio.GATEWAY_API / "traffic-filter.yaml")
-    return istio.apply_envoyfilters([istio.gateway_listener(listener["port"])], [traffic, health], labels=pod_labels)
+    return istio.gateway_xds([istio.gateway_listener(listener["port"])], [traffic, health], labels=pod_labels)
 
 
 @pytest.mark.parametrize("version", VERSIONS)
 def test_gateway_api_form_counts_flips_and_prestop_returns_at_closed(version, start_gateway, stream, tmp_path):
     template, proxy = _gateway_api_pod("options.yaml", tmp_path / "kubectl")
-    listeners = _gateway_api_listeners(istio.load_one(istio.GATEWAY_API / "health-listener.yaml"),
-                                       template["metadata"]["labels"])
-    assert [l["name"] for l in listeners] == ["0.0.0.0_80", "drain-gate-health"]
-    assert "drain-gate" in _names(listeners[0]), "the patched pod's labels select the traffic filter"
-    env = start_gateway(version, listeners)
+    xds = _gateway_api_listeners(istio.load_one(istio.GATEWAY_API / "health-listener.yaml"),
+                                 template["metadata"]["labels"])
+    assert [l["name"] for l in xds.listeners] == ["0.0.0.0_80", "drain-gate-health"]
+    assert "drain-gate" in _names(xds.listeners[0]), "the patched pod's labels select the traffic filter"
+    env = start_gateway(version, xds)
     assert lb_check(env) == ("HTTP/1.0 200 OK", b"OK\n")
 
     s = stream(f"http://127.0.0.1:{env.at[80]}/stream?seconds=2&interval_ms=250")
@@ -795,7 +797,7 @@ def test_gateway_api_envoyfilters_skip_pods_without_the_mount():
     the rollout) keeps its listeners as they are."""
     plain = istio.gateway_api_rendered()["Deployment"]["spec"]["template"]["metadata"]["labels"]
     health = istio.load_one(istio.GATEWAY_API / "health-listener.yaml")
-    assert _gateway_api_listeners(health, plain) == [istio.gateway_listener(80)]
+    assert _gateway_api_listeners(health, plain) == istio.Xds([istio.gateway_listener(80)])
 
 
 @pytest.mark.parametrize("version", VERSIONS)
@@ -900,7 +902,7 @@ def test_role_alerts_fire_exactly_when_a_role_is_missing_under_each_form_s_real_
     drain-gate-*; WasmPlugin form on Istio 1.30: istio-system.drain-gate-*~istio-translated-wasmplugin,
     the health listener an EnvoyFilter), and, fed to promtool, each role alert fires exactly on the
     gateways that miss its role — a TCP-only gateway included."""
-    envoyfilter = istio.apply_envoyfilters(
+    envoyfilter = istio.gateway_xds(
         [istio.gateway_listener(8080), istio.gateway_listener(15443, tcp=True)],
         [load("traffic-filter.yaml"), load("tcp-filter.yaml"), load("health-listener.yaml")])
     forms = {}

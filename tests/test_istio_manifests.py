@@ -119,6 +119,11 @@ def _wasm(filters):
     return copy.deepcopy(w["typed_config"]["config"])
 
 
+def _plugin(rel: str) -> dict:
+    """The wasm PluginConfig an envoyfilter/istio/ EnvoyFilter serves over ECDS."""
+    return copy.deepcopy(istio.plugin_config(istio.load_one(istio.ISTIO / rel)))
+
+
 def _bootstrap_listener(name):
     return listener(yaml.safe_load(BOOTSTRAP.read_text()), name)
 
@@ -131,17 +136,46 @@ def _without_path(config):
     return config
 
 
+def _asks_istiod(f: dict, kind: str) -> None:
+    """A filter whose configuration comes over ADS by its name, with the
+    chart's fallback: an allow-all RBAC filter of the same kind (http/network)."""
+    assert set(f) == {"name", "config_discovery"}, f
+    source = f["config_discovery"]["config_source"]
+    assert source == {"ads": {}, "resource_api_version": "V3", "initial_fetch_timeout": "10s"}
+    wasm, rbac = (f"type.googleapis.com/envoy.extensions.filters.{kind}.{x}.v3.{y}" for x, y in (("wasm", "Wasm"),
+                                                                                                ("rbac", "RBAC")))
+    assert f["config_discovery"]["type_urls"] == [wasm, rbac]
+    default = f["config_discovery"]["default_config"]
+    assert default["@type"] == rbac and "rules" not in default, "allow-all: no rules"
+
+
+def _served(rel: str, name: str) -> dict:
+    """The EXTENSION_CONFIG patch of an EnvoyFilter, checked to be what istiod
+    serves to its filter: ADD, the filter patch's proxy match, `name`."""
+    ef = istio.load_one(istio.ISTIO / rel)
+    (patch,) = [p for p in ef["spec"]["configPatches"] if p["applyTo"] == "EXTENSION_CONFIG"]
+    (other,) = [p for p in ef["spec"]["configPatches"] if p["applyTo"] != "EXTENSION_CONFIG"]
+    assert patch["patch"]["operation"] == "ADD" and patch["patch"]["value"]["name"] == name
+    assert patch["match"] == {"context": "GATEWAY", "proxy": other["match"]["proxy"]}
+    return patch["patch"]["value"]
+
+
 def test_health_listener_agrees_with_envoy_yaml():
     """The EnvoyFilter's listener is envoy.yaml's drain-gate-health apart from
-    the port, the wasm path, and what a gateway needs on top."""
-    (patch,) = _value(istio.ISTIO / "health-listener.yaml")
-    assert (patch["applyTo"], patch["match"]["context"], patch["patch"]["operation"]) == ("LISTENER", "GATEWAY", "ADD")
-    ours = patch["patch"]["value"]
+    the port, the wasm path, the filter's configuration coming over ECDS, and
+    what a gateway needs on top."""
+    listener_patch = _value(istio.ISTIO / "health-listener.yaml")[0]
+    assert (listener_patch["applyTo"], listener_patch["match"]["context"], listener_patch["patch"]["operation"]) == (
+        "LISTENER", "GATEWAY", "ADD")
+    ours = listener_patch["patch"]["value"]
     local = _bootstrap_listener("drain-gate-health")
     assert ours["name"] == local["name"]
     assert ours["address"]["socket_address"] == {"address": "0.0.0.0", "port_value": 18180}
     assert ours["per_connection_buffer_limit_bytes"] == local["per_connection_buffer_limit_bytes"]
-    assert _without_path(_wasm(hcm(ours)["http_filters"])) == _without_path(_wasm(hcm(local)["http_filters"]))
+    served = _served("health-listener.yaml", "drain-gate-health")
+    assert served["typed_config"]["@type"] == istio.WASM_HTTP
+    assert _without_path(copy.deepcopy(served["typed_config"]["config"])) == _without_path(
+        _wasm(hcm(local)["http_filters"]))
     for key in ("stat_prefix", "codec_type", "stream_idle_timeout", "request_headers_timeout", "route_config",
                 "local_reply_config", "http_protocol_options"):
         assert hcm(ours)[key] == hcm(local)[key], key
@@ -155,9 +189,11 @@ def test_health_listener_agrees_with_envoy_yaml():
     assert hcm(ours)["http_protocol_options"] == {"accept_http_10": True, "default_host_for_http_10": "drain-gate",
                                                   "allow_custom_methods": True}
     names = [f["name"] for f in hcm(ours)["http_filters"]]
-    assert names == ["drain-gate", "drain-gate-health.router"]
+    assert names == ["drain-gate-health", "drain-gate-health.router"]
     assert hcm(ours)["http_filters"][-1]["typed_config"]["@type"].endswith("router.v3.Router")
-    assert _wasm(hcm(ours)["http_filters"])["failure_policy"] == "FAIL_CLOSED"
+    # Its configuration comes from istiod by name; without one, every request meets the catch-all 503.
+    _asks_istiod(hcm(ours)["http_filters"][0], "http")
+    assert served["typed_config"]["config"]["failure_policy"] == "FAIL_CLOSED"
 
 
 def test_admin_cluster_is_the_bootstrap_one_where_envoy_yaml_adds_its_own():
@@ -166,8 +202,7 @@ def test_admin_cluster_is_the_bootstrap_one_where_envoy_yaml_adds_its_own():
     in istio-proxy the health role names prometheus_stats, the bootstrap's
     static cluster at the admin's own address and port (::1 or 127.0.0.1,
     proxyAdminPort), and the EnvoyFilter adds no cluster."""
-    (listener,) = istio.load_one(istio.ISTIO / "health-listener.yaml")["spec"]["configPatches"]
-    config = json.loads(_wasm(hcm(listener["patch"]["value"])["http_filters"])["configuration"]["value"])
+    config = json.loads(_plugin("health-listener.yaml")["configuration"]["value"])
     assert config["rotate_connections"] == "prometheus_stats"
     doc = yaml.safe_load(BOOTSTRAP.read_text())
     (local,) = [c for c in doc["static_resources"]["clusters"] if c["name"] == "drain_gate_envoy_admin"]
@@ -184,21 +219,24 @@ def test_admin_cluster_is_the_bootstrap_one_where_envoy_yaml_adds_its_own():
 def test_traffic_filter_agrees_with_envoy_yaml():
     """The first HTTP filter in both: INSERT_FIRST at the highest priority there
     is, and envoy.yaml's traffic listener starts with it."""
-    (patch,) = _value(istio.ISTIO / "traffic-filter.yaml")
+    patch = _value(istio.ISTIO / "traffic-filter.yaml")[0]
     assert patch["applyTo"] == "HTTP_FILTER" and patch["patch"]["operation"] == "INSERT_FIRST"
     assert istio.load_one(istio.ISTIO / "traffic-filter.yaml")["spec"]["priority"] == 2 ** 31 - 1
     assert patch["match"]["context"] == "GATEWAY"
     fm = patch["match"]["listener"]["filterChain"]["filter"]
     assert fm == {"name": istio.HCM_NAME}, "INSERT_FIRST ignores a subFilter: none, not a misleading one"
     assert hcm(_bootstrap_listener("traffic"))["http_filters"][0]["name"] == "drain-gate"
+    assert patch["patch"]["value"]["name"] == "drain-gate"
+    _asks_istiod(patch["patch"]["value"], "http")
+    served = _served("traffic-filter.yaml", "drain-gate")
     local = _wasm(hcm(_bootstrap_listener("traffic"))["http_filters"])
-    assert _without_path(copy.deepcopy(patch["patch"]["value"]["typed_config"]["config"])) == _without_path(local)
-    assert patch["patch"]["value"]["typed_config"]["config"]["failure_policy"] == "FAIL_OPEN"
+    assert _without_path(copy.deepcopy(served["typed_config"]["config"])) == _without_path(local)
+    assert served["typed_config"]["config"]["failure_policy"] == "FAIL_OPEN"
 
 
 def test_tcp_filter_is_the_traffic_filter_as_a_network_filter_before_tcp_proxy():
     ef = istio.load_one(istio.ISTIO / "tcp-filter.yaml")
-    (patch,) = ef["spec"]["configPatches"]
+    patch = ef["spec"]["configPatches"][0]
     assert patch["applyTo"] == "NETWORK_FILTER" and patch["patch"]["operation"] == "INSERT_BEFORE"
     traffic_ef = istio.load_one(istio.ISTIO / "traffic-filter.yaml")
     assert patch["match"] == {"context": "GATEWAY", "proxy": traffic_ef["spec"]["configPatches"][0]["match"]["proxy"],
@@ -206,10 +244,12 @@ def test_tcp_filter_is_the_traffic_filter_as_a_network_filter_before_tcp_proxy()
     assert ef["spec"]["workloadSelector"] == traffic_ef["spec"]["workloadSelector"]
     assert ef["spec"]["priority"] == istio.load_one(k8s.CHART / "values.yaml")["priority"]
     assert ef["metadata"]["namespace"] == traffic_ef["metadata"]["namespace"]
-    value = patch["patch"]["value"]
+    assert patch["patch"]["value"]["name"] == "drain-gate-tcp"
+    _asks_istiod(patch["patch"]["value"], "network")
+    value = _served("tcp-filter.yaml", "drain-gate-tcp")
     assert value["typed_config"]["@type"] == istio.WASM_NETWORK
     tcp = value["typed_config"]["config"]
-    traffic = copy.deepcopy(traffic_ef["spec"]["configPatches"][0]["patch"]["value"]["typed_config"]["config"])
+    traffic = _plugin("traffic-filter.yaml")
     assert json.loads(tcp["configuration"]["value"]) == {
         **json.loads(traffic["configuration"]["value"]), "role": "traffic_tcp"}
     # Same module, vm_id and fail policy as the HTTP traffic role; only names and role differ.
@@ -219,8 +259,7 @@ def test_tcp_filter_is_the_traffic_filter_as_a_network_filter_before_tcp_proxy()
 
 
 def test_both_roles_share_one_vm_id_and_one_file():
-    health = _wasm(hcm(_value(istio.ISTIO / "health-listener.yaml")[0]["patch"]["value"])["http_filters"])
-    traffic = _value(istio.ISTIO / "traffic-filter.yaml")[0]["patch"]["value"]["typed_config"]["config"]
+    health, traffic = _plugin("health-listener.yaml"), _plugin("traffic-filter.yaml")
     assert health["vm_config"]["vm_id"] == traffic["vm_config"]["vm_id"] == "drain-gate"
     assert health["vm_config"]["code"] == traffic["vm_config"]["code"]
     assert json.loads(health["configuration"]["value"])["role"] == "health"
@@ -231,7 +270,7 @@ def test_wasmplugin_health_listener_differs_only_in_vm_id():
     a = istio.load_one(istio.ISTIO / "health-listener.yaml")
     b = istio.load_one(istio.ISTIO / "wasmplugin" / "health-listener.yaml")
     assert a["metadata"] == b["metadata"], "same name: applying one replaces the other"
-    wb = hcm(b["spec"]["configPatches"][0]["patch"]["value"])["http_filters"][0]["typed_config"]["config"]
+    wb = istio.plugin_config(b)
     assert wb["vm_config"]["vm_id"] == ""
     wb["vm_config"]["vm_id"] = "drain-gate"
     assert a == b
@@ -240,7 +279,7 @@ def test_wasmplugin_health_listener_differs_only_in_vm_id():
 def test_wasmplugins_are_the_traffic_roles_on_the_mounted_file():
     wp = istio.load_one(istio.ISTIO / "wasmplugin" / "traffic.yaml")
     tcp = istio.load_one(istio.ISTIO / "wasmplugin" / "tcp.yaml")
-    health = _wasm(hcm(_value(istio.ISTIO / "wasmplugin" / "health-listener.yaml")[0]["patch"]["value"])["http_filters"])
+    health = _plugin("wasmplugin/health-listener.yaml")
     for obj, role, kind in ((wp, "traffic", "HTTP"), (tcp, "traffic_tcp", "NETWORK")):
         spec = obj["spec"]
         assert spec["pluginConfig"]["role"] == role
@@ -264,11 +303,8 @@ def test_wasm_path_is_where_the_chart_mounts_the_configmap():
     (mount,) = values["volumeMounts"]
     assert volume["configMap"]["name"] == "drain-gate-wasm" and mount["name"] == volume["name"]
     assert mount["subPath"] == "drain_gate.wasm" and mount["readOnly"] is True
-    for path in (istio.ISTIO / "health-listener.yaml", istio.ISTIO / "wasmplugin" / "health-listener.yaml"):
-        config = _wasm(hcm(_value(path)[0]["patch"]["value"])["http_filters"])
-        assert config["vm_config"]["code"]["local"]["filename"] == mount["mountPath"], path
-    traffic = _value(istio.ISTIO / "traffic-filter.yaml")[0]["patch"]["value"]["typed_config"]["config"]
-    assert traffic["vm_config"]["code"]["local"]["filename"] == mount["mountPath"]
+    for rel in ("health-listener.yaml", "wasmplugin/health-listener.yaml", "traffic-filter.yaml", "tcp-filter.yaml"):
+        assert _plugin(rel)["vm_config"]["code"]["local"]["filename"] == mount["mountPath"], rel
 
 
 def test_makefile_installs_the_envoy_versions_the_tests_run():

@@ -58,10 +58,11 @@ def dump_of(env) -> str:
     return json.dumps(_logical_ports(dump, {actual: logical for logical, actual in env.at.items()}))
 
 
-def envoyfilter_form(traffic: dict | None = None, tcp: bool = True) -> list[dict]:
-    return istio.apply_envoyfilters(
+def envoyfilter_form(traffic: dict | None = None, tcp: bool = True, health: dict | None = None) -> istio.Xds:
+    return istio.gateway_xds(
         [istio.gateway_listener(8080), istio.gateway_listener(8443), istio.gateway_listener(15443, tcp=True)],
-        [traffic or load("traffic-filter.yaml"), load("health-listener.yaml")] + ([load("tcp-filter.yaml")] if tcp else []))
+        [traffic or load("traffic-filter.yaml"), health or load("health-listener.yaml")]
+        + ([load("tcp-filter.yaml")] if tcp else []))
 
 
 @contextlib.contextmanager
@@ -99,6 +100,8 @@ def test_shipped_envoyfilter_form_passes_from_a_url_and_stdin(start_gateway, tmp
     assert "PASS tcp filter: listener 0.0.0.0_15443: drain-gate TCP filter before tcp_proxy" in lines
     assert "PASS vm_id: listener 0.0.0.0_15443: tcp vm_id 'drain-gate' = health" in lines
     assert "PASS health failure_policy: listener drain-gate-health: FAIL_CLOSED (want FAIL_CLOSED)" in lines
+    assert "PASS health fallback: listener drain-gate-health: without a configuration loaded, RBAC lets requests " \
+        "on to the catch-all 503 (or refuses them)" in lines
     (tmp_path / "pod.json").write_text(deployment())
     code, lines = verify("--config-dump", "-", "--pod-spec", str(tmp_path / "pod.json"), stdin=dump_of(env))
     assert code == 0, lines
@@ -145,12 +148,10 @@ def test_vm_id_mismatch_fails_naming_the_listener(start_gateway, tmp_path):  # n
 def test_short_grace_period_fails_with_the_arithmetic(start_gateway, tmp_path):
     """The timings come from the health filter Envoy runs (drain_timeout 300s here)."""
     health = load("health-listener.yaml")
-    hcm = health["spec"]["configPatches"][0]["patch"]["value"]["filter_chains"][0]["filters"][0]["typed_config"]
-    plugin = hcm["http_filters"][0]["typed_config"]["config"]
+    plugin = istio.plugin_config(health)
     plugin["configuration"]["value"] = json.dumps({**json.loads(plugin["configuration"]["value"]),
                                                    "drain_timeout": "300s"})
-    env = start_gateway(VERSION, istio.apply_envoyfilters([istio.gateway_listener(8080)],
-                                                          [load("traffic-filter.yaml"), health]))
+    env = start_gateway(VERSION, istio.gateway_xds([istio.gateway_listener(8080)], [load("traffic-filter.yaml"), health]))
     (tmp_path / "pod.json").write_text(deployment())
     code, lines = verify("--config-dump", "-", "--pod-spec", str(tmp_path / "pod.json"), stdin=dump_of(env))
     assert code == 1
@@ -209,19 +210,28 @@ def test_standard_library_only():
     assert imports <= set(sys.stdlib_module_names), imports - set(sys.stdlib_module_names)
 
 
+LUA = "type.googleapis.com/envoy.extensions.filters.http.lua.v3.Lua"
+
+
 def test_health_listener_failing_open_fails_naming_both_fields(start_gateway):
-    """A health filter set to FAIL_OPEN whose last route answers 200: a dead VM
-    would tell the LB the gateway is fine."""
+    """A health filter set to FAIL_OPEN whose last route answers 200, and whose
+    fallback (no configuration loaded) answers 200 itself: a dead VM, or a
+    module that never loaded, would tell the LB the gateway is fine."""
     health = copy.deepcopy(load("health-listener.yaml"))
     hcm = health["spec"]["configPatches"][0]["patch"]["value"]["filter_chains"][0]["filters"][0]["typed_config"]
-    hcm["http_filters"][0]["typed_config"]["config"]["failure_policy"] = "FAIL_OPEN"
+    istio.plugin_config(health)["failure_policy"] = "FAIL_OPEN"
     hcm["route_config"]["virtual_hosts"][0]["routes"][-1]["direct_response"]["status"] = 200
-    env = start_gateway(VERSION, istio.apply_envoyfilters([istio.gateway_listener(8080)],
-                                                          [load("traffic-filter.yaml"), health]))
+    discovery = hcm["http_filters"][0]["config_discovery"]
+    discovery["default_config"] = {"@type": LUA, "default_source_code": {"inline_string": (
+        'function envoy_on_request(h) h:respond({[":status"] = "200"}, "OK") end')}}
+    discovery["type_urls"].append(LUA)
+    env = start_gateway(VERSION, istio.gateway_xds([istio.gateway_listener(8080)], [load("traffic-filter.yaml"), health]))
     code, lines = verify("--config-dump", "-", stdin=dump_of(env))
     assert code == 1
     assert failures(lines) == [
         "FAIL health failure_policy: listener drain-gate-health: FAIL_OPEN (want FAIL_CLOSED)",
+        f"FAIL health fallback: listener drain-gate-health: without a configuration loaded, its default_config {LUA} "
+        "answers in drain-gate's place: the LB could read 200 from a gateway that does not run drain-gate",
         "FAIL health catch-all 503: listener drain-gate-health: no catch-all 503 route"]
 
 
@@ -584,7 +594,7 @@ def test_rotation_cluster_away_from_an_ipv6_admin_fails(start_gateway):
              "and port)"),
             ("no_such_cluster", "FAIL rotation cluster: rotate_connections names cluster 'no_such_cluster', which "
              "Envoy does not have: a drain starts without rotating the keep-alive connections")):
-        listeners = istio.apply_envoyfilters([istio.gateway_listener(8080)], [
+        listeners = istio.gateway_xds([istio.gateway_listener(8080)], [
             load("traffic-filter.yaml"), patched(health, rotate_connections=name)])
         env = start_gateway(VERSION, listeners, clusters=[FIXED_ADMIN_CLUSTER], admin_address="::1")
         code, lines = verify("--config-dump", "-", stdin=dump_of(env))

@@ -6,7 +6,7 @@ the kubelet will do, prints one line per check, exits 1 if any check fails.
   # pilot-agent (curl is not in -distroless images):
   kubectl -n istio-system exec POD -c istio-proxy -- pilot-agent request GET config_dump \\
     | python3 verify.py --config-dump -
-  # the WasmPlugin form: also Envoy's stats (an ECDS filter that never loaded)
+  # also Envoy's stats (an ECDS filter whose configuration never loaded)
   kubectl -n istio-system exec POD -c istio-proxy -- pilot-agent request GET stats \\
     | python3 verify.py --stats -
   # the objects the kubelet and the API server act on (JSON only — standard
@@ -25,22 +25,28 @@ Envoy (--config-dump FILE|URL|-):
     never does (Istio's metadata exchange, ALPN and stats filters, RBAC, gRPC
     stats, CORS) as a pass;
   * every TCP or TLS-passthrough filter chain (tcp_proxy) has the drain-gate
-    TCP filter (role traffic_tcp) before tcp_proxy, FAIL_OPEN, the health vm_id,
-    inline (EnvoyFilter) or over ECDS (a WasmPlugin of type NETWORK); no HTTP
-    chain has one (it would count idle keep-alive connections);
+    TCP filter (role traffic_tcp) before tcp_proxy, FAIL_OPEN, the health vm_id;
+    no HTTP chain has one (it would count idle keep-alive connections);
+  * each filter's configuration is read where Envoy has it: inline, or over
+    ECDS (the EnvoyFilter form's EXTENSION_CONFIG patches, a WasmPlugin); a
+    drain-gate ECDS filter that received none is named (it runs its
+    default_config, which counts nothing);
   * a WasmPlugin's ECDS filter that istio-agent replaced by an RBAC stand-in (a
     module it could not fetch, or whose sha256 differs) is named as the cause;
   * the health listener on --health-port exists, its drain-gate filter is
-    FAIL_CLOSED and its routes end in a catch-all 503;
+    FAIL_CLOSED, falls back (no configuration loaded) to nothing that answers
+    200, and its routes end in a catch-all 503;
   * traffic and health filters share one vm_id (shared data is per vm_id);
   * the cluster rotate_connections names exists and dials the address and port
     Envoy's admin listens on (the bootstrap's);
   * no listener update was rejected (a wasm that cannot load makes Envoy refuse
     the whole update, whatever the failure policy).
-Envoy (--stats FILE|URL, admin /stats, optional): every ECDS filter (the
-  WasmPlugin form) has an accepted configuration. The config dump shows an
-  ECDS filter as received even when Envoy refused it; a filter that never
-  loaded answers 500 to every request of its listeners.
+Envoy (--stats FILE|URL, admin /stats, optional): every ECDS filter has an
+  accepted configuration. The config dump shows an ECDS filter as received
+  even when Envoy refused it; a filter that never loaded one runs its
+  default_config (the chart's: allow-all, counting nothing; the health
+  listener's requests then meet its catch-all 503) or, without one, answers
+  500 to every request of its listeners.
 Pod (--pod-spec FILE|-), container istio-proxy:
   * the pods carry the label the EnvoyFilters select (--pod-selector) and
     istio-proxy mounts the module where they load it (--wasm-path);
@@ -225,8 +231,59 @@ def hcms(listener: dict):
 
 
 def typed_config(f: dict, ecds: dict) -> dict:
-    """A filter's configuration: inline, or (ECDS, the WasmPlugin form) the one Envoy received by name."""
+    """A filter's configuration: inline, or (ECDS) the one Envoy received by the filter's name."""
     return f.get("typed_config") or (ecds.get(f.get("name")) if "config_discovery" in f else None) or {}
+
+
+def from_wasmplugin(f: dict) -> bool:
+    """A WasmPlugin's ECDS filter: istiod names it after the TrafficExtension it
+    translates the WasmPlugin into (extensions.istio.io/trafficextension/...)."""
+    return "config_discovery" in f and str(f.get("name", "")).startswith("extensions.istio.io/")
+
+
+# drain-gate's ECDS filters: the chart's (drain-gate, drain-gate-tcp,
+# drain-gate-health) and its WasmPlugins' (<namespace>.drain-gate-...).
+DRAIN_GATE_NAME = re.compile(r"(^|[./])drain-gate")
+
+
+def all_filters(listener: dict):
+    """Every network filter of a listener, and every HTTP filter of its connection managers."""
+    for chain in filter_chains(listener):
+        for f in chain.get("filters", []):
+            yield f
+            if (f.get("typed_config") or {}).get("@type") == HCM_TYPE:
+                yield from f["typed_config"].get("http_filters", [])
+
+
+def check_ecds_received(report: Report, all_listeners, ecds: dict) -> None:
+    """A drain-gate filter that asks for its configuration over ECDS and has
+    received none: istiod does not serve that name (the EnvoyFilter's
+    EXTENSION_CONFIG patch is missing, or not for this proxy's version)."""
+    missing = sorted({f.get("name") for listener, _ in all_listeners for f in all_filters(listener)
+                      if "config_discovery" in f and f.get("name") not in ecds
+                      and DRAIN_GATE_NAME.search(str(f.get("name")))})
+    for name in missing:
+        report.check(False, "filter update", f"ECDS filter {name}: no configuration received: it runs its "
+                     "default_config, which counts nothing (istiod serves it from the EnvoyFilter's "
+                     "EXTENSION_CONFIG patch of that name: is it applied, for this proxy's version?)")
+
+
+def check_health_fallback(report: Report, name: str, hcm: dict, ecds: dict) -> None:
+    """Without a configuration it loaded, an ECDS health filter runs its
+    default_config: it must never answer 200 itself (RBAC lets the request on
+    to the catch-all 503, or refuses it; none: Envoy answers 500)."""
+    for f in hcm.get("http_filters", []):
+        plugin = typed_config(f, ecds).get("config", {})
+        if "config_discovery" not in f or role_of(plugin) != "health":
+            continue
+        default = f["config_discovery"].get("default_config")
+        kind = (default or {}).get("@type", "")
+        ok = default is None or kind in RBAC_TYPES
+        report.check(ok, "health fallback", f"listener {name}: without a configuration loaded, " + (
+            "Envoy answers 500" if default is None else f"{kind.rsplit('.', 1)[-1]} lets requests on to the "
+            "catch-all 503 (or refuses them)" if ok else
+            f"its default_config {kind} answers in drain-gate's place: the LB could read 200 from a gateway "
+            "that does not run drain-gate"))
 
 
 def check_stand_ins(report: Report, where: str, filters: list[dict], ecds: dict) -> None:
@@ -300,6 +357,8 @@ def check_health(report: Report, all_listeners, health_port: int, ecds: dict, ro
         return None
     report.check(policy(health[0]) == "FAIL_CLOSED", "health failure_policy",
                  f"listener {name}: {policy(health[0])} (want FAIL_CLOSED)")
+    for hcm in hcms(listener):
+        check_health_fallback(report, name, hcm, ecds)
     catch_all = all(has_catch_all_503(h, routes) for h in hcms(listener))
     report.check(catch_all, "health catch-all 503", f"listener {name}: " + (
         "routes end in a catch-all direct 503" if catch_all else "no catch-all 503 route"))
@@ -371,7 +430,7 @@ def check_first_filter(report: Report, where: str, hcm: dict, ecds: dict) -> Non
         report.check(True, "first filter", f"{where}: before drain-gate only {names}, which never hold a "
                      f"request ({why})")
     else:
-        wasmplugin = "config_discovery" in filters[traffic[0]]
+        wasmplugin = from_wasmplugin(filters[traffic[0]])
         remedy = ("the WasmPlugin form cannot come first: a CUSTOM AuthorizationPolicy's filters and every "
                   "EnvoyFilter patch stand before the earliest WasmPlugin phase (AUTHN); use the EnvoyFilter "
                   "form (form: envoyfilter)" if wasmplugin else
@@ -447,6 +506,7 @@ def verify_config_dump(report: Report, dump: dict, health_port: int) -> dict | N
     for name, error in ecds_errors.items():
         report.check(False, "filter update", f"ECDS filter {name}: last update rejected: "
                      f"{error.splitlines()[0][:300]}")
+    check_ecds_received(report, all_listeners, ecds)
     health = check_health(report, all_listeners, health_port, ecds, routes)
     vm_id = (health.get("vm_config") or {}).get("vm_id", "") if health else None
     seen = check_traffic(report, all_listeners, health_port, ecds, vm_id)

@@ -51,14 +51,17 @@ TCP_FILTER = REPO / "envoyfilter" / "istio" / "tcp-filter.yaml"
 def tcp_listener(doc: dict, port: int, upstream_port: int, config: dict | None = None,
                  counted: bool = True) -> dict:
     """The bootstrap plus a TCP listener on `port` whose chain is drain-gate's
-    network filter, as envoyfilter/istio/tcp-filter.yaml writes it, before
-    tcp_proxy to 127.0.0.1:`upstream_port` (a TCP or TLS-passthrough chain).
-    Its plugin configuration is the traffic listener's (`config` merged over
-    it) with role traffic_tcp; the wasm file is the traffic listener's.
-    `counted=False`: tcp_proxy alone (what a gateway without the TCP role has)."""
+    network filter, as envoyfilter/istio/tcp-filter.yaml writes it (its
+    configuration inline: the EXTENSION_CONFIG patch istiod serves it over
+    ECDS), before tcp_proxy to 127.0.0.1:`upstream_port` (a TCP or
+    TLS-passthrough chain). Its plugin configuration is the traffic
+    listener's (`config` merged over it) with role traffic_tcp; the wasm file
+    is the traffic listener's. `counted=False`: tcp_proxy alone (what a
+    gateway without the TCP role has)."""
     doc = copy.deepcopy(doc)
-    patch = yaml.safe_load(TCP_FILTER.read_text())["spec"]["configPatches"][0]["patch"]["value"]
-    wasm = copy.deepcopy(patch)
+    patches = yaml.safe_load(TCP_FILTER.read_text())["spec"]["configPatches"]
+    (served,) = [p["patch"]["value"] for p in patches if p["applyTo"] == "EXTENSION_CONFIG"]
+    wasm = copy.deepcopy(served)
     tcp = wasm["typed_config"]["config"]
     tcp["vm_config"]["code"] = copy.deepcopy(plugin(doc, "traffic")["vm_config"]["code"])
     value = {**plugin_config(doc, "traffic"), **(config or {}), "role": "traffic_tcp"}

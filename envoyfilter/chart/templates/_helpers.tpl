@@ -59,9 +59,10 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
      value. The traffic roles (traffic, traffic_tcp) get only what they use
      (role, tick, draining_new_requests, draining_grpc_requests, refuse_with:
      one configuration for both), each checked
-     here at render: a refused configuration then never takes the traffic
-     listeners down with a health listener still answering 200, the one unsafe
-     outcome measured (envoyfilter/README.md, "When the module cannot load"). */}}
+     here at render: a value the plugin would refuse never reaches a gateway
+     (Envoy would keep the configuration it accepted last, and a fresh pod's
+     filter would run its default_config, which counts nothing:
+     envoyfilter/README.md, "When the module cannot load"). */}}
 {{- define "drain-gate.configuration" -}}
 {{- if eq .role "health" -}}
 {{- toJson (merge (dict "role" "health" "scrape_interval" (include "drain-gate.scrapeInterval" .root)) .root.Values.config) -}}
@@ -248,4 +249,60 @@ spec:
           - type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm
           - type.googleapis.com/envoy.extensions.filters.http.rbac.v3.RBAC
   {{- end }}
+{{- end -}}
+
+{{/* The plugin configuration of one role as an ECDS resource: an
+     EXTENSION_CONFIG patch that istiod serves over ECDS to the filter asking
+     for it by name (drain-gate.configDiscovery), so that a change of a
+     configuration value reaches the running filter without replacing the
+     listener or filter chain it sits in (Envoy drains the connections of a
+     replaced chain and closes them after --drain-time-s, Istio's
+     drainDuration). istio-agent passes a module loaded from a local file on
+     unchanged (it rewrites only remote code, pkg/wasm/convert.go).
+     dict: root, name (the resource and filter name), plugin (the wasm
+     PluginConfig name), rootId, role, policy, kind ("http" or "network"). */}}
+{{- define "drain-gate.extensionConfig" -}}
+- applyTo: EXTENSION_CONFIG
+  match:
+    context: GATEWAY
+    proxy:
+      proxyVersion: {{ .root.Values.proxyVersion | squote }}
+  patch:
+    operation: ADD
+    value:
+      name: {{ .name }}
+      typed_config:
+        "@type": type.googleapis.com/envoy.extensions.filters.{{ .kind }}.wasm.v3.Wasm
+        config:
+          name: {{ .plugin }}
+          root_id: {{ .rootId }}
+          failure_policy: {{ .policy }}
+          vm_config:
+            {{- include "drain-gate.vmConfig" .root | nindent 12 }}
+          configuration:
+            "@type": type.googleapis.com/google.protobuf.StringValue
+            value: {{ include "drain-gate.configuration" (dict "role" .role "root" .root) | squote }}
+{{- end -}}
+
+{{/* The filter's side of drain-gate.extensionConfig: its configuration comes
+     over ADS by the filter's name. Until it arrives, the listener warms (at
+     most initial_fetch_timeout); a configuration Envoy refuses (a module that
+     does not load) leaves the last one accepted running, and with none (a
+     fresh pod) the filter runs default_config: an allow-all RBAC filter,
+     which counts nothing (the health role then answers 503 WAIT: no traffic
+     role registered) and, on the health listener, lets every request reach
+     the catch-all 503 route: the LB never reads 200 from a health listener
+     without drain-gate. dict: kind ("http" or "network"). */}}
+{{- define "drain-gate.configDiscovery" -}}
+config_discovery:
+  config_source:
+    ads: {}
+    resource_api_version: V3
+    initial_fetch_timeout: 10s
+  default_config:
+    "@type": type.googleapis.com/envoy.extensions.filters.{{ .kind }}.rbac.v3.RBAC
+    {{ if eq .kind "http" }}rules_stat_prefix{{ else }}stat_prefix{{ end }}: drain_gate_fallback_
+  type_urls:
+  - type.googleapis.com/envoy.extensions.filters.{{ .kind }}.wasm.v3.Wasm
+  - type.googleapis.com/envoy.extensions.filters.{{ .kind }}.rbac.v3.RBAC
 {{- end -}}

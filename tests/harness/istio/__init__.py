@@ -8,23 +8,26 @@ for a real Envoy on loopback, one module per concern:
 - deployment: the gateway Deployment, kubectl's strategic merge, what Istio's
   kube-gateway template renders for Gateway API and its ConfigMap overlays.
 - envoyfilter: istiod's gateway listeners, EnvoyFilter patches applied to them,
-  which pods a policy applies to.
+  the ECDS resources istiod serves, which pods a policy applies to.
 - wasmplugin: a WasmPlugin as istiod + istio-agent deliver it over ECDS.
-- bootstrap: a gateway-like Envoy bootstrap holding those listeners.
+- bootstrap: a gateway-like Envoy bootstrap holding those listeners, ECDS from files.
 - oci: the OCI image, read the way istio-agent reads it.
 
 What the tests use is imported here too: `istio.<name>`.
 """
 from __future__ import annotations
 
-from tests.harness.istio.bootstrap import gateway_bootstrap, harness_ports, wasm_filters
+from tests.harness.istio.bootstrap import (
+    ecds_file, gateway_bootstrap, harness_ports, serve_extensions, wasm_filters,
+)
 from tests.harness.istio.deployment import (
     OVERLAY_KEYS, assert_prestop_drains, gateway_api_patched, gateway_api_rendered, proxy_container,
     strategic_patch,
 )
 from tests.harness.istio.envoyfilter import (
-    HCM_NAME, WASM_HTTP, WASM_NETWORK, added_clusters, apply_envoyfilters, custom_authz_filters, envoyfilter_order,
-    gateway_http_filters, gateway_listener, hcms, selects_workload,
+    HCM_NAME, WASM_HTTP, WASM_NETWORK, Xds, added_clusters, all_filters, apply_envoyfilters, custom_authz_filters, ecds_names,
+    envoyfilter_order, extension_configs, extension_patch, gateway_http_filters, gateway_listener, gateway_xds, hcms,
+    inline_extensions, plugin_config, selects_workload,
 )
 from tests.harness.istio.files import (
     CRDS, DRAIN_GATE_LABEL, ENVOY_MATRIX, ENVOYFILTER, GATEWAY_API, GATEWAY_API_FIXTURES, GATEWAY_LABELS,

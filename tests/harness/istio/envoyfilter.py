@@ -2,19 +2,22 @@
 does for context GATEWAY: sub-resource patches (NETWORK_FILTER, then
 HTTP_FILTER ...) on the listeners istiod generated first (shaped like its own:
 0.0.0.0_<port>, an HCM whose HTTP filters follow Istio 1.30.3's order), in
-istiod's order of EnvoyFilters, LISTENER ADD appended afterwards; and which
-gateway pods an EnvoyFilter or WasmPlugin applies to. Patch values are used
-exactly as written."""
+istiod's order of EnvoyFilters, LISTENER ADD appended afterwards; the
+EXTENSION_CONFIG resources istiod serves over ECDS for the names a gateway's
+filters ask for; and which gateway pods an EnvoyFilter or WasmPlugin applies
+to. Patch values are used exactly as written."""
 from __future__ import annotations
 
 import copy
 import re
+from dataclasses import dataclass, field
 
 from tests.harness.istio.files import POD_LABELS, PROXY_VERSION
 
 WASM_HTTP = "type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm"
 WASM_NETWORK = "type.googleapis.com/envoy.extensions.filters.network.wasm.v3.Wasm"
 RBAC_HTTP = "type.googleapis.com/envoy.extensions.filters.http.rbac.v3.RBAC"
+TYPED_EXTENSION_CONFIG = "type.googleapis.com/envoy.config.core.v3.TypedExtensionConfig"
 HCM_NAME = "envoy.filters.network.http_connection_manager"
 HCM_TYPE = (
     "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3"
@@ -282,8 +285,9 @@ def apply_envoyfilters(listeners: list[dict], envoyfilters: list[dict], labels: 
     running Istio `proxy_version`, in istiod's order (`envoyfilter_order`).
 
     Implements what the files and tests here use (NETWORK_FILTER INSERT_BEFORE,
-    every HTTP_FILTER operation but MERGE, LISTENER ADD, and CLUSTER ADD: see
-    `added_clusters`) and refuses anything else, so a change of operation
+    every HTTP_FILTER operation but MERGE, LISTENER ADD, CLUSTER ADD: see
+    `added_clusters`, and EXTENSION_CONFIG ADD, which changes no listener: see
+    `extension_configs`) and refuses anything else, so a change of operation
     cannot pass unnoticed. On each chain, istiod applies the NETWORK_FILTER
     patches before the HTTP_FILTER ones.
     """
@@ -292,7 +296,7 @@ def apply_envoyfilters(listeners: list[dict], envoyfilters: list[dict], labels: 
                for p in ef["spec"]["configPatches"] if _context_ok(p.get("match", {}), proxy_version)]
     for p in patches:
         op = p["patch"]["operation"]
-        if p["applyTo"] in ("LISTENER", "CLUSTER"):
+        if p["applyTo"] in ("LISTENER", "CLUSTER", "EXTENSION_CONFIG"):
             if op != "ADD":
                 raise NotImplementedError(f"{p['applyTo']} {op}")
         elif p["applyTo"] == "NETWORK_FILTER":
@@ -324,3 +328,98 @@ def added_clusters(envoyfilters: list[dict], labels: dict = POD_LABELS,
         if p["applyTo"] == "CLUSTER" and p["patch"]["operation"] == "ADD"
         and _context_ok(p.get("match", {}), proxy_version)
     ]
+
+
+# -- istiod: ECDS ---------------------------------------------------------------------
+def ecds_names(listeners: list[dict]) -> list[str]:
+    """The ECDS resources a gateway's Envoy asks istiod for: the name of every
+    HTTP or network filter whose config_discovery reads ADS (Envoy subscribes
+    to a filter's configuration by the filter's name), in listener order."""
+    names: list[str] = []
+    for listener in listeners:
+        for f in all_filters(listener):
+            if asks_ads(f) and f["name"] not in names:
+                names.append(f["name"])
+    return names
+
+
+def all_filters(listener: dict):
+    """Every network filter of a listener's chains, and every HTTP filter of its connection managers."""
+    for chain in listener.get("filter_chains", []):
+        for f in chain.get("filters", []):
+            yield f
+            if f.get("typed_config", {}).get("@type") == HCM_TYPE:
+                yield from f["typed_config"].get("http_filters", [])
+
+
+def asks_ads(f: dict) -> bool:
+    """Whether a filter's configuration comes over ADS (ECDS from istiod) by its name."""
+    return "ads" in ((f.get("config_discovery") or {}).get("config_source") or {})
+
+
+def extension_configs(envoyfilters: list[dict], names: list[str], labels: dict = POD_LABELS,
+                      proxy_version: str = PROXY_VERSION) -> list[dict]:
+    """What istiod serves over ECDS to a gateway with `labels` running Istio
+    `proxy_version` that asks for `names` (BuildExtensionConfiguration ->
+    envoyfilter.InsertedExtensionConfigurations): the value of every
+    EXTENSION_CONFIG ADD patch of the EnvoyFilters selecting it, in istiod's
+    order, whose match.proxy holds (PushContext.EnvoyFilters; the context is
+    not read) and whose name is asked for; each as Envoy receives it
+    (a TypedExtensionConfig). A name no patch has gets nothing."""
+    out = []
+    for ef in envoyfilter_order(envoyfilters):
+        if not _selected(ef, labels):
+            continue
+        for p in ef["spec"]["configPatches"]:
+            version_re = ((p.get("match") or {}).get("proxy") or {}).get("proxyVersion")
+            if p["applyTo"] != "EXTENSION_CONFIG" or (version_re and not re.search(version_re, proxy_version)):
+                continue
+            if p["patch"]["operation"] != "ADD":
+                continue  # istiod ignores every other operation here
+            if p["patch"]["value"]["name"] in names:
+                out.append({"@type": TYPED_EXTENSION_CONFIG, **copy.deepcopy(p["patch"]["value"])})
+    return out
+
+
+@dataclass
+class Xds:
+    """What istiod sends a gateway: its listeners (LDS) and the extension
+    configurations their filters ask for (ECDS)."""
+    listeners: list[dict]
+    extensions: list[dict] = field(default_factory=list)
+
+
+def gateway_xds(listeners: list[dict], envoyfilters: list[dict], labels: dict = POD_LABELS,
+                proxy_version: str = PROXY_VERSION) -> Xds:
+    """istiod's listeners with `envoyfilters` applied (`apply_envoyfilters`)
+    and the ECDS resources it serves for the names they ask for."""
+    out = apply_envoyfilters(listeners, envoyfilters, labels, proxy_version)
+    return Xds(out, extension_configs(envoyfilters, ecds_names(out), labels, proxy_version))
+
+
+def extension_patch(envoyfilter: dict, name: str | None = None) -> dict:
+    """The value of an EnvoyFilter's EXTENSION_CONFIG patch (the one named
+    `name`; without it, its only one): a TypedExtensionConfig as written."""
+    values = [p["patch"]["value"] for p in envoyfilter["spec"]["configPatches"] if p["applyTo"] == "EXTENSION_CONFIG"
+              and (name is None or p["patch"]["value"]["name"] == name)]
+    assert len(values) == 1, f"{envoyfilter['metadata']['name']}: {len(values)} EXTENSION_CONFIG patches named {name}"
+    return values[0]
+
+
+def plugin_config(envoyfilter: dict, name: str | None = None) -> dict:
+    """The wasm PluginConfig an EnvoyFilter delivers over ECDS (`extension_patch`)."""
+    return extension_patch(envoyfilter, name)["typed_config"]["config"]
+
+
+def inline_extensions(listeners: list[dict], extensions: list[dict]) -> list[dict]:
+    """The listeners with each filter that asks ADS for its configuration
+    carrying it inline instead (its typed_config, the resource's): the form
+    in which a configuration change is a listener change."""
+    by_name = {e["name"]: e for e in extensions}
+    out = copy.deepcopy(listeners)
+    for listener in out:
+        for f in all_filters(listener):
+            if asks_ads(f):
+                del f["config_discovery"]
+                f["typed_config"] = copy.deepcopy(by_name[f["name"]]["typed_config"])
+    return out

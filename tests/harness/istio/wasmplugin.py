@@ -186,13 +186,15 @@ def ecds_over_files(listeners: list[dict], paths: dict[str, Path]) -> list[dict]
     """The listeners with every ECDS filter that names ADS as its config source
     (an EnvoyFilter REPLACE copies istiod's own entry: `ads: {}`) reading its
     resource from the file `paths` gives for its name instead: the harness
-    has no ADS server, and file-based ECDS stands in for it (as `_ecds_filter`)."""
+    has no ADS server, and file-based ECDS stands in for it (as `_ecds_filter`).
+    Other filters that ask ADS (the EnvoyFilter form's) are left to
+    `gateway_bootstrap`, which serves the EnvoyFilters' resources."""
     out = copy.deepcopy(listeners)
     for listener in out:
         for hcm in hcms(listener, {}):
             for f in hcm["http_filters"]:
                 source = (f.get("config_discovery") or {}).get("config_source") or {}
-                if "ads" in source:
+                if "ads" in source and f["name"] in paths:
                     del source["ads"]
                     source["path_config_source"] = {"path": str(paths[f["name"]])}
     return out
