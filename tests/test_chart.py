@@ -75,9 +75,9 @@ def test_plain_files_are_the_chart_render(tmp_path):
 
 
 def readme_config_table() -> dict:
-    """`key` -> default, from the configuration table of envoyfilter/README.md."""
-    text = (REPO / "envoyfilter" / "README.md").read_text()
-    section = text.split("## Configuration", 1)[1].split("\n## ", 1)[0]
+    """`key` -> default, from the configuration table of envoyfilter/docs/configuration.md."""
+    text = (REPO / "envoyfilter" / "docs" / "configuration.md").read_text()
+    section = text.split("# Configuration\n", 1)[1].split("\n## ", 1)[0]
     rows = re.findall(r"^\| `(\w+)` \| (.+?) \|", section, re.M)
     return {key: (None if default == "(required)" else json.loads(default.strip("`"))) for key, default in rows}
 

@@ -71,7 +71,7 @@ def test_a_configuration_change_is_a_new_ecds_resource_and_the_same_listeners():
     listeners, each drain-gate filter asking for its configuration by name,
     and three new ECDS resources (every role's configuration changed); the
     same for a change of every configuration key; new listeners for a new
-    healthPort or tcp.enabled (envoyfilter/README.md, "Changing the
+    healthPort or tcp.enabled (envoyfilter/docs/configuration.md, "Changing the
     configuration")."""
     before, after = istiod(), istiod(*CHANGE)
     assert after.listeners == before.listeners

@@ -4,7 +4,7 @@
 instructions and the host calls of every path per stream. The counts are deterministic (two runs are the
 same run), so they can be guarded exactly: a path whose instructions rise more than 5 % over the kept
 baseline (`tests/bench/cost.json`), or whose host calls rise at all, fails here with the difference.
-Refreshing the baseline is a deliberate `make cost-baseline`, which also writes the table of tests/README.md.
+Refreshing the baseline is a deliberate `make cost-baseline`, which also writes the table of tests/docs/cost.md.
 """
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ def test_no_path_costs_more_than_its_baseline(measured):
     problems = cost.compare(base, measured)
     assert not problems, (
         "the module costs more than tests/bench/cost.json keeps:\n  " + "\n  ".join(problems)
-        + "\n(a deliberate change: `make cost-baseline` keeps the new figures and writes tests/README.md's table)")
+        + "\n(a deliberate change: `make cost-baseline` keeps the new figures and writes tests/docs/cost.md's table)")
 
 
 def test_make_cost_counts_the_same_again(measured, capsys):
@@ -60,8 +60,8 @@ def test_a_path_s_profile_adds_up_host_call_by_host_call(capsys):
 def test_the_readme_table_is_the_baseline():
     base = json.loads(cost.BASELINE.read_text())
     block = cost.readme_block(cost.README.read_text())
-    assert block is not None, "tests/README.md has lost the markers of the cost table"
-    assert block == cost.table(base), "tests/README.md's cost table is not tests/bench/cost.json: `make cost-baseline`"
+    assert block is not None, "tests/docs/cost.md has lost the markers of the cost table"
+    assert block == cost.table(base), "tests/docs/cost.md's cost table is not tests/bench/cost.json: `make cost-baseline`"
     assert set(cost.PATHS) == set(base["paths"]), "the baseline does not have every path"
 
 

@@ -12,7 +12,7 @@ Kubernetes Gateway API Gateway, checked offline with the real tools.
   validate against the Kubernetes schemas and carry what drain-gate needs.
 - The EnvoyFilters and the WasmPlugin reach exactly the patched pods.
 The same patches run in real Envoy in tests/test_istio_envoy.py (Gateway API
-section); the commands of envoyfilter/README.md's Gateway API section run in
+section); the commands of envoyfilter/docs/forms.md's Gateway API section run in
 tests/test_gateway_api_docs.py.
 """
 from __future__ import annotations

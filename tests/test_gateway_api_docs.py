@@ -1,4 +1,4 @@
-"""Every command of envoyfilter/README.md's "Gateway API" section, run as
+"""Every command of envoyfilter/docs/forms.md's "Gateway API" section, run as
 written by bash, in its offline form (tests/harness/docs.py): `make`,
 `python3`, `sed` and `openssl` run for real; `helm upgrade --install` runs as
 `helm template`; `kubectl` is a stand-in that has kubectl itself check the
@@ -21,7 +21,7 @@ import yaml
 from tests.harness import docs, istio, k8s
 from tests.harness.envoy import REPO, WASM
 
-README = istio.ENVOYFILTER / "README.md"
+README = istio.ENVOYFILTER / "docs" / "forms.md"
 # Client-side apply stores the whole object in this annotation, capped by the API server.
 LAST_APPLIED_LIMIT = 262_144
 PLACEHOLDER = "<drain-gate-admin-token>"

@@ -130,7 +130,7 @@ def test_the_drain_gate_chart_selects_and_feeds_these_pods(rendered, tmp_path):
 
 
 def test_the_chart_has_no_way_to_set_a_startup_probe(rendered):
-    """envoyfilter/README.md, Readiness: on the chart route a startupProbe has no
+    """envoyfilter/docs/counting.md, Readiness: on the chart route a startupProbe has no
     way in. The chart's schema refuses the key, and nothing renders one."""
     r = k8s.template("-f", str(VALUES), "--set", "startupProbe.httpGet.port=15021", chart=k8s.GATEWAY_CHART,
                      release=RELEASE, check=False)

@@ -137,12 +137,12 @@ def test_stats_page_is_served_on_loopback_only(rig):
 
 
 def _reload_block() -> str:
-    text = (REPO / "envoyfilter" / "README.md").read_text()
+    text = (REPO / "envoyfilter" / "docs" / "lb.md").read_text()
     return text.split("### Reload HAProxy", 1)[1].split("```shell\n", 1)[1].split("```", 1)[0]
 
 
 def test_documented_reload_is_checked_and_hitless(tmp_path):
-    """The envoyfilter/README.md reload commands, as written, on a master-worker HAProxy: a stream
+    """The envoyfilter/docs/lb.md reload commands, as written, on a master-worker HAProxy: a stream
     in flight through the old worker completes, and new requests go to the new one; a restart,
     the control, cuts it."""
     with contextlib.ExitStack() as stack:

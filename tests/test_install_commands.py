@@ -1,6 +1,6 @@
-"""Every command in envoyfilter/README.md but its Gateway API section
+"""Every command of the operator's pages (envoyfilter/docs/) but the Gateway API section
 (tests/test_gateway_api_docs.py runs that one), block by block, as written,
-offline (tests/harness/docs.py), so the install the README describes cannot
+offline (tests/harness/docs.py), so the install the pages describe cannot
 drift from what works:
 
 * `helm upgrade --install` runs as `helm template` with the same arguments
@@ -37,10 +37,9 @@ from tests.test_istio_envoy import start_gateway  # noqa: F401
 from tests.test_istio_kubernetes import render_chart
 from tests.test_verify import dump_of, envoyfilter_form
 
-README = istio.ENVOYFILTER / "README.md"
 ANNOTATION_CAP = 262_144
-BLOCKS = docs.sh_blocks(README, exclude="Gateway API")
-COMMANDS = [c for block in docs.sh_blocks(README) for c in docs.commands(block)]
+BLOCKS = docs.sh_blocks(docs.OPERATOR_PAGES, exclude="Gateway API")
+COMMANDS = [c for block in docs.sh_blocks(docs.OPERATOR_PAGES) for c in docs.commands(block)]
 
 
 def stages(command: str) -> list[str]:
@@ -82,7 +81,7 @@ def injector() -> dict:
 
 
 def nodes() -> dict:
-    """The LB's three nodes, labelled by the README's `kubectl label node`, and one more."""
+    """The LB's three nodes, labelled by the docs' `kubectl label node`, and one more."""
     def node(name, address, lb):
         labels = {"kubernetes.io/hostname": name, **({"drain-gate.io/lb-node": "true"} if lb else {})}
         return {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": labels},
@@ -153,7 +152,7 @@ def test_every_istio_gateway_command_pins_the_chart_version():
 
 
 def test_no_command_runs_curl_inside_the_proxy_container():
-    """-distroless istio-proxy images have no curl: the README asks Envoy through pilot-agent."""
+    """-distroless istio-proxy images have no curl: the docs ask Envoy through pilot-agent."""
     for command in COMMANDS:
         for stage in stages(command):
             if re.search(r"kubectl\b.*\bexec\b", stage):
@@ -210,7 +209,7 @@ def test_a_cluster_command_with_a_bad_flag_fails_on_its_arguments(tmp_path):
 
 def test_client_side_apply_annotation_is_over_the_cap_and_never_used(tmp_path):
     """kubectl's own last-applied-configuration for the wasm ConfigMap (--save-config
-    writes what client-side apply would) is over the annotation cap; no README
+    writes what client-side apply would) is over the annotation cap; no page
     command applies anything client-side."""
     wasm = (REPO / "target" / "drain_gate.wasm").read_bytes()
     (tmp_path / "drain_gate.wasm").write_bytes(wasm)
@@ -223,7 +222,7 @@ def test_client_side_apply_annotation_is_over_the_cap_and_never_used(tmp_path):
     for command in COMMANDS:
         for stage in stages(command):
             if re.match(r"kubectl\b.*\bapply\b", stage):
-                assert "--server-side" in stage, f"client-side apply in the README: {stage}"
+                assert "--server-side" in stage, f"client-side apply in the docs: {stage}"
     # The chart's ConfigMap carries no such annotation (Helm does not write it).
     b64 = k8s.wasm_base64_file(wasm, tmp_path)
     (cm,) = [o for o in k8s.template("--set-file", f"wasm.base64={b64}") if o["kind"] == "ConfigMap"]

@@ -1,4 +1,4 @@
-"""Every install route of envoyfilter/README.md, rendered from the real charts
+"""Every install route of envoyfilter/docs/, rendered from the real charts
 and templates, yields a gateway pod that verify.py --pod-spec passes with its
 Service, the PodDisruptionBudget over it and the cluster's Nodes: a pod the
 EnvoyFilters and WasmPlugins select, with the module mounted where they load

@@ -822,7 +822,7 @@ def test_gateway_api_wasmplugin_form_count_reaches_the_health_fsm(version, start
 
 def test_gateway_api_distroless_prestop_with_bearer_header(start_gateway, tmp_path):
     """The distroless ConfigMap's httpGet hook, through kubectl's merge, with
-    the token put in by envoyfilter/README.md's sed commands."""
+    the token put in by envoyfilter/docs/install.md's sed commands."""
     token = "b4e2d3c5f6a70829304b5c6d7e8f9a01b2c3d4e5f6a7b8c9"  # like `openssl rand -hex 24`
     template, proxy = _gateway_api_pod("options-distroless.yaml", tmp_path / "kubectl")
     hook = proxy["lifecycle"]["preStop"]["httpGet"]

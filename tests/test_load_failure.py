@@ -286,7 +286,7 @@ def row(form: str, failure: str, phase: str, seen: dict) -> str:
 @pytest.fixture(scope="module")
 def table():
     """Collects each case's row; writes out/load-failure/table.md (the table
-    envoyfilter/README.md shows) when the module ends."""
+    envoyfilter/docs/forms.md shows) when the module ends."""
     rows: dict[tuple[str, str, str], str] = {}
     yield rows
     OUT.mkdir(parents=True, exist_ok=True)
@@ -314,10 +314,10 @@ def test_load_failure(rig, table, form, failure, phase):
 
 
 def test_readme_shows_the_measured_table(table):
-    """envoyfilter/README.md's table is the one measured here, row for row."""
+    """envoyfilter/docs/forms.md's table is the one measured here, row for row."""
     if not table:
         pytest.skip("no load-failure case ran in this session")
-    readme = (istio.ENVOYFILTER / "README.md").read_text()
+    readme = (istio.ENVOYFILTER / "docs" / "forms.md").read_text()
     shown = [line for line in readme.splitlines() if re.match(r"\| (envoyfilter|wasmplugin) \|", line)]
     assert len(shown) == len(EXPECTED)
     for key, line in table.items():

@@ -22,7 +22,7 @@ response on the connection (not with the end of a stream begun before the rotati
 stream in flight runs to its end with OK, the RPC after the
 GOAWAY takes a new connection; an upgraded websocket is left alone (no close frame) and runs on.
 
-envoyfilter/README.md, "Long-lived gRPC and WebSocket streams", quotes what these tests measure.
+envoyfilter/docs/observability.md, "Long-lived gRPC and WebSocket streams", quotes what these tests measure.
 """
 from __future__ import annotations
 

@@ -46,7 +46,7 @@ LONE = "gateway-traffic-only"
 FORCED = "DrainGateForcedClose"
 CUT = "DrainGateCut"
 # "Did the last rollout cut anything?": the streams and connections the LB cut in drains over the
-# last hour, per namespace (envoyfilter/README.md, Observability). Exact: no extrapolation.
+# last hour, per namespace (envoyfilter/docs/observability.md, Observability). Exact: no extrapolation.
 ROLLOUT_CUT = ("sum by (namespace) (max_over_time(drain_gate_cut_lb[1h]) - min_over_time(drain_gate_cut_lb[1h]))")
 RECEIPTS = REPO / "out" / "observability" / "receipts.log"
 # The variables Grafana substitutes: every namespace and pod, its default rate window.
@@ -85,15 +85,15 @@ def test_promtool_accepts_the_rules():
 
 
 def test_every_alert_has_summary_pod_or_node_description_and_a_readme_runbook():
-    readme = (REPO / "envoyfilter" / "README.md").read_text()
+    readme = (REPO / "envoyfilter" / "docs" / "runbooks.md").read_text()
     anchors = {re.sub(r"[^a-z0-9 -]", "", h.lower()).replace(" ", "-")
                for h in re.findall(r"^#+ (.+)$", readme, re.M)}
     for name, rule in rules().items():
         ann = rule["annotations"]
         # A pod's alert names the pod; a node's (kube-state-metrics: no pod to name), the node.
         assert ann["summary"] and re.search(r"\{\{ \$labels\.(pod|node) \}\}", ann["description"]), name
-        assert ann["runbook_url"] == f"envoyfilter/README.md#{name.lower()}", name
-        assert name.lower() in anchors, f"envoyfilter/README.md has no runbook section `{name}`"
+        assert ann["runbook_url"] == f"envoyfilter/docs/runbooks.md#{name.lower()}", name
+        assert name.lower() in anchors, f"envoyfilter/docs/runbooks.md has no runbook section `{name}`"
 
 
 def emitted_metrics() -> set[str]:
@@ -315,7 +315,7 @@ def _every_panel_returns_data(prom: Prometheus) -> None:
 
 
 def _save(prom: Prometheus, start: float) -> None:
-    """What envoyfilter/README.md's dashboard picture is drawn from (`make dashboard-png`): every
+    """What envoyfilter/docs/observability.md's dashboard picture is drawn from (`make dashboard-png`): every
     panel's series from the start up to a 1 s step that shows the alerts firing."""
     firing = f'ALERTS{{alertname="{CUT}",alertstate="firing"}}'
     end = wait_for(lambda: prom.query_range(firing, start, time.time()) and time.time(), 10,
@@ -420,12 +420,12 @@ def test_request_duration_rules_read_known_durations_from_real_envoy(gateway, tm
 
 
 def test_readme_sizing_table_follows_its_arithmetic():
-    """Each row of envoyfilter/README.md's sizing table is the rule it states: drain_timeout =
+    """Each row of envoyfilter/docs/observability.md's sizing table is the rule it states: drain_timeout =
     max(D + 30 s, 120 s), grace = drain_timeout + lb_buffer + 15 s; every duration
     parses as drain-gate configuration would (at most 60m)."""
-    text = (REPO / "envoyfilter" / "README.md").read_text()
+    text = (REPO / "envoyfilter" / "docs" / "observability.md").read_text()
     table = re.search(r"<!-- sizing:.*?-->\n(.*?)<!-- /sizing -->", text, re.S)
-    assert table, "envoyfilter/README.md has no sizing table"
+    assert table, "envoyfilter/docs/observability.md has no sizing table"
     rows = re.findall(r"^\| (\d+) s \| `(\d+)s` \| `(\d+)s` \| (\d+) \|$", table[1], re.M)
     assert len(rows) >= 3, table[1]
     for d, timeout, buffer, grace in (tuple(map(int, r)) for r in rows):

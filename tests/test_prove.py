@@ -5,7 +5,7 @@ the stream's certificate checked with --cacert) and mode tcp (haproxy-tcp.cfg: h
 knowledge), Envoy as the front LB (lb/envoy-front.yaml) and nginx (lb/nginx-drain-gate.conf),
 two gateways behind each, the demo backend answering go-httpbin's /drip and /websocket/echo.
 
-Behind each LB the two commands of envoyfilter/README.md ("Prove your LB in staging") with the
+Behind each LB the two commands of envoyfilter/docs/lb.md ("Prove your LB in staging") with the
 rig's addresses: the control first (--control: the flip at drain start, on gw1), then the proof
 (the preStop's drain, on gw2, which then carries every stream):
 - HAProxy (`on-marked-down shutdown-sessions`): the control exits 1 and what it lost is what the
@@ -44,7 +44,7 @@ from tests.harness.rig import QUICK, Backend, Gateway, PreStop, Rig
 from tests.scenarios.refuse_lbs import FrontRig
 
 PROVE = REPO / "envoyfilter" / "tools" / "prove.py"
-README = REPO / "envoyfilter" / "README.md"
+README = REPO / "envoyfilter" / "docs" / "lb.md"
 OUT = REPO / "out" / "prove"
 LAST = re.compile(r"^prove: lost (\d+) of (\d+), gateway cut (\d+), forced (\d+)$", re.M)
 REACHED = re.compile(r"^prove: (\d+) of (\d+) streams reached the gateway", re.M)
@@ -248,7 +248,7 @@ def test_a_gateway_in_a_prestop_hold_exits_2_and_keeps_its_hold(gws):
 
 # -- behind the LBs ---------------------------------------------------------------------------
 def readme_commands() -> tuple[str, str]:
-    """prove.py's two commands in envoyfilter/README.md ("Prove your LB in staging"): the control,
+    """prove.py's two commands in envoyfilter/docs/lb.md ("Prove your LB in staging"): the control,
     then the proof."""
     found = [c for b in docs.sh_blocks(README) for c in docs.commands(b) if "envoyfilter/tools/prove.py" in c]
     assert len(found) == 2, found

@@ -2,7 +2,7 @@
 (tests/scenarios/refuse_grpc.py): unary, server-streaming and bidirectional calls one after
 another through real HAProxy, Envoy and nginx, gw1 drained (its preStop call) while they run, each
 LB in two rigs of the same shape — `serve` (the default) beside `refuse` with the gRPC setting the
-choice table gives it (envoyfilter/README.md, "200, 404 or refuse while draining?"):
+choice table gives it (envoyfilter/docs/lb.md, "200, 404 or refuse while draining?"):
 
 - behind HAProxy and Envoy gRPC is refused too (`draining_grpc_requests: refuse`): answered HTTP
   503 with grpc-status 14, and resent to gw2 — no unary or server-streaming call lost, where serve

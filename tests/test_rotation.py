@@ -187,7 +187,7 @@ def test_missing_cluster_is_shown_and_the_drain_goes_on(gateway, stream):
 
 
 def test_reopen_does_not_undo_the_rotation(gateway):
-    """The limit envoyfilter/README.md states: Envoy's drain sequence has no way back, so
+    """The limit envoyfilter/docs/limits.md states: Envoy's drain sequence has no way back, so
     after a reopen every response still closes its connection; a second drain
     asks Envoy again."""
     gw = gateway(FLIPS)
@@ -227,7 +227,7 @@ def _closes(port: int, path: str) -> bool:
 
 
 def test_after_the_rotation_envoy_leaves_a_closing_connection_open(gateway):
-    """Measured Envoy behaviour envoyfilter/README.md states as a limit: once the drain
+    """Measured Envoy behaviour envoyfilter/docs/limits.md states as a limit: once the drain
     sequence runs, a `Connection: close` request is answered (with
     `connection: close`) but Envoy leaves the socket open, on the traffic and
     on the health listener. Clients that read by length (curl, HAProxy's check,

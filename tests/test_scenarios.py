@@ -1,4 +1,4 @@
-"""The sidecar design's scenarios (tests/README.md) against a real HAProxy with
+"""The sidecar design's scenarios (tests/docs/haproxy.md) against a real HAProxy with
 `on-marked-down shutdown-sessions`.
 
     S1  one long HTTP/1.1 stream, drain mid-stream            -> completes; LB DOWN only after it

@@ -16,7 +16,7 @@ over several of them — and at checkpoints the test reads:
   reads long by less than a tick plus the poll, never short.
 
 `make test` runs 60 updates; `make soak` (DRAIN_GATE_SOAK=1) runs 200 and
-writes its table into tests/README.md (tests/harness/figures.py).
+writes its table into tests/docs/envoy.md (tests/harness/figures.py).
 """
 from __future__ import annotations
 
@@ -101,7 +101,7 @@ def test_lds_updates_leave_keys_metrics_memory_and_ages_flat(custom_gateway):
     assert "event=count_unreliable" not in gw.log()
     assert st["footprint"]["metric_definitions"] == warm[2]
     if UPDATES == 200:  # `make soak`: the run the README shows
-        figures.write(figures.TESTS_README, "lds-soak", "\n" + "\n".join(
+        figures.write(figures.RELIABILITY, "lds-soak", "\n" + "\n".join(
             [f"  `DRAIN_GATE_SOAK=1` (what `make soak` sets), {time.strftime('%Y-%m-%d')}, commit {figures.commit()}, {gw.concurrency} workers:", ""]
             + [f"  {row}" for row in table]
             + ["", f"  The oldest stream's age read long by at most {worst_age_error_ms:.0f} ms and never short."]) + "\n  ")

@@ -1,4 +1,4 @@
-"""Draws envoyfilter/README.md's dashboard picture from the Prometheus data the live test saved
+"""Draws envoyfilter/docs/observability.md's dashboard picture from the Prometheus data the live test saved
 (tests/test_observability.py writes out/observability/drain.json):
 
     python -m tests.observability.render out/observability/drain.json PNG

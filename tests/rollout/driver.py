@@ -317,7 +317,7 @@ def verdict(result: dict) -> list[str]:
 
 
 def table(result: dict) -> str:
-    """tests/README.md's table: lost / sent per kind, the gateways' own count, rollout time,
+    """tests/docs/rollout.md's table: lost / sent per kind, the gateways' own count, rollout time,
     drain time per gateway."""
     lines = ["| strategy | short lost/sent | HTTP/1.1 streams | HTTP/2 streams | websockets | lost, all kinds "
              "| gateways: cut (cut_lb) | of which websockets closed by their clients | rollout s "

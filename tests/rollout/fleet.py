@@ -98,7 +98,7 @@ def strategies(inter_s: float) -> dict[str, Strategy]:
         Strategy("drain-gate-200", check="health", prestop="drain-gate", config=_DG),
         Strategy("drain-gate-404", check="health", prestop="drain-gate", soft_drain=True, config=soft),
         # Three gateways drain at once in this rollout, and each redispatch avoids only the server
-        # HAProxy just tried: 3 retries are not enough (measured, tests/README.md), 8 are.
+        # HAProxy just tried: 3 retries are not enough (measured, tests/docs/rollout.md), 8 are.
         Strategy("drain-gate-200-refuse", check="health", prestop="drain-gate", resend=True, retries=8,
                  config={**_DG, "draining_new_requests": "refuse"}),
         # The same without `on-marked-down shutdown-sessions`: nothing kills a request HAProxy

@@ -1,4 +1,4 @@
-"""`make surge`: the Gateway API form's surge onto the node it replaces (envoyfilter/README.md,
+"""`make surge`: the Gateway API form's surge onto the node it replaces (envoyfilter/docs/forms.md,
 "Gateway API": `maxSurge: 1` with a topology spread), one node behind real HAProxy.
 
     clients ──▶ HAProxy 2.6 (haproxy.cfg, one server: the node) ──▶ node:traffic ─┬─▶ old pod

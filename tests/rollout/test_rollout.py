@@ -75,7 +75,7 @@ def test_the_gateways_own_account_agrees_with_the_clients(result):
 
 
 def test_summarize_prints_the_tables_of_the_readme(result):
-    """`python -m tests.rollout.driver --summarize <result.json>…`, as tests/README.md runs it."""
+    """`python -m tests.rollout.driver --summarize <result.json>…`, as tests/docs/rollout.md runs it."""
     out = subprocess.run([sys.executable, "-m", "tests.rollout.driver", "--summarize", str(driver.OUT / "result.json")],
                          cwd=REPO, capture_output=True, text=True, timeout=60, check=True).stdout
     assert "| istio-default |" in out and "| drain-gate-404 |" in out

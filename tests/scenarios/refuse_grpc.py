@@ -47,7 +47,7 @@ from tests.harness.wire import read_head
 from tests.scenarios.refuse_lbs import FrontRig, _closing
 
 KINDS = ("unary", "server-streaming", "bidirectional")
-# drain-gate's gRPC setting behind each LB (envoyfilter/README.md's choice table) and how it refuses.
+# drain-gate's gRPC setting behind each LB (envoyfilter/docs/lb.md's choice table) and how it refuses.
 GRPC = {"haproxy": "refuse", "envoy": "refuse", "nginx": "serve"}
 REFUSE_WITH = {"haproxy": "response", "envoy": "response", "nginx": "reset"}
 RUNS = [("haproxy", "serve"), ("haproxy", "refuse"), ("envoy", "serve"), ("envoy", "refuse"),
