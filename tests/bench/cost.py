@@ -12,7 +12,7 @@ and every host call by its import name (`now()` is two: `proxy_get_current_time_
   python -m tests.bench.cost --baseline  also keeps the run as tests/bench/cost.json and writes its table into
                                          tests/docs/cost.md (`make cost-baseline`)
 
-`tests/test_cost.py` (in `make test`) fails when a path's instructions rise more than 5 % over the kept
+`tests/bench/test_cost.py` (in `make test`) fails when a path's instructions rise more than 5 % over the kept
 baseline, or its host calls rise at all.
 """
 from __future__ import annotations

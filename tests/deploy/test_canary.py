@@ -13,7 +13,7 @@
   The control, the chart as it was (no placeholder): the LB check 200 while the
   pod answers every request 500.
 
-  PYTHONPATH=. .venv/bin/python -m pytest tests/test_canary.py -v -p no:cacheprovider
+  PYTHONPATH=. .venv/bin/python -m pytest tests/deploy/test_canary.py -v -p no:cacheprovider
 """
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ from tests.harness import docs, istio, k8s
 from tests.harness.envoy import WASM, Envoy, free_port, wait_for
 from tests.harness.variants import Lds
 from tests.harness.wire import status
-from tests.test_istio_envoy import (  # noqa: F401
+from tests.deploy.test_istio_envoy import (  # noqa: F401
     CANARY_LABELS, CANARY_URL, _canary_plugins, _wasmplugin_gateway, canary_pod, lb_check, load, local_module,
     pulled_wasm, start_gateway,
 )
@@ -127,7 +127,7 @@ def fleet_release(workdir) -> tuple[str, str]:
 
 def test_the_readmes_check_fails_on_a_canary_that_changes_the_fleet(tmp_path):
     """The README block's `! grep '^<' <(diff …)` (run as written, with the fleet's
-    values, by tests/test_install_commands.py) fails on a render without them."""
+    values, by tests/deploy/test_install_commands.py) fails on a render without them."""
     (block,) = [b for b in docs.sh_blocks(README, "Canary a new image (the `oci://` route)") if "helm get values" in b]
     (check,) = [c for c in docs.commands(block) if c.startswith("! grep")]
     _, running = fleet_release(tmp_path)

@@ -239,7 +239,7 @@ def test_config_values_reach_the_health_role_and_traffic_gets_only_what_it_uses(
     """The traffic role's configuration is role + tick + draining_new_requests,
     each checked at render: no value can make Envoy refuse the traffic
     configuration alone, which on a fresh pod leaves its traffic filters on
-    their fallback, counting nothing (tests/test_load_failure.py, "traffic
+    their fallback, counting nothing (tests/envoy/test_load_failure.py, "traffic
     config"). Every value reaches the roles over ECDS, in the EnvoyFilters'
     EXTENSION_CONFIG patches: the filters themselves carry none."""
     for form in ((), WASMPLUGIN):
@@ -361,7 +361,7 @@ def test_gateway_api_value_refuses_a_hook_without_token_or_a_short_grace_period(
 def test_observability_value_installs_the_rule_and_the_dashboard(module, tmp_path):
     """observability.prometheusRule / grafanaDashboard render what
     envoyfilter/observability/ holds (the chart's files/ are generated from it,
-    tests/test_observability.py keeps them current): promtool accepts the
+    tests/observability/test_observability.py keeps them current): promtool accepts the
     rendered groups, the ConfigMap is a valid Kubernetes object for Grafana's sidecar."""
     default = k8s.by_kind(k8s.template(*with_module(module)))
     assert not {("PrometheusRule", "drain-gate"), ("ConfigMap", "drain-gate-dashboard")} & set(default), "off by default"

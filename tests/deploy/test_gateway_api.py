@@ -11,9 +11,9 @@ Kubernetes Gateway API Gateway, checked offline with the real tools.
   that Gateway (a fixture, checked against the template), and the results
   validate against the Kubernetes schemas and carry what drain-gate needs.
 - The EnvoyFilters and the WasmPlugin reach exactly the patched pods.
-The same patches run in real Envoy in tests/test_istio_envoy.py (Gateway API
+The same patches run in real Envoy in tests/deploy/test_istio_envoy.py (Gateway API
 section); the commands of envoyfilter/docs/forms.md's Gateway API section run in
-tests/test_gateway_api_docs.py.
+tests/deploy/test_gateway_api_docs.py.
 """
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Every command of the operator's pages (envoyfilter/docs/) but the Gateway API section
-(tests/test_gateway_api_docs.py runs that one), block by block, as written,
+(tests/deploy/test_gateway_api_docs.py runs that one), block by block, as written,
 offline (tests/harness/docs.py), so the install the pages describe cannot
 drift from what works:
 
@@ -18,7 +18,7 @@ drift from what works:
 * a curl to a node's :30180 (or the canary's :30181) asks a real gateway-like
   Envoy's health listener; the LB's configuration is the shipped haproxy.cfg;
 * `envoyfilter/tools/prove.py` is left out here: it needs a real LB, and
-  tests/test_prove.py runs each of its commands behind one.
+  tests/lb/test_prove.py runs each of its commands behind one.
 
 And the wasm ConfigMap's client-side-apply annotation, as kubectl computes it,
 measured against the 262,144-byte cap that the documented path never meets.
@@ -33,9 +33,9 @@ import requests
 
 from tests.harness import docs, istio, k8s
 from tests.harness.envoy import REPO
-from tests.test_istio_envoy import start_gateway  # noqa: F401
-from tests.test_istio_kubernetes import render_chart
-from tests.test_verify import dump_of, envoyfilter_form
+from tests.deploy.test_istio_envoy import start_gateway  # noqa: F401
+from tests.deploy.test_istio_kubernetes import render_chart
+from tests.deploy.test_verify import dump_of, envoyfilter_form
 
 ANNOTATION_CAP = 262_144
 BLOCKS = docs.sh_blocks(docs.OPERATOR_PAGES, exclude="Gateway API")
@@ -121,7 +121,7 @@ def cluster_replies(block: str, shell: docs.OfflineShell, start_gateway) -> dict
                     "configmap/istio-sidecar-injector -o json",
                     listed(gw["Deployment"], gw["Service"], drain_gate_pdb(), injector()))
     if "helm get values drain-gate" in block:  # the canary: a fleet on the oci:// route
-        from tests.test_canary import fleet_release
+        from tests.deploy.test_canary import fleet_release
         values, manifest = fleet_release(shell.replies.parent)
         shell.reply("helm get values drain-gate -n istio-system -o yaml", values)
         shell.reply("helm get manifest drain-gate -n istio-system", manifest)
@@ -172,7 +172,7 @@ def test_the_stand_ins_refuse_an_unpinned_chart_and_curl_in_the_pod(tmp_path):
     assert r.returncode != 0 and "use pilot-agent request" in r.stderr, r.stderr
 
 
-# prove.py needs a real LB in front of real gateways: tests/test_prove.py runs these commands there.
+# prove.py needs a real LB in front of real gateways: tests/lb/test_prove.py runs these commands there.
 PROVE = "envoyfilter/tools/prove.py"
 
 
@@ -191,7 +191,7 @@ def test_readme_block_runs_offline(block, shell, start_gateway):  # noqa: F811
     if re.search(r"3018[01]/health_check.html", block):
         assert "200" in r.stdout.splitlines()
     if "helm get values drain-gate" in block:  # the canary's upgrade adds its two objects, changes none
-        from tests.test_canary import CANARY_OBJECTS, changed
+        from tests.deploy.test_canary import CANARY_OBJECTS, changed
         upgrade = [e for e in shell.recorded() if e["verb"] == "helm install"][-1]
         running = (shell.replies / "helm get manifest drain-gate -n istio-system").read_text()
         assert changed(k8s.by_kind(k8s.docs(running)), k8s.by_kind(k8s.docs(upgrade["manifest"]))) == CANARY_OBJECTS

@@ -100,7 +100,7 @@ def test_everything_selects_only_the_pods_labelled_for_drain_gate():
     assert values.get("labels", {}).get("istio") in (None, "ingressgateway")
     assert istio.DRAIN_GATE_LABEL.items() <= values["labels"].items()
     assert values["volumeMounts"], "the label comes with the mount"
-    # envoyfilter/gateway-api/ selects its own Gateway's pods (tests/test_gateway_api.py).
+    # envoyfilter/gateway-api/ selects its own Gateway's pods (tests/deploy/test_gateway_api.py).
     in_istio = lambda found: {p: o for p, o in found.items() if istio.ISTIO in p.parents}  # noqa: E731
     for path, ef in in_istio(istio.objects("EnvoyFilter")).items():
         assert ef["metadata"]["namespace"] == "istio-system", path

@@ -2,7 +2,7 @@
 Wasm image spec's compat variant, the form istio-agent pulls for a WasmPlugin's
 oci:// url. Layout, media types, digests and sizes are checked here; that
 istio-agent's extraction gets the module back, and that Envoy runs it, is in
-tests/test_istio_envoy.py."""
+tests/deploy/test_istio_envoy.py."""
 from __future__ import annotations
 
 import gzip

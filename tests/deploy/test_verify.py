@@ -21,11 +21,11 @@ import yaml
 from tests.harness import istio, k8s
 from tests.harness.envoy import WASM
 from tests.harness.process import accepts, wait_for
-from tests.test_istio_envoy import (  # noqa: F401
+from tests.deploy.test_istio_envoy import (  # noqa: F401
     _wasmplugin_gateway, _wasmplugin_listeners, load, passthrough, pulled_wasm, start_gateway,
 )
-from tests.test_gateway_api import _rollout
-from tests.test_istio_kubernetes import render_chart
+from tests.deploy.test_gateway_api import _rollout
+from tests.deploy.test_istio_kubernetes import render_chart
 
 VERIFY = istio.ENVOYFILTER / "tools" / "verify.py"
 VERSION = istio.ENVOY_MATRIX[-1]
@@ -357,7 +357,7 @@ def test_the_sidecar_design_s_surge_onto_a_spare_node_passes(tmp_path):
     """maxSurge 1, maxUnavailable 0 with one pod per node is judged by the nodes
     the pods fit: with a spare LB node the surge pod has a node, and the whole
     migrated gateway passes; the rollout model (the Deployment controller and the
-    scheduler's filters, tests/test_gateway_api.py) finishes the same rollout."""
+    scheduler's filters, tests/deploy/test_gateway_api.py) finishes the same rollout."""
     objects, nodes = sidecar_design_with_its_strategy(tmp_path)
     code, lines = pod_verdict(*objects, *nodes, args=FOUR_SERVERS)
     assert code == 0, failures(lines)
@@ -581,7 +581,7 @@ def test_rotation_cluster_away_from_an_ipv6_admin_fails(start_gateway):
     """Envoy's admin on ::1 only (an IPv6-only pod): the shipped health listener
     passes through prometheus_stats; the cluster fixed at 127.0.0.1 fails, and
     so does a name no cluster has."""
-    from tests.test_istio_envoy import FIXED_ADMIN_CLUSTER, patched
+    from tests.deploy.test_istio_envoy import FIXED_ADMIN_CLUSTER, patched
     health = load("health-listener.yaml")
     env = start_gateway(VERSION, envoyfilter_form(), clusters=[FIXED_ADMIN_CLUSTER], admin_address="::1")
     code, lines = verify("--config-dump", "-", stdin=dump_of(env))
@@ -606,7 +606,7 @@ def test_canary_pod_counts_twice_or_fails_naming_the_canary_stand_in(fetched, st
     """The canary pod: the fleet's filter and the canary's count each stream
     (a warning, not a failure); if the canary's image was replaced by
     istio-agent's stand-in, verify.py names it, though the pod still counts."""
-    from tests.test_istio_envoy import _canary_plugins, canary_pod
+    from tests.deploy.test_istio_envoy import _canary_plugins, canary_pod
     env = start_gateway(VERSION, canary_pod(tmp_path, _canary_plugins(pulled_wasm, fetched)))
     code, lines = verify("--config-dump", "-", stdin=dump_of(env))
     if fetched:

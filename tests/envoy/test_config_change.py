@@ -22,7 +22,7 @@ keeps a replaced chain's connections).
   connection and the held call after the drain time, the preStop returns
   with nothing and the pod would go on to SIGTERM with requests in flight.
 
-  PYTHONPATH=. .venv/bin/python -m pytest tests/test_config_change.py -v -p no:cacheprovider
+  PYTHONPATH=. .venv/bin/python -m pytest tests/envoy/test_config_change.py -v -p no:cacheprovider
 
 What each run saw is written to out/config-change/measured.md.
 """
@@ -40,7 +40,7 @@ from tests.harness import istio, k8s
 from tests.harness.envoy import REPO, WASM, Envoy, free_port, wait_for
 from tests.harness.variants import Lds
 from tests.harness.wire import read_head, status
-from tests.test_istio_envoy import held_call, lb_check
+from tests.deploy.test_istio_envoy import held_call, lb_check
 
 OUT = REPO / "out" / "config-change"
 DRAIN_TIME_S = 2
@@ -182,7 +182,7 @@ def measured():
     if lines:
         OUT.mkdir(parents=True, exist_ok=True)
         (OUT / "measured.md").write_text(
-            f"`PYTHONPATH=. .venv/bin/python -m pytest tests/test_config_change.py -v`, --drain-time-s "
+            f"`PYTHONPATH=. .venv/bin/python -m pytest tests/envoy/test_config_change.py -v`, --drain-time-s "
             f"{DRAIN_TIME_S}, change: `{' '.join(CHANGE)}`\n\n" + "\n".join(lines) + "\n")
 
 

@@ -19,7 +19,7 @@ SPEC = yaml.safe_load((REPO / "src" / "openapi.yaml").read_text())
 STILL = {"min_drain": "30m", "drain_timeout": "60m", "lb_buffer": "60m"}
 # The held-answer tests read each answer until the server closes. Once the
 # connection rotation has started Envoy's drain sequence, Envoy answers a
-# `Connection: close` request but leaves the socket open (tests/test_rotation.py,
+# `Connection: close` request but leaves the socket open (tests/envoy/test_rotation.py,
 # test_after_the_rotation_envoy_leaves_a_closing_connection_open): those tests
 # run without it, so that they stay about the hold.
 HELD = {**STILL, "rotate_connections": False}

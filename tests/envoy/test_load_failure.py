@@ -23,7 +23,7 @@ listeners and (b) the health listener answer, and what Envoy did with the
 update. The table is written to out/load-failure/table.md and asserted:
 `make test` fails if Envoy's behaviour changes. Run on its own:
 
-  PYTHONPATH=. .venv/bin/python -m pytest tests/test_load_failure.py -v -p no:cacheprovider
+  PYTHONPATH=. .venv/bin/python -m pytest tests/envoy/test_load_failure.py -v -p no:cacheprovider
 """
 from __future__ import annotations
 
@@ -42,7 +42,7 @@ import requests
 from tests.harness import istio
 from tests.harness.envoy import REPO, WASM, Envoy, free_port, wait_for
 from tests.harness.variants import Lds
-from tests.test_verify import _logical_ports
+from tests.deploy.test_verify import _logical_ports
 
 VERSION = istio.ENVOY_MATRIX[-1]
 OUT = REPO / "out" / "load-failure"
@@ -290,7 +290,7 @@ def table():
     rows: dict[tuple[str, str, str], str] = {}
     yield rows
     OUT.mkdir(parents=True, exist_ok=True)
-    lines = [f"Envoy {VERSION}, `PYTHONPATH=. .venv/bin/python -m pytest tests/test_load_failure.py -v`", "",
+    lines = [f"Envoy {VERSION}, `PYTHONPATH=. .venv/bin/python -m pytest tests/envoy/test_load_failure.py -v`", "",
              "| form | failure | when | traffic :8080 | traffic :8443 | health :18180 | Envoy | verify.py |",
              "|---|---|---|---|---|---|---|---|"]
     lines += [rows[key] for key in EXPECTED if key in rows]

@@ -9,7 +9,7 @@ the gateway DOWN and reset its sessions); from the checker's own address also
 2 s after its next 503s. Any other is a client that gave up. Here the checker
 is the test itself asking `/health_check.html` from 127.0.0.1, and a client in
 the cluster is one on 127.0.0.2 — the LB's reset is what
-tests/test_scenarios.py measures behind a real HAProxy. Outside a drain no end
+tests/lb/test_scenarios.py measures behind a real HAProxy. Outside a drain no end
 is sorted, so a client that aborts then is never a cut. Every drain logs one
 receipt line, with its own ends, however soon the next begins.
 """

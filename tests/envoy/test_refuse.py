@@ -4,7 +4,7 @@ HTTP request is answered at once with 503, `connection: close`, the header
 (POST included) — while the requests in flight when the drain began run to
 their end; the health listener is untouched; `/reopen` ends it at once. The
 LBs that resend those 503s (HAProxy `retry-on`, Envoy `retry_policy`, nginx
-`proxy_next_upstream`) are measured in tests/test_refuse_lbs.py.
+`proxy_next_upstream`) are measured in tests/lb/test_refuse_lbs.py.
 
 gRPC requests are served while the others are refused, unless
 `draining_grpc_requests: refuse`: then answered HTTP 503 (Envoy would make a

@@ -3,14 +3,14 @@ HAProxy, once per strategy, under traffic that never stops.
 
 The update replays a Deployment with `maxSurge: 1, maxUnavailable: 0` the way the Deployment
 controller runs it: start one new gateway, wait until HAProxy has it UP (its stats socket),
-delete one old gateway (kubelet: preStop, SIGTERM, pilot-agent's drain, exit — tests/rollout/fleet.py),
+delete one old gateway (kubelet: preStop, SIGTERM, pilot-agent's drain, exit — tests/fleet/fleet.py),
 and start the next new gateway at once: a terminating pod no longer counts against maxSurge, so
 drains overlap. The rollout ends when the last old gateway has exited.
 
 Writes out/rollout/result.json ({"strategies": {name: {"sent", "lost", "rollout_s", "drain_s", …}},
 "n": N}), out/rollout/timeline.svg (one row per gateway) and the logs of every process.
 
-    PYTHONPATH=. .venv/bin/python -m tests.rollout.driver [--quick] [--n 4] [--strategies a,b]
+    PYTHONPATH=. .venv/bin/python -m tests.fleet.driver [--quick] [--n 4] [--strategies a,b]
 """
 from __future__ import annotations
 
@@ -26,8 +26,8 @@ from pathlib import Path
 from tests.harness.envoy import REPO, wait_for
 from tests.harness.rig import Backend
 from tests.harness.timeline import StatPoller, parse_time
-from tests.rollout import fleet, picture
-from tests.rollout.traffic import FULL, QUICK, Profile, Traffic
+from tests.fleet import fleet, picture
+from tests.fleet.traffic import FULL, QUICK, Profile, Traffic
 
 OUT = REPO / "out" / "rollout"
 INTER = "2s"  # haproxy.cfg's check timing: inter 2s rise 2 fall 2

@@ -1,5 +1,5 @@
 """`make replicas`: how many gateways a fleet needs so that, when one drains, the others carry its
-share — measured on the rollout rig's pieces (tests/rollout/fleet.py) behind a real HAProxy.
+share — measured on the rollout rig's pieces (tests/fleet/fleet.py) behind a real HAProxy.
 
     open-loop client: GET / at a fixed total rate (the same for every N), each request tagged
       │               `id=`, its latency taken from the instant it was due (not when it was sent)
@@ -31,7 +31,7 @@ UP, or the phase's start, to its deletion, or the phase's end):
 
 Writes out/replicas/results.md and results.json.
 
-    PYTHONPATH=. .venv/bin/python -m tests.rollout.replicas [--n 2,4,8] [--rate 400] [--seconds 20] [--rounds 2]
+    PYTHONPATH=. .venv/bin/python -m tests.fleet.replicas [--n 2,4,8] [--rate 400] [--seconds 20] [--rounds 2]
 """
 from __future__ import annotations
 
@@ -52,7 +52,7 @@ from tests.bench.cpu import worker_ns, worker_tid
 from tests.harness.envoy import REPO, wait_for
 from tests.harness.haproxy import LogLine
 from tests.harness.rig import Backend
-from tests.rollout import fleet
+from tests.fleet import fleet
 
 OUT = REPO / "out" / "replicas"
 INTER = "1s"  # HAProxy's check interval here (rise 2 fall 2 as shipped): a replacement is UP in ~3 s

@@ -8,19 +8,19 @@ The node's two ports are kube-proxy's NodePorts with `externalTrafficPolicy: Loc
 KEP-1669 (tests/harness/nodeport.py): each new connection goes to a ready pod of the node,
 else to a terminating one that still serves. The surge as the Deployment controller runs it:
 the new pod starts on the old pod's node and becomes ready, `minReadySeconds` later the old
-pod is deleted (kubelet: preStop, SIGTERM, pilot-agent's drain, exit: tests/rollout/fleet.py).
+pod is deleted (kubelet: preStop, SIGTERM, pilot-agent's drain, exit: tests/fleet/fleet.py).
 From the deletion on, kube-proxy gives every new connection of the node to the new pod —
 the LB's checks included: the old pod's drain answers an LB that no longer asks it.
 
 Measured per variant, under traffic that never stops (short GETs on keep-alive connections,
-HTTP/1.1 and HTTP/2 streams, websockets, every one accounted by tests/rollout/traffic.py):
+HTTP/1.1 and HTTP/2 streams, websockets, every one accounted by tests/fleet/traffic.py):
 what the clients lost, the old pod's drain (flip reason, how CLOSING ended, how long it held
 the preStop), its receipt (`cut_lb`, `cut_other`), the LB checks and new connections that
 reached the old pod after its deletion, and whether HAProxy ever marked the node DOWN.
 The control is Istio's default (no preStop): the same surge loses what runs on the old pod at
 its exit.
 
-    PYTHONPATH=. .venv/bin/python -m tests.rollout.surge [--quick]
+    PYTHONPATH=. .venv/bin/python -m tests.fleet.surge [--quick]
 Writes out/surge/result.json and out/surge/results.md.
 """
 from __future__ import annotations
@@ -36,8 +36,8 @@ from tests.harness.envoy import REPO, wait_for
 from tests.harness.nodeport import Endpoint, NodePort
 from tests.harness.rig import Backend
 from tests.harness.timeline import parse_time
-from tests.rollout import fleet
-from tests.rollout.traffic import Profile, Traffic
+from tests.fleet import fleet
+from tests.fleet.traffic import Profile, Traffic
 
 OUT = REPO / "out" / "surge"
 INTER = "1s"  # HAProxy inter 1s rise 2 fall 2: the LB would see a 503 within 2 s

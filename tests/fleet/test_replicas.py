@@ -1,4 +1,4 @@
-"""The smallest form of `make replicas` (tests/rollout/replicas.py): 3 gateways behind HAProxy
+"""The smallest form of `make replicas` (tests/fleet/replicas.py): 3 gateways behind HAProxy
 under a fixed-rate open-loop load, one round of `before` (all OPEN) and `drain` (one gateway
 deleted: drain-gate's preStop, DRAINING → CLOSED, exit), then the control in the same rig and
 load: a gateway SIGKILLed with slow requests on it.
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.rollout import replicas
+from tests.fleet import replicas
 
 
 @pytest.fixture(scope="module")
@@ -65,4 +65,4 @@ def test_the_report(result, tmp_path):
     assert "| 3 | drain | 1/2 |" in text and "kill (control)" in text
     assert (tmp_path / "results.json").exists()
     make = (replicas.REPO / "Makefile").read_text()
-    assert "PYTHONPATH=. $(PY) -m tests.rollout.replicas $(REPLICAS_ARGS)" in make.split("\nreplicas:", 1)[1]
+    assert "PYTHONPATH=. $(PY) -m tests.fleet.replicas $(REPLICAS_ARGS)" in make.split("\nreplicas:", 1)[1]

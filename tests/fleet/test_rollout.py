@@ -15,8 +15,8 @@ import sys
 import pytest
 
 from tests.harness.envoy import REPO
-from tests.rollout import driver
-from tests.rollout.traffic import KINDS
+from tests.fleet import driver
+from tests.fleet.traffic import KINDS
 
 
 @pytest.fixture(scope="module")
@@ -75,8 +75,8 @@ def test_the_gateways_own_account_agrees_with_the_clients(result):
 
 
 def test_summarize_prints_the_tables_of_the_readme(result):
-    """`python -m tests.rollout.driver --summarize <result.json>…`, as tests/docs/rollout.md runs it."""
-    out = subprocess.run([sys.executable, "-m", "tests.rollout.driver", "--summarize", str(driver.OUT / "result.json")],
+    """`python -m tests.fleet.driver --summarize <result.json>…`, as tests/docs/rollout.md runs it."""
+    out = subprocess.run([sys.executable, "-m", "tests.fleet.driver", "--summarize", str(driver.OUT / "result.json")],
                          cwd=REPO, capture_output=True, text=True, timeout=60, check=True).stdout
     assert "| istio-default |" in out and "| drain-gate-404 |" in out
     assert "T_up (start -> HAProxy UP)" in out and "N=200 surge 25%" in out

@@ -1,5 +1,5 @@
 """One directory per scenario run, shared by the test files of `make scenarios`
-(tests/test_scenarios.py, tests/test_passthrough.py): out/scenarios/<run>/,
+(tests/lb/test_scenarios.py, tests/lb/test_passthrough.py): out/scenarios/<run>/,
 with out/scenarios/latest pointing to it. Each file adds its section of
 results.md (and its rows of results.json); the files are rewritten with every
 section added so far in this process, whatever order the test files run in.

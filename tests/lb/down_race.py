@@ -9,7 +9,7 @@ nothing new reaches it.
 
 Two gateways, a loop of short GETs with no pause, N drains of gw1 per mode:
 
-    PYTHONPATH=. .venv/bin/python -m tests.scenarios.down_race --drains 10
+    PYTHONPATH=. .venv/bin/python -m tests.lb.down_race --drains 10
 
 Prints one JSON line per drain and a summary; exits 1 if the 404 mode cut
 anything.

@@ -16,13 +16,13 @@ Each run: three clients, each making one kind of call after another, `period` ap
 server-streaming (3 messages) and bidirectional (2 messages, the second 20 ms after the first: a
 call whose request is still being sent when it reaches the gateway) — and gw1 drained (its preStop
 call, `POST /drain?wait=closed`) after `drain_at`. The calls go on until gw1 is CLOSED: its pod's
-exit comes after it and is the same in every mode (tests/test_refuse_lbs.py measures it).
+exit comes after it and is the same in every mode (tests/lb/test_refuse_lbs.py measures it).
 
 The modes: `serve` (the default, the control beside), `refuse` with the gRPC setting the choice
 table gives each LB (`GRPC`: refused behind HAProxy and Envoy, served behind nginx; `refuse_with:
 reset` behind nginx), and `refuse-grpc` behind nginx: gRPC refused too, which nginx cannot resend.
 
-    PYTHONPATH=. .venv/bin/python -m tests.scenarios.refuse_grpc [--runs 3]
+    PYTHONPATH=. .venv/bin/python -m tests.lb.refuse_grpc [--runs 3]
 """
 from __future__ import annotations
 
@@ -44,7 +44,7 @@ from tests.harness.haproxy import HAProxy
 from tests.harness.rig import PreStop
 from tests.harness.timeline import parse_time
 from tests.harness.wire import read_head
-from tests.scenarios.refuse_lbs import FrontRig, _closing
+from tests.lb.refuse_lbs import FrontRig, _closing
 
 KINDS = ("unary", "server-streaming", "bidirectional")
 # drain-gate's gRPC setting behind each LB (envoyfilter/docs/lb.md's choice table) and how it refuses.

@@ -29,9 +29,9 @@ the application itself answered (resent or not, processed how many times).
 would do — a server that closes, resets or holds each new connection at once, beside the real
 gateway.
 
-    PYTHONPATH=. .venv/bin/python -m tests.scenarios.refuse_lbs --runs 5 [--fronts haproxy,envoy,nginx]
-    PYTHONPATH=. .venv/bin/python -m tests.scenarios.refuse_lbs --probe
-    PYTHONPATH=. .venv/bin/python -m tests.scenarios.refuse_lbs --tcp
+    PYTHONPATH=. .venv/bin/python -m tests.lb.refuse_lbs --runs 5 [--fronts haproxy,envoy,nginx]
+    PYTHONPATH=. .venv/bin/python -m tests.lb.refuse_lbs --probe
+    PYTHONPATH=. .venv/bin/python -m tests.lb.refuse_lbs --tcp
 """
 from __future__ import annotations
 

@@ -16,7 +16,7 @@ Each drain: `POST /drain` on the idle gw1, start the loop, wait for HAProxy's
 DOWN, stop the loop (what was in flight finishes, or fails), `POST /reopen`
 (from CLOSING; `lb_buffer` is long) and wait for UP again.
 
-    PYTHONPATH=. .venv/bin/python -m tests.scenarios.soft_gate --drains 8
+    PYTHONPATH=. .venv/bin/python -m tests.lb.soft_gate --drains 8
 """
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The LB recipes not run here (envoyfilter/netscaler, f5, aws, gcp): nothing here runs a
 NetScaler, a BIG-IP, an AWS NLB or a Google Cloud LB (tools/prove.py is how an operator runs one,
-tests/test_prove.py). What is checked is that each file parses, checks drain-gate's
+tests/lb/test_prove.py). What is checked is that each file parses, checks drain-gate's
 `/health_check.html` on the check NodePort and sends traffic to the traffic NodePorts of
 envoyfilter/kubernetes/service.yaml, that its check timings give the detection window, `lb_fall`
 and an `lb_buffer` above the window that envoyfilter/docs/lb.md states, and that every NetScaler

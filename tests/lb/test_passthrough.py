@@ -48,10 +48,10 @@ ROWS: list[dict] = []
 @pytest.fixture(scope="module", autouse=True)
 def _results_table():
     """This file's rows in the scenario run's results.md (`make scenarios` runs it after
-    tests/test_scenarios.py, in the same run directory)."""
+    tests/lb/test_scenarios.py, in the same run directory)."""
     yield
     if ROWS:
-        head = ("\nTLS passthrough behind HAProxy `mode tcp` (tests/test_passthrough.py):\n\n"
+        head = ("\nTLS passthrough behind HAProxy `mode tcp` (tests/lb/test_passthrough.py):\n\n"
                 "| test | LB config | checks | cut at DOWN: clients / gateway cut_lb "
                 "| reset by their client: clients / gateway cut_other | closed by their client: clients / gateway "
                 "completed | gateway cut (tcp) | sessions cut at DOWN |\n"

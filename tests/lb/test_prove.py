@@ -41,7 +41,7 @@ from tests.harness import docs, istio, wire
 from tests.harness.envoy import REPO
 from tests.harness.process import wait_for
 from tests.harness.rig import QUICK, Backend, Gateway, PreStop, Rig
-from tests.scenarios.refuse_lbs import FrontRig
+from tests.lb.refuse_lbs import FrontRig
 
 PROVE = REPO / "envoyfilter" / "tools" / "prove.py"
 README = REPO / "envoyfilter" / "docs" / "lb.md"

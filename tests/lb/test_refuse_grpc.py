@@ -1,5 +1,5 @@
 """gRPC behind each LB recipe while a gateway drains refusing new requests
-(tests/scenarios/refuse_grpc.py): unary, server-streaming and bidirectional calls one after
+(tests/lb/refuse_grpc.py): unary, server-streaming and bidirectional calls one after
 another through real HAProxy, Envoy and nginx, gw1 drained (its preStop call) while they run, each
 LB in two rigs of the same shape — `serve` (the default) beside `refuse` with the gRPC setting the
 choice table gives it (envoyfilter/docs/lb.md, "200, 404 or refuse while draining?"):
@@ -23,8 +23,8 @@ import os
 import pytest
 
 from tests.harness.envoy import REPO
-from tests.scenarios import refuse_grpc as rg
-from tests.scenarios.refuse_lbs import rounds
+from tests.lb import refuse_grpc as rg
+from tests.lb.refuse_lbs import rounds
 
 FULL = os.environ.get("DRAIN_GATE_SCENARIOS", "") == "full"
 ROUNDS = 3 if FULL else 1

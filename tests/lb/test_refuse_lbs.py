@@ -1,4 +1,4 @@
-"""`draining_new_requests: refuse` behind real LBs that resend a 503 (tests/scenarios/refuse_lbs.py):
+"""`draining_new_requests: refuse` behind real LBs that resend a 503 (tests/lb/refuse_lbs.py):
 two gateways behind HAProxy 2.6 (envoyfilter/haproxy/haproxy-refuse.cfg), Envoy as the front LB
 (envoyfilter/lb/envoy-front.yaml) or Debian's nginx (envoyfilter/lb/nginx-drain-gate.conf, the
 gateways with `refuse_with: reset`), each file run as written; a new 2.5 s stream every 0.3 s for 8 s, gw1 drained at t = 1 s with
@@ -32,7 +32,7 @@ import pytest
 
 from tests.harness.envoy import REPO
 from tests.harness.haproxy import CFG, CFG_REFUSE, make_cert
-from tests.scenarios import refuse_lbs as rl
+from tests.lb import refuse_lbs as rl
 
 FULL = os.environ.get("DRAIN_GATE_SCENARIOS", "") == "full"
 ROUNDS = 5 if FULL else 1

@@ -148,7 +148,7 @@ def soft_gate_table(rows: list[dict]) -> str:
     if not rows:
         return ""
     head = ("\nSoft drain gate (404, min_drain 0s, an idle gw1 drained under short GETs, checks every 500 ms; "
-            "tests/scenarios/soft_gate.py):\n\n"
+            "tests/lb/soft_gate.py):\n\n"
             "| mode | drains | requests | drains with a cut | clients lost | gateway cut / cut_lb | unseen at DOWN |\n"
             "|---|---|---|---|---|---|---|\n")
     lines = [f"| {r['mode']} | {r['drains']} | {r['requests']} | {r['drains_with_a_cut']} "
@@ -898,11 +898,11 @@ def test_control_l4_without_rotation_pinned_connections_are_reset(run_dir, lb_st
     assert_pinned_connections_reset(clients, tl)
 def test_soft_drain_gate_idle_gateway_short_loop(run_dir):
     """Soft drain, min_drain 0s, an idle gateway drained under a loop of short GETs
-    (tests/scenarios/soft_gate.py): gated, HAProxy always sees the 404 (NOLB) before
+    (tests/lb/soft_gate.py): gated, HAProxy always sees the 404 (NOLB) before
     the 503 and DOWN cuts nothing; the control (soft_drain_gate: false) in the same
     run flips at once, HAProxy goes from UP to DOWN and cuts what it sent meanwhile.
     Drain by drain, the gateway's receipt counts what the clients lost, as LB cuts."""
-    from tests.scenarios import soft_gate
+    from tests.lb import soft_gate
 
     drains = 8 if FULL else 3
     res = soft_gate.run(drains, run_dir / "soft-gate")

@@ -1,5 +1,5 @@
 """Draws envoyfilter/docs/observability.md's dashboard picture from the Prometheus data the live test saved
-(tests/test_observability.py writes out/observability/drain.json):
+(tests/observability/test_observability.py writes out/observability/drain.json):
 
     python -m tests.observability.render out/observability/drain.json PNG
 """

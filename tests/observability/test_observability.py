@@ -13,7 +13,7 @@
   answers "did the rollout cut anything?" reads exactly the receipt's count.
   Every dashboard query returns data during the drain. A second Envoy without
   the health listener is the control for the role alerts' expressions.
-- Live, a pod killed mid-drain: the rig's kubelet (tests/rollout/fleet.py) runs
+- Live, a pod killed mid-drain: the rig's kubelet (tests/fleet/fleet.py) runs
   drain-gate's preStop for a 3 s grace period with a stream held, then SIGTERM
   (pilot-agent's readiness turns 503) and, 2 s later, SIGKILL: the gateway's
   receipt line says ended=SIGTERM, and DrainGateDrainCutShort fires in the real
@@ -39,7 +39,7 @@ from envoyfilter.observability import generate
 from tests.harness.envoy import REPO, Envoy, Ports, render, wait_for
 from tests.harness import variants, wire
 from tests.harness.prometheus import NAMESPACE, RULES, Prometheus
-from tests.rollout import fleet
+from tests.fleet import fleet
 
 POD = "gateway-0"
 LONE = "gateway-traffic-only"
