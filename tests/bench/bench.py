@@ -37,8 +37,8 @@ import requests
 
 from tests.bench import readme
 from tests.harness import backend as demo_backend
-from tests.harness.envoy import REPO, WASM, Envoy, Ports, free_port, hcm, render, wait_for
 from tests.harness import variants
+from tests.harness.envoy import REPO, WASM, Envoy, Ports, free_port, hcm, render, wait_for
 from tests.harness.variants import listener
 
 NOOP_WASM = REPO / "target" / "noop" / "wasm32-wasip1" / "release" / "noop_filter.wasm"

@@ -26,7 +26,7 @@ from importlib import metadata
 from pathlib import Path
 
 from tests.bench import readme
-from tests.bench.proxy_host import (PEER_LOCAL, PEER_REMOTE, Answer, HostError, Meter, Module, Process, Vm)
+from tests.bench.proxy_host import PEER_LOCAL, PEER_REMOTE, Answer, HostError, Meter, Module, Process, Vm
 
 REPO = Path(__file__).resolve().parents[2]
 WASM = REPO / "target" / "drain_gate.wasm"

@@ -27,14 +27,22 @@ import pytest
 import requests
 import yaml
 
+from tests.deploy.test_istio_envoy import (  # noqa: F401
+    CANARY_LABELS,
+    CANARY_URL,
+    _canary_plugins,
+    _wasmplugin_gateway,
+    canary_pod,
+    lb_check,
+    load,
+    local_module,
+    pulled_wasm,
+    start_gateway,
+)
 from tests.harness import docs, istio, k8s
 from tests.harness.envoy import WASM, Envoy, free_port, wait_for
 from tests.harness.variants import Lds
 from tests.harness.wire import status
-from tests.deploy.test_istio_envoy import (  # noqa: F401
-    CANARY_LABELS, CANARY_URL, _canary_plugins, _wasmplugin_gateway, canary_pod, lb_check, load, local_module,
-    pulled_wasm, start_gateway,
-)
 
 README = istio.ENVOYFILTER / "docs" / "rollout.md"
 NS = "istio-system"

@@ -7,8 +7,8 @@ from __future__ import annotations
 import base64
 import hashlib
 import importlib.util
-import math
 import json
+import math
 import re
 import subprocess
 
@@ -18,7 +18,7 @@ import yaml
 
 from tests.hardening import test_config as config_keys
 from tests.harness import istio, k8s
-from tests.harness.envoy import REPO, WASM, hcm
+from tests.harness.envoy import REPO, WASM
 
 OCI = "oci://registry.example.com/drain-gate/drain-gate:0.1.0"
 # The WasmPlugin form as shipped: the module the chart mounts (file://), TCP on an example port.

@@ -31,11 +31,11 @@ import re
 import pytest
 import requests
 
-from tests.harness import docs, istio, k8s
-from tests.harness.envoy import REPO
 from tests.deploy.test_istio_envoy import start_gateway  # noqa: F401
 from tests.deploy.test_istio_kubernetes import render_chart
 from tests.deploy.test_verify import dump_of, envoyfilter_form
+from tests.harness import docs, istio, k8s
+from tests.harness.envoy import REPO
 
 ANNOTATION_CAP = 262_144
 BLOCKS = docs.sh_blocks(docs.OPERATOR_PAGES, exclude="Gateway API")

@@ -18,14 +18,19 @@ import pytest
 import requests
 import yaml
 
+from tests.deploy.test_gateway_api import _rollout
+from tests.deploy.test_istio_envoy import (  # noqa: F401
+    _wasmplugin_gateway,
+    _wasmplugin_listeners,
+    load,
+    passthrough,
+    pulled_wasm,
+    start_gateway,
+)
+from tests.deploy.test_istio_kubernetes import render_chart
 from tests.harness import istio, k8s
 from tests.harness.envoy import WASM
 from tests.harness.process import accepts, wait_for
-from tests.deploy.test_istio_envoy import (  # noqa: F401
-    _wasmplugin_gateway, _wasmplugin_listeners, load, passthrough, pulled_wasm, start_gateway,
-)
-from tests.deploy.test_gateway_api import _rollout
-from tests.deploy.test_istio_kubernetes import render_chart
 
 VERIFY = istio.ENVOYFILTER / "tools" / "verify.py"
 VERSION = istio.ENVOY_MATRIX[-1]

@@ -214,7 +214,7 @@ def test_a_step_moves_neither_the_observed_down_nor_the_buffer_after_it(stepped,
                          "lb_down_timeout": "60s"})
     lb = checker(gw)
     assert requests.post(gw.health("/drain"), timeout=5).json()["state"] == "CLOSING"
-    down = wait_for(lambda: (s := status(gw))["lb"]["observed_down"] and time.monotonic(), 5,
+    down = wait_for(lambda: status(gw)["lb"]["observed_down"] and time.monotonic(), 5,
                     interval=0.02, what="the LB observed DOWN")
     clock.step(step)
     step_seen(gw, 1)

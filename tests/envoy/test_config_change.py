@@ -36,11 +36,11 @@ import time
 import pytest
 import requests
 
+from tests.deploy.test_istio_envoy import held_call, lb_check
 from tests.harness import istio, k8s
 from tests.harness.envoy import REPO, WASM, Envoy, free_port, wait_for
 from tests.harness.variants import Lds
 from tests.harness.wire import read_head, status
-from tests.deploy.test_istio_envoy import held_call, lb_check
 
 OUT = REPO / "out" / "config-change"
 DRAIN_TIME_S = 2

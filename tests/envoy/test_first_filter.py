@@ -28,15 +28,14 @@ import threading
 import time
 from pathlib import Path
 
-import pytest
 import requests
 
+from tests.deploy.test_istio_envoy import start_gateway  # noqa: F401 (a fixture)
+from tests.deploy.test_verify import dump_of, verify
 from tests.harness import istio
 from tests.harness.authz import AuthzServer
 from tests.harness.envoy import WASM, Ports, wait_for
 from tests.harness.rig import Rig
-from tests.deploy.test_istio_envoy import start_gateway  # noqa: F401 (a fixture)
-from tests.deploy.test_verify import dump_of, verify
 
 VERIFY = istio.ENVOYFILTER / "tools" / "verify.py"
 TRAFFIC_PORT = 8080

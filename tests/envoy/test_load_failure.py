@@ -39,10 +39,10 @@ from pathlib import Path
 import pytest
 import requests
 
+from tests.deploy.test_verify import _logical_ports
 from tests.harness import istio
 from tests.harness.envoy import REPO, WASM, Envoy, free_port, wait_for
 from tests.harness.variants import Lds
-from tests.deploy.test_verify import _logical_ports
 
 VERSION = istio.ENVOY_MATRIX[-1]
 OUT = REPO / "out" / "load-failure"

@@ -23,11 +23,11 @@ import statistics
 import time
 from pathlib import Path
 
-from tests.harness.envoy import REPO, wait_for
-from tests.harness.rig import Backend
-from tests.harness.timeline import StatPoller, parse_time
 from tests.fleet import fleet, picture
 from tests.fleet.traffic import FULL, QUICK, Profile, Traffic
+from tests.harness.envoy import REPO
+from tests.harness.rig import Backend
+from tests.harness.timeline import StatPoller, parse_time
 
 OUT = REPO / "out" / "rollout"
 INTER = "2s"  # haproxy.cfg's check timing: inter 2s rise 2 fall 2

@@ -49,10 +49,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from tests.bench.cpu import worker_ns, worker_tid
+from tests.fleet import fleet
 from tests.harness.envoy import REPO, wait_for
 from tests.harness.haproxy import LogLine
 from tests.harness.rig import Backend
-from tests.fleet import fleet
 
 OUT = REPO / "out" / "replicas"
 INTER = "1s"  # HAProxy's check interval here (rise 2 fall 2 as shipped): a replacement is UP in ~3 s

@@ -32,12 +32,12 @@ import re
 import time
 from pathlib import Path
 
+from tests.fleet import fleet
+from tests.fleet.traffic import Profile, Traffic
 from tests.harness.envoy import REPO, wait_for
 from tests.harness.nodeport import Endpoint, NodePort
 from tests.harness.rig import Backend
 from tests.harness.timeline import parse_time
-from tests.fleet import fleet
-from tests.fleet.traffic import Profile, Traffic
 
 OUT = REPO / "out" / "surge"
 INTER = "1s"  # HAProxy inter 1s rise 2 fall 2: the LB would see a 503 within 2 s

@@ -14,9 +14,9 @@ import sys
 
 import pytest
 
-from tests.harness.envoy import REPO
 from tests.fleet import driver
 from tests.fleet.traffic import KINDS
+from tests.harness.envoy import REPO
 
 
 @pytest.fixture(scope="module")

@@ -18,7 +18,7 @@ import re
 import socket
 import threading
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 
 import requests
 

@@ -11,12 +11,12 @@ import os
 from datetime import datetime, timezone
 from pathlib import Path
 
+from tests.harness import forms
 from tests.harness.envoy import REPO
 
 OUT = REPO / "out" / "scenarios"
-FULL = os.environ.get("DRAIN_GATE_SCENARIOS", "") == "full"
 RUN_ID = os.environ.get("DRAIN_GATE_RUN_ID") or (
-    datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ") + ("-shipped" if FULL else "-quick")
+    datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ") + ("-shipped" if forms.FULL else "-quick")
 )
 
 _sections: dict[str, tuple[str, list[dict]]] = {}

@@ -57,7 +57,7 @@ from tests.harness.clients import CurlStream
 from tests.harness.envoy import free_port, wait_for
 from tests.harness.front import NGINX_503, EnvoyFront, Nginx, Served
 from tests.harness.grpc_app import h2_backend
-from tests.harness.haproxy import CFG, CFG_REFUSE, CFG_TCP, HAProxy, h2_cfg, retry_on_cfg
+from tests.harness.haproxy import CFG, CFG_REFUSE, HAProxy, h2_cfg, retry_on_cfg
 from tests.harness.rig import Backend, Gateway, PreStop
 from tests.harness.timeline import parse_time
 from tests.harness.wire import h2_exchange, read_head, recv_until_close

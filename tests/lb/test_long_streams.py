@@ -16,7 +16,7 @@ client sees when the drain ends
 
 The clean run is the control of the forced one (same rig, same streams, only drain_timeout
 differs). Behind HAProxy `mode tcp` (L4) the gRPC cut is UNAVAILABLE, the WebSocket's 1006. `make test`
-runs HAProxy checks every 1 s; `make scenarios` (DRAIN_GATE_SCENARIOS=full) the shipped timings. And the connection
+runs HAProxy checks every 1 s; `make scenarios` (`pytest -m full`) the shipped timings. And the connection
 rotation, direct to the gateway (what an L4 LB passes on): Envoy's GOAWAY comes with the next
 response on the connection (not with the end of a stream begun before the rotation), the gRPC
 stream in flight runs to its end with OK, the RPC after the
@@ -27,12 +27,11 @@ envoyfilter/docs/observability.md, "Long-lived gRPC and WebSocket streams", quot
 from __future__ import annotations
 
 import contextlib
-import os
 import re
 import threading
 import time
-from datetime import datetime
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 
 import grpc
@@ -41,6 +40,7 @@ import websockets.exceptions
 import websockets.sync.client
 import websockets.sync.server
 
+from tests.harness import forms
 from tests.harness.envoy import wait_for
 from tests.harness.grpc_app import ECHO, TICKS, grpc_backend, h2_backend
 from tests.harness.haproxy import CFG, HAProxy, h2_cfg
@@ -48,9 +48,10 @@ from tests.harness.ports import free_port
 from tests.harness.rig import QUICK, SHIPPED, Gateway
 
 INTERVAL = 0.2  # seconds between two messages of a stream
-# `make test`: HAProxy checks every 1 s; `make scenarios` (DRAIN_GATE_SCENARIOS=full): the shipped
+# `make test`: HAProxy checks every 1 s; `make scenarios` (`pytest -m full`): the shipped
 # timings (inter 2s, lb_buffer 10s), the same assertions.
-TIMING = SHIPPED if os.environ.get("DRAIN_GATE_SCENARIOS", "") == "full" else QUICK
+pytestmark = pytest.mark.full  # has a full form: `pytest -m full` (`make scenarios`)
+TIMING = SHIPPED if forms.FULL else QUICK
 
 # The forced run: the drain gives up at drain_timeout with the streams still running.
 FORCED = {"drain_timeout": "2s", "lb_buffer": TIMING.lb_buffer}

@@ -19,26 +19,26 @@ is held across a drain.
   a cut but not the LB's.
 
 `make test` holds the connection a few seconds with HAProxy checking every
-1 s; `make scenarios` (DRAIN_GATE_SCENARIOS=full) holds it 30 s with the
+1 s; `make scenarios` (`pytest -m full`) holds it 30 s with the
 shipped 2 s checks.
 """
 from __future__ import annotations
 
-import os
 import socket
 import struct
 import time
 
 import pytest
 
-from tests.harness import results, variants
+from tests.harness import forms, results, variants
 from tests.harness.envoy import free_port, wait_for
 from tests.harness.haproxy import HAProxy
 from tests.harness.rig import QUICK, SHIPPED
 from tests.harness.tcp import Echo, Held
 from tests.harness.wire import post, state, status
 
-FULL = os.environ.get("DRAIN_GATE_SCENARIOS", "") == "full"
+pytestmark = pytest.mark.full  # has a full form: `pytest -m full` (`make scenarios`)
+FULL = forms.FULL
 TIMING = SHIPPED if FULL else QUICK
 HOLD_S = 30 if FULL else 3
 BACKEND = "gateways-passthrough"

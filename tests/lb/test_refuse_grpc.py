@@ -13,20 +13,20 @@ choice table gives it (envoyfilter/docs/lb.md, "200, 404 or refuse while drainin
   `refuse-grpc` in the same rig shape, loses the refused one — while every other request is
   refused (a GET straight to gw1 is reset, `refuse_with: reset`).
 
-`make test` runs one round, `make scenarios` (DRAIN_GATE_SCENARIOS=full) three. The rows go to
+`make test` runs one round, `make scenarios` (`pytest -m full`) three. The rows go to
 out/refuse-grpc/results.json and results.md.
 """
 from __future__ import annotations
 
-import os
-
 import pytest
 
+from tests.harness import forms
 from tests.harness.envoy import REPO
 from tests.lb import refuse_grpc as rg
 from tests.lb.refuse_lbs import rounds
 
-FULL = os.environ.get("DRAIN_GATE_SCENARIOS", "") == "full"
+pytestmark = pytest.mark.full  # has a full form: `pytest -m full` (`make scenarios`)
+FULL = forms.FULL
 ROUNDS = 3 if FULL else 1
 OUT = REPO / "out" / "refuse-grpc"
 FRONTS = ("haproxy", "envoy", "nginx")

@@ -19,7 +19,7 @@ gateways with `refuse_with: reset`), each file run as written; a new 2.5 s strea
 - TCP: behind HAProxy `mode tcp` a connection a server closes, resets or holds at once is lost to
   its client, never resent: the TCP role serves while draining.
 
-`make test` runs one round; `make scenarios` (DRAIN_GATE_SCENARIOS=full) five, plus `retries 3`
+`make test` runs one round; `make scenarios` (`pytest -m full`) five, plus `retries 3`
 alone under the same workload. The rows go to out/refuse-lbs/results.json and results.md.
 """
 from __future__ import annotations
@@ -30,11 +30,13 @@ import subprocess
 
 import pytest
 
+from tests.harness import forms
 from tests.harness.envoy import REPO
 from tests.harness.haproxy import CFG, CFG_REFUSE, make_cert
 from tests.lb import refuse_lbs as rl
 
-FULL = os.environ.get("DRAIN_GATE_SCENARIOS", "") == "full"
+pytestmark = pytest.mark.full  # has a full form: `pytest -m full` (`make scenarios`)
+FULL = forms.FULL
 ROUNDS = 5 if FULL else 1
 OUT = REPO / "out" / "refuse-lbs"
 FRONTS = ("haproxy", "envoy", "nginx")

@@ -33,7 +33,7 @@ what the test gave up itself during the drain (`assert_counts_agree`).
 
 `make test` runs the quick set (S1, S4, S5 404, L4 with both LB answers and
 the 200 control, the HTTP/1.1 control, the cut-count control) with
-HAProxy checks every 1 s; `make scenarios` (DRAIN_GATE_SCENARIOS=full) runs
+HAProxy checks every 1 s; `make scenarios` (`pytest -m full`) runs
 every scenario with the shipped timings (inter 2s, lb_buffer 10s). Each run
 writes, under out/scenarios/<run>/, a JSON timeline of the six events of a pod
 termination per scenario and mode, an SVG of the two modes side by side, the logs of
@@ -50,15 +50,16 @@ from pathlib import Path
 import pytest
 import requests
 
-from tests.harness import results, timeline
+from tests.harness import forms, results, timeline
 from tests.harness.clients import CurlStream, PinnedClients, ShortLoop
-from tests.harness.envoy import REPO, wait_for
+from tests.harness.envoy import wait_for
 from tests.harness.haproxy import CFG, CFG_SOFT_DRAIN, CFG_TCP, make_cert
 from tests.harness.rig import QUICK, SHIPPED, PreStop, Rig, Timing, flip_now
 
-FULL = os.environ.get("DRAIN_GATE_SCENARIOS", "") == "full"
+pytestmark = pytest.mark.full  # has a full form: `pytest -m full` (`make scenarios`)
+FULL = forms.FULL
 TIMING: Timing = SHIPPED if FULL else QUICK
-full_only = pytest.mark.skipif(not FULL, reason="full scenario set: `make scenarios` (DRAIN_GATE_SCENARIOS=full)")
+full_only = pytest.mark.skipif(not FULL, reason="the full form only: `make scenarios` (pytest -m full)")
 
 RESULTS: list[dict] = []
 ROLLOUTS: list[dict] = []  # S3 rollout rows, side by side in their own table
@@ -719,7 +720,6 @@ def test_reopen_from_a_maintenance_drain_returns_after_rise(run_dir):
         finish(run_dir, rig, scenario="maintenance", mode="reopen", trigger=drained, status=gw1.status(),
                short=short, pair=("reopen", "reopen"), extra={"reopened": reopened, "lb_up_after_reopen": up})
     on_gw1_while_out = [x for x in log if x.server == "gw1" and down + 0.1 < x.accept < up - 0.1]
-    summary = short.summary()
     assert not on_gw1_while_out, on_gw1_while_out[:3]
     # 200 until the flip: HAProxy sends requests to gw1 until DOWN, and one in flight at that
     # instant is cut (the default 200 answer, see S3). Nothing else may fail.

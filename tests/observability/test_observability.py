@@ -36,10 +36,10 @@ import requests
 import yaml
 
 from envoyfilter.observability import generate
-from tests.harness.envoy import REPO, Envoy, Ports, render, wait_for
-from tests.harness import variants, wire
-from tests.harness.prometheus import NAMESPACE, RULES, Prometheus
 from tests.fleet import fleet
+from tests.harness import variants, wire
+from tests.harness.envoy import REPO, Envoy, Ports, render, wait_for
+from tests.harness.prometheus import NAMESPACE, RULES, Prometheus
 
 POD = "gateway-0"
 LONE = "gateway-traffic-only"
