@@ -5,6 +5,8 @@ from __future__ import annotations
 import re
 import subprocess
 
+import pytest
+
 from tests.docs.test_doc_links import MARKDOWN
 from tests.harness.envoy import REPO
 
@@ -34,3 +36,24 @@ def test_every_make_command_in_the_docs_is_a_target():
     assert {"test", "bench", "scenarios", "check"} <= shown, "the docs name these targets"
     missing = shown - TARGETS
     assert not missing, f"`make` commands in the docs with no target: {sorted(missing)}"
+
+
+def subset_commands() -> list[str]:
+    text = (REPO / "tests" / "README.md").read_text().split("### Picking a subset", 1)[1]
+    block = re.search(r"```sh\n(.*?)```", text, re.S)[1]
+    return [line.split("#", 1)[0].strip() for line in block.splitlines() if "-m pytest" in line]
+
+
+@pytest.mark.parametrize("command", subset_commands())
+def test_each_subset_command_selects_what_it_says(command):
+    """tests/README.md's subset commands, in their collect-only form: each selects tests, `-m lb` only tests/lb/."""
+    r = subprocess.run(["bash", "-c", command.replace(" -q", "").replace(" -v", "")
+                        + " --collect-only -q -p no:cacheprovider"], cwd=REPO, capture_output=True, text=True)
+    ids = [line for line in r.stdout.splitlines() if "::" in line]
+    assert r.returncode == 0 and ids, r.stdout[-2000:] + r.stderr[-2000:]
+    if "-m lb" in command:
+        assert all(i.startswith("tests/lb/") for i in ids), ids[:5]
+    if "not fleet and not hardening" in command:
+        assert not any(i.startswith(("tests/fleet/", "tests/hardening/")) for i in ids)
+    if "-m full" in command:
+        assert all(i.startswith("tests/lb/test_refuse_lbs.py") for i in ids)
