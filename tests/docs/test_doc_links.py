@@ -5,6 +5,7 @@ is such a link too. No Markdown file is over 700 lines, no topic page over 600. 
 map names every source file of the module."""
 from __future__ import annotations
 
+import glob
 import re
 import subprocess
 from pathlib import Path
@@ -167,3 +168,27 @@ def test_the_code_map_names_every_source_file():
     sources = {p.relative_to(REPO).as_posix() for p in (REPO / "src").rglob("*.rs")
                if p.relative_to(REPO).as_posix() not in ("src/lib.rs", "src/host/mod.rs")}
     assert mapped == sources, f"missing: {sorted(sources - mapped)}, gone: {sorted(mapped - sources)}"
+
+
+# A path into tests/ or envoyfilter/ named in any file: `tests/lb/test_prove.py`, `../../tests/lb/`,
+# `tests/deploy/test_gateway_api*.py`, `envoyfilter/docs/lb.md`.
+PATH_REF = re.compile(r"(?<![\w./-])((?:\.\./)*(?:tests|envoyfilter)/[\w./*-]*[\w*/])")
+# Paths of Istio's own repository that a source note names, not of this one.
+UPSTREAM = {"tests/integration/pilot/testdata/gateway-api-crd.yaml", "envoyfilter/listener_patch.go"}
+
+
+def test_every_path_a_file_names_exists():
+    bad = []
+    for f in tracked_text_files() + MARKDOWN:
+        try:
+            text = (REPO / f).read_text()
+        except UnicodeDecodeError:
+            continue
+        for ref in set(PATH_REF.findall(text)):
+            if f == "tests/docs/test_doc_links.py" or "<" in ref or ref in UPSTREAM:
+                continue
+            here = (REPO / f).parent
+            candidates = [REPO / ref, here / ref, REPO / "envoyfilter" / "gateway-api" / ref]
+            if not any(glob.glob(str(c).rstrip("/")) for c in candidates):
+                bad.append(f"{f}: {ref}")
+    assert not bad, sorted(bad)
