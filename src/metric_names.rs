@@ -1,6 +1,6 @@
 //! Every metric drain-gate emits, in one list: name, type and meaning. Pure:
 //! the host shell (`host::metrics`) defines them. The metrics table of
-//! envoyfilter/README.md is checked against this list by `readme_table_lists_every_metric` below.
+//! envoyfilter/docs/observability.md is checked against this list by `readme_table_lists_every_metric` below.
 //!
 //! Envoy exports wasm metrics under the `wasmcustom` namespace, which its
 //! Prometheus endpoint strips: these names appear as they are written here.
@@ -14,7 +14,7 @@ pub enum Kind {
 pub struct Metric {
     pub name: &'static str,
     pub kind: Kind,
-    /// What it means (the envoyfilter/README.md table; not in the module).
+    /// What it means (the envoyfilter/docs/observability.md table; not in the module).
     #[cfg(test)]
     pub help: &'static str,
 }
@@ -141,7 +141,7 @@ pub const ALL: [Metric; 22] = [
         name: CUT,
         kind: Kind::Counter,
         #[cfg(test)]
-        help: "streams and connections the downstream ended before they completed, during a drain (the LB's reset at DOWN, or a client that gave up; also a websocket its client closed, [Limits](#limits))",
+        help: "streams and connections the downstream ended before they completed, during a drain (the LB's reset at DOWN, or a client that gave up; also a websocket its client closed, [Limits](limits.md#limits))",
     },
     Metric {
         name: CUT_LB,
@@ -185,10 +185,10 @@ pub const ALL: [Metric; 22] = [
 mod tests {
     use super::*;
 
-    /// The rows of envoyfilter/README.md's metrics table as (name, type, meaning), with
+    /// The rows of envoyfilter/docs/observability.md's metrics table as (name, type, meaning), with
     /// the Markdown backticks removed.
     fn readme_rows() -> Vec<(String, String, String)> {
-        let readme = include_str!("../envoyfilter/README.md");
+        let readme = include_str!("../envoyfilter/docs/observability.md");
         let table = readme
             .split("\n## Metrics\n")
             .nth(1)
@@ -224,7 +224,7 @@ mod tests {
             .collect();
         assert_eq!(
             rows, listed,
-            "envoyfilter/README.md ## Metrics table vs metric_names::ALL"
+            "envoyfilter/docs/observability.md ## Metrics table vs metric_names::ALL"
         );
     }
 }

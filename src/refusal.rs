@@ -6,7 +6,7 @@
 //! for one that resends a 503, the stream reset (`reset`) for one that
 //! resends only what failed. A gRPC request is served unless
 //! `draining_grpc_requests: refuse`: nginx's `grpc_pass` never resends a
-//! gRPC call, and HAProxy only one it holds whole (envoyfilter/README.md,
+//! gRPC call, and HAProxy only one it holds whole (envoyfilter/docs/refuse.md,
 //! "Refusing new requests while draining").
 
 use crate::config::{NewRequests, RefuseWith};

@@ -2,12 +2,28 @@
 from __future__ import annotations
 
 import contextlib
-import subprocess
 
 import pytest
 
 from tests.harness import backend as demo_backend
+from tests.harness import forms
+from tests.harness.clients import CurlStream
 from tests.harness.envoy import WASM, Envoy, Ports, render
+
+# Each directory of tests/ is a kind of proof, and its tests carry that kind's marker (pyproject.toml):
+# `pytest -m lb`, `-m "envoy or deploy"`, `-m "not fleet"`.
+KINDS = ("envoy", "lb", "deploy", "fleet", "bench", "hardening", "observability", "docs", "harness")
+
+
+def pytest_configure(config):
+    forms.configure(config.option.markexpr or "")
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        parts = item.path.relative_to(config.rootpath).parts
+        if len(parts) > 2 and parts[0] == "tests" and parts[1] in KINDS:
+            item.add_marker(parts[1])
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -58,43 +74,13 @@ def custom_gateway(gateway):
     return gateway
 
 
-class Stream:
-    """A long response read by curl in the background (exit code + chunks)."""
-
-    def __init__(self, url: str, *args: str, max_time: float = 60):
-        self.proc = subprocess.Popen(
-            ["curl", "-sSN", "--max-time", str(max_time), *args, url],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        self.out = ""
-        self.err = ""
-
-    def running(self) -> bool:
-        return self.proc.poll() is None
-
-    def wait(self, timeout: float = 60) -> int:
-        self.out, self.err = self.proc.communicate(timeout=timeout)
-        return self.proc.returncode
-
-    def kill(self) -> None:
-        if self.running():
-            self.proc.kill()
-            self.proc.communicate()
-
-    @property
-    def chunks(self) -> int:
-        return self.out.count("chunk ")
-
-
 @pytest.fixture
 def stream():
-    """Factory for background curl streams; all are killed at test end."""
-    started: list[Stream] = []
+    """Factory for background curl streams (`CurlStream`, the URL asked as it is); all are killed at test end."""
+    started: list[CurlStream] = []
 
-    def start(url: str, *args: str, max_time: float = 60) -> Stream:
-        s = Stream(url, *args, max_time=max_time)
+    def start(url: str, *args: str, max_time: float = 60) -> CurlStream:
+        s = CurlStream(url, *args, max_time=max_time)
         started.append(s)
         return s
 

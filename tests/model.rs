@@ -70,7 +70,7 @@ const TICK_MS: u64 = 100;
 /// How many of the gateway's HTTP filters stand before drain-gate, where a
 /// request they hold (an authorization call, a JWKS fetch, an injected delay)
 /// does not exist for drain-gate yet: none, drain-gate is the first HTTP
-/// filter of every chain (envoyfilter/README.md, "What is counted"). A
+/// filter of every chain (envoyfilter/docs/counting.md, "What is counted"). A
 /// request is then counted from the moment the connection manager decodes it.
 const FILTERS_BEFORE: usize = 0;
 

@@ -11,7 +11,7 @@ the object into an annotation capped at 262,144 bytes; this one is larger).
 The gateway Helm values (../kubernetes/gateway-values.yaml) mount its key
 drain_gate.wasm at /etc/drain-gate/drain_gate.wasm, the path both roles
 load. A ConfigMap holds at most 1 MiB: the module must stay below that (it is
-checked here, by the chart, and in tests/test_istio_kubernetes.py).
+checked here, by the chart, and in tests/deploy/test_istio_kubernetes.py).
 
 usage: configmap.py --wasm PATH --out FILE [--base64-out FILE] [--namespace istio-system]
 """
@@ -20,7 +20,9 @@ from __future__ import annotations
 import argparse
 import base64
 import hashlib
+import os
 import sys
+import tempfile
 from pathlib import Path
 
 NAME = "drain-gate-wasm"
@@ -47,6 +49,17 @@ def configmap(wasm: bytes, namespace: str) -> str:
     )
 
 
+def write_whole(path: Path, text: str) -> None:
+    """Writes `path` by renaming a written file onto it: a reader sees the old file or the new one,
+    never a part (two `make configmap` at once write the same files)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    os.chmod(tmp, 0o644)
+    os.replace(tmp, path)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--wasm", type=Path, required=True)
@@ -59,9 +72,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{args.wasm}: {len(wasm)} bytes; a ConfigMap holds at most 1 MiB ({LIMIT} bytes)", file=sys.stderr)
         return 1
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(configmap(wasm, args.namespace))
+    write_whole(args.out, configmap(wasm, args.namespace))
     if args.base64_out:
-        args.base64_out.write_text(base64.b64encode(wasm).decode())
+        write_whole(args.base64_out, base64.b64encode(wasm).decode())
     print(f"{args.out}: ConfigMap {args.namespace}/{NAME}, {len(wasm)} bytes of wasm "
           f"({100 * len(wasm) // LIMIT}% of the 1 MiB limit)")
     return 0

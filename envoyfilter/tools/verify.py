@@ -700,7 +700,7 @@ def check_hook_and_probes(report: Report, name: str, proxy: dict, health_port: i
                  f"(want httpGet :{health_port})")
     if probe_port(proxy.get("livenessProbe"), proxy) == health_port:
         report.warn("liveness", f"{name}: a liveness probe on :{health_port} restarts every gateway pod "
-                    "whose health listener is missing or rejected (envoyfilter/README.md)")
+                    "whose health listener is missing or rejected (envoyfilter/docs/counting.md, \"No liveness probe\")")
 
 
 def check_health_port_owner(report: Report, name: str, spec: dict, health_port: int) -> None:

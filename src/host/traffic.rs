@@ -346,7 +346,7 @@ impl<H: Host> Traffic<H> {
 /// until it is let go (Envoy creates it at the access log of a stream that
 /// never reached the filter: counted for that instant, its end sorted).
 /// Hence the traffic role is the first HTTP filter of every chain
-/// (envoyfilter/README.md, "What is counted"). Once created it
+/// (envoyfilter/docs/counting.md, "What is counted"). Once created it
 /// is counted whether or not a later callback runs (a later filter may
 /// answer locally), and released in `Drop`, which the host runs for every
 /// stream end and connection close, resets included. Its only data

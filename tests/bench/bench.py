@@ -37,15 +37,15 @@ import requests
 
 from tests.bench import readme
 from tests.harness import backend as demo_backend
-from tests.harness.envoy import REPO, WASM, Envoy, Ports, free_port, hcm, render, wait_for
 from tests.harness import variants
+from tests.harness.envoy import REPO, WASM, Envoy, Ports, free_port, hcm, render, wait_for
 from tests.harness.variants import listener
 
 NOOP_WASM = REPO / "target" / "noop" / "wasm32-wasip1" / "release" / "noop_filter.wasm"
 OUT = REPO / "out" / "bench"
-# A whole `make bench` run is kept here and written into tests/README.md between these lines.
+# A whole `make bench` run is kept here and written into tests/docs/bench.md between these lines.
 COMMITTED = REPO / "tests" / "bench" / "results.json"
-README = REPO / "tests" / "README.md"
+README = REPO / "tests" / "docs" / "bench.md"
 BEGIN = "<!-- bench results: written by `make bench` from tests/bench/results.json, never by hand -->"
 END = "<!-- end of bench results -->"
 # The module's budget: Helm keeps it twice in a release Secret (1 MiB), V8 compiles it per worker.
@@ -500,13 +500,13 @@ def readme_block(text: str) -> str | None:
 
 
 def write_readme(res: dict) -> None:
-    """Keeps a whole run (tests/bench/results.json) and writes it into tests/README.md."""
+    """Keeps a whole run (tests/bench/results.json) and writes it into tests/docs/bench.md."""
     COMMITTED.write_text(json.dumps(res, indent=2) + "\n")
     render_readme(res)
 
 
 def render_readme(res: dict) -> None:
-    """Writes the report of `res` into tests/README.md between BEGIN and END."""
+    """Writes the report of `res` into tests/docs/bench.md between BEGIN and END."""
     readme.write(README, BEGIN, END, report(res))
 
 
@@ -592,7 +592,7 @@ def main() -> int:
     ap.add_argument("--cpu-blocks", type=int, default=5, help="blocks of freshly started Envoys the rounds are split into")
     ap.add_argument("--no-bisect", action="store_true", help="worker-CPU section without the bisection builds and the min_drain variant")
     ap.add_argument("--readme", action="store_true",
-                    help="measure nothing: write the committed run (tests/bench/results.json) into tests/README.md")
+                    help="measure nothing: write the committed run (tests/bench/results.json) into tests/docs/bench.md")
     args = ap.parse_args()
     if args.readme:
         render_readme(json.loads(COMMITTED.read_text()))

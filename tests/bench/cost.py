@@ -10,9 +10,9 @@ and every host call by its import name (`now()` is two: `proxy_get_current_time_
 
   python -m tests.bench.cost             writes out/cost.json and prints the table
   python -m tests.bench.cost --baseline  also keeps the run as tests/bench/cost.json and writes its table into
-                                         tests/README.md (`make cost-baseline`)
+                                         tests/docs/cost.md (`make cost-baseline`)
 
-`tests/test_cost.py` (in `make test`) fails when a path's instructions rise more than 5 % over the kept
+`tests/bench/test_cost.py` (in `make test`) fails when a path's instructions rise more than 5 % over the kept
 baseline, or its host calls rise at all.
 """
 from __future__ import annotations
@@ -26,7 +26,7 @@ from importlib import metadata
 from pathlib import Path
 
 from tests.bench import readme
-from tests.bench.proxy_host import (PEER_LOCAL, PEER_REMOTE, Answer, HostError, Meter, Module, Process, Vm)
+from tests.bench.proxy_host import PEER_LOCAL, PEER_REMOTE, Answer, HostError, Meter, Module, Process, Vm
 
 REPO = Path(__file__).resolve().parents[2]
 WASM = REPO / "target" / "drain_gate.wasm"
@@ -35,7 +35,7 @@ HEALTH_TWIN_WASM = REPO / "target" / "health_twin.wasm"
 OUT = REPO / "out" / "cost.json"
 BASELINE = REPO / "tests" / "bench" / "cost.json"
 CALIBRATION = REPO / "tests" / "bench" / "cost-calibration.json"
-README = REPO / "tests" / "README.md"
+README = REPO / "tests" / "docs" / "cost.md"
 BEGIN = "<!-- cost table: written by `make cost-baseline` from tests/bench/cost.json, never by hand -->"
 END = "<!-- end of cost table -->"
 
@@ -544,7 +544,7 @@ def profile(wasm: Path, name: str) -> int:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--baseline", action="store_true",
-                    help="keep this run as tests/bench/cost.json and write its table into tests/README.md")
+                    help="keep this run as tests/bench/cost.json and write its table into tests/docs/cost.md")
     ap.add_argument("--wasm", type=Path, default=WASM)
     ap.add_argument("--profile", choices=sorted(PATHS), metavar="PATH",
                     help="print where one stream (check, tick) of PATH spends its instructions: the instructions "

@@ -1,4 +1,4 @@
-"""A block of tests/README.md that a run writes: what stands between a BEGIN and an END marker line."""
+"""A block of a page under tests/docs/ that a run writes: what stands between a BEGIN and an END marker line."""
 from __future__ import annotations
 
 from pathlib import Path

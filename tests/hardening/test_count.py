@@ -2,7 +2,7 @@
 wrapped, and exactly 0 when the last stream ends.
 
 Envoy with 4 workers, Envoy's fault filter in front of drain-gate, a route
-with an upstream timeout; ≥ 10k streams (≥ 100k with DRAIN_GATE_SOAK=1, see
+with an upstream timeout; ≥ 10k streams (≥ 100k with `pytest -m soak`, see
 `make soak`) ending in every way a stream can end. K long streams are held
 open for the whole run: no poll of /drain/status may show fewer than K, and
 none may show a wrapped (huge) value. Afterwards the count is exactly K, then
@@ -10,19 +10,19 @@ exactly 0, and that 0 is what flips the drain (reason active_zero).
 """
 from __future__ import annotations
 
-import os
 import threading
 import time
 
 import pytest
 import requests
 
-from tests.harness import torture
+from tests.harness import forms, torture
 from tests.harness.envoy import VM_TROUBLE, wait_for
 from tests.harness.variants import with_fault_and_timeout
 from tests.harness.wire import post, status
 
-SOAK = os.environ.get("DRAIN_GATE_SOAK") == "1"
+pytestmark = pytest.mark.soak  # has a soak form: `pytest -m soak` (`make soak`)
+SOAK = forms.SOAK
 TOTAL = 100_000 if SOAK else 10_000
 HELD = 6
 # Far above anything this load can hold in flight, far below a wrapped u64.

@@ -113,7 +113,7 @@ def test_traffic_vm_trapped_mid_drain_closes_forced_at_drain_timeout(custom_gate
     gw = custom_gateway({"drain_timeout": f"{int(drain_timeout)}s", "lb_buffer": "60m"}, concurrency=1,
                         transform=lambda d, _: with_code(d, "traffic", FIXTURE_WASM, policy))
     # One traffic root per worker VM and one in the main thread's, each registered
-    # on its first tick (a VM that fails before that is not seen: envoyfilter/README.md, Limits).
+    # on its first tick (a VM that fails before that is not seen: envoyfilter/docs/limits.md, Limits).
     roots = wait_for(lambda: (t := traffic_roles(gw))["roots"] == 2 and t, 10, what="both traffic roots registered")
     assert roots["seen"] and roots["lost"] == 0, roots
     held = torture.HeldStreams(gw.ports.traffic, 1)

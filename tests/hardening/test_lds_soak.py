@@ -15,20 +15,22 @@ over several of them — and at checkpoints the test reads:
 * the age of the oldest stream in flight against the client's own clock: it
   reads long by less than a tick plus the poll, never short.
 
-`make test` runs 60 updates; `make soak` (DRAIN_GATE_SOAK=1) runs 200 and
-writes its table into tests/README.md (tests/harness/figures.py).
+`make test` runs 60 updates; `make soak` (`pytest -m soak`) runs 200 and
+writes its table into tests/docs/envoy.md (tests/harness/figures.py).
 """
 from __future__ import annotations
 
-import os
 import time
 
-from tests.harness import figures, torture
+import pytest
+
+from tests.hardening.test_liveness import lds_gateway, with_traffic_config
+from tests.harness import figures, forms, torture
 from tests.harness.envoy import wait_for
 from tests.harness.wire import status
-from tests.hardening.test_liveness import lds_gateway, with_traffic_config
 
-UPDATES = 200 if os.environ.get("DRAIN_GATE_SOAK") else 60
+pytestmark = pytest.mark.soak  # has a soak form: `pytest -m soak` (`make soak`)
+UPDATES = 200 if forms.SOAK else 60
 STREAM_EVERY = 5  # updates between two new streams
 UPDATE_EVERY_S = 0.25  # an update at most this often (a busy control plane)
 STREAM_S = 4  # each stream lives over several updates
@@ -101,7 +103,7 @@ def test_lds_updates_leave_keys_metrics_memory_and_ages_flat(custom_gateway):
     assert "event=count_unreliable" not in gw.log()
     assert st["footprint"]["metric_definitions"] == warm[2]
     if UPDATES == 200:  # `make soak`: the run the README shows
-        figures.write(figures.TESTS_README, "lds-soak", "\n" + "\n".join(
-            [f"  `DRAIN_GATE_SOAK=1` (what `make soak` sets), {time.strftime('%Y-%m-%d')}, commit {figures.commit()}, {gw.concurrency} workers:", ""]
+        figures.write(figures.RELIABILITY, "lds-soak", "\n" + "\n".join(
+            [f"  `pytest -m soak` (what `make soak` runs), {time.strftime('%Y-%m-%d')}, commit {figures.commit()}, {gw.concurrency} workers:", ""]
             + [f"  {row}" for row in table]
             + ["", f"  The oldest stream's age read long by at most {worst_age_error_ms:.0f} ms and never short."]) + "\n  ")

@@ -18,8 +18,6 @@ import copy
 import json
 import time
 
-import pytest
-
 from tests.harness import torture
 from tests.harness.envoy import hcm, wait_for
 from tests.harness.variants import Lds

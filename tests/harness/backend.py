@@ -29,7 +29,6 @@ from collections import Counter
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlsplit
 
-
 _WS_GUID = "258EAFA5-E914-47DA-95CA-C5AB0DC85B11"
 _PROCESSED: Counter = Counter()  # /status?id=X: requests processed per id
 _PROCESSED_LOCK = threading.Lock()

@@ -12,6 +12,7 @@ import socket
 import subprocess
 import threading
 import time
+import urllib.parse
 from dataclasses import dataclass, field
 
 import h2.config
@@ -31,22 +32,33 @@ class CurlStream:
     backend sends. The chunk count matters on HTTP/2: HAProxy 2.6 ends a stream
     it cuts with an empty DATA frame carrying END_STREAM, which curl takes for
     a clean end (exit 0) of a body that had no content-length.
+
+    With `seconds` the URL is the backend's `/stream` and gets `seconds` and
+    `interval_ms`; without, the URL is asked as it is (its own `seconds` and
+    `interval_ms`, if any, give the chunks expected). `args` go to curl before the URL.
     """
 
-    def __init__(self, url: str, *, seconds: float, interval_ms: int = 500, http2: bool = False,
-                 label: str = "", max_time: float | None = None):
-        sep = "&" if "?" in url else "?"
-        self.url = f"{url}{sep}seconds={seconds:g}&interval_ms={interval_ms}"
+    def __init__(self, url: str, *args: str, seconds: float | None = None, interval_ms: int = 500,
+                 http2: bool = False, label: str = "", max_time: float | None = None):
+        if seconds is not None:
+            sep = "&" if "?" in url else "?"
+            self.url = f"{url}{sep}seconds={seconds:g}&interval_ms={interval_ms}"
+        else:
+            self.url = url
+            query = urllib.parse.parse_qs(urllib.parse.urlsplit(url).query)
+            seconds = float(query.get("seconds", ["0"])[0])
+            interval_ms = int(query.get("interval_ms", ["1000"])[0])  # the backend's default
         self.expected_chunks = max(1, int(seconds / (interval_ms / 1000)))
         self.http2 = http2
         self.label = label
-        args = ["curl", "-sS", "-N", "--max-time", str(max_time or seconds + 30),
-                "-w", _MARK + "%{http_code} %{http_version}\n"]
-        args += ["--http2"] if http2 else ["--http1.1"]
+        cmd = ["curl", "-sS", "-N", "--max-time", str(max_time or seconds + 30),
+               "-w", _MARK + "%{http_code} %{http_version}\n"]
+        if not any(a.startswith("--http") for a in args):
+            cmd += ["--http2"] if http2 else ["--http1.1"]
         if http2 or url.startswith("https:"):
-            args.append("-k")  # the test certificate
+            cmd.append("-k")  # the test certificate
         self.start_time = time.time()
-        self.proc = subprocess.Popen(args + [self.url], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self.proc = subprocess.Popen([*cmd, *args, self.url], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         self.end_time: float | None = None
         self.returncode: int | None = None
         self.gave_up = False  # killed by the test: a client that gave up by itself
@@ -66,7 +78,7 @@ class CurlStream:
     def running(self) -> bool:
         return not self._done.is_set()
 
-    def wait(self, timeout: float) -> int:
+    def wait(self, timeout: float = 60) -> int:
         if not self._done.wait(timeout):
             raise TimeoutError(f"curl {self.url} still running after {timeout}s")
         return self.returncode

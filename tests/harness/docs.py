@@ -146,16 +146,31 @@ STAND_INS = textwrap.dedent('''\
 ''')
 
 
-def sh_blocks(readme: Path, section: str | None = None, exclude: str | None = None) -> list[str]:
-    """The ```sh blocks of `readme`, of its `## section` only, or without its `## exclude`."""
-    text = readme.read_text()
-    for title in (section, exclude):
-        if title is not None:
-            start = text.index(f"\n## {title}\n")
-            end = text.find("\n## ", start + 1)
-            part = text[start:] if end < 0 else text[start:end]
-            text = part if title == section else text.replace(part, "")
-    return re.findall(r"```sh\n(.*?)```", text, re.S)
+# The operator's pages: envoyfilter/README.md is their index, each topic a page of envoyfilter/docs/.
+OPERATOR_PAGES = [REPO / "envoyfilter" / "README.md", *sorted((REPO / "envoyfilter" / "docs").glob("*.md"))]
+
+
+def sh_blocks(readme: Path | list[Path], section: str | None = None, exclude: str | None = None) -> list[str]:
+    """The ```sh blocks of `readme` (a page, or several in turn), of its `## section` only, or without
+    its `## exclude`. A `section` no page has is an error, so is an `exclude` no page has."""
+    pages = readme if isinstance(readme, list) else [readme]
+    blocks, seen = [], False
+    for page in pages:
+        text = page.read_text()
+        for title in (section, exclude):
+            if title is not None:
+                start = text.find(f"\n## {title}\n")
+                if start < 0:
+                    text = "" if title == section else text
+                    continue
+                seen = True
+                end = text.find("\n## ", start + 1)
+                part = text[start:] if end < 0 else text[start:end]
+                text = part if title == section else text.replace(part, "")
+        blocks += re.findall(r"```sh\n(.*?)```", text, re.S)
+    if (section or exclude) and not seen:
+        raise ValueError(f"no page of {[str(p) for p in pages]} has a section `## {section or exclude}`")
+    return blocks
 
 
 def commands(block: str) -> list[str]:

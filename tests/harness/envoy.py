@@ -19,7 +19,7 @@ import yaml
 # free_port lives in tests.harness.ports, stop_group and wait_for in tests.harness.process;
 # tests may import them from here too.
 from tests.harness.ports import free_port
-from tests.harness.process import Child, stop_group, wait_for
+from tests.harness.process import Child, wait_for  # noqa: F401 (wait_for: re-exported)
 
 REPO = Path(__file__).resolve().parents[2]
 BOOTSTRAP = REPO / "envoyfilter" / "envoy.yaml"

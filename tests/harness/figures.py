@@ -14,6 +14,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 TESTS_README = REPO / "tests" / "README.md"
+# The reliability proofs' page: the LDS soak's table.
+RELIABILITY = REPO / "tests" / "docs" / "envoy.md"
 
 
 def markers(name: str) -> tuple[str, str]:

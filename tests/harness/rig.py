@@ -23,8 +23,8 @@ import requests
 
 from tests.harness import wire
 from tests.harness.envoy import REPO, Envoy, Ports, free_port, render
-from tests.harness.process import Child, accepts, wait_for
 from tests.harness.haproxy import HAProxy
+from tests.harness.process import Child, accepts, wait_for
 from tests.harness.timeline import GatewayPoller, StatPoller
 
 

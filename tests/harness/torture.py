@@ -19,9 +19,9 @@ from dataclasses import dataclass, field
 
 import h2.config
 import h2.connection
+import h2.errors
 import h2.events
 import h2.exceptions
-import h2.errors
 
 from tests.harness.variants import FAULT_HEADER
 from tests.harness.wire import read_head, recv_until_close

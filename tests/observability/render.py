@@ -1,5 +1,5 @@
-"""Draws envoyfilter/README.md's dashboard picture from the Prometheus data the live test saved
-(tests/test_observability.py writes out/observability/drain.json):
+"""Draws envoyfilter/docs/observability.md's dashboard picture from the Prometheus data the live test saved
+(tests/observability/test_observability.py writes out/observability/drain.json):
 
     python -m tests.observability.render out/observability/drain.json PNG
 """

@@ -62,7 +62,7 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
      here at render: a value the plugin would refuse never reaches a gateway
      (Envoy would keep the configuration it accepted last, and a fresh pod's
      filter would run its default_config, which counts nothing:
-     envoyfilter/README.md, "When the module cannot load"). */}}
+     envoyfilter/docs/forms.md, "When the module cannot load"). */}}
 {{- define "drain-gate.configuration" -}}
 {{- if eq .role "health" -}}
 {{- toJson (merge (dict "role" "health" "scrape_interval" (include "drain-gate.scrapeInterval" .root)) .root.Values.config) -}}
@@ -154,7 +154,7 @@ spec:
   pluginName: {{ .rootId }}
   # The earliest place a WasmPlugin gets: its AUTHN phase, first in it. Only
   # istio.metadata_exchange and a CUSTOM AuthorizationPolicy's filters (a
-  # shadow RBAC, then ext_authz) come before (envoyfilter/README.md, "What is
+  # shadow RBAC, then ext_authz) come before (envoyfilter/docs/counting.md, "What is
   # counted").
   phase: AUTHN
   priority: {{ include "drain-gate.firstPriority" $root }}
@@ -169,7 +169,7 @@ spec:
     {{- end }}
   {{- end }}
   # Covers a VM that fails while running; a module that cannot be fetched or
-  # loaded is another matter (envoyfilter/README.md, "When the module cannot load").
+  # loaded is another matter (envoyfilter/docs/forms.md, "When the module cannot load").
   failStrategy: FAIL_OPEN
   # Only what the traffic roles use (see the health listener for the rest).
   pluginConfig:
@@ -185,7 +185,7 @@ code:
 {{- end -}}
 
 
-{{/* The canary's placeholder (envoyfilter/README.md, "Canary a new image"): an
+{{/* The canary's placeholder (envoyfilter/docs/rollout.md, "Canary a new image"): an
      EnvoyFilter that gives the canary WasmPlugin's ECDS filter, on the canary
      pods, a default configuration — drain-gate in the placeholder role, from
      the mounted module. Envoy runs it until the canary's own configuration

@@ -13,10 +13,10 @@ from pathlib import Path
 import yaml
 
 from tests.harness.envoy import WASM, Ports
-from tests.harness.variants import static_cluster
 from tests.harness.istio.envoyfilter import WASM_HTTP, WASM_NETWORK, Xds, all_filters, asks_ads, hcms
 from tests.harness.istio.files import HEALTH_PORT, ISTIO_ADMIN_PORT
 from tests.harness.ports import free_port
+from tests.harness.variants import static_cluster
 
 # The cluster of a config source nobody answers: a filter asking istiod for a
 # name it does not serve waits, as over ADS, for its initial_fetch_timeout.

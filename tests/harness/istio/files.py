@@ -40,7 +40,7 @@ PASSTHROUGH_SERVER_PORT, PASSTHROUGH_LISTENER_PORT = 443, 8443
 # Where istio-proxy serves Envoy's admin API (127.0.0.1 only).
 ISTIO_ADMIN_PORT = 15000
 # What HAProxy 2.6 writes for `option httpchk GET /health_check.html` (captured
-# from a real haproxy in tests/test_istio_envoy.py; this constant is checked
+# from a real haproxy in tests/deploy/test_istio_envoy.py; this constant is checked
 # against that capture).
 HAPROXY_HTTPCHK = b"GET /health_check.html HTTP/1.0\r\n\r\n"
 

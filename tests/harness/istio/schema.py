@@ -13,8 +13,10 @@ from pathlib import Path
 import celpy
 import jsonschema
 import kubernetes_validate
+
 from tests.harness import k8s
 from tests.harness.istio.files import CRDS
+
 
 # -- CRD schemas ----------------------------------------------------------------
 def _strict(schema: dict) -> dict:

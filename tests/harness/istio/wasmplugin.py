@@ -10,7 +10,12 @@ from pathlib import Path
 import yaml
 
 from tests.harness.istio.envoyfilter import (
-    EXT_AUTHZ_SHADOW_PREFIX, HCM_NAME, RBAC_HTTP, WASM_HTTP, WASM_NETWORK, hcms,
+    EXT_AUTHZ_SHADOW_PREFIX,
+    HCM_NAME,
+    RBAC_HTTP,
+    WASM_HTTP,
+    WASM_NETWORK,
+    hcms,
 )
 
 # Istio 1.30 translates every WasmPlugin into a synthetic TrafficExtension named

@@ -1,0 +1,238 @@
+"""`draining_new_requests: refuse` behind real LBs that resend a 503 (tests/lb/refuse_lbs.py):
+two gateways behind HAProxy 2.6 (envoyfilter/haproxy/haproxy-refuse.cfg), Envoy as the front LB
+(envoyfilter/lb/envoy-front.yaml) or Debian's nginx (envoyfilter/lb/nginx-drain-gate.conf, the
+gateways with `refuse_with: reset`), each file run as written; a new 2.5 s stream every 0.3 s for 8 s, gw1 drained at t = 1 s with
+`drain_timeout: 5s`.
+
+- `refuse` loses 0 of >= 20 streams behind each LB, the drain closes on its own (active = 0,
+  `forced: false`) in the time of the longest stream in flight, well before `drain_timeout`;
+  every refusal was resent, the gateway cut nothing.
+- `serve` (the default), in the same round and the same rig shape, loses streams behind each LB
+  (the control): the drain never reaches active = 0 and is forced at `drain_timeout`. Behind
+  HAProxy the loss is its DOWN's reset, and the gateway's own `cut_lb` counts exactly the
+  streams the clients lost; behind Envoy and nginx it is the pod's exit, which the gateway's
+  receipt (read just before it) cannot see.
+- what each LB resends (GET, POST bodies from 1 kB to 2 MiB, a WebSocket upgrade, a request on a
+  connection opened before the drain) and what it does with a 503 the application answered
+  itself; `retries 3` alone resends nothing; nginx's recipe keeps every gateway in after an
+  application's 503 and still moves a refused request on (`refuse_with: reset`).
+- TCP: behind HAProxy `mode tcp` a connection a server closes, resets or holds at once is lost to
+  its client, never resent: the TCP role serves while draining.
+
+`make test` runs one round; `make scenarios` (`pytest -m full`) five, plus `retries 3`
+alone under the same workload. The rows go to out/refuse-lbs/results.json and results.md.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+
+import pytest
+
+from tests.harness import forms
+from tests.harness.envoy import REPO
+from tests.harness.haproxy import CFG, CFG_REFUSE, make_cert
+from tests.lb import refuse_lbs as rl
+
+pytestmark = pytest.mark.full  # has a full form: `pytest -m full` (`make scenarios`)
+FULL = forms.FULL
+ROUNDS = 5 if FULL else 1
+OUT = REPO / "out" / "refuse-lbs"
+FRONTS = ("haproxy", "envoy", "nginx")
+W = rl.RIG
+
+
+RETRY_LINES = ["retry-on conn-failure empty-response 503", "option redispatch 1",
+               "http-request wait-for-body time 1s if { req.hdr(content-length) -m found }"]
+
+
+def _directives(path) -> list[str]:
+    return [code for line in path.read_text().splitlines() if (code := line.split("#", 1)[0].rstrip()).strip()]
+
+
+def test_haproxy_refuse_cfg_is_haproxy_cfg_plus_the_retry_lines(tmp_path):
+    """haproxy-refuse.cfg parses with every frontend on and is haproxy.cfg plus, in the HTTP
+    backend only, `retry-on conn-failure empty-response 503`, `option redispatch 1` and the wait
+    for a request body of announced length."""
+    env = {**os.environ, "HAPROXY_SOCKET": str(tmp_path / "admin.sock"), "GW2_ADDR": "127.0.0.1:1",
+           "TLS_PEM": str(make_cert(tmp_path)), "GW1_TLS_ADDR": "127.0.0.1:2", "GW2_TLS_ADDR": "127.0.0.1:3",
+           "APISERVER_ADDR": "127.0.0.1:4"}
+    r = subprocess.run(["haproxy", "-c", "-f", str(CFG_REFUSE)], env=env, capture_output=True, text=True)
+    assert r.returncode == 0 and "WARNING" not in r.stdout + r.stderr, r.stdout + r.stderr
+    plain, refuse = _directives(CFG), _directives(CFG_REFUSE)
+    extra = [line for line in refuse if line not in plain]
+    assert [line.strip() for line in extra] == RETRY_LINES
+    assert [line for line in refuse if line not in extra] == plain
+    backend = refuse.index("backend gateways")
+    nxt = next(i for i, line in enumerate(refuse) if i > backend and not line.startswith(" "))
+    assert all(backend < refuse.index(line) < nxt for line in extra), "the retry lines belong to the HTTP backend"
+
+
+@pytest.fixture(scope="module")
+def rows() -> list[dict]:
+    return rl.rounds(rl.run_round, ROUNDS, OUT, rl.table, rl.ROUND + ([rl.RETRIES_ALONE] if FULL else []))
+
+
+def of(rows: list[dict], front: str, mode: str) -> list[dict]:
+    got = [r for r in rows if r["front"] == front and r["mode"] == mode]
+    assert len(got) == ROUNDS if front != "haproxy-retries" else got, (front, mode)
+    return got
+
+
+@pytest.mark.parametrize("front", FRONTS)
+def test_refuse_loses_nothing_and_the_drain_closes_on_its_own(rows, front):
+    for r in of(rows, front, "refuse"):
+        assert r["arrivals"] >= 20, r
+        assert r["lost"] == 0, r["lost_streams"]
+        assert (r["closing_reason"], r["forced"]) == ("active_zero", False), r
+        # The time of the longest stream in flight at drain start (2.5 s) and a tick, not drain_timeout.
+        assert r["draining_s"] <= W.seconds + 1.0 < W.drain_timeout_s, r
+        assert r["refused"] >= 1 and r["resent"] == r["refused"], "every refusal resent by the LB"
+        assert r["cut"] == 0, r
+
+
+@pytest.mark.parametrize("front", FRONTS)
+def test_control_serve_loses_streams_in_the_same_rig(rows, front):
+    """The default: the LB keeps sending new streams to the draining gateway, active never
+    reaches 0, the flip is forced at drain_timeout with streams in flight."""
+    for r in of(rows, front, "serve"):
+        assert r["lost"] >= 1, f"{front}: serve lost nothing, the rig proves nothing: {r}"
+        assert (r["closing_reason"], r["forced"]) == ("drain_timeout", True), r
+        assert r["refused"] == 0 and r["resent"] == 0, r
+        assert all(s["server"] == "gw1" for s in r["lost_streams"]), r["lost_streams"]
+
+
+@pytest.mark.parametrize("front", FRONTS)
+def test_the_gateway_counts_what_the_lb_cut(rows, front):
+    """Behind HAProxy the loss is the reset of its DOWN (`on-marked-down shutdown-sessions`): the
+    gateway's receipt counts every stream the clients lost as cut, and as the LB's. Envoy (its
+    check drains the connection pool, it cuts nothing) and nginx (no check) lose the streams
+    still running on gw1 when its pod exits, at CLOSED: after the receipt was read."""
+    for r in of(rows, front, "serve"):
+        if front == "haproxy":
+            assert r["cut"] == r["cut_lb"] == r["lost"], r
+            assert all(s["end_s"] < r["exited_s"] - 0.5 for s in r["lost_streams"]), r
+        else:
+            assert r["cut"] == 0, r
+            assert all(abs(s["end_s"] - r["exited_s"]) < 1.0 for s in r["lost_streams"]), r
+
+
+@pytest.mark.skipif(not FULL, reason="`make scenarios`: the same workload behind haproxy.cfg's `retries 3` alone")
+def test_retries_alone_pass_every_refusal_to_its_client(rows):
+    for r in of(rows, "haproxy-retries", "refuse"):
+        assert r["lost"] == r["refused"] >= 1 and r["resent"] == 0, r
+        assert all(s["http_code"] == 503 for s in r["lost_streams"]), r["lost_streams"]
+        assert (r["closing_reason"], r["forced"]) == ("active_zero", False), r
+
+
+@pytest.fixture(scope="module")
+def probed(tmp_path_factory) -> dict[str, dict]:
+    """What each LB does with a request gw1 refused (rl.probe): the shipped recipes and their
+    controls, and in `make scenarios` every variant the recipes name."""
+    rows = rl.probe(tmp_path_factory.mktemp("probe"), full=FULL)
+    OUT.mkdir(parents=True, exist_ok=True)
+    (OUT / "probe.json").write_text(json.dumps(rows, indent=1))
+    (OUT / "probe.md").write_text(rl.probe_table(rows))
+    return {(r["lb"], r["refuse_with"]): r for r in rows}
+
+
+SIZES = [f"POST {n}" for n in (1024, 65536, 921600, 2097152)]
+
+
+def resent(row: dict, kinds=("GET 0", *SIZES, "websocket", "existing")) -> list[bool]:
+    return [row[k]["resent"] for k in kinds]
+
+
+def test_what_each_lb_resends(probed):
+    """A request gw1 refused, through each LB: GET, POST bodies of 1 kB to 2 MiB, a WebSocket
+    upgrade, a GET on a connection the LB opened to gw1 before the drain; and the application's
+    own 503 to a POST."""
+    hap = probed["HAProxy, haproxy-refuse.cfg", "response"]
+    # HAProxy resends what it holds whole in its buffer (tune.bufsize 16 kB): no POST of 64 kB or more.
+    assert resent(hap) == [True, True, False, False, False, True, True], hap
+    assert {hap[k]["status"] for k in SIZES[1:]} == {503}
+    assert hap["app_503_post"]["processed"] == 4, "retries 3: the application's 503 is resent too"
+    alone = probed["HAProxy, haproxy.cfg (`retries 3` alone)", "response"]
+    assert resent(alone) == [False] * 7 and alone["app_503_post"]["processed"] == 1, alone
+    envoy = probed["Envoy, envoy-front.yaml (retriable_status_codes 503)", "response"]
+    # Envoy holds the request body for a retry up to its buffer (1 MiB): not the 2 MiB one.
+    assert resent(envoy) == [True, True, True, True, False, True, True], envoy
+    # Resent whether the LB refused it on the HTTP/2 connection it had or took a new one after the
+    # drain's GOAWAY (both seen: `new_connections` 0 or 1).
+    assert envoy["existing"]["http2"], envoy
+    assert envoy["app_503_post"]["processed"] == 4
+    h2 = probed["HAProxy, haproxy-refuse.cfg, `proto h2` (gRPC)", "response"]
+    assert resent(h2, ("GET 0", "POST 1024", "existing")) == [True] * 3 and h2["existing"]["http2"], h2
+    # `proto h2` carries no WebSocket upgrade to the gateway: HAProxy answers it 502 itself.
+    assert (h2["websocket"]["reached"], h2["websocket"]["status"]) == (False, 502), h2
+    nginx = probed["nginx, nginx-drain-gate.conf (`error timeout non_idempotent`)", "reset"]
+    # nginx holds the whole body (up to client_max_body_size, 1 MiB by default: a bigger one it
+    # answers 413 itself, draining or not).
+    assert resent(nginx) == [True, True, True, True, False, True, True], nginx
+    assert (nginx["POST 2097152"]["reached"], nginx["POST 2097152"]["status"]) == (False, 413)
+    if FULL:
+        reset_hap = probed["HAProxy, `retry-on conn-failure empty-response`", "reset"]
+        assert resent(reset_hap, ("GET 0", "POST 1024", "websocket")) == [True] * 3, reset_hap
+        assert reset_hap["POST 65536"]["status"] == 502 and reset_hap["app_503_post"]["processed"] == 1
+        assert probed["HAProxy, haproxy-refuse.cfg", "reset"]["app_503_post"]["processed"] == 4
+        reset_envoy = probed["Envoy, `retry_on: connect-failure,reset`", "reset"]
+        assert resent(reset_envoy)[:4] == [True] * 4 and reset_envoy["app_503_post"]["processed"] == 1, reset_envoy
+        headers = probed["Envoy, retriable-headers x-drain-gate", "response"]
+        assert resent(headers)[:4] == [True] * 4 and headers["app_503_post"]["processed"] == 1, headers
+        post = probed["nginx, without non_idempotent", "reset"]
+        assert resent(post, ("GET 0", "POST 1024", "websocket")) == [True, False, True], post
+        assert post["POST 1024"]["status"] == 502
+
+
+def test_nginx_keeps_every_gateway_in_after_an_application_503_and_moves_a_refused_request_on(probed):
+    """nginx-drain-gate.conf passes every answer on (no `http_503`): the application's own 503
+    reaches its client once, processed once, and the next requests reach both gateways; a request
+    drain-gate refused (`refuse_with: reset`: an error to nginx) goes to the other gateway. The
+    control, the recipe before (`http_503 non_idempotent`, `max_fails=1`), resends the
+    application's 503 to the other gateway (processed twice) and takes the first gateway out."""
+    nginx = probed["nginx, nginx-drain-gate.conf (`error timeout non_idempotent`)", "reset"]
+    assert nginx["app_503_post"] == {"status": 503, "processed": 1, "then": ["gw1", "gw2"]}, nginx
+    assert nginx["GET 0"]["resent"] and nginx["POST 1024"]["resent"], nginx
+    before = probed["nginx, `http_503 non_idempotent` (the recipe before)", "response"]
+    assert before["app_503_post"] == {"status": 503, "processed": 2, "then": ["gw2"]}, before
+
+
+def test_haproxy_resends_a_post_only_once_it_holds_its_body(tmp_path):
+    """HAProxy 2.6 resends a refused POST only if the whole request was in its buffer when the
+    503 came: a body written after the headers was still on its way and the client got the 503.
+    haproxy-refuse.cfg's wait-for-body line makes it wait for a body of announced length first
+    (the control: the same file without that line, in the same rig)."""
+    shipped = CFG_REFUSE.read_text()
+    without = tmp_path / "haproxy-refuse-without-wait.cfg"
+    without.write_text("\n".join(line for line in shipped.splitlines()
+                                 if line.strip() != RETRY_LINES[2]) + "\n")
+    assert without.read_text().count("wait-for-body") == shipped.count("wait-for-body") - 1
+    with rl.FrontRig(tmp_path / "rig", rl.PROBE_HELD) as rig:
+        assert rig.gw("gw1").post("/drain").json()["state"] == "DRAINING"
+        rig.use("haproxy", haproxy_cfg=without)
+        assert rl.refused_raw_posts(rig, 1024, apart=False) == [200] * 3, "headers and body in one write: resent"
+        assert rl.refused_raw_posts(rig, 1024, apart=True) == [503] * 3, "the body after the headers: not resent"
+        rig.use("haproxy")
+        assert rl.refused_raw_posts(rig, 1024, apart=True) == [200] * 3, "with wait-for-body: resent"
+        assert rl.refused_raw_posts(rig, 12000, apart=True) == [200] * 3
+        assert rl.refused_raw_posts(rig, 64 * 1024, apart=False) == [503] * 3, "bigger than the buffer"
+
+
+def test_tcp_a_refused_connection_is_lost_never_resent(tmp_path):
+    """Behind haproxy-tcp.cfg: once HAProxy's connection to a server is up, it resends nothing;
+    whatever gw1 does with a new connection (close, reset, hold), its client loses it. The real
+    gateway (the control) serves every one."""
+    rows = {r["gw1"]: r for r in rl.tcp_refusal(tmp_path, connections=6, timeout=1.0)}
+    OUT.mkdir(parents=True, exist_ok=True)
+    (OUT / "tcp.md").write_text(rl.tcp_table(list(rows.values())))
+    for how in ("close", "reset", "hold"):
+        r = rows[how]
+        # Round robin: every other connection went to gw1, and each of those was lost.
+        assert r["served"] == 3 and r["closed"] + r["reset"] + r["timed out"] == 3 and r["other"] == 0, r
+        assert r["accepted_by_gw1"] >= 3, r
+    assert rows["close"]["closed"] == 3, "a close reaches the client as a close"
+    # A reset too, or HAProxy takes it for a failed connect and retries the same server after its
+    # 1 s turn-around (no redispatch in haproxy-tcp.cfg): lost either way, sometimes late.
+    assert rows["hold"]["timed out"] == 3, "a held connection waits until its client gives up"
+    assert rows["gateway"]["served"] == 6, rows["gateway"]
