@@ -1,0 +1,467 @@
+//! How long streams last, and the drain they call for: the input for
+//! `drain_timeout` and `terminationGracePeriodSeconds`, measured from the
+//! traffic itself.
+//!
+//! Each traffic root (one per worker) keeps a `Durations` of the streams that
+//! ended since its last tick: one bucket increment per stream, no host call.
+//! The tick adds it to the process's total (`merge`) and to the Prometheus
+//! bucket counters (`Histogram::cumulative`), and starts a new one.
+//!
+//! Buckets (`BOUNDS_MS`): the upper bound of bucket `i` is `BOUNDS_MS[i]`
+//! (a duration `d` lands in the first bucket with `d ≤ bound`), ten per
+//! decade from 10 ms to 80 min (10, 12, 15, 20, 25, 30, 40, 50, 60, 80 × 10ⁿ),
+//! and one above. A quantile is the upper bound of the bucket its rank falls
+//! in, never above the largest duration seen: it reads at most one bucket
+//! high — by less than a third (two neighbouring bounds differ by at most
+//! 4/3), or by under 10 ms in the first bucket — and never low. A duration is
+//! measured on tick boundaries (a stream starts and ends at the time of the
+//! tick before), so it is true to one `tick` (100 ms by default) on top.
+//! `EXPORT_LE_MS` is the subset of bounds exported as Prometheus `le`
+//! buckets: each is a bound here, so every exported bucket is an exact sum.
+
+/// Upper bounds of the buckets (ms); one more bucket holds what is above.
+pub const BOUNDS_MS: [u64; 60] = [
+    10, 12, 15, 20, 25, 30, 40, 50, 60, 80, //
+    100, 120, 150, 200, 250, 300, 400, 500, 600, 800, //
+    1_000, 1_200, 1_500, 2_000, 2_500, 3_000, 4_000, 5_000, 6_000, 8_000, //
+    10_000, 12_000, 15_000, 20_000, 25_000, 30_000, 40_000, 50_000, 60_000, 80_000, //
+    100_000, 120_000, 150_000, 200_000, 250_000, 300_000, 400_000, 500_000, 600_000, 800_000,
+    1_000_000, 1_200_000, 1_500_000, 2_000_000, 2_500_000, 3_000_000, 4_000_000, 5_000_000,
+    6_000_000, 8_000_000,
+];
+/// Buckets: one per bound and one above the last.
+pub const BUCKETS: usize = BOUNDS_MS.len() + 1;
+
+/// The `le` bounds exported to Prometheus (ms), then `+Inf`: Envoy's own
+/// histogram bounds where they are bounds here (25 ms … 10 s, 30 s, 60 s,
+/// 5 min, 10 min), and 2, 20 and 50 min, so that a `drain_timeout` of up to
+/// 60 min has a bucket at or above it.
+pub const EXPORT_LE_MS: [u64; 16] = [
+    25, 50, 100, 250, 500, 1_000, 2_500, 5_000, 10_000, 30_000, 60_000, 120_000, 300_000, 600_000,
+    1_200_000, 3_000_000,
+];
+
+/// Fewer samples than this and there is no advice ("not enough data").
+pub const MIN_SAMPLES: u64 = 20;
+/// What the advice adds to the measured tail, and its floor (s): the README's
+/// sizing rule, `drain_timeout` = max(D + 30 s, 120 s).
+pub const MARGIN_S: u64 = 30;
+pub const FLOOR_S: u64 = 120;
+/// The longest `drain_timeout` drain-gate accepts (s).
+pub const MAX_DRAIN_TIMEOUT_S: u64 = 3_600;
+/// What the grace period adds after `drain_timeout` + the longest CLOSING
+/// (s): the preStop hold's margin (5 s), istio-proxy's
+/// `terminationDrainDuration` (5 s) and 5 s spare.
+pub const GRACE_EXTRA_S: u64 = 15;
+
+/// What a duration was of.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    /// An HTTP stream (request, gRPC call) that was not upgraded.
+    Http,
+    /// A WebSocket or CONNECT stream.
+    Upgraded,
+    /// A TCP or TLS-passthrough connection.
+    Tcp,
+}
+
+impl Kind {
+    pub const ALL: [Kind; 3] = [Kind::Http, Kind::Upgraded, Kind::Tcp];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Kind::Http => "http",
+            Kind::Upgraded => "upgraded",
+            Kind::Tcp => "tcp",
+        }
+    }
+}
+
+/// The bucket of a duration.
+pub fn bucket(ms: u64) -> usize {
+    BOUNDS_MS.partition_point(|b| *b < ms)
+}
+
+/// Durations of one kind, bucketed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Histogram {
+    pub buckets: [u64; BUCKETS],
+    pub count: u64,
+    pub sum_ms: u64,
+    pub max_ms: u64,
+}
+
+impl Default for Histogram {
+    fn default() -> Histogram {
+        Histogram {
+            buckets: [0; BUCKETS],
+            count: 0,
+            sum_ms: 0,
+            max_ms: 0,
+        }
+    }
+}
+
+/// What `/drain/status` shows of one kind.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct Summary {
+    pub count: u64,
+    pub p50_ms: Option<u64>,
+    pub p99_ms: Option<u64>,
+    pub p999_ms: Option<u64>,
+    pub max_ms: Option<u64>,
+}
+
+impl Histogram {
+    pub fn record(&mut self, ms: u64) {
+        if let Some(n) = self.buckets.get_mut(bucket(ms)) {
+            *n = n.saturating_add(1);
+        }
+        self.count = self.count.saturating_add(1);
+        self.sum_ms = self.sum_ms.saturating_add(ms);
+        self.max_ms = self.max_ms.max(ms);
+    }
+
+    pub fn merge(&mut self, other: &Histogram) {
+        for (a, b) in self.buckets.iter_mut().zip(other.buckets.iter()) {
+            *a = a.saturating_add(*b);
+        }
+        self.count = self.count.saturating_add(other.count);
+        self.sum_ms = self.sum_ms.saturating_add(other.sum_ms);
+        self.max_ms = self.max_ms.max(other.max_ms);
+    }
+
+    /// The `q`-quantile (`per_mille` / 1000) of what was recorded: the
+    /// upper bound of the bucket holding the sample of rank ⌈q × count⌉,
+    /// at most `max_ms` (`None`: nothing recorded).
+    pub fn quantile(&self, per_mille: u64) -> Option<u64> {
+        if self.count == 0 {
+            return None;
+        }
+        let rank = self
+            .count
+            .saturating_mul(per_mille)
+            .div_ceil(1_000)
+            .clamp(1, self.count);
+        let mut seen = 0u64;
+        for (i, n) in self.buckets.iter().enumerate() {
+            seen = seen.saturating_add(*n);
+            if seen >= rank {
+                let bound = BOUNDS_MS.get(i).copied().unwrap_or(u64::MAX);
+                return Some(bound.min(self.max_ms));
+            }
+        }
+        Some(self.max_ms)
+    }
+
+    pub fn summary(&self) -> Summary {
+        Summary {
+            count: self.count,
+            p50_ms: self.quantile(500),
+            p99_ms: self.quantile(990),
+            p999_ms: self.quantile(999),
+            max_ms: (self.count > 0).then_some(self.max_ms),
+        }
+    }
+
+    /// The samples at or below each of `EXPORT_LE_MS`, in order (then the
+    /// `+Inf` bucket is `count`).
+    pub fn cumulative(&self) -> [u64; EXPORT_LE_MS.len()] {
+        let mut out = [0; EXPORT_LE_MS.len()];
+        let mut seen = 0u64;
+        let mut next = out.iter_mut().zip(EXPORT_LE_MS.iter()).peekable();
+        for (bound, n) in BOUNDS_MS.iter().zip(self.buckets.iter()) {
+            seen = seen.saturating_add(*n);
+            if let Some((slot, _)) = next.next_if(|(_, le)| *le == bound) {
+                *slot = seen;
+            }
+        }
+        out
+    }
+}
+
+/// The durations of every kind.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Durations {
+    pub http: Histogram,
+    pub upgraded: Histogram,
+    pub tcp: Histogram,
+}
+
+/// `/drain/status` `durations`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct DurationsOut {
+    pub http: Summary,
+    pub upgraded: Summary,
+    pub tcp: Summary,
+}
+
+impl Durations {
+    pub fn kind(&self, kind: Kind) -> &Histogram {
+        match kind {
+            Kind::Http => &self.http,
+            Kind::Upgraded => &self.upgraded,
+            Kind::Tcp => &self.tcp,
+        }
+    }
+
+    pub fn kind_mut(&mut self, kind: Kind) -> &mut Histogram {
+        match kind {
+            Kind::Http => &mut self.http,
+            Kind::Upgraded => &mut self.upgraded,
+            Kind::Tcp => &mut self.tcp,
+        }
+    }
+
+    pub fn record(&mut self, kind: Kind, ms: u64) {
+        self.kind_mut(kind).record(ms);
+    }
+
+    pub fn merge(&mut self, other: &Durations) {
+        for k in Kind::ALL {
+            self.kind_mut(k).merge(other.kind(k));
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        Kind::ALL.iter().all(|k| self.kind(*k).count == 0)
+    }
+
+    pub fn out(&self) -> DurationsOut {
+        DurationsOut {
+            http: self.http.summary(),
+            upgraded: self.upgraded.summary(),
+            tcp: self.tcp.summary(),
+        }
+    }
+
+    /// Little-endian u64s, per kind: the buckets, count, sum, max (the
+    /// shared-data form: fixed size, no parser).
+    pub fn to_bytes(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(3 * (BUCKETS + 3) * 8);
+        for k in Kind::ALL {
+            let h = self.kind(k);
+            for v in h.buckets.iter().chain([h.count, h.sum_ms, h.max_ms].iter()) {
+                out.extend_from_slice(&v.to_le_bytes());
+            }
+        }
+        out
+    }
+
+    /// `None`: not what `to_bytes` writes.
+    pub fn from_bytes(bytes: &[u8]) -> Option<Durations> {
+        if bytes.len() != 3 * (BUCKETS + 3) * 8 {
+            return None;
+        }
+        let mut words = bytes
+            .chunks_exact(8)
+            .map(|c| <[u8; 8]>::try_from(c).map_or(0, u64::from_le_bytes));
+        let mut d = Durations::default();
+        for k in Kind::ALL {
+            let h = d.kind_mut(k);
+            for slot in h.buckets.iter_mut() {
+                *slot = words.next()?;
+            }
+            h.count = words.next()?;
+            h.sum_ms = words.next()?;
+            h.max_ms = words.next()?;
+        }
+        Some(d)
+    }
+}
+
+/// `/drain/status` `advice`: what the measured traffic calls for.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct Advice {
+    pub drain_timeout_s: Option<u64>,
+    pub termination_grace_period_s: Option<u64>,
+    pub based_on: String,
+}
+
+/// The advice for the HTTP streams `d` measured, with CLOSING lasting up to
+/// `closing_ms` (`lb_buffer`, or `lb_down_timeout` with
+/// `close_after: lb_observed_down`): `drain_timeout` = max(D + 30 s, 120 s)
+/// with D the p99.9 rounded up to a second (at most 60 min), and
+/// `terminationGracePeriodSeconds` = `drain_timeout` + CLOSING + 15 s.
+/// Upgraded streams and TCP connections are not in D: they last as long as
+/// their clients keep them, and a drain that waited for them would never end
+/// (drain_timeout ends them; the receipt counts them).
+pub fn advise(d: &Durations, closing_ms: u64) -> Advice {
+    let http = &d.http;
+    let (Some(p999), true) = (http.quantile(999), http.count >= MIN_SAMPLES) else {
+        return Advice {
+            based_on: format!(
+                "not enough data: {} HTTP streams measured, {MIN_SAMPLES} needed",
+                http.count
+            ),
+            ..Advice::default()
+        };
+    };
+    let d_s = p999.div_ceil(1_000);
+    let timeout = d_s
+        .saturating_add(MARGIN_S)
+        .clamp(FLOOR_S, MAX_DRAIN_TIMEOUT_S);
+    let grace = timeout
+        .saturating_add(closing_ms.div_ceil(1_000))
+        .saturating_add(GRACE_EXTRA_S);
+    let capped = if d_s.saturating_add(MARGIN_S) > MAX_DRAIN_TIMEOUT_S {
+        " (capped at drain_timeout's 60m: longer streams are cut)"
+    } else {
+        ""
+    };
+    Advice {
+        drain_timeout_s: Some(timeout),
+        termination_grace_period_s: Some(grace),
+        based_on: format!("p99.9 of {} HTTP streams: {p999} ms{capped}", http.count),
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::indexing_slicing)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn bounds_rise_by_at_most_a_third_and_exports_are_bounds() {
+        for w in BOUNDS_MS.windows(2) {
+            assert!(w[0] < w[1] && w[1] * 3 <= w[0] * 4, "{w:?}");
+        }
+        for le in EXPORT_LE_MS {
+            assert!(BOUNDS_MS.contains(&le), "{le}");
+        }
+        assert!(EXPORT_LE_MS.windows(2).all(|w| w[0] < w[1]));
+        assert!(*EXPORT_LE_MS.last().unwrap() >= MAX_DRAIN_TIMEOUT_S * 1_000 / 2);
+    }
+
+    #[test]
+    fn a_duration_lands_in_the_first_bucket_at_or_above_it() {
+        assert_eq!(bucket(0), 0);
+        assert_eq!(bucket(10), 0);
+        assert_eq!(bucket(11), 1);
+        assert_eq!(bucket(2_000), 23);
+        assert_eq!(bucket(8_000_000), 59);
+        assert_eq!(bucket(8_000_001), 60);
+        assert_eq!(bucket(u64::MAX), BUCKETS - 1);
+    }
+
+    #[test]
+    fn twenty_short_and_four_long_streams() {
+        let mut h = Histogram::default();
+        for _ in 0..20 {
+            h.record(300);
+        }
+        for _ in 0..4 {
+            h.record(2_100);
+        }
+        let s = h.summary();
+        assert_eq!(s.count, 24);
+        assert_eq!(s.p50_ms, Some(300));
+        assert_eq!(
+            s.p99_ms,
+            Some(2_100),
+            "the bucket's 2.5 s, capped at the max"
+        );
+        assert_eq!(s.p999_ms, Some(2_100));
+        assert_eq!(s.max_ms, Some(2_100));
+        assert_eq!(h.cumulative()[..6], [0, 0, 0, 0, 20, 20]);
+        assert_eq!(h.cumulative()[6], 24);
+        assert_eq!(Histogram::default().summary(), Summary::default());
+    }
+
+    #[test]
+    fn bytes_round_trip_and_a_wrong_length_is_refused() {
+        let mut d = Durations::default();
+        d.record(Kind::Upgraded, 3_000);
+        d.record(Kind::Tcp, u64::MAX);
+        assert_eq!(Durations::from_bytes(&d.to_bytes()), Some(d));
+        assert_eq!(Durations::from_bytes(&[0; 7]), None);
+        assert_eq!(Durations::from_bytes(b""), None);
+    }
+
+    #[test]
+    fn advice_follows_the_sizing_rule() {
+        let mut d = Durations::default();
+        let a = advise(&d, 10_000);
+        assert_eq!(a.drain_timeout_s, None);
+        assert!(a.based_on.starts_with("not enough data: 0 HTTP streams"));
+        for _ in 0..19 {
+            d.record(Kind::Http, 2_000);
+        }
+        assert_eq!(advise(&d, 10_000).drain_timeout_s, None);
+        d.record(Kind::Http, 2_000);
+        let a = advise(&d, 10_000);
+        assert_eq!(
+            (a.drain_timeout_s, a.termination_grace_period_s),
+            (Some(120), Some(145)),
+            "the table's 2 s row"
+        );
+        assert_eq!(a.based_on, "p99.9 of 20 HTTP streams: 2000 ms");
+        let mut long = Durations::default();
+        for _ in 0..20 {
+            long.record(Kind::Http, 100_000);
+            long.record(Kind::Upgraded, 9_000_000);
+        }
+        let a = advise(&long, 10_000);
+        assert_eq!(
+            (a.drain_timeout_s, a.termination_grace_period_s),
+            (Some(130), Some(155))
+        );
+        long.record(Kind::Http, 9_000_000);
+        let a = advise(&long, 60_000);
+        assert_eq!(a.drain_timeout_s, Some(3_600));
+        assert_eq!(a.termination_grace_period_s, Some(3_675));
+        assert!(a.based_on.contains("capped"), "{}", a.based_on);
+    }
+
+    /// The exact `per_mille` quantile of `samples`: the sample of rank ⌈q × n⌉.
+    fn exact(samples: &[u64], per_mille: u64) -> u64 {
+        let mut s = samples.to_vec();
+        s.sort_unstable();
+        let n = s.len() as u64;
+        let rank = (n * per_mille).div_ceil(1_000).clamp(1, n);
+        s[(rank - 1) as usize]
+    }
+
+    proptest! {
+        #[test]
+        fn a_quantile_reads_high_by_at_most_one_bucket_never_low(
+            samples in prop::collection::vec(prop_oneof![0u64..20_000, 0u64..10_000_000], 1..300),
+            per_mille in prop::sample::select(vec![1u64, 500, 900, 990, 999, 1_000]),
+        ) {
+            let mut h = Histogram::default();
+            for s in &samples {
+                h.record(*s);
+            }
+            let got = h.quantile(per_mille).unwrap();
+            let want = exact(&samples, per_mille);
+            prop_assert!(got >= want, "{got} < {want}");
+            prop_assert!(got <= h.max_ms);
+            // One bucket high at most: a third, under 10 ms in the first
+            // bucket, the max itself above the last bound.
+            prop_assert!(got * 3 <= want * 4 || got <= 10 || got == h.max_ms, "{got} vs {want}");
+        }
+
+        #[test]
+        fn merging_is_recording_everything_in_one(
+            a in prop::collection::vec(0u64..10_000_000, 0..100),
+            b in prop::collection::vec(0u64..10_000_000, 0..100),
+        ) {
+            let (mut ha, mut hb, mut all) = (Durations::default(), Durations::default(), Durations::default());
+            for s in &a { ha.record(Kind::Http, *s); all.record(Kind::Http, *s); }
+            for s in &b { hb.record(Kind::Tcp, *s); all.record(Kind::Tcp, *s); }
+            let mut m = ha;
+            m.merge(&hb);
+            prop_assert_eq!(m, all);
+            let mut r = hb;
+            r.merge(&ha);
+            prop_assert_eq!(r, all);
+            prop_assert_eq!(Durations::from_bytes(&m.to_bytes()), Some(m));
+            let cum = m.http.cumulative();
+            for (le, n) in EXPORT_LE_MS.iter().zip(cum) {
+                prop_assert_eq!(n, a.iter().filter(|s| *s <= le).count() as u64);
+            }
+            prop_assert_eq!(m.http.buckets.iter().sum::<u64>(), a.len() as u64);
+        }
+    }
+}
