@@ -54,6 +54,18 @@ pub const MAX_DRAIN_TIMEOUT_S: u64 = 3_600;
 /// `terminationDrainDuration` (5 s) and 5 s spare.
 pub const GRACE_EXTRA_S: u64 = 15;
 
+/// An HTTP stream is asked whether it was upgraded only when it lasted this
+/// long (two header reads at its end): shorter streams cost no host call,
+/// and an upgraded stream shorter than this counts as `Http`.
+pub const CLASSIFY_FROM_MS: u64 = 1_000;
+
+/// Whether a stream was upgraded: an `upgrade` request header (an HTTP/1.1
+/// upgrade, or an HTTP/2 extended CONNECT as Envoy presents it), or the
+/// CONNECT method (asked only without the header).
+pub fn upgraded(upgrade_header: bool, connect: impl FnOnce() -> bool) -> bool {
+    upgrade_header || connect()
+}
+
 /// What a duration was of.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Kind {
@@ -142,7 +154,8 @@ impl Histogram {
             .count
             .saturating_mul(per_mille)
             .div_ceil(1_000)
-            .clamp(1, self.count);
+            .max(1)
+            .min(self.count);
         let mut seen = 0u64;
         for (i, n) in self.buckets.iter().enumerate() {
             seen = seen.saturating_add(*n);
@@ -168,13 +181,12 @@ impl Histogram {
     /// `+Inf` bucket is `count`).
     pub fn cumulative(&self) -> [u64; EXPORT_LE_MS.len()] {
         let mut out = [0; EXPORT_LE_MS.len()];
-        let mut seen = 0u64;
-        let mut next = out.iter_mut().zip(EXPORT_LE_MS.iter()).peekable();
-        for (bound, n) in BOUNDS_MS.iter().zip(self.buckets.iter()) {
-            seen = seen.saturating_add(*n);
-            if let Some((slot, _)) = next.next_if(|(_, le)| *le == bound) {
-                *slot = seen;
-            }
+        for (slot, le) in out.iter_mut().zip(EXPORT_LE_MS) {
+            *slot = BOUNDS_MS
+                .iter()
+                .zip(self.buckets.iter())
+                .filter(|(bound, _)| **bound <= le)
+                .fold(0u64, |a, (_, n)| a.saturating_add(*n));
         }
         out
     }
