@@ -1,0 +1,132 @@
+"""Sizing the drain from the traffic itself (envoyfilter/README.md, "How long are your requests?").
+
+Real Envoy with drain-gate, two workers, the demo backend:
+- 20 HTTP streams of 0.25 s and 4 of 2 s: /drain/status `durations.http` counts 24, its p99 and max read
+  between 1.8 and 3 s; Envoy's /stats/prometheus shows `drain_gate_stream_duration_ms_count 24` and the
+  `le` buckets (20 at or below 1 s, 24 in +Inf); `advice` is at least the max and says what it is based on.
+- A WebSocket held 3 s lands in `upgraded`, not `http`.
+- Before any stream: "not enough data", no figures.
+- The configured drain_timeout is a gauge, and a drain's duration lands in drain_gate_drain_duration_ms once its
+  receipt line is logged.
+The Prometheus form is read on every Envoy of the matrix (1.36, 1.40): the `le` tag comes from the bootstrap's
+`stats_tags` entry (Istio: `extraStatTags: [le]`).
+"""
+from __future__ import annotations
+
+import re
+import socket
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+import requests
+
+from tests.harness.envoy import wait_for
+from tests.harness.istio import envoy_bin
+from tests.harness.wire import post, status
+
+SHORT_MS, LONG_MS = 250, 2_000
+
+
+def prometheus(gw) -> str:
+    return requests.get(gw.admin("/stats/prometheus"), timeout=5).text
+
+
+def sample(text: str, name: str, labels: str = "") -> float | None:
+    """The value of one series of Envoy's Prometheus text (`labels`: exactly as printed, e.g. `le="250"`;
+    Envoy prints an untagged stat with `{}`)."""
+    pattern = rf"^{re.escape(name)}{re.escape('{' + labels + '}')} (\S+)$"
+    m = re.search(pattern, text, re.M)
+    return float(m[1]) if m else None
+
+
+def prometheus_when(gw, name: str, value: float, timeout: float = 10) -> str:
+    """Envoy's Prometheus text once series `name` (untagged) reads `value`."""
+    def seen():
+        text = prometheus(gw)
+        return text if sample(text, name) == value else None
+    return wait_for(seen, timeout, interval=0.2, what=f"{name} at {value}")
+
+
+def durations(gw) -> dict:
+    return status(gw)["durations"]
+
+
+def get(gw, path: str) -> int:
+    return requests.get(gw.traffic(path), timeout=30).status_code
+
+
+@pytest.mark.parametrize("version", ["1.36.4", "1.40.0"])
+def test_stream_durations_quantiles_prometheus_buckets_and_advice(gateway, version, monkeypatch):
+    monkeypatch.setenv("ENVOY_BIN", envoy_bin(version))
+    gw = gateway({"drain_timeout": "3m", "lb_buffer": "10s"}, concurrency=2)
+    st = status(gw)
+    assert st["durations"]["http"] == {"count": 0, "p50_ms": None, "p99_ms": None, "p999_ms": None, "max_ms": None}
+    assert st["advice"] == {"drain_timeout_s": None, "termination_grace_period_s": None,
+                            "based_on": "not enough data: 0 HTTP streams measured, 20 needed"}
+    assert sample(prometheus(gw), "drain_gate_drain_timeout_seconds") == 180
+
+    paths = [f"/slow?ms={SHORT_MS}"] * 20 + [f"/slow?ms={LONG_MS}"] * 4
+    with ThreadPoolExecutor(max_workers=24) as pool:
+        assert list(pool.map(lambda p: get(gw, p), paths)) == [200] * 24
+    wait_for(lambda: durations(gw)["http"]["count"] == 24, 10, what="24 streams in durations.http")
+    st = status(gw)
+    http = st["durations"]["http"]
+    assert 1_800 <= http["p99_ms"] <= 3_000 and 1_800 <= http["max_ms"] <= 3_000, http
+    assert 200 <= http["p50_ms"] <= 400, http
+    assert st["durations"]["upgraded"]["count"] == 0 and st["durations"]["tcp"]["count"] == 0
+    advice = st["advice"]
+    assert advice["drain_timeout_s"] >= http["max_ms"] / 1000, advice
+    assert (advice["drain_timeout_s"], advice["termination_grace_period_s"]) == (120, 145), advice
+    assert advice["based_on"] == f"p99.9 of 24 HTTP streams: {http['p999_ms']} ms", advice
+
+    text = prometheus_when(gw, "drain_gate_stream_duration_ms_count", 24, 10)
+    name = "drain_gate_stream_duration_ms_bucket"
+    assert sample(text, name, 'le="100"') == 0, text
+    assert sample(text, name, 'le="500"') == 20, text
+    assert sample(text, name, 'le="1000"') == 20
+    assert sample(text, name, 'le="5000"') == 24
+    assert sample(text, name, 'le="+Inf"') == 24
+    assert 20 * SHORT_MS <= sample(text, "drain_gate_stream_duration_ms_sum") <= 20 * 400 + 4 * 2_200
+    assert "le___" not in text, "every bucket's bound is a tag"
+
+
+def test_a_websocket_is_upgraded_not_http(gateway):
+    gw = gateway()
+    sock = socket.create_connection(("127.0.0.1", gw.ports.traffic), timeout=10)
+    try:
+        sock.sendall(b"GET /ws HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n"
+                     b"Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n")
+        assert sock.recv(4096).startswith(b"HTTP/1.1 101")
+        wait_for(lambda: status(gw)["active"] == 1, 10, what="the websocket counted")
+        held = time.monotonic()
+        while time.monotonic() - held < 3:
+            sock.sendall(b"ping")
+            assert sock.recv(4096) == b"ping"
+            time.sleep(0.5)
+    finally:
+        sock.close()
+    wait_for(lambda: durations(gw)["upgraded"]["count"] == 1, 10, what="the websocket in durations.upgraded")
+    d = durations(gw)
+    assert 2_800 <= d["upgraded"]["max_ms"] <= 3_500, d
+    assert d["http"]["count"] == 0, d
+    text = prometheus_when(gw, "drain_gate_upgraded_duration_ms_count", 1, 10)
+    assert sample(text, "drain_gate_upgraded_duration_ms_bucket", 'le="2500"') == 0
+    assert sample(text, "drain_gate_upgraded_duration_ms_bucket", 'le="5000"') == 1
+    assert sample(text, "drain_gate_stream_duration_ms_count") in (None, 0)
+
+
+def test_a_drain_s_duration_is_in_its_histogram(gateway, stream):
+    gw = gateway({"lb_buffer": "1s"})
+    held = stream(gw.traffic("/stream?seconds=2&interval_ms=200"))
+    wait_for(lambda: status(gw)["active"] == 1, 10, what="the stream counted")
+    assert post(gw, "/drain").status_code == 200
+    held.wait(20)
+    wait_for(lambda: status(gw)["state"] == "CLOSED", 20, what="CLOSED")
+    line = wait_for(lambda: re.search(r"event=drain_receipt .*duration_ms=(\d+)", gw.log()), 10,
+                    what="the receipt line")
+    took = int(line[1])
+    assert 1_000 <= took <= 3_000, line[0]
+    text = prometheus_when(gw, "drain_gate_drain_duration_ms_count", 1, 20)
+    # An Envoy histogram keeps two significant digits of each value.
+    assert sample(text, "drain_gate_drain_duration_ms_sum") == pytest.approx(took, rel=0.05)
