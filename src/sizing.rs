@@ -2,10 +2,12 @@
 //! `drain_timeout` and `terminationGracePeriodSeconds`, measured from the
 //! traffic itself.
 //!
-//! Each traffic root (one per worker) keeps a `Durations` of the streams that
-//! ended since its last tick: one bucket increment per stream, no host call.
-//! The tick adds it to the process's total (`merge`) and to the Prometheus
-//! bucket counters (`Histogram::cumulative`), and starts a new one.
+//! Each traffic root (one per worker) keeps a `Pending` of the streams that
+//! ended since its last tick: a stream's duration is counted by the whole
+//! ticks it lasted (one division and one increment, no host call, no search).
+//! The tick turns it into `Durations`, adds those to the process's total
+//! (`merge`) and to the Prometheus bucket counters (`Histogram::cumulative`),
+//! and starts again.
 //!
 //! Buckets (`BOUNDS_MS`): the upper bound of bucket `i` is `BOUNDS_MS[i]`
 //! (a duration `d` lands in the first bucket with `d ≤ bound`), ten per
@@ -126,12 +128,17 @@ pub struct Summary {
 
 impl Histogram {
     pub fn record(&mut self, ms: u64) {
-        if let Some(n) = self.buckets.get_mut(bucket(ms)) {
-            *n = n.saturating_add(1);
-        }
-        self.count = self.count.saturating_add(1);
+        self.add(ms, 1);
         self.sum_ms = self.sum_ms.saturating_add(ms);
         self.max_ms = self.max_ms.max(ms);
+    }
+
+    /// `n` durations of `ms` into the buckets and the count (not the sum or max).
+    fn add(&mut self, ms: u64, n: u64) {
+        if let Some(b) = self.buckets.get_mut(bucket(ms)) {
+            *b = b.saturating_add(n);
+        }
+        self.count = self.count.saturating_add(n);
     }
 
     pub fn merge(&mut self, other: &Histogram) {
@@ -189,6 +196,82 @@ impl Histogram {
                 .fold(0u64, |a, (_, n)| a.saturating_add(*n));
         }
         out
+    }
+}
+
+/// Durations up to this many ticks are counted by ticks (`Pending`); longer
+/// ones are bucketed at once.
+pub const SLOTS: usize = 64;
+
+/// One worker's stream ends since its last tick. A duration is measured on
+/// tick boundaries, so it is a whole number of ticks but for the timers'
+/// jitter: a stream is counted in the slot of its whole ticks, and read back
+/// as that many ticks; the sum and the max keep the milliseconds.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Pending {
+    tick_ms: u64,
+    /// Per kind (`Kind::ALL`'s order), the ends by whole ticks lasted.
+    slots: [[u64; SLOTS]; 3],
+    sum_ms: [u64; 3],
+    max_ms: [u64; 3],
+    ends: u64,
+    /// What lasted `SLOTS` ticks or more.
+    long: Durations,
+}
+
+impl Pending {
+    pub fn new(tick_ms: u64) -> Pending {
+        Pending {
+            tick_ms: tick_ms.max(1),
+            slots: [[0; SLOTS]; 3],
+            sum_ms: [0; 3],
+            max_ms: [0; 3],
+            ends: 0,
+            long: Durations::default(),
+        }
+    }
+
+    /// A stream of `kind` ended after `ms`.
+    pub fn record(&mut self, kind: Kind, ms: u64) {
+        let k = kind as usize;
+        let ticks = usize::try_from(ms / self.tick_ms).unwrap_or(usize::MAX);
+        self.ends = self.ends.wrapping_add(1);
+        match self.slots.get_mut(k).and_then(|s| s.get_mut(ticks)) {
+            Some(n) => *n = n.wrapping_add(1),
+            None => return self.long.record(kind, ms),
+        }
+        if let (Some(sum), Some(max)) = (self.sum_ms.get_mut(k), self.max_ms.get_mut(k)) {
+            *sum = sum.saturating_add(ms);
+            *max = (*max).max(ms);
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.ends == 0
+    }
+
+    /// Takes back what `take` gave (its write failed): kept for the next tick.
+    pub fn keep(&mut self, d: &Durations) {
+        self.long.merge(d);
+        self.ends = self.ends.wrapping_add(1);
+    }
+
+    /// What was recorded, bucketed; and starts again.
+    pub fn take(&mut self) -> Durations {
+        let mut d = self.long;
+        for (i, kind) in Kind::ALL.into_iter().enumerate() {
+            let h = d.kind_mut(kind);
+            let slots = self.slots.get(i).into_iter().flatten();
+            for (ticks, n) in (0u64..).zip(slots).filter(|(_, n)| **n > 0) {
+                h.add(ticks.saturating_mul(self.tick_ms), *n);
+            }
+            h.sum_ms = h
+                .sum_ms
+                .saturating_add(self.sum_ms.get(i).copied().unwrap_or(0));
+            h.max_ms = h.max_ms.max(self.max_ms.get(i).copied().unwrap_or(0));
+        }
+        *self = Pending::new(self.tick_ms);
+        d
     }
 }
 
@@ -424,6 +507,30 @@ mod tests {
         assert_eq!(a.drain_timeout_s, Some(3_600));
         assert_eq!(a.termination_grace_period_s, Some(3_675));
         assert!(a.based_on.contains("capped"), "{}", a.based_on);
+    }
+
+    #[test]
+    fn pending_counts_by_ticks_and_buckets_at_the_tick() {
+        let mut p = Pending::new(100);
+        assert!(p.is_empty());
+        for ms in [0, 99, 300, 2_004, 6_400, 9_000_000] {
+            p.record(Kind::Http, ms);
+        }
+        p.record(Kind::Tcp, 250);
+        assert!(!p.is_empty());
+        let d = p.take();
+        assert!(p.is_empty() && p.take() == Durations::default());
+        p.keep(&d);
+        assert_eq!(p.take(), d, "kept for the next tick");
+        let mut want = Durations::default();
+        for ms in [0, 0, 300, 2_000, 6_400, 9_000_000] {
+            want.record(Kind::Http, ms);
+        }
+        want.record(Kind::Tcp, 200);
+        want.http.sum_ms = 0 + 99 + 300 + 2_004 + 6_400 + 9_000_000;
+        want.tcp.sum_ms = 250;
+        want.tcp.max_ms = 250;
+        assert_eq!(d, want, "whole ticks, the sum and max in ms");
     }
 
     /// The exact `per_mille` quantile of `samples`: the sample of rank ⌈q × n⌉.

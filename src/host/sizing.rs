@@ -18,7 +18,7 @@ use std::convert::Infallible;
 use super::keys;
 use super::logs;
 use super::shared::{self, cas_update, Host, Step};
-use crate::sizing::{Durations, Kind, EXPORT_LE_MS};
+use crate::sizing::{Durations, Kind, Pending, EXPORT_LE_MS};
 
 /// Counters per kind: one per exported `le`, `+Inf`, `_count`, `_sum`.
 const COUNTERS: usize = EXPORT_LE_MS.len() + 3;
@@ -79,12 +79,12 @@ fn counter_name(base: &str, j: usize) -> String {
 #[derive(Debug)]
 pub struct Book<H: Host> {
     host: H,
-    pending: RefCell<Durations>,
+    pending: RefCell<Pending>,
     ids: [[Option<u32>; COUNTERS]; 3],
 }
 
 impl<H: Host> Book<H> {
-    pub fn new(host: H) -> Book<H> {
+    pub fn new(host: H, tick_ms: u64) -> Book<H> {
         let mut ids = [[None; COUNTERS]; 3];
         for (row, kind) in ids.iter_mut().zip(Kind::ALL) {
             for (j, slot) in row.iter_mut().enumerate() {
@@ -93,7 +93,7 @@ impl<H: Host> Book<H> {
         }
         Book {
             host,
-            pending: RefCell::new(Durations::default()),
+            pending: RefCell::new(Pending::new(tick_ms)),
             ids,
         }
     }
@@ -108,12 +108,13 @@ impl<H: Host> Book<H> {
     /// Adds what ended since the last tick to the process's durations and to
     /// the counters. Kept pending if the shared write fails (retried next tick).
     pub fn tick(&self) {
-        let Ok(mut pending) = self.pending.try_borrow_mut() else {
+        let Ok(mut book) = self.pending.try_borrow_mut() else {
             return;
         };
-        if pending.is_empty() {
+        if book.is_empty() {
             return;
         }
+        let pending = book.take();
         let merged = cas_update(&self.host, keys::DURATIONS, |bytes| {
             let mut total = bytes.and_then(Durations::from_bytes).unwrap_or_default();
             total.merge(&pending);
@@ -124,6 +125,7 @@ impl<H: Host> Book<H> {
                 "event=shared_data_error key={} error=\"{e}\"",
                 keys::DURATIONS
             );
+            book.keep(&pending);
             return;
         }
         for (row, kind) in self.ids.iter().zip(Kind::ALL) {
@@ -140,7 +142,6 @@ impl<H: Host> Book<H> {
                 }
             }
         }
-        *pending = Durations::default();
     }
 }
 
