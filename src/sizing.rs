@@ -188,16 +188,22 @@ impl Histogram {
     /// `+Inf` bucket is `count`).
     pub fn cumulative(&self) -> [u64; EXPORT_LE_MS.len()] {
         let mut out = [0; EXPORT_LE_MS.len()];
-        for (slot, le) in out.iter_mut().zip(EXPORT_LE_MS) {
-            *slot = BOUNDS_MS
-                .iter()
-                .zip(self.buckets.iter())
-                .filter(|(bound, _)| **bound <= le)
-                .fold(0u64, |a, (_, n)| a.saturating_add(*n));
+        let (mut seen, mut j) = (0u64, 0usize);
+        for (bound, n) in BOUNDS_MS.iter().zip(self.buckets.iter()) {
+            seen = seen.saturating_add(*n);
+            if let (Some(slot), Some(le)) = (out.get_mut(j), EXPORT_LE_MS.get(j)) {
+                if le == bound {
+                    *slot = seen;
+                    j += 1;
+                }
+            }
         }
         out
     }
 }
+
+/// The length of the shared-data form (`Durations::from_bytes`).
+pub const BYTES: usize = 3 * (BUCKETS + 3) * 8;
 
 /// Durations up to this many ticks are counted by ticks (`Pending`); longer
 /// ones are bucketed at once.
@@ -212,10 +218,11 @@ pub struct Pending {
     tick_ms: u64,
     /// Per kind (`Kind::ALL`'s order), the ends by whole ticks lasted.
     slots: [[u64; SLOTS]; 3],
+    /// Per kind, of the ends in `slots`: how many, their sum and max (ms).
+    ends: [u64; 3],
     sum_ms: [u64; 3],
     max_ms: [u64; 3],
-    ends: u64,
-    /// What lasted `SLOTS` ticks or more.
+    /// What lasted `SLOTS` ticks or more (or was kept back, `keep`).
     long: Durations,
 }
 
@@ -224,9 +231,9 @@ impl Pending {
         Pending {
             tick_ms: tick_ms.max(1),
             slots: [[0; SLOTS]; 3],
+            ends: [0; 3],
             sum_ms: [0; 3],
             max_ms: [0; 3],
-            ends: 0,
             long: Durations::default(),
         }
     }
@@ -235,42 +242,56 @@ impl Pending {
     pub fn record(&mut self, kind: Kind, ms: u64) {
         let k = kind as usize;
         let ticks = usize::try_from(ms / self.tick_ms).unwrap_or(usize::MAX);
-        self.ends = self.ends.wrapping_add(1);
         match self.slots.get_mut(k).and_then(|s| s.get_mut(ticks)) {
             Some(n) => *n = n.wrapping_add(1),
             None => return self.long.record(kind, ms),
         }
-        if let (Some(sum), Some(max)) = (self.sum_ms.get_mut(k), self.max_ms.get_mut(k)) {
+        if let (Some(e), Some(sum), Some(max)) = (
+            self.ends.get_mut(k),
+            self.sum_ms.get_mut(k),
+            self.max_ms.get_mut(k),
+        ) {
+            *e = e.wrapping_add(1);
             *sum = sum.saturating_add(ms);
             *max = (*max).max(ms);
         }
     }
 
     pub fn is_empty(&self) -> bool {
-        self.ends == 0
+        self.ends.iter().all(|e| *e == 0) && self.long.is_empty()
     }
 
     /// Takes back what `take` gave (its write failed): kept for the next tick.
     pub fn keep(&mut self, d: &Durations) {
         self.long.merge(d);
-        self.ends = self.ends.wrapping_add(1);
     }
 
-    /// What was recorded, bucketed; and starts again.
+    /// What was recorded, bucketed; and starts again. Only the slots up to
+    /// each kind's longest end are looked at.
     pub fn take(&mut self) -> Durations {
-        let mut d = self.long;
+        let mut d = std::mem::take(&mut self.long);
         for (i, kind) in Kind::ALL.into_iter().enumerate() {
-            let h = d.kind_mut(kind);
-            let slots = self.slots.get(i).into_iter().flatten();
-            for (ticks, n) in (0u64..).zip(slots).filter(|(_, n)| **n > 0) {
-                h.add(ticks.saturating_mul(self.tick_ms), *n);
+            let (Some(ends), Some(sum), Some(max), Some(slots)) = (
+                self.ends.get_mut(i),
+                self.sum_ms.get_mut(i),
+                self.max_ms.get_mut(i),
+                self.slots.get_mut(i),
+            ) else {
+                continue;
+            };
+            if std::mem::take(ends) == 0 {
+                continue;
             }
-            h.sum_ms = h
-                .sum_ms
-                .saturating_add(self.sum_ms.get(i).copied().unwrap_or(0));
-            h.max_ms = h.max_ms.max(self.max_ms.get(i).copied().unwrap_or(0));
+            let h = d.kind_mut(kind);
+            let top = usize::try_from(*max / self.tick_ms).unwrap_or(SLOTS);
+            for (ticks, n) in (0u64..).zip(slots.iter_mut().take(top.saturating_add(1))) {
+                if *n > 0 {
+                    h.add(ticks.saturating_mul(self.tick_ms), std::mem::take(n));
+                }
+            }
+            h.sum_ms = h.sum_ms.saturating_add(std::mem::take(sum));
+            h.max_ms = h.max_ms.max(std::mem::take(max));
         }
-        *self = Pending::new(self.tick_ms);
         d
     }
 }
@@ -331,9 +352,10 @@ impl Durations {
     }
 
     /// Little-endian u64s, per kind: the buckets, count, sum, max (the
-    /// shared-data form: fixed size, no parser).
+    /// shared-data form: fixed size, no parser). No durations: `BYTES` zeros.
+    #[cfg(test)]
     pub fn to_bytes(&self) -> Vec<u8> {
-        let mut out = Vec::with_capacity(3 * (BUCKETS + 3) * 8);
+        let mut out = Vec::with_capacity(BYTES);
         for k in Kind::ALL {
             let h = self.kind(k);
             for v in h.buckets.iter().chain([h.count, h.sum_ms, h.max_ms].iter()) {
@@ -343,9 +365,39 @@ impl Durations {
         out
     }
 
+    /// Adds these durations to `bytes`, the `to_bytes` form of a total, in
+    /// place: only the words of buckets that moved are touched. `false`:
+    /// `bytes` is not that form (left as it was).
+    pub fn add_into(&self, bytes: &mut [u8]) -> bool {
+        if bytes.len() != BYTES {
+            return false;
+        }
+        let mut word = |i: usize, f: &dyn Fn(u64) -> u64| {
+            let at = i.saturating_mul(8);
+            if let Some(w) = bytes.get_mut(at..at.saturating_add(8)) {
+                let v = <[u8; 8]>::try_from(&*w).map_or(0, u64::from_le_bytes);
+                w.copy_from_slice(&f(v).to_le_bytes());
+            }
+        };
+        for (k, kind) in Kind::ALL.into_iter().enumerate() {
+            let h = self.kind(kind);
+            if h.count == 0 {
+                continue;
+            }
+            let base = k * (BUCKETS + 3);
+            for (i, n) in h.buckets.iter().enumerate().filter(|(_, n)| **n > 0) {
+                word(base + i, &|v| v.saturating_add(*n));
+            }
+            word(base + BUCKETS, &|v| v.saturating_add(h.count));
+            word(base + BUCKETS + 1, &|v| v.saturating_add(h.sum_ms));
+            word(base + BUCKETS + 2, &|v| v.max(h.max_ms));
+        }
+        true
+    }
+
     /// `None`: not what `to_bytes` writes.
     pub fn from_bytes(bytes: &[u8]) -> Option<Durations> {
-        if bytes.len() != 3 * (BUCKETS + 3) * 8 {
+        if bytes.len() != BYTES {
             return None;
         }
         let mut words = bytes
@@ -466,6 +518,7 @@ mod tests {
 
     #[test]
     fn bytes_round_trip_and_a_wrong_length_is_refused() {
+        assert_eq!(Durations::default().to_bytes(), vec![0; BYTES]);
         let mut d = Durations::default();
         d.record(Kind::Upgraded, 3_000);
         d.record(Kind::Tcp, u64::MAX);
@@ -576,6 +629,10 @@ mod tests {
             r.merge(&ha);
             prop_assert_eq!(r, all);
             prop_assert_eq!(Durations::from_bytes(&m.to_bytes()), Some(m));
+            let mut bytes = ha.to_bytes();
+            prop_assert!(hb.add_into(&mut bytes));
+            prop_assert_eq!(Durations::from_bytes(&bytes), Some(all));
+            prop_assert!(!hb.add_into(&mut bytes[1..].to_vec()));
             let cum = m.http.cumulative();
             for (le, n) in EXPORT_LE_MS.iter().zip(cum) {
                 prop_assert_eq!(n, a.iter().filter(|s| *s <= le).count() as u64);

@@ -18,7 +18,7 @@ use std::convert::Infallible;
 use super::keys;
 use super::logs;
 use super::shared::{self, cas_update, Host, Step};
-use crate::sizing::{Durations, Kind, Pending, EXPORT_LE_MS};
+use crate::sizing::{Durations, Kind, Pending, BYTES, EXPORT_LE_MS};
 
 /// Counters per kind: one per exported `le`, `+Inf`, `_count`, `_sum`.
 const COUNTERS: usize = EXPORT_LE_MS.len() + 3;
@@ -36,7 +36,7 @@ pub fn family(kind: Kind) -> &'static str {
 /// (`host::root::create_shared`), before any worker VM writes it
 /// (`shared::cas_update`).
 pub fn create_shared<H: Host>(host: &H) {
-    if let Err(e) = shared::create(host, keys::DURATIONS, &Durations::default().to_bytes()) {
+    if let Err(e) = shared::create(host, keys::DURATIONS, &[0; BYTES]) {
         logs::error!(
             "event=shared_data_error key={} error=\"{e}\"",
             keys::DURATIONS
@@ -116,9 +116,13 @@ impl<H: Host> Book<H> {
         }
         let pending = book.take();
         let merged = cas_update(&self.host, keys::DURATIONS, |bytes| {
-            let mut total = bytes.and_then(Durations::from_bytes).unwrap_or_default();
-            total.merge(&pending);
-            Ok::<_, Infallible>(Step::Write(total.to_bytes(), ()))
+            let mut total = bytes.map(<[u8]>::to_vec).unwrap_or_default();
+            if !pending.add_into(&mut total) {
+                // Absent or not this form (never expected): starts again from these.
+                total = vec![0; BYTES];
+                pending.add_into(&mut total);
+            }
+            Ok::<_, Infallible>(Step::Write(total, ()))
         });
         if let Err(e) = merged {
             logs::warning!(
@@ -130,6 +134,9 @@ impl<H: Host> Book<H> {
         }
         for (row, kind) in self.ids.iter().zip(Kind::ALL) {
             let h = pending.kind(kind);
+            if h.count == 0 {
+                continue;
+            }
             let values = h
                 .cumulative()
                 .into_iter()
