@@ -13,6 +13,7 @@ The Prometheus form is read on every Envoy of the matrix (1.36, 1.40): the `le` 
 """
 from __future__ import annotations
 
+import math
 import re
 import socket
 import time
@@ -21,11 +22,12 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import requests
 
-from tests.harness.envoy import wait_for
+from tests.harness.envoy import REPO, wait_for
 from tests.harness.istio import envoy_bin
 from tests.harness.wire import post, status
 
 SHORT_MS, LONG_MS = 250, 2_000
+README = REPO / "envoyfilter" / "README.md"
 
 
 def prometheus(gw) -> str:
@@ -79,6 +81,11 @@ def test_stream_durations_quantiles_prometheus_buckets_and_advice(gateway, versi
     assert advice["drain_timeout_s"] >= http["max_ms"] / 1000, advice
     assert (advice["drain_timeout_s"], advice["termination_grace_period_s"]) == (120, 145), advice
     assert advice["based_on"] == f"p99.9 of 24 HTTP streams: {http['p999_ms']} ms", advice
+    # envoyfilter/README.md's sizing table starts from this measurement: its first row is this advice.
+    table = re.search(r"<!-- sizing:.*?-->\n(.*?)<!-- /sizing -->", README.read_text(), re.S)[1]
+    d, timeout, _, grace = map(int, re.search(r"^\| (\d+) s \| `(\d+)s` \| `(\d+)s` \| (\d+) \|$", table, re.M).groups())
+    assert (d, timeout, grace) == (math.ceil(http["p999_ms"] / 1000), advice["drain_timeout_s"],
+                                   advice["termination_grace_period_s"]), table
 
     text = prometheus_when(gw, "drain_gate_stream_duration_ms_count", 24, 10)
     name = "drain_gate_stream_duration_ms_bucket"
