@@ -4,7 +4,7 @@ Real Envoy with drain-gate, two workers, the demo backend:
 - 20 HTTP streams of 0.25 s and 4 of 2 s: /drain/status `durations.http` counts 24, its p99 and max read
   between 1.8 and 3 s; Envoy's /stats/prometheus shows `drain_gate_stream_duration_ms_count 24` and the
   `le` buckets (20 at or below 1 s, 24 in +Inf); `advice` is at least the max and says what it is based on.
-- A WebSocket held 3 s lands in `upgraded`, not `http`.
+- A WebSocket held 3 s lands in `upgraded`, not `http`; a TCP connection held 1.5 s in `tcp`.
 - Before any stream: "not enough data", no figures.
 - The configured drain_timeout is a gauge, and a drain's duration lands in drain_gate_drain_duration_ms once its
   receipt line is logged.
@@ -22,7 +22,9 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import requests
 
-from tests.harness.envoy import REPO, wait_for
+from tests.harness import variants
+from tests.harness.envoy import REPO, free_port, wait_for
+from tests.harness.tcp import Echo, Held
 from tests.harness.istio import envoy_bin
 from tests.harness.wire import post, status
 
@@ -137,3 +139,23 @@ def test_a_drain_s_duration_is_in_its_histogram(gateway, stream):
     text = prometheus_when(gw, "drain_gate_drain_duration_ms_count", 1, 20)
     # An Envoy histogram keeps two significant digits of each value.
     assert sample(text, "drain_gate_drain_duration_ms_sum") == pytest.approx(took, rel=0.05)
+
+
+def test_a_tcp_connection_lands_in_tcp(gateway, tmp_path):
+    echo = Echo(tmp_path).start()
+    try:
+        port = free_port()
+        gw = gateway(transform=lambda doc, _: variants.tcp_listener(doc, port, echo.port))
+        with Held(port) as conn:
+            assert conn.echoes()
+            wait_for(lambda: status(gw)["count"]["tcp_connections"] == 1, 5, what="the connection counted")
+            time.sleep(1.5)  # the connection's length: what the test measures
+        wait_for(lambda: durations(gw)["tcp"]["count"] == 1, 10, what="the connection in durations.tcp")
+        d = durations(gw)
+        assert 1_400 <= d["tcp"]["max_ms"] <= 2_500, d
+        assert d["http"]["count"] == 0 and d["upgraded"]["count"] == 0, d
+        text = prometheus_when(gw, "drain_gate_tcp_duration_ms_count", 1)
+        assert sample(text, "drain_gate_tcp_duration_ms_bucket", 'le="1000"') == 0
+        assert sample(text, "drain_gate_tcp_duration_ms_bucket", 'le="2500"') == 1
+    finally:
+        echo.stop()
