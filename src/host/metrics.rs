@@ -43,6 +43,8 @@ pub struct Metrics<H: Host = Envoy> {
     drains_cut_short: Option<u32>,
     drain_timeout: Option<u32>,
     drain_duration: Option<u32>,
+    /// The stream-duration counters (`host::sizing`).
+    pub durations: super::sizing::Ids,
 }
 
 /// Metric definitions this VM made (Envoy keeps every one: this must stay
@@ -165,6 +167,7 @@ impl<H: Host + Copy> Metrics<H> {
             drains_cut_short: define(&host, names::DRAINS_CUT_SHORT),
             drain_timeout: define(&host, names::DRAIN_TIMEOUT),
             drain_duration: define(&host, names::DRAIN_DURATION),
+            durations: super::sizing::define(&host),
         }
     }
 }

@@ -21,7 +21,22 @@ use super::shared::{self, cas_update, Host, Step};
 use crate::sizing::{Durations, Kind, Pending, BYTES, EXPORT_LE_MS};
 
 /// Counters per kind: one per exported `le`, `+Inf`, `_count`, `_sum`.
-const COUNTERS: usize = EXPORT_LE_MS.len() + 3;
+pub const COUNTERS: usize = EXPORT_LE_MS.len() + 3;
+
+/// The ids of every kind's counters (`host::metrics` defines them once per VM).
+pub type Ids = [[Option<u32>; COUNTERS]; 3];
+
+/// Defines every kind's counters (`Metrics::define`: once per VM, as Envoy
+/// keeps every definition).
+pub fn define<H: Host>(host: &H) -> Ids {
+    let mut ids = [[None; COUNTERS]; 3];
+    for (row, kind) in ids.iter_mut().zip(Kind::ALL) {
+        for (j, slot) in row.iter_mut().enumerate() {
+            *slot = super::metrics::define_counter(host, &counter_name(family(kind), j));
+        }
+    }
+    ids
+}
 
 /// The metric family of a kind (`crate::metric_names`).
 pub fn family(kind: Kind) -> &'static str {
@@ -80,17 +95,12 @@ fn counter_name(base: &str, j: usize) -> String {
 pub struct Book<H: Host> {
     host: H,
     pending: RefCell<Pending>,
-    ids: [[Option<u32>; COUNTERS]; 3],
+    ids: Ids,
 }
 
 impl<H: Host> Book<H> {
-    pub fn new(host: H, tick_ms: u64) -> Book<H> {
-        let mut ids = [[None; COUNTERS]; 3];
-        for (row, kind) in ids.iter_mut().zip(Kind::ALL) {
-            for (j, slot) in row.iter_mut().enumerate() {
-                *slot = super::metrics::define_counter(&host, &counter_name(family(kind), j));
-            }
-        }
+    /// `ids`: the counters' (`define`).
+    pub fn new(host: H, tick_ms: u64, ids: Ids) -> Book<H> {
         Book {
             host,
             pending: RefCell::new(Pending::new(tick_ms)),
@@ -170,6 +180,19 @@ mod tests {
         assert_eq!(names[15], "le=.=3000000;.;d_bucket");
         assert_eq!(names[16], "le=.=+Inf;.;d_bucket");
         assert_eq!(names[17..], ["d_count", "d_sum"]);
+    }
+
+    #[test]
+    fn the_counters_are_defined_once_per_vm_not_per_root() {
+        let sim = Sim::at(0);
+        let metrics = Metrics::define(&sim);
+        let defined = sim.definitions();
+        let config = Config::parse(br#"{"role":"traffic"}"#).unwrap();
+        for part in [Part::Streams, Part::Connections, Part::Streams] {
+            drop(Traffic::new(part, metrics, &config));
+        }
+        assert_eq!(sim.definitions(), defined, "a reconfiguration defines nothing new");
+        assert!(metrics.durations.iter().flatten().all(Option::is_some));
     }
 
     fn traffic(sim: &Sim, part: Part) -> Rc<Traffic<&Sim>> {

@@ -144,7 +144,7 @@ impl<H: Host + Copy> Traffic<H> {
             hold: Cell::new(FlipHold::None),
             completed: Cell::new(0),
             ages: AgeBook::new(host, config.tick_ms),
-            durations: sizing::Book::new(host, config.tick_ms),
+            durations: sizing::Book::new(host, config.tick_ms, metrics.durations),
             heartbeat: Heartbeat::new(host, config.tick_ms),
         }
     }
