@@ -17,7 +17,8 @@
 //! high — by less than a third (two neighbouring bounds differ by at most
 //! 4/3), or by under 10 ms in the first bucket — and never low. A duration is
 //! measured on tick boundaries (a stream starts and ends at the time of the
-//! tick before), so it is true to one `tick` (100 ms by default) on top.
+//! tick before), so it is true to one `tick` (100 ms by default) on top, or to
+//! how late a busy worker runs its tick.
 //! `EXPORT_LE_MS` is the subset of bounds exported as Prometheus `le`
 //! buckets: each is a bound here, so every exported bucket is an exact sum.
 
@@ -51,9 +52,10 @@ pub const MARGIN_S: u64 = 30;
 pub const FLOOR_S: u64 = 120;
 /// The longest `drain_timeout` drain-gate accepts (s).
 pub const MAX_DRAIN_TIMEOUT_S: u64 = 3_600;
-/// What the grace period adds after `drain_timeout` + the longest CLOSING
-/// (s): the preStop hold's margin (5 s), istio-proxy's
-/// `terminationDrainDuration` (5 s) and 5 s spare.
+/// What the grace period adds after `drain_timeout` + the longest CLOSING +
+/// `scrape_interval` (s): the preStop hold's margin (5 s), istio-proxy's
+/// `terminationDrainDuration` (5 s, Istio's default and the shipped values')
+/// and 5 s spare — `verify.py --pod-spec`'s sum.
 pub const GRACE_EXTRA_S: u64 = 15;
 
 /// An HTTP stream is asked whether it was upgraded only when it lasted this
@@ -427,13 +429,15 @@ pub struct Advice {
 
 /// The advice for the HTTP streams `d` measured, with CLOSING lasting up to
 /// `closing_ms` (`lb_buffer`, or `lb_down_timeout` with
-/// `close_after: lb_observed_down`): `drain_timeout` = max(D + 30 s, 120 s)
-/// with D the p99.9 rounded up to a second (at most 60 min), and
-/// `terminationGracePeriodSeconds` = `drain_timeout` + CLOSING + 15 s.
+/// `close_after: lb_observed_down`) and the preStop's answer coming
+/// `scrape_ms` after CLOSED (`scrape_interval`): `drain_timeout` =
+/// max(D + 30 s, 120 s) with D the p99.9 rounded up to a second (at most 60
+/// min), and `terminationGracePeriodSeconds` = `drain_timeout` + CLOSING +
+/// `scrape_interval` + 15 s.
 /// Upgraded streams and TCP connections are not in D: they last as long as
 /// their clients keep them, and a drain that waited for them would never end
 /// (drain_timeout ends them; the receipt counts them).
-pub fn advise(d: &Durations, closing_ms: u64) -> Advice {
+pub fn advise(d: &Durations, closing_ms: u64, scrape_ms: u64) -> Advice {
     let http = &d.http;
     let (Some(p999), true) = (http.quantile(999), http.count >= MIN_SAMPLES) else {
         return Advice {
@@ -449,7 +453,7 @@ pub fn advise(d: &Durations, closing_ms: u64) -> Advice {
         .saturating_add(MARGIN_S)
         .clamp(FLOOR_S, MAX_DRAIN_TIMEOUT_S);
     let grace = timeout
-        .saturating_add(closing_ms.div_ceil(1_000))
+        .saturating_add(closing_ms.saturating_add(scrape_ms).div_ceil(1_000))
         .saturating_add(GRACE_EXTRA_S);
     let capped = if d_s.saturating_add(MARGIN_S) > MAX_DRAIN_TIMEOUT_S {
         " (capped at drain_timeout's 60m: longer streams are cut)"
@@ -530,15 +534,15 @@ mod tests {
     #[test]
     fn advice_follows_the_sizing_rule() {
         let mut d = Durations::default();
-        let a = advise(&d, 10_000);
+        let a = advise(&d, 10_000, 0);
         assert_eq!(a.drain_timeout_s, None);
         assert!(a.based_on.starts_with("not enough data: 0 HTTP streams"));
         for _ in 0..19 {
             d.record(Kind::Http, 2_000);
         }
-        assert_eq!(advise(&d, 10_000).drain_timeout_s, None);
+        assert_eq!(advise(&d, 10_000, 0).drain_timeout_s, None);
         d.record(Kind::Http, 2_000);
-        let a = advise(&d, 10_000);
+        let a = advise(&d, 10_000, 0);
         assert_eq!(
             (a.drain_timeout_s, a.termination_grace_period_s),
             (Some(120), Some(145)),
@@ -550,16 +554,20 @@ mod tests {
             long.record(Kind::Http, 100_000);
             long.record(Kind::Upgraded, 9_000_000);
         }
-        let a = advise(&long, 10_000);
+        let a = advise(&long, 10_000, 0);
         assert_eq!(
             (a.drain_timeout_s, a.termination_grace_period_s),
             (Some(130), Some(155))
         );
         long.record(Kind::Http, 9_000_000);
-        let a = advise(&long, 60_000);
+        let a = advise(&long, 60_000, 0);
         assert_eq!(a.drain_timeout_s, Some(3_600));
         assert_eq!(a.termination_grace_period_s, Some(3_675));
         assert!(a.based_on.contains("capped"), "{}", a.based_on);
+        assert_eq!(
+            advise(&long, 60_000, 15_000).termination_grace_period_s,
+            Some(3_690)
+        );
     }
 
     #[test]

@@ -112,8 +112,10 @@ pub struct View<'a> {
     pub refusal: Refusal,
     /// How long streams lasted since the process started (`crate::sizing`).
     pub durations: Durations,
-    /// The longest CLOSING (`Config::max_closing_ms`): the advice's grace period.
+    /// The longest CLOSING (`Config::max_closing_ms`) and `scrape_interval`:
+    /// the advice's grace period.
     pub closing_ms: u64,
+    pub scrape_ms: u64,
 }
 
 /// Connection rotation: configured where, and what the last drain's call did.
@@ -349,7 +351,7 @@ fn status_body<'a>(v: &View<'a>, error: Option<&'a str>, wait: Option<&'a str>) 
             this_drain: v.receipt.refused,
         },
         durations: v.durations.out(),
-        advice: sizing::advise(&v.durations, v.closing_ms),
+        advice: sizing::advise(&v.durations, v.closing_ms, v.scrape_ms),
         error,
         wait,
     }
@@ -576,6 +578,7 @@ mod tests {
             refusal: Refusal::default(),
             durations: Durations::default(),
             closing_ms: 10_000,
+            scrape_ms: 0,
         };
         f(v)
     }

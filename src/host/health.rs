@@ -204,6 +204,7 @@ impl<H: Host> Health<H> {
             refusal: self.config.refusal(),
             durations: super::sizing::read(self.host()),
             closing_ms: self.config.max_closing_ms(),
+            scrape_ms: self.config.scrape_interval_ms,
         }
     }
 

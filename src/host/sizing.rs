@@ -191,7 +191,11 @@ mod tests {
         for part in [Part::Streams, Part::Connections, Part::Streams] {
             drop(Traffic::new(part, metrics, &config));
         }
-        assert_eq!(sim.definitions(), defined, "a reconfiguration defines nothing new");
+        assert_eq!(
+            sim.definitions(),
+            defined,
+            "a reconfiguration defines nothing new"
+        );
         assert!(metrics.durations.iter().flatten().all(Option::is_some));
     }
 
