@@ -34,7 +34,8 @@ pub const REGISTRY: &str = "drain_gate.traffic.v2";
 pub const PLACEHOLDERS: &str = "drain_gate.placeholders.v1";
 
 /// The stream durations of every traffic root since the process started
-/// (`crate::sizing::Durations::to_bytes`), added to once a tick.
+/// (the fixed little-endian form `crate::sizing::Durations::from_bytes`
+/// reads), added to once a tick.
 pub const DURATIONS: &str = "drain_gate.durations.v1";
 
 /// Every key above: one each per process.

@@ -481,7 +481,10 @@ impl<H: Host> TrafficStream<H> {
     /// whose response did not end its `response.flags` (cut, or ended by the
     /// upstream or Envoy). A cut also reads the LB record, and, at a
     /// checker's DOWN, its downstream's address. A refused stream reads
-    /// nothing. Outside a drain: nothing.
+    /// nothing. Outside a drain: nothing — but, in and outside one, a stream
+    /// that lasted `crate::sizing::CLASSIFY_FROM_MS` reads its `upgrade`
+    /// header (and, without one, its `:method`): whether its duration is an
+    /// upgraded stream's.
     pub fn log(&mut self) {
         let host = self.traffic.metrics.host();
         if self.traffic.ages.since(self.started_ms) >= crate::sizing::CLASSIFY_FROM_MS {
