@@ -374,25 +374,21 @@ impl Durations {
         if bytes.len() != BYTES {
             return false;
         }
-        let mut word = |i: usize, f: &dyn Fn(u64) -> u64| {
-            let at = i.saturating_mul(8);
-            if let Some(w) = bytes.get_mut(at..at.saturating_add(8)) {
-                let v = <[u8; 8]>::try_from(&*w).map_or(0, u64::from_le_bytes);
-                w.copy_from_slice(&f(v).to_le_bytes());
-            }
-        };
-        for (k, kind) in Kind::ALL.into_iter().enumerate() {
+        let mut words = bytes.chunks_exact_mut(8);
+        for kind in Kind::ALL {
             let h = self.kind(kind);
-            if h.count == 0 {
-                continue;
+            let adds = h.buckets.iter().copied().chain([h.count, h.sum_ms]);
+            // `adds` first: its end must not take the max's word from `words`.
+            for (n, w) in adds.zip(&mut words) {
+                if n > 0 {
+                    let v = <[u8; 8]>::try_from(&*w).map_or(0, u64::from_le_bytes);
+                    w.copy_from_slice(&v.saturating_add(n).to_le_bytes());
+                }
             }
-            let base = k * (BUCKETS + 3);
-            for (i, n) in h.buckets.iter().enumerate().filter(|(_, n)| **n > 0) {
-                word(base + i, &|v| v.saturating_add(*n));
+            if let Some(w) = words.next() {
+                let v = <[u8; 8]>::try_from(&*w).map_or(0, u64::from_le_bytes);
+                w.copy_from_slice(&v.max(h.max_ms).to_le_bytes());
             }
-            word(base + BUCKETS, &|v| v.saturating_add(h.count));
-            word(base + BUCKETS + 1, &|v| v.saturating_add(h.sum_ms));
-            word(base + BUCKETS + 2, &|v| v.max(h.max_ms));
         }
         true
     }
