@@ -524,6 +524,12 @@ mod tests {
         d.record(Kind::Tcp, u64::MAX);
         assert_eq!(Durations::from_bytes(&d.to_bytes()), Some(d));
         assert_eq!(Durations::from_bytes(&[0; 7]), None);
+        // The last kind's max is the last word: added in place like the rest.
+        let mut bytes = Durations::default().to_bytes();
+        let mut one = Durations::default();
+        one.record(Kind::Tcp, 0);
+        assert!(one.add_into(&mut bytes));
+        assert_eq!(Durations::from_bytes(&bytes), Some(one));
         assert_eq!(Durations::from_bytes(b""), None);
     }
 
