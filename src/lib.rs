@@ -18,7 +18,8 @@
 //! - [`receipt`]: how the streams of a drain ended, and what the LB cut;
 //! - [`refusal`]: which new requests a refusing drain refuses, and how;
 //! - [`rotation`]: connection rotation during a drain (Envoy's own connection drain,
-//!   event ③ of a pod termination).
+//!   event ③ of a pod termination);
+//! - [`sizing`]: how long streams last, and the `drain_timeout` and grace period they call for.
 //!
 //! Host shell ([`host`]): root, traffic and health contexts, shared data,
 //! the active count, the metrics (defined from [`metric_names`]) and timers.
@@ -39,6 +40,7 @@ pub mod placeholder;
 pub mod receipt;
 pub mod refusal;
 pub mod rotation;
+pub mod sizing;
 
 proxy_wasm::main! {{
     proxy_wasm::set_log_level(proxy_wasm::types::LogLevel::Info);

@@ -9,6 +9,11 @@
 pub enum Kind {
     Counter,
     Gauge,
+    /// An Envoy histogram (`_bucket`, `_count`, `_sum` on Prometheus).
+    Histogram,
+    /// A histogram of counters, summed over every worker once a tick
+    /// (`host::sizing`): `_bucket` with an `le` tag, `_count`, `_sum`.
+    Buckets,
 }
 
 pub struct Metric {
@@ -36,6 +41,11 @@ pub const DRAIN_COMPLETED: &str = "drain_gate_drain_completed";
 pub const DRAIN_ENDED_UPSTREAM: &str = "drain_gate_drain_ended_upstream";
 pub const REFUSED: &str = "drain_gate_refused";
 pub const DRAINS_CUT_SHORT: &str = "drain_gate_drains_cut_short";
+pub const STREAM_DURATION: &str = "drain_gate_stream_duration_ms";
+pub const UPGRADED_DURATION: &str = "drain_gate_upgraded_duration_ms";
+pub const TCP_DURATION: &str = "drain_gate_tcp_duration_ms";
+pub const DRAIN_TIMEOUT: &str = "drain_gate_drain_timeout_seconds";
+pub const DRAIN_DURATION: &str = "drain_gate_drain_duration_ms";
 
 /// The transition counter for each target state, indexed like `State::ALL`.
 pub const TRANSITIONS_TO: [&str; 5] = [
@@ -46,7 +56,7 @@ pub const TRANSITIONS_TO: [&str; 5] = [
     "drain_gate_transitions_to_fault",
 ];
 
-pub const ALL: [Metric; 22] = [
+pub const ALL: [Metric; 27] = [
     Metric {
         name: ACTIVE_REQUESTS,
         kind: Kind::Gauge,
@@ -179,6 +189,36 @@ pub const ALL: [Metric; 22] = [
         #[cfg(test)]
         help: "drains cut short: the pod's SIGTERM came before CLOSED, while its preStop answer was held (pilot-agent's readiness turned 503, termination_watch); the drain's receipt line says ended=SIGTERM",
     },
+    Metric {
+        name: STREAM_DURATION,
+        kind: Kind::Buckets,
+        #[cfg(test)]
+        help: "how long HTTP streams lasted that were not upgraded, since the pod started (to one tick; counted at each worker's tick): _bucket{le}, _count, _sum",
+    },
+    Metric {
+        name: UPGRADED_DURATION,
+        kind: Kind::Buckets,
+        #[cfg(test)]
+        help: "how long upgraded streams (WebSocket, CONNECT) of 1 s or more lasted; a shorter one is in drain_gate_stream_duration_ms",
+    },
+    Metric {
+        name: TCP_DURATION,
+        kind: Kind::Buckets,
+        #[cfg(test)]
+        help: "how long connections of the TCP and TLS-passthrough chains lasted",
+    },
+    Metric {
+        name: DRAIN_TIMEOUT,
+        kind: Kind::Gauge,
+        #[cfg(test)]
+        help: "the configured drain_timeout (DrainTimeoutBelowTraffic compares it with the streams' p99.9)",
+    },
+    Metric {
+        name: DRAIN_DURATION,
+        kind: Kind::Histogram,
+        #[cfg(test)]
+        help: "how long drains took, start to end, as their receipt lines say (duration_ms)",
+    },
 ];
 
 #[cfg(test)]
@@ -218,6 +258,8 @@ mod tests {
                 let kind = match m.kind {
                     Kind::Counter => "counter",
                     Kind::Gauge => "gauge",
+                    Kind::Histogram => "histogram",
+                    Kind::Buckets => "histogram (counters)",
                 };
                 (m.name.to_string(), kind.to_string(), m.help.to_string())
             })

@@ -79,6 +79,17 @@ pub struct Receipt<'a> {
     pub tally: Tally,
 }
 
+/// The `duration_ms` of a receipt line (`None`: none, or `-`).
+pub fn duration_of(line: &str) -> Option<u64> {
+    let digits = line
+        .split(' ')
+        .find_map(|f| f.strip_prefix("duration_ms="))?;
+    digits.bytes().try_fold(None, |n: Option<u64>, b| {
+        let d = u64::from(b.checked_sub(b'0').filter(|d| *d < 10)?);
+        Some(Some(n.unwrap_or(0).checked_mul(10)?.checked_add(d)?))
+    })?
+}
+
 fn stamp(ms: Option<u64>) -> String {
     ms.map_or_else(|| "-".to_string(), rfc3339)
 }
@@ -285,6 +296,8 @@ mod tests {
              closed=- ended=OPEN forced=false duration_ms=9000 completed=40 cut=3 cut_http=2 cut_tcp=1 \
              cut_lb=2 cut_other=1 ended_upstream=1 refused=7 active_at_flip=0 oldest_at_flip_ms=-"
         );
+        assert_eq!(duration_of(&line), Some(9_000));
+        assert_eq!(duration_of(&line.replace("=9000", "=-")), None);
         let (head, tail) = r.halves();
         assert_eq!(
             format!("{head}42{tail}"),

@@ -606,6 +606,9 @@ proptest! {
             receipt: drain_gate::receipt::Tally::default(),
             new_requests: "serve",
             refusal: drain_gate::refusal::Refusal::default(),
+            durations: drain_gate::sizing::Durations::default(),
+            closing_ms: 10_000,
+            scrape_ms: 0,
         };
         let body: Value = serde_json::from_slice(&api::status(&view).body).unwrap();
         for field in ["state", "ready", "live", "lb_status", "active", "count", "waiting_for", "traffic", "in_flight", "progress", "lb", "clock", "connection_rotation"] {

@@ -12,6 +12,7 @@ use crate::lb::{Checkers, Gate};
 use crate::receipt::Tally;
 use crate::refusal::Refusal;
 use crate::rotation;
+use crate::sizing::{self, Advice, Durations, DurationsOut};
 
 /// How the active count is kept; reported in the status.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -109,6 +110,12 @@ pub struct View<'a> {
     pub new_requests: &'static str,
     /// `draining_grpc_requests` and `refuse_with`.
     pub refusal: Refusal,
+    /// How long streams lasted since the process started (`crate::sizing`).
+    pub durations: Durations,
+    /// The longest CLOSING (`Config::max_closing_ms`) and `scrape_interval`:
+    /// the advice's grace period.
+    pub closing_ms: u64,
+    pub scrape_ms: u64,
 }
 
 /// Connection rotation: configured where, and what the last drain's call did.
@@ -298,6 +305,8 @@ struct Status<'a> {
     cut: u64,
     receipt: ReceiptOut,
     refusing: Refusing,
+    durations: DurationsOut,
+    advice: Advice,
     #[serde(skip_serializing_if = "Option::is_none")]
     error: Option<&'a str>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -341,6 +350,8 @@ fn status_body<'a>(v: &View<'a>, error: Option<&'a str>, wait: Option<&'a str>) 
             active: v.new_requests == "refuse" && r.state != State::Open,
             this_drain: v.receipt.refused,
         },
+        durations: v.durations.out(),
+        advice: sizing::advise(&v.durations, v.closing_ms, v.scrape_ms),
         error,
         wait,
     }
@@ -565,6 +576,9 @@ mod tests {
             receipt: Tally::default(),
             new_requests: "serve",
             refusal: Refusal::default(),
+            durations: Durations::default(),
+            closing_ms: 10_000,
+            scrape_ms: 0,
         };
         f(v)
     }
@@ -595,6 +609,36 @@ mod tests {
             );
             assert_eq!(body(&w)["progress"]["reason"], "start");
         })
+    }
+
+    #[test]
+    fn status_shows_the_durations_and_the_advice_they_call_for() {
+        sample(|v| {
+            let s = body(&status(&v));
+            assert_eq!(s["durations"]["http"]["count"], 0);
+            assert!(s["durations"]["tcp"]["p99_ms"].is_null());
+            assert!(s["advice"]["drain_timeout_s"].is_null());
+            assert_eq!(
+                s["advice"]["based_on"],
+                "not enough data: 0 HTTP streams measured, 20 needed"
+            );
+            let mut durations = Durations::default();
+            for ms in [250; 20].into_iter().chain([2_000; 4]) {
+                durations.record(crate::sizing::Kind::Http, ms);
+            }
+            let s = body(&status(&View { durations, ..v }));
+            let http = &s["durations"]["http"];
+            assert_eq!(
+                (http["count"].as_u64(), http["p50_ms"].as_u64()),
+                (Some(24), Some(250))
+            );
+            assert_eq!(
+                (http["p99_ms"].as_u64(), http["max_ms"].as_u64()),
+                (Some(2_000), Some(2_000))
+            );
+            assert_eq!(s["advice"]["drain_timeout_s"], 120);
+            assert_eq!(s["advice"]["termination_grace_period_s"], 145);
+        });
     }
 
     #[test]

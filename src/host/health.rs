@@ -106,6 +106,7 @@ impl<H: Host + Copy> Health<H> {
         let rotator = Rotator::new(host, config.rotate_connections.clone(), refusing);
         let termination = termination::Watch::new(host, config.termination_watch.clone());
         let watch = Watch::new(host, config.tick_ms);
+        metrics.set_drain_timeout(config.drain_timeout_ms);
         let health = Health {
             config,
             counter,
@@ -201,6 +202,9 @@ impl<H: Host> Health<H> {
             receipt: self.tally_of(rec),
             new_requests: self.config.draining_new_requests.name(),
             refusal: self.config.refusal(),
+            durations: super::sizing::read(self.host()),
+            closing_ms: self.config.max_closing_ms(),
+            scrape_ms: self.config.scrape_interval_ms,
         }
     }
 
@@ -527,7 +531,12 @@ impl<H: Host> Health<H> {
             .store
             .update(&|r| fsm::take_owed(r, &mut line.borrow_mut()));
         match (taken, line.take()) {
-            (Ok(_), Some(line)) => logs::info!("{line}"),
+            (Ok(_), Some(line)) => {
+                if let Some(ms) = receipt::duration_of(&line) {
+                    self.metrics.drain_took(ms);
+                }
+                logs::info!("{line}")
+            }
             (Ok(_), None) => {}
             (Err(e), _) => logs::warning!("event=state_unavailable role=health error=\"{e}\""),
         }

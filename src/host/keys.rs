@@ -33,8 +33,13 @@ pub const REGISTRY: &str = "drain_gate.traffic.v2";
 /// The placeholders running (`crate::placeholder::Placeholders`, JSON).
 pub const PLACEHOLDERS: &str = "drain_gate.placeholders.v1";
 
+/// The stream durations of every traffic root since the process started
+/// (the fixed little-endian form `crate::sizing::Durations::from_bytes`
+/// reads), added to once a tick.
+pub const DURATIONS: &str = "drain_gate.durations.v1";
+
 /// Every key above: one each per process.
-pub const FIXED: [&str; 13] = [
+pub const FIXED: [&str; 14] = [
     FSM,
     LB,
     CLOCK,
@@ -48,6 +53,7 @@ pub const FIXED: [&str; 13] = [
     TRAFFIC_PRESENT,
     REGISTRY,
     PLACEHOLDERS,
+    DURATIONS,
 ];
 
 /// How many keys drain-gate has created in this process: the fixed ones and,

@@ -41,6 +41,10 @@ pub struct Metrics<H: Host = Envoy> {
     ended_upstream: Option<u32>,
     refused: Option<u32>,
     drains_cut_short: Option<u32>,
+    drain_timeout: Option<u32>,
+    drain_duration: Option<u32>,
+    /// The stream-duration counters (`host::sizing`).
+    pub durations: super::sizing::Ids,
 }
 
 /// Metric definitions this VM made (Envoy keeps every one: this must stay
@@ -59,8 +63,9 @@ fn define<H: Host>(host: &H, name: &str) -> Option<u32> {
         .find(|m| m.name == name)
         .map_or(Kind::Counter, |m| m.kind);
     let t = match kind {
-        Kind::Counter => MetricType::Counter,
+        Kind::Counter | Kind::Buckets => MetricType::Counter,
         Kind::Gauge => MetricType::Gauge,
+        Kind::Histogram => MetricType::Histogram,
     };
     match host.define_metric(t, name) {
         Ok(id) => Some(id),
@@ -69,6 +74,12 @@ fn define<H: Host>(host: &H, name: &str) -> Option<u32> {
             None
         }
     }
+}
+
+/// A counter not in `crate::metric_names::ALL` by its own name: a bucket,
+/// `_count` or `_sum` of a `Kind::Buckets` family (`host::sizing`).
+pub fn define_counter<H: Host>(host: &H, name: &str) -> Option<u32> {
+    define(host, name)
 }
 
 /// Adds 1 to the gauge, reads it back, removes the 1: a null stat (a gauge a
@@ -154,6 +165,9 @@ impl<H: Host + Copy> Metrics<H> {
             ended_upstream: define(&host, names::DRAIN_ENDED_UPSTREAM),
             refused: define(&host, names::REFUSED),
             drains_cut_short: define(&host, names::DRAINS_CUT_SHORT),
+            drain_timeout: define(&host, names::DRAIN_TIMEOUT),
+            drain_duration: define(&host, names::DRAIN_DURATION),
+            durations: super::sizing::define(&host),
         }
     }
 }
@@ -232,6 +246,16 @@ impl<H: Host> Metrics<H> {
 
     pub fn clock_step(&self) {
         self.bump(self.clock_steps);
+    }
+
+    /// The configured `drain_timeout`, in whole seconds.
+    pub fn set_drain_timeout(&self, ms: u64) {
+        self.record(self.drain_timeout, ms / 1000);
+    }
+
+    /// A drain's receipt line was logged: how long it took.
+    pub fn drain_took(&self, ms: u64) {
+        self.record(self.drain_duration, ms);
     }
 
     pub fn drain_cut_short(&self) {

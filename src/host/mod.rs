@@ -16,6 +16,7 @@ pub mod rotation;
 pub mod shared;
 #[cfg(not(target_arch = "wasm32"))]
 pub mod sim;
+pub mod sizing;
 pub mod store;
 pub mod termination;
 pub mod traffic;

@@ -98,6 +98,7 @@ pub fn create_shared<H: Host + Copy>(host: H) {
     liveness::ensure_registry(&host);
     placeholder::ensure(&host);
     count::create_shared(&host);
+    super::sizing::create_shared(&host);
 }
 
 impl Root {

@@ -17,12 +17,14 @@ use super::liveness::Heartbeat;
 use super::logs;
 use super::metrics::Metrics;
 use super::shared::{Envoy, Host};
+use super::sizing;
 use super::store::Store;
 use crate::config::{Config, NewRequests};
 use crate::fsm::{self, Record, State};
 use crate::in_flight::Ages;
 use crate::receipt::{self, End, First};
 use crate::refusal::{self, Meet, Refusal};
+use crate::sizing::Kind;
 
 /// This worker's streams by start tick (`crate::in_flight`). A stream is
 /// stamped with the time of the last tick, so starting and ending one makes
@@ -52,6 +54,12 @@ impl<H: Host> AgeBook<H> {
             ages.enter(started);
         }
         started
+    }
+
+    /// How long ago, on tick boundaries, a stream that entered at
+    /// `started_ms` started (its duration when it ends now).
+    fn since(&self, started_ms: u64) -> u64 {
+        self.last_tick_ms.get().saturating_sub(started_ms)
     }
 
     fn exit(&self, started_ms: u64) {
@@ -116,6 +124,8 @@ pub struct Traffic<H: Host = Envoy> {
     /// (`fsm::add_completed`).
     completed: Cell<u64>,
     ages: AgeBook<H>,
+    /// How long streams lasted (`crate::sizing`), flushed once a tick.
+    durations: sizing::Book<H>,
     heartbeat: Heartbeat<H>,
 }
 
@@ -134,6 +144,7 @@ impl<H: Host + Copy> Traffic<H> {
             hold: Cell::new(FlipHold::None),
             completed: Cell::new(0),
             ages: AgeBook::new(host, config.tick_ms),
+            durations: sizing::Book::new(host, config.tick_ms, metrics.durations),
             heartbeat: Heartbeat::new(host, config.tick_ms),
         }
     }
@@ -203,6 +214,7 @@ impl<H: Host> Traffic<H> {
     pub fn tick(&self) {
         self.heartbeat.beat();
         self.ages.tick(self.heartbeat.id());
+        self.durations.tick();
         let hint = self.metrics.state_hint();
         // Out of OPEN the record says which drain runs (and what holds it);
         // in OPEN, whether the drain that completed ends belong to owes its line.
@@ -371,6 +383,9 @@ pub struct TrafficStream<H: Host = Envoy> {
     /// How it ended, when it ended during a drain (HTTP: from `on_log`), and
     /// whether a cut was the LB's.
     end: Option<(End, bool)>,
+    /// An HTTP stream of `crate::sizing::CLASSIFY_FROM_MS` or more that was
+    /// upgraded (WebSocket, CONNECT), as its request headers say at its end.
+    upgraded: bool,
     /// A connection whose downstream ended first during a drain: whether
     /// that came at a checker's DOWN (read when it happened).
     at_lb_down: Option<bool>,
@@ -400,6 +415,7 @@ impl<H: Host> TrafficStream<H> {
             response_done: false,
             end: None,
             at_lb_down: None,
+            upgraded: false,
         }
     }
 
@@ -465,12 +481,21 @@ impl<H: Host> TrafficStream<H> {
     /// whose response did not end its `response.flags` (cut, or ended by the
     /// upstream or Envoy). A cut also reads the LB record, and, at a
     /// checker's DOWN, its downstream's address. A refused stream reads
-    /// nothing. Outside a drain: nothing.
+    /// nothing. Outside a drain: nothing — but, in and outside one, a stream
+    /// that lasted `crate::sizing::CLASSIFY_FROM_MS` reads its `upgrade`
+    /// header (and, without one, its `:method`): whether its duration is an
+    /// upgraded stream's.
     pub fn log(&mut self) {
+        let host = self.traffic.metrics.host();
+        if self.traffic.ages.since(self.started_ms) >= crate::sizing::CLASSIFY_FROM_MS {
+            self.upgraded =
+                crate::sizing::upgraded(host.request_header("upgrade").is_some(), || {
+                    host.request_header(":method").as_deref() == Some("CONNECT")
+                });
+        }
         if !self.traffic.in_drain() {
             return;
         }
-        let host = self.traffic.metrics.host();
         let end = if self.refused {
             End::Refused
         } else if self.response_done {
@@ -573,6 +598,15 @@ impl StreamContext for TrafficStream {
 impl<H: Host> Drop for TrafficStream<H> {
     fn drop(&mut self) {
         self.traffic.ages.exit(self.started_ms);
+        if !self.refused {
+            let kind = match (self.traffic.part, self.upgraded) {
+                (Part::Connections, _) => Kind::Tcp,
+                (_, true) => Kind::Upgraded,
+                _ => Kind::Http,
+            };
+            let took = self.traffic.ages.since(self.started_ms);
+            self.traffic.durations.record(kind, took);
+        }
         let end = match self.traffic.part {
             Part::Streams => self.end,
             Part::Connections => self.traffic.in_drain().then(|| {

@@ -69,6 +69,8 @@ PATHS = {
     "tick_1": ("tick", "one tick of the traffic and the health role on one worker, 1 stream in flight on each"),
     "tick_8": ("tick", "the same with 8 streams in flight on each worker"),
     "tick_64": ("tick", "the same with 64 streams in flight on each worker"),
+    "tick_ended": ("tick", "one tick of both roles on one worker that ended 32 streams since its last: their "
+                           "durations added to the process's and to the bucket counters"),
 }
 TWIN = ("check", "the minimal health answer (tests/bench/health_twin): reads `:path`, answers 200 with a "
                  "3-byte body")
@@ -368,6 +370,21 @@ def path_tick(module: Module, streams: int) -> dict:
     return result(m, TICKS * len(g.workers))
 
 
+def path_tick_ended(module: Module) -> dict:
+    g = Gateway(module)
+    g.each(g.stream)
+    g.tick_rounds(2)
+    with g.metered() as m:
+        for _ in range(TICKS):
+            g.p.meter = None  # the streams are the open path's; only the tick after them is metered
+            g.each(g.stream)
+            g.p.meter = m
+            g.tick_rounds()
+    ended = STREAMS * len(g.workers) * (TICKS + 1)
+    expect(g.status()["durations"]["http"]["count"] == ended, "the streams' durations were not added up")
+    return result(m, TICKS * len(g.workers))
+
+
 def twin_lb_check(module: Module) -> dict:
     return _checks(module, "/health_check.html", 200, roles=("health",))
 
@@ -379,7 +396,7 @@ def measure(wasm: Path = WASM, twin: Path | None = HEALTH_TWIN_WASM) -> dict:
         "refusing": path_refusing, "cut": path_cut, "tcp_open": path_tcp_open, "tcp_draining": path_tcp_draining,
         "lb_check": path_lb_check, "status": path_status,
         "tick_1": lambda m: path_tick(m, 1), "tick_8": lambda m: path_tick(m, 8),
-        "tick_64": lambda m: path_tick(m, 64),
+        "tick_64": lambda m: path_tick(m, 64), "tick_ended": path_tick_ended,
     }
     paths = {}
     for name, run in runs.items():

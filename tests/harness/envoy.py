@@ -101,7 +101,7 @@ def render(
             "socket_address"
         ]["port_value"] = port_of_cluster[cluster["name"]]
     if stats_matcher is not None:
-        doc["stats_config"] = {"stats_matcher": stats_matcher}
+        doc.setdefault("stats_config", {})["stats_matcher"] = stats_matcher
     return doc
 
 

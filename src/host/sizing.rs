@@ -1,0 +1,259 @@
+//! Carries the stream durations (`crate::sizing`) from each traffic root to
+//! the process and to Prometheus, once per tick: a stream's end adds to this
+//! root's pending `Durations` (no host call); the tick adds what is pending
+//! to `keys::DURATIONS` (one compare-and-swap) and to the bucket counters.
+//!
+//! The counters: per kind, `drain_gate_<kind>_duration_ms_bucket` for each
+//! `le` of `crate::sizing::EXPORT_LE_MS` and `+Inf`, `…_count` and `…_sum`. A
+//! bucket's name carries its bound in the form Istio's tag extraction reads
+//! (`le=.=250;.;drain_gate_stream_duration_ms_bucket`: `extraStatTags: [le]`,
+//! or a `stats_tags` entry in a plain Envoy bootstrap), so Envoy's Prometheus
+//! endpoint shows a histogram every worker and every pod sums into. An Envoy
+//! histogram would take one host call per sample; counters take one per
+//! bucket that moved, per tick.
+
+use std::cell::RefCell;
+use std::convert::Infallible;
+
+use super::keys;
+use super::logs;
+use super::shared::{self, cas_update, Host, Step};
+use crate::sizing::{Durations, Kind, Pending, BYTES, EXPORT_LE_MS};
+
+/// Counters per kind: one per exported `le`, `+Inf`, `_count`, `_sum`.
+pub const COUNTERS: usize = EXPORT_LE_MS.len() + 3;
+
+/// The ids of every kind's counters (`host::metrics` defines them once per VM).
+pub type Ids = [[Option<u32>; COUNTERS]; 3];
+
+/// Defines every kind's counters (`Metrics::define`: once per VM, as Envoy
+/// keeps every definition).
+pub fn define<H: Host>(host: &H) -> Ids {
+    let mut ids = [[None; COUNTERS]; 3];
+    for (row, kind) in ids.iter_mut().zip(Kind::ALL) {
+        for (j, slot) in row.iter_mut().enumerate() {
+            *slot = super::metrics::define_counter(host, &counter_name(family(kind), j));
+        }
+    }
+    ids
+}
+
+/// The metric family of a kind (`crate::metric_names`).
+pub fn family(kind: Kind) -> &'static str {
+    match kind {
+        Kind::Http => crate::metric_names::STREAM_DURATION,
+        Kind::Upgraded => crate::metric_names::UPGRADED_DURATION,
+        Kind::Tcp => crate::metric_names::TCP_DURATION,
+    }
+}
+
+/// Creates `keys::DURATIONS` (empty) unless it exists: on configure
+/// (`host::root::create_shared`), before any worker VM writes it
+/// (`shared::cas_update`).
+pub fn create_shared<H: Host>(host: &H) {
+    if let Err(e) = shared::create(host, keys::DURATIONS, &[0; BYTES]) {
+        logs::error!(
+            "event=shared_data_error key={} error=\"{e}\"",
+            keys::DURATIONS
+        );
+    }
+}
+
+/// The durations of every traffic root of this process since it started.
+pub fn read<H: Host>(host: &H) -> Durations {
+    host.get(keys::DURATIONS)
+        .ok()
+        .and_then(|(b, _)| b)
+        .and_then(|b| Durations::from_bytes(&b))
+        .unwrap_or_default()
+}
+
+/// The name of a family's `j`-th counter: its buckets in `EXPORT_LE_MS`'s
+/// order, `+Inf`, `_count`, `_sum`.
+fn counter_name(base: &str, j: usize) -> String {
+    let mut name = String::with_capacity(64);
+    let le = EXPORT_LE_MS.get(j).map(|le| le.to_string());
+    let le = le
+        .as_deref()
+        .or((j == EXPORT_LE_MS.len()).then_some("+Inf"));
+    if let Some(le) = le {
+        name.push_str("le=.=");
+        name.push_str(le);
+        name.push_str(";.;");
+    }
+    name.push_str(base);
+    name.push_str(match (le, j > EXPORT_LE_MS.len() + 1) {
+        (Some(_), _) => "_bucket",
+        (None, false) => "_count",
+        (None, true) => "_sum",
+    });
+    name
+}
+
+/// One traffic root's durations since its last tick, and its counters.
+#[derive(Debug)]
+pub struct Book<H: Host> {
+    host: H,
+    pending: RefCell<Pending>,
+    ids: Ids,
+}
+
+impl<H: Host> Book<H> {
+    /// `ids`: the counters' (`define`).
+    pub fn new(host: H, tick_ms: u64, ids: Ids) -> Book<H> {
+        Book {
+            host,
+            pending: RefCell::new(Pending::new(tick_ms)),
+            ids,
+        }
+    }
+
+    /// A stream of `kind` ended after `ms`.
+    pub fn record(&self, kind: Kind, ms: u64) {
+        if let Ok(mut d) = self.pending.try_borrow_mut() {
+            d.record(kind, ms);
+        }
+    }
+
+    /// Adds what ended since the last tick to the process's durations and to
+    /// the counters. Kept pending if the shared write fails (retried next tick).
+    pub fn tick(&self) {
+        let Ok(mut book) = self.pending.try_borrow_mut() else {
+            return;
+        };
+        if book.is_empty() {
+            return;
+        }
+        let pending = book.take();
+        let merged = cas_update(&self.host, keys::DURATIONS, |bytes| {
+            let mut total = bytes.map(<[u8]>::to_vec).unwrap_or_default();
+            if !pending.add_into(&mut total) {
+                // Absent or not this form (never expected): starts again from these.
+                total = vec![0; BYTES];
+                pending.add_into(&mut total);
+            }
+            Ok::<_, Infallible>(Step::Write(total, ()))
+        });
+        if let Err(e) = merged {
+            logs::warning!(
+                "event=shared_data_error key={} error=\"{e}\"",
+                keys::DURATIONS
+            );
+            book.keep(&pending);
+            return;
+        }
+        for (row, kind) in self.ids.iter().zip(Kind::ALL) {
+            let h = pending.kind(kind);
+            if h.count == 0 {
+                continue;
+            }
+            let values = h
+                .cumulative()
+                .into_iter()
+                .chain([h.count, h.count, h.sum_ms]);
+            for (id, v) in row.iter().zip(values) {
+                if let (Some(id), true) = (id, v > 0) {
+                    let _ = self
+                        .host
+                        .metric_add(*id, i64::try_from(v).unwrap_or(i64::MAX));
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::indexing_slicing)]
+mod tests {
+    use super::*;
+    use crate::config::Config;
+    use crate::host::count::Part;
+    use crate::host::metrics::Metrics;
+    use crate::host::sim::Sim;
+    use crate::host::traffic::{Traffic, TrafficStream};
+    use std::rc::Rc;
+
+    #[test]
+    fn counter_names_carry_their_le_in_istio_s_tag_form() {
+        let names: Vec<String> = (0..COUNTERS).map(|j| counter_name("d", j)).collect();
+        assert_eq!(names[0], "le=.=25;.;d_bucket");
+        assert_eq!(names[15], "le=.=3000000;.;d_bucket");
+        assert_eq!(names[16], "le=.=+Inf;.;d_bucket");
+        assert_eq!(names[17..], ["d_count", "d_sum"]);
+    }
+
+    #[test]
+    fn the_counters_are_defined_once_per_vm_not_per_root() {
+        let sim = Sim::at(0);
+        let metrics = Metrics::define(&sim);
+        let defined = sim.definitions();
+        let config = Config::parse(br#"{"role":"traffic"}"#).unwrap();
+        for part in [Part::Streams, Part::Connections, Part::Streams] {
+            drop(Traffic::new(part, metrics, &config));
+        }
+        assert_eq!(
+            sim.definitions(),
+            defined,
+            "a reconfiguration defines nothing new"
+        );
+        assert!(metrics.durations.iter().flatten().all(Option::is_some));
+    }
+
+    fn traffic(sim: &Sim, part: Part) -> Rc<Traffic<&Sim>> {
+        crate::host::root::create_shared(sim);
+        let config = Config::parse(br#"{"role":"traffic"}"#).unwrap();
+        Rc::new(Traffic::new(part, Metrics::define(sim), &config))
+    }
+
+    #[test]
+    fn streams_are_timed_on_tick_boundaries_and_flushed_once_a_tick() {
+        let sim = Sim::at(1_000_000);
+        let t = traffic(&sim, Part::Streams);
+        t.tick();
+        let short: Vec<_> = (0..3).map(|_| TrafficStream::new(t.clone())).collect();
+        let long = TrafficStream::new(t.clone());
+        for _ in 0..3 {
+            sim.advance(100);
+            t.tick();
+        }
+        let calls = sim.host_calls.get();
+        drop(short);
+        assert_eq!(
+            sim.host_calls.get(),
+            calls,
+            "a stream's end makes no host call"
+        );
+        for _ in 0..17 {
+            sim.advance(100);
+            t.tick();
+        }
+        let mut long = long;
+        sim.request_headers
+            .borrow_mut()
+            .insert("upgrade".into(), "websocket".into());
+        long.log();
+        drop(long);
+        assert_eq!(read(&&sim).upgraded.count, 0, "not before the tick");
+        sim.advance(100);
+        t.tick();
+        let d = read(&&sim);
+        assert_eq!((d.http.count, d.http.max_ms), (3, 300));
+        assert_eq!((d.upgraded.count, d.upgraded.max_ms), (1, 2_000));
+        let m = |n: &str| sim.metric(n);
+        assert_eq!(m("drain_gate_stream_duration_ms_count"), 3);
+        assert_eq!(m("drain_gate_stream_duration_ms_sum"), 900);
+        assert_eq!(m("le=.=250;.;drain_gate_stream_duration_ms_bucket"), 0);
+        assert_eq!(m("le=.=500;.;drain_gate_stream_duration_ms_bucket"), 3);
+        assert_eq!(m("le=.=+Inf;.;drain_gate_upgraded_duration_ms_bucket"), 1);
+        assert_eq!(m("le=.=1000;.;drain_gate_upgraded_duration_ms_bucket"), 0);
+        let calls = sim.host_calls.get();
+        sim.advance(100);
+        t.tick();
+        let tcp = traffic(&sim, Part::Connections);
+        drop(TrafficStream::new(tcp.clone()));
+        tcp.tick();
+        assert_eq!(read(&&sim).tcp.count, 1, "merged with what was there");
+        assert_eq!(read(&&sim).http.count, 3);
+        assert!(sim.host_calls.get() > calls);
+    }
+}

@@ -1,0 +1,653 @@
+//! How long streams last, and the drain they call for: the input for
+//! `drain_timeout` and `terminationGracePeriodSeconds`, measured from the
+//! traffic itself.
+//!
+//! Each traffic root (one per worker) keeps a `Pending` of the streams that
+//! ended since its last tick: a stream's duration is counted by the whole
+//! ticks it lasted (one division and one increment, no host call, no search).
+//! The tick turns it into `Durations`, adds those to the process's total
+//! (`merge`) and to the Prometheus bucket counters (`Histogram::cumulative`),
+//! and starts again.
+//!
+//! Buckets (`BOUNDS_MS`): the upper bound of bucket `i` is `BOUNDS_MS[i]`
+//! (a duration `d` lands in the first bucket with `d ≤ bound`), ten per
+//! decade from 10 ms to 80 min (10, 12, 15, 20, 25, 30, 40, 50, 60, 80 × 10ⁿ),
+//! and one above. A quantile is the upper bound of the bucket its rank falls
+//! in, never above the largest duration seen: it reads at most one bucket
+//! high — by less than a third (two neighbouring bounds differ by at most
+//! 4/3), or by under 10 ms in the first bucket — and never low. A duration is
+//! measured on tick boundaries (a stream starts and ends at the time of the
+//! tick before), so it is true to one `tick` (100 ms by default) on top, or to
+//! how late a busy worker runs its tick.
+//! `EXPORT_LE_MS` is the subset of bounds exported as Prometheus `le`
+//! buckets: each is a bound here, so every exported bucket is an exact sum.
+
+/// Upper bounds of the buckets (ms); one more bucket holds what is above.
+pub const BOUNDS_MS: [u64; 60] = [
+    10, 12, 15, 20, 25, 30, 40, 50, 60, 80, //
+    100, 120, 150, 200, 250, 300, 400, 500, 600, 800, //
+    1_000, 1_200, 1_500, 2_000, 2_500, 3_000, 4_000, 5_000, 6_000, 8_000, //
+    10_000, 12_000, 15_000, 20_000, 25_000, 30_000, 40_000, 50_000, 60_000, 80_000, //
+    100_000, 120_000, 150_000, 200_000, 250_000, 300_000, 400_000, 500_000, 600_000, 800_000,
+    1_000_000, 1_200_000, 1_500_000, 2_000_000, 2_500_000, 3_000_000, 4_000_000, 5_000_000,
+    6_000_000, 8_000_000,
+];
+/// Buckets: one per bound and one above the last.
+pub const BUCKETS: usize = BOUNDS_MS.len() + 1;
+
+/// The `le` bounds exported to Prometheus (ms), then `+Inf`: Envoy's own
+/// histogram bounds where they are bounds here (25 ms … 10 s, 30 s, 60 s,
+/// 5 min, 10 min), and 2, 20 and 50 min, so that a `drain_timeout` of up to
+/// 60 min has a bucket at or above it.
+pub const EXPORT_LE_MS: [u64; 16] = [
+    25, 50, 100, 250, 500, 1_000, 2_500, 5_000, 10_000, 30_000, 60_000, 120_000, 300_000, 600_000,
+    1_200_000, 3_000_000,
+];
+
+/// Fewer samples than this and there is no advice ("not enough data").
+pub const MIN_SAMPLES: u64 = 20;
+/// What the advice adds to the measured tail, and its floor (s): the README's
+/// sizing rule, `drain_timeout` = max(D + 30 s, 120 s).
+pub const MARGIN_S: u64 = 30;
+pub const FLOOR_S: u64 = 120;
+/// The longest `drain_timeout` drain-gate accepts (s).
+pub const MAX_DRAIN_TIMEOUT_S: u64 = 3_600;
+/// What the grace period adds after `drain_timeout` + the longest CLOSING +
+/// `scrape_interval` (s): the preStop hold's margin (5 s), istio-proxy's
+/// `terminationDrainDuration` (5 s, Istio's default and the shipped values')
+/// and 5 s spare — `verify.py --pod-spec`'s sum.
+pub const GRACE_EXTRA_S: u64 = 15;
+
+/// An HTTP stream is asked whether it was upgraded only when it lasted this
+/// long (two header reads at its end): shorter streams cost no host call,
+/// and an upgraded stream shorter than this counts as `Http`.
+pub const CLASSIFY_FROM_MS: u64 = 1_000;
+
+/// Whether a stream was upgraded: an `upgrade` request header (an HTTP/1.1
+/// upgrade, or an HTTP/2 extended CONNECT as Envoy presents it), or the
+/// CONNECT method (asked only without the header).
+pub fn upgraded(upgrade_header: bool, connect: impl FnOnce() -> bool) -> bool {
+    upgrade_header || connect()
+}
+
+/// What a duration was of.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    /// An HTTP stream (request, gRPC call) that was not upgraded.
+    Http,
+    /// A WebSocket or CONNECT stream.
+    Upgraded,
+    /// A TCP or TLS-passthrough connection.
+    Tcp,
+}
+
+impl Kind {
+    pub const ALL: [Kind; 3] = [Kind::Http, Kind::Upgraded, Kind::Tcp];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Kind::Http => "http",
+            Kind::Upgraded => "upgraded",
+            Kind::Tcp => "tcp",
+        }
+    }
+}
+
+/// The bucket of a duration.
+pub fn bucket(ms: u64) -> usize {
+    BOUNDS_MS.partition_point(|b| *b < ms)
+}
+
+/// Durations of one kind, bucketed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Histogram {
+    pub buckets: [u64; BUCKETS],
+    pub count: u64,
+    pub sum_ms: u64,
+    pub max_ms: u64,
+}
+
+impl Default for Histogram {
+    fn default() -> Histogram {
+        Histogram {
+            buckets: [0; BUCKETS],
+            count: 0,
+            sum_ms: 0,
+            max_ms: 0,
+        }
+    }
+}
+
+/// What `/drain/status` shows of one kind.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct Summary {
+    pub count: u64,
+    pub p50_ms: Option<u64>,
+    pub p99_ms: Option<u64>,
+    pub p999_ms: Option<u64>,
+    pub max_ms: Option<u64>,
+}
+
+impl Histogram {
+    pub fn record(&mut self, ms: u64) {
+        self.add(ms, 1);
+        self.sum_ms = self.sum_ms.saturating_add(ms);
+        self.max_ms = self.max_ms.max(ms);
+    }
+
+    /// `n` durations of `ms` into the buckets and the count (not the sum or max).
+    fn add(&mut self, ms: u64, n: u64) {
+        if let Some(b) = self.buckets.get_mut(bucket(ms)) {
+            *b = b.saturating_add(n);
+        }
+        self.count = self.count.saturating_add(n);
+    }
+
+    pub fn merge(&mut self, other: &Histogram) {
+        for (a, b) in self.buckets.iter_mut().zip(other.buckets.iter()) {
+            *a = a.saturating_add(*b);
+        }
+        self.count = self.count.saturating_add(other.count);
+        self.sum_ms = self.sum_ms.saturating_add(other.sum_ms);
+        self.max_ms = self.max_ms.max(other.max_ms);
+    }
+
+    /// The `q`-quantile (`per_mille` / 1000) of what was recorded: the
+    /// upper bound of the bucket holding the sample of rank ⌈q × count⌉,
+    /// at most `max_ms` (`None`: nothing recorded).
+    pub fn quantile(&self, per_mille: u64) -> Option<u64> {
+        if self.count == 0 {
+            return None;
+        }
+        let rank = self
+            .count
+            .saturating_mul(per_mille)
+            .div_ceil(1_000)
+            .max(1)
+            .min(self.count);
+        let mut seen = 0u64;
+        for (i, n) in self.buckets.iter().enumerate() {
+            seen = seen.saturating_add(*n);
+            if seen >= rank {
+                let bound = BOUNDS_MS.get(i).copied().unwrap_or(u64::MAX);
+                return Some(bound.min(self.max_ms));
+            }
+        }
+        Some(self.max_ms)
+    }
+
+    pub fn summary(&self) -> Summary {
+        Summary {
+            count: self.count,
+            p50_ms: self.quantile(500),
+            p99_ms: self.quantile(990),
+            p999_ms: self.quantile(999),
+            max_ms: (self.count > 0).then_some(self.max_ms),
+        }
+    }
+
+    /// The samples at or below each of `EXPORT_LE_MS`, in order (then the
+    /// `+Inf` bucket is `count`).
+    pub fn cumulative(&self) -> [u64; EXPORT_LE_MS.len()] {
+        let mut out = [0; EXPORT_LE_MS.len()];
+        let (mut seen, mut j) = (0u64, 0usize);
+        for (bound, n) in BOUNDS_MS.iter().zip(self.buckets.iter()) {
+            seen = seen.saturating_add(*n);
+            if let (Some(slot), Some(le)) = (out.get_mut(j), EXPORT_LE_MS.get(j)) {
+                if le == bound {
+                    *slot = seen;
+                    j += 1;
+                }
+            }
+        }
+        out
+    }
+}
+
+/// The length of the shared-data form (`Durations::from_bytes`).
+pub const BYTES: usize = 3 * (BUCKETS + 3) * 8;
+
+/// Durations up to this many ticks are counted by ticks (`Pending`); longer
+/// ones are bucketed at once.
+pub const SLOTS: usize = 64;
+
+/// One worker's stream ends since its last tick. A duration is measured on
+/// tick boundaries, so it is a whole number of ticks but for the timers'
+/// jitter: a stream is counted in the slot of its whole ticks, and read back
+/// as that many ticks; the sum and the max keep the milliseconds.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Pending {
+    tick_ms: u64,
+    /// Per kind (`Kind::ALL`'s order), the ends by whole ticks lasted.
+    slots: [[u64; SLOTS]; 3],
+    /// Per kind, of the ends in `slots`: how many, their sum and max (ms).
+    ends: [u64; 3],
+    sum_ms: [u64; 3],
+    max_ms: [u64; 3],
+    /// What lasted `SLOTS` ticks or more (or was kept back, `keep`).
+    long: Durations,
+}
+
+impl Pending {
+    pub fn new(tick_ms: u64) -> Pending {
+        Pending {
+            tick_ms: tick_ms.max(1),
+            slots: [[0; SLOTS]; 3],
+            ends: [0; 3],
+            sum_ms: [0; 3],
+            max_ms: [0; 3],
+            long: Durations::default(),
+        }
+    }
+
+    /// A stream of `kind` ended after `ms`.
+    pub fn record(&mut self, kind: Kind, ms: u64) {
+        let k = kind as usize;
+        let ticks = usize::try_from(ms / self.tick_ms).unwrap_or(usize::MAX);
+        match self.slots.get_mut(k).and_then(|s| s.get_mut(ticks)) {
+            Some(n) => *n = n.wrapping_add(1),
+            None => return self.long.record(kind, ms),
+        }
+        if let (Some(e), Some(sum), Some(max)) = (
+            self.ends.get_mut(k),
+            self.sum_ms.get_mut(k),
+            self.max_ms.get_mut(k),
+        ) {
+            *e = e.wrapping_add(1);
+            *sum = sum.saturating_add(ms);
+            *max = (*max).max(ms);
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.ends.iter().all(|e| *e == 0) && self.long.is_empty()
+    }
+
+    /// Takes back what `take` gave (its write failed): kept for the next tick.
+    pub fn keep(&mut self, d: &Durations) {
+        self.long.merge(d);
+    }
+
+    /// What was recorded, bucketed; and starts again. Only the slots up to
+    /// each kind's longest end are looked at.
+    pub fn take(&mut self) -> Durations {
+        let mut d = std::mem::take(&mut self.long);
+        for (i, kind) in Kind::ALL.into_iter().enumerate() {
+            let (Some(ends), Some(sum), Some(max), Some(slots)) = (
+                self.ends.get_mut(i),
+                self.sum_ms.get_mut(i),
+                self.max_ms.get_mut(i),
+                self.slots.get_mut(i),
+            ) else {
+                continue;
+            };
+            if std::mem::take(ends) == 0 {
+                continue;
+            }
+            let h = d.kind_mut(kind);
+            let top = usize::try_from(*max / self.tick_ms).unwrap_or(SLOTS);
+            for (ticks, n) in (0u64..).zip(slots.iter_mut().take(top.saturating_add(1))) {
+                if *n > 0 {
+                    h.add(ticks.saturating_mul(self.tick_ms), std::mem::take(n));
+                }
+            }
+            h.sum_ms = h.sum_ms.saturating_add(std::mem::take(sum));
+            h.max_ms = h.max_ms.max(std::mem::take(max));
+        }
+        d
+    }
+}
+
+/// The durations of every kind.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Durations {
+    pub http: Histogram,
+    pub upgraded: Histogram,
+    pub tcp: Histogram,
+}
+
+/// `/drain/status` `durations`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct DurationsOut {
+    pub http: Summary,
+    pub upgraded: Summary,
+    pub tcp: Summary,
+}
+
+impl Durations {
+    pub fn kind(&self, kind: Kind) -> &Histogram {
+        match kind {
+            Kind::Http => &self.http,
+            Kind::Upgraded => &self.upgraded,
+            Kind::Tcp => &self.tcp,
+        }
+    }
+
+    pub fn kind_mut(&mut self, kind: Kind) -> &mut Histogram {
+        match kind {
+            Kind::Http => &mut self.http,
+            Kind::Upgraded => &mut self.upgraded,
+            Kind::Tcp => &mut self.tcp,
+        }
+    }
+
+    pub fn record(&mut self, kind: Kind, ms: u64) {
+        self.kind_mut(kind).record(ms);
+    }
+
+    pub fn merge(&mut self, other: &Durations) {
+        for k in Kind::ALL {
+            self.kind_mut(k).merge(other.kind(k));
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        Kind::ALL.iter().all(|k| self.kind(*k).count == 0)
+    }
+
+    pub fn out(&self) -> DurationsOut {
+        DurationsOut {
+            http: self.http.summary(),
+            upgraded: self.upgraded.summary(),
+            tcp: self.tcp.summary(),
+        }
+    }
+
+    /// Little-endian u64s, per kind: the buckets, count, sum, max (the
+    /// shared-data form: fixed size, no parser). No durations: `BYTES` zeros.
+    #[cfg(test)]
+    pub fn to_bytes(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(BYTES);
+        for k in Kind::ALL {
+            let h = self.kind(k);
+            for v in h.buckets.iter().chain([h.count, h.sum_ms, h.max_ms].iter()) {
+                out.extend_from_slice(&v.to_le_bytes());
+            }
+        }
+        out
+    }
+
+    /// Adds these durations to `bytes`, the `to_bytes` form of a total, in
+    /// place: only the words of buckets that moved are touched. `false`:
+    /// `bytes` is not that form (left as it was).
+    pub fn add_into(&self, bytes: &mut [u8]) -> bool {
+        if bytes.len() != BYTES {
+            return false;
+        }
+        let mut words = bytes.chunks_exact_mut(8);
+        for kind in Kind::ALL {
+            let h = self.kind(kind);
+            let adds = h.buckets.iter().copied().chain([h.count, h.sum_ms]);
+            // `adds` first: its end must not take the max's word from `words`.
+            for (n, w) in adds.zip(&mut words) {
+                if n > 0 {
+                    let v = <[u8; 8]>::try_from(&*w).map_or(0, u64::from_le_bytes);
+                    w.copy_from_slice(&v.saturating_add(n).to_le_bytes());
+                }
+            }
+            if let Some(w) = words.next() {
+                let v = <[u8; 8]>::try_from(&*w).map_or(0, u64::from_le_bytes);
+                w.copy_from_slice(&v.max(h.max_ms).to_le_bytes());
+            }
+        }
+        true
+    }
+
+    /// `None`: not what `to_bytes` writes.
+    pub fn from_bytes(bytes: &[u8]) -> Option<Durations> {
+        if bytes.len() != BYTES {
+            return None;
+        }
+        let mut words = bytes
+            .chunks_exact(8)
+            .map(|c| <[u8; 8]>::try_from(c).map_or(0, u64::from_le_bytes));
+        let mut d = Durations::default();
+        for k in Kind::ALL {
+            let h = d.kind_mut(k);
+            for slot in h.buckets.iter_mut() {
+                *slot = words.next()?;
+            }
+            h.count = words.next()?;
+            h.sum_ms = words.next()?;
+            h.max_ms = words.next()?;
+        }
+        Some(d)
+    }
+}
+
+/// `/drain/status` `advice`: what the measured traffic calls for.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct Advice {
+    pub drain_timeout_s: Option<u64>,
+    pub termination_grace_period_s: Option<u64>,
+    pub based_on: String,
+}
+
+/// The advice for the HTTP streams `d` measured, with CLOSING lasting up to
+/// `closing_ms` (`lb_buffer`, or `lb_down_timeout` with
+/// `close_after: lb_observed_down`) and the preStop's answer coming
+/// `scrape_ms` after CLOSED (`scrape_interval`): `drain_timeout` =
+/// max(D + 30 s, 120 s) with D the p99.9 rounded up to a second (at most 60
+/// min), and `terminationGracePeriodSeconds` = `drain_timeout` + CLOSING +
+/// `scrape_interval` + 15 s.
+/// Upgraded streams and TCP connections are not in D: they last as long as
+/// their clients keep them, and a drain that waited for them would never end
+/// (drain_timeout ends them; the receipt counts them).
+pub fn advise(d: &Durations, closing_ms: u64, scrape_ms: u64) -> Advice {
+    let http = &d.http;
+    let (Some(p999), true) = (http.quantile(999), http.count >= MIN_SAMPLES) else {
+        return Advice {
+            based_on: format!(
+                "not enough data: {} HTTP streams measured, {MIN_SAMPLES} needed",
+                http.count
+            ),
+            ..Advice::default()
+        };
+    };
+    let d_s = p999.div_ceil(1_000);
+    let timeout = d_s
+        .saturating_add(MARGIN_S)
+        .clamp(FLOOR_S, MAX_DRAIN_TIMEOUT_S);
+    let grace = timeout
+        .saturating_add(closing_ms.saturating_add(scrape_ms).div_ceil(1_000))
+        .saturating_add(GRACE_EXTRA_S);
+    let capped = if d_s.saturating_add(MARGIN_S) > MAX_DRAIN_TIMEOUT_S {
+        " (capped at drain_timeout's 60m: longer streams are cut)"
+    } else {
+        ""
+    };
+    Advice {
+        drain_timeout_s: Some(timeout),
+        termination_grace_period_s: Some(grace),
+        based_on: format!("p99.9 of {} HTTP streams: {p999} ms{capped}", http.count),
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::indexing_slicing)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn bounds_rise_by_at_most_a_third_and_exports_are_bounds() {
+        for w in BOUNDS_MS.windows(2) {
+            assert!(w[0] < w[1] && w[1] * 3 <= w[0] * 4, "{w:?}");
+        }
+        for le in EXPORT_LE_MS {
+            assert!(BOUNDS_MS.contains(&le), "{le}");
+        }
+        assert!(EXPORT_LE_MS.windows(2).all(|w| w[0] < w[1]));
+        assert!(*EXPORT_LE_MS.last().unwrap() >= MAX_DRAIN_TIMEOUT_S * 1_000 / 2);
+    }
+
+    #[test]
+    fn a_duration_lands_in_the_first_bucket_at_or_above_it() {
+        assert_eq!(bucket(0), 0);
+        assert_eq!(bucket(10), 0);
+        assert_eq!(bucket(11), 1);
+        assert_eq!(bucket(2_000), 23);
+        assert_eq!(bucket(8_000_000), 59);
+        assert_eq!(bucket(8_000_001), 60);
+        assert_eq!(bucket(u64::MAX), BUCKETS - 1);
+    }
+
+    #[test]
+    fn twenty_short_and_four_long_streams() {
+        let mut h = Histogram::default();
+        for _ in 0..20 {
+            h.record(300);
+        }
+        for _ in 0..4 {
+            h.record(2_100);
+        }
+        let s = h.summary();
+        assert_eq!(s.count, 24);
+        assert_eq!(s.p50_ms, Some(300));
+        assert_eq!(
+            s.p99_ms,
+            Some(2_100),
+            "the bucket's 2.5 s, capped at the max"
+        );
+        assert_eq!(s.p999_ms, Some(2_100));
+        assert_eq!(s.max_ms, Some(2_100));
+        assert_eq!(h.cumulative()[..6], [0, 0, 0, 0, 20, 20]);
+        assert_eq!(h.cumulative()[6], 24);
+        assert_eq!(Histogram::default().summary(), Summary::default());
+    }
+
+    #[test]
+    fn bytes_round_trip_and_a_wrong_length_is_refused() {
+        assert_eq!(Durations::default().to_bytes(), vec![0; BYTES]);
+        let mut d = Durations::default();
+        d.record(Kind::Upgraded, 3_000);
+        d.record(Kind::Tcp, u64::MAX);
+        assert_eq!(Durations::from_bytes(&d.to_bytes()), Some(d));
+        assert_eq!(Durations::from_bytes(&[0; 7]), None);
+        // The last kind's max is the last word: added in place like the rest.
+        let mut bytes = Durations::default().to_bytes();
+        let mut one = Durations::default();
+        one.record(Kind::Tcp, 0);
+        assert!(one.add_into(&mut bytes));
+        assert_eq!(Durations::from_bytes(&bytes), Some(one));
+        assert_eq!(Durations::from_bytes(b""), None);
+    }
+
+    #[test]
+    fn advice_follows_the_sizing_rule() {
+        let mut d = Durations::default();
+        let a = advise(&d, 10_000, 0);
+        assert_eq!(a.drain_timeout_s, None);
+        assert!(a.based_on.starts_with("not enough data: 0 HTTP streams"));
+        for _ in 0..19 {
+            d.record(Kind::Http, 2_000);
+        }
+        assert_eq!(advise(&d, 10_000, 0).drain_timeout_s, None);
+        d.record(Kind::Http, 2_000);
+        let a = advise(&d, 10_000, 0);
+        assert_eq!(
+            (a.drain_timeout_s, a.termination_grace_period_s),
+            (Some(120), Some(145)),
+            "the table's 2 s row"
+        );
+        assert_eq!(a.based_on, "p99.9 of 20 HTTP streams: 2000 ms");
+        let mut long = Durations::default();
+        for _ in 0..20 {
+            long.record(Kind::Http, 100_000);
+            long.record(Kind::Upgraded, 9_000_000);
+        }
+        let a = advise(&long, 10_000, 0);
+        assert_eq!(
+            (a.drain_timeout_s, a.termination_grace_period_s),
+            (Some(130), Some(155))
+        );
+        long.record(Kind::Http, 9_000_000);
+        let a = advise(&long, 60_000, 0);
+        assert_eq!(a.drain_timeout_s, Some(3_600));
+        assert_eq!(a.termination_grace_period_s, Some(3_675));
+        assert!(a.based_on.contains("capped"), "{}", a.based_on);
+        assert_eq!(
+            advise(&long, 60_000, 15_000).termination_grace_period_s,
+            Some(3_690)
+        );
+    }
+
+    #[test]
+    fn pending_counts_by_ticks_and_buckets_at_the_tick() {
+        let mut p = Pending::new(100);
+        assert!(p.is_empty());
+        for ms in [0, 99, 300, 2_004, 6_400, 9_000_000] {
+            p.record(Kind::Http, ms);
+        }
+        p.record(Kind::Tcp, 250);
+        assert!(!p.is_empty());
+        let d = p.take();
+        assert!(p.is_empty() && p.take() == Durations::default());
+        p.keep(&d);
+        assert_eq!(p.take(), d, "kept for the next tick");
+        let mut want = Durations::default();
+        for ms in [0, 0, 300, 2_000, 6_400, 9_000_000] {
+            want.record(Kind::Http, ms);
+        }
+        want.record(Kind::Tcp, 200);
+        want.http.sum_ms = 99 + 300 + 2_004 + 6_400 + 9_000_000;
+        want.tcp.sum_ms = 250;
+        want.tcp.max_ms = 250;
+        assert_eq!(d, want, "whole ticks, the sum and max in ms");
+    }
+
+    /// The exact `per_mille` quantile of `samples`: the sample of rank ⌈q × n⌉.
+    fn exact(samples: &[u64], per_mille: u64) -> u64 {
+        let mut s = samples.to_vec();
+        s.sort_unstable();
+        let n = s.len() as u64;
+        let rank = (n * per_mille).div_ceil(1_000).clamp(1, n);
+        s[(rank - 1) as usize]
+    }
+
+    proptest! {
+        #[test]
+        fn a_quantile_reads_high_by_at_most_one_bucket_never_low(
+            samples in prop::collection::vec(prop_oneof![0u64..20_000, 0u64..10_000_000], 1..300),
+            per_mille in prop::sample::select(vec![1u64, 500, 900, 990, 999, 1_000]),
+        ) {
+            let mut h = Histogram::default();
+            for s in &samples {
+                h.record(*s);
+            }
+            let got = h.quantile(per_mille).unwrap();
+            let want = exact(&samples, per_mille);
+            prop_assert!(got >= want, "{got} < {want}");
+            prop_assert!(got <= h.max_ms);
+            // One bucket high at most: a third, under 10 ms in the first
+            // bucket, the max itself above the last bound.
+            prop_assert!(got * 3 <= want * 4 || got <= 10 || got == h.max_ms, "{got} vs {want}");
+        }
+
+        #[test]
+        fn merging_is_recording_everything_in_one(
+            a in prop::collection::vec(0u64..10_000_000, 0..100),
+            b in prop::collection::vec(0u64..10_000_000, 0..100),
+        ) {
+            let (mut ha, mut hb, mut all) = (Durations::default(), Durations::default(), Durations::default());
+            for s in &a { ha.record(Kind::Http, *s); all.record(Kind::Http, *s); }
+            for s in &b { hb.record(Kind::Tcp, *s); all.record(Kind::Tcp, *s); }
+            let mut m = ha;
+            m.merge(&hb);
+            prop_assert_eq!(m, all);
+            let mut r = hb;
+            r.merge(&ha);
+            prop_assert_eq!(r, all);
+            prop_assert_eq!(Durations::from_bytes(&m.to_bytes()), Some(m));
+            let mut bytes = ha.to_bytes();
+            prop_assert!(hb.add_into(&mut bytes));
+            prop_assert_eq!(Durations::from_bytes(&bytes), Some(all));
+            prop_assert!(!hb.add_into(&mut bytes[1..].to_vec()));
+            let cum = m.http.cumulative();
+            for (le, n) in EXPORT_LE_MS.iter().zip(cum) {
+                prop_assert_eq!(n, a.iter().filter(|s| *s <= le).count() as u64);
+            }
+            prop_assert_eq!(m.http.buckets.iter().sum::<u64>(), a.len() as u64);
+        }
+    }
+}
