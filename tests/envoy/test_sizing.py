@@ -1,4 +1,4 @@
-"""Sizing the drain from the traffic itself (envoyfilter/README.md, "How long are your requests?").
+"""Sizing the drain from the traffic itself (envoyfilter/docs/observability.md, "How long are your requests? Sizing `drain_timeout`").
 
 Real Envoy with drain-gate, two workers, the demo backend:
 - 20 HTTP streams of 0.25 s and 4 of 2 s: /drain/status `durations.http` counts 24, its p99 and max read
@@ -27,12 +27,12 @@ import requests
 
 from tests.harness import variants
 from tests.harness.envoy import REPO, free_port, wait_for
-from tests.harness.tcp import Echo, Held
 from tests.harness.istio import envoy_bin
+from tests.harness.tcp import Echo, Held
 from tests.harness.wire import post, status
 
 SHORT_MS, LONG_MS = 250, 2_000
-README = REPO / "envoyfilter" / "README.md"
+SIZING_PAGE = REPO / "envoyfilter" / "docs" / "observability.md"
 OUT = REPO / "out" / "sizing"
 
 
@@ -113,7 +113,7 @@ def test_stream_durations_quantiles_prometheus_buckets_and_advice(gateway, versi
     assert http["p50_ms"] <= 400, http
     assert st["durations"]["upgraded"]["count"] == 0 and st["durations"]["tcp"]["count"] == 0
     advice = st["advice"]
-    OUT.mkdir(parents=True, exist_ok=True)  # what envoyfilter/README.md shows, from this run
+    OUT.mkdir(parents=True, exist_ok=True)  # what envoyfilter/docs/observability.md shows, from this run
     (OUT / f"status-{version}.json").write_text(json.dumps(
         {"durations": st["durations"], "advice": advice}, indent=2) + "\n")
     assert advice["drain_timeout_s"] >= http["max_ms"] / 1000, advice
@@ -122,8 +122,8 @@ def test_stream_durations_quantiles_prometheus_buckets_and_advice(gateway, versi
     advised = {"drain_timeout": f"{advice['drain_timeout_s']}s", "lb_buffer": "10s"}
     assert grace_check(advice["termination_grace_period_s"], advised)
     assert not grace_check(advice["termination_grace_period_s"] - 1, advised)
-    # envoyfilter/README.md's sizing table starts from this measurement: its first row is this advice.
-    table = re.search(r"<!-- sizing:.*?-->\n(.*?)<!-- /sizing -->", README.read_text(), re.S)[1]
+    # envoyfilter/docs/observability.md's sizing table starts from this measurement: its first row is this advice.
+    table = re.search(r"<!-- sizing:.*?-->\n(.*?)<!-- /sizing -->", SIZING_PAGE.read_text(), re.S)[1]
     d, timeout, _, grace = map(int, re.search(r"^\| (\d+) s \| `(\d+)s` \| `(\d+)s` \| (\d+) \|$", table, re.M).groups())
     # Its D is the requests' own length; the measured p99.9 reads up to a tick (or a late tick) more.
     assert d == LONG_MS // 1000 <= math.ceil(http["p999_ms"] / 1000) <= d + 1, (table, http)
