@@ -87,18 +87,34 @@ pub fn object(v: &Value) -> Result<&Map<String, Value>, Bad> {
     v.as_object().ok_or(Bad::expected("an object"))
 }
 
-/// Field `name` of `o`; `default` when it is absent or null.
+/// Field `name` of `o`; `default` when it is absent or null. `None` when it
+/// is not what drain-gate writes, and `bad` says why: a record's fields are
+/// read one after another until one is not (see [`record!`]), so that each
+/// field costs the module a test rather than an error to copy.
 pub fn field<T: FromJson>(
     o: &Map<String, Value>,
     name: &'static str,
     default: Option<fn() -> T>,
-) -> Result<T, Bad> {
-    match (o.get(name), default) {
+    bad: &mut Option<Bad>,
+) -> Option<T> {
+    let read = match (o.get(name), default) {
         (None | Some(Value::Null), Some(d)) => Ok(d()),
         (None, None) => T::missing(),
         (Some(v), _) => T::from_json(v),
+    };
+    match read {
+        Ok(v) => Some(v),
+        Err(e) => {
+            *bad = Some(e.under(name));
+            None
+        }
     }
-    .map_err(|e| e.under(name))
+}
+
+/// What a record read by [`field`] gives: the record, or the first field that
+/// was not what drain-gate writes.
+pub fn fields<T>(read: Option<T>, bad: Option<Bad>) -> Result<T, Bad> {
+    read.ok_or(bad.unwrap_or(Bad::expected("an object")))
 }
 
 impl FromJson for u64 {
@@ -195,9 +211,13 @@ macro_rules! record {
         impl $crate::json::FromJson for $name {
             fn from_json(v: &serde_json::Value) -> Result<Self, $crate::json::Bad> {
                 let o = $crate::json::object(v)?;
-                Ok($name {
-                    $( $f: $crate::json::field(o, stringify!($f), $crate::json::record!(@default $t $(, $d)?))?, )*
-                })
+                let mut bad = None;
+                let read = (|| {
+                    Some($name {
+                        $( $f: $crate::json::field(o, stringify!($f), $crate::json::record!(@default $t $(, $d)?), &mut bad)?, )*
+                    })
+                })();
+                $crate::json::fields(read, bad)
             }
         }
     };

@@ -66,6 +66,9 @@ mod tests {
         let ours = modules(include_str!("lib.rs"));
         let fixtures = modules(include_str!("../tests/fixtures/src_modules.rs"));
         assert!(!ours.is_empty());
-        assert_eq!(ours, fixtures, "tests/fixtures/src_modules.rs must list every module of src/lib.rs");
+        assert_eq!(
+            ours, fixtures,
+            "tests/fixtures/src_modules.rs must list every module of src/lib.rs"
+        );
     }
 }
