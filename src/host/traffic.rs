@@ -594,3 +594,7 @@ impl<H: Host> Drop for TrafficStream<H> {
         }
     }
 }
+
+#[cfg(test)]
+#[path = "traffic_tests.rs"]
+mod tests;
