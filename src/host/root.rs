@@ -15,6 +15,7 @@ use super::liveness;
 use super::logs;
 use super::metrics::Metrics;
 use super::placeholder::{self, Stand, StandStream};
+use super::rotation;
 use super::shared::{Envoy, Host};
 use super::store::Store;
 use super::traffic::{Traffic, TrafficStream};
@@ -95,6 +96,7 @@ impl Role {
 /// `keys::GAUGES` is created with the metrics (`Metrics::define`).
 pub fn create_shared<H: Host + Copy>(host: H) {
     Store::new(host).create();
+    rotation::create(&host);
     liveness::ensure_registry(&host);
     placeholder::ensure(&host);
     count::create_shared(&host);
@@ -294,7 +296,7 @@ mod tests {
         // What each key reads as is what it read as absent.
         let store = Store::new(&sim);
         assert_eq!(store.load().unwrap().state, crate::fsm::State::Open);
-        assert_eq!(store.rotation_load().unwrap(), None);
+        assert_eq!(rotation::load(&&sim).unwrap(), None);
         assert_eq!(store.lb_checkers().unwrap(), Default::default());
     }
 }

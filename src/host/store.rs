@@ -1,8 +1,8 @@
 //! The FSM record in shared data — one value per `vm_id`, process-wide,
 //! written only by compare-and-swap so that every worker sees one state and
 //! two racing callers of a transition get one success and one 409 — and the
-//! records beside it: what the LB checkers were served, the connection
-//! rotation of the last drain, the clock-step watch.
+//! records beside it that have no shell of their own (see `host`): what the LB
+//! checkers were served, the clock-step watch.
 
 use std::cell::RefCell;
 use std::fmt;
@@ -14,7 +14,6 @@ use super::shared::{self, cas_update, json_change, json_read, Failed, Host, Shar
 use crate::clock::{Look, Now, Steps};
 use crate::fsm::{self, Illegal, Move, Record};
 use crate::lb::{Checkers, Gate};
-use crate::rotation;
 
 #[derive(Debug)]
 pub enum Error {
@@ -80,8 +79,8 @@ impl<H: Host> Store<H> {
     }
 
     /// Creates the records several workers update, if absent: the FSM record
-    /// (OPEN), the LB checkers, the clock-step record, the rotation record (none
-    /// yet), each as it reads when absent. Run on configure (see
+    /// (OPEN), the LB checkers, the clock-step record, each as it reads when
+    /// absent. Run on configure (see
     /// `count::create_shared`): every later write is versioned.
     pub fn create(&self) {
         let now = self.host.now();
@@ -92,10 +91,6 @@ impl<H: Host> Store<H> {
             ),
             (keys::LB, shared::encode(keys::LB, &Checkers::default())),
             (keys::CLOCK, shared::encode(keys::CLOCK, &Steps::default())),
-            (
-                keys::ROTATION,
-                shared::encode(keys::ROTATION, &None::<rotation::Record>),
-            ),
         ];
         for (key, bytes) in created {
             if let Err(e) = bytes.and_then(|b| shared::create(&self.host, key, &b)) {
@@ -294,40 +289,6 @@ impl<H: Host> Store<H> {
     pub fn lb_ignore(&self, source: &str) -> Result<bool, SharedError> {
         let now_ms = self.host.now().timer_ms();
         self.lb_change(&mut |c| c.ignore(source, now_ms))
-    }
-
-    /// The rotation record of the last drain (`crate::rotation`): written only
-    /// by the worker that owns that drain's rotation, read by any status answer.
-    pub fn rotation_load(&self) -> Result<Option<rotation::Record>, SharedError> {
-        json_read(&self.host, keys::ROTATION)
-    }
-
-    /// Claims the rotation of `claim`'s drain for this worker: written unless
-    /// that drain (or a later one) already has a record. `true`: claimed.
-    pub fn rotation_claim(&self, claim: &rotation::Record) -> Result<bool, SharedError> {
-        cas_update(&self.host, keys::ROTATION, |bytes| {
-            let current: Option<rotation::Record> = match bytes {
-                Some(b) => shared::parse(keys::ROTATION, b)?,
-                None => None,
-            };
-            if current.is_some_and(|r| r.drain_started_ms >= claim.drain_started_ms) {
-                return Ok(Step::Keep(false));
-            }
-            Ok(Step::Write(
-                shared::encode(keys::ROTATION, &Some(claim))?,
-                true,
-            ))
-        })
-        .map_err(flatten)
-    }
-
-    /// After the claim, one writer per drain, so no compare-and-swap: the
-    /// last write wins.
-    pub fn rotation_save(&self, rec: &rotation::Record) -> Result<(), SharedError> {
-        let bytes = shared::encode(keys::ROTATION, rec)?;
-        self.host
-            .set(keys::ROTATION, &bytes, None)
-            .map_err(SharedError::Write)
     }
 
     /// The clock-step record (see `crate::clock::Steps`).

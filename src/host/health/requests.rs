@@ -86,24 +86,28 @@ impl<H: Host> Health<H> {
             Ok(e) => e,
             Err(reply) => return Some(reply),
         };
-        if let Endpoint::Check(audience) = endpoint {
-            return Some(self.check(audience, req));
-        }
-        let rec = match self.store.load() {
-            Ok(r) => r,
-            Err(e) => return Some(unavailable(&e)),
-        };
         match endpoint {
             Endpoint::Check(audience) => Some(self.check(audience, req)),
-            Endpoint::Status => Some(self.status_reply(&rec)),
-            Endpoint::Transition(cmd) => Some(match self.command(cmd) {
-                Ok(next) => self.status_reply(&next),
-                Err(store::Error::Illegal(e)) => api::illegal(e),
-                Err(store::Error::Shared(e)) => unavailable(&e),
+            Endpoint::Status => self.loaded(|rec| Some(self.status_reply(&rec))),
+            Endpoint::Transition(cmd) => self.loaded(|_| {
+                Some(match self.command(cmd) {
+                    Ok(next) => self.status_reply(&next),
+                    Err(store::Error::Illegal(e)) => api::illegal(e),
+                    Err(store::Error::Shared(e)) => unavailable(&e),
+                })
             }),
             Endpoint::DrainAndWait { timeout_ms } => {
-                self.drain_and_wait(rec, timeout_ms, context_id)
+                self.loaded(|rec| self.drain_and_wait(rec, timeout_ms, context_id))
             }
+        }
+    }
+
+    /// What `then` answers from the current record; 503 when it cannot be
+    /// read. Every endpoint but the checks starts there.
+    fn loaded(&self, then: impl FnOnce(Record) -> Option<Reply>) -> Option<Reply> {
+        match self.store.load() {
+            Ok(rec) => then(rec),
+            Err(e) => Some(unavailable(&e)),
         }
     }
 

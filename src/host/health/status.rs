@@ -32,7 +32,7 @@ impl<H: Host> Health<H> {
             logs::warning!("event=lb_record_unavailable error=\"{e}\"");
             Checkers::default()
         });
-        let rotation = self.store.rotation_load().unwrap_or_else(|e| {
+        let rotation = crate::host::rotation::load(self.host()).unwrap_or_else(|e| {
             logs::warning!("event=rotation_record_unavailable error=\"{e}\"");
             None
         });
