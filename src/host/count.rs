@@ -32,7 +32,8 @@ use std::cell::Cell;
 use super::keys;
 use super::logs;
 use super::metrics::Metrics;
-use super::shared::{self, cas_update, Envoy, Host, Step};
+use super::shared::{self, cas_update, Step};
+use super::wasm_host::{Envoy, Host};
 use crate::liveness::Why;
 /// How much a root context adds to the global count at a time outside a drain.
 pub const LEASE: u64 = 8;

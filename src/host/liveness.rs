@@ -13,8 +13,9 @@ use super::count;
 use super::keys;
 use super::logs;
 use super::metrics::Metrics;
-use super::shared::{self, cas_update, json_read, json_update, Envoy, Host, SharedError};
+use super::shared::{self, cas_update, json_read, json_update, SharedError};
 use super::store::flatten;
+use super::wasm_host::{Envoy, Host};
 use crate::liveness::{self as core, Judge, Lost, Registry, Verdict, Why};
 
 /// The clock registrations and beats are written on: the host's monotonic

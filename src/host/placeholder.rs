@@ -15,8 +15,9 @@ use std::rc::Rc;
 
 use super::keys;
 use super::logs;
-use super::shared::{self, json_change, json_read, json_update, Envoy, Host};
+use super::shared::{self, json_change, json_read, json_update};
 use super::store::flatten;
+use super::wasm_host::{Envoy, Host};
 use crate::placeholder::Placeholders;
 
 /// Creates the record if absent (configure runs on the main thread before any
@@ -129,19 +130,19 @@ impl<H: Host> Drop for Stand<H> {
 }
 
 /// A request through a placeholder: passed on, uncounted.
-pub struct StandStream {
-    stand: Rc<Stand>,
+pub struct StandStream<H: Host = Envoy> {
+    stand: Rc<Stand<H>>,
 }
 
-impl StandStream {
-    pub fn new(stand: Rc<Stand>) -> StandStream {
+impl<H: Host> StandStream<H> {
+    pub fn new(stand: Rc<Stand<H>>) -> StandStream<H> {
         StandStream { stand }
     }
 }
 
-impl Context for StandStream {}
+impl<H: Host> Context for StandStream<H> {}
 
-impl HttpContext for StandStream {
+impl<H: Host> HttpContext for StandStream<H> {
     fn on_http_request_headers(&mut self, _: usize, _: bool) -> Action {
         self.stand.serve();
         Action::Continue

@@ -6,7 +6,7 @@
 use proxy_wasm::types::Status;
 use std::fmt;
 
-pub use super::wasm_host::{Envoy, Host};
+use super::wasm_host::Host;
 use crate::json::{self, FromJson, Unreadable};
 
 /// Compare-and-swap retries before an update gives up (only under

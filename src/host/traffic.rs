@@ -16,8 +16,8 @@ use super::in_flight;
 use super::liveness::Heartbeat;
 use super::logs;
 use super::metrics::Metrics;
-use super::shared::{Envoy, Host};
 use super::store::Store;
+use super::wasm_host::{Envoy, Host};
 use crate::config::{Config, NewRequests};
 use crate::fsm::{self, Record, State};
 use crate::in_flight::Ages;
@@ -519,9 +519,9 @@ impl<H: Host> TrafficStream<H> {
     }
 }
 
-impl Context for TrafficStream {}
+impl<H: Host> Context for TrafficStream<H> {}
 
-impl HttpContext for TrafficStream {
+impl<H: Host> HttpContext for TrafficStream<H> {
     fn on_http_request_headers(&mut self, _: usize, _: bool) -> Action {
         self.request_headers()
     }
@@ -546,7 +546,7 @@ impl HttpContext for TrafficStream {
     }
 }
 
-impl StreamContext for TrafficStream {
+impl<H: Host> StreamContext for TrafficStream<H> {
     fn on_downstream_data(&mut self, _: usize, end_of_stream: bool) -> Action {
         if end_of_stream {
             self.half_closed(true);

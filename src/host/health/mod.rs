@@ -29,9 +29,9 @@ use crate::host::liveness::Watch;
 use crate::host::logs;
 use crate::host::metrics::Metrics;
 use crate::host::rotation::Rotator;
-use crate::host::shared::{Envoy, Host};
 use crate::host::store::{self, Store};
 use crate::host::termination;
+use crate::host::wasm_host::{Envoy, Host};
 use crate::placeholder::Action as PlaceholderAction;
 
 /// A held `wait=closed` request.

@@ -6,7 +6,7 @@ use std::cell::{Cell, RefCell};
 
 use crate::fsm::{self, Record};
 use crate::host::logs;
-use crate::host::shared::Host;
+use crate::host::wasm_host::Host;
 use crate::receipt;
 
 impl<H: Host> Health<H> {

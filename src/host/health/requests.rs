@@ -2,9 +2,8 @@
 //! checks and commands, holds `wait=closed` answers; and the HTTP stream.
 
 use super::{send, Health, Waiter};
-use proxy_wasm::hostcalls;
 use proxy_wasm::traits::{Context, HttpContext};
-use proxy_wasm::types::{Action, MapType};
+use proxy_wasm::types::Action;
 use std::fmt::Display;
 use std::net::IpAddr;
 use std::rc::Rc;
@@ -12,8 +11,8 @@ use std::rc::Rc;
 use crate::api::{self, Audience, Endpoint, Reply};
 use crate::fsm::{self, Record, State};
 use crate::host::logs;
-use crate::host::shared::Host;
 use crate::host::store;
+use crate::host::wasm_host::{Envoy, Host};
 use crate::placeholder::Action as PlaceholderAction;
 
 /// Logs why the state could not be read; the answer is the core's.
@@ -179,54 +178,47 @@ impl<H: Host> Health<H> {
     }
 }
 
-pub struct HealthStream {
+pub struct HealthStream<H: Host = Envoy> {
     context_id: u32,
-    health: Rc<Health>,
+    health: Rc<Health<H>>,
 }
 
-impl HealthStream {
-    pub fn new(context_id: u32, health: Rc<Health>) -> HealthStream {
+impl<H: Host> HealthStream<H> {
+    pub fn new(context_id: u32, health: Rc<Health<H>>) -> HealthStream<H> {
         HealthStream { context_id, health }
     }
 }
 
-fn header(name: &str) -> Option<String> {
-    match hostcalls::get_map_value_bytes(MapType::HttpRequestHeaders, name) {
-        Ok(Some(v)) => String::from_utf8(v).ok(),
-        _ => None,
-    }
-}
-
 /// The downstream peer address (`source.address` is "ip:port").
-fn source_ip() -> Option<IpAddr> {
-    let bytes = hostcalls::get_property(vec!["source", "address"]).ok()??;
-    crate::net::peer_ip(&bytes)
+fn source_ip<H: Host>(host: &H) -> Option<IpAddr> {
+    crate::net::peer_ip(&host.property(&["source", "address"])?)
 }
 
-impl Context for HealthStream {}
+impl<H: Host> Context for HealthStream<H> {}
 
-impl HttpContext for HealthStream {
+impl<H: Host> HttpContext for HealthStream<H> {
     fn on_http_request_headers(&mut self, _: usize, _: bool) -> Action {
-        let method = header(":method").unwrap_or_default();
-        let path = header(":path").unwrap_or_default();
-        let if_none_match = header("if-none-match");
-        let authorization = header("authorization");
+        let host = self.health.host();
+        let method = host.request_header(":method").unwrap_or_default();
+        let path = host.request_header(":path").unwrap_or_default();
+        let if_none_match = host.request_header("if-none-match");
+        let authorization = host.request_header("authorization");
         let req = api::Request {
             method: &method,
             path: &path,
             if_none_match: if_none_match.as_deref(),
             authorization: authorization.as_deref(),
-            source: source_ip(),
+            source: source_ip(host),
         };
         if let Some(reply) = self.health.handle(&req, self.context_id) {
-            send(self.health.host(), None, &reply);
+            send(host, None, &reply);
         }
         // Answered locally or held: never forwarded.
         Action::Pause
     }
 }
 
-impl Drop for HealthStream {
+impl<H: Host> Drop for HealthStream<H> {
     fn drop(&mut self) {
         self.health.forget(self.context_id);
     }

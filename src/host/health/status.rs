@@ -9,7 +9,7 @@ use crate::host::count::Reading;
 use crate::host::in_flight;
 use crate::host::logs;
 use crate::host::placeholder;
-use crate::host::shared::Host;
+use crate::host::wasm_host::Host;
 use crate::lb::Checkers;
 use crate::rotation;
 

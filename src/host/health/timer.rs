@@ -9,8 +9,8 @@ use crate::fsm::{self, DrainPlan, Move, Reason, Record, State};
 use crate::host::in_flight;
 use crate::host::logs;
 use crate::host::placeholder;
-use crate::host::shared::Host;
 use crate::host::store;
+use crate::host::wasm_host::Host;
 use crate::placeholder::Action as PlaceholderAction;
 
 impl<H: Host> Health<H> {
