@@ -122,7 +122,7 @@ impl<H: Host + Copy> Root<H> {
 
     /// A role loaded as the wrong kind of filter: what passes it is not
     /// counted, so a traffic role marks the count unreliable for the life of
-    /// the process (`Why::MisplacedRole`); every role says so in one line.
+    /// the process (`Unreliable::MisplacedRole`); every role says so in one line.
     fn misplaced(&self, loaded_as: Filter) {
         let (kind, wanted) = match loaded_as {
             Filter::Http => ("an HTTP filter", "a network filter before tcp_proxy"),

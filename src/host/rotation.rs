@@ -12,8 +12,7 @@ use std::time::Duration;
 
 use super::keys;
 use super::logs;
-use super::shared::{self, cas_update, json_read, SharedError, Step};
-use super::store::flatten;
+use super::shared::{self, cas_update, json_read, Decision, SharedError};
 use super::wasm_host::{Envoy, Host};
 use crate::fsm::Record;
 use crate::lb::Gate;
@@ -69,14 +68,13 @@ fn claim_drain<H: Host>(host: &H, claim: &rotation::Record) -> Result<bool, Shar
             None => None,
         };
         if current.is_some_and(|r| r.drain_started_ms >= claim.drain_started_ms) {
-            return Ok(Step::Keep(false));
+            return Ok(Decision::Keep(false));
         }
-        Ok(Step::Write(
+        Ok(Decision::Write(
             shared::encode(keys::ROTATION, &Some(claim))?,
             true,
         ))
     })
-    .map_err(flatten)
 }
 
 /// After the claim, one writer per drain, so no compare-and-swap: the

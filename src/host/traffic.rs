@@ -11,7 +11,7 @@ use proxy_wasm::types::{Action, PeerType};
 use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 
-use super::count::{self, Counter, Counts, Part};
+use super::count::{self, ActiveCount, Part, PartCounter};
 use super::in_flight;
 use super::liveness::Heartbeat;
 use super::logs;
@@ -89,7 +89,7 @@ enum FlipHold {
 pub struct Traffic<H: Host = Envoy> {
     /// What this root counts.
     pub part: Part,
-    counts: Counts<H>,
+    active: ActiveCount<H>,
     metrics: Metrics<H>,
     store: Store<H>,
     /// Whether the state was DRAINING at the last tick (or may be: it starts
@@ -124,7 +124,7 @@ impl<H: Host + Copy> Traffic<H> {
         let host = *metrics.host();
         Traffic {
             part,
-            counts: Counts::new(&metrics),
+            active: ActiveCount::new(&metrics),
             metrics,
             store: Store::new(host),
             draining: Cell::new(true),
@@ -141,8 +141,8 @@ impl<H: Host + Copy> Traffic<H> {
 
 impl<H: Host> Traffic<H> {
     /// The counter of this root's part.
-    fn counter(&self) -> &Counter<H> {
-        self.counts.part(self.part)
+    fn counter(&self) -> &PartCounter<H> {
+        self.active.part(self.part)
     }
 
     /// Whether streams are counted exactly now: during a drain, except while
@@ -240,7 +240,7 @@ impl<H: Host> Traffic<H> {
     /// interleavings at least one side sees the other (both are sequentially
     /// consistent atomics in Envoy). A stream ending before this VM's next
     /// tick has seen a new drain is left to the health role's tick. The other
-    /// part is read after this one is released (`Counts::reads_zero`), so
+    /// part is read after this one is released (`ActiveCount::reads_zero`), so
     /// the last HTTP stream and the last TCP connection ending at once is
     /// the same argument once more.
     fn stream_ended(&self) {
@@ -329,7 +329,7 @@ impl<H: Host> Traffic<H> {
         {
             return;
         }
-        if !self.counts.reads_zero() || self.counts.read().for_decisions() > 0 {
+        if !self.active.reads_zero() || self.active.read().for_decisions() > 0 {
             return;
         }
         if let Err(e) = self.store.apply_due(0, None, &self.metrics) {

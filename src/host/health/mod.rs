@@ -24,7 +24,7 @@ use crate::api::{self, Reply};
 use crate::clock::Now;
 use crate::config::{Config, NewRequests};
 use crate::fsm::{CloseAfter, Move, Record};
-use crate::host::count::Counts;
+use crate::host::count::ActiveCount;
 use crate::host::liveness::Watch;
 use crate::host::logs;
 use crate::host::metrics::Metrics;
@@ -52,7 +52,7 @@ impl Waiter {
 #[derive(Debug)]
 pub struct Health<H: Host = Envoy> {
     pub config: Config,
-    pub counter: Counts<H>,
+    pub active: ActiveCount<H>,
     pub metrics: Metrics<H>,
     pub rotator: Rotator<H>,
     pub termination: termination::Watch<H>,
@@ -89,14 +89,14 @@ fn send<H: Host>(host: &H, context_id: Option<u32>, reply: &Reply) {
 impl<H: Host + Copy> Health<H> {
     pub fn new(config: Config, metrics: Metrics<H>) -> Health<H> {
         let host = *metrics.host();
-        let counter = Counts::new(&metrics);
+        let active = ActiveCount::new(&metrics);
         let refusing = config.draining_new_requests == NewRequests::Refuse;
         let rotator = Rotator::new(host, config.rotate_connections.clone(), refusing);
         let termination = termination::Watch::new(host, config.termination_watch.clone());
         let watch = Watch::new(host, config.tick_ms);
         let health = Health {
             config,
-            counter,
+            active,
             metrics,
             rotator,
             termination,
@@ -134,7 +134,7 @@ impl<H: Host> Health<H> {
 
     /// Moves the FSM for an admin command, then applies whatever became due
     /// (a drain with nothing in flight flips at once).
-    pub(super) fn command(&self, cmd: api::Command) -> Result<Record, store::Error> {
+    pub(super) fn command(&self, cmd: api::Command) -> Result<Record, store::TransitionError> {
         self.advance(&|r: &Record| Move {
             expected_from: cmd.expected_from(r.state),
             to: cmd.target(),
@@ -145,16 +145,19 @@ impl<H: Host> Health<H> {
     }
 
     /// Moves the FSM as `choose` says, then applies whatever became due.
-    pub(super) fn advance(&self, choose: &dyn Fn(&Record) -> Move) -> Result<Record, store::Error> {
+    pub(super) fn advance(
+        &self,
+        choose: &dyn Fn(&Record) -> Move,
+    ) -> Result<Record, store::TransitionError> {
         self.store
-            .advance(choose, self.counter.read().active, &self.metrics)?;
+            .advance(choose, self.active.read().active, &self.metrics)?;
         self.store
             .apply_due(
-                self.counter.read().for_decisions(),
+                self.active.read().for_decisions(),
                 self.lb_down_ms(),
                 &self.metrics,
             )
-            .map_err(store::Error::Shared)
+            .map_err(store::TransitionError::Shared)
     }
 
     pub(super) fn forget(&self, context_id: u32) {

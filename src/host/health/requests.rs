@@ -46,7 +46,7 @@ impl<H: Host> Health<H> {
             logs::warning!("event=lb_record_unavailable error=\"{e}\"");
         }
         if state == State::Draining && served == 404 {
-            let active = self.counter.read().for_decisions();
+            let active = self.active.read().for_decisions();
             if let Err(e) = self
                 .store
                 .apply_due(active, self.lb_down_ms(), &self.metrics)
@@ -91,8 +91,8 @@ impl<H: Host> Health<H> {
             Endpoint::Transition(cmd) => self.loaded(|_| {
                 Some(match self.command(cmd) {
                     Ok(next) => self.status_reply(&next),
-                    Err(store::Error::Illegal(e)) => api::illegal(e),
-                    Err(store::Error::Shared(e)) => unavailable(&e),
+                    Err(store::TransitionError::Illegal(e)) => api::illegal(e),
+                    Err(store::TransitionError::Shared(e)) => unavailable(&e),
                 })
             }),
             Endpoint::DrainAndWait { timeout_ms } => {
@@ -155,8 +155,8 @@ impl<H: Host> Health<H> {
             State::Open => match self.command(api::Command::Drain) {
                 Ok(next) => Ok(next),
                 // Someone else started it first: join.
-                Err(store::Error::Illegal(_)) => self.store.update(&fsm::resume),
-                Err(store::Error::Shared(e)) => Err(e),
+                Err(store::TransitionError::Illegal(_)) => self.store.update(&fsm::resume),
+                Err(store::TransitionError::Shared(e)) => Err(e),
             },
             _ => self.store.update(&fsm::resume),
         };

@@ -5,7 +5,7 @@ use super::Health;
 use crate::api::{self, CountInfo, Reply, RotationView, TrafficInfo, View};
 use crate::clock::{self};
 use crate::fsm::Record;
-use crate::host::count::Reading;
+use crate::host::count::CountReading;
 use crate::host::in_flight;
 use crate::host::logs;
 use crate::host::placeholder;
@@ -15,7 +15,7 @@ use crate::rotation;
 
 /// What a status answer shows beyond the FSM record, read at once.
 struct Snapshot {
-    reading: Reading,
+    reading: CountReading,
     checkers: Checkers,
     traffic: TrafficInfo,
     rotation: Option<rotation::Record>,
@@ -52,7 +52,7 @@ impl<H: Host> Health<H> {
         };
         let ids = reg.roots.iter().map(|r| r.id).collect();
         Snapshot {
-            reading: self.counter.read(),
+            reading: self.active.read(),
             checkers,
             traffic,
             rotation,
@@ -71,7 +71,7 @@ impl<H: Host> Health<H> {
             clock: self.clock_info(),
             in_flight: in_flight::read(self.host(), now.timer_ms(), snap.ids.iter().copied()),
             count: CountInfo {
-                source: self.counter.source_name(),
+                source: self.active.source_name(),
                 reliable: reading.reliable,
                 http_streams: reading.streams,
                 tcp_connections: reading.connections,

@@ -19,7 +19,7 @@ impl<H: Host> Health<H> {
     pub fn tick(&self) {
         self.watch_clock();
         self.watch.tick(&self.metrics);
-        let reading = self.counter.read();
+        let reading = self.active.read();
         let due = self
             .store
             .apply_due(reading.for_decisions(), self.lb_down_ms(), &self.metrics);
@@ -100,8 +100,8 @@ impl<H: Host> Health<H> {
                 p.present()
             ),
             // Another worker started it first.
-            Err(store::Error::Illegal(_)) => {}
-            Err(store::Error::Shared(e)) => logs::error!("event=state_unavailable role=health error=\"{e}\""),
+            Err(store::TransitionError::Illegal(_)) => {}
+            Err(store::TransitionError::Shared(e)) => logs::error!("event=state_unavailable role=health error=\"{e}\""),
         }
     }
 
