@@ -344,6 +344,12 @@ mod tests {
         sim.answers.borrow().last().cloned().unwrap()
     }
 
+    /// A line starting with `prefix` was logged on this test's thread.
+    fn assert_logged(prefix: &str) {
+        let lines = crate::host::logs::taken();
+        assert!(lines.iter().any(|l| l.starts_with(prefix)), "{lines:?}");
+    }
+
     /// Both roots tick, `n` times, 100 ms apart.
     fn ticks(sim: &Sim, roots: &mut [&mut Root<&'static Sim>], n: usize) {
         for _ in 0..n {
@@ -419,13 +425,7 @@ mod tests {
         let mut stream = tcp.create_http_context(30).unwrap();
         assert_eq!(stream.on_http_request_headers(2, true), Action::Continue);
         drop(stream);
-        let lines = crate::host::logs::taken();
-        assert!(
-            lines
-                .iter()
-                .any(|l| l.starts_with("event=misplaced_role role=traffic_tcp ")),
-            "{lines:?}"
-        );
+        assert_logged("event=misplaced_role role=traffic_tcp ");
         ticks(sim, &mut [&mut tcp, &mut health], 2);
         let status = ask(sim, &health, 31, "GET", "/drain/status").json();
         assert_eq!(status["count"]["reliable"], false, "{status}");
@@ -444,12 +444,6 @@ mod tests {
             None,
             "no tick for a refused configuration"
         );
-        let lines = crate::host::logs::taken();
-        assert!(
-            lines
-                .iter()
-                .any(|l| l.starts_with("invalid configuration: ")),
-            "{lines:?}"
-        );
+        assert_logged("invalid configuration: ");
     }
 }
