@@ -3,7 +3,7 @@
 //! role's shared state.
 
 use proxy_wasm::traits::{Context, HttpContext, RootContext, StreamContext};
-use proxy_wasm::types::ContextType;
+use proxy_wasm::types::{Action, ContextType, PeerType};
 use std::cell::{Cell, OnceCell};
 use std::rc::Rc;
 use std::time::Duration;
@@ -33,11 +33,86 @@ fn metrics(_: Envoy) -> Metrics {
     METRICS.with(|m| *m.get_or_init(|| Metrics::define(Envoy)))
 }
 
-/// A stream or connection of an unconfigured root: does nothing.
-struct Passthrough;
-impl Context for Passthrough {}
-impl HttpContext for Passthrough {}
-impl StreamContext for Passthrough {}
+/// Every stream or connection a root context hands the host, as one type:
+/// the module then carries one copy of the SDK's context tables rather than
+/// one per role. Each callback goes to the role's stream, which answers it as
+/// the SDK's default does where the role has nothing to do.
+enum Stream<H: Host> {
+    /// Of an unconfigured root, or of a role loaded as the wrong kind of
+    /// filter: does nothing.
+    Passthrough,
+    Traffic(TrafficStream<H>),
+    Health(HealthStream<H>),
+    Stand(StandStream<H>),
+}
+
+impl<H: Host> Context for Stream<H> {}
+
+impl<H: Host> HttpContext for Stream<H> {
+    fn on_http_request_headers(&mut self, num_headers: usize, end_of_stream: bool) -> Action {
+        match self {
+            Stream::Traffic(t) => t.on_http_request_headers(num_headers, end_of_stream),
+            Stream::Health(h) => h.on_http_request_headers(num_headers, end_of_stream),
+            Stream::Stand(s) => s.on_http_request_headers(num_headers, end_of_stream),
+            Stream::Passthrough => Action::Continue,
+        }
+    }
+
+    fn on_http_response_headers(&mut self, num_headers: usize, end_of_stream: bool) -> Action {
+        match self {
+            Stream::Traffic(t) => t.on_http_response_headers(num_headers, end_of_stream),
+            _ => Action::Continue,
+        }
+    }
+
+    fn on_http_response_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
+        match self {
+            Stream::Traffic(t) => t.on_http_response_body(body_size, end_of_stream),
+            _ => Action::Continue,
+        }
+    }
+
+    fn on_http_response_trailers(&mut self, num_trailers: usize) -> Action {
+        match self {
+            Stream::Traffic(t) => t.on_http_response_trailers(num_trailers),
+            _ => Action::Continue,
+        }
+    }
+
+    fn on_log(&mut self) {
+        if let Stream::Traffic(t) = self {
+            HttpContext::on_log(t);
+        }
+    }
+}
+
+impl<H: Host> StreamContext for Stream<H> {
+    fn on_downstream_data(&mut self, data_size: usize, end_of_stream: bool) -> Action {
+        match self {
+            Stream::Traffic(t) => t.on_downstream_data(data_size, end_of_stream),
+            _ => Action::Continue,
+        }
+    }
+
+    fn on_upstream_data(&mut self, data_size: usize, end_of_stream: bool) -> Action {
+        match self {
+            Stream::Traffic(t) => t.on_upstream_data(data_size, end_of_stream),
+            _ => Action::Continue,
+        }
+    }
+
+    fn on_downstream_close(&mut self, peer: PeerType) {
+        if let Stream::Traffic(t) = self {
+            t.on_downstream_close(peer);
+        }
+    }
+
+    fn on_upstream_close(&mut self, peer: PeerType) {
+        if let Stream::Traffic(t) = self {
+            t.on_upstream_close(peer);
+        }
+    }
+}
 
 /// What a root context does, once configured.
 pub enum Role<H: Host = Envoy> {
@@ -251,23 +326,28 @@ impl<H: Host + Copy + 'static> RootContext for Root<H> {
 
     fn create_http_context(&self, context_id: u32) -> Option<Box<dyn HttpContext>> {
         if !self.in_place() {
-            return Some(Box::new(Passthrough));
+            return Some(Box::new(Stream::<H>::Passthrough));
         }
         match &self.role {
-            Role::Traffic(t) => Some(Box::new(TrafficStream::new(Rc::clone(t)))),
-            Role::Health(h) => Some(Box::new(HealthStream::new(context_id, Rc::clone(h)))),
-            Role::Placeholder(p) => Some(Box::new(StandStream::new(Rc::clone(p)))),
+            Role::Traffic(t) => Some(Box::new(Stream::Traffic(TrafficStream::new(Rc::clone(t))))),
+            Role::Health(h) => Some(Box::new(Stream::Health(HealthStream::new(
+                context_id,
+                Rc::clone(h),
+            )))),
+            Role::Placeholder(p) => Some(Box::new(Stream::Stand(StandStream::new(Rc::clone(p))))),
             // The host does not create streams for a plugin whose
             // configuration was refused; if it ever did, pass them through.
-            Role::Unconfigured => Some(Box::new(Passthrough)),
+            Role::Unconfigured => Some(Box::new(Stream::<H>::Passthrough)),
         }
     }
 
     /// Connections of a network filter (`traffic_tcp`).
     fn create_stream_context(&self, _: u32) -> Option<Box<dyn StreamContext>> {
         match &self.role {
-            Role::Traffic(t) if self.in_place() => Some(Box::new(TrafficStream::new(Rc::clone(t)))),
-            _ => Some(Box::new(Passthrough)),
+            Role::Traffic(t) if self.in_place() => {
+                Some(Box::new(Stream::Traffic(TrafficStream::new(Rc::clone(t)))))
+            }
+            _ => Some(Box::new(Stream::<H>::Passthrough)),
         }
     }
 
