@@ -76,7 +76,7 @@ $(VENV)/.installed: tests/requirements.txt tests/requirements-run.txt
 
 ## Build ---------------------------------------------------------------------
 # Binaryen's wasm-opt (npm package `binaryen`, run by node) shrinks the module
-# by ~28%. It is optional: `make run` neither needs nor installs it (cargo's
+# by ~25%. It is optional: `make run` neither needs nor installs it (cargo's
 # module runs as it is); `make test` installs it, and `build` then optimizes.
 BINARYEN := 132.0.0
 WASM_OPT := .tools/node_modules/.bin/wasm-opt
