@@ -46,6 +46,17 @@ enum Stream<H: Host> {
     Stand(StandStream<H>),
 }
 
+impl<H: Host> Stream<H> {
+    /// The traffic role's stream, the only one with callbacks past the
+    /// request headers.
+    fn traffic(&mut self) -> Option<&mut TrafficStream<H>> {
+        match self {
+            Stream::Traffic(t) => Some(t),
+            _ => None,
+        }
+    }
+}
+
 impl<H: Host> Context for Stream<H> {}
 
 impl<H: Host> HttpContext for Stream<H> {
@@ -59,28 +70,25 @@ impl<H: Host> HttpContext for Stream<H> {
     }
 
     fn on_http_response_headers(&mut self, num_headers: usize, end_of_stream: bool) -> Action {
-        match self {
-            Stream::Traffic(t) => t.on_http_response_headers(num_headers, end_of_stream),
-            _ => Action::Continue,
-        }
+        self.traffic().map_or(Action::Continue, |t| {
+            t.on_http_response_headers(num_headers, end_of_stream)
+        })
     }
 
     fn on_http_response_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
-        match self {
-            Stream::Traffic(t) => t.on_http_response_body(body_size, end_of_stream),
-            _ => Action::Continue,
-        }
+        self.traffic().map_or(Action::Continue, |t| {
+            t.on_http_response_body(body_size, end_of_stream)
+        })
     }
 
     fn on_http_response_trailers(&mut self, num_trailers: usize) -> Action {
-        match self {
-            Stream::Traffic(t) => t.on_http_response_trailers(num_trailers),
-            _ => Action::Continue,
-        }
+        self.traffic().map_or(Action::Continue, |t| {
+            t.on_http_response_trailers(num_trailers)
+        })
     }
 
     fn on_log(&mut self) {
-        if let Stream::Traffic(t) = self {
+        if let Some(t) = self.traffic() {
             HttpContext::on_log(t);
         }
     }
@@ -88,27 +96,25 @@ impl<H: Host> HttpContext for Stream<H> {
 
 impl<H: Host> StreamContext for Stream<H> {
     fn on_downstream_data(&mut self, data_size: usize, end_of_stream: bool) -> Action {
-        match self {
-            Stream::Traffic(t) => t.on_downstream_data(data_size, end_of_stream),
-            _ => Action::Continue,
-        }
+        self.traffic().map_or(Action::Continue, |t| {
+            t.on_downstream_data(data_size, end_of_stream)
+        })
     }
 
     fn on_upstream_data(&mut self, data_size: usize, end_of_stream: bool) -> Action {
-        match self {
-            Stream::Traffic(t) => t.on_upstream_data(data_size, end_of_stream),
-            _ => Action::Continue,
-        }
+        self.traffic().map_or(Action::Continue, |t| {
+            t.on_upstream_data(data_size, end_of_stream)
+        })
     }
 
     fn on_downstream_close(&mut self, peer: PeerType) {
-        if let Stream::Traffic(t) = self {
+        if let Some(t) = self.traffic() {
             t.on_downstream_close(peer);
         }
     }
 
     fn on_upstream_close(&mut self, peer: PeerType) {
-        if let Stream::Traffic(t) = self {
+        if let Some(t) = self.traffic() {
             t.on_upstream_close(peer);
         }
     }
