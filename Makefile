@@ -76,7 +76,7 @@ $(VENV)/.installed: tests/requirements.txt tests/requirements-run.txt
 
 ## Build ---------------------------------------------------------------------
 # Binaryen's wasm-opt (npm package `binaryen`, run by node) shrinks the module
-# by ~20%. It is optional: `make run` neither needs nor installs it (cargo's
+# by ~25%. It is optional: `make run` neither needs nor installs it (cargo's
 # module runs as it is); `make test` installs it, and `build` then optimizes.
 BINARYEN := 132.0.0
 WASM_OPT := .tools/node_modules/.bin/wasm-opt
@@ -87,8 +87,14 @@ UNUSED_CALLBACKS := proxy_on_grpc_*,proxy_on_foreign_function,proxy_on_queue_rea
 
 # How the shipped module is optimized ($(1): cargo's module, $(2): the output); the cost
 # fixture (tests/bench/health_twin) is optimized the same way.
+# After -Oz: --gufa-optimizing (whole-program type flow), then --flatten and
+# --rereloop rebuild each function's control flow before shrinking again,
+# until nothing changes (--converge). --low-memory-unused lets constant offsets
+# fold into loads and stores: the first KiB is the bottom of the 1 MiB stack
+# (rustc lays the stack out first), which only an overflowed stack reaches.
 WASM_OPT_FLAGS := --enable-bulk-memory --enable-sign-ext --enable-nontrapping-float-to-int \
-  --enable-mutable-globals --remove-exports --pass-arg="remove-exports@$(UNUSED_CALLBACKS)" -Oz
+  --enable-mutable-globals --remove-exports --pass-arg="remove-exports@$(UNUSED_CALLBACKS)" \
+  --low-memory-unused -Oz --gufa-optimizing --flatten --rereloop -Oz -Oz --converge
 
 wasm-opt: ## binaryen's wasm-opt into .tools (npm), optional
 	@if [ ! -x $(WASM_OPT) ] && command -v npm >/dev/null; then \

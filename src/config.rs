@@ -117,35 +117,35 @@ impl RefuseWith {
 
 /// What is wrong with one key's value (the refusal names the key).
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Problem(String);
+pub struct ValueError(String);
 
-impl fmt::Display for Problem {
+impl fmt::Display for ValueError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.0)
     }
 }
 
-impl From<String> for Problem {
-    fn from(s: String) -> Problem {
-        Problem(s)
+impl From<String> for ValueError {
+    fn from(s: String) -> ValueError {
+        ValueError(s)
     }
 }
 
-impl From<&str> for Problem {
-    fn from(s: &str) -> Problem {
-        Problem(s.to_string())
+impl From<&str> for ValueError {
+    fn from(s: &str) -> ValueError {
+        ValueError(s.to_string())
     }
 }
 
-impl From<DurationError> for Problem {
-    fn from(e: DurationError) -> Problem {
-        Problem(e.to_string())
+impl From<DurationError> for ValueError {
+    fn from(e: DurationError) -> ValueError {
+        ValueError(e.to_string())
     }
 }
 
-impl From<CidrError> for Problem {
-    fn from(e: CidrError) -> Problem {
-        Problem(e.to_string())
+impl From<CidrError> for ValueError {
+    fn from(e: CidrError) -> ValueError {
+        ValueError(e.to_string())
     }
 }
 
@@ -162,6 +162,8 @@ impl fmt::Display for ConfigError {
     }
 }
 
+impl std::error::Error for ConfigError {}
+
 /// Shortest accepted admin token: long enough not to be guessed.
 pub const MIN_TOKEN_LEN: usize = 16;
 /// Most admin tokens accepted at once (the current one and the next, with room).
@@ -177,7 +179,7 @@ pub const MAX_WAIT_MS: u64 = 2 * duration::MAX_MS + MAX_SCRAPE_INTERVAL_MS + 5_0
 
 /// Sets one field of the configuration from the key's value, or says what is
 /// wrong with the value (the caller names the key).
-type Apply = fn(&mut Config, &Value) -> Result<(), Problem>;
+type Apply = fn(&mut Config, &Value) -> Result<(), ValueError>;
 
 #[derive(Clone, Copy)]
 enum Rule {
@@ -279,7 +281,7 @@ impl fmt::Display for Shown<'_> {
 }
 
 /// A duration value from `min_ms` to `max_ms`.
-fn duration(v: &Value, min_ms: u64, max_ms: u64) -> Result<u64, Problem> {
+fn duration(v: &Value, min_ms: u64, max_ms: u64) -> Result<u64, ValueError> {
     let s = v
         .as_str()
         .ok_or_else(|| format!("expected a duration string like \"30s\", got {}", Shown(v)))?;
@@ -301,7 +303,7 @@ fn duration(v: &Value, min_ms: u64, max_ms: u64) -> Result<u64, Problem> {
     Ok(ms)
 }
 
-fn role(c: &mut Config, v: &Value) -> Result<(), Problem> {
+fn role(c: &mut Config, v: &Value) -> Result<(), ValueError> {
     c.role = match v.as_str() {
         Some("traffic") => Role::Traffic,
         Some("traffic_tcp") => Role::TrafficTcp,
@@ -318,13 +320,13 @@ fn role(c: &mut Config, v: &Value) -> Result<(), Problem> {
     Ok(())
 }
 
-fn drain_timeout(c: &mut Config, v: &Value) -> Result<(), Problem> {
+fn drain_timeout(c: &mut Config, v: &Value) -> Result<(), ValueError> {
     duration(v, 1, duration::MAX_MS).map(|ms| c.drain_timeout_ms = ms)
 }
 
 /// Checked after `drain_timeout` (the order of `KEYS`); without the key it
 /// is 0, which never exceeds a valid `drain_timeout`.
-fn min_drain(c: &mut Config, v: &Value) -> Result<(), Problem> {
+fn min_drain(c: &mut Config, v: &Value) -> Result<(), ValueError> {
     c.min_drain_ms = duration(v, 0, duration::MAX_MS)?;
     if c.min_drain_ms > c.drain_timeout_ms {
         return Err("must not exceed drain_timeout".into());
@@ -332,15 +334,15 @@ fn min_drain(c: &mut Config, v: &Value) -> Result<(), Problem> {
     Ok(())
 }
 
-fn lb_buffer(c: &mut Config, v: &Value) -> Result<(), Problem> {
+fn lb_buffer(c: &mut Config, v: &Value) -> Result<(), ValueError> {
     duration(v, 0, duration::MAX_MS).map(|ms| c.lb_buffer_ms = ms)
 }
 
-fn tick(c: &mut Config, v: &Value) -> Result<(), Problem> {
+fn tick(c: &mut Config, v: &Value) -> Result<(), ValueError> {
     duration(v, 10, MAX_TICK_MS).map(|ms| c.tick_ms = ms)
 }
 
-fn draining_lb_status(c: &mut Config, v: &Value) -> Result<(), Problem> {
+fn draining_lb_status(c: &mut Config, v: &Value) -> Result<(), ValueError> {
     c.draining_lb_status = match v.as_u64() {
         Some(200) => 200,
         Some(404) => 404,
@@ -349,7 +351,7 @@ fn draining_lb_status(c: &mut Config, v: &Value) -> Result<(), Problem> {
     Ok(())
 }
 
-fn cidr_list(v: &Value) -> Result<Vec<Cidr>, Problem> {
+fn cidr_list(v: &Value) -> Result<Vec<Cidr>, ValueError> {
     let items = v
         .as_array()
         .ok_or_else(|| format!("expected a list of CIDRs, got {}", Shown(v)))?;
@@ -363,13 +365,13 @@ fn cidr_list(v: &Value) -> Result<Vec<Cidr>, Problem> {
     Ok(list)
 }
 
-fn admin_allow(c: &mut Config, v: &Value) -> Result<(), Problem> {
+fn admin_allow(c: &mut Config, v: &Value) -> Result<(), ValueError> {
     c.admin_allow = cidr_list(v)?;
     Ok(())
 }
 
 /// `null` (the chart's default) is the default: every source counts.
-fn lb_checkers(c: &mut Config, v: &Value) -> Result<(), Problem> {
+fn lb_checkers(c: &mut Config, v: &Value) -> Result<(), ValueError> {
     if v.is_null() {
         c.lb_checkers = None;
         return Ok(());
@@ -384,14 +386,14 @@ fn lb_checkers(c: &mut Config, v: &Value) -> Result<(), Problem> {
     Ok(())
 }
 
-fn soft_drain_gate(c: &mut Config, v: &Value) -> Result<(), Problem> {
+fn soft_drain_gate(c: &mut Config, v: &Value) -> Result<(), ValueError> {
     c.soft_drain_gate = v
         .as_bool()
         .ok_or_else(|| format!("expected true or false, got {}", Shown(v)))?;
     Ok(())
 }
 
-fn new_requests(v: &Value) -> Result<NewRequests, Problem> {
+fn new_requests(v: &Value) -> Result<NewRequests, ValueError> {
     match v.as_str() {
         Some("serve") => Ok(NewRequests::Serve),
         Some("refuse") => Ok(NewRequests::Refuse),
@@ -399,14 +401,14 @@ fn new_requests(v: &Value) -> Result<NewRequests, Problem> {
     }
 }
 
-fn draining_new_requests(c: &mut Config, v: &Value) -> Result<(), Problem> {
+fn draining_new_requests(c: &mut Config, v: &Value) -> Result<(), ValueError> {
     c.draining_new_requests = new_requests(v)?;
     Ok(())
 }
 
 /// A way of refusing that is not the default needs the refusing (checked
 /// after `draining_new_requests`, the order of `KEYS`).
-fn needs_refusing(c: &Config, value: &str) -> Result<(), Problem> {
+fn needs_refusing(c: &Config, value: &str) -> Result<(), ValueError> {
     if c.draining_new_requests == NewRequests::Refuse {
         return Ok(());
     }
@@ -415,7 +417,7 @@ fn needs_refusing(c: &Config, value: &str) -> Result<(), Problem> {
 
 /// gRPC is served unless it is refused too: an LB that cannot resend a
 /// gRPC call would pass the refusal to its client.
-fn draining_grpc_requests(c: &mut Config, v: &Value) -> Result<(), Problem> {
+fn draining_grpc_requests(c: &mut Config, v: &Value) -> Result<(), ValueError> {
     c.draining_grpc_requests = new_requests(v)?;
     if c.draining_grpc_requests == NewRequests::Refuse {
         needs_refusing(c, "refuse")?;
@@ -423,7 +425,7 @@ fn draining_grpc_requests(c: &mut Config, v: &Value) -> Result<(), Problem> {
     Ok(())
 }
 
-fn refuse_with(c: &mut Config, v: &Value) -> Result<(), Problem> {
+fn refuse_with(c: &mut Config, v: &Value) -> Result<(), ValueError> {
     c.refuse_with = match v.as_str() {
         Some("response") => RefuseWith::Response,
         Some("reset") => RefuseWith::Reset,
@@ -435,7 +437,7 @@ fn refuse_with(c: &mut Config, v: &Value) -> Result<(), Problem> {
     Ok(())
 }
 
-fn admin_token(c: &mut Config, v: &Value) -> Result<(), Problem> {
+fn admin_token(c: &mut Config, v: &Value) -> Result<(), ValueError> {
     let tokens: Vec<&str> = match v {
         Value::String(t) if t.is_empty() => Vec::new(),
         Value::String(t) => vec![t.as_str()],
@@ -459,7 +461,7 @@ fn admin_token(c: &mut Config, v: &Value) -> Result<(), Problem> {
     Ok(())
 }
 
-fn close_after(c: &mut Config, v: &Value) -> Result<(), Problem> {
+fn close_after(c: &mut Config, v: &Value) -> Result<(), ValueError> {
     c.close_after = match v.as_str() {
         Some("lb_buffer") => CloseAfter::LbBuffer,
         Some("lb_observed_down") => CloseAfter::LbObservedDown,
@@ -474,7 +476,7 @@ fn close_after(c: &mut Config, v: &Value) -> Result<(), Problem> {
     Ok(())
 }
 
-fn lb_fall(c: &mut Config, v: &Value) -> Result<(), Problem> {
+fn lb_fall(c: &mut Config, v: &Value) -> Result<(), ValueError> {
     c.lb_fall = match v.as_u64() {
         Some(n @ 1..=10) => n as u32,
         _ => return Err(format!("expected a whole number from 1 to 10, got {}", Shown(v)).into()),
@@ -482,7 +484,7 @@ fn lb_fall(c: &mut Config, v: &Value) -> Result<(), Problem> {
     Ok(())
 }
 
-fn lb_down_timeout(c: &mut Config, v: &Value) -> Result<(), Problem> {
+fn lb_down_timeout(c: &mut Config, v: &Value) -> Result<(), ValueError> {
     duration(v, 1, duration::MAX_MS).map(|ms| c.lb_down_timeout_ms = ms)
 }
 
@@ -491,7 +493,7 @@ const MAX_CLUSTER_LEN: usize = 256;
 
 /// An Envoy cluster a key names: `false` turns it off, `true` is `default`,
 /// a string names the cluster.
-fn cluster(v: &Value, default: &str) -> Result<Option<String>, Problem> {
+fn cluster(v: &Value, default: &str) -> Result<Option<String>, ValueError> {
     match v {
         Value::Bool(false) => Ok(None),
         Value::Bool(true) => Ok(Some(default.into())),
@@ -511,7 +513,7 @@ fn cluster(v: &Value, default: &str) -> Result<Option<String>, Problem> {
     }
 }
 
-fn rotate_connections(c: &mut Config, v: &Value) -> Result<(), Problem> {
+fn rotate_connections(c: &mut Config, v: &Value) -> Result<(), ValueError> {
     c.rotate_connections = cluster(v, rotation::DEFAULT_CLUSTER)?;
     Ok(())
 }
@@ -519,7 +521,7 @@ fn rotate_connections(c: &mut Config, v: &Value) -> Result<(), Problem> {
 /// istio-proxy's cluster to pilot-agent's status port (`true`).
 pub const AGENT_CLUSTER: &str = "agent";
 
-fn termination_watch(c: &mut Config, v: &Value) -> Result<(), Problem> {
+fn termination_watch(c: &mut Config, v: &Value) -> Result<(), ValueError> {
     c.termination_watch = cluster(v, AGENT_CLUSTER)?;
     Ok(())
 }
@@ -527,7 +529,7 @@ fn termination_watch(c: &mut Config, v: &Value) -> Result<(), Problem> {
 /// Longest `scrape_interval` accepted.
 const MAX_SCRAPE_INTERVAL_MS: u64 = 60_000;
 
-fn scrape_interval(c: &mut Config, v: &Value) -> Result<(), Problem> {
+fn scrape_interval(c: &mut Config, v: &Value) -> Result<(), ValueError> {
     duration(v, 0, MAX_SCRAPE_INTERVAL_MS).map(|ms| c.scrape_interval_ms = ms)
 }
 

@@ -18,29 +18,29 @@ use std::fmt;
 /// A record that is not what drain-gate writes: the innermost field that is
 /// not, and what it expected there.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Bad {
+pub struct FieldError {
     pub field: &'static str,
     pub expected: &'static str,
 }
 
-impl Bad {
-    pub fn expected(expected: &'static str) -> Bad {
-        Bad {
+impl FieldError {
+    pub fn expected(expected: &'static str) -> FieldError {
+        FieldError {
             field: "",
             expected,
         }
     }
 
     /// The error of a value read as `field`, unless an inner field named it.
-    pub fn under(self, field: &'static str) -> Bad {
+    pub fn under(self, field: &'static str) -> FieldError {
         match self.field {
-            "" => Bad { field, ..self },
+            "" => FieldError { field, ..self },
             _ => self,
         }
     }
 }
 
-impl fmt::Display for Bad {
+impl fmt::Display for FieldError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self.field {
             "" => write!(f, "expected {}", self.expected),
@@ -51,12 +51,12 @@ impl fmt::Display for Bad {
 
 /// A value read back from the JSON drain-gate wrote.
 pub trait FromJson: Sized {
-    fn from_json(v: &Value) -> Result<Self, Bad>;
+    fn from_json(v: &Value) -> Result<Self, FieldError>;
 
     /// What a record missing this field reads as (an error, unless the field
     /// may be absent).
-    fn missing() -> Result<Self, Bad> {
-        Err(Bad::expected("a value (the field is missing)"))
+    fn missing() -> Result<Self, FieldError> {
+        Err(FieldError::expected("a value (the field is missing)"))
     }
 }
 
@@ -64,14 +64,14 @@ pub trait FromJson: Sized {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Unreadable {
     NotJson,
-    Bad(Bad),
+    FieldError(FieldError),
 }
 
 impl fmt::Display for Unreadable {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Unreadable::NotJson => f.write_str("not JSON"),
-            Unreadable::Bad(bad) => bad.fmt(f),
+            Unreadable::FieldError(bad) => bad.fmt(f),
         }
     }
 }
@@ -79,86 +79,103 @@ impl fmt::Display for Unreadable {
 /// Parses bytes drain-gate wrote into a `T`.
 pub fn from_slice<T: FromJson>(bytes: &[u8]) -> Result<T, Unreadable> {
     let v: Value = serde_json::from_slice(bytes).map_err(|_| Unreadable::NotJson)?;
-    T::from_json(&v).map_err(Unreadable::Bad)
+    T::from_json(&v).map_err(Unreadable::FieldError)
 }
 
 /// The object a record is read from.
-pub fn object(v: &Value) -> Result<&Map<String, Value>, Bad> {
-    v.as_object().ok_or(Bad::expected("an object"))
+pub fn object(v: &Value) -> Result<&Map<String, Value>, FieldError> {
+    v.as_object().ok_or(FieldError::expected("an object"))
 }
 
-/// Field `name` of `o`; `default` when it is absent or null.
+/// Field `name` of `o`; `default` when it is absent or null. `None` when it
+/// is not what drain-gate writes, and `bad` says why: a record's fields are
+/// read one after another until one is not (see [`record!`]), so that each
+/// field costs the module a test rather than an error to copy.
 pub fn field<T: FromJson>(
     o: &Map<String, Value>,
     name: &'static str,
     default: Option<fn() -> T>,
-) -> Result<T, Bad> {
-    match (o.get(name), default) {
+    bad: &mut Option<FieldError>,
+) -> Option<T> {
+    let read = match (o.get(name), default) {
         (None | Some(Value::Null), Some(d)) => Ok(d()),
         (None, None) => T::missing(),
         (Some(v), _) => T::from_json(v),
+    };
+    match read {
+        Ok(v) => Some(v),
+        Err(e) => {
+            *bad = Some(e.under(name));
+            None
+        }
     }
-    .map_err(|e| e.under(name))
+}
+
+/// What a record read by [`field`] gives: the record, or the first field that
+/// was not what drain-gate writes.
+pub fn fields<T>(read: Option<T>, bad: Option<FieldError>) -> Result<T, FieldError> {
+    read.ok_or(bad.unwrap_or(FieldError::expected("an object")))
 }
 
 impl FromJson for u64 {
-    fn from_json(v: &Value) -> Result<Self, Bad> {
-        v.as_u64().ok_or(Bad::expected("an unsigned integer"))
+    fn from_json(v: &Value) -> Result<Self, FieldError> {
+        v.as_u64()
+            .ok_or(FieldError::expected("an unsigned integer"))
     }
 }
 
 impl FromJson for i64 {
-    fn from_json(v: &Value) -> Result<Self, Bad> {
-        v.as_i64().ok_or(Bad::expected("an integer"))
+    fn from_json(v: &Value) -> Result<Self, FieldError> {
+        v.as_i64().ok_or(FieldError::expected("an integer"))
     }
 }
 
 impl FromJson for u32 {
-    fn from_json(v: &Value) -> Result<Self, Bad> {
+    fn from_json(v: &Value) -> Result<Self, FieldError> {
         u64::from_json(v)?
             .try_into()
-            .map_err(|_| Bad::expected("an integer below 2^32"))
+            .map_err(|_| FieldError::expected("an integer below 2^32"))
     }
 }
 
 impl FromJson for u16 {
-    fn from_json(v: &Value) -> Result<Self, Bad> {
+    fn from_json(v: &Value) -> Result<Self, FieldError> {
         u64::from_json(v)?
             .try_into()
-            .map_err(|_| Bad::expected("an integer below 65536"))
+            .map_err(|_| FieldError::expected("an integer below 65536"))
     }
 }
 
 impl FromJson for bool {
-    fn from_json(v: &Value) -> Result<Self, Bad> {
-        v.as_bool().ok_or(Bad::expected("true or false"))
+    fn from_json(v: &Value) -> Result<Self, FieldError> {
+        v.as_bool().ok_or(FieldError::expected("true or false"))
     }
 }
 
 impl FromJson for String {
-    fn from_json(v: &Value) -> Result<Self, Bad> {
+    fn from_json(v: &Value) -> Result<Self, FieldError> {
         v.as_str()
             .map(str::to_string)
-            .ok_or(Bad::expected("a string"))
+            .ok_or(FieldError::expected("a string"))
     }
 }
 
 impl<T: FromJson> FromJson for Option<T> {
-    fn from_json(v: &Value) -> Result<Self, Bad> {
+    fn from_json(v: &Value) -> Result<Self, FieldError> {
         match v {
             Value::Null => Ok(None),
             v => T::from_json(v).map(Some),
         }
     }
 
-    fn missing() -> Result<Self, Bad> {
+    fn missing() -> Result<Self, FieldError> {
         Ok(None)
     }
 }
 
 impl<T: FromJson> FromJson for Vec<T> {
-    fn from_json(v: &Value) -> Result<Self, Bad> {
-        let items = v.as_array().ok_or(Bad::expected("a list"))?;
+    fn from_json(v: &Value) -> Result<Self, FieldError> {
+        let items = v.as_array().ok_or(FieldError::expected("a list"))?;
         let mut out = Vec::with_capacity(items.len());
         for item in items {
             out.push(T::from_json(item)?);
@@ -168,12 +185,16 @@ impl<T: FromJson> FromJson for Vec<T> {
 }
 
 /// The variant of `all` whose `name` is `s`.
-pub fn by_name<T: Copy>(v: &Value, all: &[T], name: fn(T) -> &'static str) -> Result<T, Bad> {
-    let s = v.as_str().ok_or(Bad::expected("a name"))?;
+pub fn by_name<T: Copy>(
+    v: &Value,
+    all: &[T],
+    name: fn(T) -> &'static str,
+) -> Result<T, FieldError> {
+    let s = v.as_str().ok_or(FieldError::expected("a name"))?;
     all.iter()
         .copied()
         .find(|t| name(*t) == s)
-        .ok_or(Bad::expected("one of the names drain-gate writes"))
+        .ok_or(FieldError::expected("one of the names drain-gate writes"))
 }
 
 /// A struct written with `derive(Serialize)` and read by [`FromJson`], its
@@ -193,11 +214,15 @@ macro_rules! record {
         }
 
         impl $crate::json::FromJson for $name {
-            fn from_json(v: &serde_json::Value) -> Result<Self, $crate::json::Bad> {
+            fn from_json(v: &serde_json::Value) -> Result<Self, $crate::json::FieldError> {
                 let o = $crate::json::object(v)?;
-                Ok($name {
-                    $( $f: $crate::json::field(o, stringify!($f), $crate::json::record!(@default $t $(, $d)?))?, )*
-                })
+                let mut bad = None;
+                let read = (|| {
+                    Some($name {
+                        $( $f: $crate::json::field(o, stringify!($f), $crate::json::record!(@default $t $(, $d)?), &mut bad)?, )*
+                    })
+                })();
+                $crate::json::fields(read, bad)
             }
         }
     };
@@ -239,7 +264,7 @@ macro_rules! named {
         }
 
         impl $crate::json::FromJson for $name {
-            fn from_json(v: &serde_json::Value) -> Result<Self, $crate::json::Bad> {
+            fn from_json(v: &serde_json::Value) -> Result<Self, $crate::json::FieldError> {
                 $crate::json::by_name(v, $name::ALL, $name::name)
             }
         }

@@ -85,7 +85,7 @@ record! {
 named! {
     /// Why the count is not trusted.
     #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-    pub enum Why {
+    pub enum Unreliable {
         /// A stream is in flight that could not be counted (a host call failed).
         StreamNotCounted = "stream_not_counted",
         /// A traffic root went silent without a goodbye (its VM may have failed).
@@ -101,9 +101,9 @@ named! {
     }
 }
 
-impl Why {
-    pub fn from_name(s: &str) -> Option<Why> {
-        Why::ALL.iter().copied().find(|w| w.name() == s)
+impl Unreliable {
+    pub fn from_name(s: &str) -> Option<Unreliable> {
+        Unreliable::ALL.iter().copied().find(|w| w.name() == s)
     }
 }
 
@@ -152,7 +152,7 @@ pub struct Verdict {
     /// No traffic root has registered yet: do not announce the gateway.
     pub waiting: bool,
     /// The count cannot be trusted to reach 0.
-    pub unreliable: Option<Why>,
+    pub unreliable: Option<Unreliable>,
 }
 
 impl Registry {
@@ -285,15 +285,15 @@ impl Registry {
 
     pub fn verdict(&self, now_ms: u64) -> Verdict {
         let unreliable = if self.misplaced {
-            Some(Why::MisplacedRole)
+            Some(Unreliable::MisplacedRole)
         } else if !self.lost.is_empty() || self.dropped_lost > 0 {
-            Some(Why::TrafficRoleLost)
+            Some(Unreliable::TrafficRoleLost)
         } else if self.gap_since_ms.is_some() {
-            Some(Why::TrafficRoleGone)
+            Some(Unreliable::TrafficRoleGone)
         } else if self.last_refused_ms.is_some_and(|t| {
             now_ms.saturating_sub(t) <= stale_after_ms(self.min_tick_ms.unwrap_or(0))
         }) {
-            Some(Why::TooManyTrafficRoots)
+            Some(Unreliable::TooManyTrafficRoots)
         } else {
             None
         };
@@ -324,7 +324,7 @@ record! {
 
 /// What a health tick does with the watch record.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Judge {
+pub enum WatchLook {
     /// Another health tick judged less than half a tick ago.
     Skip,
     /// Judge, silence counted from `since_ms`.
@@ -334,9 +334,9 @@ pub enum Judge {
 }
 
 impl Watch {
-    pub fn next(&self, now_ms: u64, tick_ms: u64) -> Judge {
+    pub fn next(&self, now_ms: u64, tick_ms: u64) -> WatchLook {
         let Some(last) = self.last_ms else {
-            return Judge::Now(Watch {
+            return WatchLook::Now(Watch {
                 last_ms: Some(now_ms),
                 since_ms: now_ms,
                 ..*self
@@ -344,10 +344,10 @@ impl Watch {
         };
         let gap = now_ms.saturating_sub(last);
         if gap < tick_ms / 2 {
-            return Judge::Skip;
+            return WatchLook::Skip;
         }
         if gap >= late_after_ms(tick_ms) {
-            return Judge::AfterStall(
+            return WatchLook::AfterStall(
                 Watch {
                     last_ms: Some(now_ms),
                     since_ms: now_ms,
@@ -357,7 +357,7 @@ impl Watch {
                 gap,
             );
         }
-        Judge::Now(Watch {
+        WatchLook::Now(Watch {
             last_ms: Some(now_ms),
             ..*self
         })
@@ -403,7 +403,10 @@ mod tests {
             "a second health worker moves nothing"
         );
         assert_eq!(r.lost_total, 1);
-        assert_eq!(r.verdict(3_001).unreliable, Some(Why::TrafficRoleLost));
+        assert_eq!(
+            r.verdict(3_001).unreliable,
+            Some(Unreliable::TrafficRoleLost)
+        );
         assert!(!r.verdict(3_001).waiting);
         // Long ticks stretch the threshold.
         assert_eq!(stale_after_ms(1_000), 10_000);
@@ -431,7 +434,10 @@ mod tests {
         let a = r.announce(100, 0).unwrap();
         let lost = r.stale(5_000, 0, |_| Some(1_000));
         r.mark_lost(&lost);
-        assert_eq!(r.verdict(5_000).unreliable, Some(Why::TrafficRoleLost));
+        assert_eq!(
+            r.verdict(5_000).unreliable,
+            Some(Unreliable::TrafficRoleLost)
+        );
         assert!(r.revive(|_| Some(1_000)).is_empty(), "the same old beat");
         let back = r.revive(|_| Some(5_100));
         assert_eq!(back.len(), 1);
@@ -479,7 +485,10 @@ mod tests {
         }
         assert_eq!(r.announce(100, 0), None);
         assert_eq!(r.refused, 1);
-        assert_eq!(r.verdict(0).unreliable, Some(Why::TooManyTrafficRoots));
+        assert_eq!(
+            r.verdict(0).unreliable,
+            Some(Unreliable::TooManyTrafficRoots)
+        );
         assert_eq!(
             r.verdict(STALE_MIN_MS + 1).unreliable,
             None,
@@ -522,11 +531,14 @@ mod tests {
         }
         let late = 10_000 + STALE_MIN_MS + 1;
         assert!(r2.note_gap(late, 0) && !r2.note_gap(late, 0));
-        assert_eq!(r2.verdict(late).unreliable, Some(Why::TrafficRoleGone));
+        assert_eq!(
+            r2.verdict(late).unreliable,
+            Some(Unreliable::TrafficRoleGone)
+        );
         r2.announce(100, 20_000).unwrap();
         assert_eq!(
             r2.verdict(1 << 40).unreliable,
-            Some(Why::TrafficRoleGone),
+            Some(Unreliable::TrafficRoleGone),
             "a stream of the gap is invisible: never trusted again"
         );
     }
@@ -549,25 +561,28 @@ mod tests {
         assert_eq!(r.lost_total, MAX_ROOTS as u64 + 10);
         r.revive(|_| Some(30_000));
         assert!(r.lost.is_empty());
-        assert_eq!(r.verdict(30_000).unreliable, Some(Why::TrafficRoleLost));
+        assert_eq!(
+            r.verdict(30_000).unreliable,
+            Some(Unreliable::TrafficRoleLost)
+        );
     }
 
     #[test]
     fn one_health_tick_judges_per_half_tick_and_a_stall_restarts_the_run() {
         let w = Watch::default();
-        let Judge::Now(w) = w.next(1_000, 100) else {
+        let WatchLook::Now(w) = w.next(1_000, 100) else {
             panic!("the first tick judges")
         };
         assert_eq!(
             w.next(1_040, 100),
-            Judge::Skip,
+            WatchLook::Skip,
             "another worker judged 40 ms ago"
         );
-        let Judge::Now(w) = w.next(1_100, 100) else {
+        let WatchLook::Now(w) = w.next(1_100, 100) else {
             panic!("on time")
         };
         assert_eq!(w.since_ms, 1_000);
-        let Judge::AfterStall(w, gap) = w.next(4_600, 100) else {
+        let WatchLook::AfterStall(w, gap) = w.next(4_600, 100) else {
             panic!("3.5 s without a health tick is a stall")
         };
         assert_eq!((gap, w.since_ms, w.stalls), (3_500, 4_600, 1));
@@ -575,13 +590,13 @@ mod tests {
 
     #[test]
     fn why_names_round_trip() {
-        for &w in Why::ALL {
-            assert_eq!(Why::from_name(w.name()), Some(w));
+        for &w in Unreliable::ALL {
+            assert_eq!(Unreliable::from_name(w.name()), Some(w));
             assert_eq!(
                 serde_json::to_string(&w).unwrap(),
                 format!("\"{}\"", w.name())
             );
         }
-        assert_eq!(Why::from_name("1"), None);
+        assert_eq!(Unreliable::from_name("1"), None);
     }
 }

@@ -14,7 +14,7 @@
 //! its streams run on, on the old root, which ticks until the last one ends
 //! and then says goodbye), VM death and a reloaded VM, and two workers whose
 //! first failed count coincides. Even workers count HTTP streams, odd ones
-//! TCP connections (the two parts of `Counts`, read as one count). Each run
+//! TCP connections (the two parts of `ActiveCount`, read as one count). Each run
 //! draws whether new requests are refused while draining.
 //!
 //! The count's invariants (`check_count`), after every step:
@@ -55,11 +55,11 @@ use drain_gate::host::count::Part;
 use drain_gate::host::health::Health;
 use drain_gate::host::keys;
 use drain_gate::host::metrics::Metrics;
-use drain_gate::host::shared::Host;
 use drain_gate::host::sim::Sim;
 use drain_gate::host::store::Store;
 use drain_gate::host::traffic::{Traffic, TrafficStream};
-use drain_gate::liveness::{self, Why};
+use drain_gate::host::wasm_host::Host;
+use drain_gate::liveness::{self, Unreliable};
 use drain_gate::metric_names as names;
 use drain_gate::receipt::{Tally, DOWNSTREAM_FLAGS};
 use proptest::prelude::*;
@@ -584,7 +584,7 @@ impl<'a> Model<'a> {
     /// that died before it registered).
     fn death_unmarked(&self) -> bool {
         let (reg, _, _) = drain_gate::host::liveness::Watch::new(self.sim, TICK_MS).snapshot();
-        let verdict_lost = self.health.counter.read().why == Some(Why::TrafficRoleLost);
+        let verdict_lost = self.health.active.read().why == Some(Unreliable::TrafficRoleLost);
         self.workers.iter().any(|w| {
             w.dead_ids
                 .iter()
@@ -612,7 +612,7 @@ fn check_count(m: &Model, after: &Op) -> Result<(), TestCaseError> {
             "{name} went below 0 after {after:?}: something was given back twice ({g})"
         );
     }
-    let r = m.health.counter.read();
+    let r = m.health.active.read();
     let truth = m.counted_truth();
     prop_assert!(
         r.active >= m.held_in_flight(),
@@ -629,7 +629,7 @@ fn check_count(m: &Model, after: &Op) -> Result<(), TestCaseError> {
         if !r.reliable {
             prop_assert_eq!(
                 r.why,
-                Some(Why::TrafficRoleLost),
+                Some(Unreliable::TrafficRoleLost),
                 "unreliable without a failure: {:?}",
                 r
             );
@@ -752,7 +752,7 @@ fn run(
     let mut m = Model::new(&sim, workers, min_drain_ms, *refuse);
     m.step(&Op::Time(TICK_MS, false)); // every root registers on its first tick
     if excluded {
-        prop_assert_eq!(m.health.counter.source_name(), "shared_data");
+        prop_assert_eq!(m.health.active.source_name(), "shared_data");
     }
     for op in ops {
         let was = before(&m);
@@ -796,7 +796,7 @@ fn count_at_the_end(m: &Model) -> Result<(), TestCaseError> {
             "a tick writes what a worker owes once writes succeed"
         );
     }
-    let r = m.health.counter.read();
+    let r = m.health.active.read();
     if m.clean() {
         prop_assert_eq!(r.active, 0, "{:?}", r);
         prop_assert!(r.reliable, "late roots came back, yet: {r:?}");
@@ -1015,7 +1015,7 @@ fn a_stall_of_the_whole_process_disarms_nothing() {
     for _ in 0..30 {
         m.step(&Op::Time(TICK_MS, false));
     }
-    let r = m.health.counter.read();
+    let r = m.health.active.read();
     assert!(r.reliable, "{r:?}");
     let (reg, _, watch) = drain_gate::host::liveness::Watch::new(&sim, TICK_MS).snapshot();
     assert_eq!((reg.lost_total, watch.stalls), (0, 1));
@@ -1054,11 +1054,14 @@ fn a_busy_worker_is_lost_then_back() {
     for _ in 0..(stale / TICK_MS + 3) {
         m.step(&Op::Time(TICK_MS, false));
     }
-    assert_eq!(m.health.counter.read().why, Some(Why::TrafficRoleLost));
+    assert_eq!(
+        m.health.active.read().why,
+        Some(Unreliable::TrafficRoleLost)
+    );
     m.step(&Op::Free(1));
     m.step(&Op::Time(TICK_MS, false));
     m.step(&Op::Time(TICK_MS, false));
-    let r = m.health.counter.read();
+    let r = m.health.active.read();
     assert!(r.reliable, "{r:?}");
     let (reg, _, _) = drain_gate::host::liveness::Watch::new(&sim, TICK_MS).snapshot();
     assert_eq!((reg.lost_total, reg.back_total), (1, 1));

@@ -839,7 +839,7 @@ proptest! {
 
 // ---- soft-drain gate and traffic-role liveness ----------------------------
 
-use drain_gate::liveness::{self, Registry, Why};
+use drain_gate::liveness::{self, Registry, Unreliable};
 
 proptest! {
     /// With the gate in the plan, a DRAINING record never flips on active = 0
@@ -967,12 +967,12 @@ proptest! {
         let v = reg.verdict(now);
         prop_assert_eq!(v.waiting, !reg.seen);
         if !reg.lost.is_empty() {
-            prop_assert_eq!(v.unreliable, Some(Why::TrafficRoleLost));
+            prop_assert_eq!(v.unreliable, Some(Unreliable::TrafficRoleLost));
             for l in &reg.lost {
                 prop_assert!(died.iter().any(|x| x.0 == l.id), "only the dead stay lost");
             }
         } else if v.unreliable.is_some() {
-            prop_assert_eq!(v.unreliable, Some(Why::TrafficRoleGone));
+            prop_assert_eq!(v.unreliable, Some(Unreliable::TrafficRoleGone));
             prop_assert!(reg.roots.is_empty());
         }
     }

@@ -28,7 +28,7 @@ pub struct CountInfo {
     /// connections (`traffic_tcp` role).
     pub http_streams: u64,
     pub tcp_connections: u64,
-    /// Why it is not reliable (`crate::liveness::Why`), `null` when it is.
+    /// Why it is not reliable (`crate::liveness::Unreliable`), `null` when it is.
     pub unreliable_reason: Option<&'static str>,
 }
 

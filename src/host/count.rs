@@ -1,7 +1,7 @@
 //! The active count across every worker of the Envoy, in two parts: HTTP
 //! streams (the `traffic` role) and TCP connections (the `traffic_tcp` role,
-//! on TCP and TLS-passthrough chains). Each part is one `Counter`, kept by the
-//! same rules; `Counts` reads both, and the active count is their sum.
+//! on TCP and TLS-passthrough chains). Each part is one `PartCounter`, kept by the
+//! same rules; `ActiveCount` reads both, and the active count is their sum.
 //!
 //! Primary: the part's gauge (`drain_gate_active_requests`,
 //! `drain_gate_active_connections`). A gauge defined by name is
@@ -32,8 +32,9 @@ use std::cell::Cell;
 use super::keys;
 use super::logs;
 use super::metrics::Metrics;
-use super::shared::{self, cas_update, Envoy, Host, Step};
-use crate::liveness::Why;
+use super::shared::{self, cas_update, Decision, SharedError};
+use super::wasm_host::{Envoy, Host};
+use crate::liveness::Unreliable;
 /// How much a root context adds to the global count at a time outside a drain.
 pub const LEASE: u64 = 8;
 
@@ -67,7 +68,7 @@ pub enum Source {
 /// One per root context. `H` is the host (`Envoy`; a simulated one in
 /// `tests/model.rs`).
 #[derive(Debug)]
-pub struct Counter<H: Host = Envoy> {
+pub struct PartCounter<H: Host = Envoy> {
     host: H,
     source: Source,
     key: &'static str,
@@ -124,10 +125,10 @@ pub fn announce_traffic<H: Host>(host: &H) {
     }
 }
 
-impl<H: Host> Counter<H> {
+impl<H: Host> PartCounter<H> {
     /// `gauge`: the id of the part's gauge, if the host defined it and it
     /// proved live (`Metrics`); otherwise the part lives in shared data.
-    pub fn new(host: H, part: Part, gauge: Option<u32>) -> Counter<H> {
+    pub fn new(host: H, part: Part, gauge: Option<u32>) -> PartCounter<H> {
         create_shared(&host);
         let source = match gauge {
             Some(id) => Source::Gauge(id),
@@ -138,11 +139,11 @@ impl<H: Host> Counter<H> {
                 Source::SharedData
             }
         };
-        Counter::with_host(host, part, source)
+        PartCounter::with_host(host, part, source)
     }
 
-    pub fn with_host(host: H, part: Part, source: Source) -> Counter<H> {
-        Counter {
+    pub fn with_host(host: H, part: Part, source: Source) -> PartCounter<H> {
+        PartCounter {
             host,
             source,
             key: part.shared_key(),
@@ -166,9 +167,10 @@ impl<H: Host> Counter<H> {
             // The key exists from configure on; written without a version it
             // would overwrite concurrent updates, so an absent key is a failure.
             Source::SharedData => cas_update(&self.host, self.key, |bytes| {
-                let value = shared_value(bytes).ok_or(())?;
+                // Absent or not a count: refused (`None`).
+                let value = shared_value(bytes).ok_or(None)?;
                 let next = value.saturating_add_signed(delta);
-                Ok::<_, ()>(Step::Write(next.to_le_bytes().to_vec(), ()))
+                Ok::<_, Option<SharedError>>(Decision::Write(next.to_le_bytes().to_vec(), ()))
             })
             .is_ok(),
         }
@@ -230,9 +232,9 @@ impl<H: Host> Counter<H> {
         // Created on configure (`create_shared`): an absent key is a failure,
         // retried from the tick, never a write without a version.
         let written = cas_update(&self.host, keys::UNCOUNTED, |bytes| {
-            let value = shared_value(bytes).ok_or(())?;
+            let value = shared_value(bytes).ok_or(None)?;
             let next = value.saturating_add(owed).saturating_sub(released);
-            Ok::<_, ()>(Step::Write(next.to_le_bytes().to_vec(), ()))
+            Ok::<_, Option<SharedError>>(Decision::Write(next.to_le_bytes().to_vec(), ()))
         });
         if written.is_ok() {
             self.owed.set(0);
@@ -289,22 +291,22 @@ impl<H: Host> Counter<H> {
 /// traffic root counts into its own part and reads the other; the health
 /// role only reads.
 #[derive(Debug)]
-pub struct Counts<H: Host = Envoy> {
-    streams: Counter<H>,
-    connections: Counter<H>,
+pub struct ActiveCount<H: Host = Envoy> {
+    streams: PartCounter<H>,
+    connections: PartCounter<H>,
 }
 
-impl<H: Host + Copy> Counts<H> {
-    pub fn new(metrics: &Metrics<H>) -> Counts<H> {
+impl<H: Host + Copy> ActiveCount<H> {
+    pub fn new(metrics: &Metrics<H>) -> ActiveCount<H> {
         let host = *metrics.host();
         let live = |id: Option<u32>, live: bool| id.filter(|_| live);
-        Counts::of(
-            Counter::new(
+        ActiveCount::of(
+            PartCounter::new(
                 host,
                 Part::Streams,
                 live(metrics.active, metrics.active_live),
             ),
-            Counter::new(
+            PartCounter::new(
                 host,
                 Part::Connections,
                 live(metrics.active_connections, metrics.active_connections_live),
@@ -313,16 +315,16 @@ impl<H: Host + Copy> Counts<H> {
     }
 }
 
-impl<H: Host> Counts<H> {
-    pub fn of(streams: Counter<H>, connections: Counter<H>) -> Counts<H> {
-        Counts {
+impl<H: Host> ActiveCount<H> {
+    pub fn of(streams: PartCounter<H>, connections: PartCounter<H>) -> ActiveCount<H> {
+        ActiveCount {
             streams,
             connections,
         }
     }
 
     /// The counter of one part.
-    pub fn part(&self, part: Part) -> &Counter<H> {
+    pub fn part(&self, part: Part) -> &PartCounter<H> {
         match part {
             Part::Streams => &self.streams,
             Part::Connections => &self.connections,
@@ -347,7 +349,7 @@ impl<H: Host> Counts<H> {
     }
 
     /// The count over every worker. A failed read is unreliable, never 0.
-    pub fn read(&self) -> Reading {
+    pub fn read(&self) -> CountReading {
         let (streams, connections) = (self.streams.value(), self.connections.value());
         let host = &self.streams.host;
         let uncounted = shared::read_u64(host, keys::UNCOUNTED).map(|v| v.unwrap_or(0));
@@ -358,13 +360,13 @@ impl<H: Host> Counts<H> {
         let owed = self.streams.mark_pending() || self.connections.mark_pending();
         let why = match (&verdict, &uncounted) {
             (Ok(Some(why)), _) => Some(*why),
-            (_, Ok(n)) if *n > 0 => Some(Why::StreamNotCounted),
-            _ if owed => Some(Why::StreamNotCounted),
-            _ if !traffic_seen => Some(Why::TrafficRoleNotSeen),
+            (_, Ok(n)) if *n > 0 => Some(Unreliable::StreamNotCounted),
+            _ if owed => Some(Unreliable::StreamNotCounted),
+            _ if !traffic_seen => Some(Unreliable::TrafficRoleNotSeen),
             _ => None,
         };
         let (s, c) = (streams.unwrap_or(0), connections.unwrap_or(0));
-        Reading {
+        CountReading {
             active: s.saturating_add(c),
             streams: s,
             connections: c,
@@ -378,7 +380,7 @@ impl<H: Host> Counts<H> {
     }
 }
 
-impl<H: Host> Drop for Counter<H> {
+impl<H: Host> Drop for PartCounter<H> {
     /// The root context is gone (plugin removed or reconfigured) and so are
     /// its streams: give back everything it still holds.
     fn drop(&mut self) {
@@ -392,7 +394,7 @@ impl<H: Host> Drop for Counter<H> {
 /// The liveness verdict the health role's watch last wrote
 /// (`keys::VERDICT`: the registry generation it was judged at, then the
 /// reason's name; no reason when empty or absent).
-fn verdict<H: Host>(host: &H) -> Result<Option<Why>, ()> {
+fn verdict<H: Host>(host: &H) -> Result<Option<Unreliable>, ()> {
     match host.get(keys::VERDICT) {
         // Shorter than a generation, or a name drain-gate does not write:
         // not trusted.
@@ -401,10 +403,10 @@ fn verdict<H: Host>(host: &H) -> Result<Option<Why>, ()> {
             Some(name) => Some(
                 std::str::from_utf8(name)
                     .ok()
-                    .and_then(Why::from_name)
-                    .unwrap_or(Why::TrafficRoleLost),
+                    .and_then(Unreliable::from_name)
+                    .unwrap_or(Unreliable::TrafficRoleLost),
             ),
-            None => Some(Why::TrafficRoleLost),
+            None => Some(Unreliable::TrafficRoleLost),
         }),
         Ok((None, _)) => Ok(None),
         Err(_) => Err(()),
@@ -415,8 +417,8 @@ fn verdict<H: Host>(host: &H) -> Result<Option<Why>, ()> {
 /// of a later generation is already written (two judges never turn a newer
 /// verdict back into an older one). Returns whether the reason changed with
 /// this write (the caller logs it once).
-pub fn write_verdict<H: Host>(host: &H, gen: u64, why: Option<Why>) -> bool {
-    let name = why.map_or("", Why::name).as_bytes();
+pub fn write_verdict<H: Host>(host: &H, gen: u64, why: Option<Unreliable>) -> bool {
+    let name = why.map_or("", Unreliable::name).as_bytes();
     let mut bytes = gen.to_le_bytes().to_vec();
     bytes.extend_from_slice(name);
     cas_update(host, keys::VERDICT, |current| {
@@ -425,10 +427,10 @@ pub fn write_verdict<H: Host>(host: &H, gen: u64, why: Option<Why>) -> bool {
             .and_then(shared::u64_of)
             .unwrap_or(0);
         let written_name = current.and_then(|b| b.get(8..)).unwrap_or_default();
-        Ok::<_, std::convert::Infallible>(match current {
-            Some(_) if written_gen > gen => Step::Keep(false),
-            Some(b) if b == bytes.as_slice() => Step::Keep(false),
-            _ => Step::Write(bytes.clone(), written_name != name),
+        Ok::<_, SharedError>(match current {
+            Some(_) if written_gen > gen => Decision::Keep(false),
+            Some(b) if b == bytes.as_slice() => Decision::Keep(false),
+            _ => Decision::Write(bytes.clone(), written_name != name),
         })
     })
     .unwrap_or(false)
@@ -446,17 +448,17 @@ pub fn not_counted<H: Host>(metrics: &Metrics<H>) {
 
 /// The global count as a role reads it.
 #[derive(Clone, Copy, Debug)]
-pub struct Reading {
+pub struct CountReading {
     /// HTTP streams plus TCP connections.
     pub active: u64,
     pub streams: u64,
     pub connections: u64,
     pub reliable: bool,
     /// Why it is not reliable (`None` when it is, or the read failed).
-    pub why: Option<Why>,
+    pub why: Option<Unreliable>,
 }
 
-impl Reading {
+impl CountReading {
     /// What automatic transitions may act on: an unreliable count is never 0.
     pub fn for_decisions(self) -> u64 {
         if self.reliable {
@@ -483,13 +485,13 @@ mod tests {
     #[test]
     fn a_live_gauge_counts_and_an_excluded_one_moves_the_count_to_shared_data() {
         let sim = Sim::at(0);
-        let live = Counts::new(&process(&sim));
+        let live = ActiveCount::new(&process(&sim));
         assert_eq!(live.source_name(), "gauge");
         let sim2 = Sim::at(0);
         sim2.excluded
             .borrow_mut()
             .push(names::ACTIVE_REQUESTS.to_string());
-        let moved = Counts::new(&process(&sim2));
+        let moved = ActiveCount::new(&process(&sim2));
         assert_eq!(
             moved.source_name(),
             "mixed",
@@ -508,7 +510,7 @@ mod tests {
     #[test]
     fn leases_lead_the_truth_outside_a_drain_and_are_given_back_by_the_tick() {
         let sim = Sim::at(0);
-        let counts = Counts::new(&process(&sim));
+        let counts = ActiveCount::new(&process(&sim));
         let c = counts.part(Part::Streams);
         assert!(c.enter(false) && c.enter(false));
         assert_eq!(counts.read().active, LEASE, "one lease of 8");
@@ -527,7 +529,7 @@ mod tests {
     #[test]
     fn a_stream_that_could_not_be_counted_is_owed_until_the_mark_is_written() {
         let sim = Sim::at(0);
-        let counts = Counts::new(&process(&sim));
+        let counts = ActiveCount::new(&process(&sim));
         let c = counts.part(Part::Streams);
         sim.failures.set(2); // the gauge update and the mark's write both fail
         assert!(!c.enter(true));
@@ -537,13 +539,13 @@ mod tests {
             !r.reliable && r.for_decisions() == 1,
             "this root knows: {r:?}"
         );
-        assert_eq!(r.why, Some(Why::StreamNotCounted));
+        assert_eq!(r.why, Some(Unreliable::StreamNotCounted));
         c.settle(); // the tick writes the mark
         assert!(!c.mark_pending());
-        let other = Counts::new(&Metrics::define(&sim));
+        let other = ActiveCount::new(&Metrics::define(&sim));
         assert_eq!(
             other.read().why,
-            Some(Why::StreamNotCounted),
+            Some(Unreliable::StreamNotCounted),
             "every reader sees it"
         );
     }
@@ -552,8 +554,8 @@ mod tests {
     fn two_workers_whose_first_failed_counts_coincide_both_stay_counted() {
         let sim = Sim::at(0);
         let metrics = process(&sim);
-        let (a, b) = (Counts::new(&metrics), Counts::new(&metrics));
-        let health = Counts::new(&metrics);
+        let (a, b) = (ActiveCount::new(&metrics), ActiveCount::new(&metrics));
+        let health = ActiveCount::new(&metrics);
         // Each worker's count fails; the second read the uncounted key
         // before the first wrote it, and writes only now.
         sim.failures.set(1);
@@ -566,7 +568,7 @@ mod tests {
         let r = health.read();
         assert_eq!(
             r.why,
-            Some(Why::StreamNotCounted),
+            Some(Unreliable::StreamNotCounted),
             "one is still in flight: {r:?}"
         );
         assert_eq!(r.for_decisions(), 1);
@@ -577,10 +579,10 @@ mod tests {
     #[test]
     fn no_traffic_role_in_this_vm_id_is_never_a_zero() {
         let sim = Sim::at(0);
-        let counts = Counts::new(&Metrics::define(&sim));
+        let counts = ActiveCount::new(&Metrics::define(&sim));
         let r = counts.read();
         assert_eq!((r.active, r.reliable), (0, false));
-        assert_eq!(r.why, Some(Why::TrafficRoleNotSeen));
+        assert_eq!(r.why, Some(Unreliable::TrafficRoleNotSeen));
         assert_eq!(r.for_decisions(), 1);
     }
 }

@@ -6,7 +6,8 @@
 
 use super::keys;
 use super::logs;
-use super::shared::{self, Host};
+use super::shared;
+use super::wasm_host::Host;
 use crate::in_flight::{self, InFlight, Published};
 use crate::json;
 

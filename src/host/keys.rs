@@ -19,7 +19,7 @@ pub const ACTIVE_CONNECTIONS: &str = "drain_gate.active_connections.v1";
 /// unreliable while it is above 0.
 pub const UNCOUNTED: &str = "drain_gate.uncounted.v1";
 /// The liveness verdict (the registry generation it was judged at, u64, then
-/// a `crate::liveness::Why` name; no name: trusted), written by the health
+/// a `crate::liveness::Unreliable` name; no name: trusted), written by the health
 /// role's watch.
 pub const VERDICT: &str = "drain_gate.verdict.v1";
 /// Who judges the registry, and since when (`crate::liveness::Watch`, JSON).

@@ -13,9 +13,9 @@ use super::count;
 use super::keys;
 use super::logs;
 use super::metrics::Metrics;
-use super::shared::{self, cas_update, json_read, json_update, Envoy, Host, SharedError};
-use super::store::flatten;
-use crate::liveness::{self as core, Judge, Lost, Registry, Verdict, Why};
+use super::shared::{self, cas_update, json_read, json_update, SharedError};
+use super::wasm_host::{Envoy, Host};
+use crate::liveness::{self as core, Lost, Registry, Unreliable, Verdict, WatchLook};
 
 /// The clock registrations and beats are written on: the host's monotonic
 /// clock (one for every worker of the process; no wall-clock step moves it,
@@ -54,13 +54,12 @@ fn update_registry<H: Host>(
     json_update(host, keys::REGISTRY, |r: &mut Registry| {
         r.generation = r.generation.saturating_add(1);
         f(r);
-        Ok::<_, SharedError>(r.generation)
+        r.generation
     })
-    .map_err(flatten)
 }
 
 /// Marks the count unreliable for the life of the process because a role
-/// is loaded where it cannot count (`Why::MisplacedRole`).
+/// is loaded where it cannot count (`Unreliable::MisplacedRole`).
 pub fn misplaced<H: Host>(host: &H) {
     if let Err(e) = update(host, |r| r.misplaced = true) {
         logs::error!(
@@ -208,21 +207,20 @@ impl<H: Host> Watch<H> {
     /// health role did not run for `late_after_ms` starts the run afresh.
     fn judge(&self, now: u64) -> Option<u64> {
         let tick_ms = self.tick_ms;
-        let judged = cas_update(&self.host, keys::WATCH, |bytes| {
+        let judged: Result<_, SharedError> = cas_update(&self.host, keys::WATCH, |bytes| {
             let watch: core::Watch = match bytes {
                 Some(b) => shared::parse(keys::WATCH, b)?,
                 None => core::Watch::default(),
             };
             let next = watch.next(now, tick_ms);
             let (w, stall) = match next {
-                Judge::Skip => return Ok(shared::Step::Keep(None)),
-                Judge::Now(w) => (w, None),
-                Judge::AfterStall(w, gap) => (w, Some(gap)),
+                WatchLook::Skip => return Ok(shared::Decision::Keep(None)),
+                WatchLook::Now(w) => (w, None),
+                WatchLook::AfterStall(w, gap) => (w, Some(gap)),
             };
             let bytes = shared::encode(keys::WATCH, &w)?;
-            Ok(shared::Step::Write(bytes, Some((w.since_ms, stall))))
-        })
-        .map_err(flatten);
+            Ok(shared::Decision::Write(bytes, Some((w.since_ms, stall))))
+        });
         match judged {
             Ok(Some((since, stall))) => {
                 if let Some(gap) = stall {
@@ -317,7 +315,7 @@ fn report_back(l: &Lost, now: u64) {
     );
 }
 
-fn report_verdict(why: Option<Why>) {
+fn report_verdict(why: Option<Unreliable>) {
     match why {
         Some(why) => logs::error!(
             "event=count_unreliable why={} what=\"the count is not trusted to reach 0; a drain \
@@ -332,12 +330,12 @@ fn report_verdict(why: Option<Why>) {
 #[allow(clippy::unwrap_used, clippy::indexing_slicing)]
 mod tests {
     use super::*;
-    use crate::host::count::{Counter, Counts, Part, Source};
+    use crate::host::count::{ActiveCount, Part, PartCounter, Source};
     use crate::host::sim::Sim;
 
-    fn reading(sim: &Sim) -> count::Reading {
-        let part = |p| Counter::with_host(sim, p, Source::SharedData);
-        Counts::of(part(Part::Streams), part(Part::Connections)).read()
+    fn reading(sim: &Sim) -> count::CountReading {
+        let part = |p| PartCounter::with_host(sim, p, Source::SharedData);
+        ActiveCount::of(part(Part::Streams), part(Part::Connections)).read()
     }
 
     fn process(sim: &Sim) -> (Watch<&Sim>, Metrics<&Sim>) {
@@ -389,7 +387,7 @@ mod tests {
         watch.tick(&metrics);
         let r = reading(&sim);
         assert!(!r.reliable && r.for_decisions() >= 1);
-        assert_eq!(r.why, Some(Why::TrafficRoleLost));
+        assert_eq!(r.why, Some(Unreliable::TrafficRoleLost));
         assert_eq!(sim.metric(crate::metric_names::TRAFFIC_ROLES_LOST), 1);
         assert_eq!(watch.snapshot().0.lost_total, 1);
     }
@@ -430,7 +428,7 @@ mod tests {
             }
             watch.tick(&metrics);
         }
-        assert_eq!(reading(&sim).why, Some(Why::TrafficRoleLost));
+        assert_eq!(reading(&sim).why, Some(Unreliable::TrafficRoleLost));
         late.beat();
         sim.advance(100);
         watch.tick(&metrics);
@@ -452,12 +450,12 @@ mod tests {
             sim.advance(100);
             watch.tick(&metrics);
         }
-        assert_eq!(reading(&sim).why, Some(Why::TrafficRoleGone));
+        assert_eq!(reading(&sim).why, Some(Unreliable::TrafficRoleGone));
         let again = Heartbeat::new(&sim, 100);
         again.beat();
         sim.advance(100);
         watch.tick(&metrics);
-        assert_eq!(reading(&sim).why, Some(Why::TrafficRoleGone));
+        assert_eq!(reading(&sim).why, Some(Unreliable::TrafficRoleGone));
     }
 
     #[test]
@@ -479,12 +477,16 @@ mod tests {
     #[test]
     fn a_newer_verdict_is_never_overwritten_by_an_older_one() {
         let sim = Sim::at(1_000);
-        assert!(count::write_verdict(&&sim, 5, Some(Why::TrafficRoleLost)));
+        assert!(count::write_verdict(
+            &&sim,
+            5,
+            Some(Unreliable::TrafficRoleLost)
+        ));
         assert!(
             !count::write_verdict(&&sim, 4, None),
             "judged from an older registry"
         );
-        assert_eq!(reading(&sim).why, Some(Why::TrafficRoleLost));
+        assert_eq!(reading(&sim).why, Some(Unreliable::TrafficRoleLost));
         assert!(count::write_verdict(&&sim, 6, None));
         assert!(
             !count::write_verdict(&&sim, 6, None),

@@ -7,7 +7,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::keys;
 use super::logs;
-use super::shared::{self, Envoy, Host};
+use super::shared;
+use super::wasm_host::{Envoy, Host};
 use crate::fsm::{Record, State};
 use crate::metric_names::{self as names, Kind};
 use crate::receipt::{End, Tally};

@@ -15,8 +15,8 @@ use std::rc::Rc;
 
 use super::keys;
 use super::logs;
-use super::shared::{self, json_change, json_read, json_update, Envoy, Host};
-use super::store::flatten;
+use super::shared::{self, json_change, json_read, json_update};
+use super::wasm_host::{Envoy, Host};
 use crate::placeholder::Placeholders;
 
 /// Creates the record if absent (configure runs on the main thread before any
@@ -66,10 +66,8 @@ impl<H: Host> Stand<H> {
     fn register(&self) -> Option<u64> {
         let now = self.host.now().timer_ms();
         match json_update(&self.host, keys::PLACEHOLDERS, |p: &mut Placeholders| {
-            Ok::<_, shared::SharedError>(p.register(now))
-        })
-        .map_err(flatten)
-        {
+            p.register(now)
+        }) {
             Ok(Some(id)) => {
                 logs::warning!(
                     "event=placeholder_present id={id} what=\"a traffic filter runs drain-gate's placeholder: \
@@ -96,13 +94,13 @@ impl<H: Host> Stand<H> {
             return;
         };
         match json_change(&self.host, keys::PLACEHOLDERS, |p: &mut Placeholders| {
-            Ok::<_, shared::SharedError>(p.serve(id))
+            p.serve(id)
         }) {
             Ok(_) => logs::error!(
                 "event=placeholder_served id={id} what=\"a request passed a traffic filter that runs without \
                  its own configuration: the module did not load; an announced gateway drains\""
             ),
-            Err(e) => logs::error!("event=placeholder_unregistered id={id} error=\"{}\"", flatten(e)),
+            Err(e) => logs::error!("event=placeholder_unregistered id={id} error=\"{}\"", e),
         }
     }
 
@@ -111,13 +109,10 @@ impl<H: Host> Stand<H> {
         self.done.set(true);
         let Some(id) = self.id.take() else { return };
         match json_change(&self.host, keys::PLACEHOLDERS, |p: &mut Placeholders| {
-            Ok::<_, shared::SharedError>(p.goodbye(id))
+            p.goodbye(id)
         }) {
             Ok(_) => logs::info!("event=placeholder_gone id={id}"),
-            Err(e) => logs::error!(
-                "event=placeholder_goodbye_failed id={id} error=\"{}\"",
-                flatten(e)
-            ),
+            Err(e) => logs::error!("event=placeholder_goodbye_failed id={id} error=\"{}\"", e),
         }
     }
 }
@@ -129,19 +124,19 @@ impl<H: Host> Drop for Stand<H> {
 }
 
 /// A request through a placeholder: passed on, uncounted.
-pub struct StandStream {
-    stand: Rc<Stand>,
+pub struct StandStream<H: Host = Envoy> {
+    stand: Rc<Stand<H>>,
 }
 
-impl StandStream {
-    pub fn new(stand: Rc<Stand>) -> StandStream {
+impl<H: Host> StandStream<H> {
+    pub fn new(stand: Rc<Stand<H>>) -> StandStream<H> {
         StandStream { stand }
     }
 }
 
-impl Context for StandStream {}
+impl<H: Host> Context for StandStream<H> {}
 
-impl HttpContext for StandStream {
+impl<H: Host> HttpContext for StandStream<H> {
     fn on_http_request_headers(&mut self, _: usize, _: bool) -> Action {
         self.stand.serve();
         Action::Continue

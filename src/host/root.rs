@@ -2,9 +2,8 @@
 //! and hands each HTTP stream (or, for `traffic_tcp`, each connection) the
 //! role's shared state.
 
-use proxy_wasm::hostcalls;
 use proxy_wasm::traits::{Context, HttpContext, RootContext, StreamContext};
-use proxy_wasm::types::ContextType;
+use proxy_wasm::types::{Action, ContextType, PeerType};
 use std::cell::{Cell, OnceCell};
 use std::rc::Rc;
 use std::time::Duration;
@@ -15,9 +14,10 @@ use super::liveness;
 use super::logs;
 use super::metrics::Metrics;
 use super::placeholder::{self, Stand, StandStream};
-use super::shared::{Envoy, Host};
+use super::rotation;
 use super::store::Store;
 use super::traffic::{Traffic, TrafficStream};
+use super::wasm_host::{Envoy, Host};
 use crate::config::{self, Config};
 
 thread_local! {
@@ -28,27 +28,106 @@ thread_local! {
     static METRICS: OnceCell<Metrics> = const { OnceCell::new() };
 }
 
-/// The metrics of this VM.
-fn metrics() -> Metrics {
+/// The metrics of this VM (Envoy's root contexts define them once).
+fn metrics(_: Envoy) -> Metrics {
     METRICS.with(|m| *m.get_or_init(|| Metrics::define(Envoy)))
 }
 
-/// A stream or connection of an unconfigured root: does nothing.
-struct Passthrough;
-impl Context for Passthrough {}
-impl HttpContext for Passthrough {}
-impl StreamContext for Passthrough {}
+/// Every stream or connection a root context hands the host, as one type:
+/// the module then carries one copy of the SDK's context tables rather than
+/// one per role. Each callback goes to the role's stream, which answers it as
+/// the SDK's default does where the role has nothing to do.
+enum Stream<H: Host> {
+    /// Of an unconfigured root, or of a role loaded as the wrong kind of
+    /// filter: does nothing.
+    Passthrough,
+    Traffic(TrafficStream<H>),
+    Health(HealthStream<H>),
+    Stand(StandStream<H>),
+}
+
+impl<H: Host> Stream<H> {
+    /// The traffic role's stream, the only one with callbacks past the
+    /// request headers.
+    fn traffic(&mut self) -> Option<&mut TrafficStream<H>> {
+        match self {
+            Stream::Traffic(t) => Some(t),
+            _ => None,
+        }
+    }
+}
+
+impl<H: Host> Context for Stream<H> {}
+
+impl<H: Host> HttpContext for Stream<H> {
+    fn on_http_request_headers(&mut self, num_headers: usize, end_of_stream: bool) -> Action {
+        match self {
+            Stream::Traffic(t) => t.on_http_request_headers(num_headers, end_of_stream),
+            Stream::Health(h) => h.on_http_request_headers(num_headers, end_of_stream),
+            Stream::Stand(s) => s.on_http_request_headers(num_headers, end_of_stream),
+            Stream::Passthrough => Action::Continue,
+        }
+    }
+
+    fn on_http_response_headers(&mut self, num_headers: usize, end_of_stream: bool) -> Action {
+        self.traffic().map_or(Action::Continue, |t| {
+            t.on_http_response_headers(num_headers, end_of_stream)
+        })
+    }
+
+    fn on_http_response_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
+        self.traffic().map_or(Action::Continue, |t| {
+            t.on_http_response_body(body_size, end_of_stream)
+        })
+    }
+
+    fn on_http_response_trailers(&mut self, num_trailers: usize) -> Action {
+        self.traffic().map_or(Action::Continue, |t| {
+            t.on_http_response_trailers(num_trailers)
+        })
+    }
+
+    fn on_log(&mut self) {
+        if let Some(t) = self.traffic() {
+            HttpContext::on_log(t);
+        }
+    }
+}
+
+impl<H: Host> StreamContext for Stream<H> {
+    fn on_downstream_data(&mut self, data_size: usize, end_of_stream: bool) -> Action {
+        self.traffic().map_or(Action::Continue, |t| {
+            t.on_downstream_data(data_size, end_of_stream)
+        })
+    }
+
+    fn on_upstream_data(&mut self, data_size: usize, end_of_stream: bool) -> Action {
+        self.traffic().map_or(Action::Continue, |t| {
+            t.on_upstream_data(data_size, end_of_stream)
+        })
+    }
+
+    fn on_downstream_close(&mut self, peer: PeerType) {
+        if let Some(t) = self.traffic() {
+            t.on_downstream_close(peer);
+        }
+    }
+
+    fn on_upstream_close(&mut self, peer: PeerType) {
+        if let Some(t) = self.traffic() {
+            t.on_upstream_close(peer);
+        }
+    }
+}
 
 /// What a root context does, once configured.
-#[derive(Default)]
-pub enum Role {
+pub enum Role<H: Host = Envoy> {
     /// Not (or not successfully) configured: creates no streams.
-    #[default]
     Unconfigured,
-    Traffic(Rc<Traffic>),
-    Health(Rc<Health>),
+    Traffic(Rc<Traffic<H>>),
+    Health(Rc<Health<H>>),
     /// Stands in for a traffic filter without its configuration (`crate::placeholder`).
-    Placeholder(Rc<Stand>),
+    Placeholder(Rc<Stand<H>>),
 }
 
 /// The kind of filter a root context sits in: an HTTP filter hands it
@@ -59,14 +138,24 @@ enum Filter {
     Network,
 }
 
-#[derive(Default)]
-pub struct Root {
-    pub role: Role,
+/// A root context over the host `H` (Envoy in the module, the stand-in host
+/// in `cargo test`).
+pub struct Root<H: Host = Envoy> {
+    pub role: Role<H>,
     /// Learnt from the first context the host creates (see `get_type`).
     filter: Cell<Option<Filter>>,
+    host: H,
+    /// This VM's metrics over `host`.
+    metrics: fn(H) -> Metrics<H>,
 }
 
-impl Role {
+impl Default for Root {
+    fn default() -> Root {
+        Root::new(Envoy, metrics)
+    }
+}
+
+impl<H: Host> Role<H> {
     /// The kind of filter this role must be loaded as.
     fn filter(&self) -> Option<Filter> {
         match self {
@@ -95,16 +184,27 @@ impl Role {
 /// `keys::GAUGES` is created with the metrics (`Metrics::define`).
 pub fn create_shared<H: Host + Copy>(host: H) {
     Store::new(host).create();
+    rotation::create(&host);
     liveness::ensure_registry(&host);
     placeholder::ensure(&host);
     count::create_shared(&host);
     super::sizing::create_shared(&host);
 }
 
-impl Root {
+impl<H: Host + Copy> Root<H> {
+    /// An unconfigured root over `host`, whose metrics `metrics` gives.
+    pub fn new(host: H, metrics: fn(H) -> Metrics<H>) -> Root<H> {
+        Root {
+            role: Role::Unconfigured,
+            filter: Cell::new(None),
+            host,
+            metrics,
+        }
+    }
+
     /// A role loaded as the wrong kind of filter: what passes it is not
     /// counted, so a traffic role marks the count unreliable for the life of
-    /// the process (`Why::MisplacedRole`); every role says so in one line.
+    /// the process (`Unreliable::MisplacedRole`); every role says so in one line.
     fn misplaced(&self, loaded_as: Filter) {
         let (kind, wanted) = match loaded_as {
             Filter::Http => ("an HTTP filter", "a network filter before tcp_proxy"),
@@ -121,7 +221,7 @@ impl Root {
             }
         );
         if matches!(self.role, Role::Traffic(_)) {
-            liveness::misplaced(&Envoy);
+            liveness::misplaced(&self.host);
         }
     }
 
@@ -132,10 +232,7 @@ impl Root {
         if let Some(f) = self.filter.get() {
             return f;
         }
-        let http = matches!(
-            hostcalls::get_property(vec!["request", "protocol"]),
-            Ok(Some(_))
-        );
+        let http = self.host.property(&["request", "protocol"]).is_some();
         let filter = if http { Filter::Http } else { Filter::Network };
         self.filter.set(Some(filter));
         if self.role.filter().is_some_and(|want| want != filter) {
@@ -150,7 +247,7 @@ impl Root {
     }
 }
 
-impl Context for Root {
+impl<H: Host + Copy + 'static> Context for Root<H> {
     /// The health role's outgoing calls: the admin API's answer to the
     /// connection rotation, pilot-agent's to the termination watch.
     fn on_http_call_response(&mut self, token: u32, num_headers: usize, _: usize, _: usize) {
@@ -174,13 +271,9 @@ impl Context for Root {
     }
 }
 
-impl RootContext for Root {
+impl<H: Host + Copy + 'static> RootContext for Root<H> {
     fn on_configure(&mut self, _: usize) -> bool {
-        let bytes = match hostcalls::get_buffer(
-            proxy_wasm::types::BufferType::PluginConfiguration,
-            0,
-            usize::MAX,
-        ) {
+        let bytes = match self.host.configuration() {
             Ok(b) => b.unwrap_or_default(),
             Err(e) => {
                 logs::error!("invalid configuration: (configuration): cannot be read: {e:?}");
@@ -194,13 +287,16 @@ impl RootContext for Root {
                 return false;
             }
         };
-        let metrics = metrics();
-        create_shared(Envoy);
-        match Store::new(Envoy).load() {
+        let metrics = (self.metrics)(self.host);
+        create_shared(self.host);
+        match Store::new(self.host).load() {
             Ok(rec) => metrics.set_state(rec.state),
             Err(e) => logs::error!("event=state_unavailable error=\"{e}\""),
         }
-        if let Err(e) = hostcalls::set_tick_period(Duration::from_millis(config.tick_ms)) {
+        if let Err(e) = self
+            .host
+            .set_tick_period(Duration::from_millis(config.tick_ms))
+        {
             logs::error!("invalid configuration: tick: the host refused it: {e:?}");
             return false;
         }
@@ -208,7 +304,7 @@ impl RootContext for Root {
             // Both traffic roles announce themselves and beat the same
             // heartbeat: a TCP-only gateway is a traffic role seen.
             config::Role::Traffic | config::Role::TrafficTcp => {
-                count::announce_traffic(&Envoy);
+                count::announce_traffic(&self.host);
                 let part = match config.role {
                     config::Role::TrafficTcp => Part::Connections,
                     _ => Part::Streams,
@@ -221,7 +317,7 @@ impl RootContext for Root {
                 }
                 Role::Health(Rc::new(Health::new(config, metrics)))
             }
-            config::Role::Placeholder => Role::Placeholder(Rc::new(Stand::new(Envoy))),
+            config::Role::Placeholder => Role::Placeholder(Rc::new(Stand::new(self.host))),
         };
         true
     }
@@ -237,23 +333,28 @@ impl RootContext for Root {
 
     fn create_http_context(&self, context_id: u32) -> Option<Box<dyn HttpContext>> {
         if !self.in_place() {
-            return Some(Box::new(Passthrough));
+            return Some(Box::new(Stream::<H>::Passthrough));
         }
         match &self.role {
-            Role::Traffic(t) => Some(Box::new(TrafficStream::new(Rc::clone(t)))),
-            Role::Health(h) => Some(Box::new(HealthStream::new(context_id, Rc::clone(h)))),
-            Role::Placeholder(p) => Some(Box::new(StandStream::new(Rc::clone(p)))),
+            Role::Traffic(t) => Some(Box::new(Stream::Traffic(TrafficStream::new(Rc::clone(t))))),
+            Role::Health(h) => Some(Box::new(Stream::Health(HealthStream::new(
+                context_id,
+                Rc::clone(h),
+            )))),
+            Role::Placeholder(p) => Some(Box::new(Stream::Stand(StandStream::new(Rc::clone(p))))),
             // The host does not create streams for a plugin whose
             // configuration was refused; if it ever did, pass them through.
-            Role::Unconfigured => Some(Box::new(Passthrough)),
+            Role::Unconfigured => Some(Box::new(Stream::<H>::Passthrough)),
         }
     }
 
     /// Connections of a network filter (`traffic_tcp`).
     fn create_stream_context(&self, _: u32) -> Option<Box<dyn StreamContext>> {
         match &self.role {
-            Role::Traffic(t) if self.in_place() => Some(Box::new(TrafficStream::new(Rc::clone(t)))),
-            _ => Some(Box::new(Passthrough)),
+            Role::Traffic(t) if self.in_place() => {
+                Some(Box::new(Stream::Traffic(TrafficStream::new(Rc::clone(t)))))
+            }
+            _ => Some(Box::new(Stream::<H>::Passthrough)),
         }
     }
 
@@ -271,11 +372,12 @@ impl RootContext for Root {
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used)]
+#[allow(clippy::unwrap_used, clippy::indexing_slicing)]
 mod tests {
     use super::*;
     use crate::host::keys;
-    use crate::host::sim::Sim;
+    use crate::host::sim::{Answer, Sim};
+    use proxy_wasm::types::Action;
 
     #[test]
     fn configure_creates_every_key_several_writers_update() {
@@ -295,7 +397,140 @@ mod tests {
         // What each key reads as is what it read as absent.
         let store = Store::new(&sim);
         assert_eq!(store.load().unwrap().state, crate::fsm::State::Open);
-        assert_eq!(store.rotation_load().unwrap(), None);
+        assert_eq!(rotation::load(&&sim).unwrap(), None);
         assert_eq!(store.lb_checkers().unwrap(), Default::default());
+    }
+
+    /// A process of the stand-in host that lives as long as the root
+    /// contexts the host keeps (`Box<dyn HttpContext>` is `'static`).
+    fn process() -> &'static Sim {
+        let sim: &'static Sim = Box::leak(Box::new(Sim::at(1_764_000_000_000)));
+        sim.set_property("request.protocol", b"HTTP/1.1");
+        sim
+    }
+
+    /// A root context configured with `config`, as Envoy configures one.
+    fn configured(sim: &'static Sim, config: &str) -> Root<&'static Sim> {
+        *sim.configuration.borrow_mut() = config.as_bytes().to_vec();
+        let mut root = Root::new(sim, Metrics::define);
+        assert!(root.on_configure(0), "refused: {config}");
+        root
+    }
+
+    /// One request on a new stream of the health root, as Envoy delivers it
+    /// (the SDK asks the root for the context's type first): its answer.
+    fn ask(sim: &Sim, health: &Root<&'static Sim>, ctx: u32, method: &str, path: &str) -> Answer {
+        *sim.request_headers.borrow_mut() = [(":method", method), (":path", path)]
+            .map(|(n, v)| (n.into(), v.into()))
+            .into();
+        sim.set_property("source.address", b"127.0.0.1:40000");
+        assert_eq!(health.get_type(), Some(ContextType::HttpContext));
+        let mut stream = health.create_http_context(ctx).unwrap();
+        assert_eq!(stream.on_http_request_headers(2, true), Action::Pause);
+        drop(stream);
+        sim.answers.borrow().last().cloned().unwrap()
+    }
+
+    /// A line starting with `prefix` was logged on this test's thread.
+    fn assert_logged(prefix: &str) {
+        let lines = crate::host::logs::taken();
+        assert!(lines.iter().any(|l| l.starts_with(prefix)), "{lines:?}");
+    }
+
+    /// Both roots tick, `n` times, 100 ms apart.
+    fn ticks(sim: &Sim, roots: &mut [&mut Root<&'static Sim>], n: usize) {
+        for _ in 0..n {
+            sim.advance(100);
+            for root in roots.iter_mut() {
+                root.on_tick();
+            }
+        }
+    }
+
+    #[test]
+    fn configure_streams_a_drain_and_the_health_answers_end_to_end() {
+        let sim = process();
+        let mut traffic = configured(sim, r#"{"role":"traffic"}"#);
+        assert_eq!(sim.tick_period.get(), Some(Duration::from_millis(100)));
+        let mut health = configured(sim, r#"{"role":"health","lb_buffer":"1s"}"#);
+        assert_eq!(traffic.get_type(), Some(ContextType::HttpContext));
+        assert_eq!(health.get_type(), Some(ContextType::HttpContext));
+        ticks(sim, &mut [&mut traffic, &mut health], 1);
+        assert_eq!(
+            ask(sim, &health, 10, "GET", "/health_check.html").status,
+            200
+        );
+
+        let mut stream = traffic.create_http_context(20).unwrap();
+        assert_eq!(stream.on_http_request_headers(4, true), Action::Continue);
+        let drain = ask(sim, &health, 11, "POST", "/drain");
+        assert_eq!(
+            (drain.status, drain.json()["state"].as_str()),
+            (200, Some("DRAINING"))
+        );
+        ticks(sim, &mut [&mut traffic, &mut health], 3);
+        let lb = ask(sim, &health, 12, "GET", "/health_check.html");
+        assert_eq!(lb.status, 200, "held at 200 while the stream runs");
+        let status = ask(sim, &health, 13, "GET", "/drain/status").json();
+        assert_eq!(
+            (status["state"].as_str(), &status["active"]),
+            (Some("DRAINING"), &1.into())
+        );
+
+        assert_eq!(stream.on_http_response_headers(3, true), Action::Continue);
+        sim.set_property("response.code_details", b"via_upstream");
+        stream.on_log();
+        drop(stream);
+        let status = ask(sim, &health, 14, "GET", "/drain/status").json();
+        assert_eq!(
+            status["state"], "CLOSING",
+            "flipped by the stream's own end"
+        );
+        ticks(sim, &mut [&mut traffic, &mut health], 10);
+        let lb = ask(sim, &health, 15, "GET", "/health_check.html");
+        assert_eq!(lb.status, 503, "CLOSED once lb_buffer is over");
+        let status = ask(sim, &health, 16, "GET", "/drain/status").json();
+        assert_eq!(
+            (
+                status["state"].as_str(),
+                status["receipt"]["completed"].as_u64()
+            ),
+            (Some("CLOSED"), Some(1))
+        );
+    }
+
+    #[test]
+    fn a_role_loaded_as_the_wrong_kind_of_filter_passes_through_and_no_count_is_trusted() {
+        let sim = process();
+        let mut health = configured(sim, r#"{"role":"health"}"#);
+        let mut tcp = configured(sim, r#"{"role":"traffic_tcp"}"#);
+        assert_eq!(
+            tcp.get_type(),
+            Some(ContextType::HttpContext),
+            "an HTTP filter creates HTTP streams, whatever the role"
+        );
+        let mut stream = tcp.create_http_context(30).unwrap();
+        assert_eq!(stream.on_http_request_headers(2, true), Action::Continue);
+        drop(stream);
+        assert_logged("event=misplaced_role role=traffic_tcp ");
+        ticks(sim, &mut [&mut tcp, &mut health], 2);
+        let status = ask(sim, &health, 31, "GET", "/drain/status").json();
+        assert_eq!(status["count"]["reliable"], false, "{status}");
+        assert_eq!(status["count"]["unreliable_reason"], "misplaced_role");
+    }
+
+    #[test]
+    fn a_configuration_that_does_not_parse_is_refused_and_the_root_stays_unconfigured() {
+        let sim = process();
+        *sim.configuration.borrow_mut() = br#"{"role":"nope"}"#.to_vec();
+        let mut root = Root::new(sim, Metrics::define);
+        assert!(!root.on_configure(0));
+        assert!(matches!(root.role, Role::Unconfigured));
+        assert_eq!(
+            sim.tick_period.get(),
+            None,
+            "no tick for a refused configuration"
+        );
+        assert_logged("invalid configuration: ");
     }
 }

@@ -1,5 +1,5 @@
 //! Connection rotation (`crate::rotation`): the health root context's call to
-//! Envoy's admin API, and its record in shared data.
+//! Envoy's admin API, and its record in shared data (`keys::ROTATION`).
 //!
 //! The health root context's tick sends it once it is due
 //! (`rotation::due`): a call made from a stream would belong to it, and Envoy
@@ -10,9 +10,10 @@
 use std::cell::RefCell;
 use std::time::Duration;
 
+use super::keys;
 use super::logs;
-use super::shared::{Envoy, Host};
-use super::store::Store;
+use super::shared::{self, cas_update, json_read, Decision, SharedError};
+use super::wasm_host::{Envoy, Host};
 use crate::fsm::Record;
 use crate::lb::Gate;
 use crate::rotation::{self, Outcome};
@@ -23,7 +24,7 @@ type Sent = Option<(u32, rotation::Record)>;
 /// This worker's part in the rotation: at most one call at a time.
 #[derive(Debug)]
 pub struct Rotator<H: Host = Envoy> {
-    store: Store<H>,
+    host: H,
     /// `None`: rotation is turned off.
     cluster: Option<String>,
     refusing: bool,
@@ -46,11 +47,49 @@ fn log_outcome(rec: &rotation::Record) {
     }
 }
 
+/// Creates the rotation record (none yet) unless it exists: on configure,
+/// with the records of `Store::create` (see `root::create_shared`).
+pub fn create<H: Host>(host: &H) {
+    shared::ensure_json(host, keys::ROTATION, &None::<rotation::Record>);
+}
+
+/// The rotation record of the last drain (`crate::rotation`): written only
+/// by the worker that owns that drain's rotation, read by any status answer.
+pub fn load<H: Host>(host: &H) -> Result<Option<rotation::Record>, SharedError> {
+    json_read(host, keys::ROTATION)
+}
+
+/// Claims the rotation of `claim`'s drain for this worker: written unless
+/// that drain (or a later one) already has a record. `true`: claimed.
+fn claim_drain<H: Host>(host: &H, claim: &rotation::Record) -> Result<bool, SharedError> {
+    cas_update(host, keys::ROTATION, |bytes| {
+        let current: Option<rotation::Record> = match bytes {
+            Some(b) => shared::parse(keys::ROTATION, b)?,
+            None => None,
+        };
+        if current.is_some_and(|r| r.drain_started_ms >= claim.drain_started_ms) {
+            return Ok(Decision::Keep(false));
+        }
+        Ok(Decision::Write(
+            shared::encode(keys::ROTATION, &Some(claim))?,
+            true,
+        ))
+    })
+}
+
+/// After the claim, one writer per drain, so no compare-and-swap: the
+/// last write wins.
+fn save<H: Host>(host: &H, rec: &rotation::Record) -> Result<(), SharedError> {
+    let bytes = shared::encode(keys::ROTATION, rec)?;
+    host.set(keys::ROTATION, &bytes, None)
+        .map_err(SharedError::Write)
+}
+
 impl<H: Host> Rotator<H> {
     /// `refusing`: drains refuse new requests (`draining_new_requests`).
     pub fn new(host: H, cluster: Option<String>, refusing: bool) -> Rotator<H> {
         Rotator {
-            store: Store::new(host),
+            host,
             cluster,
             refusing,
             sent: RefCell::new(None),
@@ -71,9 +110,9 @@ impl<H: Host> Rotator<H> {
         ) else {
             return;
         };
-        let host = self.store.host();
+        let host = &self.host;
         let claim = rotation::Record::pending(drain_ms, trigger, host.now().wall_ms);
-        match self.store.rotation_claim(&claim) {
+        match claim_drain(&self.host, &claim) {
             Ok(true) => {}
             Ok(false) => return, // another worker sent it, or a later drain's is recorded
             Err(e) => {
@@ -88,12 +127,12 @@ impl<H: Host> Rotator<H> {
 
     /// Saves `rec` unless a later drain's rotation is already recorded.
     fn save(&self, rec: &rotation::Record) {
-        let newer = matches!(self.store.rotation_load(),
+        let newer = matches!(load(&self.host),
             Ok(Some(r)) if r.drain_started_ms > rec.drain_started_ms);
         if newer {
             return;
         }
-        if let Err(e) = self.store.rotation_save(rec) {
+        if let Err(e) = save(&self.host, rec) {
             logs::warning!("event=rotation_record_unavailable error=\"{e}\"");
         }
     }
@@ -106,7 +145,7 @@ impl<H: Host> Rotator<H> {
             (":authority", "envoy-admin"),
         ];
         let timeout = Duration::from_millis(rotation::TIMEOUT_MS);
-        match self.store.host().http_call(cluster, &headers, timeout) {
+        match self.host.http_call(cluster, &headers, timeout) {
             Ok(token) => {
                 *self.sent.borrow_mut() = Some((token, claim.clone()));
                 claim
@@ -129,7 +168,7 @@ impl<H: Host> Rotator<H> {
             _ => return,
         };
         *self.sent.borrow_mut() = None;
-        let host = self.store.host();
+        let host = &self.host;
         let status = if num_headers == 0 {
             None
         } else {

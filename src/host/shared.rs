@@ -6,7 +6,7 @@
 use proxy_wasm::types::Status;
 use std::fmt;
 
-pub use super::wasm_host::{Envoy, Host};
+use super::wasm_host::Host;
 use crate::json::{self, FromJson, Unreadable};
 
 /// Compare-and-swap retries before an update gives up (only under
@@ -48,37 +48,12 @@ impl fmt::Display for SharedError {
 impl std::error::Error for SharedError {}
 
 /// What the update function decides for the value it was shown.
-pub enum Step<R> {
+pub enum Decision<R> {
     /// Write these bytes (if nobody wrote meanwhile) and return `R`.
     Write(Vec<u8>, R),
     /// Write nothing and return `R`.
     Keep(R),
 }
-
-/// Why an update did not happen: the update function refused the value it
-/// was shown, or the host failed.
-#[derive(Debug, PartialEq, Eq)]
-pub enum Failed<E> {
-    Refused(E),
-    Shared(SharedError),
-}
-
-impl<E> From<SharedError> for Failed<E> {
-    fn from(e: SharedError) -> Failed<E> {
-        Failed::Shared(e)
-    }
-}
-
-impl<E: fmt::Display> fmt::Display for Failed<E> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Failed::Refused(e) => write!(f, "{e}"),
-            Failed::Shared(e) => write!(f, "{e}"),
-        }
-    }
-}
-
-impl<E: fmt::Debug + fmt::Display> std::error::Error for Failed<E> {}
 
 /// The one compare-and-swap loop: reads `key`, lets `f` decide from the
 /// current bytes (`None`: absent), writes with the version it read, and
@@ -88,16 +63,16 @@ impl<E: fmt::Debug + fmt::Display> std::error::Error for Failed<E> {}
 /// several writers share is therefore created on configure
 /// (`host::root::create_shared`), which Envoy runs on the main thread before
 /// any worker VM exists; the count's keys refuse an absent value outright.
-pub fn cas_update<H: Host + ?Sized, R, E>(
+pub fn cas_update<H: Host + ?Sized, R, E: From<SharedError>>(
     host: &H,
     key: &str,
-    mut f: impl FnMut(Option<&[u8]>) -> Result<Step<R>, E>,
-) -> Result<R, Failed<E>> {
+    mut f: impl FnMut(Option<&[u8]>) -> Result<Decision<R>, E>,
+) -> Result<R, E> {
     for _ in 0..RETRIES {
         let (bytes, cas) = host.get(key).map_err(SharedError::Read)?;
-        match f(bytes.as_deref()).map_err(Failed::Refused)? {
-            Step::Keep(r) => return Ok(r),
-            Step::Write(next, r) => match host.set(key, &next, cas) {
+        match f(bytes.as_deref())? {
+            Decision::Keep(r) => return Ok(r),
+            Decision::Write(next, r) => match host.set(key, &next, cas) {
                 Ok(()) => return Ok(r),
                 Err(Status::CasMismatch) => continue,
                 Err(e) => return Err(SharedError::Write(e).into()),
@@ -118,56 +93,45 @@ pub fn encode<T: serde::Serialize>(key: &'static str, value: &T) -> Result<Vec<u
 }
 
 /// `cas_update` for a JSON value that starts as `T::default()` when absent:
-/// `f` changes it (or refuses), and the changed value is written.
-pub fn json_update<H, T, R, E>(
+/// `f` changes it, and the changed value is written.
+pub fn json_update<H, T, R>(
     host: &H,
     key: &'static str,
-    mut f: impl FnMut(&mut T) -> Result<R, E>,
-) -> Result<R, Failed<E>>
+    mut f: impl FnMut(&mut T) -> R,
+) -> Result<R, SharedError>
 where
     H: Host + ?Sized,
     T: serde::Serialize + FromJson + Default,
 {
     cas_update(host, key, |bytes| {
         let mut value: T = match bytes {
-            Some(b) => parse(key, b).map_err(Failed::Shared)?,
+            Some(b) => parse(key, b)?,
             None => T::default(),
         };
-        let r = f(&mut value).map_err(Failed::Refused)?;
-        Ok(Step::Write(encode(key, &value).map_err(Failed::Shared)?, r))
-    })
-    .map_err(|e| match e {
-        Failed::Refused(inner) => inner,
-        Failed::Shared(s) => Failed::Shared(s),
+        let r = f(&mut value);
+        Ok::<_, SharedError>(Decision::Write(encode(key, &value)?, r))
     })
 }
 
 /// `json_update` that writes only when `f` says it changed the value.
-pub fn json_change<H, T, E>(
+pub fn json_change<H, T>(
     host: &H,
     key: &'static str,
-    mut f: impl FnMut(&mut T) -> Result<bool, E>,
-) -> Result<bool, Failed<E>>
+    mut f: impl FnMut(&mut T) -> bool,
+) -> Result<bool, SharedError>
 where
     H: Host + ?Sized,
     T: serde::Serialize + FromJson + Default,
 {
     cas_update(host, key, |bytes| {
         let mut value: T = match bytes {
-            Some(b) => parse(key, b).map_err(Failed::Shared)?,
+            Some(b) => parse(key, b)?,
             None => T::default(),
         };
-        if !f(&mut value).map_err(Failed::Refused)? {
-            return Ok(Step::Keep(false));
+        if !f(&mut value) {
+            return Ok(Decision::Keep(false));
         }
-        Ok(Step::Write(
-            encode(key, &value).map_err(Failed::Shared)?,
-            true,
-        ))
-    })
-    .map_err(|e| match e {
-        Failed::Refused(inner) => inner,
-        Failed::Shared(s) => Failed::Shared(s),
+        Ok::<_, SharedError>(Decision::Write(encode(key, &value)?, true))
     })
 }
 

@@ -79,6 +79,10 @@ pub struct Sim {
     pub response_headers: RefCell<Vec<(String, String)>>,
     /// Streams the shell reset.
     pub resets: Cell<u32>,
+    /// The plugin configuration a root context reads on configure.
+    pub configuration: RefCell<Vec<u8>>,
+    /// The tick period the last configured root context asked for.
+    pub tick_period: Cell<Option<Duration>>,
     /// Host calls made so far (what a hot path costs), counted as the ABI
     /// calls Envoy serves: `now` is two (the wall clock and WASI's monotonic
     /// one), an answer on another stream two (`proxy_set_effective_context`
@@ -341,4 +345,66 @@ impl Host for &Sim {
         self.resets.set(self.resets.get() + 1);
         Ok(())
     }
+
+    fn configuration(&self) -> Result<Option<Vec<u8>>, Status> {
+        self.calls(1);
+        let bytes = self.configuration.borrow().clone();
+        Ok((!bytes.is_empty()).then_some(bytes))
+    }
+
+    fn set_tick_period(&self, period: Duration) -> Result<(), Status> {
+        self.calls(1);
+        self.tick_period.set(Some(period));
+        Ok(())
+    }
+}
+
+/// The SDK's host-call imports, so that a test binary links: the stream
+/// contexts a root context hands out (`Box<dyn HttpContext>`) carry every
+/// default method of the SDK's traits, which name them. The shell never calls
+/// them (every host call goes through `Host`, here the `Sim`): each aborts.
+#[cfg(test)]
+mod abi {
+    macro_rules! absent {
+        ($($name:ident),* $(,)?) => {
+            $(
+                #[no_mangle]
+                extern "C" fn $name() -> u32 {
+                    std::process::abort()
+                }
+            )*
+        };
+    }
+
+    absent!(
+        proxy_add_header_map_value,
+        proxy_call_foreign_function,
+        proxy_close_stream,
+        proxy_continue_stream,
+        proxy_dequeue_shared_queue,
+        proxy_done,
+        proxy_enqueue_shared_queue,
+        proxy_get_buffer_bytes,
+        proxy_get_current_time_nanoseconds,
+        proxy_get_header_map_pairs,
+        proxy_get_header_map_value,
+        proxy_get_property,
+        proxy_get_shared_data,
+        proxy_get_status,
+        proxy_grpc_call,
+        proxy_grpc_cancel,
+        proxy_grpc_close,
+        proxy_grpc_send,
+        proxy_grpc_stream,
+        proxy_http_call,
+        proxy_register_shared_queue,
+        proxy_remove_header_map_value,
+        proxy_replace_header_map_value,
+        proxy_resolve_shared_queue,
+        proxy_send_local_response,
+        proxy_set_buffer_bytes,
+        proxy_set_header_map_pairs,
+        proxy_set_property,
+        proxy_set_shared_data,
+    );
 }

@@ -13,11 +13,11 @@
 //! bucket that moved, per tick.
 
 use std::cell::RefCell;
-use std::convert::Infallible;
 
 use super::keys;
 use super::logs;
-use super::shared::{self, cas_update, Host, Step};
+use super::shared::{self, cas_update, Decision, SharedError};
+use super::wasm_host::Host;
 use crate::sizing::{Durations, Kind, Pending, BYTES, EXPORT_LE_MS};
 
 /// Counters per kind: one per exported `le`, `+Inf`, `_count`, `_sum`.
@@ -132,7 +132,7 @@ impl<H: Host> Book<H> {
                 total = vec![0; BYTES];
                 pending.add_into(&mut total);
             }
-            Ok::<_, Infallible>(Step::Write(total, ()))
+            Ok::<_, SharedError>(Decision::Write(total, ()))
         });
         if let Err(e) = merged {
             logs::warning!(

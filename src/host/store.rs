@@ -1,8 +1,8 @@
 //! The FSM record in shared data — one value per `vm_id`, process-wide,
 //! written only by compare-and-swap so that every worker sees one state and
 //! two racing callers of a transition get one success and one 409 — and the
-//! records beside it: what the LB checkers were served, the connection
-//! rotation of the last drain, the clock-step watch.
+//! records beside it that have no shell of their own (see `host`): what the LB
+//! checkers were served, the clock-step watch.
 
 use std::cell::RefCell;
 use std::fmt;
@@ -10,39 +10,35 @@ use std::fmt;
 use super::keys;
 use super::logs;
 use super::metrics::Metrics;
-use super::shared::{self, cas_update, json_change, json_read, Failed, Host, SharedError, Step};
+use super::shared::{self, cas_update, json_change, json_read, Decision, SharedError};
+use super::wasm_host::Host;
 use crate::clock::{Look, Now, Steps};
 use crate::fsm::{self, Illegal, Move, Record};
 use crate::lb::{Checkers, Gate};
-use crate::rotation;
 
+/// Why a transition did not happen.
 #[derive(Debug)]
-pub enum Error {
+pub enum TransitionError {
     /// The move is not legal from the current state (HTTP 409).
     Illegal(Illegal),
     /// Shared data could not be read or written (HTTP 503).
     Shared(SharedError),
 }
 
-impl fmt::Display for Error {
+impl fmt::Display for TransitionError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Error::Illegal(e) => write!(
-                f,
-                "illegal transition {} -> {}",
-                e.state.name(),
-                e.requested.name()
-            ),
-            Error::Shared(e) => write!(f, "{e}"),
+            TransitionError::Illegal(e) => write!(f, "{e}"),
+            TransitionError::Shared(e) => write!(f, "{e}"),
         }
     }
 }
 
-impl std::error::Error for Error {}
+impl std::error::Error for TransitionError {}
 
-impl From<SharedError> for Error {
-    fn from(e: SharedError) -> Error {
-        Error::Shared(e)
+impl From<SharedError> for TransitionError {
+    fn from(e: SharedError) -> TransitionError {
+        TransitionError::Shared(e)
     }
 }
 
@@ -80,8 +76,8 @@ impl<H: Host> Store<H> {
     }
 
     /// Creates the records several workers update, if absent: the FSM record
-    /// (OPEN), the LB checkers, the clock-step record, the rotation record (none
-    /// yet), each as it reads when absent. Run on configure (see
+    /// (OPEN), the LB checkers, the clock-step record, each as it reads when
+    /// absent. Run on configure (see
     /// `count::create_shared`): every later write is versioned.
     pub fn create(&self) {
         let now = self.host.now();
@@ -92,10 +88,6 @@ impl<H: Host> Store<H> {
             ),
             (keys::LB, shared::encode(keys::LB, &Checkers::default())),
             (keys::CLOCK, shared::encode(keys::CLOCK, &Steps::default())),
-            (
-                keys::ROTATION,
-                shared::encode(keys::ROTATION, &None::<rotation::Record>),
-            ),
         ];
         for (key, bytes) in created {
             if let Err(e) = bytes.and_then(|b| shared::create(&self.host, key, &b)) {
@@ -112,7 +104,7 @@ impl<H: Host> Store<H> {
         choose: &dyn Fn(&Record) -> Move,
         active: u64,
         metrics: &Metrics<H>,
-    ) -> Result<Record, Error> {
+    ) -> Result<Record, TransitionError> {
         let now = self.host.now();
         // What the winning attempt moved from, or why it could not move.
         let outcome = RefCell::new(Err(None));
@@ -138,8 +130,8 @@ impl<H: Host> Store<H> {
             Some(next)
         })?;
         let (from, displaced) = outcome.into_inner().map_err(|e| match e {
-            Some(illegal) => Error::Illegal(illegal),
-            None => Error::Shared(SharedError::Contention),
+            Some(illegal) => TransitionError::Illegal(illegal),
+            None => TransitionError::Shared(SharedError::Contention),
         })?;
         logs::info!(
             "event=transition from={} to={} reason={} active={} forced={} seq={}",
@@ -169,13 +161,10 @@ impl<H: Host> Store<H> {
         cas_update(&self.host, keys::FSM, |bytes| {
             let rec = record_of(bytes, now)?;
             Ok(match (change(&rec), bytes) {
-                (Some(next), _) => Step::Write(shared::encode(keys::FSM, &next)?, next),
-                (None, None) => Step::Write(shared::encode(keys::FSM, &rec)?, rec),
-                (None, Some(_)) => Step::Keep(rec),
+                (Some(next), _) => Decision::Write(shared::encode(keys::FSM, &next)?, next),
+                (None, None) => Decision::Write(shared::encode(keys::FSM, &rec)?, rec),
+                (None, Some(_)) => Decision::Keep(rec),
             })
-        })
-        .map_err(|e: Failed<SharedError>| match e {
-            Failed::Refused(e) | Failed::Shared(e) => e,
         })
     }
 
@@ -199,8 +188,8 @@ impl<H: Host> Store<H> {
             rec = match self.advance(&|_| mv, active, metrics) {
                 Ok(next) => next,
                 // Another worker moved first: look again at what it left.
-                Err(Error::Illegal(_)) => self.load()?,
-                Err(Error::Shared(e)) => return Err(e),
+                Err(TransitionError::Illegal(_)) => self.load()?,
+                Err(TransitionError::Shared(e)) => return Err(e),
             };
         }
         Ok(rec)
@@ -273,20 +262,14 @@ impl<H: Host> Store<H> {
         &self,
         change: &mut dyn FnMut(&mut Checkers) -> bool,
     ) -> Result<bool, SharedError> {
-        json_change(&self.host, keys::LB, |c: &mut Checkers| {
-            Ok::<_, SharedError>(change(c))
-        })
-        .map_err(flatten)
+        json_change(&self.host, keys::LB, |c: &mut Checkers| change(c))
     }
 
     /// A 200 served to a source outside `lb_checkers`: the gateway is announced
     /// (written once).
     pub fn lb_announce(&self) -> Result<bool, SharedError> {
         let now_ms = self.host.now().timer_ms();
-        json_change(&self.host, keys::LB, |c: &mut Checkers| {
-            Ok::<_, SharedError>(c.announce(now_ms))
-        })
-        .map_err(flatten)
+        json_change(&self.host, keys::LB, |c: &mut Checkers| c.announce(now_ms))
     }
 
     /// Records a check from outside `lb_checkers`; `true` when its source is
@@ -294,40 +277,6 @@ impl<H: Host> Store<H> {
     pub fn lb_ignore(&self, source: &str) -> Result<bool, SharedError> {
         let now_ms = self.host.now().timer_ms();
         self.lb_change(&mut |c| c.ignore(source, now_ms))
-    }
-
-    /// The rotation record of the last drain (`crate::rotation`): written only
-    /// by the worker that owns that drain's rotation, read by any status answer.
-    pub fn rotation_load(&self) -> Result<Option<rotation::Record>, SharedError> {
-        json_read(&self.host, keys::ROTATION)
-    }
-
-    /// Claims the rotation of `claim`'s drain for this worker: written unless
-    /// that drain (or a later one) already has a record. `true`: claimed.
-    pub fn rotation_claim(&self, claim: &rotation::Record) -> Result<bool, SharedError> {
-        cas_update(&self.host, keys::ROTATION, |bytes| {
-            let current: Option<rotation::Record> = match bytes {
-                Some(b) => shared::parse(keys::ROTATION, b)?,
-                None => None,
-            };
-            if current.is_some_and(|r| r.drain_started_ms >= claim.drain_started_ms) {
-                return Ok(Step::Keep(false));
-            }
-            Ok(Step::Write(
-                shared::encode(keys::ROTATION, &Some(claim))?,
-                true,
-            ))
-        })
-        .map_err(flatten)
-    }
-
-    /// After the claim, one writer per drain, so no compare-and-swap: the
-    /// last write wins.
-    pub fn rotation_save(&self, rec: &rotation::Record) -> Result<(), SharedError> {
-        let bytes = shared::encode(keys::ROTATION, rec)?;
-        self.host
-            .set(keys::ROTATION, &bytes, None)
-            .map_err(SharedError::Write)
     }
 
     /// The clock-step record (see `crate::clock::Steps`).
@@ -349,21 +298,13 @@ impl<H: Host> Store<H> {
                 None => Steps::default(),
             };
             let (next, step) = match steps.look(now, threshold_ms) {
-                Look::Same => return Ok(Step::Keep(None)),
+                Look::Same => return Ok(Decision::Keep(None)),
                 Look::Crept(next) => (next, None),
                 Look::Stepped(next, by) => (next, Some(by)),
             };
             let out = shared::encode(keys::CLOCK, &next)?;
-            Ok(Step::Write(out, step.map(|by| (next, by))))
+            Ok(Decision::Write(out, step.map(|by| (next, by))))
         })
-        .map_err(flatten)
-    }
-}
-
-/// A failure whose refusal is itself a shared-data error.
-pub fn flatten(e: Failed<SharedError>) -> SharedError {
-    match e {
-        Failed::Refused(e) | Failed::Shared(e) => e,
     }
 }
 
@@ -395,7 +336,7 @@ mod tests {
         let first = store.advance(&|_| drain(), 2, &metrics).unwrap();
         assert_eq!((first.state, first.seq), (State::Draining, 1));
         let second = store.advance(&|_| drain(), 2, &metrics).unwrap_err();
-        assert!(matches!(second, Error::Illegal(i) if i.state == State::Draining));
+        assert!(matches!(second, TransitionError::Illegal(i) if i.state == State::Draining));
         assert_eq!(sim.metric("drain_gate_transitions_to_draining"), 1);
         assert_eq!(sim.metric(crate::metric_names::STATE), 1);
     }

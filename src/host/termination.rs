@@ -19,7 +19,7 @@ use std::cell::Cell;
 use std::time::Duration;
 
 use super::logs;
-use super::shared::{Envoy, Host};
+use super::wasm_host::{Envoy, Host};
 
 /// pilot-agent's readiness path.
 pub const READY_PATH: &str = "/healthz/ready";

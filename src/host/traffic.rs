@@ -11,14 +11,14 @@ use proxy_wasm::types::{Action, PeerType};
 use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 
-use super::count::{self, Counter, Counts, Part};
+use super::count::{self, ActiveCount, Part, PartCounter};
 use super::in_flight;
 use super::liveness::Heartbeat;
 use super::logs;
 use super::metrics::Metrics;
-use super::shared::{Envoy, Host};
 use super::sizing;
 use super::store::Store;
+use super::wasm_host::{Envoy, Host};
 use crate::config::{Config, NewRequests};
 use crate::fsm::{self, Record, State};
 use crate::in_flight::Ages;
@@ -97,7 +97,7 @@ enum FlipHold {
 pub struct Traffic<H: Host = Envoy> {
     /// What this root counts.
     pub part: Part,
-    counts: Counts<H>,
+    active: ActiveCount<H>,
     metrics: Metrics<H>,
     store: Store<H>,
     /// Whether the state was DRAINING at the last tick (or may be: it starts
@@ -134,7 +134,7 @@ impl<H: Host + Copy> Traffic<H> {
         let host = *metrics.host();
         Traffic {
             part,
-            counts: Counts::new(&metrics),
+            active: ActiveCount::new(&metrics),
             metrics,
             store: Store::new(host),
             draining: Cell::new(true),
@@ -152,8 +152,8 @@ impl<H: Host + Copy> Traffic<H> {
 
 impl<H: Host> Traffic<H> {
     /// The counter of this root's part.
-    fn counter(&self) -> &Counter<H> {
-        self.counts.part(self.part)
+    fn counter(&self) -> &PartCounter<H> {
+        self.active.part(self.part)
     }
 
     /// Whether streams are counted exactly now: during a drain, except while
@@ -252,7 +252,7 @@ impl<H: Host> Traffic<H> {
     /// interleavings at least one side sees the other (both are sequentially
     /// consistent atomics in Envoy). A stream ending before this VM's next
     /// tick has seen a new drain is left to the health role's tick. The other
-    /// part is read after this one is released (`Counts::reads_zero`), so
+    /// part is read after this one is released (`ActiveCount::reads_zero`), so
     /// the last HTTP stream and the last TCP connection ending at once is
     /// the same argument once more.
     fn stream_ended(&self) {
@@ -341,7 +341,7 @@ impl<H: Host> Traffic<H> {
         {
             return;
         }
-        if !self.counts.reads_zero() || self.counts.read().for_decisions() > 0 {
+        if !self.active.reads_zero() || self.active.read().for_decisions() > 0 {
             return;
         }
         if let Err(e) = self.store.apply_due(0, None, &self.metrics) {
@@ -544,9 +544,9 @@ impl<H: Host> TrafficStream<H> {
     }
 }
 
-impl Context for TrafficStream {}
+impl<H: Host> Context for TrafficStream<H> {}
 
-impl HttpContext for TrafficStream {
+impl<H: Host> HttpContext for TrafficStream<H> {
     fn on_http_request_headers(&mut self, _: usize, _: bool) -> Action {
         self.request_headers()
     }
@@ -571,7 +571,7 @@ impl HttpContext for TrafficStream {
     }
 }
 
-impl StreamContext for TrafficStream {
+impl<H: Host> StreamContext for TrafficStream<H> {
     fn on_downstream_data(&mut self, _: usize, end_of_stream: bool) -> Action {
         if end_of_stream {
             self.half_closed(true);
@@ -628,3 +628,7 @@ impl<H: Host> Drop for TrafficStream<H> {
         }
     }
 }
+
+#[cfg(test)]
+#[path = "traffic_tests.rs"]
+mod tests;

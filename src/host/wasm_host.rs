@@ -5,7 +5,7 @@
 //! retries, liveness, the health role's timers — runs without Envoy.
 
 use proxy_wasm::hostcalls;
-use proxy_wasm::types::{MapType, MetricType, Status};
+use proxy_wasm::types::{BufferType, MapType, MetricType, Status};
 use std::time::{Duration, UNIX_EPOCH};
 
 use crate::clock::Now;
@@ -48,12 +48,17 @@ pub trait Host {
         body: &[u8],
     ) -> Result<(), Status>;
     /// A request header of the HTTP stream whose callback is running (`None`:
-    /// absent, or the host refused).
+    /// absent, not UTF-8, or the host refused).
     fn request_header(&self, name: &str) -> Option<String>;
     /// Sets a response header of the HTTP stream whose callback is running.
     fn set_response_header(&self, name: &str, value: &str) -> Result<(), Status>;
     /// Resets the HTTP stream whose callback is running, with no answer.
     fn reset_stream(&self) -> Result<(), Status>;
+    /// The plugin configuration of the root context being configured
+    /// (`None`: empty).
+    fn configuration(&self) -> Result<Option<Vec<u8>>, Status>;
+    /// How often the root context's `on_tick` runs.
+    fn set_tick_period(&self, period: Duration) -> Result<(), Status>;
 }
 
 /// The real host.
@@ -163,10 +168,13 @@ impl Host for Envoy {
         hostcalls::send_http_response(u32::from(status), headers.to_vec(), Some(body))
     }
 
+    /// Taken as bytes: the SDK's string form aborts the VM on a value that is
+    /// not UTF-8.
     fn request_header(&self, name: &str) -> Option<String> {
-        hostcalls::get_map_value(MapType::HttpRequestHeaders, name)
-            .ok()
-            .flatten()
+        match hostcalls::get_map_value_bytes(MapType::HttpRequestHeaders, name) {
+            Ok(Some(v)) => String::from_utf8(v).ok(),
+            _ => None,
+        }
     }
 
     fn set_response_header(&self, name: &str, value: &str) -> Result<(), Status> {
@@ -175,5 +183,13 @@ impl Host for Envoy {
 
     fn reset_stream(&self) -> Result<(), Status> {
         hostcalls::reset_http_request()
+    }
+
+    fn configuration(&self) -> Result<Option<Vec<u8>>, Status> {
+        hostcalls::get_buffer(BufferType::PluginConfiguration, 0, usize::MAX)
+    }
+
+    fn set_tick_period(&self, period: Duration) -> Result<(), Status> {
+        hostcalls::set_tick_period(period)
     }
 }

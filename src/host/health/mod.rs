@@ -1,0 +1,169 @@
+//! Health role: answers every request of the health listener locally from the
+//! FSM (see `crate::api`), holds `wait=closed` answers, and runs the timers.
+//! One job per file:
+//! - [`requests`]: the request handler (routing, checks, commands, held waits)
+//!   and the HTTP stream ([`HealthStream`]);
+//! - [`status`]: the status view every status and wait answer is built from;
+//! - [`timer`]: what each tick does (automatic transitions, the clock-step
+//!   watch, the placeholders, the release of held answers);
+//! - [`receipt`]: the receipt keeper (the flip's oldest stream, the owed
+//!   receipt line, a SIGTERM that cuts the drain short).
+
+mod receipt;
+mod requests;
+mod status;
+#[cfg(test)]
+pub(crate) mod tests;
+mod timer;
+
+pub use requests::HealthStream;
+
+use std::cell::{Cell, RefCell};
+
+use crate::api::{self, Reply};
+use crate::clock::Now;
+use crate::config::{Config, NewRequests};
+use crate::fsm::{CloseAfter, Move, Record};
+use crate::host::count::ActiveCount;
+use crate::host::liveness::Watch;
+use crate::host::logs;
+use crate::host::metrics::Metrics;
+use crate::host::rotation::Rotator;
+use crate::host::store::{self, Store};
+use crate::host::termination;
+use crate::host::wasm_host::{Envoy, Host};
+use crate::placeholder::Action as PlaceholderAction;
+
+/// A held `wait=closed` request.
+#[derive(Clone, Copy, Debug)]
+struct Waiter {
+    context_id: u32,
+    since: Now,
+    timeout_ms: u64,
+}
+
+impl Waiter {
+    fn timed_out(&self, now: Now) -> bool {
+        now.passed(self.since.wall_ms, self.since.mono_ms, self.timeout_ms)
+    }
+}
+
+/// Shared by every stream of one health root context.
+#[derive(Debug)]
+pub struct Health<H: Host = Envoy> {
+    pub config: Config,
+    pub active: ActiveCount<H>,
+    pub metrics: Metrics<H>,
+    pub rotator: Rotator<H>,
+    pub termination: termination::Watch<H>,
+    store: Store<H>,
+    waiters: RefCell<Vec<Waiter>>,
+    watch: Watch<H>,
+    lb_seen: store::LbSeen,
+    /// The last tick could not read (or update) the record: checks fail
+    /// closed until a tick succeeds again.
+    unreadable: Cell<bool>,
+    /// What the last tick decided about the placeholders (`crate::placeholder`):
+    /// the checks read it, no shared data per check.
+    placeholders: Cell<PlaceholderAction>,
+    /// An LB check was answered 200 (as of this worker's last look).
+    announced: Cell<bool>,
+    /// The drain whose owed receipt line this root saw at its last tick: it
+    /// is logged a tick later, once every traffic root's tick has counted
+    /// what completed (`Traffic::tick`).
+    receipt_seen: Cell<Option<u64>>,
+}
+
+/// Sends `reply` on the stream `context_id` (`None`: the current one).
+fn send<H: Host>(host: &H, context_id: Option<u32>, reply: &Reply) {
+    let headers: Vec<(&str, &str)> = reply
+        .headers
+        .iter()
+        .map(|(n, v)| (*n, v.as_str()))
+        .collect();
+    if let Err(e) = host.respond(context_id, reply.status, &headers, &reply.body) {
+        logs::warning!("event=send_failed status={e:?}");
+    }
+}
+
+impl<H: Host + Copy> Health<H> {
+    pub fn new(config: Config, metrics: Metrics<H>) -> Health<H> {
+        let host = *metrics.host();
+        let active = ActiveCount::new(&metrics);
+        let refusing = config.draining_new_requests == NewRequests::Refuse;
+        let rotator = Rotator::new(host, config.rotate_connections.clone(), refusing);
+        let termination = termination::Watch::new(host, config.termination_watch.clone());
+        let watch = Watch::new(host, config.tick_ms);
+        metrics.set_drain_timeout(config.drain_timeout_ms);
+        let health = Health {
+            config,
+            active,
+            metrics,
+            rotator,
+            termination,
+            store: Store::new(host),
+            waiters: RefCell::new(Vec::new()),
+            receipt_seen: Cell::new(None),
+            watch,
+            lb_seen: RefCell::new(None),
+            unreadable: Cell::new(false),
+            placeholders: Cell::new(PlaceholderAction::None),
+            announced: Cell::new(false),
+        };
+        // Record where the wall clock stands before the first tick, so that
+        // a step even then is seen.
+        health.watch_clock();
+        health
+    }
+}
+
+impl<H: Host> Health<H> {
+    pub(super) fn host(&self) -> &H {
+        self.store.host()
+    }
+
+    /// When the LB was observed DOWN, if `close_after` asks for it.
+    pub(super) fn lb_down_ms(&self) -> Option<u64> {
+        if self.config.close_after != CloseAfter::LbObservedDown {
+            return None;
+        }
+        self.store
+            .lb_checkers()
+            .ok()
+            .and_then(|c| c.down_since(self.host().now().timer_ms(), self.config.lb_fall))
+    }
+
+    /// Moves the FSM for an admin command, then applies whatever became due
+    /// (a drain with nothing in flight flips at once).
+    pub(super) fn command(&self, cmd: api::Command) -> Result<Record, store::TransitionError> {
+        self.advance(&|r: &Record| Move {
+            expected_from: cmd.expected_from(r.state),
+            to: cmd.target(),
+            reason: cmd.reason(),
+            plan: Some(cmd.plan(&self.config)),
+            force: cmd.force(),
+        })
+    }
+
+    /// Moves the FSM as `choose` says, then applies whatever became due.
+    pub(super) fn advance(
+        &self,
+        choose: &dyn Fn(&Record) -> Move,
+    ) -> Result<Record, store::TransitionError> {
+        self.store
+            .advance(choose, self.active.read().active, &self.metrics)?;
+        self.store
+            .apply_due(
+                self.active.read().for_decisions(),
+                self.lb_down_ms(),
+                &self.metrics,
+            )
+            .map_err(store::TransitionError::Shared)
+    }
+
+    pub(super) fn forget(&self, context_id: u32) {
+        self.waiters
+            .borrow_mut()
+            .retain(|w| w.context_id != context_id);
+    }
+}

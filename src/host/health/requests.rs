@@ -1,0 +1,229 @@
+//! The request handler: routes each request of the health listener, answers
+//! checks and commands, holds `wait=closed` answers; and the HTTP stream.
+
+use super::{send, Health, Waiter};
+use proxy_wasm::traits::{Context, HttpContext};
+use proxy_wasm::types::Action;
+use std::fmt::Display;
+use std::net::IpAddr;
+use std::rc::Rc;
+
+use crate::api::{self, Audience, Endpoint, Reply};
+use crate::fsm::{self, Record, State};
+use crate::host::logs;
+use crate::host::store;
+use crate::host::wasm_host::{Envoy, Host};
+use crate::net::Shown;
+use crate::placeholder::Action as PlaceholderAction;
+
+/// Logs why the state could not be read; the answer is the core's.
+fn unavailable(error: &dyn Display) -> Reply {
+    logs::error!("event=state_unavailable role=health error=\"{error}\"");
+    api::unavailable()
+}
+
+impl<H: Host> Health<H> {
+    /// Answers the LB check and remembers what this checker was served
+    /// (only sources in `lb_checkers`). The 404 that completes what a gated
+    /// soft drain waits for flips it at once if nothing is in flight.
+    fn lb_check(&self, state: State, req: &api::Request) -> Reply {
+        let reply = api::check(Audience::Lb, state, &self.config, req.if_none_match);
+        let Some(ip) = req.source else {
+            return reply;
+        };
+        if !self.config.is_checker(ip) {
+            self.ignored_check(ip, reply.status);
+            return reply;
+        }
+        let served = if reply.status == 304 {
+            200
+        } else {
+            reply.status
+        };
+        if let Err(e) = self.store.lb_observe(
+            &Shown(ip).to_string(),
+            served,
+            self.config.lb_fall,
+            &self.lb_seen,
+        ) {
+            logs::warning!("event=lb_record_unavailable error=\"{e}\"");
+        }
+        if state == State::Draining && served == 404 {
+            let active = self.active.read().for_decisions();
+            if let Err(e) = self
+                .store
+                .apply_due(active, self.lb_down_ms(), &self.metrics)
+            {
+                logs::error!("event=state_unavailable role=health error=\"{e}\"");
+            }
+        }
+        reply
+    }
+
+    /// A check from outside `lb_checkers`: answered, not recorded — counted,
+    /// and logged once per new source, so that an LB whose checks arrive from
+    /// another address (SNAT, a wrong CIDR) is seen, not silently ignored.
+    fn ignored_check(&self, ip: IpAddr, status: u16) {
+        self.metrics.lb_check_ignored();
+        if matches!(status, 200 | 304) && !self.announced.get() {
+            match self.store.lb_announce() {
+                Ok(_) => self.announced.set(true),
+                Err(e) => logs::warning!("event=lb_record_unavailable error=\"{e}\""),
+            }
+        }
+        match self.store.lb_ignore(&Shown(ip).to_string()) {
+            Ok(true) => logs::warning!(
+                "event=lb_check_ignored source={} what=\"a /health_check.html from outside \
+                 lb_checkers: answered, not recorded; if it is the LB, a soft drain's gate and \
+                 lb_observed_down never see it\"",
+                Shown(ip)
+            ),
+            Ok(false) => {}
+            Err(e) => logs::warning!("event=lb_record_unavailable error=\"{e}\""),
+        }
+    }
+
+    /// The answer to one request, or `None` when it is held.
+    pub(super) fn handle(&self, req: &api::Request, context_id: u32) -> Option<Reply> {
+        let endpoint = match api::route(req, &self.config) {
+            Ok(e) => e,
+            Err(reply) => return Some(reply),
+        };
+        match endpoint {
+            Endpoint::Check(audience) => Some(self.check(audience, req)),
+            Endpoint::Status => self.loaded(|rec| Some(self.status_reply(&rec))),
+            Endpoint::Transition(cmd) => self.loaded(|_| {
+                Some(match self.command(cmd) {
+                    Ok(next) => self.status_reply(&next),
+                    Err(store::TransitionError::Illegal(e)) => api::illegal(e),
+                    Err(store::TransitionError::Shared(e)) => unavailable(&e),
+                })
+            }),
+            Endpoint::DrainAndWait { timeout_ms } => {
+                self.loaded(|rec| self.drain_and_wait(rec, timeout_ms, context_id))
+            }
+        }
+    }
+
+    /// What `then` answers from the current record; 503 when it cannot be
+    /// read. Every endpoint but the checks starts there.
+    fn loaded(&self, then: impl FnOnce(Record) -> Option<Reply>) -> Option<Reply> {
+        match self.store.load() {
+            Ok(rec) => then(rec),
+            Err(e) => Some(unavailable(&e)),
+        }
+    }
+
+    /// A health check, answered from the state gauge (one host call, no
+    /// record to parse) when that gauge is live, else from the record. The
+    /// gauge is written right after each transition by the worker whose
+    /// write won, and repaired every tick (`Metrics::sync_state`); a record
+    /// the tick could not read fails the checks closed from then on.
+    fn check(&self, audience: Audience, req: &api::Request) -> Reply {
+        let gauge = self.metrics.state_hint().filter(|_| !self.unreadable.get());
+        let state = match gauge {
+            Some(state) => state,
+            None => match self.store.load() {
+                Ok(rec) => rec.state,
+                Err(e) => return unavailable(&e),
+            },
+        };
+        match audience {
+            _ if !self.watch.seen() => api::check_waiting(
+                audience,
+                state,
+                &self.config,
+                req.if_none_match,
+                api::checks::WAITING_FOR_TRAFFIC,
+            ),
+            _ if self.placeholders.get() == PlaceholderAction::KeepOut => api::check_waiting(
+                audience,
+                state,
+                &self.config,
+                req.if_none_match,
+                api::checks::WAITING_FOR_FILTER,
+            ),
+            Audience::Lb => self.lb_check(state, req),
+            _ => api::check(audience, state, &self.config, req.if_none_match),
+        }
+    }
+
+    /// Starts or joins a drain and holds the answer until it ends; a held
+    /// answer is a preStop hold (`fsm::renew_hold`), and a maintenance drain
+    /// it joins turns automatic (`fsm::resume`).
+    fn drain_and_wait(&self, rec: Record, timeout_ms: u64, context_id: u32) -> Option<Reply> {
+        if rec.state == State::Fault {
+            return Some(self.wait_reply(api::WaitEnd::InFault, &rec));
+        }
+        let joined = match rec.state {
+            State::Open => match self.command(api::Command::Drain) {
+                Ok(next) => Ok(next),
+                // Someone else started it first: join.
+                Err(store::TransitionError::Illegal(_)) => self.store.update(&fsm::resume),
+                Err(store::TransitionError::Shared(e)) => Err(e),
+            },
+            _ => self.store.update(&fsm::resume),
+        };
+        let rec = match joined {
+            Ok(r) => r,
+            Err(e) => return Some(unavailable(&e)),
+        };
+        if let Some(end) = api::wait_end(rec.state, false, self.lingering(&rec, self.host().now()))
+        {
+            return Some(self.wait_reply(end, &rec));
+        }
+        self.waiters.borrow_mut().push(Waiter {
+            context_id,
+            since: self.host().now(),
+            timeout_ms,
+        });
+        self.renew_hold();
+        None
+    }
+}
+
+pub struct HealthStream<H: Host = Envoy> {
+    context_id: u32,
+    health: Rc<Health<H>>,
+}
+
+impl<H: Host> HealthStream<H> {
+    pub fn new(context_id: u32, health: Rc<Health<H>>) -> HealthStream<H> {
+        HealthStream { context_id, health }
+    }
+}
+
+/// The downstream peer address (`source.address` is "ip:port").
+fn source_ip<H: Host>(host: &H) -> Option<IpAddr> {
+    crate::net::peer_ip(&host.property(&["source", "address"])?)
+}
+
+impl<H: Host> Context for HealthStream<H> {}
+
+impl<H: Host> HttpContext for HealthStream<H> {
+    fn on_http_request_headers(&mut self, _: usize, _: bool) -> Action {
+        let host = self.health.host();
+        let method = host.request_header(":method").unwrap_or_default();
+        let path = host.request_header(":path").unwrap_or_default();
+        let if_none_match = host.request_header("if-none-match");
+        let authorization = host.request_header("authorization");
+        let req = api::Request {
+            method: &method,
+            path: &path,
+            if_none_match: if_none_match.as_deref(),
+            authorization: authorization.as_deref(),
+            source: source_ip(host),
+        };
+        if let Some(reply) = self.health.handle(&req, self.context_id) {
+            send(host, None, &reply);
+        }
+        // Answered locally or held: never forwarded.
+        Action::Pause
+    }
+}
+
+impl<H: Host> Drop for HealthStream<H> {
+    fn drop(&mut self) {
+        self.health.forget(self.context_id);
+    }
+}

@@ -1,0 +1,188 @@
+//! The receipt keeper's tests.
+
+#![allow(clippy::unwrap_used, clippy::indexing_slicing)]
+
+use super::*;
+
+#[test]
+fn a_drain_s_receipt_is_logged_once_when_it_ends() {
+    let sim = Sim::at(T0);
+    let (h, t) = gateway(&sim, r#"{"lb_buffer":"1s"}"#);
+    let s = TrafficStream::new(Rc::clone(&t));
+    call(&h, "POST", "/drain", 1).unwrap();
+    ticks(&sim, &h, &t, 1, 100);
+    end_with(&sim, s, How::Completed);
+    ticks(&sim, &h, &t, 12, 100);
+    let rec = h.store.load().unwrap();
+    assert_eq!(rec.state, State::Closed);
+    assert!(rec.receipt_logged && rec.flip_recorded && rec.owed_line.is_none());
+    let lines = receipt_lines();
+    assert_eq!(lines.len(), 1, "once");
+    assert_eq!(
+        (lines[0]["ended"].as_str(), lines[0]["completed"].as_str()),
+        ("CLOSED", "1")
+    );
+    ticks(&sim, &h, &t, 5, 100);
+    assert!(receipt_lines().is_empty(), "once, whatever the ticks");
+}
+
+#[test]
+fn what_completed_after_the_last_traffic_tick_is_in_the_receipt() {
+    let sim = Sim::at(T0);
+    let (h, t) = gateway(&sim, r#"{"lb_buffer":"1s"}"#);
+    call(&h, "POST", "/drain", 1).unwrap(); // nothing in flight: CLOSING at once
+    ticks(&sim, &h, &t, 1, 100);
+    let late = TrafficStream::new(Rc::clone(&t)); // the LB still sends in CLOSING
+    sim.advance(1_000);
+    end_with(&sim, late, How::Completed); // completed after its traffic root's last tick
+    h.tick();
+    let rec = h.store.load().unwrap();
+    assert_eq!(rec.state, State::Closed);
+    assert!(
+        rec.owed_line.is_some(),
+        "owed, but its traffic root has not counted it yet"
+    );
+    assert_eq!(sim.metric(crate::metric_names::DRAIN_COMPLETED), 0);
+    ticks(&sim, &h, &t, 1, 100);
+    assert!(
+        h.store.load().unwrap().owed_line.is_none(),
+        "logged a tick later"
+    );
+    assert_eq!(sim.metric(crate::metric_names::DRAIN_COMPLETED), 1);
+    let lines = receipt_lines();
+    assert_eq!((lines.len(), lines[0]["completed"].as_str()), (1, "1"));
+}
+
+#[test]
+fn a_reopen_and_a_new_drain_within_a_tick_log_one_receipt_each_with_its_own_ends() {
+    let sim = Sim::at(T0);
+    let (h, t) = gateway(&sim, r#"{"lb_buffer":"60m"}"#);
+    let first: Vec<_> = (0..4).map(|_| TrafficStream::new(Rc::clone(&t))).collect();
+    let second: Vec<_> = (0..3).map(|_| TrafficStream::new(Rc::clone(&t))).collect();
+    call(&h, "POST", "/drain", 1).unwrap();
+    ticks(&sim, &h, &t, 1, 100);
+    let mut it = first.into_iter();
+    end_with(&sim, it.next().unwrap(), How::Completed);
+    end_with(&sim, it.next().unwrap(), How::Flags(0x4000)); // a client gave up
+    end_with(&sim, it.next().unwrap(), How::Local("response_timeout"));
+    // Reopened and drained again before any tick: the first drain's line
+    // is still owed when the second begins.
+    assert_eq!(call(&h, "POST", "/reopen", 2).unwrap().status, 200);
+    assert_eq!(call(&h, "POST", "/drain", 3).unwrap().status, 200);
+    let rec = h.store.load().unwrap();
+    assert_eq!(
+        (rec.state, rec.owed_line.is_some()),
+        (State::Draining, true)
+    );
+    end_with(&sim, it.next().unwrap(), How::Completed); // the traffic root still sees drain 1
+    ticks(&sim, &h, &t, 1, 100); // ... until its tick: from here on, drain 2
+    for s in second {
+        end_with(&sim, s, How::Flags(0x1000_0000));
+    }
+    assert_eq!(call(&h, "POST", "/reopen", 4).unwrap().status, 200);
+    ticks(&sim, &h, &t, 3, 100);
+    let lines = receipt_lines();
+    assert_eq!(lines.len(), 2, "{lines:?}");
+    let counts = |l: &std::collections::HashMap<String, String>| {
+        ["ended", "completed", "cut", "ended_upstream"].map(|k| l[k].clone())
+    };
+    assert_eq!(counts(&lines[0]), ["OPEN", "2", "1", "1"]);
+    assert_eq!(counts(&lines[1]), ["OPEN", "0", "3", "0"]);
+    assert_ne!(lines[0]["started"], lines[1]["started"]);
+    assert!(h.store.load().unwrap().owed_line.is_none());
+}
+
+#[test]
+fn a_sigterm_before_closed_while_the_prestop_is_held_is_in_the_receipt() {
+    let sim = Sim::at(T0);
+    let (h, t) = gateway(&sim, r#"{"termination_watch":"agent","lb_buffer":"60m"}"#);
+    let s = TrafficStream::new(Rc::clone(&t));
+    call(&h, "POST", "/drain", 1).unwrap();
+    ticks(&sim, &h, &t, 2, 100);
+    assert!(
+        sim.calls.borrow().is_empty(),
+        "no preStop held: nothing watched"
+    );
+    assert!(
+        call(&h, "POST", "/drain?wait=closed", 2).is_none(),
+        "the preStop, held"
+    );
+    ticks(&sim, &h, &t, 3, 100);
+    let calls = sim.calls.borrow().clone();
+    assert_eq!(calls.len(), 1, "one call at a time");
+    assert_eq!(calls[0].cluster, "agent");
+    assert!(calls[0]
+        .headers
+        .contains(&(":path".to_string(), termination::READY_PATH.to_string())));
+    sim.call_status.set(Some(200));
+    assert!(
+        !h.termination.answered(calls[0].token, 3),
+        "ready: no SIGTERM yet"
+    );
+    ticks(&sim, &h, &t, 1, 100);
+    let token = sim.calls.borrow().last().unwrap().token;
+    sim.call_status.set(Some(503)); // pilot-agent: "server is terminated"
+    assert!(h.termination.answered(token, 3));
+    h.sigterm();
+    h.sigterm(); // another worker's answer: once per drain
+    assert_eq!(sim.metric(crate::metric_names::DRAINS_CUT_SHORT), 1);
+    end_with(&sim, s, How::Flags(0x4000)); // Envoy ends with the pod
+    ticks(&sim, &h, &t, 2, 100);
+    let lines = receipt_lines();
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    assert_eq!(
+        (lines[0]["ended"].as_str(), lines[0]["closed"].as_str()),
+        ("SIGTERM", "-")
+    );
+    call(&h, "POST", "/close", 3).unwrap();
+    ticks(&sim, &h, &t, 3, 100);
+    assert!(
+        receipt_lines().is_empty(),
+        "one line per drain: CLOSED adds none"
+    );
+}
+
+#[test]
+fn without_the_watch_or_a_call_answered_nothing_is_cut_short() {
+    let sim = Sim::at(T0);
+    let (h, t) = gateway(&sim, r#"{"lb_buffer":"60m"}"#);
+    let _s = TrafficStream::new(Rc::clone(&t));
+    assert!(call(&h, "POST", "/drain?wait=closed", 1).is_none());
+    ticks(&sim, &h, &t, 5, 100);
+    assert!(
+        sim.calls.borrow().is_empty(),
+        "termination_watch is off by default"
+    );
+    let (h, t) = gateway(&sim, r#"{"termination_watch":true,"lb_buffer":"60m"}"#);
+    let _s = TrafficStream::new(Rc::clone(&t));
+    assert!(call(&h, "POST", "/drain?wait=closed", 2).is_none());
+    ticks(&sim, &h, &t, 1, 100);
+    let token = sim.calls.borrow().last().unwrap().token;
+    assert_eq!(
+        sim.calls.borrow().last().unwrap().cluster,
+        config::AGENT_CLUSTER
+    );
+    assert!(!h.termination.answered(token, 0), "no answer says nothing");
+    assert!(!h.termination.answered(token + 100, 3), "not its call");
+}
+
+#[test]
+fn a_held_prestop_answer_comes_a_scrape_interval_after_closed() {
+    let sim = Sim::at(T0);
+    let (h, t) = gateway(&sim, r#"{"lb_buffer":"500ms","scrape_interval":"2s"}"#);
+    assert!(call(&h, "POST", "/drain?wait=closed", 7).is_none());
+    while state(&h) != State::Closed {
+        ticks(&sim, &h, &t, 1, 100);
+    }
+    ticks(&sim, &h, &t, 19, 100);
+    assert!(
+        sim.answers.borrow().is_empty(),
+        "1.9 s after CLOSED: still held"
+    );
+    ticks(&sim, &h, &t, 1, 100);
+    let a = sim.answers.borrow()[0].clone();
+    assert_eq!(
+        (a.context_id, a.status, a.json()["wait"].as_str()),
+        (Some(7), 200, Some("closed"))
+    );
+}

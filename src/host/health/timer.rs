@@ -1,0 +1,147 @@
+//! What each tick of a health root does: the clock-step watch, automatic
+//! transitions, the placeholders, and the release of held answers.
+
+use super::{send, Health, Waiter};
+
+use crate::api::{self};
+use crate::clock::{self, Now};
+use crate::fsm::{self, DrainPlan, Move, Reason, Record, State};
+use crate::host::in_flight;
+use crate::host::logs;
+use crate::host::placeholder;
+use crate::host::store;
+use crate::host::wasm_host::Host;
+use crate::placeholder::Action as PlaceholderAction;
+
+impl<H: Host> Health<H> {
+    /// Runs every `tick` on each worker: the clock-step watch, automatic
+    /// transitions, then the release of held answers that are over.
+    pub fn tick(&self) {
+        self.watch_clock();
+        self.watch.tick(&self.metrics);
+        let reading = self.active.read();
+        let due = self
+            .store
+            .apply_due(reading.for_decisions(), self.lb_down_ms(), &self.metrics);
+        self.unreadable.set(due.is_err());
+        let rec = match due {
+            Ok(r) => r,
+            Err(e) => {
+                logs::error!("event=state_unavailable role=health error=\"{e}\"");
+                return;
+            }
+        };
+        self.metrics.sync_state(rec.state);
+        self.judge_placeholders(&rec);
+        self.rotator.tick(&rec, self.store.gate(&rec));
+        self.metrics.set_count_unreliable(!reading.reliable);
+        let ids: Vec<u64> = self.watch.snapshot().0.roots.iter().map(|r| r.id).collect();
+        let now = self.host().now();
+        let oldest = in_flight::read(self.host(), now.timer_ms(), ids).oldest_age_ms;
+        self.metrics.set_oldest_in_flight(oldest);
+        self.keep_receipt(&rec, oldest);
+        self.release_waiters(&rec, now);
+        let held = !self.waiters.borrow().is_empty();
+        self.termination
+            .tick(held && matches!(rec.state, State::Draining | State::Closing));
+    }
+
+    /// Makes a wall-clock step visible: the worker that sees it first logs
+    /// and counts it. The timers themselves never look at the wall clock.
+    pub(super) fn watch_clock(&self) {
+        let now = self.host().now();
+        let threshold = clock::step_threshold_ms(self.config.tick_ms);
+        match self.store.clock_look(now, threshold) {
+            Ok(Some((steps, by))) => {
+                logs::warning!(
+                    "event=clock_step step_ms={by} wall={} steps={} timers={}",
+                    api::rfc3339(now.wall_ms),
+                    steps.count,
+                    now.timers().name()
+                );
+                self.metrics.clock_step();
+            }
+            Ok(None) => {}
+            Err(e) => logs::warning!("event=clock_record_unavailable error=\"{e}\""),
+        }
+    }
+
+    /// Keeps a gateway not yet announced out while a placeholder runs, and
+    /// drains an announced one once a placeholder served a request: a drain
+    /// that holds CLOSING, as a maintenance drain does (`crate::placeholder`).
+    fn judge_placeholders(&self, rec: &Record) {
+        let p = placeholder::read(self.host());
+        if !self.announced.get() && p.present() > 0 {
+            match self.store.lb_checkers() {
+                Ok(c) => self.announced.set(c.announced_ms.is_some()),
+                Err(e) => logs::warning!("event=lb_record_unavailable error=\"{e}\""),
+            }
+        }
+        let action =
+            crate::placeholder::action(p.present(), p.serving(), self.announced.get(), rec.state);
+        self.placeholders.set(action);
+        if action != PlaceholderAction::Drain {
+            return;
+        }
+        let started = self.advance(&|_: &Record| Move {
+            expected_from: State::Open,
+            to: State::Draining,
+            reason: Reason::FilterNotLoaded,
+            plan: Some(DrainPlan {
+                hold_closing: true,
+                ..self.config.plan()
+            }),
+            force: false,
+        });
+        match started {
+            Ok(_) => logs::error!(
+                "event=placeholder_drain placeholders={} what=\"a traffic filter serves without its own \
+                 configuration: the gateway drains out of the LB (CLOSING holds: /reopen once the filter loads)\"",
+                p.present()
+            ),
+            // Another worker started it first.
+            Err(store::TransitionError::Illegal(_)) => {}
+            Err(store::TransitionError::Shared(e)) => logs::error!("event=state_unavailable role=health error=\"{e}\""),
+        }
+    }
+
+    /// Keeps the preStop hold of this worker's held answers alive.
+    pub(super) fn renew_hold(&self) {
+        let lease = self.config.hold_lease_ms();
+        let now = self.host().now();
+        if let Err(e) = self.store.update(&|r| fsm::renew_hold(r, now, lease)) {
+            logs::warning!("event=hold_unavailable error=\"{e}\"");
+        }
+    }
+
+    /// Answers the held `wait=closed` requests whose wait is over; renews the
+    /// preStop hold of the others.
+    fn release_waiters(&self, rec: &Record, now: Now) {
+        if self.waiters.borrow().is_empty() {
+            return;
+        }
+        let lingering = self.lingering(rec, now);
+        let (over, held): (Vec<Waiter>, Vec<Waiter>) = self
+            .waiters
+            .borrow()
+            .iter()
+            .partition(|w| api::wait_end(rec.state, w.timed_out(now), lingering).is_some());
+        if !held.is_empty() {
+            self.renew_hold();
+        }
+        *self.waiters.borrow_mut() = held;
+        for w in over {
+            if let Some(end) = api::wait_end(rec.state, w.timed_out(now), lingering) {
+                let reply = self.wait_reply(end, rec);
+                send(self.host(), Some(w.context_id), &reply);
+            }
+        }
+    }
+
+    /// Whether CLOSED began less than `scrape_interval` ago: a held preStop
+    /// answer waits for a scrape to see it.
+    pub(super) fn lingering(&self, rec: &Record, now: Now) -> bool {
+        rec.closed_ms
+            .is_some_and(|at| !now.passed(at, None, self.config.scrape_interval_ms))
+    }
+}
