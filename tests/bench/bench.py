@@ -48,8 +48,12 @@ COMMITTED = REPO / "tests" / "bench" / "results.json"
 README = REPO / "tests" / "docs" / "bench.md"
 BEGIN = "<!-- bench results: written by `make bench` from tests/bench/results.json, never by hand -->"
 END = "<!-- end of bench results -->"
-# The module's budget: Helm keeps it twice in a release Secret (1 MiB), V8 compiles it per worker.
-MODULE_BUDGET_BYTES = 250_000
+# The module's budget: Helm keeps it twice in a release Secret (1 MiB: the chart carries a module up to about
+# two thirds of a MiB, envoyfilter/docs/limits.md), V8 compiles it per worker. 250,000 until the traffic roles
+# measured stream durations (src/sizing.rs, +9 KB after the module was cut from 265,850 to 251,480 bytes).
+MODULE_BUDGET_BYTES = 270_000
+# The budget a kept run was measured against when it does not say (runs before it was recorded).
+EARLIER_BUDGET_BYTES = 250_000
 CLK = os.sysconf("SC_CLK_TCK")
 
 
@@ -469,7 +473,8 @@ def goals(res: dict) -> list[tuple[str, str, bool]]:
         out.append(("health checks: the floor's checks/s ≤ 1.2 × drain-gate's", f"{x:.2f} ×", x <= 1.2))
     if "footprint" in res:
         b = res["footprint"]["drain_gate_wasm_bytes"]
-        out.append((f"module ≤ {MODULE_BUDGET_BYTES:,} bytes", f"{b:,} bytes", b <= MODULE_BUDGET_BYTES))
+        budget = res["meta"].get("module_budget_bytes", EARLIER_BUDGET_BYTES)
+        out.append((f"module ≤ {budget:,} bytes", f"{b:,} bytes", b <= budget))
     return out
 
 
@@ -612,7 +617,8 @@ def main() -> int:
     argv = " ".join(a for a in sys.argv[1:] if a != "--quick")
     command = "make bench-quick" if quick else "make bench" + (f' BENCH_ARGS="{argv}"' if argv else "")
     res: dict = {"meta": {"date": time.strftime("%Y-%m-%d"), "cpus": os.cpu_count(), "cpu_model": cpu_model,
-                          "envoy": version, "command": command, "commit": source_commit()}}
+                          "envoy": version, "command": command, "commit": source_commit(),
+                          "module_budget_bytes": MODULE_BUDGET_BYTES}}
     if quick:
         sections = [
             ("cpu", lambda: cpu.worker_cpu(rounds=1, seconds=1, workdir=work, backend_port=port, bisect=False, warmup=False)),
