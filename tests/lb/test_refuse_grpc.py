@@ -84,4 +84,6 @@ def test_nginx_resends_no_refused_grpc_call(rows):
     that first refusal `max_fails=1` takes gw1 out and the rest go to gw2."""
     for r in of(rows, "nginx", "refuse-grpc"):
         assert lost(r) >= 1 and r["resent"] == 0, r
-        assert set(o for k in rg.KINDS for o in r["failed"][k]) == {"UNAVAILABLE"}, r
+        # The refusal reaches the client as nginx passes the gateway's reset on: a 502 (UNAVAILABLE) or a
+        # reset of the client's stream (INTERNAL); both are seen here, run to run. Neither is a resend.
+        assert set(o for k in rg.KINDS for o in r["failed"][k]) <= {"UNAVAILABLE", "INTERNAL"}, r
