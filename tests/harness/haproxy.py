@@ -247,15 +247,24 @@ class HAProxy(Child):
                 if not k.startswith(("GW1_", "GW2_", "TLS_PEM", "APISERVER_", "SOFT_DRAIN"))}
         return {**base, **self.env, "TZ": "UTC"}
 
+    def _files(self) -> list[str]:
+        """The operator's file as written, then one global line of the rig's own: one thread. The rig
+        reads HAProxy's log as its evidence, and a multi-threaded HAProxy drops a `log stdout` line
+        when two threads write at once (fd_write_frag_line in src/fd.c gives up after 200 tries:
+        seen here as 3 of the 8 sessions cut at one DOWN never logged)."""
+        one_thread = self.workdir / "rig-global.cfg"
+        one_thread.write_text("# Added by the test rig after the operator's file.\nglobal\n    nbthread 1\n")
+        return ["-f", str(self.cfg), "-f", str(one_thread)]
+
     def check_config(self) -> None:
-        r = subprocess.run(["haproxy", "-c", "-f", str(self.cfg)], env=self._environ(), capture_output=True, text=True)
+        r = subprocess.run(["haproxy", "-c", *self._files()], env=self._environ(), capture_output=True, text=True)
         if r.returncode != 0:
             raise RuntimeError(f"haproxy -c {self.cfg.name} failed:\n{r.stdout}{r.stderr}")
 
     def start(self, timeout: float = 20) -> "HAProxy":
         self.check_config()
         master = ["-W", "-S", str(self.master_socket)] if self.master_socket else []
-        self.spawn(["haproxy", "-db", *master, "-f", str(self.cfg)], env=self._environ())
+        self.spawn(["haproxy", "-db", *master, *self._files()], env=self._environ())
         self.wait_until(self._answering, timeout, "haproxy admin socket answering")
         return self
 
