@@ -221,9 +221,47 @@ pub const ALL: [Metric; 27] = [
     },
 ];
 
+/// Counters per histogram of counters (`STREAM_DURATION`, `UPGRADED_DURATION`,
+/// `TCP_DURATION`): one per exported `le`, `+Inf`, `_count`, `_sum`.
+pub const HISTOGRAM_COUNTERS: usize = crate::sizing::EXPORT_LE_MS.len() + 3;
+
+/// The name of a family's `j`-th counter: its buckets in `crate::sizing::EXPORT_LE_MS`'s
+/// order, `+Inf`, `_count`, `_sum`.
+pub fn histogram_counter(base: &str, j: usize) -> String {
+    let mut name = String::with_capacity(64);
+    let le = crate::sizing::EXPORT_LE_MS.get(j).map(|le| le.to_string());
+    let le = le
+        .as_deref()
+        .or((j == crate::sizing::EXPORT_LE_MS.len()).then_some("+Inf"));
+    if let Some(le) = le {
+        name.push_str("le=.=");
+        name.push_str(le);
+        name.push_str(";.;");
+    }
+    name.push_str(base);
+    name.push_str(match (le, j > crate::sizing::EXPORT_LE_MS.len() + 1) {
+        (Some(_), _) => "_bucket",
+        (None, false) => "_count",
+        (None, true) => "_sum",
+    });
+    name
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    #[allow(clippy::indexing_slicing)]
+    fn histogram_counters_carry_their_le_in_istio_s_tag_form() {
+        let names: Vec<String> = (0..HISTOGRAM_COUNTERS)
+            .map(|j| histogram_counter("d", j))
+            .collect();
+        assert_eq!(names[0], "le=.=25;.;d_bucket");
+        assert_eq!(names[15], "le=.=3000000;.;d_bucket");
+        assert_eq!(names[16], "le=.=+Inf;.;d_bucket");
+        assert_eq!(names[17..], ["d_count", "d_sum"]);
+    }
 
     /// The rows of envoyfilter/docs/observability.md's metrics table as (name, type, meaning), with
     /// the Markdown backticks removed.

@@ -81,13 +81,10 @@ pub struct Receipt<'a> {
 
 /// The `duration_ms` of a receipt line (`None`: none, or `-`).
 pub fn duration_of(line: &str) -> Option<u64> {
-    let digits = line
-        .split(' ')
-        .find_map(|f| f.strip_prefix("duration_ms="))?;
-    digits.bytes().try_fold(None, |n: Option<u64>, b| {
-        let d = u64::from(b.checked_sub(b'0').filter(|d| *d < 10)?);
-        Some(Some(n.unwrap_or(0).checked_mul(10)?.checked_add(d)?))
-    })?
+    line.split(' ')
+        .find_map(|f| f.strip_prefix("duration_ms="))?
+        .parse()
+        .ok()
 }
 
 fn stamp(ms: Option<u64>) -> String {

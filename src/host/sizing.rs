@@ -18,10 +18,8 @@ use super::keys;
 use super::logs;
 use super::shared::{self, cas_update, Decision, SharedError};
 use super::wasm_host::Host;
-use crate::sizing::{Durations, Kind, Pending, BYTES, EXPORT_LE_MS};
-
-/// Counters per kind: one per exported `le`, `+Inf`, `_count`, `_sum`.
-pub const COUNTERS: usize = EXPORT_LE_MS.len() + 3;
+use crate::metric_names::{histogram_counter, HISTOGRAM_COUNTERS as COUNTERS};
+use crate::sizing::{Durations, Kind, Pending, BYTES};
 
 /// The ids of every kind's counters (`host::metrics` defines them once per VM).
 pub type Ids = [[Option<u32>; COUNTERS]; 3];
@@ -32,7 +30,7 @@ pub fn define<H: Host>(host: &H) -> Ids {
     let mut ids = [[None; COUNTERS]; 3];
     for (row, kind) in ids.iter_mut().zip(Kind::ALL) {
         for (j, slot) in row.iter_mut().enumerate() {
-            *slot = super::metrics::define_counter(host, &counter_name(family(kind), j));
+            *slot = super::metrics::define_counter(host, &histogram_counter(family(kind), j));
         }
     }
     ids
@@ -66,28 +64,6 @@ pub fn read<H: Host>(host: &H) -> Durations {
         .and_then(|(b, _)| b)
         .and_then(|b| Durations::from_bytes(&b))
         .unwrap_or_default()
-}
-
-/// The name of a family's `j`-th counter: its buckets in `EXPORT_LE_MS`'s
-/// order, `+Inf`, `_count`, `_sum`.
-fn counter_name(base: &str, j: usize) -> String {
-    let mut name = String::with_capacity(64);
-    let le = EXPORT_LE_MS.get(j).map(|le| le.to_string());
-    let le = le
-        .as_deref()
-        .or((j == EXPORT_LE_MS.len()).then_some("+Inf"));
-    if let Some(le) = le {
-        name.push_str("le=.=");
-        name.push_str(le);
-        name.push_str(";.;");
-    }
-    name.push_str(base);
-    name.push_str(match (le, j > EXPORT_LE_MS.len() + 1) {
-        (Some(_), _) => "_bucket",
-        (None, false) => "_count",
-        (None, true) => "_sum",
-    });
-    name
 }
 
 /// One traffic root's durations since its last tick, and its counters.
@@ -172,15 +148,6 @@ mod tests {
     use crate::host::sim::Sim;
     use crate::host::traffic::{Traffic, TrafficStream};
     use std::rc::Rc;
-
-    #[test]
-    fn counter_names_carry_their_le_in_istio_s_tag_form() {
-        let names: Vec<String> = (0..COUNTERS).map(|j| counter_name("d", j)).collect();
-        assert_eq!(names[0], "le=.=25;.;d_bucket");
-        assert_eq!(names[15], "le=.=3000000;.;d_bucket");
-        assert_eq!(names[16], "le=.=+Inf;.;d_bucket");
-        assert_eq!(names[17..], ["d_count", "d_sum"]);
-    }
 
     #[test]
     fn the_counters_are_defined_once_per_vm_not_per_root() {
