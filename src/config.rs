@@ -11,7 +11,7 @@ use std::net::IpAddr;
 use crate::duration::{self, DurationError};
 use crate::fsm::{CloseAfter, DrainPlan};
 use crate::net::{Cidr, CidrError, LOOPBACK};
-use crate::refusal::Refusal;
+use crate::refusal::{Refusal, Refused};
 use crate::rotation;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -58,6 +58,8 @@ pub struct Config {
     pub soft_drain_gate: bool,
     /// What the traffic role does with a new HTTP request while draining.
     pub draining_new_requests: NewRequests,
+    /// Which new requests it refuses: those the LB in front may resend.
+    pub refused_requests: Refused,
     /// What it does with a new gRPC request while it refuses the others.
     pub draining_grpc_requests: NewRequests,
     /// How it refuses.
@@ -202,7 +204,7 @@ macro_rules! key_table {
 
 key_table! {
     /// Every configuration key, in the order they are checked.
-    pub const KEYS: [&str; 19] = [
+    pub const KEYS: [&str; 20] = [
         "role" => Rule::Required(role, ROLE_REQUIRED),
         "drain_timeout" => Rule::Optional(drain_timeout),
         "min_drain" => Rule::Optional(min_drain),
@@ -218,6 +220,7 @@ key_table! {
         "lb_checkers" => Rule::Optional(lb_checkers),
         "soft_drain_gate" => Rule::Optional(soft_drain_gate),
         "draining_new_requests" => Rule::Optional(draining_new_requests),
+        "refused_requests" => Rule::Optional(refused_requests),
         "draining_grpc_requests" => Rule::Optional(draining_grpc_requests),
         "refuse_with" => Rule::Optional(refuse_with),
         "termination_watch" => Rule::Optional(termination_watch),
@@ -243,6 +246,7 @@ impl Default for Config {
             lb_checkers: None,
             soft_drain_gate: true,
             draining_new_requests: NewRequests::Serve,
+            refused_requests: Refused::Idempotent,
             draining_grpc_requests: NewRequests::Serve,
             refuse_with: RefuseWith::Response,
             termination_watch: None,
@@ -415,6 +419,20 @@ fn needs_refusing(c: &Config, value: &str) -> Result<(), ValueError> {
     Err(format!("\"{value}\" needs draining_new_requests: \"refuse\"").into())
 }
 
+/// Which requests are refused: what the LB in front may send again.
+fn refused_requests(c: &mut Config, v: &Value) -> Result<(), ValueError> {
+    c.refused_requests = v.as_str().and_then(Refused::parse).ok_or_else(|| {
+        format!(
+            "expected \"idempotent\", \"idempotent_or_key\" or \"all\", got {}",
+            Shown(v)
+        )
+    })?;
+    if c.refused_requests != Refused::Idempotent {
+        needs_refusing(c, c.refused_requests.name())?;
+    }
+    Ok(())
+}
+
 /// gRPC is served unless it is refused too: an LB that cannot resend a
 /// gRPC call would pass the refusal to its client.
 fn draining_grpc_requests(c: &mut Config, v: &Value) -> Result<(), ValueError> {
@@ -547,9 +565,11 @@ pub fn listed(names: &[&str]) -> String {
 }
 
 impl Config {
-    /// How the refusing refuses (`draining_grpc_requests`, `refuse_with`).
+    /// How the refusing refuses (`refused_requests`,
+    /// `draining_grpc_requests`, `refuse_with`).
     pub fn refusal(&self) -> Refusal {
         Refusal {
+            requests: self.refused_requests,
             grpc: self.draining_grpc_requests,
             with: self.refuse_with,
         }
@@ -759,9 +779,20 @@ mod tests {
         .unwrap();
         assert_eq!(c.draining_grpc_requests.name(), "refuse");
         assert_eq!(c.refuse_with.name(), "reset");
+        assert_eq!(
+            c.refused_requests,
+            Refused::Idempotent,
+            "what every LB may resend"
+        );
+        let c = parse(
+            r#"{"role":"traffic","draining_new_requests":"refuse","refused_requests":"all"}"#,
+        )
+        .unwrap();
+        assert_eq!(c.refusal().requests, Refused::All);
         // The defaults spelled out are valid in either mode (the chart passes every value).
         let c = parse(
-            r#"{"role":"traffic","draining_grpc_requests":"serve","refuse_with":"response"}"#,
+            r#"{"role":"traffic","draining_grpc_requests":"serve","refuse_with":"response",
+                "refused_requests":"idempotent"}"#,
         )
         .unwrap();
         assert_eq!(c.draining_new_requests, NewRequests::Serve);
@@ -837,6 +868,9 @@ mod tests {
             ("draining_grpc_requests", r#""refuse""#),
             ("refuse_with", "503"),
             ("refuse_with", r#""reset""#),
+            ("refused_requests", r#""any""#),
+            ("refused_requests", r#""all""#),
+            ("refused_requests", r#""GET""#),
         ];
         let keyed = keyed.map(|(key, value)| {
             let input = format!(r#"{{"role":"health","{key}":{value}}}"#);
@@ -872,6 +906,11 @@ mod tests {
         assert_eq!(
             problem(r#"{"role":"health","drain_timeout":"0s"}"#),
             "invalid configuration: drain_timeout: \"0s\" is below the minimum 1ms"
+        );
+        assert_eq!(
+            problem(r#"{"role":"traffic","refused_requests":"every"}"#),
+            "invalid configuration: refused_requests: expected \"idempotent\", \
+             \"idempotent_or_key\" or \"all\", got \"every\""
         );
         assert_eq!(
             problem(r#"{"role":"traffic","draining_grpc_requests":"refuse"}"#),

@@ -1,13 +1,18 @@
 //! Refusing a new request while draining (`draining_new_requests: refuse`):
 //! which requests are refused, and how. Pure.
 //!
-//! A refusal is never forwarded, so an LB that resends it loses nothing; what
-//! an LB resends decides the form. The 503 answer (`refuse_with: response`)
-//! for one that resends a 503, the stream reset (`reset`) for one that
-//! resends only what failed. A gRPC request is served unless
-//! `draining_grpc_requests: refuse`: nginx's `grpc_pass` never resends a
-//! gRPC call, and HAProxy only one it holds whole (envoyfilter/docs/refuse.md,
-//! "Refusing new requests while draining").
+//! A refusal is never forwarded, so an LB that resends it runs nothing twice.
+//! But an LB that resends on a status code or a reset (HAProxy `retry-on`,
+//! nginx `proxy_next_upstream`) cannot tell drain-gate's refusal from an
+//! application's own 503 or from a gateway that died after forwarding: the
+//! recipe that resends the one resends the other, unless it resends only
+//! requests that may run twice. So drain-gate refuses only what the LB in
+//! front may resend (`refused_requests`): by default the RFC 9110 idempotent
+//! methods, whose second run changes nothing; every other request is served
+//! through the drain, as gRPC is unless `draining_grpc_requests: refuse`.
+//! The 503 answer (`refuse_with: response`) for an LB that resends a 503, the
+//! stream reset (`reset`) for one that resends only what failed
+//! (envoyfilter/docs/refuse.md, "Which requests are refused").
 
 use crate::config::{NewRequests, RefuseWith};
 
@@ -32,6 +37,23 @@ pub const STATUS_HEADER: &str = ":status";
 /// The request header that tells gRPC.
 pub const CONTENT_TYPE: &str = "content-type";
 
+/// The request header that tells the method.
+pub const METHOD: &str = ":method";
+
+/// The request header with which a client makes a request safe to repeat:
+/// the server runs one request per key (IETF httpapi `Idempotency-Key`).
+pub const IDEMPOTENCY_KEY: &str = "idempotency-key";
+
+/// The RFC 9110 §9.2.2 idempotent methods: their second run has the effect
+/// of the first, so an LB may send them again. Methods are case-sensitive.
+pub const IDEMPOTENT_METHODS: [&str; 6] = ["GET", "HEAD", "OPTIONS", "TRACE", "PUT", "DELETE"];
+
+/// The request headers a decision reads, each one a host call: the decision
+/// asks only for what it needs.
+pub trait Headers {
+    fn get(&self, name: &str) -> Option<String>;
+}
+
 /// What a new request meets while the refusing runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Meet {
@@ -43,9 +65,60 @@ pub enum Meet {
     Reset,
 }
 
-/// The refusing's configuration: `draining_grpc_requests` and `refuse_with`.
+/// Which requests (gRPC apart) a refusing drain refuses: those the LB in
+/// front may send again (`refused_requests`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Refused {
+    /// The idempotent methods: every recipe shipped may resend them
+    /// (HAProxy `disable-l7-retry` for the others, nginx's own rule).
+    #[default]
+    Idempotent,
+    /// Those, and a request with an `Idempotency-Key`: behind an LB that
+    /// resends a keyed request too (the HAProxy recipe), never nginx, which
+    /// resends no POST it has sent.
+    IdempotentOrKeyed,
+    /// Every request: behind an LB that resends drain-gate's refusal and
+    /// nothing else (Envoy's `retriable-headers` on `x-drain-gate`).
+    All,
+}
+
+impl Refused {
+    pub fn name(self) -> &'static str {
+        match self {
+            Refused::Idempotent => "idempotent",
+            Refused::IdempotentOrKeyed => "idempotent_or_key",
+            Refused::All => "all",
+        }
+    }
+
+    /// Reads a `refused_requests` value.
+    pub fn parse(name: &str) -> Option<Refused> {
+        [
+            Refused::Idempotent,
+            Refused::IdempotentOrKeyed,
+            Refused::All,
+        ]
+        .into_iter()
+        .find(|r| r.name() == name)
+    }
+
+    /// Whether a (non-gRPC) request is one to refuse.
+    fn takes(self, req: &impl Headers) -> bool {
+        match self {
+            Refused::All => true,
+            Refused::Idempotent => is_idempotent(req.get(METHOD).as_deref()),
+            Refused::IdempotentOrKeyed => {
+                is_idempotent(req.get(METHOD).as_deref()) || req.get(IDEMPOTENCY_KEY).is_some()
+            }
+        }
+    }
+}
+
+/// The refusing's configuration: `refused_requests`,
+/// `draining_grpc_requests` and `refuse_with`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Refusal {
+    pub requests: Refused,
     pub grpc: NewRequests,
     pub with: RefuseWith,
 }
@@ -53,20 +126,32 @@ pub struct Refusal {
 impl Refusal {
     /// Whether meeting a request needs its `content-type` (one host call):
     /// not when every request is reset alike.
-    pub fn asks_content_type(self) -> bool {
-        self.grpc == NewRequests::Serve || self.with == RefuseWith::Response
+    fn asks_content_type(self) -> bool {
+        !(self.requests == Refused::All
+            && self.grpc == NewRequests::Refuse
+            && self.with == RefuseWith::Reset)
     }
 
-    /// What a new request meets, `grpc` or not.
-    pub fn meet(self, grpc: bool) -> Meet {
-        if grpc && self.grpc == NewRequests::Serve {
-            return Meet::Serve;
-        }
-        match self.with {
-            RefuseWith::Response => Meet::Respond { grpc },
-            RefuseWith::Reset => Meet::Reset,
+    /// What a new request meets. A gRPC call is a POST: it is refused only
+    /// when gRPC is (`draining_grpc_requests`), whatever `refused_requests`.
+    pub fn meet(self, req: &impl Headers) -> Meet {
+        let grpc = self.asks_content_type() && is_grpc(req.get(CONTENT_TYPE).as_deref());
+        let refused = if grpc {
+            self.grpc == NewRequests::Refuse
+        } else {
+            self.requests.takes(req)
+        };
+        match (refused, self.with) {
+            (false, _) => Meet::Serve,
+            (true, RefuseWith::Response) => Meet::Respond { grpc },
+            (true, RefuseWith::Reset) => Meet::Reset,
         }
     }
+}
+
+/// Whether a method is one of RFC 9110's idempotent ones.
+pub fn is_idempotent(method: Option<&str>) -> bool {
+    method.is_some_and(|m| IDEMPOTENT_METHODS.contains(&m))
 }
 
 /// Whether a request with this `content-type` is gRPC, as Envoy tells it
@@ -81,6 +166,40 @@ pub fn is_grpc(content_type: Option<&str>) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::cell::RefCell;
+
+    /// A request's headers, and the names a decision asked for.
+    struct Req {
+        headers: Vec<(&'static str, &'static str)>,
+        asked: RefCell<Vec<String>>,
+    }
+
+    fn req(headers: &[(&'static str, &'static str)]) -> Req {
+        Req {
+            headers: headers.to_vec(),
+            asked: RefCell::new(Vec::new()),
+        }
+    }
+
+    impl Headers for Req {
+        fn get(&self, name: &str) -> Option<String> {
+            self.asked.borrow_mut().push(name.to_string());
+            self.headers
+                .iter()
+                .find(|(n, _)| *n == name)
+                .map(|(_, v)| (*v).to_string())
+        }
+    }
+
+    const GRPC: (&str, &str) = ("content-type", "application/grpc");
+
+    fn refusal(requests: Refused, grpc: NewRequests, with: RefuseWith) -> Refusal {
+        Refusal {
+            requests,
+            grpc,
+            with,
+        }
+    }
 
     #[test]
     fn grpc_is_envoys_content_type() {
@@ -100,34 +219,91 @@ mod tests {
     }
 
     #[test]
-    fn grpc_is_served_unless_refused_too() {
-        let serve_grpc = Refusal::default();
-        assert_eq!(serve_grpc.meet(true), Meet::Serve);
-        assert_eq!(serve_grpc.meet(false), Meet::Respond { grpc: false });
-        let refuse_grpc = Refusal {
-            grpc: NewRequests::Refuse,
-            with: RefuseWith::Response,
-        };
-        assert_eq!(refuse_grpc.meet(true), Meet::Respond { grpc: true });
-        assert_eq!(refuse_grpc.meet(false), Meet::Respond { grpc: false });
+    fn by_default_only_idempotent_methods_are_refused() {
+        let r = Refusal::default();
+        for m in IDEMPOTENT_METHODS {
+            assert_eq!(
+                r.meet(&req(&[(":method", m)])),
+                Meet::Respond { grpc: false },
+                "{m}"
+            );
+        }
+        for m in ["POST", "PATCH", "CONNECT", "LOCK", "get", "PROPFIND", ""] {
+            assert_eq!(r.meet(&req(&[(":method", m)])), Meet::Serve, "{m}");
+        }
+        assert_eq!(r.meet(&req(&[])), Meet::Serve, "no method: served");
+        let keyed = req(&[(":method", "POST"), ("idempotency-key", "k1")]);
+        assert_eq!(r.meet(&keyed), Meet::Serve, "a key counts only when chosen");
     }
 
     #[test]
-    fn a_reset_is_the_same_for_every_request() {
-        let reset = Refusal {
-            grpc: NewRequests::Refuse,
-            with: RefuseWith::Reset,
-        };
-        assert!(!reset.asks_content_type(), "no host call to tell gRPC");
-        assert_eq!(reset.meet(true), Meet::Reset);
-        assert_eq!(reset.meet(false), Meet::Reset);
-        let reset_serve_grpc = Refusal {
-            grpc: NewRequests::Serve,
-            with: RefuseWith::Reset,
-        };
-        assert!(reset_serve_grpc.asks_content_type());
-        assert_eq!(reset_serve_grpc.meet(true), Meet::Serve);
-        assert_eq!(reset_serve_grpc.meet(false), Meet::Reset);
-        assert!(Refusal::default().asks_content_type());
+    fn a_key_makes_a_request_refusable_when_chosen() {
+        let r = refusal(
+            Refused::IdempotentOrKeyed,
+            NewRequests::Serve,
+            RefuseWith::Response,
+        );
+        let keyed = req(&[(":method", "POST"), ("idempotency-key", "k1")]);
+        assert_eq!(r.meet(&keyed), Meet::Respond { grpc: false });
+        assert_eq!(r.meet(&req(&[(":method", "POST")])), Meet::Serve);
+        let get = req(&[(":method", "GET")]);
+        assert_eq!(r.meet(&get), Meet::Respond { grpc: false });
+        assert!(
+            !get.asked.borrow().iter().any(|n| n == IDEMPOTENCY_KEY),
+            "a GET needs no key"
+        );
+    }
+
+    #[test]
+    fn all_refuses_every_method_without_reading_it() {
+        let r = refusal(Refused::All, NewRequests::Serve, RefuseWith::Response);
+        let post = req(&[(":method", "POST")]);
+        assert_eq!(r.meet(&post), Meet::Respond { grpc: false });
+        assert_eq!(*post.asked.borrow(), vec![CONTENT_TYPE.to_string()]);
+    }
+
+    #[test]
+    fn grpc_is_served_unless_refused_too_whatever_the_methods() {
+        for requests in [
+            Refused::Idempotent,
+            Refused::IdempotentOrKeyed,
+            Refused::All,
+        ] {
+            let serve = refusal(requests, NewRequests::Serve, RefuseWith::Response);
+            assert_eq!(serve.meet(&req(&[(":method", "POST"), GRPC])), Meet::Serve);
+            let refuse = refusal(requests, NewRequests::Refuse, RefuseWith::Response);
+            assert_eq!(
+                refuse.meet(&req(&[(":method", "POST"), GRPC])),
+                Meet::Respond { grpc: true },
+                "{requests:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_reset_refuses_what_a_response_would() {
+        let reset = refusal(Refused::Idempotent, NewRequests::Serve, RefuseWith::Reset);
+        assert_eq!(reset.meet(&req(&[(":method", "GET")])), Meet::Reset);
+        assert_eq!(reset.meet(&req(&[(":method", "POST")])), Meet::Serve);
+        assert_eq!(reset.meet(&req(&[(":method", "POST"), GRPC])), Meet::Serve);
+        let reset_all = refusal(Refused::All, NewRequests::Refuse, RefuseWith::Reset);
+        let post = req(&[(":method", "POST"), GRPC]);
+        assert_eq!(reset_all.meet(&post), Meet::Reset);
+        assert!(
+            post.asked.borrow().is_empty(),
+            "every request reset alike: no host call"
+        );
+    }
+
+    #[test]
+    fn names_read_back() {
+        for r in [
+            Refused::Idempotent,
+            Refused::IdempotentOrKeyed,
+            Refused::All,
+        ] {
+            assert_eq!(Refused::parse(r.name()), Some(r));
+        }
+        assert_eq!(Refused::parse("any"), None);
     }
 }

@@ -108,7 +108,7 @@ pub struct View<'a> {
     pub receipt: Tally,
     /// `draining_new_requests`.
     pub new_requests: &'static str,
-    /// `draining_grpc_requests` and `refuse_with`.
+    /// `refused_requests`, `draining_grpc_requests` and `refuse_with`.
     pub refusal: Refusal,
     /// How long streams lasted since the process started (`crate::sizing`).
     pub durations: Durations,
@@ -272,6 +272,8 @@ struct ReceiptOut {
 struct Refusing {
     /// `draining_new_requests`: `serve` or `refuse`.
     mode: &'static str,
+    /// `refused_requests`: which requests (gRPC apart) are refused.
+    requests: &'static str,
     /// `draining_grpc_requests`: gRPC requests `serve`d or `refuse`d too.
     grpc: &'static str,
     /// `refuse_with`: `response` (the 503) or `reset`.
@@ -345,6 +347,7 @@ fn status_body<'a>(v: &View<'a>, error: Option<&'a str>, wait: Option<&'a str>) 
         receipt: receipt_out(v),
         refusing: Refusing {
             mode: v.new_requests,
+            requests: v.refusal.requests.name(),
             grpc: v.refusal.grpc.name(),
             refuse_with: v.refusal.with.name(),
             active: v.new_requests == "refuse" && r.state != State::Open,

@@ -350,6 +350,16 @@ impl<H: Host> Traffic<H> {
     }
 }
 
+/// The request headers of the stream whose callback runs, as the refusal
+/// reads them: one host call per header it asks for.
+struct RequestHeaders<'h, H: Host>(&'h H);
+
+impl<H: Host> refusal::Headers for RequestHeaders<'_, H> {
+    fn get(&self, name: &str) -> Option<String> {
+        self.0.request_header(name)
+    }
+}
+
 /// One HTTP stream or one TCP connection. It is counted from its creation,
 /// which Envoy runs when the stream reaches this filter (the filter's
 /// `decodeHeaders`; a connection's `onNewConnection`), not when the
@@ -432,9 +442,7 @@ impl<H: Host> TrafficStream<H> {
         }
         let refusal = self.traffic.refusal;
         let host = self.traffic.metrics.host();
-        let grpc = refusal.asks_content_type()
-            && refusal::is_grpc(host.request_header(refusal::CONTENT_TYPE).as_deref());
-        let meet = refusal.meet(grpc);
+        let meet = refusal.meet(&RequestHeaders(host));
         if meet == Meet::Serve {
             return Action::Continue;
         }

@@ -148,6 +148,9 @@ fn refuse_mode_answers_new_requests_503_while_draining_and_stops_at_reopen() {
         &sim,
         r#"{"draining_new_requests":"refuse","lb_buffer":"60m"}"#,
     );
+    sim.request_headers
+        .borrow_mut()
+        .insert(":method".into(), "GET".into());
     let mut before = TrafficStream::new(Rc::clone(&t));
     assert_eq!(before.request_headers(), Action::Continue, "OPEN: served");
     call(&h, "POST", "/drain?hold=closing", 1).unwrap();
@@ -168,7 +171,7 @@ fn refuse_mode_answers_new_requests_503_while_draining_and_stops_at_reopen() {
     let st = json(&call(&h, "GET", "/drain/status", 2).unwrap());
     assert_eq!(
         st["refusing"],
-        serde_json::json!({"mode": "refuse", "grpc": "serve", "refuse_with": "response",
+        serde_json::json!({"mode": "refuse", "requests": "idempotent", "grpc": "serve", "refuse_with": "response",
                            "active": true, "this_drain": 1})
     );
     assert_eq!(sim.metric(crate::metric_names::REFUSED), 1);
@@ -182,15 +185,21 @@ fn refuse_mode_answers_new_requests_503_while_draining_and_stops_at_reopen() {
     drop((before, after));
 }
 
-/// A refusing drain, and `n` new requests with `content_type`: what each met.
+/// A refusing drain, and `n` new GET requests with `content_type`: what each met.
 fn refusing(config: &str, content_type: &str, n: usize) -> (Sim, Vec<Action>) {
+    refusing_method(config, "GET", content_type, n)
+}
+
+/// A refusing drain, and `n` new `method` requests with `content_type`: what each met.
+fn refusing_method(config: &str, method: &str, content_type: &str, n: usize) -> (Sim, Vec<Action>) {
     let sim = Sim::at(T0);
     let (h, t) = gateway(&sim, config);
     call(&h, "POST", "/drain?hold=closing", 1).unwrap();
     ticks(&sim, &h, &t, 1, 100);
-    sim.request_headers
-        .borrow_mut()
-        .insert("content-type".into(), content_type.into());
+    let mut headers = sim.request_headers.borrow_mut();
+    headers.insert(":method".into(), method.into());
+    headers.insert("content-type".into(), content_type.into());
+    drop(headers);
     let mut met = Vec::new();
     for _ in 0..n {
         let mut s = TrafficStream::new(Rc::clone(&t));
@@ -248,4 +257,25 @@ fn refuse_with_reset_resets_with_no_answer_and_counts_it_refused() {
     let all = format!(r#"{reset},"draining_grpc_requests":"refuse"}}"#);
     let (sim, met) = refusing(&all, "application/grpc", 1);
     assert_eq!((met, sim.resets.get()), (vec![Action::Pause], 1));
+}
+
+#[test]
+fn a_post_is_served_through_a_refusing_drain_unless_every_request_is_refused() {
+    let refuse = r#""draining_new_requests":"refuse","lb_buffer":"60m""#;
+    let (sim, met) = refusing_method(&format!("{{{refuse}}}"), "POST", "application/json", 2);
+    assert_eq!(
+        met,
+        [Action::Continue; 2],
+        "a POST may not be resent: served"
+    );
+    assert_eq!(sim.metric(crate::metric_names::REFUSED), 0);
+    let (sim, met) = refusing_method(&format!("{{{refuse}}}"), "DELETE", "text/plain", 1);
+    assert_eq!(
+        (met, sim.metric(crate::metric_names::REFUSED)),
+        (vec![Action::Pause], 1)
+    );
+    let all = format!(r#"{{{refuse},"refused_requests":"all"}}"#);
+    let (sim, met) = refusing_method(&all, "POST", "application/json", 2);
+    assert_eq!(met, [Action::Pause; 2], "all: a POST refused too");
+    assert_eq!(sim.answers.borrow().len(), 2);
 }

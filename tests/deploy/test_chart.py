@@ -125,6 +125,8 @@ def test_schema_refuses_unknown_keys_and_bad_values(module, args, named):
     (("--set", "config.lb_down_timeout=0s"), 'config.lb_down_timeout: "0s" is below the minimum 1ms'),
     (("--set", "config.tick=5ms"), 'config.tick: "5ms" is outside 10ms..10s'),
     (("--set", "config.min_drain=3m"), "config.min_drain must not exceed config.drain_timeout"),
+    (("--set", "config.refused_requests=all"),
+     'config.refused_requests: "all" needs config.draining_new_requests: "refuse"'),
     (("--set", "config.draining_grpc_requests=refuse"),
      'config.draining_grpc_requests: "refuse" needs config.draining_new_requests: "refuse"'),
     (("--set", "config.refuse_with=reset"), 'config.refuse_with: "reset" needs config.draining_new_requests: "refuse"'),
@@ -207,7 +209,7 @@ def test_wasmplugin_form_loads_the_mounted_module_and_counts_tcp_on_its_ports(mo
     assert (tcp["type"], tcp["pluginName"]) == ("NETWORK", "drain_gate_tcp")
     assert tcp["match"] == [{"ports": [{"number": 15443}, {"number": 9443}]}]
     assert traffic["pluginConfig"] == {"role": "traffic", "tick": "100ms", "draining_new_requests": "serve",
-                                       "draining_grpc_requests": "serve", "refuse_with": "response"}
+                                       "refused_requests": "idempotent", "draining_grpc_requests": "serve", "refuse_with": "response"}
     assert tcp["pluginConfig"] == {**traffic["pluginConfig"], "role": "traffic_tcp"}
     assert traffic["failStrategy"] == tcp["failStrategy"] == "FAIL_OPEN"
     digest = "a" * 64
@@ -259,11 +261,11 @@ def test_config_values_reach_the_health_role_and_traffic_gets_only_what_it_uses(
             tcp = json.loads(istio.plugin_config(objs[("EnvoyFilter", "drain-gate-tcp")], "drain-gate-tcp")[
                 "configuration"]["value"])
             assert tcp == {"role": "traffic_tcp", "tick": "50ms", "draining_new_requests": "serve",
-                           "draining_grpc_requests": "serve", "refuse_with": "response"}
+                           "refused_requests": "idempotent", "draining_grpc_requests": "serve", "refuse_with": "response"}
             for name in ("drain-gate-traffic", "drain-gate-tcp"):
                 assert "50ms" not in json.dumps(objs[("EnvoyFilter", name)]["spec"]["configPatches"][0]), name
         assert traffic == {"role": "traffic", "tick": "50ms", "draining_new_requests": "serve",
-                           "draining_grpc_requests": "serve", "refuse_with": "response"}
+                           "refused_requests": "idempotent", "draining_grpc_requests": "serve", "refuse_with": "response"}
 
 
 def test_tcp_value_renders_or_leaves_out_the_tcp_filter(module):

@@ -51,7 +51,8 @@ EVERY_KEY = {
     "drain_timeout": "90s", "min_drain": "1s", "lb_buffer": "20s", "tick": "200ms", "draining_lb_status": "404",
     "admin_allow": "{10.0.0.0/8}", "admin_token": "a3f1c2d4e5b60718293a4b5c", "close_after": "lb_observed_down",
     "lb_fall": "3", "lb_down_timeout": "30s", "rotate_connections": "false", "lb_checkers": "{10.0.0.0/8}",
-    "soft_drain_gate": "false", "draining_new_requests": "refuse", "draining_grpc_requests": "refuse",
+    "soft_drain_gate": "false", "draining_new_requests": "refuse", "refused_requests": "all",
+    "draining_grpc_requests": "refuse",
     "refuse_with": "reset", "termination_watch": "false", "scrape_interval": "5s",
 }
 

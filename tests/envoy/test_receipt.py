@@ -95,7 +95,7 @@ def test_every_counter_exists_from_the_start_at_0(gateway):
         assert gw.stat(f"wasmcustom.{name}") == 0, name
     st = status(gw)
     assert st["cut"] == 0 and st["receipt"]["drain_started_at"] is None
-    assert st["refusing"] == {"mode": "serve", "grpc": "serve", "refuse_with": "response", "active": False,
+    assert st["refusing"] == {"mode": "serve", "requests": "idempotent", "grpc": "serve", "refuse_with": "response", "active": False,
                               "this_drain": 0}
 
 

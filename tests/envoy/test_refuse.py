@@ -94,7 +94,7 @@ def test_serve_mode_serves_while_draining(gateway):
         time.sleep(0.3)
         for _ in range(3):
             assert requests.get(gw.traffic("/"), timeout=5).status_code == 200
-        assert status(gw)["refusing"] == {"mode": "serve", "grpc": "serve", "refuse_with": "response",
+        assert status(gw)["refusing"] == {"mode": "serve", "requests": "idempotent", "grpc": "serve", "refuse_with": "response",
                                           "active": False, "this_drain": 0}
     finally:
         held.close()
@@ -125,7 +125,7 @@ def test_a_refused_grpc_request_is_answered_503_that_an_lb_resends(gateway):
         with pytest.raises(grpc.RpcError) as e:
             ch.unary_unary("/drain_gate.test.Long/Unary")(b"", timeout=5)
     assert e.value.code() == grpc.StatusCode.UNAVAILABLE, e.value
-    assert status(gw)["refusing"] == {"mode": "refuse", "grpc": "refuse", "refuse_with": "response", "active": True,
+    assert status(gw)["refusing"] == {"mode": "refuse", "requests": "idempotent", "grpc": "refuse", "refuse_with": "response", "active": True,
                                       "this_drain": before + 2}
 
 

@@ -42,6 +42,7 @@ BAD = {
     "lb_checkers": [[], ["10.0.0.300/32"], "10.0.0.0/8"],
     "soft_drain_gate": ["yes", 1],
     "draining_new_requests": ["drop", True],
+    "refused_requests": ["any", "all", 1],
     "draining_grpc_requests": ["drop", "refuse"],
     "refuse_with": [503, "reset"],
     "termination_watch": ["", 1, "has space"],

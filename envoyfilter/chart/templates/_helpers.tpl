@@ -46,6 +46,9 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{- if eq ($c.draining_grpc_requests | default "serve") "refuse" -}}
 {{- fail "drain-gate: config.draining_grpc_requests: \"refuse\" needs config.draining_new_requests: \"refuse\"" -}}
 {{- end -}}
+{{- if ne ($c.refused_requests | default "idempotent") "idempotent" -}}
+{{- fail (printf "drain-gate: config.refused_requests: %q needs config.draining_new_requests: \"refuse\"" $c.refused_requests) -}}
+{{- end -}}
 {{- if eq ($c.refuse_with | default "response") "reset" -}}
 {{- fail "drain-gate: config.refuse_with: \"reset\" needs config.draining_new_requests: \"refuse\"" -}}
 {{- end -}}
@@ -57,7 +60,7 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 
 {{/* The plugin configuration of one role. The health role gets every `config`
      value. The traffic roles (traffic, traffic_tcp) get only what they use
-     (role, tick, draining_new_requests, draining_grpc_requests, refuse_with:
+     (role, tick, draining_new_requests, refused_requests, draining_grpc_requests, refuse_with:
      one configuration for both), each checked
      here at render: a value the plugin would refuse never reaches a gateway
      (Envoy would keep the configuration it accepted last, and a fresh pod's
@@ -67,7 +70,7 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{- if eq .role "health" -}}
 {{- toJson (merge (dict "role" "health" "scrape_interval" (include "drain-gate.scrapeInterval" .root)) .root.Values.config) -}}
 {{- else -}}
-{{- toJson (merge (dict "role" .role) (pick .root.Values.config "tick" "draining_new_requests" "draining_grpc_requests" "refuse_with")) -}}
+{{- toJson (merge (dict "role" .role) (pick .root.Values.config "tick" "draining_new_requests" "refused_requests" "draining_grpc_requests" "refuse_with")) -}}
 {{- end -}}
 {{- end -}}
 
