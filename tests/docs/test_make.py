@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import shutil
 import subprocess
 
 import pytest
@@ -57,3 +58,24 @@ def test_each_subset_command_selects_what_it_says(command):
         assert not any(i.startswith(("tests/fleet/", "tests/hardening/")) for i in ids)
     if "-m full" in command:
         assert all(i.startswith("tests/lb/test_refuse_lbs.py") for i in ids)
+
+
+@pytest.mark.parametrize("npm, ci, fails", [
+    (None, "", False),  # no npm here: says so and goes on (`make run` never asks for wasm-opt)
+    (None, "true", True),  # under CI the optimized module's guards need it
+    ("exit 1", "", True),  # an npm install that fails always fails
+    ("exit 0", "", True),  # npm said yes but installed no wasm-opt
+])
+def test_make_wasm_opt_never_swallows_its_failure(tmp_path, npm, ci, fails):
+    """`make wasm-opt` without a wasm-opt it can install: the cases, run by make itself (npm a stand-in on a
+    PATH of its own, `WASM_OPT` a path that does not exist, so nothing is installed)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    if npm is not None:
+        (bin_dir / "npm").write_text(f"#!/bin/sh\n{npm}\n")
+        (bin_dir / "npm").chmod(0o755)
+    env = {"PATH": str(bin_dir), "HOME": str(tmp_path), "CI": ci}
+    r = subprocess.run([shutil.which("make"), "-s", "wasm-opt", f"WASM_OPT={tmp_path}/none/wasm-opt"], cwd=REPO,
+                       env=env, capture_output=True, text=True)
+    assert (r.returncode != 0) == fails, r.stdout + r.stderr
+    assert "wasm-opt" in r.stderr, "it says what happened"

@@ -40,7 +40,7 @@ import pytest
 import requests
 
 from tests.deploy.test_verify import _logical_ports
-from tests.harness import istio
+from tests.harness import ci, istio
 from tests.harness.envoy import REPO, WASM, Envoy, free_port, wait_for
 from tests.harness.variants import Lds
 
@@ -316,7 +316,7 @@ def test_load_failure(rig, table, form, failure, phase):
 def test_readme_shows_the_measured_table(table):
     """envoyfilter/docs/forms.md's table is the one measured here, row for row."""
     if not table:
-        pytest.skip("no load-failure case ran in this session")
+        ci.cannot_run("no load-failure case ran in this session: the table is checked after the cases that measure it")
     readme = (istio.ENVOYFILTER / "docs" / "forms.md").read_text()
     shown = [line for line in readme.splitlines() if re.match(r"\| (envoyfilter|wasmplugin) \|", line)]
     assert len(shown) == len(EXPECTED)

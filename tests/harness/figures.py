@@ -51,14 +51,21 @@ def commit() -> str:
 
 
 def time_make_test() -> int:
+    """Times `make test` and writes what it was: the cores, whether the checkout had built before (a fresh clone
+    has no `target/` and no `.venv`: installs and builds included), whether `../shared` stood beside it, the
+    date and the commit."""
+    fresh = not (REPO / "target").exists() and not (REPO / ".venv").exists()
+    shared = (REPO.parent / "shared").is_dir()
     started = time.monotonic()
     rc = subprocess.run(["make", "test"], cwd=REPO).returncode
     took = time.monotonic() - started
     if rc != 0:
         print(f"make test failed after {minutes(took)}: nothing written", file=sys.stderr)
         return rc
-    write(TESTS_README, "make-test", f"{minutes(took)} on {os.cpu_count()} cores ({time.strftime('%Y-%m-%d')}, "
-                                      f"commit {commit()}, `make test-timed`)")
+    how = "a fresh clone (installs and builds included)" if fresh else "a checkout that had built before"
+    beside = "`../shared` beside it" if shared else "no `../shared` beside it"
+    write(TESTS_README, "make-test", f"{minutes(took)} on {os.cpu_count()} cores, {how}, {beside} "
+                                      f"({time.strftime('%Y-%m-%d')}, commit {commit()}, `make test-timed`)")
     print(f"make test took {minutes(took)}: written into {TESTS_README.relative_to(REPO)}")
     return 0
 
