@@ -53,18 +53,20 @@ class EnvoyFront(Child):
 
     `retry`: "shipped" (the file as written), "headers" (the alternative of its comment:
     only drain-gate's refusals), "reset" (its other one, for `refuse_with: reset`) or "none" (no
-    retry_policy at all)."""
+    retry_policy at all). `recipe`: another file than envoy-front.yaml (a test's control), run the
+    same way."""
 
     name = "envoy front LB"
 
     def __init__(self, workdir: Path, gateways: list[tuple[str, int, int]], *, inter_s: float = 2.0,
-                 retry: str = "shipped"):
+                 retry: str = "shipped", recipe: Path = ENVOY_FRONT):
         self.workdir = Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.gateways = gateways
         self.port = free_port()
         self.admin_port = free_port()
-        self.doc = render_envoy_front(gateways, self.port, self.admin_port, inter_s=inter_s, retry=retry)
+        self.doc = render_envoy_front(gateways, self.port, self.admin_port, inter_s=inter_s, retry=retry,
+                                      recipe=recipe)
         self.config_path = self.workdir / "envoy-front.yaml"
         super().__init__(self.workdir / "envoy-front.log")
 
@@ -119,8 +121,8 @@ class EnvoyFront(Child):
 
 
 def render_envoy_front(gateways: list[tuple[str, int, int]], port: int, admin_port: int, *, inter_s: float,
-                       retry: str) -> dict:
-    doc = copy.deepcopy(yaml.safe_load(ENVOY_FRONT.read_text()))
+                       retry: str, recipe: Path = ENVOY_FRONT) -> dict:
+    doc = copy.deepcopy(yaml.safe_load(recipe.read_text()))
     doc["admin"]["address"]["socket_address"]["port_value"] = admin_port
     (listener,) = doc["static_resources"]["listeners"]
     listener["address"]["socket_address"] = {"address": "127.0.0.1", "port_value": port}
@@ -152,12 +154,13 @@ class Nginx(Child):
     """envoyfilter/lb/nginx-drain-gate.conf in Debian's nginx, included in a minimal nginx.conf
     (pid, logs and temp paths in `workdir`). `non_idempotent=False` drops that word from
     `proxy_next_upstream` (what nginx does by default with a POST); `next_upstream` replaces that
-    directive's conditions (NGINX_503: what the recipe had before)."""
+    directive's conditions (NGINX_503: what the recipe had before). `recipe`: another file than
+    nginx-drain-gate.conf (a test's control), run the same way."""
 
     name = "nginx"
 
     def __init__(self, workdir: Path, gateways: list[tuple[str, int]], *, non_idempotent: bool = True,
-                 next_upstream: str | None = None):
+                 next_upstream: str | None = None, recipe: Path = NGINX_CONF):
         self.workdir = Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.gateways = gateways
@@ -165,7 +168,7 @@ class Nginx(Child):
         self.grpc_port = free_port()
         self.conf_d = self.workdir / "drain-gate.conf"
         self.conf_d.write_text(render_nginx_conf(gateways, self.port, self.grpc_port, non_idempotent=non_idempotent,
-                                                 next_upstream=next_upstream))
+                                                 next_upstream=next_upstream, recipe=recipe))
         self.access_log = self.workdir / "access.log"
         self.main_conf = self.workdir / "nginx.conf"
         temps = "\n".join(f"    {k}_temp_path {self.workdir / k};" for k in ("client_body", "proxy", "fastcgi",
@@ -225,11 +228,11 @@ NGINX_503 = "error timeout http_503 non_idempotent"
 
 
 def render_nginx_conf(gateways: list[tuple[str, int]], port: int, grpc_port: int, *, non_idempotent: bool = True,
-                      next_upstream: str | None = None) -> str:
-    """The shipped file with one `server` line per gateway (options copied from the first one),
-    `listen` on 127.0.0.1:`port` and, for gRPC, 127.0.0.1:`grpc_port`."""
+                      next_upstream: str | None = None, recipe: Path = NGINX_CONF) -> str:
+    """The shipped file (or `recipe`) with one `server` line per gateway (options copied from the
+    first one), `listen` on 127.0.0.1:`port` and, for gRPC, 127.0.0.1:`grpc_port`."""
     out, seen = [], set()
-    for line in NGINX_CONF.read_text().splitlines():
+    for line in recipe.read_text().splitlines():
         s = line.strip()
         m = re.match(r"server 203\.0\.113\.\d+:30080( .*);$", s)
         if m:
@@ -252,5 +255,5 @@ def render_nginx_conf(gateways: list[tuple[str, int]], port: int, grpc_port: int
             seen.add("next")
         out.append(line)
     if not {"server", "listen", "listen grpc", "next"} <= seen:
-        raise ValueError(f"{NGINX_CONF}: expected lines not found (found {sorted(seen)})")
+        raise ValueError(f"{recipe}: expected lines not found (found {sorted(seen)})")
     return "\n".join(out) + "\n"

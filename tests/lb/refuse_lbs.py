@@ -55,7 +55,7 @@ import requests
 
 from tests.harness.clients import CurlStream
 from tests.harness.envoy import free_port, wait_for
-from tests.harness.front import NGINX_503, EnvoyFront, Nginx, Served
+from tests.harness.front import ENVOY_FRONT, NGINX_503, NGINX_CONF, EnvoyFront, Nginx, Served
 from tests.harness.grpc_app import h2_backend
 from tests.harness.haproxy import CFG, CFG_REFUSE, HAProxy, h2_cfg, retry_on_cfg
 from tests.harness.rig import Backend, Gateway, PreStop
@@ -114,15 +114,16 @@ class FrontRig:
     """Backend, gw1 and gw2 (the same plugin configuration) and, once `use()` named it, one
     front LB (another `use()` replaces it). A context manager: everything it started is
     stopped on every exit path. `backend_port`: another backend than the demo one (`h2`: it
-    speaks HTTP/2, a gRPC server)."""
+    speaks HTTP/2, a gRPC server); `backend_ports`: one for each gateway (gw1's, gw2's)."""
 
     def __init__(self, workdir: Path, config: dict, *, inter_s: float = INTER_S, backend_port: int | None = None,
-                 h2: bool = False, concurrency: int = 2):
+                 h2: bool = False, concurrency: int = 2, backend_ports: list[int] | None = None):
         self.workdir = Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.config = config
         self.inter_s = inter_s
         self.backend_port = backend_port
+        self.backend_ports = backend_ports
         self.h2 = h2
         self.concurrency = concurrency
         self.stack = contextlib.ExitStack()
@@ -132,12 +133,12 @@ class FrontRig:
 
     def __enter__(self) -> "FrontRig":
         try:
-            if self.backend_port is None:
+            if self.backend_port is None and self.backend_ports is None:
                 self.backend = Backend(self.workdir).start()
                 self.stack.callback(self.backend.stop)
                 self.backend_port = self.backend.port
-            for name in ("gw1", "gw2"):
-                gw = Gateway(name, self.backend_port, self.config, self.workdir, concurrency=self.concurrency)
+            for name, port in zip(("gw1", "gw2"), self.backend_ports or [self.backend_port] * 2):
+                gw = Gateway(name, port, self.config, self.workdir, concurrency=self.concurrency)
                 if self.h2:
                     h2_backend(gw.envoy.doc)
                 self.stack.callback(gw.stop)
@@ -151,33 +152,38 @@ class FrontRig:
         self.stack.close()
 
     def use(self, front: str, *, envoy_retry: str = "shipped", non_idempotent: bool = True,
-            haproxy_cfg: Path | None = None, nginx_next: str | None = None, h2: bool = False) -> "FrontRig":
+            haproxy_cfg: Path | None = None, nginx_next: str | None = None, h2: bool = False,
+            recipe: Path | None = None) -> "FrontRig":
         """Starts `front` (on fresh ports; the one before is stopped) and waits until it has every
         gateway UP on a real check (nginx checks nothing: until it listens). `haproxy_cfg`: another
         file than the front's own; `h2`: HAProxy speaks HTTP/2 to the gateways (`proto h2`, what
-        gRPC needs); `nginx_next`: nginx's `proxy_next_upstream` conditions."""
+        gRPC needs); `nginx_next`: nginx's `proxy_next_upstream` conditions; `recipe`: another file
+        than the shipped one for any front (tests/lb/controls/)."""
         if self.lb is not None:
             self.lb.stop()
         self.lb, self.front = self.start_lb(front, envoy_retry=envoy_retry, non_idempotent=non_idempotent,
-                                            haproxy_cfg=haproxy_cfg, nginx_next=nginx_next, h2=h2), front
+                                            haproxy_cfg=haproxy_cfg, nginx_next=nginx_next, h2=h2,
+                                            recipe=recipe), front
         return self
 
     def start_lb(self, front: str, *, envoy_retry: str = "shipped", non_idempotent: bool = True,
-                 haproxy_cfg: Path | None = None, nginx_next: str | None = None, h2: bool = False):
+                 haproxy_cfg: Path | None = None, nginx_next: str | None = None, h2: bool = False,
+                 recipe: Path | None = None):
         """A front LB of its own, beside any other (`use()`'s options), stopped with the rig."""
         if front not in FRONTS:
             raise ValueError(front)
         checked = [(g.name, g.ports.traffic, g.ports.health) for g in self.gws]
         wd = self.workdir / f"{front}-{time.monotonic_ns()}"
         if front.startswith("haproxy"):
-            cfg = haproxy_cfg or (CFG_REFUSE if front == "haproxy" else CFG)
+            cfg = haproxy_cfg or recipe or (CFG_REFUSE if front == "haproxy" else CFG)
             wd.mkdir(parents=True, exist_ok=True)
             lb = HAProxy(wd, [(t, h) for _, t, h in checked], inter=f"{int(self.inter_s * 1000)}ms", tls=False,
                          cfg=h2_cfg(cfg, wd) if h2 else cfg)
         elif front == "envoy":
-            lb = EnvoyFront(wd, checked, inter_s=self.inter_s, retry=envoy_retry)
+            lb = EnvoyFront(wd, checked, inter_s=self.inter_s, retry=envoy_retry, recipe=recipe or ENVOY_FRONT)
         else:
-            lb = Nginx(wd, [(n, t) for n, t, _ in checked], non_idempotent=non_idempotent, next_upstream=nginx_next)
+            lb = Nginx(wd, [(n, t) for n, t, _ in checked], non_idempotent=non_idempotent, next_upstream=nginx_next,
+                       recipe=recipe or NGINX_CONF)
         self.stack.callback(lb.stop)
         lb.start()
         for g in self.gws:
