@@ -15,10 +15,15 @@
 //! and one above. A quantile is the upper bound of the bucket its rank falls
 //! in, never above the largest duration seen: it reads at most one bucket
 //! high — by less than a third (two neighbouring bounds differ by at most
-//! 4/3), or by under 10 ms in the first bucket — and never low. A duration is
+//! 4/3), or by under 10 ms in the first bucket — on top of the tick a short
+//! duration is rounded up to (`Pending`), and never low. A duration is
 //! measured on tick boundaries (a stream starts and ends at the time of the
-//! tick before), so it is true to one `tick` (100 ms by default) on top, or to
-//! how late a busy worker runs its tick.
+//! tick before), so it is true to one `tick` (100 ms by default) either way,
+//! or to how late a busy worker runs its tick.
+//!
+//! The advice (`advise`) is built on the longest stream measured, not on a
+//! quantile: a `drain_timeout` below it would have cut streams this traffic
+//! already carried.
 //! `EXPORT_LE_MS` is the subset of bounds exported as Prometheus `le`
 //! buckets: each is a bound here, so every exported bucket is an exact sum.
 
@@ -176,6 +181,16 @@ impl Histogram {
         Some(self.max_ms)
     }
 
+    /// The samples in buckets whose upper bound is above `ms`: every sample
+    /// longer than `ms`, and those of its bucket that are not (exact when
+    /// `ms` is a bound).
+    pub fn above(&self, ms: u64) -> u64 {
+        self.buckets
+            .iter()
+            .skip(bucket(ms.saturating_add(1)))
+            .fold(0, |n, b| n.saturating_add(*b))
+    }
+
     pub fn summary(&self) -> Summary {
         Summary {
             count: self.count,
@@ -213,12 +228,12 @@ pub const SLOTS: usize = 64;
 
 /// One worker's stream ends since its last tick. A duration is measured on
 /// tick boundaries, so it is a whole number of ticks but for the timers'
-/// jitter: a stream is counted in the slot of its whole ticks, and read back
-/// as that many ticks; the sum and the max keep the milliseconds.
+/// jitter: a stream is counted in the slot of its ticks rounded up, and read
+/// back as that many ticks; the sum and the max keep the milliseconds.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Pending {
     tick_ms: u64,
-    /// Per kind (`Kind::ALL`'s order), the ends by whole ticks lasted.
+    /// Per kind (`Kind::ALL`'s order), the ends by ticks lasted, rounded up.
     slots: [[u64; SLOTS]; 3],
     /// Per kind, of the ends in `slots`: how many, their sum and max (ms).
     ends: [u64; 3],
@@ -243,7 +258,12 @@ impl Pending {
     /// A stream of `kind` ended after `ms`.
     pub fn record(&mut self, kind: Kind, ms: u64) {
         let k = kind as usize;
-        let ticks = usize::try_from(ms / self.tick_ms).unwrap_or(usize::MAX);
+        // Rounded up, never down: the slot is read back as its ticks, and a
+        // duration read back shorter than it was would land in a bucket below
+        // it — a quantile or an `le` bucket would say a stream was shorter
+        // than measured. Up, it reads at most one tick long, and no search is
+        // spent per stream.
+        let ticks = usize::try_from(ms.div_ceil(self.tick_ms)).unwrap_or(usize::MAX);
         match self.slots.get_mut(k).and_then(|s| s.get_mut(ticks)) {
             Some(n) => *n = n.wrapping_add(1),
             None => return self.long.record(kind, ms),
@@ -285,7 +305,7 @@ impl Pending {
                 continue;
             }
             let h = d.kind_mut(kind);
-            let top = usize::try_from(*max / self.tick_ms).unwrap_or(SLOTS);
+            let top = usize::try_from(max.div_ceil(self.tick_ms)).unwrap_or(SLOTS);
             for (ticks, n) in (0u64..).zip(slots.iter_mut().take(top.saturating_add(1))) {
                 if *n > 0 {
                     h.add(ticks.saturating_mul(self.tick_ms), std::mem::take(n));
@@ -420,6 +440,8 @@ impl Durations {
 pub struct Advice {
     pub drain_timeout_s: Option<u64>,
     pub termination_grace_period_s: Option<u64>,
+    /// The measured figure D is made from (ms): the longest HTTP stream.
+    pub based_on_ms: Option<u64>,
     pub based_on: String,
 }
 
@@ -427,15 +449,19 @@ pub struct Advice {
 /// `closing_ms` (`lb_buffer`, or `lb_down_timeout` with
 /// `close_after: lb_observed_down`) and the preStop's answer coming
 /// `scrape_ms` after CLOSED (`scrape_interval`): `drain_timeout` =
-/// max(D + 30 s, 120 s) with D the p99.9 rounded up to a second (at most 60
-/// min), and `terminationGracePeriodSeconds` = `drain_timeout` + CLOSING +
-/// `scrape_interval` + 15 s.
+/// max(D + 30 s, 120 s) with D the longest HTTP stream measured, rounded up
+/// to a second (at most 60 min), and `terminationGracePeriodSeconds` =
+/// `drain_timeout` + CLOSING + `scrape_interval` + 15 s.
+/// D is the longest, not a quantile: from 1,000 streams on a p99.9 can sit
+/// below the slowest of them, and a `drain_timeout` made from it would have
+/// cut them. Only the 60-min cap can leave streams above the advice, and then
+/// `based_on` says how many it may cut.
 /// Upgraded streams and TCP connections are not in D: they last as long as
 /// their clients keep them, and a drain that waited for them would never end
 /// (drain_timeout ends them; the receipt counts them).
 pub fn advise(d: &Durations, closing_ms: u64, scrape_ms: u64) -> Advice {
     let http = &d.http;
-    let (Some(p999), true) = (http.quantile(999), http.count >= MIN_SAMPLES) else {
+    if http.count < MIN_SAMPLES {
         return Advice {
             based_on: format!(
                 "not enough data: {} HTTP streams measured, {MIN_SAMPLES} needed",
@@ -443,8 +469,9 @@ pub fn advise(d: &Durations, closing_ms: u64, scrape_ms: u64) -> Advice {
             ),
             ..Advice::default()
         };
-    };
-    let d_s = p999.div_ceil(1_000);
+    }
+    let longest = http.max_ms;
+    let d_s = longest.div_ceil(1_000);
     let timeout = d_s
         .saturating_add(MARGIN_S)
         .clamp(FLOOR_S, MAX_DRAIN_TIMEOUT_S);
@@ -452,14 +479,19 @@ pub fn advise(d: &Durations, closing_ms: u64, scrape_ms: u64) -> Advice {
         .saturating_add(closing_ms.saturating_add(scrape_ms).div_ceil(1_000))
         .saturating_add(GRACE_EXTRA_S);
     let capped = if d_s.saturating_add(MARGIN_S) > MAX_DRAIN_TIMEOUT_S {
-        " (capped at drain_timeout's 60m: longer streams are cut)"
+        let cut = http.above(MAX_DRAIN_TIMEOUT_S.saturating_mul(1_000));
+        format!(" (capped at drain_timeout's 60m: up to {cut} of them last longer and are cut)")
     } else {
-        ""
+        String::new()
     };
     Advice {
         drain_timeout_s: Some(timeout),
         termination_grace_period_s: Some(grace),
-        based_on: format!("p99.9 of {} HTTP streams: {p999} ms{capped}", http.count),
+        based_on_ms: Some(longest),
+        based_on: format!(
+            "longest of {} HTTP streams: {longest} ms{capped}",
+            http.count
+        ),
     }
 }
 
@@ -550,7 +582,8 @@ mod tests {
             (Some(120), Some(145)),
             "the table's 2 s row"
         );
-        assert_eq!(a.based_on, "p99.9 of 20 HTTP streams: 2000 ms");
+        assert_eq!(a.based_on, "longest of 20 HTTP streams: 2000 ms");
+        assert_eq!(a.based_on_ms, Some(2_000));
         let mut long = Durations::default();
         for _ in 0..20 {
             long.record(Kind::Http, 100_000);
@@ -565,11 +598,48 @@ mod tests {
         let a = advise(&long, 60_000, 0);
         assert_eq!(a.drain_timeout_s, Some(3_600));
         assert_eq!(a.termination_grace_period_s, Some(3_675));
-        assert!(a.based_on.contains("capped"), "{}", a.based_on);
+        assert_eq!(
+            a.based_on,
+            "longest of 21 HTTP streams: 9000000 ms \
+             (capped at drain_timeout's 60m: up to 1 of them last longer and are cut)"
+        );
         assert_eq!(
             advise(&long, 60_000, 15_000).termination_grace_period_s,
             Some(3_690)
         );
+    }
+
+    #[test]
+    fn the_advice_covers_the_one_long_stream_among_ten_thousand_short() {
+        let mut p = Pending::new(100);
+        for i in 0..10_000u64 {
+            p.record(Kind::Http, 200 + i % 100);
+        }
+        p.record(Kind::Http, 95_001);
+        let mut d = Durations::default();
+        d.merge(&p.take());
+        assert_eq!(d.http.quantile(999), Some(300), "the p99.9 is a short one");
+        let a = advise(&d, 10_000, 0);
+        assert_eq!(a.based_on_ms, Some(95_001));
+        assert_eq!(
+            (a.drain_timeout_s, a.termination_grace_period_s),
+            (Some(126), Some(151)),
+            "96 s + 30 s"
+        );
+        assert_eq!(a.based_on, "longest of 10001 HTTP streams: 95001 ms");
+    }
+
+    #[test]
+    fn above_counts_the_buckets_past_a_duration() {
+        let mut h = Histogram::default();
+        for ms in [100, 3_000_000, 3_500_000, 4_000_000, 9_000_000] {
+            h.record(ms);
+        }
+        assert_eq!(h.above(3_000_000), 3, "a bound: exact");
+        assert_eq!(h.above(3_600_000), 3, "3.5 M shares 4 M's bucket");
+        assert_eq!(h.above(8_000_000), 1);
+        assert_eq!(h.above(u64::MAX), 1, "the last bucket has no bound");
+        assert_eq!(h.above(0), 5);
     }
 
     #[test]
@@ -586,14 +656,14 @@ mod tests {
         p.keep(&d);
         assert_eq!(p.take(), d, "kept for the next tick");
         let mut want = Durations::default();
-        for ms in [0, 0, 300, 2_000, 6_400, 9_000_000] {
+        for ms in [0, 100, 300, 2_100, 6_400, 9_000_000] {
             want.record(Kind::Http, ms);
         }
-        want.record(Kind::Tcp, 200);
+        want.record(Kind::Tcp, 300);
         want.http.sum_ms = 99 + 300 + 2_004 + 6_400 + 9_000_000;
         want.tcp.sum_ms = 250;
         want.tcp.max_ms = 250;
-        assert_eq!(d, want, "whole ticks, the sum and max in ms");
+        assert_eq!(d, want, "ticks rounded up, the sum and max in ms");
     }
 
     /// The exact `per_mille` quantile of `samples`: the sample of rank ⌈q × n⌉.

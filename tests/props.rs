@@ -977,3 +977,85 @@ proptest! {
         }
     }
 }
+
+// ---- stream durations and the advice ---------------------------------------
+
+use drain_gate::sizing::{self, Durations, Kind, Pending, BOUNDS_MS};
+
+/// The exact `per_mille` quantile of `samples`: the sample of rank ⌈q × n⌉.
+fn exact_quantile(samples: &[u64], per_mille: u64) -> u64 {
+    let mut s = samples.to_vec();
+    s.sort_unstable();
+    let n = s.len() as u64;
+    s[((n * per_mille).div_ceil(1_000).clamp(1, n) - 1) as usize]
+}
+
+proptest! {
+    /// Durations recorded as the traffic role does (a worker's `Pending`,
+    /// taken at its ticks and added into the process's shared total): the
+    /// count, sum and max are the durations', each lands in a bucket at or
+    /// above itself and at most one tick above, no quantile reads below the
+    /// exact one, and the advice is built on at least the longest, which its
+    /// `drain_timeout` covers unless capped at 60 min (and then says so).
+    #[test]
+    fn recording_never_lowers_a_duration_and_the_advice_covers_the_longest(
+        ends in prop::collection::vec(
+            (prop::sample::select(Kind::ALL.to_vec()),
+             prop_oneof![0u64..2_000, 0u64..20_000, 0u64..10_000_000, Just(u64::MAX)]),
+            0..300),
+        crowd in (0u64..2_000, 0usize..3_000),
+        tick_ms in prop_oneof![Just(100u64), 10u64..10_000],
+        ticks in 1usize..5,
+        closing_ms in 0u64..600_000,
+    ) {
+        // A crowd of equal short streams: from 1,000 on, a p99.9 falls below the longest.
+        let ends: Vec<(Kind, u64)> = std::iter::repeat_n((Kind::Http, crowd.0), crowd.1).chain(ends).collect();
+        let mut pending = Pending::new(tick_ms);
+        let mut total = vec![0u8; sizing::BYTES];
+        for chunk in ends.chunks(ends.len().div_ceil(ticks).max(1)) {
+            for (kind, ms) in chunk {
+                pending.record(*kind, *ms);
+            }
+            prop_assert!(pending.take().add_into(&mut total));
+        }
+        let d = Durations::from_bytes(&total).unwrap();
+        for kind in Kind::ALL {
+            let ms: Vec<u64> = ends.iter().filter(|(k, _)| *k == kind).map(|(_, ms)| *ms).collect();
+            let h = d.kind(kind);
+            prop_assert_eq!(h.count, ms.len() as u64);
+            prop_assert_eq!(h.max_ms, ms.iter().copied().max().unwrap_or(0));
+            prop_assert_eq!(h.sum_ms, ms.iter().fold(0u64, |a, b| a.saturating_add(*b)));
+            let mut below = 0u64;
+            for (bound, n) in BOUNDS_MS.iter().zip(h.buckets.iter()) {
+                below += n;
+                let at_most = |b: u64| ms.iter().filter(|m| **m <= b).count() as u64;
+                prop_assert!(below <= at_most(*bound), "{kind:?}: {below} at or below {bound} ms, fewer were");
+                prop_assert!(below >= at_most(bound.saturating_sub(tick_ms)), "{kind:?}: more than a tick high at {bound} ms");
+            }
+            if !ms.is_empty() {
+                for per_mille in [1, 500, 990, 999, 1_000] {
+                    let q = h.quantile(per_mille).unwrap();
+                    prop_assert!(q >= exact_quantile(&ms, per_mille), "{kind:?} {per_mille}‰ {q}");
+                }
+            }
+        }
+        let a = sizing::advise(&d, closing_ms, 0);
+        if d.http.count < sizing::MIN_SAMPLES {
+            prop_assert_eq!((a.drain_timeout_s, a.based_on_ms), (None, None));
+            return Ok(());
+        }
+        let based_on = a.based_on_ms.unwrap();
+        let timeout_s = a.drain_timeout_s.unwrap();
+        prop_assert!(based_on >= d.http.max_ms, "{} below the longest {}", based_on, d.http.max_ms);
+        let want = based_on.div_ceil(1_000).saturating_add(30).clamp(120, 3_600);
+        prop_assert_eq!(timeout_s, want);
+        if based_on <= 3_570_000 {
+            prop_assert!(timeout_s * 1_000 >= d.http.max_ms + 30_000, "{:?}", a);
+            prop_assert!(!a.based_on.contains("cut"), "{}", a.based_on);
+        } else {
+            let cut = d.http.above(3_600_000);
+            prop_assert!(a.based_on.ends_with(&format!("up to {cut} of them last longer and are cut)")), "{}", a.based_on);
+            prop_assert!(cut >= ends.iter().filter(|(k, ms)| *k == Kind::Http && *ms > 3_600_000).count() as u64);
+        }
+    }
+}

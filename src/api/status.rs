@@ -621,6 +621,7 @@ mod tests {
             assert_eq!(s["durations"]["http"]["count"], 0);
             assert!(s["durations"]["tcp"]["p99_ms"].is_null());
             assert!(s["advice"]["drain_timeout_s"].is_null());
+            assert!(s["advice"]["based_on_ms"].is_null());
             assert_eq!(
                 s["advice"]["based_on"],
                 "not enough data: 0 HTTP streams measured, 20 needed"
@@ -641,6 +642,11 @@ mod tests {
             );
             assert_eq!(s["advice"]["drain_timeout_s"], 120);
             assert_eq!(s["advice"]["termination_grace_period_s"], 145);
+            assert_eq!(s["advice"]["based_on_ms"], 2_000);
+            assert_eq!(
+                s["advice"]["based_on"],
+                "longest of 24 HTTP streams: 2000 ms"
+            );
         });
     }
 

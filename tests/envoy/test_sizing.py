@@ -3,7 +3,8 @@
 Real Envoy with drain-gate, two workers, the demo backend:
 - 20 HTTP streams of 0.25 s and 4 of 2 s: /drain/status `durations.http` counts 24, its p99 and max read
   between 1.8 and 3 s; Envoy's /stats/prometheus shows `drain_gate_stream_duration_ms_count 24` and the
-  `le` buckets (20 at or below 1 s, 24 in +Inf); `advice` is at least the max and says what it is based on.
+  `le` buckets (20 at or below 1 s, 24 in +Inf); `advice` is built on the longest stream (its `based_on_ms` and the
+  figure `based_on` names at least `max_ms`, D = that figure rounded up to a second), and says so.
 - A WebSocket held 3 s lands in `upgraded`, not `http`; a TCP connection held 1.5 s in `tcp`.
 - Before any stream: "not enough data", no figures.
 - The configured drain_timeout is a gauge, and a drain's duration lands in drain_gate_drain_duration_ms once its
@@ -98,7 +99,7 @@ def test_stream_durations_quantiles_prometheus_buckets_and_advice(gateway, versi
     gw = gateway({"drain_timeout": "3m", "lb_buffer": "10s"}, concurrency=2)
     st = status(gw)
     assert st["durations"]["http"] == {"count": 0, "p50_ms": None, "p99_ms": None, "p999_ms": None, "max_ms": None}
-    assert st["advice"] == {"drain_timeout_s": None, "termination_grace_period_s": None,
+    assert st["advice"] == {"drain_timeout_s": None, "termination_grace_period_s": None, "based_on_ms": None,
                             "based_on": "not enough data: 0 HTTP streams measured, 20 needed"}
     assert sample(prometheus(gw), "drain_gate_drain_timeout_seconds") == 180
 
@@ -109,24 +110,32 @@ def test_stream_durations_quantiles_prometheus_buckets_and_advice(gateway, versi
     st = status(gw)
     http = st["durations"]["http"]
     assert 1_800 <= http["p99_ms"] <= 3_000 and 1_800 <= http["max_ms"] <= 3_000, http
-    # A stream is timed on its worker's ticks: a tick that runs late (a busy machine) shortens the 0.25 s ones.
-    assert http["p50_ms"] <= 400, http
+    # A stream is timed on its worker's ticks and bucketed by them rounded up: a 0.25 s one reads 300 or 400 ms, a
+    # tick that runs late (a busy machine) shortens or lengthens it by one more.
+    assert http["p50_ms"] <= 500, http
     assert st["durations"]["upgraded"]["count"] == 0 and st["durations"]["tcp"]["count"] == 0
     advice = st["advice"]
     OUT.mkdir(parents=True, exist_ok=True)  # what envoyfilter/docs/observability.md shows, from this run
     (OUT / f"status-{version}.json").write_text(json.dumps(
         {"durations": st["durations"], "advice": advice}, indent=2) + "\n")
-    assert advice["drain_timeout_s"] >= http["max_ms"] / 1000, advice
+    # The advice is built on a figure at least the longest stream measured (one that would have cut none),
+    # checked on the figure and D, not on drain_timeout_s, which the 120 s floor keeps above these streams anyway.
+    figure = int(re.search(r" of 24 HTTP streams: (\d+) ms", advice["based_on"])[1])
+    assert figure >= http["max_ms"], (advice, http)
+    assert advice["based_on_ms"] == figure, advice
+    d_s = math.ceil(advice["based_on_ms"] / 1000)
+    assert d_s >= http["max_ms"] / 1000 and advice["drain_timeout_s"] == max(d_s + 30, 120), advice
+    assert advice["based_on"] == f"longest of 24 HTTP streams: {http['max_ms']} ms", advice
     assert (advice["drain_timeout_s"], advice["termination_grace_period_s"]) == (120, 145), advice
-    assert advice["based_on"] == f"p99.9 of 24 HTTP streams: {http['p999_ms']} ms", advice
     advised = {"drain_timeout": f"{advice['drain_timeout_s']}s", "lb_buffer": "10s"}
     assert grace_check(advice["termination_grace_period_s"], advised)
     assert not grace_check(advice["termination_grace_period_s"] - 1, advised)
     # envoyfilter/docs/observability.md's sizing table starts from this measurement: its first row is this advice.
     table = re.search(r"<!-- sizing:.*?-->\n(.*?)<!-- /sizing -->", SIZING_PAGE.read_text(), re.S)[1]
     d, timeout, _, grace = map(int, re.search(r"^\| (\d+) s \| `(\d+)s` \| `(\d+)s` \| (\d+) \|$", table, re.M).groups())
-    # Its D is the requests' own length; the measured p99.9 reads up to a tick (or a late tick) more.
-    assert d == LONG_MS // 1000 <= math.ceil(http["p999_ms"] / 1000) <= d + 1, (table, http)
+    # Its D is the requests' own length; the advice's D, their measured longest, reads up to a tick (or a late
+    # tick) more: the same second or the next.
+    assert d == LONG_MS // 1000 <= d_s <= d + 1, (table, advice)
     assert (timeout, grace) == (advice["drain_timeout_s"], advice["termination_grace_period_s"]), table
 
     text = prometheus_when(gw, "drain_gate_stream_duration_ms_count", 24, 10)
