@@ -12,8 +12,12 @@
 //! Memory stays bounded: past `MAX_BUCKETS` distinct start ticks the two
 //! closest buckets merge under the older key, so a long-lived mix of streams
 //! can make ages read long, never short.
-
-use serde::Serialize;
+//!
+//! The list is as old as the summaries it merges, while the count is exact at
+//! any moment: a reader sets the list beside the count it reads after the
+//! summaries (`InFlight::beside_count`), so that a status never shows a
+//! stream in flight that the count says has ended, and says how old the list
+//! is.
 
 use crate::json::record;
 
@@ -84,11 +88,23 @@ record! {
 }
 
 /// Every worker's streams, merged: what `/drain/status` shows.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct InFlight {
     /// Age of the oldest stream in flight (ms), to one `tick`.
     pub oldest_age_ms: Option<u64>,
     pub ages: Histogram,
+    /// The moment the list is true at (on the timers' clock): the oldest of
+    /// the merged summaries' (`None`: none was merged), or, set beside a
+    /// count that reads 0, the moment of that reading.
+    pub as_of_ms: Option<u64>,
+    /// Set beside a reliable count below the streams listed: at least one of
+    /// them has ended since `as_of_ms`, which the list cannot say.
+    pub older_than_count: bool,
+    /// The oldest of the last ticks of every worker whose summary was read,
+    /// stale ones included: what a worker adds up between its ticks and
+    /// counts at the tick that publishes its summary (a drain's completed
+    /// ends, `crate::receipt`) is counted up to this moment over them all.
+    pub ticked_ms: Option<u64>,
 }
 
 impl Ages {
@@ -169,15 +185,54 @@ impl Published {
 
 /// Merges the workers' summaries, read at `now_ms`, leaving out stale ones.
 pub fn merge(published: &[Published], now_ms: u64) -> InFlight {
+    let oldest = |a: Option<u64>, b: u64| Some(a.map_or(b, |a| a.min(b)));
     let mut out = InFlight::default();
-    for p in published.iter().filter(|p| p.fresh(now_ms)) {
+    for p in published {
+        out.ticked_ms = oldest(out.ticked_ms, p.at_ms);
+        if !p.fresh(now_ms) {
+            continue;
+        }
         out.ages.merge(&p.ages);
+        out.as_of_ms = oldest(out.as_of_ms, p.at_ms);
         if let Some(started) = p.oldest_started_ms {
             let age = now_ms.saturating_sub(started);
             out.oldest_age_ms = Some(out.oldest_age_ms.map_or(age, |a| a.max(age)));
         }
     }
     out
+}
+
+impl InFlight {
+    /// The streams listed, every age class.
+    pub fn listed(&self) -> u64 {
+        let h = &self.ages;
+        h.lt_1s
+            .saturating_add(h.lt_10s)
+            .saturating_add(h.lt_60s)
+            .saturating_add(h.ge_60s)
+    }
+
+    /// The list set beside the count `active`, read after the summaries it
+    /// merges, at `now_ms`. A reliable count never reads below the counted
+    /// streams in flight, and a listed stream that is still in flight was
+    /// counted before its summary was published: at 0, nothing listed is in
+    /// flight, and the list is empty as of now; below the list, at least that
+    /// many listed streams ended since they were published
+    /// (`older_than_count`). An unreliable count says neither (a stream it
+    /// could not count is listed).
+    pub fn beside_count(self, active: u64, reliable: bool, now_ms: u64) -> InFlight {
+        if reliable && active == 0 {
+            return InFlight {
+                as_of_ms: Some(now_ms),
+                ticked_ms: self.ticked_ms,
+                ..InFlight::default()
+            };
+        }
+        InFlight {
+            older_than_count: reliable && self.listed() > active,
+            ..self
+        }
+    }
 }
 
 #[cfg(test)]
@@ -310,5 +365,66 @@ mod tests {
             9,
             "a 5 s tick is stale only after 15 s"
         );
+        assert_eq!(m.as_of_ms, Some(10_000), "the older of the fresh summaries");
+        assert_eq!(
+            m.ticked_ms,
+            Some(8_000),
+            "the stale worker's last tick counts too"
+        );
+    }
+
+    /// One worker with `n` streams started at 5 000, published at 10 000.
+    fn listed(n: u64) -> InFlight {
+        let mut a = Ages::default();
+        for _ in 0..n {
+            a.enter(5_000);
+        }
+        merge(&[a.publish(10_000, 100)], 10_040)
+    }
+
+    #[test]
+    fn a_count_at_0_empties_the_list_as_of_its_reading() {
+        let list = listed(1);
+        assert_eq!(
+            (list.oldest_age_ms, list.as_of_ms, list.listed()),
+            (Some(5_040), Some(10_000), 1)
+        );
+        let beside = list.beside_count(0, true, 10_050);
+        assert_eq!(
+            beside,
+            InFlight {
+                as_of_ms: Some(10_050),
+                ticked_ms: Some(10_000),
+                ..InFlight::default()
+            },
+            "the stream ended after the summary: nothing in flight now"
+        );
+        assert_eq!(
+            InFlight::default().beside_count(0, true, 7),
+            InFlight {
+                as_of_ms: Some(7),
+                ..InFlight::default()
+            },
+            "no summary at all: the count alone says the list is empty"
+        );
+    }
+
+    #[test]
+    fn a_count_below_the_list_says_the_list_is_older() {
+        let list = listed(3);
+        let behind = list.beside_count(1, true, 10_050);
+        assert!(behind.older_than_count);
+        assert_eq!(
+            (behind.listed(), behind.as_of_ms),
+            (3, Some(10_000)),
+            "which of them ended is not known: the list is kept, with its age"
+        );
+        for (active, reliable) in [(3, true), (9, true), (1, false), (0, false)] {
+            assert_eq!(
+                list.beside_count(active, reliable, 10_050),
+                list,
+                "active {active}, reliable {reliable}"
+            );
+        }
     }
 }

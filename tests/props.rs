@@ -674,6 +674,86 @@ proptest! {
     }
 }
 
+/// Two workers' streams: start, end, a worker's tick (its summary published),
+/// time passing; the count leads the truth by `lead` (a lease; 0 in a drain).
+#[derive(Clone, Debug)]
+enum ListOp {
+    Start(usize),
+    End(usize),
+    Tick(usize),
+    Pass(u64),
+}
+
+fn list_op() -> impl Strategy<Value = ListOp> {
+    prop_oneof![
+        3 => (0usize..2).prop_map(ListOp::Start),
+        3 => any::<usize>().prop_map(ListOp::End),
+        2 => (0usize..2).prop_map(ListOp::Tick),
+        2 => (1u64..400).prop_map(ListOp::Pass),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(128))]
+
+    /// Set beside a count read after the summaries, the list never shows
+    /// more streams than the count without saying it is older, shows none
+    /// when the count reads 0, and says it is older only when a stream it
+    /// lists has ended.
+    #[test]
+    fn the_list_beside_the_count_never_outnumbers_it_unsaid(
+        ops in prop::collection::vec(list_op(), 0..200),
+        lead in prop_oneof![3 => Just(0u64), 1 => 0u64..8],
+    ) {
+        let mut now = 10_000u64;
+        let mut ages = [Ages::default(), Ages::default()];
+        let mut tick = [now, now];
+        // Streams in flight: (id, worker, start tick); what each worker's summary listed.
+        let mut live: Vec<(u64, usize, u64)> = Vec::new();
+        let mut summary: [Option<(drain_gate::in_flight::Published, Vec<u64>)>; 2] = [None, None];
+        let mut next = 0u64;
+        for op in ops {
+            match op {
+                ListOp::Start(w) => {
+                    ages[w].enter(tick[w]);
+                    live.push((next, w, tick[w]));
+                    next += 1;
+                }
+                ListOp::End(i) if !live.is_empty() => {
+                    let (_, w, started) = live.swap_remove(i % live.len());
+                    ages[w].exit(started);
+                }
+                ListOp::End(_) => {}
+                ListOp::Tick(w) => {
+                    tick[w] = now;
+                    let ids = live.iter().filter(|s| s.1 == w).map(|s| s.0).collect();
+                    summary[w] = Some((ages[w].publish(now, 100), ids));
+                }
+                ListOp::Pass(dt) => now += dt,
+            }
+            let published: Vec<_> = summary.iter().flatten().map(|(p, _)| *p).collect();
+            let count = live.len() as u64 + lead;
+            let merged = drain_gate::in_flight::merge(&published, now);
+            let f = merged.beside_count(count, true, now);
+            if count == 0 {
+                prop_assert_eq!(f.listed(), 0);
+                prop_assert_eq!(f.oldest_age_ms, None);
+                prop_assert_eq!(f.as_of_ms, Some(now));
+            } else {
+                prop_assert!(f.older_than_count || f.listed() <= count, "{f:?} beside {count}");
+            }
+            if f.older_than_count {
+                let still: u64 = summary.iter().flatten()
+                    .filter(|(p, _)| now.saturating_sub(p.at_ms) <= 1_000)
+                    .map(|(_, ids)| ids.iter().filter(|id| live.iter().any(|s| s.0 == **id)).count() as u64)
+                    .sum();
+                prop_assert!(still < merged.listed(), "older, yet every listed stream is in flight");
+            }
+            prop_assert_eq!(f.ticked_ms, published.iter().map(|p| p.at_ms).min());
+        }
+    }
+}
+
 /// One tick: the monotonic clock advances by `dt` (a tick, on time or late),
 /// the wall clock by the same plus `step` (mostly 0; else up to a day either way).
 #[derive(Clone, Copy, Debug)]

@@ -7,7 +7,7 @@ use super::checks::{waiting_for, WAITING_STATUS};
 use super::reply::Reply;
 use crate::clock::{rfc3339, Now, Steps, Timers};
 use crate::fsm::{CloseAfter, Record, State};
-use crate::in_flight::InFlight;
+use crate::in_flight::{Histogram, InFlight};
 use crate::lb::{Checkers, Gate};
 use crate::receipt::Tally;
 use crate::refusal::Refusal;
@@ -91,7 +91,8 @@ pub struct View<'a> {
     pub active: u64,
     pub now: Now,
     pub clock: ClockInfo,
-    /// Every worker's streams in flight by age, as of their last tick.
+    /// Every worker's streams in flight by age, as of their last tick, set
+    /// beside the count (`InFlight::beside_count`).
     pub in_flight: InFlight,
     pub count: CountInfo,
     pub traffic: TrafficInfo,
@@ -251,6 +252,39 @@ impl From<ClockInfo> for ClockOut {
     }
 }
 
+/// Every worker's streams in flight by age, and how old that list is.
+#[derive(Serialize)]
+struct InFlightOut {
+    oldest_age_ms: Option<u64>,
+    ages: Histogram,
+    /// When the list was true (`null`: no worker's summary, and no count of 0).
+    as_of: Option<String>,
+    age_ms: Option<u64>,
+    /// Some listed streams have ended since `as_of`: the count is below the list.
+    older_than_count: bool,
+}
+
+fn in_flight_out(v: &View) -> InFlightOut {
+    let f = &v.in_flight;
+    InFlightOut {
+        oldest_age_ms: f.oldest_age_ms,
+        ages: f.ages,
+        as_of: f.as_of_ms.map(|t| on_wall(v.now, t)),
+        age_ms: f.as_of_ms.map(|t| age(v.now, t)),
+        older_than_count: f.older_than_count,
+    }
+}
+
+/// A time of the timers' clock, shown on the wall clock.
+fn on_wall(now: Now, t: u64) -> String {
+    rfc3339(now.wall_ms.saturating_sub(age(now, t)))
+}
+
+/// How long ago a time of the timers' clock was.
+fn age(now: Now, t: u64) -> u64 {
+    now.timer_ms().saturating_sub(t)
+}
+
 /// The current (or last) drain's receipt.
 #[derive(Serialize)]
 struct ReceiptOut {
@@ -264,6 +298,10 @@ struct ReceiptOut {
     /// Every other cut: a client that gave up by itself (or an LB whose checks drain-gate does not see).
     cut_other: u64,
     completed: u64,
+    /// `completed` counts the completed ends up to this moment: the oldest
+    /// of the workers' last ticks (each counts its own at its tick).
+    completed_as_of: Option<String>,
+    completed_age_ms: Option<u64>,
     ended_upstream: u64,
     refused: u64,
 }
@@ -297,7 +335,7 @@ struct Status<'a> {
     /// not announced (LB check and readiness 503).
     waiting_for: Option<&'static str>,
     traffic: TrafficInfo,
-    in_flight: InFlight,
+    in_flight: InFlightOut,
     progress: Progress,
     lb: Lb<'a>,
     connection_rotation: RotationOut<'a>,
@@ -337,7 +375,7 @@ fn status_body<'a>(v: &View<'a>, error: Option<&'a str>, wait: Option<&'a str>) 
         count: v.count,
         waiting_for: waiting,
         traffic: v.traffic,
-        in_flight: v.in_flight,
+        in_flight: in_flight_out(v),
         progress: progress(v),
         lb: lb_out(v),
         connection_rotation: rotation_out(&v.rotation),
@@ -370,6 +408,8 @@ fn receipt_out(v: &View) -> ReceiptOut {
         cut_lb: t.cut_lb,
         cut_other: t.cut.saturating_sub(t.cut_lb),
         completed: t.completed,
+        completed_as_of: v.in_flight.ticked_ms.map(|t| on_wall(v.now, t)),
+        completed_age_ms: v.in_flight.ticked_ms.map(|t| age(v.now, t)),
         ended_upstream: t.ended_upstream,
         refused: t.refused,
     }
@@ -412,7 +452,7 @@ fn progress(v: &View) -> Progress {
 fn lb_out<'a>(v: &View<'a>) -> Lb<'a> {
     let r = v.rec;
     let now = v.now.timer_ms();
-    let shown = |t: u64| rfc3339(v.now.wall_ms.saturating_sub(now.saturating_sub(t)));
+    let shown = |t: u64| on_wall(v.now, t);
     let draining = r.state == State::Draining;
     let since = r.drain_started_timer_ms().unwrap_or(0);
     let gate = r
@@ -530,7 +570,6 @@ pub fn wait_reply(end: WaitEnd, v: &View) -> Reply {
 mod tests {
     use super::*;
     use crate::api::reply::tests::body;
-    use crate::in_flight::Histogram;
 
     /// Calls `f` with a status view of an OPEN gateway: 3 in flight, a clock step seen.
     fn sample<R>(f: impl FnOnce(View) -> R) -> R {
@@ -556,6 +595,9 @@ mod tests {
                     lt_10s: 1,
                     ..Histogram::default()
                 },
+                as_of_ms: Some(1_764_000_000_420),
+                older_than_count: false,
+                ticked_ms: Some(1_764_000_000_400),
             },
             count: CountInfo {
                 source: "gauge",
@@ -611,6 +653,64 @@ mod tests {
                 (200, &serde_json::json!("closed"))
             );
             assert_eq!(body(&w)["progress"]["reason"], "start");
+        })
+    }
+
+    #[test]
+    fn status_says_how_old_the_in_flight_list_and_the_completed_count_are() {
+        sample(|v| {
+            let s = body(&status(&v));
+            assert_eq!(
+                s["in_flight"],
+                serde_json::json!({"oldest_age_ms": 2_300, "ages": {"lt_1s": 2, "lt_10s": 1, "lt_60s": 0,
+                                   "ge_60s": 0}, "as_of": "2025-11-24T16:00:00.420Z", "age_ms": 80,
+                                   "older_than_count": false})
+            );
+            let r = &s["receipt"];
+            assert_eq!(
+                (&r["completed_as_of"], &r["completed_age_ms"]),
+                (
+                    &serde_json::json!("2025-11-24T16:00:00.400Z"),
+                    &serde_json::json!(100)
+                )
+            );
+            // The last stream ended after the workers' ticks: the count reads 0.
+            let ended = View {
+                active: 0,
+                in_flight: v.in_flight.beside_count(0, true, v.now.timer_ms()),
+                ..v
+            };
+            let s = body(&status(&ended));
+            assert_eq!(
+                s["in_flight"],
+                serde_json::json!({"oldest_age_ms": null, "ages": {"lt_1s": 0, "lt_10s": 0, "lt_60s": 0,
+                                   "ge_60s": 0}, "as_of": "2025-11-24T16:00:00.500Z", "age_ms": 0,
+                                   "older_than_count": false})
+            );
+            assert_eq!(
+                s["receipt"]["completed_age_ms"], 100,
+                "still as of the ticks"
+            );
+            let behind = View {
+                active: 2,
+                in_flight: v.in_flight.beside_count(2, true, v.now.timer_ms()),
+                ..v
+            };
+            let f = &body(&status(&behind))["in_flight"];
+            assert_eq!(
+                (&f["older_than_count"], &f["age_ms"], &f["ages"]["lt_10s"]),
+                (
+                    &serde_json::json!(true),
+                    &serde_json::json!(80),
+                    &serde_json::json!(1)
+                )
+            );
+            let none = body(&status(&View {
+                in_flight: InFlight::default(),
+                ..v
+            }));
+            assert!(none["in_flight"]["as_of"].is_null() && none["in_flight"]["age_ms"].is_null());
+            assert!(none["receipt"]["completed_as_of"].is_null());
         })
     }
 

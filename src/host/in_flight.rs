@@ -22,14 +22,17 @@ pub fn publish<H: Host>(host: &H, id: u64, summary: &Published) {
     }
 }
 
-/// The ages of the roots `ids`, merged, as of `now_ms` (a summary that is
-/// missing or stale is left out).
-pub fn read<H: Host>(host: &H, now_ms: u64, ids: impl IntoIterator<Item = u64>) -> InFlight {
-    let published: Vec<Published> = ids
-        .into_iter()
+/// The summaries of the roots `ids` (one that is missing is left out).
+pub fn published<H: Host>(host: &H, ids: impl IntoIterator<Item = u64>) -> Vec<Published> {
+    ids.into_iter()
         .filter_map(|id| host.get(&keys::in_flight(id)).ok())
         .filter_map(|(bytes, _)| bytes)
         .filter_map(|bytes| json::from_slice(&bytes).ok())
-        .collect();
-    in_flight::merge(&published, now_ms)
+        .collect()
+}
+
+/// The ages of the roots `ids`, merged, as of `now_ms` (a summary that is
+/// missing or stale is left out).
+pub fn read<H: Host>(host: &H, now_ms: u64, ids: impl IntoIterator<Item = u64>) -> InFlight {
+    in_flight::merge(&published(host, ids), now_ms)
 }

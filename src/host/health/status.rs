@@ -3,24 +3,27 @@
 use super::Health;
 
 use crate::api::{self, CountInfo, Reply, RotationView, TrafficInfo, View};
-use crate::clock::{self};
+use crate::clock::{self, Now};
 use crate::fsm::Record;
 use crate::host::count::CountReading;
 use crate::host::in_flight;
 use crate::host::logs;
 use crate::host::placeholder;
 use crate::host::wasm_host::Host;
+use crate::in_flight::InFlight;
 use crate::lb::Checkers;
 use crate::rotation;
 
 /// What a status answer shows beyond the FSM record, read at once.
 struct Snapshot {
+    /// When it was read (after the count).
+    now: Now,
     reading: CountReading,
+    /// The workers' summaries, read before the count and set beside it.
+    in_flight: InFlight,
     checkers: Checkers,
     traffic: TrafficInfo,
     rotation: Option<rotation::Record>,
-    /// The registered traffic roots (whose in-flight summaries count).
-    ids: Vec<u64>,
     /// One above the highest registry id ever handed out.
     ids_high: u64,
 }
@@ -50,26 +53,35 @@ impl<H: Host> Health<H> {
             placeholders: placeholders.present(),
             placeholders_serving: placeholders.serving(),
         };
-        let ids = reg.roots.iter().map(|r| r.id).collect();
+        // The registered roots' summaries first, then the count: a listed
+        // stream still in flight is in the count (`InFlight::beside_count`).
+        let published = in_flight::published(self.host(), reg.roots.iter().map(|r| r.id));
+        let reading = self.active.read();
+        let now = self.host().now();
+        let in_flight = crate::in_flight::merge(&published, now.timer_ms()).beside_count(
+            reading.active,
+            reading.reliable,
+            now.timer_ms(),
+        );
         Snapshot {
-            reading: self.active.read(),
+            now,
+            reading,
+            in_flight,
             checkers,
             traffic,
             rotation,
-            ids,
             ids_high: reg.ids_high,
         }
     }
 
     fn view<'a>(&'a self, rec: &'a Record, snap: &'a Snapshot) -> View<'a> {
-        let now = self.host().now();
         let reading = &snap.reading;
         View {
             rec,
             active: reading.active,
-            now,
+            now: snap.now,
             clock: self.clock_info(),
-            in_flight: in_flight::read(self.host(), now.timer_ms(), snap.ids.iter().copied()),
+            in_flight: snap.in_flight,
             count: CountInfo {
                 source: self.active.source_name(),
                 reliable: reading.reliable,

@@ -146,6 +146,51 @@ fn a_stream_in_flight_holds_the_drain_and_its_end_flips_it() {
 }
 
 #[test]
+fn a_status_right_after_the_flip_lists_nothing_and_dates_what_the_ticks_count() {
+    let sim = Sim::at(T0);
+    let (h, t) = gateway(&sim, r#"{}"#);
+    let stream = TrafficStream::new(Rc::clone(&t));
+    call(&h, "POST", "/drain", 1).unwrap();
+    ticks(&sim, &h, &t, 3, 100);
+    sim.advance(40);
+    let status = || json(&call(&h, "GET", "/drain/status", 2).unwrap());
+    let before = status();
+    assert_eq!(before["in_flight"]["ages"]["lt_1s"], 1);
+    assert_eq!(
+        (
+            &before["in_flight"]["age_ms"],
+            &before["in_flight"]["older_than_count"]
+        ),
+        (&serde_json::json!(40), &serde_json::json!(false))
+    );
+    end_with(&sim, stream, How::Completed);
+    sim.advance(5);
+    let after = status();
+    assert_eq!(after["state"], "CLOSING");
+    assert_eq!(after["active"], 0);
+    let f = &after["in_flight"];
+    assert!(f["oldest_age_ms"].is_null(), "the count says none: {f}");
+    assert_eq!(f["ages"]["lt_1s"], 0);
+    assert_eq!(
+        (&f["age_ms"], &f["older_than_count"]),
+        (&serde_json::json!(0), &serde_json::json!(false))
+    );
+    let r = &after["receipt"];
+    assert_eq!(r["completed"], 0, "counted at the traffic root's next tick");
+    assert_eq!(
+        r["completed_age_ms"], 45,
+        "as of that root's last tick, before the flip"
+    );
+    assert!(r["completed_as_of"].as_str() < after["progress"]["closing_at"].as_str());
+    ticks(&sim, &h, &t, 1, 100);
+    let r = &status()["receipt"];
+    assert_eq!(
+        (&r["completed"], &r["completed_age_ms"]),
+        (&serde_json::json!(1), &serde_json::json!(0))
+    );
+}
+
+#[test]
 fn without_a_traffic_role_the_gateway_waits_and_a_drain_never_trusts_zero() {
     let sim = Sim::at(T0);
     let config = Config::parse(br#"{"role":"health","drain_timeout":"2s"}"#).unwrap();
