@@ -1,10 +1,12 @@
 #!/usr/bin/env python3
 """Does your LB cut a drain-gate drain? Opens N long streams through the LB,
-drains one gateway as its preStop does (POST /drain?wait=closed) and follows it
-to CLOSED. --control flips that gateway's check to 503 at drain start instead
-(/close-lb): the LB's DOWN then finds the streams in flight. Run the control
-first: a control that cuts nothing proves nothing. A drained gateway stays
-CLOSED: replace its pod before the next run.
+drains the gateway behind --health as its preStop does (POST /drain?wait=closed)
+and follows it to CLOSED. A proof needs its control, which --control-health runs
+first on another gateway: its check flipped to 503 at drain start (/close-lb),
+an LB that cuts at DOWN cuts its streams. --control runs the control alone, on
+--health. Without a control, a clean drain shows only that nothing was cut, not
+that this LB would have cut. Drained gateways stay CLOSED: replace their pods
+before the next run.
 """
 from __future__ import annotations
 
@@ -33,17 +35,19 @@ EPILOG = """\
   asks URL/drip?duration=S (http1, http2) and URL/websocket/echo (ws).
 needs: python3 >= 3.8; curl with HTTP2; DRAIN_GATE_ADMIN_TOKEN when --health is
   reached from outside admin_allow (kubectl port-forward comes from 127.0.0.1).
-exit: 0 nothing lost, nothing cut; 1 streams lost or cut (what a control that
-  proves something answers); 2 bad input, a gateway not OPEN or in a preStop
-  hold, too few streams on it (no drain started); 130 interrupted (a drain
-  under way is reopened)."""
+exit: 0 proven: nothing lost or cut, every kind on the drained gateway, and
+  the control cut (without one: "uncontrolled"); 1 streams lost or cut, whatever
+  else went wrong (a control alone: the LB cut); 2 bad input, or no stream on
+  the gateway: not drained; 3 proved nothing: the control cut nothing, a kind
+  had no stream on the drained gateway, or the drain ended in FAULT or lost
+  --health, nothing lost; 130 interrupted (a drain under way is reopened)."""
 
 KINDS = ("http1", "http2", "ws")
 MAX_SECONDS = 600  # kubernetes/prove-httpbin.yaml lets an answer last 11 minutes
-EXIT_CLEAN, EXIT_LOST, EXIT_BAD, EXIT_INTERRUPTED = 0, 1, 2, 130
+EXIT_PROVEN, EXIT_LOST, EXIT_BAD, EXIT_NOTHING, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
 TOKEN_ENV = "DRAIN_GATE_ADMIN_TOKEN"
 # The in-flight count is published by each worker every tick (100 ms by default): read until it
-# holds still for STEADY_S (over two ticks), at most REACH_WINDOW_S.
+# holds still for STEADY_S (over two ticks) above where it was, or for REACH_WINDOW_S.
 REACH_WINDOW_S = 1.0
 STEADY_S = 0.25
 START_WITHIN_S = 15.0
@@ -59,7 +63,7 @@ MARK = "\nprove-result "
 
 
 class BadInput(Exception):
-    """Exit 2, with the cause."""
+    """Exit 2, with the cause: nothing judged."""
 
 
 def say(line: str) -> None:
@@ -70,11 +74,12 @@ def say(line: str) -> None:
 class Gateway:
     """One gateway's health port (:18180): drain-gate's HTTP API."""
 
-    def __init__(self, url: str, token: str):
+    def __init__(self, url: str, token: str, option: str = "--health"):
         self.url = url.rstrip("/")
+        self.option = option  # how the command line named it
         self.u = urlsplit(self.url)
         if self.u.scheme not in ("http", "https") or not self.u.hostname:
-            raise BadInput(f"--health {url}: not an http(s) URL")
+            raise BadInput(f"{option} {url}: not an http(s) URL")
         self.headers = {"Authorization": f"Bearer {token}"} if token else {}
 
     def connection(self, timeout: float | None) -> http.client.HTTPConnection:
@@ -91,7 +96,7 @@ class Gateway:
             r = conn.getresponse()
             code, body = r.status, r.read()
         except (OSError, http.client.HTTPException) as e:
-            raise BadInput(f"--health {self.url}: unreachable ({e})") from None
+            raise BadInput(f"{self.option} {self.url}: unreachable ({e})") from None
         finally:
             conn.close()
         try:
@@ -103,7 +108,7 @@ class Gateway:
     def status(self) -> dict:
         code, doc = self.call("GET", "/drain/status")
         if code != 200 or not {"state", "receipt", "progress", "in_flight"} <= set(doc):
-            raise BadInput(f"--health {self.url}: /drain/status answered {code} without drain-gate's status "
+            raise BadInput(f"{self.option} {self.url}: /drain/status answered {code} without drain-gate's status "
                            "(is it a gateway's :18180?)")
         return doc
 
@@ -119,7 +124,7 @@ class HeldDrain:
         try:
             self.conn.request("POST", gw.path("/drain?wait=closed"), headers=gw.headers)
         except OSError as e:
-            raise BadInput(f"--health {gw.url}: unreachable ({e})") from None
+            raise BadInput(f"{gw.option} {gw.url}: unreachable ({e})") from None
         threading.Thread(target=self._wait, daemon=True).start()
 
     def _wait(self) -> None:
@@ -241,11 +246,13 @@ class CurlStream(Stream):
                 self.started = time.time()
         err = self.proc.stderr.read()
         code = self.proc.wait()
-        _, _, tail = "".join(out).rpartition(MARK.strip("\n"))
-        parts = tail.split()
-        status, size = (int(parts[0]), int(parts[1])) if len(parts) >= 2 and parts[1].isdigit() else (0, 0)
+        _, marked, tail = "".join(out).rpartition(MARK.strip("\n"))
+        parts = tail.split() if marked else []  # a curl killed wrote no -w line
+        status, size = (int(parts[0]), int(parts[1])) if len(parts) == 2 and all(map(str.isdigit, parts)) else (0, 0)
         if code == 0 and status == 200 and size == self.expected:
             self._end(True)
+        elif code < 0:
+            self._end(False, "ended by this run")
         elif code:
             last = err.strip().splitlines()[-1] if err.strip() else ""
             self._end(False, f"curl {code} ({CURL_EXITS.get(code, last or 'error')})")
@@ -391,12 +398,13 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--through", required=True, metavar="URL", help="the LB (its VIP) in front of go-httpbin")
     ap.add_argument("--health", required=True, metavar="URL",
-                    help="one gateway's :18180 behind it, e.g. http://127.0.0.1:18180")
+                    help="a gateway's :18180 behind it (http://127.0.0.1:18180)")
+    ap.add_argument("--control-health", metavar="URL", help="another gateway's: the control, run first")
+    ap.add_argument("--control", action="store_true", help="the control alone, on --health")
     ap.add_argument("--streams", type=int, default=30, metavar="N", help="streams, spread over the kinds (30)")
     ap.add_argument("--seconds", type=int, default=30, metavar="S",
-                    help="each stream's length, above the LB's detection window (30)")
+                    help="stream length, above the LB's detection window (30)")
     ap.add_argument("--kinds", default=",".join(KINDS), metavar="K", help="of http1,http2,ws (all)")
-    ap.add_argument("--control", action="store_true", help="flip the check at drain start (/close-lb)")
     ap.add_argument("--cacert", metavar="FILE", help="the CA of an https --through (default: the system's)")
     ap.add_argument("--insecure", action="store_true", help="do not verify an https --through")
     args = ap.parse_args(argv)
@@ -406,46 +414,168 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         ap.error(f"--kinds: {','.join(bad) or 'none'}: the kinds are {', '.join(KINDS)}")
     if not 1 <= args.streams <= 1000:
         ap.error(f"--streams {args.streams}: between 1 and 1000")
+    if args.streams < len(args.kinds):
+        ap.error(f"--streams {args.streams}: at least one per kind ({len(args.kinds)})")
     if not 1 <= args.seconds <= MAX_SECONDS:
         ap.error(f"--seconds {args.seconds}: between 1 and {MAX_SECONDS}")
+    if args.control and args.control_health:
+        ap.error("--control with --control-health: --control-health runs the control itself")
+    if args.control_health and args.control_health.rstrip("/") == args.health.rstrip("/"):
+        ap.error("--control-health and --health: the control drains one gateway, the proof another")
     return args
+
+
+class Phase:
+    """One drain of this run, the control's or the proof's, and what it saw."""
+
+    def __init__(self, role: str, gw: Gateway):
+        self.role, self.gw = role, gw
+        self.streams: list[Stream] = []
+        self.on_gw: dict[str, int] = {}  # of each kind, counted on the gateway once they all started
+        self.held: HeldDrain | None = None
+        self.t0: float | None = None  # when the drain began (this clock)
+        self.status: dict = {}  # the last status seen
+        self.end = ""  # the state the drain ended in, "" while under way
+        self.health_lost = ""  # why the drain could not be followed to its end
+
+    def say(self, line: str) -> None:
+        say(f"{self.role}: {line}")
+
+    def of(self, kind: str) -> list[Stream]:
+        return [s for s in self.streams if s.kind == kind]
+
+    def lost(self, kind: str | None = None) -> list[Stream]:
+        return [s for s in self.streams if not s.ok and kind in (None, s.kind)]
+
+    def early(self, kind: str) -> int:
+        """Streams of `kind` that had ended before the drain began."""
+        return sum(1 for s in self.of(kind) if s.ended and self.t0 and s.ended < self.t0)
+
+    def crossed(self, kind: str) -> int:
+        """Streams of `kind` on the gateway when its drain began: those counted there, less any
+        that had ended by then (any of them may have been one of those)."""
+        return max(0, self.on_gw.get(kind, 0) - self.early(kind))
+
+    @property
+    def cut(self) -> int:
+        """What the gateway counts as cut in this drain (its receipt)."""
+        return self.status["receipt"]["cut"] if self.status else 0
+
+    @property
+    def under_way(self) -> bool:
+        return self.held is not None and not self.end
+
+
+def why_no_cut(ph: Phase) -> str:
+    """Why a control's flip cut nothing, from what its gateway saw of the LB."""
+    st = ph.status
+    lb, start = st["lb"], ts(st["progress"]["drain_started_at"])
+    down = ts(lb["observed_down_at"]) if lb["observed_down"] else None
+    last_end = max((s.ended for s in ph.streams if s.ended), default=time.time()) - (ph.t0 or time.time())
+    if ph.health_lost:
+        return f"its health port was lost mid-drain, and with it what the LB did ({ph.health_lost})"
+    if not lb["checkers"]:
+        return "no LB checker asked this gateway's /health_check.html: this LB does not read drain-gate's check"
+    if down is None:
+        return (f"no LB checker was served {lb['lb_fall']} 503s in a row (lb_fall): the LB never took the gateway "
+                "out while the streams ran (its fall above lb_fall, or --seconds too short)")
+    if start and last_end < down - start:
+        return (f"the streams ended (+{last_end:.2f} s) before the LB marked the gateway down "
+                f"(+{down - start:.2f} s): raise --seconds above its detection window")
+    return (f"the LB marked the gateway down (+{down - start if start else 0:.2f} s) with the streams in flight "
+            "and cut none: it does not cut at DOWN")
+
+
+def judge(phases: list[Phase], kinds: list[str]) -> tuple[int, list[str]]:
+    """The run's answer from every drain it made: the exit code and the lines that say why.
+    Losses trump: whatever else went wrong, a proof that lost or cut a stream exits 1."""
+    control = next((p for p in phases if p.role == "control"), None)
+    proof = next((p for p in phases if p.role == "proof"), None)
+    lines: list[str] = []
+    nothing: list[str] = []  # why it proved nothing: the run's reasons, or a kind's
+    if control:
+        cut = [k for k in kinds if control.lost(k)]
+        if control.lost() or control.cut:
+            lines.append(f"control: the LB cut {len(control.lost())} stream(s) ({', '.join(cut) or 'none seen'}) "
+                         "once the check said 503: it cuts at DOWN")
+            nothing += [f"{k}: the control cut none of its {control.crossed(k)} on the gateway" if control.crossed(k)
+                        else f"{k}: no stream of it crossed the control's gateway" for k in kinds if k not in cut]
+        else:
+            nothing.append(f"the control cut nothing: {why_no_cut(control)}")
+    if proof is None:  # the control alone
+        if control.lost() or control.cut:
+            return EXIT_LOST, lines + ["prove: the control cut (exit 1): this LB cuts at DOWN; a proof on another "
+                                       "gateway shows whether drain-gate's drain does"
+                                       + "".join(f"; proved nothing for {x}" for x in nothing)]
+        return EXIT_NOTHING, lines + [f"prove: proved nothing (exit 3): {'; '.join(nothing)}"]
+    nothing += [f"{k}: no stream of it crossed the drained gateway (more --streams)" for k in kinds
+                if not proof.crossed(k)]
+    if proof.health_lost:
+        nothing.append(f"the drain was not followed to its end: {proof.health_lost}")
+    elif proof.end != "CLOSED":
+        nothing.append(f"the drain ended in {proof.end}, not CLOSED")
+    lost = len(proof.lost())
+    if lost or proof.cut:
+        return EXIT_LOST, lines + [f"prove: LOST (exit 1): the drain lost {lost} of {len(proof.streams)} stream(s), "
+                                   f"its gateway counts {proof.cut} cut"
+                                   + (f" (and: {'; '.join(nothing)})" if nothing else "")]
+    if nothing:
+        return EXIT_NOTHING, lines + [f"prove: proved nothing (exit 3): {'; '.join(nothing)}"]
+    crossed = sum(proof.crossed(k) for k in kinds)
+    if control:
+        return EXIT_PROVEN, lines + [f"prove: proven (exit 0): the LB cut the control's streams of every kind at "
+                                     f"DOWN; the drain lost none of the {crossed} on its gateway, every kind among "
+                                     "them, and cut none"]
+    return EXIT_PROVEN, lines + [f"prove: nothing lost, nothing cut (exit 0), {crossed} streams on the drained "
+                                 "gateway, every kind among them; uncontrolled: no control (--control-health) "
+                                 "showed that this LB cuts, so this shows only that this drain cut nothing"]
 
 
 class Run:
     def __init__(self, args: argparse.Namespace):
         self.args = args
-        self.gw = Gateway(args.health, os.environ.get(TOKEN_ENV, ""))
+        token = os.environ.get(TOKEN_ENV, "")
+        self.gw = Gateway(args.health, token)
+        self.control_gw = Gateway(args.control_health, token, "--control-health") if args.control_health else None
         self.through = Through(args.through, args.cacert, args.insecure)
-        self.streams: list[Stream] = []
-        self.held: HeldDrain | None = None
-        self.closed = False
+        self.phases: list[Phase] = []
+
+    def plan(self) -> list[tuple[str, Gateway]]:
+        """The drains, in order: the control (if any), then the proof."""
+        if self.control_gw:
+            return [("control", self.control_gw), ("proof", self.gw)]
+        return [("control" if self.args.control else "proof", self.gw)]
 
     # -- before anything is drained ---------------------------------------------------
-    def preflight(self) -> dict:
+    def preflight(self) -> None:
         http_kinds = [k for k in self.args.kinds if k != "ws"]
         if http_kinds and not shutil.which("curl"):
             raise BadInput(f"--kinds {','.join(http_kinds)}: curl is not installed")
         if "http2" in self.args.kinds and "HTTP2" not in subprocess.run(["curl", "-V"], capture_output=True,
                                                                           text=True).stdout:
             raise BadInput("--kinds http2: this curl has no HTTP2 (curl -V)")
-        st = self.gw.status()
-        hold = st["progress"]["prestop_hold_until"]
-        if hold:
-            raise BadInput(f"the gateway behind --health is in a preStop hold (lease until {hold}): its pod is "
-                           "terminating; prove.py drains only a gateway no one else is draining")
-        if st["state"] != "OPEN":
-            raise BadInput(f"the gateway behind --health is {st['state']}, not OPEN (a drained gateway stays CLOSED "
-                           "until its pod is replaced)")
-        if not st["count"]["reliable"]:
-            raise BadInput(f"the gateway's count is not reliable ({st['count']['unreliable_reason']}): a drain "
-                           "there proves nothing")
-        code, doc = self.gw.call("POST", "/reopen")  # illegal in OPEN (409): changes nothing, tells who may drain
-        if code in (401, 403):
-            raise BadInput(f"--health {self.gw.url}: admin calls answered {code} {doc.get('error', '')}: set "
-                           f"{TOKEN_ENV} (admin_token), or reach it from admin_allow (kubectl port-forward)")
+        for _, gw in self.plan():
+            self.check(gw)
         for kind in self.args.kinds:
             self.probe(kind)
-        return st
+
+    def check(self, gw: Gateway, hint: str = "") -> None:
+        """A gateway this run may drain: OPEN, no preStop hold, a reliable count, admin calls allowed."""
+        st = gw.status()
+        hold = st["progress"]["prestop_hold_until"]
+        if hold:
+            raise BadInput(f"the gateway behind {gw.option} is in a preStop hold (lease until {hold}): its pod is "
+                           "terminating; prove.py drains only a gateway no one else is draining")
+        if st["state"] != "OPEN":
+            raise BadInput(f"the gateway behind {gw.option} is {st['state']}, not OPEN (a drained gateway stays "
+                           f"CLOSED until its pod is replaced){hint}")
+        if not st["count"]["reliable"]:
+            raise BadInput(f"the count of the gateway behind {gw.option} is not reliable "
+                           f"({st['count']['unreliable_reason']}): a drain there proves nothing")
+        code, doc = gw.call("POST", "/reopen")  # illegal in OPEN (409): changes nothing, tells who may drain
+        if code in (401, 403):
+            raise BadInput(f"{gw.option} {gw.url}: admin calls answered {code} {doc.get('error', '')}: set "
+                           f"{TOKEN_ENV} (admin_token), or reach it from admin_allow (kubectl port-forward)")
 
     def probe(self, kind: str) -> None:
         """One short answer of each kind through the LB, before any stream or drain."""
@@ -468,66 +598,100 @@ class Run:
             raise BadInput(f"--through {self.through.url}: http2 answered over HTTP/{version} (no h2 on this LB "
                            "port): leave http2 out of --kinds")
 
-    def open_streams(self, baseline: int) -> int:
-        """Opens the streams, waits until each started, returns how many the gateway counts."""
+    def open_streams(self, ph: Phase) -> None:
+        """Opens the streams kind by kind, each kind once the gateway's count of the last one held
+        still: that count, which tells no kind from another, then tells how many of each it carries."""
         a = self.args
-        for i in range(a.streams):
-            self.streams.append(self.through.open(a.kinds[i % len(a.kinds)], a.seconds))
-        deadline = time.monotonic() + START_WITHIN_S
-        while time.monotonic() < deadline and not all(s.started or s.done.is_set() for s in self.streams):
-            time.sleep(0.02)
-        failed = [s for s in self.streams if not s.started]
-        if failed:
-            raise BadInput(f"{len(failed)} of {a.streams} streams did not start through --through "
-                           f"({failed[0].kind}: {failed[0].how or 'no answer'})")
-        reached, since, end = 0, time.monotonic(), time.monotonic() + REACH_WINDOW_S
-        while reached < a.streams and time.monotonic() < end and not (reached and time.monotonic() - since > STEADY_S):
-            now = in_flight(self.gw.status()) - baseline
-            if now > reached:
-                reached, since = now, time.monotonic()
+        count = first = in_flight(ph.gw.status())
+        for k, kind in enumerate(a.kinds):
+            n = len(range(k, a.streams, len(a.kinds)))
+            mine = [self.through.open(kind, a.seconds) for _ in range(n)]
+            ph.streams += mine
+            deadline = time.monotonic() + START_WITHIN_S
+            while time.monotonic() < deadline and not all(s.started or s.done.is_set() for s in mine):
+                time.sleep(0.02)
+            failed = [s for s in mine if not s.started]
+            if failed:
+                raise BadInput(f"{len(failed)} of {n} {kind} streams did not start through --through "
+                               f"({failed[0].how or 'no answer'})")
+            now = self.settle(ph.gw, count, n)
+            ph.on_gw[kind] = max(0, min(n, now - count))
+            count = now
+        reached = sum(ph.on_gw.values())
+        ph.say(f"{reached} of {a.streams} streams reached the gateway "
+               f"({', '.join(f'{k} {n}' for k, n in ph.on_gw.items())}; its in-flight count {first} -> {count})")
+        if not reached:
+            raise BadInput(f"none of the {a.streams} streams reached the gateway behind {ph.gw.option} (more "
+                           f"--streams, or {ph.gw.option} on a gateway this LB sends to); it was not drained")
+
+    @staticmethod
+    def settle(gw: Gateway, before: int, n: int) -> int:
+        """The gateway's in-flight count once it shows all n streams more than `before`, or has held
+        still above `before` for STEADY_S; at most REACH_WINDOW_S (none of them there)."""
+        now, since = in_flight(gw.status()), time.monotonic()
+        end = since + REACH_WINDOW_S
+        while now - before < n and time.monotonic() < end and not (now > before and
+                                                                    time.monotonic() - since >= STEADY_S):
             time.sleep(0.05)
-        return reached
+            seen = in_flight(gw.status())
+            if seen != now:
+                now, since = seen, time.monotonic()
+        return now
 
     # -- the drain ---------------------------------------------------------------------
-    def drain(self) -> tuple[float, dict]:
-        """Starts the drain (and, for the control, the flip), follows it to CLOSED and
-        until every stream ended; returns when it began (this clock) and the last status."""
-        t0 = time.time()
-        self.held = HeldDrain(self.gw)
+    def drain(self, ph: Phase) -> None:
+        """Starts the drain (and, for the control, the flip), follows it to its end and waits
+        until every stream ended."""
+        gw, control = ph.gw, ph.role == "control"
+        ph.t0 = time.time()
+        ph.held = HeldDrain(gw)
         deadline = time.monotonic() + 10
-        while self.gw.status()["state"] == "OPEN":
-            if self.held.done.is_set() or time.monotonic() > deadline:
-                raise BadInput(f"POST /drain?wait=closed answered {self.held.code or self.held.error} and the "
+        while (st := gw.status())["state"] == "OPEN":
+            if ph.held.done.is_set() or time.monotonic() > deadline:
+                raise BadInput(f"POST /drain?wait=closed answered {ph.held.code or ph.held.error} and the "
                                "gateway stayed OPEN")
             time.sleep(0.02)
-        if self.args.control:
-            code, doc = self.gw.call("POST", "/close-lb")
+        ph.status = st
+        if control:
+            code, doc = gw.call("POST", "/close-lb")
             if code != 200:
                 raise BadInput(f"POST /close-lb answered {code} {doc.get('error', '')} (state {doc.get('state')})")
-        say(f"prove: {'drained with the flip at once (the control)' if self.args.control else 'draining'} at "
-            f"{datetime.fromtimestamp(t0).strftime('%H:%M:%S')}; following it to CLOSED")
-        st = self.gw.status()
-        while not (self.held.done.is_set() or st["state"] in ("CLOSED", "FAULT")):
-            time.sleep(0.1)
-            st = self.gw.status()
-        self.closed = st["state"] == "CLOSED" or self.held.code == 200
-        if not self.closed:
-            raise BadInput(f"the drain ended in {st['state']}, not CLOSED (the held call: "
-                           f"{self.held.code or self.held.error}): someone else moved the gateway; nothing to judge")
-        end = max(s.started for s in self.streams) + self.args.seconds + 70
-        while not all(s.done.is_set() for s in self.streams) and time.time() < end:
+        ph.say(f"{'drained with the flip at once' if control else 'draining as its preStop does'} at "
+               f"{datetime.fromtimestamp(ph.t0).strftime('%H:%M:%S')}; following it to CLOSED")
+        ph.end = self.follow(ph)
+        end = max(s.started for s in ph.streams) + self.args.seconds + 70
+        while not all(s.done.is_set() for s in ph.streams) and time.time() < end:
             time.sleep(0.05)
-        return t0, self.gw.status()
+        if not ph.health_lost:
+            with contextlib.suppress(BadInput):
+                ph.status = gw.status()  # the receipt once every stream ended
+
+    @staticmethod
+    def follow(ph: Phase) -> str:
+        """The state the drain ended in: CLOSED, FAULT (POST /fault, or the gateway faulted), OPEN
+        (someone reopened it); "?" when its health port was lost on the way."""
+        try:
+            while True:
+                if ph.held.code == 200:  # the preStop's answer: CLOSED
+                    return "CLOSED"
+                if ph.status["state"] in ("CLOSED", "FAULT", "OPEN"):
+                    return ph.status["state"]
+                time.sleep(0.1)
+                ph.status = ph.gw.status()
+        except BadInput as e:
+            ph.health_lost = str(e)
+            return "?"
 
     # -- what it saw -------------------------------------------------------------------
-    def report(self, t0: float, reached: int, st: dict) -> int:
-        a, streams = self.args, self.streams
-        for kind in a.kinds:
-            mine = [s for s in streams if s.kind == kind]
+    def report(self, ph: Phase) -> None:
+        for kind in self.args.kinds:
+            mine = ph.of(kind)
             lost = Counter(s.how for s in mine if not s.ok)
             how = "; ".join(f"{h}: {n}" for h, n in sorted(lost.items()))
-            say(f"{kind + ':':6} sent {len(mine)}, completed {len(mine) - sum(lost.values())}, "
-                f"cut {sum(lost.values())}" + (f" ({how})" if how else ""))
+            early = f" ({ph.early(kind)} ended before the drain began)" if ph.early(kind) else ""
+            ph.say(f"{kind + ':':6} sent {len(mine)}, on the gateway {ph.crossed(kind)}{early}, completed "
+                   f"{len(mine) - sum(lost.values())}, lost {sum(lost.values())}" + (f" ({how})" if how else ""))
+        st = ph.status
         r, p, lb = st["receipt"], st["progress"], st["lb"]
         start = ts(p["drain_started_at"])
         flip = ts(p["closing_at"])
@@ -536,67 +700,45 @@ class Run:
         reason = next((x["reason"] for x in p["transitions"] if x["to"] == "CLOSING"), "-")
         forced = (p["active_at_closing"] or 0) if p["forced"] else 0
         at = (lambda t: f"+{t - start:.2f} s") if start else (lambda t: "?")
-        say(f"receipt: cut {r['cut']} (by the LB {r['cut_lb']}, other {r['cut_other']}), completed {r['completed']}, "
-            f"ended upstream {r['ended_upstream']}, refused {r['refused']}, forced {'yes' if p['forced'] else 'no'}, "
-            f"flip {at(flip) if flip else '-'} ({reason})")
-        lost = [s for s in streams if not s.ok]
-        first_cut = min((s.ended for s in lost), default=None)
+        seen = " (as last seen)" if ph.health_lost else ""
+        ph.say(f"receipt{seen}: cut {r['cut']} (by the LB {r['cut_lb']}, other {r['cut_other']}), completed "
+               f"{r['completed']}, ended upstream {r['ended_upstream']}, refused {r['refused']}, forced "
+               f"{'yes' if p['forced'] else 'no'}, flip {at(flip) if flip else '-'} ({reason})")
+        first_cut = min((s.ended for s in ph.lost() if s.ended), default=None)
         parts = ["drain 0.00 s", f"flip {at(flip)}" if flip else "no flip"]
         parts += [f"LB down {at(down)}" if down else "LB down not seen"]
-        parts += [f"first cut +{first_cut - t0:.2f} s"] if first_cut else []
-        parts += [f"CLOSED {at(closed)}"] if closed else [f"{st['state']}"]
-        say("timeline: " + ", ".join(parts))
-        self.verdict(t0, reached, st, lost, down, start)
-        if self.closed:
-            say("prove: the gateway is CLOSED now and stays so: replace its pod (kubectl delete pod) before the "
-                "next run")
-        say(f"prove: lost {len(lost)} of {len(streams)}, gateway cut {r['cut']}, forced {forced}")
-        return EXIT_CLEAN if not lost and r["cut"] == 0 else EXIT_LOST
-
-    def verdict(self, t0, reached, st, lost, down, start) -> None:
-        r = st["receipt"]
-        if not self.args.control:
-            if lost or r["cut"]:
-                say(f"prove: NOT clean: {len(lost)} stream(s) lost, {r['cut']} cut on the gateway")
-            else:
-                say(f"prove: clean: every stream completed, {reached} of them through the drained gateway, and "
-                    "it cut nothing (if this LB's control cut nothing, this proves nothing about it)")
-            return
-        if lost or r["cut"]:
-            say(f"control: the LB cut {len(lost)} stream(s) once the check said 503: it cuts at DOWN, so the run "
-                "without --control is a proof")
-            return
-        last_end = max(s.ended for s in self.streams) - t0
-        if not st["lb"]["checkers"]:
-            why = "no LB checker asked this gateway's /health_check.html: this LB does not read drain-gate's check"
-        elif down is None:
-            why = (f"no LB checker was served {st['lb']['lb_fall']} 503s in a row (lb_fall): the LB never took the "
-                   "gateway out while the streams ran (its fall above lb_fall, or --seconds too short)")
-        elif start and last_end < down - start:
-            why = (f"the streams ended (+{last_end:.2f} s) before the LB marked the gateway down "
-                   f"(+{down - start:.2f} s): raise --seconds above its detection window")
-        else:
-            why = (f"the LB marked the gateway down (+{down - start:.2f} s) with the streams in flight and cut none: "
-                   "it does not cut at DOWN")
-        say(f"control: proved nothing: {why}; a run without --control proves nothing about this LB")
+        parts += [f"first cut +{first_cut - ph.t0:.2f} s"] if first_cut else []
+        parts += [f"CLOSED {at(closed)}"] if closed else [ph.end if ph.end != "?" else f"{st['state']} last seen"]
+        ph.say("timeline: " + ", ".join(parts))
+        ph.say({"CLOSED": "the gateway is CLOSED now and stays so: replace its pod (kubectl delete pod) before the "
+                          "next run",
+                "FAULT": "the drain ended in FAULT (POST /fault, or the gateway faulted): only a restart of "
+                         "istio-proxy leaves it; replace its pod",
+                "OPEN": "the drain ended in OPEN: someone reopened the gateway"}.get(
+            ph.end, f"lost the health port mid-drain ({ph.health_lost}): the drain goes on without this run; "
+                    "replace the pod once it is CLOSED"))
+        ph.say(f"lost {len(ph.lost())} of {len(ph.streams)}, gateway cut {r['cut']}, forced {forced}")
 
     # -- the whole ---------------------------------------------------------------------
     def run(self) -> int:
         a = self.args
         try:
-            st = self.preflight()
+            self.preflight()
+            gateways = ", ".join(f"{role} gateway {gw.url}" for role, gw in self.plan())
             say(f"prove: {a.streams} streams ({', '.join(a.kinds)}) of {a.seconds} s through {self.through.url}; "
-                f"gateway {self.gw.url}: OPEN")
-            baseline = in_flight(st)
-            reached = self.open_streams(baseline)
-            say(f"prove: {reached} of {a.streams} streams reached the gateway (its in-flight count "
-                f"{baseline} -> {baseline + reached})")
-            if reached < len(a.kinds):
-                raise BadInput(f"too few streams through the gateway behind --health to judge: {reached} of "
-                               f"{a.streams} reached it, {len(a.kinds)} needed (more --streams, or --health on a "
-                               "gateway this LB sends to); nothing was drained")
-            t0, st = self.drain()
-            return self.report(t0, reached, st)
+                f"{gateways}: OPEN")
+            for role, gw in self.plan():
+                if self.phases:
+                    self.check(gw, "; after the control: do --control-health and --health reach one gateway?")
+                ph = Phase(role, gw)
+                self.phases.append(ph)
+                self.open_streams(ph)
+                self.drain(ph)
+                self.report(ph)
+            code, lines = judge(self.phases, a.kinds)
+            for line in lines:
+                say(line)
+            return code
         except BadInput as e:
             print(f"prove: error: {e}", file=sys.stderr, flush=True)
             left = self.leave()
@@ -604,10 +746,14 @@ class Run:
                 print(f"prove: {left}", file=sys.stderr, flush=True)
             return EXIT_BAD
         except KeyboardInterrupt:
-            if self.closed:
-                say("prove: interrupted; the drain had ended: the gateway is CLOSED")
+            ph = self.phases[-1] if self.phases else None
+            if ph and ph.under_way:
+                say(f"prove: interrupted: {self.leave()}")
+            elif ph and ph.end:
+                say(f"prove: interrupted; the drain had ended: the gateway is {ph.end}")
             else:
-                say("prove: interrupted" + (f": {self.leave()}" if self.held else "; nothing was drained"))
+                say("prove: interrupted; nothing was drained" if not ph or ph.role == "control" else
+                    f"prove: interrupted; the proof's gateway was not drained (the control's is {self.phases[0].end})")
             return EXIT_INTERRUPTED
         except Exception:  # a fault of this tool: the drain it started must not outlive it
             left = self.leave()
@@ -615,23 +761,28 @@ class Run:
                 print(f"prove: {left}", file=sys.stderr, flush=True)
             raise
         finally:
-            for s in self.streams:
+            streams = [s for ph in self.phases for s in ph.streams]
+            for s in streams:
                 s.kill()
             # No stream's thread may outlive the run: the interpreter's exit would find it
             # blocked in a read.
-            for s in self.streams:
+            for s in streams:
                 s.done.wait(STOP_WITHIN_S)
 
     def leave(self) -> str:
         """Leaves no drain this run started behind: hangs up the held call, reopens."""
-        if not self.held or self.closed:
+        ph = self.phases[-1] if self.phases else None
+        if not ph or not ph.under_way:
             return ""
-        self.held.hang_up()
-        self.held = None
-        return reopen(self.gw)
+        ph.held.hang_up()
+        ph.held = None
+        return reopen(ph.gw)
 
 
 def main(argv: list[str] | None = None) -> int:
+    # Explicitly: Python installs its SIGINT handler only when SIGINT is not ignored at start,
+    # and a script's background job starts with SIGINT ignored. SIGTERM ends it the same way.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     args = parse(argv)
     try:

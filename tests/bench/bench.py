@@ -39,6 +39,7 @@ from tests.bench import readme
 from tests.harness import backend as demo_backend
 from tests.harness import variants
 from tests.harness.envoy import REPO, WASM, Envoy, Ports, free_port, hcm, render, wait_for
+from tests.harness.process import stop_on_signals
 from tests.harness.variants import listener
 
 NOOP_WASM = REPO / "target" / "noop" / "wasm32-wasip1" / "release" / "noop_filter.wasm"
@@ -666,4 +667,5 @@ def main() -> int:
 
 
 if __name__ == "__main__":
+    stop_on_signals()  # Ctrl-C and SIGTERM stop what the run started, in a background job too
     raise SystemExit(main())

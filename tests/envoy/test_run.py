@@ -1,22 +1,26 @@
 """`make run` (tests/harness/run.py) as a user meets it: each bad input ends the
 run with its cause in the last line — naming the variable, port or key, with
 the Envoy log's path when Envoy said it — and no Python traceback; each run
-starts a fresh Envoy log; a good run prints the banner and stops cleanly."""
+starts a fresh Envoy log; a good run prints the banner and stops cleanly, on
+SIGTERM, and on SIGINT when it started with SIGINT ignored (a script's
+background job), leaving nothing it started running."""
 from __future__ import annotations
 
 import errno
 import os
+import re
 import signal
 import socket
 import subprocess
 import sys
 import threading
+from pathlib import Path
 
 import pytest
 import requests
 
 from tests.harness.envoy import REPO
-from tests.harness.process import stop_group, wait_for
+from tests.harness.process import accepts, stop_group, wait_for
 
 RUN = [sys.executable, "-m", "tests.harness.run"]
 LOG = REPO / "out" / "run" / "envoy.log"
@@ -88,6 +92,60 @@ def test_a_good_run_prints_the_banner_and_stops_on_sigterm():
         assert requests.get(f"{health}/live", timeout=5).json() == {"state": "OPEN", "live": True}
         os.kill(p.pid, signal.SIGTERM)
         assert p.wait(30) == 0
+        with pytest.raises(requests.ConnectionError):
+            requests.get(f"{health}/live", timeout=5)
+    finally:
+        stop_group(p)
+
+
+def descendants(pid: int) -> set[int]:
+    """Every process `pid` started, and what they started (from /proc)."""
+    parents = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rpartition(")")[2].split()
+        except OSError:  # gone meanwhile
+            continue
+        parents[int(stat.parent.name)] = int(fields[1])
+    found, todo = set(), [pid]
+    while todo:
+        this = todo.pop()
+        children = {c for c, parent in parents.items() if parent == this}
+        todo += children - found
+        found |= children
+    return found
+
+
+def running(pid: int) -> bool:
+    """Whether `pid` runs (a zombie, awaiting its reaper, runs no more)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_sigint_stops_a_run_started_with_sigint_ignored_and_leaves_nothing_running():
+    """A script's background job starts with SIGINT ignored: SIGINT still ends the run (exit 0),
+    Envoy is stopped (its pid, and every other process the run started, gone) and the demo
+    backend with it (it runs in the run's own process: its port refuses)."""
+    ignored = lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)  # noqa: E731
+    p = subprocess.Popen([*RUN, "--free-ports"], env={**os.environ, "PYTHONPATH": str(REPO)}, cwd=REPO,
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+                         preexec_fn=ignored)
+    lines: list[str] = []
+    threading.Thread(target=lambda: lines.extend(p.stdout), daemon=True).start()
+    try:
+        wait_for(lambda: any("Ctrl-C stops it" in line for line in lines), 90, what="the banner")
+        banner = "".join(lines)
+        backend = int(re.search(r"\(demo backend on :(\d+)\)", banner)[1])
+        health = next(line.split()[1] for line in lines if line.strip().startswith("health "))
+        started = descendants(p.pid)
+        envoys = [pid for pid in started if "envoy" in Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")]
+        assert envoys and accepts(backend), (started, banner)
+        os.kill(p.pid, signal.SIGINT)
+        assert p.wait(30) == 0, "".join(lines)
+        assert not [pid for pid in started if running(pid)], "a process the run started outlived it"
+        assert not accepts(backend), "the demo backend outlived the run"
         with pytest.raises(requests.ConnectionError):
             requests.get(f"{health}/live", timeout=5)
     finally:

@@ -26,6 +26,7 @@ from pathlib import Path
 from tests.fleet import fleet, picture
 from tests.fleet.traffic import FULL, QUICK, Profile, Traffic
 from tests.harness.envoy import REPO
+from tests.harness.process import stop_on_signals
 from tests.harness.rig import Backend
 from tests.harness.timeline import StatPoller, parse_time
 
@@ -452,4 +453,5 @@ def main() -> int:
 
 
 if __name__ == "__main__":
+    stop_on_signals()  # Ctrl-C and SIGTERM stop what the run started, in a background job too
     raise SystemExit(main())

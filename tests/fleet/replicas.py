@@ -52,6 +52,7 @@ from tests.bench.cpu import worker_ns, worker_tid
 from tests.fleet import fleet
 from tests.harness.envoy import REPO, wait_for
 from tests.harness.haproxy import LogLine
+from tests.harness.process import stop_on_signals
 from tests.harness.rig import Backend
 
 OUT = REPO / "out" / "replicas"
@@ -600,4 +601,5 @@ def main() -> int:
 
 
 if __name__ == "__main__":
+    stop_on_signals()  # Ctrl-C and SIGTERM stop what the run started, in a background job too
     raise SystemExit(main())

@@ -36,6 +36,7 @@ from tests.fleet import fleet
 from tests.fleet.traffic import Profile, Traffic
 from tests.harness.envoy import REPO, wait_for
 from tests.harness.nodeport import Endpoint, NodePort
+from tests.harness.process import stop_on_signals
 from tests.harness.rig import Backend
 from tests.harness.timeline import parse_time
 
@@ -182,4 +183,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    stop_on_signals()  # Ctrl-C and SIGTERM stop what the run started, in a background job too
     raise SystemExit(main())

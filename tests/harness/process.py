@@ -31,6 +31,27 @@ def accepts(port: int, host: str = "127.0.0.1") -> bool:
     return False
 
 
+def stop_on_signals() -> None:
+    """Ctrl-C (SIGINT) and SIGTERM end a long run as KeyboardInterrupt, so that what it started
+    (each child in its own session) is stopped on the way out, by its `finally` and ExitStack.
+    Installed explicitly: Python installs its SIGINT handler only when SIGINT is not ignored at
+    start, and a script's background job starts with SIGINT ignored."""
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+
+
+@contextlib.contextmanager
+def signals_to_the_main_thread():
+    """Threads started in this block never take SIGINT or SIGTERM, so the kernel delivers them to
+    the main thread: taken by another thread, a signal would leave the main thread blocked where
+    it waits (on a child, say) until that wait ended by itself."""
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+
+
 def stop_group(proc: subprocess.Popen | None, grace: float = 10) -> None:
     """Stops a child started with start_new_session=True, and everything it started."""
     if proc and proc.poll() is None:

@@ -15,7 +15,6 @@ import errno
 import json
 import os
 import re
-import signal
 import socket
 import sys
 from pathlib import Path
@@ -24,6 +23,7 @@ import requests
 
 from tests.harness import backend
 from tests.harness.envoy import REPO, Envoy, Ports, render
+from tests.harness.process import signals_to_the_main_thread, stop_on_signals
 
 HELLO = """
 drain-gate is running (Envoy {version}, concurrency {concurrency}).
@@ -132,7 +132,8 @@ def serve(args: argparse.Namespace) -> int:
     envoy = Envoy(render(ports, config), ports, concurrency=workers, workdir=workdir)
     envoy.log_path.unlink(missing_ok=True)
     try:
-        backend.serve(ports.backend)
+        with signals_to_the_main_thread():  # which waits on Envoy: Ctrl-C must reach it there
+            backend.serve(ports.backend)
     except OSError as e:
         raise Refused(f"port {ports.backend} (demo backend) is busy: {e.strerror}") from None
     try:
@@ -154,8 +155,9 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="make run", description=__doc__.splitlines()[0])
     ap.add_argument("--free-ports", action="store_true", help="free ports instead of the defaults")
     args = ap.parse_args(argv)
-    # SIGTERM ends the run like Ctrl-C does: Envoy runs in its own session and is stopped.
-    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    # Ctrl-C and SIGTERM end the run, started from a script's background job too (SIGINT ignored
+    # on entry): Envoy runs in its own session and is stopped, the demo backend is this process's.
+    stop_on_signals()
     try:
         return serve(args)
     except KeyboardInterrupt:

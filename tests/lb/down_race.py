@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 
 from tests.harness.clients import ShortLoop
+from tests.harness.process import stop_on_signals
 from tests.harness.rig import QUICK, PreStop, Rig
 
 
@@ -79,4 +80,5 @@ def main() -> int:
 
 
 if __name__ == "__main__":
+    stop_on_signals()  # Ctrl-C and SIGTERM stop what the run started, in a background job too
     raise SystemExit(main())

@@ -41,6 +41,7 @@ import grpc
 from tests.harness.envoy import wait_for
 from tests.harness.grpc_app import ECHO, TICKS, UNARY, grpc_backend
 from tests.harness.haproxy import HAProxy
+from tests.harness.process import stop_on_signals
 from tests.harness.rig import PreStop
 from tests.harness.timeline import parse_time
 from tests.harness.wire import read_head
@@ -214,4 +215,5 @@ def main() -> int:
 
 
 if __name__ == "__main__":
+    stop_on_signals()  # Ctrl-C and SIGTERM stop what the run started, in a background job too
     raise SystemExit(main())

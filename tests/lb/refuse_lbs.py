@@ -58,6 +58,7 @@ from tests.harness.envoy import free_port, wait_for
 from tests.harness.front import ENVOY_FRONT, NGINX_503, NGINX_CONF, EnvoyFront, Nginx, Served
 from tests.harness.grpc_app import h2_backend
 from tests.harness.haproxy import CFG, CFG_REFUSE, HAProxy, h2_cfg, retry_on_cfg
+from tests.harness.process import stop_on_signals
 from tests.harness.rig import Backend, Gateway, PreStop
 from tests.harness.timeline import parse_time
 from tests.harness.wire import h2_exchange, read_head, recv_until_close
@@ -720,4 +721,5 @@ def main() -> int:
 
 
 if __name__ == "__main__":
+    stop_on_signals()  # Ctrl-C and SIGTERM stop what the run started, in a background job too
     raise SystemExit(main())

@@ -28,6 +28,7 @@ from pathlib import Path
 
 from tests.harness.clients import ShortLoop
 from tests.harness.envoy import wait_for
+from tests.harness.process import stop_on_signals
 from tests.harness.rig import Rig, Timing
 from tests.harness.timeline import parse_time
 
@@ -115,4 +116,5 @@ def main() -> int:
 
 
 if __name__ == "__main__":
+    stop_on_signals()  # Ctrl-C and SIGTERM stop what the run started, in a background job too
     raise SystemExit(main())
