@@ -19,7 +19,9 @@
 //! - [`refusal`]: which new requests a refusing drain refuses, and how;
 //! - [`rotation`]: connection rotation during a drain (Envoy's own connection drain,
 //!   event ③ of a pod termination);
-//! - [`sizing`]: how long streams last, and the `drain_timeout` and grace period they call for.
+//! - [`sizing`]: how long streams last, and the `drain_timeout` and grace period they call for;
+//! - [`termination`]: the pod's SIGTERM in pilot-agent's readiness: which answer is
+//!   pilot-agent's, and when its 503 is the SIGTERM.
 //!
 //! Host shell ([`host`]): root, traffic and health contexts, shared data,
 //! the active count, the metrics (defined from [`metric_names`]) and timers.
@@ -41,6 +43,7 @@ pub mod receipt;
 pub mod refusal;
 pub mod rotation;
 pub mod sizing;
+pub mod termination;
 
 proxy_wasm::main! {{
     proxy_wasm::set_log_level(proxy_wasm::types::LogLevel::Info);

@@ -41,6 +41,7 @@ pub const DRAIN_COMPLETED: &str = "drain_gate_drain_completed";
 pub const DRAIN_ENDED_UPSTREAM: &str = "drain_gate_drain_ended_upstream";
 pub const REFUSED: &str = "drain_gate_refused";
 pub const DRAINS_CUT_SHORT: &str = "drain_gate_drains_cut_short";
+pub const TERMINATION_WATCH_UNAVAILABLE: &str = "drain_gate_termination_watch_unavailable";
 pub const STREAM_DURATION: &str = "drain_gate_stream_duration_ms";
 pub const UPGRADED_DURATION: &str = "drain_gate_upgraded_duration_ms";
 pub const TCP_DURATION: &str = "drain_gate_tcp_duration_ms";
@@ -56,7 +57,7 @@ pub const TRANSITIONS_TO: [&str; 5] = [
     "drain_gate_transitions_to_fault",
 ];
 
-pub const ALL: [Metric; 27] = [
+pub const ALL: [Metric; 28] = [
     Metric {
         name: ACTIVE_REQUESTS,
         kind: Kind::Gauge,
@@ -188,6 +189,12 @@ pub const ALL: [Metric; 27] = [
         kind: Kind::Counter,
         #[cfg(test)]
         help: "drains cut short: the pod's SIGTERM came before CLOSED, while its preStop answer was held (pilot-agent's readiness turned 503, termination_watch); the drain's receipt line says ended=SIGTERM",
+    },
+    Metric {
+        name: TERMINATION_WATCH_UNAVAILABLE,
+        kind: Kind::Counter,
+        #[cfg(test)]
+        help: "termination_watch cannot see the pod's SIGTERM: Envoy answered the call itself (nothing listens on the cluster's port), no such cluster, an answer that is not pilot-agent's readiness, or pilot-agent's 503 before any 200 (not ready); counted once per worker that watches, its event=termination_watch_unavailable warning says why. The drain goes on; a SIGTERM before CLOSED is then not in its receipt",
     },
     Metric {
         name: STREAM_DURATION,

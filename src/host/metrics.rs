@@ -42,6 +42,7 @@ pub struct Metrics<H: Host = Envoy> {
     ended_upstream: Option<u32>,
     refused: Option<u32>,
     drains_cut_short: Option<u32>,
+    termination_watch_unavailable: Option<u32>,
     drain_timeout: Option<u32>,
     drain_duration: Option<u32>,
     /// The stream-duration counters (`host::sizing`).
@@ -166,6 +167,7 @@ impl<H: Host + Copy> Metrics<H> {
             ended_upstream: define(&host, names::DRAIN_ENDED_UPSTREAM),
             refused: define(&host, names::REFUSED),
             drains_cut_short: define(&host, names::DRAINS_CUT_SHORT),
+            termination_watch_unavailable: define(&host, names::TERMINATION_WATCH_UNAVAILABLE),
             drain_timeout: define(&host, names::DRAIN_TIMEOUT),
             drain_duration: define(&host, names::DRAIN_DURATION),
             durations: super::sizing::define(&host),
@@ -261,6 +263,11 @@ impl<H: Host> Metrics<H> {
 
     pub fn drain_cut_short(&self) {
         self.bump(self.drains_cut_short);
+    }
+
+    /// The termination watch cannot see the SIGTERM (said once per watch).
+    pub fn termination_watch_unavailable(&self) {
+        self.bump(self.termination_watch_unavailable);
     }
 
     pub fn lb_check_ignored(&self) {

@@ -250,10 +250,10 @@ impl<H: Host + Copy> Root<H> {
 impl<H: Host + Copy + 'static> Context for Root<H> {
     /// The health role's outgoing calls: the admin API's answer to the
     /// connection rotation, pilot-agent's to the termination watch.
-    fn on_http_call_response(&mut self, token: u32, num_headers: usize, _: usize, _: usize) {
+    fn on_http_call_response(&mut self, token: u32, num_headers: usize, body: usize, _: usize) {
         if let Role::Health(h) = &self.role {
             h.rotator.answered(token, num_headers);
-            if h.termination.answered(token, num_headers) {
+            if h.termination.answered(token, num_headers, body, &h.metrics) {
                 h.sigterm();
             }
         }

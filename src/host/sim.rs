@@ -70,6 +70,8 @@ pub struct Sim {
     pub call_refused: Cell<bool>,
     /// The `:status` of the HTTP call answer being delivered.
     pub call_status: Cell<Option<u16>>,
+    /// The names of its other headers.
+    pub call_headers: RefCell<Vec<String>>,
     pub answers: RefCell<Vec<Answer>>,
     /// Properties of the stream whose callback runs, by dotted path.
     pub properties: RefCell<HashMap<String, Vec<u8>>>,
@@ -302,6 +304,11 @@ impl Host for &Sim {
     fn http_call_status(&self) -> Option<u16> {
         self.calls(1);
         self.call_status.get()
+    }
+
+    fn http_call_has_header(&self, name: &str) -> bool {
+        self.calls(1);
+        self.call_headers.borrow().iter().any(|h| h == name)
     }
 
     fn property(&self, path: &[&str]) -> Option<Vec<u8>> {

@@ -10,16 +10,26 @@
 //! is terminated"), having answered 200 since Envoy first was ready.
 //!
 //! So while a worker holds a preStop answer during a drain (DRAINING or
-//! CLOSING), it asks that readiness at every tick, one call at a time; an
-//! answer other than 200 is the SIGTERM: the drain is cut short, and its
-//! receipt says so (`crate::fsm::cut_short`). No answer (the call failed)
-//! says nothing.
+//! CLOSING), it asks that readiness at every tick, one call at a time, and
+//! hands each answer — its status, whether an upstream gave it, its body's
+//! size — to `crate::termination::Watch`, which decides. pilot-agent's own
+//! 503 after its 200 is the SIGTERM: the drain is cut short (its receipt says
+//! so, `crate::fsm::cut_short`) and the watch asks no more. Envoy's own
+//! reply, another answer, or a 503 before any 200 never is: the watch says
+//! once, in a warning and `drain_gate_termination_watch_unavailable`, that it
+//! cannot see the SIGTERM.
+//!
+//! At SIGTERM pilot-agent also stops accepting connections (its status
+//! server's listener closes): its 503 reaches the watch on the connection
+//! Envoy keeps open to it, which the call at every tick keeps in use.
 
 use std::cell::Cell;
 use std::time::Duration;
 
 use super::logs;
+use super::metrics::Metrics;
 use super::wasm_host::{Envoy, Host};
+use crate::termination::{self, Answer, Verdict};
 
 /// pilot-agent's readiness path.
 pub const READY_PATH: &str = "/healthz/ready";
@@ -33,8 +43,8 @@ pub struct Watch<H: Host = Envoy> {
     /// `None`: not watched (`termination_watch: false`).
     cluster: Option<String>,
     sent: Cell<Option<u32>>,
-    /// The cluster refused a call: said once.
-    refused: Cell<bool>,
+    /// What the answers so far said.
+    seen: Cell<termination::Watch>,
 }
 
 impl<H: Host> Watch<H> {
@@ -43,18 +53,18 @@ impl<H: Host> Watch<H> {
             host,
             cluster,
             sent: Cell::new(None),
-            refused: Cell::new(false),
+            seen: Cell::new(termination::Watch::default()),
         }
     }
 
     /// Runs in the health root context's tick: asks pilot-agent's readiness
     /// while `watching` (a preStop answer held in a drain), unless a call is
-    /// in flight.
-    pub fn tick(&self, watching: bool) {
+    /// in flight or the SIGTERM was seen.
+    pub fn tick(&self, watching: bool, metrics: &Metrics<H>) {
         let Some(cluster) = self.cluster.as_deref().filter(|_| watching) else {
             return;
         };
-        if self.sent.get().is_some() {
+        if self.sent.get().is_some() || self.seen.get().done() {
             return;
         }
         let headers = [
@@ -67,20 +77,52 @@ impl<H: Host> Watch<H> {
             .http_call(cluster, &headers, Duration::from_millis(TIMEOUT_MS))
         {
             Ok(token) => self.sent.set(Some(token)),
-            Err(e) if !self.refused.replace(true) => {
-                logs::warning!("event=termination_watch_unavailable cluster={cluster} status={e:?}")
+            Err(e) => {
+                let verdict = self.judge(|w| w.refused());
+                self.say(verdict, metrics, &format_args!(" host_status={e:?}"));
             }
-            Err(_) => {}
         }
     }
 
-    /// The answer to the call sent with `token` (`num_headers` 0: none came):
-    /// whether it says the pod got its SIGTERM.
-    pub fn answered(&self, token: u32, num_headers: usize) -> bool {
+    /// The answer to the call sent with `token` (`num_headers` 0: none came;
+    /// `body_bytes`: its body's size): whether it says the pod got its SIGTERM.
+    pub fn answered(
+        &self,
+        token: u32,
+        num_headers: usize,
+        body_bytes: usize,
+        metrics: &Metrics<H>,
+    ) -> bool {
         if self.sent.get() != Some(token) {
             return false;
         }
         self.sent.set(None);
-        num_headers > 0 && self.host.http_call_status().is_some_and(|s| s != 200)
+        let answer = match num_headers {
+            0 => Answer::default(),
+            _ => Answer {
+                status: self.host.http_call_status(),
+                upstream: self.host.http_call_has_header(termination::UPSTREAM_MARK),
+                body_bytes,
+            },
+        };
+        let verdict = self.judge(|w| w.answered(answer));
+        self.say(verdict, metrics, &"");
+        verdict == Verdict::Sigterm
+    }
+
+    fn judge(&self, f: impl FnOnce(&mut termination::Watch) -> Verdict) -> Verdict {
+        let mut seen = self.seen.get();
+        let verdict = f(&mut seen);
+        self.seen.set(seen);
+        verdict
+    }
+
+    /// The watch cannot see the SIGTERM: one warning, one count.
+    fn say(&self, verdict: Verdict, metrics: &Metrics<H>, extra: &dyn std::fmt::Display) {
+        if let Verdict::Unavailable(why) = verdict {
+            let cluster = self.cluster.as_deref().unwrap_or_default();
+            logs::warning!("event=termination_watch_unavailable cluster={cluster}{extra} {why}");
+            metrics.termination_watch_unavailable();
+        }
     }
 }

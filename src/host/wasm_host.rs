@@ -35,6 +35,8 @@ pub trait Host {
     ) -> Result<u32, Status>;
     /// The `:status` of the HTTP call answer being delivered, if it has one.
     fn http_call_status(&self) -> Option<u16>;
+    /// Whether the HTTP call answer being delivered has the header `name`.
+    fn http_call_has_header(&self, name: &str) -> bool;
     /// A property of the stream or connection whose callback is running
     /// (`None`: absent, or the host refused).
     fn property(&self, path: &[&str]) -> Option<Vec<u8>>;
@@ -149,6 +151,13 @@ impl Host for Envoy {
             .ok()
             .flatten()
             .and_then(|s| s.parse::<u16>().ok())
+    }
+
+    fn http_call_has_header(&self, name: &str) -> bool {
+        matches!(
+            hostcalls::get_map_value_bytes(MapType::HttpCallResponseHeaders, name),
+            Ok(Some(_))
+        )
     }
 
     fn property(&self, path: &[&str]) -> Option<Vec<u8>> {

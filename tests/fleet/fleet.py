@@ -7,8 +7,9 @@
 A Pod is one gateway: a real Envoy from envoyfilter/envoy.yaml (drain-gate in both roles) and
 the part of pilot-agent that matters to a drain, emulated here:
 
-- its readiness (`:15021/healthz/ready`): 503 from SIGTERM on — Istio's probe answers
-  "server is not live" once the agent's context is cancelled — else Envoy admin `/ready`;
+- its readiness (`:15021/healthz/ready`, tests/harness/pilot_agent.py): 503 until Envoy admin
+  `/ready` first answers 200, then 200, and 503 from SIGTERM on ("server is terminated": the
+  agent's context is cancelled), a status line with no body; at SIGTERM its listener closes;
 - at SIGTERM: `POST /drain_listeners?graceful` on Envoy admin (a gateway drains every listener,
   not `inboundonly`), then terminationDrainDuration (5 s), then SIGKILL, as pilot-agent's
   `cmd.Process.Kill()`. Envoy runs with `--drain-time-s 45 --drain-strategy immediate`, the
@@ -31,7 +32,6 @@ import signal
 import threading
 import time
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import requests
@@ -39,6 +39,7 @@ import requests
 from tests.bench.bench import _sidecar_poller
 from tests.harness.envoy import Envoy, Ports, free_port, render
 from tests.harness.haproxy import CFG, CFG_REFUSE, CFG_SOFT_DRAIN, HAProxy
+from tests.harness.pilot_agent import PilotAgent
 from tests.harness.timeline import parse_time
 from tests.harness.variants import static_cluster
 
@@ -173,35 +174,6 @@ class FleetHAProxy(HAProxy):
 
 # -- the pod ----------------------------------------------------------------------------------
 
-class _Readiness(BaseHTTPRequestHandler):
-    """pilot-agent's /healthz/ready: 503 once terminating, else what Envoy admin /ready says."""
-
-    pod: "Pod"
-
-    def log_message(self, fmt, *args):
-        pass
-
-    def do_GET(self):
-        code = 503
-        if not self.server.pod.sigterm_at:
-            try:
-                code = requests.get(self.server.pod.envoy.admin("/ready"), timeout=1).status_code
-            except requests.RequestException:
-                code = 503
-        body = b"ok\n" if code == 200 else b"server is not live\n"
-        self.send_response(code)
-        self.send_header("content-length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-
-class _ReadinessServer(ThreadingHTTPServer):
-    daemon_threads = True
-
-    def handle_error(self, request, client_address):
-        pass  # HAProxy closes a check's connection as soon as it has the status line
-
-
 class Pod:
     """One gateway pod: Envoy + the emulated pilot-agent + the kubelet's termination."""
 
@@ -229,7 +201,7 @@ class Pod:
         self.final_status: dict | None = None  # its whole /drain/status then
         self.receipt_at: float | None = None
         self.admin = requests.Session()
-        self._agent: ThreadingHTTPServer | None = None
+        self._agent: PilotAgent | None = None
         self._kubelet: threading.Thread | None = None
 
     @property
@@ -240,16 +212,20 @@ class Pod:
     def start(self) -> "Pod":
         self.created_at = time.time()
         self.envoy.start()
-        self._agent = _ReadinessServer(("127.0.0.1", self.agent_port), _Readiness)
-        self._agent.pod = self
-        threading.Thread(target=self._agent.serve_forever, daemon=True).start()
+        self._agent = PilotAgent(self.agent_port, self._envoy_ready).start()
         return self
+
+    def _envoy_ready(self) -> bool:
+        """What pilot-agent reads of Envoy until it first is ready."""
+        try:
+            return requests.get(self.envoy.admin("/ready"), timeout=1).status_code == 200
+        except requests.RequestException:
+            return False
 
     def stop(self) -> None:
         """Cleanup on every exit path (not part of a rollout)."""
         if self._agent:
-            self._agent.shutdown()
-            self._agent.server_close()
+            self._agent.stop()
             self._agent = None
         self.envoy.stop()
 
@@ -274,6 +250,8 @@ class Pod:
             hook.join(self.grace_s)
             self.prestop_end = time.time()
         self.sigterm_at = time.time()
+        if self._agent:
+            self._agent.sigterm()
         if self.strategy.check == "agent":
             self.flip_at = self.sigterm_at
         try:
@@ -293,8 +271,7 @@ class Pod:
             proc.wait(10)
         self.exit_at = time.time()
         if self._agent:
-            self._agent.shutdown()
-            self._agent.server_close()
+            self._agent.stop()
             self._agent = None
 
     def _read_receipt(self) -> dict | None:

@@ -42,8 +42,10 @@ impl<H: Host> Health<H> {
         self.keep_receipt(&rec, oldest);
         self.release_waiters(&rec, now);
         let held = !self.waiters.borrow().is_empty();
-        self.termination
-            .tick(held && matches!(rec.state, State::Draining | State::Closing));
+        self.termination.tick(
+            held && matches!(rec.state, State::Draining | State::Closing),
+            &self.metrics,
+        );
     }
 
     /// Makes a wall-clock step visible: the worker that sees it first logs

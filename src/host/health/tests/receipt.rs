@@ -92,6 +92,34 @@ fn a_reopen_and_a_new_drain_within_a_tick_log_one_receipt_each_with_its_own_ends
     assert!(h.store.load().unwrap().owed_line.is_none());
 }
 
+/// pilot-agent's readiness answer (an upstream's: Envoy's router marked it,
+/// no body) with `status`, or Envoy's own reply (`upstream` false, a body).
+fn readiness(sim: &Sim, status: u16, upstream: bool) -> usize {
+    sim.call_status.set(Some(status));
+    *sim.call_headers.borrow_mut() = if upstream {
+        vec![crate::termination::UPSTREAM_MARK.to_string()]
+    } else {
+        vec!["content-type".to_string()]
+    };
+    if upstream {
+        0
+    } else {
+        98
+    }
+}
+
+/// The token of the last readiness call sent.
+fn last_call(sim: &Sim) -> u32 {
+    sim.calls.borrow().last().unwrap().token
+}
+
+fn unavailable_lines() -> Vec<String> {
+    logs::taken()
+        .into_iter()
+        .filter(|l| l.starts_with("event=termination_watch_unavailable "))
+        .collect()
+}
+
 #[test]
 fn a_sigterm_before_closed_while_the_prestop_is_held_is_in_the_receipt() {
     let sim = Sim::at(T0);
@@ -114,15 +142,17 @@ fn a_sigterm_before_closed_while_the_prestop_is_held_is_in_the_receipt() {
     assert!(calls[0]
         .headers
         .contains(&(":path".to_string(), termination::READY_PATH.to_string())));
-    sim.call_status.set(Some(200));
+    let body = readiness(&sim, 200, true);
     assert!(
-        !h.termination.answered(calls[0].token, 3),
+        !h.termination.answered(calls[0].token, 3, body, &h.metrics),
         "ready: no SIGTERM yet"
     );
     ticks(&sim, &h, &t, 1, 100);
-    let token = sim.calls.borrow().last().unwrap().token;
-    sim.call_status.set(Some(503)); // pilot-agent: "server is terminated"
-    assert!(h.termination.answered(token, 3));
+    let body = readiness(&sim, 503, true); // pilot-agent: "server is terminated"
+    assert!(h.termination.answered(last_call(&sim), 3, body, &h.metrics));
+    let asked = sim.calls.borrow().len();
+    ticks(&sim, &h, &t, 3, 100);
+    assert_eq!(sim.calls.borrow().len(), asked, "nothing more to ask");
     h.sigterm();
     h.sigterm(); // another worker's answer: once per drain
     assert_eq!(sim.metric(crate::metric_names::DRAINS_CUT_SHORT), 1);
@@ -140,6 +170,56 @@ fn a_sigterm_before_closed_while_the_prestop_is_held_is_in_the_receipt() {
         receipt_lines().is_empty(),
         "one line per drain: CLOSED adds none"
     );
+    assert_eq!(
+        sim.metric(crate::metric_names::TERMINATION_WATCH_UNAVAILABLE),
+        0
+    );
+}
+
+#[test]
+fn envoy_s_own_reply_or_a_503_before_any_200_is_no_sigterm_and_said_once() {
+    for (status, upstream, reason) in [
+        (503, false, "reason=local_reply status=503"),
+        (504, false, "reason=local_reply status=504"),
+        (503, true, "reason=not_ready status=503"),
+    ] {
+        let sim = Sim::at(T0);
+        let (h, t) = gateway(&sim, r#"{"termination_watch":"agent","lb_buffer":"1s"}"#);
+        let s = TrafficStream::new(Rc::clone(&t));
+        logs::taken();
+        assert!(call(&h, "POST", "/drain?wait=closed", 2).is_none());
+        for _ in 0..3 {
+            ticks(&sim, &h, &t, 1, 100);
+            let body = readiness(&sim, status, upstream);
+            assert!(!h.termination.answered(last_call(&sim), 3, body, &h.metrics));
+        }
+        assert_eq!(sim.calls.borrow().len(), 3, "asked at every tick");
+        let said = unavailable_lines();
+        assert_eq!(said.len(), 1, "once: {said:?}");
+        assert!(
+            said[0].starts_with(&format!(
+                "event=termination_watch_unavailable cluster=agent {reason} detail="
+            )),
+            "{said:?}"
+        );
+        assert_eq!(
+            sim.metric(crate::metric_names::TERMINATION_WATCH_UNAVAILABLE),
+            1
+        );
+        end_with(&sim, s, How::Completed);
+        ticks(&sim, &h, &t, 13, 100);
+        assert_eq!(h.store.load().unwrap().state, State::Closed);
+        let lines = receipt_lines();
+        assert_eq!(
+            lines
+                .iter()
+                .map(|l| l["ended"].as_str())
+                .collect::<Vec<_>>(),
+            ["CLOSED"],
+            "{reason}"
+        );
+        assert_eq!(sim.metric(crate::metric_names::DRAINS_CUT_SHORT), 0);
+    }
 }
 
 #[test]
@@ -157,13 +237,42 @@ fn without_the_watch_or_a_call_answered_nothing_is_cut_short() {
     let _s = TrafficStream::new(Rc::clone(&t));
     assert!(call(&h, "POST", "/drain?wait=closed", 2).is_none());
     ticks(&sim, &h, &t, 1, 100);
-    let token = sim.calls.borrow().last().unwrap().token;
+    let token = last_call(&sim);
     assert_eq!(
         sim.calls.borrow().last().unwrap().cluster,
         config::AGENT_CLUSTER
     );
-    assert!(!h.termination.answered(token, 0), "no answer says nothing");
-    assert!(!h.termination.answered(token + 100, 3), "not its call");
+    let body = readiness(&sim, 503, true);
+    assert!(
+        !h.termination.answered(token + 100, 3, body, &h.metrics),
+        "not its call"
+    );
+    assert!(
+        !h.termination.answered(token, 0, 0, &h.metrics),
+        "no answer: no SIGTERM"
+    );
+    assert!(unavailable_lines()[0].contains(" reason=no_answer "));
+}
+
+#[test]
+fn a_cluster_envoy_does_not_know_is_said_once() {
+    let sim = Sim::at(T0);
+    sim.call_refused.set(true);
+    let (h, t) = gateway(&sim, r#"{"termination_watch":"pilot","lb_buffer":"60m"}"#);
+    let _s = TrafficStream::new(Rc::clone(&t));
+    logs::taken();
+    assert!(call(&h, "POST", "/drain?wait=closed", 1).is_none());
+    ticks(&sim, &h, &t, 5, 100);
+    let said = unavailable_lines();
+    assert_eq!(said.len(), 1, "{said:?}");
+    assert!(
+        said[0].starts_with("event=termination_watch_unavailable cluster=pilot host_status=BadArgument reason=call_refused detail="),
+        "{said:?}"
+    );
+    assert_eq!(
+        sim.metric(crate::metric_names::TERMINATION_WATCH_UNAVAILABLE),
+        1
+    );
 }
 
 #[test]
