@@ -37,7 +37,7 @@ from pathlib import Path
 import requests
 
 from tests.bench.bench import _sidecar_poller
-from tests.harness.envoy import Envoy, Ports, free_port, render
+from tests.harness.envoy import REPO, Envoy, Ports, free_port, render
 from tests.harness.haproxy import CFG, CFG_REFUSE, CFG_SOFT_DRAIN, HAProxy
 from tests.harness.timeline import parse_time
 from tests.harness.variants import static_cluster
@@ -65,9 +65,12 @@ class Strategy:
     resend: bool = False  # HAProxy's retry lines of the refuse mode (haproxy-refuse.cfg)
     retries: int | None = None  # HAProxy's `retries`, when not the shipped 3
     shutdown_sessions: bool = True  # the server lines' `on-marked-down shutdown-sessions`
+    cfg: Path | None = None  # another HAProxy file than the shipped one the fields above choose
 
     @property
     def haproxy_cfg(self) -> Path:
+        if self.cfg:
+            return self.cfg
         return CFG_REFUSE if self.resend else CFG_SOFT_DRAIN if self.soft_drain else CFG
 
     @property
@@ -82,6 +85,10 @@ class Strategy:
         return [f"option httpchk GET {self.check_path}"]
 
 
+# The refuse mode's recipe before `refused_requests` (`retry-on conn-failure empty-response 503`, every
+# method resent), kept as the tests' control.
+CFG_REFUSE_RESENDS_503 = REPO / "tests" / "lb" / "controls" / "haproxy-refuse-resends-503.cfg"
+
 _DG = {"close_after": "lb_observed_down", "lb_fall": 2, "lb_buffer": "1s", "drain_timeout": f"{DRAIN_TIMEOUT_S}s",
        "termination_watch": "agent"}
 
@@ -91,6 +98,7 @@ def strategies(inter_s: float) -> dict[str, Strategy]:
     # drain.sh): it never flips by itself.
     hc_fsm = {"min_drain": "60m", "drain_timeout": "60m", "lb_buffer": "60m"}
     soft = {**_DG, "draining_lb_status": 404, "min_drain": f"{int(inter_s) + 1}s"}
+    refuse = {**_DG, "draining_new_requests": "refuse", "refused_requests": "idempotent"}
     return {s.name: s for s in (
         Strategy("istio-default", check="agent", prestop=None),
         Strategy("fail-then-wait", check="admin", prestop="fail-then-wait"),
@@ -99,12 +107,18 @@ def strategies(inter_s: float) -> dict[str, Strategy]:
         Strategy("drain-gate-404", check="health", prestop="drain-gate", soft_drain=True, config=soft),
         # Three gateways drain at once in this rollout, and each redispatch avoids only the server
         # HAProxy just tried: 3 retries are not enough (measured, tests/docs/rollout.md), 8 are.
+        # Gateways refuse idempotent requests only and serve every POST through the drain;
+        # haproxy-refuse.cfg resends a 503 to those only.
         Strategy("drain-gate-200-refuse", check="health", prestop="drain-gate", resend=True, retries=8,
-                 config={**_DG, "draining_new_requests": "refuse"}),
+                 config=refuse),
         # The same without `on-marked-down shutdown-sessions`: nothing kills a request HAProxy
         # assigned to a gateway at the instant of its DOWN. Run on request only (OPTIONAL).
         Strategy("drain-gate-200-refuse-keep-sessions", check="health", prestop="drain-gate", resend=True,
-                 retries=8, shutdown_sessions=False, config={**_DG, "draining_new_requests": "refuse"}),
+                 retries=8, shutdown_sessions=False, config=refuse),
+        # The control of the duplicates: the recipe before (every 503 resent, whatever the method)
+        # and gateways that refuse every request, as that recipe had them.
+        Strategy("drain-gate-200-refuse-resends-503", check="health", prestop="drain-gate", resend=True, retries=8,
+                 cfg=CFG_REFUSE_RESENDS_503, config={**refuse, "refused_requests": "all"}),
     )}
 
 
