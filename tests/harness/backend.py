@@ -85,10 +85,11 @@ class Handler(ledger.Handler):
         path = urlsplit(self.path).path
         return path.startswith(ledger.PREFIX) or path == "/executions"
 
-    def _run(self) -> int | None:
-        """One execution of the request's `id=` (none without one): how many it has had."""
+    def _run(self) -> None:
+        """One execution of the request's `id=`, in the ledger (none without an id)."""
         rid = (parse_qs(urlsplit(self.path).query).get("id") or [None])[0]
-        return None if rid is None else self.ledger.begin(rid, None)[1]
+        if rid is not None:
+            self.ledger.begin(rid, None)
 
     def do_GET(self):
         if self._ledger_path():
