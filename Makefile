@@ -379,15 +379,16 @@ dashboard-png: $(VENV)/.installed ## the dashboard picture of envoyfilter/docs/o
 
 ## Rollout -----------------------------------------------------------------------
 # A rolling update (maxSurge 1, maxUnavailable 0) of a gateway fleet behind HAProxy with the
-# shipped timings (inter 2s rise 2 fall 2), once per strategy, under short GETs, HTTP/1.1 and HTTP/2 streams and
-# websockets (tests/fleet/). `make rollout`: 4 gateways, all six strategies (about 9 min); it fails
-# when a gateway's own count of what was cut disagrees with what the clients lost, or when
-# drain-gate-404 or drain-gate-200-refuse lost a request.
+# shipped timings (inter 2s rise 2 fall 2), once per strategy, under short requests (GETs, 1 in 4 a POST),
+# HTTP/1.1 and HTTP/2 streams and websockets (tests/fleet/); the backend's ledger counts each request's executions.
+# `make rollout`: 4 gateways, all six strategies and the control of duplicates (about 10 min); it fails
+# when a gateway's own count of what was cut disagrees with what the clients lost, when
+# drain-gate-404 or drain-gate-200-refuse lost a request, or when a strategy but the control ran one twice.
 # `make rollout-quick` (part of `make test`, about 90 s): 2 gateways, istio-default and drain-gate-404.
 # Both write out/rollout/result.json, results.md and timeline.svg.
 .PHONY: rollout rollout-quick replicas surge
 
-rollout: deps build $(VENV)/.installed ## a fleet of 4 gateways rolled with all six strategies (about 9 min, ROLLOUT_ARGS)
+rollout: deps build $(VENV)/.installed ## a fleet of 4 gateways rolled with all six strategies and the duplicates control (about 10 min, ROLLOUT_ARGS)
 	PYTHONPATH=. $(PY) -m tests.fleet.driver $(ROLLOUT_ARGS)
 
 rollout-quick: deps build $(VENV)/.installed ## 2 gateways, istio-default and drain-gate-404 (part of `make test`)

@@ -7,8 +7,13 @@ delete one old gateway (kubelet: preStop, SIGTERM, pilot-agent's drain, exit —
 and start the next new gateway at once: a terminating pod no longer counts against maxSurge, so
 drains overlap. The rollout ends when the last old gateway has exited.
 
-Writes out/rollout/result.json ({"strategies": {name: {"sent", "lost", "rollout_s", "drain_s", …}},
-"n": N}), out/rollout/timeline.svg (one row per gateway) and the logs of every process.
+Every request carries an id; the backend counts each one's executions with the shipped ledger
+(envoyfilter/tools/ledger.py, its `GET /executions`): an id run more than once is a duplicate, a
+request the LB sent again after the application had run it.
+
+Writes out/rollout/result.json ({"strategies": {name: {"sent", "lost", "executions", "rollout_s",
+"drain_s", …}}, "n": N}), results.md, out/rollout/timeline.svg (one row per gateway) and the logs
+of every process.
 
     PYTHONPATH=. .venv/bin/python -m tests.fleet.driver [--quick] [--n 4] [--strategies a,b]
 """
@@ -23,8 +28,10 @@ import statistics
 import time
 from pathlib import Path
 
+import requests
+
 from tests.fleet import fleet, picture
-from tests.fleet.traffic import FULL, QUICK, Profile, Traffic
+from tests.fleet.traffic import FULL, KINDS, QUICK, Profile, Traffic
 from tests.harness.envoy import REPO
 from tests.harness.process import stop_on_signals
 from tests.harness.rig import Backend
@@ -42,7 +49,8 @@ def _up(server) -> bool:
 
 
 def start_fleet(stack: contextlib.ExitStack, strategy: fleet.Strategy, n: int, workdir: Path):
-    """Backend, N running old gateways, N new ones not started yet, HAProxy in front of all."""
+    """Backend, N running old gateways, N new ones not started yet, HAProxy in front of all:
+    (old, new, haproxy, backend)."""
     backend = Backend(workdir).start()
     stack.callback(backend.stop)
     old = [fleet.Pod(f"old{i + 1}", backend.port, strategy, workdir) for i in range(n)]
@@ -60,7 +68,7 @@ def start_fleet(stack: contextlib.ExitStack, strategy: fleet.Strategy, n: int, w
         pod.up_at = time.time()
     for pod in new:  # nothing listens there yet: HAProxy must see them DOWN before traffic starts
         haproxy.wait_status(pod.name, "DOWN", timeout=30)
-    return old, new, haproxy
+    return old, new, haproxy, backend
 
 
 def roll(old: list, new: list, haproxy, replacement: str = "TerminationStarted") -> None:
@@ -83,7 +91,7 @@ def run_strategy(strategy: fleet.Strategy, n: int, profile: Profile, workdir: Pa
                  replacement: str = "TerminationStarted") -> dict:
     workdir.mkdir(parents=True, exist_ok=True)
     with contextlib.ExitStack() as stack:
-        old, new, haproxy = start_fleet(stack, strategy, n, workdir)
+        old, new, haproxy, backend = start_fleet(stack, strategy, n, workdir)
         stat = StatPoller(haproxy).start()
         stack.callback(stat.stop)
         traffic = Traffic.through(haproxy, profile)
@@ -98,10 +106,11 @@ def run_strategy(strategy: fleet.Strategy, n: int, profile: Profile, workdir: Pa
         time.sleep(2)  # traffic goes on after the last exit, on the new gateways only
         traffic.stop()
         traffic.drain(profile.stream_seconds[1] + 60)
+        ran = requests.get(f"http://127.0.0.1:{backend.port}/executions", timeout=10).json()["executions"]
         stat.stop()
         haproxy.stop()  # flushes its log
         traffic.attribute(haproxy.requests())
-        return account(strategy, traffic, old, new, stat, haproxy, t0, end)
+        return account(strategy, traffic, old, new, stat, haproxy, t0, end, ran)
 
 
 def _when(o: dict, old: dict, downs: list) -> str:
@@ -118,7 +127,30 @@ def _when(o: dict, old: dict, downs: list) -> str:
     return "elsewhere"
 
 
-def account(strategy, traffic: Traffic, old, new, stat, haproxy, t0: float, end: float) -> dict:
+def executions(outcomes, ran: dict[str, int]) -> dict:
+    """What the application ran, from the ledger's executions per id (`ran`): `duplicates`, the
+    requests it ran more than once (`by_kind`; `app_503`: of them, POSTs it was asked to answer
+    503), and the runs beyond each one's first (`extra_runs`); `posts` and `app_503_posts` sent,
+    `app_503_once` of those run exactly once;
+    `not_counted`: requests answered as the application answers them (ok) that the ledger has no
+    execution of — 0, or the count itself is broken."""
+    dup = [o for o in outcomes if ran.get(o.id, 0) > 1]
+    return {
+        "duplicates": len(dup),
+        "by_kind": {k: sum(1 for o in dup if o.kind == k) for k in KINDS},
+        "app_503": sum(1 for o in dup if o.want_status == 503),
+        "extra_runs": sum(ran[o.id] - 1 for o in dup),
+        "max_runs": max((ran.get(o.id, 0) for o in outcomes), default=0),
+        "posts": sum(1 for o in outcomes if o.method == "POST"),
+        "app_503_posts": sum(1 for o in outcomes if o.want_status == 503),
+        "app_503_once": sum(1 for o in outcomes if o.want_status == 503 and ran.get(o.id) == 1),
+        "not_counted": sum(1 for o in outcomes if o.ok and not ran.get(o.id)),
+        "total": sum(ran.get(o.id, 0) for o in outcomes),
+        "duplicate_ids": {o.id: ran[o.id] for o in dup[:50]},
+    }
+
+
+def account(strategy, traffic: Traffic, old, new, stat, haproxy, t0: float, end: float, ran: dict) -> dict:
     sent, lost = traffic.counts()
     lost_by_gateway: dict[str, int] = {}
     downs = [(t, srv) for t, srv, st, _ in stat.changes if st == "DOWN"]
@@ -126,6 +158,7 @@ def account(strategy, traffic: Traffic, old, new, stat, haproxy, t0: float, end:
     how = how_haproxy_ended(haproxy.log())
     for o in lost_list:
         o["haproxy"] = lost_class(how.get(o["id"]))
+        o["ran"] = ran.get(o["id"], 0)  # how often the application ran it all the same
     for o in lost_list:
         key = o["server"] or "(none)"
         lost_by_gateway[key] = lost_by_gateway.get(key, 0) + 1
@@ -138,6 +171,7 @@ def account(strategy, traffic: Traffic, old, new, stat, haproxy, t0: float, end:
     return {
         "sent": sent,
         "lost": lost,
+        "executions": executions(traffic.outcomes, ran),
         "gateway": gateway_account(old, haproxy.requests()),
         "rollout_s": round(end - t0, 3),
         "drain_s": [p.drain_s for p in old],
@@ -151,7 +185,8 @@ def account(strategy, traffic: Traffic, old, new, stat, haproxy, t0: float, end:
         "tries": tries(haproxy.log()),
         "prestop": {p.name: p.prestop_result for p in old},
         "config": {"check": strategy.check_path, "soft_drain": strategy.soft_drain,
-                   "prestop": strategy.prestop, "drain_gate": strategy.config},
+                   "prestop": strategy.prestop, "drain_gate": strategy.config,
+                   "haproxy": str(strategy.haproxy_cfg.relative_to(REPO)), "retries": strategy.retries or 3},
         "timeline": {
             "t0": t0,
             "pods": [p.summary() for p in old + new],
@@ -162,7 +197,8 @@ def account(strategy, traffic: Traffic, old, new, stat, haproxy, t0: float, end:
 
 
 # One httplog line: [date] fe be/srv TR/Tw/Tc/Tr/Ta status bytes - - TERM ... "METHOD uri".
-_ENDED = re.compile(r"\] \S+ [^/\s]+/(\S+) -?\d+/-?\d+/(-?\d+)/-?\d+/\+?-?\d+ (-?\d+) \S+ \S+ \S+ (\S{4}) .*?[?&]id=([a-z0-9_-]+)")
+_ENDED = re.compile(r"\] \S+ [^/\s]+/(\S+) -?\d+/-?\d+/(-?\d+)/-?\d+/\+?-?\d+ (-?\d+) \S+ \S+ \S+ (\S{4}) "
+                    r".*?(?:[?&]id=|/ledger/)([a-z0-9_-]+)")
 # How HAProxy ended a lost request, from its log line:
 #   cut at DOWN          termination D with the connection to the gateway up: on-marked-down
 #                        shutdown-sessions reset it; the gateway saw the reset
@@ -287,49 +323,91 @@ def disagreements(result: dict) -> list[str]:
                            f"websockets closed by their clients during the drains")
         if r["lost_how"]["other"]:
             out.append(f"{name}: {r['lost_how']['other']} lost requests HAProxy ended otherwise")
+        if r["executions"]["not_counted"]:
+            out.append(f"{name}: {r['executions']['not_counted']} requests answered by the application that its "
+                       "ledger did not count")
     return out
 
 
 # The strategies that must lose nothing of any kind.
-LOSSLESS = ("drain-gate-404", "drain-gate-200-refuse", "drain-gate-200-refuse-keep-sessions")
+LOSSLESS = ("drain-gate-404", "drain-gate-200-refuse")
+# The control of the duplicates: the refuse mode's recipe before, which resent every 503. It must
+# show what every other strategy must not: a request run twice.
+DUPLICATES_CONTROL = "drain-gate-200-refuse-resends-503"
+
+
+def duplicated(result: dict) -> list[str]:
+    """No strategy may run a request twice but the control, which must (else the rig could not
+    see a duplicate): the refuse strategies resend only what no gateway forwarded, the others
+    only a connection that failed."""
+    out = []
+    for name, r in result["strategies"].items():
+        x = r["executions"]
+        if name == DUPLICATES_CONTROL:
+            if not x["duplicates"]:
+                out.append(f"{name}: the control ran no request twice ({x['app_503_posts']} POSTs answered 503)")
+        elif x["duplicates"]:
+            out.append(f"{name}: ran {x['duplicates']} requests twice or more ({x['by_kind']}; "
+                       f"{x['app_503']} POSTs answered 503; {x['duplicate_ids']})")
+    return out
 
 
 def failures(result: dict) -> list[str]:
     """What makes `make rollout` fail: the gateways' account and the clients' losses disagree, or a
     lossless strategy lost a request — drain-gate-404 none at all; drain-gate-200-refuse none but a
     request HAProxy killed at a DOWN instant before it reached the gateway (the race of the 200
-    modes behind shutdown-sessions, which NOLB avoids; reported, see `unseen_at_down`)."""
+    modes behind shutdown-sessions, which NOLB avoids; reported, see `unseen_at_down`) —, or a
+    strategy but the control ran a request twice, or the control none (`duplicated`)."""
     lossy = []
     for name, r in result["strategies"].items():
         allowed = r["lost_how"]["killed before the gateway"] if name == "drain-gate-200-refuse" else 0
         if name in LOSSLESS and lost_total(r) > allowed:
             lossy.append(f"{name}: lost {r['lost']} ({r['lost_how']})")
-    return disagreements(result) + lossy
+    return disagreements(result) + lossy + duplicated(result)
 
 
 def verdict(result: dict) -> list[str]:
     bad = failures(result)
     lines = [f"{name}: lost {lost_total(r)}: " + ", ".join(f"{v} {k}" for k, v in r["lost_how"].items() if v)
+             + f"; of them {sum(o['method'] == 'POST' for o in r['timeline']['lost'])} POSTs, "
+             f"{sum(o['ran'] > 0 for o in r['timeline']['lost'])} run by the application all the same"
              for name, r in result["strategies"].items() if lost_total(r)]
+    lines += [f"{name}: ran {r['executions']['duplicates']} requests twice or more, "
+              f"{r['executions']['app_503']} of them POSTs the application answered 503 "
+              f"(at most {r['executions']['max_runs']} runs of one)"
+              for name, r in result["strategies"].items() if r["executions"]["duplicates"]]
     if not bad:
         lines.append("gateways and clients agree on every loss; drain-gate-404 lost nothing, drain-gate-200-refuse "
-                     "nothing but a request HAProxy killed at a DOWN instant before it reached a gateway")
+                     "nothing but a request HAProxy killed at a DOWN instant before it reached a gateway; no "
+                     "strategy ran a request twice but the control")
     return lines + [f"FAIL: {b}" for b in bad]
+
+
+def duplicates_cell(r: dict) -> str:
+    """Requests the application ran twice or more, and how many of those were POSTs it answered
+    503 ("-": a result from before the ledger)."""
+    x = r.get("executions")
+    if not x:
+        return "-"
+    return f"{x['duplicates']} ({x['app_503']})" if x["app_503"] else str(x["duplicates"])
+
+
+DUPLICATES_HEAD = "run twice or more (of them POSTs the application answered 503)"
 
 
 def table(result: dict) -> str:
     """tests/docs/rollout.md's table: lost / sent per kind, the gateways' own count, rollout time,
     drain time per gateway."""
     lines = ["| strategy | short lost/sent | HTTP/1.1 streams | HTTP/2 streams | websockets | lost, all kinds "
-             "| gateways: cut (cut_lb) | of which websockets closed by their clients | rollout s "
+             f"| {DUPLICATES_HEAD} | gateways: cut (cut_lb) | of which websockets closed by their clients | rollout s "
              "| drain s per gateway (median, max) |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for name, r in result["strategies"].items():
         cells = [f"{r['lost'][k]}/{r['sent'][k]}" for k in ("short", "h1_stream", "h2_stream", "websocket")]
         d = drains(r)
         drain = f"{statistics.median(d):.1f}, {max(d):.1f}" if d else "-"
-        lines.append(f"| {name} | {' | '.join(cells)} | {lost_total(r)} | {gateway_cell(r)} | {ws_cell(r)} | "
-                     f"{r['rollout_s']:.1f} | {drain} |")
+        lines.append(f"| {name} | {' | '.join(cells)} | {lost_total(r)} | {duplicates_cell(r)} | {gateway_cell(r)} "
+                     f"| {ws_cell(r)} | {r['rollout_s']:.1f} | {drain} |")
     return "\n".join(lines)
 
 
@@ -394,9 +472,9 @@ def runs_table(results: list[dict]) -> str:
     """Several runs side by side: lost/sent per kind and rollout seconds, one cell per run."""
     kinds = ("short", "h1_stream", "h2_stream", "websocket")
     lines = ["| strategy | short lost/sent | HTTP/1.1 streams | HTTP/2 streams | websockets | lost, all kinds "
-             "| gateways: cut (cut_lb) | of which websockets closed by their clients | rollout s "
+             f"| {DUPLICATES_HEAD} | gateways: cut (cut_lb) | of which websockets closed by their clients | rollout s "
              "| drain s per gateway, median (range) |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     names = list(dict.fromkeys(n for res in results for n in res["strategies"]))
     for name in names:
         rs = [res["strategies"][name] for res in results if name in res["strategies"]]
@@ -404,9 +482,10 @@ def runs_table(results: list[dict]) -> str:
         d = [x for r in rs for x in drains(r)]
         times = ", ".join(f"{r['rollout_s']:.1f}" for r in rs)
         lost = ", ".join(str(lost_total(r)) for r in rs)
+        dup = ", ".join(duplicates_cell(r) for r in rs)
         gw = "; ".join(gateway_cell(r) for r in rs)
         ws = ", ".join(ws_cell(r) for r in rs)
-        lines.append(f"| {name} | {' | '.join(cells)} | {lost} | {gw} | {ws} | {times} | "
+        lines.append(f"| {name} | {' | '.join(cells)} | {lost} | {dup} | {gw} | {ws} | {times} | "
                      f"{statistics.median(d):.1f} ({min(d):.1f}–{max(d):.1f}) |")
     return "\n".join(lines)
 

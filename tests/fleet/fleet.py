@@ -37,7 +37,7 @@ from pathlib import Path
 import requests
 
 from tests.bench.bench import _sidecar_poller
-from tests.harness.envoy import Envoy, Ports, free_port, render
+from tests.harness.envoy import REPO, Envoy, Ports, free_port, render
 from tests.harness.haproxy import CFG, CFG_REFUSE, CFG_SOFT_DRAIN, HAProxy
 from tests.harness.pilot_agent import PilotAgent
 from tests.harness.timeline import parse_time
@@ -65,10 +65,13 @@ class Strategy:
     config: dict = field(default_factory=dict)  # drain-gate's plugin configuration
     resend: bool = False  # HAProxy's retry lines of the refuse mode (haproxy-refuse.cfg)
     retries: int | None = None  # HAProxy's `retries`, when not the shipped 3
-    shutdown_sessions: bool = True  # the server lines' `on-marked-down shutdown-sessions`
+    shutdown_sessions: bool | None = None  # the server lines' `on-marked-down shutdown-sessions`; None: as the file has it
+    cfg: Path | None = None  # another HAProxy file than the shipped one the fields above choose
 
     @property
     def haproxy_cfg(self) -> Path:
+        if self.cfg:
+            return self.cfg
         return CFG_REFUSE if self.resend else CFG_SOFT_DRAIN if self.soft_drain else CFG
 
     @property
@@ -83,6 +86,10 @@ class Strategy:
         return [f"option httpchk GET {self.check_path}"]
 
 
+# The refuse mode's recipe before `refused_requests` (`retry-on conn-failure empty-response 503`, every
+# method resent), kept as the tests' control.
+CFG_REFUSE_RESENDS_503 = REPO / "tests" / "lb" / "controls" / "haproxy-refuse-resends-503.cfg"
+
 _DG = {"close_after": "lb_observed_down", "lb_fall": 2, "lb_buffer": "1s", "drain_timeout": f"{DRAIN_TIMEOUT_S}s",
        "termination_watch": "agent"}
 
@@ -92,6 +99,7 @@ def strategies(inter_s: float) -> dict[str, Strategy]:
     # drain.sh): it never flips by itself.
     hc_fsm = {"min_drain": "60m", "drain_timeout": "60m", "lb_buffer": "60m"}
     soft = {**_DG, "draining_lb_status": 404, "min_drain": f"{int(inter_s) + 1}s"}
+    refuse = {**_DG, "draining_new_requests": "refuse", "refused_requests": "idempotent"}
     return {s.name: s for s in (
         Strategy("istio-default", check="agent", prestop=None),
         Strategy("fail-then-wait", check="admin", prestop="fail-then-wait"),
@@ -100,25 +108,33 @@ def strategies(inter_s: float) -> dict[str, Strategy]:
         Strategy("drain-gate-404", check="health", prestop="drain-gate", soft_drain=True, config=soft),
         # Three gateways drain at once in this rollout, and each redispatch avoids only the server
         # HAProxy just tried: 3 retries are not enough (measured, tests/docs/rollout.md), 8 are.
+        # Gateways refuse idempotent requests only and serve every POST through the drain;
+        # haproxy-refuse.cfg resends a 503 to those only.
         Strategy("drain-gate-200-refuse", check="health", prestop="drain-gate", resend=True, retries=8,
-                 config={**_DG, "draining_new_requests": "refuse"}),
-        # The same without `on-marked-down shutdown-sessions`: nothing kills a request HAProxy
-        # assigned to a gateway at the instant of its DOWN. Run on request only (OPTIONAL).
-        Strategy("drain-gate-200-refuse-keep-sessions", check="health", prestop="drain-gate", resend=True,
-                 retries=8, shutdown_sessions=False, config={**_DG, "draining_new_requests": "refuse"}),
+                 config=refuse),
+        # The same with haproxy.cfg's `on-marked-down shutdown-sessions` (haproxy-refuse.cfg goes
+        # without): its DOWN cuts a POST a gateway serves in CLOSING, and kills a request HAProxy
+        # assigned at that instant. Run on request only (OPTIONAL).
+        Strategy("drain-gate-200-refuse-shutdown-sessions", check="health", prestop="drain-gate", resend=True,
+                 retries=8, shutdown_sessions=True, config=refuse),
+        # The control of the duplicates: the recipe before (every 503 resent, whatever the method)
+        # and gateways that refuse every request, as that recipe had them.
+        Strategy("drain-gate-200-refuse-resends-503", check="health", prestop="drain-gate", resend=True, retries=8,
+                 cfg=CFG_REFUSE_RESENDS_503, config={**refuse, "refused_requests": "all"}),
     )}
 
 
 # Run only when named (`--strategies`): not part of `make rollout`.
-OPTIONAL = ("drain-gate-200-refuse-keep-sessions",)
+OPTIONAL = ("drain-gate-200-refuse-shutdown-sessions",)
 
 
 # -- HAProxy --------------------------------------------------------------------------------
 
 def render_haproxy_cfg(base: Path, names: list[str], check: list[str], retries: int | None = None,
-                       shutdown_sessions: bool = True) -> str:
-    """The reference configuration with one `server` line per gateway (copied from gw1's, without
-    `on-marked-down shutdown-sessions` unless `shutdown_sessions`), `option redispatch` after
+                       shutdown_sessions: bool | None = None) -> str:
+    """The reference configuration with one `server` line per gateway (copied from gw1's, with
+    `on-marked-down shutdown-sessions` as the file has it, or added / taken off when
+    `shutdown_sessions` is True / False), `option redispatch` after
     `retries 3` (unless the file has its own, as haproxy-refuse.cfg), `retries` set to `retries`
     when given, and the strategy's check request lines."""
     out, skip, seen = [], False, set()
@@ -131,10 +147,13 @@ def render_haproxy_cfg(base: Path, names: list[str], check: list[str], retries: 
         elif skip:
             skip = s != ".endif"
         elif s.startswith("server gw1 "):
-            if not shutdown_sessions:
-                if " on-marked-down shutdown-sessions" not in line:
+            has = " on-marked-down shutdown-sessions" in line
+            if shutdown_sessions is False:
+                if not has:
                     raise ValueError(f"{base}: no shutdown-sessions on the server line")
                 line = line.replace(" on-marked-down shutdown-sessions", "")
+            elif shutdown_sessions and not has:
+                line += " on-marked-down shutdown-sessions"
             out += [line.replace("gw1", n).replace("GW1_", f"{n.upper()}_") for n in names]
             seen.add("server")
         elif s == "option httpchk GET /health_check.html":

@@ -1,13 +1,17 @@
 """`make rollout-quick`: the rolling update of 2 gateways behind HAProxy (shipped timings: inter 2s
-rise 2 fall 2, on-marked-down shutdown-sessions), under short GETs, HTTP/1.1 and HTTP/2 streams
-and websockets, with Istio's default termination and with drain-gate's 404 soft drain.
+rise 2 fall 2, on-marked-down shutdown-sessions), under short requests (GETs, 1 in 4 a POST),
+HTTP/1.1 and HTTP/2 streams and websockets, with Istio's default termination and with drain-gate's
+404 soft drain.
 
 What it proves: with drain-gate-404 no request of any kind is lost while every gateway is
 replaced; with Istio's default, in the same rig and traffic, HAProxy's DOWN cuts long streams —
-the control that shows the rig sees a cut. Writes out/rollout/result.json and timeline.svg.
+the control that shows the rig sees a cut. Neither runs a request twice: the backend's ledger
+(envoyfilter/tools/ledger.py) counts every execution per request id. Writes out/rollout/result.json
+and timeline.svg.
 """
 from __future__ import annotations
 
+import copy
 import json
 import subprocess
 import sys
@@ -33,7 +37,40 @@ def test_result_shape(result):
         assert all(r["sent"][k] > 0 for k in KINDS), r["sent"]
         assert len(r["drain_s"]) == 2 and all(d is not None for d in r["drain_s"])
         assert r["rollout_s"] > 0
+        x = r["executions"]
+        assert x["posts"] > 0 and x["app_503_posts"] > 0, x
+        assert x["total"] >= sum(r["sent"][k] - r["lost"][k] for k in KINDS), x
     assert (driver.OUT / "timeline.svg").read_text().startswith("<?xml")
+
+
+def test_no_request_runs_twice(result):
+    """The ledger ran every request the clients got the application's answer to (none uncounted),
+    and none twice: haproxy.cfg resends a request only when its connection failed, before it was
+    sent — the POSTs the application answered 503 included, which reached their clients once."""
+    for name, r in result["strategies"].items():
+        x = r["executions"]
+        assert x["not_counted"] == 0 and x["duplicates"] == 0 and x["max_runs"] == 1, (name, x)
+        lost_503 = sum(1 for o in r["timeline"]["lost"] if o["want_status"] == 503)
+        assert x["app_503_once"] >= x["app_503_posts"] - lost_503, (name, x)
+
+
+def test_a_request_run_twice_fails_the_rollout(result):
+    """`make rollout` fails when a strategy runs a request twice, and when its control (the refuse
+    mode's recipe before, every 503 resent) runs none: the check, fed this run's figures with one
+    duplicate more, or with a control that shows none."""
+    fake = copy.deepcopy(result)
+    ok = fake["strategies"]["drain-gate-404"]
+    assert driver.duplicated(fake) == []
+    refuse = fake["strategies"]["drain-gate-200-refuse"] = copy.deepcopy(ok)
+    refuse["executions"].update(duplicates=1, by_kind={**refuse["executions"]["by_kind"], "short": 1})
+    control = fake["strategies"][driver.DUPLICATES_CONTROL] = copy.deepcopy(ok)
+    got = driver.failures(fake)
+    assert any(f.startswith("drain-gate-200-refuse: ran 1 requests twice") for f in got), got
+    assert any(f.startswith(f"{driver.DUPLICATES_CONTROL}: the control ran no request twice") for f in got), got
+    control["executions"].update(duplicates=3, app_503=3)
+    refuse["executions"].update(duplicates=0)
+    assert driver.duplicated(fake) == []
+    assert "| 3 (3) |" in driver.table(fake)
 
 
 def test_every_request_is_attributed_to_a_gateway(result):

@@ -1,9 +1,13 @@
 """Traffic that never stops during a rollout, every request accounted.
 
-Four kinds, all through HAProxy, each request tagged `id=<kind><n>` in its URL so that
-HAProxy's log says which gateway served it:
+Four kinds, all through HAProxy, each request tagged with an id of its own in its URL
+(`/ledger/<id>`, `?id=<id>`) so that HAProxy's log says which gateway served it, and the
+backend's ledger how many times it ran (its `GET /executions`):
 
-  short      GETs at a fixed rate on keep-alive connections        ok: 200 and the whole body
+  short      `/ledger/<id>` at a fixed rate on keep-alive           ok: the status asked for and the
+             connections: GETs and, 1 in `post_every`, a POST       ledger's answer for that id
+             with a small body; 1 in `app_503_every` of those
+             POSTs asks the application for a 503 (`?status=503`)
   h1_stream  curl, HTTP/1.1, a new chunked stream every period      ok: curl exit 0, 200, every chunk
   h2_stream  curl, HTTP/2 at the TLS frontend                       ok: the same (HTTP/2 hides a cut
                                                                     from the exit code: chunks count)
@@ -26,8 +30,7 @@ from tests.harness.clients import CurlStream
 from tests.harness.process import wait_for
 
 KINDS = ("short", "h1_stream", "h2_stream", "websocket")
-SHORT_BODY = b"hello\n"  # the demo backend's answer to GET /
-ID = re.compile(r"[?&]id=([a-z0-9_-]+)")
+ID = re.compile(r"(?:[?&]id=|/ledger/)([a-z0-9_-]+)")
 # A real handshake's headers: HAProxy answers 400 to an upgrade without them.
 WS_HEADERS = "Connection: Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Version: 13\r\n"
 
@@ -45,6 +48,8 @@ class Outcome:
     expected_bytes: int = 0
     error: str = ""
     server: str | None = None  # HAProxy's server (the gateway), from its log
+    method: str = "GET"
+    want_status: int = 200  # what the application answers it (short: 503 when asked for one)
 
 
 @dataclass(frozen=True)
@@ -56,10 +61,17 @@ class Profile:
     h2_period: float
     ws_period: float
     interval_ms: int = 500  # one chunk / one echoed line every this long
+    post_every: int = 0  # 1 in this many short requests is a POST (0: none)
+    app_503_every: int = 0  # 1 in this many of those POSTs asks the application for a 503 (0: none)
 
 
-QUICK = Profile(short_rate=50, short_workers=2, stream_seconds=(4, 10), h1_period=1.0, h2_period=2.0, ws_period=2.0)
-FULL = Profile(short_rate=300, short_workers=6, stream_seconds=(5, 20), h1_period=1.0, h2_period=2.0, ws_period=2.0)
+# A POST is what an LB must never run twice (RFC 9110 9.2.2); the application's 503 to one is what
+# a recipe that resends every 503 runs again.
+QUICK = Profile(short_rate=50, short_workers=2, stream_seconds=(4, 10), h1_period=1.0, h2_period=2.0, ws_period=2.0,
+                post_every=4, app_503_every=50)
+FULL = Profile(short_rate=300, short_workers=6, stream_seconds=(5, 20), h1_period=1.0, h2_period=2.0, ws_period=2.0,
+               post_every=4, app_503_every=50)
+POST_BODY = b'{"amount": 1}'
 
 
 def _stream_bytes(seconds: int, interval_ms: int) -> int:
@@ -143,16 +155,26 @@ class Traffic:
         period = self.p.short_workers / self.p.short_rate
         nxt = time.monotonic() + w * period / self.p.short_workers
         session = requests.Session()
+        sent = posts = 0
         while not self._stop.is_set():
             if self._stop.wait(max(0.0, nxt - time.monotonic())):
                 break
             nxt += period
             o = self._new("short")
-            o.expected_bytes = len(SHORT_BODY)
+            sent += 1
+            url = f"{self.http}/ledger/{o.id}"
+            # Each worker's POSTs and 503s fall at other instants than the other workers'.
+            if self.p.post_every and (sent + w) % self.p.post_every == 0:
+                o.method, posts = "POST", posts + 1
+                if self.p.app_503_every and (posts + w * self.p.app_503_every // self.p.short_workers) \
+                        % self.p.app_503_every == 0:
+                    o.want_status, url = 503, f"{url}?status=503"
             try:
-                r = session.get(f"{self.http}/?id={o.id}", timeout=10)
+                r = session.request(o.method, url, data=POST_BODY if o.method == "POST" else None,
+                                    headers={"content-type": "application/json"} if o.method == "POST" else None,
+                                    timeout=10)
                 o.status, o.bytes = r.status_code, len(r.content)
-                o.ok = r.status_code == 200 and r.content == SHORT_BODY
+                o.ok = r.status_code == o.want_status and _ledger_id(r) == o.id
             except requests.RequestException as e:
                 o.error = f"{type(e).__name__}: {str(e)[:160]}"
                 session.close()
@@ -238,6 +260,15 @@ class Traffic:
 
     def lost(self) -> list[dict]:
         return [asdict(o) for o in self.outcomes if not o.ok]
+
+
+def _ledger_id(r: requests.Response) -> str | None:
+    """The id the ledger says it ran (None: not the ledger's answer, e.g. a gateway's refusal)."""
+    try:
+        body = r.json()
+    except ValueError:
+        return None
+    return body.get("id") if isinstance(body, dict) else None
 
 
 def _read_until(s: socket.socket, end: bytes, limit: int = 65536) -> bytes:

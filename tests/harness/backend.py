@@ -13,29 +13,51 @@
   GET /status?code=N&id=X    answers N; the body is how many requests with that id this backend
                              has processed ("processed 2"): a request an LB resent shows it
   POST (any path)            the body is read first, then answered as the GET
+  any method /ledger/<id>, GET|DELETE /executions
+                             the shipped ledger's own (envoyfilter/tools/ledger.py): one
+                             execution of <id> per request (?hold_ms, ?status, Idempotency-Key)
+
+Every execution is counted in one place, the ledger's `Ledger`: /ledger/<id>, /status?id=X and
+each /stream, /ws and /drip that carries `id=X`; GET /executions says how often each id ran.
 
 Run: python -m tests.harness.backend --port 18081
 """
 import argparse
 import base64
 import hashlib
+import importlib.util
 import json
 import re
 import socket
 import struct
 import threading
 import time
-from collections import Counter
+from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
 _WS_GUID = "258EAFA5-E914-47DA-95CA-C5AB0DC85B11"
-_PROCESSED: Counter = Counter()  # /status?id=X: requests processed per id
-_PROCESSED_LOCK = threading.Lock()
+LEDGER_PY = Path(__file__).resolve().parents[2] / "envoyfilter" / "tools" / "ledger.py"
 
 
-class Handler(BaseHTTPRequestHandler):
+def _load_ledger():
+    """envoyfilter/tools/ledger.py, the application shipped to operators (a script, not a package)."""
+    spec = importlib.util.spec_from_file_location("drain_gate_ledger", LEDGER_PY)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+ledger = _load_ledger()
+
+
+class Handler(ledger.Handler):
+    """The demo paths, and the ledger's: its Handler answers /ledger/<id> and /executions, its
+    Ledger (`self.ledger`, one per server: `handler()`) counts every execution."""
+
     protocol_version = "HTTP/1.1"
+    server_version = BaseHTTPRequestHandler.server_version
     # Headers and body go out in two writes: without TCP_NODELAY, Nagle holds the
     # second until the peer's delayed ACK and every keep-alive request takes 40+ ms.
     disable_nagle_algorithm = True
@@ -59,8 +81,22 @@ class Handler(BaseHTTPRequestHandler):
         self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
         self.wfile.flush()
 
-    def do_GET(self):
+    def _ledger_path(self) -> bool:
         path = urlsplit(self.path).path
+        return path.startswith(ledger.PREFIX) or path == "/executions"
+
+    def _run(self) -> None:
+        """One execution of the request's `id=`, in the ledger (none without an id)."""
+        rid = (parse_qs(urlsplit(self.path).query).get("id") or [None])[0]
+        if rid is not None:
+            self.ledger.begin(rid, None)
+
+    def do_GET(self):
+        if self._ledger_path():
+            return self.handle_any()
+        path = urlsplit(self.path).path
+        if path in ("/stream", "/ws", "/drip"):
+            self._run()
         if path == "/stream":
             seconds = self._q("seconds", 10)
             interval = self._q("interval_ms", 1000) / 1000
@@ -114,9 +150,7 @@ class Handler(BaseHTTPRequestHandler):
             self._plain(200, json.dumps({k.lower(): v for k, v in self.headers.items()}))
         elif path == "/status":
             key = (parse_qs(urlsplit(self.path).query).get("id") or [""])[0]
-            with _PROCESSED_LOCK:
-                _PROCESSED[key] += 1
-                n = _PROCESSED[key]
+            _, n = self.ledger.begin(key, None)
             self._plain(int(self._q("code", 200)), f"processed {n}\n")
         else:
             self._plain(200, "hello\n")
@@ -164,6 +198,8 @@ class Handler(BaseHTTPRequestHandler):
             pass
 
     def do_POST(self):
+        if self._ledger_path():
+            return self.handle_any()
         # Read the body first: left unread it would be parsed as the next request on the connection.
         left = int(self.headers.get("content-length") or 0)
         while left > 0:
@@ -172,6 +208,19 @@ class Handler(BaseHTTPRequestHandler):
                 break
             left -= len(chunk)
         self.do_GET()
+
+    def _ledger_only(self):
+        """Other methods: the ledger's paths, else 501 as the demo paths always answered them."""
+        if self._ledger_path():
+            return self.handle_any()
+        self.send_error(HTTPStatus.NOT_IMPLEMENTED, f"Unsupported method ({self.command!r})")
+
+    do_PUT = do_DELETE = do_PATCH = do_HEAD = do_OPTIONS = _ledger_only
+
+
+def handler() -> type[Handler]:
+    """The handler class of one server: a Ledger of its own."""
+    return type("BackendHandler", (Handler,), {"ledger": ledger.Ledger()})
 
 
 def _go_duration(text: str) -> float:
@@ -213,7 +262,7 @@ class Server(ThreadingHTTPServer):
 
 def serve(port: int, host: str = "127.0.0.1") -> Server:
     """Starts the backend on a daemon thread and returns the server."""
-    srv = Server((host, port), Handler)
+    srv = Server((host, port), handler())
     threading.Thread(target=srv.serve_forever, daemon=True).start()
     return srv
 
@@ -222,7 +271,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--port", type=int, default=18081)
     args = ap.parse_args()
-    srv = Server(("127.0.0.1", args.port), Handler)
+    srv = Server(("127.0.0.1", args.port), handler())
     print(f"demo backend on 127.0.0.1:{args.port}", flush=True)
     try:
         srv.serve_forever()
