@@ -33,17 +33,32 @@ BACKEND = "gateways"
 SOCKET_PATH_MAX = 97  # HAProxy 2.6 refuses a longer `stats socket` path
 
 
+# The HTTP backend's two server lines (gw1, gw2), up to the end of the line.
+_HTTP_SERVER_LINE = re.compile(r"^(\s*server gw\d \"\$\{GW\d_ADDR[^\n]*?)\s*$", re.M)
+
+
 def h2_cfg(base: Path, workdir: Path) -> Path:
     """`base` with `proto h2 check-proto h1` on the gateways' server lines: HAProxy then speaks h2c
     to the gateway, which gRPC needs (its trailers, its bidirectional streams), and keeps its
     health check on HTTP/1 (`proto h2` alone moves the check to h2 too, which times out: L7TOUT)."""
-    text = base.read_text()
-    out, n = re.subn(r"(server gw\d \"\$\{GW\d_ADDR[^\n]*?) on-marked-down", r"\1 proto h2 check-proto h1 on-marked-down",
-                     text)
+    out, n = _HTTP_SERVER_LINE.subn(r"\1 proto h2 check-proto h1", base.read_text())
     if n != 2:
         raise ValueError(f"{base.name}: the server lines changed")
     path = Path(workdir) / f"{base.stem}-h2.cfg"
     path.write_text(out)
+    return path
+
+
+def shutdown_sessions_cfg(base: Path, workdir: Path) -> Path:
+    """`base` (haproxy-refuse.cfg) with `on-marked-down shutdown-sessions` on its HTTP backend's two
+    server lines, as haproxy.cfg has them: at its DOWN, HAProxy cuts every session still on the
+    server."""
+    text = base.read_text()
+    lines = _HTTP_SERVER_LINE.findall(text)
+    if len(lines) != 2 or any("on-marked-down" in line for line in lines):
+        raise ValueError(f"{base.name}: not two HTTP server lines without on-marked-down: {lines}")
+    path = Path(workdir) / f"{base.stem}-shutdown-sessions.cfg"
+    path.write_text(_HTTP_SERVER_LINE.sub(r"\1 on-marked-down shutdown-sessions", text))
     return path
 
 

@@ -7,7 +7,7 @@ under continuous long traffic, and is anything lost?
 The front LB is one of the shipped recipes, run as written:
 
     haproxy          envoyfilter/haproxy/haproxy-refuse.cfg (haproxy.cfg + retry-on / redispatch),
-                     inter 500ms rise 2 fall 2, on-marked-down shutdown-sessions, retries 3
+                     inter 500ms rise 2 fall 2 (no on-marked-down shutdown-sessions), retries 3
     haproxy-retries  envoyfilter/haproxy/haproxy.cfg: `retries 3` alone
     envoy            envoyfilter/lb/envoy-front.yaml: retry_policy on 503, previous_hosts; an active
                      check every 500 ms, 2 failures DOWN

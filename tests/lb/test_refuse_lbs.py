@@ -105,17 +105,13 @@ def test_control_serve_loses_streams_in_the_same_rig(rows, front):
 
 @pytest.mark.parametrize("front", FRONTS)
 def test_the_gateway_counts_what_the_lb_cut(rows, front):
-    """Behind HAProxy the loss is the reset of its DOWN (`on-marked-down shutdown-sessions`): the
-    gateway's receipt counts every stream the clients lost as cut, and as the LB's. Envoy (its
-    check drains the connection pool, it cuts nothing) and nginx (no check) lose the streams
-    still running on gw1 when its pod exits, at CLOSED: after the receipt was read."""
+    """No recipe cuts at its DOWN: HAProxy (haproxy-refuse.cfg has no `on-marked-down
+    shutdown-sessions`), Envoy (its check drains the connection pool) and nginx (no check) lose
+    the streams still running on gw1 when its pod exits, at CLOSED: after the receipt was read,
+    which counts no cut."""
     for r in of(rows, front, "serve"):
-        if front == "haproxy":
-            assert r["cut"] == r["cut_lb"] == r["lost"], r
-            assert all(s["end_s"] < r["exited_s"] - 0.5 for s in r["lost_streams"]), r
-        else:
-            assert r["cut"] == 0, r
-            assert all(abs(s["end_s"] - r["exited_s"]) < 1.0 for s in r["lost_streams"]), r
+        assert r["cut"] == 0, r
+        assert all(abs(s["end_s"] - r["exited_s"]) < 1.0 for s in r["lost_streams"]), r
 
 
 @pytest.mark.skipif(not FULL, reason="`make scenarios`: the same workload behind haproxy.cfg's `retries 3` alone")
