@@ -12,7 +12,8 @@
   GET /headers               200, the request headers as a JSON object (lower-case names)
   GET /status?code=N&id=X    answers N; the body is how many requests with that id this backend
                              has processed ("processed 2"): a request an LB resent shows it
-  POST (any path)            the body is read first, then answered as the GET
+  POST (any path)            the body is read first, then answered as the GET; PUT, PATCH and
+                             DELETE the same
 
 Run: python -m tests.harness.backend --port 18081
 """
@@ -172,6 +173,8 @@ class Handler(BaseHTTPRequestHandler):
                 break
             left -= len(chunk)
         self.do_GET()
+
+    do_PUT = do_PATCH = do_DELETE = do_POST
 
 
 def _go_duration(text: str) -> float:
