@@ -12,7 +12,8 @@
   GET /headers               200, the request headers as a JSON object (lower-case names)
   GET /status?code=N&id=X    answers N; the body is how many requests with that id this backend
                              has processed ("processed 2"): a request an LB resent shows it
-  POST (any path)            the body is read first, then answered as the GET
+  POST (any path)            the body is read first, then answered as the GET; PUT, PATCH and
+                             DELETE the same
   any method /ledger/<id>, GET|DELETE /executions
                              the shipped ledger's own (envoyfilter/tools/ledger.py): one
                              execution of <id> per request (?hold_ms, ?status, Idempotency-Key)
@@ -210,12 +211,13 @@ class Handler(ledger.Handler):
         self.do_GET()
 
     def _ledger_only(self):
-        """Other methods: the ledger's paths, else 501 as the demo paths always answered them."""
+        """HEAD, OPTIONS: the ledger's paths, else 501 as the demo paths always answered them."""
         if self._ledger_path():
             return self.handle_any()
         self.send_error(HTTPStatus.NOT_IMPLEMENTED, f"Unsupported method ({self.command!r})")
 
-    do_PUT = do_DELETE = do_PATCH = do_HEAD = do_OPTIONS = _ledger_only
+    do_PUT = do_PATCH = do_DELETE = do_POST
+    do_HEAD = do_OPTIONS = _ledger_only
 
 
 def handler() -> type[Handler]:

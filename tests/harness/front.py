@@ -2,6 +2,7 @@
 a real Envoy (`envoy-front.yaml`) and Debian's nginx (`nginx-drain-gate.conf`), in front
 of one or more gateways on loopback. Only addresses, ports and (Envoy) the check interval
 are set here; nginx's file goes into a minimal nginx.conf, as Debian includes conf.d/.
+The recipes before them, kept as the tests' controls (tests/lb/controls/), run the same way.
 
 Each one reads back, from its own access log, what it did with every request: the
 gateway that answered last, how many tries it took (2 or more: resent) and the status.
@@ -24,12 +25,11 @@ from tests.harness.process import Child, accepts, wait_for
 LB_DIR = REPO / "envoyfilter" / "lb"
 ENVOY_FRONT = LB_DIR / "envoy-front.yaml"
 NGINX_CONF = LB_DIR / "nginx-drain-gate.conf"
-
-# The precise alternative envoy-front.yaml's comment gives: resend only drain-gate's refusals.
-RETRY_ON_HEADER = {"retry_on": "retriable-headers",
-                   "retriable_headers": [{"name": "x-drain-gate", "string_match": {"prefix": "refused"}}]}
-# Its other alternative, behind gateways that refuse with a reset (`refuse_with: reset`).
-RETRY_ON_RESET = {"retry_on": "connect-failure,reset"}
+CONTROLS = REPO / "tests" / "lb" / "controls"
+# The recipes before: Envoy resent every 503 (`retriable_status_codes: [503]`), nginx every
+# request that failed after it was sent, POST included (`non_idempotent`, `max_fails=1`).
+ENVOY_FRONT_CONTROL = CONTROLS / "envoy-front-resends-503.yaml"
+NGINX_CONTROL = CONTROLS / "nginx-non-idempotent.conf"
 
 
 @dataclass
@@ -49,12 +49,10 @@ class Served:
 
 
 class EnvoyFront(Child):
-    """envoyfilter/lb/envoy-front.yaml in a real Envoy. `gateways`: [(name, traffic port, check port)].
+    """envoyfilter/lb/envoy-front.yaml (or `recipe`: a control) in a real Envoy. `gateways`:
+    [(name, traffic port, check port)].
 
-    `retry`: "shipped" (the file as written), "headers" (the alternative of its comment:
-    only drain-gate's refusals), "reset" (its other one, for `refuse_with: reset`) or "none" (no
-    retry_policy at all). `recipe`: another file than envoy-front.yaml (a test's control), run the
-    same way."""
+    `retry`: "shipped" (the file's retry_policy as written) or "none" (no retry_policy at all)."""
 
     name = "envoy front LB"
 
@@ -65,8 +63,7 @@ class EnvoyFront(Child):
         self.gateways = gateways
         self.port = free_port()
         self.admin_port = free_port()
-        self.doc = render_envoy_front(gateways, self.port, self.admin_port, inter_s=inter_s, retry=retry,
-                                      recipe=recipe)
+        self.doc = render_envoy_front(gateways, self.port, self.admin_port, inter_s=inter_s, retry=retry, recipe=recipe)
         self.config_path = self.workdir / "envoy-front.yaml"
         super().__init__(self.workdir / "envoy-front.log")
 
@@ -130,10 +127,6 @@ def render_envoy_front(gateways: list[tuple[str, int, int]], port: int, admin_po
     route = hcm["route_config"]["virtual_hosts"][0]["routes"][0]["route"]
     if retry == "none":
         del route["retry_policy"]
-    elif retry in ("headers", "reset"):
-        policy = route["retry_policy"]
-        policy.pop("retriable_status_codes")
-        policy.update(RETRY_ON_HEADER if retry == "headers" else RETRY_ON_RESET)
     elif retry != "shipped":
         raise ValueError(retry)
     (cluster,) = doc["static_resources"]["clusters"]
@@ -151,24 +144,22 @@ def render_envoy_front(gateways: list[tuple[str, int, int]], port: int, admin_po
 
 
 class Nginx(Child):
-    """envoyfilter/lb/nginx-drain-gate.conf in Debian's nginx, included in a minimal nginx.conf
-    (pid, logs and temp paths in `workdir`). `non_idempotent=False` drops that word from
-    `proxy_next_upstream` (what nginx does by default with a POST); `next_upstream` replaces that
-    directive's conditions (NGINX_503: what the recipe had before). `recipe`: another file than
-    nginx-drain-gate.conf (a test's control), run the same way."""
+    """envoyfilter/lb/nginx-drain-gate.conf (or `recipe`: a control) in Debian's nginx, included in
+    a minimal nginx.conf (pid, logs and temp paths in `workdir`). `next_upstream` replaces
+    `proxy_next_upstream`'s conditions (NGINX_503: what the recipe had before that)."""
 
     name = "nginx"
 
-    def __init__(self, workdir: Path, gateways: list[tuple[str, int]], *, non_idempotent: bool = True,
-                 next_upstream: str | None = None, recipe: Path = NGINX_CONF):
+    def __init__(self, workdir: Path, gateways: list[tuple[str, int]], *, recipe: Path = NGINX_CONF,
+                 next_upstream: str | None = None):
         self.workdir = Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.gateways = gateways
         self.port = free_port()
         self.grpc_port = free_port()
         self.conf_d = self.workdir / "drain-gate.conf"
-        self.conf_d.write_text(render_nginx_conf(gateways, self.port, self.grpc_port, non_idempotent=non_idempotent,
-                                                 next_upstream=next_upstream, recipe=recipe))
+        self.conf_d.write_text(render_nginx_conf(gateways, self.port, self.grpc_port, recipe=recipe,
+                                                 next_upstream=next_upstream))
         self.access_log = self.workdir / "access.log"
         self.main_conf = self.workdir / "nginx.conf"
         temps = "\n".join(f"    {k}_temp_path {self.workdir / k};" for k in ("client_body", "proxy", "fastcgi",
@@ -227,8 +218,8 @@ class Nginx(Child):
 NGINX_503 = "error timeout http_503 non_idempotent"
 
 
-def render_nginx_conf(gateways: list[tuple[str, int]], port: int, grpc_port: int, *, non_idempotent: bool = True,
-                      next_upstream: str | None = None, recipe: Path = NGINX_CONF) -> str:
+def render_nginx_conf(gateways: list[tuple[str, int]], port: int, grpc_port: int, *, recipe: Path = NGINX_CONF,
+                      next_upstream: str | None = None) -> str:
     """The shipped file (or `recipe`) with one `server` line per gateway (options copied from the
     first one), `listen` on 127.0.0.1:`port` and, for gRPC, 127.0.0.1:`grpc_port`."""
     out, seen = [], set()
@@ -250,8 +241,6 @@ def render_nginx_conf(gateways: list[tuple[str, int]], port: int, grpc_port: int
         if s.startswith("proxy_next_upstream "):
             if next_upstream:
                 line = line.replace(s, f"proxy_next_upstream {next_upstream};")
-            if not non_idempotent:
-                line = line.replace(" non_idempotent", "")
             seen.add("next")
         out.append(line)
     if not {"server", "listen", "listen grpc", "next"} <= seen:

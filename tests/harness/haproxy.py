@@ -29,6 +29,9 @@ CFG_SOFT_DRAIN = CFG_DIR / "haproxy-soft-drain.cfg"
 CFG_TCP = CFG_DIR / "haproxy-tcp.cfg"
 # haproxy.cfg plus the lines that resend what a draining gateway refused (`draining_new_requests: refuse`).
 CFG_REFUSE = CFG_DIR / "haproxy-refuse.cfg"
+# Its control: the recipe before, which resent every 503 and every request whose connection closed
+# before an answer (`retry-on conn-failure empty-response 503`), POST included.
+CFG_REFUSE_CONTROL = REPO / "tests" / "lb" / "controls" / "haproxy-refuse-resends-503.cfg"
 BACKEND = "gateways"
 SOCKET_PATH_MAX = 97  # HAProxy 2.6 refuses a longer `stats socket` path
 
@@ -59,17 +62,6 @@ def shutdown_sessions_cfg(base: Path, workdir: Path) -> Path:
         raise ValueError(f"{base.name}: not two HTTP server lines without on-marked-down: {lines}")
     path = Path(workdir) / f"{base.stem}-shutdown-sessions.cfg"
     path.write_text(_HTTP_SERVER_LINE.sub(r"\1 on-marked-down shutdown-sessions", text))
-    return path
-
-
-def retry_on_cfg(base: Path, workdir: Path, keywords: str) -> Path:
-    """haproxy-refuse.cfg (`base`) with its `retry-on` line's keywords replaced."""
-    text = base.read_text()
-    out = re.sub(r"^(\s*)retry-on [^\n]*$", rf"\1retry-on {keywords}", text, count=1, flags=re.M)
-    if out == text:
-        raise ValueError(f"{base.name}: no retry-on line")
-    path = Path(workdir) / f"{base.stem}-retry-on-{keywords.replace(' ', '-')}.cfg"
-    path.write_text(out)
     return path
 
 

@@ -7,7 +7,8 @@ same drain serving them: does refusing lose a call that serving completes?
 The front LB is one of the shipped recipes, run as written, with what gRPC needs:
 
     haproxy   envoyfilter/haproxy/haproxy-refuse.cfg, `proto h2 check-proto h1` on the server lines
-              (gRPC needs HTTP/2 to the gateway), inter 500ms rise 2 fall 2
+              (gRPC needs HTTP/2 to the gateway), inter 500ms rise 2 fall 2; to refuse gRPC, with
+              the one line its comment gives (GRPC_LINE: a gRPC call may be resent on a 503)
     envoy     envoyfilter/lb/envoy-front.yaml (HTTP/2 to the gateways for an HTTP/2 client), its
               check every 500 ms
     nginx     envoyfilter/lb/nginx-drain-gate.conf's gRPC server (grpc_pass), no check
@@ -18,9 +19,12 @@ call whose request is still being sent when it reaches the gateway) — and gw1 
 call, `POST /drain?wait=closed`) after `drain_at`. The calls go on until gw1 is CLOSED: its pod's
 exit comes after it and is the same in every mode (tests/lb/test_refuse_lbs.py measures it).
 
-The modes: `serve` (the default, the control beside), `refuse` with the gRPC setting the choice
-table gives each LB (`GRPC`: refused behind HAProxy and Envoy, served behind nginx; `refuse_with:
-reset` behind nginx), and `refuse-grpc` behind nginx: gRPC refused too, which nginx cannot resend.
+The modes: `serve` (the default, the control beside), `refuse` (gRPC served, the default of
+`draining_grpc_requests`: behind HAProxy's file as shipped and nginx), `refuse-grpc` (gRPC refused
+too: behind Envoy; behind HAProxy with GRPC_LINE added; behind nginx the control, which nginx cannot
+resend) and, behind HAProxy, `refuse-grpc-without-the-line`: gRPC refused behind the file as
+shipped, which resends no POST on a 503 (the control of GRPC_LINE). `refuse_with: reset` behind
+nginx.
 
     PYTHONPATH=. .venv/bin/python -m tests.lb.refuse_grpc [--runs 3]
 """
@@ -40,7 +44,7 @@ import grpc
 
 from tests.harness.envoy import wait_for
 from tests.harness.grpc_app import ECHO, TICKS, UNARY, grpc_backend
-from tests.harness.haproxy import HAProxy
+from tests.harness.haproxy import CFG_REFUSE, HAProxy
 from tests.harness.process import stop_on_signals
 from tests.harness.rig import PreStop
 from tests.harness.timeline import parse_time
@@ -48,11 +52,34 @@ from tests.harness.wire import read_head
 from tests.lb.refuse_lbs import FrontRig, _closing
 
 KINDS = ("unary", "server-streaming", "bidirectional")
-# drain-gate's gRPC setting behind each LB (envoyfilter/docs/lb.md's choice table) and how it refuses.
-GRPC = {"haproxy": "refuse", "envoy": "refuse", "nginx": "serve"}
+# How each LB's gateways refuse.
 REFUSE_WITH = {"haproxy": "response", "envoy": "response", "nginx": "reset"}
-RUNS = [("haproxy", "serve"), ("haproxy", "refuse"), ("envoy", "serve"), ("envoy", "refuse"),
+# drain-gate's gRPC setting in each mode.
+GRPC = {"refuse": "serve", "refuse-grpc": "refuse", "refuse-grpc-without-the-line": "refuse"}
+RUNS = [("haproxy", "serve"), ("haproxy", "refuse"), ("haproxy", "refuse-grpc"),
+        ("haproxy", "refuse-grpc-without-the-line"), ("envoy", "serve"), ("envoy", "refuse-grpc"),
         ("nginx", "serve"), ("nginx", "refuse"), ("nginx", "refuse-grpc")]
+# The line haproxy-refuse.cfg's comment gives to refuse gRPC too: a gRPC call, a POST, is then
+# resent on a 503 as an idempotent request is.
+GRPC_LINE = r"acl drain_gate_resendable req.hdr(content-type) -m reg ^application/grpc(\+|$)"
+
+
+def haproxy_grpc_cfg(workdir: Path, base: Path = CFG_REFUSE) -> Path:
+    """haproxy-refuse.cfg with GRPC_LINE added after its own `acl drain_gate_resendable` lines,
+    as its comment says. The comment must give that very line: the file and this rig cannot
+    drift apart."""
+    lines = base.read_text().splitlines()
+    given = [i for i, line in enumerate(lines) if line.lstrip().startswith("#") and line.lstrip("# ") == GRPC_LINE]
+    if len(given) != 1:
+        raise ValueError(f"{base.name}: its comment no longer gives the line {GRPC_LINE!r}")
+    acls = [i for i, line in enumerate(lines) if line.strip().startswith("acl drain_gate_resendable ")]
+    if not acls:
+        raise ValueError(f"{base.name}: no `acl drain_gate_resendable` line")
+    last = lines[acls[-1]]
+    indent = last[: len(last) - len(last.lstrip())]
+    path = Path(workdir) / f"{base.stem}-grpc.cfg"
+    path.write_text("\n".join([*lines[: acls[-1] + 1], indent + GRPC_LINE, *lines[acls[-1] + 1:]]) + "\n")
+    return path
 
 
 @dataclass(frozen=True)
@@ -71,8 +98,7 @@ def gateway_config(front: str, mode: str, w: Workload = RIG) -> dict:
     base = {"drain_timeout": w.drain_timeout, "lb_buffer": w.lb_buffer}
     if mode == "serve":
         return base
-    grpc_requests = "refuse" if mode == "refuse-grpc" else GRPC[front]
-    return {**base, "draining_new_requests": "refuse", "draining_grpc_requests": grpc_requests,
+    return {**base, "draining_new_requests": "refuse", "draining_grpc_requests": GRPC[mode],
             "refuse_with": REFUSE_WITH[front]}
 
 
@@ -127,7 +153,8 @@ def run_once(front: str, mode: str, workdir: Path, w: Workload = RIG) -> dict:
     """One drain of gw1 under the gRPC clients; their outcomes and gw1's account."""
     with grpc_backend() as grpc_port, FrontRig(workdir, gateway_config(front, mode, w), backend_port=grpc_port,
                                                h2=True, concurrency=1) as rig:
-        rig.use(front, h2=True)
+        cfg = haproxy_grpc_cfg(workdir) if (front, mode) == ("haproxy", "refuse-grpc") else None
+        rig.use(front, h2=True, haproxy_cfg=cfg)
         gw1 = rig.gw("gw1")
         stop = threading.Event()
         calls = [Calls(k) for k in KINDS]
@@ -152,11 +179,15 @@ def run_once(front: str, mode: str, workdir: Path, w: Workload = RIG) -> dict:
         def grpc_logged():
             return [x for x in rig.served() if "/drain_gate.test." in x.path]
 
-        logged = wait_for(lambda: (v := grpc_logged()) and len(v) >= made and v, 10, 0.1,
-                          "the front LB logged every call")
-        # Behind HAProxy: the calls its DOWN cut (`on-marked-down shutdown-sessions`, termination D).
-        killed = (sum(1 for x in rig.lb.requests() if x.killed_by_down and "/drain_gate.test." in x.request)
+        # Behind HAProxy: the calls its DOWN cut (`on-marked-down shutdown-sessions`), the sessions its
+        # own DOWN message says gw1 still had. A call it cut before the call reached gw1 (the
+        # DOWN-instant race: gw1 counts no cut) may get no log line at all (HAProxy 2.6, an HTTP/2
+        # client: seen here), so the log is waited for up to those.
+        killed = (next((n for srv, n in rig.lb.down_events() if srv == "gw1"), 0)
                   if isinstance(rig.lb, HAProxy) else 0)
+        logged = wait_for(lambda: (v := grpc_logged()) and len(v) >= made - killed and v, 10, 0.1,
+                          f"{front} {mode}: the front LB logged every call of {made} "
+                          f"(failed: {[c.failed for c in calls]})")
     closing, reason = _closing(final)
     started = parse_time(final["progress"]["drain_started_at"])
     return {
@@ -170,6 +201,7 @@ def run_once(front: str, mode: str, workdir: Path, w: Workload = RIG) -> dict:
         "refused": final["refusing"]["this_drain"],
         "resent": sum(1 for x in logged if x.resent),
         "killed_by_lb_down": killed,
+        "unlogged": max(0, made - len(logged)),
         "direct_get": ("–" if direct is None else direct.split(b"\r\n", 1)[0].decode(errors="replace")
                        if direct else "no answer (reset)"),
         "closing_reason": reason,

@@ -1,18 +1,25 @@
-"""Refusing new requests while draining, behind LBs that resend a 503: does the drain converge
-under continuous long traffic, and is anything lost?
+"""Refusing new requests while draining, behind LBs that resend a refusal: does the drain converge
+under continuous long traffic, is anything lost, and does anything run twice?
 
     client (curl) ─▶ front LB ─┬─▶ gw1 Envoy (drain-gate) ─▶ demo backend
                                └─▶ gw2 Envoy (drain-gate) ─▶
 
 The front LB is one of the shipped recipes, run as written:
 
-    haproxy          envoyfilter/haproxy/haproxy-refuse.cfg (haproxy.cfg + retry-on / redispatch),
-                     inter 500ms rise 2 fall 2 (no on-marked-down shutdown-sessions), retries 3
+    haproxy          envoyfilter/haproxy/haproxy-refuse.cfg (haproxy.cfg + retry-on conn-failure 503,
+                     redispatch, disable-l7-retry but for idempotent or keyed requests), inter 500ms
+                     rise 2 fall 2 (no on-marked-down shutdown-sessions), retries 3
     haproxy-retries  envoyfilter/haproxy/haproxy.cfg: `retries 3` alone
-    envoy            envoyfilter/lb/envoy-front.yaml: retry_policy on 503, previous_hosts; an active
-                     check every 500 ms, 2 failures DOWN
-    nginx            envoyfilter/lb/nginx-drain-gate.conf (Debian's nginx): proxy_next_upstream ...
-                     http_503 non_idempotent; no active check (nginx has none)
+    envoy            envoyfilter/lb/envoy-front.yaml: retry_policy on drain-gate's x-drain-gate
+                     header (retriable-headers), connect-failure, refused-stream, previous_hosts; an
+                     active check every 500 ms, 2 failures DOWN; the gateways `refused_requests: all`
+    nginx            envoyfilter/lb/nginx-drain-gate.conf (Debian's nginx): proxy_next_upstream
+                     error timeout (no non_idempotent), max_fails=3; no active check (nginx has
+                     none); the gateways `refuse_with: reset`
+
+and, as controls, the recipes before them (tests/lb/controls/: HAProxy and Envoy resent every 503,
+nginx every request that failed after it was sent, POST included), behind gateways that refuse
+every request (`refused_requests: all`), as those recipes had them.
 
 `run_once`: a new 2.5 s stream every 0.3 s for 8 s; gw1 is drained at t = 1 s (the preStop call,
 POST /drain?wait=closed) with `drain_timeout: 5s`, `lb_buffer: 2s`; when it is CLOSED its
@@ -22,8 +29,10 @@ receipt is read and its Envoy stopped (the pod exits: all nginx ever learns of t
 resends the front LB logged, and the gateway's own account (/drain/status at CLOSED: cut,
 cut_lb, refused, forced, how long DRAINING took).
 
-`probe`: what each LB does with a request gw1 refused, by method and body size, and with a 503
-the application itself answered (resent or not, processed how many times).
+`probe`: what each LB does with a request gw1 refused, by body size, a WebSocket upgrade, a
+request on a connection opened before the drain; whether a POST (with and without an
+Idempotency-Key) is served, or refused and resent or lost; and a 503 the application itself
+answered to a GET and to a POST (resent or not, processed how many times).
 
 `tcp_refusal`: behind HAProxy `mode tcp` (haproxy-tcp.cfg), what refusing a new connection
 would do — a server that closes, resets or holds each new connection at once, beside the real
@@ -48,16 +57,16 @@ import tempfile
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import requests
 
 from tests.harness.clients import CurlStream
 from tests.harness.envoy import free_port, wait_for
-from tests.harness.front import ENVOY_FRONT, NGINX_503, NGINX_CONF, EnvoyFront, Nginx, Served
+from tests.harness.front import ENVOY_FRONT, ENVOY_FRONT_CONTROL, NGINX_503, NGINX_CONF, NGINX_CONTROL, EnvoyFront, Nginx, Served
 from tests.harness.grpc_app import h2_backend
-from tests.harness.haproxy import CFG, CFG_REFUSE, HAProxy, h2_cfg, retry_on_cfg
+from tests.harness.haproxy import CFG, CFG_REFUSE, CFG_REFUSE_CONTROL, HAProxy, h2_cfg
 from tests.harness.process import stop_on_signals
 from tests.harness.rig import Backend, Gateway, PreStop
 from tests.harness.timeline import parse_time
@@ -100,14 +109,18 @@ def haproxy_served(lb: HAProxy) -> list[Served]:
     return out
 
 
-# How the gateways refuse behind each front LB: nginx's recipe resends a reset, not a 503.
+# How the gateways refuse behind each front LB, as each recipe's file says: nginx's recipe
+# resends a reset, not a 503; Envoy's resends drain-gate's refusal alone, of any request.
 REFUSE_WITH = {"nginx": "reset"}
+REFUSED_REQUESTS = {"envoy": "all"}
 
 
 def gateway_config(mode: str, w: Workload = RIG, front: str = "haproxy") -> dict:
     config = {"draining_new_requests": mode, "drain_timeout": f"{w.drain_timeout_s}s", "lb_buffer": LB_BUFFER}
     if mode == "refuse" and front in REFUSE_WITH:
         config["refuse_with"] = REFUSE_WITH[front]
+    if mode == "refuse" and front in REFUSED_REQUESTS:
+        config["refused_requests"] = REFUSED_REQUESTS[front]
     return config
 
 
@@ -152,25 +165,26 @@ class FrontRig:
     def __exit__(self, *exc) -> None:
         self.stack.close()
 
-    def use(self, front: str, *, envoy_retry: str = "shipped", non_idempotent: bool = True,
-            haproxy_cfg: Path | None = None, nginx_next: str | None = None, h2: bool = False,
-            recipe: Path | None = None) -> "FrontRig":
+    def use(self, front: str, **opts) -> "FrontRig":
         """Starts `front` (on fresh ports; the one before is stopped) and waits until it has every
-        gateway UP on a real check (nginx checks nothing: until it listens). `haproxy_cfg`: another
-        file than the front's own; `h2`: HAProxy speaks HTTP/2 to the gateways (`proto h2`, what
-        gRPC needs); `nginx_next`: nginx's `proxy_next_upstream` conditions; `recipe`: another file
-        than the shipped one for any front (tests/lb/controls/)."""
+        gateway UP on a real check (nginx checks nothing: until it listens); `opts`: start_lb's."""
         if self.lb is not None:
             self.lb.stop()
-        self.lb, self.front = self.start_lb(front, envoy_retry=envoy_retry, non_idempotent=non_idempotent,
-                                            haproxy_cfg=haproxy_cfg, nginx_next=nginx_next, h2=h2,
-                                            recipe=recipe), front
+        self.lb, self.front = self.start_lb(front, **opts), front
         return self
 
-    def start_lb(self, front: str, *, envoy_retry: str = "shipped", non_idempotent: bool = True,
-                 haproxy_cfg: Path | None = None, nginx_next: str | None = None, h2: bool = False,
-                 recipe: Path | None = None):
-        """A front LB of its own, beside any other (`use()`'s options), stopped with the rig."""
+    def start_lb(self, front: str, *, envoy_retry: str = "shipped", envoy_yaml: Path = ENVOY_FRONT,
+                 haproxy_cfg: Path | None = None, nginx_conf: Path = NGINX_CONF, nginx_next: str | None = None,
+                 h2: bool = False, recipe: Path | None = None):
+        """A front LB of its own, beside any other, stopped with the rig. `haproxy_cfg`,
+        `envoy_yaml`, `nginx_conf`: another file than the front's own (a control); `h2`: HAProxy
+        speaks HTTP/2 to the gateways (`proto h2`, what gRPC needs); `envoy_retry`: "none" drops
+        Envoy's retry_policy; `nginx_next`: nginx's `proxy_next_upstream` conditions; `recipe`: another
+        file than the shipped one for whichever front (tests/lb/controls/)."""
+        if recipe is not None and front == "envoy":
+            envoy_yaml = recipe
+        elif recipe is not None and front == "nginx":
+            nginx_conf = recipe
         if front not in FRONTS:
             raise ValueError(front)
         checked = [(g.name, g.ports.traffic, g.ports.health) for g in self.gws]
@@ -181,10 +195,9 @@ class FrontRig:
             lb = HAProxy(wd, [(t, h) for _, t, h in checked], inter=f"{int(self.inter_s * 1000)}ms", tls=False,
                          cfg=h2_cfg(cfg, wd) if h2 else cfg)
         elif front == "envoy":
-            lb = EnvoyFront(wd, checked, inter_s=self.inter_s, retry=envoy_retry, recipe=recipe or ENVOY_FRONT)
+            lb = EnvoyFront(wd, checked, inter_s=self.inter_s, retry=envoy_retry, recipe=envoy_yaml)
         else:
-            lb = Nginx(wd, [(n, t) for n, t, _ in checked], non_idempotent=non_idempotent, next_upstream=nginx_next,
-                       recipe=recipe or NGINX_CONF)
+            lb = Nginx(wd, [(n, t) for n, t, _ in checked], recipe=nginx_conf, next_upstream=nginx_next)
         self.stack.callback(lb.stop)
         lb.start()
         for g in self.gws:
@@ -343,34 +356,56 @@ def table(rows: list[dict]) -> str:
 
 # -- what an LB resends ------------------------------------------------------------------------
 
-# (front, options, label, in `make test`) by how the gateways refuse (`refuse_with`): every LB
-# recipe as shipped and its control (`make test`), and the variants the recipes' comments name.
-PROBE_LBS = {
-    "response": [
-        ("haproxy", {}, "HAProxy, haproxy-refuse.cfg", True),
-        ("haproxy-retries", {}, "HAProxy, haproxy.cfg (`retries 3` alone)", True),
-        ("envoy", {"envoy_retry": "shipped"}, "Envoy, envoy-front.yaml (retriable_status_codes 503)", True),
-        ("envoy", {"envoy_retry": "headers"}, "Envoy, retriable-headers x-drain-gate", False),
-        ("haproxy", {"h2": True}, "HAProxy, haproxy-refuse.cfg, `proto h2` (gRPC)", True),
-        ("nginx", {"nginx_next": NGINX_503}, "nginx, `http_503 non_idempotent` (the recipe before)", True),
-    ],
-    "reset": [
-        ("haproxy", {}, "HAProxy, haproxy-refuse.cfg", False),
-        ("haproxy", {"retry_on": "conn-failure empty-response"}, "HAProxy, `retry-on conn-failure empty-response`",
-         False),
-        ("envoy", {"envoy_retry": "reset"}, "Envoy, `retry_on: connect-failure,reset`", False),
-        ("nginx", {}, "nginx, nginx-drain-gate.conf (`error timeout non_idempotent`)", True),
-        ("nginx", {"non_idempotent": False}, "nginx, without non_idempotent", False),
-    ],
-}
-# What is sent: (method, body bytes).
-PROBE_KINDS = [("GET", 0), ("POST", 1024), ("POST", 64 * 1024), ("POST", 900 * 1024), ("POST", 2 * 1024 * 1024)]
+@dataclass
+class ProbeLB:
+    """One row of the probe: a front LB (`front`, start_lb's `opts`) behind gateways that refuse
+    as `refuse_with` and `requests` (`refused_requests`) say. `quick`: in `make test` too;
+    `control`: a recipe before (tests/lb/controls/) or `retries 3` alone, not one to use."""
+
+    front: str
+    label: str
+    refuse_with: str
+    requests: str
+    opts: dict = field(default_factory=dict)
+    quick: bool = True
+    control: bool = False
+
+
+# Every LB recipe as shipped, behind gateways set as its file says; the shipped recipes behind
+# gateways that refuse more than they resend; the recipes before, behind gateways that refuse every
+# request as those recipes had them (the controls). `make scenarios` adds a few variants.
+MORE = "(gateways refusing more than it resends)"
+PROBE_LBS = [
+    ProbeLB("haproxy", "HAProxy, haproxy-refuse.cfg", "response", "idempotent"),
+    ProbeLB("haproxy", "HAProxy, haproxy-refuse.cfg", "response", "idempotent_or_key"),
+    ProbeLB("haproxy", "HAProxy, haproxy-refuse.cfg, `proto h2` (gRPC)", "response", "idempotent", {"h2": True}),
+    ProbeLB("envoy", "Envoy, envoy-front.yaml", "response", "all"),
+    ProbeLB("envoy", "Envoy, envoy-front.yaml", "response", "idempotent", quick=False),
+    ProbeLB("nginx", "nginx, nginx-drain-gate.conf", "reset", "idempotent"),
+    ProbeLB("haproxy", f"HAProxy, haproxy-refuse.cfg {MORE}", "response", "all"),
+    ProbeLB("nginx", f"nginx, nginx-drain-gate.conf {MORE}", "reset", "all"),
+    ProbeLB("haproxy", "control: HAProxy, the recipe before (`retry-on conn-failure empty-response 503`)", "response",
+            "all", {"haproxy_cfg": CFG_REFUSE_CONTROL}, control=True),
+    ProbeLB("haproxy-retries", "control: HAProxy, haproxy.cfg (`retries 3` alone)", "response", "all", control=True),
+    ProbeLB("envoy", "control: Envoy, the recipe before (`retriable_status_codes: [503]`)", "response", "all",
+            {"envoy_yaml": ENVOY_FRONT_CONTROL}, control=True),
+    ProbeLB("nginx", "control: nginx, the recipe before (`error timeout non_idempotent`, `max_fails=1`)", "reset",
+            "all", {"nginx_conf": NGINX_CONTROL}, control=True),
+    ProbeLB("nginx", "control: nginx, `http_503 non_idempotent`, `max_fails=1` (the recipe before that)", "response",
+            "all", {"nginx_conf": NGINX_CONTROL, "nginx_next": NGINX_503}, control=True),
+    ProbeLB("haproxy", "control: HAProxy, the recipe before", "reset", "all", {"haproxy_cfg": CFG_REFUSE_CONTROL},
+            quick=False, control=True),
+]
+# What is sent for the columns of refused requests: (method, body bytes). PUT: a body the gateways
+# refuse (an idempotent method) behind every recipe.
+PROBE_KINDS = [("GET", 0), ("PUT", 1024), ("PUT", 64 * 1024), ("PUT", 900 * 1024), ("PUT", 2 * 1024 * 1024)]
 PROBE_HELD = {"draining_new_requests": "refuse", "min_drain": "60m", "drain_timeout": "60m", "lb_buffer": "60m"}
+IDEMPOTENCY_KEY = "idempotency-key"
 
 
-def _send(url: str, method: str, size: int) -> tuple[int, str]:
+def _send(url: str, method: str, size: int, headers: dict | None = None) -> tuple[int, str]:
     r = requests.request(method, url, data=b"x" * size if size else None, timeout=10,
-                         headers={"connection": "close"})
+                         headers={"connection": "close", **(headers or {})})
     return r.status_code, r.text.strip()
 
 
@@ -427,12 +462,12 @@ def ws_upgrade(port: int) -> int:
     return code
 
 
-def raw_post(port: int, size: int, *, apart: bool) -> int:
-    """One POST of `size` bytes on a new connection: its headers and body in one write, or
-    (`apart`) the body 50 ms after the headers, as a client that writes them separately. The
+def raw_request(port: int, size: int, *, apart: bool, method: str = "PUT") -> int:
+    """One request of `size` bytes of body on a new connection: its headers and body in one write,
+    or (`apart`) the body 50 ms after the headers, as a client that writes them separately. The
     status it got (0: none)."""
     body = b"x" * size
-    head = (f"POST /status?code=200&id=raw-{time.monotonic_ns()} HTTP/1.1\r\nHost: probe\r\n"
+    head = (f"{method} /status?code=200&id=raw-{time.monotonic_ns()} HTTP/1.1\r\nHost: probe\r\n"
             f"Connection: close\r\nContent-Length: {size}\r\n\r\n").encode()
     with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
         s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -447,17 +482,17 @@ def raw_post(port: int, size: int, *, apart: bool) -> int:
     return int(m[1]) if m else 0
 
 
-def refused_raw_posts(rig: FrontRig, size: int, apart: bool, want: int = 3, tries: int = 12) -> list[int]:
-    """What the clients of the first `want` raw POSTs gw1 refused got."""
+def refused_raw_requests(rig: FrontRig, size: int, apart: bool, want: int = 3, tries: int = 12) -> list[int]:
+    """What the clients of the first `want` raw requests (PUT) gw1 refused got."""
     gw1, got = rig.gw("gw1"), []
     for _ in range(tries):
         before = _refused_so_far(gw1)
-        code = raw_post(rig.lb.http_port, size, apart=apart)
+        code = raw_request(rig.lb.http_port, size, apart=apart)
         if _refused_so_far(gw1) > before:
             got.append(code)
             if len(got) == want:
                 return got
-    raise RuntimeError(f"gw1 refused {len(got)} of {tries} POSTs")
+    raise RuntimeError(f"gw1 refused {len(got)} of {tries} requests")
 
 
 def probe_app_503(rig: FrontRig, method: str = "POST", size: int = 1024, lb=None) -> dict:
@@ -485,53 +520,80 @@ def served_by(lb) -> list[Served]:
     return haproxy_served(lb) if isinstance(lb, HAProxy) else lb.served()
 
 
-def _start(rig: FrontRig, front: str, opts: dict, workdir: Path):
-    opts = dict(opts)
-    if "retry_on" in opts:
-        opts["haproxy_cfg"] = retry_on_cfg(CFG_REFUSE, workdir, opts.pop("retry_on"))
-    return rig.start_lb(front, **opts)
+def probe_post(rig: FrontRig, lb, headers: dict | None = None, tries: int = 6) -> dict:
+    """POSTs (1 kB) through the front LB, gw1 refusing, until one reached gw1 (the LB's log, or
+    gw1's own count of refusals): `served` by gw1, or `refused` (resent: its client got the 200,
+    else the status it got); `processed`: how often the application ran it."""
+    gw1, code, rid = rig.gw("gw1"), None, ""
+    for _ in range(tries):
+        rid = f"post-{rig.front}-{time.monotonic_ns()}"
+        before = _refused_so_far(gw1)
+        code, body = _send(lb_url(lb, f"/status?code=200&id={rid}"), "POST", 1024, headers)
+        m = re.search(r"processed (\d+)", body)
+        processed = int(m[1]) if m else 0
+        if _refused_so_far(gw1) > before:
+            return {"outcome": "refused", "status": code, "resent": code == 200, "processed": processed}
+        logged = wait_for(lambda: [x for x in served_by(lb) if rid in x.path], 10, 0.05, "the front LB logged it")
+        if logged[-1].server == "gw1":
+            return {"outcome": "served", "status": code, "resent": False, "processed": processed}
+    return {"outcome": "never reached gw1", "status": code, "resent": False, "processed": None}
 
 
-def probe_form(workdir: Path, refuse_with: str, full: bool = True) -> list[dict]:
-    """Every LB of PROBE_LBS[refuse_with] in front of the same two gateways, each its own process
-    for the whole probe: first the application's own 503 to a POST (gw1 OPEN), then, gw1 held
-    DRAINING (min_drain), each kind of request it refuses. nginx is started again before each
-    request it is to send to gw1: its round robin then begins with gw1, and a refusal takes gw1
-    out of its rotation (max_fails=1)."""
+def _fresh(rig: FrontRig, running: list, i: int, row: ProbeLB):
+    """nginx started again: its round robin begins anew, its record of failed servers is empty
+    (the control's `max_fails=1` takes a gateway out for 10 s after one error)."""
+    if row.front == "nginx":
+        running[i].stop()
+        running[i] = rig.start_lb(row.front, **row.opts)
+    return running[i]
+
+
+def probe_group(workdir: Path, refuse_with: str, refused: str, lbs: list[ProbeLB]) -> list[dict]:
+    """Every LB of `lbs` in front of the same two gateways (`refuse_with`, `refused_requests`),
+    each its own process for the whole probe: first the application's own 503 to a GET and to a
+    POST (gw1 OPEN), then, gw1 held DRAINING (min_drain), each kind of request it refuses, and a
+    POST with and without an Idempotency-Key. nginx is started again before each request it is
+    to send to gw1: its round robin then begins with gw1."""
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
-    lbs = [(front, opts, label) for front, opts, label, quick in PROBE_LBS[refuse_with] if full or quick]
-    rows = [{"lb": label, "refuse_with": refuse_with} for _, _, label in lbs]
-    with FrontRig(workdir, {**PROBE_HELD, "refuse_with": refuse_with}) as rig:
-        running = [_start(rig, front, opts, workdir) for front, opts, _ in lbs]
-        for row, lb, (front, _, _) in zip(rows, running, lbs):
-            rig.front = front
-            row["app_503_post"] = probe_app_503(rig, lb=lb)
+    rows = [{"lb": lb.label, "refuse_with": refuse_with, "refused_requests": refused, "control": lb.control}
+            for lb in lbs]
+    with FrontRig(workdir, {**PROBE_HELD, "refuse_with": refuse_with, "refused_requests": refused}) as rig:
+        running = [rig.start_lb(lb.front, **lb.opts) for lb in lbs]
+        for i, (row, lb) in enumerate(zip(rows, lbs)):
+            rig.front = lb.front
+            row["app_503_get"] = probe_app_503(rig, "GET", 0, lb=running[i])
+            row["app_503_post"] = probe_app_503(rig, lb=_fresh(rig, running, i, lb))
         r = rig.gw("gw1").post("/drain")
         assert r.status_code == 200 and r.json()["state"] == "DRAINING", r.text
         wait_for(lambda: rig.gw("gw1").status()["refusing"]["active"], 5, 0.05, "gw1 refusing")
         time.sleep(0.3)  # a tick: every worker refuses
-        for row, lb, (front, opts, _) in zip(rows, running, lbs):
-            row["existing"] = probe_existing(rig, lb, h2=opts.get("h2", False) or front == "envoy")
-        for i, (row, (front, opts, _)) in enumerate(zip(rows, lbs)):
+        for row, front, lb in zip(rows, running, lbs):
+            row["existing"] = probe_existing(rig, front, h2=lb.opts.get("h2", False) or lb.front == "envoy")
+        for i, (row, lb) in enumerate(zip(rows, lbs)):
+            rig.front = lb.front
             for method, size in PROBE_KINDS:
-                if front == "nginx":  # fresh: nginx's record of failed servers starts over
-                    running[i].stop()
-                    running[i] = _start(rig, front, opts, workdir)
-                row[f"{method} {size}"] = probe_refused(rig, method, size, lb=running[i])
-            if front == "nginx":
-                running[i].stop()
-                running[i] = _start(rig, front, opts, workdir)
-            code = until_refused(rig.gw("gw1"), lambda lb=running[i]: ws_upgrade(lb_port(lb)))
+                row[f"{method} {size}"] = probe_refused(rig, method, size, lb=_fresh(rig, running, i, lb))
+            code = until_refused(rig.gw("gw1"), lambda f=_fresh(rig, running, i, lb): ws_upgrade(lb_port(f)))
             row["websocket"] = {**code, "resent": code["reached"] and code["status"] == 101}
+            row["post"] = probe_post(rig, _fresh(rig, running, i, lb))
+            row["post_key"] = probe_post(rig, _fresh(rig, running, i, lb),
+                                         {IDEMPOTENCY_KEY: f"key-{time.monotonic_ns()}"})
     return rows
 
 
 def probe(workdir: Path, full: bool = True) -> list[dict]:
-    """probe_form for both ways of refusing, at the same time (`full`: every variant too)."""
+    """probe_group for every way the gateways refuse, two at a time; the rows in PROBE_LBS's
+    order (`full`: the variants too)."""
+    lbs = [lb for lb in PROBE_LBS if full or lb.quick]
+    groups: dict[tuple[str, str], list[ProbeLB]] = {}
+    for lb in lbs:
+        groups.setdefault((lb.refuse_with, lb.requests), []).append(lb)
     with ThreadPoolExecutor(2) as pool:
-        futures = [pool.submit(probe_form, Path(workdir) / form, form, full) for form in PROBE_LBS]
-        return [row for f in futures for row in f.result()]
+        futures = {key: pool.submit(probe_group, Path(workdir) / f"{key[0]}-{key[1]}", *key, group)
+                   for key, group in groups.items()}
+        done = {key: iter(f.result()) for key, f in futures.items()}
+    return [next(done[(lb.refuse_with, lb.requests)]) for lb in lbs]
 
 
 def probe_existing(rig: FrontRig, lb, *, h2: bool) -> dict:
@@ -556,8 +618,8 @@ def probe_existing(rig: FrontRig, lb, *, h2: bool) -> dict:
 
 def probe_table(rows: list[dict]) -> str:
     kinds = [f"{m} {s}" for m, s in PROBE_KINDS] + ["websocket", "existing"]
-    names = {"GET 0": "GET", "POST 1024": "POST 1 kB", "POST 65536": "POST 64 kB", "POST 921600": "POST 900 kB",
-             "POST 2097152": "POST 2 MiB", "websocket": "WebSocket upgrade",
+    names = {"GET 0": "GET", "PUT 1024": "PUT 1 kB", "PUT 65536": "PUT 64 kB", "PUT 921600": "PUT 900 kB",
+             "PUT 2097152": "PUT 2 MiB", "websocket": "WebSocket upgrade",
              "existing": "GET on a connection opened before the drain"}
 
     def cell(c: dict) -> str:
@@ -568,16 +630,25 @@ def probe_table(rows: list[dict]) -> str:
             out += f" ({'HTTP/2' if c['http2'] else 'HTTP/1.1'}, {c['new_connections']} new to gw1)"
         return out
 
-    head = ("| LB | refuse_with | " + " | ".join(f"refused {names[k]}" for k in kinds) +
-            " | the application's own 503 to a POST | the next requests reach |\n|---|---|" + "---|" * (len(kinds) + 2)
-            + "\n")
-    lines = []
-    for r in rows:
-        app = r["app_503_post"]
-        app_cell = (f"resent, processed {app['processed']}×" if app["processed"] and app["processed"] > 1
-                    else f"not resent, processed {app['processed']}×")
-        lines.append(f"| {r['lb']} | {r['refuse_with']} | " + " | ".join(cell(r[k]) for k in kinds) +
-                     f" | {app_cell} | {', '.join(app['then'])} |")
+    def post(c: dict) -> str:
+        if c["outcome"] == "served":
+            return "**served** by gw1"
+        if c["outcome"] == "refused":
+            return "refused, resent" if c["resent"] else f"refused, **lost**: {c['status']} to the client"
+        return f"never reached gw1: {c['status']} to the client"
+
+    def app(c: dict) -> str:
+        n = c["processed"]
+        return f"resent, **processed {n}×**" if n and n > 1 else f"not resent, processed {n}×"
+
+    columns = ([f"refused {names[k]}" for k in kinds] + ["a POST while refusing",
+               "a POST with an Idempotency-Key while refusing", "the application's own 503 to a GET",
+               "the application's own 503 to a POST", "then, the next requests reach"])
+    head = ("| LB | refuse_with | refused_requests | " + " | ".join(columns) + " |\n|---|---|---|" +
+            "---|" * len(columns) + "\n")
+    lines = [f"| {r['lb']} | {r['refuse_with']} | {r['refused_requests']} | " + " | ".join(cell(r[k]) for k in kinds) +
+             f" | {post(r['post'])} | {post(r['post_key'])} | {app(r['app_503_get'])} | {app(r['app_503_post'])} | "
+             f"{', '.join(r['app_503_post']['then'])} |" for r in rows]
     return head + "\n".join(lines) + "\n"
 
 
