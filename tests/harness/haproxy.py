@@ -40,6 +40,12 @@ SOCKET_PATH_MAX = 97  # HAProxy 2.6 refuses a longer `stats socket` path
 _HTTP_SERVER_LINE = re.compile(r"^(\s*server gw\d \"\$\{GW\d_ADDR[^\n]*?)\s*$", re.M)
 
 
+def cuts_at_down(cfg: Path) -> bool:
+    """Whether `cfg`'s HTTP server lines carry `on-marked-down shutdown-sessions` (haproxy.cfg's do,
+    haproxy-refuse.cfg's do not): its DOWN then cuts every session still on the server."""
+    return any("on-marked-down shutdown-sessions" in line for line in _HTTP_SERVER_LINE.findall(cfg.read_text()))
+
+
 def h2_cfg(base: Path, workdir: Path) -> Path:
     """`base` with `proto h2 check-proto h1` on the gateways' server lines: HAProxy then speaks h2c
     to the gateway, which gRPC needs (its trailers, its bidirectional streams), and keeps its

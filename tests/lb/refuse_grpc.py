@@ -44,7 +44,7 @@ import grpc
 
 from tests.harness.envoy import wait_for
 from tests.harness.grpc_app import ECHO, TICKS, UNARY, grpc_backend
-from tests.harness.haproxy import CFG_REFUSE, HAProxy
+from tests.harness.haproxy import CFG_REFUSE, HAProxy, cuts_at_down
 from tests.harness.process import stop_on_signals
 from tests.harness.rig import PreStop
 from tests.harness.timeline import parse_time
@@ -179,12 +179,13 @@ def run_once(front: str, mode: str, workdir: Path, w: Workload = RIG) -> dict:
         def grpc_logged():
             return [x for x in rig.served() if "/drain_gate.test." in x.path]
 
-        # Behind HAProxy: the calls its DOWN cut (`on-marked-down shutdown-sessions`), the sessions its
-        # own DOWN message says gw1 still had. A call it cut before the call reached gw1 (the
-        # DOWN-instant race: gw1 counts no cut) may get no log line at all (HAProxy 2.6, an HTTP/2
-        # client: seen here), so the log is waited for up to those.
-        killed = (next((n for srv, n in rig.lb.down_events() if srv == "gw1"), 0)
-                  if isinstance(rig.lb, HAProxy) else 0)
+        # Behind HAProxy with `on-marked-down shutdown-sessions` (haproxy.cfg's; haproxy-refuse.cfg
+        # goes without): the calls its DOWN cut, the sessions its own DOWN message says gw1 still
+        # had. A call it cut before the call reached gw1 (the DOWN-instant race: gw1 counts no cut)
+        # may get no log line at all (HAProxy 2.6, an HTTP/2 client: seen here), so the log is
+        # waited for up to those. Without it the DOWN cuts nothing.
+        cuts = isinstance(rig.lb, HAProxy) and cuts_at_down(rig.lb.cfg)
+        killed = next((n for srv, n in rig.lb.down_events() if srv == "gw1"), 0) if cuts else 0
         logged = wait_for(lambda: (v := grpc_logged()) and len(v) >= made - killed and v, 10, 0.1,
                           f"{front} {mode}: the front LB logged every call of {made} "
                           f"(failed: {[c.failed for c in calls]})")

@@ -50,7 +50,11 @@ WAIT_FOR_BODY = "http-request wait-for-body time 1s if { req.hdr(content-length)
 RETRY_LINES = ["retry-on conn-failure 503", "option redispatch 1",
                "acl drain_gate_resendable method GET HEAD OPTIONS TRACE PUT DELETE",
                "acl drain_gate_resendable req.hdr(idempotency-key) -m found",
-               "http-request disable-l7-retry unless drain_gate_resendable", WAIT_FOR_BODY]
+               "http-request disable-l7-retry unless drain_gate_resendable", WAIT_FOR_BODY,
+               "option srvtcpka", "srvtcpka-idle 10s", "srvtcpka-intvl 5s", "srvtcpka-cnt 3"]
+# haproxy.cfg's HTTP server lines end with this; haproxy-refuse.cfg's go without it (a POST served
+# through the drain in CLOSING would be cut at DOWN; a dead gateway's sessions end at TCP keep-alive).
+SHUTDOWN_SESSIONS = " on-marked-down shutdown-sessions"
 # The recipe before (tests/lb/controls/haproxy-refuse-resends-503.cfg), the probe's control.
 CONTROL_LINES = ["retry-on conn-failure empty-response 503", "option redispatch 1", WAIT_FOR_BODY]
 
@@ -74,6 +78,10 @@ def test_haproxy_refuse_cfg_is_haproxy_cfg_plus_the_retry_lines(tmp_path, cfg, l
     r = subprocess.run(["haproxy", "-c", "-f", str(cfg)], env=env, capture_output=True, text=True)
     assert r.returncode == 0 and "WARNING" not in r.stdout + r.stderr, r.stdout + r.stderr
     plain, refuse = _directives(CFG), _directives(cfg)
+    if cfg == CFG_REFUSE:  # the HTTP backend's server lines, as haproxy.cfg's but for shutdown-sessions
+        http_servers = [line for line in plain if "server gw" in line and "_ADDR" in line and "_TLS_" not in line]
+        assert len(http_servers) == 2 and all(line.endswith(SHUTDOWN_SESSIONS) for line in http_servers), http_servers
+        plain = [line.removesuffix(SHUTDOWN_SESSIONS) if line in http_servers else line for line in plain]
     extra = [line for line in refuse if line not in plain]
     assert [line.strip() for line in extra] == lines
     assert [line for line in refuse if line not in extra] == plain
