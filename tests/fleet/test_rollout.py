@@ -73,6 +73,22 @@ def test_a_request_run_twice_fails_the_rollout(result):
     assert "| 3 (3) |" in driver.table(fake)
 
 
+def test_a_refuse_loss_fails_the_rollout(result):
+    """`make rollout` fails when drain-gate-200-refuse loses any request, a short one HAProxy killed at a
+    DOWN instant included (haproxy-refuse.cfg has no shutdown-sessions to kill it); the variant with
+    shutdown-sessions is reported, not failed: the check, fed this run's drain-gate-404 figures as
+    theirs, with one such loss each."""
+    fake = copy.deepcopy(result)
+    ok = fake["strategies"]["drain-gate-404"]
+    refuse = fake["strategies"]["drain-gate-200-refuse"] = copy.deepcopy(ok)
+    assert driver.failures(fake) == []
+    refuse["lost"]["short"] += 1
+    refuse["lost_how"]["killed before the gateway"] += 1
+    fake["strategies"]["drain-gate-200-refuse-shutdown-sessions"] = copy.deepcopy(refuse)
+    got = driver.failures(fake)
+    assert [f.split(":")[0] for f in got] == ["drain-gate-200-refuse"], got
+
+
 def test_every_request_is_attributed_to_a_gateway(result):
     """HAProxy's log names the gateway of every request that reached one."""
     for name, r in result["strategies"].items():
