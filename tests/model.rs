@@ -239,6 +239,10 @@ impl<'a> Model<'a> {
         // What configure does, on the main thread before any worker runs.
         drain_gate::host::root::create_shared(sim);
         drain_gate::host::count::announce_traffic(&sim);
+        // Every request the model sends is a GET: one a refusing drain refuses.
+        sim.request_headers
+            .borrow_mut()
+            .insert(":method".into(), "GET".into());
         let mut m = Model {
             sim,
             metrics: Metrics::define(sim),
