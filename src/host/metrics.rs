@@ -44,6 +44,9 @@ pub struct Metrics<H: Host = Envoy> {
     drains_cut_short: Option<u32>,
     drain_timeout: Option<u32>,
     drain_duration: Option<u32>,
+    /// The LB's measured check interval and what `lb_buffer` lacks (`crate::lb::Detection`).
+    lb_check_interval: Option<u32>,
+    lb_buffer_short: Option<u32>,
     /// The stream-duration counters (`host::sizing`).
     pub durations: super::sizing::Ids,
 }
@@ -168,6 +171,8 @@ impl<H: Host + Copy> Metrics<H> {
             drains_cut_short: define(&host, names::DRAINS_CUT_SHORT),
             drain_timeout: define(&host, names::DRAIN_TIMEOUT),
             drain_duration: define(&host, names::DRAIN_DURATION),
+            lb_check_interval: define(&host, names::LB_CHECK_INTERVAL),
+            lb_buffer_short: define(&host, names::LB_BUFFER_SHORT),
             durations: super::sizing::define(&host),
         }
     }
@@ -261,6 +266,12 @@ impl<H: Host> Metrics<H> {
 
     pub fn drain_cut_short(&self) {
         self.bump(self.drains_cut_short);
+    }
+
+    /// The LB's detection as measured now (`None`: nothing measured, both 0).
+    pub fn set_lb_detection(&self, d: Option<&crate::lb::Detection>) {
+        self.record(self.lb_check_interval, d.map_or(0, |d| d.interval_ms));
+        self.record(self.lb_buffer_short, d.map_or(0, |d| d.short_ms));
     }
 
     pub fn lb_check_ignored(&self) {

@@ -13,12 +13,17 @@ use crate::host::store;
 use crate::host::wasm_host::Host;
 use crate::placeholder::Action as PlaceholderAction;
 
+/// How often a health root sets the LB detection gauges: each second, not
+/// each tick (one read and parse of the LB record).
+pub const LB_GAUGES_MS: u64 = 1_000;
+
 impl<H: Host> Health<H> {
     /// Runs every `tick` on each worker: the clock-step watch, automatic
     /// transitions, then the release of held answers that are over.
     pub fn tick(&self) {
         self.watch_clock();
         self.watch.tick(&self.metrics);
+        self.lb_gauges();
         let reading = self.active.read();
         let due = self
             .store
@@ -44,6 +49,27 @@ impl<H: Host> Health<H> {
         let held = !self.waiters.borrow().is_empty();
         self.termination
             .tick(held && matches!(rec.state, State::Draining | State::Closing));
+    }
+
+    /// Sets the gauges of the LB's measured check interval and of what
+    /// `lb_buffer` lacks (`crate::lb::Checkers::detection`), once a second.
+    fn lb_gauges(&self) {
+        let now = self.host().now().timer_ms();
+        if self
+            .lb_gauges_at
+            .get()
+            .is_some_and(|at| now.saturating_sub(at) < LB_GAUGES_MS)
+        {
+            return;
+        }
+        self.lb_gauges_at.set(Some(now));
+        match self.store.lb_checkers() {
+            Ok(c) => {
+                let d = c.detection(now, self.config.lb_fall, self.lb_wait());
+                self.metrics.set_lb_detection(d.as_ref());
+            }
+            Err(e) => logs::warning!("event=lb_record_unavailable error=\"{e}\""),
+        }
     }
 
     /// Makes a wall-clock step visible: the worker that sees it first logs
