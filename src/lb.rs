@@ -112,7 +112,22 @@ pub fn interval(gaps: &[u32]) -> Interval {
     }
 }
 
+/// A checker's fields but its source and its gaps, which change only with
+/// `last_seen_ms` (`Checker::checked`): what tells whether a check changed it.
+type CheckerState = (u32, u32, u64, Option<u64>, Option<u64>, Option<u64>);
+
 impl Checker {
+    fn state(&self) -> CheckerState {
+        (
+            self.consecutive_non_200,
+            self.consecutive_503,
+            self.last_seen_ms,
+            self.last_404_ms,
+            self.down_ms,
+            self.down_last_ms,
+        )
+    }
+
     /// Its check interval, as its last gaps say.
     pub fn interval(&self) -> Interval {
         interval(&self.gaps_ms)
@@ -256,9 +271,9 @@ impl Checkers {
     /// Records one answer served to `source`. Returns whether anything
     /// changed (the caller writes only then).
     pub fn observe(&mut self, source: &str, status: u16, now_ms: u64, lb_fall: u32) -> bool {
-        let before = self.clone();
-        let idx = match self.list.iter().position(|c| c.source == source) {
-            Some(i) => i,
+        let was = (self.observed_down_ms, self.announced_ms);
+        let (idx, mut changed) = match self.list.iter().position(|c| c.source == source) {
+            Some(i) => (i, false),
             None => {
                 if self.list.len() >= MAX_CHECKERS {
                     if let Some(oldest) = self
@@ -281,10 +296,11 @@ impl Checkers {
                     down_last_ms: None,
                     gaps_ms: Vec::new(),
                 });
-                self.list.len() - 1
+                (self.list.len() - 1, true)
             }
         };
         if let Some(c) = self.list.get_mut(idx) {
+            let before = c.state();
             c.checked(now_ms);
             if status == 200 {
                 c.consecutive_non_200 = 0;
@@ -306,13 +322,14 @@ impl Checkers {
             } else {
                 c.consecutive_503 = 0;
             }
+            changed |= c.state() != before;
         }
         if self.all_down(now_ms, lb_fall) {
             self.observed_down_ms.get_or_insert(now_ms);
         } else {
             self.observed_down_ms = None;
         }
-        *self != before
+        changed || (self.observed_down_ms, self.announced_ms) != was
     }
 
     /// An answer of 200 to a source outside `lb_checkers`: not a checker, but

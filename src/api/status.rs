@@ -279,8 +279,8 @@ struct Lb<'a> {
     /// Checkers that asked within the last 30 s.
     live_checkers: usize,
     /// Since the drain began (`null`: no drain yet), has any LB check reached this
-    /// gateway? False longer than a check interval and a second: the LB's checks
-    /// of its node reach another pod, and never see this one's 503.
+    /// gateway? False longer than a check interval: the LB's checks of its node
+    /// reach another pod, and never see this one's 503.
     checked_in_drain: Option<bool>,
     checkers: Vec<CheckerOut<'a>>,
     /// `null` until a live checker's interval is measured.

@@ -237,22 +237,20 @@ impl<H: Host> Store<H> {
         let now_ms = self.host.now().timer_ms();
         let (bytes, cas) = self.host.get(keys::LB).map_err(SharedError::Read)?;
         let remembered = seen
-            .borrow()
-            .as_ref()
+            .borrow_mut()
+            .take()
             .filter(|(v, _)| Some(*v) == cas)
-            .map(|(_, c)| c.clone());
+            .map(|(_, c)| c);
         let mut current = match remembered {
             Some(c) => c,
-            None => {
-                let c: Checkers = match bytes {
-                    Some(b) => shared::parse(keys::LB, &b)?,
-                    None => Checkers::default(),
-                };
-                *seen.borrow_mut() = cas.map(|v| (v, c.clone()));
-                c
-            }
+            None => match bytes {
+                Some(b) => shared::parse(keys::LB, &b)?,
+                None => Checkers::default(),
+            },
         };
         if !current.observe(source, status, now_ms, lb_fall) {
+            // Unchanged: still the version read.
+            *seen.borrow_mut() = cas.map(|v| (v, current));
             return Ok(());
         }
         match self

@@ -23,7 +23,6 @@ impl<H: Host> Health<H> {
     pub fn tick(&self) {
         self.watch_clock();
         self.watch.tick(&self.metrics);
-        self.lb_gauges();
         let reading = self.active.read();
         let due = self
             .store
@@ -42,6 +41,7 @@ impl<H: Host> Health<H> {
         self.metrics.set_count_unreliable(!reading.reliable);
         let ids: Vec<u64> = self.watch.snapshot().0.roots.iter().map(|r| r.id).collect();
         let now = self.host().now();
+        self.lb_gauges(now.timer_ms());
         let oldest = in_flight::read(self.host(), now.timer_ms(), ids).oldest_age_ms;
         self.metrics.set_oldest_in_flight(oldest);
         self.keep_receipt(&rec, oldest);
@@ -53,8 +53,7 @@ impl<H: Host> Health<H> {
 
     /// Sets the gauges of the LB's measured check interval and of what
     /// `lb_buffer` lacks (`crate::lb::Checkers::detection`), once a second.
-    fn lb_gauges(&self) {
-        let now = self.host().now().timer_ms();
+    fn lb_gauges(&self, now: u64) {
         if self
             .lb_gauges_at
             .get()
