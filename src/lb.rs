@@ -92,8 +92,12 @@ pub struct Interval {
 /// `MIN_GAPS` of them, never below the shortest nor above the longest. One
 /// missed check (a gap twice as long) moves it by at most one rank.
 pub fn interval(gaps: &[u32]) -> Interval {
-    let mut sorted: Vec<u64> = gaps.iter().map(|g| u64::from(*g)).collect();
-    sorted.sort_unstable();
+    // Sorted by insertion: at most MAX_GAPS, and no sort routine in the module.
+    let mut sorted: Vec<u64> = Vec::with_capacity(gaps.len());
+    for g in gaps.iter().map(|g| u64::from(*g)) {
+        let at = sorted.iter().position(|x| *x > g).unwrap_or(sorted.len());
+        sorted.insert(at, g);
+    }
     let n = sorted.len();
     let mid = |i: usize| sorted.get(i).copied();
     let ms = if n < MIN_GAPS {

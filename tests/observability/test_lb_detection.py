@@ -53,9 +53,13 @@ def _near(ms: int | None, inter_ms: int) -> bool:
 
 
 def _interval_settles(gw, inter_ms: int, timeout: float) -> dict:
+    """The checker once its 8 last gaps are all the LB's `inter_ms` (a new LB's first gaps mix with
+    the last ones of the LB before it)."""
     def settled() -> dict | None:
         c = _checker(gw)
-        return c if c and _near(c["check_interval"]["ms"], inter_ms) and c["check_interval"]["gaps"] == 8 else None
+        i = c and c["check_interval"]
+        ok = i and i["gaps"] == 8 and all(_near(i[k], inter_ms) for k in ("ms", "min_gap_ms", "max_gap_ms"))
+        return c if ok else None
 
     return wait_for(settled, timeout, interval=0.2, what=f"{CHECKER}'s 8 last gaps ≈ {inter_ms} ms")
 
