@@ -162,7 +162,7 @@ impl Checker {
 /// after the flip, or with `close_after: lb_observed_down` (CLOSED `lb_buffer`
 /// after every checker's DOWN) `lb_down_timeout`, CLOSED anyway if no DOWN is
 /// seen by then.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Wait {
     /// The setting: `lb_buffer` or `lb_down_timeout`.
     pub name: &'static str,
