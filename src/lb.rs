@@ -4,6 +4,11 @@
 //! consecutive 503s, the LB has marked this backend DOWN (and run its
 //! shutdown-sessions on nothing). Pure.
 //!
+//! The LB as drain-gate sees it: each checker's check interval, measured from
+//! the gaps between its checks (`Checker::interval`), and whether what CLOSING
+//! waits before CLOSED covers the LB's detection, `lb_fall` × that interval
+//! (`Checkers::detection`).
+//!
 //! Every time here is on the clock the drain timers run on
 //! (`crate::clock::Now::timer_ms`, monotonic when the host has it): a
 //! wall-clock step can neither age every checker out at once — which would
@@ -13,6 +18,7 @@
 use serde::Serialize;
 use std::net::IpAddr;
 
+use crate::fsm::CloseAfter;
 use crate::json::record;
 
 /// A checker not seen for this long is gone (LB failover, reconfiguration)
@@ -38,10 +44,13 @@ pub const CUT_WINDOW_MS: u64 = 2_000;
 /// (`Checker::down_last_ms`) — for cuts from that address only: the LB's
 /// sessions come from the address it checks from.
 pub const DOWN_SPREAD: u32 = 2;
-/// A checker's `last_seen_ms` is rewritten only when it moved by this much
-/// (or its counts changed), so that a steady LB costs one shared-data write
-/// a second, not one per check.
-pub const SEEN_RESOLUTION_MS: u64 = 1_000;
+/// The gaps between a checker's checks kept to measure its interval: a fixed
+/// number, so that the record stays bounded (at most `MAX_CHECKERS` × this).
+pub const MAX_GAPS: usize = 8;
+/// Gaps a checker needs before its interval is shown: their median is then
+/// the interval even if one check was missed (one gap twice as long) or one
+/// came out of turn (one gap split in two: from 5 gaps on).
+pub const MIN_GAPS: usize = 3;
 
 record! {
     #[derive(Clone, Debug, PartialEq, Eq)]
@@ -49,7 +58,7 @@ record! {
         pub source: String,
         pub consecutive_non_200: u32,
         pub consecutive_503: u32,
-        /// Timer-clock time of its last check (to `SEEN_RESOLUTION_MS`).
+        /// Timer-clock time of its last check.
         pub last_seen_ms: u64,
         /// When this checker was last served a 404 (soft drain).
         pub last_404_ms: Option<u64>,
@@ -60,7 +69,135 @@ record! {
         /// `DOWN_SPREAD × lb_fall`-th: another check from the same address (a
         /// second HAProxy backend) may have marked the gateway DOWN then.
         pub down_last_ms: Option<u64>,
+        /// The last `MAX_GAPS` gaps between its checks (ms, oldest first),
+        /// each one that followed a check it was answered 200 or 404: the
+        /// LB's interval while it holds the gateway UP. After a 503 an LB
+        /// checks at another pace (HAProxy's `fastinter`, `downinter`).
+        pub gaps_ms: Vec<u32> = Vec::new(),
     }
+}
+
+/// A checker's check interval, as its gaps say (`Checker::interval`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct Interval {
+    /// The median of its gaps; `None` until it has `MIN_GAPS`.
+    pub ms: Option<u64>,
+    /// How many gaps it is based on (at most `MAX_GAPS`).
+    pub gaps: usize,
+    pub min_gap_ms: Option<u64>,
+    pub max_gap_ms: Option<u64>,
+}
+
+/// The interval `gaps` (ms, any order) measure: their median once there are
+/// `MIN_GAPS` of them, never below the shortest nor above the longest. One
+/// missed check (a gap twice as long) moves it by at most one rank.
+pub fn interval(gaps: &[u32]) -> Interval {
+    // Sorted by insertion: at most MAX_GAPS, and no sort routine in the module.
+    let mut sorted: Vec<u64> = Vec::with_capacity(gaps.len());
+    for g in gaps.iter().map(|g| u64::from(*g)) {
+        let at = sorted.iter().position(|x| *x > g).unwrap_or(sorted.len());
+        sorted.insert(at, g);
+    }
+    let n = sorted.len();
+    let mid = |i: usize| sorted.get(i).copied();
+    let ms = if n < MIN_GAPS {
+        None
+    } else if n % 2 == 1 {
+        mid(n / 2)
+    } else {
+        // Between the two middle gaps: neither is passed.
+        mid(n / 2 - 1).zip(mid(n / 2)).map(|(a, b)| a + (b - a) / 2)
+    };
+    Interval {
+        ms,
+        gaps: n,
+        min_gap_ms: sorted.first().copied(),
+        max_gap_ms: sorted.last().copied(),
+    }
+}
+
+/// A checker's fields but its source and its gaps, which change only with
+/// `last_seen_ms` (`Checker::checked`): what tells whether a check changed it.
+type CheckerState = (u32, u32, u64, Option<u64>, Option<u64>, Option<u64>);
+
+impl Checker {
+    fn state(&self) -> CheckerState {
+        (
+            self.consecutive_non_200,
+            self.consecutive_503,
+            self.last_seen_ms,
+            self.last_404_ms,
+            self.down_ms,
+            self.down_last_ms,
+        )
+    }
+
+    /// Its check interval, as its last gaps say.
+    pub fn interval(&self) -> Interval {
+        interval(&self.gaps_ms)
+    }
+
+    /// A check at `now_ms`: the gap since its last one is kept when that one
+    /// was answered 200 or 404 (the counts are those of the last check still).
+    /// A check no later than the last one recorded (the same millisecond, or
+    /// another worker's later check written first) changes nothing; one after
+    /// the checker was gone (`CHECKER_TTL_MS`) starts its gaps anew: its LB may
+    /// have been reconfigured meanwhile.
+    fn checked(&mut self, now_ms: u64) {
+        let Some(gap) = now_ms.checked_sub(self.last_seen_ms).filter(|g| *g > 0) else {
+            return;
+        };
+        self.last_seen_ms = now_ms;
+        if gap > CHECKER_TTL_MS {
+            self.gaps_ms.clear();
+        } else if self.consecutive_503 == 0 {
+            self.gaps_ms.push(u32::try_from(gap).unwrap_or(u32::MAX));
+            let excess = self.gaps_ms.len().saturating_sub(MAX_GAPS);
+            self.gaps_ms.drain(..excess);
+        }
+    }
+}
+
+/// What CLOSING waits for the LB, at the longest, before CLOSED: `lb_buffer`
+/// after the flip, or with `close_after: lb_observed_down` (CLOSED `lb_buffer`
+/// after every checker's DOWN) `lb_down_timeout`, CLOSED anyway if no DOWN is
+/// seen by then.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Wait {
+    /// The setting: `lb_buffer` or `lb_down_timeout`.
+    pub name: &'static str,
+    pub ms: u64,
+}
+
+impl Wait {
+    pub fn of(close_after: CloseAfter, lb_buffer_ms: u64, lb_down_timeout_ms: u64) -> Wait {
+        match close_after {
+            CloseAfter::LbBuffer => Wait {
+                name: "lb_buffer",
+                ms: lb_buffer_ms,
+            },
+            CloseAfter::LbObservedDown => Wait {
+                name: "lb_down_timeout",
+                ms: lb_down_timeout_ms,
+            },
+        }
+    }
+}
+
+/// The LB's detection of the flip, as drain-gate measures it, beside what
+/// CLOSING waits (`Checkers::detection`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Detection<'a> {
+    /// The live checker with the longest interval.
+    pub checker: &'a str,
+    pub interval_ms: u64,
+    pub lb_fall: u32,
+    /// `lb_fall` × `interval_ms`: the flip's first 503 reaches the checker
+    /// within one interval, its `lb_fall`-th that many intervals after it.
+    pub detection_ms: u64,
+    pub wait: Wait,
+    /// How much `wait` falls short of `detection_ms` (0: it covers it).
+    pub short_ms: u64,
 }
 
 record! {
@@ -138,9 +275,9 @@ impl Checkers {
     /// Records one answer served to `source`. Returns whether anything
     /// changed (the caller writes only then).
     pub fn observe(&mut self, source: &str, status: u16, now_ms: u64, lb_fall: u32) -> bool {
-        let before = self.clone();
-        let idx = match self.list.iter().position(|c| c.source == source) {
-            Some(i) => i,
+        let was = (self.observed_down_ms, self.announced_ms);
+        let (idx, mut changed) = match self.list.iter().position(|c| c.source == source) {
+            Some(i) => (i, false),
             None => {
                 if self.list.len() >= MAX_CHECKERS {
                     if let Some(oldest) = self
@@ -161,14 +298,14 @@ impl Checkers {
                     last_404_ms: None,
                     down_ms: None,
                     down_last_ms: None,
+                    gaps_ms: Vec::new(),
                 });
-                self.list.len() - 1
+                (self.list.len() - 1, true)
             }
         };
         if let Some(c) = self.list.get_mut(idx) {
-            if now_ms.saturating_sub(c.last_seen_ms) >= SEEN_RESOLUTION_MS {
-                c.last_seen_ms = now_ms;
-            }
+            let before = c.state();
+            c.checked(now_ms);
             if status == 200 {
                 c.consecutive_non_200 = 0;
                 self.announced_ms.get_or_insert(now_ms);
@@ -189,13 +326,14 @@ impl Checkers {
             } else {
                 c.consecutive_503 = 0;
             }
+            changed |= c.state() != before;
         }
         if self.all_down(now_ms, lb_fall) {
             self.observed_down_ms.get_or_insert(now_ms);
         } else {
             self.observed_down_ms = None;
         }
-        *self != before
+        changed || (self.observed_down_ms, self.announced_ms) != was
     }
 
     /// An answer of 200 to a source outside `lb_checkers`: not a checker, but
@@ -278,14 +416,40 @@ impl Checkers {
         }
     }
 
-    /// Whether any check was recorded at or after `since_ms` (a drain's start).
-    /// A check is recorded within `SEEN_RESOLUTION_MS` of the last one written,
-    /// so an LB that still checks reads true from one of its check intervals
-    /// and a second into the drain on. False for longer: its checks of this
-    /// node reach another pod (a Gateway API surge pod on the same node, which
-    /// kube-proxy prefers as the node's ready endpoint).
+    /// Whether any check was recorded at or after `since_ms` (a drain's start):
+    /// an LB that still checks reads true from one of its check intervals into
+    /// the drain on. False for longer: its checks of this node reach another
+    /// pod (a Gateway API surge pod on the same node, which kube-proxy prefers
+    /// as the node's ready endpoint).
     pub fn checked_since(&self, since_ms: u64) -> bool {
         self.list.iter().any(|c| c.last_seen_ms >= since_ms)
+    }
+
+    /// The live checker whose measured interval is the longest, and that
+    /// interval (`None`: no live checker has `MIN_GAPS` gaps yet).
+    pub fn slowest(&self, now_ms: u64) -> Option<(&Checker, u64)> {
+        self.live(now_ms)
+            .filter_map(|c| c.interval().ms.map(|ms| (c, ms)))
+            .fold(None, |best: Option<(&Checker, u64)>, (c, ms)| match best {
+                Some((_, b)) if b >= ms => best,
+                _ => Some((c, ms)),
+            })
+    }
+
+    /// The LB's detection of a flip — `lb_fall` × the longest measured
+    /// interval of a live checker — beside what CLOSING waits before CLOSED,
+    /// and by how much that falls short (`None`: nothing measured yet).
+    pub fn detection(&self, now_ms: u64, lb_fall: u32, wait: Wait) -> Option<Detection<'_>> {
+        let (c, interval_ms) = self.slowest(now_ms)?;
+        let detection_ms = interval_ms.saturating_mul(u64::from(lb_fall));
+        Some(Detection {
+            checker: &c.source,
+            interval_ms,
+            lb_fall,
+            detection_ms,
+            wait,
+            short_ms: detection_ms.saturating_sub(wait.ms),
+        })
     }
 
     /// The moment the LB was observed DOWN, if that is still true now.
@@ -318,7 +482,7 @@ mod tests {
     }
 
     #[test]
-    fn a_drain_sees_whether_the_lb_still_checks_within_a_second() {
+    fn a_drain_sees_whether_the_lb_still_checks_from_its_next_check() {
         let mut c = Checkers::default();
         c.observe("a", 200, 10_000, 2);
         c.observe("a", 200, 10_400, 2);
@@ -327,15 +491,7 @@ mod tests {
             "the drain began at 10.5 s: nothing since"
         );
         c.observe("a", 200, 10_800, 2);
-        assert!(
-            !c.checked_since(10_500),
-            "not written: less than a second after the last write"
-        );
-        c.observe("a", 200, 11_100, 2);
-        assert!(
-            c.checked_since(10_500),
-            "a second after the last write: recorded"
-        );
+        assert!(c.checked_since(10_500), "the next check is recorded");
         assert!(
             !Checkers::default().checked_since(0),
             "no checker: nothing checked"
@@ -419,25 +575,116 @@ mod tests {
     }
 
     #[test]
-    fn a_steady_checker_changes_the_record_once_a_second() {
+    fn every_later_check_is_written_one_in_the_same_millisecond_is_not() {
         let mut c = Checkers::default();
         assert!(c.observe("a", 200, 0, 2), "a new checker");
         assert!(
-            !c.observe("a", 200, 400, 2),
-            "same answer, 0.4 s later: nothing to write"
+            !c.observe("a", 200, 0, 2),
+            "same answer, same millisecond: nothing to write"
         );
-        assert!(!c.observe("a", 200, 999, 2));
+        assert!(c.observe("a", 200, 400, 2), "a gap: written");
         assert!(
-            c.observe("a", 200, 1_000, 2),
-            "a second later: last_seen moves"
+            !c.observe("a", 200, 300, 2),
+            "an earlier check written after a later one changes nothing"
         );
-        assert!(c.observe("a", 404, 1_100, 2), "a new answer always writes");
-        assert!(
-            c.observe("a", 404, 1_200, 2),
-            "the 404 time moves (the gate reads it)"
+        assert_eq!(
+            (c.list[0].last_seen_ms, &c.list[0].gaps_ms[..]),
+            (400, &[400][..])
         );
+        assert!(c.observe("a", 404, 400, 2), "a new answer always writes");
         assert!(c.ignore("10.9.9.9", 5), "a new ignored source");
         assert!(!c.ignore("10.9.9.9", 6));
+    }
+
+    /// Checks of "lb" at these times, answered `status`.
+    fn checks(c: &mut Checkers, status: u16, times: impl IntoIterator<Item = u64>) {
+        for t in times {
+            c.observe("lb", status, t, 2);
+        }
+    }
+
+    #[test]
+    fn the_interval_is_the_median_of_the_last_gaps_once_there_are_three() {
+        let mut c = Checkers::default();
+        checks(&mut c, 200, [1_000, 1_501, 2_000]);
+        let i = c.list[0].interval();
+        assert_eq!(
+            (i.ms, i.gaps, i.min_gap_ms, i.max_gap_ms),
+            (None, 2, Some(499), Some(501)),
+            "two gaps: no interval yet"
+        );
+        checks(&mut c, 200, [2_502]);
+        assert_eq!(c.list[0].interval().ms, Some(501));
+        // One missed check: a gap of 1 s among 500 ms ones.
+        checks(&mut c, 200, [3_502, 4_002, 4_502]);
+        let i = c.list[0].interval();
+        assert_eq!((i.ms, i.gaps, i.max_gap_ms), (Some(500), 6, Some(1_000)));
+        // The record keeps the last MAX_GAPS gaps only.
+        checks(&mut c, 200, (1..=20).map(|k| 4_502 + k * 2_000));
+        let i = c.list[0].interval();
+        assert_eq!(
+            (i.ms, i.gaps, i.min_gap_ms, i.max_gap_ms),
+            (Some(2_000), MAX_GAPS, Some(2_000), Some(2_000)),
+            "the LB now checks every 2 s"
+        );
+        assert_eq!(c.list[0].gaps_ms.len(), MAX_GAPS);
+    }
+
+    #[test]
+    fn gaps_after_a_503_are_not_the_lb_s_interval_and_a_checker_back_starts_anew() {
+        let mut c = Checkers::default();
+        checks(&mut c, 200, [0, 2_000, 4_000, 6_000]);
+        assert_eq!(c.list[0].interval().ms, Some(2_000));
+        // The flip: the LB checks faster while it counts its fall (fastinter),
+        // slower once the gateway is DOWN (downinter).
+        checks(&mut c, 503, [8_000, 8_500, 18_500, 28_500]);
+        assert_eq!(
+            c.list[0].gaps_ms, [2_000; 4],
+            "the gap to the first 503 is the LB's inter still; none after a 503"
+        );
+        checks(&mut c, 200, [29_000, 30_500]);
+        assert_eq!(c.list[0].gaps_ms, [2_000, 2_000, 2_000, 2_000, 1_500]);
+        // Gone longer than CHECKER_TTL_MS, then back: its old gaps are dropped.
+        checks(&mut c, 200, [30_500 + CHECKER_TTL_MS + 1]);
+        assert!(c.list[0].gaps_ms.is_empty());
+        assert_eq!(c.list[0].interval().ms, None);
+    }
+
+    #[test]
+    fn the_detection_is_lb_fall_times_the_slowest_live_checker_s_interval() {
+        let wait = Wait::of(CloseAfter::LbBuffer, 500, 60_000);
+        let mut c = Checkers::default();
+        assert_eq!(c.detection(0, 2, wait), None, "nobody checks");
+        for t in [0, 500, 1_000, 1_500] {
+            c.observe("fast", 200, t, 2);
+        }
+        for t in [0, 1_000, 2_000] {
+            c.observe("slow", 200, t, 2);
+        }
+        let d = c.detection(2_000, 2, wait).unwrap();
+        assert_eq!(
+            (d.checker, d.interval_ms, d.detection_ms, d.short_ms),
+            ("fast", 500, 1_000, 500),
+            "slow has two gaps: not measured yet"
+        );
+        c.observe("slow", 200, 3_000, 2);
+        let d = c.detection(3_000, 3, wait).unwrap();
+        assert_eq!(
+            (d.checker, d.interval_ms, d.detection_ms, d.short_ms),
+            ("slow", 1_000, 3_000, 2_500)
+        );
+        let covered = Wait::of(CloseAfter::LbBuffer, 3_000, 0);
+        assert_eq!(c.detection(3_000, 3, covered).unwrap().short_ms, 0);
+        let observed = Wait::of(CloseAfter::LbObservedDown, 0, 2_000);
+        let d = c.detection(3_000, 2, observed).unwrap();
+        assert_eq!((d.wait.name, d.short_ms), ("lb_down_timeout", 0));
+        // slow stops checking: once it is gone, fast is the slowest again.
+        for t in (4..=40).map(|k| k * 1_000) {
+            c.observe("fast", 200, t, 2);
+        }
+        let later = 3_000 + CHECKER_TTL_MS + 1;
+        assert_eq!(c.detection(later, 2, wait).unwrap().checker, "fast");
+        assert_eq!(c.detection(later, 2, wait).unwrap().interval_ms, 1_000);
     }
 
     /// The address of the checker "lb" of the tests below, and of a client.

@@ -9,7 +9,8 @@
 //! - [`api`]: the HTTP surface of the health listener: routing ([`api`]),
 //!   health answers ([`api::check`]), the status document and held answers
 //!   ([`api::status`]), the reply type and error answers ([`api::reply`]);
-//! - [`lb`]: what each LB checker has been answered (LB-observed-down);
+//! - [`lb`]: what each LB checker has been answered (LB-observed-down), and its
+//!   measured check interval beside what CLOSING waits;
 //! - [`in_flight`]: how old the streams in flight are (what a drain waits for);
 //! - [`json`]: drain-gate's own records as JSON, each field name declared once;
 //! - [`liveness`]: whether the traffic role is there and alive;

@@ -47,6 +47,8 @@ pub const UPGRADED_DURATION: &str = "drain_gate_upgraded_duration_ms";
 pub const TCP_DURATION: &str = "drain_gate_tcp_duration_ms";
 pub const DRAIN_TIMEOUT: &str = "drain_gate_drain_timeout_seconds";
 pub const DRAIN_DURATION: &str = "drain_gate_drain_duration_ms";
+pub const LB_CHECK_INTERVAL: &str = "drain_gate_lb_check_interval_ms";
+pub const LB_BUFFER_SHORT: &str = "drain_gate_lb_buffer_short_ms";
 
 /// The transition counter for each target state, indexed like `State::ALL`.
 pub const TRANSITIONS_TO: [&str; 5] = [
@@ -57,7 +59,7 @@ pub const TRANSITIONS_TO: [&str; 5] = [
     "drain_gate_transitions_to_fault",
 ];
 
-pub const ALL: [Metric; 28] = [
+pub const ALL: [Metric; 30] = [
     Metric {
         name: ACTIVE_REQUESTS,
         kind: Kind::Gauge,
@@ -225,6 +227,18 @@ pub const ALL: [Metric; 28] = [
         kind: Kind::Histogram,
         #[cfg(test)]
         help: "how long drains took, start to end, as their receipt lines say (duration_ms)",
+    },
+    Metric {
+        name: LB_CHECK_INTERVAL,
+        kind: Kind::Gauge,
+        #[cfg(test)]
+        help: "the LB's check interval as drain-gate measures it: of the live checkers, the longest median of a checker's last 8 gaps between checks, each gap after a check answered 200 or 404 (0 until a checker has 3 gaps; set each second by the health role's tick)",
+    },
+    Metric {
+        name: LB_BUFFER_SHORT,
+        kind: Kind::Gauge,
+        #[cfg(test)]
+        help: "how much lb_buffer (lb_down_timeout with close_after: lb_observed_down) falls short of the LB's detection, lb_fall × drain_gate_lb_check_interval_ms: CLOSED, and the pod's exit, may come before the LB marks the gateway DOWN (0 when it covers it or nothing is measured; /drain/status lb.detection names the checker)",
     },
 ];
 

@@ -12,7 +12,7 @@ use drain_gate::clock::{self, Look, Now, Steps, Timers};
 use drain_gate::config::{Config, Role, KEYS};
 use drain_gate::fsm::{self, CloseAfter, DrainPlan, Move, Reason, Record, State, HISTORY};
 use drain_gate::in_flight::{Ages, InFlight};
-use drain_gate::lb::{Checkers, Gate};
+use drain_gate::lb::{self as lb, Checkers, Gate, CHECKER_TTL_MS, MAX_GAPS, MIN_GAPS};
 use proptest::prelude::*;
 use serde_json::{json, Value};
 
@@ -601,6 +601,7 @@ proptest! {
             ignored_checks: 0,
             lb_fall: 2,
             close_after: CloseAfter::LbBuffer,
+            lb_wait: lb::Wait::of(CloseAfter::LbBuffer, 10_000, 60_000),
             rotation: api::RotationView { cluster: Some("admin"), last: None },
             footprint: api::Footprint::default(),
             receipt: drain_gate::receipt::Tally::default(),
@@ -1137,5 +1138,66 @@ proptest! {
             prop_assert!(a.based_on.ends_with(&format!("up to {cut} of them last longer and are cut)")), "{}", a.based_on);
             prop_assert!(cut >= ends.iter().filter(|(k, ms)| *k == Kind::Http && *ms > 3_600_000).count() as u64);
         }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+
+    /// Whatever the gaps, the interval is never below the shortest nor above
+    /// the longest, and is shown from `MIN_GAPS` gaps on.
+    #[test]
+    fn the_interval_lies_between_the_shortest_and_the_longest_gap(
+        gaps in prop::collection::vec(1u32..120_000, 0..=MAX_GAPS),
+    ) {
+        let i = lb::interval(&gaps);
+        prop_assert_eq!(i.gaps, gaps.len());
+        prop_assert_eq!(i.ms.is_some(), gaps.len() >= MIN_GAPS);
+        prop_assert_eq!(i.min_gap_ms, gaps.iter().min().map(|g| u64::from(*g)));
+        prop_assert_eq!(i.max_gap_ms, gaps.iter().max().map(|g| u64::from(*g)));
+        if let (Some(ms), Some(lo), Some(hi)) = (i.ms, i.min_gap_ms, i.max_gap_ms) {
+            prop_assert!(lo <= ms && ms <= hi, "{} not in [{}, {}]", ms, lo, hi);
+        }
+    }
+
+    /// An LB checking every `inter` ms, each check up to `jitter` ms late or
+    /// early, one of its checks missed (one gap twice as long): once the
+    /// checker has `MIN_GAPS` gaps, its interval reads within the jitter of
+    /// `inter`, never twice it.
+    #[test]
+    fn one_missed_check_does_not_move_the_interval(
+        inter in 100u64..10_000,
+        jitter_pct in 0u64..10,
+        offsets in prop::collection::vec(0u64..1_000, 5..30),
+        missed in any::<prop::sample::Index>(),
+        start in 0u64..1_000_000,
+    ) {
+        let jitter = inter * jitter_pct / 100;
+        // Check k is due at start + k × inter, and comes within ±jitter of it.
+        let times: Vec<u64> = offsets
+            .iter()
+            .enumerate()
+            .map(|(k, o)| start + jitter + k as u64 * inter + o % (2 * jitter + 1) - jitter)
+            .collect();
+        let dropped = 1 + missed.index(times.len() - 2); // neither the first nor the last
+        let mut c = Checkers::default();
+        for (k, t) in times.iter().enumerate() {
+            if k != dropped {
+                c.observe("lb", 200, *t, 2);
+            }
+        }
+        let checker = &c.list[0];
+        prop_assert!(checker.gaps_ms.len() <= MAX_GAPS);
+        let i = checker.interval();
+        prop_assert!(i.gaps >= MIN_GAPS);
+        let ms = i.ms.unwrap_or(0);
+        // Two neighbouring checks each off by up to the jitter.
+        prop_assert!(
+            inter - 2 * jitter <= ms && ms <= inter + 2 * jitter,
+            "inter {} jitter {}: read {} from {:?}", inter, jitter, ms, checker.gaps_ms
+        );
+        let last = times.last().copied().unwrap_or(0);
+        prop_assert_eq!(c.slowest(last).map(|(_, ms)| ms), Some(ms));
+        prop_assert_eq!(c.slowest(last + CHECKER_TTL_MS + 1), None, "gone: nothing measured");
     }
 }

@@ -8,7 +8,7 @@ use super::reply::Reply;
 use crate::clock::{rfc3339, Now, Steps, Timers};
 use crate::fsm::{CloseAfter, Record, State};
 use crate::in_flight::{Histogram, InFlight};
-use crate::lb::{Checkers, Gate};
+use crate::lb::{Checkers, Detection, Gate, Interval, Wait};
 use crate::receipt::Tally;
 use crate::refusal::Refusal;
 use crate::rotation;
@@ -102,6 +102,9 @@ pub struct View<'a> {
     pub ignored_checks: u64,
     pub lb_fall: u32,
     pub close_after: CloseAfter,
+    /// What CLOSING waits for the LB before CLOSED (`lb_buffer`, or
+    /// `lb_down_timeout` with `close_after: lb_observed_down`).
+    pub lb_wait: Wait,
     pub rotation: RotationView<'a>,
     pub footprint: Footprint,
     /// What the current (or last) drain counted, as the traffic roots added
@@ -200,6 +203,57 @@ struct CheckerOut<'a> {
     consecutive_503: u32,
     last_seen: String,
     last_404: Option<String>,
+    /// Its check interval, measured from the gaps between its checks.
+    check_interval: Interval,
+}
+
+/// The LB's detection of the flip as measured, beside what CLOSING waits.
+#[derive(Serialize)]
+struct DetectionOut<'a> {
+    /// The live checker with the longest measured interval.
+    checker: &'a str,
+    check_interval_ms: u64,
+    lb_fall: u32,
+    /// `lb_fall` × `check_interval_ms`: the LB's DOWN after the flip, at the latest.
+    detection_ms: u64,
+    /// `lb_buffer`, or `lb_down_timeout` with `close_after: lb_observed_down`.
+    wait: &'static str,
+    wait_ms: u64,
+    /// How much `wait_ms` falls short of `detection_ms` (0: it covers it).
+    short_ms: u64,
+    /// Set when it falls short: what that means.
+    warning: Option<String>,
+}
+
+impl<'a> From<Detection<'a>> for DetectionOut<'a> {
+    fn from(d: Detection<'a>) -> DetectionOut<'a> {
+        let warning = (d.short_ms > 0).then(|| {
+            format!(
+                "{} ({} ms) is {} ms shorter than the LB's detection: lb_fall {} × the {} ms \
+                 between checks measured from {} = {} ms; CLOSED, and the pod's exit, may come \
+                 before the LB marks the gateway DOWN: raise {} above {} ms",
+                d.wait.name,
+                d.wait.ms,
+                d.short_ms,
+                d.lb_fall,
+                d.interval_ms,
+                d.checker,
+                d.detection_ms,
+                d.wait.name,
+                d.detection_ms
+            )
+        });
+        DetectionOut {
+            checker: d.checker,
+            check_interval_ms: d.interval_ms,
+            lb_fall: d.lb_fall,
+            detection_ms: d.detection_ms,
+            wait: d.wait.name,
+            wait_ms: d.wait.ms,
+            short_ms: d.short_ms,
+            warning,
+        }
+    }
 }
 
 #[derive(Serialize)]
@@ -225,10 +279,12 @@ struct Lb<'a> {
     /// Checkers that asked within the last 30 s.
     live_checkers: usize,
     /// Since the drain began (`null`: no drain yet), has any LB check reached this
-    /// gateway? False longer than a check interval and a second: the LB's checks
-    /// of its node reach another pod, and never see this one's 503.
+    /// gateway? False longer than a check interval: the LB's checks of its node
+    /// reach another pod, and never see this one's 503.
     checked_in_drain: Option<bool>,
     checkers: Vec<CheckerOut<'a>>,
+    /// `null` until a live checker's interval is measured.
+    detection: Option<DetectionOut<'a>>,
     /// Checks from sources outside `lb_checkers`.
     ignored_checks: IgnoredOut<'a>,
 }
@@ -480,8 +536,13 @@ fn lb_out<'a>(v: &View<'a>) -> Lb<'a> {
                 consecutive_503: c.consecutive_503,
                 last_seen: shown(c.last_seen_ms),
                 last_404: c.last_404_ms.map(shown),
+                check_interval: c.interval(),
             })
             .collect(),
+        detection: v
+            .checkers
+            .detection(now, v.lb_fall, v.lb_wait)
+            .map(DetectionOut::from),
         ignored_checks: IgnoredOut {
             count: v.ignored_checks,
             last_source: v.checkers.ignored.as_ref().map(|i| i.source.as_str()),
@@ -616,6 +677,7 @@ mod tests {
             ignored_checks: 0,
             lb_fall: 2,
             close_after: CloseAfter::LbBuffer,
+            lb_wait: Wait::of(CloseAfter::LbBuffer, 10_000, 60_000),
             rotation: RotationView::default(),
             footprint: Footprint::default(),
             receipt: Tally::default(),
@@ -825,6 +887,70 @@ mod tests {
             let mut after = checkers.clone();
             after.observe("10.0.0.1", 200, 2_100, 2);
             assert_eq!(lb(&rec, &after), serde_json::json!(true));
+        })
+    }
+
+    #[test]
+    fn status_shows_each_checker_s_interval_and_warns_when_lb_buffer_falls_short() {
+        let now = 1_764_000_000_500;
+        let mut checkers = Checkers::default();
+        for k in (0..=4).rev() {
+            checkers.observe("10.0.0.1", 200, now - k * 500, 2);
+        }
+        checkers.observe("10.0.0.2", 200, now - 1_000, 2);
+        checkers.observe("10.0.0.2", 200, now, 2);
+        sample(|v| {
+            let lb = |wait: Wait| {
+                body(&status(&View {
+                    checkers: &checkers,
+                    lb_wait: wait,
+                    ..v
+                }))["lb"]
+                    .clone()
+            };
+            let short = lb(Wait::of(CloseAfter::LbBuffer, 500, 60_000));
+            assert_eq!(
+                short["checkers"][0]["check_interval"],
+                serde_json::json!({"ms": 500, "gaps": 4, "min_gap_ms": 500, "max_gap_ms": 500})
+            );
+            assert_eq!(
+                short["checkers"][1]["check_interval"],
+                serde_json::json!({"ms": null, "gaps": 1, "min_gap_ms": 1_000, "max_gap_ms": 1_000}),
+                "one gap: no interval yet"
+            );
+            let d = &short["detection"];
+            assert_eq!(
+                (&d["checker"], &d["check_interval_ms"], &d["detection_ms"]),
+                (
+                    &serde_json::json!("10.0.0.1"),
+                    &serde_json::json!(500),
+                    &serde_json::json!(1_000)
+                )
+            );
+            assert_eq!(
+                (&d["wait"], &d["wait_ms"], &d["short_ms"]),
+                (
+                    &serde_json::json!("lb_buffer"),
+                    &serde_json::json!(500),
+                    &serde_json::json!(500)
+                )
+            );
+            let warning = d["warning"].as_str().unwrap();
+            assert!(
+                warning.starts_with("lb_buffer (500 ms) is 500 ms shorter than the LB's detection")
+                    && warning.contains("10.0.0.1"),
+                "{warning}"
+            );
+            let covered = lb(Wait::of(CloseAfter::LbBuffer, 1_000, 60_000));
+            assert_eq!(
+                (
+                    &covered["detection"]["short_ms"],
+                    &covered["detection"]["warning"]
+                ),
+                (&serde_json::json!(0), &serde_json::Value::Null)
+            );
+            let none = body(&status(&v))["lb"].clone();
+            assert_eq!(none["detection"], serde_json::Value::Null, "no checker");
         })
     }
 

@@ -45,6 +45,9 @@ pub struct Metrics<H: Host = Envoy> {
     termination_watch_unavailable: Option<u32>,
     drain_timeout: Option<u32>,
     drain_duration: Option<u32>,
+    /// The LB's measured check interval and what `lb_buffer` lacks (`crate::lb::Detection`).
+    lb_check_interval: Option<u32>,
+    lb_buffer_short: Option<u32>,
     /// The stream-duration counters (`host::sizing`).
     pub durations: super::sizing::Ids,
 }
@@ -170,6 +173,8 @@ impl<H: Host + Copy> Metrics<H> {
             termination_watch_unavailable: define(&host, names::TERMINATION_WATCH_UNAVAILABLE),
             drain_timeout: define(&host, names::DRAIN_TIMEOUT),
             drain_duration: define(&host, names::DRAIN_DURATION),
+            lb_check_interval: define(&host, names::LB_CHECK_INTERVAL),
+            lb_buffer_short: define(&host, names::LB_BUFFER_SHORT),
             durations: super::sizing::define(&host),
         }
     }
@@ -268,6 +273,12 @@ impl<H: Host> Metrics<H> {
     /// The termination watch cannot see the SIGTERM (said once per watch).
     pub fn termination_watch_unavailable(&self) {
         self.bump(self.termination_watch_unavailable);
+    }
+
+    /// The LB's detection as measured now (`None`: nothing measured, both 0).
+    pub fn set_lb_detection(&self, d: Option<&crate::lb::Detection>) {
+        self.record(self.lb_check_interval, d.map_or(0, |d| d.interval_ms));
+        self.record(self.lb_buffer_short, d.map_or(0, |d| d.short_ms));
     }
 
     pub fn lb_check_ignored(&self) {

@@ -4,6 +4,7 @@
 //! records beside it that have no shell of their own (see `host`): what the LB
 //! checkers were served, the clock-step watch.
 
+use proxy_wasm::types::Status;
 use std::cell::RefCell;
 use std::fmt;
 
@@ -220,10 +221,12 @@ impl<H: Host> Store<H> {
     }
 
     /// Records an answer served to an LB checker (compare-and-swap, retried;
-    /// written only when the record changed). A check that changes nothing —
-    /// the common case: the same answer to the same checker — costs one read
-    /// and no parse: `seen` keeps the version of the record its caller parsed
-    /// last (shared data's `cas` changes with every write).
+    /// written only when the record changed). Each check a gap after the
+    /// last one changes it (the gap is the checker's interval, `crate::lb`):
+    /// one read, one parse (none when `seen` holds the version read: shared
+    /// data's `cas` changes with every write), one write with that version —
+    /// another write first, and it starts over. A check that changes nothing
+    /// (a second one in the same millisecond) costs the read alone.
     pub fn lb_observe(
         &self,
         source: &str,
@@ -234,26 +237,32 @@ impl<H: Host> Store<H> {
         let now_ms = self.host.now().timer_ms();
         let (bytes, cas) = self.host.get(keys::LB).map_err(SharedError::Read)?;
         let remembered = seen
-            .borrow()
-            .as_ref()
+            .borrow_mut()
+            .take()
             .filter(|(v, _)| Some(*v) == cas)
-            .map(|(_, c)| c.clone());
+            .map(|(_, c)| c);
         let mut current = match remembered {
             Some(c) => c,
-            None => {
-                let c: Checkers = match bytes {
-                    Some(b) => shared::parse(keys::LB, &b)?,
-                    None => Checkers::default(),
-                };
-                *seen.borrow_mut() = cas.map(|v| (v, c.clone()));
-                c
-            }
+            None => match bytes {
+                Some(b) => shared::parse(keys::LB, &b)?,
+                None => Checkers::default(),
+            },
         };
         if !current.observe(source, status, now_ms, lb_fall) {
+            // Unchanged: still the version read.
+            *seen.borrow_mut() = cas.map(|v| (v, current));
             return Ok(());
         }
-        self.lb_change(&mut |c| c.observe(source, status, now_ms, lb_fall))
-            .map(|_| ())
+        match self
+            .host
+            .set(keys::LB, &shared::encode(keys::LB, &current)?, cas)
+        {
+            Ok(()) => Ok(()),
+            Err(Status::CasMismatch) => self
+                .lb_change(&mut |c| c.observe(source, status, now_ms, lb_fall))
+                .map(|_| ()),
+            Err(e) => Err(SharedError::Write(e)),
+        }
     }
 
     /// Rewrites the LB record with `change` when it says it changed it (one

@@ -72,6 +72,8 @@ pub struct Health<H: Host = Envoy> {
     /// is logged a tick later, once every traffic root's tick has counted
     /// what completed (`Traffic::tick`).
     receipt_seen: Cell<Option<u64>>,
+    /// When this root last set the LB detection gauges (timer clock).
+    lb_gauges_at: Cell<Option<u64>>,
 }
 
 /// Sends `reply` on the stream `context_id` (`None`: the current one).
@@ -104,6 +106,7 @@ impl<H: Host + Copy> Health<H> {
             store: Store::new(host),
             waiters: RefCell::new(Vec::new()),
             receipt_seen: Cell::new(None),
+            lb_gauges_at: Cell::new(None),
             watch,
             lb_seen: RefCell::new(None),
             unreadable: Cell::new(false),
@@ -131,6 +134,15 @@ impl<H: Host> Health<H> {
             .lb_checkers()
             .ok()
             .and_then(|c| c.down_since(self.host().now().timer_ms(), self.config.lb_fall))
+    }
+
+    /// What CLOSING waits for the LB before CLOSED, as configured.
+    pub(super) fn lb_wait(&self) -> crate::lb::Wait {
+        crate::lb::Wait::of(
+            self.config.close_after,
+            self.config.lb_buffer_ms,
+            self.config.lb_down_timeout_ms,
+        )
     }
 
     /// Moves the FSM for an admin command, then applies whatever became due

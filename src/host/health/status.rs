@@ -95,6 +95,7 @@ impl<H: Host> Health<H> {
             ignored_checks: self.metrics.lb_checks_ignored(),
             lb_fall: self.config.lb_fall,
             close_after: self.config.close_after,
+            lb_wait: self.lb_wait(),
             rotation: RotationView {
                 cluster: self.rotator.cluster(),
                 last: snap.rotation.as_ref(),

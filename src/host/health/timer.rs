@@ -13,6 +13,10 @@ use crate::host::store;
 use crate::host::wasm_host::Host;
 use crate::placeholder::Action as PlaceholderAction;
 
+/// How often a health root sets the LB detection gauges: each second, not
+/// each tick (one read and parse of the LB record).
+pub const LB_GAUGES_MS: u64 = 1_000;
+
 impl<H: Host> Health<H> {
     /// Runs every `tick` on each worker: the clock-step watch, automatic
     /// transitions, then the release of held answers that are over.
@@ -37,6 +41,7 @@ impl<H: Host> Health<H> {
         self.metrics.set_count_unreliable(!reading.reliable);
         let ids: Vec<u64> = self.watch.snapshot().0.roots.iter().map(|r| r.id).collect();
         let now = self.host().now();
+        self.lb_gauges(now.timer_ms());
         let oldest = in_flight::read(self.host(), now.timer_ms(), ids).oldest_age_ms;
         self.metrics.set_oldest_in_flight(oldest);
         self.keep_receipt(&rec, oldest);
@@ -46,6 +51,26 @@ impl<H: Host> Health<H> {
             held && matches!(rec.state, State::Draining | State::Closing),
             &self.metrics,
         );
+    }
+
+    /// Sets the gauges of the LB's measured check interval and of what
+    /// `lb_buffer` lacks (`crate::lb::Checkers::detection`), once a second.
+    fn lb_gauges(&self, now: u64) {
+        if self
+            .lb_gauges_at
+            .get()
+            .is_some_and(|at| now.saturating_sub(at) < LB_GAUGES_MS)
+        {
+            return;
+        }
+        self.lb_gauges_at.set(Some(now));
+        match self.store.lb_checkers() {
+            Ok(c) => {
+                let d = c.detection(now, self.config.lb_fall, self.lb_wait());
+                self.metrics.set_lb_detection(d.as_ref());
+            }
+            Err(e) => logs::warning!("event=lb_record_unavailable error=\"{e}\""),
+        }
     }
 
     /// Makes a wall-clock step visible: the worker that sees it first logs

@@ -638,3 +638,76 @@ fn a_check_that_changes_nothing_reads_two_values_and_writes_none() {
     );
     assert_ne!(sim.value(crate::host::keys::LB), lb);
 }
+
+#[test]
+fn a_check_a_gap_later_reads_and_writes_the_lb_record_once() {
+    let sim = Sim::at(T0);
+    let (h, _t) = gateway(&sim, r#"{}"#);
+    call(&h, "GET", "/health_check.html", 1).unwrap();
+    for _ in 0..10 {
+        sim.advance(500);
+        let before = sim.host_calls.get();
+        assert_eq!(
+            call(&h, "GET", "/health_check.html", 1).unwrap().status,
+            200
+        );
+        // The state gauge, the clock (wall and monotonic), the LB record read
+        // and written with the version read.
+        assert_eq!(sim.host_calls.get() - before, 5);
+    }
+    let c: crate::lb::Checkers =
+        crate::json::from_slice(&sim.value(crate::host::keys::LB).unwrap()).unwrap();
+    assert_eq!(c.list[0].gaps_ms, [500; crate::lb::MAX_GAPS]);
+}
+
+#[test]
+fn the_lb_s_interval_is_measured_shown_and_set_as_gauges_each_second() {
+    use crate::metric_names::{LB_BUFFER_SHORT, LB_CHECK_INTERVAL};
+    let sim = Sim::at(T0);
+    let (h, t) = gateway(&sim, r#"{"lb_buffer":"500ms"}"#);
+    let check = |n: usize, gap: u64| {
+        for _ in 0..n {
+            sim.advance(gap);
+            assert_eq!(
+                call(&h, "GET", "/health_check.html", 1).unwrap().status,
+                200
+            );
+        }
+    };
+    check(3, 500);
+    let st = json(&call(&h, "GET", "/drain/status", 2).unwrap());
+    assert_eq!(
+        (
+            &st["lb"]["checkers"][0]["check_interval"]["gaps"],
+            &st["lb"]["detection"]
+        ),
+        (&serde_json::json!(2), &serde_json::Value::Null),
+        "a new checker, two gaps: nothing measured yet"
+    );
+    ticks(&sim, &h, &t, 10, 100);
+    assert_eq!(sim.metric(LB_CHECK_INTERVAL), 0);
+    check(1, 500);
+    let st = json(&call(&h, "GET", "/drain/status", 2).unwrap());
+    assert_eq!(st["lb"]["checkers"][0]["check_interval"]["ms"], 500);
+    let d = &st["lb"]["detection"];
+    assert_eq!(
+        (&d["checker"], &d["detection_ms"], &d["short_ms"]),
+        (
+            &serde_json::json!("127.0.0.1"),
+            &serde_json::json!(1_000),
+            &serde_json::json!(500)
+        )
+    );
+    // The gauges move at the first tick a second after they were last set.
+    ticks(&sim, &h, &t, 10, 100);
+    assert_eq!(
+        (sim.metric(LB_CHECK_INTERVAL), sim.metric(LB_BUFFER_SHORT)),
+        (500, 500)
+    );
+    // The LB stops checking: once its checker is gone, nothing is measured.
+    ticks(&sim, &h, &t, 1, crate::lb::CHECKER_TTL_MS + 1_000);
+    assert_eq!(
+        (sim.metric(LB_CHECK_INTERVAL), sim.metric(LB_BUFFER_SHORT)),
+        (0, 0)
+    );
+}
