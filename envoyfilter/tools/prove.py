@@ -1,12 +1,10 @@
 #!/usr/bin/env python3
-"""Does your LB cut a drain-gate drain? Opens N long streams through the LB,
-drains the gateway behind --health as its preStop does (POST /drain?wait=closed)
-and follows it to CLOSED. A proof needs its control, which --control-health runs
-first on another gateway: its check flipped to 503 at drain start (/close-lb),
-an LB that cuts at DOWN cuts its streams. --control runs the control alone, on
---health. Without a control, a clean drain shows only that nothing was cut, not
-that this LB would have cut. Drained gateways stay CLOSED: replace their pods
-before the next run.
+"""Does your LB cut a drain-gate drain, or run a request twice? Opens long
+streams through the LB, drains the gateway behind --health as its preStop does
+and follows it to CLOSED. Its control (--control-health: another gateway, run
+first; --control: alone, on --health) flips the check at drain start: an LB
+that cuts at DOWN cuts its streams. Without one, a clean drain shows only that
+nothing was cut. Drained gateways stay CLOSED: replace their pods afterwards.
 """
 from __future__ import annotations
 
@@ -31,16 +29,15 @@ from datetime import datetime
 from urllib.parse import urlsplit
 
 EPILOG = """\
---through needs go-httpbin behind the LB (kubernetes/prove-httpbin.yaml): it
-  asks URL/drip?duration=S (http1, http2) and URL/websocket/echo (ws).
-needs: python3 >= 3.8; curl with HTTP2; DRAIN_GATE_ADMIN_TOKEN when --health is
-  reached from outside admin_allow (kubectl port-forward comes from 127.0.0.1).
+needs: go-httpbin behind --through (kubernetes/prove-httpbin.yaml: /drip and
+  /websocket/echo); python3 >= 3.8; curl with HTTP2; DRAIN_GATE_ADMIN_TOKEN
+  when --health is reached from outside admin_allow (port-forward: 127.0.0.1).
 exit: 0 proven: nothing lost or cut, every kind on the drained gateway, and
-  the control cut (without one: "uncontrolled"); 1 streams lost or cut, whatever
-  else went wrong (a control alone: the LB cut); 2 bad input, or no stream on
-  the gateway: not drained; 3 proved nothing: the control cut nothing, a kind
-  had no stream on the drained gateway, or the drain ended in FAULT or lost
-  --health, nothing lost; 130 interrupted (a drain under way is reopened)."""
+  the control cut (without one: "uncontrolled"); 1 lost, cut or ran twice,
+  whatever else went wrong (a control alone: the LB cut); 2 bad input, or no
+  stream on the gateway: not drained; 3 proved nothing: the control cut
+  nothing, a kind had no stream on the drained gateway, or the drain ended in
+  FAULT or lost --health, nothing lost; 130 interrupted (a drain is reopened)."""
 
 KINDS = ("http1", "http2", "ws")
 MAX_SECONDS = 600  # kubernetes/prove-httpbin.yaml lets an answer last 11 minutes
@@ -60,6 +57,18 @@ CURL_EXITS = {6: "host not resolved", 7: "could not connect", 16: "HTTP/2 error"
               28: "timed out", 35: "TLS handshake failed", 52: "empty reply", 55: "send failed",
               56: "reset or receive failure", 60: "certificate not trusted", 92: "HTTP/2 stream reset"}
 MARK = "\nprove-result "
+# The ledger's requests (--ledger): STEADY_CLIENTS threads, one request after another, POST and GET
+# in turn, STEADY_PAUSE_S apart; HELD of them held as long as the streams, opened with them.
+STEADY_CLIENTS = 2
+STEADY_PAUSE_S = 0.05
+APP_503_EVERY = 5  # every 5th POST: the application's own 503
+HELD = 4
+LEDGER_TIMEOUT_S = 30.0
+LEDGER_READ_S = 10.0
+LEAD_S = 0.5  # the requests flow this long before the drain begins
+POLL_S = 0.05  # the drained gateway's status, this often while its drain runs
+QUIET_S = 1.0  # the requests go on until none reached the drained gateway for this long,
+TAIL_MAX_S = 5.0  # at most this long after its drain ended
 
 
 class BadInput(Exception):
@@ -392,6 +401,189 @@ class WsStream(Stream):
                 self.sock.close()
 
 
+# -- the ledger (--ledger) ------------------------------------------------------------
+class Sent:
+    """One request to the ledger through the LB: what its client got, and (once the ledger was
+    read) how often it ran."""
+
+    def __init__(self, rid: str, method: str, want: int = 200, hold_ms: int = 0):
+        self.rid, self.method, self.want, self.hold_ms = rid, method, want, hold_ms
+        self.start = self.end = 0.0
+        self.status = 0  # 0: no answer (`error` says why)
+        self.refused = False  # its answer was a gateway's refusal (x-drain-gate: refused)
+        self.error = ""
+        self.ran: int | None = None  # executions, once read
+
+    @property
+    def answered(self) -> bool:
+        """It ran, and its client got the application's answer."""
+        return bool(self.ran) and self.status == self.want and not self.refused
+
+    def how(self) -> str:
+        if self.refused:
+            return "a refusal reached its client"
+        what = f"answered {self.status}" if self.status else self.error or "no answer"
+        return f"{what}, {'ran' if self.ran else 'never ran'}"
+
+
+class Ledger:
+    """ledger.py behind the LB (--ledger): each request to URL/ledger/<id> is one execution of <id>,
+    recorded as it arrives; URL/executions says how often each id ran. Every id of this run starts
+    with its own prefix: a ledger others share is read for this run's ids alone."""
+
+    def __init__(self, url: str, through: Through):
+        self.url = url.rstrip("/")
+        self.u = urlsplit(self.url)
+        if self.u.scheme not in ("http", "https") or not self.u.hostname:
+            raise BadInput(f"--ledger {url}: not an http(s) URL")
+        self.ctx = through.ssl_context() if self.u.scheme == "https" else None
+        self.prefix = f"prove-{os.urandom(4).hex()}-"
+        self.lock = threading.Lock()
+
+    def connection(self, timeout: float) -> http.client.HTTPConnection:
+        if self.ctx:
+            return http.client.HTTPSConnection(self.u.hostname, self.u.port, timeout=timeout, context=self.ctx)
+        return http.client.HTTPConnection(self.u.hostname, self.u.port, timeout=timeout)
+
+    def send(self, s: Sent) -> Sent:
+        """One request on a connection of its own (the LB picks a gateway for each)."""
+        query = f"?hold_ms={s.hold_ms}" + (f"&status={s.want}" if s.want != 200 else "")
+        body = b"x" * 64 if s.method in ("POST", "PUT", "PATCH") else None
+        headers = {"Connection": "close", **({"Content-Type": "application/octet-stream"} if body else {})}
+        conn = self.connection(timeout=s.hold_ms / 1000 + LEDGER_TIMEOUT_S)
+        s.start = time.time()
+        try:
+            conn.request(s.method, f"{self.u.path}/ledger/{s.rid}{query}", body=body, headers=headers)
+            r = conn.getresponse()
+            r.read()
+            s.status, s.refused = r.status, (r.getheader("x-drain-gate") or "").startswith("refused")
+        except (OSError, http.client.HTTPException) as e:
+            s.error = str(e) or type(e).__name__
+        finally:
+            conn.close()
+            s.end = time.time()
+        return s
+
+    def executions(self) -> dict[str, int]:
+        """How often each id of this run ran; BadInput when the ledger does not answer."""
+        conn = self.connection(timeout=LEDGER_TIMEOUT_S)
+        try:
+            conn.request("GET", f"{self.u.path}/executions", headers={"Connection": "close"})
+            r = conn.getresponse()
+            code, body = r.status, r.read()
+        except (OSError, http.client.HTTPException) as e:
+            raise BadInput(f"--ledger {self.url}: /executions unreachable ({e})") from None
+        finally:
+            conn.close()
+        try:
+            runs = json.loads(body)["executions"]
+            if not isinstance(runs, dict):
+                raise TypeError
+        except (ValueError, KeyError, TypeError):
+            raise BadInput(f"--ledger {self.url}: /executions answered {code} without the ledger's counts (is "
+                           "ledger.py behind it? kubernetes/prove-ledger.yaml)") from None
+        return {k: v for k, v in runs.items() if k.startswith(self.prefix)}
+
+    def read(self, sent: list[Sent]) -> dict[str, int]:
+        """The executions of `sent`, each written into its Sent; a few tries (the LB may be taking
+        a gateway out)."""
+        deadline = time.monotonic() + LEDGER_READ_S
+        while True:
+            try:
+                runs = self.executions()
+                break
+            except BadInput:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.5)
+        for s in sent:
+            s.ran = runs.get(s.rid, 0)
+        return runs
+
+
+class Steady:
+    """A steady sequence of short requests to the ledger, POST and GET in turn from each of
+    STEADY_CLIENTS threads, a new connection each; every APP_503_EVERY-th POST asks the ledger to
+    answer 503 (the application's own 503: an LB that resends it runs it twice)."""
+
+    def __init__(self, ledger: Ledger, tag: str):
+        self.ledger, self.tag = ledger, tag
+        self.sent: list[Sent] = []
+        self.stop_event = threading.Event()
+        self.n = 0
+        self.threads = [threading.Thread(target=self._client, args=(i,), daemon=True) for i in range(STEADY_CLIENTS)]
+        for t in self.threads:
+            t.start()
+
+    def _next(self, method: str) -> Sent:
+        with self.ledger.lock:
+            self.n += 1
+            n = self.n
+        app_503 = method == "POST" and n % APP_503_EVERY == 0
+        s = Sent(f"{self.ledger.prefix}{self.tag}-{n}-{method.lower()}{'503' if app_503 else ''}", method,
+                 503 if app_503 else 200)
+        with self.ledger.lock:
+            self.sent.append(s)
+        return s
+
+    def _client(self, i: int) -> None:
+        k = i
+        while not self.stop_event.is_set():
+            self.ledger.send(self._next(("POST", "GET")[k % 2]))
+            k += 1
+            self.stop_event.wait(STEADY_PAUSE_S)
+
+    def stop(self) -> None:
+        self.stop_event.set()
+        for t in self.threads:
+            t.join(LEDGER_TIMEOUT_S + 5)
+
+
+class Watch:
+    """The drained gateway's /drain/status every POLL_S from its drain's start, on this machine's
+    clock: its receipt's refusals (each new request a refusing gateway refuses, counted as it
+    ends) and its other ends (a served request's, counted by its worker's next tick, and those of
+    the streams already in flight), and how many 503s in a row each LB checker has been served.
+    Its in-flight count is no measure of new requests: a worker adds to it in leases of 8."""
+
+    def __init__(self, gw: Gateway):
+        self.gw = gw
+        self.samples: list[tuple[float, int, int, dict[str, int]]] = []  # (t, refused, other ends, checkers)
+        self.refusing = False
+        self.stop_event = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        while not self.stop_event.is_set():
+            try:
+                st = self.gw.status()
+            except BadInput:
+                self.stop_event.wait(POLL_S)
+                continue
+            t = time.time()
+            if st["state"] != "OPEN":  # the receipt counts from the drain's start
+                r = st["receipt"]
+                self.refusing = st["refusing"]["active"]
+                self.samples.append((t, r["refused"], r["cut"] + r["completed"] + r["ended_upstream"],
+                                     {c["source"]: c["consecutive_503"] for c in st["lb"]["checkers"]}))
+            self.stop_event.wait(POLL_S)
+
+    def last_new(self, until: float | None = None) -> float | None:
+        """When the last new request reached the gateway (before `until`): the first sample at the
+        highest count of its refusals (a refusing gateway), else of its ends."""
+        i = 1 if self.refusing else 2
+        seen = [(x[0], x[i]) for x in self.samples if until is None or x[0] < until]
+        if not seen:
+            return None
+        top = max(n for _, n in seen)
+        return next(t for t, n in seen if n == top)
+
+    def stop(self) -> None:
+        self.stop_event.set()
+        self.thread.join(5)
+
+
 # -- the run ---------------------------------------------------------------------------
 def parse(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="prove.py", description=__doc__, epilog=EPILOG,
@@ -405,6 +597,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--seconds", type=int, default=30, metavar="S",
                     help="stream length, above the LB's detection window (30)")
     ap.add_argument("--kinds", default=",".join(KINDS), metavar="K", help="of http1,http2,ws (all)")
+    ap.add_argument("--ledger", metavar="URL", help="the LB in front of ledger.py: what ran twice")
     ap.add_argument("--cacert", metavar="FILE", help="the CA of an https --through (default: the system's)")
     ap.add_argument("--insecure", action="store_true", help="do not verify an https --through")
     args = ap.parse_args(argv)
@@ -437,6 +630,14 @@ class Phase:
         self.status: dict = {}  # the last status seen
         self.end = ""  # the state the drain ended in, "" while under way
         self.health_lost = ""  # why the drain could not be followed to its end
+        # With --ledger: the held requests and the steady ones, the drained gateway watched, and
+        # what the ledger said (None: not read, `ledger_error` says why).
+        self.held_sent: list[Sent] = []
+        self.held_on_gw = 0
+        self.steady: Steady | None = None
+        self.watch: Watch | None = None
+        self.runs: dict[str, int] | None = None
+        self.ledger_error = ""
 
     def say(self, line: str) -> None:
         say(f"{self.role}: {line}")
@@ -465,6 +666,16 @@ class Phase:
     def under_way(self) -> bool:
         return self.held is not None and not self.end
 
+    def requests(self) -> list[Sent]:
+        """Its requests to the ledger, held and steady."""
+        return self.held_sent + (self.steady.sent if self.steady else [])
+
+    def unanswered(self) -> list[Sent]:
+        return [r for r in self.requests() if not r.answered] if self.runs is not None else []
+
+    def ran_twice(self) -> list[Sent]:
+        return [r for r in self.requests() if (r.ran or 0) > 1]
+
 
 def why_no_cut(ph: Phase) -> str:
     """Why a control's flip cut nothing, from what its gateway saw of the LB."""
@@ -486,13 +697,27 @@ def why_no_cut(ph: Phase) -> str:
             "and cut none: it does not cut at DOWN")
 
 
+def ran_twice(phases: list[Phase]) -> list[tuple[str, Sent]]:
+    """Requests of the drains that ran more than once."""
+    return [(ph.role, r) for ph in phases for r in ph.ran_twice()]
+
+
 def judge(phases: list[Phase], kinds: list[str]) -> tuple[int, list[str]]:
     """The run's answer from every drain it made: the exit code and the lines that say why.
-    Losses trump: whatever else went wrong, a proof that lost or cut a stream exits 1."""
+    A request that ran twice trumps, then losses: whatever else went wrong, a proof that lost
+    or cut a stream, or lost a request to the ledger, exits 1."""
     control = next((p for p in phases if p.role == "control"), None)
     proof = next((p for p in phases if p.role == "proof"), None)
     lines: list[str] = []
     nothing: list[str] = []  # why it proved nothing: the run's reasons, or a kind's
+    nothing += [f"{p.role}: the ledger was not read: {p.ledger_error}" for p in phases if p.ledger_error]
+    twice = ran_twice(phases)
+    if twice:
+        shown = ", ".join(f"{r.rid} {r.ran}x ({where}, {r.method}"
+                          + (", answered 503 by the application)" if r.want == 503 else ")") for where, r in twice[:3])
+        more = f" and {len(twice) - 3} more" if len(twice) > 3 else ""
+        return EXIT_LOST, [f"prove: RAN TWICE (exit 1): {len(twice)} request(s) ran more than once: {shown}{more}: "
+                           "this LB resends requests that ran"]
     if control:
         cut = [k for k in kinds if control.lost(k)]
         if control.lost() or control.cut:
@@ -514,21 +739,60 @@ def judge(phases: list[Phase], kinds: list[str]) -> tuple[int, list[str]]:
         nothing.append(f"the drain was not followed to its end: {proof.health_lost}")
     elif proof.end != "CLOSED":
         nothing.append(f"the drain ended in {proof.end}, not CLOSED")
-    lost = len(proof.lost())
-    if lost or proof.cut:
-        return EXIT_LOST, lines + [f"prove: LOST (exit 1): the drain lost {lost} of {len(proof.streams)} stream(s), "
-                                   f"its gateway counts {proof.cut} cut"
+    lost, unanswered = len(proof.lost()), len(proof.unanswered())
+    if lost or proof.cut or unanswered:
+        ledger = f", and {unanswered} of {len(proof.requests())} request(s) to the ledger" if unanswered else ""
+        return EXIT_LOST, lines + [f"prove: LOST (exit 1): the drain lost {lost} of {len(proof.streams)} stream(s){ledger}"
+                                   f", its gateway counts {proof.cut} cut"
                                    + (f" (and: {'; '.join(nothing)})" if nothing else "")]
     if nothing:
         return EXIT_NOTHING, lines + [f"prove: proved nothing (exit 3): {'; '.join(nothing)}"]
     crossed = sum(proof.crossed(k) for k in kinds)
+    ledger = (f"; {len(proof.requests())} requests to the ledger answered, none ran twice"
+              if proof.runs is not None else "")
     if control:
         return EXIT_PROVEN, lines + [f"prove: proven (exit 0): the LB cut the control's streams of every kind at "
                                      f"DOWN; the drain lost none of the {crossed} on its gateway, every kind among "
-                                     "them, and cut none"]
+                                     f"them, and cut none{ledger}"]
     return EXIT_PROVEN, lines + [f"prove: nothing lost, nothing cut (exit 0), {crossed} streams on the drained "
-                                 "gateway, every kind among them; uncontrolled: no control (--control-health) "
+                                 f"gateway, every kind among them{ledger}; uncontrolled: no control (--control-health) "
                                  "showed that this LB cuts, so this shows only that this drain cut nothing"]
+
+
+def report_ledger(ph: Phase) -> None:
+    """A drain's requests to the ledger: sent, answered, lost and how, what ran twice, and what the
+    gateway refused."""
+    if ph.runs is None:
+        ph.say(f"ledger: not read ({ph.ledger_error})")
+        return
+    reqs = ph.requests()
+    posts = [r for r in reqs if r.method == "POST"]
+    app = sum(1 for r in posts if r.want == 503)
+    lost = ph.unanswered()
+    twice = ph.ran_twice()
+    ph.say(f"ledger: sent {len(reqs)} (POST {len(posts)}, {app} of them answered 503 by the application; GET "
+           f"{len(reqs) - len(posts)}; {len(ph.held_sent)} held {ph.held_sent[0].hold_ms / 1000:g} s, {ph.held_on_gw} "
+           f"on the gateway), answered {len(reqs) - len(lost)}, lost {len(lost)}, ran twice {len(twice)}"
+           if ph.held_sent else f"ledger: sent {len(reqs)}, answered {len(reqs) - len(lost)}, lost {len(lost)}, "
+                                f"ran twice {len(twice)}")
+    if lost:
+        how = Counter(f"{r.method} {r.how()}" for r in lost)
+        ph.say("ledger: lost: " + "; ".join(f"{h}: {n}" for h, n in sorted(how.items())))
+    if twice:
+        ph.say("ledger: ran twice: " + ", ".join(f"{r.rid} ({r.method}) {r.ran}x" for r in twice[:5]))
+    st = ph.status
+    if st and st["refusing"]["mode"] == "refuse":
+        reached = refusals_reached(ph)
+        ph.say(f"ledger: the gateway refused {st['receipt']['refused']} (refused_requests: "
+               f"{st['refusing']['requests']}, refuse_with: {st['refusing']['refuse_with']}); "
+               f"{len(reached)} refusal(s) of this run reached a client")
+
+
+def refusals_reached(ph: Phase) -> list[Sent]:
+    """Requests sent once the drain began that came back as the gateway's refusal, or never ran
+    and got no answer of the application: a refusal the LB did not resend."""
+    return [r for r in ph.requests() if r.start >= (ph.t0 or 0) and r.ran is not None
+            and (r.refused or (not r.ran and not r.answered))]
 
 
 class Run:
@@ -538,6 +802,7 @@ class Run:
         self.gw = Gateway(args.health, token)
         self.control_gw = Gateway(args.control_health, token, "--control-health") if args.control_health else None
         self.through = Through(args.through, args.cacert, args.insecure)
+        self.ledger = Ledger(args.ledger, self.through) if args.ledger else None
         self.phases: list[Phase] = []
 
     def plan(self) -> list[tuple[str, Gateway]]:
@@ -558,6 +823,8 @@ class Run:
             self.check(gw)
         for kind in self.args.kinds:
             self.probe(kind)
+        if self.ledger:
+            self.ledger.executions()
 
     def check(self, gw: Gateway, hint: str = "") -> None:
         """A gateway this run may drain: OPEN, no preStop hold, a reliable count, admin calls allowed."""
@@ -638,6 +905,44 @@ class Run:
                 now, since = seen, time.monotonic()
         return now
 
+    # -- the ledger --------------------------------------------------------------------
+    def open_held(self, ph: Phase) -> None:
+        """HELD requests to the ledger, held as long as the streams: in flight when the drain begins."""
+        before = in_flight(ph.gw.status())
+        ms = self.args.seconds * 1000
+        ph.held_sent = [Sent(f"{self.ledger.prefix}{ph.role}-held-{i}-{m.lower()}", m, hold_ms=ms)
+                        for i, m in enumerate(("POST", "GET") * (HELD // 2))]
+        for r in ph.held_sent:
+            threading.Thread(target=self.ledger.send, args=(r,), daemon=True).start()
+        ph.held_on_gw = max(0, min(HELD, self.settle(ph.gw, before, HELD) - before))
+
+    def finish_ledger(self, ph: Phase) -> None:
+        """Once the drain ended: the steady requests go on until none reached the drained gateway
+        for QUIET_S (at most TAIL_MAX_S), the held ones are answered, and the ledger is read."""
+        ended = time.time()
+        while time.time() - ended < TAIL_MAX_S:
+            last = ph.watch.last_new() if ph.watch else None
+            if last is None or time.time() - last >= QUIET_S:
+                break
+            time.sleep(0.1)
+        ph.steady.stop()
+        if ph.watch:
+            ph.watch.stop()
+        deadline = time.time() + LEDGER_TIMEOUT_S + self.args.seconds
+        while not all(r.end for r in ph.held_sent) and time.time() < deadline:
+            time.sleep(0.05)
+        try:
+            ph.runs = self.ledger.read(ph.requests())
+        except BadInput as e:
+            ph.ledger_error = str(e)
+
+    def stop_ledger(self) -> None:
+        for ph in self.phases:
+            if ph.steady:
+                ph.steady.stop_event.set()
+            if ph.watch:
+                ph.watch.stop_event.set()
+
     # -- the drain ---------------------------------------------------------------------
     def drain(self, ph: Phase) -> None:
         """Starts the drain (and, for the control, the flip), follows it to its end and waits
@@ -645,6 +950,8 @@ class Run:
         gw, control = ph.gw, ph.role == "control"
         ph.t0 = time.time()
         ph.held = HeldDrain(gw)
+        if self.ledger:
+            ph.watch = Watch(gw)
         deadline = time.monotonic() + 10
         while (st := gw.status())["state"] == "OPEN":
             if ph.held.done.is_set() or time.monotonic() > deadline:
@@ -727,14 +1034,24 @@ class Run:
             gateways = ", ".join(f"{role} gateway {gw.url}" for role, gw in self.plan())
             say(f"prove: {a.streams} streams ({', '.join(a.kinds)}) of {a.seconds} s through {self.through.url}; "
                 f"{gateways}: OPEN")
+            if self.ledger:
+                say(f"ledger {self.ledger.url}: this run's ids start with {self.ledger.prefix}")
             for role, gw in self.plan():
                 if self.phases:
                     self.check(gw, "; after the control: do --control-health and --health reach one gateway?")
                 ph = Phase(role, gw)
                 self.phases.append(ph)
                 self.open_streams(ph)
+                if self.ledger:
+                    self.open_held(ph)
+                    ph.steady = Steady(self.ledger, ph.role)
+                    time.sleep(LEAD_S)
                 self.drain(ph)
+                if self.ledger:
+                    self.finish_ledger(ph)
                 self.report(ph)
+                if self.ledger:
+                    report_ledger(ph)
             code, lines = judge(self.phases, a.kinds)
             for line in lines:
                 say(line)
@@ -761,6 +1078,7 @@ class Run:
                 print(f"prove: {left}", file=sys.stderr, flush=True)
             raise
         finally:
+            self.stop_ledger()
             streams = [s for ph in self.phases for s in ph.streams]
             for s in streams:
                 s.kill()
