@@ -14,6 +14,7 @@ import contextlib
 import hashlib
 import http.client
 import json
+import math
 import os
 import select
 import shutil
@@ -37,7 +38,8 @@ exit: 0 proven: nothing lost or cut, every kind on the drained gateway, and
   whatever else went wrong (a control alone: the LB cut); 2 bad input, or no
   stream on the gateway: not drained; 3 proved nothing: the control cut
   nothing, a kind had no stream on the drained gateway, or the drain ended in
-  FAULT or lost --health, nothing lost; 130 interrupted (a drain is reopened)."""
+  FAULT or lost --health, nothing lost; 130 interrupted (a drain is reopened).
+  --fingerprint: 0 measured, 1 ran twice or the proof lost, 3 not measured."""
 
 KINDS = ("http1", "http2", "ws")
 MAX_SECONDS = 600  # kubernetes/prove-httpbin.yaml lets an answer last 11 minutes
@@ -63,6 +65,8 @@ STEADY_CLIENTS = 2
 STEADY_PAUSE_S = 0.05
 APP_503_EVERY = 5  # every 5th POST: the application's own 503
 HELD = 4
+REFUSE_S = 1.0  # --fingerprint: the control's flip comes this long after its drain's start
+WARM_UP = 60  # --fingerprint: short GETs before the drains (a gateway's advice needs 20 streams)
 LEDGER_TIMEOUT_S = 30.0
 LEDGER_READ_S = 10.0
 LEAD_S = 0.5  # the requests flow this long before the drain begins
@@ -75,8 +79,11 @@ class BadInput(Exception):
     """Exit 2, with the cause: nothing judged."""
 
 
+OUT = [sys.stdout]  # --json: the lines go to stderr, the JSON object to stdout
+
+
 def say(line: str) -> None:
-    print(line, flush=True)
+    print(line, file=OUT[0], flush=True)
 
 
 # -- the gateway's health port ------------------------------------------------------
@@ -598,6 +605,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
                     help="stream length, above the LB's detection window (30)")
     ap.add_argument("--kinds", default=",".join(KINDS), metavar="K", help="of http1,http2,ws (all)")
     ap.add_argument("--ledger", metavar="URL", help="the LB in front of ledger.py: what ran twice")
+    ap.add_argument("--fingerprint", action="store_true", help="measure the LB (--ledger, a control); advise")
+    ap.add_argument("--json", action="store_true", help="the fingerprint as one JSON object on stdout")
     ap.add_argument("--cacert", metavar="FILE", help="the CA of an https --through (default: the system's)")
     ap.add_argument("--insecure", action="store_true", help="do not verify an https --through")
     args = ap.parse_args(argv)
@@ -615,6 +624,13 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         ap.error("--control with --control-health: --control-health runs the control itself")
     if args.control_health and args.control_health.rstrip("/") == args.health.rstrip("/"):
         ap.error("--control-health and --health: the control drains one gateway, the proof another")
+    if args.fingerprint and not args.ledger:
+        ap.error("--fingerprint needs --ledger: what the LB resends is counted by the ledger")
+    if args.fingerprint and not (args.control or args.control_health):
+        ap.error("--fingerprint needs a control (--control-health, or --control): its flip at drain start is "
+                 "what the LB's check is timed by")
+    if args.json and not args.fingerprint:
+        ap.error("--json prints the fingerprint: add --fingerprint")
     return args
 
 
@@ -636,6 +652,7 @@ class Phase:
         self.held_on_gw = 0
         self.steady: Steady | None = None
         self.watch: Watch | None = None
+        self.flip_local: float | None = None  # when /close-lb answered (the control), this machine's clock
         self.runs: dict[str, int] | None = None
         self.ledger_error = ""
 
@@ -697,12 +714,15 @@ def why_no_cut(ph: Phase) -> str:
             "and cut none: it does not cut at DOWN")
 
 
-def ran_twice(phases: list[Phase]) -> list[tuple[str, Sent]]:
-    """Requests of the drains that ran more than once."""
-    return [(ph.role, r) for ph in phases for r in ph.ran_twice()]
+def ran_twice(phases: list[Phase], probes: list[Sent]) -> list[tuple[str, Sent]]:
+    """Requests that ran more than once: every one of a drain's, and the POST the application
+    answered 503 (a GET may run twice: RFC 9110 9.2.2)."""
+    return ([(ph.role, r) for ph in phases for r in ph.ran_twice()]
+            + [("before the drains", r) for r in probes if r.method == "POST" and (r.ran or 0) > 1])
 
 
-def judge(phases: list[Phase], kinds: list[str]) -> tuple[int, list[str]]:
+def judge(phases: list[Phase], kinds: list[str], probes: list[Sent] = (), fp: dict | None = None
+          ) -> tuple[int, list[str]]:
     """The run's answer from every drain it made: the exit code and the lines that say why.
     A request that ran twice trumps, then losses: whatever else went wrong, a proof that lost
     or cut a stream, or lost a request to the ledger, exits 1."""
@@ -711,7 +731,7 @@ def judge(phases: list[Phase], kinds: list[str]) -> tuple[int, list[str]]:
     lines: list[str] = []
     nothing: list[str] = []  # why it proved nothing: the run's reasons, or a kind's
     nothing += [f"{p.role}: the ledger was not read: {p.ledger_error}" for p in phases if p.ledger_error]
-    twice = ran_twice(phases)
+    twice = ran_twice(phases, probes)
     if twice:
         shown = ", ".join(f"{r.rid} {r.ran}x ({where}, {r.method}"
                           + (", answered 503 by the application)" if r.want == 503 else ")") for where, r in twice[:3])
@@ -727,6 +747,8 @@ def judge(phases: list[Phase], kinds: list[str]) -> tuple[int, list[str]]:
                         else f"{k}: no stream of it crossed the control's gateway" for k in kinds if k not in cut]
         else:
             nothing.append(f"the control cut nothing: {why_no_cut(control)}")
+    if fp is not None:
+        return judge_fingerprint(proof, fp, lines)
     if proof is None:  # the control alone
         if control.lost() or control.cut:
             return EXIT_LOST, lines + ["prove: the control cut (exit 1): this LB cuts at DOWN; a proof on another "
@@ -757,6 +779,17 @@ def judge(phases: list[Phase], kinds: list[str]) -> tuple[int, list[str]]:
     return EXIT_PROVEN, lines + [f"prove: nothing lost, nothing cut (exit 0), {crossed} streams on the drained "
                                  f"gateway, every kind among them{ledger}; uncontrolled: no control (--control-health) "
                                  "showed that this LB cuts, so this shows only that this drain cut nothing"]
+
+
+def judge_fingerprint(proof: Phase | None, fp: dict, lines: list[str]) -> tuple[int, list[str]]:
+    """--fingerprint: 0 measured, 1 the proof (if any) lost, 3 a figure not measured."""
+    if proof and (proof.lost() or proof.cut or proof.unanswered()):
+        return EXIT_LOST, lines + [f"prove: LOST (exit 1): the proof's drain lost {len(proof.lost())} stream(s) and "
+                                   f"{len(proof.unanswered())} request(s) to the ledger, its gateway counts "
+                                   f"{proof.cut} cut"]
+    if fp["missing"]:
+        return EXIT_NOTHING, lines + [f"prove: fingerprint not measured (exit 3): {'; '.join(fp['missing'])}"]
+    return EXIT_PROVEN, lines + ["prove: fingerprint measured (exit 0), nothing ran twice"]
 
 
 def report_ledger(ph: Phase) -> None:
@@ -795,6 +828,171 @@ def refusals_reached(ph: Phase) -> list[Sent]:
             and (r.refused or (not r.ran and not r.answered))]
 
 
+# -- the fingerprint (--fingerprint) ----------------------------------------------------------
+def check_timing(ph: Phase) -> dict:
+    """When the LB stopped sending the control's gateway new requests, against its checks: each
+    checker's k-th 503 in a row first seen at t_k, its interval (t_K - t_1) / (K - 1), and the
+    detection: from its last check answered 200 (t_1 - interval) to the last new request, the
+    longest a flip can wait for the LB (fall x inter); its fall, detection / interval."""
+    out = {"active_check": False, "check_interval_s": None, "fall": None, "detection_s": None,
+           "first_503_s": None, "sent_until_s": None, "why": ""}
+    samples = ph.watch.samples if ph.watch else []
+    if not samples or ph.flip_local is None:
+        out["why"] = "the gateway's status was not read while it drained"
+        return out
+    # A gateway that serves counts ends, not arrivals: read them before the streams and held
+    # requests of this run began to end by themselves.
+    natural = [s.ended for s in ph.streams if s.ok and s.ended] + [r.end for r in ph.held_sent if r.answered]
+    until = None if ph.watch.refusing else min(natural, default=None)
+    t_last = ph.watch.last_new(until - POLL_S if until else None) or ph.flip_local
+    out["sent_until_s"] = round(t_last - ph.flip_local, 2)
+    end = min(samples[-1][0], until) if until else samples[-1][0]
+    kept = end - t_last < QUIET_S
+    firsts: dict[str, dict[int, float]] = {}
+    for t, _, _, checkers in samples:
+        for source, n in checkers.items():
+            seen = firsts.setdefault(source, {})
+            for k in range(1, n + 1):
+                seen.setdefault(k, t)
+    out["active_check"] = bool(firsts)
+    if not firsts:
+        out["why"] = ("no active check: no LB checker asked this gateway's /health_check.html; the LB "
+                      + ("kept sending it new requests as long as this run watched" if kept else
+                         f"sent it its last new request +{out['sent_until_s']:.2f} s after the flip"))
+        return out
+    timed = {src: ks for src, ks in firsts.items() if 1 in ks}
+    if not timed:
+        out["why"] = "no LB checker was served a 503 while the run watched"
+        return out
+    src = min(timed, key=lambda x: timed[x][1])
+    ks = timed[src]
+    top = max(ks)
+    if top < 2:
+        out["why"] = f"checker {src} was served one 503 only: its interval is not measured"
+        return out
+    inter = (ks[top] - ks[1]) / (top - 1)
+    out["check_interval_s"] = round(inter, 2)
+    out["first_503_s"] = round(ks[1] - ph.flip_local, 2)
+    if kept:
+        out["why"] = (f"the LB kept sending it new requests as long as this run watched (+{out['sent_until_s']:.2f} "
+                      "s after the flip), its check failing" + ("" if ph.watch.refusing else
+                                                                 ": raise --seconds (a serving gateway is read until "
+                                                                 "its streams end)"))
+        return out
+    detection = max(0.0, t_last - (ks[1] - inter))
+    out["detection_s"] = round(detection, 2)
+    out["fall"] = max(1, round(detection / inter))
+    return out
+
+
+def fingerprint(phases: list[Phase], probes: list[Sent]) -> dict:
+    """What the LB did, measured (`lb`), and the settings that follow (`advice`); `missing`: the
+    figures it could not measure, and why."""
+    control = next(p for p in phases if p.role == "control")
+    st = control.status
+    missing: list[str] = []
+    timing = check_timing(control)
+    lb: dict = {k: timing[k] for k in ("active_check", "check_interval_s", "fall", "detection_s", "first_503_s",
+                                       "sent_until_s")}
+    lb["detection"] = timing["why"] or (f"{timing['detection_s']:.2f} s from its last check answered 200 to its last "
+                                        f"new request: fall {timing['fall']} x inter {timing['check_interval_s']:.2f} s")
+    if timing["detection_s"] is None and timing["active_check"]:
+        missing.append(f"detection: {timing['why']}")
+    # Does it cut at DOWN? The control's streams.
+    cut = len(control.lost()) + len([r for r in control.held_sent if r.ran and not r.answered])
+    if cut or control.cut:
+        lb["cuts_at_down"], why = True, f"the control: {cut} cut once the check said 503 (the gateway counts {control.cut})"
+    elif not timing["active_check"]:
+        lb["cuts_at_down"], why = False, "no active check: the LB never takes the gateway out on its check"
+    else:
+        why = why_no_cut(control)
+        lb["cuts_at_down"] = False if why.endswith("does not cut at DOWN") else None
+        if lb["cuts_at_down"] is None:
+            missing.append(f"cuts_at_down: {why}")
+    lb["cuts_at_down_why"] = why
+    # Does it resend a refusal? The control's requests, sent once its gateway refused.
+    refusing, refused = st["refusing"], st["receipt"]["refused"]
+    reached = refusals_reached(control)
+    if control.runs is None:
+        lb["resends_refused"] = lb["resends_refused_post"] = None
+        why = f"the ledger was not read: {control.ledger_error}"
+        missing.append(f"resends_refused: {why}")
+    elif refusing["mode"] != "refuse":
+        lb["resends_refused"] = lb["resends_refused_post"] = None
+        why = ("the gateways serve new requests while draining (draining_new_requests: serve): nothing was refused; "
+               "measure with refuse to know")
+    elif not refused:
+        lb["resends_refused"] = lb["resends_refused_post"] = None
+        why = "the draining gateway refused nothing (no new request reached it)"
+        missing.append(f"resends_refused: {why}")
+    else:
+        gets = [r for r in reached if r.method != "POST"]
+        posts = [r for r in reached if r.method == "POST"]
+        lb["resends_refused"] = not gets
+        lb["resends_refused_post"] = (not posts) if refusing["requests"] == "all" else None
+        why = (f"the gateway refused {refused} (refused_requests: {refusing['requests']}, refuse_with: "
+               f"{refusing['refuse_with']}); {len(gets)} GET and {len(posts)} POST refusal(s) reached a client")
+    lb["resends_refused_why"] = why
+    lb["refused_with"] = {k: refusing[k] for k in ("mode", "requests", "refuse_with")}
+    # Does it resend what the application answered 503?
+    for method, key in (("POST", "resends_after_application_503"), ("GET", "resends_get_after_application_503")):
+        mine = [r for r in probes + [r for ph in phases for r in ph.requests()]
+                if r.method == method and r.want == 503 and r.ran]
+        lb[key] = any(r.ran > 1 for r in mine) if mine else None
+        if method == "POST" and not mine:
+            missing.append("resends_after_application_503: no POST the application answered 503 ran")
+    # The settings that follow.
+    refuse = lb["resends_refused"] is True and lb["resends_after_application_503"] is False
+    inter, detection = timing["check_interval_s"], timing["detection_s"]
+    lb_buffer = math.ceil(detection + inter + 1) if detection is not None else None
+    advices = [ph.status["advice"] for ph in phases if ph.status]
+    drain_timeout = max((a["drain_timeout_s"] for a in advices if a["drain_timeout_s"]), default=None)
+    graces = [ph.status["advice"]["termination_grace_period_s"]
+              + max(0, (lb_buffer or 0) - math.ceil((ph.status["progress"]["lb_buffer_ms"] or 0) / 1000))
+              for ph in phases if ph.status and ph.status["advice"]["termination_grace_period_s"]]
+    advice = {
+        "lb_fall": timing["fall"],
+        "lb_buffer_s": lb_buffer,
+        "draining_new_requests": "refuse" if refuse else "serve",
+        "refused_requests": ("all" if lb["resends_refused_post"] else "idempotent") if refuse else None,
+        "refuse_with": refusing["refuse_with"] if refuse else None,
+        "drain_timeout_s": drain_timeout,
+        "termination_grace_period_s": max(graces, default=None),
+        "based_on": next((a["based_on"] for a in advices if a["drain_timeout_s"] == drain_timeout), ""),
+    }
+    return {"lb": lb, "advice": advice, "missing": missing}
+
+
+def fingerprint_text(fp: dict) -> list[str]:
+    lb, a = fp["lb"], fp["advice"]
+
+    def yes(v: bool | None) -> str:
+        return "not measured" if v is None else "yes" if v else "no"
+
+    first = f", its first 503 +{lb['first_503_s']:.2f} s after the flip" if lb["first_503_s"] is not None else ""
+    lines = [f"fingerprint: detection {lb['detection']}{first}",
+             f"fingerprint: cuts at DOWN: {yes(lb['cuts_at_down'])} ({lb['cuts_at_down_why']})",
+             f"fingerprint: resends a refused request: {yes(lb['resends_refused'])}"
+             + (f", a refused POST: {yes(lb['resends_refused_post'])}" if lb["resends_refused_post"] is not None else "")
+             + f" ({lb['resends_refused_why']})",
+             f"fingerprint: resends after the application's 503: POST {yes(lb['resends_after_application_503'])}, "
+             f"GET {yes(lb['resends_get_after_application_503'])}"]
+    if lb["resends_after_application_503"]:
+        lines.append("fingerprint: this LB runs a POST twice when the application answers 503 (RFC 9110 9.2.2: a "
+                     "proxy MUST NOT retry it): fix its retries before anything else")
+
+    def setting(v, unit: str = "") -> str:
+        return "-" if v is None else f"{v}{unit}"
+
+    lines.append(f"advice: lb_fall {setting(a['lb_fall'])}, lb_buffer {setting(a['lb_buffer_s'], 's')}, "
+                 f"draining_new_requests {a['draining_new_requests']}"
+                 + (f" (refused_requests {a['refused_requests']}, refuse_with {a['refuse_with']})"
+                    if a["draining_new_requests"] == "refuse" else "")
+                 + f", drain_timeout {setting(a['drain_timeout_s'], 's')}, terminationGracePeriodSeconds "
+                 f"{setting(a['termination_grace_period_s'])} ({a['based_on'] or 'no sizing advice'})")
+    return lines
+
+
 class Run:
     def __init__(self, args: argparse.Namespace):
         self.args = args
@@ -804,6 +1002,7 @@ class Run:
         self.through = Through(args.through, args.cacert, args.insecure)
         self.ledger = Ledger(args.ledger, self.through) if args.ledger else None
         self.phases: list[Phase] = []
+        self.probes: list[Sent] = []  # --fingerprint: the application's 503 to a POST and to a GET
 
     def plan(self) -> list[tuple[str, Gateway]]:
         """The drains, in order: the control (if any), then the proof."""
@@ -906,6 +1105,24 @@ class Run:
         return now
 
     # -- the ledger --------------------------------------------------------------------
+    def app_503(self) -> None:
+        """--fingerprint, before any drain: WARM_UP short GETs, so that each gateway has measured
+        enough streams for its sizing advice; then two POSTs and two GETs the application answers
+        503, each counted: an LB that resends them runs them again."""
+        warm = [Sent(f"{self.ledger.prefix}warm-{i}", "GET") for i in range(WARM_UP)]
+        threads = [threading.Thread(target=lambda part=warm[i::STEADY_CLIENTS]: [self.ledger.send(r) for r in part],
+                                    daemon=True) for i in range(STEADY_CLIENTS)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(LEDGER_TIMEOUT_S * 2)
+        self.probes += warm
+        for i, method in enumerate(("POST", "GET") * 2):
+            self.probes.append(self.ledger.send(Sent(f"{self.ledger.prefix}app503-{i}-{method.lower()}", method, 503)))
+        self.ledger.read(self.probes)
+        got = ", ".join(f"{r.method} answered {r.status or r.error}, ran {r.ran}x" for r in self.probes if r.want == 503)
+        say(f"the application's 503: {got}")
+
     def open_held(self, ph: Phase) -> None:
         """HELD requests to the ledger, held as long as the streams: in flight when the drain begins."""
         before = in_flight(ph.gw.status())
@@ -959,11 +1176,17 @@ class Run:
                                "gateway stayed OPEN")
             time.sleep(0.02)
         ph.status = st
+        if control and self.args.fingerprint:
+            # A gateway that refuses does so from its drain's start, its check still 200: what the LB
+            # does with what it refuses shows in that second, however soon the LB's DOWN comes.
+            time.sleep(REFUSE_S)
         if control:
             code, doc = gw.call("POST", "/close-lb")
             if code != 200:
                 raise BadInput(f"POST /close-lb answered {code} {doc.get('error', '')} (state {doc.get('state')})")
-        ph.say(f"{'drained with the flip at once' if control else 'draining as its preStop does'} at "
+            ph.flip_local = time.time()
+        flip = f"the flip {REFUSE_S:g} s after its start" if self.args.fingerprint else "the flip at once"
+        ph.say(f"{'drained with ' + flip if control else 'draining as its preStop does'} at "
                f"{datetime.fromtimestamp(ph.t0).strftime('%H:%M:%S')}; following it to CLOSED")
         ph.end = self.follow(ph)
         end = max(s.started for s in ph.streams) + self.args.seconds + 70
@@ -1036,6 +1259,8 @@ class Run:
                 f"{gateways}: OPEN")
             if self.ledger:
                 say(f"ledger {self.ledger.url}: this run's ids start with {self.ledger.prefix}")
+            if a.fingerprint:
+                self.app_503()
             for role, gw in self.plan():
                 if self.phases:
                     self.check(gw, "; after the control: do --control-health and --health reach one gateway?")
@@ -1052,9 +1277,15 @@ class Run:
                 self.report(ph)
                 if self.ledger:
                     report_ledger(ph)
-            code, lines = judge(self.phases, a.kinds)
+            fp = fingerprint(self.phases, self.probes) if a.fingerprint else None
+            code, lines = judge(self.phases, a.kinds, self.probes, fp)
             for line in lines:
                 say(line)
+            if fp:
+                for line in fingerprint_text(fp):
+                    say(line)
+                if a.json:
+                    print(json.dumps({**fp, "exit": code, "verdict": lines[-1]}, indent=1), flush=True)
             return code
         except BadInput as e:
             print(f"prove: error: {e}", file=sys.stderr, flush=True)
@@ -1103,6 +1334,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     args = parse(argv)
+    OUT[0] = sys.stderr if args.json else sys.stdout
     try:
         run = Run(args)
     except BadInput as e:

@@ -120,6 +120,22 @@ class LedgerRig:
             self.wait_up([gw])
         return gw
 
+    def reconfigure(self, config: dict) -> None:
+        """Every gateway replaced by one with `config` (on new ports: `use()` an LB after)."""
+        for gw in self.gws:
+            gw.stop()
+        self.config = config
+        self.gws = [self._gateway(g.name) for g in self.gws]
+
+    def fingerprint(self, name: str, *extra: str, kinds: str = "http1,ws", seconds: int = 5) -> Run:
+        """prove.py's fingerprint of the LB in use: the control alone on gw1 (then replaced)."""
+        url = self.url()
+        run = prove("--through", url, "--ledger", url, "--control", "--health", self.gw("gw1").url(""),
+                    "--streams", "6", "--kinds", kinds, "--seconds", str(seconds), "--fingerprint", "--json",
+                    *extra, name=f"fingerprint-{name}")
+        self.replace("gw1")
+        return run
+
     def use(self, front: str, cfg: Path | None = None, shutdown_sessions: bool | None = None) -> "LedgerRig":
         """Starts `front` (the one before stopped) and waits until it has every gateway UP on a
         real check (nginx checks nothing: until it listens). HAProxy: `cfg` (its server lines as
@@ -184,7 +200,9 @@ class Run:
 
     @property
     def verdict(self) -> str:
-        return self.text.rstrip().splitlines()[-1] if self.text.strip() else ""
+        """Its verdict line, which names the exit code (the fingerprint's lines follow it)."""
+        found = [x for x in self.text.splitlines() if x.startswith("prove: ") and "(exit " in x]
+        return found[-1] if found else ""
 
 
 def prove(*args: str, name: str | None = None, timeout: float = 150) -> Run:
@@ -199,3 +217,33 @@ def prove(*args: str, name: str | None = None, timeout: float = 150) -> Run:
         (OUT / f"{name}.txt").write_text(f"$ prove.py {' '.join(args)}\n{run.out}{run.err}exit {run.code} "
                                          f"({run.seconds:.1f} s)\n")
     return run
+
+
+# The fingerprint envoyfilter/docs/install.md's commands are checked against, offline
+# (tests/deploy/test_install_commands.py): HAProxy's haproxy.cfg with its shipped timings (inter 2s
+# fall 2) in front of gateways at drain-gate's defaults but refusing (what the fingerprint needs).
+FIXTURE = REPO / "tests" / "fixtures" / "fingerprint" / "haproxy.json"
+
+
+def main() -> int:
+    """Writes FIXTURE from a real run:
+        PYTHONPATH=. .venv/bin/python -m tests.lb.prove_ledger"""
+    import tempfile
+
+    from tests.harness.haproxy import CFG
+
+    with tempfile.TemporaryDirectory(prefix="fingerprint-") as wd, \
+            LedgerRig(Path(wd), {"draining_new_requests": "refuse"}, inter_s=2.0) as rig:
+        rig.use("haproxy", CFG)
+        run = rig.fingerprint("haproxy-shipped-timings", seconds=10)
+    print(run.err, file=sys.stderr)
+    if run.code != 0 or run.json is None:
+        return 1
+    FIXTURE.parent.mkdir(parents=True, exist_ok=True)
+    FIXTURE.write_text(json.dumps(run.json, indent=1) + "\n")
+    print(f"wrote {FIXTURE.relative_to(REPO)}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

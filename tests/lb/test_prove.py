@@ -147,7 +147,8 @@ def test_help_fits_one_screen():
     p = prove("--help")
     lines = p.out.splitlines()
     assert p.code == 0 and len(lines) <= 40 and max(map(len, lines)) <= 80, p.out
-    for word in ("--through", "--health", "--control-health", "--control ", "--ledger", "go-httpbin",
+    for word in ("--through", "--health", "--control-health", "--control ", "--ledger", "--fingerprint", "--json",
+                 "go-httpbin", "--fingerprint: 0 measured",
                  "DRAIN_GATE_ADMIN_TOKEN", "exit: 0 proven", "1 lost, cut or ran twice", "2 bad input",
                  "3 proved nothing", "130 interrupted", "only that", "nothing was cut"):
         assert word in p.out, word
@@ -201,6 +202,17 @@ def test_bad_arguments_exit_2_naming_the_option(args, cause):
     args = [a for a in args if a != "--control"]
     base.update(dict(zip(args[::2], args[1::2])))
     p = prove(*[x for kv in base.items() for x in kv], *flags)
+    assert p.code == 2 and cause in p.err and not p.out, (p.out, p.err)
+
+
+@pytest.mark.parametrize("args, cause", [
+    (["--fingerprint", "--control"], "--fingerprint needs --ledger: what the LB resends is counted by the ledger"),
+    (["--fingerprint", "--ledger", "http://203.0.113.10/"], "--fingerprint needs a control (--control-health, or "
+                                                            "--control)"),
+    (["--json", "--ledger", "http://203.0.113.10/", "--control"], "--json prints the fingerprint: add --fingerprint"),
+])
+def test_fingerprint_arguments_exit_2_naming_what_is_missing(args, cause):
+    p = prove("--through", "http://203.0.113.10/", "--health", "http://127.0.0.1:1", *args)
     assert p.code == 2 and cause in p.err and not p.out, (p.out, p.err)
 
 
