@@ -72,8 +72,17 @@ Pod (--pod-spec FILE|-), container istio-proxy:
     key the pod template lacks selects nothing), a Service reaches the health
     port, names only ports the pod has, and keeps externalTrafficPolicy Local;
     no pod is under two PodDisruptionBudgets.
+Against the LB's fingerprint (--fingerprint FILE, what `prove.py --fingerprint
+--json` wrote): the configuration's lb_fall is the LB's, lb_buffer (with
+close_after lb_observed_down: lb_down_timeout) and drain_timeout at least the
+advice's, draining_new_requests refuse only where the LB resends refusals and
+nothing that ran, refused_requests no wider and refuse_with as measured, and
+every workload's terminationGracePeriodSeconds at least the advice's; each
+setting that falls short is named, with by how much.
 The timings come from the health filter's configuration in the config dump,
-else from --plugin-config JSON, else drain-gate's defaults.
+else from --plugin-config JSON, else from the drain-gate chart's health
+listener among the --pod-spec documents (helm template ... --show-only
+templates/health-listener.yaml), else drain-gate's defaults.
 
 Standard library only: run it with any python3 >= 3.8.
 """
@@ -926,6 +935,107 @@ def check_selectors(report: Report, docs: list, found: list[dict], health_port: 
                          f"({', '.join(over)}): the eviction API refuses a pod under two, every node drain stalls")
 
 
+# -- the LB's fingerprint ----------------------------------------------------------------------
+ADVICE = {"lb_fall": int, "lb_buffer_s": int, "draining_new_requests": str, "refused_requests": str,
+          "refuse_with": str, "drain_timeout_s": int, "termination_grace_period_s": int}
+REFUSED_WIDTH = {"idempotent": 0, "idempotent_or_key": 1, "all": 2}
+CONFIG_DEFAULTS = {"lb_fall": 2, "draining_new_requests": "serve", "refused_requests": "idempotent",
+                   "refuse_with": "response"}
+
+
+def read_fingerprint(source: str) -> dict:
+    """prove.py's fingerprint (its `advice` and `lb`), or an advice object alone."""
+    docs = json_documents(read_source(source))
+    doc = docs[0] if len(docs) == 1 and isinstance(docs[0], dict) else None
+    advice = doc.get("advice", doc) if doc else None
+    if not isinstance(advice, dict) or not set(ADVICE) & set(advice):
+        raise SystemExit(f"verify.py: --fingerprint {source}: not a fingerprint (prove.py --fingerprint --json) "
+                         f"nor its advice: want an object with {', '.join(ADVICE)}")
+    for key, kind in ADVICE.items():
+        value = advice.get(key)
+        if value is not None and (not isinstance(value, kind) or isinstance(value, bool)):
+            raise SystemExit(f"verify.py: --fingerprint {source}: advice.{key} is {value!r}, not a {kind.__name__}")
+    for key, allowed in (("draining_new_requests", ("serve", "refuse")), ("refused_requests", tuple(REFUSED_WIDTH)),
+                         ("refuse_with", ("response", "reset"))):
+        if advice.get(key) is not None and advice[key] not in allowed:
+            raise SystemExit(f"verify.py: --fingerprint {source}: advice.{key} is {advice[key]!r}, not one of "
+                             f"{', '.join(allowed)}")
+    return {"advice": advice, "lb": (doc or {}).get("lb") or {}}
+
+
+def chart_config(docs: list) -> tuple[dict, str] | None:
+    """The health role's configuration in a rendered drain-gate chart (its health listener's
+    EnvoyFilter, the EXTENSION_CONFIG patch): every `config` value of the chart."""
+    for ef in kinds(docs, ("EnvoyFilter",)):
+        for patch in (ef.get("spec") or {}).get("configPatches") or []:
+            value = ((patch.get("patch") or {}).get("value") or {})
+            plugin = ((value.get("typed_config") or {}).get("config") or {})
+            text = ((plugin.get("configuration") or {}).get("value"))
+            try:
+                config = json.loads(text) if isinstance(text, str) else None
+            except ValueError:
+                config = None
+            if patch.get("applyTo") == "EXTENSION_CONFIG" and isinstance(config, dict) and config.get("role") == "health":
+                return config, f"the drain-gate chart's EnvoyFilter {ef.get('metadata', {}).get('name')}"
+    return None
+
+
+def short(have: float, want: float, unit: str = " s") -> str:
+    return f"{want - have:g}{unit} short of the fingerprint's {want:g}{unit}"
+
+
+def check_fingerprint(report: Report, fp: dict, config: dict, found: list[dict]) -> None:
+    """The configuration and each workload against the LB's measured fingerprint."""
+    a, lb = fp["advice"], fp["lb"]
+    c = {**DEFAULTS, **CONFIG_DEFAULTS, **(config or {})}
+    measured = f" (measured: {lb['detection']})" if lb.get("detection") else ""
+    if a.get("lb_fall") is not None:
+        have = int(c["lb_fall"])
+        report.check(have == a["lb_fall"], "fingerprint lb_fall",
+                     f"{have}; the LB takes a gateway out after {a['lb_fall']} 503s in a row{measured}"
+                     + ("" if have == a["lb_fall"] else f": {'short' if have < a['lb_fall'] else 'over'} by "
+                                                         f"{abs(have - a['lb_fall'])}, set lb_fall {a['lb_fall']}"))
+    if a.get("lb_buffer_s") is not None:
+        if c["close_after"] == "lb_observed_down":
+            have = duration_s(c["lb_down_timeout"])
+            name = "lb_down_timeout (close_after lb_observed_down)"
+        else:
+            have, name = duration_s(c["lb_buffer"]), "lb_buffer"
+        report.check(have >= a["lb_buffer_s"], f"fingerprint {name.split()[0]}",
+                     f"{name} {have:g} s" + ("" if have >= a["lb_buffer_s"] else f", {short(have, a['lb_buffer_s'])}")
+                     + f"; CLOSING must outlast the LB's detection and a check{measured}")
+    if a.get("drain_timeout_s") is not None:
+        have = duration_s(c["drain_timeout"])
+        report.check(have >= a["drain_timeout_s"], "fingerprint drain_timeout",
+                     f"{have:g} s" + ("" if have >= a["drain_timeout_s"] else f", {short(have, a['drain_timeout_s'])}")
+                     + " (the longest stream measured, and 30 s)")
+    mode, want = c["draining_new_requests"], a.get("draining_new_requests")
+    if want == "serve" and mode == "refuse":
+        why = lb.get("resends_refused_why") or "measured"
+        report.check(False, "fingerprint draining_new_requests",
+                     "refuse, where the fingerprint advises serve: "
+                     + ("this LB resends a POST the application answered 503: it would run it twice"
+                        if lb.get("resends_after_application_503") else f"this LB does not resend a refusal ({why})"))
+    elif want:
+        report.check(True, "fingerprint draining_new_requests", f"{mode} (the fingerprint advises {want})")
+    if mode == "refuse" and a.get("refused_requests"):
+        have, wide = c["refused_requests"], a["refused_requests"]
+        report.check(REFUSED_WIDTH.get(have, 3) <= REFUSED_WIDTH[wide], "fingerprint refused_requests",
+                     f"{have}; the LB resends what the gateways refuse of {wide} (measured)"
+                     + ("" if REFUSED_WIDTH.get(have, 3) <= REFUSED_WIDTH[wide] else
+                        f": {have} refuses requests this LB was not seen to resend"))
+    if mode == "refuse" and a.get("refuse_with"):
+        report.check(c["refuse_with"] == a["refuse_with"], "fingerprint refuse_with",
+                     f"{c['refuse_with']}; measured with {a['refuse_with']}")
+    if a.get("termination_grace_period_s") is not None:
+        for workload in found:
+            grace = pod_spec(workload).get("terminationGracePeriodSeconds", 30)
+            want = a["termination_grace_period_s"]
+            report.check(grace >= want, "fingerprint terminationGracePeriodSeconds",
+                         f"{name_of(workload)}: {grace} s" + ("" if grace >= want else f", {short(grace, want)}")
+                         + " (drain_timeout + lb_buffer + scrape_interval + 15 s, of the advice)")
+
+
 def check_grace(report: Report, workload: dict, config: dict) -> None:
     name = name_of(workload)
     spec = pod_spec(workload)
@@ -1051,10 +1161,12 @@ def check_rollout(report: Report, workload: dict, docs: list) -> None:
 
 
 def verify_pod_spec(report: Report, docs: list, config: dict, health_port: int, selector: dict,
-                    wasm_path: str, lb_nodes: list[str] = ()) -> None:
+                    wasm_path: str, lb_nodes: list[str] = (), fingerprint: dict | None = None) -> None:
     found = workloads(docs)
     if not report.check(bool(found), "pod spec", f"{len(found)} Pod/Deployment/DaemonSet/StatefulSet"):
         return
+    if fingerprint:
+        check_fingerprint(report, fingerprint, config, found)
     for workload in found:
         name, spec = name_of(workload), pod_spec(workload)
         proxy = next((c for c in spec.get("containers", []) if c.get("name") == "istio-proxy"), None)
@@ -1088,6 +1200,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--pod-spec", metavar="FILE|-", help="Pod, Deployment, List or several JSON documents")
     ap.add_argument("--plugin-config", metavar="JSON",
                     help="drain-gate configuration for the timings when no config dump is given")
+    ap.add_argument("--fingerprint", metavar="FILE",
+                    help="the LB's fingerprint (prove.py --fingerprint --json): the pod spec and the configuration "
+                         "against its advice (with --pod-spec)")
     ap.add_argument("--health-port", type=int, default=18180)
     ap.add_argument("--pod-selector", metavar="KEY=VALUE", type=label_pair, action="append",
                     help=f"the label the EnvoyFilters select (repeatable; default {DEFAULT_SELECTOR[0]}="
@@ -1101,16 +1216,27 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("give --config-dump, --stats, --pod-spec, or several")
     if [args.config_dump, args.pod_spec, args.stats].count("-") > 1:
         ap.error("only one of --config-dump, --stats and --pod-spec can read stdin")
+    if args.fingerprint and not args.pod_spec:
+        ap.error("--fingerprint checks a pod spec and its configuration: add --pod-spec")
+    fingerprint = read_fingerprint(args.fingerprint) if args.fingerprint else None
     report = Report()
     config = json.loads(args.plugin_config) if args.plugin_config else {}
+    source = "--plugin-config" if args.plugin_config else "drain-gate's defaults"
     if args.config_dump:
         (dump,) = json_documents(read_source(args.config_dump))[:1] or [{}]
-        config = verify_config_dump(report, dump, args.health_port) or config
+        dumped = verify_config_dump(report, dump, args.health_port)
+        config, source = (dumped, "the config dump") if dumped else (config, source)
     if args.stats:
         verify_stats(report, read_source(args.stats))
     if args.pod_spec:
-        verify_pod_spec(report, json_documents(read_source(args.pod_spec)), config, args.health_port,
-                        dict(args.pod_selector or [DEFAULT_SELECTOR]), args.wasm_path, args.lb_nodes or [])
+        docs = json_documents(read_source(args.pod_spec))
+        chart = chart_config(docs) if not args.config_dump and not args.plugin_config else None
+        if chart:
+            config, source = chart
+        if fingerprint:
+            report.check(True, "fingerprint", f"{args.fingerprint} against the configuration of {source}")
+        verify_pod_spec(report, docs, config, args.health_port, dict(args.pod_selector or [DEFAULT_SELECTOR]),
+                        args.wasm_path, args.lb_nodes or [], fingerprint)
     print(f"{'FAILED' if report.failed else 'OK'}: {report.failed} check(s) failed")
     return 1 if report.failed else 0
 

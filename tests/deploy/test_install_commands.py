@@ -18,7 +18,10 @@ drift from what works:
 * a curl to a node's :30180 (or the canary's :30181) asks a real gateway-like
   Envoy's health listener; the LB's configuration is the shipped haproxy.cfg;
 * `envoyfilter/tools/prove.py` is left out here: it needs a real LB, and
-  tests/lb/test_prove.py runs each of its commands behind one.
+  tests/lb/test_prove.py and tests/lb/test_prove_ledger.py run each of its
+  commands behind one; the fingerprint it writes (out/preflight/fingerprint.json)
+  is the one it measured behind haproxy.cfg with its shipped timings
+  (tests/fixtures/fingerprint/haproxy.json, `python -m tests.lb.prove_ledger`).
 
 And the wasm ConfigMap's client-side-apply annotation, as kubectl computes it,
 measured against the 262,144-byte cap that the documented path never meets.
@@ -52,6 +55,7 @@ def shell(tmp_path_factory) -> docs.OfflineShell:
 
 
 SIDECAR_DESIGN = REPO / "tests" / "fixtures" / "sidecar-design" / "gateway.yaml"
+FINGERPRINT = REPO / "tests" / "fixtures" / "fingerprint" / "haproxy.json"
 LB_NODES = {"worker1": "203.0.113.212", "worker2": "203.0.113.213", "worker3": "203.0.113.214"}
 
 
@@ -128,7 +132,8 @@ def cluster_replies(block: str, shell: docs.OfflineShell, start_gateway) -> dict
     sidecar = {d["kind"]: d for d in istio.load_docs(SIDECAR_DESIGN)}
     shell.reply("get deploy istio-ingressgateway -o json", json.dumps(sidecar["Deployment"]))
     shell.reply("get service istio-ingressgateway -o json", json.dumps(sidecar["Service"]))
-    subs = {r"/etc/haproxy/haproxy\.cfg": "envoyfilter/haproxy/haproxy.cfg"}
+    subs = {r"/etc/haproxy/haproxy\.cfg": "envoyfilter/haproxy/haproxy.cfg",
+            r"out/preflight/fingerprint\.json": str(FINGERPRINT)}
     if env:
         subs[r"http://203\.0\.113\.\d+:3018[01]/"] = f"http://127.0.0.1:{env.ports.health}/"
     return subs

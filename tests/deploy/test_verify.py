@@ -29,7 +29,7 @@ from tests.deploy.test_istio_envoy import (  # noqa: F401
 )
 from tests.deploy.test_istio_kubernetes import render_chart
 from tests.harness import istio, k8s
-from tests.harness.envoy import WASM
+from tests.harness.envoy import REPO, WASM
 from tests.harness.process import accepts, wait_for
 
 VERIFY = istio.ENVOYFILTER / "tools" / "verify.py"
@@ -624,3 +624,75 @@ def test_canary_pod_counts_twice_or_fails_naming_the_canary_stand_in(fetched, st
             f"FAIL wasmplugin module: listener 0.0.0.0_8080: ECDS filter {name} is an allow-all RBAC filter: "
             "istio-agent could not fetch the module or its sha256 did not match, and put this in its place (it "
             "counts nothing)"], lines
+
+
+# -- the LB's fingerprint (prove.py --fingerprint --json) ---------------------------------------
+FINGERPRINT = REPO / "tests" / "fixtures" / "fingerprint" / "haproxy.json"
+
+
+def chart_health_listener(*sets: str) -> dict:
+    """The drain-gate chart's health listener (its configuration) with `--set config.K=V`s."""
+    args = [a for kv in sets for a in ("--set", f"config.{kv}")]
+    (health,) = k8s.template("--set", "wasm.configMap.create=false", "--show-only", "templates/health-listener.yaml",
+                             *args)
+    return health
+
+
+def test_the_fingerprint_names_each_setting_that_falls_short_and_by_how_much():
+    """The fingerprint measured behind haproxy.cfg (inter 2s fall 2: lb_fall 2, lb_buffer 7s,
+    drain_timeout 120s, serve, grace 145 s) against a chart and a gateway set below it."""
+    stdin = "\n".join([deployment(terminationGracePeriodSeconds=140),
+                       json.dumps(chart_health_listener("lb_fall=3", "lb_buffer=5s", "drain_timeout=100s",
+                                                        "draining_new_requests=refuse"))])
+    code, lines = verify("--pod-spec", "-", "--fingerprint", str(FINGERPRINT), stdin=stdin)
+    assert code == 1
+    got = [x for x in failures(lines) if x.startswith("FAIL fingerprint")]
+    assert got[0].startswith("FAIL fingerprint lb_fall: 3; the LB takes a gateway out after 2 503s in a row (measured: ")
+    assert got[0].endswith(": over by 1, set lb_fall 2"), got
+    assert got[1].startswith("FAIL fingerprint lb_buffer: lb_buffer 5 s, 2 s short of the fingerprint's 7 s;"), got
+    assert got[2] == "FAIL fingerprint drain_timeout: 100 s, 20 s short of the fingerprint's 120 s (the longest " \
+                     "stream measured, and 30 s)", got
+    assert got[3].startswith("FAIL fingerprint draining_new_requests: refuse, where the fingerprint advises serve: "
+                             "this LB does not resend a refusal (the gateway refused "), got
+    assert got[4] == ("FAIL fingerprint terminationGracePeriodSeconds: Deployment istio-ingressgateway: 140 s, 5 s "
+                      "short of the fingerprint's 145 s (drain_timeout + lb_buffer + scrape_interval + 15 s, of the "
+                      "advice)"), got
+    assert len(got) == 5, got
+
+
+def test_a_wider_refusal_than_the_fingerprint_measured_fails(tmp_path):
+    """An advice of refuse with refused_requests idempotent: `all` refuses POSTs this LB was not seen
+    to resend; a reset where a 503 was measured is not what was measured."""
+    fp = tmp_path / "fingerprint.json"
+    fp.write_text(json.dumps({"advice": {"lb_fall": 2, "lb_buffer_s": 8, "draining_new_requests": "refuse",
+                                         "refused_requests": "idempotent", "refuse_with": "response",
+                                         "drain_timeout_s": 120, "termination_grace_period_s": 145}}))
+    stdin = "\n".join([deployment(), json.dumps(chart_health_listener(
+        "draining_new_requests=refuse", "refused_requests=all", "refuse_with=reset"))])
+    code, lines = verify("--pod-spec", "-", "--fingerprint", str(fp), stdin=stdin)
+    assert code == 1
+    assert failures(lines) == [
+        "FAIL fingerprint refused_requests: all; the LB resends what the gateways refuse of idempotent (measured): "
+        "all refuses requests this LB was not seen to resend",
+        "FAIL fingerprint refuse_with: reset; measured with response"], lines
+
+
+@pytest.mark.parametrize("content, cause", [
+    ('{"lb": {}}', "not a fingerprint (prove.py --fingerprint --json) nor its advice"),
+    ('{"advice": {"lb_buffer_s": "8s"}}', "advice.lb_buffer_s is '8s', not a int"),
+    ("lb_fall: 2\n", "not JSON at character 0 (YAML?"),
+    ('{"advice": {"refused_requests": "post"}}', "advice.refused_requests is 'post', not one of idempotent, "
+                                                 "idempotent_or_key, all"),
+])
+def test_a_file_that_is_no_fingerprint_is_refused_with_the_cause(tmp_path, content, cause):
+    fp = tmp_path / "fingerprint.json"
+    fp.write_text(content)
+    r = subprocess.run([sys.executable, str(VERIFY), "--pod-spec", "-", "--fingerprint", str(fp)],
+                       input=deployment(), capture_output=True, text=True)
+    assert r.returncode != 0 and cause in r.stderr, r.stderr
+
+
+def test_a_fingerprint_needs_a_pod_spec():
+    r = subprocess.run([sys.executable, str(VERIFY), "--config-dump", "-", "--fingerprint", str(FINGERPRINT)],
+                       input="{}", capture_output=True, text=True)
+    assert r.returncode == 2 and "--fingerprint checks a pod spec and its configuration: add --pod-spec" in r.stderr

@@ -161,16 +161,16 @@ def test_prove_ledger_yaml_is_valid_and_mounts_the_configmap_its_header_makes():
     (ns_obj,) = k8s.docs(k8s.run("kubectl", "create", "namespace", ns, "--dry-run=client", "-o", "yaml").stdout)
     assert istio.k8s_errors(ns_obj) == []
     cmds = header_commands()
-    assert f"kubectl create namespace {ns} --dry-run=client -o yaml | kubectl apply -f -" in cmds, cmds
+    assert f"kubectl create namespace {ns} --dry-run=client -o yaml | kubectl apply --server-side -f -" in cmds, cmds
     assert (f"kubectl create configmap {volume['configMap']['name']} -n {ns} --from-file=envoyfilter/tools/ledger.py "
-            "--dry-run=client -o yaml | kubectl apply -f -") in cmds, cmds
+            "--dry-run=client -o yaml | kubectl apply --server-side -f -") in cmds, cmds
 
 
 def test_prove_ledger_header_commands_are_the_ones_the_docs_show():
     """Every command of the header, in its order, in one ```sh block of the operator's pages (which
     tests/deploy/test_install_commands.py runs offline)."""
     cmds = header_commands()
-    assert len(cmds) == 4, cmds
+    assert len(cmds) == 5, cmds
     shown = [[plain(c) for c in docs.commands(b)] for b in docs.sh_blocks(docs.OPERATOR_PAGES)
              if "prove-ledger.yaml" in b]
     assert shown, "no page shows how to run kubernetes/prove-ledger.yaml"

@@ -147,9 +147,10 @@ def test_help_fits_one_screen():
     p = prove("--help")
     lines = p.out.splitlines()
     assert p.code == 0 and len(lines) <= 40 and max(map(len, lines)) <= 80, p.out
-    for word in ("--through", "--health", "--control-health", "--control ", "go-httpbin", "DRAIN_GATE_ADMIN_TOKEN",
-                 "exit: 0 proven", "1 streams lost", "2 bad input", "3 proved nothing", "130 interrupted",
-                 "only that nothing was cut"):
+    for word in ("--through", "--health", "--control-health", "--control ", "--ledger", "--fingerprint", "--json",
+                 "go-httpbin", "--fingerprint: 0 measured",
+                 "DRAIN_GATE_ADMIN_TOKEN", "exit: 0 proven", "1 lost, cut or ran twice", "2 bad input",
+                 "3 proved nothing", "130 interrupted", "only that", "nothing was cut"):
         assert word in p.out, word
 
 
@@ -193,6 +194,7 @@ def test_the_staging_backend_is_valid_and_outlasts_the_longest_stream():
                                                   "gateway, the proof another"),
     (["--control-health", "http://127.0.0.1:2", "--control"], "--control with --control-health"),
     (["--cacert", "/nonexistent/ca.pem"], "--cacert /nonexistent/ca.pem: no such file"),
+    (["--ledger", "ledger.example:8000"], "--ledger ledger.example:8000: not an http(s) URL"),
 ])
 def test_bad_arguments_exit_2_naming_the_option(args, cause):
     base = {"--through": "http://203.0.113.10/", "--health": "http://127.0.0.1:1"}
@@ -200,6 +202,17 @@ def test_bad_arguments_exit_2_naming_the_option(args, cause):
     args = [a for a in args if a != "--control"]
     base.update(dict(zip(args[::2], args[1::2])))
     p = prove(*[x for kv in base.items() for x in kv], *flags)
+    assert p.code == 2 and cause in p.err and not p.out, (p.out, p.err)
+
+
+@pytest.mark.parametrize("args, cause", [
+    (["--fingerprint", "--control"], "--fingerprint needs --ledger: what the LB resends is counted by the ledger"),
+    (["--fingerprint", "--ledger", "http://203.0.113.10/"], "--fingerprint needs a control (--control-health, or "
+                                                            "--control)"),
+    (["--json", "--ledger", "http://203.0.113.10/", "--control"], "--json prints the fingerprint: add --fingerprint"),
+])
+def test_fingerprint_arguments_exit_2_naming_what_is_missing(args, cause):
+    p = prove("--through", "http://203.0.113.10/", "--health", "http://127.0.0.1:1", *args)
     assert p.code == 2 and cause in p.err and not p.out, (p.out, p.err)
 
 
@@ -393,9 +406,12 @@ def test_a_health_port_lost_mid_drain_still_reports_what_the_streams_saw(pair):
 
 
 # -- behind the LBs ---------------------------------------------------------------------------
-def readme_command() -> str:
-    """prove.py's command in envoyfilter/docs/lb.md ("Prove your LB in staging")."""
-    found = [c for b in docs.sh_blocks(README) for c in docs.commands(b) if "envoyfilter/tools/prove.py" in c]
+def readme_command(*flags: str) -> str:
+    """prove.py's command in envoyfilter/docs/lb.md ("Prove your LB in staging") that has `flags`
+    among its options (none: the streams alone)."""
+    found = [c for b in docs.sh_blocks(README) for c in docs.commands(b) if "envoyfilter/tools/prove.py" in c
+             and {a for a in shlex.split(c) if a.startswith("--")} & {"--ledger", "--fingerprint", "--json"}
+             == set(flags)]
     assert len(found) == 1, found
     return found[0]
 
@@ -410,7 +426,8 @@ def as_run_here(command: str, through: list[str], control: str, proof: str, *ext
     """The README command with a rig's addresses (`through`: the URL and its options) and `extra`."""
     argv = shlex.split(command)
     out, args = [], iter(argv[2:])
-    urls = {"--through": through, "--control-health": ["--control-health", control], "--health": ["--health", proof]}
+    urls = {"--through": through, "--control-health": ["--control-health", control], "--health": ["--health", proof],
+            "--ledger": ["--ledger", through[1]]}
     for a in args:
         assert a not in urls or next(args, None), a
         out += urls.get(a, [a])
