@@ -77,11 +77,13 @@ def test_refusing_loses_no_grpc_call_that_serving_completes(rows, front, mode, s
     for serve, refuse in zip(of(rows, front, "serve"), of(rows, front, mode)):
         assert sum(refuse["calls"][k] for k in ("unary", "server-streaming")) >= 15, refuse
         # Serving completes every call but one HAProxy's DOWN cuts (the sessions its DOWN message
-        # counts): gRPC served through a refusing drain too.
+        # counts, where the server lines carry `shutdown-sessions`; haproxy-refuse.cfg's do not: 0):
+        # gRPC served through a refusing drain too.
         assert lost(serve) == serve["killed_by_lb_down"], serve
         served = rg.GRPC[mode] == "serve"
-        # HAProxy's DOWN cuts what is on gw1 at its instant, a call it assigned then included (the
-        # DOWN-instant race of envoyfilter/docs/refuse.md): the only loss of a kind the LB resends.
+        # With `shutdown-sessions` HAProxy's DOWN cuts what is on gw1 at its instant, a call it assigned
+        # then included (the DOWN-instant race of envoyfilter/docs/refuse.md): the only loss of a kind
+        # the LB resends. Behind haproxy-refuse.cfg, Envoy and nginx `killed` is 0.
         killed = refuse["killed_by_lb_down"]
         assert (lost(refuse) == killed) if served else (lost(refuse, safe) <= killed), (killed, refuse["failed"])
         for r in (serve, refuse):

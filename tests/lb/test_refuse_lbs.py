@@ -8,10 +8,9 @@ written; a new 2.5 s stream every 0.3 s for 8 s, gw1 drained at t = 1 s with `dr
   `forced: false`) in the time of the longest stream in flight, well before `drain_timeout`;
   every refusal was resent, the gateway cut nothing.
 - `serve` (the default), in the same round and the same rig shape, loses streams behind each LB
-  (the control): the drain never reaches active = 0 and is forced at `drain_timeout`. Behind
-  HAProxy the loss is its DOWN's reset, and the gateway's own `cut_lb` counts exactly the
-  streams the clients lost; behind Envoy and nginx it is the pod's exit, which the gateway's
-  receipt (read just before it) cannot see.
+  (the control): the drain never reaches active = 0 and is forced at `drain_timeout`. No LB's
+  DOWN cuts (haproxy-refuse.cfg's server lines carry no `on-marked-down shutdown-sessions`):
+  the loss is the pod's exit, which the gateway's receipt (read just before it) cannot see.
 - what each LB resends (GET, PUT bodies from 1 kB to 2 MiB, a WebSocket upgrade, a request on a
   connection opened before the drain), what becomes of a POST while the gateways refuse (served
   through the drain by default; refused and resent behind Envoy's `all`), and what it does with a
