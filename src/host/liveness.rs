@@ -8,12 +8,13 @@
 //! (`keys::VERDICT`).
 
 use std::cell::Cell;
+use std::rc::Rc;
 
 use super::count;
 use super::keys;
 use super::logs;
 use super::metrics::Metrics;
-use super::shared::{self, cas_update, json_read, json_update, SharedError};
+use super::shared::{self, cas_update, json_read, json_update, Seen, SharedError};
 use super::wasm_host::{Envoy, Host};
 use crate::liveness::{self as core, Lost, Registry, Unreliable, Verdict, WatchLook};
 
@@ -182,6 +183,8 @@ pub struct Watch<H: Host = Envoy> {
     tick_ms: u64,
     /// Once a traffic root was seen, it stays seen: no read per check.
     seen: Cell<bool>,
+    /// The registry as this root parsed it last.
+    registry: Seen<Registry>,
 }
 
 impl<H: Host> Watch<H> {
@@ -190,14 +193,29 @@ impl<H: Host> Watch<H> {
             host,
             tick_ms,
             seen: Cell::new(false),
+            registry: Seen::default(),
         }
+    }
+
+    /// The registry now (default when absent or unreadable), parsed only
+    /// when it changed since this root parsed it last.
+    fn registry(&self) -> Rc<Registry> {
+        self.registry
+            .read(&self.host, keys::REGISTRY)
+            .ok()
+            .flatten()
+            .unwrap_or_default()
+    }
+
+    /// The ids of the registered roots now.
+    pub fn ids(&self) -> Vec<u64> {
+        self.registry().roots.iter().map(|r| r.id).collect()
     }
 
     /// Whether the gateway may be announced (a traffic root has registered).
     pub fn seen(&self) -> bool {
         if !self.seen.get() {
-            let seen = json_read::<_, Registry>(&self.host, keys::REGISTRY).is_ok_and(|r| r.seen);
-            self.seen.set(seen);
+            self.seen.set(self.registry().seen);
         }
         self.seen.get()
     }

@@ -6,11 +6,14 @@
 
 use std::cell::RefCell;
 use std::fmt;
+use std::rc::Rc;
 
 use super::keys;
 use super::logs;
 use super::metrics::Metrics;
-use super::shared::{self, cas_update, json_change, json_read, Decision, SharedError};
+use super::shared::{
+    self, cas_update_versioned, json_change, json_read, Decision, Seen, SharedError,
+};
 use super::wasm_host::Host;
 use crate::clock::{Look, Now, Steps};
 use crate::fsm::{self, Illegal, Move, Record};
@@ -45,24 +48,22 @@ impl From<SharedError> for TransitionError {
 /// The LB record as its reader parsed it last, with that version's `cas`.
 pub type LbSeen = RefCell<Option<(u32, Checkers)>>;
 
-/// The shared records, through one host.
-#[derive(Clone, Copy, Debug, Default)]
+/// The shared records, through one host, and the versions of them this
+/// reader parsed last (`shared::Seen`).
+#[derive(Debug, Default)]
 pub struct Store<H> {
     host: H,
-}
-
-/// The record these bytes hold; the OPEN record of a process that never
-/// wrote one (absent: the first VM creates it on its first write).
-fn record_of(bytes: Option<&[u8]>, now: Now) -> Result<Record, SharedError> {
-    match bytes {
-        Some(b) => shared::parse(keys::FSM, b),
-        None => Ok(Record::new(now.wall_ms)),
-    }
+    fsm: Seen<Record>,
+    clock: Seen<Steps>,
 }
 
 impl<H: Host> Store<H> {
     pub fn new(host: H) -> Store<H> {
-        Store { host }
+        Store {
+            host,
+            fsm: Seen::default(),
+            clock: Seen::default(),
+        }
     }
 
     pub fn host(&self) -> &H {
@@ -157,13 +158,19 @@ impl<H: Host> Store<H> {
         &self,
         change: &dyn Fn(&Record) -> Option<Record>,
     ) -> Result<Record, SharedError> {
-        let now = self.host.now();
-        cas_update(&self.host, keys::FSM, |bytes| {
-            let rec = record_of(bytes, now)?;
+        cas_update_versioned(&self.host, keys::FSM, |bytes, cas| {
+            // Absent: the OPEN record of a process that never wrote one (the
+            // first VM creates it on its first write).
+            let rec = match bytes {
+                Some(b) => self.fsm.value(keys::FSM, b, cas)?,
+                None => Rc::new(Record::new(self.host.now().wall_ms)),
+            };
             Ok(match (change(&rec), bytes) {
                 (Some(next), _) => Decision::Write(shared::encode(keys::FSM, &next)?, next),
-                (None, None) => Decision::Write(shared::encode(keys::FSM, &rec)?, rec),
-                (None, Some(_)) => Decision::Keep(rec),
+                (None, None) => {
+                    Decision::Write(shared::encode(keys::FSM, &*rec)?, Record::clone(&rec))
+                }
+                (None, Some(_)) => Decision::Keep(Record::clone(&rec)),
             })
         })
     }
@@ -292,9 +299,9 @@ impl<H: Host> Store<H> {
         now: Now,
         threshold_ms: u64,
     ) -> Result<Option<(Steps, i64)>, SharedError> {
-        cas_update(&self.host, keys::CLOCK, |bytes| {
-            let steps: Steps = match bytes {
-                Some(b) => shared::parse(keys::CLOCK, b)?,
+        cas_update_versioned(&self.host, keys::CLOCK, |bytes, cas| {
+            let steps = match bytes {
+                Some(b) => *self.clock.value(keys::CLOCK, b, cas)?,
                 None => Steps::default(),
             };
             let (next, step) = match steps.look(now, threshold_ms) {

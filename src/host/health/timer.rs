@@ -35,7 +35,7 @@ impl<H: Host> Health<H> {
         self.judge_placeholders(&rec);
         self.rotator.tick(&rec, self.store.gate(&rec));
         self.metrics.set_count_unreliable(!reading.reliable);
-        let ids: Vec<u64> = self.watch.snapshot().0.roots.iter().map(|r| r.id).collect();
+        let ids = self.watch.ids();
         let now = self.host().now();
         let oldest = in_flight::read(self.host(), now.timer_ms(), ids).oldest_age_ms;
         self.metrics.set_oldest_in_flight(oldest);
@@ -70,7 +70,7 @@ impl<H: Host> Health<H> {
     /// drains an announced one once a placeholder served a request: a drain
     /// that holds CLOSING, as a maintenance drain does (`crate::placeholder`).
     fn judge_placeholders(&self, rec: &Record) {
-        let p = placeholder::read(self.host());
+        let p = placeholder::read_seen(self.host(), &self.placeholders_seen);
         if !self.announced.get() && p.present() > 0 {
             match self.store.lb_checkers() {
                 Ok(c) => self.announced.set(c.announced_ms.is_some()),
