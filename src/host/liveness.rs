@@ -14,7 +14,9 @@ use super::count;
 use super::keys;
 use super::logs;
 use super::metrics::Metrics;
-use super::shared::{self, cas_update, json_read, json_update, Seen, SharedError};
+use super::shared::{
+    self, cas_update, cas_update_versioned, json_read, json_update, Seen, SharedError,
+};
 use super::wasm_host::{Envoy, Host};
 use crate::liveness::{self as core, Lost, Registry, Unreliable, Verdict, WatchLook};
 
@@ -269,12 +271,29 @@ impl<H: Host> Watch<H> {
             return;
         };
         let beat = |id| read_beat(&self.host, id);
-        let judged = update(&self.host, |r| {
+        // Written only when the judgement changed it: a judgement that finds
+        // every root beating leaves the registry (and its generation) as it
+        // was, and the next reader parses nothing.
+        let judged = cas_update_versioned(&self.host, keys::REGISTRY, |bytes, cas| {
+            let was = match bytes {
+                Some(b) => self.registry.value(keys::REGISTRY, b, cas)?,
+                None => Rc::default(),
+            };
+            let mut r = Registry::clone(&was);
             let back = r.revive(beat);
             let dead = r.stale(now, since, beat);
             let lost = r.mark_lost(&dead);
             let gap = r.note_gap(now, since);
-            (back, lost, gap, r.verdict(now), r.seen)
+            let unchanged = bytes.is_some() && r == *was;
+            if !unchanged {
+                r.generation = r.generation.saturating_add(1);
+            }
+            let out = ((back, lost, gap, r.verdict(now), r.seen), r.generation);
+            Ok::<_, SharedError>(if unchanged {
+                shared::Decision::Keep(out)
+            } else {
+                shared::Decision::Write(shared::encode(keys::REGISTRY, &r)?, out)
+            })
         });
         let ((back, lost, gap, verdict, seen), gen) = match judged {
             Ok(j) => j,
@@ -380,6 +399,34 @@ mod tests {
         }
         assert!(reading(&sim).reliable);
         assert_eq!(watch.snapshot().0.roots.len(), 1);
+    }
+
+    #[test]
+    fn a_judgement_that_changes_nothing_writes_nothing() {
+        let sim = Sim::at(1_000);
+        let (watch, metrics) = process(&sim);
+        let root = Heartbeat::new(&sim, 100);
+        let tick = |beat: bool| {
+            sim.advance(100);
+            if beat {
+                root.beat();
+            }
+            watch.tick(&metrics);
+        };
+        tick(true);
+        let version = |key| (&sim).get(key).unwrap().1.unwrap();
+        let (registry, verdict) = (version(keys::REGISTRY), version(keys::VERDICT));
+        for _ in 0..30 {
+            tick(true);
+        }
+        assert_eq!(version(keys::REGISTRY), registry, "every root beats");
+        assert_eq!(version(keys::VERDICT), verdict);
+        for _ in 0..30 {
+            tick(false);
+        }
+        assert_ne!(version(keys::REGISTRY), registry, "judged lost");
+        assert_eq!(reading(&sim).why, Some(Unreliable::TrafficRoleLost));
+        std::mem::forget(root);
     }
 
     #[test]
