@@ -22,8 +22,9 @@ pub const UNCOUNTED: &str = "drain_gate.uncounted.v1";
 /// a `crate::liveness::Unreliable` name; no name: trusted), written by the health
 /// role's watch.
 pub const VERDICT: &str = "drain_gate.verdict.v1";
-/// Who judges the registry, and since when (`crate::liveness::Watch`, JSON).
-pub const WATCH: &str = "drain_gate.watch.v1";
+/// Who judges the registry, and since when (`crate::liveness::Watch`, its
+/// fixed little-endian form).
+pub const WATCH: &str = "drain_gate.watch.v2";
 /// Which of drain-gate's gauges are live (JSON), probed once per process.
 pub const GAUGES: &str = "drain_gate.gauges.v1";
 /// Set by every traffic root at configure time: a traffic role counts in this vm_id.

@@ -35,7 +35,9 @@ fn read_beat<H: Host>(host: &H, id: u64) -> Option<u64> {
 /// the main thread before any worker VM, so this cannot race another creator).
 pub fn ensure_registry<H: Host>(host: &H) {
     shared::ensure_json(host, keys::REGISTRY, &Registry::default());
-    shared::ensure_json(host, keys::WATCH, &core::Watch::default());
+    if let Err(e) = shared::create(host, keys::WATCH, &core::Watch::default().to_bytes()) {
+        logs::error!("event=shared_data_error key={} error=\"{e}\"", keys::WATCH);
+    }
 }
 
 /// Changes the registry (compare-and-swap); every change moves its
@@ -228,17 +230,15 @@ impl<H: Host> Watch<H> {
     fn judge(&self, now: u64) -> Option<u64> {
         let tick_ms = self.tick_ms;
         let judged: Result<_, SharedError> = cas_update(&self.host, keys::WATCH, |bytes| {
-            let watch: core::Watch = match bytes {
-                Some(b) => shared::parse(keys::WATCH, b)?,
-                None => core::Watch::default(),
-            };
+            // Absent or of another form (never expected): judged afresh.
+            let watch = watch_of(bytes);
             let next = watch.next(now, tick_ms);
             let (w, stall) = match next {
                 WatchLook::Skip => return Ok(shared::Decision::Keep(None)),
                 WatchLook::Now(w) => (w, None),
                 WatchLook::AfterStall(w, gap) => (w, Some(gap)),
             };
-            let bytes = shared::encode(keys::WATCH, &w)?;
+            let bytes = w.to_bytes().to_vec();
             Ok(shared::Decision::Write(bytes, Some((w.since_ms, stall))))
         });
         match judged {
@@ -328,10 +328,16 @@ impl<H: Host> Watch<H> {
     /// The registry and the watch record now (for `/drain/status`).
     pub fn snapshot(&self) -> (Registry, Verdict, core::Watch) {
         let reg = json_read::<_, Registry>(&self.host, keys::REGISTRY).unwrap_or_default();
-        let watch = json_read::<_, core::Watch>(&self.host, keys::WATCH).unwrap_or_default();
+        let watch = self.host.get(keys::WATCH).ok().and_then(|(b, _)| b);
+        let watch = watch_of(watch.as_deref());
         let v = reg.verdict(now_ms(&self.host));
         (reg, v, watch)
     }
+}
+
+/// The watch record in these bytes (default: absent, or of another form).
+fn watch_of(bytes: Option<&[u8]>) -> core::Watch {
+    bytes.and_then(core::Watch::from_bytes).unwrap_or_default()
 }
 
 fn report_lost(l: &Lost) {
