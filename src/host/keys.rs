@@ -69,11 +69,11 @@ pub fn beat(id: u64) -> String {
     format!("drain_gate.beat.v1.{id}")
 }
 
-/// The prefix of the in-flight summaries' keys (and their name in errors).
-pub const IN_FLIGHT: &str = "drain_gate.in_flight.v2";
+/// The prefix of the in-flight summaries' keys.
+pub const IN_FLIGHT: &str = "drain_gate.in_flight.v3";
 
-/// A traffic root's in-flight summary (`crate::in_flight::Published`, JSON),
-/// under its registry id.
+/// A traffic root's in-flight summary (`crate::in_flight::Published`, its
+/// fixed little-endian form), under its registry id: written when it changed.
 pub fn in_flight(id: u64) -> String {
     format!("{IN_FLIGHT}.{id}")
 }
