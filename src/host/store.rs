@@ -73,7 +73,12 @@ impl<H: Host> Store<H> {
     /// The current record, created OPEN on first use. Two VMs that create it
     /// at once both write OPEN before any transition can have happened.
     pub fn load(&self) -> Result<Record, SharedError> {
-        self.update(&|_| None)
+        self.current().map(Rc::unwrap_or_clone)
+    }
+
+    /// `load`, shared with the version parsed last (no copy of the record).
+    pub fn current(&self) -> Result<Rc<Record>, SharedError> {
+        self.rewrite(&|_| None)
     }
 
     /// Creates the records several workers update, if absent: the FSM record
@@ -158,6 +163,14 @@ impl<H: Host> Store<H> {
         &self,
         change: &dyn Fn(&Record) -> Option<Record>,
     ) -> Result<Record, SharedError> {
+        self.rewrite(change).map(Rc::unwrap_or_clone)
+    }
+
+    /// `update`, the record as it now stands shared, not copied.
+    fn rewrite(
+        &self,
+        change: &dyn Fn(&Record) -> Option<Record>,
+    ) -> Result<Rc<Record>, SharedError> {
         cas_update_versioned(&self.host, keys::FSM, |bytes, cas| {
             // Absent: the OPEN record of a process that never wrote one (the
             // first VM creates it on its first write).
@@ -166,11 +179,11 @@ impl<H: Host> Store<H> {
                 None => Rc::new(Record::new(self.host.now().wall_ms)),
             };
             Ok(match (change(&rec), bytes) {
-                (Some(next), _) => Decision::Write(shared::encode(keys::FSM, &next)?, next),
-                (None, None) => {
-                    Decision::Write(shared::encode(keys::FSM, &*rec)?, Record::clone(&rec))
+                (Some(next), _) => {
+                    Decision::Write(shared::encode(keys::FSM, &next)?, Rc::new(next))
                 }
-                (None, Some(_)) => Decision::Keep(Record::clone(&rec)),
+                (None, None) => Decision::Write(shared::encode(keys::FSM, &*rec)?, rec),
+                (None, Some(_)) => Decision::Keep(rec),
             })
         })
     }
@@ -182,8 +195,8 @@ impl<H: Host> Store<H> {
         active: u64,
         lb_down_ms: Option<u64>,
         metrics: &Metrics<H>,
-    ) -> Result<Record, SharedError> {
-        let mut rec = self.load()?;
+    ) -> Result<Rc<Record>, SharedError> {
+        let mut rec = self.current()?;
         // At most two automatic steps can follow each other (CLOSING, then
         // CLOSED when lb_buffer is 0).
         for _ in 0..3 {
@@ -193,9 +206,9 @@ impl<H: Host> Store<H> {
                 return Ok(rec);
             };
             rec = match self.advance(&|_| mv, active, metrics) {
-                Ok(next) => next,
+                Ok(next) => Rc::new(next),
                 // Another worker moved first: look again at what it left.
-                Err(TransitionError::Illegal(_)) => self.load()?,
+                Err(TransitionError::Illegal(_)) => self.current()?,
                 Err(TransitionError::Shared(e)) => return Err(e),
             };
         }

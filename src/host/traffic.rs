@@ -232,9 +232,9 @@ impl<H: Host> Traffic<H> {
         let owing = self.completed.get() > 0 && self.in_drain();
         let rec = match hint {
             Some(State::Open) if !owing => None,
-            _ => self.store.load().ok(),
+            _ => self.store.current().ok(),
         };
-        self.flush_completed(rec.as_ref());
+        self.flush_completed(rec.as_deref());
         let state = hint
             .or(rec.as_ref().map(|r| r.state))
             .unwrap_or(State::Draining); // unknown: keep looking
@@ -299,7 +299,7 @@ impl<H: Host> Traffic<H> {
     fn state_now(&self) -> Option<State> {
         self.metrics
             .state_hint()
-            .or_else(|| self.store.load().ok().map(|r| r.state))
+            .or_else(|| self.store.current().ok().map(|r| r.state))
     }
 
     /// A new HTTP request: refused while draining when

@@ -69,6 +69,8 @@ pub struct Health<H: Host = Envoy> {
     placeholders: Cell<PlaceholderAction>,
     /// The placeholders' record as the tick parsed it last.
     placeholders_seen: Seen<Placeholders>,
+    /// The oldest stream's age this root's tick wrote to its gauge last (s).
+    oldest_written: Cell<Option<u64>>,
     /// An LB check was answered 200 (as of this worker's last look).
     announced: Cell<bool>,
     /// The drain whose owed receipt line this root saw at its last tick: it
@@ -112,6 +114,7 @@ impl<H: Host + Copy> Health<H> {
             unreadable: Cell::new(false),
             placeholders: Cell::new(PlaceholderAction::None),
             placeholders_seen: Seen::default(),
+            oldest_written: Cell::new(None),
             announced: Cell::new(false),
         };
         // Record where the wall clock stands before the first tick, so that
@@ -162,6 +165,7 @@ impl<H: Host> Health<H> {
                 self.lb_down_ms(),
                 &self.metrics,
             )
+            .map(std::rc::Rc::unwrap_or_clone)
             .map_err(store::TransitionError::Shared)
     }
 

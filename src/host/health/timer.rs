@@ -38,7 +38,12 @@ impl<H: Host> Health<H> {
         let ids = self.watch.ids();
         let now = self.host().now();
         let oldest = in_flight::read(self.host(), now.timer_ms(), ids).oldest_age_ms;
-        self.metrics.set_oldest_in_flight(oldest);
+        // Written when its whole seconds moved (only health ticks write it,
+        // each what it read: they agree within a tick).
+        let secs = oldest.unwrap_or(0) / 1000;
+        if self.oldest_written.replace(Some(secs)) != Some(secs) {
+            self.metrics.set_oldest_in_flight(oldest);
+        }
         self.keep_receipt(&rec, oldest);
         self.release_waiters(&rec, now);
         let held = !self.waiters.borrow().is_empty();
