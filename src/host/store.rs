@@ -45,9 +45,6 @@ impl From<SharedError> for TransitionError {
     }
 }
 
-/// The LB record as its reader parsed it last, with that version's `cas`.
-pub type LbSeen = RefCell<Option<(u32, Checkers)>>;
-
 /// The shared records, through one host, and the versions of them this
 /// reader parsed last (`shared::Seen`).
 #[derive(Debug, Default)]
@@ -55,6 +52,7 @@ pub struct Store<H> {
     host: H,
     fsm: Seen<Record>,
     clock: Seen<Steps>,
+    lb: Seen<Checkers>,
 }
 
 impl<H: Host> Store<H> {
@@ -63,6 +61,7 @@ impl<H: Host> Store<H> {
             host,
             fsm: Seen::default(),
             clock: Seen::default(),
+            lb: Seen::default(),
         }
     }
 
@@ -234,41 +233,22 @@ impl<H: Host> Store<H> {
         })
     }
 
-    /// What every LB checker has been answered so far.
+    /// What every LB checker has been answered so far (parsed only when it
+    /// changed since this store parsed it: a cut during a drain reads it).
     pub fn lb_checkers(&self) -> Result<Checkers, SharedError> {
-        json_read(&self.host, keys::LB)
+        Ok(match self.lb.read(&self.host, keys::LB)? {
+            Some(c) => Checkers::clone(&c),
+            None => Checkers::default(),
+        })
     }
 
     /// Records an answer served to an LB checker (compare-and-swap, retried;
     /// written only when the record changed). A check that changes nothing —
     /// the common case: the same answer to the same checker — costs one read
-    /// and no parse: `seen` keeps the version of the record its caller parsed
-    /// last (shared data's `cas` changes with every write).
-    pub fn lb_observe(
-        &self,
-        source: &str,
-        status: u16,
-        lb_fall: u32,
-        seen: &LbSeen,
-    ) -> Result<(), SharedError> {
+    /// and no parse (`lb_checkers`).
+    pub fn lb_observe(&self, source: &str, status: u16, lb_fall: u32) -> Result<(), SharedError> {
         let now_ms = self.host.now().timer_ms();
-        let (bytes, cas) = self.host.get(keys::LB).map_err(SharedError::Read)?;
-        let remembered = seen
-            .borrow()
-            .as_ref()
-            .filter(|(v, _)| Some(*v) == cas)
-            .map(|(_, c)| c.clone());
-        let mut current = match remembered {
-            Some(c) => c,
-            None => {
-                let c: Checkers = match bytes {
-                    Some(b) => shared::parse(keys::LB, &b)?,
-                    None => Checkers::default(),
-                };
-                *seen.borrow_mut() = cas.map(|v| (v, c.clone()));
-                c
-            }
-        };
+        let mut current = self.lb_checkers()?;
         if !current.observe(source, status, now_ms, lb_fall) {
             return Ok(());
         }

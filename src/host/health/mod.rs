@@ -60,7 +60,6 @@ pub struct Health<H: Host = Envoy> {
     store: Store<H>,
     waiters: RefCell<Vec<Waiter>>,
     watch: Watch<H>,
-    lb_seen: store::LbSeen,
     /// The last tick could not read (or update) the record: checks fail
     /// closed until a tick succeeds again.
     unreadable: Cell<bool>,
@@ -110,7 +109,6 @@ impl<H: Host + Copy> Health<H> {
             waiters: RefCell::new(Vec::new()),
             receipt_seen: Cell::new(None),
             watch,
-            lb_seen: RefCell::new(None),
             unreadable: Cell::new(false),
             placeholders: Cell::new(PlaceholderAction::None),
             placeholders_seen: Seen::default(),
