@@ -264,11 +264,12 @@ impl<H: Host> Watch<H> {
 
     /// From the health tick: registers again the lost roots that beat again,
     /// moves silent roots to `lost`, notes a gap without roots, and writes
-    /// the verdict the count reads.
-    pub fn tick(&self, metrics: &Metrics<H>) {
+    /// the verdict the count reads. `true`: this tick judged (at most one per
+    /// half `tick` in the process does).
+    pub fn tick(&self, metrics: &Metrics<H>) -> bool {
         let now = now_ms(&self.host);
         let Some(since) = self.judge(now) else {
-            return;
+            return false;
         };
         let beat = |id| read_beat(&self.host, id);
         // Written only when the judgement changed it: a judgement that finds
@@ -302,7 +303,7 @@ impl<H: Host> Watch<H> {
                     "event=shared_data_error key={} error=\"{e}\"",
                     keys::REGISTRY
                 );
-                return;
+                return true;
             }
         };
         self.seen.set(self.seen.get() || seen);
@@ -323,6 +324,7 @@ impl<H: Host> Watch<H> {
         if count::write_verdict(&self.host, gen, verdict.unreliable) {
             report_verdict(verdict.unreliable);
         }
+        true
     }
 
     /// The registry and the watch record now (for `/drain/status`).

@@ -68,8 +68,6 @@ pub struct Health<H: Host = Envoy> {
     placeholders: Cell<PlaceholderAction>,
     /// The placeholders' record as the tick parsed it last.
     placeholders_seen: Seen<Placeholders>,
-    /// The oldest stream's age this root's tick wrote to its gauge last (s).
-    oldest_written: Cell<Option<u64>>,
     /// An LB check was answered 200 (as of this worker's last look).
     announced: Cell<bool>,
     /// The drain whose owed receipt line this root saw at its last tick: it
@@ -112,7 +110,6 @@ impl<H: Host + Copy> Health<H> {
             unreadable: Cell::new(false),
             placeholders: Cell::new(PlaceholderAction::None),
             placeholders_seen: Seen::default(),
-            oldest_written: Cell::new(None),
             announced: Cell::new(false),
         };
         // Record where the wall clock stands before the first tick, so that

@@ -18,7 +18,7 @@ impl<H: Host> Health<H> {
     /// transitions, then the release of held answers that are over.
     pub fn tick(&self) {
         self.watch_clock();
-        self.watch.tick(&self.metrics);
+        let judged = self.watch.tick(&self.metrics);
         let reading = self.active.read();
         let due = self
             .store
@@ -34,14 +34,20 @@ impl<H: Host> Health<H> {
         self.metrics.sync_state(rec.state);
         self.judge_placeholders(&rec);
         self.rotator.tick(&rec, self.store.gate(&rec));
-        self.metrics.set_count_unreliable(!reading.reliable);
-        let ids = self.watch.ids();
         let now = self.host().now();
-        let oldest = in_flight::read(self.host(), now.timer_ms(), ids).oldest_age_ms;
-        // Written when its whole seconds moved (only health ticks write it,
-        // each what it read: they agree within a tick).
-        let secs = oldest.unwrap_or(0) / 1000;
-        if self.oldest_written.replace(Some(secs)) != Some(secs) {
+        // The process's gauges are written by the tick that judged liveness
+        // (one per half tick in the process); the in-flight summaries are
+        // read for it, and by a tick that finds the oldest stream at the flip
+        // not recorded yet (`keep_receipt`).
+        let flip = fsm::record_flip(&rec, None).is_some();
+        let oldest = if judged || flip {
+            let ids = self.watch.ids();
+            in_flight::read(self.host(), now.timer_ms(), ids).oldest_age_ms
+        } else {
+            None
+        };
+        if judged {
+            self.metrics.set_count_unreliable(!reading.reliable);
             self.metrics.set_oldest_in_flight(oldest);
         }
         self.keep_receipt(&rec, oldest);
