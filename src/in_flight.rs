@@ -3,8 +3,9 @@
 //! No host call per stream: each traffic root context (one per worker) keeps
 //! its streams in buckets keyed by the tick they started in (`Ages`, on the
 //! clock the timers run on: `clock::Now::timer_ms`), and
-//! every tick publishes a `Published` summary of them. A reader merges the
-//! summaries of every worker (`merge`). A stream's start is the time of the
+//! every tick publishes a `Published` summary of them when it changed (the
+//! summary of a worker whose streams did not change is as fresh as its
+//! heartbeat). A reader merges the summaries of every worker (`merge`). A stream's start is the time of the
 //! last tick before it, so an age reads long by less than one `tick`; the
 //! summary is at most one tick old. Both hold in and outside a drain (the
 //! count's lease plays no part here).
@@ -71,19 +72,74 @@ impl Histogram {
     }
 }
 
-record! {
-    /// What a worker publishes every tick.
-    #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-    pub struct Published {
-        /// When it was published (ms since the epoch).
-        pub at_ms: u64,
-        /// The publisher's `tick`: a summary not refreshed for three of them
-        /// (and at least a second) is a worker that stopped, and is left out.
-        pub tick_ms: u64,
-        /// The start tick of the oldest stream in flight, if any.
-        pub oldest_started_ms: Option<u64>,
-        /// Ages as of `at_ms`.
-        pub ages: Histogram,
+/// What a worker publishes from its tick, when it differs from what it
+/// published last but for `at_ms` (`same_as`): a worker whose streams did
+/// not change writes nothing, and its readers, who take its last tick from
+/// its beat, parse nothing new.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Published {
+    /// When it was published (ms, on the clock the timers run on); a reader
+    /// takes the publisher's last tick instead, when it knows it.
+    pub at_ms: u64,
+    /// The publisher's `tick`: a summary not refreshed for three of them
+    /// (and at least a second) is a worker that stopped, and is left out.
+    pub tick_ms: u64,
+    /// The start tick of the oldest stream in flight, if any.
+    pub oldest_started_ms: Option<u64>,
+    /// Ages as of `at_ms`: as of every tick since, when they are the same.
+    pub ages: Histogram,
+}
+
+/// The size of `Published::to_bytes`.
+pub const PUBLISHED_BYTES: usize = 56;
+
+impl Published {
+    /// Whether `other` says what this says, but for when it was published.
+    pub fn same_as(&self, other: &Published) -> bool {
+        Published {
+            at_ms: other.at_ms,
+            ..*self
+        } == *other
+    }
+
+    /// Seven little-endian `u64`: `at_ms`, `tick_ms`, `oldest_started_ms`
+    /// (`u64::MAX`: none), then the ages youngest first.
+    pub fn to_bytes(&self) -> [u8; PUBLISHED_BYTES] {
+        let h = &self.ages;
+        let fields = [
+            self.at_ms,
+            self.tick_ms,
+            self.oldest_started_ms.unwrap_or(u64::MAX),
+            h.lt_1s,
+            h.lt_10s,
+            h.lt_60s,
+            h.ge_60s,
+        ];
+        let mut out = [0; PUBLISHED_BYTES];
+        for (chunk, v) in out.chunks_exact_mut(8).zip(fields) {
+            chunk.copy_from_slice(&v.to_le_bytes());
+        }
+        out
+    }
+
+    /// The summary `to_bytes` wrote (`None`: another form).
+    pub fn from_bytes(bytes: &[u8]) -> Option<Published> {
+        let bytes: &[u8; PUBLISHED_BYTES] = bytes.try_into().ok()?;
+        let mut fields = bytes
+            .chunks_exact(8)
+            .filter_map(|c| <[u8; 8]>::try_from(c).ok().map(u64::from_le_bytes));
+        let mut next = || fields.next().unwrap_or_default();
+        Some(Published {
+            at_ms: next(),
+            tick_ms: next(),
+            oldest_started_ms: Some(next()).filter(|v| *v != u64::MAX),
+            ages: Histogram {
+                lt_1s: next(),
+                lt_10s: next(),
+                lt_60s: next(),
+                ge_60s: next(),
+            },
+        })
     }
 }
 
@@ -268,6 +324,19 @@ mod tests {
                 ..Published::default()
             }
         );
+    }
+
+    #[test]
+    fn a_summary_round_trips_its_fixed_form_and_compares_without_its_time() {
+        let mut a = Ages::default();
+        a.enter(1_000);
+        let p = a.publish(1_500, 100);
+        assert_eq!(Published::from_bytes(&p.to_bytes()), Some(p));
+        let none = Published::default();
+        assert_eq!(Published::from_bytes(&none.to_bytes()), Some(none));
+        assert_eq!(Published::from_bytes(b"{}"), None);
+        assert!(p.same_as(&a.publish(1_900, 100)), "only its time moved");
+        assert!(!p.same_as(&a.publish(2_000, 100)), "a second old now");
     }
 
     #[test]

@@ -304,21 +304,56 @@ impl Registry {
     }
 }
 
-record! {
-    /// Who judges the registry, and since when its run of on-time ticks lasts:
-    /// one value per process (shared data), written by the health tick that
-    /// judges (at most one per half `tick`).
-    #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-    pub struct Watch {
-        /// The last judging tick (timer clock).
-        pub last_ms: Option<u64>,
-        /// Silence is judged from here at the earliest: the first on-time tick
-        /// after the health role last did not run for `late_after_ms`.
-        pub since_ms: u64,
-        /// Stalls seen (the health role did not run for `late_after_ms`).
-        pub stalls: u64,
-        /// The longest stall seen.
-        pub longest_stall_ms: u64,
+/// Who judges the registry, and since when its run of on-time ticks lasts:
+/// one value per process (shared data), written by the health tick that
+/// judges (at most one per half `tick`) and read by every health tick, in a
+/// fixed form (`to_bytes`) that costs no parse.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Watch {
+    /// The last judging tick (timer clock).
+    pub last_ms: Option<u64>,
+    /// Silence is judged from here at the earliest: the first on-time tick
+    /// after the health role last did not run for `late_after_ms`.
+    pub since_ms: u64,
+    /// Stalls seen (the health role did not run for `late_after_ms`).
+    pub stalls: u64,
+    /// The longest stall seen.
+    pub longest_stall_ms: u64,
+}
+
+/// The size of `Watch::to_bytes`.
+pub const WATCH_BYTES: usize = 32;
+
+impl Watch {
+    /// Four little-endian `u64`: `last_ms` (`u64::MAX`: none), `since_ms`,
+    /// `stalls`, `longest_stall_ms`.
+    pub fn to_bytes(&self) -> [u8; WATCH_BYTES] {
+        let mut out = [0; WATCH_BYTES];
+        let fields = [
+            self.last_ms.unwrap_or(u64::MAX),
+            self.since_ms,
+            self.stalls,
+            self.longest_stall_ms,
+        ];
+        for (chunk, v) in out.chunks_exact_mut(8).zip(fields) {
+            chunk.copy_from_slice(&v.to_le_bytes());
+        }
+        out
+    }
+
+    /// The watch `to_bytes` wrote (`None`: another form).
+    pub fn from_bytes(bytes: &[u8]) -> Option<Watch> {
+        let bytes: &[u8; WATCH_BYTES] = bytes.try_into().ok()?;
+        let mut fields = bytes
+            .chunks_exact(8)
+            .filter_map(|c| <[u8; 8]>::try_from(c).ok().map(u64::from_le_bytes));
+        let mut next = || fields.next().unwrap_or_default();
+        Some(Watch {
+            last_ms: Some(next()).filter(|v| *v != u64::MAX),
+            since_ms: next(),
+            stalls: next(),
+            longest_stall_ms: next(),
+        })
     }
 }
 
@@ -586,6 +621,22 @@ mod tests {
             panic!("3.5 s without a health tick is a stall")
         };
         assert_eq!((gap, w.since_ms, w.stalls), (3_500, 4_600, 1));
+    }
+
+    #[test]
+    fn the_watch_round_trips_its_fixed_form() {
+        for w in [
+            Watch::default(),
+            Watch {
+                last_ms: Some(0),
+                since_ms: 7,
+                stalls: 2,
+                longest_stall_ms: 3_500,
+            },
+        ] {
+            assert_eq!(Watch::from_bytes(&w.to_bytes()), Some(w));
+        }
+        assert_eq!(Watch::from_bytes(b"{}"), None);
     }
 
     #[test]

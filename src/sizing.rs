@@ -318,6 +318,14 @@ impl Pending {
     }
 }
 
+/// Rewrites the `i`th little-endian `u64` of `bytes` as `f` makes it.
+fn update_word(bytes: &mut [u8], i: usize, f: impl Fn(u64) -> u64) {
+    if let Some(w) = bytes.get_mut(i * 8..i * 8 + 8) {
+        let v = <[u8; 8]>::try_from(&*w).map_or(0, u64::from_le_bytes);
+        w.copy_from_slice(&f(v).to_le_bytes());
+    }
+}
+
 /// The durations of every kind.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Durations {
@@ -388,26 +396,26 @@ impl Durations {
     }
 
     /// Adds these durations to `bytes`, the `to_bytes` form of a total, in
-    /// place: only the words of buckets that moved are touched. `false`:
+    /// place: only the words of buckets that moved are read and written. `false`:
     /// `bytes` is not that form (left as it was).
     pub fn add_into(&self, bytes: &mut [u8]) -> bool {
         if bytes.len() != BYTES {
             return false;
         }
-        let mut words = bytes.chunks_exact_mut(8);
-        for kind in Kind::ALL {
+        // Per kind: the buckets, count, sum, then max.
+        let per_kind = BUCKETS + 3;
+        for (k, kind) in Kind::ALL.into_iter().enumerate() {
             let h = self.kind(kind);
-            let adds = h.buckets.iter().copied().chain([h.count, h.sum_ms]);
-            // `adds` first: its end must not take the max's word from `words`.
-            for (n, w) in adds.zip(&mut words) {
-                if n > 0 {
-                    let v = <[u8; 8]>::try_from(&*w).map_or(0, u64::from_le_bytes);
-                    w.copy_from_slice(&v.saturating_add(n).to_le_bytes());
-                }
+            let first = k * per_kind;
+            if h.count == 0 {
+                continue; // nothing recorded: every bucket, the sum and the max are 0
             }
-            if let Some(w) = words.next() {
-                let v = <[u8; 8]>::try_from(&*w).map_or(0, u64::from_le_bytes);
-                w.copy_from_slice(&v.max(h.max_ms).to_le_bytes());
+            let adds = h.buckets.iter().copied().chain([h.count, h.sum_ms]);
+            for (i, n) in adds.enumerate().filter(|(_, n)| *n > 0) {
+                update_word(bytes, first + i, |v| v.saturating_add(n));
+            }
+            if h.max_ms > 0 {
+                update_word(bytes, first + per_kind - 1, |v| v.max(h.max_ms));
             }
         }
         true

@@ -294,6 +294,9 @@ impl<H: Host> PartCounter<H> {
 pub struct ActiveCount<H: Host = Envoy> {
     streams: PartCounter<H>,
     connections: PartCounter<H>,
+    /// `keys::TRAFFIC_PRESENT` was read present: it stays (nothing removes
+    /// it), so it is not read again.
+    traffic_seen: Cell<bool>,
 }
 
 impl<H: Host + Copy> ActiveCount<H> {
@@ -320,6 +323,7 @@ impl<H: Host> ActiveCount<H> {
         ActiveCount {
             streams,
             connections,
+            traffic_seen: Cell::new(false),
         }
     }
 
@@ -354,7 +358,9 @@ impl<H: Host> ActiveCount<H> {
         let host = &self.streams.host;
         let uncounted = shared::read_u64(host, keys::UNCOUNTED).map(|v| v.unwrap_or(0));
         let verdict = verdict(host);
-        let traffic_seen = matches!(host.get(keys::TRAFFIC_PRESENT), Ok((Some(_), _)));
+        let traffic_seen =
+            self.traffic_seen.get() || matches!(host.get(keys::TRAFFIC_PRESENT), Ok((Some(_), _)));
+        self.traffic_seen.set(traffic_seen);
         // This root context knows of a stream it did not count even when the
         // shared value could not be written yet.
         let owed = self.streams.mark_pending() || self.connections.mark_pending();

@@ -1,33 +1,41 @@
 //! Carries each worker's in-flight ages (`crate::in_flight`) through shared
 //! data: every traffic root context publishes its summary from its tick
-//! under its registry id (`keys::in_flight`), so the keys are as many as the
-//! roots alive at once; a reader merges the summaries of the registered
-//! roots.
+//! under its registry id (`keys::in_flight`) when it changed, so the keys are
+//! as many as the roots alive at once; a reader merges the summaries of the
+//! registered roots, each as fresh as its root's beat.
 
 use super::keys;
 use super::logs;
 use super::shared;
 use super::wasm_host::Host;
 use crate::in_flight::{self, InFlight, Published};
-use crate::json;
 
-pub fn publish<H: Host>(host: &H, id: u64, summary: &Published) {
+/// Writes `summary` under `id`; `true` when it was written.
+pub fn publish<H: Host>(host: &H, id: u64, summary: &Published) -> bool {
     let key = keys::in_flight(id);
-    let written = shared::encode(keys::IN_FLIGHT, summary).and_then(|bytes| {
-        host.set(&key, &bytes, None)
-            .map_err(shared::SharedError::Write)
-    });
-    if let Err(e) = written {
-        logs::warning!("event=shared_data_error key={key} error=\"{e}\"");
+    match host.set(&key, &summary.to_bytes(), None) {
+        Ok(()) => true,
+        Err(e) => {
+            logs::warning!("event=shared_data_error key={key} status={e:?}");
+            false
+        }
     }
 }
 
-/// The summaries of the roots `ids` (one that is missing is left out).
+/// The summaries of the roots `ids` (one that is missing is left out). A
+/// root writes its summary only when it changed, and beats every tick: its
+/// summary is as fresh as its beat.
 pub fn published<H: Host>(host: &H, ids: impl IntoIterator<Item = u64>) -> Vec<Published> {
     ids.into_iter()
-        .filter_map(|id| host.get(&keys::in_flight(id)).ok())
-        .filter_map(|(bytes, _)| bytes)
-        .filter_map(|bytes| json::from_slice(&bytes).ok())
+        .filter_map(|id| {
+            let (bytes, _) = host.get(&keys::in_flight(id)).ok()?;
+            let p = Published::from_bytes(&bytes?)?;
+            let beat = shared::read_u64(host, &keys::beat(id)).ok().flatten();
+            Some(Published {
+                at_ms: beat.map_or(p.at_ms, |b| b.max(p.at_ms)),
+                ..p
+            })
+        })
         .collect()
 }
 

@@ -8,12 +8,15 @@
 //! (`keys::VERDICT`).
 
 use std::cell::Cell;
+use std::rc::Rc;
 
 use super::count;
 use super::keys;
 use super::logs;
 use super::metrics::Metrics;
-use super::shared::{self, cas_update, json_read, json_update, SharedError};
+use super::shared::{
+    self, cas_update, cas_update_versioned, json_read, json_update, Seen, SharedError,
+};
 use super::wasm_host::{Envoy, Host};
 use crate::liveness::{self as core, Lost, Registry, Unreliable, Verdict, WatchLook};
 
@@ -32,7 +35,9 @@ fn read_beat<H: Host>(host: &H, id: u64) -> Option<u64> {
 /// the main thread before any worker VM, so this cannot race another creator).
 pub fn ensure_registry<H: Host>(host: &H) {
     shared::ensure_json(host, keys::REGISTRY, &Registry::default());
-    shared::ensure_json(host, keys::WATCH, &core::Watch::default());
+    if let Err(e) = shared::create(host, keys::WATCH, &core::Watch::default().to_bytes()) {
+        logs::error!("event=shared_data_error key={} error=\"{e}\"", keys::WATCH);
+    }
 }
 
 /// Changes the registry (compare-and-swap); every change moves its
@@ -182,6 +187,8 @@ pub struct Watch<H: Host = Envoy> {
     tick_ms: u64,
     /// Once a traffic root was seen, it stays seen: no read per check.
     seen: Cell<bool>,
+    /// The registry as this root parsed it last.
+    registry: Seen<Registry>,
 }
 
 impl<H: Host> Watch<H> {
@@ -190,14 +197,29 @@ impl<H: Host> Watch<H> {
             host,
             tick_ms,
             seen: Cell::new(false),
+            registry: Seen::default(),
         }
+    }
+
+    /// The registry now (default when absent or unreadable), parsed only
+    /// when it changed since this root parsed it last.
+    fn registry(&self) -> Rc<Registry> {
+        self.registry
+            .read(&self.host, keys::REGISTRY)
+            .ok()
+            .flatten()
+            .unwrap_or_default()
+    }
+
+    /// The ids of the registered roots now.
+    pub fn ids(&self) -> Vec<u64> {
+        self.registry().roots.iter().map(|r| r.id).collect()
     }
 
     /// Whether the gateway may be announced (a traffic root has registered).
     pub fn seen(&self) -> bool {
         if !self.seen.get() {
-            let seen = json_read::<_, Registry>(&self.host, keys::REGISTRY).is_ok_and(|r| r.seen);
-            self.seen.set(seen);
+            self.seen.set(self.registry().seen);
         }
         self.seen.get()
     }
@@ -208,17 +230,15 @@ impl<H: Host> Watch<H> {
     fn judge(&self, now: u64) -> Option<u64> {
         let tick_ms = self.tick_ms;
         let judged: Result<_, SharedError> = cas_update(&self.host, keys::WATCH, |bytes| {
-            let watch: core::Watch = match bytes {
-                Some(b) => shared::parse(keys::WATCH, b)?,
-                None => core::Watch::default(),
-            };
+            // Absent or of another form (never expected): judged afresh.
+            let watch = watch_of(bytes);
             let next = watch.next(now, tick_ms);
             let (w, stall) = match next {
                 WatchLook::Skip => return Ok(shared::Decision::Keep(None)),
                 WatchLook::Now(w) => (w, None),
                 WatchLook::AfterStall(w, gap) => (w, Some(gap)),
             };
-            let bytes = shared::encode(keys::WATCH, &w)?;
+            let bytes = w.to_bytes().to_vec();
             Ok(shared::Decision::Write(bytes, Some((w.since_ms, stall))))
         });
         match judged {
@@ -244,19 +264,37 @@ impl<H: Host> Watch<H> {
 
     /// From the health tick: registers again the lost roots that beat again,
     /// moves silent roots to `lost`, notes a gap without roots, and writes
-    /// the verdict the count reads.
-    pub fn tick(&self, metrics: &Metrics<H>) {
+    /// the verdict the count reads. `true`: this tick judged (at most one per
+    /// half `tick` in the process does).
+    pub fn tick(&self, metrics: &Metrics<H>) -> bool {
         let now = now_ms(&self.host);
         let Some(since) = self.judge(now) else {
-            return;
+            return false;
         };
         let beat = |id| read_beat(&self.host, id);
-        let judged = update(&self.host, |r| {
+        // Written only when the judgement changed it: a judgement that finds
+        // every root beating leaves the registry (and its generation) as it
+        // was, and the next reader parses nothing.
+        let judged = cas_update_versioned(&self.host, keys::REGISTRY, |bytes, cas| {
+            let was = match bytes {
+                Some(b) => self.registry.value(keys::REGISTRY, b, cas)?,
+                None => Rc::default(),
+            };
+            let mut r = Registry::clone(&was);
             let back = r.revive(beat);
             let dead = r.stale(now, since, beat);
             let lost = r.mark_lost(&dead);
             let gap = r.note_gap(now, since);
-            (back, lost, gap, r.verdict(now), r.seen)
+            let unchanged = bytes.is_some() && r == *was;
+            if !unchanged {
+                r.generation = r.generation.saturating_add(1);
+            }
+            let out = ((back, lost, gap, r.verdict(now), r.seen), r.generation);
+            Ok::<_, SharedError>(if unchanged {
+                shared::Decision::Keep(out)
+            } else {
+                shared::Decision::Write(shared::encode(keys::REGISTRY, &r)?, out)
+            })
         });
         let ((back, lost, gap, verdict, seen), gen) = match judged {
             Ok(j) => j,
@@ -265,7 +303,7 @@ impl<H: Host> Watch<H> {
                     "event=shared_data_error key={} error=\"{e}\"",
                     keys::REGISTRY
                 );
-                return;
+                return true;
             }
         };
         self.seen.set(self.seen.get() || seen);
@@ -286,15 +324,22 @@ impl<H: Host> Watch<H> {
         if count::write_verdict(&self.host, gen, verdict.unreliable) {
             report_verdict(verdict.unreliable);
         }
+        true
     }
 
     /// The registry and the watch record now (for `/drain/status`).
     pub fn snapshot(&self) -> (Registry, Verdict, core::Watch) {
         let reg = json_read::<_, Registry>(&self.host, keys::REGISTRY).unwrap_or_default();
-        let watch = json_read::<_, core::Watch>(&self.host, keys::WATCH).unwrap_or_default();
+        let watch = self.host.get(keys::WATCH).ok().and_then(|(b, _)| b);
+        let watch = watch_of(watch.as_deref());
         let v = reg.verdict(now_ms(&self.host));
         (reg, v, watch)
     }
+}
+
+/// The watch record in these bytes (default: absent, or of another form).
+fn watch_of(bytes: Option<&[u8]>) -> core::Watch {
+    bytes.and_then(core::Watch::from_bytes).unwrap_or_default()
 }
 
 fn report_lost(l: &Lost) {
@@ -362,6 +407,34 @@ mod tests {
         }
         assert!(reading(&sim).reliable);
         assert_eq!(watch.snapshot().0.roots.len(), 1);
+    }
+
+    #[test]
+    fn a_judgement_that_changes_nothing_writes_nothing() {
+        let sim = Sim::at(1_000);
+        let (watch, metrics) = process(&sim);
+        let root = Heartbeat::new(&sim, 100);
+        let tick = |beat: bool| {
+            sim.advance(100);
+            if beat {
+                root.beat();
+            }
+            watch.tick(&metrics);
+        };
+        tick(true);
+        let version = |key| (&sim).get(key).unwrap().1.unwrap();
+        let (registry, verdict) = (version(keys::REGISTRY), version(keys::VERDICT));
+        for _ in 0..30 {
+            tick(true);
+        }
+        assert_eq!(version(keys::REGISTRY), registry, "every root beats");
+        assert_eq!(version(keys::VERDICT), verdict);
+        for _ in 0..30 {
+            tick(false);
+        }
+        assert_ne!(version(keys::REGISTRY), registry, "judged lost");
+        assert_eq!(reading(&sim).why, Some(Unreliable::TrafficRoleLost));
+        std::mem::forget(root);
     }
 
     #[test]

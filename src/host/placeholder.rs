@@ -15,7 +15,7 @@ use std::rc::Rc;
 
 use super::keys;
 use super::logs;
-use super::shared::{self, json_change, json_read, json_update};
+use super::shared::{self, json_change, json_update, Seen};
 use super::wasm_host::{Envoy, Host};
 use crate::placeholder::Placeholders;
 
@@ -27,13 +27,21 @@ pub fn ensure<H: Host>(host: &H) {
 
 /// The placeholders of this `vm_id` (none when unreadable: the error is logged).
 pub fn read<H: Host>(host: &H) -> Placeholders {
-    json_read(host, keys::PLACEHOLDERS).unwrap_or_else(|e| {
-        logs::warning!(
-            "event=shared_data_error key={} error=\"{e}\"",
-            keys::PLACEHOLDERS
-        );
-        Placeholders::default()
-    })
+    Placeholders::clone(&read_seen(host, &Seen::default()))
+}
+
+/// `read`, parsed only when the record changed since `seen` parsed it.
+pub fn read_seen<H: Host>(host: &H, seen: &Seen<Placeholders>) -> Rc<Placeholders> {
+    match seen.read(host, keys::PLACEHOLDERS) {
+        Ok(p) => p.unwrap_or_default(),
+        Err(e) => {
+            logs::warning!(
+                "event=shared_data_error key={} error=\"{e}\"",
+                keys::PLACEHOLDERS
+            );
+            Rc::default()
+        }
+    }
 }
 
 /// One per placeholder root context.

@@ -322,13 +322,14 @@ impl<H: Host + Copy + 'static> RootContext for Root<H> {
         true
     }
 
+    /// A tick reads the clocks once (`one_instant`).
     fn on_tick(&mut self) {
-        match &self.role {
+        super::wasm_host::one_instant(|| match &self.role {
             Role::Health(h) => h.tick(),
             Role::Traffic(t) => t.tick(),
             Role::Placeholder(p) => p.tick(),
             Role::Unconfigured => {}
-        }
+        })
     }
 
     fn create_http_context(&self, context_id: u32) -> Option<Box<dyn HttpContext>> {

@@ -4,7 +4,9 @@
 //! forms, and the one error type of a shared-data access.
 
 use proxy_wasm::types::Status;
+use std::cell::RefCell;
 use std::fmt;
+use std::rc::Rc;
 
 use super::wasm_host::Host;
 use crate::json::{self, FromJson, Unreadable};
@@ -68,9 +70,19 @@ pub fn cas_update<H: Host + ?Sized, R, E: From<SharedError>>(
     key: &str,
     mut f: impl FnMut(Option<&[u8]>) -> Result<Decision<R>, E>,
 ) -> Result<R, E> {
+    cas_update_versioned(host, key, |bytes, _| f(bytes))
+}
+
+/// `cas_update` whose `f` is also shown the version of the bytes it decides
+/// from (`None`: absent), as a [`Seen`] value needs.
+pub fn cas_update_versioned<H: Host + ?Sized, R, E: From<SharedError>>(
+    host: &H,
+    key: &str,
+    mut f: impl FnMut(Option<&[u8]>, Option<u32>) -> Result<Decision<R>, E>,
+) -> Result<R, E> {
     for _ in 0..RETRIES {
         let (bytes, cas) = host.get(key).map_err(SharedError::Read)?;
-        match f(bytes.as_deref())? {
+        match f(bytes.as_deref(), cas)? {
             Decision::Keep(r) => return Ok(r),
             Decision::Write(next, r) => match host.set(key, &next, cas) {
                 Ok(()) => return Ok(r),
@@ -80,6 +92,53 @@ pub fn cas_update<H: Host + ?Sized, R, E: From<SharedError>>(
         }
     }
     Err(SharedError::Contention.into())
+}
+
+/// A JSON value of one key as its reader parsed it last, with the version
+/// (`cas`) and length of the bytes it was parsed from. Shared data is
+/// versioned — every write moves the key's `cas` on — so bytes of the version
+/// parsed last are the bytes parsed then: read again, they cost the host's
+/// copy and no parse. One per reader (a role's root context): a tick that
+/// finds nothing changed parses nothing.
+#[derive(Debug)]
+pub struct Seen<T>(RefCell<Option<(u32, usize, Rc<T>)>>);
+
+impl<T> Default for Seen<T> {
+    fn default() -> Seen<T> {
+        Seen(RefCell::new(None))
+    }
+}
+
+impl<T: FromJson> Seen<T> {
+    /// The value of `bytes`, version `cas`, read under `key`: the one parsed
+    /// last when the version did not move, else parsed now (and kept).
+    pub fn value(
+        &self,
+        key: &'static str,
+        bytes: &[u8],
+        cas: Option<u32>,
+    ) -> Result<Rc<T>, SharedError> {
+        if let Some((seen, len, value)) = &*self.0.borrow() {
+            if Some(*seen) == cas && *len == bytes.len() {
+                return Ok(Rc::clone(value));
+            }
+        }
+        let value = Rc::new(parse(key, bytes)?);
+        *self.0.borrow_mut() = cas.map(|c| (c, bytes.len(), Rc::clone(&value)));
+        Ok(value)
+    }
+
+    /// The value under `key` now (`None`: absent).
+    pub fn read<H: Host + ?Sized>(
+        &self,
+        host: &H,
+        key: &'static str,
+    ) -> Result<Option<Rc<T>>, SharedError> {
+        match host.get(key).map_err(SharedError::Read)? {
+            (Some(b), cas) => self.value(key, &b, cas).map(Some),
+            (None, _) => Ok(None),
+        }
+    }
 }
 
 /// Parses a JSON value drain-gate wrote under `key`.

@@ -7,11 +7,14 @@
 use proxy_wasm::types::Status;
 use std::cell::RefCell;
 use std::fmt;
+use std::rc::Rc;
 
 use super::keys;
 use super::logs;
 use super::metrics::Metrics;
-use super::shared::{self, cas_update, json_change, json_read, Decision, SharedError};
+use super::shared::{
+    self, cas_update_versioned, json_change, json_read, Decision, Seen, SharedError,
+};
 use super::wasm_host::Host;
 use crate::clock::{Look, Now, Steps};
 use crate::fsm::{self, Illegal, Move, Record};
@@ -43,27 +46,24 @@ impl From<SharedError> for TransitionError {
     }
 }
 
-/// The LB record as its reader parsed it last, with that version's `cas`.
-pub type LbSeen = RefCell<Option<(u32, Checkers)>>;
-
-/// The shared records, through one host.
-#[derive(Clone, Copy, Debug, Default)]
+/// The shared records, through one host, and the versions of them this
+/// reader parsed last (`shared::Seen`).
+#[derive(Debug, Default)]
 pub struct Store<H> {
     host: H,
-}
-
-/// The record these bytes hold; the OPEN record of a process that never
-/// wrote one (absent: the first VM creates it on its first write).
-fn record_of(bytes: Option<&[u8]>, now: Now) -> Result<Record, SharedError> {
-    match bytes {
-        Some(b) => shared::parse(keys::FSM, b),
-        None => Ok(Record::new(now.wall_ms)),
-    }
+    fsm: Seen<Record>,
+    clock: Seen<Steps>,
+    lb: Seen<Checkers>,
 }
 
 impl<H: Host> Store<H> {
     pub fn new(host: H) -> Store<H> {
-        Store { host }
+        Store {
+            host,
+            fsm: Seen::default(),
+            clock: Seen::default(),
+            lb: Seen::default(),
+        }
     }
 
     pub fn host(&self) -> &H {
@@ -73,7 +73,12 @@ impl<H: Host> Store<H> {
     /// The current record, created OPEN on first use. Two VMs that create it
     /// at once both write OPEN before any transition can have happened.
     pub fn load(&self) -> Result<Record, SharedError> {
-        self.update(&|_| None)
+        self.current().map(Rc::unwrap_or_clone)
+    }
+
+    /// `load`, shared with the version parsed last (no copy of the record).
+    pub fn current(&self) -> Result<Rc<Record>, SharedError> {
+        self.rewrite(&|_| None)
     }
 
     /// Creates the records several workers update, if absent: the FSM record
@@ -158,12 +163,26 @@ impl<H: Host> Store<H> {
         &self,
         change: &dyn Fn(&Record) -> Option<Record>,
     ) -> Result<Record, SharedError> {
-        let now = self.host.now();
-        cas_update(&self.host, keys::FSM, |bytes| {
-            let rec = record_of(bytes, now)?;
+        self.rewrite(change).map(Rc::unwrap_or_clone)
+    }
+
+    /// `update`, the record as it now stands shared, not copied.
+    fn rewrite(
+        &self,
+        change: &dyn Fn(&Record) -> Option<Record>,
+    ) -> Result<Rc<Record>, SharedError> {
+        cas_update_versioned(&self.host, keys::FSM, |bytes, cas| {
+            // Absent: the OPEN record of a process that never wrote one (the
+            // first VM creates it on its first write).
+            let rec = match bytes {
+                Some(b) => self.fsm.value(keys::FSM, b, cas)?,
+                None => Rc::new(Record::new(self.host.now().wall_ms)),
+            };
             Ok(match (change(&rec), bytes) {
-                (Some(next), _) => Decision::Write(shared::encode(keys::FSM, &next)?, next),
-                (None, None) => Decision::Write(shared::encode(keys::FSM, &rec)?, rec),
+                (Some(next), _) => {
+                    Decision::Write(shared::encode(keys::FSM, &next)?, Rc::new(next))
+                }
+                (None, None) => Decision::Write(shared::encode(keys::FSM, &*rec)?, rec),
                 (None, Some(_)) => Decision::Keep(rec),
             })
         })
@@ -176,8 +195,8 @@ impl<H: Host> Store<H> {
         active: u64,
         lb_down_ms: Option<u64>,
         metrics: &Metrics<H>,
-    ) -> Result<Record, SharedError> {
-        let mut rec = self.load()?;
+    ) -> Result<Rc<Record>, SharedError> {
+        let mut rec = self.current()?;
         // At most two automatic steps can follow each other (CLOSING, then
         // CLOSED when lb_buffer is 0).
         for _ in 0..3 {
@@ -187,9 +206,9 @@ impl<H: Host> Store<H> {
                 return Ok(rec);
             };
             rec = match self.advance(&|_| mv, active, metrics) {
-                Ok(next) => next,
+                Ok(next) => Rc::new(next),
                 // Another worker moved first: look again at what it left.
-                Err(TransitionError::Illegal(_)) => self.load()?,
+                Err(TransitionError::Illegal(_)) => self.current()?,
                 Err(TransitionError::Shared(e)) => return Err(e),
             };
         }
@@ -215,42 +234,29 @@ impl<H: Host> Store<H> {
         })
     }
 
-    /// What every LB checker has been answered so far.
+    /// What every LB checker has been answered so far (parsed only when it
+    /// changed since this store parsed it: a cut during a drain reads it).
     pub fn lb_checkers(&self) -> Result<Checkers, SharedError> {
-        json_read(&self.host, keys::LB)
+        Ok(match self.lb.read(&self.host, keys::LB)? {
+            Some(c) => Checkers::clone(&c),
+            None => Checkers::default(),
+        })
     }
 
     /// Records an answer served to an LB checker (compare-and-swap, retried;
     /// written only when the record changed). Each check a gap after the
     /// last one changes it (the gap is the checker's interval, `crate::lb`):
-    /// one read, one parse (none when `seen` holds the version read: shared
-    /// data's `cas` changes with every write), one write with that version —
-    /// another write first, and it starts over. A check that changes nothing
-    /// (a second one in the same millisecond) costs the read alone.
-    pub fn lb_observe(
-        &self,
-        source: &str,
-        status: u16,
-        lb_fall: u32,
-        seen: &LbSeen,
-    ) -> Result<(), SharedError> {
+    /// one read (parsed only when its version moved since the last), one
+    /// write with the version read — another write first, and it starts
+    /// over. A check that changes nothing costs the read alone.
+    pub fn lb_observe(&self, source: &str, status: u16, lb_fall: u32) -> Result<(), SharedError> {
         let now_ms = self.host.now().timer_ms();
         let (bytes, cas) = self.host.get(keys::LB).map_err(SharedError::Read)?;
-        let remembered = seen
-            .borrow_mut()
-            .take()
-            .filter(|(v, _)| Some(*v) == cas)
-            .map(|(_, c)| c);
-        let mut current = match remembered {
-            Some(c) => c,
-            None => match bytes {
-                Some(b) => shared::parse(keys::LB, &b)?,
-                None => Checkers::default(),
-            },
+        let mut current = match bytes {
+            Some(b) => Checkers::clone(&*self.lb.value(keys::LB, &b, cas)?),
+            None => Checkers::default(),
         };
         if !current.observe(source, status, now_ms, lb_fall) {
-            // Unchanged: still the version read.
-            *seen.borrow_mut() = cas.map(|v| (v, current));
             return Ok(());
         }
         match self
@@ -301,9 +307,9 @@ impl<H: Host> Store<H> {
         now: Now,
         threshold_ms: u64,
     ) -> Result<Option<(Steps, i64)>, SharedError> {
-        cas_update(&self.host, keys::CLOCK, |bytes| {
-            let steps: Steps = match bytes {
-                Some(b) => shared::parse(keys::CLOCK, b)?,
+        cas_update_versioned(&self.host, keys::CLOCK, |bytes, cas| {
+            let steps = match bytes {
+                Some(b) => *self.clock.value(keys::CLOCK, b, cas)?,
                 None => Steps::default(),
             };
             let (next, step) = match steps.look(now, threshold_ms) {

@@ -21,7 +21,7 @@ use super::store::Store;
 use super::wasm_host::{Envoy, Host};
 use crate::config::{Config, NewRequests};
 use crate::fsm::{self, Record, State};
-use crate::in_flight::Ages;
+use crate::in_flight::{Ages, Published};
 use crate::receipt::{self, End, First};
 use crate::refusal::{self, Meet, Refusal};
 use crate::sizing::Kind;
@@ -35,6 +35,9 @@ struct AgeBook<H: Host> {
     ages: RefCell<Ages>,
     last_tick_ms: Cell<u64>,
     tick_ms: u64,
+    /// What this root wrote last, under which id: written again only when
+    /// it changed.
+    published: Cell<Option<(u64, Published)>>,
 }
 
 impl<H: Host> AgeBook<H> {
@@ -45,6 +48,7 @@ impl<H: Host> AgeBook<H> {
             ages: RefCell::new(Ages::default()),
             last_tick_ms,
             tick_ms,
+            published: Cell::new(None),
         }
     }
 
@@ -69,7 +73,7 @@ impl<H: Host> AgeBook<H> {
     }
 
     /// Publishes the summary under the root's registry id (none yet: the
-    /// root has not registered, and no reader looks for it).
+    /// root has not registered, and no reader looks for it) if it changed.
     fn tick(&self, id: Option<u64>) {
         let now = self.host.now().timer_ms();
         self.last_tick_ms.set(now);
@@ -77,7 +81,14 @@ impl<H: Host> AgeBook<H> {
             return;
         };
         ages.compact();
-        in_flight::publish(&self.host, id, &ages.publish(now, self.tick_ms));
+        let summary = ages.publish(now, self.tick_ms);
+        let same = self
+            .published
+            .get()
+            .is_some_and(|(was_id, was)| was_id == id && was.same_as(&summary));
+        if !same && in_flight::publish(&self.host, id, &summary) {
+            self.published.set(Some((id, summary)));
+        }
     }
 }
 
@@ -221,9 +232,9 @@ impl<H: Host> Traffic<H> {
         let owing = self.completed.get() > 0 && self.in_drain();
         let rec = match hint {
             Some(State::Open) if !owing => None,
-            _ => self.store.load().ok(),
+            _ => self.store.current().ok(),
         };
-        self.flush_completed(rec.as_ref());
+        self.flush_completed(rec.as_deref());
         let state = hint
             .or(rec.as_ref().map(|r| r.state))
             .unwrap_or(State::Draining); // unknown: keep looking
@@ -288,7 +299,7 @@ impl<H: Host> Traffic<H> {
     fn state_now(&self) -> Option<State> {
         self.metrics
             .state_hint()
-            .or_else(|| self.store.load().ok().map(|r| r.state))
+            .or_else(|| self.store.current().ok().map(|r| r.state))
     }
 
     /// A new HTTP request: refused while draining when

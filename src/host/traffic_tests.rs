@@ -279,3 +279,42 @@ fn a_post_is_served_through_a_refusing_drain_unless_every_request_is_refused() {
     assert_eq!(met, [Action::Pause; 2], "all: a POST refused too");
     assert_eq!(sim.answers.borrow().len(), 2);
 }
+
+/// A root whose streams did not change writes no summary of them: readers
+/// keep reading the one it wrote, as fresh as its beat, and age it.
+#[test]
+fn an_unchanged_in_flight_summary_is_not_written_again_and_stays_fresh_by_its_beat() {
+    use crate::host::wasm_host::Host;
+    let sim = Sim::at(T0);
+    let (h, t) = gateway(&sim, "{}");
+    let stream = TrafficStream::new(Rc::clone(&t));
+    ticks(&sim, &h, &t, 1, 100);
+    let key = crate::host::keys::in_flight(t.id().unwrap());
+    let version = || (&sim).get(&key).unwrap().1.unwrap();
+    let in_flight = || json(&call(&h, "GET", "/drain/status", 9).unwrap())["in_flight"].clone();
+    let written = version();
+    ticks(&sim, &h, &t, 5, 100);
+    assert_eq!(version(), written, "nothing changed");
+    assert_eq!(in_flight()["ages"]["lt_1s"], 1);
+    ticks(&sim, &h, &t, 30, 100);
+    let moved = version();
+    assert_ne!(moved, written, "a second old: its age class moved");
+    ticks(&sim, &h, &t, 20, 100);
+    assert_eq!(version(), moved);
+    let f = in_flight();
+    assert_eq!(
+        (f["ages"]["lt_10s"].as_u64(), f["oldest_age_ms"].as_u64()),
+        (Some(1), Some(5_600)),
+        "fresh by its beat: {f}"
+    );
+    for _ in 0..20 {
+        sim.advance(100);
+        h.tick(); // the traffic root stopped ticking
+    }
+    assert_eq!(
+        in_flight()["oldest_age_ms"],
+        serde_json::Value::Null,
+        "stale"
+    );
+    drop(stream);
+}

@@ -6,6 +6,7 @@
 
 use proxy_wasm::hostcalls;
 use proxy_wasm::types::{BufferType, MapType, MetricType, Status};
+use std::cell::Cell;
 use std::time::{Duration, UNIX_EPOCH};
 
 use crate::clock::Now;
@@ -66,6 +67,22 @@ pub trait Host {
 /// The real host.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Envoy;
+
+thread_local! {
+    /// Inside `one_instant`: the clocks as that callback first read them
+    /// (`Some(None)`: not read yet).
+    static INSTANT: Cell<Option<Option<Now>>> = const { Cell::new(None) };
+}
+
+/// Runs `f` at one instant: every `Envoy::now` inside it returns what the
+/// first one read (two host calls per callback, however many decisions
+/// look at the time — a tick's are of one moment).
+pub fn one_instant<R>(f: impl FnOnce() -> R) -> R {
+    INSTANT.with(|i| i.set(Some(None)));
+    let r = f();
+    INSTANT.with(|i| i.set(None));
+    r
+}
 
 /// Milliseconds since the Unix epoch from the host's wall clock (0 if it
 /// fails, which only delays timed transitions).
@@ -131,10 +148,18 @@ impl Host for Envoy {
     }
 
     fn now(&self) -> Now {
-        Now {
+        let held = INSTANT.with(Cell::get);
+        if let Some(Some(now)) = held {
+            return now;
+        }
+        let now = Now {
             wall_ms: wall_ms(),
             mono_ms: mono_ms(),
+        };
+        if held.is_some() {
+            INSTANT.with(|i| i.set(Some(Some(now))));
         }
+        now
     }
 
     fn http_call(

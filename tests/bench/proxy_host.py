@@ -212,7 +212,10 @@ class Vm:
         def call(*args):
             self.process.count(name)
             if self.process.meter is not None:
-                self.process.meter.mark(self, name)
+                ev = name
+                if name in ("proxy_get_shared_data", "proxy_set_shared_data"):
+                    ev = f"{name} {self.read(args[0], args[1]).decode()}"
+                self.process.meter.mark(self, ev)
             return impl(self, *args)
         return call
 

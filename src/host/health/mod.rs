@@ -29,10 +29,11 @@ use crate::host::liveness::Watch;
 use crate::host::logs;
 use crate::host::metrics::Metrics;
 use crate::host::rotation::Rotator;
+use crate::host::shared::Seen;
 use crate::host::store::{self, Store};
 use crate::host::termination;
 use crate::host::wasm_host::{Envoy, Host};
-use crate::placeholder::Action as PlaceholderAction;
+use crate::placeholder::{Action as PlaceholderAction, Placeholders};
 
 /// A held `wait=closed` request.
 #[derive(Clone, Copy, Debug)]
@@ -59,13 +60,14 @@ pub struct Health<H: Host = Envoy> {
     store: Store<H>,
     waiters: RefCell<Vec<Waiter>>,
     watch: Watch<H>,
-    lb_seen: store::LbSeen,
     /// The last tick could not read (or update) the record: checks fail
     /// closed until a tick succeeds again.
     unreadable: Cell<bool>,
     /// What the last tick decided about the placeholders (`crate::placeholder`):
     /// the checks read it, no shared data per check.
     placeholders: Cell<PlaceholderAction>,
+    /// The placeholders' record as the tick parsed it last.
+    placeholders_seen: Seen<Placeholders>,
     /// An LB check was answered 200 (as of this worker's last look).
     announced: Cell<bool>,
     /// The drain whose owed receipt line this root saw at its last tick: it
@@ -108,9 +110,9 @@ impl<H: Host + Copy> Health<H> {
             receipt_seen: Cell::new(None),
             lb_gauges_at: Cell::new(None),
             watch,
-            lb_seen: RefCell::new(None),
             unreadable: Cell::new(false),
             placeholders: Cell::new(PlaceholderAction::None),
+            placeholders_seen: Seen::default(),
             announced: Cell::new(false),
         };
         // Record where the wall clock stands before the first tick, so that
@@ -170,6 +172,7 @@ impl<H: Host> Health<H> {
                 self.lb_down_ms(),
                 &self.metrics,
             )
+            .map(std::rc::Rc::unwrap_or_clone)
             .map_err(store::TransitionError::Shared)
     }
 

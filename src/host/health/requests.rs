@@ -40,12 +40,10 @@ impl<H: Host> Health<H> {
         } else {
             reply.status
         };
-        if let Err(e) = self.store.lb_observe(
-            &Shown(ip).to_string(),
-            served,
-            self.config.lb_fall,
-            &self.lb_seen,
-        ) {
+        if let Err(e) = self
+            .store
+            .lb_observe(&Shown(ip).to_string(), served, self.config.lb_fall)
+        {
             logs::warning!("event=lb_record_unavailable error=\"{e}\"");
         }
         if state == State::Draining && served == 404 {

@@ -22,7 +22,7 @@ impl<H: Host> Health<H> {
     /// transitions, then the release of held answers that are over.
     pub fn tick(&self) {
         self.watch_clock();
-        self.watch.tick(&self.metrics);
+        let judged = self.watch.tick(&self.metrics);
         let reading = self.active.read();
         let due = self
             .store
@@ -38,12 +38,23 @@ impl<H: Host> Health<H> {
         self.metrics.sync_state(rec.state);
         self.judge_placeholders(&rec);
         self.rotator.tick(&rec, self.store.gate(&rec));
-        self.metrics.set_count_unreliable(!reading.reliable);
-        let ids: Vec<u64> = self.watch.snapshot().0.roots.iter().map(|r| r.id).collect();
         let now = self.host().now();
-        self.lb_gauges(now.timer_ms());
-        let oldest = in_flight::read(self.host(), now.timer_ms(), ids).oldest_age_ms;
-        self.metrics.set_oldest_in_flight(oldest);
+        // The process's gauges are written by the tick that judged liveness
+        // (one per half tick in the process); the in-flight summaries are
+        // read for it, and by a tick that finds the oldest stream at the flip
+        // not recorded yet (`keep_receipt`).
+        let flip = fsm::record_flip(&rec, None).is_some();
+        let oldest = if judged || flip {
+            let ids = self.watch.ids();
+            in_flight::read(self.host(), now.timer_ms(), ids).oldest_age_ms
+        } else {
+            None
+        };
+        if judged {
+            self.metrics.set_count_unreliable(!reading.reliable);
+            self.metrics.set_oldest_in_flight(oldest);
+            self.lb_gauges(now.timer_ms());
+        }
         self.keep_receipt(&rec, oldest);
         self.release_waiters(&rec, now);
         let held = !self.waiters.borrow().is_empty();
@@ -97,7 +108,7 @@ impl<H: Host> Health<H> {
     /// drains an announced one once a placeholder served a request: a drain
     /// that holds CLOSING, as a maintenance drain does (`crate::placeholder`).
     fn judge_placeholders(&self, rec: &Record) {
-        let p = placeholder::read(self.host());
+        let p = placeholder::read_seen(self.host(), &self.placeholders_seen);
         if !self.announced.get() && p.present() > 0 {
             match self.store.lb_checkers() {
                 Ok(c) => self.announced.set(c.announced_ms.is_some()),
