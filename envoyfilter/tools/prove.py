@@ -47,8 +47,8 @@ EXIT_PROVEN, EXIT_LOST, EXIT_BAD, EXIT_NOTHING, EXIT_INTERRUPTED = 0, 1, 2, 3, 1
 TOKEN_ENV = "DRAIN_GATE_ADMIN_TOKEN"
 # The in-flight count is published by each worker every tick (100 ms by default), later when a
 # busy worker runs its tick late: read until it holds still for STEADY_S (five ticks) above where
-# it was, or for REACH_WINDOW_S.
-REACH_WINDOW_S = 3.0
+# it was, or for REACH_WINDOW_S (a stream should outlast it per kind).
+REACH_WINDOW_S = 2.0
 STEADY_S = 0.5
 START_WITHIN_S = 15.0
 WS_PERIOD_S = 0.5  # one echo every this long

@@ -526,12 +526,13 @@ def test_a_kind_with_no_stream_on_the_drained_gateway_proved_nothing(haproxy):
     gw1 and gw2 in turn, so one kind has no stream on gw1. The run drains gw1, finds every stream
     completed, and says that kind proved nothing: exit 3. HAProxy's log agrees on which kind."""
     rig, gw = haproxy, haproxy.gw("gw1")
+    # 6 s: a stream outlasts the wait for each kind to show on the gateway (at most 2 s a kind).
     p = prove("--through", rig.url(""), "--health", gw.url(""), "--kinds", "http1,ws", "--streams", "2",
-              "--seconds", "3", name="haproxy-missing-kind")
+              "--seconds", "6", name="haproxy-missing-kind")
     assert p.code == 3, (p.out, p.err)
     assert p.last("proof") == {"lost": 0, "of": 2, "cut": 0, "forced": 0}, p.out
     # HAProxy logs a request as it ends: the ws stream after the ws probe.
-    served = wait_for(lambda: (lambda ws: ws and {"http1": rig.haproxy.server_of("/drip?duration=3s"), "ws": ws[-1]})(
+    served = wait_for(lambda: (lambda ws: ws and {"http1": rig.haproxy.server_of("/drip?duration=6s"), "ws": ws[-1]})(
         [r.server for r in rig.haproxy.requests() if "/websocket/echo" in r.request][1:]), 10, 0.1, "the log")
     assert sorted(served.values()) == ["gw1", "gw2"], served
     assert p.reached("proof") == {k: int(s == "gw1") for k, s in served.items()}, (served, p.out)
