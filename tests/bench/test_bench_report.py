@@ -12,8 +12,8 @@ import math
 
 import pytest
 
-from tests.bench import bench, cost
-from tests.harness import ci
+from tests.bench import bench
+from tests.bench.guard import optimized
 from tests.harness.envoy import WASM
 
 SECTIONS = ("overhead", "cpu", "flip", "scale", "footprint", "health", "draining", "rss", "tcp")
@@ -34,10 +34,7 @@ def test_the_module_is_within_its_budget():
     """The budget is the optimized module's: without it (no wasm-opt) this fails under CI and skips elsewhere."""
     if not WASM.exists():
         pytest.fail(f"{WASM} is missing: `make build` builds it")
-    why = cost.not_optimized(WASM)
-    if why:
-        ci.cannot_run(f"{why}; the budget is the optimized module's: `make wasm-opt build` (`make test` installs "
-                      "wasm-opt)")
+    optimized(WASM, "build", "the budget is the optimized module's")
     size = WASM.stat().st_size
     assert size <= bench.MODULE_BUDGET_BYTES, f"{WASM.name} is {size:,} bytes, over its budget"
     # envoyfilter/docs/install.md: client-side `kubectl apply` cannot carry the module in its annotation.

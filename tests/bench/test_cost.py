@@ -21,19 +21,8 @@ import pytest
 import wasmtime
 
 from tests.bench import cost
+from tests.bench.guard import optimized
 from tests.bench.proxy_host import HostError, Module, Process, Vm
-from tests.harness import ci
-
-
-def optimized(wasm, target: str):
-    """`wasm`, built and optimized; otherwise the guard cannot run (fails under CI)."""
-    if not wasm.exists():
-        ci.cannot_run(f"{wasm} is missing: `make {target}` builds it")
-    why = cost.not_optimized(wasm)
-    if why:
-        ci.cannot_run(f"{why}; the baseline counts the optimized module: `make wasm-opt {target}` "
-                      "(`make test` installs wasm-opt)")
-    return wasm
 
 
 @pytest.fixture(scope="module")
