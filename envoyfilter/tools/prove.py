@@ -88,6 +88,18 @@ def say(line: str) -> None:
 
 
 # -- the gateway's health port ------------------------------------------------------
+def exchange(conn: http.client.HTTPConnection, method: str, path: str, headers: dict, what: str) -> tuple[int, bytes]:
+    """One request on `conn`, closed after: its status and body; BadInput naming `what` when it goes unanswered."""
+    try:
+        conn.request(method, path, headers=headers)
+        r = conn.getresponse()
+        return r.status, r.read()
+    except (OSError, http.client.HTTPException) as e:
+        raise BadInput(f"{what}: unreachable ({e})") from None
+    finally:
+        conn.close()
+
+
 class Gateway:
     """One gateway's health port (:18180): drain-gate's HTTP API."""
 
@@ -107,15 +119,8 @@ class Gateway:
         return self.u.path + path
 
     def call(self, method: str, path: str, timeout: float = 10) -> tuple[int, dict]:
-        conn = self.connection(timeout)
-        try:
-            conn.request(method, self.path(path), headers=self.headers)
-            r = conn.getresponse()
-            code, body = r.status, r.read()
-        except (OSError, http.client.HTTPException) as e:
-            raise BadInput(f"{self.option} {self.url}: unreachable ({e})") from None
-        finally:
-            conn.close()
+        code, body = exchange(self.connection(timeout), method, self.path(path), self.headers,
+                              f"{self.option} {self.url}")
         try:
             doc = json.loads(body)
         except ValueError:
@@ -474,15 +479,8 @@ class Ledger:
 
     def executions(self) -> dict[str, int]:
         """How often each id of this run ran; BadInput when the ledger does not answer."""
-        conn = self.connection(timeout=LEDGER_TIMEOUT_S)
-        try:
-            conn.request("GET", f"{self.u.path}/executions", headers={"Connection": "close"})
-            r = conn.getresponse()
-            code, body = r.status, r.read()
-        except (OSError, http.client.HTTPException) as e:
-            raise BadInput(f"--ledger {self.url}: /executions unreachable ({e})") from None
-        finally:
-            conn.close()
+        code, body = exchange(self.connection(timeout=LEDGER_TIMEOUT_S), "GET", f"{self.u.path}/executions",
+                              {"Connection": "close"}, f"--ledger {self.url}: /executions")
         try:
             runs = json.loads(body)["executions"]
             if not isinstance(runs, dict):
