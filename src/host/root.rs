@@ -232,7 +232,7 @@ impl<H: Host + Copy> Root<H> {
         if let Some(f) = self.filter.get() {
             return f;
         }
-        let http = self.host.property(&["request", "protocol"]).is_some();
+        let http = self.host.property("request\0protocol").is_some();
         let filter = if http { Filter::Http } else { Filter::Network };
         self.filter.set(Some(filter));
         if self.role.filter().is_some_and(|want| want != filter) {

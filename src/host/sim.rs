@@ -311,9 +311,12 @@ impl Host for &Sim {
         self.call_headers.borrow().iter().any(|h| h == name)
     }
 
-    fn property(&self, path: &[&str]) -> Option<Vec<u8>> {
+    fn property(&self, path: &str) -> Option<Vec<u8>> {
         self.calls(1);
-        self.properties.borrow().get(&path.join(".")).cloned()
+        self.properties
+            .borrow()
+            .get(&path.replace('\0', "."))
+            .cloned()
     }
 
     fn respond(

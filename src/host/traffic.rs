@@ -334,7 +334,7 @@ impl<H: Host> Traffic<H> {
         let now = host.now().timer_ms();
         let peer = || {
             source
-                .then(|| host.property(&["source", "address"]))
+                .then(|| host.property("source\0address"))
                 .flatten()
                 .and_then(|b| crate::net::peer_ip(&b))
         };
@@ -518,10 +518,10 @@ impl<H: Host> TrafficStream<H> {
         let end = if self.refused {
             End::Refused
         } else if self.response_done {
-            receipt::http_done(host.property(&["response", "code_details"]).as_deref())
+            receipt::http_done(host.property("response\0code_details").as_deref())
         } else {
             let flags = host
-                .property(&["response", "flags"])
+                .property("response\0flags")
                 .and_then(|b| crate::host::shared::u64_of(&b))
                 .unwrap_or(0);
             receipt::http_end(flags)

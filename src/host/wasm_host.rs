@@ -39,8 +39,10 @@ pub trait Host {
     /// Whether the HTTP call answer being delivered has the header `name`.
     fn http_call_has_header(&self, name: &str) -> bool;
     /// A property of the stream or connection whose callback is running
-    /// (`None`: absent, or the host refused).
-    fn property(&self, path: &[&str]) -> Option<Vec<u8>>;
+    /// (`None`: absent, or the host refused), by its path as the ABI spells
+    /// it: its parts joined by NUL (`"response\0flags"`), so that reading one
+    /// allocates nothing but the value.
+    fn property(&self, path: &str) -> Option<Vec<u8>>;
     /// Sends a complete local answer on the HTTP stream `context_id` (`None`:
     /// the stream whose callback is running).
     fn respond(
@@ -116,6 +118,50 @@ fn mono_ms() -> Option<u64> {
     (errno == 0).then_some(nanos / 1_000_000)
 }
 
+#[cfg(target_arch = "wasm32")]
+#[link(wasm_import_module = "env")]
+extern "C" {
+    /// proxy-wasm ABI 0.2.1: the value is written into memory the host
+    /// allocates through the module's `proxy_on_memory_allocate`.
+    fn proxy_get_property(
+        path_data: *const u8,
+        path_size: usize,
+        return_value_data: *mut *mut u8,
+        return_value_size: *mut usize,
+    ) -> u32;
+}
+
+/// A property by its path, its parts joined by NUL (`None`: absent, or the
+/// host refused).
+/// The status is read as a number: one the SDK does not know cannot abort
+/// the VM.
+#[cfg(target_arch = "wasm32")]
+fn get_property(path: &[u8]) -> Option<Vec<u8>> {
+    const OK: u32 = 0;
+    let mut data: *mut u8 = std::ptr::null_mut();
+    let mut size: usize = 0;
+    // SAFETY: the host reads `path` and writes a pointer and a size to two
+    // live locals of those types.
+    let status = unsafe { proxy_get_property(path.as_ptr(), path.len(), &mut data, &mut size) };
+    if status != OK || data.is_null() {
+        return None;
+    }
+    // SAFETY: `data` is a `size`-byte allocation the host made through
+    // `proxy_on_memory_allocate` (a boxed `[u8]` of that length), handed
+    // over to this module: owned by the Vec from here on.
+    Some(unsafe { Vec::from_raw_parts(data, size, size) })
+}
+
+/// Off wasm (host-side builds): the SDK's call (never made: tests use
+/// `sim`).
+#[cfg(not(target_arch = "wasm32"))]
+fn get_property(path: &[u8]) -> Option<Vec<u8>> {
+    let path = std::str::from_utf8(path).ok()?;
+    hostcalls::get_property(path.split('\0').collect())
+        .ok()
+        .flatten()
+}
+
 /// Off wasm (host-side builds) there is no Envoy clock.
 #[cfg(not(target_arch = "wasm32"))]
 fn mono_ms() -> Option<u64> {
@@ -185,8 +231,8 @@ impl Host for Envoy {
         )
     }
 
-    fn property(&self, path: &[&str]) -> Option<Vec<u8>> {
-        hostcalls::get_property(path.to_vec()).ok().flatten()
+    fn property(&self, path: &str) -> Option<Vec<u8>> {
+        get_property(path.as_bytes())
     }
 
     fn respond(

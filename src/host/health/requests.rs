@@ -193,7 +193,7 @@ impl<H: Host> HealthStream<H> {
 
 /// The downstream peer address (`source.address` is "ip:port").
 fn source_ip<H: Host>(host: &H) -> Option<IpAddr> {
-    crate::net::peer_ip(&host.property(&["source", "address"])?)
+    crate::net::peer_ip(&host.property("source\0address")?)
 }
 
 impl<H: Host> Context for HealthStream<H> {}
