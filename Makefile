@@ -90,8 +90,8 @@ WASM_OPT := .tools/node_modules/.bin/wasm-opt
 # body or trailers cost no VM call) and the SDK's code for it goes.
 UNUSED_CALLBACKS := proxy_on_grpc_*,proxy_on_foreign_function,proxy_on_queue_ready,proxy_on_request_body,proxy_on_request_trailers,proxy_on_new_connection
 
-# How the shipped module is optimized ($(1): cargo's module, $(2): the output); the cost
-# fixture (tests/bench/health_twin) is optimized the same way.
+# How the shipped module is optimized; the cost meter's fixtures (tests/bench/health_twin, and
+# the copies of the no-op filter and its twin that `make noop` keeps) are optimized the same way.
 # After -Oz: --gufa-optimizing (whole-program type flow), then --flatten and
 # --rereloop rebuild each function's control flow before shrinking again,
 # until nothing changes (--converge). --low-memory-unused lets constant offsets
@@ -129,7 +129,7 @@ run: $(VENV)/.run-installed build ## a local Envoy with the filter and the demo 
 	@PYTHONPATH=. $(PY) -m tests.harness.run
 
 ## Test ----------------------------------------------------------------------
-test: deps envoy-matrix k8s-tools build health-twin lint unit hardening-deps props rules integration rollout-quick bench-quick ## everything: lint, cargo tests, rules, the integration suite, the rollout and bench quick forms
+test: deps envoy-matrix k8s-tools build health-twin noop lint unit hardening-deps props rules integration rollout-quick bench-quick ## everything: lint, cargo tests, rules, the integration suite, the rollout and bench quick forms
 
 # `make test`, timed: its length written into tests/README.md, the one place that figure is kept.
 test-timed: ## `make test`, timed, its length written into tests/README.md
@@ -163,11 +163,23 @@ integration: build $(VENV)/.installed ## the Python suite (real Envoy, HAProxy, 
 # Baselines: the no-op filter and its twin (the no-op plus drain-gate's per-stream
 # structure). `make bench` also builds the bisection fixture (drain-gate with its
 # per-stream counting switched off, tests/bench/bisect).
+# The bench loads cargo's modules (target/noop/...); `make cost` counts copies optimized
+# as the shipped module is (target/noop_filter.wasm, target/twin_filter.wasm): the floors
+# of the `open` path. `make test` builds them before its Python suite (the cost guard
+# holds them to the baseline); without wasm-opt there are no copies (their guard skips;
+# CI=true fails).
 NOOP_WASM := target/noop/$(TARGET)/release/noop_filter.wasm
+TWIN_WASM := target/noop/$(TARGET)/release/twin_filter.wasm
+NOOP_FLOOR := target/noop_filter.wasm
+TWIN_FLOOR := target/twin_filter.wasm
 
-noop: deps-rust ## the no-op filter and its twin (bench baselines)
+noop: deps-rust wasm-opt ## the no-op filter and its twin (bench baselines; optimized copies: the cost meter's floors of `open`)
 	cargo build --release --target $(TARGET) --manifest-path tests/bench/noop/Cargo.toml --target-dir target/noop
 	cargo build --release --target $(TARGET) --manifest-path tests/bench/twin/Cargo.toml --target-dir target/noop
+	@if [ -x $(WASM_OPT) ]; then \
+	  $(WASM_OPT) $(WASM_OPT_FLAGS) $(NOOP_WASM) -o $(NOOP_FLOOR) && $(WASM_OPT) $(WASM_OPT_FLAGS) $(TWIN_WASM) -o $(TWIN_FLOOR); \
+	elif [ -n "$(ON_CI)" ]; then echo "noop: wasm-opt is not installed: the floors of \`open\` are optimized as the module is, and their guard needs them (CI=true)" >&2; exit 1; \
+	else echo "wasm-opt not installed: no optimized no-op filter or twin, the floors of \`open\` are not counted (their guard skips; CI=true fails)"; rm -f $(NOOP_FLOOR) $(TWIN_FLOOR); fi
 
 bench-fixtures: noop ## the baselines and the bisection build (drain-gate without per-stream counting)
 	cargo build --release --target $(TARGET) --manifest-path tests/bench/bisect/Cargo.toml --target-dir target/bench-fixtures
@@ -185,7 +197,8 @@ bench-quick: build noop deps ## the benchmarks' quick form (part of `make test`)
 # instructions rise over 5 % of tests/bench/cost.json or fall 20 % under it, whose host calls differ
 # at all, or that did not do its work (a stream counted and given back), fails tests/bench/test_cost.py.
 # `make cost-baseline` keeps a run as that baseline and writes its table into tests/docs/cost.md. The
-# health twin (a minimal health answer, built as the module is) is the LB check's floor, guarded too.
+# health twin (a minimal health answer, built as the module is) is the LB check's floor; the no-op
+# filter and its twin (`make noop`, optimized as the module is) are the floors of `open`; all guarded too.
 .PHONY: cost cost-baseline cost-calibration health-twin
 HEALTH_TWIN_CARGO := target/health-twin/$(TARGET)/release/health_twin.wasm
 HEALTH_TWIN       := target/health_twin.wasm
@@ -196,10 +209,10 @@ health-twin: deps-wasm wasm-opt ## the minimal health answer the cost meter comp
 	elif [ -n "$(ON_CI)" ]; then echo "health-twin: wasm-opt is not installed: the twin is optimized as the module is, and its guard needs it (CI=true)" >&2; exit 1; \
 	else echo "wasm-opt not installed: no health twin, the lb_check goal is not evaluated (its guard skips; CI=true fails)"; rm -f $(HEALTH_TWIN); fi
 
-cost: build health-twin $(VENV)/.installed ## wasm instructions and host calls per stream for every path: out/cost.json
+cost: build health-twin noop $(VENV)/.installed ## wasm instructions and host calls per stream for every path: out/cost.json
 	PYTHONPATH=. $(PY) -m tests.bench.cost
 
-cost-baseline: build health-twin $(VENV)/.installed ## keep a `make cost` run as tests/bench/cost.json, its table in tests/docs/cost.md (deliberate)
+cost-baseline: build health-twin noop $(VENV)/.installed ## keep a `make cost` run as tests/bench/cost.json, its table in tests/docs/cost.md (deliberate)
 	PYTHONPATH=. $(PY) -m tests.bench.cost --baseline
 
 # Once per kept `make bench` run: ns per wasm instruction and per host call, fitted to its worker

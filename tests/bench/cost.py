@@ -6,7 +6,9 @@ each with the roles of `envoyfilter/envoy.yaml` (traffic and health; the TCP pat
 sharing one store of shared data and stats. Every path drives the real callbacks in Envoy's order and counts,
 per stream (or check, or tick), the wasm instructions executed (wasmtime's fuel: about one unit per operator)
 and every host call by its import name (`now()` is two: `proxy_get_current_time_nanoseconds` and WASI
-`clock_time_get`). Nothing here measures time: two runs count the same.
+`clock_time_get`). Nothing here measures time: two runs count the same. Beside the paths, the floors they are
+compared with: the `open` stream in the no-op filter and in its counting twin, the LB check in a minimal health
+answer, each a module built and optimized as the shipped one is.
 
   python -m tests.bench.cost             writes out/cost.json and prints the table
   python -m tests.bench.cost --baseline  also keeps the run as tests/bench/cost.json and writes its table into
@@ -36,6 +38,10 @@ REPO = Path(__file__).resolve().parents[2]
 WASM = REPO / "target" / "drain_gate.wasm"
 # A minimal proxy-wasm health answer, built the way the shipped module is (tests/bench/health_twin).
 HEALTH_TWIN_WASM = REPO / "target" / "health_twin.wasm"
+# The no-op filter (tests/bench/noop) and its counting twin (tests/bench/twin), optimized as the shipped module is
+# (`make noop`).
+NOOP_WASM = REPO / "target" / "noop_filter.wasm"
+TWIN_WASM = REPO / "target" / "twin_filter.wasm"
 OUT = REPO / "out" / "cost.json"
 BASELINE = REPO / "tests" / "bench" / "cost.json"
 CALIBRATION = REPO / "tests" / "bench" / "cost-calibration.json"
@@ -85,8 +91,20 @@ PATHS = {
     "tick_ended": ("tick", "one tick of both roles on one worker that ended 32 streams since its last: their "
                            "durations added to the process's and to the bucket counters"),
 }
-TWIN = ("check", "the minimal health answer (tests/bench/health_twin): reads `:path`, answers 200 with a "
-                 "3-byte body")
+# The floors beside the paths: the same stream (check) in another module, each built and optimized as the shipped
+# one is. Per row: the path it is the floor of, what one is, what it is, the module and the `make` target building it.
+BASELINES = {
+    "open_noop": ("open", "stream", "the same stream in the no-op filter (tests/bench/noop): every callback returns "
+                                    "at once, the SDK's dispatch alone", NOOP_WASM, "noop"),
+    "open_twin": ("open", "stream", "the same stream in the counting twin (tests/bench/twin): the no-op plus "
+                                    "drain-gate's per-stream structure, a boxed stream context holding an `Rc` to its "
+                                    "root's state and an in-VM count raised at its creation and lowered at its "
+                                    "drop, no host call", TWIN_WASM, "noop"),
+    "lb_check_twin": ("lb_check", "check", "the minimal health answer (tests/bench/health_twin): reads `:path`, "
+                                           "answers 200 with a 3-byte body", HEALTH_TWIN_WASM, "health-twin"),
+}
+# `open`'s goal over its counting twin, in instructions per stream.
+OPEN_OVER_TWIN = 1.15
 
 
 class Profile:
@@ -454,7 +472,52 @@ def twin_lb_check(module: Module) -> dict:
     return _checks(module, "/health_check.html", 200, roles=("health",))
 
 
-def measure(wasm: Path = WASM, twin: Path | None = HEALTH_TWIN_WASM) -> dict:
+# The callbacks of `open`'s stream: a module that does not export one is skipped there (as Envoy skips it).
+OPEN_CALLBACKS = ("proxy_on_context_create", "proxy_on_request_headers", "proxy_on_response_headers",
+                  "proxy_on_response_body", "proxy_on_done", "proxy_on_log", "proxy_on_delete")
+
+
+def floor_open(module: Module) -> dict:
+    """`open`'s stream in a floor (the no-op filter, the counting twin): the same process, roles, callbacks and
+    streams. Neither module counts anything the host can see (the twin's count is a variable in its own memory,
+    read by no host call), so what is checked is what the host sees: every callback exported, the headers and
+    the body let through, no error logged."""
+    missing = [cb for cb in OPEN_CALLBACKS if cb not in module.exports]
+    expect(not missing, f"{module.path.name} does not export {', '.join(missing)}: the stream skips it")
+    g = Gateway(module)
+
+    def stream(w: Vm) -> None:
+        c = g.start_stream(w)
+        expect(w.response_headers(c, False) == 0, "the response headers were not let through")
+        expect(w.response_body(c, 3, True) == 0, "the response body was not let through")
+        w.end(c)
+
+    g.each(stream)
+    g.tick_rounds()
+    with g.metered() as m:
+        n = g.each(stream)
+    return result(m, n)
+
+
+def measure_baselines(wasms: dict[str, Path]) -> dict:
+    """The floors of `BASELINES` whose module is in `wasms` (name → module), each checked; the counting twin,
+    when both open floors are counted, must cost more than the no-op (its structure ran)."""
+    runs = {"open_noop": floor_open, "open_twin": floor_open, "lb_check_twin": twin_lb_check}
+    rows = {}
+    for name, wasm in wasms.items():
+        try:
+            rows[name] = {"per": BASELINES[name][1], **runs[name](Module(wasm))}
+        except (PathError, HostError) as e:
+            raise PathError(f"floor {name}: {e}") from e
+    if "open_noop" in rows and "open_twin" in rows:
+        noop, twin = rows["open_noop"]["instructions"], rows["open_twin"]["instructions"]
+        expect(twin > noop, f"open_twin costs {twin:,.1f} instructions, the no-op {noop:,.1f}: the twin's "
+                            f"per-stream structure did not run")
+    return rows
+
+
+def measure(wasm: Path = WASM, baselines: dict[str, Path] | None = None) -> dict:
+    """Every path on `wasm`, and the floors of `baselines` (by default every one of `BASELINES` that is built)."""
     module = Module(wasm)
     runs = {
         "open": path_open, "draining": path_draining, "ends_drain": path_ends_drain, "held": path_held,
@@ -469,9 +532,9 @@ def measure(wasm: Path = WASM, twin: Path | None = HEALTH_TWIN_WASM) -> dict:
             paths[name] = {"per": PATHS[name][0], **run(module)}
         except (PathError, HostError) as e:
             raise PathError(f"path {name}: {e}") from e
-    res = {"meta": meta(wasm), "paths": paths, "baselines": {}}
-    if twin is not None and twin.exists():
-        res["baselines"]["lb_check_twin"] = {"per": TWIN[0], **twin_lb_check(Module(twin))}
+    if baselines is None:
+        baselines = {name: b[3] for name, b in BASELINES.items() if b[3].exists()}
+    res = {"meta": meta(wasm), "paths": paths, "baselines": measure_baselines(baselines)}
     res["goals"] = goals(res)
     return res
 
@@ -506,6 +569,12 @@ def goals(res: dict) -> list[dict]:
     r = d["instructions"] / o["instructions"]
     goal("draining ≤ 1.10 × open instructions", f"{r:.3f} ×", r <= 1.10,
          f"+{d['instructions'] - 1.10 * o['instructions']:.0f} instructions per stream over the goal")
+    twin = res["baselines"].get("open_twin")
+    if twin:
+        r = o["instructions"] / twin["instructions"]
+        goal(f"open ≤ {OPEN_OVER_TWIN:.2f} × the counting twin's open instructions", f"{r:.3f} ×",
+             r <= OPEN_OVER_TWIN,
+             f"+{o['instructions'] - OPEN_OVER_TWIN * twin['instructions']:,.0f} instructions per stream over the goal")
     twin = res["baselines"].get("lb_check_twin")
     if twin:
         lb = p["lb_check"]
@@ -558,25 +627,49 @@ def table(res: dict) -> str:
              f"path, ticks {m['tick_ms']} ms apart.", ""]
     head = "| path | per | wasm instructions | host calls | µs, the calibration's range | host calls by name |"
     lines += [head, "|---|---|---|---|---|---|"]
-    rows = list(res["paths"].items()) + [(k, v) for k, v in res["baselines"].items()]
+    floors = {path: [(k, v) for k, v in res["baselines"].items() if BASELINES[k][0] == path] for path in PATHS}
+    rows = [r for name, row in res["paths"].items() for r in [(name, row), *floors.get(name, [])]]
     for name, row in rows:
         calls = ", ".join(f"{k.removeprefix('proxy_')} {v:g}" for k, v in row["by_call"].items()) or "–"
         us = us_range(row, cal) if cal else "–"
         lines.append(f"| `{name}` | {row['per']} | {row['instructions']:,.0f} | {row['host_calls']:g} | {us} | "
                      f"{calls} |")
     lines += ["", "| path | what one stream (check, connection, tick) of it is |", "|---|---|"]
-    lines += [f"| `{name}` | {PATHS[name][1]} |" for name in res["paths"] if name in PATHS]
-    lines += [f"| `lb_check_twin` | {TWIN[1]} |"] if "lb_check_twin" in res["baselines"] else []
+    lines += [f"| `{name}` | {PATHS[name][1] if name in PATHS else BASELINES[name][2]} |" for name, _ in rows]
     lines += ["", "| goal | measured | met |", "|---|---|---|"]
     for g in res["goals"]:
         met = "yes" if g["met"] else f"**no**: {g['miss']}"
         lines.append(f"| {g['goal']} | {g['measured']} | {met} |")
+    lines += over_floors(res, cal)
     if cal:
         lines += ["", f"µs: the module's part of a stream's worker CPU (its instructions and host calls, not "
                       f"Envoy's dispatch into the VM) as the calibration bounds it: the counts at the low ends of "
                       f"its two 95 % intervals and at their high ends, never below 0 (an interval that includes "
                       f"0 cannot tell a path from nothing, so no point estimate is given); {cal['summary']}"]
     return "\n".join(lines)
+
+
+def over(a: dict, b: dict) -> dict:
+    """What row `a` costs over row `b`."""
+    return {"instructions": a["instructions"] - b["instructions"], "host_calls": a["host_calls"] - b["host_calls"],
+            "by_call": {k: a["by_call"].get(k, 0) - b["by_call"].get(k, 0) for k in set(a["by_call"]) | set(b["by_call"])}}
+
+
+def over_floors(res: dict, cal: dict | None) -> list[str]:
+    """What drain-gate's `open` costs a stream over its floors, as table lines (none without both floors)."""
+    o, b = res["paths"]["open"], res["baselines"]
+    if "open_noop" not in b or "open_twin" not in b:
+        return []
+    noop, twin = b["open_noop"], b["open_twin"]
+    rows = [("`open` − `open_noop`: what drain-gate does for a stream beyond being a filter", over(o, noop)),
+            ("`open_twin` − `open_noop`: of that, the per-stream structure alone (the twin's)", over(twin, noop)),
+            ("`open` − `open_twin`: of that, drain-gate's own work", over(o, twin))]
+    lines = ["", "| `open` over its floors, per stream | wasm instructions | host calls | µs, the calibration's range |",
+             "|---|---|---|---|"]
+    for what, d in rows:
+        us = us_range(d, cal) if cal else "–"
+        lines.append(f"| {what} | {d['instructions']:+,.0f} | {d['host_calls']:+g} | {us} |")
+    return lines
 
 
 def readme_block(text: str) -> str | None:
@@ -593,8 +686,7 @@ def dump(res: dict) -> str:
 
 def compare(base: dict, now: dict) -> list[str]:
     """What moved: instructions over `INSTRUCTIONS_TOLERANCE` or under `CHEAPER_TOLERANCE`, any host call (total
-    or by name, more or fewer). The baselines beside the paths (the health twin) are compared where `now` has
-    them."""
+    or by name, more or fewer). The floors beside the paths (`BASELINES`) are compared where `now` has them."""
     problems = []
     rows = [(name, b, now["paths"].get(name)) for name, b in base["paths"].items()]
     rows += [(name, b, now.get("baselines", {})[name]) for name, b in base.get("baselines", {}).items()
@@ -619,7 +711,8 @@ def compare(base: dict, now: dict) -> list[str]:
             was, got = b["by_call"].get(call, 0), n["by_call"].get(call, 0)
             if abs(got - was) > 1e-9:
                 problems.append(f"{name}:   {call} {was:g} → {got:g}")
-    for name in sorted(set(now["paths"]) - set(base["paths"])):
+    for name in sorted(set(now["paths"]) - set(base["paths"])) + sorted(
+            set(now.get("baselines", {})) - set(base.get("baselines", {}))):
         problems.append(f"{name}: not in the baseline (refresh it: make cost-baseline)")
     return problems
 
@@ -641,10 +734,17 @@ def not_optimized(wasm: Path) -> str | None:
 
 
 def profile(wasm: Path, name: str) -> int:
-    """Prints one unit of `name`: each event and the instructions since the one before."""
+    """Prints one unit of `name`: each event and the instructions since the one before. A floor of `BASELINES`
+    runs on its own module, not on `wasm`."""
     runs = {"tick_1": lambda m: path_tick(m, 1), "tick_8": lambda m: path_tick(m, 8),
-            "tick_64": lambda m: path_tick(m, 64)}
+            "tick_64": lambda m: path_tick(m, 64), "open_noop": floor_open, "open_twin": floor_open,
+            "lb_check_twin": twin_lb_check}
     run = runs.get(name) or globals()[f"path_{name}"]
+    if name in BASELINES:
+        wasm = BASELINES[name][3]
+        if not wasm.exists():
+            print(f"{wasm.relative_to(REPO)} does not exist: run `make {BASELINES[name][4]}` first", file=sys.stderr)
+            return 2
     PROFILE.on, PROFILE.meters = True, []
     try:
         run(Module(wasm))
@@ -652,8 +752,9 @@ def profile(wasm: Path, name: str) -> int:
         PROFILE.on = False
     timeline = [e for m in PROFILE.meters for e in m.timeline]
     vm = timeline[0][0].split()[0]
-    ends = 2 if PATHS[name][0] == "tick" else 1
-    end = "< proxy_on_tick" if PATHS[name][0] == "tick" else "< proxy_on_delete"
+    per = PATHS[name][0] if name in PATHS else BASELINES[name][1]
+    ends = 2 if per == "tick" else 1
+    end = "< proxy_on_tick" if per == "tick" else "< proxy_on_delete"
     total = 0
     for event, n in timeline:
         if not event.startswith(vm + " "):
@@ -673,7 +774,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--baseline", action="store_true",
                     help="keep this run as tests/bench/cost.json and write its table into tests/docs/cost.md")
     ap.add_argument("--wasm", type=Path, default=WASM)
-    ap.add_argument("--profile", choices=sorted(PATHS), metavar="PATH",
+    ap.add_argument("--profile", choices=sorted([*PATHS, *BASELINES]), metavar="PATH",
                     help="print where one stream (check, tick) of PATH spends its instructions: the instructions "
                          "before each host call and callback return, then exit")
     args = ap.parse_args(argv)

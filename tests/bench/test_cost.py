@@ -4,12 +4,14 @@
 instructions and the host calls of every path per stream. The counts are deterministic (two runs are the
 same run), so they can be guarded exactly: a path whose instructions rise more than 5 % over the kept
 baseline (`tests/bench/cost.json`) or fall more than 20 % under it, or whose host calls differ at all, fails
-here with the difference; so does the health twin, the LB check's floor. Every path checks that it did its
-work (`cost.PathError`), so a change that stopped counting streams fails instead of passing as cheaper.
-Refreshing the baseline is a deliberate `make cost-baseline`, which also writes the table of tests/docs/cost.md.
+here with the difference; so do the floors the paths are compared with: the health twin (the LB check's), the
+no-op filter and its counting twin (`open`'s). Every path checks that it did its work (`cost.PathError`), so a
+change that stopped counting streams fails instead of passing as cheaper; every floor, what the host can see of
+its work. Refreshing the baseline is a deliberate `make cost-baseline`, which also writes the table of
+tests/docs/cost.md.
 
-The module must be the optimized one and the twin built (`make build health-twin`, after `make wasm-opt`):
-under CI (`CI=true`) a missing one fails; elsewhere the tests that need it skip, saying why.
+The module must be the optimized one and the floors built (`make build health-twin noop`, after `make
+wasm-opt`): under CI (`CI=true`) a missing one fails; elsewhere the tests that need it skip, saying why.
 """
 from __future__ import annotations
 
@@ -29,12 +31,29 @@ from tests.bench.proxy_host import HostError, Module, Process, Vm
 def measured():
     if not cost.WASM.exists():
         pytest.fail(f"{cost.WASM} is missing: `make build` builds it")
-    return cost.measure(optimized(cost.WASM, "build"), twin=None)
+    return cost.measure(optimized(cost.WASM, "build"), baselines={})
+
+
+def floors(*names: str) -> dict:
+    """The floors `names`, each counted on its module as `make` builds it (missing: fails under CI, skips
+    elsewhere)."""
+    return cost.measure_baselines({n: optimized(cost.BASELINES[n][3], cost.BASELINES[n][4]) for n in names})
 
 
 @pytest.fixture(scope="module")
 def twin():
-    return cost.twin_lb_check(Module(optimized(cost.HEALTH_TWIN_WASM, "health-twin")))
+    return floors("lb_check_twin")
+
+
+@pytest.fixture(scope="module")
+def open_floors():
+    return floors("open_noop", "open_twin")
+
+
+def held_to_the_baseline(rows: dict) -> list[str]:
+    base = json.loads(cost.BASELINE.read_text())
+    kept = {name: base["baselines"][name] for name in rows if name in base["baselines"]}
+    return cost.compare({"paths": {}, "baselines": kept}, {"paths": {}, "baselines": rows})
 
 
 def test_every_path_costs_what_its_baseline_keeps(measured):
@@ -47,18 +66,88 @@ def test_every_path_costs_what_its_baseline_keeps(measured):
 
 def test_the_health_twin_costs_what_the_baseline_keeps(twin):
     """The LB check's goal is measured against the twin: a twin that moved moves the goal."""
-    base = json.loads(cost.BASELINE.read_text())
-    problems = cost.compare({"paths": {}, "baselines": base["baselines"]},
-                            {"paths": {}, "baselines": {"lb_check_twin": {"per": cost.TWIN[0], **twin}}})
+    problems = held_to_the_baseline(twin)
     assert not problems, "\n  ".join(["the health twin moved:", *problems])
+
+
+def test_the_floors_of_open_cost_what_the_baseline_keeps(open_floors):
+    """`open`'s goal is measured against the counting twin, and its cost over the no-op filter is what drain-gate
+    adds to a stream: a floor that moved moves both."""
+    problems = held_to_the_baseline(open_floors)
+    assert not problems, "\n  ".join(["a floor of open moved:", *problems])
+
+
+def test_open_s_goal_over_the_counting_twin_is_computed_from_the_rows():
+    base = json.loads(cost.BASELINE.read_text())
+    twin = base["baselines"]["open_twin"]["instructions"]
+
+    def goal(open_instructions: float) -> dict:
+        res = copy.deepcopy(base)
+        res["paths"]["open"]["instructions"] = open_instructions
+        return next(g for g in cost.goals(res) if g["goal"].startswith("open ≤ 1.15 × the counting twin"))
+
+    assert goal(1.15 * twin)["met"] and goal(1.15 * twin)["measured"] == "1.150 ×"
+    over = goal(1.15 * twin + 100)
+    assert not over["met"] and over["miss"] == "+100 instructions per stream over the goal", over
+    without = copy.deepcopy(base)
+    del without["baselines"]["open_twin"]
+    assert not any(g["goal"].startswith("open ≤") for g in cost.goals(without)), "a goal with no twin to measure"
+
+
+# A floor of `open` written out: it exports every callback of the stream and lets it through. FAULT is put in its
+# request headers' callback; EXPORT_LOG is the export its log callback has.
+FLOOR_WAT = """(module
+  (import "env" "proxy_log" (func $log (param i32 i32 i32) (result i32)))
+  (memory (export "memory") 1)
+  (data (i32.const 0) "failed")
+  (func (export "proxy_on_context_create") (param i32 i32))
+  (func (export "proxy_on_vm_start") (param i32 i32) (result i32) (i32.const 1))
+  (func (export "proxy_on_configure") (param i32 i32) (result i32) (i32.const 1))
+  (func (export "proxy_on_request_headers") (param i32 i32 i32) (result i32) FAULT)
+  (func (export "proxy_on_response_headers") (param i32 i32 i32) (result i32) (i32.const 0))
+  (func (export "proxy_on_response_body") (param i32 i32 i32) (result i32) (i32.const 0))
+  (func (export "proxy_on_done") (param i32) (result i32) (i32.const 1))
+  (func (export "EXPORT_LOG") (param i32))
+  (func (export "proxy_on_delete") (param i32)))"""
+CONTINUE = "(i32.const 0)"
+
+
+@pytest.mark.parametrize("fault, log_export, error", [
+    (CONTINUE, "proxy_on_log", None),
+    (CONTINUE, "on_log", "does not export proxy_on_log: the stream skips it"),
+    ("(i32.const 1)", "proxy_on_log", "a stream was not forwarded"),
+    ("(drop (call $log (i32.const 4) (i32.const 0) (i32.const 6))) (i32.const 0)", "proxy_on_log",
+     "errors logged: \\['failed', "),
+], ids=["lets-it-through", "skips-a-callback", "stops-the-request", "logs-an-error"])
+def test_a_floor_that_skipped_a_callback_stopped_the_stream_or_logged_an_error_fails(tmp_path, fault, log_export,
+                                                                                      error):
+    """What the host sees of a floor's work: the first module (every callback exported, the stream let through,
+    nothing logged) is counted; each of the others, one fault apart, fails."""
+    wasm = tmp_path / "floor.wasm"
+    wasm.write_bytes(wasmtime.wat2wasm(FLOOR_WAT.replace("FAULT", fault).replace("EXPORT_LOG", log_export)))
+    if error is None:
+        assert cost.measure_baselines({"open_noop": wasm})["open_noop"]["n"] == cost.STREAMS * cost.WORKERS
+        return
+    with pytest.raises(cost.PathError, match=f"floor open_noop: (floor.wasm )?{error}"):
+        cost.measure_baselines({"open_noop": wasm})
+
+
+def test_a_counting_twin_no_dearer_than_the_no_op_fails():
+    """The twin's count is in its own memory, out of the host's sight; what the host sees of it is its cost over
+    the no-op's. The no-op counted in the twin's place fails."""
+    noop = optimized(cost.NOOP_WASM, "noop")
+    twin = optimized(cost.TWIN_WASM, "noop")
+    assert cost.measure_baselines({"open_noop": noop, "open_twin": twin})  # the control: the real twin passes
+    with pytest.raises(cost.PathError, match="the twin's per-stream structure did not run"):
+        cost.measure_baselines({"open_noop": noop, "open_twin": noop})
 
 
 def test_make_cost_counts_the_same_again(measured, capsys):
     """`make cost`'s command: a second run writes what the first counted, and finds nothing dearer."""
     assert cost.main([]) == 0
     again = json.loads(cost.OUT.read_text())
-    again["baselines"].pop("lb_check_twin", None)  # the twin, when built, is measured beside the module
-    again["goals"] = [g for g in again["goals"] if not g["goal"].startswith("lb_check")]
+    again["baselines"] = {}  # the floors, when built, are counted beside the module; their goals with them
+    again["goals"] = cost.goals(again)
     assert cost.dump(again) == cost.dump(measured)
     assert "against the baseline: every path within its bounds" in capsys.readouterr().out
 
@@ -81,6 +170,7 @@ def test_the_readme_table_is_the_baseline():
     assert block is not None, "tests/docs/cost.md has lost the markers of the cost table"
     assert block == cost.table(base), "tests/docs/cost.md's cost table is not tests/bench/cost.json: `make cost-baseline`"
     assert set(cost.PATHS) == set(base["paths"]), "the baseline does not have every path"
+    assert set(cost.BASELINES) == set(base["baselines"]), "the baseline does not have every floor"
 
 
 def test_the_guard_fails_on_more_instructions_or_one_more_host_call():
