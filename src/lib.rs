@@ -27,6 +27,7 @@
 //! Host shell ([`host`]): root, traffic and health contexts, shared data,
 //! the active count, the metrics (defined from [`metric_names`]) and timers.
 
+pub mod answer;
 pub mod api;
 pub mod clock;
 pub mod config;

@@ -30,13 +30,12 @@ use std::net::IpAddr;
 use crate::config::Config;
 use crate::fsm::{DrainPlan, Reason, State};
 
-pub mod checks;
 pub mod query;
 pub mod reply;
 pub mod status;
 
+pub use crate::answer::{check, check_waiting, etag, Audience};
 pub use crate::clock::rfc3339;
-pub use checks::{check, check_waiting, etag, Audience};
 use query::Params;
 use reply::{bad_request, error};
 pub use reply::{illegal, unavailable, Reply};

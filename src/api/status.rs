@@ -3,8 +3,8 @@
 
 use serde::Serialize;
 
-use super::checks::{waiting_for, WAITING_STATUS};
 use super::reply::Reply;
+use crate::answer::{waiting_for, WAITING_STATUS};
 use crate::clock::{rfc3339, Now, Steps, Timers};
 use crate::fsm::{CloseAfter, Record, State};
 use crate::in_flight::{Histogram, InFlight};

@@ -1,9 +1,17 @@
 //! Health-check answers: the LB check, readiness and liveness for a state,
 //! with their caching headers and `If-None-Match`. Pure.
+//!
+//! | state    | /health_check.html (LB)       | /health (readiness) | /live (liveness) |
+//! |----------|-------------------------------|---------------------|------------------|
+//! | OPEN     | 200                           | 200                 | 200              |
+//! | DRAINING | `draining_lb_status` (200/404)| 200                 | 200              |
+//! | CLOSING  | 503                           | 200                 | 200              |
+//! | CLOSED   | 503                           | 503                 | 200              |
+//! | FAULT    | 503                           | 503                 | 500              |
 
 use serde::Serialize;
 
-use super::reply::{Reply, TEXT};
+use crate::api::reply::{Reply, TEXT};
 use crate::config::Config;
 use crate::fsm::State;
 use crate::placeholder::Action;
@@ -139,6 +147,44 @@ pub fn check_waiting(
         .with("etag", etag(state, WAITING_STATUS))
 }
 
+impl State {
+    /// What the external load balancer's check (`/health_check.html`) gets.
+    /// `draining_lb_status` is 200 (the default) or 404 (HAProxy soft drain).
+    pub fn lb_status(self, draining_lb_status: u16) -> u16 {
+        match self {
+            State::Open => 200,
+            State::Draining => draining_lb_status,
+            State::Closing | State::Closed | State::Fault => 503,
+        }
+    }
+
+    /// Kubernetes readiness (`/health`): the endpoint stays until CLOSED.
+    pub fn ready(self) -> bool {
+        matches!(self, State::Open | State::Draining | State::Closing)
+    }
+
+    /// Kubernetes liveness (`/live`): only FAULT asks for a restart.
+    pub fn live(self) -> bool {
+        self != State::Fault
+    }
+
+    pub fn readiness_status(self) -> u16 {
+        if self.ready() {
+            200
+        } else {
+            503
+        }
+    }
+
+    pub fn liveness_status(self) -> u16 {
+        if self.live() {
+            200
+        } else {
+            500
+        }
+    }
+}
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used, clippy::indexing_slicing)]
 mod tests {
@@ -241,5 +287,23 @@ mod tests {
             check(Audience::Readiness, State::Draining, &c, None).status,
             200
         );
+    }
+
+    #[test]
+    fn state_table_matches_the_readme() {
+        let rows = [
+            (State::Open, 200, 200, 200),
+            (State::Draining, 200, 200, 200),
+            (State::Closing, 503, 200, 200),
+            (State::Closed, 503, 503, 200),
+            (State::Fault, 503, 503, 500),
+        ];
+        for (s, lb, ready, live) in rows {
+            assert_eq!(s.lb_status(200), lb, "{s:?} lb");
+            assert_eq!(s.readiness_status(), ready, "{s:?} ready");
+            assert_eq!(s.liveness_status(), live, "{s:?} live");
+        }
+        assert_eq!(State::Draining.lb_status(404), 404);
+        assert_eq!(State::Open.lb_status(404), 200);
     }
 }
