@@ -34,7 +34,7 @@ pub mod query;
 pub mod reply;
 pub mod status;
 
-pub use crate::answer::{check, check_waiting, etag, Audience};
+pub use crate::answer::{etag, Audience};
 pub use crate::clock::rfc3339;
 use query::Params;
 use reply::{bad_request, error};
