@@ -1,5 +1,5 @@
-//! The drain state machine: states, the transition table, `advance()`, and what
-//! each state answers to each audience. Pure: no proxy-wasm types, no clock.
+//! The drain state machine: states, the transition table, `advance()`.
+//! Pure: no proxy-wasm types, no clock.
 //!
 //! ```text
 //!             POST /drain               active=0 (after min_drain),
@@ -17,14 +17,6 @@
 //!   answer on some worker, renewed by that worker's tick) refuses
 //!   `/reopen` unless the move is forced: releasing the hook lets kubelet
 //!   stop the pod while the LB check says 200 again.
-//!
-//! | state    | /health_check.html (LB)       | /health (readiness) | /live (liveness) |
-//! |----------|-------------------------------|---------------------|------------------|
-//! | OPEN     | 200                           | 200                 | 200              |
-//! | DRAINING | `draining_lb_status` (200/404)| 200                 | 200              |
-//! | CLOSING  | 503                           | 200                 | 200              |
-//! | CLOSED   | 503                           | 503                 | 200              |
-//! | FAULT    | 503                           | 503                 | 500              |
 
 use crate::json::{named, record};
 
@@ -56,42 +48,6 @@ impl State {
             State::Closing => 2,
             State::Closed => 3,
             State::Fault => 4,
-        }
-    }
-
-    /// What the external load balancer's check (`/health_check.html`) gets.
-    /// `draining_lb_status` is 200 (the default) or 404 (HAProxy soft drain).
-    pub fn lb_status(self, draining_lb_status: u16) -> u16 {
-        match self {
-            State::Open => 200,
-            State::Draining => draining_lb_status,
-            State::Closing | State::Closed | State::Fault => 503,
-        }
-    }
-
-    /// Kubernetes readiness (`/health`): the endpoint stays until CLOSED.
-    pub fn ready(self) -> bool {
-        matches!(self, State::Open | State::Draining | State::Closing)
-    }
-
-    /// Kubernetes liveness (`/live`): only FAULT asks for a restart.
-    pub fn live(self) -> bool {
-        self != State::Fault
-    }
-
-    pub fn readiness_status(self) -> u16 {
-        if self.ready() {
-            200
-        } else {
-            503
-        }
-    }
-
-    pub fn liveness_status(self) -> u16 {
-        if self.live() {
-            200
-        } else {
-            500
         }
     }
 }
@@ -716,24 +672,6 @@ mod tests {
         r.drain_started_ms = Some(100);
         r.closing_ms = Some(200);
         r
-    }
-
-    #[test]
-    fn state_table_matches_the_readme() {
-        let rows = [
-            (Open, 200, 200, 200),
-            (Draining, 200, 200, 200),
-            (Closing, 503, 200, 200),
-            (Closed, 503, 503, 200),
-            (Fault, 503, 503, 500),
-        ];
-        for (s, lb, ready, live) in rows {
-            assert_eq!(s.lb_status(200), lb, "{s:?} lb");
-            assert_eq!(s.readiness_status(), ready, "{s:?} ready");
-            assert_eq!(s.liveness_status(), live, "{s:?} live");
-        }
-        assert_eq!(Draining.lb_status(404), 404);
-        assert_eq!(Open.lb_status(404), 200);
     }
 
     #[test]

@@ -1,14 +1,16 @@
 //! drain-gate: an Istio ingress-gateway drain controller inside istio-proxy.
 //!
 //! Pure core (no proxy-wasm types, unit-tested on the host):
-//! - [`fsm`]: states, the transition table, `advance()`, answers per audience;
+//! - [`fsm`]: states, the transition table, `advance()`;
+//! - [`answer`]: what the health listener answers each audience, from
+//!   everything that decides it (one function);
 //! - [`clock`]: what the timers measure elapsed time on (the monotonic clock);
 //! - [`config`]: plugin configuration → validated [`config::Config`];
 //! - [`duration`]: durations as the configuration and queries spell them;
 //! - [`net`]: IP networks (`admin_allow`);
 //! - [`api`]: the HTTP surface of the health listener: routing ([`api`]),
-//!   health answers ([`api::check`]), the status document and held answers
-//!   ([`api::status`]), the reply type and error answers ([`api::reply`]);
+//!   the status document and held answers ([`api::status`]), the reply type
+//!   and error answers ([`api::reply`]);
 //! - [`lb`]: what each LB checker has been answered (LB-observed-down), and its
 //!   measured check interval beside what CLOSING waits;
 //! - [`in_flight`]: how old the streams in flight are (what a drain waits for);
@@ -27,6 +29,7 @@
 //! Host shell ([`host`]): root, traffic and health contexts, shared data,
 //! the active count, the metrics (defined from [`metric_names`]) and timers.
 
+pub mod answer;
 pub mod api;
 pub mod clock;
 pub mod config;

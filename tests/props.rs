@@ -7,12 +7,14 @@
 
 use std::net::IpAddr;
 
+use drain_gate::answer::{answer, Inputs};
 use drain_gate::api::{self, Audience, Endpoint, Request};
 use drain_gate::clock::{self, Look, Now, Steps, Timers};
 use drain_gate::config::{Config, Role, KEYS};
 use drain_gate::fsm::{self, CloseAfter, DrainPlan, Move, Reason, Record, State, HISTORY};
 use drain_gate::in_flight::{Ages, InFlight};
 use drain_gate::lb::{self as lb, Checkers, Gate, CHECKER_TTL_MS, MAX_GAPS, MIN_GAPS};
+use drain_gate::placeholder::Action;
 use proptest::prelude::*;
 use serde_json::{json, Value};
 
@@ -194,8 +196,11 @@ proptest! {
             cfg.draining_lb_status = 404;
         }
         for audience in [Audience::Lb, Audience::Readiness, Audience::Liveness] {
-            let plain = api::check(audience, s, &cfg, None);
-            let r = api::check(audience, s, &cfg, inm.as_deref());
+            let check = |if_none_match| answer(&Inputs { audience, state: Some(s), traffic_seen: true,
+                                                         placeholders: Action::None,
+                                                         draining_lb_status: cfg.draining_lb_status, if_none_match }).reply;
+            let plain = check(None);
+            let r = check(inm.as_deref());
             prop_assert!([200, 304, 404, 500, 503].contains(&r.status));
             prop_assert_eq!(header(&r, "cache-control"), Some("max-age=1"));
             prop_assert_eq!(header(&r, "etag").map(str::to_string), Some(api::etag(s, plain.status)));

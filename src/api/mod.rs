@@ -6,8 +6,8 @@
 //!
 //! | request                                   | answer                                              |
 //! |-------------------------------------------|-----------------------------------------------------|
-//! | GET/HEAD /health_check.html               | LB code per state (200 `OK`, 404/503 `DRAIN`)       |
-//! | GET/HEAD /health, /live                   | readiness / liveness per state, JSON                |
+//! | GET/HEAD /health_check.html               | LB code per state (200 `OK`, 404/503 `DRAIN`): `crate::answer` |
+//! | GET/HEAD /health, /live                   | readiness / liveness per state, JSON: `crate::answer` |
 //! | GET/HEAD /drain/status                    | 200 status JSON                                     |
 //! | POST /drain, /close-lb, /close, /reopen, /fault | 200 status JSON, or 409 illegal transition    |
 //! | POST /drain?hold=closing                  | maintenance drain: CLOSING lasts until /reopen or /close |
@@ -20,8 +20,8 @@
 //! or, when `admin_token` is set, `Authorization: Bearer <one of the tokens>`: 403, or 401
 //! when a token is configured and missing or wrong.
 //!
-//! This file routes and authorizes; the answers live beside it: `checks`
-//! (LB check, readiness, liveness), `status` (the status document and held
+//! This file routes and authorizes; the health checks are answered by
+//! `crate::answer`, the rest beside it: `status` (the status document and held
 //! `wait=closed` answers), `reply` (the `Reply` type and the error answers),
 //! `query` (which query parameters each endpoint takes, and how they are spelled).
 
@@ -30,13 +30,12 @@ use std::net::IpAddr;
 use crate::config::Config;
 use crate::fsm::{DrainPlan, Reason, State};
 
-pub mod checks;
 pub mod query;
 pub mod reply;
 pub mod status;
 
+pub use crate::answer::{etag, Audience};
 pub use crate::clock::rfc3339;
-pub use checks::{check, check_waiting, etag, Audience};
 use query::Params;
 use reply::{bad_request, error};
 pub use reply::{illegal, unavailable, Reply};

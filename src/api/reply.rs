@@ -14,10 +14,10 @@ pub struct Reply {
 }
 
 const JSON: &str = "application/json";
-pub(super) const TEXT: &str = "text/plain; charset=utf-8";
+pub(crate) const TEXT: &str = "text/plain; charset=utf-8";
 
 impl Reply {
-    pub(super) fn new(status: u16, content_type: &str, body: Vec<u8>) -> Reply {
+    pub(crate) fn new(status: u16, content_type: &str, body: Vec<u8>) -> Reply {
         Reply {
             status,
             headers: vec![("content-type", content_type.to_string())],
@@ -25,14 +25,14 @@ impl Reply {
         }
     }
 
-    pub(super) fn json<T: Serialize>(status: u16, body: &T) -> Reply {
+    pub(crate) fn json<T: Serialize>(status: u16, body: &T) -> Reply {
         // Serializing these plain structs cannot fail; an empty body is the
         // harmless fallback if it ever did.
         let bytes = serde_json::to_vec(body).unwrap_or_default();
         Reply::new(status, JSON, bytes).with("cache-control", "no-store")
     }
 
-    pub(super) fn with(mut self, name: &'static str, value: impl Into<String>) -> Reply {
+    pub(crate) fn with(mut self, name: &'static str, value: impl Into<String>) -> Reply {
         self.headers.retain(|(n, _)| *n != name);
         self.headers.push((name, value.into()));
         self

@@ -3,7 +3,6 @@
 
 use serde::Serialize;
 
-use super::checks::{waiting_for, WAITING_STATUS};
 use super::reply::Reply;
 use crate::clock::{rfc3339, Now, Steps, Timers};
 use crate::fsm::{CloseAfter, Record, State};
@@ -417,19 +416,16 @@ fn status_body<'a>(v: &View<'a>, error: Option<&'a str>, wait: Option<&'a str>) 
         v.checkers.announced_ms.is_some(),
         r.state,
     );
-    let waiting = waiting_for(v.traffic.seen, placeholders);
+    let answers =
+        crate::answer::verdict(r.state, v.traffic.seen, placeholders, v.draining_lb_status);
     Status {
         state: r.state,
-        ready: r.state.ready() && waiting.is_none(),
-        live: r.state.live(),
-        lb_status: if waiting.is_some() {
-            WAITING_STATUS
-        } else {
-            r.state.lb_status(v.draining_lb_status)
-        },
+        ready: answers.ready,
+        live: answers.live,
+        lb_status: answers.lb_status,
         active: v.active,
         count: v.count,
-        waiting_for: waiting,
+        waiting_for: answers.waiting_for,
         traffic: v.traffic,
         in_flight: in_flight_out(v),
         progress: progress(v),

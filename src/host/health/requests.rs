@@ -8,13 +8,13 @@ use std::fmt::Display;
 use std::net::IpAddr;
 use std::rc::Rc;
 
+use crate::answer;
 use crate::api::{self, Audience, Endpoint, Reply};
 use crate::fsm::{self, Record, State};
 use crate::host::logs;
 use crate::host::store;
 use crate::host::wasm_host::{Envoy, Host};
 use crate::net::Shown;
-use crate::placeholder::Action as PlaceholderAction;
 
 /// Logs why the state could not be read; the answer is the core's.
 fn unavailable(error: &dyn Display) -> Reply {
@@ -23,23 +23,17 @@ fn unavailable(error: &dyn Display) -> Reply {
 }
 
 impl<H: Host> Health<H> {
-    /// Answers the LB check and remembers what this checker was served
-    /// (only sources in `lb_checkers`). The 404 that completes what a gated
-    /// soft drain waits for flips it at once if nothing is in flight.
-    fn lb_check(&self, state: State, req: &api::Request) -> Reply {
-        let reply = api::check(Audience::Lb, state, &self.config, req.if_none_match);
-        let Some(ip) = req.source else {
-            return reply;
+    /// Remembers what an LB check was served (only sources in
+    /// `lb_checkers`). The 404 that completes what a gated soft drain waits
+    /// for flips it at once if nothing is in flight.
+    fn lb_observed(&self, state: State, served: u16, source: Option<IpAddr>) {
+        let Some(ip) = source else {
+            return;
         };
         if !self.config.is_checker(ip) {
-            self.ignored_check(ip, reply.status);
-            return reply;
+            self.ignored_check(ip, served);
+            return;
         }
-        let served = if reply.status == 304 {
-            200
-        } else {
-            reply.status
-        };
         if let Err(e) = self
             .store
             .lb_observe(&Shown(ip).to_string(), served, self.config.lb_fall)
@@ -55,15 +49,14 @@ impl<H: Host> Health<H> {
                 logs::error!("event=state_unavailable role=health error=\"{e}\"");
             }
         }
-        reply
     }
 
     /// A check from outside `lb_checkers`: answered, not recorded — counted,
     /// and logged once per new source, so that an LB whose checks arrive from
     /// another address (SNAT, a wrong CIDR) is seen, not silently ignored.
-    fn ignored_check(&self, ip: IpAddr, status: u16) {
+    fn ignored_check(&self, ip: IpAddr, served: u16) {
         self.metrics.lb_check_ignored();
-        if matches!(status, 200 | 304) && !self.announced.get() {
+        if served == 200 && !self.announced.get() {
             match self.store.lb_announce() {
                 Ok(_) => self.announced.set(true),
                 Err(e) => logs::warning!("event=lb_record_unavailable error=\"{e}\""),
@@ -112,38 +105,34 @@ impl<H: Host> Health<H> {
         }
     }
 
-    /// A health check, answered from the state gauge (one host call, no
-    /// record to parse) when that gauge is live, else from the record. The
-    /// gauge is written right after each transition by the worker whose
-    /// write won, and repaired every tick (`Metrics::sync_state`); a record
-    /// the tick could not read fails the checks closed from then on.
+    /// A health check, answered (`crate::answer`) from the state gauge (one
+    /// host call, no record to parse) when that gauge is live, else from the
+    /// record. The gauge is written right after each transition by the worker
+    /// whose write won, and repaired every tick (`Metrics::sync_state`); a
+    /// record the tick could not read fails the checks closed from then on.
     fn check(&self, audience: Audience, req: &api::Request) -> Reply {
         let gauge = self.metrics.state_hint().filter(|_| !self.unreadable.get());
         let state = match gauge {
-            Some(state) => state,
-            None => match self.store.load() {
-                Ok(rec) => rec.state,
-                Err(e) => return unavailable(&e),
-            },
+            Some(state) => Some(state),
+            None => self
+                .store
+                .load()
+                .map_err(|e| logs::error!("event=state_unavailable role=health error=\"{e}\""))
+                .ok()
+                .map(|rec| rec.state),
         };
-        match audience {
-            _ if !self.watch.seen() => api::check_waiting(
-                audience,
-                state,
-                &self.config,
-                req.if_none_match,
-                api::checks::WAITING_FOR_TRAFFIC,
-            ),
-            _ if self.placeholders.get() == PlaceholderAction::KeepOut => api::check_waiting(
-                audience,
-                state,
-                &self.config,
-                req.if_none_match,
-                api::checks::WAITING_FOR_FILTER,
-            ),
-            Audience::Lb => self.lb_check(state, req),
-            _ => api::check(audience, state, &self.config, req.if_none_match),
+        let answer = answer::answer(&answer::Inputs {
+            audience,
+            state,
+            traffic_seen: self.watch.seen(),
+            placeholders: self.placeholders.get(),
+            draining_lb_status: self.config.draining_lb_status,
+            if_none_match: req.if_none_match,
+        });
+        if let (Some(state), Some(served)) = (state, answer.lb_served) {
+            self.lb_observed(state, served, req.source);
         }
+        answer.reply
     }
 
     /// Starts or joins a drain and holds the answer until it ends; a held
