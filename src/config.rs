@@ -11,7 +11,7 @@ use std::net::IpAddr;
 use crate::duration::{self, DurationError};
 use crate::fsm::{CloseAfter, DrainPlan};
 use crate::net::{Cidr, CidrError, LOOPBACK};
-use crate::refusal::{Refusal, Refused};
+use crate::refusal::{NewRequests, Refusal, RefuseWith, Refused};
 use crate::rotation;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -71,50 +71,6 @@ pub struct Config {
     /// A held preStop answer comes this long after CLOSED: one scrape of the
     /// pod sees CLOSED and the drain's counters before it exits.
     pub scrape_interval_ms: u64,
-}
-
-/// What the traffic role does with a new HTTP request from DRAINING on.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum NewRequests {
-    /// Serve it (the LB still sends them while its check says 200).
-    #[default]
-    Serve,
-    /// Answer it at once with 503, never forwarded: an LB that resends a
-    /// 503 sends it to another gateway, and the drain converges in the time
-    /// of the longest request already in flight.
-    Refuse,
-}
-
-impl NewRequests {
-    pub fn name(self) -> &'static str {
-        match self {
-            NewRequests::Serve => "serve",
-            NewRequests::Refuse => "refuse",
-        }
-    }
-}
-
-/// How a refused request is met (`crate::refusal`).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum RefuseWith {
-    /// The 503 answer, `x-drain-gate: refused; draining`: for an LB that
-    /// resends a 503 (HAProxy `retry-on 503`, Envoy `retriable_status_codes`).
-    #[default]
-    Response,
-    /// The stream reset, no answer (HTTP/1.1: the connection closed; HTTP/2:
-    /// `RST_STREAM`): for an LB that resends what failed but must pass every
-    /// answer on (nginx `proxy_next_upstream error`), so that an
-    /// application's own 503 is never resent.
-    Reset,
-}
-
-impl RefuseWith {
-    pub fn name(self) -> &'static str {
-        match self {
-            RefuseWith::Response => "response",
-            RefuseWith::Reset => "reset",
-        }
-    }
 }
 
 /// What is wrong with one key's value (the refusal names the key).

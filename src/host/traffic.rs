@@ -19,11 +19,11 @@ use super::metrics::Metrics;
 use super::sizing;
 use super::store::Store;
 use super::wasm_host::{Envoy, Host};
-use crate::config::{Config, NewRequests};
+use crate::config::Config;
 use crate::fsm::{self, Record, State};
 use crate::in_flight::{Ages, Published};
 use crate::receipt::{self, End, First};
-use crate::refusal::{self, Meet, Refusal};
+use crate::refusal::{self, Meet, NewRequests, Refusal};
 use crate::sizing::Kind;
 
 /// This worker's streams by start tick (`crate::in_flight`). A stream is

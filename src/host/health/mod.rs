@@ -22,7 +22,7 @@ use std::cell::{Cell, RefCell};
 
 use crate::api::{self, Reply};
 use crate::clock::Now;
-use crate::config::{Config, NewRequests};
+use crate::config::Config;
 use crate::fsm::{CloseAfter, Move, Record};
 use crate::host::count::ActiveCount;
 use crate::host::liveness::Watch;
@@ -34,6 +34,7 @@ use crate::host::store::{self, Store};
 use crate::host::termination;
 use crate::host::wasm_host::{Envoy, Host};
 use crate::placeholder::{Action as PlaceholderAction, Placeholders};
+use crate::refusal::NewRequests;
 
 /// A held `wait=closed` request.
 #[derive(Clone, Copy, Debug)]
