@@ -16,34 +16,10 @@ use std::cell::RefCell;
 
 use super::keys;
 use super::logs;
+use super::metrics::Ids;
 use super::shared::{self, cas_update, Decision, SharedError};
 use super::wasm_host::Host;
-use crate::metric_names::{histogram_counter, HISTOGRAM_COUNTERS as COUNTERS};
 use crate::sizing::{Durations, Kind, Pending, BYTES};
-
-/// The ids of every kind's counters (`host::metrics` defines them once per VM).
-pub type Ids = [[Option<u32>; COUNTERS]; 3];
-
-/// Defines every kind's counters (`Metrics::define`: once per VM, as Envoy
-/// keeps every definition).
-pub fn define<H: Host>(host: &H) -> Ids {
-    let mut ids = [[None; COUNTERS]; 3];
-    for (row, kind) in ids.iter_mut().zip(Kind::ALL) {
-        for (j, slot) in row.iter_mut().enumerate() {
-            *slot = super::metrics::define_counter(host, &histogram_counter(family(kind), j));
-        }
-    }
-    ids
-}
-
-/// The metric family of a kind (`crate::metric_names`).
-pub fn family(kind: Kind) -> &'static str {
-    match kind {
-        Kind::Http => crate::metric_names::STREAM_DURATION,
-        Kind::Upgraded => crate::metric_names::UPGRADED_DURATION,
-        Kind::Tcp => crate::metric_names::TCP_DURATION,
-    }
-}
 
 /// Creates `keys::DURATIONS` (empty) unless it exists: on configure
 /// (`host::root::create_shared`), before any worker VM writes it
