@@ -35,7 +35,7 @@ impl NewRequests {
     }
 }
 
-/// How a refused request is met (`crate::refusal`).
+/// How a refused request is met.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum RefuseWith {
     /// The 503 answer, `x-drain-gate: refused; draining`: for an LB that

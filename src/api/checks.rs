@@ -4,7 +4,7 @@
 use serde::Serialize;
 
 use super::reply::{Reply, TEXT};
-use crate::config::Config;
+use crate::config::Health;
 use crate::fsm::State;
 use crate::placeholder::Action;
 
@@ -45,7 +45,7 @@ struct Liveness {
 }
 
 /// Answer of a health check for the current state.
-pub fn check(audience: Audience, state: State, cfg: &Config, if_none_match: Option<&str>) -> Reply {
+pub fn check(audience: Audience, state: State, cfg: &Health, if_none_match: Option<&str>) -> Reply {
     let reply = match audience {
         Audience::Lb => {
             let status = state.lb_status(cfg.draining_lb_status);
@@ -118,7 +118,7 @@ struct Waiting {
 pub fn check_waiting(
     audience: Audience,
     state: State,
-    cfg: &Config,
+    cfg: &Health,
     if_none_match: Option<&str>,
     waiting_for: &'static str,
 ) -> Reply {
@@ -232,7 +232,7 @@ mod tests {
 
     #[test]
     fn soft_drain_answers_404_to_the_lb() {
-        let c = Config {
+        let c = Health {
             draining_lb_status: 404,
             ..cfg()
         };

@@ -118,7 +118,7 @@ impl<H: Host> Book<H> {
 #[allow(clippy::unwrap_used, clippy::indexing_slicing)]
 mod tests {
     use super::*;
-    use crate::config::Config;
+    use crate::config::Shared;
     use crate::host::count::Part;
     use crate::host::metrics::Metrics;
     use crate::host::sim::Sim;
@@ -130,7 +130,7 @@ mod tests {
         let sim = Sim::at(0);
         let metrics = Metrics::define(&sim);
         let defined = sim.definitions();
-        let config = Config::parse(br#"{"role":"traffic"}"#).unwrap();
+        let config = Shared::default();
         for part in [Part::Streams, Part::Connections, Part::Streams] {
             drop(Traffic::new(part, metrics, &config));
         }
@@ -144,7 +144,7 @@ mod tests {
 
     fn traffic(sim: &Sim, part: Part) -> Rc<Traffic<&Sim>> {
         crate::host::root::create_shared(sim);
-        let config = Config::parse(br#"{"role":"traffic"}"#).unwrap();
+        let config = Shared::default();
         Rc::new(Traffic::new(part, Metrics::define(sim), &config))
     }
 
