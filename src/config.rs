@@ -14,9 +14,9 @@ use serde_json::{Map, Value};
 use std::fmt;
 use std::net::IpAddr;
 
-use crate::duration::{self, DurationError};
+use crate::duration;
 use crate::fsm::{CloseAfter, DrainPlan};
-use crate::net::{Cidr, CidrError, LOOPBACK};
+use crate::net::{Cidr, LOOPBACK};
 use crate::refusal::{NewRequests, Refusal, RefuseWith, Refused};
 use crate::rotation;
 
@@ -87,38 +87,7 @@ pub struct Health {
 }
 
 /// What is wrong with one key's value (the refusal names the key).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ValueError(String);
-
-impl fmt::Display for ValueError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-impl From<String> for ValueError {
-    fn from(s: String) -> ValueError {
-        ValueError(s)
-    }
-}
-
-impl From<&str> for ValueError {
-    fn from(s: &str) -> ValueError {
-        ValueError(s.to_string())
-    }
-}
-
-impl From<DurationError> for ValueError {
-    fn from(e: DurationError) -> ValueError {
-        ValueError(e.to_string())
-    }
-}
-
-impl From<CidrError> for ValueError {
-    fn from(e: CidrError) -> ValueError {
-        ValueError(e.to_string())
-    }
-}
+type ValueError = String;
 
 /// A refused configuration: which key, and what is wrong with it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -258,20 +227,18 @@ fn duration(v: &Value, min_ms: u64, max_ms: u64) -> Result<u64, ValueError> {
     let s = v
         .as_str()
         .ok_or_else(|| format!("expected a duration string like \"30s\", got {}", Shown(v)))?;
-    let ms = duration::parse_ms(s)?;
+    let ms = duration::parse_ms(s).map_err(|e| e.to_string())?;
     if ms < min_ms {
         return Err(format!(
             "\"{s}\" is below the minimum {}",
             duration::format_ms(min_ms)
-        )
-        .into());
+        ));
     }
     if ms > max_ms {
         return Err(format!(
             "\"{s}\" is above the maximum {}",
             duration::format_ms(max_ms)
-        )
-        .into());
+        ));
     }
     Ok(ms)
 }
@@ -289,8 +256,7 @@ fn role(v: &Value) -> Result<fn(Health) -> Config, ValueError> {
             return Err(format!(
                 "expected \"traffic\", \"traffic_tcp\", \"health\" or \"placeholder\", got {}",
                 Shown(v)
-            )
-            .into())
+            ))
         }
     };
     Ok(make)
@@ -322,7 +288,7 @@ fn draining_lb_status(c: &mut Health, v: &Value) -> Result<(), ValueError> {
     c.draining_lb_status = match v.as_u64() {
         Some(200) => 200,
         Some(404) => 404,
-        _ => return Err(format!("expected 200 or 404, got {}", Shown(v)).into()),
+        _ => return Err(format!("expected 200 or 404, got {}", Shown(v))),
     };
     Ok(())
 }
@@ -336,7 +302,7 @@ fn cidr_list(v: &Value) -> Result<Vec<Cidr>, ValueError> {
         let text = item
             .as_str()
             .ok_or_else(|| format!("expected a CIDR string, got {}", Shown(item)))?;
-        list.push(Cidr::parse(text)?);
+        list.push(Cidr::parse(text).map_err(|e| e.to_string())?);
     }
     Ok(list)
 }
@@ -373,7 +339,10 @@ fn new_requests(v: &Value) -> Result<NewRequests, ValueError> {
     match v.as_str() {
         Some("serve") => Ok(NewRequests::Serve),
         Some("refuse") => Ok(NewRequests::Refuse),
-        _ => Err(format!("expected \"serve\" or \"refuse\", got {}", Shown(v)).into()),
+        _ => Err(format!(
+            "expected \"serve\" or \"refuse\", got {}",
+            Shown(v)
+        )),
     }
 }
 
@@ -388,7 +357,9 @@ fn needs_refusing(c: &Health, value: &str) -> Result<(), ValueError> {
     if c.shared.draining_new_requests == NewRequests::Refuse {
         return Ok(());
     }
-    Err(format!("\"{value}\" needs draining_new_requests: \"refuse\"").into())
+    Err(format!(
+        "\"{value}\" needs draining_new_requests: \"refuse\""
+    ))
 }
 
 /// Which requests are refused: what the LB in front may send again.
@@ -419,7 +390,12 @@ fn refuse_with(c: &mut Health, v: &Value) -> Result<(), ValueError> {
     c.shared.refusal.with = match v.as_str() {
         Some("response") => RefuseWith::Response,
         Some("reset") => RefuseWith::Reset,
-        _ => return Err(format!("expected \"response\" or \"reset\", got {}", Shown(v)).into()),
+        _ => {
+            return Err(format!(
+                "expected \"response\" or \"reset\", got {}",
+                Shown(v)
+            ))
+        }
     };
     if c.shared.refusal.with == RefuseWith::Reset {
         needs_refusing(c, "reset")?;
@@ -436,12 +412,14 @@ fn admin_token(c: &mut Health, v: &Value) -> Result<(), ValueError> {
             .map(|i| i.as_str().ok_or("expected strings"))
             .collect::<Result<_, _>>()?,
         _ => {
-            return Err(format!("expected a string or a list of 1 to {MAX_TOKENS} strings").into())
+            return Err(format!(
+                "expected a string or a list of 1 to {MAX_TOKENS} strings"
+            ))
         }
     };
     for t in &tokens {
         if t.len() < MIN_TOKEN_LEN {
-            return Err(format!("shorter than {MIN_TOKEN_LEN} characters").into());
+            return Err(format!("shorter than {MIN_TOKEN_LEN} characters"));
         }
         if !t.bytes().all(is_token68) {
             return Err("may only hold letters, digits and -._~+/=".into());
@@ -459,8 +437,7 @@ fn close_after(c: &mut Health, v: &Value) -> Result<(), ValueError> {
             return Err(format!(
                 "expected \"lb_buffer\" or \"lb_observed_down\", got {}",
                 Shown(v)
-            )
-            .into())
+            ))
         }
     };
     Ok(())
@@ -469,7 +446,12 @@ fn close_after(c: &mut Health, v: &Value) -> Result<(), ValueError> {
 fn lb_fall(c: &mut Health, v: &Value) -> Result<(), ValueError> {
     c.lb_fall = match v.as_u64() {
         Some(n @ 1..=10) => n as u32,
-        _ => return Err(format!("expected a whole number from 1 to 10, got {}", Shown(v)).into()),
+        _ => {
+            return Err(format!(
+                "expected a whole number from 1 to 10, got {}",
+                Shown(v)
+            ))
+        }
     };
     Ok(())
 }
@@ -498,8 +480,7 @@ fn cluster(v: &Value, default: &str) -> Result<Option<String>, ValueError> {
             "expected false, true or an Envoy cluster name (1 to {MAX_CLUSTER_LEN} \
              printable ASCII characters), got {}",
             Shown(v)
-        )
-        .into()),
+        )),
     }
 }
 
@@ -559,11 +540,11 @@ impl Config {
         let make = obj
             .get(ROLE)
             .map_or(Err(ROLE_REQUIRED.into()), role)
-            .map_err(|problem| err(ROLE, problem.to_string()))?;
+            .map_err(|problem| err(ROLE, problem))?;
         let mut keys = Health::default();
         for (key, apply) in RULES {
             if let Some(v) = obj.get(key) {
-                apply(&mut keys, v).map_err(|problem| err(key, problem.to_string()))?;
+                apply(&mut keys, v).map_err(|problem| err(key, problem))?;
             }
         }
         Ok(make(keys))
