@@ -222,11 +222,16 @@ impl fmt::Display for Shown<'_> {
     }
 }
 
+/// What a key's value should have been, and what it was.
+fn expected(what: &str, v: &Value) -> ValueError {
+    format!("expected {what}, got {}", Shown(v))
+}
+
 /// A duration value from `min_ms` to `max_ms`.
 fn duration(v: &Value, min_ms: u64, max_ms: u64) -> Result<u64, ValueError> {
     let s = v
         .as_str()
-        .ok_or_else(|| format!("expected a duration string like \"30s\", got {}", Shown(v)))?;
+        .ok_or_else(|| expected("a duration string like \"30s\"", v))?;
     let ms = duration::parse_ms(s).map_err(|e| e.to_string())?;
     if ms < min_ms {
         return Err(format!(
@@ -253,9 +258,9 @@ fn role(v: &Value) -> Result<fn(Health) -> Config, ValueError> {
             tick_ms: h.shared.tick_ms,
         },
         _ => {
-            return Err(format!(
-                "expected \"traffic\", \"traffic_tcp\", \"health\" or \"placeholder\", got {}",
-                Shown(v)
+            return Err(expected(
+                "\"traffic\", \"traffic_tcp\", \"health\" or \"placeholder\"",
+                v,
             ))
         }
     };
@@ -288,20 +293,18 @@ fn draining_lb_status(c: &mut Health, v: &Value) -> Result<(), ValueError> {
     c.draining_lb_status = match v.as_u64() {
         Some(200) => 200,
         Some(404) => 404,
-        _ => return Err(format!("expected 200 or 404, got {}", Shown(v))),
+        _ => return Err(expected("200 or 404", v)),
     };
     Ok(())
 }
 
 fn cidr_list(v: &Value) -> Result<Vec<Cidr>, ValueError> {
-    let items = v
-        .as_array()
-        .ok_or_else(|| format!("expected a list of CIDRs, got {}", Shown(v)))?;
+    let items = v.as_array().ok_or_else(|| expected("a list of CIDRs", v))?;
     let mut list = Vec::with_capacity(items.len());
     for item in items {
         let text = item
             .as_str()
-            .ok_or_else(|| format!("expected a CIDR string, got {}", Shown(item)))?;
+            .ok_or_else(|| expected("a CIDR string", item))?;
         list.push(Cidr::parse(text).map_err(|e| e.to_string())?);
     }
     Ok(list)
@@ -329,9 +332,7 @@ fn lb_checkers(c: &mut Health, v: &Value) -> Result<(), ValueError> {
 }
 
 fn soft_drain_gate(c: &mut Health, v: &Value) -> Result<(), ValueError> {
-    c.soft_drain_gate = v
-        .as_bool()
-        .ok_or_else(|| format!("expected true or false, got {}", Shown(v)))?;
+    c.soft_drain_gate = v.as_bool().ok_or_else(|| expected("true or false", v))?;
     Ok(())
 }
 
@@ -339,10 +340,7 @@ fn new_requests(v: &Value) -> Result<NewRequests, ValueError> {
     match v.as_str() {
         Some("serve") => Ok(NewRequests::Serve),
         Some("refuse") => Ok(NewRequests::Refuse),
-        _ => Err(format!(
-            "expected \"serve\" or \"refuse\", got {}",
-            Shown(v)
-        )),
+        _ => Err(expected("\"serve\" or \"refuse\"", v)),
     }
 }
 
@@ -364,12 +362,10 @@ fn needs_refusing(c: &Health, value: &str) -> Result<(), ValueError> {
 
 /// Which requests are refused: what the LB in front may send again.
 fn refused_requests(c: &mut Health, v: &Value) -> Result<(), ValueError> {
-    c.shared.refusal.requests = v.as_str().and_then(Refused::parse).ok_or_else(|| {
-        format!(
-            "expected \"idempotent\", \"idempotent_or_key\" or \"all\", got {}",
-            Shown(v)
-        )
-    })?;
+    c.shared.refusal.requests = v
+        .as_str()
+        .and_then(Refused::parse)
+        .ok_or_else(|| expected("\"idempotent\", \"idempotent_or_key\" or \"all\"", v))?;
     if c.shared.refusal.requests != Refused::Idempotent {
         needs_refusing(c, c.shared.refusal.requests.name())?;
     }
@@ -390,12 +386,7 @@ fn refuse_with(c: &mut Health, v: &Value) -> Result<(), ValueError> {
     c.shared.refusal.with = match v.as_str() {
         Some("response") => RefuseWith::Response,
         Some("reset") => RefuseWith::Reset,
-        _ => {
-            return Err(format!(
-                "expected \"response\" or \"reset\", got {}",
-                Shown(v)
-            ))
-        }
+        _ => return Err(expected("\"response\" or \"reset\"", v)),
     };
     if c.shared.refusal.with == RefuseWith::Reset {
         needs_refusing(c, "reset")?;
@@ -433,12 +424,7 @@ fn close_after(c: &mut Health, v: &Value) -> Result<(), ValueError> {
     c.close_after = match v.as_str() {
         Some("lb_buffer") => CloseAfter::LbBuffer,
         Some("lb_observed_down") => CloseAfter::LbObservedDown,
-        _ => {
-            return Err(format!(
-                "expected \"lb_buffer\" or \"lb_observed_down\", got {}",
-                Shown(v)
-            ))
-        }
+        _ => return Err(expected("\"lb_buffer\" or \"lb_observed_down\"", v)),
     };
     Ok(())
 }
@@ -446,12 +432,7 @@ fn close_after(c: &mut Health, v: &Value) -> Result<(), ValueError> {
 fn lb_fall(c: &mut Health, v: &Value) -> Result<(), ValueError> {
     c.lb_fall = match v.as_u64() {
         Some(n @ 1..=10) => n as u32,
-        _ => {
-            return Err(format!(
-                "expected a whole number from 1 to 10, got {}",
-                Shown(v)
-            ))
-        }
+        _ => return Err(expected("a whole number from 1 to 10", v)),
     };
     Ok(())
 }
