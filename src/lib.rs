@@ -146,6 +146,14 @@ mod tests {
         out
     }
 
+    /// What follows `keyword` (`"use "`, `"mod "`) on a line that declares
+    /// such an item, of any visibility.
+    fn item<'a>(line: &'a str, keyword: &str) -> Option<&'a str> {
+        let (vis, rest) = line.split_once(keyword)?;
+        let pub_in = vis.starts_with("pub(") && vis.ends_with(") ");
+        (vis.is_empty() || vis == "pub " || pub_in).then_some(rest)
+    }
+
     /// The paths a `use` tree names: `a::{b, c::{self, d}}` is `a::b`,
     /// `a::c`, `a::c::d`.
     fn expand(tree: &str) -> Vec<String> {
@@ -185,10 +193,7 @@ mod tests {
         let mut out = Vec::new();
         let mut lines = text.iter();
         while let Some(line) = lines.next() {
-            let item = line.split_once("use ").filter(|(vis, _)| {
-                vis.is_empty() || vis.starts_with("pub ") || vis.starts_with("pub(")
-            });
-            if let Some((_, tree)) = item {
+            if let Some(tree) = item(line, "use ") {
                 let mut tree = tree.to_string();
                 while !tree.contains(';') {
                     let Some(more) = lines.next() else { break };
@@ -274,10 +279,7 @@ mod tests {
         while let Some(name) = next.pop() {
             let Some(m) = all.remove(&name) else { continue };
             for line in &m.text {
-                let decl = line
-                    .trim_start_matches("pub ")
-                    .trim_start_matches("pub(crate) ");
-                if let Some(child) = decl.strip_prefix("mod ").and_then(|d| d.strip_suffix(';')) {
+                if let Some(child) = item(line, "mod ").and_then(|d| d.strip_suffix(';')) {
                     next.push(if name == "crate" {
                         child.to_string()
                     } else {
