@@ -222,13 +222,13 @@ mod tests {
     use super::*;
     use crate::api::reply::tests::{body, header};
     use crate::api::tests::cfg;
-    use crate::config::Config;
+    use crate::config::Health;
     use Audience::{Lb, Liveness, Readiness};
     use State::*;
 
     /// The answer of a gateway in service (a traffic role counts, no
     /// placeholder keeps it out).
-    fn check(audience: Audience, state: State, cfg: &Config, inm: Option<&str>) -> Reply {
+    fn check(audience: Audience, state: State, cfg: &Health, inm: Option<&str>) -> Reply {
         answer(&Inputs {
             audience,
             state: Some(state),
@@ -460,7 +460,7 @@ mod tests {
 
     #[test]
     fn soft_drain_answers_404_to_the_lb() {
-        let c = Config {
+        let c = Health {
             draining_lb_status: 404,
             ..cfg()
         };

@@ -1,5 +1,11 @@
 //! Plugin configuration: the raw JSON object → a validated `Config`, once, at
-//! load. Every refusal names the key and the problem. Pure.
+//! load: the role, with what it reads. Every refusal names the key and the
+//! problem. Pure.
+//!
+//! Which role reads which key is in the types: [`Shared`] holds the keys both
+//! the traffic and the health role read (all the traffic role reads),
+//! [`Health`] those and the health role's own. Every key is checked whatever
+//! the role (a chart passes every value to every role).
 //!
 //! Every key is written once, in `KEYS`: the known-key check, the order keys
 //! are checked in, and the key a refusal names all come from that table.
@@ -8,35 +14,50 @@ use serde_json::{Map, Value};
 use std::fmt;
 use std::net::IpAddr;
 
-use crate::duration::{self, DurationError};
+use crate::duration;
 use crate::fsm::{CloseAfter, DrainPlan};
-use crate::net::{Cidr, CidrError, LOOPBACK};
-use crate::refusal::{Refusal, Refused};
+use crate::net::{Cidr, LOOPBACK};
+use crate::refusal::{NewRequests, Refusal, RefuseWith, Refused};
 use crate::rotation;
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Role {
+/// A validated configuration: the role, with the keys it reads.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Config {
     /// Counts every HTTP stream of the gateway's traffic listener(s).
-    Traffic,
+    Traffic(Shared),
     /// Counts every connection of the TCP and TLS-passthrough filter chains
     /// (a network filter before `tcp_proxy`).
-    TrafficTcp,
+    TrafficTcp(Shared),
     /// Serves the FSM on the dedicated health listener.
-    Health,
+    Health(Health),
     /// Stands in for a traffic filter whose own configuration did not load:
     /// the configuration an ECDS filter runs until its own arrives (Envoy's
     /// `default_config`), and instead of it when it is refused. Counts
     /// nothing; its presence keeps the gateway out (`crate::placeholder`).
-    Placeholder,
+    /// Reads only `tick`.
+    Placeholder { tick_ms: u64 },
 }
 
+/// The keys both the traffic and the health role read: all the traffic role
+/// reads. The health role shows the refusing in its status, and rotates the
+/// connections at a drain's start only when it refuses.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Config {
-    pub role: Role,
+pub struct Shared {
+    pub tick_ms: u64,
+    /// What the traffic role does with a new HTTP request while draining.
+    pub draining_new_requests: NewRequests,
+    /// How it refuses (`refused_requests`, `draining_grpc_requests`,
+    /// `refuse_with`).
+    pub refusal: Refusal,
+}
+
+/// What the health role reads: the shared keys and its own.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Health {
+    pub shared: Shared,
     pub drain_timeout_ms: u64,
     pub min_drain_ms: u64,
     pub lb_buffer_ms: u64,
-    pub tick_ms: u64,
     pub draining_lb_status: u16,
     pub admin_allow: Vec<Cidr>,
     /// Bearer tokens that authorize admin calls; empty: token authorization
@@ -56,14 +77,6 @@ pub struct Config {
     /// With `draining_lb_status: 404`: the active = 0 flip also waits until
     /// every live checker has been served a 404 since the drain began.
     pub soft_drain_gate: bool,
-    /// What the traffic role does with a new HTTP request while draining.
-    pub draining_new_requests: NewRequests,
-    /// Which new requests it refuses: those the LB in front may resend.
-    pub refused_requests: Refused,
-    /// What it does with a new gRPC request while it refuses the others.
-    pub draining_grpc_requests: NewRequests,
-    /// How it refuses.
-    pub refuse_with: RefuseWith,
     /// The Envoy cluster that reaches pilot-agent's status port: while a
     /// preStop answer is held, its readiness turning 503 is the pod's SIGTERM
     /// (`host::termination`); `None`: not watched.
@@ -73,83 +86,8 @@ pub struct Config {
     pub scrape_interval_ms: u64,
 }
 
-/// What the traffic role does with a new HTTP request from DRAINING on.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum NewRequests {
-    /// Serve it (the LB still sends them while its check says 200).
-    #[default]
-    Serve,
-    /// Answer it at once with 503, never forwarded: an LB that resends a
-    /// 503 sends it to another gateway, and the drain converges in the time
-    /// of the longest request already in flight.
-    Refuse,
-}
-
-impl NewRequests {
-    pub fn name(self) -> &'static str {
-        match self {
-            NewRequests::Serve => "serve",
-            NewRequests::Refuse => "refuse",
-        }
-    }
-}
-
-/// How a refused request is met (`crate::refusal`).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum RefuseWith {
-    /// The 503 answer, `x-drain-gate: refused; draining`: for an LB that
-    /// resends a 503 (HAProxy `retry-on 503`, Envoy `retriable_status_codes`).
-    #[default]
-    Response,
-    /// The stream reset, no answer (HTTP/1.1: the connection closed; HTTP/2:
-    /// `RST_STREAM`): for an LB that resends what failed but must pass every
-    /// answer on (nginx `proxy_next_upstream error`), so that an
-    /// application's own 503 is never resent.
-    Reset,
-}
-
-impl RefuseWith {
-    pub fn name(self) -> &'static str {
-        match self {
-            RefuseWith::Response => "response",
-            RefuseWith::Reset => "reset",
-        }
-    }
-}
-
 /// What is wrong with one key's value (the refusal names the key).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ValueError(String);
-
-impl fmt::Display for ValueError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-impl From<String> for ValueError {
-    fn from(s: String) -> ValueError {
-        ValueError(s)
-    }
-}
-
-impl From<&str> for ValueError {
-    fn from(s: &str) -> ValueError {
-        ValueError(s.to_string())
-    }
-}
-
-impl From<DurationError> for ValueError {
-    fn from(e: DurationError) -> ValueError {
-        ValueError(e.to_string())
-    }
-}
-
-impl From<CidrError> for ValueError {
-    fn from(e: CidrError) -> ValueError {
-        ValueError(e.to_string())
-    }
-}
+type ValueError = String;
 
 /// A refused configuration: which key, and what is wrong with it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -179,63 +117,67 @@ const MAX_TICK_MS: u64 = 10_000;
 /// Istio health listeners).
 pub const MAX_WAIT_MS: u64 = 2 * duration::MAX_MS + MAX_SCRAPE_INTERVAL_MS + 5_000;
 
-/// Sets one field of the configuration from the key's value, or says what is
-/// wrong with the value (the caller names the key).
-type Apply = fn(&mut Config, &Value) -> Result<(), ValueError>;
-
-#[derive(Clone, Copy)]
-enum Rule {
-    /// The key must be present; the problem when it is not.
-    Required(Apply, &'static str),
-    Optional(Apply),
-}
+/// Sets one field from the key's value, or says what is wrong with the
+/// value (the caller names the key). Every key but `role` sets a field of
+/// what the health role reads, which holds every other role's keys.
+type Apply = fn(&mut Health, &Value) -> Result<(), ValueError>;
 
 const ROLE_REQUIRED: &str = "required: \"traffic\", \"traffic_tcp\", \"health\" or \"placeholder\"";
 
-/// Declares `KEYS` (the names) and `RULES` (each name with its rule) from one
-/// list, so a key is written exactly once.
+/// Declares `KEYS` (the names, `role` first) and `RULES` (each other name
+/// with what sets it) from one list, so a key is written exactly once.
 macro_rules! key_table {
-    ($(#[$doc:meta])* pub const KEYS: [&str; $n:literal] = [$($key:literal => $rule:expr),* $(,)?];) => {
+    ($(#[$doc:meta])* pub const KEYS: [&str; $n:literal] = [$role:literal, $($key:literal => $apply:expr),* $(,)?];) => {
         $(#[$doc])*
-        pub const KEYS: [&str; $n] = [$($key),*];
-        const RULES: [(&str, Rule); $n] = [$(($key, $rule)),*];
+        pub const KEYS: [&str; $n] = [$role, $($key),*];
+        const ROLE: &str = $role;
+        const RULES: [(&str, Apply); $n - 1] = [$(($key, $apply)),*];
     };
 }
 
 key_table! {
     /// Every configuration key, in the order they are checked.
     pub const KEYS: [&str; 20] = [
-        "role" => Rule::Required(role, ROLE_REQUIRED),
-        "drain_timeout" => Rule::Optional(drain_timeout),
-        "min_drain" => Rule::Optional(min_drain),
-        "lb_buffer" => Rule::Optional(lb_buffer),
-        "tick" => Rule::Optional(tick),
-        "draining_lb_status" => Rule::Optional(draining_lb_status),
-        "admin_allow" => Rule::Optional(admin_allow),
-        "admin_token" => Rule::Optional(admin_token),
-        "close_after" => Rule::Optional(close_after),
-        "lb_fall" => Rule::Optional(lb_fall),
-        "lb_down_timeout" => Rule::Optional(lb_down_timeout),
-        "rotate_connections" => Rule::Optional(rotate_connections),
-        "lb_checkers" => Rule::Optional(lb_checkers),
-        "soft_drain_gate" => Rule::Optional(soft_drain_gate),
-        "draining_new_requests" => Rule::Optional(draining_new_requests),
-        "refused_requests" => Rule::Optional(refused_requests),
-        "draining_grpc_requests" => Rule::Optional(draining_grpc_requests),
-        "refuse_with" => Rule::Optional(refuse_with),
-        "termination_watch" => Rule::Optional(termination_watch),
-        "scrape_interval" => Rule::Optional(scrape_interval),
+        "role",
+        "drain_timeout" => drain_timeout,
+        "min_drain" => min_drain,
+        "lb_buffer" => lb_buffer,
+        "tick" => tick,
+        "draining_lb_status" => draining_lb_status,
+        "admin_allow" => admin_allow,
+        "admin_token" => admin_token,
+        "close_after" => close_after,
+        "lb_fall" => lb_fall,
+        "lb_down_timeout" => lb_down_timeout,
+        "rotate_connections" => rotate_connections,
+        "lb_checkers" => lb_checkers,
+        "soft_drain_gate" => soft_drain_gate,
+        "draining_new_requests" => draining_new_requests,
+        "refused_requests" => refused_requests,
+        "draining_grpc_requests" => draining_grpc_requests,
+        "refuse_with" => refuse_with,
+        "termination_watch" => termination_watch,
+        "scrape_interval" => scrape_interval,
     ];
 }
 
-impl Default for Config {
-    fn default() -> Config {
-        Config {
-            role: Role::Traffic,
+impl Default for Shared {
+    fn default() -> Shared {
+        Shared {
+            tick_ms: 100,
+            draining_new_requests: NewRequests::Serve,
+            refusal: Refusal::default(),
+        }
+    }
+}
+
+impl Default for Health {
+    fn default() -> Health {
+        Health {
+            shared: Shared::default(),
             drain_timeout_ms: 120_000,
             min_drain_ms: 0,
             lb_buffer_ms: 10_000,
-            tick_ms: 100,
             draining_lb_status: 200,
             admin_allow: LOOPBACK.to_vec(),
             admin_tokens: Vec::new(),
@@ -245,10 +187,6 @@ impl Default for Config {
             rotate_connections: Some(rotation::DEFAULT_CLUSTER.into()),
             lb_checkers: None,
             soft_drain_gate: true,
-            draining_new_requests: NewRequests::Serve,
-            refused_requests: Refused::Idempotent,
-            draining_grpc_requests: NewRequests::Serve,
-            refuse_with: RefuseWith::Response,
             termination_watch: None,
             scrape_interval_ms: 0,
         }
@@ -284,53 +222,58 @@ impl fmt::Display for Shown<'_> {
     }
 }
 
+/// What a key's value should have been, and what it was.
+fn expected(what: &str, v: &Value) -> ValueError {
+    format!("expected {what}, got {}", Shown(v))
+}
+
 /// A duration value from `min_ms` to `max_ms`.
 fn duration(v: &Value, min_ms: u64, max_ms: u64) -> Result<u64, ValueError> {
     let s = v
         .as_str()
-        .ok_or_else(|| format!("expected a duration string like \"30s\", got {}", Shown(v)))?;
-    let ms = duration::parse_ms(s)?;
+        .ok_or_else(|| expected("a duration string like \"30s\"", v))?;
+    let ms = duration::parse_ms(s).map_err(|e| e.to_string())?;
     if ms < min_ms {
         return Err(format!(
             "\"{s}\" is below the minimum {}",
             duration::format_ms(min_ms)
-        )
-        .into());
+        ));
     }
     if ms > max_ms {
         return Err(format!(
             "\"{s}\" is above the maximum {}",
             duration::format_ms(max_ms)
-        )
-        .into());
+        ));
     }
     Ok(ms)
 }
 
-fn role(c: &mut Config, v: &Value) -> Result<(), ValueError> {
-    c.role = match v.as_str() {
-        Some("traffic") => Role::Traffic,
-        Some("traffic_tcp") => Role::TrafficTcp,
-        Some("health") => Role::Health,
-        Some("placeholder") => Role::Placeholder,
+/// The role a `role` value names: what makes its configuration of the keys.
+fn role(v: &Value) -> Result<fn(Health) -> Config, ValueError> {
+    let make: fn(Health) -> Config = match v.as_str() {
+        Some("traffic") => |h| Config::Traffic(h.shared),
+        Some("traffic_tcp") => |h| Config::TrafficTcp(h.shared),
+        Some("health") => Config::Health,
+        Some("placeholder") => |h| Config::Placeholder {
+            tick_ms: h.shared.tick_ms,
+        },
         _ => {
-            return Err(format!(
-                "expected \"traffic\", \"traffic_tcp\", \"health\" or \"placeholder\", got {}",
-                Shown(v)
-            )
-            .into())
+            return Err(expected(
+                "\"traffic\", \"traffic_tcp\", \"health\" or \"placeholder\"",
+                v,
+            ))
         }
     };
-    Ok(())
+    Ok(make)
 }
 
-fn drain_timeout(c: &mut Config, v: &Value) -> Result<(), ValueError> {
+fn drain_timeout(c: &mut Health, v: &Value) -> Result<(), ValueError> {
     duration(v, 1, duration::MAX_MS).map(|ms| c.drain_timeout_ms = ms)
 }
 
 /// Checked after `drain_timeout` (the order of `KEYS`); without the key it
 /// is 0, which never exceeds a valid `drain_timeout`.
-fn min_drain(c: &mut Config, v: &Value) -> Result<(), ValueError> {
+fn min_drain(c: &mut Health, v: &Value) -> Result<(), ValueError> {
     c.min_drain_ms = duration(v, 0, duration::MAX_MS)?;
     if c.min_drain_ms > c.drain_timeout_ms {
         return Err("must not exceed drain_timeout".into());
@@ -338,44 +281,42 @@ fn min_drain(c: &mut Config, v: &Value) -> Result<(), ValueError> {
     Ok(())
 }
 
-fn lb_buffer(c: &mut Config, v: &Value) -> Result<(), ValueError> {
+fn lb_buffer(c: &mut Health, v: &Value) -> Result<(), ValueError> {
     duration(v, 0, duration::MAX_MS).map(|ms| c.lb_buffer_ms = ms)
 }
 
-fn tick(c: &mut Config, v: &Value) -> Result<(), ValueError> {
-    duration(v, 10, MAX_TICK_MS).map(|ms| c.tick_ms = ms)
+fn tick(c: &mut Health, v: &Value) -> Result<(), ValueError> {
+    duration(v, 10, MAX_TICK_MS).map(|ms| c.shared.tick_ms = ms)
 }
 
-fn draining_lb_status(c: &mut Config, v: &Value) -> Result<(), ValueError> {
+fn draining_lb_status(c: &mut Health, v: &Value) -> Result<(), ValueError> {
     c.draining_lb_status = match v.as_u64() {
         Some(200) => 200,
         Some(404) => 404,
-        _ => return Err(format!("expected 200 or 404, got {}", Shown(v)).into()),
+        _ => return Err(expected("200 or 404", v)),
     };
     Ok(())
 }
 
 fn cidr_list(v: &Value) -> Result<Vec<Cidr>, ValueError> {
-    let items = v
-        .as_array()
-        .ok_or_else(|| format!("expected a list of CIDRs, got {}", Shown(v)))?;
+    let items = v.as_array().ok_or_else(|| expected("a list of CIDRs", v))?;
     let mut list = Vec::with_capacity(items.len());
     for item in items {
         let text = item
             .as_str()
-            .ok_or_else(|| format!("expected a CIDR string, got {}", Shown(item)))?;
-        list.push(Cidr::parse(text)?);
+            .ok_or_else(|| expected("a CIDR string", item))?;
+        list.push(Cidr::parse(text).map_err(|e| e.to_string())?);
     }
     Ok(list)
 }
 
-fn admin_allow(c: &mut Config, v: &Value) -> Result<(), ValueError> {
+fn admin_allow(c: &mut Health, v: &Value) -> Result<(), ValueError> {
     c.admin_allow = cidr_list(v)?;
     Ok(())
 }
 
 /// `null` (the chart's default) is the default: every source counts.
-fn lb_checkers(c: &mut Config, v: &Value) -> Result<(), ValueError> {
+fn lb_checkers(c: &mut Health, v: &Value) -> Result<(), ValueError> {
     if v.is_null() {
         c.lb_checkers = None;
         return Ok(());
@@ -390,10 +331,8 @@ fn lb_checkers(c: &mut Config, v: &Value) -> Result<(), ValueError> {
     Ok(())
 }
 
-fn soft_drain_gate(c: &mut Config, v: &Value) -> Result<(), ValueError> {
-    c.soft_drain_gate = v
-        .as_bool()
-        .ok_or_else(|| format!("expected true or false, got {}", Shown(v)))?;
+fn soft_drain_gate(c: &mut Health, v: &Value) -> Result<(), ValueError> {
+    c.soft_drain_gate = v.as_bool().ok_or_else(|| expected("true or false", v))?;
     Ok(())
 }
 
@@ -401,61 +340,61 @@ fn new_requests(v: &Value) -> Result<NewRequests, ValueError> {
     match v.as_str() {
         Some("serve") => Ok(NewRequests::Serve),
         Some("refuse") => Ok(NewRequests::Refuse),
-        _ => Err(format!("expected \"serve\" or \"refuse\", got {}", Shown(v)).into()),
+        _ => Err(expected("\"serve\" or \"refuse\"", v)),
     }
 }
 
-fn draining_new_requests(c: &mut Config, v: &Value) -> Result<(), ValueError> {
-    c.draining_new_requests = new_requests(v)?;
+fn draining_new_requests(c: &mut Health, v: &Value) -> Result<(), ValueError> {
+    c.shared.draining_new_requests = new_requests(v)?;
     Ok(())
 }
 
 /// A way of refusing that is not the default needs the refusing (checked
 /// after `draining_new_requests`, the order of `KEYS`).
-fn needs_refusing(c: &Config, value: &str) -> Result<(), ValueError> {
-    if c.draining_new_requests == NewRequests::Refuse {
+fn needs_refusing(c: &Health, value: &str) -> Result<(), ValueError> {
+    if c.shared.draining_new_requests == NewRequests::Refuse {
         return Ok(());
     }
-    Err(format!("\"{value}\" needs draining_new_requests: \"refuse\"").into())
+    Err(format!(
+        "\"{value}\" needs draining_new_requests: \"refuse\""
+    ))
 }
 
 /// Which requests are refused: what the LB in front may send again.
-fn refused_requests(c: &mut Config, v: &Value) -> Result<(), ValueError> {
-    c.refused_requests = v.as_str().and_then(Refused::parse).ok_or_else(|| {
-        format!(
-            "expected \"idempotent\", \"idempotent_or_key\" or \"all\", got {}",
-            Shown(v)
-        )
-    })?;
-    if c.refused_requests != Refused::Idempotent {
-        needs_refusing(c, c.refused_requests.name())?;
+fn refused_requests(c: &mut Health, v: &Value) -> Result<(), ValueError> {
+    c.shared.refusal.requests = v
+        .as_str()
+        .and_then(Refused::parse)
+        .ok_or_else(|| expected("\"idempotent\", \"idempotent_or_key\" or \"all\"", v))?;
+    if c.shared.refusal.requests != Refused::Idempotent {
+        needs_refusing(c, c.shared.refusal.requests.name())?;
     }
     Ok(())
 }
 
 /// gRPC is served unless it is refused too: an LB that cannot resend a
 /// gRPC call would pass the refusal to its client.
-fn draining_grpc_requests(c: &mut Config, v: &Value) -> Result<(), ValueError> {
-    c.draining_grpc_requests = new_requests(v)?;
-    if c.draining_grpc_requests == NewRequests::Refuse {
+fn draining_grpc_requests(c: &mut Health, v: &Value) -> Result<(), ValueError> {
+    c.shared.refusal.grpc = new_requests(v)?;
+    if c.shared.refusal.grpc == NewRequests::Refuse {
         needs_refusing(c, "refuse")?;
     }
     Ok(())
 }
 
-fn refuse_with(c: &mut Config, v: &Value) -> Result<(), ValueError> {
-    c.refuse_with = match v.as_str() {
+fn refuse_with(c: &mut Health, v: &Value) -> Result<(), ValueError> {
+    c.shared.refusal.with = match v.as_str() {
         Some("response") => RefuseWith::Response,
         Some("reset") => RefuseWith::Reset,
-        _ => return Err(format!("expected \"response\" or \"reset\", got {}", Shown(v)).into()),
+        _ => return Err(expected("\"response\" or \"reset\"", v)),
     };
-    if c.refuse_with == RefuseWith::Reset {
+    if c.shared.refusal.with == RefuseWith::Reset {
         needs_refusing(c, "reset")?;
     }
     Ok(())
 }
 
-fn admin_token(c: &mut Config, v: &Value) -> Result<(), ValueError> {
+fn admin_token(c: &mut Health, v: &Value) -> Result<(), ValueError> {
     let tokens: Vec<&str> = match v {
         Value::String(t) if t.is_empty() => Vec::new(),
         Value::String(t) => vec![t.as_str()],
@@ -464,12 +403,14 @@ fn admin_token(c: &mut Config, v: &Value) -> Result<(), ValueError> {
             .map(|i| i.as_str().ok_or("expected strings"))
             .collect::<Result<_, _>>()?,
         _ => {
-            return Err(format!("expected a string or a list of 1 to {MAX_TOKENS} strings").into())
+            return Err(format!(
+                "expected a string or a list of 1 to {MAX_TOKENS} strings"
+            ))
         }
     };
     for t in &tokens {
         if t.len() < MIN_TOKEN_LEN {
-            return Err(format!("shorter than {MIN_TOKEN_LEN} characters").into());
+            return Err(format!("shorter than {MIN_TOKEN_LEN} characters"));
         }
         if !t.bytes().all(is_token68) {
             return Err("may only hold letters, digits and -._~+/=".into());
@@ -479,30 +420,24 @@ fn admin_token(c: &mut Config, v: &Value) -> Result<(), ValueError> {
     Ok(())
 }
 
-fn close_after(c: &mut Config, v: &Value) -> Result<(), ValueError> {
+fn close_after(c: &mut Health, v: &Value) -> Result<(), ValueError> {
     c.close_after = match v.as_str() {
         Some("lb_buffer") => CloseAfter::LbBuffer,
         Some("lb_observed_down") => CloseAfter::LbObservedDown,
-        _ => {
-            return Err(format!(
-                "expected \"lb_buffer\" or \"lb_observed_down\", got {}",
-                Shown(v)
-            )
-            .into())
-        }
+        _ => return Err(expected("\"lb_buffer\" or \"lb_observed_down\"", v)),
     };
     Ok(())
 }
 
-fn lb_fall(c: &mut Config, v: &Value) -> Result<(), ValueError> {
+fn lb_fall(c: &mut Health, v: &Value) -> Result<(), ValueError> {
     c.lb_fall = match v.as_u64() {
         Some(n @ 1..=10) => n as u32,
-        _ => return Err(format!("expected a whole number from 1 to 10, got {}", Shown(v)).into()),
+        _ => return Err(expected("a whole number from 1 to 10", v)),
     };
     Ok(())
 }
 
-fn lb_down_timeout(c: &mut Config, v: &Value) -> Result<(), ValueError> {
+fn lb_down_timeout(c: &mut Health, v: &Value) -> Result<(), ValueError> {
     duration(v, 1, duration::MAX_MS).map(|ms| c.lb_down_timeout_ms = ms)
 }
 
@@ -526,12 +461,11 @@ fn cluster(v: &Value, default: &str) -> Result<Option<String>, ValueError> {
             "expected false, true or an Envoy cluster name (1 to {MAX_CLUSTER_LEN} \
              printable ASCII characters), got {}",
             Shown(v)
-        )
-        .into()),
+        )),
     }
 }
 
-fn rotate_connections(c: &mut Config, v: &Value) -> Result<(), ValueError> {
+fn rotate_connections(c: &mut Health, v: &Value) -> Result<(), ValueError> {
     c.rotate_connections = cluster(v, rotation::DEFAULT_CLUSTER)?;
     Ok(())
 }
@@ -539,7 +473,7 @@ fn rotate_connections(c: &mut Config, v: &Value) -> Result<(), ValueError> {
 /// istio-proxy's cluster to pilot-agent's status port (`true`).
 pub const AGENT_CLUSTER: &str = "agent";
 
-fn termination_watch(c: &mut Config, v: &Value) -> Result<(), ValueError> {
+fn termination_watch(c: &mut Health, v: &Value) -> Result<(), ValueError> {
     c.termination_watch = cluster(v, AGENT_CLUSTER)?;
     Ok(())
 }
@@ -547,7 +481,7 @@ fn termination_watch(c: &mut Config, v: &Value) -> Result<(), ValueError> {
 /// Longest `scrape_interval` accepted.
 const MAX_SCRAPE_INTERVAL_MS: u64 = 60_000;
 
-fn scrape_interval(c: &mut Config, v: &Value) -> Result<(), ValueError> {
+fn scrape_interval(c: &mut Health, v: &Value) -> Result<(), ValueError> {
     duration(v, 0, MAX_SCRAPE_INTERVAL_MS).map(|ms| c.scrape_interval_ms = ms)
 }
 
@@ -565,16 +499,6 @@ pub fn listed(names: &[&str]) -> String {
 }
 
 impl Config {
-    /// How the refusing refuses (`refused_requests`,
-    /// `draining_grpc_requests`, `refuse_with`).
-    pub fn refusal(&self) -> Refusal {
-        Refusal {
-            requests: self.refused_requests,
-            grpc: self.draining_grpc_requests,
-            with: self.refuse_with,
-        }
-    }
-
     /// Parses the plugin configuration bytes. Empty input is refused: the role
     /// must be chosen explicitly.
     pub fn parse(bytes: &[u8]) -> Result<Config, ConfigError> {
@@ -594,18 +518,30 @@ impl Config {
                 format!("unknown key (known keys: {})", listed(&KEYS)),
             ));
         }
-        let mut c = Config::default();
-        for (key, rule) in RULES {
-            let applied = match (rule, obj.get(key)) {
-                (Rule::Required(apply, _) | Rule::Optional(apply), Some(v)) => apply(&mut c, v),
-                (Rule::Required(_, missing), None) => Err(missing.into()),
-                (Rule::Optional(_), None) => Ok(()),
-            };
-            applied.map_err(|problem| err(key, problem.to_string()))?;
+        let make = obj
+            .get(ROLE)
+            .map_or(Err(ROLE_REQUIRED.into()), role)
+            .map_err(|problem| err(ROLE, problem))?;
+        let mut keys = Health::default();
+        for (key, apply) in RULES {
+            if let Some(v) = obj.get(key) {
+                apply(&mut keys, v).map_err(|problem| err(key, problem))?;
+            }
         }
-        Ok(c)
+        Ok(make(keys))
     }
 
+    /// The tick every role runs on (`tick`).
+    pub fn tick_ms(&self) -> u64 {
+        match self {
+            Config::Traffic(s) | Config::TrafficTcp(s) => s.tick_ms,
+            Config::Health(h) => h.shared.tick_ms,
+            Config::Placeholder { tick_ms } => *tick_ms,
+        }
+    }
+}
+
+impl Health {
     pub fn plan(&self) -> DrainPlan {
         DrainPlan {
             min_drain_ms: self.min_drain_ms,
@@ -637,7 +573,7 @@ impl Config {
     /// How long a preStop hold outlives the last tick that renewed it: the
     /// hold of a worker that died is gone this long after.
     pub fn hold_lease_ms(&self) -> u64 {
-        self.tick_ms.saturating_mul(10).max(2_000)
+        self.shared.tick_ms.saturating_mul(10).max(2_000)
     }
 
     /// Accepted, but probably not what was meant: one sentence each, logged
@@ -679,7 +615,7 @@ fn is_token68(b: u8) -> bool {
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used, clippy::indexing_slicing)]
+#[allow(clippy::unwrap_used, clippy::indexing_slicing, clippy::panic)]
 mod tests {
     use super::*;
 
@@ -687,16 +623,28 @@ mod tests {
         Config::parse(s.as_bytes())
     }
 
+    /// What the health role reads of `s`, a health role's configuration.
+    fn health(s: &str) -> Health {
+        match parse(s).unwrap() {
+            Config::Health(h) => h,
+            other => panic!("not the health role: {other:?}"),
+        }
+    }
+
+    /// What both roles read of `s`, a traffic or health role's configuration.
+    fn shared(s: &str) -> Shared {
+        match parse(s).unwrap() {
+            Config::Traffic(s) | Config::TrafficTcp(s) => s,
+            Config::Health(h) => h.shared,
+            other => panic!("not a traffic or health role: {other:?}"),
+        }
+    }
+
     #[test]
     fn defaults_need_only_a_role() {
         let c = parse(r#"{"role":"health"}"#).unwrap();
-        assert_eq!(
-            c,
-            Config {
-                role: Role::Health,
-                ..Config::default()
-            }
-        );
+        assert_eq!(c, Config::Health(Health::default()));
+        let c = Health::default();
         assert_eq!(c.admin_allow[0].to_string(), "127.0.0.0/8");
         assert_eq!(c.admin_allow[1].to_string(), "::1/128");
     }
@@ -704,40 +652,40 @@ mod tests {
     #[test]
     fn each_role_by_name() {
         for (name, role) in [
-            ("traffic", Role::Traffic),
-            ("traffic_tcp", Role::TrafficTcp),
-            ("health", Role::Health),
-            ("placeholder", Role::Placeholder),
+            ("traffic", Config::Traffic(Shared::default())),
+            ("traffic_tcp", Config::TrafficTcp(Shared::default())),
+            ("health", Config::Health(Health::default())),
+            ("placeholder", Config::Placeholder { tick_ms: 100 }),
         ] {
             let c = parse(&format!(r#"{{"role":"{name}"}}"#)).unwrap();
-            assert_eq!(c.role, role, "{name}");
+            assert_eq!(c, role, "{name}");
         }
     }
 
     #[test]
     fn full_configuration() {
-        let c = parse(
-            r#"{"role":"traffic","drain_timeout":"2m","min_drain":"500ms","lb_buffer":"0s",
+        let keys = r#""drain_timeout":"2m","min_drain":"500ms","lb_buffer":"0s",
                 "tick":"50ms","draining_lb_status":404,"admin_allow":["10.0.0.0/8","fd00::/8","192.0.2.7"],
                 "admin_token":"abcdefghijklmnop","close_after":"lb_observed_down","lb_fall":3,
-                "lb_down_timeout":"30s"}"#,
-        )
-        .unwrap();
-        assert_eq!(c.role, Role::Traffic);
+                "lb_down_timeout":"30s"}"#;
+        let traffic = parse(&format!(r#"{{"role":"traffic",{keys}"#)).unwrap();
+        assert!(matches!(traffic, Config::Traffic(_)), "{traffic:?}");
+        assert_eq!(traffic.tick_ms(), 50);
+        // The keys only the health role reads, as it reads them.
+        let c = health(&format!(r#"{{"role":"health",{keys}"#));
         assert_eq!(
             (
                 c.drain_timeout_ms,
                 c.min_drain_ms,
                 c.lb_buffer_ms,
-                c.tick_ms
+                c.shared.tick_ms
             ),
             (120_000, 500, 0, 50)
         );
         assert_eq!(c.draining_lb_status, 404);
         assert_eq!(c.admin_tokens, vec!["abcdefghijklmnop".to_string()]);
         let two =
-            parse(r#"{"role":"health","admin_token":["abcdefghijklmnop","qrstuvwxyz012345"]}"#)
-                .unwrap();
+            health(r#"{"role":"health","admin_token":["abcdefghijklmnop","qrstuvwxyz012345"]}"#);
         assert_eq!(two.admin_tokens.len(), 2);
         assert_eq!(
             (c.close_after, c.lb_fall, c.lb_down_timeout_ms),
@@ -753,11 +701,11 @@ mod tests {
 
     #[test]
     fn rotation_names_a_cluster_or_is_off() {
-        let named = parse(r#"{"role":"health","rotate_connections":"admin"}"#).unwrap();
+        let named = health(r#"{"role":"health","rotate_connections":"admin"}"#);
         assert_eq!(named.rotate_connections.as_deref(), Some("admin"));
-        let off = parse(r#"{"role":"health","rotate_connections":false}"#).unwrap();
+        let off = health(r#"{"role":"health","rotate_connections":false}"#);
         assert_eq!(off.rotate_connections, None);
-        let on = parse(r#"{"role":"health","rotate_connections":true}"#).unwrap();
+        let on = health(r#"{"role":"health","rotate_connections":true}"#);
         assert_eq!(
             on.rotate_connections.as_deref(),
             Some(rotation::DEFAULT_CLUSTER)
@@ -766,56 +714,51 @@ mod tests {
 
     #[test]
     fn new_requests_while_draining_are_served_unless_refused() {
-        let c = parse(r#"{"role":"traffic"}"#).unwrap();
+        let c = shared(r#"{"role":"traffic"}"#);
         assert_eq!(c.draining_new_requests, NewRequests::Serve);
-        let c = parse(r#"{"role":"traffic","draining_new_requests":"refuse"}"#).unwrap();
+        let c = shared(r#"{"role":"traffic","draining_new_requests":"refuse"}"#);
         assert_eq!(c.draining_new_requests.name(), "refuse");
-        assert_eq!(c.draining_grpc_requests, NewRequests::Serve, "gRPC served");
-        assert_eq!(c.refuse_with, RefuseWith::Response, "with the 503");
-        let c = parse(
+        assert_eq!(c.refusal.grpc, NewRequests::Serve, "gRPC served");
+        assert_eq!(c.refusal.with, RefuseWith::Response, "with the 503");
+        let c = shared(
             r#"{"role":"traffic","draining_new_requests":"refuse","draining_grpc_requests":"refuse",
                 "refuse_with":"reset"}"#,
-        )
-        .unwrap();
-        assert_eq!(c.draining_grpc_requests.name(), "refuse");
-        assert_eq!(c.refuse_with.name(), "reset");
+        );
+        assert_eq!(c.refusal.grpc.name(), "refuse");
+        assert_eq!(c.refusal.with.name(), "reset");
         assert_eq!(
-            c.refused_requests,
+            c.refusal.requests,
             Refused::Idempotent,
             "what every LB may resend"
         );
-        let c = parse(
+        let c = shared(
             r#"{"role":"traffic","draining_new_requests":"refuse","refused_requests":"all"}"#,
-        )
-        .unwrap();
-        assert_eq!(c.refusal().requests, Refused::All);
+        );
+        assert_eq!(c.refusal.requests, Refused::All);
         // The defaults spelled out are valid in either mode (the chart passes every value).
-        let c = parse(
+        let c = shared(
             r#"{"role":"traffic","draining_grpc_requests":"serve","refuse_with":"response",
                 "refused_requests":"idempotent"}"#,
-        )
-        .unwrap();
+        );
         assert_eq!(c.draining_new_requests, NewRequests::Serve);
     }
 
     #[test]
     fn lb_checkers_and_the_soft_drain_gate() {
-        let c = parse(r#"{"role":"health"}"#).unwrap();
+        let c = health(r#"{"role":"health"}"#);
         assert!(
             c.is_checker("203.0.113.9".parse().unwrap()),
             "default: any source"
         );
         assert!(!c.plan().lb_gate, "200 while draining: nothing to gate");
-        let c = parse(
+        let c = health(
             r#"{"role":"health","draining_lb_status":404,"lb_checkers":["10.1.0.0/16","::1/128"]}"#,
-        )
-        .unwrap();
+        );
         assert!(c.is_checker("10.1.2.3".parse().unwrap()));
         assert!(c.is_checker("::1".parse().unwrap()));
         assert!(!c.is_checker("10.2.0.1".parse().unwrap()));
         assert!(c.plan().lb_gate, "404 gates by default");
-        let c =
-            parse(r#"{"role":"health","draining_lb_status":404,"soft_drain_gate":false}"#).unwrap();
+        let c = health(r#"{"role":"health","draining_lb_status":404,"soft_drain_gate":false}"#);
         assert!(!c.plan().lb_gate);
     }
 
@@ -929,8 +872,8 @@ mod tests {
 
     #[test]
     fn odd_but_valid_configurations_are_explained() {
-        assert!(parse(r#"{"role":"health"}"#).unwrap().warnings().is_empty());
-        let long = parse(r#"{"role":"health","lb_buffer":"5m","drain_timeout":"10s"}"#).unwrap();
+        assert!(health(r#"{"role":"health"}"#).warnings().is_empty());
+        let long = health(r#"{"role":"health","lb_buffer":"5m","drain_timeout":"10s"}"#);
         let w = long.warnings();
         assert_eq!(w.len(), 1);
         assert!(
@@ -939,25 +882,24 @@ mod tests {
             w[0]
         );
         assert!(w[0].contains("up to 310s"), "{}", w[0]);
-        let closed = parse(r#"{"role":"health","admin_allow":[]}"#).unwrap();
+        let closed = health(r#"{"role":"health","admin_allow":[]}"#);
         assert!(closed.warnings()[0].contains("nobody can call the admin endpoints"));
-        let token = parse(r#"{"role":"health","admin_allow":[],"admin_token":"abcdefghijklmnop"}"#)
-            .unwrap();
+        let token =
+            health(r#"{"role":"health","admin_allow":[],"admin_token":"abcdefghijklmnop"}"#);
         assert!(token.warnings().is_empty(), "the token holders can");
     }
 
     #[test]
     fn the_termination_watch_names_a_cluster_and_the_scrape_interval_lengthens_the_hold() {
-        let off = parse(r#"{"role":"health"}"#).unwrap();
+        let off = health(r#"{"role":"health"}"#);
         assert_eq!(
             (off.termination_watch.as_deref(), off.scrape_interval_ms),
             (None, 0)
         );
-        let on =
-            parse(r#"{"role":"health","termination_watch":true,"scrape_interval":"5s"}"#).unwrap();
+        let on = health(r#"{"role":"health","termination_watch":true,"scrape_interval":"5s"}"#);
         assert_eq!(on.termination_watch.as_deref(), Some(AGENT_CLUSTER));
         assert_eq!(on.default_wait_ms(), off.default_wait_ms() + 5_000);
-        let named = parse(r#"{"role":"health","termination_watch":"pilot"}"#).unwrap();
+        let named = health(r#"{"role":"health","termination_watch":"pilot"}"#);
         assert_eq!(named.termination_watch.as_deref(), Some("pilot"));
         assert_eq!(
             parse(r#"{"role":"health","scrape_interval":"61s"}"#)
@@ -973,14 +915,12 @@ mod tests {
 
     #[test]
     fn the_longest_default_hold_is_max_wait() {
-        let longest = parse(
+        let longest = health(
             r#"{"role":"health","drain_timeout":"60m","close_after":"lb_observed_down",
                 "lb_down_timeout":"60m","lb_buffer":"60m","scrape_interval":"60s"}"#,
-        )
-        .unwrap();
+        );
         assert_eq!(longest.default_wait_ms(), MAX_WAIT_MS);
-        let explicit = parse(r#"{"role":"health"}"#)
-            .unwrap()
+        let explicit = health(r#"{"role":"health"}"#)
             .default_wait_ms()
             .max(duration::MAX_MS);
         assert!(explicit <= MAX_WAIT_MS, "an explicit timeout= fits too");

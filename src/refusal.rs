@@ -14,7 +14,49 @@
 //! stream reset (`reset`) for one that resends only what failed
 //! (envoyfilter/docs/refuse.md, "Which requests are refused").
 
-use crate::config::{NewRequests, RefuseWith};
+/// What the traffic role does with a new HTTP request from DRAINING on.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum NewRequests {
+    /// Serve it (the LB still sends them while its check says 200).
+    #[default]
+    Serve,
+    /// Answer it at once with 503, never forwarded: an LB that resends a
+    /// 503 sends it to another gateway, and the drain converges in the time
+    /// of the longest request already in flight.
+    Refuse,
+}
+
+impl NewRequests {
+    pub fn name(self) -> &'static str {
+        match self {
+            NewRequests::Serve => "serve",
+            NewRequests::Refuse => "refuse",
+        }
+    }
+}
+
+/// How a refused request is met.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum RefuseWith {
+    /// The 503 answer, `x-drain-gate: refused; draining`: for an LB that
+    /// resends a 503 (HAProxy `retry-on 503`, Envoy `retriable_status_codes`).
+    #[default]
+    Response,
+    /// The stream reset, no answer (HTTP/1.1: the connection closed; HTTP/2:
+    /// `RST_STREAM`): for an LB that resends what failed but must pass every
+    /// answer on (nginx `proxy_next_upstream error`), so that an
+    /// application's own 503 is never resent.
+    Reset,
+}
+
+impl RefuseWith {
+    pub fn name(self) -> &'static str {
+        match self {
+            RefuseWith::Response => "response",
+            RefuseWith::Reset => "reset",
+        }
+    }
+}
 
 /// The refusal's status.
 pub const STATUS: u16 = 503;

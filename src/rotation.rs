@@ -168,7 +168,7 @@ mod tests {
             expected_from: from,
             to,
             reason,
-            plan: Some(crate::config::Config::default().plan()),
+            plan: Some(crate::config::Health::default().plan()),
             force: false,
         }
     }

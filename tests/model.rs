@@ -49,7 +49,7 @@
 
 use std::rc::Rc;
 
-use drain_gate::config::Config;
+use drain_gate::config::{self, Config, Shared};
 use drain_gate::fsm::{Move, Reason, Record, State};
 use drain_gate::host::count::Part;
 use drain_gate::host::health::Health;
@@ -234,6 +234,22 @@ fn config(role: &str, min_drain_ms: u64, refuse: bool) -> Config {
     Config::parse(raw.as_bytes()).unwrap()
 }
 
+/// What the health role reads of `config("health", ...)`.
+fn health_config(min_drain_ms: u64, refuse: bool) -> config::Health {
+    match config("health", min_drain_ms, refuse) {
+        Config::Health(h) => h,
+        other => panic!("not a health role: {other:?}"),
+    }
+}
+
+/// What the traffic role reads of `config("traffic", ...)`.
+fn traffic_config(refuse: bool) -> Shared {
+    match config("traffic", 0, refuse) {
+        Config::Traffic(s) => s,
+        other => panic!("not a traffic role: {other:?}"),
+    }
+}
+
 impl<'a> Model<'a> {
     fn new(sim: &'a Sim, workers: usize, min_drain_ms: u64, refuse: bool) -> Model<'a> {
         // What configure does, on the main thread before any worker runs.
@@ -247,7 +263,7 @@ impl<'a> Model<'a> {
             sim,
             metrics: Metrics::define(sim),
             workers: Vec::new(),
-            health: Health::new(config("health", min_drain_ms, refuse), Metrics::define(sim)),
+            health: Health::new(health_config(min_drain_ms, refuse), Metrics::define(sim)),
             drain: false,
             min_drain_ms,
             refuse,
@@ -276,7 +292,7 @@ impl<'a> Model<'a> {
             traffic: Rc::new(Traffic::new(
                 part_of(w),
                 self.metrics,
-                &config("traffic", 0, self.refuse),
+                &traffic_config(self.refuse),
             )),
             open: Vec::new(),
             sorts: false,
@@ -459,7 +475,7 @@ impl<'a> Model<'a> {
                         expected_from: State::Open,
                         to: State::Draining,
                         reason: Reason::DrainRequested,
-                        plan: Some(config("health", self.min_drain_ms, self.refuse).plan()),
+                        plan: Some(health_config(self.min_drain_ms, self.refuse).plan()),
                         force: false,
                     };
                     // An injected failure leaves it OPEN: tried again later.
@@ -1026,7 +1042,7 @@ fn a_stall_of_the_whole_process_disarms_nothing() {
     // A drain with the stream in flight: held; the stream's end flips it.
     let store = Store::new(&sim);
     let metrics = Metrics::define(&sim);
-    let plan = Config::parse(br#"{"role":"health"}"#).unwrap().plan();
+    let plan = config::Health::default().plan();
     let mv = Move {
         expected_from: State::Open,
         to: State::Draining,

@@ -10,7 +10,7 @@ use std::net::IpAddr;
 use drain_gate::answer::{answer, Inputs};
 use drain_gate::api::{self, Audience, Endpoint, Request};
 use drain_gate::clock::{self, Look, Now, Steps, Timers};
-use drain_gate::config::{Config, Role, KEYS};
+use drain_gate::config::{Config, Health, KEYS};
 use drain_gate::fsm::{self, CloseAfter, DrainPlan, Move, Reason, Record, State, HISTORY};
 use drain_gate::in_flight::{Ages, InFlight};
 use drain_gate::lb::{self as lb, Checkers, Gate, CHECKER_TTL_MS, MAX_GAPS, MIN_GAPS};
@@ -99,7 +99,15 @@ fn authorization() -> impl Strategy<Value = Option<String>> {
     ])
 }
 
-fn config() -> impl Strategy<Value = Config> {
+/// What the health role reads of `bytes`, a health role's configuration.
+fn health(bytes: &[u8]) -> Health {
+    match Config::parse(bytes) {
+        Ok(Config::Health(h)) => h,
+        other => panic!("not a health role: {other:?}"),
+    }
+}
+
+fn config() -> impl Strategy<Value = Health> {
     (any::<bool>(), any::<bool>()).prop_map(|(narrow, token)| {
         let mut raw = json!({"role": "health"});
         if narrow {
@@ -108,7 +116,7 @@ fn config() -> impl Strategy<Value = Config> {
         if token {
             raw["admin_token"] = json!(TOKEN);
         }
-        Config::parse(raw.to_string().as_bytes()).unwrap()
+        health(raw.to_string().as_bytes())
     })
 }
 
@@ -119,7 +127,7 @@ fn header<'a>(r: &'a api::Reply, name: &str) -> Option<&'a str> {
         .map(|(_, v)| v.as_str())
 }
 
-fn authorized(req: &Request, cfg: &Config) -> bool {
+fn authorized(req: &Request, cfg: &Health) -> bool {
     let allowed = req
         .source
         .is_some_and(|ip| cfg.admin_allow.iter().any(|c| c.contains(ip)));
@@ -191,7 +199,7 @@ proptest! {
     #[test]
     fn checks_answer_per_state(s in prop::sample::select(State::ALL.to_vec()), inm in prop::option::of("\\PC{0,30}"),
                                soft in any::<bool>()) {
-        let mut cfg = Config::parse(br#"{"role":"health"}"#).unwrap();
+        let mut cfg = health(br#"{"role":"health"}"#);
         if soft {
             cfg.draining_lb_status = 404;
         }
@@ -245,7 +253,7 @@ proptest! {
     fn percent_encoding_routes_the_same(parts in prop::collection::vec(query_part(), 0..4),
                                         which in prop::collection::vec(any::<bool>(), 8), upper in any::<bool>(),
                                         path in prop::sample::select(paths())) {
-        let cfg = Config::parse(br#"{"role":"health"}"#).unwrap();
+        let cfg = health(br#"{"role":"health"}"#);
         // The endpoint's first method (GET for the unknown path).
         let method = api::route_of(path).map_or("GET", |r| r.allow.split(", ").next().unwrap());
         // Only parts free of `%`, `&` and `=` are encoded: those three are syntax.
@@ -270,7 +278,7 @@ proptest! {
                                                first in prop::sample::select(vec!["closed", "1s", "90s", "x"]),
                                                second in prop::sample::select(vec!["closed", "3s", "", "%31s"]),
                                                middle in prop::option::of(prop::sample::select(vec!["wait=closed", "timeout=2s"]))) {
-        let cfg = Config::parse(br#"{"role":"health"}"#).unwrap();
+        let cfg = health(br#"{"role":"health"}"#);
         let mut parts = vec![format!("{name}={first}")];
         if let Some(m) = middle.filter(|m| !m.starts_with(name)) {
             parts.push(m.to_string());
@@ -363,9 +371,15 @@ proptest! {
             Ok(c) => {
                 let obj = v.as_object().unwrap();
                 prop_assert!(obj.keys().all(|k| KEYS.contains(&k.as_str())));
-                prop_assert_eq!(c.role == Role::Health, obj["role"] == "health");
+                prop_assert_eq!(matches!(c, Config::Health(_)), obj["role"] == "health");
+                // Every key is checked whatever the role: as the health role reads them.
+                let mut as_health = obj.clone();
+                as_health.insert("role".to_string(), Value::from("health"));
+                let Ok(Config::Health(c)) = Config::from_object(&as_health) else {
+                    panic!("{v} is valid for a traffic role but not for the health role");
+                };
                 prop_assert!(c.min_drain_ms <= c.drain_timeout_ms);
-                prop_assert!((10..=10_000).contains(&c.tick_ms));
+                prop_assert!((10..=10_000).contains(&c.shared.tick_ms));
                 prop_assert!(c.draining_lb_status == 200 || c.draining_lb_status == 404);
                 prop_assert!((1..=10).contains(&c.lb_fall));
             }

@@ -27,7 +27,7 @@
 
 use std::net::IpAddr;
 
-use crate::config::Config;
+use crate::config::Health;
 use crate::fsm::{DrainPlan, Reason, State};
 
 pub mod query;
@@ -102,7 +102,7 @@ impl Command {
     }
 
     /// The plan a drain started by this command follows.
-    pub fn plan(self, cfg: &Config) -> DrainPlan {
+    pub fn plan(self, cfg: &Health) -> DrainPlan {
         DrainPlan {
             hold_closing: self == Command::HoldDrain,
             ..cfg.plan()
@@ -140,7 +140,7 @@ pub struct Route {
     /// The query parameters it takes.
     pub params: &'static [&'static str],
     /// The endpoint a request with these parameters asks for.
-    endpoint: fn(&Params, &Config) -> Result<Endpoint, Reply>,
+    endpoint: fn(&Params, &Health) -> Result<Endpoint, Reply>,
 }
 
 impl Route {
@@ -244,7 +244,7 @@ pub fn route_of(path: &str) -> Option<&'static Route> {
 }
 
 /// A held drain: until CLOSED, or the request's `timeout`.
-fn wait(p: &Params, cfg: &Config) -> Endpoint {
+fn wait(p: &Params, cfg: &Health) -> Endpoint {
     Endpoint::DrainAndWait {
         timeout_ms: p.timeout_ms.unwrap_or_else(|| cfg.default_wait_ms()),
     }
@@ -252,7 +252,7 @@ fn wait(p: &Params, cfg: &Config) -> Endpoint {
 
 /// `POST /drain`: a drain, a held drain (`wait=closed`) or a maintenance
 /// drain (`hold=closing`).
-fn drain(p: &Params, cfg: &Config) -> Result<Endpoint, Reply> {
+fn drain(p: &Params, cfg: &Health) -> Result<Endpoint, Reply> {
     match (p.wait, p.hold) {
         (true, true) => Err(bad_request(
             "hold=closing never reaches CLOSED by itself: drop wait or hold",
@@ -267,7 +267,7 @@ fn drain(p: &Params, cfg: &Config) -> Result<Endpoint, Reply> {
 }
 
 /// Maps a request to an endpoint, or to the error answer (400, 401, 403, 404, 405).
-pub fn route(req: &Request, cfg: &Config) -> Result<Endpoint, Reply> {
+pub fn route(req: &Request, cfg: &Health) -> Result<Endpoint, Reply> {
     let (path, query) = match req.path.split_once('?') {
         Some((p, q)) => (p, q),
         None => (req.path, ""),
@@ -294,7 +294,7 @@ pub fn route(req: &Request, cfg: &Config) -> Result<Endpoint, Reply> {
     (route.endpoint)(&params, cfg)
 }
 
-fn authorize(req: &Request, cfg: &Config) -> Result<(), Reply> {
+fn authorize(req: &Request, cfg: &Health) -> Result<(), Reply> {
     if let Some(ip) = req.source {
         if cfg.admin_allow.iter().any(|c| c.contains(ip)) {
             return Ok(());
@@ -337,13 +337,9 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
 pub(crate) mod tests {
     use super::*;
     use crate::api::reply::tests::{body, header};
-    use crate::config::Role;
 
-    pub(crate) fn cfg() -> Config {
-        Config {
-            role: Role::Health,
-            ..Config::default()
-        }
+    pub(crate) fn cfg() -> Health {
+        Health::default()
     }
 
     fn req<'a>(method: &'a str, path: &'a str) -> Request<'a> {

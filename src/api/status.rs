@@ -115,7 +115,7 @@ pub struct View<'a> {
     pub refusal: Refusal,
     /// How long streams lasted since the process started (`crate::sizing`).
     pub durations: Durations,
-    /// The longest CLOSING (`Config::max_closing_ms`) and `scrape_interval`:
+    /// The longest CLOSING (`config::Health::max_closing_ms`) and `scrape_interval`:
     /// the advice's grace period.
     pub closing_ms: u64,
     pub scrape_ms: u64,

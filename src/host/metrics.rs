@@ -10,8 +10,9 @@ use super::logs;
 use super::shared;
 use super::wasm_host::{Envoy, Host};
 use crate::fsm::{Record, State};
-use crate::metric_names::{self as names, Kind};
+use crate::metric_names::{self as names, histogram_counter, Kind, HISTOGRAM_COUNTERS as COUNTERS};
 use crate::receipt::{End, Tally};
+use crate::sizing::Kind as DurationKind;
 
 /// Metric ids of this VM. A missing id (the host refused the definition) only
 /// loses that metric.
@@ -49,7 +50,7 @@ pub struct Metrics<H: Host = Envoy> {
     lb_check_interval: Option<u32>,
     lb_buffer_short: Option<u32>,
     /// The stream-duration counters (`host::sizing`).
-    pub durations: super::sizing::Ids,
+    pub durations: Ids,
 }
 
 /// Metric definitions this VM made (Envoy keeps every one: this must stay
@@ -81,10 +82,28 @@ fn define<H: Host>(host: &H, name: &str) -> Option<u32> {
     }
 }
 
-/// A counter not in `crate::metric_names::ALL` by its own name: a bucket,
-/// `_count` or `_sum` of a `Kind::Buckets` family (`host::sizing`).
-pub fn define_counter<H: Host>(host: &H, name: &str) -> Option<u32> {
-    define(host, name)
+/// The ids of every kind's counters (`Metrics::define` defines them once per VM).
+pub type Ids = [[Option<u32>; COUNTERS]; 3];
+
+/// Defines every kind's counters (`Metrics::define`: once per VM, as Envoy
+/// keeps every definition).
+pub fn define_durations<H: Host>(host: &H) -> Ids {
+    let mut ids = [[None; COUNTERS]; 3];
+    for (row, kind) in ids.iter_mut().zip(DurationKind::ALL) {
+        for (j, slot) in row.iter_mut().enumerate() {
+            *slot = define(host, &histogram_counter(family(kind), j));
+        }
+    }
+    ids
+}
+
+/// The metric family of a kind (`crate::metric_names`).
+fn family(kind: DurationKind) -> &'static str {
+    match kind {
+        DurationKind::Http => names::STREAM_DURATION,
+        DurationKind::Upgraded => names::UPGRADED_DURATION,
+        DurationKind::Tcp => names::TCP_DURATION,
+    }
 }
 
 /// Adds 1 to the gauge, reads it back, removes the 1: a null stat (a gauge a
@@ -175,7 +194,7 @@ impl<H: Host + Copy> Metrics<H> {
             drain_duration: define(&host, names::DRAIN_DURATION),
             lb_check_interval: define(&host, names::LB_CHECK_INTERVAL),
             lb_buffer_short: define(&host, names::LB_BUFFER_SHORT),
-            durations: super::sizing::define(&host),
+            durations: define_durations(&host),
         }
     }
 }

@@ -18,7 +18,7 @@ use super::rotation;
 use super::store::Store;
 use super::traffic::{Traffic, TrafficStream};
 use super::wasm_host::{Envoy, Host};
-use crate::config::{self, Config};
+use crate::config::Config;
 
 thread_local! {
     /// This VM's metric ids, defined once: Envoy does not deduplicate
@@ -295,29 +295,29 @@ impl<H: Host + Copy + 'static> RootContext for Root<H> {
         }
         if let Err(e) = self
             .host
-            .set_tick_period(Duration::from_millis(config.tick_ms))
+            .set_tick_period(Duration::from_millis(config.tick_ms()))
         {
             logs::error!("invalid configuration: tick: the host refused it: {e:?}");
             return false;
         }
-        self.role = match config.role {
+        let part = match config {
+            Config::TrafficTcp(_) => Part::Connections,
+            _ => Part::Streams,
+        };
+        self.role = match config {
             // Both traffic roles announce themselves and beat the same
             // heartbeat: a TCP-only gateway is a traffic role seen.
-            config::Role::Traffic | config::Role::TrafficTcp => {
+            Config::Traffic(shared) | Config::TrafficTcp(shared) => {
                 count::announce_traffic(&self.host);
-                let part = match config.role {
-                    config::Role::TrafficTcp => Part::Connections,
-                    _ => Part::Streams,
-                };
-                Role::Traffic(Rc::new(Traffic::new(part, metrics, &config)))
+                Role::Traffic(Rc::new(Traffic::new(part, metrics, &shared)))
             }
-            config::Role::Health => {
-                for w in config.warnings() {
+            Config::Health(health) => {
+                for w in health.warnings() {
                     logs::warning!("event=config_warning what=\"{w}\"");
                 }
-                Role::Health(Rc::new(Health::new(config, metrics)))
+                Role::Health(Rc::new(Health::new(health, metrics)))
             }
-            config::Role::Placeholder => Role::Placeholder(Rc::new(Stand::new(self.host))),
+            Config::Placeholder { .. } => Role::Placeholder(Rc::new(Stand::new(self.host))),
         };
         true
     }

@@ -16,34 +16,10 @@ use std::cell::RefCell;
 
 use super::keys;
 use super::logs;
+use super::metrics::Ids;
 use super::shared::{self, cas_update, Decision, SharedError};
 use super::wasm_host::Host;
-use crate::metric_names::{histogram_counter, HISTOGRAM_COUNTERS as COUNTERS};
 use crate::sizing::{Durations, Kind, Pending, BYTES};
-
-/// The ids of every kind's counters (`host::metrics` defines them once per VM).
-pub type Ids = [[Option<u32>; COUNTERS]; 3];
-
-/// Defines every kind's counters (`Metrics::define`: once per VM, as Envoy
-/// keeps every definition).
-pub fn define<H: Host>(host: &H) -> Ids {
-    let mut ids = [[None; COUNTERS]; 3];
-    for (row, kind) in ids.iter_mut().zip(Kind::ALL) {
-        for (j, slot) in row.iter_mut().enumerate() {
-            *slot = super::metrics::define_counter(host, &histogram_counter(family(kind), j));
-        }
-    }
-    ids
-}
-
-/// The metric family of a kind (`crate::metric_names`).
-pub fn family(kind: Kind) -> &'static str {
-    match kind {
-        Kind::Http => crate::metric_names::STREAM_DURATION,
-        Kind::Upgraded => crate::metric_names::UPGRADED_DURATION,
-        Kind::Tcp => crate::metric_names::TCP_DURATION,
-    }
-}
 
 /// Creates `keys::DURATIONS` (empty) unless it exists: on configure
 /// (`host::root::create_shared`), before any worker VM writes it
@@ -142,7 +118,7 @@ impl<H: Host> Book<H> {
 #[allow(clippy::unwrap_used, clippy::indexing_slicing)]
 mod tests {
     use super::*;
-    use crate::config::Config;
+    use crate::config::Shared;
     use crate::host::count::Part;
     use crate::host::metrics::Metrics;
     use crate::host::sim::Sim;
@@ -154,7 +130,7 @@ mod tests {
         let sim = Sim::at(0);
         let metrics = Metrics::define(&sim);
         let defined = sim.definitions();
-        let config = Config::parse(br#"{"role":"traffic"}"#).unwrap();
+        let config = Shared::default();
         for part in [Part::Streams, Part::Connections, Part::Streams] {
             drop(Traffic::new(part, metrics, &config));
         }
@@ -168,7 +144,7 @@ mod tests {
 
     fn traffic(sim: &Sim, part: Part) -> Rc<Traffic<&Sim>> {
         crate::host::root::create_shared(sim);
-        let config = Config::parse(br#"{"role":"traffic"}"#).unwrap();
+        let config = Shared::default();
         Rc::new(Traffic::new(part, Metrics::define(sim), &config))
     }
 

@@ -327,7 +327,7 @@ impl<H: Host> Store<H> {
 #[allow(clippy::unwrap_used, clippy::indexing_slicing)]
 mod tests {
     use super::*;
-    use crate::config::Config;
+    use crate::config;
     use crate::fsm::{Reason, State};
     use crate::host::sim::Sim;
 
@@ -336,7 +336,7 @@ mod tests {
             expected_from: State::Open,
             to: State::Draining,
             reason: Reason::DrainRequested,
-            plan: Some(Config::default().plan()),
+            plan: Some(config::Health::default().plan()),
             force: false,
         }
     }

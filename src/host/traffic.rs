@@ -19,11 +19,11 @@ use super::metrics::Metrics;
 use super::sizing;
 use super::store::Store;
 use super::wasm_host::{Envoy, Host};
-use crate::config::{Config, NewRequests};
+use crate::config::Shared;
 use crate::fsm::{self, Record, State};
 use crate::in_flight::{Ages, Published};
 use crate::receipt::{self, End, First};
-use crate::refusal::{self, Meet, Refusal};
+use crate::refusal::{self, Meet, NewRequests, Refusal};
 use crate::sizing::Kind;
 
 /// This worker's streams by start tick (`crate::in_flight`). A stream is
@@ -141,7 +141,7 @@ pub struct Traffic<H: Host = Envoy> {
 }
 
 impl<H: Host + Copy> Traffic<H> {
-    pub fn new(part: Part, metrics: Metrics<H>, config: &Config) -> Traffic<H> {
+    pub fn new(part: Part, metrics: Metrics<H>, config: &Shared) -> Traffic<H> {
         let host = *metrics.host();
         Traffic {
             part,
@@ -151,7 +151,7 @@ impl<H: Host + Copy> Traffic<H> {
             draining: Cell::new(true),
             drain: Cell::new(None),
             new_requests: config.draining_new_requests,
-            refusal: config.refusal(),
+            refusal: config.refusal,
             hold: Cell::new(FlipHold::None),
             completed: Cell::new(0),
             ages: AgeBook::new(host, config.tick_ms),

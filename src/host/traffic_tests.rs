@@ -70,7 +70,7 @@ fn a_connection_the_downstream_ended_first_is_a_cut_when_reset_or_at_the_lb_s_do
     let tcp = Rc::new(Traffic::new(
         Part::Connections,
         Metrics::define(&sim),
-        &Config::parse(br#"{"role":"traffic_tcp"}"#).unwrap(),
+        &crate::config::Shared::default(),
     ));
     let conn = || TrafficStream::new(Rc::clone(&tcp));
     let (mut reset, mut upstream_first, mut done) = (conn(), conn(), conn());

@@ -22,7 +22,7 @@ use std::cell::{Cell, RefCell};
 
 use crate::api::{self, Reply};
 use crate::clock::Now;
-use crate::config::{Config, NewRequests};
+use crate::config;
 use crate::fsm::{CloseAfter, Move, Record};
 use crate::host::count::ActiveCount;
 use crate::host::liveness::Watch;
@@ -34,6 +34,7 @@ use crate::host::store::{self, Store};
 use crate::host::termination;
 use crate::host::wasm_host::{Envoy, Host};
 use crate::placeholder::{Action as PlaceholderAction, Placeholders};
+use crate::refusal::NewRequests;
 
 /// A held `wait=closed` request.
 #[derive(Clone, Copy, Debug)]
@@ -52,7 +53,7 @@ impl Waiter {
 /// Shared by every stream of one health root context.
 #[derive(Debug)]
 pub struct Health<H: Host = Envoy> {
-    pub config: Config,
+    pub config: config::Health,
     pub active: ActiveCount<H>,
     pub metrics: Metrics<H>,
     pub rotator: Rotator<H>,
@@ -91,13 +92,13 @@ fn send<H: Host>(host: &H, context_id: Option<u32>, reply: &Reply) {
 }
 
 impl<H: Host + Copy> Health<H> {
-    pub fn new(config: Config, metrics: Metrics<H>) -> Health<H> {
+    pub fn new(config: config::Health, metrics: Metrics<H>) -> Health<H> {
         let host = *metrics.host();
         let active = ActiveCount::new(&metrics);
-        let refusing = config.draining_new_requests == NewRequests::Refuse;
+        let refusing = config.shared.draining_new_requests == NewRequests::Refuse;
         let rotator = Rotator::new(host, config.rotate_connections.clone(), refusing);
         let termination = termination::Watch::new(host, config.termination_watch.clone());
-        let watch = Watch::new(host, config.tick_ms);
+        let watch = Watch::new(host, config.shared.tick_ms);
         metrics.set_drain_timeout(config.drain_timeout_ms);
         let health = Health {
             config,

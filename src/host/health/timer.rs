@@ -88,7 +88,7 @@ impl<H: Host> Health<H> {
     /// and counts it. The timers themselves never look at the wall clock.
     pub(super) fn watch_clock(&self) {
         let now = self.host().now();
-        let threshold = clock::step_threshold_ms(self.config.tick_ms);
+        let threshold = clock::step_threshold_ms(self.config.shared.tick_ms);
         match self.store.clock_look(now, threshold) {
             Ok(Some((steps, by))) => {
                 logs::warning!(

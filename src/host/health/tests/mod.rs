@@ -1,7 +1,7 @@
 //! The health role's tests, and the stand-in gateway (a health root and a
 //! traffic root in one simulated process) that the traffic role's tests use too.
 
-#![allow(clippy::unwrap_used, clippy::indexing_slicing)]
+#![allow(clippy::unwrap_used, clippy::indexing_slicing, clippy::panic)]
 
 mod receipt;
 
@@ -28,15 +28,15 @@ pub(crate) fn gateway<'a>(sim: &'a Sim, extra: &str) -> (Health<&'a Sim>, Rc<Tra
         raw["role"] = role.into();
         Config::parse(raw.to_string().as_bytes()).unwrap()
     };
-    let traffic = Rc::new(Traffic::new(
-        Part::Streams,
-        Metrics::define(sim),
-        &parse("traffic"),
-    ));
+    let (Config::Traffic(shared), Config::Health(config)) = (parse("traffic"), parse("health"))
+    else {
+        panic!("a traffic and a health role");
+    };
+    let traffic = Rc::new(Traffic::new(Part::Streams, Metrics::define(sim), &shared));
     crate::host::liveness::ensure_registry(&sim);
     crate::host::count::announce_traffic(&sim);
     traffic.tick();
-    let health = Health::new(parse("health"), Metrics::define(sim));
+    let health = Health::new(config, Metrics::define(sim));
     health.tick();
     (health, traffic)
 }
@@ -193,7 +193,10 @@ fn a_status_right_after_the_flip_lists_nothing_and_dates_what_the_ticks_count() 
 #[test]
 fn without_a_traffic_role_the_gateway_waits_and_a_drain_never_trusts_zero() {
     let sim = Sim::at(T0);
-    let config = Config::parse(br#"{"role":"health","drain_timeout":"2s"}"#).unwrap();
+    let Ok(Config::Health(config)) = Config::parse(br#"{"role":"health","drain_timeout":"2s"}"#)
+    else {
+        panic!("a health role");
+    };
     let h = Health::new(config, Metrics::define(&sim));
     h.tick();
     let lb = call(&h, "GET", "/health_check.html", 1).unwrap();
