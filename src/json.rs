@@ -83,7 +83,7 @@ pub fn from_slice<T: FromJson>(bytes: &[u8]) -> Result<T, Unreadable> {
 }
 
 /// The object a record is read from.
-pub fn object(v: &Value) -> Result<&Map<String, Value>, FieldError> {
+pub fn object_of(v: &Value) -> Result<&Map<String, Value>, FieldError> {
     v.as_object().ok_or(FieldError::expected("an object"))
 }
 
@@ -215,7 +215,7 @@ macro_rules! record {
 
         impl $crate::json::FromJson for $name {
             fn from_json(v: &serde_json::Value) -> Result<Self, $crate::json::FieldError> {
-                let o = $crate::json::object(v)?;
+                let o = $crate::json::object_of(v)?;
                 let mut bad = None;
                 let read = (|| {
                     Some($name {
@@ -271,7 +271,39 @@ macro_rules! named {
     };
 }
 
+/// A JSON object written with `derive(Serialize)`, its fields named once:
+/// `object!(Name { field: value, … })` declares a struct whose fields each
+/// take the type of their value, and builds it. The fields are written in
+/// the order given.
+macro_rules! object {
+    ($name:ident { $( $(#[$m:meta])* $f:ident: $e:expr ),* $(,)? }) => {{
+        #[allow(non_camel_case_types)]
+        let object = {
+            #[derive(serde::Serialize)]
+            struct $name<$($f),*> {
+                $( $(#[$m])* $f: $f, )*
+            }
+            $name { $( $f: $e, )* }
+        };
+        object
+    }};
+}
+
+/// Whether an optional field is absent: `#[serde(skip_serializing_if =
+/// "crate::json::Absent::absent", bound = "field: serde::Serialize +
+/// crate::json::Absent")]` leaves it out of an [`object!`].
+pub trait Absent {
+    fn absent(&self) -> bool;
+}
+
+impl<T> Absent for Option<T> {
+    fn absent(&self) -> bool {
+        self.is_none()
+    }
+}
+
 pub(crate) use named;
+pub(crate) use object;
 pub(crate) use record;
 
 #[cfg(test)]

@@ -41,8 +41,7 @@ use query::Params;
 use reply::{bad_request, error};
 pub use reply::{illegal, unavailable, Reply};
 pub use status::{
-    status, wait_end, wait_reply, ClockInfo, CountInfo, Footprint, RotationView, TrafficInfo, View,
-    WaitEnd,
+    status, wait_end, wait_reply, CountInfo, Footprint, RotationView, TrafficInfo, View, WaitEnd,
 };
 
 /// What the host hands over of one request on the health listener.
