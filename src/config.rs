@@ -8,7 +8,7 @@ use serde_json::{Map, Value};
 use std::fmt;
 use std::net::IpAddr;
 
-use crate::duration::{self, DurationError};
+use crate::duration;
 use crate::fsm::{CloseAfter, DrainPlan};
 use crate::net::{Cidr, CidrError, LOOPBACK};
 use crate::refusal::{Refusal, Refused};
@@ -136,12 +136,6 @@ impl From<String> for ValueError {
 impl From<&str> for ValueError {
     fn from(s: &str) -> ValueError {
         ValueError(s.to_string())
-    }
-}
-
-impl From<DurationError> for ValueError {
-    fn from(e: DurationError) -> ValueError {
-        ValueError(e.to_string())
     }
 }
 
