@@ -117,17 +117,22 @@ pub fn fields<T>(read: Option<T>, bad: Option<FieldError>) -> Result<T, FieldErr
     read.ok_or(bad.unwrap_or(FieldError::expected("an object")))
 }
 
-impl FromJson for u64 {
-    fn from_json(v: &Value) -> Result<Self, FieldError> {
-        v.as_u64()
-            .ok_or(FieldError::expected("an unsigned integer"))
-    }
+/// `FromJson` for a value `serde_json` reads directly.
+macro_rules! read_with {
+    ($($t:ty: $read:expr, $expected:literal;)*) => {$(
+        impl FromJson for $t {
+            fn from_json(v: &Value) -> Result<Self, FieldError> {
+                $read(v).ok_or(FieldError::expected($expected))
+            }
+        }
+    )*};
 }
 
-impl FromJson for i64 {
-    fn from_json(v: &Value) -> Result<Self, FieldError> {
-        v.as_i64().ok_or(FieldError::expected("an integer"))
-    }
+read_with! {
+    u64: Value::as_u64, "an unsigned integer";
+    i64: Value::as_i64, "an integer";
+    bool: Value::as_bool, "true or false";
+    String: |v: &Value| v.as_str().map(str::to_string), "a string";
 }
 
 impl FromJson for u32 {
@@ -143,20 +148,6 @@ impl FromJson for u16 {
         u64::from_json(v)?
             .try_into()
             .map_err(|_| FieldError::expected("an integer below 65536"))
-    }
-}
-
-impl FromJson for bool {
-    fn from_json(v: &Value) -> Result<Self, FieldError> {
-        v.as_bool().ok_or(FieldError::expected("true or false"))
-    }
-}
-
-impl FromJson for String {
-    fn from_json(v: &Value) -> Result<Self, FieldError> {
-        v.as_str()
-            .map(str::to_string)
-            .ok_or(FieldError::expected("a string"))
     }
 }
 
