@@ -110,7 +110,7 @@ pub enum Endpoint {
 
 /// One endpoint of the health listener, as the router, the property tests
 /// and the OpenAPI check (`openapi_lists_every_route`) all read it.
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, Debug)]
 pub struct Route {
     pub path: &'static str,
     /// The `Allow` header: every method the endpoint takes.
@@ -149,12 +149,6 @@ impl Route {
     /// Whether the endpoint takes `method`.
     pub fn allows(&self, method: &str) -> bool {
         self.allow.split(',').any(|m| m.trim_start() == method)
-    }
-}
-
-impl std::fmt::Debug for Route {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{} {}", self.allow, self.path)
     }
 }
 
@@ -239,10 +233,11 @@ pub fn route(req: &Request, cfg: &Config) -> Result<Endpoint, Reply> {
 }
 
 fn authorize(req: &Request, cfg: &Config) -> Result<(), Reply> {
-    if let Some(ip) = req.source {
-        if cfg.admin_allow.iter().any(|c| c.contains(ip)) {
-            return Ok(());
-        }
+    if req
+        .source
+        .is_some_and(|ip| cfg.admin_allow.iter().any(|c| c.contains(ip)))
+    {
+        return Ok(());
     }
     if cfg.admin_tokens.is_empty() {
         return Err(error(
@@ -255,18 +250,16 @@ fn authorize(req: &Request, cfg: &Config) -> Result<(), Reply> {
         let (scheme, token) = h.trim().split_once(' ')?;
         scheme.eq_ignore_ascii_case("bearer").then(|| token.trim())
     });
-    match presented {
-        Some(t)
-            if cfg
-                .admin_tokens
-                .iter()
-                .any(|k| constant_time_eq(t.as_bytes(), k.as_bytes())) =>
-        {
-            Ok(())
-        }
-        _ => Err(error(401, "unauthorized", "missing or wrong bearer token")
-            .with("www-authenticate", "Bearer realm=\"drain-gate\"")),
+    let known = |t: &str| {
+        cfg.admin_tokens
+            .iter()
+            .any(|k| constant_time_eq(t.as_bytes(), k.as_bytes()))
+    };
+    if presented.is_some_and(known) {
+        return Ok(());
     }
+    Err(error(401, "unauthorized", "missing or wrong bearer token")
+        .with("www-authenticate", "Bearer realm=\"drain-gate\""))
 }
 
 fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {

@@ -393,27 +393,11 @@ pub fn wait_end(state: State, timed_out: bool, lingering: bool) -> Option<WaitEn
 /// "closed"`; an abort or a timeout a small error (whatever the number of LB
 /// checkers) naming the state it ended in — `GET /drain/status` has the rest.
 pub fn wait_reply(end: WaitEnd, v: &View) -> Reply {
-    let (code, error, message, wait) = match end {
+    let (code, error, wait, message) = match end {
         WaitEnd::Closed => return Reply::json(200, &document(v, Some("closed"))),
-        WaitEnd::Aborted => (
-            409,
-            "drain_aborted",
-            "the drain was abandoned (reopen or fault) before CLOSED; see GET /drain/status",
-            "aborted",
-        ),
-        WaitEnd::InFault => (
-            409,
-            "in_fault",
-            "the gateway is in FAULT: no drain was started and none can be; FAULT ends only \
-             with a restart of istio-proxy",
-            "fault",
-        ),
-        WaitEnd::TimedOut => (
-            504,
-            "wait_timeout",
-            "not CLOSED within the timeout; the drain goes on; see GET /drain/status",
-            "timeout",
-        ),
+        WaitEnd::Aborted => (409, "drain_aborted", "aborted", ABORTED),
+        WaitEnd::InFault => (409, "in_fault", "fault", IN_FAULT),
+        WaitEnd::TimedOut => (504, "wait_timeout", "timeout", TIMED_OUT),
     };
     let body = object!(WaitError {
         error: error,
@@ -424,6 +408,12 @@ pub fn wait_reply(end: WaitEnd, v: &View) -> Reply {
     });
     Reply::json(code, &body)
 }
+
+const ABORTED: &str =
+    "the drain was abandoned (reopen or fault) before CLOSED; see GET /drain/status";
+const IN_FAULT: &str = "the gateway is in FAULT: no drain was started and none can be; FAULT ends \
+    only with a restart of istio-proxy";
+const TIMED_OUT: &str = "not CLOSED within the timeout; the drain goes on; see GET /drain/status";
 
 #[cfg(test)]
 #[allow(clippy::unwrap_used, clippy::indexing_slicing)]
