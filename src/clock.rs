@@ -11,9 +11,7 @@
 //! The wall clock minus the monotonic clock is constant while nobody steps the
 //! wall clock; `Steps` watches that offset to make a step visible.
 
-use serde::Serialize;
-
-use crate::json::record;
+use crate::json::{named, record};
 
 /// Both host clocks, read together (milliseconds).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -24,20 +22,12 @@ pub struct Now {
     pub mono_ms: Option<u64>,
 }
 
-/// Which clock the timers run on.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Timers {
-    Monotonic,
-    Wall,
-}
-
-impl Timers {
-    pub fn name(self) -> &'static str {
-        match self {
-            Timers::Monotonic => "monotonic",
-            Timers::Wall => "wall",
-        }
+named! {
+    /// Which clock the timers run on.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    pub enum Timers {
+        Monotonic = "monotonic",
+        Wall = "wall",
     }
 }
 
@@ -125,28 +115,23 @@ impl Steps {
         let Some(offset) = now.offset_ms() else {
             return Look::Same;
         };
-        let moved = match self.offset_ms {
-            Some(before) => offset.saturating_sub(before),
-            None => {
-                return Look::Crept(Steps {
-                    offset_ms: Some(offset),
-                    ..*self
-                })
-            }
+        let crept = Steps {
+            offset_ms: Some(offset),
+            ..*self
+        };
+        let Some(moved) = self.offset_ms.map(|before| offset.saturating_sub(before)) else {
+            return Look::Crept(crept);
         };
         if moved.unsigned_abs() >= threshold_ms {
             let next = Steps {
-                offset_ms: Some(offset),
                 count: self.count.saturating_add(1),
                 last_step_ms: Some(moved),
                 last_step_wall_ms: Some(now.wall_ms),
+                ..crept
             };
             Look::Stepped(next, moved)
         } else if moved.unsigned_abs() > threshold_ms / 4 {
-            Look::Crept(Steps {
-                offset_ms: Some(offset),
-                ..*self
-            })
+            Look::Crept(crept)
         } else {
             Look::Same
         }

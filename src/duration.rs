@@ -5,33 +5,12 @@
 /// `wait=closed`.
 pub const MAX_MS: u64 = 3_600_000;
 
-/// Why a string is not a duration drain-gate accepts.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum DurationError {
-    /// Not digits followed by `ms`, `s`, `m` or `h`.
-    NotADuration(String),
-    /// More milliseconds than a `u64` holds.
-    TooLong(String),
-}
-
-impl std::fmt::Display for DurationError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            DurationError::NotADuration(s) => {
-                write!(f, "\"{s}\" is not a duration (use e.g. 500ms, 30s, 2m)")
-            }
-            DurationError::TooLong(s) => write!(f, "\"{s}\" is too long"),
-        }
-    }
-}
-
-impl std::error::Error for DurationError {}
-
-/// Parses `500ms`, `30s`, `2m`, `1h` into milliseconds.
-pub fn parse_ms(s: &str) -> Result<u64, DurationError> {
-    let not_a_duration = || DurationError::NotADuration(s.to_string());
+/// Parses `500ms`, `30s`, `2m`, `1h` into milliseconds; anything else
+/// (at most 12 digits: no duration overflows) is an error that says so.
+pub fn parse_ms(s: &str) -> Result<u64, String> {
+    let not_a_duration = || format!("\"{s}\" is not a duration (use e.g. 500ms, 30s, 2m)");
     let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
-    let (digits, unit) = s.split_at_checked(split).ok_or_else(not_a_duration)?;
+    let (digits, unit) = s.split_at_checked(split).unwrap_or_default();
     let scale = match unit {
         "ms" => 1,
         "s" => 1_000,
@@ -39,12 +18,10 @@ pub fn parse_ms(s: &str) -> Result<u64, DurationError> {
         "h" => 3_600_000,
         _ => return Err(not_a_duration()),
     };
-    if digits.is_empty() || digits.len() > 12 {
-        return Err(not_a_duration());
+    match digits.parse::<u64>() {
+        Ok(n) if digits.len() <= 12 => Ok(n.saturating_mul(scale)),
+        _ => Err(not_a_duration()),
     }
-    let n: u64 = digits.parse().map_err(|_| not_a_duration())?;
-    n.checked_mul(scale)
-        .ok_or_else(|| DurationError::TooLong(s.to_string()))
 }
 
 /// Formats milliseconds the way the configuration spells durations.

@@ -83,7 +83,7 @@ pub fn from_slice<T: FromJson>(bytes: &[u8]) -> Result<T, Unreadable> {
 }
 
 /// The object a record is read from.
-pub fn object(v: &Value) -> Result<&Map<String, Value>, FieldError> {
+pub fn object_of(v: &Value) -> Result<&Map<String, Value>, FieldError> {
     v.as_object().ok_or(FieldError::expected("an object"))
 }
 
@@ -117,17 +117,22 @@ pub fn fields<T>(read: Option<T>, bad: Option<FieldError>) -> Result<T, FieldErr
     read.ok_or(bad.unwrap_or(FieldError::expected("an object")))
 }
 
-impl FromJson for u64 {
-    fn from_json(v: &Value) -> Result<Self, FieldError> {
-        v.as_u64()
-            .ok_or(FieldError::expected("an unsigned integer"))
-    }
+/// `FromJson` for a value `serde_json` reads directly.
+macro_rules! read_with {
+    ($($t:ty: $read:expr, $expected:literal;)*) => {$(
+        impl FromJson for $t {
+            fn from_json(v: &Value) -> Result<Self, FieldError> {
+                $read(v).ok_or(FieldError::expected($expected))
+            }
+        }
+    )*};
 }
 
-impl FromJson for i64 {
-    fn from_json(v: &Value) -> Result<Self, FieldError> {
-        v.as_i64().ok_or(FieldError::expected("an integer"))
-    }
+read_with! {
+    u64: Value::as_u64, "an unsigned integer";
+    i64: Value::as_i64, "an integer";
+    bool: Value::as_bool, "true or false";
+    String: |v: &Value| v.as_str().map(str::to_string), "a string";
 }
 
 impl FromJson for u32 {
@@ -143,20 +148,6 @@ impl FromJson for u16 {
         u64::from_json(v)?
             .try_into()
             .map_err(|_| FieldError::expected("an integer below 65536"))
-    }
-}
-
-impl FromJson for bool {
-    fn from_json(v: &Value) -> Result<Self, FieldError> {
-        v.as_bool().ok_or(FieldError::expected("true or false"))
-    }
-}
-
-impl FromJson for String {
-    fn from_json(v: &Value) -> Result<Self, FieldError> {
-        v.as_str()
-            .map(str::to_string)
-            .ok_or(FieldError::expected("a string"))
     }
 }
 
@@ -215,7 +206,7 @@ macro_rules! record {
 
         impl $crate::json::FromJson for $name {
             fn from_json(v: &serde_json::Value) -> Result<Self, $crate::json::FieldError> {
-                let o = $crate::json::object(v)?;
+                let o = $crate::json::object_of(v)?;
                 let mut bad = None;
                 let read = (|| {
                     Some($name {
@@ -271,7 +262,39 @@ macro_rules! named {
     };
 }
 
+/// A JSON object written with `derive(Serialize)`, its fields named once:
+/// `object!(Name { field: value, … })` declares a struct whose fields each
+/// take the type of their value, and builds it. The fields are written in
+/// the order given.
+macro_rules! object {
+    ($name:ident { $( $(#[$m:meta])* $f:ident: $e:expr ),* $(,)? }) => {{
+        #[allow(non_camel_case_types)]
+        let object = {
+            #[derive(serde::Serialize)]
+            struct $name<$($f),*> {
+                $( $(#[$m])* $f: $f, )*
+            }
+            $name { $( $f: $e, )* }
+        };
+        object
+    }};
+}
+
+/// Whether an optional field is absent: `#[serde(skip_serializing_if =
+/// "crate::json::Absent::absent", bound = "field: serde::Serialize +
+/// crate::json::Absent")]` leaves it out of an [`object!`].
+pub trait Absent {
+    fn absent(&self) -> bool;
+}
+
+impl<T> Absent for Option<T> {
+    fn absent(&self) -> bool {
+        self.is_none()
+    }
+}
+
 pub(crate) use named;
+pub(crate) use object;
 pub(crate) use record;
 
 #[cfg(test)]

@@ -28,7 +28,7 @@
 use std::net::IpAddr;
 
 use crate::config::Health;
-use crate::fsm::{DrainPlan, Reason, State};
+use crate::fsm::{DrainPlan, Move, Reason, State};
 
 pub mod query;
 pub mod reply;
@@ -40,8 +40,7 @@ use query::Params;
 use reply::{bad_request, error};
 pub use reply::{illegal, unavailable, Reply};
 pub use status::{
-    status, wait_end, wait_reply, ClockInfo, CountInfo, Footprint, RotationView, TrafficInfo, View,
-    WaitEnd,
+    status, wait_end, wait_reply, CountInfo, Footprint, RotationView, TrafficInfo, View, WaitEnd,
 };
 
 /// What the host hands over of one request on the health listener.
@@ -70,48 +69,28 @@ pub enum Command {
 }
 
 impl Command {
-    pub fn target(self) -> State {
-        match self {
-            Command::Drain | Command::HoldDrain => State::Draining,
-            Command::CloseLb => State::Closing,
-            Command::Close => State::Closed,
-            Command::Reopen | Command::ForceReopen => State::Open,
-            Command::Fault => State::Fault,
+    /// The FSM move this command asks for in `current`: /reopen and /fault
+    /// apply to the current state (`fsm::legal` decides whether that is
+    /// allowed); a drain follows the configured plan.
+    pub fn move_in(self, current: State, cfg: &Health) -> Move {
+        use State::{Closed, Closing, Draining, Open};
+        let (expected_from, to, reason) = match self {
+            Command::Drain | Command::HoldDrain => (Open, Draining, Reason::DrainRequested),
+            Command::CloseLb => (Draining, Closing, Reason::CloseLbRequested),
+            Command::Close => (Closing, Closed, Reason::CloseRequested),
+            Command::Reopen | Command::ForceReopen => (current, Open, Reason::ReopenRequested),
+            Command::Fault => (current, State::Fault, Reason::FaultRequested),
+        };
+        Move {
+            expected_from,
+            to,
+            reason,
+            plan: Some(DrainPlan {
+                hold_closing: self == Command::HoldDrain,
+                ..cfg.plan()
+            }),
+            force: self == Command::ForceReopen,
         }
-    }
-
-    pub fn reason(self) -> Reason {
-        match self {
-            Command::Drain | Command::HoldDrain => Reason::DrainRequested,
-            Command::CloseLb => Reason::CloseLbRequested,
-            Command::Close => Reason::CloseRequested,
-            Command::Reopen | Command::ForceReopen => Reason::ReopenRequested,
-            Command::Fault => Reason::FaultRequested,
-        }
-    }
-
-    /// The state this command moves from. /reopen and /fault apply to the
-    /// current state; `fsm::legal` decides whether that is allowed.
-    pub fn expected_from(self, current: State) -> State {
-        match self {
-            Command::Drain | Command::HoldDrain => State::Open,
-            Command::CloseLb => State::Draining,
-            Command::Close => State::Closing,
-            Command::Reopen | Command::ForceReopen | Command::Fault => current,
-        }
-    }
-
-    /// The plan a drain started by this command follows.
-    pub fn plan(self, cfg: &Health) -> DrainPlan {
-        DrainPlan {
-            hold_closing: self == Command::HoldDrain,
-            ..cfg.plan()
-        }
-    }
-
-    /// Whether the move goes through an active preStop hold.
-    pub fn force(self) -> bool {
-        self == Command::ForceReopen
     }
 }
 
@@ -130,7 +109,7 @@ pub enum Endpoint {
 
 /// One endpoint of the health listener, as the router, the property tests
 /// and the OpenAPI check (`openapi_lists_every_route`) all read it.
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, Debug)]
 pub struct Route {
     pub path: &'static str,
     /// The `Allow` header: every method the endpoint takes.
@@ -139,102 +118,56 @@ pub struct Route {
     pub admin: bool,
     /// The query parameters it takes.
     pub params: &'static [&'static str],
-    /// The endpoint a request with these parameters asks for.
-    endpoint: fn(&Params, &Health) -> Result<Endpoint, Reply>,
+    /// What it answers; its parameters may choose otherwise ([`chosen`]).
+    endpoint: Endpoint,
 }
 
 impl Route {
+    /// A read anyone may make: GET or HEAD, without parameters.
+    const fn read(path: &'static str, endpoint: Endpoint) -> Route {
+        Route {
+            path,
+            allow: "GET, HEAD",
+            admin: false,
+            params: &[],
+            endpoint,
+        }
+    }
+
+    /// An admin command.
+    const fn post(path: &'static str, params: &'static [&'static str], command: Command) -> Route {
+        Route {
+            path,
+            allow: "POST",
+            admin: true,
+            params,
+            endpoint: Endpoint::Transition(command),
+        }
+    }
+
     /// Whether the endpoint takes `method`.
     pub fn allows(&self, method: &str) -> bool {
         self.allow.split(',').any(|m| m.trim_start() == method)
     }
 }
 
-impl std::fmt::Debug for Route {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{} {}", self.allow, self.path)
-    }
-}
-
-const READ: &str = "GET, HEAD";
-
 /// Every endpoint of the health listener.
 pub const ROUTES: [Route; 10] = [
-    Route {
-        path: "/health_check.html",
-        allow: READ,
-        admin: false,
-        params: &[],
-        endpoint: |_, _| Ok(Endpoint::Check(Audience::Lb)),
-    },
-    Route {
-        path: "/health",
-        allow: READ,
-        admin: false,
-        params: &[],
-        endpoint: |_, _| Ok(Endpoint::Check(Audience::Readiness)),
-    },
-    Route {
-        path: "/live",
-        allow: READ,
-        admin: false,
-        params: &[],
-        endpoint: |_, _| Ok(Endpoint::Check(Audience::Liveness)),
-    },
-    Route {
-        path: "/drain/status",
-        allow: READ,
-        admin: false,
-        params: &[],
-        endpoint: |_, _| Ok(Endpoint::Status),
-    },
-    Route {
-        path: "/drain",
-        allow: "POST",
-        admin: true,
-        params: &["wait", "timeout", "hold"],
-        endpoint: drain,
-    },
-    Route {
-        path: "/close-lb",
-        allow: "POST",
-        admin: true,
-        params: &[],
-        endpoint: |_, _| Ok(Endpoint::Transition(Command::CloseLb)),
-    },
-    Route {
-        path: "/close",
-        allow: "POST",
-        admin: true,
-        params: &[],
-        endpoint: |_, _| Ok(Endpoint::Transition(Command::Close)),
-    },
-    Route {
-        path: "/reopen",
-        allow: "POST",
-        admin: true,
-        params: &["force"],
-        endpoint: |p, _| {
-            Ok(Endpoint::Transition(if p.force {
-                Command::ForceReopen
-            } else {
-                Command::Reopen
-            }))
-        },
-    },
-    Route {
-        path: "/fault",
-        allow: "POST",
-        admin: true,
-        params: &[],
-        endpoint: |_, _| Ok(Endpoint::Transition(Command::Fault)),
-    },
+    Route::read("/health_check.html", Endpoint::Check(Audience::Lb)),
+    Route::read("/health", Endpoint::Check(Audience::Readiness)),
+    Route::read("/live", Endpoint::Check(Audience::Liveness)),
+    Route::read("/drain/status", Endpoint::Status),
+    Route::post("/drain", &["wait", "timeout", "hold"], Command::Drain),
+    Route::post("/close-lb", &[], Command::CloseLb),
+    Route::post("/close", &[], Command::Close),
+    Route::post("/reopen", &["force"], Command::Reopen),
+    Route::post("/fault", &[], Command::Fault),
     Route {
         path: "/prestop",
         allow: "GET",
         admin: true,
         params: &["timeout"],
-        endpoint: |p, cfg| Ok(wait(p, cfg)),
+        endpoint: Endpoint::DrainAndWait { timeout_ms: 0 },
     },
 ];
 
@@ -243,35 +176,39 @@ pub fn route_of(path: &str) -> Option<&'static Route> {
     ROUTES.iter().find(|r| r.path == path)
 }
 
-/// A held drain: until CLOSED, or the request's `timeout`.
-fn wait(p: &Params, cfg: &Health) -> Endpoint {
-    Endpoint::DrainAndWait {
+/// The endpoint a request to `route` with these parameters asks for: a held
+/// drain (`wait=closed`, `/prestop`) waits until CLOSED or its `timeout`,
+/// `hold=closing` makes a maintenance drain, `force=true` reopens through a
+/// preStop hold.
+fn chosen(route: &Route, p: &Params, cfg: &Health) -> Result<Endpoint, Reply> {
+    let wait = || Endpoint::DrainAndWait {
         timeout_ms: p.timeout_ms.unwrap_or_else(|| cfg.default_wait_ms()),
-    }
-}
-
-/// `POST /drain`: a drain, a held drain (`wait=closed`) or a maintenance
-/// drain (`hold=closing`).
-fn drain(p: &Params, cfg: &Health) -> Result<Endpoint, Reply> {
-    match (p.wait, p.hold) {
-        (true, true) => Err(bad_request(
-            "hold=closing never reaches CLOSED by itself: drop wait or hold",
-        )),
-        (true, false) => Ok(wait(p, cfg)),
-        (false, _) if p.timeout_ms.is_some() => {
-            Err(bad_request("timeout is only valid with wait=closed"))
+    };
+    Ok(match route.endpoint {
+        Endpoint::DrainAndWait { .. } => wait(),
+        Endpoint::Transition(Command::Reopen) if p.force => {
+            Endpoint::Transition(Command::ForceReopen)
         }
-        (false, true) => Ok(Endpoint::Transition(Command::HoldDrain)),
-        (false, false) => Ok(Endpoint::Transition(Command::Drain)),
-    }
+        Endpoint::Transition(Command::Drain) => match (p.wait, p.hold) {
+            (true, true) => {
+                return Err(bad_request(
+                    "hold=closing never reaches CLOSED by itself: drop wait or hold",
+                ))
+            }
+            (true, false) => wait(),
+            (false, _) if p.timeout_ms.is_some() => {
+                return Err(bad_request("timeout is only valid with wait=closed"))
+            }
+            (false, true) => Endpoint::Transition(Command::HoldDrain),
+            (false, false) => Endpoint::Transition(Command::Drain),
+        },
+        e => e,
+    })
 }
 
 /// Maps a request to an endpoint, or to the error answer (400, 401, 403, 404, 405).
 pub fn route(req: &Request, cfg: &Health) -> Result<Endpoint, Reply> {
-    let (path, query) = match req.path.split_once('?') {
-        Some((p, q)) => (p, q),
-        None => (req.path, ""),
-    };
+    let (path, query) = req.path.split_once('?').unwrap_or((req.path, ""));
     let Some(route) = route_of(path) else {
         return Err(error(
             404,
@@ -291,14 +228,15 @@ pub fn route(req: &Request, cfg: &Health) -> Result<Endpoint, Reply> {
         authorize(req, cfg)?;
     }
     let params = Params::parse(query, route.params)?;
-    (route.endpoint)(&params, cfg)
+    chosen(route, &params, cfg)
 }
 
 fn authorize(req: &Request, cfg: &Health) -> Result<(), Reply> {
-    if let Some(ip) = req.source {
-        if cfg.admin_allow.iter().any(|c| c.contains(ip)) {
-            return Ok(());
-        }
+    if req
+        .source
+        .is_some_and(|ip| cfg.admin_allow.iter().any(|c| c.contains(ip)))
+    {
+        return Ok(());
     }
     if cfg.admin_tokens.is_empty() {
         return Err(error(
@@ -311,18 +249,16 @@ fn authorize(req: &Request, cfg: &Health) -> Result<(), Reply> {
         let (scheme, token) = h.trim().split_once(' ')?;
         scheme.eq_ignore_ascii_case("bearer").then(|| token.trim())
     });
-    match presented {
-        Some(t)
-            if cfg
-                .admin_tokens
-                .iter()
-                .any(|k| constant_time_eq(t.as_bytes(), k.as_bytes())) =>
-        {
-            Ok(())
-        }
-        _ => Err(error(401, "unauthorized", "missing or wrong bearer token")
-            .with("www-authenticate", "Bearer realm=\"drain-gate\"")),
+    let known = |t: &str| {
+        cfg.admin_tokens
+            .iter()
+            .any(|k| constant_time_eq(t.as_bytes(), k.as_bytes()))
+    };
+    if presented.is_some_and(known) {
+        return Ok(());
     }
+    Err(error(401, "unauthorized", "missing or wrong bearer token")
+        .with("www-authenticate", "Bearer realm=\"drain-gate\""))
 }
 
 fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
@@ -395,18 +331,20 @@ pub(crate) mod tests {
     #[test]
     fn maintenance_drain_and_forced_reopen_commands() {
         let c = cfg();
-        assert!(Command::HoldDrain.plan(&c).hold_closing);
-        assert!(!Command::Drain.plan(&c).hold_closing);
-        assert_eq!(Command::HoldDrain.target(), State::Draining);
-        assert_eq!(
-            Command::HoldDrain.expected_from(State::Closing),
-            State::Open
+        let hold = Command::HoldDrain.move_in(State::Closing, &c);
+        assert!(hold.plan.unwrap().hold_closing);
+        assert!(
+            !Command::Drain
+                .move_in(State::Open, &c)
+                .plan
+                .unwrap()
+                .hold_closing
         );
-        assert!(Command::ForceReopen.force() && !Command::Reopen.force());
-        assert_eq!(
-            Command::ForceReopen.expected_from(State::Closing),
-            State::Closing
-        );
+        assert_eq!(hold.to, State::Draining);
+        assert_eq!(hold.expected_from, State::Open);
+        let reopen = |cmd: Command| cmd.move_in(State::Closing, &c);
+        assert!(reopen(Command::ForceReopen).force && !reopen(Command::Reopen).force);
+        assert_eq!(reopen(Command::ForceReopen).expected_from, State::Closing);
     }
 
     #[test]

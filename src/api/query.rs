@@ -62,44 +62,31 @@ impl Params {
     }
 
     fn set(&mut self, name: &str, value: &[u8]) -> Result<(), Reply> {
-        let flag = match name {
-            "wait" => Some((
-                &mut self.wait,
-                &b"closed"[..],
-                "wait: the only value is \"closed\"",
-            )),
-            "hold" => Some((
-                &mut self.hold,
-                &b"closing"[..],
-                "hold: the only value is \"closing\"",
-            )),
-            "force" => Some((
-                &mut self.force,
-                &b"true"[..],
-                "force: the only value is \"true\"",
-            )),
-            _ => None,
-        };
-        if let Some((field, only, problem)) = flag {
-            if value != only {
-                return Err(bad_request(problem));
-            }
-            *field = true;
-            return Ok(());
-        }
-        let ms = std::str::from_utf8(value)
-            .ok()
-            .and_then(|v| duration::parse_ms(v).ok());
-        match ms {
-            Some(ms) if ms > 0 && ms <= duration::MAX_MS => {
+        let (flag, only) = match name {
+            "wait" => (&mut self.wait, "closed"),
+            "hold" => (&mut self.hold, "closing"),
+            "force" => (&mut self.force, "true"),
+            _ => {
+                let ms = std::str::from_utf8(value)
+                    .ok()
+                    .and_then(|v| duration::parse_ms(v).ok());
+                let Some(ms) = ms.filter(|ms| (1..=duration::MAX_MS).contains(ms)) else {
+                    return Err(bad_request(&format!(
+                        "timeout: expected a duration from 1ms to {}, e.g. 90s",
+                        duration::format_ms(duration::MAX_MS)
+                    )));
+                };
                 self.timeout_ms = Some(ms);
-                Ok(())
+                return Ok(());
             }
-            _ => Err(bad_request(&format!(
-                "timeout: expected a duration from 1ms to {}, e.g. 90s",
-                duration::format_ms(duration::MAX_MS)
-            ))),
+        };
+        if value != only.as_bytes() {
+            return Err(bad_request(&format!(
+                "{name}: the only value is \"{only}\""
+            )));
         }
+        *flag = true;
+        Ok(())
     }
 }
 
@@ -206,6 +193,24 @@ mod tests {
         }
         // Bytes that decode to no UTF-8 are simply not a duration.
         assert!(message("timeout=%ff", DRAIN).starts_with("timeout: expected a duration"));
+    }
+
+    #[test]
+    fn a_flag_takes_its_one_value() {
+        assert_eq!(
+            message("wait=open", DRAIN),
+            "wait: the only value is \"closed\""
+        );
+        assert_eq!(
+            message("hold=1", &["hold"]),
+            "hold: the only value is \"closing\""
+        );
+        assert_eq!(
+            message("force=1", &["force"]),
+            "force: the only value is \"true\""
+        );
+        assert!(message("timeout=0s", DRAIN)
+            .starts_with("timeout: expected a duration from 1ms to 60m"));
     }
 
     #[test]

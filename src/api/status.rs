@@ -6,12 +6,13 @@ use serde::Serialize;
 use super::reply::Reply;
 use crate::clock::{rfc3339, Now, Steps, Timers};
 use crate::fsm::{CloseAfter, Record, State};
-use crate::in_flight::{Histogram, InFlight};
-use crate::lb::{Checkers, Detection, Gate, Interval, Wait};
+use crate::in_flight::InFlight;
+use crate::json::object;
+use crate::lb::{Checkers, Detection, Wait};
 use crate::receipt::Tally;
 use crate::refusal::Refusal;
 use crate::rotation;
-use crate::sizing::{self, Advice, Durations, DurationsOut};
+use crate::sizing::{self, Durations};
 
 /// How the active count is kept; reported in the status.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -66,30 +67,15 @@ pub struct Footprint {
     pub shared_keys: u64,
 }
 
-/// Which clock the timers run on, and the wall-clock steps seen so far;
-/// reported in the status.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct ClockInfo {
-    pub timers: Timers,
-    pub steps: Steps,
-}
-
-impl ClockInfo {
-    pub fn new(timers: Timers, steps: &Steps) -> ClockInfo {
-        ClockInfo {
-            timers,
-            steps: *steps,
-        }
-    }
-}
-
 /// Everything a status answer shows.
 #[derive(Clone, Copy, Debug)]
 pub struct View<'a> {
     pub rec: &'a Record,
     pub active: u64,
     pub now: Now,
-    pub clock: ClockInfo,
+    /// Which clock the timers run on, and the wall-clock steps seen so far.
+    pub timers: Timers,
+    pub steps: Steps,
     /// Every worker's streams in flight by age, as of their last tick, set
     /// beside the count (`InFlight::beside_count`).
     pub in_flight: InFlight,
@@ -129,104 +115,226 @@ pub struct RotationView<'a> {
     pub last: Option<&'a rotation::Record>,
 }
 
-#[derive(Serialize)]
-struct RotationOut<'a> {
-    enabled: bool,
-    cluster: Option<&'a str>,
-    admin_path: &'static str,
-    last: Option<RotationLast<'a>>,
+/// A time of the timers' clock, shown on the wall clock.
+fn on_wall(now: Now, t: u64) -> String {
+    rfc3339(now.wall_ms.saturating_sub(age(now, t)))
 }
 
-#[derive(Serialize)]
-struct RotationLast<'a> {
-    drain_started_at: String,
-    /// What made it due: `soft_drain_gate` (the LB stopped sending here), `flip` or `refusing`.
-    trigger: Option<rotation::Trigger>,
-    outcome: rotation::Outcome,
-    requested_at: Option<String>,
-    answered_at: Option<String>,
-    admin_status: Option<u16>,
-    error: Option<&'a str>,
+/// How long ago a time of the timers' clock was.
+fn age(now: Now, t: u64) -> u64 {
+    now.timer_ms().saturating_sub(t)
 }
 
-fn rotation_out<'a>(v: &RotationView<'a>) -> RotationOut<'a> {
-    RotationOut {
-        enabled: v.cluster.is_some(),
-        cluster: v.cluster,
-        admin_path: rotation::ADMIN_PATH,
-        last: v.last.map(|r| RotationLast {
-            drain_started_at: rfc3339(r.drain_started_ms),
-            trigger: r.trigger,
-            outcome: r.outcome,
-            requested_at: r.requested_ms.map(rfc3339),
-            answered_at: r.answered_ms.map(rfc3339),
-            admin_status: r.admin_status,
-            error: r.error.as_deref(),
+/// The status document; `wait` names how a held wait ended (`closed`), and
+/// is left out of `GET /drain/status`.
+fn document<'a>(v: &'a View<'a>, wait: Option<&'static str>) -> impl Serialize + 'a {
+    let r = v.rec;
+    let now = v.now.timer_ms();
+    let shown = |t: u64| on_wall(v.now, t);
+    let placeholders = crate::placeholder::action(
+        v.traffic.placeholders,
+        v.traffic.placeholders_serving,
+        v.checkers.announced_ms.is_some(),
+        r.state,
+    );
+    let answers =
+        crate::answer::verdict(r.state, v.traffic.seen, placeholders, v.draining_lb_status);
+    let draining = r.state == State::Draining;
+    let since = r.drain_started_timer_ms().unwrap_or(0);
+    let (f, t) = (&v.in_flight, &v.receipt);
+    object!(Status {
+        state: r.state,
+        ready: answers.ready,
+        live: answers.live,
+        lb_status: answers.lb_status,
+        active: v.active,
+        count: v.count,
+        waiting_for: answers.waiting_for,
+        traffic: v.traffic,
+        // Every worker's streams in flight by age, and how old that list is.
+        in_flight: object!(InFlight {
+            oldest_age_ms: f.oldest_age_ms,
+            ages: f.ages,
+            // When the list was true (`null`: no worker's summary, and no count of 0).
+            as_of: f.as_of_ms.map(shown),
+            age_ms: f.as_of_ms.map(|t| age(v.now, t)),
+            // Some listed streams have ended since `as_of`: the count is below the list.
+            older_than_count: f.older_than_count,
         }),
-    }
-}
-
-#[derive(Serialize)]
-struct StepOut {
-    from: State,
-    to: State,
-    reason: &'static str,
-    at: String,
-    active: u64,
-}
-
-#[derive(Serialize)]
-struct Progress {
-    reason: &'static str,
-    forced: bool,
-    since: String,
-    drain_started_at: Option<String>,
-    closing_at: Option<String>,
-    closed_at: Option<String>,
-    drain_duration_ms: Option<u64>,
-    active_at_closing: Option<u64>,
-    min_drain_ms: Option<u64>,
-    drain_timeout_ms: Option<u64>,
-    lb_buffer_ms: Option<u64>,
-    /// A maintenance drain: CLOSING lasts until `/reopen` or `/close`.
-    hold_closing: bool,
-    /// Until when an active preStop hold refuses `/reopen` (renewed while held).
-    prestop_hold_until: Option<String>,
-    transitions: Vec<StepOut>,
-}
-
-#[derive(Serialize)]
-struct CheckerOut<'a> {
-    source: &'a str,
-    consecutive_non_200: u32,
-    consecutive_503: u32,
-    last_seen: String,
-    last_404: Option<String>,
-    /// Its check interval, measured from the gaps between its checks.
-    check_interval: Interval,
+        // The drain's timeline: reason, timestamps, the plan it runs and its
+        // last transitions.
+        progress: object!(Progress {
+            reason: r.reason.name(),
+            forced: r.forced,
+            since: rfc3339(r.since_ms),
+            drain_started_at: r.drain_started_ms.map(rfc3339),
+            closing_at: r.closing_ms.map(rfc3339),
+            closed_at: r.closed_ms.map(rfc3339),
+            drain_duration_ms: r.drain_duration_ms(v.now),
+            active_at_closing: r.active_at_closing,
+            min_drain_ms: r.plan.map(|p| p.min_drain_ms),
+            drain_timeout_ms: r.plan.map(|p| p.drain_timeout_ms),
+            lb_buffer_ms: r.plan.map(|p| p.lb_buffer_ms),
+            // A maintenance drain: CLOSING lasts until `/reopen` or `/close`.
+            hold_closing: r.holds_closing(),
+            // Until when an active preStop hold refuses `/reopen` (renewed while held).
+            prestop_hold_until: r.active_hold(v.now).map(|h| rfc3339(h.until_ms())),
+            transitions: r
+                .history
+                .iter()
+                .map(|s| {
+                    object!(Step {
+                        from: s.from,
+                        to: s.to,
+                        reason: s.reason.name(),
+                        at: rfc3339(s.at_ms),
+                        active: s.active,
+                    })
+                })
+                .collect::<Vec<_>>(),
+        }),
+        // What each LB checker has been answered, and whether the LB saw the
+        // drain. The record keeps timer-clock times; they are shown on the
+        // wall clock.
+        lb: object!(Lb {
+            close_after: v.close_after,
+            lb_fall: v.lb_fall,
+            observed_down: v.checkers.all_down(now, v.lb_fall),
+            observed_down_at: v.checkers.down_since(now, v.lb_fall).map(shown),
+            // DRAINING: at least one live checker, and every one has been
+            // served a 404 since the drain began. Never true when no checker asked.
+            saw_drain: draining && v.checkers.saw_drain(since, now),
+            // A gated soft drain: what its active = 0 flip waits for (`null`
+            // when no gated drain is running).
+            gate: r
+                .plan
+                .filter(|p| p.lb_gate && draining)
+                .map(|p| v.checkers.gate(since, now, p.lb_gate_needs_checker)),
+            // Checkers that asked within the last 30 s.
+            live_checkers: v.checkers.live_count(now),
+            // Since the drain began (`null`: no drain yet), has any LB check
+            // reached this gateway? False longer than a check interval: the
+            // LB's checks of its node reach another pod, and never see this
+            // one's 503.
+            checked_in_drain: r
+                .drain_started_timer_ms()
+                .map(|t| v.checkers.checked_since(t)),
+            checkers: v
+                .checkers
+                .list
+                .iter()
+                .map(|c| {
+                    object!(Checker {
+                        source: &c.source,
+                        consecutive_non_200: c.consecutive_non_200,
+                        consecutive_503: c.consecutive_503,
+                        last_seen: shown(c.last_seen_ms),
+                        last_404: c.last_404_ms.map(shown),
+                        // Its check interval, measured from the gaps between its checks.
+                        check_interval: c.interval(),
+                    })
+                })
+                .collect::<Vec<_>>(),
+            // `null` until a live checker's interval is measured.
+            detection: v
+                .checkers
+                .detection(now, v.lb_fall, v.lb_wait)
+                .map(detection),
+            // Checks from sources outside `lb_checkers`; `count`: answered but
+            // not recorded, since the process started.
+            ignored_checks: object!(Ignored {
+                count: v.ignored_checks,
+                last_source: v.checkers.ignored.as_ref().map(|i| i.source.as_str()),
+                last_source_since: v.checkers.ignored.as_ref().map(|i| shown(i.since_ms)),
+            }),
+        }),
+        connection_rotation: object!(Rotation {
+            enabled: v.rotation.cluster.is_some(),
+            cluster: v.rotation.cluster,
+            admin_path: rotation::ADMIN_PATH,
+            last: v.rotation.last.map(|r| {
+                object!(RotationLast {
+                    drain_started_at: rfc3339(r.drain_started_ms),
+                    // What made it due: `soft_drain_gate` (the LB stopped
+                    // sending here), `flip` or `refusing`.
+                    trigger: r.trigger,
+                    outcome: r.outcome,
+                    requested_at: r.requested_ms.map(rfc3339),
+                    answered_at: r.answered_ms.map(rfc3339),
+                    admin_status: r.admin_status,
+                    error: r.error.as_deref(),
+                })
+            }),
+        }),
+        clock: object!(Clock {
+            timers: v.timers,
+            steps: v.steps.count,
+            last_step_ms: v.steps.last_step_ms,
+            last_step_at: v.steps.last_step_wall_ms.map(rfc3339),
+        }),
+        footprint: v.footprint,
+        // Streams and connections the current (or last) drain cut (`receipt` has the rest).
+        cut: t.cut,
+        // The current (or last) drain's receipt.
+        receipt: object!(Receipt {
+            // The drain these count (`null` before the first).
+            drain_started_at: r.drain_started_ms.map(rfc3339),
+            cut: t.cut,
+            cut_http: t.cut.saturating_sub(t.cut_tcp),
+            cut_tcp: t.cut_tcp,
+            // Cut by the LB at its DOWN (`crate::lb::Checkers::cut_by_lb`).
+            cut_lb: t.cut_lb,
+            // Every other cut: a client that gave up by itself (or an LB whose
+            // checks drain-gate does not see).
+            cut_other: t.cut.saturating_sub(t.cut_lb),
+            completed: t.completed,
+            // `completed` counts the completed ends up to this moment: the
+            // oldest of the workers' last ticks (each counts its own at its tick).
+            completed_as_of: f.ticked_ms.map(shown),
+            completed_age_ms: f.ticked_ms.map(|t| age(v.now, t)),
+            ended_upstream: t.ended_upstream,
+            refused: t.refused,
+        }),
+        refusing: object!(Refusing {
+            // `draining_new_requests`: `serve` or `refuse`.
+            mode: v.new_requests,
+            // `refused_requests`: which requests (gRPC apart) are refused.
+            requests: v.refusal.requests.name(),
+            // `draining_grpc_requests`: gRPC requests `serve`d or `refuse`d too.
+            grpc: v.refusal.grpc.name(),
+            // `refuse_with`: `response` (the 503) or `reset`.
+            refuse_with: v.refusal.with.name(),
+            // New requests are being refused now (refuse mode, and a drain running).
+            active: v.new_requests == "refuse" && r.state != State::Open,
+            // Requests refused in the current (or last) drain.
+            this_drain: t.refused,
+        }),
+        durations: v.durations.out(),
+        advice: sizing::advise(&v.durations, v.closing_ms, v.scrape_ms),
+        #[serde(
+            skip_serializing_if = "crate::json::Absent::absent",
+            bound = "wait: Serialize + crate::json::Absent"
+        )]
+        wait: wait,
+    })
 }
 
 /// The LB's detection of the flip as measured, beside what CLOSING waits.
-#[derive(Serialize)]
-struct DetectionOut<'a> {
-    /// The live checker with the longest measured interval.
-    checker: &'a str,
-    check_interval_ms: u64,
-    lb_fall: u32,
-    /// `lb_fall` × `check_interval_ms`: the LB's DOWN after the flip, at the latest.
-    detection_ms: u64,
-    /// `lb_buffer`, or `lb_down_timeout` with `close_after: lb_observed_down`.
-    wait: &'static str,
-    wait_ms: u64,
-    /// How much `wait_ms` falls short of `detection_ms` (0: it covers it).
-    short_ms: u64,
-    /// Set when it falls short: what that means.
-    warning: Option<String>,
-}
-
-impl<'a> From<Detection<'a>> for DetectionOut<'a> {
-    fn from(d: Detection<'a>) -> DetectionOut<'a> {
-        let warning = (d.short_ms > 0).then(|| {
+fn detection(d: Detection<'_>) -> impl Serialize + '_ {
+    object!(Detection {
+        // The live checker with the longest measured interval.
+        checker: d.checker,
+        check_interval_ms: d.interval_ms,
+        lb_fall: d.lb_fall,
+        // `lb_fall` × `check_interval_ms`: the LB's DOWN after the flip, at the latest.
+        detection_ms: d.detection_ms,
+        // `lb_buffer`, or `lb_down_timeout` with `close_after: lb_observed_down`.
+        wait: d.wait.name,
+        wait_ms: d.wait.ms,
+        // How much `wait_ms` falls short of `detection_ms` (0: it covers it).
+        short_ms: d.short_ms,
+        // Set when it falls short: what that means.
+        warning: (d.short_ms > 0).then(|| {
             format!(
                 "{} ({} ms) is {} ms shorter than the LB's detection: lb_fall {} × the {} ms \
                  between checks measured from {} = {} ms; CLOSED, and the pod's exit, may come \
@@ -241,315 +349,13 @@ impl<'a> From<Detection<'a>> for DetectionOut<'a> {
                 d.wait.name,
                 d.detection_ms
             )
-        });
-        DetectionOut {
-            checker: d.checker,
-            check_interval_ms: d.interval_ms,
-            lb_fall: d.lb_fall,
-            detection_ms: d.detection_ms,
-            wait: d.wait.name,
-            wait_ms: d.wait.ms,
-            short_ms: d.short_ms,
-            warning,
-        }
-    }
-}
-
-#[derive(Serialize)]
-struct IgnoredOut<'a> {
-    /// Checks answered but not recorded, since the process started.
-    count: u64,
-    last_source: Option<&'a str>,
-    last_source_since: Option<String>,
-}
-
-#[derive(Serialize)]
-struct Lb<'a> {
-    close_after: CloseAfter,
-    lb_fall: u32,
-    observed_down: bool,
-    observed_down_at: Option<String>,
-    /// DRAINING: at least one live checker, and every one has been served a
-    /// 404 since the drain began. Never true when no checker asked.
-    saw_drain: bool,
-    /// A gated soft drain: what its active = 0 flip waits for (`null` when
-    /// no gated drain is running).
-    gate: Option<Gate>,
-    /// Checkers that asked within the last 30 s.
-    live_checkers: usize,
-    /// Since the drain began (`null`: no drain yet), has any LB check reached this
-    /// gateway? False longer than a check interval: the LB's checks of its node
-    /// reach another pod, and never see this one's 503.
-    checked_in_drain: Option<bool>,
-    checkers: Vec<CheckerOut<'a>>,
-    /// `null` until a live checker's interval is measured.
-    detection: Option<DetectionOut<'a>>,
-    /// Checks from sources outside `lb_checkers`.
-    ignored_checks: IgnoredOut<'a>,
-}
-
-#[derive(Serialize)]
-struct ClockOut {
-    timers: Timers,
-    steps: u64,
-    last_step_ms: Option<i64>,
-    last_step_at: Option<String>,
-}
-
-impl From<ClockInfo> for ClockOut {
-    fn from(c: ClockInfo) -> ClockOut {
-        ClockOut {
-            timers: c.timers,
-            steps: c.steps.count,
-            last_step_ms: c.steps.last_step_ms,
-            last_step_at: c.steps.last_step_wall_ms.map(rfc3339),
-        }
-    }
-}
-
-/// Every worker's streams in flight by age, and how old that list is.
-#[derive(Serialize)]
-struct InFlightOut {
-    oldest_age_ms: Option<u64>,
-    ages: Histogram,
-    /// When the list was true (`null`: no worker's summary, and no count of 0).
-    as_of: Option<String>,
-    age_ms: Option<u64>,
-    /// Some listed streams have ended since `as_of`: the count is below the list.
-    older_than_count: bool,
-}
-
-fn in_flight_out(v: &View) -> InFlightOut {
-    let f = &v.in_flight;
-    InFlightOut {
-        oldest_age_ms: f.oldest_age_ms,
-        ages: f.ages,
-        as_of: f.as_of_ms.map(|t| on_wall(v.now, t)),
-        age_ms: f.as_of_ms.map(|t| age(v.now, t)),
-        older_than_count: f.older_than_count,
-    }
-}
-
-/// A time of the timers' clock, shown on the wall clock.
-fn on_wall(now: Now, t: u64) -> String {
-    rfc3339(now.wall_ms.saturating_sub(age(now, t)))
-}
-
-/// How long ago a time of the timers' clock was.
-fn age(now: Now, t: u64) -> u64 {
-    now.timer_ms().saturating_sub(t)
-}
-
-/// The current (or last) drain's receipt.
-#[derive(Serialize)]
-struct ReceiptOut {
-    /// The drain these count (`null` before the first).
-    drain_started_at: Option<String>,
-    cut: u64,
-    cut_http: u64,
-    cut_tcp: u64,
-    /// Cut by the LB at its DOWN (`crate::lb::Checkers::cut_by_lb`).
-    cut_lb: u64,
-    /// Every other cut: a client that gave up by itself (or an LB whose checks drain-gate does not see).
-    cut_other: u64,
-    completed: u64,
-    /// `completed` counts the completed ends up to this moment: the oldest
-    /// of the workers' last ticks (each counts its own at its tick).
-    completed_as_of: Option<String>,
-    completed_age_ms: Option<u64>,
-    ended_upstream: u64,
-    refused: u64,
-}
-
-#[derive(Serialize)]
-struct Refusing {
-    /// `draining_new_requests`: `serve` or `refuse`.
-    mode: &'static str,
-    /// `refused_requests`: which requests (gRPC apart) are refused.
-    requests: &'static str,
-    /// `draining_grpc_requests`: gRPC requests `serve`d or `refuse`d too.
-    grpc: &'static str,
-    /// `refuse_with`: `response` (the 503) or `reset`.
-    refuse_with: &'static str,
-    /// New requests are being refused now (refuse mode, and a drain running).
-    active: bool,
-    /// Requests refused in the current (or last) drain.
-    this_drain: u64,
-}
-
-#[derive(Serialize)]
-struct Status<'a> {
-    state: State,
-    ready: bool,
-    live: bool,
-    lb_status: u16,
-    active: u64,
-    count: CountInfo,
-    /// `traffic_role` while no traffic role has registered, `filter_config`
-    /// while a placeholder runs on a gateway not yet announced: the gateway is
-    /// not announced (LB check and readiness 503).
-    waiting_for: Option<&'static str>,
-    traffic: TrafficInfo,
-    in_flight: InFlightOut,
-    progress: Progress,
-    lb: Lb<'a>,
-    connection_rotation: RotationOut<'a>,
-    clock: ClockOut,
-    footprint: Footprint,
-    /// Streams and connections the current (or last) drain cut (`receipt` has the rest).
-    cut: u64,
-    receipt: ReceiptOut,
-    refusing: Refusing,
-    durations: DurationsOut,
-    advice: Advice,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    error: Option<&'a str>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    wait: Option<&'a str>,
-}
-
-fn status_body<'a>(v: &View<'a>, error: Option<&'a str>, wait: Option<&'a str>) -> Status<'a> {
-    let r = v.rec;
-    let placeholders = crate::placeholder::action(
-        v.traffic.placeholders,
-        v.traffic.placeholders_serving,
-        v.checkers.announced_ms.is_some(),
-        r.state,
-    );
-    let answers =
-        crate::answer::verdict(r.state, v.traffic.seen, placeholders, v.draining_lb_status);
-    Status {
-        state: r.state,
-        ready: answers.ready,
-        live: answers.live,
-        lb_status: answers.lb_status,
-        active: v.active,
-        count: v.count,
-        waiting_for: answers.waiting_for,
-        traffic: v.traffic,
-        in_flight: in_flight_out(v),
-        progress: progress(v),
-        lb: lb_out(v),
-        connection_rotation: rotation_out(&v.rotation),
-        clock: v.clock.into(),
-        footprint: v.footprint,
-        cut: v.receipt.cut,
-        receipt: receipt_out(v),
-        refusing: Refusing {
-            mode: v.new_requests,
-            requests: v.refusal.requests.name(),
-            grpc: v.refusal.grpc.name(),
-            refuse_with: v.refusal.with.name(),
-            active: v.new_requests == "refuse" && r.state != State::Open,
-            this_drain: v.receipt.refused,
-        },
-        durations: v.durations.out(),
-        advice: sizing::advise(&v.durations, v.closing_ms, v.scrape_ms),
-        error,
-        wait,
-    }
-}
-
-fn receipt_out(v: &View) -> ReceiptOut {
-    let t = &v.receipt;
-    ReceiptOut {
-        drain_started_at: v.rec.drain_started_ms.map(rfc3339),
-        cut: t.cut,
-        cut_http: t.cut.saturating_sub(t.cut_tcp),
-        cut_tcp: t.cut_tcp,
-        cut_lb: t.cut_lb,
-        cut_other: t.cut.saturating_sub(t.cut_lb),
-        completed: t.completed,
-        completed_as_of: v.in_flight.ticked_ms.map(|t| on_wall(v.now, t)),
-        completed_age_ms: v.in_flight.ticked_ms.map(|t| age(v.now, t)),
-        ended_upstream: t.ended_upstream,
-        refused: t.refused,
-    }
-}
-
-/// The drain's timeline: reason, timestamps, the plan it runs and its last
-/// transitions.
-fn progress(v: &View) -> Progress {
-    let r = v.rec;
-    Progress {
-        reason: r.reason.name(),
-        forced: r.forced,
-        since: rfc3339(r.since_ms),
-        drain_started_at: r.drain_started_ms.map(rfc3339),
-        closing_at: r.closing_ms.map(rfc3339),
-        closed_at: r.closed_ms.map(rfc3339),
-        drain_duration_ms: r.drain_duration_ms(v.now),
-        active_at_closing: r.active_at_closing,
-        min_drain_ms: r.plan.map(|p| p.min_drain_ms),
-        drain_timeout_ms: r.plan.map(|p| p.drain_timeout_ms),
-        lb_buffer_ms: r.plan.map(|p| p.lb_buffer_ms),
-        hold_closing: r.holds_closing(),
-        prestop_hold_until: r.active_hold(v.now).map(|h| rfc3339(h.until_ms())),
-        transitions: r
-            .history
-            .iter()
-            .map(|s| StepOut {
-                from: s.from,
-                to: s.to,
-                reason: s.reason.name(),
-                at: rfc3339(s.at_ms),
-                active: s.active,
-            })
-            .collect(),
-    }
-}
-
-/// What each LB checker has been answered, and whether the LB saw the drain.
-/// The record keeps timer-clock times; they are shown on the wall clock.
-fn lb_out<'a>(v: &View<'a>) -> Lb<'a> {
-    let r = v.rec;
-    let now = v.now.timer_ms();
-    let shown = |t: u64| on_wall(v.now, t);
-    let draining = r.state == State::Draining;
-    let since = r.drain_started_timer_ms().unwrap_or(0);
-    let gate = r
-        .plan
-        .filter(|p| p.lb_gate && draining)
-        .map(|p| v.checkers.gate(since, now, p.lb_gate_needs_checker));
-    Lb {
-        close_after: v.close_after,
-        lb_fall: v.lb_fall,
-        observed_down: v.checkers.all_down(now, v.lb_fall),
-        observed_down_at: v.checkers.down_since(now, v.lb_fall).map(shown),
-        saw_drain: draining && v.checkers.saw_drain(since, now),
-        gate,
-        live_checkers: v.checkers.live_count(now),
-        checked_in_drain: r
-            .drain_started_timer_ms()
-            .map(|t| v.checkers.checked_since(t)),
-        checkers: v
-            .checkers
-            .list
-            .iter()
-            .map(|c| CheckerOut {
-                source: &c.source,
-                consecutive_non_200: c.consecutive_non_200,
-                consecutive_503: c.consecutive_503,
-                last_seen: shown(c.last_seen_ms),
-                last_404: c.last_404_ms.map(shown),
-                check_interval: c.interval(),
-            })
-            .collect(),
-        detection: v
-            .checkers
-            .detection(now, v.lb_fall, v.lb_wait)
-            .map(DetectionOut::from),
-        ignored_checks: IgnoredOut {
-            count: v.ignored_checks,
-            last_source: v.checkers.ignored.as_ref().map(|i| i.source.as_str()),
-            last_source_since: v.checkers.ignored.as_ref().map(|i| shown(i.since_ms)),
-        },
-    }
+        }),
+    })
 }
 
 /// `GET /drain/status` and the answer to a successful transition.
 pub fn status(v: &View) -> Reply {
-    Reply::json(200, &status_body(v, None, None))
+    Reply::json(200, &document(v, None))
 }
 
 /// How a held `wait=closed` ends.
@@ -577,56 +383,38 @@ pub fn wait_end(state: State, timed_out: bool, lingering: bool) -> Option<WaitEn
     }
 }
 
-#[derive(Serialize)]
-struct WaitError {
-    error: &'static str,
-    message: &'static str,
-    state: State,
-    active: u64,
-    wait: &'static str,
-}
-
 /// The final answer of a held wait: at CLOSED the status with `wait:
 /// "closed"`; an abort or a timeout a small error (whatever the number of LB
 /// checkers) naming the state it ended in — `GET /drain/status` has the rest.
 pub fn wait_reply(end: WaitEnd, v: &View) -> Reply {
-    let (code, error, message, wait) = match end {
-        WaitEnd::Closed => return Reply::json(200, &status_body(v, None, Some("closed"))),
-        WaitEnd::Aborted => (
-            409,
-            "drain_aborted",
-            "the drain was abandoned (reopen or fault) before CLOSED; see GET /drain/status",
-            "aborted",
-        ),
-        WaitEnd::InFault => (
-            409,
-            "in_fault",
-            "the gateway is in FAULT: no drain was started and none can be; FAULT ends only \
-             with a restart of istio-proxy",
-            "fault",
-        ),
-        WaitEnd::TimedOut => (
-            504,
-            "wait_timeout",
-            "not CLOSED within the timeout; the drain goes on; see GET /drain/status",
-            "timeout",
-        ),
+    let (code, error, wait, message) = match end {
+        WaitEnd::Closed => return Reply::json(200, &document(v, Some("closed"))),
+        WaitEnd::Aborted => (409, "drain_aborted", "aborted", ABORTED),
+        WaitEnd::InFault => (409, "in_fault", "fault", IN_FAULT),
+        WaitEnd::TimedOut => (504, "wait_timeout", "timeout", TIMED_OUT),
     };
-    let body = WaitError {
-        error,
-        message,
+    let body = object!(WaitError {
+        error: error,
+        message: message,
         state: v.rec.state,
         active: v.active,
-        wait,
-    };
+        wait: wait,
+    });
     Reply::json(code, &body)
 }
+
+const ABORTED: &str =
+    "the drain was abandoned (reopen or fault) before CLOSED; see GET /drain/status";
+const IN_FAULT: &str = "the gateway is in FAULT: no drain was started and none can be; FAULT ends \
+    only with a restart of istio-proxy";
+const TIMED_OUT: &str = "not CLOSED within the timeout; the drain goes on; see GET /drain/status";
 
 #[cfg(test)]
 #[allow(clippy::unwrap_used, clippy::indexing_slicing)]
 mod tests {
     use super::*;
     use crate::api::reply::tests::body;
+    use crate::in_flight::Histogram;
 
     /// Calls `f` with a status view of an OPEN gateway: 3 in flight, a clock step seen.
     fn sample<R>(f: impl FnOnce(View) -> R) -> R {
@@ -636,15 +424,13 @@ mod tests {
             rec: &rec,
             active: 3,
             now: Now::wall(1_764_000_000_500),
-            clock: ClockInfo::new(
-                Timers::Monotonic,
-                &Steps {
-                    offset_ms: Some(5),
-                    count: 2,
-                    last_step_ms: Some(-3_600_000),
-                    last_step_wall_ms: Some(1_764_000_000_000),
-                },
-            ),
+            timers: Timers::Monotonic,
+            steps: Steps {
+                offset_ms: Some(5),
+                count: 2,
+                last_step_ms: Some(-3_600_000),
+                last_step_wall_ms: Some(1_764_000_000_000),
+            },
             in_flight: InFlight {
                 oldest_age_ms: Some(2_300),
                 ages: Histogram {

@@ -151,13 +151,7 @@ impl<H: Host> Health<H> {
     /// Moves the FSM for an admin command, then applies whatever became due
     /// (a drain with nothing in flight flips at once).
     pub(super) fn command(&self, cmd: api::Command) -> Result<Record, store::TransitionError> {
-        self.advance(&|r: &Record| Move {
-            expected_from: cmd.expected_from(r.state),
-            to: cmd.target(),
-            reason: cmd.reason(),
-            plan: Some(cmd.plan(&self.config)),
-            force: cmd.force(),
-        })
+        self.advance(&|r: &Record| cmd.move_in(r.state, &self.config))
     }
 
     /// Moves the FSM as `choose` says, then applies whatever became due.
