@@ -53,7 +53,7 @@ pub const MAX_GAPS: usize = 8;
 pub const MIN_GAPS: usize = 3;
 
 record! {
-    #[derive(Clone, Debug, PartialEq, Eq)]
+    #[derive(Clone, Debug, Default, PartialEq, Eq)]
     pub struct Checker {
         pub source: String,
         pub consecutive_non_200: u32,
@@ -292,13 +292,8 @@ impl Checkers {
                 }
                 self.list.push(Checker {
                     source: source.to_string(),
-                    consecutive_non_200: 0,
-                    consecutive_503: 0,
                     last_seen_ms: now_ms,
-                    last_404_ms: None,
-                    down_ms: None,
-                    down_last_ms: None,
-                    gaps_ms: Vec::new(),
+                    ..Checker::default()
                 });
                 (self.list.len() - 1, true)
             }

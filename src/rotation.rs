@@ -125,13 +125,10 @@ impl Record {
     /// The call was not made: `outcome` says why, `error` in words.
     pub fn not_sent(drain_ms: u64, trigger: Trigger, outcome: Outcome, error: String) -> Record {
         Record {
-            drain_started_ms: drain_ms,
-            trigger: Some(trigger),
             outcome,
             requested_ms: None,
-            answered_ms: None,
-            admin_status: None,
             error: Some(error),
+            ..Record::pending(drain_ms, trigger, 0)
         }
     }
 

@@ -85,10 +85,6 @@ pub struct PartCounter<H: Host = Envoy> {
     owed_release: Cell<u64>,
 }
 
-fn shared_value(bytes: Option<&[u8]>) -> Option<u64> {
-    bytes.and_then(shared::u64_of)
-}
-
 /// Creates the count's shared keys if absent: both parts, the uncounted
 /// streams (0) and the liveness verdict (judged at generation 0, no reason:
 /// trusted, as when absent). Shared data has no create-if-absent, and a
@@ -99,15 +95,14 @@ fn shared_value(bytes: Option<&[u8]>) -> Option<u64> {
 /// Envoy runs on the main thread before any worker VM exists (and every later
 /// configure finds the keys), so every later write is versioned.
 pub fn create_shared<H: Host>(host: &H) {
-    let zero = 0u64.to_le_bytes();
     let created = [
-        (keys::ACTIVE_STREAMS, &zero[..]),
-        (keys::ACTIVE_CONNECTIONS, &zero[..]),
-        (keys::UNCOUNTED, &zero[..]),
-        (keys::VERDICT, &zero[..]),
+        keys::ACTIVE_STREAMS,
+        keys::ACTIVE_CONNECTIONS,
+        keys::UNCOUNTED,
+        keys::VERDICT,
     ];
-    for (key, value) in created {
-        if let Err(e) = shared::create(host, key, value) {
+    for key in created {
+        if let Err(e) = shared::create(host, key, &0u64.to_le_bytes()) {
             logs::error!("event=shared_data_error key={key} error=\"{e}\"");
         }
     }
@@ -164,15 +159,7 @@ impl<H: Host> PartCounter<H> {
     fn add(&self, delta: i64) -> bool {
         match self.source {
             Source::Gauge(id) => self.host.metric_add(id, delta).is_ok(),
-            // The key exists from configure on; written without a version it
-            // would overwrite concurrent updates, so an absent key is a failure.
-            Source::SharedData => cas_update(&self.host, self.key, |bytes| {
-                // Absent or not a count: refused (`None`).
-                let value = shared_value(bytes).ok_or(None)?;
-                let next = value.saturating_add_signed(delta);
-                Ok::<_, Option<SharedError>>(Decision::Write(next.to_le_bytes().to_vec(), ()))
-            })
-            .is_ok(),
+            Source::SharedData => change(&self.host, self.key, |v| v.saturating_add_signed(delta)),
         }
     }
 
@@ -229,14 +216,10 @@ impl<H: Host> PartCounter<H> {
         if owed == 0 && released == 0 {
             return;
         }
-        // Created on configure (`create_shared`): an absent key is a failure,
-        // retried from the tick, never a write without a version.
-        let written = cas_update(&self.host, keys::UNCOUNTED, |bytes| {
-            let value = shared_value(bytes).ok_or(None)?;
-            let next = value.saturating_add(owed).saturating_sub(released);
-            Ok::<_, Option<SharedError>>(Decision::Write(next.to_le_bytes().to_vec(), ()))
-        });
-        if written.is_ok() {
+        // Failed: retried from the tick.
+        if change(&self.host, keys::UNCOUNTED, |v| {
+            v.saturating_add(owed).saturating_sub(released)
+        }) {
             self.owed.set(0);
             self.owed_release.set(0);
         }
@@ -264,27 +247,27 @@ impl<H: Host> PartCounter<H> {
         }
     }
 
-    /// Whether this part reads 0 (one host call; no reliability checks).
-    pub fn reads_zero(&self) -> bool {
-        match self.source {
-            Source::Gauge(id) => self.host.metric_get(id) == Ok(0),
-            Source::SharedData => {
-                matches!(self.host.get(self.key), Ok((b, _)) if shared_value(b.as_deref()) == Some(0))
-            }
-        }
-    }
-
-    /// This part over every worker; `None` when it cannot be read.
+    /// This part over every worker (one host call); `None` when it cannot
+    /// be read.
     fn value(&self) -> Option<u64> {
         match self.source {
             Source::Gauge(id) => self.host.metric_get(id).ok(),
-            Source::SharedData => self
-                .host
-                .get(self.key)
-                .ok()
-                .and_then(|(b, _)| shared_value(b.as_deref())),
+            Source::SharedData => shared::read_u64(&self.host, self.key).ok().flatten(),
         }
     }
+}
+
+/// Changes the count under `key` (compare-and-swap) as `f` makes it;
+/// `false`: not written. The key exists from configure on
+/// (`create_shared`); written without a version it would overwrite
+/// concurrent updates, so an absent key (or one that is not a count) is a
+/// failure.
+fn change<H: Host>(host: &H, key: &str, f: impl Fn(u64) -> u64) -> bool {
+    cas_update(host, key, |bytes| {
+        let value = bytes.and_then(shared::u64_of).ok_or(None)?;
+        Ok::<_, Option<SharedError>>(Decision::Write(f(value).to_le_bytes().to_vec(), ()))
+    })
+    .is_ok()
 }
 
 /// Both parts of the count, as every role of a root context holds them: a
@@ -349,7 +332,7 @@ impl<H: Host> ActiveCount<H> {
     /// was released before this read and the other part read after it: of
     /// two roles ending the last of each part at once, the later sees both.
     pub fn reads_zero(&self) -> bool {
-        self.streams.reads_zero() && self.connections.reads_zero()
+        self.streams.value() == Some(0) && self.connections.value() == Some(0)
     }
 
     /// The count over every worker. A failed read is unreliable, never 0.
