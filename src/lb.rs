@@ -171,16 +171,11 @@ pub struct Wait {
 
 impl Wait {
     pub fn of(close_after: CloseAfter, lb_buffer_ms: u64, lb_down_timeout_ms: u64) -> Wait {
-        match close_after {
-            CloseAfter::LbBuffer => Wait {
-                name: "lb_buffer",
-                ms: lb_buffer_ms,
-            },
-            CloseAfter::LbObservedDown => Wait {
-                name: "lb_down_timeout",
-                ms: lb_down_timeout_ms,
-            },
-        }
+        let (name, ms) = match close_after {
+            CloseAfter::LbBuffer => ("lb_buffer", lb_buffer_ms),
+            CloseAfter::LbObservedDown => ("lb_down_timeout", lb_down_timeout_ms),
+        };
+        Wait { name, ms }
     }
 }
 
@@ -392,11 +387,10 @@ impl Checkers {
     pub fn cut_by_lb(&self, now_ms: u64, source: impl FnOnce() -> Option<IpAddr>) -> bool {
         let open = |c: &Checker, spread: bool| {
             c.down_ms.is_some_and(|first| {
-                let last = if spread {
-                    c.down_last_ms.unwrap_or(first).max(first)
-                } else {
-                    first
-                };
+                let last = c
+                    .down_last_ms
+                    .filter(|_| spread)
+                    .map_or(first, |l| l.max(first));
                 first <= now_ms && now_ms <= last.saturating_add(CUT_WINDOW_MS)
             })
         };
@@ -423,12 +417,10 @@ impl Checkers {
     /// The live checker whose measured interval is the longest, and that
     /// interval (`None`: no live checker has `MIN_GAPS` gaps yet).
     pub fn slowest(&self, now_ms: u64) -> Option<(&Checker, u64)> {
+        // The first of the longest.
         self.live(now_ms)
             .filter_map(|c| c.interval().ms.map(|ms| (c, ms)))
-            .fold(None, |best: Option<(&Checker, u64)>, (c, ms)| match best {
-                Some((_, b)) if b >= ms => best,
-                _ => Some((c, ms)),
-            })
+            .min_by_key(|(_, ms)| std::cmp::Reverse(*ms))
     }
 
     /// The LB's detection of a flip — `lb_fall` × the longest measured

@@ -233,54 +233,60 @@ pub const SLOTS: usize = 64;
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Pending {
     tick_ms: u64,
-    /// Per kind (`Kind::ALL`'s order), the ends by ticks lasted, rounded up.
-    slots: [[u64; SLOTS]; 3],
-    /// Per kind, of the ends in `slots`: how many, their sum and max (ms).
-    ends: [u64; 3],
-    sum_ms: [u64; 3],
-    max_ms: [u64; 3],
+    /// Per kind (`Kind::ALL`'s order), the ends since the last tick.
+    kinds: [Ends; 3],
     /// What lasted `SLOTS` ticks or more (or was kept back, `keep`).
     long: Durations,
 }
 
+/// One kind's stream ends in a `Pending`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Ends {
+    /// The ends by ticks lasted, rounded up.
+    slots: [u64; SLOTS],
+    /// Of the ends in `slots`: how many, their sum and max (ms).
+    count: u64,
+    sum_ms: u64,
+    max_ms: u64,
+}
+
 impl Pending {
     pub fn new(tick_ms: u64) -> Pending {
+        const NONE: Ends = Ends {
+            slots: [0; SLOTS],
+            count: 0,
+            sum_ms: 0,
+            max_ms: 0,
+        };
         Pending {
             tick_ms: tick_ms.max(1),
-            slots: [[0; SLOTS]; 3],
-            ends: [0; 3],
-            sum_ms: [0; 3],
-            max_ms: [0; 3],
+            kinds: [NONE; 3],
             long: Durations::default(),
         }
     }
 
     /// A stream of `kind` ended after `ms`.
     pub fn record(&mut self, kind: Kind, ms: u64) {
-        let k = kind as usize;
         // Rounded up, never down: the slot is read back as its ticks, and a
         // duration read back shorter than it was would land in a bucket below
         // it — a quantile or an `le` bucket would say a stream was shorter
         // than measured. Up, it reads at most one tick long, and no search is
         // spent per stream.
         let ticks = usize::try_from(ms.div_ceil(self.tick_ms)).unwrap_or(usize::MAX);
-        match self.slots.get_mut(k).and_then(|s| s.get_mut(ticks)) {
+        let Some(e) = self.kinds.get_mut(kind as usize) else {
+            return;
+        };
+        match e.slots.get_mut(ticks) {
             Some(n) => *n = n.wrapping_add(1),
             None => return self.long.record(kind, ms),
         }
-        if let (Some(e), Some(sum), Some(max)) = (
-            self.ends.get_mut(k),
-            self.sum_ms.get_mut(k),
-            self.max_ms.get_mut(k),
-        ) {
-            *e = e.wrapping_add(1);
-            *sum = sum.saturating_add(ms);
-            *max = (*max).max(ms);
-        }
+        e.count = e.count.wrapping_add(1);
+        e.sum_ms = e.sum_ms.saturating_add(ms);
+        e.max_ms = e.max_ms.max(ms);
     }
 
     pub fn is_empty(&self) -> bool {
-        self.ends.iter().all(|e| *e == 0) && self.long.is_empty()
+        self.kinds.iter().all(|e| e.count == 0) && self.long.is_empty()
     }
 
     /// Takes back what `take` gave (its write failed): kept for the next tick.
@@ -292,27 +298,20 @@ impl Pending {
     /// each kind's longest end are looked at.
     pub fn take(&mut self) -> Durations {
         let mut d = std::mem::take(&mut self.long);
-        for (i, kind) in Kind::ALL.into_iter().enumerate() {
-            let (Some(ends), Some(sum), Some(max), Some(slots)) = (
-                self.ends.get_mut(i),
-                self.sum_ms.get_mut(i),
-                self.max_ms.get_mut(i),
-                self.slots.get_mut(i),
-            ) else {
-                continue;
-            };
-            if std::mem::take(ends) == 0 {
+        for (e, kind) in self.kinds.iter_mut().zip(Kind::ALL) {
+            if e.count == 0 {
                 continue;
             }
             let h = d.kind_mut(kind);
-            let top = usize::try_from(max.div_ceil(self.tick_ms)).unwrap_or(SLOTS);
-            for (ticks, n) in (0u64..).zip(slots.iter_mut().take(top.saturating_add(1))) {
+            let top = usize::try_from(e.max_ms.div_ceil(self.tick_ms)).unwrap_or(SLOTS);
+            for (ticks, n) in (0u64..).zip(e.slots.iter_mut().take(top.saturating_add(1))) {
                 if *n > 0 {
                     h.add(ticks.saturating_mul(self.tick_ms), std::mem::take(n));
                 }
             }
-            h.sum_ms = h.sum_ms.saturating_add(std::mem::take(sum));
-            h.max_ms = h.max_ms.max(std::mem::take(max));
+            h.sum_ms = h.sum_ms.saturating_add(e.sum_ms);
+            h.max_ms = h.max_ms.max(e.max_ms);
+            (e.count, e.sum_ms, e.max_ms) = (0, 0, 0);
         }
         d
     }

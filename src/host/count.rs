@@ -149,13 +149,6 @@ impl<H: Host> PartCounter<H> {
         }
     }
 
-    fn source_name(&self) -> &'static str {
-        match self.source {
-            Source::Gauge(_) => "gauge",
-            Source::SharedData => "shared_data",
-        }
-    }
-
     fn add(&self, delta: i64) -> bool {
         match self.source {
             Source::Gauge(id) => self.host.metric_add(id, delta).is_ok(),
@@ -284,18 +277,15 @@ pub struct ActiveCount<H: Host = Envoy> {
 
 impl<H: Host + Copy> ActiveCount<H> {
     pub fn new(metrics: &Metrics<H>) -> ActiveCount<H> {
-        let host = *metrics.host();
-        let live = |id: Option<u32>, live: bool| id.filter(|_| live);
+        let part = |p, id: Option<u32>, live: bool| {
+            PartCounter::new(*metrics.host(), p, id.filter(|_| live))
+        };
         ActiveCount::of(
-            PartCounter::new(
-                host,
-                Part::Streams,
-                live(metrics.active, metrics.active_live),
-            ),
-            PartCounter::new(
-                host,
+            part(Part::Streams, metrics.active, metrics.active_live),
+            part(
                 Part::Connections,
-                live(metrics.active_connections, metrics.active_connections_live),
+                metrics.active_connections,
+                metrics.active_connections_live,
             ),
         )
     }
@@ -320,11 +310,10 @@ impl<H: Host> ActiveCount<H> {
 
     /// `gauge` or `shared_data` when both parts agree, else `mixed`.
     pub fn source_name(&self) -> &'static str {
-        let (s, c) = (self.streams.source_name(), self.connections.source_name());
-        if s == c {
-            s
-        } else {
-            "mixed"
+        match (self.streams.source, self.connections.source) {
+            (Source::Gauge(_), Source::Gauge(_)) => "gauge",
+            (Source::SharedData, Source::SharedData) => "shared_data",
+            _ => "mixed",
         }
     }
 
@@ -384,22 +373,17 @@ impl<H: Host> Drop for PartCounter<H> {
 /// (`keys::VERDICT`: the registry generation it was judged at, then the
 /// reason's name; no reason when empty or absent).
 fn verdict<H: Host>(host: &H) -> Result<Option<Unreliable>, ()> {
-    match host.get(keys::VERDICT) {
-        // Shorter than a generation, or a name drain-gate does not write:
-        // not trusted.
-        Ok((Some(b), _)) => Ok(match b.get(8..) {
-            Some([]) => None,
-            Some(name) => Some(
-                std::str::from_utf8(name)
-                    .ok()
-                    .and_then(Unreliable::from_name)
-                    .unwrap_or(Unreliable::TrafficRoleLost),
-            ),
-            None => Some(Unreliable::TrafficRoleLost),
-        }),
-        Ok((None, _)) => Ok(None),
-        Err(_) => Err(()),
-    }
+    let (bytes, _) = host.get(keys::VERDICT).map_err(|_| ())?;
+    // Shorter than a generation, or a name drain-gate does not write: not
+    // trusted.
+    Ok(bytes.and_then(|b| match b.get(8..) {
+        Some([]) => None,
+        name => Some(
+            name.and_then(|n| std::str::from_utf8(n).ok())
+                .and_then(Unreliable::from_name)
+                .unwrap_or(Unreliable::TrafficRoleLost),
+        ),
+    }))
 }
 
 /// Writes the verdict judged at registry generation `gen`, unless a verdict
