@@ -219,7 +219,9 @@ impl Histogram {
     }
 }
 
-/// The length of the shared-data form (`Durations::from_bytes`).
+/// The length of the shared-data form of `Durations`: little-endian u64s,
+/// per kind, the buckets, count, sum, max (fixed size, no parser). No
+/// durations: `BYTES` zeros.
 pub const BYTES: usize = 3 * (BUCKETS + 3) * 8;
 
 /// Durations up to this many ticks are counted by ticks (`Pending`); longer
@@ -380,21 +382,7 @@ impl Durations {
         }
     }
 
-    /// Little-endian u64s, per kind: the buckets, count, sum, max (the
-    /// shared-data form: fixed size, no parser). No durations: `BYTES` zeros.
-    #[cfg(test)]
-    pub fn to_bytes(&self) -> Vec<u8> {
-        let mut out = Vec::with_capacity(BYTES);
-        for k in Kind::ALL {
-            let h = self.kind(k);
-            for v in h.buckets.iter().chain([h.count, h.sum_ms, h.max_ms].iter()) {
-                out.extend_from_slice(&v.to_le_bytes());
-            }
-        }
-        out
-    }
-
-    /// Adds these durations to `bytes`, the `to_bytes` form of a total, in
+    /// Adds these durations to `bytes`, the shared-data form (`BYTES`) of a total, in
     /// place: only the words of buckets that moved are read and written. `false`:
     /// `bytes` is not that form (left as it was).
     pub fn add_into(&self, bytes: &mut [u8]) -> bool {
@@ -420,7 +408,7 @@ impl Durations {
         true
     }
 
-    /// `None`: not what `to_bytes` writes.
+    /// `None`: not the shared-data form (`BYTES`).
     pub fn from_bytes(bytes: &[u8]) -> Option<Durations> {
         if bytes.len() != BYTES {
             return None;
@@ -507,6 +495,20 @@ pub fn advise(d: &Durations, closing_ms: u64, scrape_ms: u64) -> Advice {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    impl Durations {
+        /// The shared-data form (`BYTES`) of these durations.
+        pub fn to_bytes(&self) -> Vec<u8> {
+            let mut out = Vec::with_capacity(BYTES);
+            for k in Kind::ALL {
+                let h = self.kind(k);
+                for v in h.buckets.iter().chain([h.count, h.sum_ms, h.max_ms].iter()) {
+                    out.extend_from_slice(&v.to_le_bytes());
+                }
+            }
+            out
+        }
+    }
 
     #[test]
     fn bounds_rise_by_at_most_a_third_and_exports_are_bounds() {
