@@ -358,8 +358,9 @@ pub fn put_words(out: &mut [u8], fields: &[u64]) {
     }
 }
 
-/// The `u64`s `put_words` wrote, one per call, if `bytes` holds `n` of them
-/// (`None`: another form).
+/// The little-endian `u64`s of a fixed form (`put_words`, the durations'
+/// total, `crate::sizing::BYTES`), one per call, if `bytes` holds `n` of
+/// them (`None`: another form).
 pub fn words(bytes: &[u8], n: usize) -> Option<impl FnMut() -> u64 + '_> {
     let mut fields = bytes
         .chunks_exact(8)

@@ -410,21 +410,12 @@ impl Durations {
 
     /// `None`: not the shared-data form (`BYTES`).
     pub fn from_bytes(bytes: &[u8]) -> Option<Durations> {
-        if bytes.len() != BYTES {
-            return None;
-        }
-        let mut words = bytes
-            .chunks_exact(8)
-            .map(|c| <[u8; 8]>::try_from(c).map_or(0, u64::from_le_bytes));
+        let mut next = crate::liveness::words(bytes, BYTES / 8)?;
         let mut d = Durations::default();
         for k in Kind::ALL {
             let h = d.kind_mut(k);
-            for slot in h.buckets.iter_mut() {
-                *slot = words.next()?;
-            }
-            h.count = words.next()?;
-            h.sum_ms = words.next()?;
-            h.max_ms = words.next()?;
+            h.buckets.fill_with(&mut next);
+            (h.count, h.sum_ms, h.max_ms) = (next(), next(), next());
         }
         Some(d)
     }
