@@ -109,12 +109,8 @@ impl<H: Host> Heartbeat<H> {
         if self.done.get() {
             return;
         }
-        let id = match self.id.get() {
-            Some(id) => id,
-            None => match self.register() {
-                Some(id) => id,
-                None => return,
-            },
+        let Some(id) = self.id.get().or_else(|| self.register()) else {
+            return;
         };
         let _ = self.host.set(
             &keys::beat(id),
@@ -227,25 +223,19 @@ impl<H: Host> Watch<H> {
                 }
             })
         });
-        match judged {
-            Ok(Some((since, stall))) => {
-                if let Some(gap) = stall {
-                    logs::warning!(
-                        "event=stall late_ms={gap} what=\"the health role did not run for {gap} ms \
-                         (the process stalled: CPU throttling, a long main-thread task, memory \
-                         pressure); traffic roots get a fresh {} ms to beat before any is judged \
-                         lost\"",
-                        core::stale_after_ms(tick_ms)
-                    );
-                }
-                Some(since)
-            }
-            Ok(None) => None,
-            Err(e) => {
-                logs::warning!("event=shared_data_error key={} error=\"{e}\"", keys::WATCH);
-                None
-            }
+        let (since, stall) = judged.unwrap_or_else(|e| {
+            logs::warning!("event=shared_data_error key={} error=\"{e}\"", keys::WATCH);
+            None
+        })?;
+        if let Some(gap) = stall {
+            logs::warning!(
+                "event=stall late_ms={gap} what=\"the health role did not run for {gap} ms (the \
+                 process stalled: CPU throttling, a long main-thread task, memory pressure); \
+                 traffic roots get a fresh {} ms to beat before any is judged lost\"",
+                core::stale_after_ms(tick_ms)
+            );
         }
+        Some(since)
     }
 
     /// From the health tick: registers again the lost roots that beat again,
