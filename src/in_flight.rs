@@ -226,20 +226,14 @@ impl Ages {
     }
 }
 
-impl Published {
-    fn fresh(&self, now_ms: u64) -> bool {
-        now_ms.saturating_sub(self.at_ms) <= self.tick_ms.saturating_mul(3).max(STALE_MIN_MS)
-    }
-}
-
 /// Merges the workers' summaries, read at `now_ms`, leaving out stale ones.
 pub fn merge(published: &[Published], now_ms: u64) -> InFlight {
     let oldest = |a: Option<u64>, b: u64| Some(a.map_or(b, |a| a.min(b)));
     let mut out = InFlight::default();
     for p in published {
         out.ticked_ms = oldest(out.ticked_ms, p.at_ms);
-        if !p.fresh(now_ms) {
-            continue;
+        if now_ms.saturating_sub(p.at_ms) > p.tick_ms.saturating_mul(3).max(STALE_MIN_MS) {
+            continue; // stale
         }
         out.ages.merge(&p.ages);
         out.as_of_ms = oldest(out.as_of_ms, p.at_ms);

@@ -125,15 +125,15 @@ impl<H: Host> PartCounter<H> {
     /// proved live (`Metrics`); otherwise the part lives in shared data.
     pub fn new(host: H, part: Part, gauge: Option<u32>) -> PartCounter<H> {
         create_shared(&host);
-        let source = match gauge {
-            Some(id) => Source::Gauge(id),
-            _ => {
+        let source = gauge.map_or_else(
+            || {
                 logs::warning!(
                     "event=count_source part={part:?} source=shared_data why=\"gauge is not live (stats_matcher?)\""
                 );
                 Source::SharedData
-            }
-        };
+            },
+            Source::Gauge,
+        );
         PartCounter::with_host(host, part, source)
     }
 
