@@ -275,13 +275,8 @@ impl Checkers {
             Some(i) => (i, false),
             None => {
                 if self.list.len() >= MAX_CHECKERS {
-                    if let Some(oldest) = self
-                        .list
-                        .iter()
-                        .enumerate()
-                        .min_by_key(|(_, c)| c.last_seen_ms)
-                        .map(|(i, _)| i)
-                    {
+                    let seen = |(i, c): (usize, &Checker)| (c.last_seen_ms, i);
+                    if let Some((_, oldest)) = self.list.iter().enumerate().map(seen).min() {
                         self.list.swap_remove(oldest);
                     }
                 }
