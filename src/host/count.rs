@@ -47,18 +47,6 @@ pub enum Part {
     Connections,
 }
 
-impl Part {
-    pub const ALL: [Part; 2] = [Part::Streams, Part::Connections];
-
-    /// The shared-data key of the part's count when its gauge is not live.
-    fn shared_key(self) -> &'static str {
-        match self {
-            Part::Streams => keys::ACTIVE_STREAMS,
-            Part::Connections => keys::ACTIVE_CONNECTIONS,
-        }
-    }
-}
-
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Source {
     Gauge(u32),
@@ -71,6 +59,7 @@ pub enum Source {
 pub struct PartCounter<H: Host = Envoy> {
     host: H,
     source: Source,
+    /// The shared-data key of the part's count when its gauge is not live.
     key: &'static str,
     /// Streams this root context counted and has not yet released.
     local: Cell<u64>,
@@ -141,7 +130,10 @@ impl<H: Host> PartCounter<H> {
         PartCounter {
             host,
             source,
-            key: part.shared_key(),
+            key: match part {
+                Part::Streams => keys::ACTIVE_STREAMS,
+                Part::Connections => keys::ACTIVE_CONNECTIONS,
+            },
             local: Cell::new(0),
             held: Cell::new(0),
             owed: Cell::new(0),
