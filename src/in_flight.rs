@@ -21,6 +21,7 @@
 //! is.
 
 use crate::json::record;
+use crate::liveness::{put_words, words};
 
 /// Upper bounds of the age classes: < 1 s, < 10 s, < 60 s, and ≥ 60 s.
 pub const AGE_BOUNDS_MS: [u64; 3] = [1_000, 10_000, 60_000];
@@ -51,6 +52,11 @@ record! {
 }
 
 impl Histogram {
+    /// The age classes, youngest first.
+    fn counts(self) -> [u64; 4] {
+        [self.lt_1s, self.lt_10s, self.lt_60s, self.ge_60s]
+    }
+
     fn add(&mut self, age_ms: u64, n: u64) {
         let slot = if age_ms < AGE_BOUNDS_MS[0] {
             &mut self.lt_1s
@@ -102,33 +108,20 @@ impl Published {
         } == *other
     }
 
-    /// Seven little-endian `u64`: `at_ms`, `tick_ms`, `oldest_started_ms`
-    /// (`u64::MAX`: none), then the ages youngest first.
+    /// Seven little-endian `u64` (`crate::liveness::put_words`): `at_ms`,
+    /// `tick_ms`, `oldest_started_ms` (`u64::MAX`: none), then the ages
+    /// youngest first.
     pub fn to_bytes(&self) -> [u8; PUBLISHED_BYTES] {
-        let h = &self.ages;
-        let fields = [
-            self.at_ms,
-            self.tick_ms,
-            self.oldest_started_ms.unwrap_or(u64::MAX),
-            h.lt_1s,
-            h.lt_10s,
-            h.lt_60s,
-            h.ge_60s,
-        ];
+        let [a, b, c, d] = self.ages.counts();
+        let oldest = self.oldest_started_ms.unwrap_or(u64::MAX);
         let mut out = [0; PUBLISHED_BYTES];
-        for (chunk, v) in out.chunks_exact_mut(8).zip(fields) {
-            chunk.copy_from_slice(&v.to_le_bytes());
-        }
+        put_words(&mut out, &[self.at_ms, self.tick_ms, oldest, a, b, c, d]);
         out
     }
 
     /// The summary `to_bytes` wrote (`None`: another form).
     pub fn from_bytes(bytes: &[u8]) -> Option<Published> {
-        let bytes: &[u8; PUBLISHED_BYTES] = bytes.try_into().ok()?;
-        let mut fields = bytes
-            .chunks_exact(8)
-            .filter_map(|c| <[u8; 8]>::try_from(c).ok().map(u64::from_le_bytes));
-        let mut next = || fields.next().unwrap_or_default();
+        let mut next = words(bytes, 7)?;
         Some(Published {
             at_ms: next(),
             tick_ms: next(),
@@ -233,20 +226,14 @@ impl Ages {
     }
 }
 
-impl Published {
-    fn fresh(&self, now_ms: u64) -> bool {
-        now_ms.saturating_sub(self.at_ms) <= self.tick_ms.saturating_mul(3).max(STALE_MIN_MS)
-    }
-}
-
 /// Merges the workers' summaries, read at `now_ms`, leaving out stale ones.
 pub fn merge(published: &[Published], now_ms: u64) -> InFlight {
     let oldest = |a: Option<u64>, b: u64| Some(a.map_or(b, |a| a.min(b)));
     let mut out = InFlight::default();
     for p in published {
         out.ticked_ms = oldest(out.ticked_ms, p.at_ms);
-        if !p.fresh(now_ms) {
-            continue;
+        if now_ms.saturating_sub(p.at_ms) > p.tick_ms.saturating_mul(3).max(STALE_MIN_MS) {
+            continue; // stale
         }
         out.ages.merge(&p.ages);
         out.as_of_ms = oldest(out.as_of_ms, p.at_ms);
@@ -261,11 +248,7 @@ pub fn merge(published: &[Published], now_ms: u64) -> InFlight {
 impl InFlight {
     /// The streams listed, every age class.
     pub fn listed(&self) -> u64 {
-        let h = &self.ages;
-        h.lt_1s
-            .saturating_add(h.lt_10s)
-            .saturating_add(h.lt_60s)
-            .saturating_add(h.ge_60s)
+        self.ages.counts().into_iter().fold(0, u64::saturating_add)
     }
 
     /// The list set beside the count `active`, read after the summaries it

@@ -53,7 +53,7 @@ pub const MAX_GAPS: usize = 8;
 pub const MIN_GAPS: usize = 3;
 
 record! {
-    #[derive(Clone, Debug, PartialEq, Eq)]
+    #[derive(Clone, Debug, Default, PartialEq, Eq)]
     pub struct Checker {
         pub source: String,
         pub consecutive_non_200: u32,
@@ -171,16 +171,11 @@ pub struct Wait {
 
 impl Wait {
     pub fn of(close_after: CloseAfter, lb_buffer_ms: u64, lb_down_timeout_ms: u64) -> Wait {
-        match close_after {
-            CloseAfter::LbBuffer => Wait {
-                name: "lb_buffer",
-                ms: lb_buffer_ms,
-            },
-            CloseAfter::LbObservedDown => Wait {
-                name: "lb_down_timeout",
-                ms: lb_down_timeout_ms,
-            },
-        }
+        let (name, ms) = match close_after {
+            CloseAfter::LbBuffer => ("lb_buffer", lb_buffer_ms),
+            CloseAfter::LbObservedDown => ("lb_down_timeout", lb_down_timeout_ms),
+        };
+        Wait { name, ms }
     }
 }
 
@@ -280,25 +275,15 @@ impl Checkers {
             Some(i) => (i, false),
             None => {
                 if self.list.len() >= MAX_CHECKERS {
-                    if let Some(oldest) = self
-                        .list
-                        .iter()
-                        .enumerate()
-                        .min_by_key(|(_, c)| c.last_seen_ms)
-                        .map(|(i, _)| i)
-                    {
+                    let seen = |(i, c): (usize, &Checker)| (c.last_seen_ms, i);
+                    if let Some((_, oldest)) = self.list.iter().enumerate().map(seen).min() {
                         self.list.swap_remove(oldest);
                     }
                 }
                 self.list.push(Checker {
                     source: source.to_string(),
-                    consecutive_non_200: 0,
-                    consecutive_503: 0,
                     last_seen_ms: now_ms,
-                    last_404_ms: None,
-                    down_ms: None,
-                    down_last_ms: None,
-                    gaps_ms: Vec::new(),
+                    ..Checker::default()
                 });
                 (self.list.len() - 1, true)
             }
@@ -397,11 +382,10 @@ impl Checkers {
     pub fn cut_by_lb(&self, now_ms: u64, source: impl FnOnce() -> Option<IpAddr>) -> bool {
         let open = |c: &Checker, spread: bool| {
             c.down_ms.is_some_and(|first| {
-                let last = if spread {
-                    c.down_last_ms.unwrap_or(first).max(first)
-                } else {
-                    first
-                };
+                let last = c
+                    .down_last_ms
+                    .filter(|_| spread)
+                    .map_or(first, |l| l.max(first));
                 first <= now_ms && now_ms <= last.saturating_add(CUT_WINDOW_MS)
             })
         };
@@ -428,12 +412,10 @@ impl Checkers {
     /// The live checker whose measured interval is the longest, and that
     /// interval (`None`: no live checker has `MIN_GAPS` gaps yet).
     pub fn slowest(&self, now_ms: u64) -> Option<(&Checker, u64)> {
+        // The first of the longest.
         self.live(now_ms)
             .filter_map(|c| c.interval().ms.map(|ms| (c, ms)))
-            .fold(None, |best: Option<(&Checker, u64)>, (c, ms)| match best {
-                Some((_, b)) if b >= ms => best,
-                _ => Some((c, ms)),
-            })
+            .min_by_key(|(_, ms)| std::cmp::Reverse(*ms))
     }
 
     /// The LB's detection of a flip — `lb_fall` × the longest measured

@@ -325,29 +325,21 @@ pub struct Watch {
 pub const WATCH_BYTES: usize = 32;
 
 impl Watch {
-    /// Four little-endian `u64`: `last_ms` (`u64::MAX`: none), `since_ms`,
-    /// `stalls`, `longest_stall_ms`.
+    /// Four little-endian `u64` (`put_words`): `last_ms` (`u64::MAX`: none),
+    /// `since_ms`, `stalls`, `longest_stall_ms`.
     pub fn to_bytes(&self) -> [u8; WATCH_BYTES] {
         let mut out = [0; WATCH_BYTES];
-        let fields = [
-            self.last_ms.unwrap_or(u64::MAX),
-            self.since_ms,
-            self.stalls,
-            self.longest_stall_ms,
-        ];
-        for (chunk, v) in out.chunks_exact_mut(8).zip(fields) {
-            chunk.copy_from_slice(&v.to_le_bytes());
-        }
+        let last = self.last_ms.unwrap_or(u64::MAX);
+        put_words(
+            &mut out,
+            &[last, self.since_ms, self.stalls, self.longest_stall_ms],
+        );
         out
     }
 
     /// The watch `to_bytes` wrote (`None`: another form).
     pub fn from_bytes(bytes: &[u8]) -> Option<Watch> {
-        let bytes: &[u8; WATCH_BYTES] = bytes.try_into().ok()?;
-        let mut fields = bytes
-            .chunks_exact(8)
-            .filter_map(|c| <[u8; 8]>::try_from(c).ok().map(u64::from_le_bytes));
-        let mut next = || fields.next().unwrap_or_default();
+        let mut next = words(bytes, 4)?;
         Some(Watch {
             last_ms: Some(next()).filter(|v| *v != u64::MAX),
             since_ms: next(),
@@ -357,45 +349,54 @@ impl Watch {
     }
 }
 
-/// What a health tick does with the watch record.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum WatchLook {
-    /// Another health tick judged less than half a tick ago.
-    Skip,
-    /// Judge, silence counted from `since_ms`.
-    Now(Watch),
-    /// The health role did not run for this long: judge from now on.
-    AfterStall(Watch, u64),
+/// Writes `fields` into `out` as little-endian `u64`s, in order: the fixed
+/// forms kept in shared data (the watch, the in-flight summaries), which
+/// cost no parse.
+pub fn put_words(out: &mut [u8], fields: &[u64]) {
+    for (chunk, v) in out.chunks_exact_mut(8).zip(fields) {
+        chunk.copy_from_slice(&v.to_le_bytes());
+    }
+}
+
+/// The little-endian `u64`s of a fixed form (`put_words`, the durations'
+/// total, `crate::sizing::BYTES`), one per call, if `bytes` holds `n` of
+/// them (`None`: another form).
+pub fn words(bytes: &[u8], n: usize) -> Option<impl FnMut() -> u64 + '_> {
+    let mut fields = bytes
+        .chunks_exact(8)
+        .map(|c| <[u8; 8]>::try_from(c).map_or(0, u64::from_le_bytes));
+    (bytes.len() == n * 8).then_some(move || fields.next().unwrap_or_default())
 }
 
 impl Watch {
-    pub fn next(&self, now_ms: u64, tick_ms: u64) -> WatchLook {
-        let Some(last) = self.last_ms else {
-            return WatchLook::Now(Watch {
-                last_ms: Some(now_ms),
-                since_ms: now_ms,
-                ..*self
-            });
-        };
-        let gap = now_ms.saturating_sub(last);
-        if gap < tick_ms / 2 {
-            return WatchLook::Skip;
-        }
-        if gap >= late_after_ms(tick_ms) {
-            return WatchLook::AfterStall(
+    /// What a health tick at `now_ms` does with the watch record: `None`,
+    /// another health tick judged less than half a tick ago; else it judges,
+    /// silence counted from the `since_ms` of the watch it writes, and with
+    /// the gap when the health role did not run for `late_after_ms` (a stall:
+    /// judged afresh from now on).
+    pub fn next(&self, now_ms: u64, tick_ms: u64) -> Option<(Watch, Option<u64>)> {
+        let last_ms = Some(now_ms);
+        match self.last_ms.map(|last| now_ms.saturating_sub(last)) {
+            Some(gap) if gap < tick_ms / 2 => None,
+            Some(gap) if gap >= late_after_ms(tick_ms) => Some((
                 Watch {
-                    last_ms: Some(now_ms),
+                    last_ms,
                     since_ms: now_ms,
                     stalls: self.stalls.saturating_add(1),
                     longest_stall_ms: self.longest_stall_ms.max(gap),
                 },
-                gap,
-            );
+                Some(gap),
+            )),
+            Some(_) => Some((Watch { last_ms, ..*self }, None)),
+            None => Some((
+                Watch {
+                    last_ms,
+                    since_ms: now_ms,
+                    ..*self
+                },
+                None,
+            )),
         }
-        WatchLook::Now(Watch {
-            last_ms: Some(now_ms),
-            ..*self
-        })
     }
 }
 
@@ -605,19 +606,15 @@ mod tests {
     #[test]
     fn one_health_tick_judges_per_half_tick_and_a_stall_restarts_the_run() {
         let w = Watch::default();
-        let WatchLook::Now(w) = w.next(1_000, 100) else {
+        let Some((w, None)) = w.next(1_000, 100) else {
             panic!("the first tick judges")
         };
-        assert_eq!(
-            w.next(1_040, 100),
-            WatchLook::Skip,
-            "another worker judged 40 ms ago"
-        );
-        let WatchLook::Now(w) = w.next(1_100, 100) else {
+        assert_eq!(w.next(1_040, 100), None, "another worker judged 40 ms ago");
+        let Some((w, None)) = w.next(1_100, 100) else {
             panic!("on time")
         };
         assert_eq!(w.since_ms, 1_000);
-        let WatchLook::AfterStall(w, gap) = w.next(4_600, 100) else {
+        let Some((w, Some(gap))) = w.next(4_600, 100) else {
             panic!("3.5 s without a health tick is a stall")
         };
         assert_eq!((gap, w.since_ms, w.stalls), (3_500, 4_600, 1));

@@ -89,13 +89,8 @@ impl Placeholders {
 
     /// Marks a request through placeholder `id`. Returns whether it changed.
     pub fn serve(&mut self, id: u64) -> bool {
-        match self.list.iter_mut().find(|p| p.id == id && !p.served) {
-            Some(p) => {
-                p.served = true;
-                true
-            }
-            None => false,
-        }
+        let unmarked = self.list.iter_mut().find(|p| p.id == id && !p.served);
+        unmarked.map(|p| p.served = true).is_some()
     }
 
     /// Placeholder `id` was removed (its filter got its own configuration).

@@ -122,19 +122,6 @@ impl Record {
         }
     }
 
-    /// The call was not made: `outcome` says why, `error` in words.
-    pub fn not_sent(drain_ms: u64, trigger: Trigger, outcome: Outcome, error: String) -> Record {
-        Record {
-            drain_started_ms: drain_ms,
-            trigger: Some(trigger),
-            outcome,
-            requested_ms: None,
-            answered_ms: None,
-            admin_status: None,
-            error: Some(error),
-        }
-    }
-
     /// The call ended at `now_ms` with the admin API's status, or without an
     /// answer (`None`: timeout, connection refused, cluster without hosts).
     pub fn answered(self, status: Option<u16>, now_ms: u64) -> Record {

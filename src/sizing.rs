@@ -219,7 +219,9 @@ impl Histogram {
     }
 }
 
-/// The length of the shared-data form (`Durations::from_bytes`).
+/// The length of the shared-data form of `Durations`: little-endian u64s,
+/// per kind, the buckets, count, sum, max (fixed size, no parser). No
+/// durations: `BYTES` zeros.
 pub const BYTES: usize = 3 * (BUCKETS + 3) * 8;
 
 /// Durations up to this many ticks are counted by ticks (`Pending`); longer
@@ -233,54 +235,60 @@ pub const SLOTS: usize = 64;
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Pending {
     tick_ms: u64,
-    /// Per kind (`Kind::ALL`'s order), the ends by ticks lasted, rounded up.
-    slots: [[u64; SLOTS]; 3],
-    /// Per kind, of the ends in `slots`: how many, their sum and max (ms).
-    ends: [u64; 3],
-    sum_ms: [u64; 3],
-    max_ms: [u64; 3],
+    /// Per kind (`Kind::ALL`'s order), the ends since the last tick.
+    kinds: [Ends; 3],
     /// What lasted `SLOTS` ticks or more (or was kept back, `keep`).
     long: Durations,
 }
 
+/// One kind's stream ends in a `Pending`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Ends {
+    /// The ends by ticks lasted, rounded up.
+    slots: [u64; SLOTS],
+    /// Of the ends in `slots`: how many, their sum and max (ms).
+    count: u64,
+    sum_ms: u64,
+    max_ms: u64,
+}
+
 impl Pending {
     pub fn new(tick_ms: u64) -> Pending {
+        const NONE: Ends = Ends {
+            slots: [0; SLOTS],
+            count: 0,
+            sum_ms: 0,
+            max_ms: 0,
+        };
         Pending {
             tick_ms: tick_ms.max(1),
-            slots: [[0; SLOTS]; 3],
-            ends: [0; 3],
-            sum_ms: [0; 3],
-            max_ms: [0; 3],
+            kinds: [NONE; 3],
             long: Durations::default(),
         }
     }
 
     /// A stream of `kind` ended after `ms`.
     pub fn record(&mut self, kind: Kind, ms: u64) {
-        let k = kind as usize;
         // Rounded up, never down: the slot is read back as its ticks, and a
         // duration read back shorter than it was would land in a bucket below
         // it — a quantile or an `le` bucket would say a stream was shorter
         // than measured. Up, it reads at most one tick long, and no search is
         // spent per stream.
         let ticks = usize::try_from(ms.div_ceil(self.tick_ms)).unwrap_or(usize::MAX);
-        match self.slots.get_mut(k).and_then(|s| s.get_mut(ticks)) {
+        let Some(e) = self.kinds.get_mut(kind as usize) else {
+            return;
+        };
+        match e.slots.get_mut(ticks) {
             Some(n) => *n = n.wrapping_add(1),
             None => return self.long.record(kind, ms),
         }
-        if let (Some(e), Some(sum), Some(max)) = (
-            self.ends.get_mut(k),
-            self.sum_ms.get_mut(k),
-            self.max_ms.get_mut(k),
-        ) {
-            *e = e.wrapping_add(1);
-            *sum = sum.saturating_add(ms);
-            *max = (*max).max(ms);
-        }
+        e.count = e.count.wrapping_add(1);
+        e.sum_ms = e.sum_ms.saturating_add(ms);
+        e.max_ms = e.max_ms.max(ms);
     }
 
     pub fn is_empty(&self) -> bool {
-        self.ends.iter().all(|e| *e == 0) && self.long.is_empty()
+        self.kinds.iter().all(|e| e.count == 0) && self.long.is_empty()
     }
 
     /// Takes back what `take` gave (its write failed): kept for the next tick.
@@ -292,27 +300,20 @@ impl Pending {
     /// each kind's longest end are looked at.
     pub fn take(&mut self) -> Durations {
         let mut d = std::mem::take(&mut self.long);
-        for (i, kind) in Kind::ALL.into_iter().enumerate() {
-            let (Some(ends), Some(sum), Some(max), Some(slots)) = (
-                self.ends.get_mut(i),
-                self.sum_ms.get_mut(i),
-                self.max_ms.get_mut(i),
-                self.slots.get_mut(i),
-            ) else {
-                continue;
-            };
-            if std::mem::take(ends) == 0 {
+        for (e, kind) in self.kinds.iter_mut().zip(Kind::ALL) {
+            if e.count == 0 {
                 continue;
             }
             let h = d.kind_mut(kind);
-            let top = usize::try_from(max.div_ceil(self.tick_ms)).unwrap_or(SLOTS);
-            for (ticks, n) in (0u64..).zip(slots.iter_mut().take(top.saturating_add(1))) {
+            let top = usize::try_from(e.max_ms.div_ceil(self.tick_ms)).unwrap_or(SLOTS);
+            for (ticks, n) in (0u64..).zip(e.slots.iter_mut().take(top.saturating_add(1))) {
                 if *n > 0 {
                     h.add(ticks.saturating_mul(self.tick_ms), std::mem::take(n));
                 }
             }
-            h.sum_ms = h.sum_ms.saturating_add(std::mem::take(sum));
-            h.max_ms = h.max_ms.max(std::mem::take(max));
+            h.sum_ms = h.sum_ms.saturating_add(e.sum_ms);
+            h.max_ms = h.max_ms.max(e.max_ms);
+            (e.count, e.sum_ms, e.max_ms) = (0, 0, 0);
         }
         d
     }
@@ -381,21 +382,7 @@ impl Durations {
         }
     }
 
-    /// Little-endian u64s, per kind: the buckets, count, sum, max (the
-    /// shared-data form: fixed size, no parser). No durations: `BYTES` zeros.
-    #[cfg(test)]
-    pub fn to_bytes(&self) -> Vec<u8> {
-        let mut out = Vec::with_capacity(BYTES);
-        for k in Kind::ALL {
-            let h = self.kind(k);
-            for v in h.buckets.iter().chain([h.count, h.sum_ms, h.max_ms].iter()) {
-                out.extend_from_slice(&v.to_le_bytes());
-            }
-        }
-        out
-    }
-
-    /// Adds these durations to `bytes`, the `to_bytes` form of a total, in
+    /// Adds these durations to `bytes`, the shared-data form (`BYTES`) of a total, in
     /// place: only the words of buckets that moved are read and written. `false`:
     /// `bytes` is not that form (left as it was).
     pub fn add_into(&self, bytes: &mut [u8]) -> bool {
@@ -421,23 +408,14 @@ impl Durations {
         true
     }
 
-    /// `None`: not what `to_bytes` writes.
+    /// `None`: not the shared-data form (`BYTES`).
     pub fn from_bytes(bytes: &[u8]) -> Option<Durations> {
-        if bytes.len() != BYTES {
-            return None;
-        }
-        let mut words = bytes
-            .chunks_exact(8)
-            .map(|c| <[u8; 8]>::try_from(c).map_or(0, u64::from_le_bytes));
+        let mut next = crate::liveness::words(bytes, BYTES / 8)?;
         let mut d = Durations::default();
         for k in Kind::ALL {
             let h = d.kind_mut(k);
-            for slot in h.buckets.iter_mut() {
-                *slot = words.next()?;
-            }
-            h.count = words.next()?;
-            h.sum_ms = words.next()?;
-            h.max_ms = words.next()?;
+            h.buckets.fill_with(&mut next);
+            (h.count, h.sum_ms, h.max_ms) = (next(), next(), next());
         }
         Some(d)
     }
@@ -508,6 +486,20 @@ pub fn advise(d: &Durations, closing_ms: u64, scrape_ms: u64) -> Advice {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    impl Durations {
+        /// The shared-data form (`BYTES`) of these durations.
+        pub fn to_bytes(&self) -> Vec<u8> {
+            let mut out = Vec::with_capacity(BYTES);
+            for k in Kind::ALL {
+                let h = self.kind(k);
+                for v in h.buckets.iter().chain([h.count, h.sum_ms, h.max_ms].iter()) {
+                    out.extend_from_slice(&v.to_le_bytes());
+                }
+            }
+            out
+        }
+    }
 
     #[test]
     fn bounds_rise_by_at_most_a_third_and_exports_are_bounds() {

@@ -58,37 +58,36 @@ pub enum Unavailable {
     NotReady,
 }
 
-impl Unavailable {
-    /// The `reason` of the warning line.
-    pub fn reason(self) -> &'static str {
-        match self {
-            Unavailable::CallRefused => "call_refused",
-            Unavailable::NoAnswer => "no_answer",
-            Unavailable::LocalReply(_) => "local_reply",
-            Unavailable::NotPilotAgent(_) => "not_pilot_agent",
-            Unavailable::NotReady => "not_ready",
-        }
-    }
-}
-
 /// `reason=… [status=…] detail="…"`: the warning line's fields.
 impl fmt::Display for Unavailable {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "reason={}", self.reason())?;
-        match self {
-            Unavailable::LocalReply(s) | Unavailable::NotPilotAgent(s) => write!(f, " status={s}")?,
-            Unavailable::NotReady => f.write_str(" status=503")?,
-            Unavailable::CallRefused | Unavailable::NoAnswer => {}
-        }
-        let detail = match self {
-            Unavailable::CallRefused => "Envoy refused the call: no such cluster?",
-            Unavailable::NoAnswer => "the call ended without an answer",
-            Unavailable::LocalReply(_) => {
-                "Envoy answered itself: nothing answered on the cluster's port"
-            }
-            Unavailable::NotPilotAgent(_) => "not the answer of pilot-agent's readiness",
-            Unavailable::NotReady => "pilot-agent not ready: 503 before any 200",
+        let (reason, status, detail) = match *self {
+            Unavailable::CallRefused => (
+                "call_refused",
+                None,
+                "Envoy refused the call: no such cluster?",
+            ),
+            Unavailable::NoAnswer => ("no_answer", None, "the call ended without an answer"),
+            Unavailable::LocalReply(s) => (
+                "local_reply",
+                Some(s),
+                "Envoy answered itself: nothing answered on the cluster's port",
+            ),
+            Unavailable::NotPilotAgent(s) => (
+                "not_pilot_agent",
+                Some(s),
+                "not the answer of pilot-agent's readiness",
+            ),
+            Unavailable::NotReady => (
+                "not_ready",
+                Some(503),
+                "pilot-agent not ready: 503 before any 200",
+            ),
         };
+        write!(f, "reason={reason}")?;
+        if let Some(s) = status {
+            write!(f, " status={s}")?;
+        }
         write!(
             f,
             " detail=\"{detail}; the pod's SIGTERM goes unseen meanwhile\""

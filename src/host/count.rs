@@ -47,18 +47,6 @@ pub enum Part {
     Connections,
 }
 
-impl Part {
-    pub const ALL: [Part; 2] = [Part::Streams, Part::Connections];
-
-    /// The shared-data key of the part's count when its gauge is not live.
-    fn shared_key(self) -> &'static str {
-        match self {
-            Part::Streams => keys::ACTIVE_STREAMS,
-            Part::Connections => keys::ACTIVE_CONNECTIONS,
-        }
-    }
-}
-
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Source {
     Gauge(u32),
@@ -71,6 +59,7 @@ pub enum Source {
 pub struct PartCounter<H: Host = Envoy> {
     host: H,
     source: Source,
+    /// The shared-data key of the part's count when its gauge is not live.
     key: &'static str,
     /// Streams this root context counted and has not yet released.
     local: Cell<u64>,
@@ -85,10 +74,6 @@ pub struct PartCounter<H: Host = Envoy> {
     owed_release: Cell<u64>,
 }
 
-fn shared_value(bytes: Option<&[u8]>) -> Option<u64> {
-    bytes.and_then(shared::u64_of)
-}
-
 /// Creates the count's shared keys if absent: both parts, the uncounted
 /// streams (0) and the liveness verdict (judged at generation 0, no reason:
 /// trusted, as when absent). Shared data has no create-if-absent, and a
@@ -99,15 +84,14 @@ fn shared_value(bytes: Option<&[u8]>) -> Option<u64> {
 /// Envoy runs on the main thread before any worker VM exists (and every later
 /// configure finds the keys), so every later write is versioned.
 pub fn create_shared<H: Host>(host: &H) {
-    let zero = 0u64.to_le_bytes();
     let created = [
-        (keys::ACTIVE_STREAMS, &zero[..]),
-        (keys::ACTIVE_CONNECTIONS, &zero[..]),
-        (keys::UNCOUNTED, &zero[..]),
-        (keys::VERDICT, &zero[..]),
+        keys::ACTIVE_STREAMS,
+        keys::ACTIVE_CONNECTIONS,
+        keys::UNCOUNTED,
+        keys::VERDICT,
     ];
-    for (key, value) in created {
-        if let Err(e) = shared::create(host, key, value) {
+    for key in created {
+        if let Err(e) = shared::create(host, key, &0u64.to_le_bytes()) {
             logs::error!("event=shared_data_error key={key} error=\"{e}\"");
         }
     }
@@ -130,15 +114,15 @@ impl<H: Host> PartCounter<H> {
     /// proved live (`Metrics`); otherwise the part lives in shared data.
     pub fn new(host: H, part: Part, gauge: Option<u32>) -> PartCounter<H> {
         create_shared(&host);
-        let source = match gauge {
-            Some(id) => Source::Gauge(id),
-            _ => {
+        let source = gauge.map_or_else(
+            || {
                 logs::warning!(
                     "event=count_source part={part:?} source=shared_data why=\"gauge is not live (stats_matcher?)\""
                 );
                 Source::SharedData
-            }
-        };
+            },
+            Source::Gauge,
+        );
         PartCounter::with_host(host, part, source)
     }
 
@@ -146,7 +130,10 @@ impl<H: Host> PartCounter<H> {
         PartCounter {
             host,
             source,
-            key: part.shared_key(),
+            key: match part {
+                Part::Streams => keys::ACTIVE_STREAMS,
+                Part::Connections => keys::ACTIVE_CONNECTIONS,
+            },
             local: Cell::new(0),
             held: Cell::new(0),
             owed: Cell::new(0),
@@ -154,25 +141,10 @@ impl<H: Host> PartCounter<H> {
         }
     }
 
-    fn source_name(&self) -> &'static str {
-        match self.source {
-            Source::Gauge(_) => "gauge",
-            Source::SharedData => "shared_data",
-        }
-    }
-
     fn add(&self, delta: i64) -> bool {
         match self.source {
             Source::Gauge(id) => self.host.metric_add(id, delta).is_ok(),
-            // The key exists from configure on; written without a version it
-            // would overwrite concurrent updates, so an absent key is a failure.
-            Source::SharedData => cas_update(&self.host, self.key, |bytes| {
-                // Absent or not a count: refused (`None`).
-                let value = shared_value(bytes).ok_or(None)?;
-                let next = value.saturating_add_signed(delta);
-                Ok::<_, Option<SharedError>>(Decision::Write(next.to_le_bytes().to_vec(), ()))
-            })
-            .is_ok(),
+            Source::SharedData => change(&self.host, self.key, |v| v.saturating_add_signed(delta)),
         }
     }
 
@@ -229,14 +201,10 @@ impl<H: Host> PartCounter<H> {
         if owed == 0 && released == 0 {
             return;
         }
-        // Created on configure (`create_shared`): an absent key is a failure,
-        // retried from the tick, never a write without a version.
-        let written = cas_update(&self.host, keys::UNCOUNTED, |bytes| {
-            let value = shared_value(bytes).ok_or(None)?;
-            let next = value.saturating_add(owed).saturating_sub(released);
-            Ok::<_, Option<SharedError>>(Decision::Write(next.to_le_bytes().to_vec(), ()))
-        });
-        if written.is_ok() {
+        // Failed: retried from the tick.
+        if change(&self.host, keys::UNCOUNTED, |v| {
+            v.saturating_add(owed).saturating_sub(released)
+        }) {
             self.owed.set(0);
             self.owed_release.set(0);
         }
@@ -264,27 +232,27 @@ impl<H: Host> PartCounter<H> {
         }
     }
 
-    /// Whether this part reads 0 (one host call; no reliability checks).
-    pub fn reads_zero(&self) -> bool {
-        match self.source {
-            Source::Gauge(id) => self.host.metric_get(id) == Ok(0),
-            Source::SharedData => {
-                matches!(self.host.get(self.key), Ok((b, _)) if shared_value(b.as_deref()) == Some(0))
-            }
-        }
-    }
-
-    /// This part over every worker; `None` when it cannot be read.
+    /// This part over every worker (one host call); `None` when it cannot
+    /// be read.
     fn value(&self) -> Option<u64> {
         match self.source {
             Source::Gauge(id) => self.host.metric_get(id).ok(),
-            Source::SharedData => self
-                .host
-                .get(self.key)
-                .ok()
-                .and_then(|(b, _)| shared_value(b.as_deref())),
+            Source::SharedData => shared::read_u64(&self.host, self.key).ok().flatten(),
         }
     }
+}
+
+/// Changes the count under `key` (compare-and-swap) as `f` makes it;
+/// `false`: not written. The key exists from configure on
+/// (`create_shared`); written without a version it would overwrite
+/// concurrent updates, so an absent key (or one that is not a count) is a
+/// failure.
+fn change<H: Host>(host: &H, key: &str, f: impl Fn(u64) -> u64) -> bool {
+    cas_update(host, key, |bytes| {
+        let value = bytes.and_then(shared::u64_of).ok_or(None)?;
+        Ok::<_, Option<SharedError>>(Decision::Write(f(value).to_le_bytes().to_vec(), ()))
+    })
+    .is_ok()
 }
 
 /// Both parts of the count, as every role of a root context holds them: a
@@ -301,18 +269,15 @@ pub struct ActiveCount<H: Host = Envoy> {
 
 impl<H: Host + Copy> ActiveCount<H> {
     pub fn new(metrics: &Metrics<H>) -> ActiveCount<H> {
-        let host = *metrics.host();
-        let live = |id: Option<u32>, live: bool| id.filter(|_| live);
+        let part = |p, id: Option<u32>, live: bool| {
+            PartCounter::new(*metrics.host(), p, id.filter(|_| live))
+        };
         ActiveCount::of(
-            PartCounter::new(
-                host,
-                Part::Streams,
-                live(metrics.active, metrics.active_live),
-            ),
-            PartCounter::new(
-                host,
+            part(Part::Streams, metrics.active, metrics.active_live),
+            part(
                 Part::Connections,
-                live(metrics.active_connections, metrics.active_connections_live),
+                metrics.active_connections,
+                metrics.active_connections_live,
             ),
         )
     }
@@ -337,11 +302,10 @@ impl<H: Host> ActiveCount<H> {
 
     /// `gauge` or `shared_data` when both parts agree, else `mixed`.
     pub fn source_name(&self) -> &'static str {
-        let (s, c) = (self.streams.source_name(), self.connections.source_name());
-        if s == c {
-            s
-        } else {
-            "mixed"
+        match (self.streams.source, self.connections.source) {
+            (Source::Gauge(_), Source::Gauge(_)) => "gauge",
+            (Source::SharedData, Source::SharedData) => "shared_data",
+            _ => "mixed",
         }
     }
 
@@ -349,7 +313,7 @@ impl<H: Host> ActiveCount<H> {
     /// was released before this read and the other part read after it: of
     /// two roles ending the last of each part at once, the later sees both.
     pub fn reads_zero(&self) -> bool {
-        self.streams.reads_zero() && self.connections.reads_zero()
+        self.streams.value() == Some(0) && self.connections.value() == Some(0)
     }
 
     /// The count over every worker. A failed read is unreliable, never 0.
@@ -401,22 +365,17 @@ impl<H: Host> Drop for PartCounter<H> {
 /// (`keys::VERDICT`: the registry generation it was judged at, then the
 /// reason's name; no reason when empty or absent).
 fn verdict<H: Host>(host: &H) -> Result<Option<Unreliable>, ()> {
-    match host.get(keys::VERDICT) {
-        // Shorter than a generation, or a name drain-gate does not write:
-        // not trusted.
-        Ok((Some(b), _)) => Ok(match b.get(8..) {
-            Some([]) => None,
-            Some(name) => Some(
-                std::str::from_utf8(name)
-                    .ok()
-                    .and_then(Unreliable::from_name)
-                    .unwrap_or(Unreliable::TrafficRoleLost),
-            ),
-            None => Some(Unreliable::TrafficRoleLost),
-        }),
-        Ok((None, _)) => Ok(None),
-        Err(_) => Err(()),
-    }
+    let (bytes, _) = host.get(keys::VERDICT).map_err(|_| ())?;
+    // Shorter than a generation, or a name drain-gate does not write: not
+    // trusted.
+    Ok(bytes.and_then(|b| match b.get(8..) {
+        Some([]) => None,
+        name => Some(
+            name.and_then(|n| std::str::from_utf8(n).ok())
+                .and_then(Unreliable::from_name)
+                .unwrap_or(Unreliable::TrafficRoleLost),
+        ),
+    }))
 }
 
 /// Writes the verdict judged at registry generation `gen`, unless a verdict

@@ -6,6 +6,11 @@
 //! [`Watch`] judges the registry — at most one health tick per half `tick`
 //! does, the others skip — and writes the verdict the count reads
 //! (`keys::VERDICT`).
+//!
+//! Registrations and beats are written on the timers' clock
+//! (`clock::Now::timer_ms`): the host's monotonic clock, one for every worker
+//! of the process (no wall-clock step moves it, so a step can neither fake a
+//! dead root nor hide one), else the wall clock.
 
 use std::cell::Cell;
 use std::rc::Rc;
@@ -18,18 +23,7 @@ use super::shared::{
     self, cas_update, cas_update_versioned, json_read, json_update, Seen, SharedError,
 };
 use super::wasm_host::{Envoy, Host};
-use crate::liveness::{self as core, Lost, Registry, Unreliable, Verdict, WatchLook};
-
-/// The clock registrations and beats are written on: the host's monotonic
-/// clock (one for every worker of the process; no wall-clock step moves it,
-/// so a step can neither fake a dead root nor hide one), else the wall clock.
-fn now_ms<H: Host>(host: &H) -> u64 {
-    host.now().timer_ms()
-}
-
-fn read_beat<H: Host>(host: &H, id: u64) -> Option<u64> {
-    shared::read_u64(host, &keys::beat(id)).ok().flatten()
-}
+use crate::liveness::{self as core, Registry, Verdict};
 
 /// Creates the registry and the watch record if absent (configure runs on
 /// the main thread before any worker VM, so this cannot race another creator).
@@ -42,24 +36,17 @@ pub fn ensure_registry<H: Host>(host: &H) {
 
 /// Changes the registry (compare-and-swap); every change moves its
 /// generation on, which orders the verdicts judged from it.
-fn update<H: Host, R>(
-    host: &H,
-    mut f: impl FnMut(&mut Registry) -> R,
-) -> Result<(R, u64), SharedError> {
+fn update<H: Host, R>(host: &H, mut f: impl FnMut(&mut Registry) -> R) -> Result<R, SharedError> {
     let mut out = None;
-    let generation = update_registry(host, &mut |r| out = Some(f(r)))?;
-    out.map(|r| (r, generation)).ok_or(SharedError::Contention)
+    update_registry(host, &mut |r| out = Some(f(r)))?;
+    out.ok_or(SharedError::Contention)
 }
 
 /// `update`'s body, one copy for every caller: `f` runs once per attempt.
-fn update_registry<H: Host>(
-    host: &H,
-    f: &mut dyn FnMut(&mut Registry),
-) -> Result<u64, SharedError> {
+fn update_registry<H: Host>(host: &H, f: &mut dyn FnMut(&mut Registry)) -> Result<(), SharedError> {
     json_update(host, keys::REGISTRY, |r: &mut Registry| {
         r.generation = r.generation.saturating_add(1);
         f(r);
-        r.generation
     })
 }
 
@@ -122,28 +109,26 @@ impl<H: Host> Heartbeat<H> {
         if self.done.get() {
             return;
         }
-        let id = match self.id.get() {
-            Some(id) => id,
-            None => match self.register() {
-                Some(id) => id,
-                None => return,
-            },
+        let Some(id) = self.id.get().or_else(|| self.register()) else {
+            return;
         };
-        let _ = self
-            .host
-            .set(&keys::beat(id), &now_ms(&self.host).to_le_bytes(), None);
+        let _ = self.host.set(
+            &keys::beat(id),
+            &self.host.now().timer_ms().to_le_bytes(),
+            None,
+        );
     }
 
     fn register(&self) -> Option<u64> {
-        let now = now_ms(&self.host);
+        let now = self.host.now().timer_ms();
         let tick_ms = self.tick_ms;
         match update(&self.host, |r| r.announce(tick_ms, now)) {
-            Ok((Some(id), _)) => {
+            Ok(Some(id)) => {
                 logs::info!("event=traffic_role_registered id={id}");
                 self.id.set(Some(id));
                 Some(id)
             }
-            Ok((None, _)) => {
+            Ok(None) => {
                 if !self.refused.replace(true) {
                     logs::error!(
                         "event=traffic_role_refused why=too_many_traffic_roots max={} what=\"more \
@@ -166,7 +151,7 @@ impl<H: Host> Heartbeat<H> {
     pub fn goodbye(&self) {
         self.done.set(true);
         let Some(id) = self.id.take() else { return };
-        let now = now_ms(&self.host);
+        let now = self.host.now().timer_ms();
         match update(&self.host, |r| r.goodbye(id, now)) {
             Ok(_) => logs::info!("event=traffic_role_unregistered id={id} why=goodbye"),
             Err(e) => logs::error!("event=traffic_role_goodbye_failed id={id} error=\"{e}\""),
@@ -231,35 +216,26 @@ impl<H: Host> Watch<H> {
         let tick_ms = self.tick_ms;
         let judged: Result<_, SharedError> = cas_update(&self.host, keys::WATCH, |bytes| {
             // Absent or of another form (never expected): judged afresh.
-            let watch = watch_of(bytes);
-            let next = watch.next(now, tick_ms);
-            let (w, stall) = match next {
-                WatchLook::Skip => return Ok(shared::Decision::Keep(None)),
-                WatchLook::Now(w) => (w, None),
-                WatchLook::AfterStall(w, gap) => (w, Some(gap)),
-            };
-            let bytes = w.to_bytes().to_vec();
-            Ok(shared::Decision::Write(bytes, Some((w.since_ms, stall))))
-        });
-        match judged {
-            Ok(Some((since, stall))) => {
-                if let Some(gap) = stall {
-                    logs::warning!(
-                        "event=stall late_ms={gap} what=\"the health role did not run for {gap} ms \
-                         (the process stalled: CPU throttling, a long main-thread task, memory \
-                         pressure); traffic roots get a fresh {} ms to beat before any is judged \
-                         lost\"",
-                        core::stale_after_ms(tick_ms)
-                    );
+            Ok(match watch_of(bytes).next(now, tick_ms) {
+                None => shared::Decision::Keep(None),
+                Some((w, stall)) => {
+                    shared::Decision::Write(w.to_bytes().to_vec(), Some((w.since_ms, stall)))
                 }
-                Some(since)
-            }
-            Ok(None) => None,
-            Err(e) => {
-                logs::warning!("event=shared_data_error key={} error=\"{e}\"", keys::WATCH);
-                None
-            }
+            })
+        });
+        let (since, stall) = judged.unwrap_or_else(|e| {
+            logs::warning!("event=shared_data_error key={} error=\"{e}\"", keys::WATCH);
+            None
+        })?;
+        if let Some(gap) = stall {
+            logs::warning!(
+                "event=stall late_ms={gap} what=\"the health role did not run for {gap} ms (the \
+                 process stalled: CPU throttling, a long main-thread task, memory pressure); \
+                 traffic roots get a fresh {} ms to beat before any is judged lost\"",
+                core::stale_after_ms(tick_ms)
+            );
         }
+        Some(since)
     }
 
     /// From the health tick: registers again the lost roots that beat again,
@@ -267,11 +243,11 @@ impl<H: Host> Watch<H> {
     /// the verdict the count reads. `true`: this tick judged (at most one per
     /// half `tick` in the process does).
     pub fn tick(&self, metrics: &Metrics<H>) -> bool {
-        let now = now_ms(&self.host);
+        let now = self.host.now().timer_ms();
         let Some(since) = self.judge(now) else {
             return false;
         };
-        let beat = |id| read_beat(&self.host, id);
+        let beat = |id| shared::read_u64(&self.host, &keys::beat(id)).ok().flatten();
         // Written only when the judgement changed it: a judgement that finds
         // every root beating leaves the registry (and its generation) as it
         // was, and the next reader parses nothing.
@@ -308,10 +284,21 @@ impl<H: Host> Watch<H> {
         };
         self.seen.set(self.seen.get() || seen);
         for l in &back {
-            report_back(l, now);
+            logs::warning!(
+                "event=traffic_role_back id={} silent_ms={} what=\"a traffic root declared lost \
+                 beats again: it was late, not dead\"",
+                l.id,
+                now.saturating_sub(l.last_beat_ms)
+            );
         }
         for l in &lost {
-            report_lost(l);
+            logs::error!(
+                "event=traffic_role_lost id={} last_beat_ms={} what=\"a traffic root went silent \
+                 without a goodbye (its VM may have failed); the count is not trusted until it \
+                 beats again\"",
+                l.id,
+                l.last_beat_ms
+            );
             metrics.traffic_role_lost();
         }
         if gap {
@@ -321,8 +308,16 @@ impl<H: Host> Watch<H> {
                  counted, so the count is not trusted until istio-proxy restarts\""
             );
         }
-        if count::write_verdict(&self.host, gen, verdict.unreliable) {
-            report_verdict(verdict.unreliable);
+        if !count::write_verdict(&self.host, gen, verdict.unreliable) {
+            return true;
+        }
+        match verdict.unreliable {
+            Some(why) => logs::error!(
+                "event=count_unreliable why={} what=\"the count is not trusted to reach 0; a \
+                 drain waits for drain_timeout unless the reason ends first\"",
+                why.name()
+            ),
+            None => logs::info!("event=count_reliable what=\"the count is trusted again\""),
         }
         true
     }
@@ -332,7 +327,7 @@ impl<H: Host> Watch<H> {
         let reg = json_read::<_, Registry>(&self.host, keys::REGISTRY).unwrap_or_default();
         let watch = self.host.get(keys::WATCH).ok().and_then(|(b, _)| b);
         let watch = watch_of(watch.as_deref());
-        let v = reg.verdict(now_ms(&self.host));
+        let v = reg.verdict(self.host.now().timer_ms());
         (reg, v, watch)
     }
 }
@@ -342,41 +337,13 @@ fn watch_of(bytes: Option<&[u8]>) -> core::Watch {
     bytes.and_then(core::Watch::from_bytes).unwrap_or_default()
 }
 
-fn report_lost(l: &Lost) {
-    logs::error!(
-        "event=traffic_role_lost id={} last_beat_ms={} what=\"a traffic root went silent without a \
-         goodbye (its VM may have failed); the count is not trusted until it beats again\"",
-        l.id,
-        l.last_beat_ms
-    );
-}
-
-fn report_back(l: &Lost, now: u64) {
-    logs::warning!(
-        "event=traffic_role_back id={} silent_ms={} what=\"a traffic root declared lost beats \
-         again: it was late, not dead\"",
-        l.id,
-        now.saturating_sub(l.last_beat_ms)
-    );
-}
-
-fn report_verdict(why: Option<Unreliable>) {
-    match why {
-        Some(why) => logs::error!(
-            "event=count_unreliable why={} what=\"the count is not trusted to reach 0; a drain \
-             waits for drain_timeout unless the reason ends first\"",
-            why.name()
-        ),
-        None => logs::info!("event=count_reliable what=\"the count is trusted again\""),
-    }
-}
-
 #[cfg(test)]
 #[allow(clippy::unwrap_used, clippy::indexing_slicing)]
 mod tests {
     use super::*;
     use crate::host::count::{ActiveCount, Part, PartCounter, Source};
     use crate::host::sim::Sim;
+    use crate::liveness::Unreliable;
 
     fn reading(sim: &Sim) -> count::CountReading {
         let part = |p| PartCounter::with_host(sim, p, Source::SharedData);

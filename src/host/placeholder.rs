@@ -73,23 +73,19 @@ impl<H: Host> Stand<H> {
 
     fn register(&self) -> Option<u64> {
         let now = self.host.now().timer_ms();
-        match json_update(&self.host, keys::PLACEHOLDERS, |p: &mut Placeholders| {
+        let id = json_update(&self.host, keys::PLACEHOLDERS, |p: &mut Placeholders| {
             p.register(now)
-        }) {
-            Ok(Some(id)) => {
-                logs::warning!(
-                    "event=placeholder_present id={id} what=\"a traffic filter runs drain-gate's placeholder: \
-                     its own configuration has not loaded (yet); a gateway not announced stays out\""
-                );
-                self.id.set(Some(id));
-                Some(id)
-            }
-            Ok(None) => None,
-            Err(e) => {
-                logs::error!("event=placeholder_unregistered error=\"{e}\"");
-                None
-            }
-        }
+        })
+        .unwrap_or_else(|e| {
+            logs::error!("event=placeholder_unregistered error=\"{e}\"");
+            None
+        })?;
+        logs::warning!(
+            "event=placeholder_present id={id} what=\"a traffic filter runs drain-gate's placeholder: \
+             its own configuration has not loaded (yet); a gateway not announced stays out\""
+        );
+        self.id.set(Some(id));
+        Some(id)
     }
 
     /// From each request it passes on: the first one marks it served.

@@ -18,9 +18,6 @@ use crate::fsm::Record;
 use crate::lb::Gate;
 use crate::rotation::{self, Outcome};
 
-/// This worker's rotation call in flight, if any: its token and record.
-type Sent = Option<(u32, rotation::Record)>;
-
 /// This worker's part in the rotation: at most one call at a time.
 #[derive(Debug)]
 pub struct Rotator<H: Host = Envoy> {
@@ -28,7 +25,8 @@ pub struct Rotator<H: Host = Envoy> {
     /// `None`: rotation is turned off.
     cluster: Option<String>,
     refusing: bool,
-    sent: RefCell<Sent>,
+    /// This worker's rotation call in flight, if any: its token and record.
+    sent: RefCell<Option<(u32, rotation::Record)>>,
 }
 
 fn log_outcome(rec: &rotation::Record) {
@@ -77,14 +75,6 @@ fn claim_drain<H: Host>(host: &H, claim: &rotation::Record) -> Result<bool, Shar
     })
 }
 
-/// After the claim, one writer per drain, so no compare-and-swap: the
-/// last write wins.
-fn save<H: Host>(host: &H, rec: &rotation::Record) -> Result<(), SharedError> {
-    let bytes = shared::encode(keys::ROTATION, rec)?;
-    host.set(keys::ROTATION, &bytes, None)
-        .map_err(SharedError::Write)
-}
-
 impl<H: Host> Rotator<H> {
     /// `refusing`: drains refuse new requests (`draining_new_requests`).
     pub fn new(host: H, cluster: Option<String>, refusing: bool) -> Rotator<H> {
@@ -126,13 +116,18 @@ impl<H: Host> Rotator<H> {
     }
 
     /// Saves `rec` unless a later drain's rotation is already recorded.
+    /// After the claim, one writer per drain, so no compare-and-swap: the
+    /// last write wins.
     fn save(&self, rec: &rotation::Record) {
         let newer = matches!(load(&self.host),
             Ok(Some(r)) if r.drain_started_ms > rec.drain_started_ms);
         if newer {
             return;
         }
-        if let Err(e) = save(&self.host, rec) {
+        let saved = shared::encode(keys::ROTATION, rec).and_then(|bytes| {
+            (self.host.set(keys::ROTATION, &bytes, None)).map_err(SharedError::Write)
+        });
+        if let Err(e) = saved {
             logs::warning!("event=rotation_record_unavailable error=\"{e}\"");
         }
     }
@@ -150,31 +145,24 @@ impl<H: Host> Rotator<H> {
                 *self.sent.borrow_mut() = Some((token, claim.clone()));
                 claim
             }
-            Err(e) => rotation::Record::not_sent(
-                claim.drain_started_ms,
-                claim.trigger.unwrap_or(rotation::Trigger::Flip),
-                Outcome::Failed,
-                format!(
+            Err(e) => rotation::Record {
+                outcome: Outcome::Failed,
+                requested_ms: None,
+                error: Some(format!(
                     "Envoy refused the call to cluster \"{cluster}\" ({e:?}): no such cluster?"
-                ),
-            ),
+                )),
+                ..claim
+            },
         }
     }
 
     /// The admin API's answer (or its absence) to the call sent with `token`.
     pub fn answered(&self, token: u32, num_headers: usize) {
-        let sent = match &*self.sent.borrow() {
-            Some((t, rec)) if *t == token => rec.clone(),
-            _ => return,
+        let Some((_, sent)) = self.sent.borrow_mut().take_if(|(t, _)| *t == token) else {
+            return;
         };
-        *self.sent.borrow_mut() = None;
-        let host = &self.host;
-        let status = if num_headers == 0 {
-            None
-        } else {
-            host.http_call_status()
-        };
-        let rec = sent.answered(status, host.now().wall_ms);
+        let status = (num_headers > 0).then(|| self.host.http_call_status());
+        let rec = sent.answered(status.flatten(), self.host.now().wall_ms);
         log_outcome(&rec);
         self.save(&rec);
     }

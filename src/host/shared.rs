@@ -163,10 +163,7 @@ where
     T: serde::Serialize + FromJson + Default,
 {
     cas_update(host, key, |bytes| {
-        let mut value: T = match bytes {
-            Some(b) => parse(key, b)?,
-            None => T::default(),
-        };
+        let mut value: T = parse_or_default(key, bytes)?;
         let r = f(&mut value);
         Ok::<_, SharedError>(Decision::Write(encode(key, &value)?, r))
     })
@@ -183,10 +180,7 @@ where
     T: serde::Serialize + FromJson + Default,
 {
     cas_update(host, key, |bytes| {
-        let mut value: T = match bytes {
-            Some(b) => parse(key, b)?,
-            None => T::default(),
-        };
+        let mut value: T = parse_or_default(key, bytes)?;
         if !f(&mut value) {
             return Ok(Decision::Keep(false));
         }
@@ -200,10 +194,16 @@ where
     H: Host + ?Sized,
     T: FromJson + Default,
 {
-    match host.get(key).map_err(SharedError::Read)? {
-        (Some(b), _) => parse(key, &b),
-        (None, _) => Ok(T::default()),
-    }
+    let (bytes, _) = host.get(key).map_err(SharedError::Read)?;
+    parse_or_default(key, bytes.as_deref())
+}
+
+/// The JSON value of `bytes` read under `key`, `T::default()` when absent.
+fn parse_or_default<T: FromJson + Default>(
+    key: &'static str,
+    bytes: Option<&[u8]>,
+) -> Result<T, SharedError> {
+    bytes.map_or_else(|| Ok(T::default()), |b| parse(key, b))
 }
 
 /// A little-endian `u64` (the counts, the beats), `None` when absent or of
