@@ -92,59 +92,42 @@ impl Cidr {
                 }
             },
         };
-        let cidr = Cidr { net, prefix };
-        let network = cidr.network();
-        if network != net {
+        let (bits, width) = bits(net);
+        let kept = masked(bits, prefix, width);
+        if kept != bits {
+            let network = match net {
+                IpAddr::V4(_) => IpAddr::V4((kept as u32).into()),
+                IpAddr::V6(_) => IpAddr::V6(kept.into()),
+            };
             return Err(CidrError::HostBits {
                 input: s.to_string(),
                 network: format!("{network}/{prefix}"),
             });
         }
-        Ok(cidr)
+        Ok(Cidr { net, prefix })
     }
 
-    /// The address with every bit past the prefix cleared.
-    fn network(&self) -> IpAddr {
-        match self.net {
-            IpAddr::V4(n) => {
-                let keep = u32::MAX
-                    .checked_shl(32 - u32::from(self.prefix))
-                    .unwrap_or(0);
-                IpAddr::V4((u32::from(n) & keep).into())
-            }
-            IpAddr::V6(n) => {
-                let keep = u128::MAX
-                    .checked_shl(128 - u32::from(self.prefix))
-                    .unwrap_or(0);
-                IpAddr::V6((u128::from(n) & keep).into())
-            }
-        }
-    }
-
+    /// Whether `ip` is in the network; an IPv4-mapped IPv6 address as the
+    /// IPv4 address.
     pub fn contains(&self, ip: IpAddr) -> bool {
-        let ip = match ip {
-            IpAddr::V6(v6) => v6.to_ipv4_mapped().map(IpAddr::V4).unwrap_or(ip),
-            v4 => v4,
-        };
-        match (self.net, ip) {
-            (IpAddr::V4(n), IpAddr::V4(a)) => {
-                masked(u32::from(n).into(), self.prefix, 32)
-                    == masked(u32::from(a).into(), self.prefix, 32)
-            }
-            (IpAddr::V6(n), IpAddr::V6(a)) => {
-                masked(u128::from(n), self.prefix, 128) == masked(u128::from(a), self.prefix, 128)
-            }
-            _ => false,
-        }
+        let (net, width) = bits(self.net);
+        let (ip, ip_width) = bits(ip.to_canonical());
+        width == ip_width && masked(ip, self.prefix, width) == net
     }
 }
 
-fn masked(bits: u128, prefix: u8, width: u32) -> u128 {
-    if prefix == 0 {
-        return 0;
+/// An address as a number, and its width in bits.
+fn bits(ip: IpAddr) -> (u128, u32) {
+    match ip {
+        IpAddr::V4(v4) => (u32::from(v4).into(), 32),
+        IpAddr::V6(v6) => (v6.into(), 128),
     }
-    let keep = u32::from(prefix).min(width);
-    bits >> (width - keep)
+}
+
+/// `bits` (of `width`) with every bit past the first `prefix` cleared.
+fn masked(bits: u128, prefix: u8, width: u32) -> u128 {
+    let clear = width.saturating_sub(prefix.into());
+    bits.checked_shr(clear).map_or(0, |top| top << clear)
 }
 
 impl fmt::Display for Cidr {
