@@ -13,6 +13,7 @@ use crate::fsm::{self, Record, State};
 use crate::host::logs;
 use crate::host::store;
 use crate::host::wasm_host::{Envoy, Host};
+use crate::net::Shown;
 use crate::placeholder::Action as PlaceholderAction;
 
 /// Logs why the state could not be read; the answer is the core's.
@@ -41,7 +42,7 @@ impl<H: Host> Health<H> {
         };
         if let Err(e) = self
             .store
-            .lb_observe(&ip.to_string(), served, self.config.lb_fall)
+            .lb_observe(&Shown(ip).to_string(), served, self.config.lb_fall)
         {
             logs::warning!("event=lb_record_unavailable error=\"{e}\"");
         }
@@ -68,12 +69,12 @@ impl<H: Host> Health<H> {
                 Err(e) => logs::warning!("event=lb_record_unavailable error=\"{e}\""),
             }
         }
-        match self.store.lb_ignore(&ip.to_string()) {
+        match self.store.lb_ignore(&Shown(ip).to_string()) {
             Ok(true) => logs::warning!(
                 "event=lb_check_ignored source={} what=\"a /health_check.html from outside \
                  lb_checkers: answered, not recorded; if it is the LB, a soft drain's gate and \
                  lb_observed_down never see it\"",
-                ip
+                Shown(ip)
             ),
             Ok(false) => {}
             Err(e) => logs::warning!("event=lb_record_unavailable error=\"{e}\""),
