@@ -10,7 +10,7 @@ use std::net::IpAddr;
 
 use crate::duration::{self, DurationError};
 use crate::fsm::{CloseAfter, DrainPlan};
-use crate::net::{Cidr, CidrError, LOOPBACK};
+use crate::net::{Cidr, LOOPBACK};
 use crate::refusal::{Refusal, Refused};
 use crate::rotation;
 
@@ -141,12 +141,6 @@ impl From<&str> for ValueError {
 
 impl From<DurationError> for ValueError {
     fn from(e: DurationError) -> ValueError {
-        ValueError(e.to_string())
-    }
-}
-
-impl From<CidrError> for ValueError {
-    fn from(e: CidrError) -> ValueError {
         ValueError(e.to_string())
     }
 }

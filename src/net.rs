@@ -276,58 +276,20 @@ pub const LOOPBACK: [Cidr; 2] = [
     },
 ];
 
-/// Why a string is not a network drain-gate accepts.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum CidrError {
-    NotAnAddress(String),
-    Prefix {
-        input: String,
-        max: u8,
-    },
-    /// Host bits set: `network` is what was probably meant.
-    HostBits {
-        input: String,
-        network: String,
-    },
-}
-
-impl fmt::Display for CidrError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            CidrError::NotAnAddress(s) => write!(f, "\"{s}\" is not an IP address or CIDR"),
-            CidrError::Prefix { input, max } => {
-                write!(f, "\"{input}\" has a prefix length outside 0..={max}")
-            }
-            CidrError::HostBits { input, network } => {
-                write!(
-                    f,
-                    "\"{input}\" has host bits set (did you mean \"{network}\"?)"
-                )
-            }
-        }
-    }
-}
-
-impl std::error::Error for CidrError {}
-
 impl Cidr {
-    pub fn parse(s: &str) -> Result<Cidr, CidrError> {
+    /// The network `s` writes, or why it is not one drain-gate accepts.
+    pub fn parse(s: &str) -> Result<Cidr, String> {
         let (addr, prefix) = match s.split_once('/') {
             Some((a, p)) => (a, Some(p)),
             None => (s, None),
         };
-        let net = parse_ip(addr).ok_or_else(|| CidrError::NotAnAddress(s.to_string()))?;
+        let net = parse_ip(addr).ok_or_else(|| format!("\"{s}\" is not an IP address or CIDR"))?;
         let max = if net.is_ipv4() { 32 } else { 128 };
         let prefix = match prefix {
             None => max,
             Some(p) => match p.parse::<u8>() {
                 Ok(n) if n <= max => n,
-                _ => {
-                    return Err(CidrError::Prefix {
-                        input: s.to_string(),
-                        max,
-                    })
-                }
+                _ => return Err(format!("\"{s}\" has a prefix length outside 0..={max}")),
             },
         };
         let (bits, width) = bits(net);
@@ -337,10 +299,10 @@ impl Cidr {
                 IpAddr::V4(_) => IpAddr::V4((kept as u32).into()),
                 IpAddr::V6(_) => IpAddr::V6(kept.into()),
             };
-            return Err(CidrError::HostBits {
-                input: s.to_string(),
-                network: format!("{}/{prefix}", Shown(network)),
-            });
+            let network = Shown(network);
+            return Err(format!(
+                "\"{s}\" has host bits set (did you mean \"{network}/{prefix}\"?)"
+            ));
         }
         Ok(Cidr { net, prefix })
     }
@@ -406,6 +368,18 @@ mod tests {
             "\"fd00::1/8\" has host bits set (did you mean \"fd00::/8\"?)"
         );
         assert!(Cidr::parse("127.0.0.1/0").is_err());
+        assert_eq!(
+            Cidr::parse("10.0.0.0/33").unwrap_err(),
+            "\"10.0.0.0/33\" has a prefix length outside 0..=32"
+        );
+        assert_eq!(
+            Cidr::parse("fd00::/x").unwrap_err(),
+            "\"fd00::/x\" has a prefix length outside 0..=128"
+        );
+        assert_eq!(
+            Cidr::parse("10.0.0/8").unwrap_err(),
+            "\"10.0.0/8\" is not an IP address or CIDR"
+        );
         for ok in [
             "10.0.0.0/8",
             "10.0.0.1/32",
