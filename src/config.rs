@@ -305,7 +305,7 @@ fn cidr_list(v: &Value) -> Result<Vec<Cidr>, ValueError> {
         let text = item
             .as_str()
             .ok_or_else(|| expected("a CIDR string", item))?;
-        list.push(Cidr::parse(text).map_err(|e| e.to_string())?);
+        list.push(Cidr::parse(text)?);
     }
     Ok(list)
 }

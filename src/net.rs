@@ -276,113 +276,58 @@ pub const LOOPBACK: [Cidr; 2] = [
     },
 ];
 
-/// Why a string is not a network drain-gate accepts.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum CidrError {
-    NotAnAddress(String),
-    Prefix {
-        input: String,
-        max: u8,
-    },
-    /// Host bits set: `network` is what was probably meant.
-    HostBits {
-        input: String,
-        network: String,
-    },
-}
-
-impl fmt::Display for CidrError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            CidrError::NotAnAddress(s) => write!(f, "\"{s}\" is not an IP address or CIDR"),
-            CidrError::Prefix { input, max } => {
-                write!(f, "\"{input}\" has a prefix length outside 0..={max}")
-            }
-            CidrError::HostBits { input, network } => {
-                write!(
-                    f,
-                    "\"{input}\" has host bits set (did you mean \"{network}\"?)"
-                )
-            }
-        }
-    }
-}
-
-impl std::error::Error for CidrError {}
-
 impl Cidr {
-    pub fn parse(s: &str) -> Result<Cidr, CidrError> {
+    /// The network `s` writes, or why it is not one drain-gate accepts.
+    pub fn parse(s: &str) -> Result<Cidr, String> {
         let (addr, prefix) = match s.split_once('/') {
             Some((a, p)) => (a, Some(p)),
             None => (s, None),
         };
-        let net = parse_ip(addr).ok_or_else(|| CidrError::NotAnAddress(s.to_string()))?;
+        let net = parse_ip(addr).ok_or_else(|| format!("\"{s}\" is not an IP address or CIDR"))?;
         let max = if net.is_ipv4() { 32 } else { 128 };
         let prefix = match prefix {
             None => max,
             Some(p) => match p.parse::<u8>() {
                 Ok(n) if n <= max => n,
-                _ => {
-                    return Err(CidrError::Prefix {
-                        input: s.to_string(),
-                        max,
-                    })
-                }
+                _ => return Err(format!("\"{s}\" has a prefix length outside 0..={max}")),
             },
         };
-        let cidr = Cidr { net, prefix };
-        let network = cidr.network();
-        if network != net {
-            return Err(CidrError::HostBits {
-                input: s.to_string(),
-                network: format!("{}/{prefix}", Shown(network)),
-            });
+        let (bits, width) = bits(net);
+        let kept = masked(bits, prefix, width);
+        if kept != bits {
+            let network = match net {
+                IpAddr::V4(_) => IpAddr::V4((kept as u32).into()),
+                IpAddr::V6(_) => IpAddr::V6(kept.into()),
+            };
+            let network = Shown(network);
+            return Err(format!(
+                "\"{s}\" has host bits set (did you mean \"{network}/{prefix}\"?)"
+            ));
         }
-        Ok(cidr)
+        Ok(Cidr { net, prefix })
     }
 
-    /// The address with every bit past the prefix cleared.
-    fn network(&self) -> IpAddr {
-        match self.net {
-            IpAddr::V4(n) => {
-                let keep = u32::MAX
-                    .checked_shl(32 - u32::from(self.prefix))
-                    .unwrap_or(0);
-                IpAddr::V4((u32::from(n) & keep).into())
-            }
-            IpAddr::V6(n) => {
-                let keep = u128::MAX
-                    .checked_shl(128 - u32::from(self.prefix))
-                    .unwrap_or(0);
-                IpAddr::V6((u128::from(n) & keep).into())
-            }
-        }
-    }
-
+    /// Whether `ip` is in the network; an IPv4-mapped IPv6 address as the
+    /// IPv4 address.
     pub fn contains(&self, ip: IpAddr) -> bool {
-        let ip = match ip {
-            IpAddr::V6(v6) => v6.to_ipv4_mapped().map(IpAddr::V4).unwrap_or(ip),
-            v4 => v4,
-        };
-        match (self.net, ip) {
-            (IpAddr::V4(n), IpAddr::V4(a)) => {
-                masked(u32::from(n).into(), self.prefix, 32)
-                    == masked(u32::from(a).into(), self.prefix, 32)
-            }
-            (IpAddr::V6(n), IpAddr::V6(a)) => {
-                masked(u128::from(n), self.prefix, 128) == masked(u128::from(a), self.prefix, 128)
-            }
-            _ => false,
-        }
+        let (net, width) = bits(self.net);
+        let (ip, ip_width) = bits(ip.to_canonical());
+        width == ip_width && masked(ip, self.prefix, width) == net
     }
 }
 
-fn masked(bits: u128, prefix: u8, width: u32) -> u128 {
-    if prefix == 0 {
-        return 0;
+/// An address as a number, and its width in bits.
+fn bits(ip: IpAddr) -> (u128, u32) {
+    match ip {
+        IpAddr::V4(v4) => (u32::from(v4).into(), 32),
+        IpAddr::V6(v6) => (v6.into(), 128),
     }
-    let keep = u32::from(prefix).min(width);
-    bits >> (width - keep)
+}
+
+/// `bits` (of `width`) with every bit past the first `prefix` cleared.
+fn masked(bits: u128, prefix: u8, width: u32) -> u128 {
+    let clear = width.saturating_sub(prefix.into());
+    bits.checked_shr(clear).map_or(0, |top| top << clear)
 }
 
 impl fmt::Display for Cidr {
@@ -423,6 +368,18 @@ mod tests {
             "\"fd00::1/8\" has host bits set (did you mean \"fd00::/8\"?)"
         );
         assert!(Cidr::parse("127.0.0.1/0").is_err());
+        assert_eq!(
+            Cidr::parse("10.0.0.0/33").unwrap_err(),
+            "\"10.0.0.0/33\" has a prefix length outside 0..=32"
+        );
+        assert_eq!(
+            Cidr::parse("fd00::/x").unwrap_err(),
+            "\"fd00::/x\" has a prefix length outside 0..=128"
+        );
+        assert_eq!(
+            Cidr::parse("10.0.0/8").unwrap_err(),
+            "\"10.0.0/8\" is not an IP address or CIDR"
+        );
         for ok in [
             "10.0.0.0/8",
             "10.0.0.1/32",
