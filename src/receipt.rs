@@ -61,25 +61,6 @@ impl Tally {
 }
 
 record! {
-    /// The line of a drain that ended, owed until a tick later: what comes
-    /// before its completed count, that count, and what comes after.
-    #[derive(Clone, Debug, PartialEq, Eq)]
-    pub struct Owed {
-        /// The drain it is of (`crate::fsm::Record::drain_id`).
-        pub drain: u64,
-        pub head: String,
-        pub completed: u64,
-        pub tail: String,
-    }
-}
-
-impl Owed {
-    fn line(self) -> String {
-        format!("{}{}{}", self.head, self.completed, self.tail)
-    }
-}
-
-record! {
     /// The receipt's own record, one per process beside the FSM's, written on
     /// the events of a drain (`crate::host::receipt`): the latest drain's
     /// base and flip, and the line of a drain that ended until it is logged.
@@ -96,9 +77,14 @@ record! {
         pub flip_recorded: bool = false,
         /// Its line is written (owed, then logged): once per drain.
         pub logged: bool = false,
-        /// The line of a drain that ended, written then and logged a tick
-        /// later (the next drain may begin meanwhile).
-        pub owed: Option<Owed>,
+        /// The receipt line of a drain that ended, written then and logged a
+        /// tick later (`owe`; the next drain may begin meanwhile): what comes
+        /// before its completed count, that count, and what comes after.
+        pub owed_line: Option<String>,
+        pub owed_completed: u64 = 0,
+        pub owed_tail: Option<String>,
+        /// The drain that line is of.
+        pub owed_drain: Option<u64>,
     }
 }
 
@@ -107,12 +93,11 @@ impl Record {
     /// beginning it missed counts from no base), the owed line kept.
     fn at(&mut self, drain: u64) {
         if self.drain != Some(drain) {
-            let owed = self.owed.take();
-            *self = Record {
-                drain: Some(drain),
-                owed,
-                ..Record::default()
-            };
+            self.drain = Some(drain);
+            self.base = None;
+            self.oldest_at_flip_ms = None;
+            self.flip_recorded = false;
+            self.logged = false;
         }
     }
 
@@ -177,19 +162,22 @@ impl Record {
         }
         .halves();
         self.logged = true;
-        let owed = Owed {
-            drain,
-            head,
-            completed: tally.completed,
-            tail,
-        };
-        Some(self.owed.replace(owed).map(Owed::line))
+        let displaced = self.take_owed();
+        self.owed_line = Some(head);
+        self.owed_completed = tally.completed;
+        self.owed_tail = Some(tail);
+        self.owed_drain = Some(drain);
+        Some(displaced)
     }
 
     /// Takes the owed line out (being logged), with the completed ends
     /// counted since; `None` when none is owed (another worker logged it).
     pub fn take_owed(&mut self) -> Option<String> {
-        self.owed.take().map(Owed::line)
+        let head = self.owed_line.take()?;
+        let tail = self.owed_tail.take().unwrap_or_default();
+        self.owed_drain = None;
+        let completed = std::mem::take(&mut self.owed_completed);
+        Some(format!("{head}{completed}{tail}"))
     }
 
     /// Adds `n` completed ends of drain `drain`, counted by a traffic root at
@@ -198,11 +186,11 @@ impl Record {
     /// one began meanwhile (its base moves up with them). `false`: nothing
     /// to change.
     pub fn add_completed(&mut self, drain: u64, n: u64) -> bool {
+        let owed = self.owed_drain == Some(drain);
         let newer = self.drain != Some(drain);
-        let owed = self.owed.as_mut().filter(|o| o.drain == drain);
         let base = self.base.as_mut().filter(|_| newer);
         let counts = [
-            owed.map(|o| &mut o.completed),
+            Some(&mut self.owed_completed).filter(|_| owed),
             base.map(|b| &mut b.completed),
         ];
         let mut changed = false;

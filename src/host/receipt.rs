@@ -18,12 +18,18 @@ use crate::receipt::{Record, Tally};
 /// Creates the record (no drain yet) unless it exists: on configure
 /// (`root::create_shared`).
 pub fn create<H: Host>(host: &H) {
-    shared::ensure_json(host, keys::RECEIPT, &Record::default());
+    if let Err(e) = shared::create(host, keys::RECEIPT, b"{}") {
+        logs::error!(
+            "event=shared_data_error key={} error=\"{e}\"",
+            keys::RECEIPT
+        );
+    }
 }
 
 /// Changes the record as `change` says (compare-and-swap, retried; written
 /// when it says it changed it). Whether it was written (a failure is logged).
-pub fn change<H: Host>(host: &H, change: impl FnMut(&mut Record) -> bool) -> bool {
+/// One copy of the update for every change: the module's size is budgeted.
+pub fn change<H: Host>(host: &H, change: &mut dyn FnMut(&mut Record) -> bool) -> bool {
     shared::json_change(host, keys::RECEIPT, change)
         .map_err(|e| logs::warning!("event=receipt_unavailable error=\"{e}\""))
         .unwrap_or(false)
@@ -33,10 +39,12 @@ pub fn change<H: Host>(host: &H, change: impl FnMut(&mut Record) -> bool) -> boo
 /// (`Record::owe`), and logs at once a line it displaces. Whether it wrote.
 pub fn owe<H: Host>(host: &H, rec: &fsm::Record, ended: &str, counters: Tally, now: Now) -> bool {
     let mut displaced = None;
-    let written = change(host, |r| {
-        let owed = r.owe(rec, ended, counters, now);
-        displaced = owed.clone().flatten();
-        owed.is_some()
+    let written = change(host, &mut |r| match r.owe(rec, ended, counters, now) {
+        Some(line) => {
+            displaced = line;
+            true
+        }
+        None => false,
     });
     if let Some(line) = displaced.filter(|_| written) {
         logs::info!("{line}"); // a second drain ended within a tick of the first
@@ -48,14 +56,13 @@ pub fn owe<H: Host>(host: &H, rec: &fsm::Record, ended: &str, counters: Tally, n
 /// the counters as its base; one that ended (CLOSED, a reopen, FAULT) has
 /// its line written, logged a tick later by the health role.
 pub fn transition<H: Host>(host: &H, next: &fsm::Record, now: Now, metrics: &Metrics<H>) {
-    match (next.state, next.drain_id) {
-        (State::Draining, Some(drain)) => {
-            let base = metrics.tally();
-            change(host, |r| r.began(drain, base));
-        }
-        (State::Closed | State::Open | State::Fault, Some(_)) => {
-            owe(host, next, next.state.name(), metrics.tally(), now);
-        }
-        _ => {}
+    let Some(drain) = next.drain_id.filter(|_| next.state != State::Closing) else {
+        return;
+    };
+    let counters = metrics.tally();
+    if next.state == State::Draining {
+        change(host, &mut |r| r.began(drain, counters));
+    } else {
+        owe(host, next, next.state.name(), counters, now);
     }
 }

@@ -209,7 +209,7 @@ impl<H: Host> Traffic<H> {
     fn flush_completed(&self) {
         let n = self.completed.take();
         if let (Some(drain), true) = (self.drain.get(), n > 0) {
-            super::receipt::change(self.store.host(), |r| r.add_completed(drain, n));
+            super::receipt::change(self.store.host(), &mut |r| r.add_completed(drain, n));
         }
         self.metrics.completed(n);
     }

@@ -77,8 +77,6 @@ pub struct Health<H: Host = Envoy> {
     /// The FSM's `seq` at which this root last found nothing to do in the
     /// receipt's record: it looks again when the FSM moves (`receipt_view`).
     receipt_looked: Cell<Option<u64>>,
-    /// The receipt's record as this root parsed it last.
-    receipt: Seen<crate::receipt::Record>,
     /// When this root last set the LB detection gauges (timer clock).
     lb_gauges_at: Cell<Option<u64>>,
 }
@@ -114,7 +112,6 @@ impl<H: Host + Copy> Health<H> {
             waiters: RefCell::new(Vec::new()),
             receipt_seen: Cell::new(None),
             receipt_looked: Cell::new(None),
-            receipt: Seen::default(),
             lb_gauges_at: Cell::new(None),
             watch,
             unreadable: Cell::new(false),

@@ -3,45 +3,46 @@
 //! receipt's record (`host::receipt`).
 
 use super::Health;
-use std::rc::Rc;
 
 use crate::fsm::{Record, State};
-use crate::host::keys;
 use crate::host::logs;
 use crate::host::receipt as shell;
 use crate::host::wasm_host::Host;
 use crate::receipt;
 
 impl<H: Host> Health<H> {
-    /// The receipt's record, when this tick has something to look for in it:
-    /// the FSM moved (`rec.seq`) since this root last found nothing there, or
-    /// this root wrote a SIGTERM into it.
-    pub(super) fn receipt_view(&self, rec: &Record) -> Option<Rc<receipt::Record>> {
+    /// What this tick has to do in the receipt's record, when it has
+    /// something to look for there (the FSM moved, `rec.seq`, since this
+    /// root last found nothing, or this root wrote a SIGTERM into it):
+    /// whether the flip's oldest stream is due, and the drain whose line is
+    /// owed.
+    pub(super) fn receipt_view(&self, rec: &Record) -> Option<(bool, Option<u64>)> {
         if self.receipt_looked.get() == Some(rec.seq) {
             return None;
         }
-        self.receipt_record()
-    }
-
-    /// The receipt's record now (`None`: unreadable).
-    fn receipt_record(&self) -> Option<Rc<receipt::Record>> {
-        self.receipt
-            .read(self.host(), keys::RECEIPT)
-            .map_err(|e| logs::warning!("event=receipt_unavailable error=\"{e}\""))
-            .ok()
-            .map(Option::unwrap_or_default)
+        let mut view = None;
+        shell::change(self.host(), &mut |b| {
+            let owed = b.owed_line.as_ref().and(b.owed_drain);
+            view = Some((b.flip_due(rec).is_some(), owed));
+            false
+        });
+        view
     }
 
     /// Records the oldest stream at the flip (within a tick of it), and logs
     /// the owed receipt line a tick after this root first saw it (the traffic
     /// roots count the drain's last completed ends at their tick); one worker
     /// each.
-    pub(super) fn keep_receipt(&self, rec: &Record, book: &receipt::Record, oldest: Option<u64>) {
-        let flip = book.flip_due(rec).is_some();
+    pub(super) fn keep_receipt(
+        &self,
+        rec: &Record,
+        view: (bool, Option<u64>),
+        oldest: Option<u64>,
+    ) {
+        let (flip, owed) = view;
         if flip {
-            shell::change(self.host(), |b| b.flipped(rec, oldest));
+            shell::change(self.host(), &mut |b| b.flipped(rec, oldest));
         }
-        let owed = book.owed.as_ref().map(|o| o.drain);
         if owed.is_none() && !flip {
             // Nothing more to do here until the FSM moves again.
             self.receipt_looked.set(Some(rec.seq));
@@ -50,7 +51,7 @@ impl<H: Host> Health<H> {
             return;
         }
         let mut line = None;
-        let taken = shell::change(self.host(), |b| {
+        let taken = shell::change(self.host(), &mut |b| {
             line = b.take_owed();
             line.is_some()
         });
@@ -82,8 +83,13 @@ impl<H: Host> Health<H> {
 
     /// What the latest drain counted so far (nothing before a first drain).
     pub(super) fn tally_of(&self, rec: &Record) -> receipt::Tally {
-        let book = rec.drain_id.and_then(|_| self.receipt_record());
-        let base = book.and_then(|b| b.base);
+        let mut base = None;
+        if rec.drain_id.is_some() {
+            shell::change(self.host(), &mut |b| {
+                base = b.base;
+                false
+            });
+        }
         base.map(|base| self.metrics.tally().since(&base))
             .unwrap_or_default()
     }
