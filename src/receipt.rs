@@ -173,11 +173,11 @@ impl Record {
     /// Takes the owed line out (being logged), with the completed ends
     /// counted since; `None` when none is owed (another worker logged it).
     pub fn take_owed(&mut self) -> Option<String> {
-        let head = self.owed_line.take()?;
-        let tail = self.owed_tail.take().unwrap_or_default();
+        let mut line = self.owed_line.take()?;
         self.owed_drain = None;
-        let completed = std::mem::take(&mut self.owed_completed);
-        Some(format!("{head}{completed}{tail}"))
+        line.push_str(&std::mem::take(&mut self.owed_completed).to_string());
+        line.push_str(&self.owed_tail.take().unwrap_or_default());
+        Some(line)
     }
 
     /// Adds `n` completed ends of drain `drain`, counted by a traffic root at
@@ -187,18 +187,17 @@ impl Record {
     /// to change.
     pub fn add_completed(&mut self, drain: u64, n: u64) -> bool {
         let owed = self.owed_drain == Some(drain);
-        let newer = self.drain != Some(drain);
-        let base = self.base.as_mut().filter(|_| newer);
-        let counts = [
-            Some(&mut self.owed_completed).filter(|_| owed),
-            base.map(|b| &mut b.completed),
-        ];
-        let mut changed = false;
-        for count in counts.into_iter().flatten() {
-            *count = count.saturating_add(n);
-            changed = n > 0;
+        let newer = self.drain != Some(drain) && self.base.is_some();
+        if n == 0 || !(owed || newer) {
+            return false;
         }
-        changed
+        if owed {
+            self.owed_completed = self.owed_completed.saturating_add(n);
+        }
+        if let (true, Some(base)) = (newer, self.base.as_mut()) {
+            base.completed = base.completed.saturating_add(n);
+        }
+        true
     }
 }
 
