@@ -103,12 +103,10 @@ impl Record {
 
     /// Drain `drain` began with the counters at `base` (`false`: recorded).
     pub fn began(&mut self, drain: u64, base: Tally) -> bool {
-        if self.drain == Some(drain) && self.base.is_some() {
-            return false;
-        }
         self.at(drain);
-        self.base = Some(base);
-        true
+        let fresh = self.base.is_none();
+        self.base.get_or_insert(base);
+        fresh
     }
 
     /// The drain whose flip to CLOSING `rec` (the FSM's record) holds and
