@@ -75,15 +75,14 @@ record! {
         /// tick of it (`flip_recorded`).
         pub oldest_at_flip_ms: Option<u64>,
         pub flip_recorded: bool = false,
-        /// Its line is written (owed, then logged): once per drain.
-        pub logged: bool = false,
         /// The receipt line of a drain that ended, written then and logged a
         /// tick later (`owe`; the next drain may begin meanwhile): what comes
         /// before its completed count, that count, and what comes after.
         pub owed_line: Option<String>,
         pub owed_completed: u64 = 0,
         pub owed_tail: Option<String>,
-        /// The drain that line is of.
+        /// The drain that line is of, kept once it is logged: the drain whose
+        /// line is written (owed, then logged), once per drain.
         pub owed_drain: Option<u64>,
     }
 }
@@ -97,7 +96,6 @@ impl Record {
             self.base = None;
             self.oldest_at_flip_ms = None;
             self.flip_recorded = false;
-            self.logged = false;
         }
     }
 
@@ -142,7 +140,7 @@ impl Record {
         now: Now,
     ) -> Option<Option<String>> {
         let (drain, started_ms) = (rec.drain_id?, rec.drain_started_ms?);
-        if self.drain == Some(drain) && self.logged {
+        if self.owed_drain == Some(drain) {
             return None;
         }
         self.at(drain);
@@ -159,7 +157,6 @@ impl Record {
             tally,
         }
         .halves();
-        self.logged = true;
         let displaced = self.take_owed();
         self.owed_line = Some(head);
         self.owed_completed = tally.completed;
@@ -171,11 +168,10 @@ impl Record {
     /// Takes the owed line out (being logged), with the completed ends
     /// counted since; `None` when none is owed (another worker logged it).
     pub fn take_owed(&mut self) -> Option<String> {
-        let mut line = self.owed_line.take()?;
-        self.owed_drain = None;
-        line.push_str(&std::mem::take(&mut self.owed_completed).to_string());
-        line.push_str(&self.owed_tail.take().unwrap_or_default());
-        Some(line)
+        let head = self.owed_line.take()?;
+        let tail = self.owed_tail.take().unwrap_or_default();
+        let completed = std::mem::take(&mut self.owed_completed);
+        Some(format!("{head}{completed}{tail}"))
     }
 
     /// Adds `n` completed ends of drain `drain`, counted by a traffic root at
@@ -184,7 +180,7 @@ impl Record {
     /// one began meanwhile (its base moves up with them). `false`: nothing
     /// to change.
     pub fn add_completed(&mut self, drain: u64, n: u64) -> bool {
-        let owed = self.owed_drain == Some(drain);
+        let owed = self.owed_drain == Some(drain) && self.owed_line.is_some();
         let newer = self.drain != Some(drain) && self.base.is_some();
         if n == 0 || !(owed || newer) {
             return false;

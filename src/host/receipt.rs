@@ -15,17 +15,6 @@ use crate::clock::Now;
 use crate::fsm::{self, State};
 use crate::receipt::{Record, Tally};
 
-/// Creates the record (no drain yet) unless it exists: on configure
-/// (`root::create_shared`).
-pub fn create<H: Host>(host: &H) {
-    if let Err(e) = shared::create(host, keys::RECEIPT, b"{}") {
-        logs::error!(
-            "event=shared_data_error key={} error=\"{e}\"",
-            keys::RECEIPT
-        );
-    }
-}
-
 /// Changes the record as `change` says (compare-and-swap, retried; written
 /// when it says it changed it). Whether it was written (a failure is logged).
 /// One copy of the update for every change: the module's size is budgeted.

@@ -187,7 +187,6 @@ pub fn create_shared<H: Host + Copy>(host: H) {
     rotation::create(&host);
     liveness::ensure_registry(&host);
     placeholder::ensure(&host);
-    super::receipt::create(&host);
     count::create_shared(&host);
     super::sizing::create_shared(&host);
 }

@@ -82,8 +82,8 @@ impl<H: Host> Store<H> {
     }
 
     /// Creates the records several workers update, if absent: the FSM record
-    /// (OPEN), the LB checkers, the clock-step record, each as it reads when
-    /// absent. Run on configure (see
+    /// (OPEN), the LB checkers, the clock-step record, the receipt's record,
+    /// each as it reads when absent. Run on configure (see
     /// `count::create_shared`): every later write is versioned.
     pub fn create(&self) {
         let now = self.host.now();
@@ -94,6 +94,8 @@ impl<H: Host> Store<H> {
             ),
             (keys::LB, shared::encode(keys::LB, &Checkers::default())),
             (keys::CLOCK, shared::encode(keys::CLOCK, &Steps::default())),
+            // The receipt's record (`host::receipt`): no drain yet.
+            (keys::RECEIPT, Ok(b"{}".to_vec())),
         ];
         for (key, bytes) in created {
             if let Err(e) = bytes.and_then(|b| shared::create(&self.host, key, &b)) {

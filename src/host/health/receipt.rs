@@ -68,10 +68,10 @@ impl<H: Host> Health<H> {
     /// that writes it into the receipt counts it and says so; the receipt
     /// line (`ended=SIGTERM`) follows a tick later.
     pub fn sigterm(&self) {
-        let rec = match self.store.current() {
-            Ok(r) if matches!(r.state, State::Draining | State::Closing) => r,
-            Ok(_) => return,
-            Err(e) => return logs::warning!("event=state_unavailable role=health error=\"{e}\""),
+        // No drain runs, or the record is unreadable (the tick says so).
+        let drain = |r: &Record| matches!(r.state, State::Draining | State::Closing);
+        let Some(rec) = self.store.current().ok().filter(|r| drain(r)) else {
+            return;
         };
         let now = self.host().now();
         if shell::owe(self.host(), &rec, "SIGTERM", self.metrics.tally(), now) {

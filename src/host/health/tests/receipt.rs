@@ -21,7 +21,8 @@ fn a_drain_s_receipt_is_logged_once_when_it_ends() {
     let rec = h.store.load().unwrap();
     assert_eq!(rec.state, State::Closed);
     let b = book(&sim);
-    assert!(b.logged && b.flip_recorded && b.owed_line.is_none());
+    // Its line written (the drain's own, `owed_drain`), its flip recorded, nothing owed.
+    assert!(b.owed_drain == b.drain && b.flip_recorded && b.owed_line.is_none());
     let lines = receipt_lines();
     assert_eq!(lines.len(), 1, "once");
     assert_eq!(
