@@ -21,7 +21,6 @@
 use crate::json::{named, record};
 
 use crate::clock::Now;
-use crate::receipt::{Receipt, Tally};
 
 named! {
     #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -190,26 +189,8 @@ record! {
         /// The preStop hold, while some worker holds a `wait=closed` answer.
         pub hold: Option<Hold>,
         /// The drain's id: the `seq` of its transition into DRAINING (what a
-        /// traffic root's completed ends are counted for, `add_completed`).
+        /// traffic root sorts the ends of a drain for, `crate::receipt`).
         pub drain_id: Option<u64>,
-        /// The receipt's counters when the drain began (`crate::receipt`): the
-        /// drain's receipt is the counters now minus these.
-        pub receipt_base: Option<Tally>,
-        /// The oldest stream in flight just after the flip to CLOSING (ms; `None`
-        /// when nothing was), recorded by the health role within a tick of it
-        /// (`flip_recorded`).
-        pub oldest_at_closing_ms: Option<u64>,
-        pub flip_recorded: bool = false,
-        /// This drain's receipt line is written (owed, then logged): once per drain.
-        pub receipt_logged: bool = false,
-        /// The receipt line of a drain that ended, written then and logged a
-        /// tick later (`owe`; the next drain may begin meanwhile): what comes
-        /// before its completed count, that count, and what comes after.
-        pub owed_line: Option<String>,
-        pub owed_completed: u64 = 0,
-        pub owed_tail: Option<String>,
-        /// The drain that line is of.
-        pub owed_drain: Option<u64>,
     }
 }
 
@@ -254,14 +235,6 @@ impl Record {
             closing_mono_ms: None,
             hold: None,
             drain_id: None,
-            receipt_base: None,
-            oldest_at_closing_ms: None,
-            flip_recorded: false,
-            receipt_logged: false,
-            owed_line: None,
-            owed_completed: 0,
-            owed_tail: None,
-            owed_drain: None,
         }
     }
 
@@ -405,9 +378,6 @@ fn enter(next: &mut Record, mv: &Move, now: Now, active: u64) -> Option<()> {
             next.closed_ms = None;
             next.active_at_closing = None;
             next.forced = false;
-            next.oldest_at_closing_ms = None;
-            next.flip_recorded = false;
-            next.receipt_logged = false;
         }
         State::Closing => {
             next.closing_ms = Some(now_ms);
@@ -516,105 +486,6 @@ pub fn renew_hold(rec: &Record, now: Now, lease_ms: u64) -> Option<Record> {
         renewed_mono_ms: now.mono_ms,
         lease_ms,
     });
-    Some(next)
-}
-
-/// The record with the oldest stream in flight at the flip, once per drain:
-/// `None` when already recorded or not in CLOSING.
-pub fn record_flip(rec: &Record, oldest_ms: Option<u64>) -> Option<Record> {
-    if rec.state != State::Closing || rec.flip_recorded {
-        return None;
-    }
-    let mut next = rec.clone();
-    next.oldest_at_closing_ms = oldest_ms;
-    next.flip_recorded = true;
-    Some(next)
-}
-
-/// Whether the move from `from` to `to` ends the drain `from` holds, whose
-/// receipt is not written yet: its line is owed now (`owe`).
-pub fn ends_drain(from: &Record, to: State) -> bool {
-    from.drain_started_ms.is_some()
-        && !from.receipt_logged
-        && matches!(to, State::Closed | State::Open | State::Fault)
-}
-
-/// The record with the receipt line of the drain it holds written (`ended`:
-/// the state it ended in, or `SIGTERM`), its tally `tally` (the counters
-/// now minus `receipt_base`; the completed ends its workers have not
-/// counted yet come with `add_completed`). It is logged a tick later
-/// (`take_owed`). A line still owed then — a second drain ended within a
-/// tick — is returned to be logged at once.
-pub fn owe(rec: &mut Record, ended: &str, tally: Tally, now: Now) -> Option<String> {
-    let started_ms = rec.drain_started_ms?;
-    let (head, tail) = Receipt {
-        started_ms,
-        flipped_ms: rec.closing_ms,
-        closed_ms: rec.closed_ms,
-        ended,
-        forced: rec.forced,
-        duration_ms: rec.drain_duration_ms(now),
-        active_at_flip: rec.active_at_closing,
-        oldest_at_flip_ms: rec.oldest_at_closing_ms,
-        tally,
-    }
-    .halves();
-    rec.receipt_logged = true;
-    let displaced = take(rec);
-    rec.owed_line = Some(head);
-    rec.owed_completed = tally.completed;
-    rec.owed_tail = Some(tail);
-    rec.owed_drain = rec.drain_id;
-    displaced
-}
-
-/// Takes the owed line out of `rec`, with the completed ends counted since.
-fn take(rec: &mut Record) -> Option<String> {
-    let head = rec.owed_line.take()?;
-    let tail = rec.owed_tail.take().unwrap_or_default();
-    rec.owed_drain = None;
-    let completed = std::mem::take(&mut rec.owed_completed);
-    Some(format!("{head}{completed}{tail}"))
-}
-
-/// The record without its owed line (being logged: `line` is it), or
-/// `None` when no line is owed (another worker logged it).
-pub fn take_owed(rec: &Record, line: &mut Option<String>) -> Option<Record> {
-    let mut next = rec.clone();
-    *line = take(&mut next);
-    line.as_ref().map(|_| next)
-}
-
-/// The record with the pod's SIGTERM, seen before CLOSED, in the drain's
-/// receipt (the drain is cut short: the pod exits with it; `tally`: the
-/// counters now minus `receipt_base`), or `None` when no drain runs or its
-/// line is already written.
-pub fn cut_short(rec: &Record, tally: Tally, now: Now) -> Option<Record> {
-    if !matches!(rec.state, State::Draining | State::Closing) || rec.receipt_logged {
-        return None;
-    }
-    let mut next = rec.clone();
-    owe(&mut next, "SIGTERM", tally, now);
-    Some(next)
-}
-
-/// The record with `n` completed ends of drain `drain` counted by a traffic
-/// root at its tick (the counter already moved): in that drain's owed line
-/// while it waits, and out of the current drain's receipt if a newer one
-/// began meanwhile (its base moves up with them). `None`: nothing to change.
-pub fn add_completed(rec: &Record, drain: u64, n: u64) -> Option<Record> {
-    let owed = rec.owed_drain == Some(drain);
-    let newer = rec.drain_id != Some(drain) && rec.receipt_base.is_some();
-    if n == 0 || !(owed || newer) {
-        return None;
-    }
-    let mut next = rec.clone();
-    if owed {
-        next.owed_completed = next.owed_completed.saturating_add(n);
-    }
-    if let (true, Some(base)) = (newer, next.receipt_base.as_mut()) {
-        base.completed = base.completed.saturating_add(n);
-    }
     Some(next)
 }
 

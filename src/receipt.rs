@@ -21,15 +21,16 @@
 //!
 //! Every end is counted at once (process-wide stats), but for the common
 //! one: a completed end is added up by its worker and counted at its next
-//! tick. A drain's receipt is the counters minus those at its start
-//! ([`Tally`] in the FSM record); its line ([`Receipt`]) is written when the
-//! drain ends and logged a tick later, with the completed ends its workers
-//! counted meanwhile (`crate::fsm::owe`).
+//! tick. A drain's receipt is the counters minus those at its start (its
+//! [`Tally`] base in the receipt's own [`Record`], beside the FSM's); its
+//! line ([`Receipt`]) is written when the drain ends and logged a tick later,
+//! with the completed ends its workers counted meanwhile ([`Record::owe`]).
 
 use crate::json::record;
 use std::fmt;
 
-use crate::clock::rfc3339;
+use crate::clock::{rfc3339, Now};
+use crate::fsm::{self, State};
 
 record! {
     /// The counters a receipt is made of, as read at one moment.
@@ -56,6 +57,141 @@ impl Tally {
             ended_upstream: self.ended_upstream.saturating_sub(base.ended_upstream),
             refused: self.refused.saturating_sub(base.refused),
         }
+    }
+}
+
+record! {
+    /// The receipt's own record, one per process beside the FSM's, written on
+    /// the events of a drain (`crate::host::receipt`): the latest drain's
+    /// base and flip, and the line of a drain that ended until it is logged.
+    #[derive(Clone, Debug, Default, PartialEq, Eq)]
+    pub struct Record {
+        /// The drain the rest is of (`crate::fsm::Record::drain_id`).
+        pub drain: Option<u64>,
+        /// The counters when it began: its receipt is the counters now minus these.
+        pub base: Option<Tally>,
+        /// The oldest stream in flight just after its flip to CLOSING (ms;
+        /// `None` when nothing was), recorded by the health role within a
+        /// tick of it (`flip_recorded`).
+        pub oldest_at_flip_ms: Option<u64>,
+        pub flip_recorded: bool = false,
+        /// The receipt line of a drain that ended, written then and logged a
+        /// tick later (`owe`; the next drain may begin meanwhile): what comes
+        /// before its completed count, that count, and what comes after.
+        pub owed_line: Option<String>,
+        pub owed_completed: u64 = 0,
+        pub owed_tail: Option<String>,
+        /// The drain that line is of, kept once it is logged: the drain whose
+        /// line is written (owed, then logged), once per drain.
+        pub owed_drain: Option<u64>,
+    }
+}
+
+impl Record {
+    /// Moves the record on to drain `drain` if it is not there (a drain whose
+    /// beginning it missed counts from no base), the owed line kept.
+    fn at(&mut self, drain: u64) {
+        if self.drain != Some(drain) {
+            self.drain = Some(drain);
+            self.base = None;
+            self.oldest_at_flip_ms = None;
+            self.flip_recorded = false;
+        }
+    }
+
+    /// Drain `drain` began with the counters at `base` (`false`: recorded).
+    pub fn began(&mut self, drain: u64, base: Tally) -> bool {
+        self.at(drain);
+        let fresh = self.base.is_none();
+        self.base.get_or_insert(base);
+        fresh
+    }
+
+    /// The drain whose flip to CLOSING `rec` (the FSM's record) holds and
+    /// this record has not recorded yet, if any.
+    pub fn flip_due(&self, rec: &fsm::Record) -> Option<u64> {
+        let drain = rec.drain_id.filter(|_| rec.state == State::Closing)?;
+        (self.drain != Some(drain) || !self.flip_recorded).then_some(drain)
+    }
+
+    /// Records the oldest stream in flight at that flip, once per drain.
+    pub fn flipped(&mut self, rec: &fsm::Record, oldest_ms: Option<u64>) -> bool {
+        let Some(drain) = self.flip_due(rec) else {
+            return false;
+        };
+        self.at(drain);
+        self.oldest_at_flip_ms = oldest_ms;
+        self.flip_recorded = true;
+        true
+    }
+
+    /// Writes the line of the drain `rec` (the FSM's record) holds
+    /// (`ended`: the state it ended in, or `SIGTERM`), its tally the
+    /// `counters` now minus the drain's base (the completed ends its workers
+    /// have not counted yet come with `add_completed`); `None` when no drain
+    /// began or its line is written. It is logged a tick later
+    /// (`take_owed`). A line still owed then — a second drain ended within
+    /// a tick — is returned to be logged at once.
+    pub fn owe(
+        &mut self,
+        rec: &fsm::Record,
+        ended: &str,
+        counters: Tally,
+        now: Now,
+    ) -> Option<Option<String>> {
+        let (drain, started_ms) = (rec.drain_id?, rec.drain_started_ms?);
+        if self.owed_drain == Some(drain) {
+            return None;
+        }
+        self.at(drain);
+        let tally = counters.since(&self.base.unwrap_or_default());
+        let (head, tail) = Receipt {
+            started_ms,
+            flipped_ms: rec.closing_ms,
+            closed_ms: rec.closed_ms,
+            ended,
+            forced: rec.forced,
+            duration_ms: rec.drain_duration_ms(now),
+            active_at_flip: rec.active_at_closing,
+            oldest_at_flip_ms: self.oldest_at_flip_ms,
+            tally,
+        }
+        .halves();
+        let displaced = self.take_owed();
+        self.owed_line = Some(head);
+        self.owed_completed = tally.completed;
+        self.owed_tail = Some(tail);
+        self.owed_drain = Some(drain);
+        Some(displaced)
+    }
+
+    /// Takes the owed line out (being logged), with the completed ends
+    /// counted since; `None` when none is owed (another worker logged it).
+    pub fn take_owed(&mut self) -> Option<String> {
+        let head = self.owed_line.take()?;
+        let tail = self.owed_tail.take().unwrap_or_default();
+        let completed = std::mem::take(&mut self.owed_completed);
+        Some(format!("{head}{completed}{tail}"))
+    }
+
+    /// Adds `n` completed ends of drain `drain`, counted by a traffic root at
+    /// its tick (its counter not moved yet), to that drain's owed line while
+    /// it waits, and takes them out of the latest drain's receipt if a newer
+    /// one began meanwhile (its base moves up with them). `false`: nothing
+    /// to change.
+    pub fn add_completed(&mut self, drain: u64, n: u64) -> bool {
+        let owed = self.owed_drain == Some(drain) && self.owed_line.is_some();
+        let newer = self.drain != Some(drain) && self.base.is_some();
+        if n == 0 || !(owed || newer) {
+            return false;
+        }
+        if owed {
+            self.owed_completed = self.owed_completed.saturating_add(n);
+        }
+        if let (true, Some(base)) = (newer, self.base.as_mut()) {
+            base.completed = base.completed.saturating_add(n);
+        }
+        true
     }
 }
 
@@ -98,7 +234,7 @@ fn num(n: Option<u64>) -> String {
 impl Receipt<'_> {
     /// The line around its completed count: what comes before it (up to
     /// `completed=`) and after it. The count itself is the one field that
-    /// can still grow once the line is written (`crate::fsm::owe`).
+    /// can still grow once the line is written (`Record::owe`).
     pub fn halves(&self) -> (String, String) {
         let t = &self.tally;
         let head = format!(
@@ -300,6 +436,54 @@ mod tests {
             format!("{head}42{tail}"),
             line.replace(" completed=40 ", " completed=42 ")
         );
+    }
+
+    #[test]
+    fn the_receipt_s_record_owes_one_line_per_drain_and_takes_late_completed_ends() {
+        let mut rec = fsm::Record::new(0);
+        rec.state = State::Open;
+        rec.drain_id = Some(1);
+        rec.drain_started_ms = Some(1_764_000_000_000);
+        let base = Tally {
+            completed: 10,
+            cut: 1,
+            ..Tally::default()
+        };
+        let mut book = Record::default();
+        assert!(book.began(1, base));
+        assert!(!book.began(1, base), "recorded once");
+        let now = Tally {
+            completed: 13,
+            cut: 2,
+            ..Tally::default()
+        };
+        let at = Now::wall(1_764_000_001_000);
+        assert_eq!(book.owe(&rec, "OPEN", now, at), Some(None));
+        assert_eq!(book.owe(&rec, "OPEN", now, at), None, "once per drain");
+        assert!(book.add_completed(1, 2), "its line waits: counted in it");
+        assert!(!book.add_completed(1, 0));
+        // A second drain began before the line was logged: the first's late
+        // ends go to its line and out of the second's receipt.
+        assert!(book.began(2, now));
+        assert!(book.add_completed(1, 1));
+        assert_eq!(book.base.map(|b| b.completed), Some(14));
+        let line = book.take_owed().unwrap_or_default();
+        assert!(line.contains(" ended=OPEN "), "{line}");
+        assert!(line.contains(" completed=6 cut=1 "), "{line}");
+        assert_eq!(book.take_owed(), None, "logged once");
+        assert!(
+            !book.add_completed(2, 5),
+            "the running drain's: its counter says it"
+        );
+        rec.state = State::Closing;
+        rec.drain_id = Some(2);
+        assert_eq!(book.flip_due(&rec), Some(2));
+        assert!(book.flipped(&rec, Some(700)));
+        assert_eq!(
+            (book.flip_due(&rec), book.flipped(&rec, None)),
+            (None, false)
+        );
+        assert_eq!(book.oldest_at_flip_ms, Some(700));
     }
 
     #[test]

@@ -481,7 +481,9 @@ impl<'a> Model<'a> {
                     // An injected failure leaves it OPEN: tried again later.
                     if let Ok(rec) = store.advance(&|_| mv, 0, &self.metrics) {
                         self.drain = true;
-                        self.drain_started = rec.drain_started_timer_ms().zip(rec.receipt_base);
+                        let base = drain_gate::host::shared::json_read(&self.sim, keys::RECEIPT)
+                            .map(|r: drain_gate::receipt::Record| r.base);
+                        self.drain_started = rec.drain_started_timer_ms().zip(base.ok().flatten());
                     }
                 }
             }

@@ -39,8 +39,12 @@ pub const PLACEHOLDERS: &str = "drain_gate.placeholders.v1";
 /// reads), added to once a tick.
 pub const DURATIONS: &str = "drain_gate.durations.v1";
 
+/// The receipt's record (`crate::receipt::Record`, JSON): the latest drain's
+/// base and flip, and the line of a drain that ended until it is logged.
+pub const RECEIPT: &str = "drain_gate.receipt.v1";
+
 /// Every key above: one each per process.
-pub const FIXED: [&str; 14] = [
+pub const FIXED: [&str; 15] = [
     FSM,
     LB,
     CLOCK,
@@ -55,6 +59,7 @@ pub const FIXED: [&str; 14] = [
     REGISTRY,
     PLACEHOLDERS,
     DURATIONS,
+    RECEIPT,
 ];
 
 /// How many keys drain-gate has created in this process: the fixed ones and,

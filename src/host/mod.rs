@@ -4,7 +4,7 @@
 //! stand-in host ([`sim`]) as well as in Envoy.
 //!
 //! Where a core module's shell lives: in the file of the same name here
-//! (`liveness`, `in_flight`, `rotation`, `placeholder`), which reads and
+//! (`liveness`, `in_flight`, `rotation`, `placeholder`, `receipt`), which reads and
 //! writes that module's records in shared data and makes its host calls. The
 //! records whose core module has no such file — the FSM record (`crate::fsm`),
 //! the LB view (`crate::lb`), the clock steps (`crate::clock`), all the health
@@ -18,6 +18,7 @@ pub mod liveness;
 pub mod logs;
 pub mod metrics;
 pub mod placeholder;
+pub mod receipt;
 pub mod root;
 pub mod rotation;
 pub mod shared;

@@ -5,7 +5,7 @@
 //! checkers were served, the clock-step watch.
 
 use proxy_wasm::types::Status;
-use std::cell::RefCell;
+use std::cell::Cell;
 use std::fmt;
 use std::rc::Rc;
 
@@ -82,8 +82,8 @@ impl<H: Host> Store<H> {
     }
 
     /// Creates the records several workers update, if absent: the FSM record
-    /// (OPEN), the LB checkers, the clock-step record, each as it reads when
-    /// absent. Run on configure (see
+    /// (OPEN), the LB checkers, the clock-step record, the receipt's record,
+    /// each as it reads when absent. Run on configure (see
     /// `count::create_shared`): every later write is versioned.
     pub fn create(&self) {
         let now = self.host.now();
@@ -94,6 +94,8 @@ impl<H: Host> Store<H> {
             ),
             (keys::LB, shared::encode(keys::LB, &Checkers::default())),
             (keys::CLOCK, shared::encode(keys::CLOCK, &Steps::default())),
+            // The receipt's record (`host::receipt`): no drain yet.
+            (keys::RECEIPT, Ok(b"{}".to_vec())),
         ];
         for (key, bytes) in created {
             if let Err(e) = bytes.and_then(|b| shared::create(&self.host, key, &b)) {
@@ -103,8 +105,8 @@ impl<H: Host> Store<H> {
     }
 
     /// Applies `fsm::advance` with the move `choose` picks for the current
-    /// record, retrying on CAS conflicts. The winner logs and counts the
-    /// transition.
+    /// record, retrying on CAS conflicts. The winner logs the transition,
+    /// raises it to the receipt (`host::receipt::transition`) and counts it.
     pub fn advance(
         &self,
         choose: &dyn Fn(&Record) -> Move,
@@ -112,33 +114,17 @@ impl<H: Host> Store<H> {
         metrics: &Metrics<H>,
     ) -> Result<Record, TransitionError> {
         let now = self.host.now();
-        // What the winning attempt moved from, or why it could not move.
-        let outcome = RefCell::new(Err(None));
+        // Why the last attempt could not move.
+        let illegal = Cell::new(None);
         let next = self.update(&|rec| {
             let moved = fsm::advance(rec, choose(rec), now, active);
-            let mut next = match moved {
-                Ok(next) => next,
-                Err(e) => {
-                    *outcome.borrow_mut() = Err(Some(e));
-                    return None;
-                }
-            };
-            let mut displaced = None;
-            if next.state == fsm::State::Draining && rec.state == fsm::State::Open {
-                // The drain's receipt counts from here.
-                next.receipt_base = Some(metrics.tally());
-            } else if fsm::ends_drain(rec, next.state) {
-                let tally = metrics.tally().since(&rec.receipt_base.unwrap_or_default());
-                let ended = next.state.name();
-                displaced = fsm::owe(&mut next, ended, tally, now);
-            }
-            *outcome.borrow_mut() = Ok((rec.state, displaced));
-            Some(next)
+            illegal.set(moved.as_ref().err().copied());
+            moved.ok()
         })?;
-        let (from, displaced) = outcome.into_inner().map_err(|e| match e {
-            Some(illegal) => TransitionError::Illegal(illegal),
-            None => TransitionError::Shared(SharedError::Contention),
-        })?;
+        if let Some(e) = illegal.get() {
+            return Err(TransitionError::Illegal(e));
+        }
+        let from = next.history.last().map_or(next.state, |s| s.from);
         logs::info!(
             "event=transition from={} to={} reason={} active={} forced={} seq={}",
             from.name(),
@@ -148,10 +134,8 @@ impl<H: Host> Store<H> {
             next.forced,
             next.seq
         );
+        super::receipt::transition(&self.host, &next, now, metrics);
         metrics.transition(&next);
-        if let Some(line) = displaced {
-            logs::info!("{line}"); // a second drain ended within a tick of the first
-        }
         Ok(next)
     }
 

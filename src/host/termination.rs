@@ -14,7 +14,7 @@
 //! hands each answer — its status, whether an upstream gave it, its body's
 //! size — to `crate::termination::Watch`, which decides. pilot-agent's own
 //! 503 after its 200 is the SIGTERM: the drain is cut short (its receipt says
-//! so, `crate::fsm::cut_short`) and the watch asks no more. Envoy's own
+//! so, `Health::sigterm`) and the watch asks no more. Envoy's own
 //! reply, another answer, or a 503 before any 200 never is: the watch says
 //! once, in a warning and `drain_gate_termination_watch_unavailable`, that it
 //! cannot see the SIGTERM.

@@ -20,7 +20,7 @@ use super::sizing;
 use super::store::Store;
 use super::wasm_host::{Envoy, Host};
 use crate::config::Shared;
-use crate::fsm::{self, Record, State};
+use crate::fsm::{Record, State};
 use crate::in_flight::{Ages, Published};
 use crate::receipt::{self, End, First};
 use crate::refusal::{self, Meet, NewRequests, Refusal};
@@ -132,7 +132,7 @@ pub struct Traffic<H: Host = Envoy> {
     /// is added to its counter once a tick, not by a host call per stream
     /// (the receipt's other ends are counted at once), and to `drain`'s
     /// receipt when that one ended or a newer began meanwhile
-    /// (`fsm::add_completed`).
+    /// (`crate::receipt::Record::add_completed`).
     completed: Cell<u64>,
     ages: AgeBook<H>,
     /// How long streams lasted (`crate::sizing`), flushed once a tick.
@@ -194,7 +194,7 @@ impl<H: Host> Traffic<H> {
     /// The root context is being removed cleanly: count what completed,
     /// leave the registry.
     pub fn goodbye(&self) {
-        self.flush_completed(self.store.load().ok().as_ref());
+        self.flush_completed();
         self.heartbeat.goodbye();
     }
 
@@ -204,17 +204,12 @@ impl<H: Host> Traffic<H> {
     }
 
     /// Adds the drain's ends that completed since the last tick to their
-    /// counter — and to the receipt of the drain they were sorted for, if
-    /// `rec` (the record before the counter moves) says that drain's line is
-    /// already written or a newer drain began.
-    fn flush_completed(&self, rec: Option<&Record>) {
+    /// counter — first to the receipt's record, for the drain they were
+    /// sorted for (that drain's line is already written, or a newer began).
+    fn flush_completed(&self) {
         let n = self.completed.take();
-        if let (Some(drain), Some(rec)) = (self.drain.get(), rec) {
-            if fsm::add_completed(rec, drain, n).is_some() {
-                if let Err(e) = self.store.update(&|r| fsm::add_completed(r, drain, n)) {
-                    logs::warning!("event=state_unavailable role=traffic error=\"{e}\"");
-                }
-            }
+        if let (Some(drain), true) = (self.drain.get(), n > 0) {
+            super::receipt::change(self.store.host(), &mut |r| r.add_completed(drain, n));
         }
         self.metrics.completed(n);
     }
@@ -227,14 +222,12 @@ impl<H: Host> Traffic<H> {
         self.ages.tick(self.heartbeat.id());
         self.durations.tick();
         let hint = self.metrics.state_hint();
-        // Out of OPEN the record says which drain runs (and what holds it);
-        // in OPEN, whether the drain that completed ends belong to owes its line.
-        let owing = self.completed.get() > 0 && self.in_drain();
+        // Out of OPEN the record says which drain runs (and what holds it).
         let rec = match hint {
-            Some(State::Open) if !owing => None,
+            Some(State::Open) => None,
             _ => self.store.current().ok(),
         };
-        self.flush_completed(rec.as_deref());
+        self.flush_completed();
         let state = hint
             .or(rec.as_ref().map(|r| r.state))
             .unwrap_or(State::Draining); // unknown: keep looking

@@ -75,6 +75,9 @@ pub struct Health<H: Host = Envoy> {
     /// is logged a tick later, once every traffic root's tick has counted
     /// what completed (`Traffic::tick`).
     receipt_seen: Cell<Option<u64>>,
+    /// The FSM's `seq` at which this root last found nothing to do in the
+    /// receipt's record: it looks again when the FSM moves (`receipt_view`).
+    receipt_looked: Cell<Option<u64>>,
     /// When this root last set the LB detection gauges (timer clock).
     lb_gauges_at: Cell<Option<u64>>,
 }
@@ -109,6 +112,7 @@ impl<H: Host + Copy> Health<H> {
             store: Store::new(host),
             waiters: RefCell::new(Vec::new()),
             receipt_seen: Cell::new(None),
+            receipt_looked: Cell::new(None),
             lb_gauges_at: Cell::new(None),
             watch,
             unreadable: Cell::new(false),

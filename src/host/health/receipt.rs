@@ -1,42 +1,65 @@
 //! The receipt keeper: the oldest stream at the flip, the owed receipt line
-//! logged once, and a SIGTERM that cuts the drain short.
+//! logged once, and a SIGTERM that cuts the drain short, each written to the
+//! receipt's record (`host::receipt`).
 
 use super::Health;
-use std::cell::{Cell, RefCell};
 
-use crate::fsm::{self, Record};
+use crate::fsm::{Record, State};
 use crate::host::logs;
+use crate::host::receipt as shell;
 use crate::host::wasm_host::Host;
 use crate::receipt;
 
 impl<H: Host> Health<H> {
+    /// What this tick has to do in the receipt's record, when it has
+    /// something to look for there (the FSM moved, `rec.seq`, since this
+    /// root last found nothing, or this root wrote a SIGTERM into it):
+    /// whether the flip's oldest stream is due, and the drain whose line is
+    /// owed.
+    pub(super) fn receipt_view(&self, rec: &Record) -> Option<(bool, Option<u64>)> {
+        if self.receipt_looked.get() == Some(rec.seq) {
+            return None;
+        }
+        let mut view = None;
+        shell::change(self.host(), &mut |b| {
+            let owed = b.owed_line.as_ref().and(b.owed_drain);
+            view = Some((b.flip_due(rec).is_some(), owed));
+            false
+        });
+        view
+    }
+
     /// Records the oldest stream at the flip (within a tick of it), and logs
     /// the owed receipt line a tick after this root first saw it (the traffic
     /// roots count the drain's last completed ends at their tick); one worker
     /// each.
-    pub(super) fn keep_receipt(&self, rec: &Record, oldest: Option<u64>) {
-        if fsm::record_flip(rec, oldest).is_some() {
-            if let Err(e) = self.store.update(&|r| fsm::record_flip(r, oldest)) {
-                logs::warning!("event=state_unavailable role=health error=\"{e}\"");
-            }
+    pub(super) fn keep_receipt(
+        &self,
+        rec: &Record,
+        view: (bool, Option<u64>),
+        oldest: Option<u64>,
+    ) {
+        let (flip, owed) = view;
+        if flip {
+            shell::change(self.host(), &mut |b| b.flipped(rec, oldest));
         }
-        let owed = rec.owed_line.as_ref().and(rec.owed_drain);
+        if owed.is_none() && !flip {
+            // Nothing more to do here until the FSM moves again.
+            self.receipt_looked.set(Some(rec.seq));
+        }
         if owed.is_none() || self.receipt_seen.replace(owed) != owed {
             return;
         }
-        let line = RefCell::new(None);
-        let taken = self
-            .store
-            .update(&|r| fsm::take_owed(r, &mut line.borrow_mut()));
-        match (taken, line.take()) {
-            (Ok(_), Some(line)) => {
-                if let Some(ms) = receipt::duration_of(&line) {
-                    self.metrics.drain_took(ms);
-                }
-                logs::info!("{line}")
+        let mut line = None;
+        let taken = shell::change(self.host(), &mut |b| {
+            line = b.take_owed();
+            line.is_some()
+        });
+        if let Some(line) = line.filter(|_| taken) {
+            if let Some(ms) = receipt::duration_of(&line) {
+                self.metrics.drain_took(ms);
             }
-            (Ok(_), None) => {}
-            (Err(e), _) => logs::warning!("event=state_unavailable role=health error=\"{e}\""),
+            logs::info!("{line}")
         }
     }
 
@@ -45,27 +68,29 @@ impl<H: Host> Health<H> {
     /// that writes it into the receipt counts it and says so; the receipt
     /// line (`ended=SIGTERM`) follows a tick later.
     pub fn sigterm(&self) {
+        // No drain runs, or the record is unreadable (the tick says so).
+        let drain = |r: &Record| matches!(r.state, State::Draining | State::Closing);
+        let Some(rec) = self.store.current().ok().filter(|r| drain(r)) else {
+            return;
+        };
         let now = self.host().now();
-        let cut = Cell::new(None);
-        let written = self.store.update(&|r| {
-            let next = fsm::cut_short(r, self.tally_of(r), now);
-            cut.set(next.as_ref().map(|_| r.state));
-            next
-        });
-        match (written, cut.get()) {
-            (Ok(_), Some(state)) => {
-                self.metrics.drain_cut_short();
-                logs::warning!("event=sigterm_before_closed state={}", state.name());
-            }
-            (Ok(_), None) => {}
-            (Err(e), _) => logs::warning!("event=state_unavailable role=health error=\"{e}\""),
+        if shell::owe(self.host(), &rec, "SIGTERM", self.metrics.tally(), now) {
+            self.receipt_looked.set(None);
+            self.metrics.drain_cut_short();
+            logs::warning!("event=sigterm_before_closed state={}", rec.state.name());
         }
     }
 
-    /// What the drain of `rec` counted so far (nothing before a first drain).
+    /// What the latest drain counted so far (nothing before a first drain).
     pub(super) fn tally_of(&self, rec: &Record) -> receipt::Tally {
-        rec.receipt_base
-            .map(|base| self.metrics.tally().since(&base))
+        let mut base = None;
+        if rec.drain_id.is_some() {
+            shell::change(self.host(), &mut |b| {
+                base = b.base;
+                false
+            });
+        }
+        base.map(|base| self.metrics.tally().since(&base))
             .unwrap_or_default()
     }
 }

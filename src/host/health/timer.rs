@@ -43,7 +43,8 @@ impl<H: Host> Health<H> {
         // (one per half tick in the process); the in-flight summaries are
         // read for it, and by a tick that finds the oldest stream at the flip
         // not recorded yet (`keep_receipt`).
-        let flip = fsm::record_flip(&rec, None).is_some();
+        let view = self.receipt_view(&rec);
+        let flip = view.is_some_and(|(flip, _)| flip);
         let oldest = if judged || flip {
             let ids = self.watch.ids();
             in_flight::read(self.host(), now.timer_ms(), ids).oldest_age_ms
@@ -55,7 +56,9 @@ impl<H: Host> Health<H> {
             self.metrics.set_oldest_in_flight(oldest);
             self.lb_gauges(now.timer_ms());
         }
-        self.keep_receipt(&rec, oldest);
+        if let Some(view) = view {
+            self.keep_receipt(&rec, view, oldest);
+        }
         self.release_waiters(&rec, now);
         let held = !self.waiters.borrow().is_empty();
         self.termination.tick(

@@ -1,0 +1,57 @@
+//! The receipt's record in shared data (`keys::RECEIPT`,
+//! `crate::receipt::Record`), beside the FSM's and written on the events of
+//! a drain: whoever writes a transition raises the drain's beginning and its
+//! end (`transition`, from `Store::advance`); a traffic root adds the
+//! completed ends it counted at its tick (`Record::add_completed`); the
+//! health role records the flip and the pod's SIGTERM, and logs the line
+//! (`health::receipt`).
+
+use super::keys;
+use super::logs;
+use super::metrics::Metrics;
+use super::shared;
+use super::wasm_host::Host;
+use crate::clock::Now;
+use crate::fsm::{self, State};
+use crate::receipt::{Record, Tally};
+
+/// Changes the record as `change` says (compare-and-swap, retried; written
+/// when it says it changed it). Whether it was written (a failure is logged).
+/// One copy of the update for every change: the module's size is budgeted.
+pub fn change<H: Host>(host: &H, change: &mut dyn FnMut(&mut Record) -> bool) -> bool {
+    shared::json_change(host, keys::RECEIPT, change)
+        .map_err(|e| logs::warning!("event=receipt_unavailable error=\"{e}\""))
+        .unwrap_or(false)
+}
+
+/// Writes the line of the drain `rec` holds, ended as `ended`
+/// (`Record::owe`), and logs at once a line it displaces. Whether it wrote.
+pub fn owe<H: Host>(host: &H, rec: &fsm::Record, ended: &str, counters: Tally, now: Now) -> bool {
+    let mut displaced = None;
+    let written = change(host, &mut |r| match r.owe(rec, ended, counters, now) {
+        Some(line) => {
+            displaced = line;
+            true
+        }
+        None => false,
+    });
+    if let Some(line) = displaced.filter(|_| written) {
+        logs::info!("{line}"); // a second drain ended within a tick of the first
+    }
+    written
+}
+
+/// A transition was written (`next`, at `now`): a drain that began takes
+/// the counters as its base; one that ended (CLOSED, a reopen, FAULT) has
+/// its line written, logged a tick later by the health role.
+pub fn transition<H: Host>(host: &H, next: &fsm::Record, now: Now, metrics: &Metrics<H>) {
+    let Some(drain) = next.drain_id.filter(|_| next.state != State::Closing) else {
+        return;
+    };
+    let counters = metrics.tally();
+    if next.state == State::Draining {
+        change(host, &mut |r| r.began(drain, counters));
+    } else {
+        owe(host, next, next.state.name(), counters, now);
+    }
+}
