@@ -15,10 +15,10 @@ use std::fmt;
 use std::net::IpAddr;
 
 use crate::duration;
-use crate::fsm::{CloseAfter, DrainPlan};
+use crate::gate::fsm::{CloseAfter, DrainPlan};
+use crate::gate::refusal::{NewRequests, Refusal, RefuseWith, Refused};
+use crate::gate::rotation;
 use crate::net::{Cidr, LOOPBACK};
-use crate::refusal::{NewRequests, Refusal, RefuseWith, Refused};
-use crate::rotation;
 
 /// A validated configuration: the role, with the keys it reads.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -33,7 +33,7 @@ pub enum Config {
     /// Stands in for a traffic filter whose own configuration did not load:
     /// the configuration an ECDS filter runs until its own arrives (Envoy's
     /// `default_config`), and instead of it when it is refused. Counts
-    /// nothing; its presence keeps the gateway out (`crate::placeholder`).
+    /// nothing; its presence keeps the gateway out (`crate::gate::placeholder`).
     /// Reads only `tick`.
     Placeholder { tick_ms: u64 },
 }
@@ -69,7 +69,7 @@ pub struct Health {
     pub lb_fall: u32,
     pub lb_down_timeout_ms: u64,
     /// The Envoy cluster that reaches Envoy's admin API, through which a drain
-    /// start rotates the traffic connections (`crate::rotation`); `None`: off.
+    /// start rotates the traffic connections (`crate::gate::rotation`); `None`: off.
     pub rotate_connections: Option<String>,
     /// Sources whose `/health_check.html` requests count as LB checkers;
     /// `None`: every source.

@@ -1,53 +1,34 @@
 //! drain-gate: an Istio ingress-gateway drain controller inside istio-proxy.
 //!
-//! Pure core (no proxy-wasm types, unit-tested on the host):
-//! - [`fsm`]: states, the transition table, `advance()`;
-//! - [`answer`]: what the health listener answers each audience, from
-//!   everything that decides it (one function);
-//! - [`clock`]: what the timers measure elapsed time on (the monotonic clock);
-//! - [`config`]: plugin configuration → validated [`config::Config`];
-//! - [`duration`]: durations as the configuration and queries spell them;
-//! - [`net`]: IP networks (`admin_allow`);
-//! - [`api`]: the HTTP surface of the health listener: routing ([`api`]),
-//!   the status document and held answers ([`api::status`]), the reply type
-//!   and error answers ([`api::reply`]);
-//! - [`lb`]: what each LB checker has been answered (LB-observed-down), and its
-//!   measured check interval beside what CLOSING waits;
-//! - [`in_flight`]: how old the streams in flight are (what a drain waits for);
-//! - [`json`]: drain-gate's own records as JSON, each field name declared once;
-//! - [`liveness`]: whether the traffic role is there and alive;
-//! - [`placeholder`]: a traffic filter whose own configuration did not load;
-//! - [`metric_names`]: every metric name (the host defines them);
-//! - [`receipt`]: how the streams of a drain ended, and what the LB cut;
-//! - [`refusal`]: which new requests a refusing drain refuses, and how;
-//! - [`rotation`]: connection rotation during a drain (Envoy's own connection drain,
-//!   event ③ of a pod termination);
-//! - [`sizing`]: how long streams last, and the `drain_timeout` and grace period they call for;
-//! - [`termination`]: the pod's SIGTERM in pilot-agent's readiness: which answer is
-//!   pilot-agent's, and when its 503 is the SIGTERM.
+//! Each concern is one place: its pure part (no proxy-wasm types, unit-tested on
+//! the host) beside its host part, in two kinds of rooms:
 //!
-//! Host shell ([`host`]): root, traffic and health contexts, shared data,
-//! the active count, the metrics (defined from [`metric_names`]) and timers.
+//! - [`gate`]: count every stream, the state machine, the flip, the answers —
+//!   everything drain-gate decides on;
+//! - [`instruments`]: what it measures and shows about a drain (the receipt,
+//!   stream durations, in-flight ages, the SIGTERM watch, the status document),
+//!   hanging off the gate's events.
+//!
+//! Shared, pure: [`api`], the HTTP surface of the health listener (routing,
+//! query parameters, replies); [`config`], plugin configuration →
+//! validated [`config::Config`]; [`duration`], durations as the configuration and
+//! queries spell them; [`json`], drain-gate's own records as JSON, each field
+//! name declared once; [`net`], IP networks (`admin_allow`); [`metric_names`],
+//! every metric name (the host defines them).
+//!
+//! Host shell ([`host`]): the root context and its roles, the health role,
+//! the `Host` trait and its stand-in, shared data and its keys, the metrics and
+//! the logs.
 
-pub mod answer;
 pub mod api;
-pub mod clock;
 pub mod config;
 pub mod duration;
-pub mod fsm;
+pub mod gate;
 pub mod host;
-pub mod in_flight;
+pub mod instruments;
 pub mod json;
-pub mod lb;
-pub mod liveness;
 pub mod metric_names;
 pub mod net;
-pub mod placeholder;
-pub mod receipt;
-pub mod refusal;
-pub mod rotation;
-pub mod sizing;
-pub mod termination;
 
 proxy_wasm::main! {{
     proxy_wasm::set_log_level(proxy_wasm::types::LogLevel::Info);

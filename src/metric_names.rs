@@ -244,27 +244,31 @@ pub const ALL: [Metric; 30] = [
 
 /// Counters per histogram of counters (`STREAM_DURATION`, `UPGRADED_DURATION`,
 /// `TCP_DURATION`): one per exported `le`, `+Inf`, `_count`, `_sum`.
-pub const HISTOGRAM_COUNTERS: usize = crate::sizing::EXPORT_LE_MS.len() + 3;
+pub const HISTOGRAM_COUNTERS: usize = crate::instruments::sizing::EXPORT_LE_MS.len() + 3;
 
-/// The name of a family's `j`-th counter: its buckets in `crate::sizing::EXPORT_LE_MS`'s
+/// The name of a family's `j`-th counter: its buckets in `crate::instruments::sizing::EXPORT_LE_MS`'s
 /// order, `+Inf`, `_count`, `_sum`.
 pub fn histogram_counter(base: &str, j: usize) -> String {
     let mut name = String::with_capacity(64);
-    let le = crate::sizing::EXPORT_LE_MS.get(j).map(|le| le.to_string());
+    let le = crate::instruments::sizing::EXPORT_LE_MS
+        .get(j)
+        .map(|le| le.to_string());
     let le = le
         .as_deref()
-        .or((j == crate::sizing::EXPORT_LE_MS.len()).then_some("+Inf"));
+        .or((j == crate::instruments::sizing::EXPORT_LE_MS.len()).then_some("+Inf"));
     if let Some(le) = le {
         name.push_str("le=.=");
         name.push_str(le);
         name.push_str(";.;");
     }
     name.push_str(base);
-    name.push_str(match (le, j > crate::sizing::EXPORT_LE_MS.len() + 1) {
-        (Some(_), _) => "_bucket",
-        (None, false) => "_count",
-        (None, true) => "_sum",
-    });
+    name.push_str(
+        match (le, j > crate::instruments::sizing::EXPORT_LE_MS.len() + 1) {
+            (Some(_), _) => "_bucket",
+            (None, false) => "_count",
+            (None, true) => "_sum",
+        },
+    );
     name
 }
 

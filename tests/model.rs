@@ -50,18 +50,18 @@
 use std::rc::Rc;
 
 use drain_gate::config::{self, Config, Shared};
-use drain_gate::fsm::{Move, Reason, Record, State};
-use drain_gate::host::count::Part;
+use drain_gate::gate::count::traffic::{Traffic, TrafficStream};
+use drain_gate::gate::count::Part;
+use drain_gate::gate::fsm::host::Store;
+use drain_gate::gate::fsm::{Move, Reason, Record, State};
+use drain_gate::gate::liveness::{self, Unreliable};
 use drain_gate::host::health::Health;
 use drain_gate::host::keys;
 use drain_gate::host::metrics::Metrics;
 use drain_gate::host::sim::Sim;
-use drain_gate::host::store::Store;
-use drain_gate::host::traffic::{Traffic, TrafficStream};
 use drain_gate::host::wasm_host::Host;
-use drain_gate::liveness::{self, Unreliable};
+use drain_gate::instruments::receipt::{Tally, DOWNSTREAM_FLAGS};
 use drain_gate::metric_names as names;
-use drain_gate::receipt::{Tally, DOWNSTREAM_FLAGS};
 use proptest::prelude::*;
 use proxy_wasm::types::{Action, PeerType};
 
@@ -254,7 +254,7 @@ impl<'a> Model<'a> {
     fn new(sim: &'a Sim, workers: usize, min_drain_ms: u64, refuse: bool) -> Model<'a> {
         // What configure does, on the main thread before any worker runs.
         drain_gate::host::root::create_shared(sim);
-        drain_gate::host::count::announce_traffic(&sim);
+        drain_gate::gate::count::announce_traffic(&sim);
         // Every request the model sends is a GET: one a refusing drain refuses.
         sim.request_headers
             .borrow_mut()
@@ -482,7 +482,7 @@ impl<'a> Model<'a> {
                     if let Ok(rec) = store.advance(&|_| mv, 0, &self.metrics) {
                         self.drain = true;
                         let base = drain_gate::host::shared::json_read(&self.sim, keys::RECEIPT)
-                            .map(|r: drain_gate::receipt::Record| r.base);
+                            .map(|r: drain_gate::instruments::receipt::Record| r.base);
                         self.drain_started = rec.drain_started_timer_ms().zip(base.ok().flatten());
                     }
                 }
@@ -578,7 +578,8 @@ impl<'a> Model<'a> {
     /// that was late.
     fn health_tick(&mut self) {
         self.health.tick();
-        let (reg, _, _) = drain_gate::host::liveness::Watch::new(self.sim, TICK_MS).snapshot();
+        let (reg, _, _) =
+            drain_gate::gate::liveness::host::Watch::new(self.sim, TICK_MS).snapshot();
         for w in &self.workers {
             let lost = w
                 .root
@@ -594,7 +595,8 @@ impl<'a> Model<'a> {
 
     /// Live roots the registry holds as lost now.
     fn lost_alive_now(&self) -> u64 {
-        let (reg, _, _) = drain_gate::host::liveness::Watch::new(self.sim, TICK_MS).snapshot();
+        let (reg, _, _) =
+            drain_gate::gate::liveness::host::Watch::new(self.sim, TICK_MS).snapshot();
         self.workers
             .iter()
             .filter_map(|w| w.root.as_ref().and_then(|r| r.traffic.id()))
@@ -605,7 +607,8 @@ impl<'a> Model<'a> {
     /// A dead VM whose root the registry has not declared lost yet (or one
     /// that died before it registered).
     fn death_unmarked(&self) -> bool {
-        let (reg, _, _) = drain_gate::host::liveness::Watch::new(self.sim, TICK_MS).snapshot();
+        let (reg, _, _) =
+            drain_gate::gate::liveness::host::Watch::new(self.sim, TICK_MS).snapshot();
         let verdict_lost = self.health.active.read().why == Some(Unreliable::TrafficRoleLost);
         self.workers.iter().any(|w| {
             w.dead_ids
@@ -1039,7 +1042,7 @@ fn a_stall_of_the_whole_process_disarms_nothing() {
     }
     let r = m.health.active.read();
     assert!(r.reliable, "{r:?}");
-    let (reg, _, watch) = drain_gate::host::liveness::Watch::new(&sim, TICK_MS).snapshot();
+    let (reg, _, watch) = drain_gate::gate::liveness::host::Watch::new(&sim, TICK_MS).snapshot();
     assert_eq!((reg.lost_total, watch.stalls), (0, 1));
     // A drain with the stream in flight: held; the stream's end flips it.
     let store = Store::new(&sim);
@@ -1085,7 +1088,7 @@ fn a_busy_worker_is_lost_then_back() {
     m.step(&Op::Time(TICK_MS, false));
     let r = m.health.active.read();
     assert!(r.reliable, "{r:?}");
-    let (reg, _, _) = drain_gate::host::liveness::Watch::new(&sim, TICK_MS).snapshot();
+    let (reg, _, _) = drain_gate::gate::liveness::host::Watch::new(&sim, TICK_MS).snapshot();
     assert_eq!((reg.lost_total, reg.back_total), (1, 1));
     assert_eq!(sim.metric(names::TRAFFIC_ROLES_LOST), 1);
     let _ = (&sim).now();

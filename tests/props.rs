@@ -7,14 +7,14 @@
 
 use std::net::IpAddr;
 
-use drain_gate::answer::{answer, Inputs};
 use drain_gate::api::{self, Audience, Endpoint, Request};
-use drain_gate::clock::{self, Look, Now, Steps, Timers};
 use drain_gate::config::{Config, Health, KEYS};
-use drain_gate::fsm::{self, CloseAfter, DrainPlan, Move, Reason, Record, State, HISTORY};
-use drain_gate::in_flight::{Ages, InFlight};
-use drain_gate::lb::{self as lb, Checkers, Gate, CHECKER_TTL_MS, MAX_GAPS, MIN_GAPS};
-use drain_gate::placeholder::Action;
+use drain_gate::gate::answer::{answer, Inputs};
+use drain_gate::gate::clock::{self, Look, Now, Steps, Timers};
+use drain_gate::gate::fsm::{self, CloseAfter, DrainPlan, Move, Reason, Record, State, HISTORY};
+use drain_gate::gate::lb::{self as lb, Checkers, Gate, CHECKER_TTL_MS, MAX_GAPS, MIN_GAPS};
+use drain_gate::gate::placeholder::Action;
+use drain_gate::instruments::in_flight::{Ages, InFlight};
 use proptest::prelude::*;
 use serde_json::{json, Value};
 
@@ -624,10 +624,10 @@ proptest! {
             lb_wait: lb::Wait::of(CloseAfter::LbBuffer, 10_000, 60_000),
             rotation: api::RotationView { cluster: Some("admin"), last: None },
             footprint: api::Footprint::default(),
-            receipt: drain_gate::receipt::Tally::default(),
+            receipt: drain_gate::instruments::receipt::Tally::default(),
             new_requests: "serve",
-            refusal: drain_gate::refusal::Refusal::default(),
-            durations: drain_gate::sizing::Durations::default(),
+            refusal: drain_gate::gate::refusal::Refusal::default(),
+            durations: drain_gate::instruments::sizing::Durations::default(),
             closing_ms: 10_000,
             scrape_ms: 0,
         };
@@ -731,7 +731,7 @@ proptest! {
         let mut tick = [now, now];
         // Streams in flight: (id, worker, start tick); what each worker's summary listed.
         let mut live: Vec<(u64, usize, u64)> = Vec::new();
-        let mut summary: [Option<(drain_gate::in_flight::Published, Vec<u64>)>; 2] = [None, None];
+        let mut summary: [Option<(drain_gate::instruments::in_flight::Published, Vec<u64>)>; 2] = [None, None];
         let mut next = 0u64;
         for op in ops {
             match op {
@@ -754,7 +754,7 @@ proptest! {
             }
             let published: Vec<_> = summary.iter().flatten().map(|(p, _)| *p).collect();
             let count = live.len() as u64 + lead;
-            let merged = drain_gate::in_flight::merge(&published, now);
+            let merged = drain_gate::instruments::in_flight::merge(&published, now);
             let f = merged.beside_count(count, true, now);
             if count == 0 {
                 prop_assert_eq!(f.listed(), 0);
@@ -940,7 +940,7 @@ proptest! {
 
 // ---- soft-drain gate and traffic-role liveness ----------------------------
 
-use drain_gate::liveness::{self, Registry, Unreliable};
+use drain_gate::gate::liveness::{self, Registry, Unreliable};
 
 proptest! {
     /// With the gate in the plan, a DRAINING record never flips on active = 0
@@ -953,7 +953,7 @@ proptest! {
         rec.plan = Some(DrainPlan { lb_gate: true, ..p });
         rec.drain_started_ms = Some(started);
         let now = started + dt;
-        let now = drain_gate::clock::Now::wall(now);
+        let now = drain_gate::gate::clock::Now::wall(now);
         prop_assert_eq!(fsm::due_gated(&rec, now, active, None, true), fsm::due(&rec, now, active, None));
         match fsm::due_gated(&rec, now, active, None, false) {
             Some(mv) => {
@@ -977,7 +977,7 @@ proptest! {
             now += dt / 10;
             c.observe(&format!("10.0.0.{who}"), status, now, 2);
         }
-        let live: Vec<_> = c.list.iter().filter(|x| now - x.last_seen_ms <= drain_gate::lb::CHECKER_TTL_MS).collect();
+        let live: Vec<_> = c.list.iter().filter(|x| now - x.last_seen_ms <= drain_gate::gate::lb::CHECKER_TTL_MS).collect();
         let all_404 = live.iter().all(|x| x.last_404_ms.is_some_and(|t| t >= since));
         prop_assert_eq!(c.saw_drain(since, now), !live.is_empty() && all_404, "never saw what nobody asked");
         for need in [false, true] {
@@ -1081,7 +1081,7 @@ proptest! {
 
 // ---- stream durations and the advice ---------------------------------------
 
-use drain_gate::sizing::{self, Durations, Kind, Pending, BOUNDS_MS};
+use drain_gate::instruments::sizing::{self, Durations, Kind, Pending, BOUNDS_MS};
 
 /// The exact `per_mille` quantile of `samples`: the sample of rank ⌈q × n⌉.
 fn exact_quantile(samples: &[u64], per_mille: u64) -> u64 {

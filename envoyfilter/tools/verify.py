@@ -110,7 +110,7 @@ ISTIO_RBAC_STAND_INS = {"wasm-default-allow": "an allow-all", "wasm-default-deny
 ISTIO_OWN_PORTS = (15021, 15090)
 DEFAULTS = {"drain_timeout": "120s", "lb_buffer": "10s", "close_after": "lb_buffer", "lb_down_timeout": "60s",
             "scrape_interval": "0s"}
-# drain-gate's own default for rotate_connections (src/rotation.rs).
+# drain-gate's own default for rotate_connections (src/gate/rotation/mod.rs).
 DEFAULT_ROTATION_CLUSTER = "drain_gate_envoy_admin"
 # The drain-gate chart's podSelector and wasm.path (envoyfilter/chart/values.yaml).
 DEFAULT_SELECTOR = ("drain-gate.io/enabled", "true")

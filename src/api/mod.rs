@@ -6,8 +6,8 @@
 //!
 //! | request                                   | answer                                              |
 //! |-------------------------------------------|-----------------------------------------------------|
-//! | GET/HEAD /health_check.html               | LB code per state (200 `OK`, 404/503 `DRAIN`): `crate::answer` |
-//! | GET/HEAD /health, /live                   | readiness / liveness per state, JSON: `crate::answer` |
+//! | GET/HEAD /health_check.html               | LB code per state (200 `OK`, 404/503 `DRAIN`): `crate::gate::answer` |
+//! | GET/HEAD /health, /live                   | readiness / liveness per state, JSON: `crate::gate::answer` |
 //! | GET/HEAD /drain/status                    | 200 status JSON                                     |
 //! | POST /drain, /close-lb, /close, /reopen, /fault | 200 status JSON, or 409 illegal transition    |
 //! | POST /drain?hold=closing                  | maintenance drain: CLOSING lasts until /reopen or /close |
@@ -21,27 +21,26 @@
 //! when a token is configured and missing or wrong.
 //!
 //! This file routes and authorizes; the health checks are answered by
-//! `crate::answer`, the rest beside it: `status` (the status document and held
-//! `wait=closed` answers), `reply` (the `Reply` type and the error answers),
+//! `crate::gate::answer`, the rest beside it: `crate::instruments::status` (the status
+//! document and held `wait=closed` answers), `reply` (the `Reply` type and the error answers),
 //! `query` (which query parameters each endpoint takes, and how they are spelled).
 
 use std::net::IpAddr;
 
 use crate::config::Health;
-use crate::fsm::{DrainPlan, Move, Reason, State};
+use crate::gate::fsm::{DrainPlan, Move, Reason, State};
 
 pub mod query;
 pub mod reply;
-pub mod status;
 
-pub use crate::answer::{etag, Audience};
-pub use crate::clock::rfc3339;
+pub use crate::gate::answer::{etag, Audience};
+pub use crate::gate::clock::rfc3339;
+pub use crate::instruments::status::{
+    status, wait_end, wait_reply, CountInfo, Footprint, RotationView, TrafficInfo, View, WaitEnd,
+};
 use query::Params;
 use reply::{bad_request, error};
 pub use reply::{illegal, unavailable, Reply};
-pub use status::{
-    status, wait_end, wait_reply, CountInfo, Footprint, RotationView, TrafficInfo, View, WaitEnd,
-};
 
 /// What the host hands over of one request on the health listener.
 #[derive(Clone, Copy, Debug, Default)]

@@ -3,7 +3,7 @@
 
 use serde::Serialize;
 
-use crate::fsm::{Illegal, State};
+use crate::gate::fsm::{Illegal, State};
 
 /// One complete answer.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -46,12 +46,12 @@ struct ErrorBody<'a> {
 }
 
 /// `{"error": ..., "message": ...}` with `status`.
-pub(super) fn error(status: u16, error: &str, message: &str) -> Reply {
+pub(crate) fn error(status: u16, error: &str, message: &str) -> Reply {
     Reply::json(status, &ErrorBody { error, message })
 }
 
 /// 400 for a request the API understands but cannot take as written.
-pub(super) fn bad_request(message: &str) -> Reply {
+pub(crate) fn bad_request(message: &str) -> Reply {
     error(400, "bad_request", message)
 }
 
@@ -93,7 +93,7 @@ pub fn illegal(e: Illegal) -> Reply {
             error,
             state: e.state,
             requested: e.requested,
-            hold_until: e.hold_until_ms.map(crate::clock::rfc3339),
+            hold_until: e.hold_until_ms.map(crate::gate::clock::rfc3339),
             message,
         },
     )

@@ -2,14 +2,14 @@
 //! `vm_id` and process-wide: every role of one Envoy reads and writes these.
 //! A `.v1` suffix names the value's format; a new format takes a new key.
 
-/// The FSM record (`crate::fsm::Record`, JSON), written by compare-and-swap.
+/// The FSM record (`crate::gate::fsm::Record`, JSON), written by compare-and-swap.
 pub const FSM: &str = "drain_gate.fsm.v1";
-/// What every LB checker has been answered (`crate::lb::Checkers`, JSON;
+/// What every LB checker has been answered (`crate::gate::lb::Checkers`, JSON;
 /// times on the timer clock).
 pub const LB: &str = "drain_gate.lb.v2";
-/// The clock-step record (`crate::clock::Steps`, JSON).
+/// The clock-step record (`crate::gate::clock::Steps`, JSON).
 pub const CLOCK: &str = "drain_gate.clock.v1";
-/// The connection rotation of the last drain (`crate::rotation::Record`, JSON).
+/// The connection rotation of the last drain (`crate::gate::rotation::Record`, JSON).
 pub const ROTATION: &str = "drain_gate.rotation.v1";
 /// HTTP streams in flight when the gauge is not live (u64, little-endian).
 pub const ACTIVE_STREAMS: &str = "drain_gate.active.v1";
@@ -19,27 +19,27 @@ pub const ACTIVE_CONNECTIONS: &str = "drain_gate.active_connections.v1";
 /// unreliable while it is above 0.
 pub const UNCOUNTED: &str = "drain_gate.uncounted.v1";
 /// The liveness verdict (the registry generation it was judged at, u64, then
-/// a `crate::liveness::Unreliable` name; no name: trusted), written by the health
+/// a `crate::gate::liveness::Unreliable` name; no name: trusted), written by the health
 /// role's watch.
 pub const VERDICT: &str = "drain_gate.verdict.v1";
-/// Who judges the registry, and since when (`crate::liveness::Watch`, its
+/// Who judges the registry, and since when (`crate::gate::liveness::Watch`, its
 /// fixed little-endian form).
 pub const WATCH: &str = "drain_gate.watch.v2";
 /// Which of drain-gate's gauges are live (JSON), probed once per process.
 pub const GAUGES: &str = "drain_gate.gauges.v1";
 /// Set by every traffic root at configure time: a traffic role counts in this vm_id.
 pub const TRAFFIC_PRESENT: &str = "drain_gate.traffic_present.v1";
-/// The traffic roots registered for liveness (`crate::liveness::Registry`, JSON).
+/// The traffic roots registered for liveness (`crate::gate::liveness::Registry`, JSON).
 pub const REGISTRY: &str = "drain_gate.traffic.v2";
-/// The placeholders running (`crate::placeholder::Placeholders`, JSON).
+/// The placeholders running (`crate::gate::placeholder::Placeholders`, JSON).
 pub const PLACEHOLDERS: &str = "drain_gate.placeholders.v1";
 
 /// The stream durations of every traffic root since the process started
-/// (the fixed little-endian form `crate::sizing::Durations::from_bytes`
+/// (the fixed little-endian form `crate::instruments::sizing::Durations::from_bytes`
 /// reads), added to once a tick.
 pub const DURATIONS: &str = "drain_gate.durations.v1";
 
-/// The receipt's record (`crate::receipt::Record`, JSON): the latest drain's
+/// The receipt's record (`crate::instruments::receipt::Record`, JSON): the latest drain's
 /// base and flip, and the line of a drain that ended until it is logged.
 pub const RECEIPT: &str = "drain_gate.receipt.v1";
 
@@ -101,7 +101,7 @@ fn keyed(prefix: &str, id: u64) -> String {
 /// The prefix of the in-flight summaries' keys.
 pub const IN_FLIGHT: &str = "drain_gate.in_flight.v3";
 
-/// A traffic root's in-flight summary (`crate::in_flight::Published`, its
+/// A traffic root's in-flight summary (`crate::instruments::in_flight::Published`, its
 /// fixed little-endian form), under its registry id: written when it changed.
 pub fn in_flight(id: u64) -> String {
     keyed(IN_FLIGHT, id)

@@ -9,10 +9,10 @@ use super::keys;
 use super::logs;
 use super::shared;
 use super::wasm_host::{Envoy, Host};
-use crate::fsm::{Record, State};
+use crate::gate::fsm::{Record, State};
+use crate::instruments::receipt::{End, Tally};
+use crate::instruments::sizing::Kind as DurationKind;
 use crate::metric_names::{self as names, histogram_counter, Kind, HISTOGRAM_COUNTERS as COUNTERS};
-use crate::receipt::{End, Tally};
-use crate::sizing::Kind as DurationKind;
 
 /// Metric ids of this VM. A missing id (the host refused the definition) only
 /// loses that metric.
@@ -35,7 +35,7 @@ pub struct Metrics<H: Host = Envoy> {
     oldest_in_flight: Option<u32>,
     clock_steps: Option<u32>,
     lb_checks_ignored: Option<u32>,
-    /// The receipt's counters (`crate::receipt`).
+    /// The receipt's counters (`crate::instruments::receipt`).
     cut: Option<u32>,
     cut_lb: Option<u32>,
     cut_tcp: Option<u32>,
@@ -46,7 +46,7 @@ pub struct Metrics<H: Host = Envoy> {
     termination_watch_unavailable: Option<u32>,
     drain_timeout: Option<u32>,
     drain_duration: Option<u32>,
-    /// The LB's measured check interval and what `lb_buffer` lacks (`crate::lb::Detection`).
+    /// The LB's measured check interval and what `lb_buffer` lacks (`crate::gate::lb::Detection`).
     lb_check_interval: Option<u32>,
     lb_buffer_short: Option<u32>,
     /// The stream-duration counters (`host::sizing`).
@@ -295,7 +295,7 @@ impl<H: Host> Metrics<H> {
     }
 
     /// The LB's detection as measured now (`None`: nothing measured, both 0).
-    pub fn set_lb_detection(&self, d: Option<&crate::lb::Detection>) {
+    pub fn set_lb_detection(&self, d: Option<&crate::gate::lb::Detection>) {
         self.record(self.lb_check_interval, d.map_or(0, |d| d.interval_ms));
         self.record(self.lb_buffer_short, d.map_or(0, |d| d.short_ms));
     }

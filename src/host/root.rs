@@ -8,17 +8,17 @@ use std::cell::{Cell, OnceCell};
 use std::rc::Rc;
 use std::time::Duration;
 
-use super::count::{self, Part};
 use super::health::{Health, HealthStream};
-use super::liveness;
 use super::logs;
 use super::metrics::Metrics;
-use super::placeholder::{self, Stand, StandStream};
-use super::rotation;
-use super::store::Store;
-use super::traffic::{Traffic, TrafficStream};
 use super::wasm_host::{Envoy, Host};
 use crate::config::Config;
+use crate::gate::count::traffic::{Traffic, TrafficStream};
+use crate::gate::count::{self, Part};
+use crate::gate::fsm::host::Store;
+use crate::gate::liveness::host as liveness;
+use crate::gate::placeholder::host::{self as placeholder, Stand, StandStream};
+use crate::gate::rotation::host as rotation;
 
 thread_local! {
     /// This VM's metric ids, defined once: Envoy does not deduplicate
@@ -126,7 +126,7 @@ pub enum Role<H: Host = Envoy> {
     Unconfigured,
     Traffic(Rc<Traffic<H>>),
     Health(Rc<Health<H>>),
-    /// Stands in for a traffic filter without its configuration (`crate::placeholder`).
+    /// Stands in for a traffic filter without its configuration (`crate::gate::placeholder`).
     Placeholder(Rc<Stand<H>>),
 }
 
@@ -188,7 +188,7 @@ pub fn create_shared<H: Host + Copy>(host: H) {
     liveness::ensure_registry(&host);
     placeholder::ensure(&host);
     count::create_shared(&host);
-    super::sizing::create_shared(&host);
+    crate::instruments::sizing::host::create_shared(&host);
 }
 
 impl<H: Host + Copy> Root<H> {
@@ -397,7 +397,7 @@ mod tests {
         );
         // What each key reads as is what it read as absent.
         let store = Store::new(&sim);
-        assert_eq!(store.load().unwrap().state, crate::fsm::State::Open);
+        assert_eq!(store.load().unwrap().state, crate::gate::fsm::State::Open);
         assert_eq!(rotation::load(&&sim).unwrap(), None);
         assert_eq!(store.lb_checkers().unwrap(), Default::default());
     }

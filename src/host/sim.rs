@@ -12,7 +12,7 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use super::wasm_host::Host;
-use crate::clock::Now;
+use crate::gate::clock::Now;
 
 /// An HTTP call the shell made.
 #[derive(Clone, Debug, PartialEq, Eq)]

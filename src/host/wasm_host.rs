@@ -9,7 +9,7 @@ use proxy_wasm::types::{BufferType, MapType, MetricType, Status};
 use std::cell::Cell;
 use std::time::{Duration, UNIX_EPOCH};
 
-use crate::clock::Now;
+use crate::gate::clock::Now;
 
 /// What the shell needs from the host.
 pub trait Host {

@@ -51,8 +51,8 @@ BEGIN = "<!-- bench results: written by `make bench` from tests/bench/results.js
 END = "<!-- end of bench results -->"
 # The module's budget: Helm keeps it twice in a release Secret (1 MiB: the chart carries a module up to about
 # two thirds of a MiB, envoyfilter/docs/limits.md), V8 compiles it per worker. 250,000 until the traffic roles
-# measured stream durations (src/sizing.rs, +9 KB after the module was cut from 265,850 to 251,480 bytes);
-# 270,000 until the LB's check intervals (src/lb.rs) and the quiet tick's fixed forms and version caches
+# measured stream durations (src/instruments/sizing/mod.rs, +9 KB after the module was cut from 265,850 to 251,480 bytes);
+# 270,000 until the LB's check intervals (src/gate/lb.rs) and the quiet tick's fixed forms and version caches
 # (src/host/shared.rs, in_flight, liveness): 273,824 bytes with them.
 MODULE_BUDGET_BYTES = 275_000
 # The budget a kept run was measured against when it does not say (runs before it was recorded).

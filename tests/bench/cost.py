@@ -65,7 +65,7 @@ CHEAPER_TOLERANCE = 0.20
 # its shared-data key where the gauge is not live.
 COUNTS = {"streams": ("drain_gate_active_requests", b"drain_gate.active.v1"),
           "connections": ("drain_gate_active_connections", b"drain_gate.active_connections.v1")}
-# src/host/count.rs's LEASE: outside a drain a root context adds to the count this many at a time.
+# src/gate/count/mod.rs's LEASE: outside a drain a root context adds to the count this many at a time.
 LEASE = 8
 
 # What each path is, as the table says it.

@@ -1,4 +1,4 @@
-"""The gateway counts what a drain cut, in a real Envoy (`crate::receipt`).
+"""The gateway counts what a drain cut, in a real Envoy (`crate::instruments::receipt`).
 
 During a drain (any state but OPEN) the traffic role sorts every stream that
 ends by what Envoy says happened to it: completed (the upstream's answer),

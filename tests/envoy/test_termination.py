@@ -1,4 +1,4 @@
-"""Only the pod's SIGTERM cuts a drain short, in a real Envoy (`termination_watch`, `crate::termination`).
+"""Only the pod's SIGTERM cuts a drain short, in a real Envoy (`termination_watch`, `crate::instruments::termination`).
 
 While a preStop answer is held during a drain, the health role asks pilot-agent's readiness through
 the `agent` cluster at every tick. Here pilot-agent is tests/harness/pilot_agent.py (its readiness as

@@ -1,6 +1,6 @@
 """Who counts as an LB checker: the eviction attack, with and without `lb_checkers`.
 
-The health role remembers at most 32 checkers (`lb::MAX_CHECKERS`), the longest
+The health role remembers at most 32 checkers (`gate::lb::MAX_CHECKERS`), the longest
 unseen evicted first. Anyone who reaches :18180 (a NodePort on every node) can
 ask `/health_check.html` from 32 addresses — here 127.0.0.2 … 127.0.0.33 on
 loopback — and push the real LB (127.0.0.1) out of the table. In a gated soft

@@ -15,13 +15,13 @@ import pytest
 from tests.harness.envoy import VM_TROUBLE, transitions
 from tests.harness.wire import fresh_get
 
-# src/fsm.rs `legal()`.
+# src/gate/fsm/mod.rs `legal()`.
 LEGAL = {
     ("OPEN", "DRAINING"), ("DRAINING", "CLOSING"), ("CLOSING", "CLOSED"),
     ("DRAINING", "OPEN"), ("CLOSING", "OPEN"),
     ("OPEN", "FAULT"), ("DRAINING", "FAULT"), ("CLOSING", "FAULT"), ("CLOSED", "FAULT"),
 }
-# The reason each admin command logs (src/fsm.rs `Reason`).
+# The reason each admin command logs (src/gate/fsm/mod.rs `Reason`).
 REASON = {"/drain": "drain_requested", "/reopen": "reopen_requested", "/close-lb": "close_lb_requested",
           "/fault": "fault_requested"}
 TARGET = {"/drain": "DRAINING", "/reopen": "OPEN", "/close-lb": "CLOSING", "/fault": "FAULT"}

@@ -197,7 +197,7 @@ code:
      the health listener answers the LB 200). The placeholder passes requests on
      uncounted (the fleet's filter counts them) and keeps the pod out of the LB:
      a pod no LB check saw stays out (503 WAIT, waiting_for filter_config), an
-     announced one drains once a request passed it (src/placeholder.rs). One
+     announced one drains once a request passed it (src/gate/placeholder/mod.rs). One
      patch per name istiod gives the filter: Istio 1.30's TrafficExtension
      translation, and 1.28/1.29's WasmPlugin name; the value is istiod's own
      entry (ADS, no initial fetch timeout, the wasm and RBAC type URLs) plus

@@ -8,9 +8,15 @@
 //!   watch, the placeholders, the release of held answers);
 //! - [`receipt`]: the receipt keeper (the flip's oldest stream, the owed
 //!   receipt line, a SIGTERM that cuts the drain short).
+//!
+//! The receipt keeper and the status view are this role's, and live in the
+//! instruments' rooms beside the parts they serve
+//! (`src/instruments/receipt/host.rs`, `src/instruments/status/host.rs`).
 
+#[path = "../../instruments/receipt/keeper.rs"]
 mod receipt;
 mod requests;
+#[path = "../../instruments/status/host.rs"]
 mod status;
 #[cfg(test)]
 pub(crate) mod tests;
@@ -21,20 +27,20 @@ pub use requests::HealthStream;
 use std::cell::{Cell, RefCell};
 
 use crate::api::{self, Reply};
-use crate::clock::Now;
 use crate::config;
-use crate::fsm::{CloseAfter, Move, Record};
-use crate::host::count::ActiveCount;
-use crate::host::liveness::Watch;
+use crate::gate::clock::Now;
+use crate::gate::count::ActiveCount;
+use crate::gate::fsm::host::{self as store, Store};
+use crate::gate::fsm::{CloseAfter, Move, Record};
+use crate::gate::liveness::host::Watch;
+use crate::gate::placeholder::{Action as PlaceholderAction, Placeholders};
+use crate::gate::refusal::NewRequests;
+use crate::gate::rotation::host::Rotator;
 use crate::host::logs;
 use crate::host::metrics::Metrics;
-use crate::host::rotation::Rotator;
 use crate::host::shared::Seen;
-use crate::host::store::{self, Store};
-use crate::host::termination;
 use crate::host::wasm_host::{Envoy, Host};
-use crate::placeholder::{Action as PlaceholderAction, Placeholders};
-use crate::refusal::NewRequests;
+use crate::instruments::termination::host as termination;
 
 /// A held `wait=closed` request.
 #[derive(Clone, Copy, Debug)]
@@ -64,7 +70,7 @@ pub struct Health<H: Host = Envoy> {
     /// The last tick could not read (or update) the record: checks fail
     /// closed until a tick succeeds again.
     unreadable: Cell<bool>,
-    /// What the last tick decided about the placeholders (`crate::placeholder`):
+    /// What the last tick decided about the placeholders (`crate::gate::placeholder`):
     /// the checks read it, no shared data per check.
     placeholders: Cell<PlaceholderAction>,
     /// The placeholders' record as the tick parsed it last.
@@ -144,8 +150,8 @@ impl<H: Host> Health<H> {
     }
 
     /// What CLOSING waits for the LB before CLOSED, as configured.
-    pub(super) fn lb_wait(&self) -> crate::lb::Wait {
-        crate::lb::Wait::of(
+    pub(super) fn lb_wait(&self) -> crate::gate::lb::Wait {
+        crate::gate::lb::Wait::of(
             self.config.close_after,
             self.config.lb_buffer_ms,
             self.config.lb_down_timeout_ms,

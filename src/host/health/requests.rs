@@ -8,11 +8,11 @@ use std::fmt::Display;
 use std::net::IpAddr;
 use std::rc::Rc;
 
-use crate::answer;
 use crate::api::{self, Audience, Endpoint, Reply};
-use crate::fsm::{self, Record, State};
+use crate::gate::answer;
+use crate::gate::fsm::host as store;
+use crate::gate::fsm::{self, Record, State};
 use crate::host::logs;
-use crate::host::store;
 use crate::host::wasm_host::{Envoy, Host};
 use crate::net::Shown;
 
@@ -105,7 +105,7 @@ impl<H: Host> Health<H> {
         }
     }
 
-    /// A health check, answered (`crate::answer`) from the state gauge (one
+    /// A health check, answered (`crate::gate::answer`) from the state gauge (one
     /// host call, no record to parse) when that gauge is live, else from the
     /// record. The gauge is written right after each transition by the worker
     /// whose write won, and repaired every tick (`Metrics::sync_state`); a

@@ -4,14 +4,14 @@
 use super::{send, Health, Waiter};
 
 use crate::api::{self};
-use crate::clock::{self, Now};
-use crate::fsm::{self, DrainPlan, Move, Reason, Record, State};
-use crate::host::in_flight;
+use crate::gate::clock::{self, Now};
+use crate::gate::fsm::host as store;
+use crate::gate::fsm::{self, DrainPlan, Move, Reason, Record, State};
+use crate::gate::placeholder::host as placeholder;
+use crate::gate::placeholder::Action as PlaceholderAction;
 use crate::host::logs;
-use crate::host::placeholder;
-use crate::host::store;
 use crate::host::wasm_host::Host;
-use crate::placeholder::Action as PlaceholderAction;
+use crate::instruments::in_flight::host as in_flight;
 
 /// How often a health root sets the LB detection gauges: each second, not
 /// each tick (one read and parse of the LB record).
@@ -68,7 +68,7 @@ impl<H: Host> Health<H> {
     }
 
     /// Sets the gauges of the LB's measured check interval and of what
-    /// `lb_buffer` lacks (`crate::lb::Checkers::detection`), once a second.
+    /// `lb_buffer` lacks (`crate::gate::lb::Checkers::detection`), once a second.
     fn lb_gauges(&self, now: u64) {
         if self
             .lb_gauges_at
@@ -109,7 +109,7 @@ impl<H: Host> Health<H> {
 
     /// Keeps a gateway not yet announced out while a placeholder runs, and
     /// drains an announced one once a placeholder served a request: a drain
-    /// that holds CLOSING, as a maintenance drain does (`crate::placeholder`).
+    /// that holds CLOSING, as a maintenance drain does (`crate::gate::placeholder`).
     fn judge_placeholders(&self, rec: &Record) {
         let p = placeholder::read_seen(self.host(), &self.placeholders_seen);
         if !self.announced.get() && p.present() > 0 {
@@ -118,8 +118,12 @@ impl<H: Host> Health<H> {
                 Err(e) => logs::warning!("event=lb_record_unavailable error=\"{e}\""),
             }
         }
-        let action =
-            crate::placeholder::action(p.present(), p.serving(), self.announced.get(), rec.state);
+        let action = crate::gate::placeholder::action(
+            p.present(),
+            p.serving(),
+            self.announced.get(),
+            rec.state,
+        );
         self.placeholders.set(action);
         if action != PlaceholderAction::Drain {
             return;

@@ -3,18 +3,19 @@
 
 #![allow(clippy::unwrap_used, clippy::indexing_slicing, clippy::panic)]
 
+#[path = "../../../instruments/receipt/keeper_tests.rs"]
 mod receipt;
 
 use super::*;
 pub(crate) use crate::api::{self, Reply};
 use crate::config;
 pub(crate) use crate::config::Config;
-pub(crate) use crate::fsm::{self, State};
-pub(crate) use crate::host::count::Part;
+pub(crate) use crate::gate::count::traffic::{Traffic, TrafficStream};
+pub(crate) use crate::gate::count::Part;
+pub(crate) use crate::gate::fsm::{self, State};
 pub(crate) use crate::host::logs;
 pub(crate) use crate::host::metrics::Metrics;
 pub(crate) use crate::host::sim::Sim;
-pub(crate) use crate::host::traffic::{Traffic, TrafficStream};
 pub(crate) use proxy_wasm::types::Action;
 pub(crate) use std::rc::Rc;
 
@@ -33,8 +34,8 @@ pub(crate) fn gateway<'a>(sim: &'a Sim, extra: &str) -> (Health<&'a Sim>, Rc<Tra
         panic!("a traffic and a health role");
     };
     let traffic = Rc::new(Traffic::new(Part::Streams, Metrics::define(sim), &shared));
-    crate::host::liveness::ensure_registry(&sim);
-    crate::host::count::announce_traffic(&sim);
+    crate::gate::liveness::host::ensure_registry(&sim);
+    crate::gate::count::announce_traffic(&sim);
     traffic.tick();
     let health = Health::new(config, Metrics::define(sim));
     health.tick();
@@ -332,10 +333,11 @@ fn the_rotation_goes_out_once_at_the_flip_not_at_the_drain_start() {
     ticks(&sim, &h, &t, 3, 100);
     let calls = sim.calls.borrow().clone();
     assert_eq!(calls.len(), 1, "once per drain");
-    assert_eq!(calls[0].cluster, crate::rotation::DEFAULT_CLUSTER);
-    assert!(calls[0]
-        .headers
-        .contains(&(":path".to_string(), crate::rotation::ADMIN_PATH.to_string())));
+    assert_eq!(calls[0].cluster, crate::gate::rotation::DEFAULT_CLUSTER);
+    assert!(calls[0].headers.contains(&(
+        ":path".to_string(),
+        crate::gate::rotation::ADMIN_PATH.to_string()
+    )));
     sim.call_status.set(Some(200));
     h.rotator.answered(calls[0].token, 3);
     let status = json(&call(&h, "GET", "/drain/status", 2).unwrap());
@@ -390,9 +392,9 @@ fn a_maintenance_drain_neither_rotates_nor_closes() {
     assert_eq!(call(&h, "POST", "/reopen", 2).unwrap().status, 200);
 }
 
-fn placeholder(sim: &Sim) -> crate::host::placeholder::Stand<&Sim> {
-    crate::host::placeholder::ensure(&sim);
-    let p = crate::host::placeholder::Stand::new(sim);
+fn placeholder(sim: &Sim) -> crate::gate::placeholder::host::Stand<&Sim> {
+    crate::gate::placeholder::host::ensure(&sim);
+    let p = crate::gate::placeholder::host::Stand::new(sim);
     p.tick();
     p
 }
@@ -658,9 +660,9 @@ fn a_check_a_gap_later_reads_and_writes_the_lb_record_once() {
         // and written with the version read.
         assert_eq!(sim.host_calls.get() - before, 5);
     }
-    let c: crate::lb::Checkers =
+    let c: crate::gate::lb::Checkers =
         crate::json::from_slice(&sim.value(crate::host::keys::LB).unwrap()).unwrap();
-    assert_eq!(c.list[0].gaps_ms, [500; crate::lb::MAX_GAPS]);
+    assert_eq!(c.list[0].gaps_ms, [500; crate::gate::lb::MAX_GAPS]);
 }
 
 #[test]
@@ -708,7 +710,7 @@ fn the_lb_s_interval_is_measured_shown_and_set_as_gauges_each_second() {
         (500, 500)
     );
     // The LB stops checking: once its checker is gone, nothing is measured.
-    ticks(&sim, &h, &t, 1, crate::lb::CHECKER_TTL_MS + 1_000);
+    ticks(&sim, &h, &t, 1, crate::gate::lb::CHECKER_TTL_MS + 1_000);
     assert_eq!(
         (sim.metric(LB_CHECK_INTERVAL), sim.metric(LB_BUFFER_SHORT)),
         (0, 0)

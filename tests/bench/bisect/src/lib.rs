@@ -10,8 +10,8 @@
 
 include!("../../../fixtures/src_modules.rs");
 
+use gate::count::traffic::Traffic;
 use host::root::{Role, Root};
-use host::traffic::Traffic;
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::ContextType;
 use std::cell::Cell;

@@ -1,4 +1,4 @@
-//! Traffic-role liveness in shared data (the decisions are `crate::liveness`).
+//! Traffic-role liveness in shared data (the decisions are `crate::gate::liveness`).
 //!
 //! A traffic root registers ([`Heartbeat::beat`], first tick), writes its beat
 //! from every tick to its own key (one unconditional write of 8 bytes, nothing
@@ -15,15 +15,15 @@
 use std::cell::Cell;
 use std::rc::Rc;
 
-use super::count;
-use super::keys;
-use super::logs;
-use super::metrics::Metrics;
-use super::shared::{
+use crate::gate::count;
+use crate::gate::liveness::{self as core, Registry, Verdict};
+use crate::host::keys;
+use crate::host::logs;
+use crate::host::metrics::Metrics;
+use crate::host::shared::{
     self, cas_update, cas_update_versioned, json_read, json_update, Seen, SharedError,
 };
-use super::wasm_host::{Envoy, Host};
-use crate::liveness::{self as core, Registry, Verdict};
+use crate::host::wasm_host::{Envoy, Host};
 
 /// Creates the registry and the watch record if absent (configure runs on
 /// the main thread before any worker VM, so this cannot race another creator).
@@ -341,9 +341,9 @@ fn watch_of(bytes: Option<&[u8]>) -> core::Watch {
 #[allow(clippy::unwrap_used, clippy::indexing_slicing)]
 mod tests {
     use super::*;
-    use crate::host::count::{ActiveCount, Part, PartCounter, Source};
+    use crate::gate::count::{ActiveCount, Part, PartCounter, Source};
+    use crate::gate::liveness::Unreliable;
     use crate::host::sim::Sim;
-    use crate::liveness::Unreliable;
 
     fn reading(sim: &Sim) -> count::CountReading {
         let part = |p| PartCounter::with_host(sim, p, Source::SharedData);

@@ -18,9 +18,11 @@
 //!   `/reopen` unless the move is forced: releasing the hook lets kubelet
 //!   stop the pod while the LB check says 200 again.
 
+pub mod host;
+
 use crate::json::{named, record};
 
-use crate::clock::Now;
+use crate::gate::clock::Now;
 
 named! {
     #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -80,7 +82,7 @@ named! {
         /// `POST /fault`.
         FaultRequested = "fault_requested",
         /// A placeholder served a request on an announced gateway: a traffic
-        /// filter runs without its own configuration (`crate::placeholder`);
+        /// filter runs without its own configuration (`crate::gate::placeholder`);
         /// the drain holds CLOSING, as a maintenance drain does.
         FilterNotLoaded = "filter_not_loaded",
     }
@@ -137,7 +139,7 @@ record! {
         /// served the draining answer (see `due_gated`).
         pub lb_gate: bool = false,
         /// With `lb_gate`: `lb_checkers` names the LB's addresses, so a drain
-        /// during which none of them asks holds the gate (`crate::lb::Gate`).
+        /// during which none of them asks holds the gate (`crate::gate::lb::Gate`).
         pub lb_gate_needs_checker: bool = false,
         /// A maintenance drain (`POST /drain?hold=closing`): CLOSING lasts until
         /// `/reopen` or `/close`, never ended by a timer.
@@ -183,13 +185,13 @@ record! {
         /// different workers.
         pub seq: u64 = 0,
         /// `drain_started_ms` and `closing_ms` on the host's monotonic clock: the
-        /// timers measure from these (see `crate::clock`).
+        /// timers measure from these (see `crate::gate::clock`).
         pub drain_started_mono_ms: Option<u64>,
         pub closing_mono_ms: Option<u64>,
         /// The preStop hold, while some worker holds a `wait=closed` answer.
         pub hold: Option<Hold>,
         /// The drain's id: the `seq` of its transition into DRAINING (what a
-        /// traffic root sorts the ends of a drain for, `crate::receipt`).
+        /// traffic root sorts the ends of a drain for, `crate::instruments::receipt`).
         pub drain_id: Option<u64>,
     }
 }
@@ -197,7 +199,7 @@ record! {
 record! {
     /// A preStop hold: a lease that the worker holding a `wait=closed` answer
     /// renews every tick (`renew_hold`), so that the hold of a worker that died
-    /// expires by itself. Measured like the timers (`crate::clock`).
+    /// expires by itself. Measured like the timers (`crate::gate::clock`).
     #[derive(Clone, Copy, Debug, PartialEq, Eq)]
     pub struct Hold {
         pub renewed_ms: u64,
@@ -263,7 +265,7 @@ impl Record {
     }
 
     /// When the drain started, on the clock the timers run on
-    /// (`crate::clock::Now::timer_ms`): what the LB record is compared with.
+    /// (`crate::gate::clock::Now::timer_ms`): what the LB record is compared with.
     pub fn drain_started_timer_ms(&self) -> Option<u64> {
         self.drain_started_mono_ms.or(self.drain_started_ms)
     }
@@ -401,8 +403,8 @@ fn enter(next: &mut Record, mv: &Move, now: Now, active: u64) -> Option<()> {
 
 /// The automatic transition that is due now, if any: what the tick and the
 /// end of the last traffic stream apply. Elapsed times are measured as
-/// `crate::clock` says (monotonic when the host has it). `lb_down_ms` is when
-/// the LB was observed DOWN on that same clock (see `crate::lb`), if it was.
+/// `crate::gate::clock` says (monotonic when the host has it). `lb_down_ms` is when
+/// the LB was observed DOWN on that same clock (see `crate::gate::lb`), if it was.
 pub fn due(rec: &Record, now: Now, active: u64, lb_down_ms: Option<u64>) -> Option<Move> {
     let plan = rec.plan?;
     let auto = |to, reason| {
@@ -448,7 +450,7 @@ pub fn due(rec: &Record, now: Now, active: u64, lb_down_ms: Option<u64>) -> Opti
 /// `due`, gated on what the LB saw. With `plan.lb_gate` (soft drain), a
 /// count of 0 is acted on only once every live LB checker has been served
 /// the draining answer since the drain began (`lb_saw_drain`, see
-/// `crate::lb::Checkers::saw_drain`): otherwise the LB would go from UP
+/// `crate::gate::lb::Checkers::saw_drain`): otherwise the LB would go from UP
 /// straight to DOWN and cut what it sent meanwhile. `drain_timeout` still
 /// applies, with the real count recorded.
 pub fn due_gated(

@@ -1,14 +1,14 @@
-//! Carries each worker's in-flight ages (`crate::in_flight`) through shared
+//! Carries each worker's in-flight ages (`crate::instruments::in_flight`) through shared
 //! data: every traffic root context publishes its summary from its tick
 //! under its registry id (`keys::in_flight`) when it changed, so the keys are
 //! as many as the roots alive at once; a reader merges the summaries of the
 //! registered roots, each as fresh as its root's beat.
 
-use super::keys;
-use super::logs;
-use super::shared;
-use super::wasm_host::Host;
-use crate::in_flight::{self, InFlight, Published};
+use crate::host::keys;
+use crate::host::logs;
+use crate::host::shared;
+use crate::host::wasm_host::Host;
+use crate::instruments::in_flight::{self, InFlight, Published};
 
 /// Writes `summary` under `id`; `true` when it was written.
 pub fn publish<H: Host>(host: &H, id: u64, summary: &Published) -> bool {

@@ -10,7 +10,7 @@
 //! (`Checkers::detection`).
 //!
 //! Every time here is on the clock the drain timers run on
-//! (`crate::clock::Now::timer_ms`, monotonic when the host has it): a
+//! (`crate::gate::clock::Now::timer_ms`, monotonic when the host has it): a
 //! wall-clock step can neither age every checker out at once — which would
 //! open a soft-drain gate the LB never passed — nor make a DOWN look older
 //! than the CLOSING it followed.
@@ -18,7 +18,7 @@
 use serde::Serialize;
 use std::net::IpAddr;
 
-use crate::fsm::CloseAfter;
+use crate::gate::fsm::CloseAfter;
 use crate::json::record;
 
 /// A checker not seen for this long is gone (LB failover, reconfiguration)

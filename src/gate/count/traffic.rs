@@ -11,22 +11,22 @@ use proxy_wasm::types::{Action, PeerType};
 use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 
-use super::count::{self, ActiveCount, Part, PartCounter};
-use super::in_flight;
-use super::liveness::Heartbeat;
-use super::logs;
-use super::metrics::Metrics;
-use super::sizing;
-use super::store::Store;
-use super::wasm_host::{Envoy, Host};
 use crate::config::Shared;
-use crate::fsm::{Record, State};
-use crate::in_flight::{Ages, Published};
-use crate::receipt::{self, End, First};
-use crate::refusal::{self, Meet, NewRequests, Refusal};
-use crate::sizing::Kind;
+use crate::gate::count::{self, ActiveCount, Part, PartCounter};
+use crate::gate::fsm::host::Store;
+use crate::gate::fsm::{Record, State};
+use crate::gate::liveness::host::Heartbeat;
+use crate::gate::refusal::{self, Meet, NewRequests, Refusal};
+use crate::host::logs;
+use crate::host::metrics::Metrics;
+use crate::host::wasm_host::{Envoy, Host};
+use crate::instruments::in_flight::host as in_flight;
+use crate::instruments::in_flight::{Ages, Published};
+use crate::instruments::receipt::{self, End, First};
+use crate::instruments::sizing::host as sizing;
+use crate::instruments::sizing::Kind;
 
-/// This worker's streams by start tick (`crate::in_flight`). A stream is
+/// This worker's streams by start tick (`crate::instruments::in_flight`). A stream is
 /// stamped with the time of the last tick, so starting and ending one makes
 /// no host call; the tick publishes the summary.
 #[derive(Debug)]
@@ -118,7 +118,7 @@ pub struct Traffic<H: Host = Envoy> {
     draining: Cell<bool>,
     /// The drain the last tick saw (`fsm::Record::drain_id`; `None`: OPEN,
     /// and a root created mid-drain sorts ends from its first tick on). Only
-    /// during one does an end cost a look at how it ended (`crate::receipt`).
+    /// during one does an end cost a look at how it ended (`crate::instruments::receipt`).
     drain: Cell<Option<u64>>,
     /// `draining_new_requests`.
     new_requests: NewRequests,
@@ -132,10 +132,10 @@ pub struct Traffic<H: Host = Envoy> {
     /// is added to its counter once a tick, not by a host call per stream
     /// (the receipt's other ends are counted at once), and to `drain`'s
     /// receipt when that one ended or a newer began meanwhile
-    /// (`crate::receipt::Record::add_completed`).
+    /// (`crate::instruments::receipt::Record::add_completed`).
     completed: Cell<u64>,
     ages: AgeBook<H>,
-    /// How long streams lasted (`crate::sizing`), flushed once a tick.
+    /// How long streams lasted (`crate::instruments::sizing`), flushed once a tick.
     durations: sizing::Book<H>,
     heartbeat: Heartbeat<H>,
 }
@@ -209,7 +209,9 @@ impl<H: Host> Traffic<H> {
     fn flush_completed(&self) {
         let n = self.completed.take();
         if let (Some(drain), true) = (self.drain.get(), n > 0) {
-            super::receipt::change(self.store.host(), &mut |r| r.add_completed(drain, n));
+            crate::instruments::receipt::host::change(self.store.host(), &mut |r| {
+                r.add_completed(drain, n)
+            });
         }
         self.metrics.completed(n);
     }
@@ -306,7 +308,7 @@ impl<H: Host> Traffic<H> {
     }
 
     /// How a stream or connection that ended during a drain ended, counted
-    /// (`crate::receipt`). A cut is confirmed against the state (the tick's
+    /// (`crate::instruments::receipt`). A cut is confirmed against the state (the tick's
     /// view may be a tick old); `by_lb`: it came at a checker's DOWN
     /// (`at_lb_down`, read when the end was seen).
     fn sort_end(&self, end: End, by_lb: bool) {
@@ -377,7 +379,7 @@ impl<H: Host> refusal::Headers for RequestHeaders<'_, H> {
 /// answer locally), and released in `Drop`, which the host runs for every
 /// stream end and connection close, resets included. Its only data
 /// callbacks are a connection's, which look at `end_of_stream` (which side
-/// ended first, `crate::receipt::First`), make no host call and continue.
+/// ended first, `crate::instruments::receipt::First`), make no host call and continue.
 pub struct TrafficStream<H: Host = Envoy> {
     traffic: Rc<Traffic<H>>,
     counted: bool,
@@ -397,7 +399,7 @@ pub struct TrafficStream<H: Host = Envoy> {
     /// How it ended, when it ended during a drain (HTTP: from `on_log`), and
     /// whether a cut was the LB's.
     end: Option<(End, bool)>,
-    /// An HTTP stream of `crate::sizing::CLASSIFY_FROM_MS` or more that was
+    /// An HTTP stream of `crate::instruments::sizing::CLASSIFY_FROM_MS` or more that was
     /// upgraded (WebSocket, CONNECT), as its request headers say at its end.
     upgraded: bool,
     /// A connection whose downstream ended first during a drain: whether
@@ -435,7 +437,7 @@ impl<H: Host> TrafficStream<H> {
 
     /// The request's headers arrived: forwarded, or refused while draining
     /// (never forwarded, so always safe to resend): answered 503, or reset
-    /// (`crate::refusal`). `connection: close` is Envoy's to add, not a
+    /// (`crate::gate::refusal`). `connection: close` is Envoy's to add, not a
     /// filter's: it strips the hop-by-hop headers of a local reply, and adds
     /// `connection: close` to every HTTP/1.1 response once its drain sequence
     /// runs (the connection rotation, which a refusing drain starts as it
@@ -494,16 +496,17 @@ impl<H: Host> TrafficStream<H> {
     /// upstream or Envoy). A cut also reads the LB record, and, at a
     /// checker's DOWN, its downstream's address. A refused stream reads
     /// nothing. Outside a drain: nothing — but, in and outside one, a stream
-    /// that lasted `crate::sizing::CLASSIFY_FROM_MS` reads its `upgrade`
+    /// that lasted `crate::instruments::sizing::CLASSIFY_FROM_MS` reads its `upgrade`
     /// header (and, without one, its `:method`): whether its duration is an
     /// upgraded stream's.
     pub fn log(&mut self) {
         let host = self.traffic.metrics.host();
-        if self.traffic.ages.since(self.started_ms) >= crate::sizing::CLASSIFY_FROM_MS {
-            self.upgraded =
-                crate::sizing::upgraded(host.request_header("upgrade").is_some(), || {
-                    host.request_header(":method").as_deref() == Some("CONNECT")
-                });
+        if self.traffic.ages.since(self.started_ms) >= crate::instruments::sizing::CLASSIFY_FROM_MS
+        {
+            self.upgraded = crate::instruments::sizing::upgraded(
+                host.request_header("upgrade").is_some(),
+                || host.request_header(":method").as_deref() == Some("CONNECT"),
+            );
         }
         if !self.traffic.in_drain() {
             return;

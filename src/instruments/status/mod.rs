@@ -3,16 +3,16 @@
 
 use serde::Serialize;
 
-use super::reply::Reply;
-use crate::clock::{rfc3339, Now, Steps, Timers};
-use crate::fsm::{CloseAfter, Record, State};
-use crate::in_flight::InFlight;
+use crate::api::reply::Reply;
+use crate::gate::clock::{rfc3339, Now, Steps, Timers};
+use crate::gate::fsm::{CloseAfter, Record, State};
+use crate::gate::lb::{Checkers, Detection, Wait};
+use crate::gate::refusal::Refusal;
+use crate::gate::rotation;
+use crate::instruments::in_flight::InFlight;
+use crate::instruments::receipt::Tally;
+use crate::instruments::sizing::{self, Durations};
 use crate::json::object;
-use crate::lb::{Checkers, Detection, Wait};
-use crate::receipt::Tally;
-use crate::refusal::Refusal;
-use crate::rotation;
-use crate::sizing::{self, Durations};
 
 /// How the active count is kept; reported in the status.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -28,11 +28,11 @@ pub struct CountInfo {
     /// connections (`traffic_tcp` role).
     pub http_streams: u64,
     pub tcp_connections: u64,
-    /// Why it is not reliable (`crate::liveness::Unreliable`), `null` when it is.
+    /// Why it is not reliable (`crate::gate::liveness::Unreliable`), `null` when it is.
     pub unreliable_reason: Option<&'static str>,
 }
 
-/// The traffic roles of this `vm_id` (see `crate::liveness`).
+/// The traffic roles of this `vm_id` (see `crate::gate::liveness`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct TrafficInfo {
     /// A traffic root has registered at least once.
@@ -53,7 +53,7 @@ pub struct TrafficInfo {
     pub longest_stall_ms: u64,
     /// Placeholders running now, and of those, the ones that passed a
     /// request on: a traffic filter without its own configuration
-    /// (`crate::placeholder`).
+    /// (`crate::gate::placeholder`).
     pub placeholders: u64,
     pub placeholders_serving: u64,
 }
@@ -93,13 +93,13 @@ pub struct View<'a> {
     pub rotation: RotationView<'a>,
     pub footprint: Footprint,
     /// What the current (or last) drain counted, as the traffic roots added
-    /// it at their ticks (`crate::receipt`).
+    /// it at their ticks (`crate::instruments::receipt`).
     pub receipt: Tally,
     /// `draining_new_requests`.
     pub new_requests: &'static str,
     /// `refused_requests`, `draining_grpc_requests` and `refuse_with`.
     pub refusal: Refusal,
-    /// How long streams lasted since the process started (`crate::sizing`).
+    /// How long streams lasted since the process started (`crate::instruments::sizing`).
     pub durations: Durations,
     /// The longest CLOSING (`config::Health::max_closing_ms`) and `scrape_interval`:
     /// the advice's grace period.
@@ -131,14 +131,14 @@ fn document<'a>(v: &'a View<'a>, wait: Option<&'static str>) -> impl Serialize +
     let r = v.rec;
     let now = v.now.timer_ms();
     let shown = |t: u64| on_wall(v.now, t);
-    let placeholders = crate::placeholder::action(
+    let placeholders = crate::gate::placeholder::action(
         v.traffic.placeholders,
         v.traffic.placeholders_serving,
         v.checkers.announced_ms.is_some(),
         r.state,
     );
     let answers =
-        crate::answer::verdict(r.state, v.traffic.seen, placeholders, v.draining_lb_status);
+        crate::gate::answer::verdict(r.state, v.traffic.seen, placeholders, v.draining_lb_status);
     let draining = r.state == State::Draining;
     let since = r.drain_started_timer_ms().unwrap_or(0);
     let (f, t) = (&v.in_flight, &v.receipt);
@@ -282,7 +282,7 @@ fn document<'a>(v: &'a View<'a>, wait: Option<&'static str>) -> impl Serialize +
             cut: t.cut,
             cut_http: t.cut.saturating_sub(t.cut_tcp),
             cut_tcp: t.cut_tcp,
-            // Cut by the LB at its DOWN (`crate::lb::Checkers::cut_by_lb`).
+            // Cut by the LB at its DOWN (`crate::gate::lb::Checkers::cut_by_lb`).
             cut_lb: t.cut_lb,
             // Every other cut: a client that gave up by itself (or an LB whose
             // checks drain-gate does not see).
@@ -414,7 +414,7 @@ const TIMED_OUT: &str = "not CLOSED within the timeout; the drain goes on; see G
 mod tests {
     use super::*;
     use crate::api::reply::tests::body;
-    use crate::in_flight::Histogram;
+    use crate::instruments::in_flight::Histogram;
 
     /// Calls `f` with a status view of an OPEN gateway: 3 in flight, a clock step seen.
     fn sample<R>(f: impl FnOnce(View) -> R) -> R {
@@ -572,7 +572,7 @@ mod tests {
             );
             let mut durations = Durations::default();
             for ms in [250; 20].into_iter().chain([2_000; 4]) {
-                durations.record(crate::sizing::Kind::Http, ms);
+                durations.record(crate::instruments::sizing::Kind::Http, ms);
             }
             let s = body(&status(&View { durations, ..v }));
             let http = &s["durations"]["http"];

@@ -24,6 +24,8 @@
 //! What the watch cannot read, it says once ([`Unavailable`]); it goes on
 //! asking, so that a pilot-agent that turns ready (200) is watched from then on.
 
+pub mod host;
+
 use std::fmt;
 
 /// The header Envoy's router adds to an upstream's answer, never to its own.

@@ -1,10 +1,10 @@
-//! Carries the stream durations (`crate::sizing`) from each traffic root to
+//! Carries the stream durations (`crate::instruments::sizing`) from each traffic root to
 //! the process and to Prometheus, once per tick: a stream's end adds to this
 //! root's pending `Durations` (no host call); the tick adds what is pending
 //! to `keys::DURATIONS` (one compare-and-swap) and to the bucket counters.
 //!
 //! The counters: per kind, `drain_gate_<kind>_duration_ms_bucket` for each
-//! `le` of `crate::sizing::EXPORT_LE_MS` and `+Inf`, `…_count` and `…_sum`. A
+//! `le` of `crate::instruments::sizing::EXPORT_LE_MS` and `+Inf`, `…_count` and `…_sum`. A
 //! bucket's name carries its bound in the form Istio's tag extraction reads
 //! (`le=.=250;.;drain_gate_stream_duration_ms_bucket`: `extraStatTags: [le]`,
 //! or a `stats_tags` entry in a plain Envoy bootstrap), so Envoy's Prometheus
@@ -14,12 +14,12 @@
 
 use std::cell::RefCell;
 
-use super::keys;
-use super::logs;
-use super::metrics::Ids;
-use super::shared::{self, cas_update, Decision, SharedError};
-use super::wasm_host::Host;
-use crate::sizing::{Durations, Kind, Pending, BYTES};
+use crate::host::keys;
+use crate::host::logs;
+use crate::host::metrics::Ids;
+use crate::host::shared::{self, cas_update, Decision, SharedError};
+use crate::host::wasm_host::Host;
+use crate::instruments::sizing::{Durations, Kind, Pending, BYTES};
 
 /// Creates `keys::DURATIONS` (empty) unless it exists: on configure
 /// (`host::root::create_shared`), before any worker VM writes it
@@ -119,10 +119,10 @@ impl<H: Host> Book<H> {
 mod tests {
     use super::*;
     use crate::config::Shared;
-    use crate::host::count::Part;
+    use crate::gate::count::traffic::{Traffic, TrafficStream};
+    use crate::gate::count::Part;
     use crate::host::metrics::Metrics;
     use crate::host::sim::Sim;
-    use crate::host::traffic::{Traffic, TrafficStream};
     use std::rc::Rc;
 
     #[test]

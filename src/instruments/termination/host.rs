@@ -12,7 +12,7 @@
 //! So while a worker holds a preStop answer during a drain (DRAINING or
 //! CLOSING), it asks that readiness at every tick, one call at a time, and
 //! hands each answer — its status, whether an upstream gave it, its body's
-//! size — to `crate::termination::Watch`, which decides. pilot-agent's own
+//! size — to `crate::instruments::termination::Watch`, which decides. pilot-agent's own
 //! 503 after its 200 is the SIGTERM: the drain is cut short (its receipt says
 //! so, `Health::sigterm`) and the watch asks no more. Envoy's own
 //! reply, another answer, or a 503 before any 200 never is: the watch says
@@ -26,10 +26,10 @@
 use std::cell::Cell;
 use std::time::Duration;
 
-use super::logs;
-use super::metrics::Metrics;
-use super::wasm_host::{Envoy, Host};
-use crate::termination::{self, Answer, Verdict};
+use crate::host::logs;
+use crate::host::metrics::Metrics;
+use crate::host::wasm_host::{Envoy, Host};
+use crate::instruments::termination::{self, Answer, Verdict};
 
 /// pilot-agent's readiness path.
 pub const READY_PATH: &str = "/healthz/ready";

@@ -1,19 +1,19 @@
 //! The receipt's record in shared data (`keys::RECEIPT`,
-//! `crate::receipt::Record`), beside the FSM's and written on the events of
+//! `crate::instruments::receipt::Record`), beside the FSM's and written on the events of
 //! a drain: whoever writes a transition raises the drain's beginning and its
 //! end (`transition`, from `Store::advance`); a traffic root adds the
 //! completed ends it counted at its tick (`Record::add_completed`); the
 //! health role records the flip and the pod's SIGTERM, and logs the line
 //! (`health::receipt`).
 
-use super::keys;
-use super::logs;
-use super::metrics::Metrics;
-use super::shared;
-use super::wasm_host::Host;
-use crate::clock::Now;
-use crate::fsm::{self, State};
-use crate::receipt::{Record, Tally};
+use crate::gate::clock::Now;
+use crate::gate::fsm::{self, State};
+use crate::host::keys;
+use crate::host::logs;
+use crate::host::metrics::Metrics;
+use crate::host::shared;
+use crate::host::wasm_host::Host;
+use crate::instruments::receipt::{Record, Tally};
 
 /// Changes the record as `change` says (compare-and-swap, retried; written
 /// when it says it changed it). Whether it was written (a failure is logged).

@@ -4,11 +4,11 @@
 
 use super::Health;
 
-use crate::fsm::{Record, State};
+use crate::gate::fsm::{Record, State};
 use crate::host::logs;
-use crate::host::receipt as shell;
 use crate::host::wasm_host::Host;
-use crate::receipt;
+use crate::instruments::receipt;
+use crate::instruments::receipt::host as shell;
 
 impl<H: Host> Health<H> {
     /// What this tick has to do in the receipt's record, when it has

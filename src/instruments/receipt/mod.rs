@@ -15,7 +15,7 @@
 //! ([`tcp_end`]). A cut soon after an LB checker was served its `lb_fall`-th
 //! consecutive 503 — the moment the LB marks the gateway DOWN and resets its
 //! sessions (HAProxy `shutdown-sessions`, NetScaler `downStateFlush`) — is an
-//! **LB cut** (`crate::lb::Checkers::cut_by_lb` says how soon, and from which
+//! **LB cut** (`crate::gate::lb::Checkers::cut_by_lb` says how soon, and from which
 //! address); any other cut is a client that gave up by itself (or an LB whose
 //! checks drain-gate does not see).
 //!
@@ -26,11 +26,13 @@
 //! line ([`Receipt`]) is written when the drain ends and logged a tick later,
 //! with the completed ends its workers counted meanwhile ([`Record::owe`]).
 
+pub mod host;
+
 use crate::json::record;
 use std::fmt;
 
-use crate::clock::{rfc3339, Now};
-use crate::fsm::{self, State};
+use crate::gate::clock::{rfc3339, Now};
+use crate::gate::fsm::{self, State};
 
 record! {
     /// The counters a receipt is made of, as read at one moment.
@@ -62,11 +64,11 @@ impl Tally {
 
 record! {
     /// The receipt's own record, one per process beside the FSM's, written on
-    /// the events of a drain (`crate::host::receipt`): the latest drain's
+    /// the events of a drain (`crate::instruments::receipt::host`): the latest drain's
     /// base and flip, and the line of a drain that ended until it is logged.
     #[derive(Clone, Debug, Default, PartialEq, Eq)]
     pub struct Record {
-        /// The drain the rest is of (`crate::fsm::Record::drain_id`).
+        /// The drain the rest is of (`crate::gate::fsm::Record::drain_id`).
         pub drain: Option<u64>,
         /// The counters when it began: its receipt is the counters now minus these.
         pub base: Option<Tally>,

@@ -1,4 +1,4 @@
-//! Connection rotation (`crate::rotation`): the health root context's call to
+//! Connection rotation (`crate::gate::rotation`): the health root context's call to
 //! Envoy's admin API, and its record in shared data (`keys::ROTATION`).
 //!
 //! The health root context's tick sends it once it is due
@@ -10,13 +10,13 @@
 use std::cell::RefCell;
 use std::time::Duration;
 
-use super::keys;
-use super::logs;
-use super::shared::{self, cas_update, json_read, Decision, SharedError};
-use super::wasm_host::{Envoy, Host};
-use crate::fsm::Record;
-use crate::lb::Gate;
-use crate::rotation::{self, Outcome};
+use crate::gate::fsm::Record;
+use crate::gate::lb::Gate;
+use crate::gate::rotation::{self, Outcome};
+use crate::host::keys;
+use crate::host::logs;
+use crate::host::shared::{self, cas_update, json_read, Decision, SharedError};
+use crate::host::wasm_host::{Envoy, Host};
 
 /// This worker's part in the rotation: at most one call at a time.
 #[derive(Debug)]
@@ -51,7 +51,7 @@ pub fn create<H: Host>(host: &H) {
     shared::ensure_json(host, keys::ROTATION, &None::<rotation::Record>);
 }
 
-/// The rotation record of the last drain (`crate::rotation`): written only
+/// The rotation record of the last drain (`crate::gate::rotation`): written only
 /// by the worker that owns that drain's rotation, read by any status answer.
 pub fn load<H: Host>(host: &H) -> Result<Option<rotation::Record>, SharedError> {
     json_read(host, keys::ROTATION)

@@ -35,10 +35,12 @@
 //! rotates: it is meant to be reopened, and Envoy's drain sequence lasts
 //! until istio-proxy restarts.
 
+pub mod host;
+
 use crate::json::{named, record};
 
-use crate::fsm::{self, State};
-use crate::lb::Gate;
+use crate::gate::fsm::{self, State};
+use crate::gate::lb::Gate;
 
 /// The Envoy cluster that reaches the admin API, unless configured otherwise.
 pub const DEFAULT_CLUSTER: &str = "drain_gate_envoy_admin";
@@ -147,8 +149,8 @@ impl Record {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
-    use crate::clock::Now;
-    use crate::fsm::{advance, Move, Reason};
+    use crate::gate::clock::Now;
+    use crate::gate::fsm::{advance, Move, Reason};
 
     fn mv(from: State, to: State, reason: Reason) -> Move {
         Move {

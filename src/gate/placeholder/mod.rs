@@ -29,7 +29,9 @@
 //!   warming (Envoy waits for the module; the previous listener serves): no
 //!   action, since the module may still load.
 
-use crate::fsm::State;
+pub mod host;
+
+use crate::gate::fsm::State;
 use crate::json::record;
 
 /// Most placeholders remembered at once (one per worker VM and placeholder

@@ -31,8 +31,8 @@
 use serde::Serialize;
 
 use crate::api::reply::{unavailable, Reply, TEXT};
-use crate::fsm::State;
-use crate::placeholder::Action;
+use crate::gate::fsm::State;
+use crate::gate::placeholder::Action;
 
 const HEALTH_CACHE: &str = "max-age=1";
 
@@ -52,9 +52,9 @@ pub struct Inputs<'a> {
     pub audience: Audience,
     /// The drain state; `None` when the record could not be read.
     pub state: Option<State>,
-    /// A traffic role has registered in this `vm_id` (`crate::liveness`).
+    /// A traffic role has registered in this `vm_id` (`crate::gate::liveness`).
     pub traffic_seen: bool,
-    /// What the placeholders call for (`crate::placeholder::action`).
+    /// What the placeholders call for (`crate::gate::placeholder::action`).
     pub placeholders: Action,
     /// The LB check's answer in DRAINING: 200, or 404 (HAProxy soft drain).
     pub draining_lb_status: u16,
@@ -66,7 +66,7 @@ pub struct Inputs<'a> {
 pub struct Answer {
     pub reply: Reply,
     /// What the LB check of a gateway in service served (a 304 is a 200), for
-    /// the LB record (`crate::lb`); `None` for every other answer: a check
+    /// the LB record (`crate::gate::lb`); `None` for every other answer: a check
     /// answered while the gateway waits is not recorded.
     pub lb_served: Option<u16>,
 }
@@ -88,7 +88,7 @@ pub const WAITING_FOR_TRAFFIC: &str = "traffic_role";
 pub const WAITING_FOR_FILTER: &str = "filter_config";
 
 /// What the gateway waits for before it is announced, if anything (the
-/// placeholders' `action`: see `crate::placeholder`).
+/// placeholders' `action`: see `crate::gate::placeholder`).
 pub fn waiting_for(traffic_seen: bool, placeholders: Action) -> Option<&'static str> {
     if !traffic_seen {
         Some(WAITING_FOR_TRAFFIC)

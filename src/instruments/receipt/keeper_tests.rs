@@ -5,7 +5,7 @@
 use super::*;
 
 /// The receipt's record, as it stands.
-fn book(sim: &Sim) -> crate::receipt::Record {
+fn book(sim: &Sim) -> crate::instruments::receipt::Record {
     crate::host::shared::json_read(&sim, crate::host::keys::RECEIPT).unwrap()
 }
 
@@ -101,7 +101,7 @@ fn a_reopen_and_a_new_drain_within_a_tick_log_one_receipt_each_with_its_own_ends
 fn readiness(sim: &Sim, status: u16, upstream: bool) -> usize {
     sim.call_status.set(Some(status));
     *sim.call_headers.borrow_mut() = if upstream {
-        vec![crate::termination::UPSTREAM_MARK.to_string()]
+        vec![crate::instruments::termination::UPSTREAM_MARK.to_string()]
     } else {
         vec!["content-type".to_string()]
     };

@@ -20,8 +20,10 @@
 //! stream in flight that the count says has ended, and says how old the list
 //! is.
 
+pub mod host;
+
+use crate::gate::liveness::{put_words, words};
 use crate::json::record;
-use crate::liveness::{put_words, words};
 
 /// Upper bounds of the age classes: < 1 s, < 10 s, < 60 s, and ≥ 60 s.
 pub const AGE_BOUNDS_MS: [u64; 3] = [1_000, 10_000, 60_000];
@@ -108,7 +110,7 @@ impl Published {
         } == *other
     }
 
-    /// Seven little-endian `u64` (`crate::liveness::put_words`): `at_ms`,
+    /// Seven little-endian `u64` (`crate::gate::liveness::put_words`): `at_ms`,
     /// `tick_ms`, `oldest_started_ms` (`u64::MAX`: none), then the ages
     /// youngest first.
     pub fn to_bytes(&self) -> [u8; PUBLISHED_BYTES] {
@@ -152,7 +154,7 @@ pub struct InFlight {
     /// The oldest of the last ticks of every worker whose summary was read,
     /// stale ones included: what a worker adds up between its ticks and
     /// counts at the tick that publishes its summary (a drain's completed
-    /// ends, `crate::receipt`) is counted up to this moment over them all.
+    /// ends, `crate::instruments::receipt`) is counted up to this moment over them all.
     pub ticked_ms: Option<u64>,
 }
 

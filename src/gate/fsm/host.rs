@@ -9,16 +9,16 @@ use std::cell::Cell;
 use std::fmt;
 use std::rc::Rc;
 
-use super::keys;
-use super::logs;
-use super::metrics::Metrics;
-use super::shared::{
+use crate::gate::clock::{Look, Now, Steps};
+use crate::gate::fsm::{self, Illegal, Move, Record};
+use crate::gate::lb::{Checkers, Gate};
+use crate::host::keys;
+use crate::host::logs;
+use crate::host::metrics::Metrics;
+use crate::host::shared::{
     self, cas_update_versioned, json_change, json_read, Decision, Seen, SharedError,
 };
-use super::wasm_host::Host;
-use crate::clock::{Look, Now, Steps};
-use crate::fsm::{self, Illegal, Move, Record};
-use crate::lb::{Checkers, Gate};
+use crate::host::wasm_host::Host;
 
 /// Why a transition did not happen.
 #[derive(Debug)]
@@ -134,7 +134,7 @@ impl<H: Host> Store<H> {
             next.forced,
             next.seq
         );
-        super::receipt::transition(&self.host, &next, now, metrics);
+        crate::instruments::receipt::host::transition(&self.host, &next, now, metrics);
         metrics.transition(&next);
         Ok(next)
     }
@@ -229,7 +229,7 @@ impl<H: Host> Store<H> {
 
     /// Records an answer served to an LB checker (compare-and-swap, retried;
     /// written only when the record changed). Each check a gap after the
-    /// last one changes it (the gap is the checker's interval, `crate::lb`):
+    /// last one changes it (the gap is the checker's interval, `crate::gate::lb`):
     /// one read (parsed only when its version moved since the last), one
     /// write with the version read — another write first, and it starts
     /// over. A check that changes nothing costs the read alone.
@@ -278,7 +278,7 @@ impl<H: Host> Store<H> {
         self.lb_change(&mut |c| c.ignore(source, now_ms))
     }
 
-    /// The clock-step record (see `crate::clock::Steps`).
+    /// The clock-step record (see `crate::gate::clock::Steps`).
     pub fn clock_steps(&self) -> Result<Steps, SharedError> {
         json_read(&self.host, keys::CLOCK)
     }
@@ -312,7 +312,7 @@ impl<H: Host> Store<H> {
 mod tests {
     use super::*;
     use crate::config;
-    use crate::fsm::{Reason, State};
+    use crate::gate::fsm::{Reason, State};
     use crate::host::sim::Sim;
 
     fn drain() -> Move {

@@ -27,6 +27,8 @@
 //! `EXPORT_LE_MS` is the subset of bounds exported as Prometheus `le`
 //! buckets: each is a bound here, so every exported bucket is an exact sum.
 
+pub mod host;
+
 /// Upper bounds of the buckets (ms); one more bucket holds what is above.
 pub const BOUNDS_MS: [u64; 60] = [
     10, 12, 15, 20, 25, 30, 40, 50, 60, 80, //
@@ -410,7 +412,7 @@ impl Durations {
 
     /// `None`: not the shared-data form (`BYTES`).
     pub fn from_bytes(bytes: &[u8]) -> Option<Durations> {
-        let mut next = crate::liveness::words(bytes, BYTES / 8)?;
+        let mut next = crate::gate::liveness::words(bytes, BYTES / 8)?;
         let mut d = Durations::default();
         for k in Kind::ALL {
             let h = d.kind_mut(k);

@@ -27,14 +27,16 @@
 //! unreliable count never reads 0. Each reason ends when what caused it
 //! ended: the uncounted stream, the lost root beating again.
 
+pub mod traffic;
+
 use std::cell::Cell;
 
-use super::keys;
-use super::logs;
-use super::metrics::Metrics;
-use super::shared::{self, cas_update, Decision, SharedError};
-use super::wasm_host::{Envoy, Host};
-use crate::liveness::Unreliable;
+use crate::gate::liveness::Unreliable;
+use crate::host::keys;
+use crate::host::logs;
+use crate::host::metrics::Metrics;
+use crate::host::shared::{self, cas_update, Decision, SharedError};
+use crate::host::wasm_host::{Envoy, Host};
 /// How much a root context adds to the global count at a time outside a drain.
 pub const LEASE: u64 = 8;
 
@@ -99,7 +101,7 @@ pub fn create_shared<H: Host>(host: &H) {
 
 /// Announces a traffic role in this vm_id (`keys::TRAFFIC_PRESENT`): until a
 /// health role sees it, no traffic role counts in its vm_id, so the count is
-/// not trusted (and the gateway not announced, see `crate::liveness`).
+/// not trusted (and the gateway not announced, see `crate::gate::liveness`).
 pub fn announce_traffic<H: Host>(host: &H) {
     if let Err(e) = host.set(keys::TRAFFIC_PRESENT, b"1", None) {
         logs::error!(

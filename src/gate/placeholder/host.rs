@@ -1,10 +1,10 @@
-//! Placeholders in shared data (the decisions are `crate::placeholder`).
+//! Placeholders in shared data (the decisions are `crate::gate::placeholder`).
 //!
 //! A placeholder root registers on its first tick (present), marks its first
 //! request (served: one compare-and-swap per root, then a `Cell` read per
 //! request) and leaves when Envoy removes it (its filter got its own
 //! configuration). It registers on its first tick, not on configure, for the
-//! reason the traffic roots do (`super::liveness::Heartbeat`): the root Envoy
+//! reason the traffic roots do (`crate::gate::liveness::host::Heartbeat`): the root Envoy
 //! configures in the main thread's base VM to validate the plugin never
 //! ticks, carries no request and is never removed.
 
@@ -13,11 +13,11 @@ use proxy_wasm::types::Action;
 use std::cell::Cell;
 use std::rc::Rc;
 
-use super::keys;
-use super::logs;
-use super::shared::{self, json_change, json_update, Seen};
-use super::wasm_host::{Envoy, Host};
-use crate::placeholder::Placeholders;
+use crate::gate::placeholder::Placeholders;
+use crate::host::keys;
+use crate::host::logs;
+use crate::host::shared::{self, json_change, json_update, Seen};
+use crate::host::wasm_host::{Envoy, Host};
 
 /// Creates the record if absent (configure runs on the main thread before any
 /// worker VM, so this cannot race another creator).

@@ -36,6 +36,8 @@
 //!
 //! None of this changes the LB answer: a flip would cut what is in flight.
 
+pub mod host;
+
 use crate::json::{named, record};
 
 /// A root whose last beat is older than this many of its ticks is lost.
@@ -359,7 +361,7 @@ pub fn put_words(out: &mut [u8], fields: &[u64]) {
 }
 
 /// The little-endian `u64`s of a fixed form (`put_words`, the durations'
-/// total, `crate::sizing::BYTES`), one per call, if `bytes` holds `n` of
+/// total, `crate::instruments::sizing::BYTES`), one per call, if `bytes` holds `n` of
 /// them (`None`: another form).
 pub fn words(bytes: &[u8], n: usize) -> Option<impl FnMut() -> u64 + '_> {
     let mut fields = bytes

@@ -3,13 +3,13 @@
 use super::Health;
 
 use crate::api::{self, CountInfo, Reply, RotationView, TrafficInfo, View};
-use crate::clock;
-use crate::fsm::Record;
-use crate::host::in_flight;
+use crate::gate::clock;
+use crate::gate::fsm::Record;
+use crate::gate::lb::Checkers;
+use crate::gate::placeholder::host as placeholder;
 use crate::host::logs;
-use crate::host::placeholder;
 use crate::host::wasm_host::Host;
-use crate::lb::Checkers;
+use crate::instruments::in_flight::host as in_flight;
 
 impl<H: Host> Health<H> {
     /// Everything a status answer shows beyond the FSM record, read now and
@@ -19,7 +19,7 @@ impl<H: Host> Health<H> {
             logs::warning!("event=lb_record_unavailable error=\"{e}\"");
             Checkers::default()
         });
-        let rotation = crate::host::rotation::load(self.host()).unwrap_or_else(|e| {
+        let rotation = crate::gate::rotation::host::load(self.host()).unwrap_or_else(|e| {
             logs::warning!("event=rotation_record_unavailable error=\"{e}\"");
             None
         });
@@ -41,11 +41,8 @@ impl<H: Host> Health<H> {
             now,
             timers: now.timers(),
             steps,
-            in_flight: crate::in_flight::merge(&published, now.timer_ms()).beside_count(
-                reading.active,
-                reading.reliable,
-                now.timer_ms(),
-            ),
+            in_flight: crate::instruments::in_flight::merge(&published, now.timer_ms())
+                .beside_count(reading.active, reading.reliable, now.timer_ms()),
             count: CountInfo {
                 source: self.active.source_name(),
                 reliable: reading.reliable,
@@ -82,7 +79,7 @@ impl<H: Host> Health<H> {
             receipt: self.tally_of(rec),
             new_requests: self.config.shared.draining_new_requests.name(),
             refusal: self.config.shared.refusal,
-            durations: crate::host::sizing::read(self.host()),
+            durations: crate::instruments::sizing::host::read(self.host()),
             closing_ms: self.config.max_closing_ms(),
             scrape_ms: self.config.scrape_interval_ms,
         })
