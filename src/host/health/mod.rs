@@ -12,8 +12,6 @@
 mod receipt;
 mod requests;
 mod status;
-#[cfg(test)]
-pub(crate) mod tests;
 mod timer;
 
 pub use requests::HealthStream;
@@ -177,3 +175,6 @@ impl<H: Host> Health<H> {
             .retain(|w| w.context_id != context_id);
     }
 }
+
+#[cfg(test)]
+pub(crate) mod tests;
