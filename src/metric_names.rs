@@ -16,10 +16,8 @@ pub enum Kind {
     Buckets,
 }
 
-pub struct Metric {
-    pub name: &'static str,
-    pub kind: Kind,
-}
+/// A metric: its name and its kind.
+pub type Metric = (&'static str, Kind);
 
 pub const ACTIVE_REQUESTS: &str = "drain_gate_active_requests";
 pub const ACTIVE_CONNECTIONS: &str = "drain_gate_active_connections";
@@ -57,126 +55,36 @@ pub const TRANSITIONS_TO: [&str; 5] = [
 ];
 
 pub const ALL: [Metric; 30] = [
-    Metric {
-        name: ACTIVE_REQUESTS,
-        kind: Kind::Gauge,
-    },
-    Metric {
-        name: ACTIVE_CONNECTIONS,
-        kind: Kind::Gauge,
-    },
-    Metric {
-        name: STATE,
-        kind: Kind::Gauge,
-    },
-    Metric {
-        name: TRANSITIONS_TO[0],
-        kind: Kind::Counter,
-    },
-    Metric {
-        name: TRANSITIONS_TO[1],
-        kind: Kind::Counter,
-    },
-    Metric {
-        name: TRANSITIONS_TO[2],
-        kind: Kind::Counter,
-    },
-    Metric {
-        name: TRANSITIONS_TO[3],
-        kind: Kind::Counter,
-    },
-    Metric {
-        name: TRANSITIONS_TO[4],
-        kind: Kind::Counter,
-    },
-    Metric {
-        name: FORCED_CLOSES,
-        kind: Kind::Counter,
-    },
-    Metric {
-        name: COUNT_ERRORS,
-        kind: Kind::Counter,
-    },
-    Metric {
-        name: COUNT_UNRELIABLE,
-        kind: Kind::Gauge,
-    },
-    Metric {
-        name: TRAFFIC_ROLES_LOST,
-        kind: Kind::Counter,
-    },
-    Metric {
-        name: OLDEST_IN_FLIGHT,
-        kind: Kind::Gauge,
-    },
-    Metric {
-        name: CLOCK_STEPS,
-        kind: Kind::Counter,
-    },
-    Metric {
-        name: LB_CHECKS_IGNORED,
-        kind: Kind::Counter,
-    },
-    Metric {
-        name: CUT,
-        kind: Kind::Counter,
-    },
-    Metric {
-        name: CUT_LB,
-        kind: Kind::Counter,
-    },
-    Metric {
-        name: CUT_TCP,
-        kind: Kind::Counter,
-    },
-    Metric {
-        name: DRAIN_COMPLETED,
-        kind: Kind::Counter,
-    },
-    Metric {
-        name: DRAIN_ENDED_UPSTREAM,
-        kind: Kind::Counter,
-    },
-    Metric {
-        name: REFUSED,
-        kind: Kind::Counter,
-    },
-    Metric {
-        name: DRAINS_CUT_SHORT,
-        kind: Kind::Counter,
-    },
-    Metric {
-        name: TERMINATION_WATCH_UNAVAILABLE,
-        kind: Kind::Counter,
-    },
-    Metric {
-        name: STREAM_DURATION,
-        kind: Kind::Buckets,
-    },
-    Metric {
-        name: UPGRADED_DURATION,
-        kind: Kind::Buckets,
-    },
-    Metric {
-        name: TCP_DURATION,
-        kind: Kind::Buckets,
-    },
-    Metric {
-        name: DRAIN_TIMEOUT,
-        kind: Kind::Gauge,
-    },
-    Metric {
-        name: DRAIN_DURATION,
-        kind: Kind::Histogram,
-    },
-    Metric {
-        name: LB_CHECK_INTERVAL,
-        kind: Kind::Gauge,
-    },
-    Metric {
-        name: LB_BUFFER_SHORT,
-        kind: Kind::Gauge,
-    },
+    (ACTIVE_REQUESTS, Kind::Gauge),
+    (ACTIVE_CONNECTIONS, Kind::Gauge),
+    (STATE, Kind::Gauge),
+    (TRANSITIONS_TO[0], Kind::Counter),
+    (TRANSITIONS_TO[1], Kind::Counter),
+    (TRANSITIONS_TO[2], Kind::Counter),
+    (TRANSITIONS_TO[3], Kind::Counter),
+    (TRANSITIONS_TO[4], Kind::Counter),
+    (FORCED_CLOSES, Kind::Counter),
+    (COUNT_ERRORS, Kind::Counter),
+    (COUNT_UNRELIABLE, Kind::Gauge),
+    (TRAFFIC_ROLES_LOST, Kind::Counter),
+    (OLDEST_IN_FLIGHT, Kind::Gauge),
+    (CLOCK_STEPS, Kind::Counter),
+    (LB_CHECKS_IGNORED, Kind::Counter),
+    (CUT, Kind::Counter),
+    (CUT_LB, Kind::Counter),
+    (CUT_TCP, Kind::Counter),
+    (DRAIN_COMPLETED, Kind::Counter),
+    (DRAIN_ENDED_UPSTREAM, Kind::Counter),
+    (REFUSED, Kind::Counter),
+    (DRAINS_CUT_SHORT, Kind::Counter),
+    (TERMINATION_WATCH_UNAVAILABLE, Kind::Counter),
+    (STREAM_DURATION, Kind::Buckets),
+    (UPGRADED_DURATION, Kind::Buckets),
+    (TCP_DURATION, Kind::Buckets),
+    (DRAIN_TIMEOUT, Kind::Gauge),
+    (DRAIN_DURATION, Kind::Histogram),
+    (LB_CHECK_INTERVAL, Kind::Gauge),
+    (LB_BUFFER_SHORT, Kind::Gauge),
 ];
 
 /// Counters per histogram of counters (`STREAM_DURATION`, `UPGRADED_DURATION`,
@@ -265,7 +173,7 @@ mod tests {
 
     #[test]
     fn every_metric_has_one_help_text() {
-        let names: Vec<&str> = ALL.iter().map(|m| m.name).collect();
+        let names: Vec<&str> = ALL.iter().map(|(n, _)| *n).collect();
         let helped: Vec<&str> = HELP.iter().map(|(n, _)| *n).collect();
         assert_eq!(
             names, helped,
@@ -302,18 +210,14 @@ mod tests {
         let rows = readme_rows();
         let listed: Vec<(String, String, String)> = ALL
             .iter()
-            .map(|m| {
-                let kind = match m.kind {
+            .map(|(name, kind)| {
+                let kind = match kind {
                     Kind::Counter => "counter",
                     Kind::Gauge => "gauge",
                     Kind::Histogram => "histogram",
                     Kind::Buckets => "histogram (counters)",
                 };
-                (
-                    m.name.to_string(),
-                    kind.to_string(),
-                    help(m.name).to_string(),
-                )
+                (name.to_string(), kind.to_string(), help(name).to_string())
             })
             .collect();
         assert_eq!(
