@@ -1,6 +1,7 @@
-//! Every metric drain-gate emits, in one list: name, type and meaning. Pure:
+//! Every metric drain-gate emits, in one list: name and type (each one's
+//! meaning is in the test-only `HELP` table below, out of the module). Pure:
 //! the host shell (`host::metrics`) defines them. The metrics table of
-//! envoyfilter/docs/observability.md is checked against this list by `readme_table_lists_every_metric` below.
+//! envoyfilter/docs/observability.md is checked against both by `readme_table_lists_every_metric` below.
 //!
 //! Envoy exports wasm metrics under the `wasmcustom` namespace, which its
 //! Prometheus endpoint strips: these names appear as they are written here.
