@@ -122,7 +122,8 @@ pub const MAX_WAIT_MS: u64 = 2 * duration::MAX_MS + MAX_SCRAPE_INTERVAL_MS + 5_0
 /// what the health role reads, which holds every other role's keys.
 type Apply = fn(&mut Health, &Value) -> Result<(), ValueError>;
 
-const ROLE_REQUIRED: &str = "required: \"traffic\", \"traffic_tcp\", \"health\" or \"placeholder\"";
+/// The values `role` takes.
+const ROLES: &str = "\"traffic\", \"traffic_tcp\", \"health\" or \"placeholder\"";
 
 /// Declares `KEYS` (the names, `role` first) and `RULES` (each other name
 /// with what sets it) from one list, so a key is written exactly once.
@@ -250,21 +251,15 @@ fn duration(v: &Value, min_ms: u64, max_ms: u64) -> Result<u64, ValueError> {
 
 /// The role a `role` value names: what makes its configuration of the keys.
 fn role(v: &Value) -> Result<fn(Health) -> Config, ValueError> {
-    let make: fn(Health) -> Config = match v.as_str() {
-        Some("traffic") => |h| Config::Traffic(h.shared),
-        Some("traffic_tcp") => |h| Config::TrafficTcp(h.shared),
-        Some("health") => Config::Health,
-        Some("placeholder") => |h| Config::Placeholder {
+    match v.as_str() {
+        Some("traffic") => Ok(|h| Config::Traffic(h.shared)),
+        Some("traffic_tcp") => Ok(|h| Config::TrafficTcp(h.shared)),
+        Some("health") => Ok(Config::Health),
+        Some("placeholder") => Ok(|h| Config::Placeholder {
             tick_ms: h.shared.tick_ms,
-        },
-        _ => {
-            return Err(expected(
-                "\"traffic\", \"traffic_tcp\", \"health\" or \"placeholder\"",
-                v,
-            ))
-        }
-    };
-    Ok(make)
+        }),
+        _ => Err(expected(ROLES, v)),
+    }
 }
 
 fn drain_timeout(c: &mut Health, v: &Value) -> Result<(), ValueError> {
@@ -311,8 +306,7 @@ fn cidr_list(v: &Value) -> Result<Vec<Cidr>, ValueError> {
 }
 
 fn admin_allow(c: &mut Health, v: &Value) -> Result<(), ValueError> {
-    c.admin_allow = cidr_list(v)?;
-    Ok(())
+    cidr_list(v).map(|list| c.admin_allow = list)
 }
 
 /// `null` (the chart's default) is the default: every source counts.
@@ -345,8 +339,7 @@ fn new_requests(v: &Value) -> Result<NewRequests, ValueError> {
 }
 
 fn draining_new_requests(c: &mut Health, v: &Value) -> Result<(), ValueError> {
-    c.shared.draining_new_requests = new_requests(v)?;
-    Ok(())
+    new_requests(v).map(|n| c.shared.draining_new_requests = n)
 }
 
 /// A way of refusing that is not the default needs the refusing (checked
@@ -466,16 +459,14 @@ fn cluster(v: &Value, default: &str) -> Result<Option<String>, ValueError> {
 }
 
 fn rotate_connections(c: &mut Health, v: &Value) -> Result<(), ValueError> {
-    c.rotate_connections = cluster(v, rotation::DEFAULT_CLUSTER)?;
-    Ok(())
+    cluster(v, rotation::DEFAULT_CLUSTER).map(|name| c.rotate_connections = name)
 }
 
 /// istio-proxy's cluster to pilot-agent's status port (`true`).
 pub const AGENT_CLUSTER: &str = "agent";
 
 fn termination_watch(c: &mut Health, v: &Value) -> Result<(), ValueError> {
-    c.termination_watch = cluster(v, AGENT_CLUSTER)?;
-    Ok(())
+    cluster(v, AGENT_CLUSTER).map(|name| c.termination_watch = name)
 }
 
 /// Longest `scrape_interval` accepted.
@@ -520,7 +511,7 @@ impl Config {
         }
         let make = obj
             .get(ROLE)
-            .map_or(Err(ROLE_REQUIRED.into()), role)
+            .map_or(Err(format!("required: {ROLES}")), role)
             .map_err(|problem| err(ROLE, problem))?;
         let mut keys = Health::default();
         for (key, apply) in RULES {

@@ -1,6 +1,7 @@
-//! Every metric drain-gate emits, in one list: name, type and meaning. Pure:
+//! Every metric drain-gate emits, in one list: name and type (each one's
+//! meaning is in the test-only `HELP` table below, out of the module). Pure:
 //! the host shell (`host::metrics`) defines them. The metrics table of
-//! envoyfilter/docs/observability.md is checked against this list by `readme_table_lists_every_metric` below.
+//! envoyfilter/docs/observability.md is checked against both by `readme_table_lists_every_metric` below.
 //!
 //! Envoy exports wasm metrics under the `wasmcustom` namespace, which its
 //! Prometheus endpoint strips: these names appear as they are written here.
@@ -16,13 +17,8 @@ pub enum Kind {
     Buckets,
 }
 
-pub struct Metric {
-    pub name: &'static str,
-    pub kind: Kind,
-    /// What it means (the envoyfilter/docs/observability.md table; not in the module).
-    #[cfg(test)]
-    pub help: &'static str,
-}
+/// A metric: its name and its kind.
+pub type Metric = (&'static str, Kind);
 
 pub const ACTIVE_REQUESTS: &str = "drain_gate_active_requests";
 pub const ACTIVE_CONNECTIONS: &str = "drain_gate_active_connections";
@@ -60,186 +56,36 @@ pub const TRANSITIONS_TO: [&str; 5] = [
 ];
 
 pub const ALL: [Metric; 30] = [
-    Metric {
-        name: ACTIVE_REQUESTS,
-        kind: Kind::Gauge,
-        #[cfg(test)]
-        help: "HTTP streams in flight on the traffic listeners (all workers)",
-    },
-    Metric {
-        name: ACTIVE_CONNECTIONS,
-        kind: Kind::Gauge,
-        #[cfg(test)]
-        help: "connections in flight on the TCP and TLS-passthrough chains (all workers)",
-    },
-    Metric {
-        name: STATE,
-        kind: Kind::Gauge,
-        #[cfg(test)]
-        help: "0 OPEN, 1 DRAINING, 2 CLOSING, 3 CLOSED, 4 FAULT",
-    },
-    Metric {
-        name: TRANSITIONS_TO[0],
-        kind: Kind::Counter,
-        #[cfg(test)]
-        help: "transitions into OPEN (reopen)",
-    },
-    Metric {
-        name: TRANSITIONS_TO[1],
-        kind: Kind::Counter,
-        #[cfg(test)]
-        help: "transitions into DRAINING",
-    },
-    Metric {
-        name: TRANSITIONS_TO[2],
-        kind: Kind::Counter,
-        #[cfg(test)]
-        help: "transitions into CLOSING (LB check flips to 503)",
-    },
-    Metric {
-        name: TRANSITIONS_TO[3],
-        kind: Kind::Counter,
-        #[cfg(test)]
-        help: "transitions into CLOSED (readiness flips to 503)",
-    },
-    Metric {
-        name: TRANSITIONS_TO[4],
-        kind: Kind::Counter,
-        #[cfg(test)]
-        help: "transitions into FAULT",
-    },
-    Metric {
-        name: FORCED_CLOSES,
-        kind: Kind::Counter,
-        #[cfg(test)]
-        help: "drains closed by drain_timeout with requests still in flight",
-    },
-    Metric {
-        name: COUNT_ERRORS,
-        kind: Kind::Counter,
-        #[cfg(test)]
-        help: "streams the filter could not count (the drain then waits for drain_timeout)",
-    },
-    Metric {
-        name: COUNT_UNRELIABLE,
-        kind: Kind::Gauge,
-        #[cfg(test)]
-        help: "1 while the health role does not trust the count (count.unreliable_reason in /drain/status says why)",
-    },
-    Metric {
-        name: TRAFFIC_ROLES_LOST,
-        kind: Kind::Counter,
-        #[cfg(test)]
-        help: "traffic root contexts declared lost: silent without a goodbye (a failed VM, or a worker late by seconds: traffic.back_total counts those that came back)",
-    },
-    Metric {
-        name: OLDEST_IN_FLIGHT,
-        kind: Kind::Gauge,
-        #[cfg(test)]
-        help: "age of the oldest stream in flight, all workers (0 when none; to one tick)",
-    },
-    Metric {
-        name: CLOCK_STEPS,
-        kind: Kind::Counter,
-        #[cfg(test)]
-        help: "wall-clock steps seen (the drain timers run on the monotonic clock and ignore them)",
-    },
-    Metric {
-        name: LB_CHECKS_IGNORED,
-        kind: Kind::Counter,
-        #[cfg(test)]
-        help: "LB checks from sources outside lb_checkers: answered, not recorded (an LB behind SNAT or a wrong CIDR)",
-    },
-    Metric {
-        name: CUT,
-        kind: Kind::Counter,
-        #[cfg(test)]
-        help: "streams and connections the downstream ended before they completed, during a drain (the LB's reset at DOWN, or a client that gave up; also a websocket its client closed, [Limits](limits.md#limits))",
-    },
-    Metric {
-        name: CUT_LB,
-        kind: Kind::Counter,
-        #[cfg(test)]
-        help: "of drain_gate_cut, those the LB made: within 2 s of an LB checker's DOWN (its lb_fall-th consecutive 503), or, from that checker's own address, within 2 s of one of its next lb_fall 503s (a second backend of one LB)",
-    },
-    Metric {
-        name: CUT_TCP,
-        kind: Kind::Counter,
-        #[cfg(test)]
-        help: "of drain_gate_cut, TCP and TLS-passthrough connections (the rest are HTTP streams)",
-    },
-    Metric {
-        name: DRAIN_COMPLETED,
-        kind: Kind::Counter,
-        #[cfg(test)]
-        help: "streams and connections that completed during a drain: the upstream's answer (or the route's direct response) ended (each worker adds its own up and counts them at its next tick)",
-    },
-    Metric {
-        name: DRAIN_ENDED_UPSTREAM,
-        kind: Kind::Counter,
-        #[cfg(test)]
-        help: "streams and connections ended by the upstream or by Envoy itself during a drain (an upstream reset or timeout; a local reply: Envoy's 504 on a route timeout, its 503 on a connect failure, whatever reached the client)",
-    },
-    Metric {
-        name: REFUSED,
-        kind: Kind::Counter,
-        #[cfg(test)]
-        help: "new HTTP requests refused while draining (draining_new_requests: refuse: answered 503 or reset), never forwarded",
-    },
-    Metric {
-        name: DRAINS_CUT_SHORT,
-        kind: Kind::Counter,
-        #[cfg(test)]
-        help: "drains cut short: the pod's SIGTERM came before CLOSED, while its preStop answer was held (pilot-agent's readiness turned 503, termination_watch); the drain's receipt line says ended=SIGTERM",
-    },
-    Metric {
-        name: TERMINATION_WATCH_UNAVAILABLE,
-        kind: Kind::Counter,
-        #[cfg(test)]
-        help: "termination_watch cannot see the pod's SIGTERM: Envoy answered the call itself (nothing listens on the cluster's port), no such cluster, an answer that is not pilot-agent's readiness, or pilot-agent's 503 before any 200 (not ready); counted once per worker that watches, its event=termination_watch_unavailable warning says why. The drain goes on; a SIGTERM before CLOSED is then not in its receipt",
-    },
-    Metric {
-        name: STREAM_DURATION,
-        kind: Kind::Buckets,
-        #[cfg(test)]
-        help: "how long HTTP streams lasted that were not upgraded, since the pod started (to one tick; counted at each worker's tick): _bucket{le}, _count, _sum",
-    },
-    Metric {
-        name: UPGRADED_DURATION,
-        kind: Kind::Buckets,
-        #[cfg(test)]
-        help: "how long upgraded streams (WebSocket, CONNECT) of 1 s or more lasted; a shorter one is in drain_gate_stream_duration_ms",
-    },
-    Metric {
-        name: TCP_DURATION,
-        kind: Kind::Buckets,
-        #[cfg(test)]
-        help: "how long connections of the TCP and TLS-passthrough chains lasted",
-    },
-    Metric {
-        name: DRAIN_TIMEOUT,
-        kind: Kind::Gauge,
-        #[cfg(test)]
-        help: "the configured drain_timeout (DrainTimeoutBelowTraffic compares it with the streams' p99.9)",
-    },
-    Metric {
-        name: DRAIN_DURATION,
-        kind: Kind::Histogram,
-        #[cfg(test)]
-        help: "how long drains took, start to end, as their receipt lines say (duration_ms)",
-    },
-    Metric {
-        name: LB_CHECK_INTERVAL,
-        kind: Kind::Gauge,
-        #[cfg(test)]
-        help: "the LB's check interval as drain-gate measures it: of the live checkers, the longest median of a checker's last 8 gaps between checks, each gap after a check answered 200 or 404 (0 until a checker has 3 gaps; set each second by the health role's tick)",
-    },
-    Metric {
-        name: LB_BUFFER_SHORT,
-        kind: Kind::Gauge,
-        #[cfg(test)]
-        help: "how much lb_buffer (lb_down_timeout with close_after: lb_observed_down) falls short of the LB's detection, lb_fall × drain_gate_lb_check_interval_ms: CLOSED, and the pod's exit, may come before the LB marks the gateway DOWN (0 when it covers it or nothing is measured; /drain/status lb.detection names the checker)",
-    },
+    (ACTIVE_REQUESTS, Kind::Gauge),
+    (ACTIVE_CONNECTIONS, Kind::Gauge),
+    (STATE, Kind::Gauge),
+    (TRANSITIONS_TO[0], Kind::Counter),
+    (TRANSITIONS_TO[1], Kind::Counter),
+    (TRANSITIONS_TO[2], Kind::Counter),
+    (TRANSITIONS_TO[3], Kind::Counter),
+    (TRANSITIONS_TO[4], Kind::Counter),
+    (FORCED_CLOSES, Kind::Counter),
+    (COUNT_ERRORS, Kind::Counter),
+    (COUNT_UNRELIABLE, Kind::Gauge),
+    (TRAFFIC_ROLES_LOST, Kind::Counter),
+    (OLDEST_IN_FLIGHT, Kind::Gauge),
+    (CLOCK_STEPS, Kind::Counter),
+    (LB_CHECKS_IGNORED, Kind::Counter),
+    (CUT, Kind::Counter),
+    (CUT_LB, Kind::Counter),
+    (CUT_TCP, Kind::Counter),
+    (DRAIN_COMPLETED, Kind::Counter),
+    (DRAIN_ENDED_UPSTREAM, Kind::Counter),
+    (REFUSED, Kind::Counter),
+    (DRAINS_CUT_SHORT, Kind::Counter),
+    (TERMINATION_WATCH_UNAVAILABLE, Kind::Counter),
+    (STREAM_DURATION, Kind::Buckets),
+    (UPGRADED_DURATION, Kind::Buckets),
+    (TCP_DURATION, Kind::Buckets),
+    (DRAIN_TIMEOUT, Kind::Gauge),
+    (DRAIN_DURATION, Kind::Histogram),
+    (LB_CHECK_INTERVAL, Kind::Gauge),
+    (LB_BUFFER_SHORT, Kind::Gauge),
 ];
 
 /// Counters per histogram of counters (`STREAM_DURATION`, `UPGRADED_DURATION`,
@@ -288,6 +134,58 @@ mod tests {
         assert_eq!(names[17..], ["d_count", "d_sum"]);
     }
 
+    /// What each metric means (the envoyfilter/docs/observability.md table; kept out of the
+    /// module), keyed by name.
+    const HELP: [(&str, &str); 30] = [
+        (ACTIVE_REQUESTS, "HTTP streams in flight on the traffic listeners (all workers)"),
+        (ACTIVE_CONNECTIONS, "connections in flight on the TCP and TLS-passthrough chains (all workers)"),
+        (STATE, "0 OPEN, 1 DRAINING, 2 CLOSING, 3 CLOSED, 4 FAULT"),
+        (TRANSITIONS_TO[0], "transitions into OPEN (reopen)"),
+        (TRANSITIONS_TO[1], "transitions into DRAINING"),
+        (TRANSITIONS_TO[2], "transitions into CLOSING (LB check flips to 503)"),
+        (TRANSITIONS_TO[3], "transitions into CLOSED (readiness flips to 503)"),
+        (TRANSITIONS_TO[4], "transitions into FAULT"),
+        (FORCED_CLOSES, "drains closed by drain_timeout with requests still in flight"),
+        (COUNT_ERRORS, "streams the filter could not count (the drain then waits for drain_timeout)"),
+        (COUNT_UNRELIABLE, "1 while the health role does not trust the count (count.unreliable_reason in /drain/status says why)"),
+        (TRAFFIC_ROLES_LOST, "traffic root contexts declared lost: silent without a goodbye (a failed VM, or a worker late by seconds: traffic.back_total counts those that came back)"),
+        (OLDEST_IN_FLIGHT, "age of the oldest stream in flight, all workers (0 when none; to one tick)"),
+        (CLOCK_STEPS, "wall-clock steps seen (the drain timers run on the monotonic clock and ignore them)"),
+        (LB_CHECKS_IGNORED, "LB checks from sources outside lb_checkers: answered, not recorded (an LB behind SNAT or a wrong CIDR)"),
+        (CUT, "streams and connections the downstream ended before they completed, during a drain (the LB's reset at DOWN, or a client that gave up; also a websocket its client closed, [Limits](limits.md#limits))"),
+        (CUT_LB, "of drain_gate_cut, those the LB made: within 2 s of an LB checker's DOWN (its lb_fall-th consecutive 503), or, from that checker's own address, within 2 s of one of its next lb_fall 503s (a second backend of one LB)"),
+        (CUT_TCP, "of drain_gate_cut, TCP and TLS-passthrough connections (the rest are HTTP streams)"),
+        (DRAIN_COMPLETED, "streams and connections that completed during a drain: the upstream's answer (or the route's direct response) ended (each worker adds its own up and counts them at its next tick)"),
+        (DRAIN_ENDED_UPSTREAM, "streams and connections ended by the upstream or by Envoy itself during a drain (an upstream reset or timeout; a local reply: Envoy's 504 on a route timeout, its 503 on a connect failure, whatever reached the client)"),
+        (REFUSED, "new HTTP requests refused while draining (draining_new_requests: refuse: answered 503 or reset), never forwarded"),
+        (DRAINS_CUT_SHORT, "drains cut short: the pod's SIGTERM came before CLOSED, while its preStop answer was held (pilot-agent's readiness turned 503, termination_watch); the drain's receipt line says ended=SIGTERM"),
+        (TERMINATION_WATCH_UNAVAILABLE, "termination_watch cannot see the pod's SIGTERM: Envoy answered the call itself (nothing listens on the cluster's port), no such cluster, an answer that is not pilot-agent's readiness, or pilot-agent's 503 before any 200 (not ready); counted once per worker that watches, its event=termination_watch_unavailable warning says why. The drain goes on; a SIGTERM before CLOSED is then not in its receipt"),
+        (STREAM_DURATION, "how long HTTP streams lasted that were not upgraded, since the pod started (to one tick; counted at each worker's tick): _bucket{le}, _count, _sum"),
+        (UPGRADED_DURATION, "how long upgraded streams (WebSocket, CONNECT) of 1 s or more lasted; a shorter one is in drain_gate_stream_duration_ms"),
+        (TCP_DURATION, "how long connections of the TCP and TLS-passthrough chains lasted"),
+        (DRAIN_TIMEOUT, "the configured drain_timeout (DrainTimeoutBelowTraffic compares it with the streams' p99.9)"),
+        (DRAIN_DURATION, "how long drains took, start to end, as their receipt lines say (duration_ms)"),
+        (LB_CHECK_INTERVAL, "the LB's check interval as drain-gate measures it: of the live checkers, the longest median of a checker's last 8 gaps between checks, each gap after a check answered 200 or 404 (0 until a checker has 3 gaps; set each second by the health role's tick)"),
+        (LB_BUFFER_SHORT, "how much lb_buffer (lb_down_timeout with close_after: lb_observed_down) falls short of the LB's detection, lb_fall × drain_gate_lb_check_interval_ms: CLOSED, and the pod's exit, may come before the LB marks the gateway DOWN (0 when it covers it or nothing is measured; /drain/status lb.detection names the checker)"),
+    ];
+
+    fn help(name: &str) -> &'static str {
+        HELP.iter()
+            .find(|(n, _)| *n == name)
+            .map(|(_, h)| *h)
+            .unwrap_or_default()
+    }
+
+    #[test]
+    fn every_metric_has_one_help_text() {
+        let names: Vec<&str> = ALL.iter().map(|(n, _)| *n).collect();
+        let helped: Vec<&str> = HELP.iter().map(|(n, _)| *n).collect();
+        assert_eq!(
+            names, helped,
+            "metric_names::ALL vs the help table, in order"
+        );
+    }
+
     /// The rows of envoyfilter/docs/observability.md's metrics table as (name, type, meaning), with
     /// the Markdown backticks removed.
     fn readme_rows() -> Vec<(String, String, String)> {
@@ -317,14 +215,14 @@ mod tests {
         let rows = readme_rows();
         let listed: Vec<(String, String, String)> = ALL
             .iter()
-            .map(|m| {
-                let kind = match m.kind {
+            .map(|(name, kind)| {
+                let kind = match kind {
                     Kind::Counter => "counter",
                     Kind::Gauge => "gauge",
                     Kind::Histogram => "histogram",
                     Kind::Buckets => "histogram (counters)",
                 };
-                (m.name.to_string(), kind.to_string(), m.help.to_string())
+                (name.to_string(), kind.to_string(), help(name).to_string())
             })
             .collect();
         assert_eq!(

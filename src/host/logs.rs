@@ -5,21 +5,8 @@
 /// Writes one log line at `level` (the `log` crate, then the SDK's logger).
 #[inline(never)]
 pub fn emit(level: log::Level, args: std::fmt::Arguments<'_>) {
-    #[cfg(test)]
-    LINES.with(|l| l.borrow_mut().push(args.to_string()));
+    capture(&args);
     log::log!(level, "{args}");
-}
-
-#[cfg(test)]
-thread_local! {
-    /// Every line this test's thread logged.
-    static LINES: std::cell::RefCell<Vec<String>> = const { std::cell::RefCell::new(Vec::new()) };
-}
-
-/// The lines logged so far on this thread (a cargo test's own), taken.
-#[cfg(test)]
-pub fn taken() -> Vec<String> {
-    LINES.with(|l| l.take())
 }
 
 macro_rules! info {
@@ -35,3 +22,25 @@ macro_rules! error {
 }
 
 pub(crate) use {error, info, warning};
+
+/// In the module, a line goes only to the host.
+#[cfg(not(test))]
+fn capture(_: &std::fmt::Arguments<'_>) {}
+
+/// In a cargo test, a line is also kept for [`taken`].
+#[cfg(test)]
+fn capture(args: &std::fmt::Arguments<'_>) {
+    LINES.with(|l| l.borrow_mut().push(args.to_string()));
+}
+
+#[cfg(test)]
+thread_local! {
+    /// Every line this test's thread logged.
+    static LINES: std::cell::RefCell<Vec<String>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// The lines logged so far on this thread (a cargo test's own), taken.
+#[cfg(test)]
+pub fn taken() -> Vec<String> {
+    LINES.with(|l| l.take())
+}

@@ -66,8 +66,8 @@ fn define<H: Host>(host: &H, name: &str) -> Option<u32> {
     DEFINITIONS.fetch_add(1, Ordering::Relaxed);
     let kind = names::ALL
         .iter()
-        .find(|m| m.name == name)
-        .map_or(Kind::Counter, |m| m.kind);
+        .find(|(n, _)| *n == name)
+        .map_or(Kind::Counter, |(_, k)| *k);
     let t = match kind {
         Kind::Counter | Kind::Buckets => MetricType::Counter,
         Kind::Gauge => MetricType::Gauge,

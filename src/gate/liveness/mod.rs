@@ -349,28 +349,7 @@ impl Watch {
             longest_stall_ms: next(),
         })
     }
-}
 
-/// Writes `fields` into `out` as little-endian `u64`s, in order: the fixed
-/// forms kept in shared data (the watch, the in-flight summaries), which
-/// cost no parse.
-pub fn put_words(out: &mut [u8], fields: &[u64]) {
-    for (chunk, v) in out.chunks_exact_mut(8).zip(fields) {
-        chunk.copy_from_slice(&v.to_le_bytes());
-    }
-}
-
-/// The little-endian `u64`s of a fixed form (`put_words`, the durations'
-/// total, `crate::instruments::sizing::BYTES`), one per call, if `bytes` holds `n` of
-/// them (`None`: another form).
-pub fn words(bytes: &[u8], n: usize) -> Option<impl FnMut() -> u64 + '_> {
-    let mut fields = bytes
-        .chunks_exact(8)
-        .map(|c| <[u8; 8]>::try_from(c).map_or(0, u64::from_le_bytes));
-    (bytes.len() == n * 8).then_some(move || fields.next().unwrap_or_default())
-}
-
-impl Watch {
     /// What a health tick at `now_ms` does with the watch record: `None`,
     /// another health tick judged less than half a tick ago; else it judges,
     /// silence counted from the `since_ms` of the watch it writes, and with
@@ -400,6 +379,25 @@ impl Watch {
             )),
         }
     }
+}
+
+/// Writes `fields` into `out` as little-endian `u64`s, in order: the fixed
+/// forms kept in shared data (the watch, the in-flight summaries), which
+/// cost no parse.
+pub fn put_words(out: &mut [u8], fields: &[u64]) {
+    for (chunk, v) in out.chunks_exact_mut(8).zip(fields) {
+        chunk.copy_from_slice(&v.to_le_bytes());
+    }
+}
+
+/// The little-endian `u64`s of a fixed form (`put_words`, the durations'
+/// total, `crate::instruments::sizing::BYTES`), one per call, if `bytes` holds `n` of
+/// them (`None`: another form).
+pub fn words(bytes: &[u8], n: usize) -> Option<impl FnMut() -> u64 + '_> {
+    let mut fields = bytes
+        .chunks_exact(8)
+        .map(|c| <[u8; 8]>::try_from(c).map_or(0, u64::from_le_bytes));
+    (bytes.len() == n * 8).then_some(move || fields.next().unwrap_or_default())
 }
 
 #[cfg(test)]

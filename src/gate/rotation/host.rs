@@ -100,8 +100,7 @@ impl<H: Host> Rotator<H> {
         ) else {
             return;
         };
-        let host = &self.host;
-        let claim = rotation::Record::pending(drain_ms, trigger, host.now().wall_ms);
+        let claim = rotation::Record::pending(drain_ms, trigger, self.host.now().wall_ms);
         match claim_drain(&self.host, &claim) {
             Ok(true) => {}
             Ok(false) => return, // another worker sent it, or a later drain's is recorded

@@ -18,8 +18,6 @@ mod receipt;
 mod requests;
 #[path = "../../instruments/status/host.rs"]
 mod status;
-#[cfg(test)]
-pub(crate) mod tests;
 mod timer;
 
 pub use requests::HealthStream;
@@ -105,22 +103,19 @@ impl<H: Host + Copy> Health<H> {
         let host = *metrics.host();
         let active = ActiveCount::new(&metrics);
         let refusing = config.shared.draining_new_requests == NewRequests::Refuse;
-        let rotator = Rotator::new(host, config.rotate_connections.clone(), refusing);
-        let termination = termination::Watch::new(host, config.termination_watch.clone());
-        let watch = Watch::new(host, config.shared.tick_ms);
         metrics.set_drain_timeout(config.drain_timeout_ms);
         let health = Health {
+            rotator: Rotator::new(host, config.rotate_connections.clone(), refusing),
+            termination: termination::Watch::new(host, config.termination_watch.clone()),
+            watch: Watch::new(host, config.shared.tick_ms),
             config,
             active,
             metrics,
-            rotator,
-            termination,
             store: Store::new(host),
             waiters: RefCell::new(Vec::new()),
             receipt_seen: Cell::new(None),
             receipt_looked: Cell::new(None),
             lb_gauges_at: Cell::new(None),
-            watch,
             unreadable: Cell::new(false),
             placeholders: Cell::new(PlaceholderAction::None),
             placeholders_seen: Seen::default(),
@@ -187,3 +182,6 @@ impl<H: Host> Health<H> {
             .retain(|w| w.context_id != context_id);
     }
 }
+
+#[cfg(test)]
+pub(crate) mod tests;

@@ -112,15 +112,13 @@ impl<H: Host> Health<H> {
     /// record the tick could not read fails the checks closed from then on.
     fn check(&self, audience: Audience, req: &api::Request) -> Reply {
         let gauge = self.metrics.state_hint().filter(|_| !self.unreadable.get());
-        let state = match gauge {
-            Some(state) => Some(state),
-            None => self
-                .store
+        let state = gauge.or_else(|| {
+            self.store
                 .load()
                 .map_err(|e| logs::error!("event=state_unavailable role=health error=\"{e}\""))
                 .ok()
-                .map(|rec| rec.state),
-        };
+                .map(|rec| rec.state)
+        });
         let answer = answer::answer(&answer::Inputs {
             audience,
             state,
