@@ -162,20 +162,28 @@ pub struct InFlight {
 impl Ages {
     /// A stream starts: counted under the current tick.
     pub fn enter(&mut self, tick_ms: u64) {
-        if let Some((k, n)) = self.buckets.last_mut() {
+        self.enter_n(tick_ms, 1);
+    }
+
+    /// `n` streams started at `tick_ms` (none: nothing changes).
+    pub fn enter_n(&mut self, tick_ms: u64, n: u64) {
+        if n == 0 {
+            return;
+        }
+        if let Some((k, m)) = self.buckets.last_mut() {
             if *k == tick_ms {
-                *n = n.saturating_add(1);
+                *m = m.saturating_add(n);
                 return;
             }
-            if *n == 0 && *k < tick_ms {
-                (*k, *n) = (tick_ms, 1);
+            if *m == 0 && *k < tick_ms {
+                (*k, *m) = (tick_ms, n);
                 return;
             }
         }
         let i = self.buckets.partition_point(|(k, _)| *k < tick_ms);
         match self.buckets.get_mut(i) {
-            Some((k, n)) if *k == tick_ms => *n = n.saturating_add(1),
-            _ => self.buckets.insert(i, (tick_ms, 1)),
+            Some((k, m)) if *k == tick_ms => *m = m.saturating_add(n),
+            _ => self.buckets.insert(i, (tick_ms, n)),
         }
     }
 
@@ -397,6 +405,12 @@ mod tests {
         a.exit(3_000);
         a.compact();
         assert!(a.buckets.is_empty());
+        a.enter_n(4_000, 0);
+        assert!(a.buckets.is_empty(), "no streams, no bucket");
+        a.enter_n(4_000, 2);
+        a.enter(4_000);
+        a.enter_n(3_500, 1);
+        assert_eq!(a.buckets, vec![(3_500, 1), (4_000, 3)]);
     }
 
     #[test]

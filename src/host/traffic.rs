@@ -34,6 +34,10 @@ struct AgeBook<H: Host> {
     host: H,
     ages: RefCell<Ages>,
     last_tick_ms: Cell<u64>,
+    /// Streams in flight that started at `last_tick_ms`, counted here (a
+    /// stream that starts and ends between two ticks borrows nothing) and
+    /// moved into `ages` under that tick by the next tick.
+    newest: Cell<u64>,
     tick_ms: u64,
     /// What this root wrote last, under which id: written again only when
     /// it changed.
@@ -47,17 +51,15 @@ impl<H: Host> AgeBook<H> {
             host,
             ages: RefCell::new(Ages::default()),
             last_tick_ms,
+            newest: Cell::new(0),
             tick_ms,
             published: Cell::new(None),
         }
     }
 
     fn enter(&self) -> u64 {
-        let started = self.last_tick_ms.get();
-        if let Ok(mut ages) = self.ages.try_borrow_mut() {
-            ages.enter(started);
-        }
-        started
+        self.newest.set(self.newest.get().saturating_add(1));
+        self.last_tick_ms.get()
     }
 
     /// How long ago, on tick boundaries, a stream that entered at
@@ -67,7 +69,10 @@ impl<H: Host> AgeBook<H> {
     }
 
     fn exit(&self, started_ms: u64) {
-        if let Ok(mut ages) = self.ages.try_borrow_mut() {
+        let newest = self.newest.get();
+        if started_ms == self.last_tick_ms.get() && newest > 0 {
+            self.newest.set(newest - 1);
+        } else if let Ok(mut ages) = self.ages.try_borrow_mut() {
             ages.exit(started_ms);
         }
     }
@@ -76,8 +81,12 @@ impl<H: Host> AgeBook<H> {
     /// root has not registered, and no reader looks for it) if it changed.
     fn tick(&self, id: Option<u64>) {
         let now = self.host.now().timer_ms();
-        self.last_tick_ms.set(now);
-        let (Some(id), Ok(mut ages)) = (id, self.ages.try_borrow_mut()) else {
+        let newest = self.last_tick_ms.replace(now);
+        let Ok(mut ages) = self.ages.try_borrow_mut() else {
+            return;
+        };
+        ages.enter_n(newest, self.newest.take());
+        let Some(id) = id else {
             return;
         };
         ages.compact();
