@@ -460,6 +460,14 @@ impl<H: Host> TrafficStream<H> {
         if !self.traffic.refuses() {
             return Action::Continue;
         }
+        self.refuse()
+    }
+
+    /// A request `request_headers` may refuse: its headers say how (or
+    /// that it is served after all).
+    #[cold]
+    #[inline(never)]
+    fn refuse(&mut self) -> Action {
         let refusal = self.traffic.refusal;
         let host = self.traffic.metrics.host();
         let meet = refusal.meet(&RequestHeaders(host));
@@ -486,14 +494,21 @@ impl<H: Host> TrafficStream<H> {
     /// its 503 back, so that an LB resends it as any refusal.
     pub fn response_headers(&mut self, end: bool) {
         if self.restore_status {
-            self.restore_status = false;
-            let host = self.traffic.metrics.host();
-            let status = refusal::STATUS.to_string();
-            if let Err(e) = host.set_response_header(refusal::STATUS_HEADER, &status) {
-                logs::warning!("event=refuse_status_failed status={e:?}");
-            }
+            self.restore_status();
         }
         self.response(end);
+    }
+
+    /// A refused gRPC request's answer: its 503 back.
+    #[cold]
+    #[inline(never)]
+    fn restore_status(&mut self) {
+        self.restore_status = false;
+        let host = self.traffic.metrics.host();
+        let status = refusal::STATUS.to_string();
+        if let Err(e) = host.set_response_header(refusal::STATUS_HEADER, &status) {
+            logs::warning!("event=refuse_status_failed status={e:?}");
+        }
     }
 
     /// A piece of the response passed on its way out; `end` when it was
@@ -514,8 +529,18 @@ impl<H: Host> TrafficStream<H> {
     /// header (and, without one, its `:method`): whether its duration is an
     /// upgraded stream's.
     pub fn log(&mut self) {
+        let long = self.traffic.ages.since(self.started_ms) >= crate::sizing::CLASSIFY_FROM_MS;
+        if long || self.traffic.in_drain() {
+            self.look_at_end(long);
+        }
+    }
+
+    /// `log`'s reads, for a stream that lasted `long` or ended in a drain.
+    #[cold]
+    #[inline(never)]
+    fn look_at_end(&mut self, long: bool) {
         let host = self.traffic.metrics.host();
-        if self.traffic.ages.since(self.started_ms) >= crate::sizing::CLASSIFY_FROM_MS {
+        if long {
             self.upgraded =
                 crate::sizing::upgraded(host.request_header("upgrade").is_some(), || {
                     host.request_header(":method").as_deref() == Some("CONNECT")
