@@ -68,13 +68,18 @@ impl<H: Host> AgeBook<H> {
         self.last_tick_ms.get().saturating_sub(started_ms)
     }
 
-    fn exit(&self, started_ms: u64) {
-        let newest = self.newest.get();
-        if started_ms == self.last_tick_ms.get() && newest > 0 {
+    /// A stream that entered at `started_ms` ends: how long it lasted
+    /// (`since`).
+    fn exit(&self, started_ms: u64) -> u64 {
+        let (newest, last_tick_ms) = (self.newest.get(), self.last_tick_ms.get());
+        if started_ms == last_tick_ms && newest > 0 {
             self.newest.set(newest - 1);
-        } else if let Ok(mut ages) = self.ages.try_borrow_mut() {
+            return 0;
+        }
+        if let Ok(mut ages) = self.ages.try_borrow_mut() {
             ages.exit(started_ms);
         }
+        last_tick_ms.saturating_sub(started_ms)
     }
 
     /// Publishes the summary under the root's registry id (none yet: the
@@ -650,14 +655,13 @@ impl<H: Host> StreamContext for TrafficStream<H> {
 
 impl<H: Host> Drop for TrafficStream<H> {
     fn drop(&mut self) {
-        self.traffic.ages.exit(self.started_ms);
+        let took = self.traffic.ages.exit(self.started_ms);
         if !self.refused {
             let kind = match (self.traffic.part, self.upgraded) {
                 (Part::Connections, _) => Kind::Tcp,
                 (_, true) => Kind::Upgraded,
                 _ => Kind::Http,
             };
-            let took = self.traffic.ages.since(self.started_ms);
             self.traffic.durations.record(kind, took);
         }
         let end = match self.traffic.part {
