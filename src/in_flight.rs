@@ -33,13 +33,10 @@ const STALE_MIN_MS: u64 = 1_000;
 /// One worker's streams in flight, by start tick (ms since the epoch).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Ages {
-    /// (start tick, streams), oldest first, every count above 0 but the
-    /// newest's: emptied, it stays until the tick compacts it (or a newer
-    /// tick's stream takes it), so that a stream that starts and ends in the
-    /// newest tick neither inserts nor removes one. At most `MAX_BUCKETS`
-    /// and the current tick's: a sorted list is as quick as a tree at that
-    /// size (a stream usually enters and ends in the newest bucket), and
-    /// keeps a second map type out of the module.
+    /// (start tick, streams), oldest first, every count above 0. At most
+    /// `MAX_BUCKETS` and the current tick's: a sorted list is as quick as a
+    /// tree at that size (a stream usually enters and ends in the newest
+    /// bucket), and keeps a second map type out of the module.
     buckets: Vec<(u64, u64)>,
 }
 
@@ -170,16 +167,6 @@ impl Ages {
         if n == 0 {
             return;
         }
-        if let Some((k, m)) = self.buckets.last_mut() {
-            if *k == tick_ms {
-                *m = m.saturating_add(n);
-                return;
-            }
-            if *m == 0 && *k < tick_ms {
-                (*k, *m) = (tick_ms, n);
-                return;
-            }
-        }
         let i = self.buckets.partition_point(|(k, _)| *k < tick_ms);
         match self.buckets.get_mut(i) {
             Some((k, m)) if *k == tick_ms => *m = m.saturating_add(n),
@@ -190,27 +177,15 @@ impl Ages {
     /// A stream that entered at `started_ms` ends. Its bucket is the one with
     /// the greatest key not after it (a merge may have moved it older); if the
     /// clock stepped back there may be none, and the oldest bucket gives one.
-    /// The newest bucket stays when it empties (`buckets`), and an empty
-    /// one is passed over.
     pub fn exit(&mut self, started_ms: u64) {
-        let newest = self.buckets.len().saturating_sub(1);
-        if let Some((k, n)) = self.buckets.last_mut() {
-            if *k <= started_ms && *n > 0 {
-                *n -= 1;
-                return;
-            }
-        }
-        let mut i = self
+        let i = self
             .buckets
             .partition_point(|(k, _)| *k <= started_ms)
             .saturating_sub(1);
-        if i == newest {
-            i = i.saturating_sub(1); // the newest is empty: the one before
-        }
-        let Some((_, n)) = self.buckets.get_mut(i).filter(|(_, n)| *n > 0) else {
+        let Some((_, n)) = self.buckets.get_mut(i) else {
             return;
         };
-        *n -= 1;
+        *n = n.saturating_sub(1);
         if *n == 0 {
             self.buckets.remove(i);
         }
@@ -225,9 +200,6 @@ impl Ages {
     /// Keeps at most `MAX_BUCKETS` buckets (the tick runs this): merges the
     /// two adjacent buckets closest in start time into the older one.
     pub fn compact(&mut self) {
-        if self.buckets.last().is_some_and(|(_, n)| *n == 0) {
-            self.buckets.pop();
-        }
         while self.buckets.len() > MAX_BUCKETS {
             let closest = self
                 .buckets
@@ -256,7 +228,7 @@ impl Ages {
         Published {
             at_ms: now_ms,
             tick_ms,
-            oldest_started_ms: self.buckets.iter().find(|(_, n)| *n > 0).map(|(k, _)| *k),
+            oldest_started_ms: self.buckets.first().map(|(k, _)| *k),
             ages,
         }
     }
@@ -386,27 +358,10 @@ mod tests {
     }
 
     #[test]
-    fn the_newest_bucket_stays_empty_until_the_tick_compacts_it() {
+    fn streams_enter_a_tick_together() {
         let mut a = Ages::default();
-        a.enter(1_000);
-        a.enter(2_000);
-        a.exit(2_000);
-        assert_eq!(a.buckets, vec![(1_000, 1), (2_000, 0)]);
-        assert_eq!(a.publish(2_500, 100).oldest_started_ms, Some(1_000));
-        a.exit(2_000);
-        assert_eq!(
-            a.buckets,
-            vec![(2_000, 0)],
-            "an emptied bucket is passed over: the end of a stream a merge moved older"
-        );
-        assert_eq!(a.publish(2_500, 100).oldest_started_ms, None);
-        a.enter(3_000);
-        assert_eq!(a.buckets, vec![(3_000, 1)], "a newer tick takes it");
-        a.exit(3_000);
-        a.compact();
-        assert!(a.buckets.is_empty());
         a.enter_n(4_000, 0);
-        assert!(a.buckets.is_empty(), "no streams, no bucket");
+        assert_eq!(a, Ages::default(), "no streams, no bucket");
         a.enter_n(4_000, 2);
         a.enter(4_000);
         a.enter_n(3_500, 1);
@@ -428,7 +383,6 @@ mod tests {
             a.exit(t * 100);
         }
         assert_eq!(a.in_flight(), 0);
-        a.compact();
         assert!(a.buckets.is_empty());
     }
 
