@@ -34,6 +34,10 @@ struct AgeBook<H: Host> {
     host: H,
     ages: RefCell<Ages>,
     last_tick_ms: Cell<u64>,
+    /// Streams in flight that started at `last_tick_ms`, counted here (a
+    /// stream that starts and ends between two ticks borrows nothing) and
+    /// moved into `ages` under that tick by the next tick.
+    newest: Cell<u64>,
     tick_ms: u64,
     /// What this root wrote last, under which id: written again only when
     /// it changed.
@@ -47,17 +51,15 @@ impl<H: Host> AgeBook<H> {
             host,
             ages: RefCell::new(Ages::default()),
             last_tick_ms,
+            newest: Cell::new(0),
             tick_ms,
             published: Cell::new(None),
         }
     }
 
     fn enter(&self) -> u64 {
-        let started = self.last_tick_ms.get();
-        if let Ok(mut ages) = self.ages.try_borrow_mut() {
-            ages.enter(started);
-        }
-        started
+        self.newest.set(self.newest.get().saturating_add(1));
+        self.last_tick_ms.get()
     }
 
     /// How long ago, on tick boundaries, a stream that entered at
@@ -66,18 +68,30 @@ impl<H: Host> AgeBook<H> {
         self.last_tick_ms.get().saturating_sub(started_ms)
     }
 
-    fn exit(&self, started_ms: u64) {
+    /// A stream that entered at `started_ms` ends: how long it lasted
+    /// (`since`).
+    fn exit(&self, started_ms: u64) -> u64 {
+        let (newest, last_tick_ms) = (self.newest.get(), self.last_tick_ms.get());
+        if started_ms == last_tick_ms && newest > 0 {
+            self.newest.set(newest - 1);
+            return 0;
+        }
         if let Ok(mut ages) = self.ages.try_borrow_mut() {
             ages.exit(started_ms);
         }
+        last_tick_ms.saturating_sub(started_ms)
     }
 
     /// Publishes the summary under the root's registry id (none yet: the
     /// root has not registered, and no reader looks for it) if it changed.
     fn tick(&self, id: Option<u64>) {
         let now = self.host.now().timer_ms();
-        self.last_tick_ms.set(now);
-        let (Some(id), Ok(mut ages)) = (id, self.ages.try_borrow_mut()) else {
+        let newest = self.last_tick_ms.replace(now);
+        let Ok(mut ages) = self.ages.try_borrow_mut() else {
+            return;
+        };
+        ages.enter_n(newest, self.newest.take());
+        let Some(id) = id else {
             return;
         };
         ages.compact();
@@ -446,6 +460,14 @@ impl<H: Host> TrafficStream<H> {
         if !self.traffic.refuses() {
             return Action::Continue;
         }
+        self.refuse()
+    }
+
+    /// A request `request_headers` may refuse: its headers say how (or
+    /// that it is served after all).
+    #[cold]
+    #[inline(never)]
+    fn refuse(&mut self) -> Action {
         let refusal = self.traffic.refusal;
         let host = self.traffic.metrics.host();
         let meet = refusal.meet(&RequestHeaders(host));
@@ -472,14 +494,21 @@ impl<H: Host> TrafficStream<H> {
     /// its 503 back, so that an LB resends it as any refusal.
     pub fn response_headers(&mut self, end: bool) {
         if self.restore_status {
-            self.restore_status = false;
-            let host = self.traffic.metrics.host();
-            let status = refusal::STATUS.to_string();
-            if let Err(e) = host.set_response_header(refusal::STATUS_HEADER, &status) {
-                logs::warning!("event=refuse_status_failed status={e:?}");
-            }
+            self.restore_status();
         }
         self.response(end);
+    }
+
+    /// A refused gRPC request's answer: its 503 back.
+    #[cold]
+    #[inline(never)]
+    fn restore_status(&mut self) {
+        self.restore_status = false;
+        let host = self.traffic.metrics.host();
+        let status = refusal::STATUS.to_string();
+        if let Err(e) = host.set_response_header(refusal::STATUS_HEADER, &status) {
+            logs::warning!("event=refuse_status_failed status={e:?}");
+        }
     }
 
     /// A piece of the response passed on its way out; `end` when it was
@@ -500,9 +529,19 @@ impl<H: Host> TrafficStream<H> {
     /// header (and, without one, its `:method`): whether its duration is an
     /// upgraded stream's.
     pub fn log(&mut self) {
+        let long = self.traffic.ages.since(self.started_ms)
+            >= crate::instruments::sizing::CLASSIFY_FROM_MS;
+        if long || self.traffic.in_drain() {
+            self.look_at_end(long);
+        }
+    }
+
+    /// `log`'s reads, for a stream that lasted `long` or ended in a drain.
+    #[cold]
+    #[inline(never)]
+    fn look_at_end(&mut self, long: bool) {
         let host = self.traffic.metrics.host();
-        if self.traffic.ages.since(self.started_ms) >= crate::instruments::sizing::CLASSIFY_FROM_MS
-        {
+        if long {
             self.upgraded = crate::instruments::sizing::upgraded(
                 host.request_header("upgrade").is_some(),
                 || host.request_header(":method").as_deref() == Some("CONNECT"),
@@ -612,14 +651,13 @@ impl<H: Host> StreamContext for TrafficStream<H> {
 
 impl<H: Host> Drop for TrafficStream<H> {
     fn drop(&mut self) {
-        self.traffic.ages.exit(self.started_ms);
+        let took = self.traffic.ages.exit(self.started_ms);
         if !self.refused {
             let kind = match (self.traffic.part, self.upgraded) {
                 (Part::Connections, _) => Kind::Tcp,
                 (_, true) => Kind::Upgraded,
                 _ => Kind::Http,
             };
-            let took = self.traffic.ages.since(self.started_ms);
             self.traffic.durations.record(kind, took);
         }
         let end = match self.traffic.part {

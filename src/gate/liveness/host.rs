@@ -99,8 +99,16 @@ impl<H: Host> Heartbeat<H> {
     /// registered first and is noticed.
     pub fn ensure(&self) {
         if self.id.get().is_none() && !self.done.get() {
-            self.register();
+            self.register_now();
         }
+    }
+
+    /// `register` out of the stream's path: its result's room is taken
+    /// only when it runs.
+    #[cold]
+    #[inline(never)]
+    fn register_now(&self) {
+        self.register();
     }
 
     /// From the tick: registers (first tick, or retried until it works),

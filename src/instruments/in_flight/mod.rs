@@ -161,10 +161,18 @@ pub struct InFlight {
 impl Ages {
     /// A stream starts: counted under the current tick.
     pub fn enter(&mut self, tick_ms: u64) {
+        self.enter_n(tick_ms, 1);
+    }
+
+    /// `n` streams started at `tick_ms` (none: nothing changes).
+    pub fn enter_n(&mut self, tick_ms: u64, n: u64) {
+        if n == 0 {
+            return;
+        }
         let i = self.buckets.partition_point(|(k, _)| *k < tick_ms);
         match self.buckets.get_mut(i) {
-            Some((k, n)) if *k == tick_ms => *n = n.saturating_add(1),
-            _ => self.buckets.insert(i, (tick_ms, 1)),
+            Some((k, m)) if *k == tick_ms => *m = m.saturating_add(n),
+            _ => self.buckets.insert(i, (tick_ms, n)),
         }
     }
 
@@ -349,6 +357,17 @@ mod tests {
         a.enter(10);
         a.exit(9);
         assert_eq!(a.in_flight(), 0);
+    }
+
+    #[test]
+    fn streams_enter_a_tick_together() {
+        let mut a = Ages::default();
+        a.enter_n(4_000, 0);
+        assert_eq!(a, Ages::default(), "no streams, no bucket");
+        a.enter_n(4_000, 2);
+        a.enter(4_000);
+        a.enter_n(3_500, 1);
+        assert_eq!(a.buckets, vec![(3_500, 1), (4_000, 3)]);
     }
 
     #[test]

@@ -12,7 +12,7 @@
 //! histogram would take one host call per sample; counters take one per
 //! bucket that moved, per tick.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 
 use crate::host::keys;
 use crate::host::logs;
@@ -47,6 +47,10 @@ pub fn read<H: Host>(host: &H) -> Durations {
 pub struct Book<H: Host> {
     host: H,
     pending: RefCell<Pending>,
+    /// Per kind (`Kind::ALL`'s order), the streams that ended in the tick
+    /// they started in (0 ms: most), counted here and added to `pending` by
+    /// the tick.
+    instant: [Cell<u64>; 3],
     ids: Ids,
 }
 
@@ -56,13 +60,16 @@ impl<H: Host> Book<H> {
         Book {
             host,
             pending: RefCell::new(Pending::new(tick_ms)),
+            instant: Default::default(),
             ids,
         }
     }
 
     /// A stream of `kind` ended after `ms`.
     pub fn record(&self, kind: Kind, ms: u64) {
-        if let Ok(mut d) = self.pending.try_borrow_mut() {
+        if let (0, Some(n)) = (ms, self.instant.get(kind as usize)) {
+            n.set(n.get().wrapping_add(1));
+        } else if let Ok(mut d) = self.pending.try_borrow_mut() {
             d.record(kind, ms);
         }
     }
@@ -73,6 +80,9 @@ impl<H: Host> Book<H> {
         let Ok(mut book) = self.pending.try_borrow_mut() else {
             return;
         };
+        for (n, kind) in self.instant.iter().zip(Kind::ALL) {
+            book.record_instant(kind, n.take());
+        }
         if book.is_empty() {
             return;
         }

@@ -29,6 +29,8 @@
 
 pub mod host;
 
+use std::num::NonZeroU64;
+
 /// Upper bounds of the buckets (ms); one more bucket holds what is above.
 pub const BOUNDS_MS: [u64; 60] = [
     10, 12, 15, 20, 25, 30, 40, 50, 60, 80, //
@@ -236,7 +238,8 @@ pub const SLOTS: usize = 64;
 /// back as that many ticks; the sum and the max keep the milliseconds.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Pending {
-    tick_ms: u64,
+    /// Never 0: a duration's ticks are a division without a check.
+    tick_ms: NonZeroU64,
     /// Per kind (`Kind::ALL`'s order), the ends since the last tick.
     kinds: [Ends; 3],
     /// What lasted `SLOTS` ticks or more (or was kept back, `keep`).
@@ -263,7 +266,7 @@ impl Pending {
             max_ms: 0,
         };
         Pending {
-            tick_ms: tick_ms.max(1),
+            tick_ms: NonZeroU64::new(tick_ms).unwrap_or(NonZeroU64::MIN),
             kinds: [NONE; 3],
             long: Durations::default(),
         }
@@ -276,7 +279,8 @@ impl Pending {
         // it — a quantile or an `le` bucket would say a stream was shorter
         // than measured. Up, it reads at most one tick long, and no search is
         // spent per stream.
-        let ticks = usize::try_from(ms.div_ceil(self.tick_ms)).unwrap_or(usize::MAX);
+        let ticks = ms / self.tick_ms + u64::from(ms % self.tick_ms != 0);
+        let ticks = usize::try_from(ticks).unwrap_or(usize::MAX);
         let Some(e) = self.kinds.get_mut(kind as usize) else {
             return;
         };
@@ -287,6 +291,17 @@ impl Pending {
         e.count = e.count.wrapping_add(1);
         e.sum_ms = e.sum_ms.saturating_add(ms);
         e.max_ms = e.max_ms.max(ms);
+    }
+
+    /// `n` streams of `kind` that lasted 0 ms: `record(kind, 0)` `n` times.
+    pub fn record_instant(&mut self, kind: Kind, n: u64) {
+        let Some(e) = self.kinds.get_mut(kind as usize) else {
+            return;
+        };
+        if let Some(s) = e.slots.first_mut() {
+            *s = s.wrapping_add(n);
+        }
+        e.count = e.count.wrapping_add(n);
     }
 
     pub fn is_empty(&self) -> bool {
@@ -307,10 +322,10 @@ impl Pending {
                 continue;
             }
             let h = d.kind_mut(kind);
-            let top = usize::try_from(e.max_ms.div_ceil(self.tick_ms)).unwrap_or(SLOTS);
+            let top = usize::try_from(e.max_ms.div_ceil(self.tick_ms.get())).unwrap_or(SLOTS);
             for (ticks, n) in (0u64..).zip(e.slots.iter_mut().take(top.saturating_add(1))) {
                 if *n > 0 {
-                    h.add(ticks.saturating_mul(self.tick_ms), std::mem::take(n));
+                    h.add(ticks.saturating_mul(self.tick_ms.get()), std::mem::take(n));
                 }
             }
             h.sum_ms = h.sum_ms.saturating_add(e.sum_ms);
