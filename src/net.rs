@@ -2,7 +2,7 @@
 //! Pure.
 
 use std::fmt;
-use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 /// The IP of a peer address as Envoy's `source.address` gives it
 /// (`ip:port`, `[ip6]:port`, or the address alone); an IPv4-mapped IPv6
@@ -10,16 +10,191 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 /// one peer reads the same on every listener.
 pub fn peer_ip(bytes: &[u8]) -> Option<IpAddr> {
     let text = std::str::from_utf8(bytes).ok()?;
-    text.parse::<SocketAddr>()
-        .map(|a| a.ip())
-        .ok()
+    whole(text, |p| p.socket_ip())
         .or_else(|| parse_ip(text))
         .map(|ip| ip.to_canonical())
 }
 
-/// An IP address (std's reader).
+/// An IP address as `str::parse::<IpAddr>` reads one (the same inputs, the
+/// same address): drain-gate's own reader, a fraction of the size of core's
+/// in the module.
 pub fn parse_ip(s: &str) -> Option<IpAddr> {
-    s.parse().ok()
+    whole(s, |p| p.ip())
+}
+
+/// What `read` makes of all of `s`.
+fn whole<T>(s: &str, read: impl FnOnce(&mut Parser<'_>) -> Option<T>) -> Option<T> {
+    let mut p = Parser { rest: s.as_bytes() };
+    read(&mut p).filter(|_| p.rest.is_empty())
+}
+
+/// Reads addresses as core's `net` parser does: every step that fails puts
+/// back what it read.
+struct Parser<'a> {
+    rest: &'a [u8],
+}
+
+impl Parser<'_> {
+    fn atomically<T>(&mut self, f: impl FnOnce(&mut Self) -> Option<T>) -> Option<T> {
+        let start = self.rest;
+        let out = f(self);
+        if out.is_none() {
+            self.rest = start;
+        }
+        out
+    }
+
+    fn given(&mut self, c: u8) -> Option<()> {
+        self.atomically(|p| {
+            let (first, rest) = p.rest.split_first()?;
+            p.rest = rest;
+            (*first == c).then_some(())
+        })
+    }
+
+    fn digit(&mut self, radix: u32) -> Option<u32> {
+        self.atomically(|p| {
+            let (first, rest) = p.rest.split_first()?;
+            p.rest = rest;
+            char::from(*first).to_digit(radix)
+        })
+    }
+
+    /// A number up to `max`, of at most `max_digits` digits; a leading zero
+    /// only alone unless `zero_prefix`.
+    fn number(
+        &mut self,
+        radix: u32,
+        max_digits: Option<usize>,
+        zero_prefix: bool,
+        max: u32,
+    ) -> Option<u32> {
+        self.atomically(|p| {
+            let leading_zero = p.rest.first() == Some(&b'0');
+            let (mut n, mut digits) = (0u32, 0usize);
+            while let Some(d) = p.digit(radix) {
+                n = n.checked_mul(radix)?.checked_add(d).filter(|n| *n <= max)?;
+                digits += 1;
+                if max_digits.is_some_and(|m| digits > m) {
+                    return None;
+                }
+            }
+            match digits {
+                0 => None,
+                1 => Some(n),
+                _ if leading_zero && !zero_prefix => None,
+                _ => Some(n),
+            }
+        })
+    }
+
+    /// `read`, after `sep` unless it is the first of a list.
+    fn separated<T>(
+        &mut self,
+        sep: u8,
+        index: usize,
+        read: impl FnOnce(&mut Self) -> Option<T>,
+    ) -> Option<T> {
+        self.atomically(|p| {
+            if index > 0 {
+                p.given(sep)?;
+            }
+            read(p)
+        })
+    }
+
+    fn ipv4(&mut self) -> Option<Ipv4Addr> {
+        self.atomically(|p| {
+            let mut octets = [0u8; 4];
+            for (i, slot) in octets.iter_mut().enumerate() {
+                let n = p.separated(b'.', i, |p| p.number(10, Some(3), false, 255))?;
+                *slot = u8::try_from(n).ok()?;
+            }
+            Some(Ipv4Addr::from(octets))
+        })
+    }
+
+    /// Groups of an IPv6 address into `groups`, the last two possibly an
+    /// embedded IPv4 address: how many, and whether that ended them.
+    fn groups(&mut self, groups: &mut [u16]) -> (usize, bool) {
+        let limit = groups.len();
+        for i in 0..limit {
+            if i + 1 < limit {
+                if let Some(v4) = self.separated(b':', i, Parser::ipv4) {
+                    let [a, b, c, d] = v4.octets();
+                    if let Some(pair) = groups.get_mut(i..i + 2) {
+                        pair.copy_from_slice(&[
+                            u16::from_be_bytes([a, b]),
+                            u16::from_be_bytes([c, d]),
+                        ]);
+                    }
+                    return (i + 2, true);
+                }
+            }
+            let group = self.separated(b':', i, |p| p.number(16, Some(4), true, 0xffff));
+            match (group.and_then(|g| u16::try_from(g).ok()), groups.get_mut(i)) {
+                (Some(g), Some(slot)) => *slot = g,
+                _ => return (i, false),
+            }
+        }
+        (limit, false)
+    }
+
+    fn ipv6(&mut self) -> Option<Ipv6Addr> {
+        self.atomically(|p| {
+            let mut head = [0u16; 8];
+            let (head_size, head_ipv4) = p.groups(&mut head);
+            if head_size == 8 {
+                return Some(head.into());
+            }
+            if head_ipv4 {
+                return None;
+            }
+            p.given(b':')?;
+            p.given(b':')?;
+            let mut tail = [0u16; 7];
+            let limit = 8 - (head_size + 1);
+            let (tail_size, _) = p.groups(tail.get_mut(..limit)?);
+            head.get_mut(8 - tail_size..)?
+                .copy_from_slice(tail.get(..tail_size)?);
+            Some(head.into())
+        })
+    }
+
+    fn ip(&mut self) -> Option<IpAddr> {
+        self.ipv4()
+            .map(IpAddr::V4)
+            .or_else(|| self.ipv6().map(IpAddr::V6))
+    }
+
+    fn port(&mut self) -> Option<u32> {
+        self.atomically(|p| {
+            p.given(b':')?;
+            p.number(10, None, true, u32::from(u16::MAX))
+        })
+    }
+
+    /// The IP of a socket address as `str::parse::<SocketAddr>` reads one.
+    fn socket_ip(&mut self) -> Option<IpAddr> {
+        let v4 = self.atomically(|p| {
+            let ip = p.ipv4()?;
+            p.port()?;
+            Some(IpAddr::V4(ip))
+        });
+        v4.or_else(|| {
+            self.atomically(|p| {
+                p.given(b'[')?;
+                let ip = p.ipv6()?;
+                p.atomically(|p| {
+                    p.given(b'%')?;
+                    p.number(10, None, true, u32::MAX)
+                });
+                p.given(b']')?;
+                p.port()?;
+                Some(IpAddr::V6(ip))
+            })
+        })
+    }
 }
 
 /// An IP address written as its `Display` writes it (RFC 5952 for IPv6, an
@@ -165,7 +340,6 @@ impl fmt::Display for Cidr {
 #[allow(clippy::unwrap_used, clippy::indexing_slicing)]
 mod tests {
     use super::*;
-    use std::net::Ipv6Addr;
 
     #[test]
     fn cidr_matching() {
@@ -234,8 +408,46 @@ mod tests {
         assert_eq!(LOOPBACK[1], Cidr::parse("::1").unwrap());
     }
 
+    /// What core makes of a peer address: `peer_ip`'s reading, as it was.
+    fn core_peer(s: &str) -> Option<IpAddr> {
+        s.parse::<std::net::SocketAddr>()
+            .map(|a| a.ip())
+            .or_else(|_| s.parse::<IpAddr>())
+            .ok()
+            .map(|ip| ip.to_canonical())
+    }
+
+    /// Inputs near what core's parser reads: address characters in any order,
+    /// and real addresses with a port, a scope or a stray character.
+    fn near_addresses() -> impl proptest::strategy::Strategy<Value = String> {
+        use proptest::prelude::*;
+        prop_oneof![
+            "[0-9a-fA-F:.%\\[\\]]{0,45}",
+            any::<u32>().prop_map(|n| Ipv4Addr::from(n).to_string()),
+            any::<[u16; 8]>().prop_map(|g| Ipv6Addr::from(g).to_string()),
+            (any::<[u8; 8]>(), 0..8usize).prop_map(|(g, zeros)| {
+                let mut g = g.map(u16::from);
+                g.iter_mut()
+                    .skip(zeros % 5)
+                    .take(zeros)
+                    .for_each(|x| *x = 0);
+                Ipv6Addr::from(g).to_string()
+            }),
+            (any::<u32>(), any::<u16>()).prop_map(|(n, p)| format!("{}:{p}", Ipv4Addr::from(n))),
+            (any::<[u16; 8]>(), any::<u32>(), "[:%x0-9]{0,2}")
+                .prop_map(|(g, p, x)| format!("[{}{x}]:{p}", Ipv6Addr::from(g))),
+            (any::<u32>(), "[0-9.:]{0,4}").prop_map(|(n, x)| format!("{}{x}", Ipv4Addr::from(n))),
+        ]
+    }
+
     proptest::proptest! {
         #![proptest_config(proptest::prelude::ProptestConfig::with_cases(20_000))]
+
+        #[test]
+        fn addresses_parse_as_core_parses_them(s in near_addresses()) {
+            proptest::prop_assert_eq!(parse_ip(&s), s.parse::<IpAddr>().ok(), "{:?}", s);
+            proptest::prop_assert_eq!(peer_ip(s.as_bytes()), core_peer(&s), "{:?}", s);
+        }
 
         #[test]
         fn addresses_are_written_as_core_writes_them(
@@ -258,7 +470,7 @@ mod tests {
     }
 
     #[test]
-    fn edge_addresses_are_written_as_core_writes_them() {
+    fn edge_addresses_read_and_write_as_core_does() {
         for s in [
             "::",
             "::1",
@@ -293,9 +505,11 @@ mod tests {
             "ffff::FFFF",
             "::0001",
         ] {
+            assert_eq!(parse_ip(s), s.parse::<IpAddr>().ok(), "{s}");
             if let Ok(ip) = s.parse::<IpAddr>() {
                 assert_eq!(Shown(ip).to_string(), ip.to_string(), "{s}");
             }
+            assert_eq!(peer_ip(s.as_bytes()), core_peer(s), "{s}");
         }
     }
 }
