@@ -172,7 +172,28 @@ def flip_now(gw: Gateway) -> float:
     return trigger
 
 
-class Rig:
+class Stacked:
+    """A rig of started parts, used as a context manager: `_start` starts each part and puts its stop on
+    `self.stack`; a start that fails stops what it started, and every exit stops the rest, last first."""
+
+    stack: contextlib.ExitStack
+
+    def _start(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self):
+        try:
+            self._start()
+        except BaseException:
+            self.stack.close()
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stack.close()
+
+
+class Rig(Stacked):
     """Backend + gateways + HAProxy + pollers. Use as a context manager."""
 
     def __init__(self, workdir: Path, *, gateways: int = 1, config: dict | None = None,
@@ -196,17 +217,6 @@ class Rig:
         self.gws: list[Gateway] = []
         self.haproxy: HAProxy | None = None
         self.stat: StatPoller | None = None
-
-    def __enter__(self) -> "Rig":
-        try:
-            self._start()
-        except BaseException:
-            self.stack.close()
-            raise
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.stack.close()
 
     def _start(self) -> None:
         backend = Backend(self.workdir).start()

@@ -28,7 +28,7 @@ from tests.harness.envoy import REPO, render
 from tests.harness.front import ENVOY_FRONT, NGINX_CONF, EnvoyFront, Nginx
 from tests.harness.haproxy import HAProxy
 from tests.harness.ledger import Ledger
-from tests.harness.rig import Backend, Gateway
+from tests.harness.rig import Backend, Gateway, Stacked
 from tests.harness.variants import listener, static_cluster
 
 PROVE = REPO / "envoyfilter" / "tools" / "prove.py"
@@ -71,7 +71,7 @@ def haproxy_variant(base: Path, workdir: Path, *, servers: int, shutdown_session
     return path
 
 
-class LedgerRig:
+class LedgerRig(Stacked):
     """Backend, ledger, `n` gateways (each routing the ledger's paths to it) and, once `use()`
     named it, one front LB. A context manager: everything it started is stopped on every path."""
 
@@ -84,21 +84,13 @@ class LedgerRig:
         self.lb = None
         self.starts = 0
 
-    def __enter__(self) -> "LedgerRig":
-        try:
-            self.backend = Backend(self.workdir).start()
-            self.stack.callback(self.backend.stop)
-            self.ledger = Ledger(self.workdir).start()
-            self.stack.callback(self.ledger.stop)
-            for i in range(self.n):
-                self.gws.append(self._gateway(f"gw{i + 1}"))
-        except BaseException:
-            self.stack.close()
-            raise
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.stack.close()
+    def _start(self) -> None:
+        self.backend = Backend(self.workdir).start()
+        self.stack.callback(self.backend.stop)
+        self.ledger = Ledger(self.workdir).start()
+        self.stack.callback(self.ledger.stop)
+        for i in range(self.n):
+            self.gws.append(self._gateway(f"gw{i + 1}"))
 
     def _gateway(self, name: str) -> Gateway:
         self.starts += 1

@@ -68,7 +68,7 @@ from tests.harness.front import ENVOY_FRONT, ENVOY_FRONT_CONTROL, NGINX_503, NGI
 from tests.harness.grpc_app import h2_backend
 from tests.harness.haproxy import CFG, CFG_REFUSE, CFG_REFUSE_CONTROL, HAProxy, h2_cfg
 from tests.harness.process import stop_on_signals
-from tests.harness.rig import Backend, Gateway, PreStop
+from tests.harness.rig import Backend, Gateway, PreStop, Stacked
 from tests.harness.timeline import parse_time
 from tests.harness.wire import h2_exchange, read_head, recv_until_close
 
@@ -124,7 +124,7 @@ def gateway_config(mode: str, w: Workload = RIG, front: str = "haproxy") -> dict
     return config
 
 
-class FrontRig:
+class FrontRig(Stacked):
     """Backend, gw1 and gw2 (the same plugin configuration) and, once `use()` named it, one
     front LB (another `use()` replaces it). A context manager: everything it started is
     stopped on every exit path. `backend_port`: another backend than the demo one (`h2`: it
@@ -145,25 +145,17 @@ class FrontRig:
         self.lb = None
         self.front: str | None = None
 
-    def __enter__(self) -> "FrontRig":
-        try:
-            if self.backend_port is None and self.backend_ports is None:
-                self.backend = Backend(self.workdir).start()
-                self.stack.callback(self.backend.stop)
-                self.backend_port = self.backend.port
-            for name, port in zip(("gw1", "gw2"), self.backend_ports or [self.backend_port] * 2):
-                gw = Gateway(name, port, self.config, self.workdir, concurrency=self.concurrency)
-                if self.h2:
-                    h2_backend(gw.envoy.doc)
-                self.stack.callback(gw.stop)
-                self.gws.append(gw.start())
-        except BaseException:
-            self.stack.close()
-            raise
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.stack.close()
+    def _start(self) -> None:
+        if self.backend_port is None and self.backend_ports is None:
+            self.backend = Backend(self.workdir).start()
+            self.stack.callback(self.backend.stop)
+            self.backend_port = self.backend.port
+        for name, port in zip(("gw1", "gw2"), self.backend_ports or [self.backend_port] * 2):
+            gw = Gateway(name, port, self.config, self.workdir, concurrency=self.concurrency)
+            if self.h2:
+                h2_backend(gw.envoy.doc)
+            self.stack.callback(gw.stop)
+            self.gws.append(gw.start())
 
     def use(self, front: str, **opts) -> "FrontRig":
         """Starts `front` (on fresh ports; the one before is stopped) and waits until it has every
