@@ -1,31 +1,25 @@
-//! The active count across every worker of the Envoy, in two parts: HTTP
-//! streams (the `traffic` role) and TCP connections (the `traffic_tcp` role,
-//! on TCP and TLS-passthrough chains). Each part is one `PartCounter`, kept by the
-//! same rules; `ActiveCount` reads both, and the active count is their sum.
+//! The active count across every worker of the Envoy: HTTP streams (the
+//! `traffic` role) plus TCP connections (`traffic_tcp`, on TCP and
+//! TLS-passthrough chains), one `PartCounter` each, kept by the same rules and
+//! read together by `ActiveCount`.
 //!
-//! Primary: the part's gauge (`drain_gate_active_requests`,
-//! `drain_gate_active_connections`). A gauge defined by name is
-//! one stat for all worker VMs, +1/-1 is one host call each, and `get_metric`
-//! reads the global value. But a `stats_matcher` that excludes the name turns
-//! it into a null stat that silently reads 0, so the gauge is used only after
-//! a probe proves it live; otherwise the count lives in shared data (CAS),
-//! where the stats configuration cannot reach.
+//! A part lives in its gauge (`drain_gate_active_requests`,
+//! `drain_gate_active_connections`: one stat for every worker VM, +1/-1 one
+//! host call) once a probe proved it live: a `stats_matcher` that excludes the
+//! name makes it a null stat that reads 0, and then the part lives in shared
+//! data (CAS), out of the stats configuration's reach.
 //!
-//! Host calls are the cost of a wasm filter, so the count leases: a root
-//! context adds to the global count in chunks of `LEASE` and keeps what it
-//! added (`held`) at least as large as what it really has in flight
-//! (`local`). The global count can lead the truth, never trail it. Outside a
-//! drain a stream costs no host call at all most of the time, and the tick
-//! gives back what is not used; during a drain (and whenever the caller asks
-//! for `exact`) every stream end gives back at once, so the count reaches 0
-//! exactly when the last stream ends.
+//! Host calls are a wasm filter's cost, so a root context leases: it adds to
+//! the global count `LEASE` at a time and keeps what it added (`held`) at
+//! least what it has in flight (`local`): the count can lead the truth, never
+//! trail it. Outside a drain most streams make no host call and the tick gives
+//! back what is unused; during a drain (`exact`) every end gives back at once,
+//! so the count reaches 0 when the last stream ends.
 //!
 //! Every failure errs toward "still active": a stream that could not be
-//! counted is itself counted in `keys::UNCOUNTED` until it ends, and while
-//! that is above 0 — or the liveness verdict (`keys::VERDICT`, written by the
-//! health role's watch) names a reason — the count is unreliable, and an
-//! unreliable count never reads 0. Each reason ends when what caused it
-//! ended: the uncounted stream, the lost root beating again.
+//! counted is counted in `keys::UNCOUNTED` until it ends, and while that is
+//! above 0, or the liveness verdict (`keys::VERDICT`, the health role's watch
+//! writes it) names a reason, the count is unreliable and never reads 0.
 
 pub mod traffic;
 
@@ -49,50 +43,40 @@ pub enum Part {
     Connections,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Source {
-    Gauge(u32),
-    SharedData,
-}
-
 /// One per root context. `H` is the host (`Envoy`; a simulated one in
 /// `tests/model.rs`).
 #[derive(Debug)]
 pub struct PartCounter<H: Host = Envoy> {
     host: H,
-    source: Source,
-    /// The shared-data key of the part's count when its gauge is not live.
+    /// The part's live gauge; `None`: the part lives in shared data, at `key`.
+    gauge: Option<u32>,
     key: &'static str,
     /// Streams this root context counted and has not yet released.
     local: Cell<u64>,
     /// What this root context has added to the global count: never below `local`.
     held: Cell<u64>,
     /// Streams in flight here that could not be counted and are not yet in
-    /// `keys::UNCOUNTED` (its write failed too): retried on every `enter` and
+    /// `keys::UNCOUNTED` (its write failed too): retried on every `admit` and
     /// `settle` (tick); meanwhile this root's own reads are unreliable.
     owed: Cell<u64>,
     /// Uncounted streams that ended but whose -1 in `keys::UNCOUNTED` could
-    /// not be written yet (retried the same way; errs toward "unreliable").
+    /// not be written yet (retried the same way).
     owed_release: Cell<u64>,
 }
 
 /// Creates the count's shared keys if absent: both parts, the uncounted
-/// streams (0) and the liveness verdict (judged at generation 0, no reason:
-/// trusted, as when absent). Shared data has no create-if-absent, and a
-/// compare-and-swap that finds a key absent writes without a version: two
-/// workers whose first write to a key coincides would both write their own
-/// value, and one update would be lost (for `keys::UNCOUNTED`, an uncounted
-/// stream forgotten while it is in flight). This runs on configure, which
-/// Envoy runs on the main thread before any worker VM exists (and every later
-/// configure finds the keys), so every later write is versioned.
+/// streams and the liveness verdict (generation 0, no reason), all 0. Shared
+/// data has no create-if-absent, and two workers' first, unversioned writes of
+/// a key could lose one update (for `keys::UNCOUNTED`, a stream in flight).
+/// Configure runs this on the main thread before any worker VM exists, so
+/// every later write is versioned.
 pub fn create_shared<H: Host>(host: &H) {
-    let created = [
+    for key in [
         keys::ACTIVE_STREAMS,
         keys::ACTIVE_CONNECTIONS,
         keys::UNCOUNTED,
         keys::VERDICT,
-    ];
-    for key in created {
+    ] {
         if let Err(e) = shared::create(host, key, &0u64.to_le_bytes()) {
             logs::error!("event=shared_data_error key={key} error=\"{e}\"");
         }
@@ -100,8 +84,7 @@ pub fn create_shared<H: Host>(host: &H) {
 }
 
 /// Announces a traffic role in this vm_id (`keys::TRAFFIC_PRESENT`): until a
-/// health role sees it, no traffic role counts in its vm_id, so the count is
-/// not trusted (and the gateway not announced, see `crate::gate::liveness`).
+/// health role sees it, the count is not trusted (`crate::gate::liveness`).
 pub fn announce_traffic<H: Host>(host: &H) {
     if let Err(e) = host.set(keys::TRAFFIC_PRESENT, b"1", None) {
         logs::error!(
@@ -116,22 +99,14 @@ impl<H: Host> PartCounter<H> {
     /// proved live (`Metrics`); otherwise the part lives in shared data.
     pub fn new(host: H, part: Part, gauge: Option<u32>) -> PartCounter<H> {
         create_shared(&host);
-        let source = gauge.map_or_else(
-            || {
-                logs::warning!(
-                    "event=count_source part={part:?} source=shared_data why=\"gauge is not live (stats_matcher?)\""
-                );
-                Source::SharedData
-            },
-            Source::Gauge,
-        );
-        PartCounter::with_host(host, part, source)
-    }
-
-    pub fn with_host(host: H, part: Part, source: Source) -> PartCounter<H> {
+        if gauge.is_none() {
+            logs::warning!(
+                "event=count_source part={part:?} source=shared_data why=\"gauge is not live (stats_matcher?)\""
+            );
+        }
         PartCounter {
             host,
-            source,
+            gauge,
             key: match part {
                 Part::Streams => keys::ACTIVE_STREAMS,
                 Part::Connections => keys::ACTIVE_CONNECTIONS,
@@ -144,9 +119,9 @@ impl<H: Host> PartCounter<H> {
     }
 
     fn add(&self, delta: i64) -> bool {
-        match self.source {
-            Source::Gauge(id) => self.host.metric_add(id, delta).is_ok(),
-            Source::SharedData => change(&self.host, self.key, |v| v.saturating_add_signed(delta)),
+        match self.gauge {
+            Some(id) => self.host.metric_add(id, delta).is_ok(),
+            None => change(&self.host, self.key, |v| v.saturating_add_signed(delta)),
         }
     }
 
@@ -155,7 +130,7 @@ impl<H: Host> PartCounter<H> {
     /// its end with `uncounted_ended`, and the caller logs it
     /// (`not_counted`). `exact` adds just this stream; otherwise a lease of
     /// `LEASE` when needed.
-    pub fn enter(&self, exact: bool) -> bool {
+    pub fn admit(&self, exact: bool) -> bool {
         let local = self.local.get() + 1;
         if local > self.held.get() {
             let step = if exact { 1 } else { LEASE };
@@ -237,18 +212,16 @@ impl<H: Host> PartCounter<H> {
     /// This part over every worker (one host call); `None` when it cannot
     /// be read.
     fn value(&self) -> Option<u64> {
-        match self.source {
-            Source::Gauge(id) => self.host.metric_get(id).ok(),
-            Source::SharedData => shared::read_u64(&self.host, self.key).ok().flatten(),
+        match self.gauge {
+            Some(id) => self.host.metric_get(id).ok(),
+            None => shared::read_u64(&self.host, self.key).ok().flatten(),
         }
     }
 }
 
 /// Changes the count under `key` (compare-and-swap) as `f` makes it;
-/// `false`: not written. The key exists from configure on
-/// (`create_shared`); written without a version it would overwrite
-/// concurrent updates, so an absent key (or one that is not a count) is a
-/// failure.
+/// `false`: not written. An absent key (`create_shared` made it) or one that
+/// is not a count is a failure: an unversioned write could lose an update.
 fn change<H: Host>(host: &H, key: &str, f: impl Fn(u64) -> u64) -> bool {
     cas_update(host, key, |bytes| {
         let value = bytes.and_then(shared::u64_of).ok_or(None)?;
@@ -304,9 +277,9 @@ impl<H: Host> ActiveCount<H> {
 
     /// `gauge` or `shared_data` when both parts agree, else `mixed`.
     pub fn source_name(&self) -> &'static str {
-        match (self.streams.source, self.connections.source) {
-            (Source::Gauge(_), Source::Gauge(_)) => "gauge",
-            (Source::SharedData, Source::SharedData) => "shared_data",
+        match (self.streams.gauge, self.connections.gauge) {
+            (Some(_), Some(_)) => "gauge",
+            (None, None) => "shared_data",
             _ => "mixed",
         }
     }
@@ -357,8 +330,8 @@ impl<H: Host> Drop for PartCounter<H> {
     /// its streams: give back everything it still holds.
     fn drop(&mut self) {
         let held = self.held.get();
-        if held > 0 && self.add(-(held as i64)) {
-            self.held.set(0);
+        if held > 0 {
+            self.add(-(held as i64));
         }
     }
 }
@@ -386,18 +359,17 @@ fn verdict<H: Host>(host: &H) -> Result<Option<Unreliable>, ()> {
 /// this write (the caller logs it once).
 pub fn write_verdict<H: Host>(host: &H, gen: u64, why: Option<Unreliable>) -> bool {
     let name = why.map_or("", Unreliable::name).as_bytes();
-    let mut bytes = gen.to_le_bytes().to_vec();
-    bytes.extend_from_slice(name);
+    let bytes = [&gen.to_le_bytes()[..], name].concat();
     cas_update(host, keys::VERDICT, |current| {
-        let written_gen = current
-            .and_then(|b| b.get(..8))
+        let written = current.unwrap_or_default();
+        let newer = written
+            .get(..8)
             .and_then(shared::u64_of)
-            .unwrap_or(0);
-        let written_name = current.and_then(|b| b.get(8..)).unwrap_or_default();
-        Ok::<_, SharedError>(match current {
-            Some(_) if written_gen > gen => Decision::Keep(false),
-            Some(b) if b == bytes.as_slice() => Decision::Keep(false),
-            _ => Decision::Write(bytes.clone(), written_name != name),
+            .is_some_and(|g| g > gen);
+        Ok::<_, SharedError>(if newer || written == bytes {
+            Decision::Keep(false)
+        } else {
+            Decision::Write(bytes.clone(), written.get(8..).unwrap_or_default() != name)
         })
     })
     .unwrap_or(false)
@@ -428,11 +400,7 @@ pub struct CountReading {
 impl CountReading {
     /// What automatic transitions may act on: an unreliable count is never 0.
     pub fn for_decisions(self) -> u64 {
-        if self.reliable {
-            self.active
-        } else {
-            self.active.max(1)
-        }
+        self.active.max(u64::from(!self.reliable))
     }
 }
 
@@ -465,7 +433,7 @@ mod tests {
             "streams in shared data, connections on the gauge"
         );
         let c = moved.part(Part::Streams);
-        assert!(c.enter(true));
+        assert!(c.admit(true));
         assert_eq!(moved.read().streams, 1);
         assert_eq!(
             sim2.metric(names::ACTIVE_REQUESTS),
@@ -479,7 +447,7 @@ mod tests {
         let sim = Sim::at(0);
         let counts = ActiveCount::new(&process(&sim));
         let c = counts.part(Part::Streams);
-        assert!(c.enter(false) && c.enter(false));
+        assert!(c.admit(false) && c.admit(false));
         assert_eq!(counts.read().active, LEASE, "one lease of 8");
         assert_eq!(c.exit(false), 1);
         assert_eq!(
@@ -499,7 +467,7 @@ mod tests {
         let counts = ActiveCount::new(&process(&sim));
         let c = counts.part(Part::Streams);
         sim.failures.set(2); // the gauge update and the mark's write both fail
-        assert!(!c.enter(true));
+        assert!(!c.admit(true));
         assert!(c.mark_pending());
         let r = counts.read();
         assert!(
@@ -526,10 +494,10 @@ mod tests {
         // Each worker's count fails; the second read the uncounted key
         // before the first wrote it, and writes only now.
         sim.failures.set(1);
-        assert!(!a.part(Part::Streams).enter(true));
+        assert!(!a.part(Part::Streams).admit(true));
         sim.failures.set(1);
         sim.read_stale(keys::UNCOUNTED);
-        assert!(!b.part(Part::Streams).enter(true));
+        assert!(!b.part(Part::Streams).admit(true));
         assert_eq!(shared::read_u64(&&sim, keys::UNCOUNTED), Ok(Some(2)));
         a.part(Part::Streams).uncounted_ended();
         let r = health.read();

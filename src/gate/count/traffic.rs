@@ -429,7 +429,7 @@ impl<H: Host> TrafficStream<H> {
 
     pub fn new(traffic: Rc<Traffic<H>>) -> TrafficStream<H> {
         traffic.heartbeat.ensure();
-        let counted = traffic.counter().enter(traffic.exact());
+        let counted = traffic.counter().admit(traffic.exact());
         if !counted {
             count::not_counted(&traffic.metrics);
         }

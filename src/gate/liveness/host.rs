@@ -349,12 +349,12 @@ fn watch_of(bytes: Option<&[u8]>) -> core::Watch {
 #[allow(clippy::unwrap_used, clippy::indexing_slicing)]
 mod tests {
     use super::*;
-    use crate::gate::count::{ActiveCount, Part, PartCounter, Source};
+    use crate::gate::count::{ActiveCount, Part, PartCounter};
     use crate::gate::liveness::Unreliable;
     use crate::host::sim::Sim;
 
     fn reading(sim: &Sim) -> count::CountReading {
-        let part = |p| PartCounter::with_host(sim, p, Source::SharedData);
+        let part = |p| PartCounter::new(sim, p, None);
         ActiveCount::of(part(Part::Streams), part(Part::Connections)).read()
     }
 
