@@ -542,10 +542,8 @@ impl<H: Host> TrafficStream<H> {
     fn look_at_end(&mut self, long: bool) {
         let host = self.traffic.metrics.host();
         if long {
-            self.upgraded = crate::instruments::sizing::upgraded(
-                host.request_header("upgrade").is_some(),
-                || host.request_header(":method").as_deref() == Some("CONNECT"),
-            );
+            self.upgraded = host.request_header("upgrade").is_some()
+                || host.request_header(":method").as_deref() == Some("CONNECT");
         }
         if !self.traffic.in_drain() {
             return;

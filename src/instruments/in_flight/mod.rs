@@ -2,23 +2,19 @@
 //!
 //! No host call per stream: each traffic root context (one per worker) keeps
 //! its streams in buckets keyed by the tick they started in (`Ages`, on the
-//! clock the timers run on: `clock::Now::timer_ms`), and
-//! every tick publishes a `Published` summary of them when it changed (the
-//! summary of a worker whose streams did not change is as fresh as its
-//! heartbeat). A reader merges the summaries of every worker (`merge`). A stream's start is the time of the
-//! last tick before it, so an age reads long by less than one `tick`; the
-//! summary is at most one tick old. Both hold in and outside a drain (the
-//! count's lease plays no part here).
+//! timers' clock: `clock::Now::timer_ms`), and its tick publishes a
+//! `Published` summary of them when it changed (otherwise it is as fresh as
+//! the worker's heartbeat). A reader merges every worker's (`merge`). A
+//! stream starts at the last tick before it, so an age reads long by less than
+//! one `tick`, and a summary is at most one tick old, in and outside a drain.
 //!
 //! Memory stays bounded: past `MAX_BUCKETS` distinct start ticks the two
-//! closest buckets merge under the older key, so a long-lived mix of streams
-//! can make ages read long, never short.
+//! closest buckets merge under the older key (ages read long, never short).
 //!
-//! The list is as old as the summaries it merges, while the count is exact at
-//! any moment: a reader sets the list beside the count it reads after the
-//! summaries (`InFlight::beside_count`), so that a status never shows a
-//! stream in flight that the count says has ended, and says how old the list
-//! is.
+//! The list is as old as its summaries, the count exact at any moment: a
+//! reader sets the list beside the count it reads after them
+//! (`InFlight::beside_count`), so that a status never lists a stream the count
+//! says has ended, and says how old the list is.
 
 pub mod host;
 
@@ -35,10 +31,9 @@ const STALE_MIN_MS: u64 = 1_000;
 /// One worker's streams in flight, by start tick (ms since the epoch).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Ages {
-    /// (start tick, streams), oldest first, every count above 0. At most
-    /// `MAX_BUCKETS` and the current tick's: a sorted list is as quick as a
-    /// tree at that size (a stream usually enters and ends in the newest
-    /// bucket), and keeps a second map type out of the module.
+    /// (start tick, streams), oldest first, every count above 0, at most
+    /// `MAX_BUCKETS` and the current tick's: at that size as quick as a tree
+    /// (a stream usually enters and ends in the newest bucket).
     buckets: Vec<(u64, u64)>,
 }
 
@@ -60,14 +55,11 @@ impl Histogram {
     }
 
     fn add(&mut self, age_ms: u64, n: u64) {
-        let slot = if age_ms < AGE_BOUNDS_MS[0] {
-            &mut self.lt_1s
-        } else if age_ms < AGE_BOUNDS_MS[1] {
-            &mut self.lt_10s
-        } else if age_ms < AGE_BOUNDS_MS[2] {
-            &mut self.lt_60s
-        } else {
-            &mut self.ge_60s
+        let slot = match AGE_BOUNDS_MS.partition_point(|b| *b <= age_ms) {
+            0 => &mut self.lt_1s,
+            1 => &mut self.lt_10s,
+            2 => &mut self.lt_60s,
+            _ => &mut self.ge_60s,
         };
         *slot = slot.saturating_add(n);
     }
@@ -80,14 +72,14 @@ impl Histogram {
     }
 }
 
-/// What a worker publishes from its tick, when it differs from what it
-/// published last but for `at_ms` (`same_as`): a worker whose streams did
-/// not change writes nothing, and its readers, who take its last tick from
-/// its beat, parse nothing new.
+/// What a worker publishes from its tick when it differs from what it
+/// published last but for `at_ms` (`same_as`): a worker whose streams did not
+/// change writes nothing, and its readers, who take its last tick from its
+/// beat, parse nothing new.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Published {
-    /// When it was published (ms, on the clock the timers run on); a reader
-    /// takes the publisher's last tick instead, when it knows it.
+    /// When it was published (ms, on the timers' clock); a reader takes the
+    /// publisher's last tick instead, when it knows it.
     pub at_ms: u64,
     /// The publisher's `tick`: a summary not refreshed for three of them
     /// (and at least a second) is a worker that stopped, and is left out.
@@ -97,9 +89,6 @@ pub struct Published {
     /// Ages as of `at_ms`: as of every tick since, when they are the same.
     pub ages: Histogram,
 }
-
-/// The size of `Published::to_bytes`.
-pub const PUBLISHED_BYTES: usize = 56;
 
 impl Published {
     /// Whether `other` says what this says, but for when it was published.
@@ -113,10 +102,10 @@ impl Published {
     /// Seven little-endian `u64` (`crate::gate::liveness::put_words`): `at_ms`,
     /// `tick_ms`, `oldest_started_ms` (`u64::MAX`: none), then the ages
     /// youngest first.
-    pub fn to_bytes(&self) -> [u8; PUBLISHED_BYTES] {
+    pub fn to_bytes(&self) -> [u8; 56] {
         let [a, b, c, d] = self.ages.counts();
         let oldest = self.oldest_started_ms.unwrap_or(u64::MAX);
-        let mut out = [0; PUBLISHED_BYTES];
+        let mut out = [0; 56];
         put_words(&mut out, &[self.at_ms, self.tick_ms, oldest, a, b, c, d]);
         out
     }
@@ -144,17 +133,17 @@ pub struct InFlight {
     /// Age of the oldest stream in flight (ms), to one `tick`.
     pub oldest_age_ms: Option<u64>,
     pub ages: Histogram,
-    /// The moment the list is true at (on the timers' clock): the oldest of
-    /// the merged summaries' (`None`: none was merged), or, set beside a
-    /// count that reads 0, the moment of that reading.
+    /// The moment the list is true at (timers' clock): the oldest of the
+    /// merged summaries' (`None`: none was merged), or, set beside a count
+    /// that reads 0, the moment of that reading.
     pub as_of_ms: Option<u64>,
     /// Set beside a reliable count below the streams listed: at least one of
     /// them has ended since `as_of_ms`, which the list cannot say.
     pub older_than_count: bool,
     /// The oldest of the last ticks of every worker whose summary was read,
-    /// stale ones included: what a worker adds up between its ticks and
-    /// counts at the tick that publishes its summary (a drain's completed
-    /// ends, `crate::instruments::receipt`) is counted up to this moment over them all.
+    /// stale ones included: what the workers count at the tick that publishes
+    /// their summaries (a drain's completed ends, `crate::instruments::receipt`)
+    /// is counted up to this moment.
     pub ticked_ms: Option<u64>,
 }
 
@@ -203,16 +192,11 @@ impl Ages {
     /// two adjacent buckets closest in start time into the older one.
     pub fn compact(&mut self) {
         while self.buckets.len() > MAX_BUCKETS {
-            let closest = self
-                .buckets
-                .windows(2)
+            let gaps = self.buckets.iter().zip(self.buckets.iter().skip(1));
+            let closest = gaps
                 .enumerate()
-                .filter_map(|(i, w)| match w {
-                    [(a, _), (b, _)] => Some((b.saturating_sub(*a), i)),
-                    _ => None,
-                })
-                .min();
-            let Some((_, older)) = closest else {
+                .map(|(i, ((a, _), (b, _)))| (b.saturating_sub(*a), i));
+            let Some((_, older)) = closest.min() else {
                 return;
             };
             let (_, moved) = self.buckets.remove(older.saturating_add(1));
@@ -263,10 +247,9 @@ impl InFlight {
 
     /// The list set beside the count `active`, read after the summaries it
     /// merges, at `now_ms`. A reliable count never reads below the counted
-    /// streams in flight, and a listed stream that is still in flight was
-    /// counted before its summary was published: at 0, nothing listed is in
-    /// flight, and the list is empty as of now; below the list, at least that
-    /// many listed streams ended since they were published
+    /// streams in flight, and a listed stream still in flight was counted
+    /// before its summary was published: at 0 the list is empty as of now;
+    /// below it, at least that many listed streams ended since
     /// (`older_than_count`). An unreliable count says neither (a stream it
     /// could not count is listed).
     pub fn beside_count(self, active: u64, reliable: bool, now_ms: u64) -> InFlight {

@@ -1,16 +1,14 @@
-//! Carries the stream durations (`crate::instruments::sizing`) from each traffic root to
-//! the process and to Prometheus, once per tick: a stream's end adds to this
-//! root's pending `Durations` (no host call); the tick adds what is pending
-//! to `keys::DURATIONS` (one compare-and-swap) and to the bucket counters.
+//! Carries the stream durations (`crate::instruments::sizing`) from each
+//! traffic root to the process and to Prometheus: a stream's end adds to the
+//! root's pending ones (no host call); the tick adds those to
+//! `keys::DURATIONS` (one compare-and-swap) and to the bucket counters.
 //!
-//! The counters: per kind, `drain_gate_<kind>_duration_ms_bucket` for each
-//! `le` of `crate::instruments::sizing::EXPORT_LE_MS` and `+Inf`, `…_count` and `…_sum`. A
-//! bucket's name carries its bound in the form Istio's tag extraction reads
-//! (`le=.=250;.;drain_gate_stream_duration_ms_bucket`: `extraStatTags: [le]`,
-//! or a `stats_tags` entry in a plain Envoy bootstrap), so Envoy's Prometheus
-//! endpoint shows a histogram every worker and every pod sums into. An Envoy
-//! histogram would take one host call per sample; counters take one per
-//! bucket that moved, per tick.
+//! The counters, per kind: `drain_gate_<kind>_duration_ms_bucket` for each `le`
+//! of `EXPORT_LE_MS` and `+Inf` (its bound in the name as Istio's tag
+//! extraction reads it: `le=.=250;.;drain_gate_stream_duration_ms_bucket`,
+//! `extraStatTags: [le]`), `…_count` and `…_sum`: a histogram every worker and
+//! pod sums into, one host call per bucket that moved per tick (an Envoy
+//! histogram would take one per sample).
 
 use std::cell::{Cell, RefCell};
 
@@ -22,8 +20,7 @@ use crate::host::wasm_host::Host;
 use crate::instruments::sizing::{Durations, Kind, Pending, BYTES};
 
 /// Creates `keys::DURATIONS` (empty) unless it exists: on configure
-/// (`host::root::create_shared`), before any worker VM writes it
-/// (`shared::cas_update`).
+/// (`host::root::create_shared`), before any worker VM writes it.
 pub fn create_shared<H: Host>(host: &H) {
     if let Err(e) = shared::create(host, keys::DURATIONS, &[0; BYTES]) {
         logs::error!(
@@ -88,12 +85,10 @@ impl<H: Host> Book<H> {
         }
         let pending = book.take();
         let merged = cas_update(&self.host, keys::DURATIONS, |bytes| {
-            let mut total = bytes.map(<[u8]>::to_vec).unwrap_or_default();
-            if !pending.add_into(&mut total) {
-                // Absent or not this form (never expected): starts again from these.
-                total = vec![0; BYTES];
-                pending.add_into(&mut total);
-            }
+            // Absent or not this form (never expected): starts again from these.
+            let total = bytes.filter(|b| b.len() == BYTES);
+            let mut total = total.map_or_else(|| vec![0; BYTES], <[u8]>::to_vec);
+            pending.add_into(&mut total);
             Ok::<_, SharedError>(Decision::Write(total, ()))
         });
         if let Err(e) = merged {

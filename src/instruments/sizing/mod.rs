@@ -2,30 +2,23 @@
 //! `drain_timeout` and `terminationGracePeriodSeconds`, measured from the
 //! traffic itself.
 //!
-//! Each traffic root (one per worker) keeps a `Pending` of the streams that
-//! ended since its last tick: a stream's duration is counted by the whole
-//! ticks it lasted (one division and one increment, no host call, no search).
-//! The tick turns it into `Durations`, adds those to the process's total
-//! (`merge`) and to the Prometheus bucket counters (`Histogram::cumulative`),
-//! and starts again.
+//! Each traffic root (one per worker) counts the streams that ended since its
+//! last tick by the whole ticks they lasted (`Pending`: one division and one
+//! increment, no host call, no search); the tick buckets them (`Durations`)
+//! into the process's total (`merge`) and the Prometheus bucket counters
+//! (`Histogram::cumulative`).
 //!
-//! Buckets (`BOUNDS_MS`): the upper bound of bucket `i` is `BOUNDS_MS[i]`
-//! (a duration `d` lands in the first bucket with `d ≤ bound`), ten per
-//! decade from 10 ms to 80 min (10, 12, 15, 20, 25, 30, 40, 50, 60, 80 × 10ⁿ),
-//! and one above. A quantile is the upper bound of the bucket its rank falls
-//! in, never above the largest duration seen: it reads at most one bucket
-//! high — by less than a third (two neighbouring bounds differ by at most
-//! 4/3), or by under 10 ms in the first bucket — on top of the tick a short
-//! duration is rounded up to (`Pending`), and never low. A duration is
-//! measured on tick boundaries (a stream starts and ends at the time of the
-//! tick before), so it is true to one `tick` (100 ms by default) either way,
-//! or to how late a busy worker runs its tick.
+//! Buckets (`BOUNDS_MS`): a duration `d` lands in the first with `d ≤ bound`,
+//! ten per decade from 10 ms to 80 min, and one above. A quantile is the upper
+//! bound of the bucket its rank falls in, never above the longest duration
+//! seen: at most one bucket high (by under a third, or under 10 ms in the
+//! first bucket) on top of the tick a duration is rounded up to (`Pending`),
+//! never low. Durations are measured on tick boundaries: true to one `tick`
+//! (100 ms by default), or to how late a busy worker runs its tick.
 //!
 //! The advice (`advise`) is built on the longest stream measured, not on a
 //! quantile: a `drain_timeout` below it would have cut streams this traffic
 //! already carried.
-//! `EXPORT_LE_MS` is the subset of bounds exported as Prometheus `le`
-//! buckets: each is a bound here, so every exported bucket is an exact sum.
 
 pub mod host;
 
@@ -44,10 +37,10 @@ pub const BOUNDS_MS: [u64; 60] = [
 /// Buckets: one per bound and one above the last.
 pub const BUCKETS: usize = BOUNDS_MS.len() + 1;
 
-/// The `le` bounds exported to Prometheus (ms), then `+Inf`: Envoy's own
-/// histogram bounds where they are bounds here (25 ms … 10 s, 30 s, 60 s,
-/// 5 min, 10 min), and 2, 20 and 50 min, so that a `drain_timeout` of up to
-/// 60 min has a bucket at or above it.
+/// The `le` bounds exported to Prometheus (ms), then `+Inf`, each a bound
+/// here (an exported bucket is an exact sum): Envoy's own histogram bounds
+/// (25 ms … 10 s, 30 s, 60 s, 5 min, 10 min), and 2, 20 and 50 min, so that a
+/// `drain_timeout` of up to 60 min has a bucket at or above it.
 pub const EXPORT_LE_MS: [u64; 16] = [
     25, 50, 100, 250, 500, 1_000, 2_500, 5_000, 10_000, 30_000, 60_000, 120_000, 300_000, 600_000,
     1_200_000, 3_000_000,
@@ -67,17 +60,11 @@ pub const MAX_DRAIN_TIMEOUT_S: u64 = 3_600;
 /// and 5 s spare — `verify.py --pod-spec`'s sum.
 pub const GRACE_EXTRA_S: u64 = 15;
 
-/// An HTTP stream is asked whether it was upgraded only when it lasted this
-/// long (two header reads at its end): shorter streams cost no host call,
-/// and an upgraded stream shorter than this counts as `Http`.
+/// An HTTP stream is asked whether it was upgraded (an `upgrade` request
+/// header: an HTTP/1.1 upgrade, or an HTTP/2 extended CONNECT as Envoy
+/// presents it; else the CONNECT method) only when it lasted this long:
+/// shorter streams cost no host call, and count as `Http`.
 pub const CLASSIFY_FROM_MS: u64 = 1_000;
-
-/// Whether a stream was upgraded: an `upgrade` request header (an HTTP/1.1
-/// upgrade, or an HTTP/2 extended CONNECT as Envoy presents it), or the
-/// CONNECT method (asked only without the header).
-pub fn upgraded(upgrade_header: bool, connect: impl FnOnce() -> bool) -> bool {
-    upgrade_header || connect()
-}
 
 /// What a duration was of.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -92,14 +79,6 @@ pub enum Kind {
 
 impl Kind {
     pub const ALL: [Kind; 3] = [Kind::Http, Kind::Upgraded, Kind::Tcp];
-
-    pub fn name(self) -> &'static str {
-        match self {
-            Kind::Http => "http",
-            Kind::Upgraded => "upgraded",
-            Kind::Tcp => "tcp",
-        }
-    }
 }
 
 /// The bucket of a duration.
@@ -107,8 +86,9 @@ pub fn bucket(ms: u64) -> usize {
     BOUNDS_MS.partition_point(|b| *b < ms)
 }
 
-/// Durations of one kind, bucketed.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// Durations of one kind, bucketed; `/drain/status` shows its `Summary`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(into = "Summary")]
 pub struct Histogram {
     pub buckets: [u64; BUCKETS],
     pub count: u64,
@@ -135,6 +115,12 @@ pub struct Summary {
     pub p99_ms: Option<u64>,
     pub p999_ms: Option<u64>,
     pub max_ms: Option<u64>,
+}
+
+impl From<Histogram> for Summary {
+    fn from(h: Histogram) -> Summary {
+        h.summary()
+    }
 }
 
 impl Histogram {
@@ -168,21 +154,14 @@ impl Histogram {
         if self.count == 0 {
             return None;
         }
-        let rank = self
-            .count
-            .saturating_mul(per_mille)
-            .div_ceil(1_000)
-            .max(1)
-            .min(self.count);
-        let mut seen = 0u64;
-        for (i, n) in self.buckets.iter().enumerate() {
+        let rank = self.count.saturating_mul(per_mille).div_ceil(1_000);
+        let (rank, mut seen) = (rank.max(1).min(self.count), 0u64);
+        let i = self.buckets.iter().position(|n| {
             seen = seen.saturating_add(*n);
-            if seen >= rank {
-                let bound = BOUNDS_MS.get(i).copied().unwrap_or(u64::MAX);
-                return Some(bound.min(self.max_ms));
-            }
-        }
-        Some(self.max_ms)
+            seen >= rank
+        });
+        let bound = i.and_then(|i| BOUNDS_MS.get(i)).unwrap_or(&u64::MAX);
+        Some(self.max_ms.min(*bound))
     }
 
     /// The samples in buckets whose upper bound is above `ms`: every sample
@@ -208,18 +187,12 @@ impl Histogram {
     /// The samples at or below each of `EXPORT_LE_MS`, in order (then the
     /// `+Inf` bucket is `count`).
     pub fn cumulative(&self) -> [u64; EXPORT_LE_MS.len()] {
-        let mut out = [0; EXPORT_LE_MS.len()];
-        let (mut seen, mut j) = (0u64, 0usize);
-        for (bound, n) in BOUNDS_MS.iter().zip(self.buckets.iter()) {
+        let mut seen = 0u64;
+        let mut upto = BOUNDS_MS.iter().zip(&self.buckets).map(|(bound, n)| {
             seen = seen.saturating_add(*n);
-            if let (Some(slot), Some(le)) = (out.get_mut(j), EXPORT_LE_MS.get(j)) {
-                if le == bound {
-                    *slot = seen;
-                    j += 1;
-                }
-            }
-        }
-        out
+            (*bound, seen)
+        });
+        EXPORT_LE_MS.map(|le| upto.find(|(bound, _)| *bound == le).map_or(0, |(_, n)| n))
     }
 }
 
@@ -344,20 +317,12 @@ fn update_word(bytes: &mut [u8], i: usize, f: impl Fn(u64) -> u64) {
     }
 }
 
-/// The durations of every kind.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+/// The durations of every kind (`/drain/status` `durations`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
 pub struct Durations {
     pub http: Histogram,
     pub upgraded: Histogram,
     pub tcp: Histogram,
-}
-
-/// `/drain/status` `durations`.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
-pub struct DurationsOut {
-    pub http: Summary,
-    pub upgraded: Summary,
-    pub tcp: Summary,
 }
 
 impl Durations {
@@ -389,14 +354,6 @@ impl Durations {
 
     pub fn is_empty(&self) -> bool {
         Kind::ALL.iter().all(|k| self.kind(*k).count == 0)
-    }
-
-    pub fn out(&self) -> DurationsOut {
-        DurationsOut {
-            http: self.http.summary(),
-            upgraded: self.upgraded.summary(),
-            tcp: self.tcp.summary(),
-        }
     }
 
     /// Adds these durations to `bytes`, the shared-data form (`BYTES`) of a total, in
@@ -448,19 +405,15 @@ pub struct Advice {
     pub based_on: String,
 }
 
-/// The advice for the HTTP streams `d` measured, with CLOSING lasting up to
-/// `closing_ms` (`lb_buffer`, or `lb_down_timeout` with
-/// `close_after: lb_observed_down`) and the preStop's answer coming
-/// `scrape_ms` after CLOSED (`scrape_interval`): `drain_timeout` =
-/// max(D + 30 s, 120 s) with D the longest HTTP stream measured, rounded up
-/// to a second (at most 60 min), and `terminationGracePeriodSeconds` =
-/// `drain_timeout` + CLOSING + `scrape_interval` + 15 s.
-/// D is the longest, not a quantile: from 1,000 streams on a p99.9 can sit
-/// below the slowest of them, and a `drain_timeout` made from it would have
-/// cut them. Only the 60-min cap can leave streams above the advice, and then
-/// `based_on` says how many it may cut.
-/// Upgraded streams and TCP connections are not in D: they last as long as
-/// their clients keep them, and a drain that waited for them would never end
+/// The advice for the HTTP streams `d` measured, CLOSING lasting up to
+/// `closing_ms` (`lb_buffer`, or `lb_down_timeout` with `close_after:
+/// lb_observed_down`) and the preStop's answer `scrape_ms` after CLOSED:
+/// `drain_timeout` = max(D + 30 s, 120 s), D the longest HTTP stream in whole
+/// seconds (at most 60 min: `based_on` then says how many it may cut), and
+/// `terminationGracePeriodSeconds` = `drain_timeout` + CLOSING +
+/// `scrape_interval` + 15 s. D is the longest, not a quantile: from 1,000
+/// streams on a p99.9 can sit below the slowest. Upgraded streams and TCP
+/// connections are not in D: they last as long as their clients keep them
 /// (drain_timeout ends them; the receipt counts them).
 pub fn advise(d: &Durations, closing_ms: u64, scrape_ms: u64) -> Advice {
     let http = &d.http;

@@ -309,7 +309,7 @@ fn document<'a>(v: &'a View<'a>, wait: Option<&'static str>) -> impl Serialize +
             // Requests refused in the current (or last) drain.
             this_drain: t.refused,
         }),
-        durations: v.durations.out(),
+        durations: v.durations,
         advice: sizing::advise(&v.durations, v.closing_ms, v.scrape_ms),
         #[serde(
             skip_serializing_if = "crate::json::Absent::absent",
