@@ -26,7 +26,7 @@ pub mod traffic;
 use std::cell::Cell;
 
 use crate::gate::liveness::Unreliable;
-use crate::host::keys;
+use crate::host::keys::{ACTIVE_CONNECTIONS, ACTIVE_STREAMS, TRAFFIC_PRESENT, UNCOUNTED, VERDICT};
 use crate::host::logs;
 use crate::host::metrics::Metrics;
 use crate::host::shared::{self, cas_update, Decision, SharedError};
@@ -71,12 +71,7 @@ pub struct PartCounter<H: Host = Envoy> {
 /// Configure runs this on the main thread before any worker VM exists, so
 /// every later write is versioned.
 pub fn create_shared<H: Host>(host: &H) {
-    for key in [
-        keys::ACTIVE_STREAMS,
-        keys::ACTIVE_CONNECTIONS,
-        keys::UNCOUNTED,
-        keys::VERDICT,
-    ] {
+    for key in [ACTIVE_STREAMS, ACTIVE_CONNECTIONS, UNCOUNTED, VERDICT] {
         if let Err(e) = shared::create(host, key, &0u64.to_le_bytes()) {
             logs::error!("event=shared_data_error key={key} error=\"{e}\"");
         }
@@ -86,11 +81,8 @@ pub fn create_shared<H: Host>(host: &H) {
 /// Announces a traffic role in this vm_id (`keys::TRAFFIC_PRESENT`): until a
 /// health role sees it, the count is not trusted (`crate::gate::liveness`).
 pub fn announce_traffic<H: Host>(host: &H) {
-    if let Err(e) = host.set(keys::TRAFFIC_PRESENT, b"1", None) {
-        logs::error!(
-            "event=shared_data_error key={} status={e:?}",
-            keys::TRAFFIC_PRESENT
-        );
+    if let Err(e) = host.set(TRAFFIC_PRESENT, b"1", None) {
+        logs::error!("event=shared_data_error key={TRAFFIC_PRESENT} status={e:?}");
     }
 }
 
@@ -108,8 +100,8 @@ impl<H: Host> PartCounter<H> {
             host,
             gauge,
             key: match part {
-                Part::Streams => keys::ACTIVE_STREAMS,
-                Part::Connections => keys::ACTIVE_CONNECTIONS,
+                Part::Streams => ACTIVE_STREAMS,
+                Part::Connections => ACTIVE_CONNECTIONS,
             },
             local: Cell::new(0),
             held: Cell::new(0),
@@ -179,7 +171,7 @@ impl<H: Host> PartCounter<H> {
             return;
         }
         // Failed: retried from the tick.
-        if change(&self.host, keys::UNCOUNTED, |v| {
+        if change(&self.host, UNCOUNTED, |v| {
             v.saturating_add(owed).saturating_sub(released)
         }) {
             self.owed.set(0);
@@ -244,16 +236,12 @@ pub struct ActiveCount<H: Host = Envoy> {
 
 impl<H: Host + Copy> ActiveCount<H> {
     pub fn new(metrics: &Metrics<H>) -> ActiveCount<H> {
-        let part = |p, id: Option<u32>, live: bool| {
-            PartCounter::new(*metrics.host(), p, id.filter(|_| live))
-        };
+        let (m, host) = (metrics, *metrics.host());
+        let streams = m.active.filter(|_| m.active_live);
+        let connections = m.active_connections.filter(|_| m.active_connections_live);
         ActiveCount::of(
-            part(Part::Streams, metrics.active, metrics.active_live),
-            part(
-                Part::Connections,
-                metrics.active_connections,
-                metrics.active_connections_live,
-            ),
+            PartCounter::new(host, Part::Streams, streams),
+            PartCounter::new(host, Part::Connections, connections),
         )
     }
 }
@@ -295,10 +283,10 @@ impl<H: Host> ActiveCount<H> {
     pub fn read(&self) -> CountReading {
         let (streams, connections) = (self.streams.value(), self.connections.value());
         let host = &self.streams.host;
-        let uncounted = shared::read_u64(host, keys::UNCOUNTED).map(|v| v.unwrap_or(0));
+        let uncounted = shared::read_u64(host, UNCOUNTED).map(|v| v.unwrap_or(0));
         let verdict = verdict(host);
         let traffic_seen =
-            self.traffic_seen.get() || matches!(host.get(keys::TRAFFIC_PRESENT), Ok((Some(_), _)));
+            self.traffic_seen.get() || matches!(host.get(TRAFFIC_PRESENT), Ok((Some(_), _)));
         self.traffic_seen.set(traffic_seen);
         // This root context knows of a stream it did not count even when the
         // shared value could not be written yet.
@@ -310,16 +298,13 @@ impl<H: Host> ActiveCount<H> {
             _ if !traffic_seen => Some(Unreliable::TrafficRoleNotSeen),
             _ => None,
         };
+        let read = streams.and(connections).is_some() && verdict.is_ok() && uncounted.is_ok();
         let (s, c) = (streams.unwrap_or(0), connections.unwrap_or(0));
         CountReading {
             active: s.saturating_add(c),
             streams: s,
             connections: c,
-            reliable: streams.is_some()
-                && connections.is_some()
-                && verdict.is_ok()
-                && uncounted.is_ok()
-                && why.is_none(),
+            reliable: read && why.is_none(),
             why,
         }
     }
@@ -340,7 +325,7 @@ impl<H: Host> Drop for PartCounter<H> {
 /// (`keys::VERDICT`: the registry generation it was judged at, then the
 /// reason's name; no reason when empty or absent).
 fn verdict<H: Host>(host: &H) -> Result<Option<Unreliable>, ()> {
-    let (bytes, _) = host.get(keys::VERDICT).map_err(|_| ())?;
+    let (bytes, _) = host.get(VERDICT).map_err(|_| ())?;
     // Shorter than a generation, or a name drain-gate does not write: not
     // trusted.
     Ok(bytes.and_then(|b| match b.get(8..) {
@@ -360,12 +345,9 @@ fn verdict<H: Host>(host: &H) -> Result<Option<Unreliable>, ()> {
 pub fn write_verdict<H: Host>(host: &H, gen: u64, why: Option<Unreliable>) -> bool {
     let name = why.map_or("", Unreliable::name).as_bytes();
     let bytes = [&gen.to_le_bytes()[..], name].concat();
-    cas_update(host, keys::VERDICT, |current| {
+    cas_update(host, VERDICT, |current| {
         let written = current.unwrap_or_default();
-        let newer = written
-            .get(..8)
-            .and_then(shared::u64_of)
-            .is_some_and(|g| g > gen);
+        let newer = written.get(..8).and_then(shared::u64_of) > Some(gen);
         Ok::<_, SharedError>(if newer || written == bytes {
             Decision::Keep(false)
         } else {
@@ -408,6 +390,7 @@ impl CountReading {
 #[allow(clippy::unwrap_used, clippy::indexing_slicing)]
 mod tests {
     use super::*;
+    use crate::host::keys;
     use crate::host::sim::Sim;
     use crate::metric_names as names;
 

@@ -13,11 +13,9 @@ use crate::instruments::in_flight::{self, InFlight, Published};
 /// Writes `summary` under `id`; `true` when it was written.
 pub fn publish<H: Host>(host: &H, id: u64, summary: &Published) -> bool {
     let key = keys::in_flight(id);
-    let written = host.set(&key, &summary.to_bytes(), None);
-    if let Err(e) = written {
-        logs::warning!("event=shared_data_error key={key} status={e:?}");
-    }
-    written.is_ok()
+    host.set(&key, &summary.to_bytes(), None)
+        .inspect_err(|e| logs::warning!("event=shared_data_error key={key} status={e:?}"))
+        .is_ok()
 }
 
 /// The summaries of the roots `ids` (one that is missing is left out). A

@@ -12,7 +12,7 @@
 
 use std::cell::{Cell, RefCell};
 
-use crate::host::keys;
+use crate::host::keys::DURATIONS;
 use crate::host::logs;
 use crate::host::metrics::Ids;
 use crate::host::shared::{self, cas_update, Decision, SharedError};
@@ -22,17 +22,14 @@ use crate::instruments::sizing::{Durations, Kind, Pending, BYTES};
 /// Creates `keys::DURATIONS` (empty) unless it exists: on configure
 /// (`host::root::create_shared`), before any worker VM writes it.
 pub fn create_shared<H: Host>(host: &H) {
-    if let Err(e) = shared::create(host, keys::DURATIONS, &[0; BYTES]) {
-        logs::error!(
-            "event=shared_data_error key={} error=\"{e}\"",
-            keys::DURATIONS
-        );
+    if let Err(e) = shared::create(host, DURATIONS, &[0; BYTES]) {
+        logs::error!("event=shared_data_error key={DURATIONS} error=\"{e}\"");
     }
 }
 
 /// The durations of every traffic root of this process since it started.
 pub fn read<H: Host>(host: &H) -> Durations {
-    host.get(keys::DURATIONS)
+    host.get(DURATIONS)
         .ok()
         .and_then(|(b, _)| b)
         .and_then(|b| Durations::from_bytes(&b))
@@ -84,7 +81,7 @@ impl<H: Host> Book<H> {
             return;
         }
         let pending = book.take();
-        let merged = cas_update(&self.host, keys::DURATIONS, |bytes| {
+        let merged = cas_update(&self.host, DURATIONS, |bytes| {
             // Absent or not this form (never expected): starts again from these.
             let total = bytes.filter(|b| b.len() == BYTES);
             let mut total = total.map_or_else(|| vec![0; BYTES], <[u8]>::to_vec);
@@ -92,10 +89,7 @@ impl<H: Host> Book<H> {
             Ok::<_, SharedError>(Decision::Write(total, ()))
         });
         if let Err(e) = merged {
-            logs::warning!(
-                "event=shared_data_error key={} error=\"{e}\"",
-                keys::DURATIONS
-            );
+            logs::warning!("event=shared_data_error key={DURATIONS} error=\"{e}\"");
             book.keep(&pending);
             return;
         }
@@ -104,15 +98,11 @@ impl<H: Host> Book<H> {
             if h.count == 0 {
                 continue;
             }
-            let values = h
-                .cumulative()
-                .into_iter()
-                .chain([h.count, h.count, h.sum_ms]);
+            let cumulative = h.cumulative();
+            let values = cumulative.into_iter().chain([h.count, h.count, h.sum_ms]);
             for (id, v) in row.iter().zip(values) {
                 if let (Some(id), true) = (id, v > 0) {
-                    let _ = self
-                        .host
-                        .metric_add(*id, i64::try_from(v).unwrap_or(i64::MAX));
+                    let _ = self.host.metric_add(*id, v.try_into().unwrap_or(i64::MAX));
                 }
             }
         }

@@ -119,7 +119,13 @@ pub struct Summary {
 
 impl From<Histogram> for Summary {
     fn from(h: Histogram) -> Summary {
-        h.summary()
+        Summary {
+            count: h.count,
+            p50_ms: h.quantile(500),
+            p99_ms: h.quantile(990),
+            p999_ms: h.quantile(999),
+            max_ms: (h.count > 0).then_some(h.max_ms),
+        }
     }
 }
 
@@ -172,16 +178,6 @@ impl Histogram {
             .iter()
             .skip(bucket(ms.saturating_add(1)))
             .fold(0, |n, b| n.saturating_add(*b))
-    }
-
-    pub fn summary(&self) -> Summary {
-        Summary {
-            count: self.count,
-            p50_ms: self.quantile(500),
-            p99_ms: self.quantile(990),
-            p999_ms: self.quantile(999),
-            max_ms: (self.count > 0).then_some(self.max_ms),
-        }
     }
 
     /// The samples at or below each of `EXPORT_LE_MS`, in order (then the
@@ -416,26 +412,19 @@ pub struct Advice {
 /// connections are not in D: they last as long as their clients keep them
 /// (drain_timeout ends them; the receipt counts them).
 pub fn advise(d: &Durations, closing_ms: u64, scrape_ms: u64) -> Advice {
-    let http = &d.http;
-    if http.count < MIN_SAMPLES {
+    let (n, longest) = (d.http.count, d.http.max_ms);
+    if n < MIN_SAMPLES {
         return Advice {
-            based_on: format!(
-                "not enough data: {} HTTP streams measured, {MIN_SAMPLES} needed",
-                http.count
-            ),
+            based_on: format!("not enough data: {n} HTTP streams measured, {MIN_SAMPLES} needed"),
             ..Advice::default()
         };
     }
-    let longest = http.max_ms;
-    let d_s = longest.div_ceil(1_000);
-    let timeout = d_s
-        .saturating_add(MARGIN_S)
-        .clamp(FLOOR_S, MAX_DRAIN_TIMEOUT_S);
-    let grace = timeout
-        .saturating_add(closing_ms.saturating_add(scrape_ms).div_ceil(1_000))
-        .saturating_add(GRACE_EXTRA_S);
-    let capped = if d_s.saturating_add(MARGIN_S) > MAX_DRAIN_TIMEOUT_S {
-        let cut = http.above(MAX_DRAIN_TIMEOUT_S.saturating_mul(1_000));
+    // Whole seconds of a u64 of ms: adding to them cannot overflow.
+    let wanted = longest.div_ceil(1_000) + MARGIN_S;
+    let timeout = wanted.clamp(FLOOR_S, MAX_DRAIN_TIMEOUT_S);
+    let grace = timeout + closing_ms.saturating_add(scrape_ms).div_ceil(1_000) + GRACE_EXTRA_S;
+    let capped = if wanted > MAX_DRAIN_TIMEOUT_S {
+        let cut = d.http.above(MAX_DRAIN_TIMEOUT_S * 1_000);
         format!(" (capped at drain_timeout's 60m: up to {cut} of them last longer and are cut)")
     } else {
         String::new()
@@ -444,10 +433,7 @@ pub fn advise(d: &Durations, closing_ms: u64, scrape_ms: u64) -> Advice {
         drain_timeout_s: Some(timeout),
         termination_grace_period_s: Some(grace),
         based_on_ms: Some(longest),
-        based_on: format!(
-            "longest of {} HTTP streams: {longest} ms{capped}",
-            http.count
-        ),
+        based_on: format!("longest of {n} HTTP streams: {longest} ms{capped}"),
     }
 }
 
@@ -503,7 +489,7 @@ mod tests {
         for _ in 0..4 {
             h.record(2_100);
         }
-        let s = h.summary();
+        let s = Summary::from(h);
         assert_eq!(s.count, 24);
         assert_eq!(s.p50_ms, Some(300));
         assert_eq!(
@@ -515,7 +501,7 @@ mod tests {
         assert_eq!(s.max_ms, Some(2_100));
         assert_eq!(h.cumulative()[..6], [0, 0, 0, 0, 20, 20]);
         assert_eq!(h.cumulative()[6], 24);
-        assert_eq!(Histogram::default().summary(), Summary::default());
+        assert_eq!(Summary::from(Histogram::default()), Summary::default());
     }
 
     #[test]
