@@ -167,13 +167,9 @@ impl<H: Host> PartCounter<H> {
     /// Writes what this root context owes to `keys::UNCOUNTED`, if anything.
     fn write_owed(&self) {
         let (owed, released) = (self.owed.get(), self.owed_release.get());
-        if owed == 0 && released == 0 {
-            return;
-        }
+        let total = |v: u64| v.saturating_add(owed).saturating_sub(released);
         // Failed: retried from the tick.
-        if change(&self.host, UNCOUNTED, |v| {
-            v.saturating_add(owed).saturating_sub(released)
-        }) {
+        if (owed, released) != (0, 0) && change(&self.host, UNCOUNTED, total) {
             self.owed.set(0);
             self.owed_release.set(0);
         }
@@ -190,10 +186,7 @@ impl<H: Host> PartCounter<H> {
     pub fn settle(&self) {
         self.write_owed();
         let excess = self.held.get().saturating_sub(self.local.get());
-        if excess == 0 {
-            return;
-        }
-        if self.add(-(excess as i64)) {
+        if excess == 0 || self.add(-(excess as i64)) {
             self.held.set(self.local.get());
         } else {
             // Left over-counted: the drain waits longer, never flips early.

@@ -169,10 +169,8 @@ impl Ages {
     /// the greatest key not after it (a merge may have moved it older); if the
     /// clock stepped back there may be none, and the oldest bucket gives one.
     pub fn exit(&mut self, started_ms: u64) {
-        let i = self
-            .buckets
-            .partition_point(|(k, _)| *k <= started_ms)
-            .saturating_sub(1);
+        let after = self.buckets.partition_point(|(k, _)| *k <= started_ms);
+        let i = after.saturating_sub(1);
         let Some((_, n)) = self.buckets.get_mut(i) else {
             return;
         };

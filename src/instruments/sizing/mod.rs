@@ -131,17 +131,22 @@ impl From<Histogram> for Summary {
 
 impl Histogram {
     pub fn record(&mut self, ms: u64) {
-        self.add(ms, 1);
-        self.sum_ms = self.sum_ms.saturating_add(ms);
-        self.max_ms = self.max_ms.max(ms);
+        self.fill(ms, 1);
+        self.tally(ms, 1);
     }
 
-    /// `n` durations of `ms` into the buckets and the count (not the sum or max).
-    fn add(&mut self, ms: u64, n: u64) {
+    /// `n` durations of `ms` into the buckets (not the count, sum or max).
+    fn fill(&mut self, ms: u64, n: u64) {
         if let Some(b) = self.buckets.get_mut(bucket(ms)) {
             *b = b.saturating_add(n);
         }
+    }
+
+    /// `n` durations of `ms` into the count, sum and max (not the buckets).
+    fn tally(&mut self, ms: u64, n: u64) {
         self.count = self.count.saturating_add(n);
+        self.sum_ms = self.sum_ms.saturating_add(ms.saturating_mul(n));
+        self.max_ms = self.max_ms.max(ms);
     }
 
     pub fn merge(&mut self, other: &Histogram) {
@@ -204,39 +209,23 @@ pub const SLOTS: usize = 64;
 /// One worker's stream ends since its last tick. A duration is measured on
 /// tick boundaries, so it is a whole number of ticks but for the timers'
 /// jitter: a stream is counted in the slot of its ticks rounded up, and read
-/// back as that many ticks; the sum and the max keep the milliseconds.
+/// back as that many ticks; the count, sum and max keep the milliseconds.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Pending {
     /// Never 0: a duration's ticks are a division without a check.
     tick_ms: NonZeroU64,
-    /// Per kind (`Kind::ALL`'s order), the ends since the last tick.
-    kinds: [Ends; 3],
-    /// What lasted `SLOTS` ticks or more (or was kept back, `keep`).
+    /// Per kind (`Kind::ALL`'s order), the ends by ticks lasted, rounded up.
+    slots: [[u64; SLOTS]; 3],
+    /// Every end's count, sum and max; in the buckets, what lasted `SLOTS`
+    /// ticks or more (or was kept back, `keep`).
     long: Durations,
-}
-
-/// One kind's stream ends in a `Pending`.
-#[derive(Clone, Debug, PartialEq, Eq)]
-struct Ends {
-    /// The ends by ticks lasted, rounded up.
-    slots: [u64; SLOTS],
-    /// Of the ends in `slots`: how many, their sum and max (ms).
-    count: u64,
-    sum_ms: u64,
-    max_ms: u64,
 }
 
 impl Pending {
     pub fn new(tick_ms: u64) -> Pending {
-        const NONE: Ends = Ends {
-            slots: [0; SLOTS],
-            count: 0,
-            sum_ms: 0,
-            max_ms: 0,
-        };
         Pending {
             tick_ms: NonZeroU64::new(tick_ms).unwrap_or(NonZeroU64::MIN),
-            kinds: [NONE; 3],
+            slots: [[0; SLOTS]; 3],
             long: Durations::default(),
         }
     }
@@ -250,31 +239,25 @@ impl Pending {
         // spent per stream.
         let ticks = ms / self.tick_ms + u64::from(ms % self.tick_ms != 0);
         let ticks = usize::try_from(ticks).unwrap_or(usize::MAX);
-        let Some(e) = self.kinds.get_mut(kind as usize) else {
-            return;
-        };
-        match e.slots.get_mut(ticks) {
+        let slots = self.slots.get_mut(kind as usize);
+        let h = self.long.kind_mut(kind);
+        match slots.and_then(|s| s.get_mut(ticks)) {
             Some(n) => *n = n.wrapping_add(1),
-            None => return self.long.record(kind, ms),
+            None => h.fill(ms, 1),
         }
-        e.count = e.count.wrapping_add(1);
-        e.sum_ms = e.sum_ms.saturating_add(ms);
-        e.max_ms = e.max_ms.max(ms);
+        h.tally(ms, 1);
     }
 
     /// `n` streams of `kind` that lasted 0 ms: `record(kind, 0)` `n` times.
     pub fn record_instant(&mut self, kind: Kind, n: u64) {
-        let Some(e) = self.kinds.get_mut(kind as usize) else {
-            return;
-        };
-        if let Some(s) = e.slots.first_mut() {
-            *s = s.wrapping_add(n);
+        if let Some([first, ..]) = self.slots.get_mut(kind as usize) {
+            *first = first.wrapping_add(n);
         }
-        e.count = e.count.wrapping_add(n);
+        self.long.kind_mut(kind).tally(0, n);
     }
 
     pub fn is_empty(&self) -> bool {
-        self.kinds.iter().all(|e| e.count == 0) && self.long.is_empty()
+        self.long.is_empty()
     }
 
     /// Takes back what `take` gave (its write failed): kept for the next tick.
@@ -286,20 +269,15 @@ impl Pending {
     /// each kind's longest end are looked at.
     pub fn take(&mut self) -> Durations {
         let mut d = std::mem::take(&mut self.long);
-        for (e, kind) in self.kinds.iter_mut().zip(Kind::ALL) {
-            if e.count == 0 {
-                continue;
-            }
+        let tick_ms = self.tick_ms.get();
+        for (slots, kind) in self.slots.iter_mut().zip(Kind::ALL) {
             let h = d.kind_mut(kind);
-            let top = usize::try_from(e.max_ms.div_ceil(self.tick_ms.get())).unwrap_or(SLOTS);
-            for (ticks, n) in (0u64..).zip(e.slots.iter_mut().take(top.saturating_add(1))) {
+            let top = usize::try_from(h.max_ms.div_ceil(tick_ms)).unwrap_or(SLOTS);
+            for (ticks, n) in (0u64..).zip(slots.iter_mut().take(top.saturating_add(1))) {
                 if *n > 0 {
-                    h.add(ticks.saturating_mul(self.tick_ms.get()), std::mem::take(n));
+                    h.fill(ticks.saturating_mul(tick_ms), std::mem::take(n));
                 }
             }
-            h.sum_ms = h.sum_ms.saturating_add(e.sum_ms);
-            h.max_ms = h.max_ms.max(e.max_ms);
-            (e.count, e.sum_ms, e.max_ms) = (0, 0, 0);
         }
         d
     }
