@@ -321,13 +321,10 @@ fn verdict<H: Host>(host: &H) -> Result<Option<Unreliable>, ()> {
     let (bytes, _) = host.get(VERDICT).map_err(|_| ())?;
     // Shorter than a generation, or a name drain-gate does not write: not
     // trusted.
+    let reason = |n: &[u8]| std::str::from_utf8(n).ok().and_then(Unreliable::from_name);
     Ok(bytes.and_then(|b| match b.get(8..) {
         Some([]) => None,
-        name => Some(
-            name.and_then(|n| std::str::from_utf8(n).ok())
-                .and_then(Unreliable::from_name)
-                .unwrap_or(Unreliable::TrafficRoleLost),
-        ),
+        name => Some(name.and_then(reason).unwrap_or(Unreliable::TrafficRoleLost)),
     }))
 }
 
@@ -337,7 +334,8 @@ fn verdict<H: Host>(host: &H) -> Result<Option<Unreliable>, ()> {
 /// this write (the caller logs it once).
 pub fn write_verdict<H: Host>(host: &H, gen: u64, why: Option<Unreliable>) -> bool {
     let name = why.map_or("", Unreliable::name).as_bytes();
-    let bytes = [&gen.to_le_bytes()[..], name].concat();
+    let mut bytes = gen.to_le_bytes().to_vec();
+    bytes.extend_from_slice(name);
     cas_update(host, VERDICT, |current| {
         let written = current.unwrap_or_default();
         let newer = written.get(..8).and_then(shared::u64_of) > Some(gen);

@@ -55,11 +55,14 @@ impl Histogram {
     }
 
     fn add(&mut self, age_ms: u64, n: u64) {
-        let slot = match AGE_BOUNDS_MS.partition_point(|b| *b <= age_ms) {
-            0 => &mut self.lt_1s,
-            1 => &mut self.lt_10s,
-            2 => &mut self.lt_60s,
-            _ => &mut self.ge_60s,
+        let slot = if age_ms < AGE_BOUNDS_MS[0] {
+            &mut self.lt_1s
+        } else if age_ms < AGE_BOUNDS_MS[1] {
+            &mut self.lt_10s
+        } else if age_ms < AGE_BOUNDS_MS[2] {
+            &mut self.lt_60s
+        } else {
+            &mut self.ge_60s
         };
         *slot = slot.saturating_add(n);
     }

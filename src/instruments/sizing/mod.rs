@@ -130,11 +130,6 @@ impl From<Histogram> for Summary {
 }
 
 impl Histogram {
-    pub fn record(&mut self, ms: u64) {
-        self.fill(ms, 1);
-        self.tally(ms, 1);
-    }
-
     /// `n` durations of `ms` into the buckets (not the count, sum or max).
     fn fill(&mut self, ms: u64, n: u64) {
         if let Some(b) = self.buckets.get_mut(bucket(ms)) {
@@ -188,12 +183,18 @@ impl Histogram {
     /// The samples at or below each of `EXPORT_LE_MS`, in order (then the
     /// `+Inf` bucket is `count`).
     pub fn cumulative(&self) -> [u64; EXPORT_LE_MS.len()] {
-        let mut seen = 0u64;
-        let mut upto = BOUNDS_MS.iter().zip(&self.buckets).map(|(bound, n)| {
+        let mut out = [0; EXPORT_LE_MS.len()];
+        let (mut seen, mut j) = (0u64, 0usize);
+        for (bound, n) in BOUNDS_MS.iter().zip(self.buckets.iter()) {
             seen = seen.saturating_add(*n);
-            (*bound, seen)
-        });
-        EXPORT_LE_MS.map(|le| upto.find(|(bound, _)| *bound == le).map_or(0, |(_, n)| n))
+            if let (Some(slot), Some(le)) = (out.get_mut(j), EXPORT_LE_MS.get(j)) {
+                if le == bound {
+                    *slot = seen;
+                    j += 1;
+                }
+            }
+        }
+        out
     }
 }
 
@@ -253,7 +254,8 @@ impl Pending {
         if let Some([first, ..]) = self.slots.get_mut(kind as usize) {
             *first = first.wrapping_add(n);
         }
-        self.long.kind_mut(kind).tally(0, n);
+        let h = self.long.kind_mut(kind);
+        h.count = h.count.saturating_add(n);
     }
 
     pub fn is_empty(&self) -> bool {
@@ -272,6 +274,9 @@ impl Pending {
         let tick_ms = self.tick_ms.get();
         for (slots, kind) in self.slots.iter_mut().zip(Kind::ALL) {
             let h = d.kind_mut(kind);
+            if h.count == 0 {
+                continue;
+            }
             let top = usize::try_from(h.max_ms.div_ceil(tick_ms)).unwrap_or(SLOTS);
             for (ticks, n) in (0u64..).zip(slots.iter_mut().take(top.saturating_add(1))) {
                 if *n > 0 {
@@ -314,10 +319,6 @@ impl Durations {
             Kind::Upgraded => &mut self.upgraded,
             Kind::Tcp => &mut self.tcp,
         }
-    }
-
-    pub fn record(&mut self, kind: Kind, ms: u64) {
-        self.kind_mut(kind).record(ms);
     }
 
     pub fn merge(&mut self, other: &Durations) {
@@ -421,7 +422,18 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
+    impl Histogram {
+        pub fn record(&mut self, ms: u64) {
+            self.fill(ms, 1);
+            self.tally(ms, 1);
+        }
+    }
+
     impl Durations {
+        pub fn record(&mut self, kind: Kind, ms: u64) {
+            self.kind_mut(kind).record(ms);
+        }
+
         /// The shared-data form (`BYTES`) of these durations.
         pub fn to_bytes(&self) -> Vec<u8> {
             let mut out = Vec::with_capacity(BYTES);
