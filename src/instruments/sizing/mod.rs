@@ -259,7 +259,7 @@ impl Pending {
     }
 
     pub fn is_empty(&self) -> bool {
-        self.long.is_empty()
+        Kind::ALL.iter().all(|k| self.long.kind(*k).count == 0)
     }
 
     /// Takes back what `take` gave (its write failed): kept for the next tick.
@@ -325,10 +325,6 @@ impl Durations {
         for k in Kind::ALL {
             self.kind_mut(k).merge(other.kind(k));
         }
-    }
-
-    pub fn is_empty(&self) -> bool {
-        Kind::ALL.iter().all(|k| self.kind(*k).count == 0)
     }
 
     /// Adds these durations to `bytes`, the shared-data form (`BYTES`) of a total, in
