@@ -260,19 +260,6 @@ pub struct Illegal {
     pub hold_until_ms: Option<u64>,
 }
 
-impl std::fmt::Display for Illegal {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "illegal transition {} -> {}",
-            self.state.name(),
-            self.requested.name()
-        )
-    }
-}
-
-impl std::error::Error for Illegal {}
-
 /// A transition request: move from `expected_from` to `to`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Move {
