@@ -159,19 +159,14 @@ pub fn answer(i: &Inputs) -> Answer {
     };
     let lb_served = (i.audience == Audience::Lb && v.waiting_for.is_none()).then_some(reply.status);
     let tag = etag(state, reply.status);
-    let reply = reply
-        .with("cache-control", HEALTH_CACHE)
-        .with("etag", tag.clone());
     // Preconditions only apply to answers that would be 2xx (RFC 9110 §13.2.2).
-    let reply = if reply.status == 200 && none_match(i.if_none_match, &tag) {
-        Reply {
-            status: 304,
-            headers: vec![("cache-control", HEALTH_CACHE.to_string()), ("etag", tag)],
-            body: Vec::new(),
-        }
-    } else {
-        reply
-    };
+    let not_modified = reply.status == 200 && none_match(i.if_none_match, &tag);
+    let mut reply = reply.with("cache-control", HEALTH_CACHE).with("etag", tag);
+    if not_modified {
+        reply.status = 304;
+        reply.body.clear();
+        reply.headers.retain(|(name, _)| *name != "content-type");
+    }
     Answer { reply, lb_served }
 }
 

@@ -34,10 +34,7 @@ impl Now {
     }
 
     pub fn timers(self) -> Timers {
-        match self.mono_ms {
-            Some(_) => Timers::Monotonic,
-            None => Timers::Wall,
-        }
+        self.mono_ms.map_or(Timers::Wall, |_| Timers::Monotonic)
     }
 
     /// Milliseconds on the clock the timers run on (monotonic when the host

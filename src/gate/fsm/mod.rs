@@ -217,13 +217,10 @@ impl Record {
     /// clock the timers run on.
     pub fn drain_duration_ms(&self, now: Now) -> Option<u64> {
         let start = self.drain_started_ms?;
-        let end = match (self.closing_ms, self.closing_mono_ms) {
-            (Some(wall), mono) => Now {
-                wall_ms: wall,
-                mono_ms: mono,
-            },
-            (None, _) => now,
-        };
+        let end = self.closing_ms.map_or(now, |wall_ms| Now {
+            wall_ms,
+            mono_ms: self.closing_mono_ms,
+        });
         Some(end.since(start, self.drain_started_mono_ms))
     }
 
@@ -413,13 +410,10 @@ pub fn due_gated(
 /// `None` when nothing needs writing: the hold is less than half a lease
 /// old, or the record is not in a drain a hold can protect.
 pub fn renew_hold(rec: &Record, now: Now, lease_ms: u64) -> Option<Record> {
-    if !matches!(rec.state, State::Draining | State::Closing) {
-        return None;
-    }
-    let fresh = rec.hold.is_some_and(|h| {
+    let fresh = |h: Hold| {
         h.lease_ms == lease_ms && !now.passed(h.renewed_ms, h.renewed_mono_ms, lease_ms / 2)
-    });
-    if fresh {
+    };
+    if !matches!(rec.state, State::Draining | State::Closing) || rec.hold.is_some_and(fresh) {
         return None;
     }
     let mut next = rec.clone();
