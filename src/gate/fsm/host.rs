@@ -71,12 +71,9 @@ impl<H: Host> Store<H> {
     /// each as it reads when absent. Run on configure (see
     /// `count::create_shared`): every later write is versioned.
     pub fn create(&self) {
-        let now = self.host.now();
+        let open = Record::new(self.host.now().wall_ms);
         let created = [
-            (
-                keys::FSM,
-                shared::encode(keys::FSM, &Record::new(now.wall_ms)),
-            ),
+            (keys::FSM, shared::encode(keys::FSM, &open)),
             (keys::LB, shared::encode(keys::LB, &Checkers::default())),
             (keys::CLOCK, shared::encode(keys::CLOCK, &Steps::default())),
             // The receipt's record (`host::receipt`): no drain yet.
@@ -170,8 +167,10 @@ impl<H: Host> Store<H> {
         // CLOSED when lb_buffer is 0).
         for _ in 0..3 {
             let now = self.host.now();
-            let Some(mv) = fsm::due_gated(&rec, now, active, lb_down_ms, self.lb_saw_drain(&rec))
-            else {
+            // A gated soft drain's flip waits for the gate (unreadable: not
+            // yet; `drain_timeout` bounds it).
+            let saw_drain = self.gate(&rec).map_or(true, Gate::passes);
+            let Some(mv) = fsm::due_gated(&rec, now, active, lb_down_ms, saw_drain) else {
                 return Ok(rec);
             };
             rec = match self.advance(&|_| mv, active, metrics) {
@@ -182,12 +181,6 @@ impl<H: Host> Store<H> {
             };
         }
         Ok(rec)
-    }
-
-    /// For a gated soft drain: whether the gate lets the active = 0 flip go
-    /// ahead (unreadable: not yet; `drain_timeout` bounds it).
-    fn lb_saw_drain(&self, rec: &Record) -> bool {
-        self.gate(rec).map_or(true, Gate::passes)
     }
 
     /// What a gated soft drain waits for (`None`: not a gated drain now).
