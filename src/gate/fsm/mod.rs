@@ -303,8 +303,10 @@ pub fn advance(rec: &Record, mv: Move, now: Now, active: u64) -> Result<Record, 
         at_ms: now_ms,
         active,
     });
-    next.history
-        .drain(..next.history.len().saturating_sub(HISTORY));
+    if next.history.len() > HISTORY {
+        let extra = next.history.len() - HISTORY;
+        next.history.drain(..extra);
+    }
     Ok(next)
 }
 
