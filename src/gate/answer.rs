@@ -1,32 +1,11 @@
-//! What the health listener answers each of its audiences — the external
-//! LB (`/health_check.html`), Kubernetes readiness (`/health`) and liveness
-//! (`/live`) — as one function, [`answer`], of everything that decides it:
-//! the drain state (or that it could not be read), whether a traffic role
-//! registered, what the placeholders call for, the LB check's mode
-//! (`draining_lb_status`) and `If-None-Match`. The host shell gathers these
-//! and sends what [`answer`] returns; the status document reports the same
-//! [`verdict`]. Pure.
-//!
-//! A gateway in service answers what its state says:
-//!
-//! | state    | /health_check.html (LB)       | /health (readiness) | /live (liveness) |
-//! |----------|-------------------------------|---------------------|------------------|
-//! | OPEN     | 200                           | 200                 | 200              |
-//! | DRAINING | `draining_lb_status` (200/404)| 200                 | 200              |
-//! | CLOSING  | 503                           | 200                 | 200              |
-//! | CLOSED   | 503                           | 503                 | 200              |
-//! | FAULT    | 503                           | 503                 | 500              |
-//!
-//! The LB check's body is `OK` for a 200, `DRAIN` otherwise; readiness and
-//! liveness answer `{"state", "ready"}` / `{"state", "live"}`. A gateway not
-//! yet announced ([`waiting_for`]: no traffic role registered, or a
-//! placeholder keeps it out) answers the LB check 503 `WAIT` and readiness
-//! 503 with `waiting_for`, whatever the state; liveness as the table says, so
-//! that the pod is not restarted for it. Every one of these carries
-//! `cache-control: max-age=1` and an entity tag of its state and status; an
-//! answer that would be 200 is 304 to a matching `If-None-Match`. A state
-//! that could not be read answers every audience 503 `state_unavailable`
-//! (fail closed).
+//! What the health listener answers each of its audiences — the external LB
+//! (`/health_check.html`), Kubernetes readiness (`/health`) and liveness
+//! (`/live`) — as one function, [`answer`], of everything that decides it.
+//! Pure. A gateway in service answers what its state says (README.md's state
+//! table); one not yet announced ([`waiting_for`]) answers the LB check 503
+//! `WAIT` and readiness 503, whatever the state; a state that could not be
+//! read answers every audience 503 (fail closed). An answer that would be 200
+//! is 304 to a matching `If-None-Match`.
 
 use serde::Serialize;
 
@@ -81,10 +60,9 @@ pub struct Verdict {
     pub waiting_for: Option<&'static str>,
 }
 
-/// `/drain/status` names what the gateway waits for before it is announced:
-/// a traffic role to register in this `vm_id`, ...
+/// What a gateway not announced waits for: a traffic role to register, ...
 pub const WAITING_FOR_TRAFFIC: &str = "traffic_role";
-/// ... or a traffic filter's own configuration (a placeholder runs in its place).
+/// ... or a traffic filter's own configuration (a placeholder runs instead).
 pub const WAITING_FOR_FILTER: &str = "filter_config";
 
 /// What the gateway waits for before it is announced, if anything (the
@@ -127,10 +105,11 @@ pub fn etag(state: State, status: u16) -> String {
 }
 
 fn none_match(header: Option<&str>, tag: &str) -> bool {
-    let Some(h) = header else { return false };
-    h.split(',')
-        .map(str::trim)
-        .any(|t| t == "*" || t.strip_prefix("W/").unwrap_or(t) == tag)
+    header.is_some_and(|h| {
+        h.split(',')
+            .map(str::trim)
+            .any(|t| t == "*" || t.strip_prefix("W/").unwrap_or(t) == tag)
+    })
 }
 
 /// The JSON body of readiness (`ready`, and `waiting_for` while the gateway
@@ -155,11 +134,12 @@ pub fn answer(i: &Inputs) -> Answer {
         };
     };
     let v = verdict(state, i.traffic_seen, i.placeholders, i.draining_lb_status);
-    let body = Body {
+    // `waiting_for` goes with readiness only.
+    let body = |ready: Option<bool>, live| Body {
         state,
-        ready: None,
-        live: None,
-        waiting_for: None,
+        ready,
+        live,
+        waiting_for: ready.and(v.waiting_for),
     };
     let reply = match i.audience {
         Audience::Lb => {
@@ -170,37 +150,23 @@ pub fn answer(i: &Inputs) -> Answer {
             };
             Reply::new(v.lb_status, TEXT, text.to_vec())
         }
-        Audience::Readiness => Reply::json(
-            if v.ready { 200 } else { 503 },
-            &Body {
-                ready: Some(v.ready),
-                waiting_for: v.waiting_for,
-                ..body
-            },
-        ),
-        Audience::Liveness => Reply::json(
-            if v.live { 200 } else { 500 },
-            &Body {
-                live: Some(v.live),
-                ..body
-            },
-        ),
+        Audience::Readiness => {
+            Reply::json(if v.ready { 200 } else { 503 }, &body(Some(v.ready), None))
+        }
+        Audience::Liveness => {
+            Reply::json(if v.live { 200 } else { 500 }, &body(None, Some(v.live)))
+        }
     };
     let lb_served = (i.audience == Audience::Lb && v.waiting_for.is_none()).then_some(reply.status);
     let tag = etag(state, reply.status);
-    let reply = reply
-        .with("cache-control", HEALTH_CACHE)
-        .with("etag", tag.clone());
     // Preconditions only apply to answers that would be 2xx (RFC 9110 §13.2.2).
-    let reply = if reply.status == 200 && none_match(i.if_none_match, &tag) {
-        Reply {
-            status: 304,
-            headers: vec![("cache-control", HEALTH_CACHE.to_string()), ("etag", tag)],
-            body: Vec::new(),
-        }
-    } else {
-        reply
-    };
+    let not_modified = reply.status == 200 && none_match(i.if_none_match, &tag);
+    let mut reply = reply.with("cache-control", HEALTH_CACHE).with("etag", tag);
+    if not_modified {
+        reply.status = 304;
+        reply.body.clear();
+        reply.headers.retain(|(name, _)| *name != "content-type");
+    }
     Answer { reply, lb_served }
 }
 

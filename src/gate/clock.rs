@@ -1,15 +1,8 @@
-//! Time for the drain timers. Pure.
-//!
-//! Every timed transition (`min_drain`, `drain_timeout`, `lb_buffer`,
-//! `lb_down_timeout`, the hold of `?wait=closed`) measures elapsed time on the
-//! host's monotonic clock, which no step of the wall clock moves: an NTP step,
-//! a clock set by hand or a resumed VM can neither fire a timer early nor hold
-//! it back. The wall clock only dates what the status and the log show. A
-//! host without a monotonic clock leaves the timers on the wall clock, and the
-//! status says so.
-//!
-//! The wall clock minus the monotonic clock is constant while nobody steps the
-//! wall clock; `Steps` watches that offset to make a step visible.
+//! Time for the drain timers. Pure. Every timer measures elapsed time on the
+//! host's monotonic clock, which no step of the wall clock moves (a host
+//! without one leaves them on the wall clock); the wall clock only dates what
+//! the status and the log show. `Steps` watches wall minus monotonic, constant
+//! until someone steps the wall clock, to make a step visible.
 
 use crate::json::{named, record};
 
@@ -41,10 +34,7 @@ impl Now {
     }
 
     pub fn timers(self) -> Timers {
-        match self.mono_ms {
-            Some(_) => Timers::Monotonic,
-            None => Timers::Wall,
-        }
+        self.mono_ms.map_or(Timers::Wall, |_| Timers::Monotonic)
     }
 
     /// Milliseconds on the clock the timers run on (monotonic when the host
@@ -75,17 +65,15 @@ impl Now {
     }
 }
 
-/// An offset change at least this large is a step (a few ticks: smaller
-/// changes are rounding, tick jitter or NTP slewing, which moves the offset
-/// by at most 0.5 ms per second).
+/// An offset change at least this large is a step (smaller: rounding, tick
+/// jitter or NTP slewing, at most 0.5 ms per second).
 pub fn step_threshold_ms(tick_ms: u64) -> u64 {
     tick_ms.saturating_mul(3).max(100)
 }
 
 record! {
-    /// Where the wall clock stood against the monotonic clock, and the steps
-    /// seen so far. One value per process (shared data), so that a step is
-    /// counted once whichever worker sees it first.
+    /// Wall against monotonic clock, and the steps seen so far: one value per
+    /// process (shared data), so a step is counted once.
     #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
     pub struct Steps {
         /// Wall minus monotonic when last recorded.
@@ -104,7 +92,7 @@ record! {
 pub enum Look {
     /// Nothing to record.
     Same,
-    /// The offset crept (slewing): record it silently so that creep never adds up to a step.
+    /// The offset crept (slewing): recorded silently, never adding up to a step.
     Crept(Steps),
     /// The wall clock stepped by this much: record, log and count it.
     Stepped(Steps, i64),

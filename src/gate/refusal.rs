@@ -1,60 +1,33 @@
 //! Refusing a new request while draining (`draining_new_requests: refuse`):
-//! which requests are refused, and how. Pure.
-//!
-//! A refusal is never forwarded, so an LB that resends it runs nothing twice.
-//! But an LB that resends on a status code or a reset (HAProxy `retry-on`,
-//! nginx `proxy_next_upstream`) cannot tell drain-gate's refusal from an
-//! application's own 503 or from a gateway that died after forwarding: the
-//! recipe that resends the one resends the other, unless it resends only
-//! requests that may run twice. So drain-gate refuses only what the LB in
-//! front may resend (`refused_requests`): by default the RFC 9110 idempotent
-//! methods, whose second run changes nothing; every other request is served
-//! through the drain, as gRPC is unless `draining_grpc_requests: refuse`.
-//! The 503 answer (`refuse_with: response`) for an LB that resends a 503, the
-//! stream reset (`reset`) for one that resends only what failed
-//! (envoyfilter/docs/refuse.md, "Which requests are refused").
+//! which requests are refused, and how. Pure. drain-gate refuses only what
+//! the LB in front may resend without running it twice (`refused_requests`;
+//! envoyfilter/docs/refuse.md, "Which requests are refused, per LB").
 
-/// What the traffic role does with a new HTTP request from DRAINING on.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum NewRequests {
-    /// Serve it (the LB still sends them while its check says 200).
-    #[default]
-    Serve,
-    /// Answer it at once with 503, never forwarded: an LB that resends a
-    /// 503 sends it to another gateway, and the drain converges in the time
-    /// of the longest request already in flight.
-    Refuse,
-}
+use crate::json::named;
 
-impl NewRequests {
-    pub fn name(self) -> &'static str {
-        match self {
-            NewRequests::Serve => "serve",
-            NewRequests::Refuse => "refuse",
-        }
+named! {
+    /// What the traffic role does with a new HTTP request from DRAINING on.
+    #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+    pub enum NewRequests {
+        /// Serve it (the LB still sends them while its check says 200).
+        #[default]
+        Serve = "serve",
+        /// Answer it at once, never forwarded, for an LB that resends it.
+        Refuse = "refuse",
     }
 }
 
-/// How a refused request is met.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum RefuseWith {
-    /// The 503 answer, `x-drain-gate: refused; draining`: for an LB that
-    /// resends a 503 (HAProxy `retry-on 503`, Envoy `retriable_status_codes`).
-    #[default]
-    Response,
-    /// The stream reset, no answer (HTTP/1.1: the connection closed; HTTP/2:
-    /// `RST_STREAM`): for an LB that resends what failed but must pass every
-    /// answer on (nginx `proxy_next_upstream error`), so that an
-    /// application's own 503 is never resent.
-    Reset,
-}
-
-impl RefuseWith {
-    pub fn name(self) -> &'static str {
-        match self {
-            RefuseWith::Response => "response",
-            RefuseWith::Reset => "reset",
-        }
+named! {
+    /// How a refused request is met.
+    #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+    pub enum RefuseWith {
+        /// The 503 answer, `x-drain-gate: refused; draining`: for an LB that
+        /// resends a 503 (HAProxy `retry-on 503`, Envoy `retriable_status_codes`).
+        #[default]
+        Response = "response",
+        /// The stream reset, no answer: for an LB that resends what failed
+        /// but passes every answer on (nginx `proxy_next_upstream error`).
+        Reset = "reset",
     }
 }
 
@@ -71,19 +44,12 @@ pub const HEADERS: [(&str, &str); 3] = [
 /// The refusal's body: small, and saying who refused and why.
 pub const BODY: &[u8] = br#"{"error":"draining","message":"this gateway is draining and takes no new requests; resend to another one"}"#;
 
-/// The response header a refused gRPC request's answer gets back its 503 in:
-/// Envoy turns a filter's local reply to a gRPC request into `:status: 200`
-/// with `grpc-status: 14`, which no LB resends.
+/// The response header a refused gRPC request's answer gets back its 503 in
+/// (Envoy makes a local reply to gRPC `:status: 200`, `grpc-status: 14`).
 pub const STATUS_HEADER: &str = ":status";
-
-/// The request header that tells gRPC.
 pub const CONTENT_TYPE: &str = "content-type";
-
-/// The request header that tells the method.
 pub const METHOD: &str = ":method";
-
-/// The request header with which a client makes a request safe to repeat:
-/// the server runs one request per key (IETF httpapi `Idempotency-Key`).
+/// IETF httpapi `Idempotency-Key`: the server runs one request per key.
 pub const IDEMPOTENCY_KEY: &str = "idempotency-key";
 
 /// The RFC 9110 §9.2.2 idempotent methods: their second run has the effect
@@ -107,41 +73,26 @@ pub enum Meet {
     Reset,
 }
 
-/// Which requests (gRPC apart) a refusing drain refuses: those the LB in
-/// front may send again (`refused_requests`).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum Refused {
-    /// The idempotent methods: every recipe shipped may resend them
-    /// (HAProxy `disable-l7-retry` for the others, nginx's own rule).
-    #[default]
-    Idempotent,
-    /// Those, and a request with an `Idempotency-Key`: behind an LB that
-    /// resends a keyed request too (the HAProxy recipe), never nginx, which
-    /// resends no POST it has sent.
-    IdempotentOrKeyed,
-    /// Every request: behind an LB that resends drain-gate's refusal and
-    /// nothing else (Envoy's `retriable-headers` on `x-drain-gate`).
-    All,
+named! {
+    /// Which requests (gRPC apart) a refusing drain refuses: those the LB in
+    /// front may send again (`refused_requests`).
+    #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+    pub enum Refused {
+        /// The idempotent methods: every recipe shipped may resend them.
+        #[default]
+        Idempotent = "idempotent",
+        /// Those, and a request with an `Idempotency-Key` (never behind nginx).
+        IdempotentOrKeyed = "idempotent_or_key",
+        /// Every request: behind an LB that resends drain-gate's refusal and
+        /// nothing else (Envoy's `retriable-headers` on `x-drain-gate`).
+        All = "all",
+    }
 }
 
 impl Refused {
-    pub fn name(self) -> &'static str {
-        match self {
-            Refused::Idempotent => "idempotent",
-            Refused::IdempotentOrKeyed => "idempotent_or_key",
-            Refused::All => "all",
-        }
-    }
-
     /// Reads a `refused_requests` value.
     pub fn parse(name: &str) -> Option<Refused> {
-        [
-            Refused::Idempotent,
-            Refused::IdempotentOrKeyed,
-            Refused::All,
-        ]
-        .into_iter()
-        .find(|r| r.name() == name)
+        Refused::ALL.iter().copied().find(|r| r.name() == name)
     }
 
     /// Whether a (non-gRPC) request is one to refuse.

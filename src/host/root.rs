@@ -342,7 +342,7 @@ impl<H: Host + Copy + 'static> RootContext for Root<H> {
                 context_id,
                 Rc::clone(h),
             )))),
-            Role::Placeholder(p) => Some(Box::new(Stream::Stand(StandStream::new(Rc::clone(p))))),
+            Role::Placeholder(p) => Some(Box::new(Stream::Stand(StandStream(Rc::clone(p))))),
             // The host does not create streams for a plugin whose
             // configuration was refused; if it ever did, pass them through.
             Role::Unconfigured => Some(Box::new(Stream::<H>::Passthrough)),

@@ -4,9 +4,7 @@
 //! records beside it that have no shell of their own (see `host`): what the LB
 //! checkers were served, the clock-step watch.
 
-use proxy_wasm::types::Status;
 use std::cell::Cell;
-use std::fmt;
 use std::rc::Rc;
 
 use crate::gate::clock::{Look, Now, Steps};
@@ -15,9 +13,7 @@ use crate::gate::lb::{Checkers, Gate};
 use crate::host::keys;
 use crate::host::logs;
 use crate::host::metrics::Metrics;
-use crate::host::shared::{
-    self, cas_update_versioned, json_change, json_read, Decision, Seen, SharedError,
-};
+use crate::host::shared::{self, cas_update_versioned, json_read, Decision, Seen, SharedError};
 use crate::host::wasm_host::Host;
 
 /// Why a transition did not happen.
@@ -28,17 +24,6 @@ pub enum TransitionError {
     /// Shared data could not be read or written (HTTP 503).
     Shared(SharedError),
 }
-
-impl fmt::Display for TransitionError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            TransitionError::Illegal(e) => write!(f, "{e}"),
-            TransitionError::Shared(e) => write!(f, "{e}"),
-        }
-    }
-}
-
-impl std::error::Error for TransitionError {}
 
 impl From<SharedError> for TransitionError {
     fn from(e: SharedError) -> TransitionError {
@@ -86,12 +71,9 @@ impl<H: Host> Store<H> {
     /// each as it reads when absent. Run on configure (see
     /// `count::create_shared`): every later write is versioned.
     pub fn create(&self) {
-        let now = self.host.now();
+        let open = Record::new(self.host.now().wall_ms);
         let created = [
-            (
-                keys::FSM,
-                shared::encode(keys::FSM, &Record::new(now.wall_ms)),
-            ),
+            (keys::FSM, shared::encode(keys::FSM, &open)),
             (keys::LB, shared::encode(keys::LB, &Checkers::default())),
             (keys::CLOCK, shared::encode(keys::CLOCK, &Steps::default())),
             // The receipt's record (`host::receipt`): no drain yet.
@@ -185,8 +167,10 @@ impl<H: Host> Store<H> {
         // CLOSED when lb_buffer is 0).
         for _ in 0..3 {
             let now = self.host.now();
-            let Some(mv) = fsm::due_gated(&rec, now, active, lb_down_ms, self.lb_saw_drain(&rec))
-            else {
+            // A gated soft drain's flip waits for the gate (unreadable: not
+            // yet; `drain_timeout` bounds it).
+            let saw_drain = self.gate(&rec).map_or(true, Gate::passes);
+            let Some(mv) = fsm::due_gated(&rec, now, active, lb_down_ms, saw_drain) else {
                 return Ok(rec);
             };
             rec = match self.advance(&|_| mv, active, metrics) {
@@ -197,12 +181,6 @@ impl<H: Host> Store<H> {
             };
         }
         Ok(rec)
-    }
-
-    /// For a gated soft drain: whether the gate lets the active = 0 flip go
-    /// ahead (unreadable: not yet; `drain_timeout` bounds it).
-    fn lb_saw_drain(&self, rec: &Record) -> bool {
-        self.gate(rec).map_or(true, Gate::passes)
     }
 
     /// What a gated soft drain waits for (`None`: not a gated drain now).
@@ -221,54 +199,44 @@ impl<H: Host> Store<H> {
     /// What every LB checker has been answered so far (parsed only when it
     /// changed since this store parsed it: a cut during a drain reads it).
     pub fn lb_checkers(&self) -> Result<Checkers, SharedError> {
-        Ok(match self.lb.read(&self.host, keys::LB)? {
-            Some(c) => Checkers::clone(&c),
-            None => Checkers::default(),
-        })
+        let read = self.lb.read(&self.host, keys::LB)?;
+        Ok(read.map_or_else(Checkers::default, |c| Checkers::clone(&c)))
     }
 
-    /// Records an answer served to an LB checker (compare-and-swap, retried;
-    /// written only when the record changed). Each check a gap after the
-    /// last one changes it (the gap is the checker's interval, `crate::gate::lb`):
-    /// one read (parsed only when its version moved since the last), one
-    /// write with the version read — another write first, and it starts
-    /// over. A check that changes nothing costs the read alone.
+    /// Records an answer served to an LB checker. Each check a gap after the
+    /// last one changes the record (the gap is the checker's interval,
+    /// `crate::gate::lb`); a check that changes nothing costs the read alone.
     pub fn lb_observe(&self, source: &str, status: u16, lb_fall: u32) -> Result<(), SharedError> {
         let now_ms = self.host.now().timer_ms();
-        let (bytes, cas) = self.host.get(keys::LB).map_err(SharedError::Read)?;
-        let mut current = match bytes {
-            Some(b) => Checkers::clone(&*self.lb.value(keys::LB, &b, cas)?),
-            None => Checkers::default(),
-        };
-        if !current.observe(source, status, now_ms, lb_fall) {
-            return Ok(());
-        }
-        match self
-            .host
-            .set(keys::LB, &shared::encode(keys::LB, &current)?, cas)
-        {
-            Ok(()) => Ok(()),
-            Err(Status::CasMismatch) => self
-                .lb_change(&mut |c| c.observe(source, status, now_ms, lb_fall))
-                .map(|_| ()),
-            Err(e) => Err(SharedError::Write(e)),
-        }
+        self.lb_change(&mut |c| c.observe(source, status, now_ms, lb_fall))
+            .map(drop)
     }
 
-    /// Rewrites the LB record with `change` when it says it changed it (one
-    /// copy of the update for every change: the module's size is budgeted).
+    /// Rewrites the LB record with `change` when it says it changed it
+    /// (compare-and-swap, retried; parsed only when its version moved since
+    /// this store parsed it). One copy of the update for every change: the
+    /// module's size is budgeted.
     fn lb_change(
         &self,
         change: &mut dyn FnMut(&mut Checkers) -> bool,
     ) -> Result<bool, SharedError> {
-        json_change(&self.host, keys::LB, |c: &mut Checkers| change(c))
+        cas_update_versioned(&self.host, keys::LB, |bytes, cas| {
+            let mut c = match bytes {
+                Some(b) => Checkers::clone(&*self.lb.value(keys::LB, b, cas)?),
+                None => Checkers::default(),
+            };
+            if !change(&mut c) {
+                return Ok(Decision::Keep(false));
+            }
+            Ok(Decision::Write(shared::encode(keys::LB, &c)?, true))
+        })
     }
 
     /// A 200 served to a source outside `lb_checkers`: the gateway is announced
     /// (written once).
     pub fn lb_announce(&self) -> Result<bool, SharedError> {
         let now_ms = self.host.now().timer_ms();
-        json_change(&self.host, keys::LB, |c: &mut Checkers| c.announce(now_ms))
+        self.lb_change(&mut |c| c.announce(now_ms))
     }
 
     /// Records a check from outside `lb_checkers`; `true` when its source is

@@ -9,14 +9,9 @@
 //!   any state except FAULT ── POST /fault ──▶ FAULT
 //! ```
 //!
-//! Two refinements of the table, both decided here:
-//! - a **maintenance drain** (`DrainPlan::hold_closing`) stays in CLOSING
-//!   until `/reopen` or `/close`: `due()` never closes it; a preStop that
-//!   joins it makes it automatic again (`resume`);
-//! - a **preStop hold** (`Record::hold`, a held `wait=closed`
-//!   answer on some worker, renewed by that worker's tick) refuses
-//!   `/reopen` unless the move is forced: releasing the hook lets kubelet
-//!   stop the pod while the LB check says 200 again.
+//! A maintenance drain (`DrainPlan::hold_closing`) stays in CLOSING until
+//! `/reopen` or `/close` (`resume` makes it automatic again); an active
+//! preStop hold (`Record::hold`) refuses an unforced `/reopen`.
 
 pub mod host;
 
@@ -25,8 +20,9 @@ use crate::json::{named, record};
 use crate::gate::clock::Now;
 
 named! {
-    #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+    #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
     pub enum State {
+        #[default]
         Open = "OPEN",
         Draining = "DRAINING",
         Closing = "CLOSING",
@@ -41,49 +37,37 @@ impl State {
         State::ALL.iter().copied().find(|s| s.code() == code)
     }
 
-    /// Numeric value of the `drain_gate_state` gauge.
+    /// Numeric value of the `drain_gate_state` gauge: the declaration order.
     pub fn code(self) -> u64 {
-        match self {
-            State::Open => 0,
-            State::Draining => 1,
-            State::Closing => 2,
-            State::Closed => 3,
-            State::Fault => 4,
-        }
+        self as u64
     }
 }
 
 named! {
-    /// Why a transition happened. Serialized as the `reason` string in logs and status.
-    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    /// Why a transition happened (`reason` in logs and status); `*_requested`:
+    /// the admin call of that name (`drain`: also `GET /prestop`).
+    #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
     pub enum Reason {
         /// The process started (initial record).
+        #[default]
         Start = "start",
-        /// `POST /drain`, `POST /drain?wait=closed` or `GET /prestop`.
         DrainRequested = "drain_requested",
         /// The last in-flight request ended while DRAINING.
         ActiveZero = "active_zero",
         /// `drain_timeout` passed with requests still in flight (forced).
         DrainTimeout = "drain_timeout",
-        /// `POST /close-lb`.
         CloseLbRequested = "close_lb_requested",
-        /// `lb_buffer` passed in CLOSING.
         LbBufferElapsed = "lb_buffer_elapsed",
-        /// Every LB checker was served `lb_fall` 503s, then `lb_buffer` passed
-        /// (`close_after: lb_observed_down`).
+        /// `close_after: lb_observed_down`: `lb_buffer` passed after every LB
+        /// checker was served `lb_fall` 503s, ...
         LbObservedDown = "lb_observed_down",
-        /// `close_after: lb_observed_down`, but the LB was not observed DOWN
-        /// within `lb_down_timeout`.
+        /// ... or the LB was not observed DOWN within `lb_down_timeout`.
         LbDownTimeout = "lb_down_timeout",
-        /// `POST /close`.
         CloseRequested = "close_requested",
-        /// `POST /reopen`.
         ReopenRequested = "reopen_requested",
-        /// `POST /fault`.
         FaultRequested = "fault_requested",
-        /// A placeholder served a request on an announced gateway: a traffic
-        /// filter runs without its own configuration (`crate::gate::placeholder`);
-        /// the drain holds CLOSING, as a maintenance drain does.
+        /// A placeholder served a request on an announced gateway
+        /// (`crate::gate::placeholder`): a drain that holds CLOSING.
         FilterNotLoaded = "filter_not_loaded",
     }
 }
@@ -98,18 +82,11 @@ impl Reason {
 /// The only legal moves. Everything else is an illegal transition (HTTP 409).
 pub fn legal(from: State, to: State) -> bool {
     use State::*;
-    matches!(
-        (from, to),
-        (Open, Draining)
-            | (Draining, Closing)
-            | (Closing, Closed)
-            | (Draining, Open)
-            | (Closing, Open)
-            | (Open, Fault)
-            | (Draining, Fault)
-            | (Closing, Fault)
-            | (Closed, Fault)
-    )
+    (to == Fault && from != Fault)
+        || matches!(
+            (from, to),
+            (Open, Draining) | (Draining, Closing) | (Closing, Closed) | (Draining | Closing, Open)
+        )
 }
 
 named! {
@@ -164,7 +141,7 @@ pub const HISTORY: usize = 16;
 
 record! {
     /// The whole shared state: one value for every worker of the Envoy.
-    #[derive(Clone, Debug, PartialEq, Eq)]
+    #[derive(Clone, Debug, Default, PartialEq, Eq)]
     pub struct Record {
         pub state: State,
         /// When the current state was entered (ms since the Unix epoch).
@@ -197,9 +174,8 @@ record! {
 }
 
 record! {
-    /// A preStop hold: a lease that the worker holding a `wait=closed` answer
-    /// renews every tick (`renew_hold`), so that the hold of a worker that died
-    /// expires by itself. Measured like the timers (`crate::gate::clock`).
+    /// A preStop hold: a lease the worker holding a `wait=closed` answer renews
+    /// every tick (`renew_hold`): a dead worker's hold expires by itself.
     #[derive(Clone, Copy, Debug, PartialEq, Eq)]
     pub struct Hold {
         pub renewed_ms: u64,
@@ -222,21 +198,8 @@ impl Hold {
 impl Record {
     pub fn new(now_ms: u64) -> Record {
         Record {
-            state: State::Open,
             since_ms: now_ms,
-            reason: Reason::Start,
-            plan: None,
-            drain_started_ms: None,
-            closing_ms: None,
-            closed_ms: None,
-            active_at_closing: None,
-            forced: false,
-            history: Vec::new(),
-            seq: 0,
-            drain_started_mono_ms: None,
-            closing_mono_ms: None,
-            hold: None,
-            drain_id: None,
+            ..Record::default()
         }
     }
 
@@ -254,13 +217,10 @@ impl Record {
     /// clock the timers run on.
     pub fn drain_duration_ms(&self, now: Now) -> Option<u64> {
         let start = self.drain_started_ms?;
-        let end = match (self.closing_ms, self.closing_mono_ms) {
-            (Some(wall), mono) => Now {
-                wall_ms: wall,
-                mono_ms: mono,
-            },
-            (None, _) => now,
-        };
+        let end = self.closing_ms.map_or(now, |wall_ms| Now {
+            wall_ms,
+            mono_ms: self.closing_mono_ms,
+        });
         Some(end.since(start, self.drain_started_mono_ms))
     }
 
@@ -297,19 +257,6 @@ pub struct Illegal {
     pub hold_until_ms: Option<u64>,
 }
 
-impl std::fmt::Display for Illegal {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "illegal transition {} -> {}",
-            self.state.name(),
-            self.requested.name()
-        )
-    }
-}
-
-impl std::error::Error for Illegal {}
-
 /// A transition request: move from `expected_from` to `to`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Move {
@@ -344,7 +291,7 @@ pub fn advance(rec: &Record, mv: Move, now: Now, active: u64) -> Result<Record, 
         });
     }
     let mut next = rec.clone();
-    enter(&mut next, &mv, now, active).ok_or(illegal)?;
+    stamp_entry(&mut next, &mv, now, active).ok_or(illegal)?;
     next.seq = rec.seq.saturating_add(1);
     if mv.to == State::Draining {
         next.drain_id = Some(next.seq);
@@ -365,7 +312,7 @@ pub fn advance(rec: &Record, mv: Move, now: Now, active: u64) -> Result<Record, 
 
 /// Sets what entering `mv.to` at `now` records: the timestamps and plan of a
 /// drain, CLOSING's count and forced flag. `None` when a drain has no plan.
-fn enter(next: &mut Record, mv: &Move, now: Now, active: u64) -> Option<()> {
+fn stamp_entry(next: &mut Record, mv: &Move, now: Now, active: u64) -> Option<()> {
     let now_ms = now.wall_ms;
     next.state = mv.to;
     next.since_ms = now_ms;
@@ -401,10 +348,9 @@ fn enter(next: &mut Record, mv: &Move, now: Now, active: u64) -> Option<()> {
     Some(())
 }
 
-/// The automatic transition that is due now, if any: what the tick and the
-/// end of the last traffic stream apply. Elapsed times are measured as
-/// `crate::gate::clock` says (monotonic when the host has it). `lb_down_ms` is when
-/// the LB was observed DOWN on that same clock (see `crate::gate::lb`), if it was.
+/// The automatic transition due now, if any (applied by the tick and by the
+/// end of the last traffic stream). `lb_down_ms`: when the LB was observed
+/// DOWN (`crate::gate::lb`), on the timers' clock (`crate::gate::clock`).
 pub fn due(rec: &Record, now: Now, active: u64, lb_down_ms: Option<u64>) -> Option<Move> {
     let plan = rec.plan?;
     let auto = |to, reason| {
@@ -447,12 +393,9 @@ pub fn due(rec: &Record, now: Now, active: u64, lb_down_ms: Option<u64>) -> Opti
     }
 }
 
-/// `due`, gated on what the LB saw. With `plan.lb_gate` (soft drain), a
-/// count of 0 is acted on only once every live LB checker has been served
-/// the draining answer since the drain began (`lb_saw_drain`, see
-/// `crate::gate::lb::Checkers::saw_drain`): otherwise the LB would go from UP
-/// straight to DOWN and cut what it sent meanwhile. `drain_timeout` still
-/// applies, with the real count recorded.
+/// `due`, but a soft drain (`plan.lb_gate`) acts on a count of 0 only once
+/// `lb_saw_drain` (`crate::gate::lb::Checkers::saw_drain`): else the LB would
+/// go from UP straight to DOWN. `drain_timeout` applies with the real count.
 pub fn due_gated(
     rec: &Record,
     now: Now,
@@ -461,25 +404,18 @@ pub fn due_gated(
     lb_saw_drain: bool,
 ) -> Option<Move> {
     let held = rec.plan.is_some_and(|p| p.lb_gate) && !lb_saw_drain;
-    due(
-        rec,
-        now,
-        if held { active.max(1) } else { active },
-        lb_down_ms,
-    )
+    let active = if held { active.max(1) } else { active };
+    due(rec, now, active, lb_down_ms)
 }
 
 /// The record with the preStop hold renewed from `now` for `lease_ms`, or
 /// `None` when nothing needs writing: the hold is less than half a lease
 /// old, or the record is not in a drain a hold can protect.
 pub fn renew_hold(rec: &Record, now: Now, lease_ms: u64) -> Option<Record> {
-    if !matches!(rec.state, State::Draining | State::Closing) {
-        return None;
-    }
-    let fresh = rec.hold.is_some_and(|h| {
+    let fresh = |h: Hold| {
         h.lease_ms == lease_ms && !now.passed(h.renewed_ms, h.renewed_mono_ms, lease_ms / 2)
-    });
-    if fresh {
+    };
+    if !matches!(rec.state, State::Draining | State::Closing) || rec.hold.is_some_and(fresh) {
         return None;
     }
     let mut next = rec.clone();

@@ -90,10 +90,9 @@ impl<H: Host> Stand<H> {
 
     /// From each request it passes on: the first one marks it served.
     pub fn serve(&self) {
-        if self.served.get() || self.done.get() {
+        if self.done.get() || self.served.replace(true) {
             return;
         }
-        self.served.set(true);
         let Some(id) = self.id.get().or_else(|| self.register()) else {
             return;
         };
@@ -128,21 +127,13 @@ impl<H: Host> Drop for Stand<H> {
 }
 
 /// A request through a placeholder: passed on, uncounted.
-pub struct StandStream<H: Host = Envoy> {
-    stand: Rc<Stand<H>>,
-}
-
-impl<H: Host> StandStream<H> {
-    pub fn new(stand: Rc<Stand<H>>) -> StandStream<H> {
-        StandStream { stand }
-    }
-}
+pub struct StandStream<H: Host = Envoy>(pub Rc<Stand<H>>);
 
 impl<H: Host> Context for StandStream<H> {}
 
 impl<H: Host> HttpContext for StandStream<H> {
     fn on_http_request_headers(&mut self, _: usize, _: bool) -> Action {
-        self.stand.serve();
+        self.0.serve();
         Action::Continue
     }
 }

@@ -61,10 +61,8 @@ pub fn load<H: Host>(host: &H) -> Result<Option<rotation::Record>, SharedError> 
 /// that drain (or a later one) already has a record. `true`: claimed.
 fn claim_drain<H: Host>(host: &H, claim: &rotation::Record) -> Result<bool, SharedError> {
     cas_update(host, keys::ROTATION, |bytes| {
-        let current: Option<rotation::Record> = match bytes {
-            Some(b) => shared::parse(keys::ROTATION, b)?,
-            None => None,
-        };
+        let current: Option<rotation::Record> =
+            bytes.map_or(Ok(None), |b| shared::parse(keys::ROTATION, b))?;
         if current.is_some_and(|r| r.drain_started_ms >= claim.drain_started_ms) {
             return Ok(Decision::Keep(false));
         }

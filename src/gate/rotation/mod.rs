@@ -50,9 +50,10 @@ pub const ADMIN_PATH: &str = "/drain_listeners?graceful&skip_exit";
 pub const TIMEOUT_MS: u64 = 2_000;
 
 named! {
-    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
     pub enum Outcome {
         /// Sent, no answer yet.
+        #[default]
         Pending = "pending",
         /// The admin API answered 2xx: Envoy is rotating connections.
         Done = "done",
@@ -76,7 +77,7 @@ named! {
 
 record! {
     /// What became of the rotation of one drain; shared by every worker.
-    #[derive(Clone, Debug, PartialEq, Eq)]
+    #[derive(Clone, Debug, Default, PartialEq, Eq)]
     pub struct Record {
         /// The drain this rotation belongs to (`fsm::Record::drain_started_ms`).
         pub drain_started_ms: u64,
@@ -96,10 +97,7 @@ record! {
 /// that got there within a tick). Never for a maintenance drain. The caller
 /// sends it once per drain (the rotation record's claim).
 pub fn due(rec: &fsm::Record, gate: Option<Gate>, refusing: bool) -> Option<Trigger> {
-    let plan = rec.plan?;
-    if plan.hold_closing {
-        return None;
-    }
+    let plan = rec.plan.filter(|p| !p.hold_closing)?;
     match rec.state {
         State::Draining if refusing => Some(Trigger::Refusing),
         State::Draining if plan.lb_gate && gate.is_some_and(Gate::passes) => {
@@ -116,11 +114,8 @@ impl Record {
         Record {
             drain_started_ms: drain_ms,
             trigger: Some(trigger),
-            outcome: Outcome::Pending,
             requested_ms: Some(now_ms),
-            answered_ms: None,
-            admin_status: None,
-            error: None,
+            ..Record::default()
         }
     }
 
