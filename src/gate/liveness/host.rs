@@ -3,7 +3,7 @@
 //! A traffic root registers ([`Heartbeat::beat`], first tick), writes its beat
 //! from every tick to its own key (one unconditional write of 8 bytes, nothing
 //! per stream), and unregisters when removed cleanly. The health roots'
-//! [`Watch`] judges the registry — at most one health tick per half `tick`
+//! [`Judge`] judges the registry — at most one health tick per half `tick`
 //! does, the others skip — and writes the verdict the count reads
 //! (`keys::VERDICT`).
 //!
@@ -29,7 +29,7 @@ use crate::host::wasm_host::{Envoy, Host};
 /// the main thread before any worker VM, so this cannot race another creator).
 pub fn ensure_registry<H: Host>(host: &H) {
     shared::ensure_json(host, keys::REGISTRY, &Registry::default());
-    if let Err(e) = shared::create(host, keys::WATCH, &core::Watch::default().to_bytes()) {
+    if let Err(e) = shared::create(host, keys::WATCH, &core::Judging::default().to_bytes()) {
         logs::error!("event=shared_data_error key={} error=\"{e}\"", keys::WATCH);
     }
 }
@@ -175,7 +175,7 @@ impl<H: Host> Drop for Heartbeat<H> {
 
 /// One per health root context.
 #[derive(Debug)]
-pub struct Watch<H: Host = Envoy> {
+pub struct Judge<H: Host = Envoy> {
     host: H,
     tick_ms: u64,
     /// Once a traffic root was seen, it stays seen: no read per check.
@@ -184,9 +184,9 @@ pub struct Watch<H: Host = Envoy> {
     registry: Seen<Registry>,
 }
 
-impl<H: Host> Watch<H> {
-    pub fn new(host: H, tick_ms: u64) -> Watch<H> {
-        Watch {
+impl<H: Host> Judge<H> {
+    pub fn new(host: H, tick_ms: u64) -> Judge<H> {
+        Judge {
             host,
             tick_ms,
             seen: Cell::new(false),
@@ -224,7 +224,7 @@ impl<H: Host> Watch<H> {
         let tick_ms = self.tick_ms;
         let judged: Result<_, SharedError> = cas_update(&self.host, keys::WATCH, |bytes| {
             // Absent or of another form (never expected): judged afresh.
-            Ok(match watch_of(bytes).next(now, tick_ms) {
+            Ok(match judging_of(bytes).next(now, tick_ms) {
                 None => shared::Decision::Keep(None),
                 Some((w, stall)) => {
                     shared::Decision::Write(w.to_bytes().to_vec(), Some((w.since_ms, stall)))
@@ -331,18 +331,20 @@ impl<H: Host> Watch<H> {
     }
 
     /// The registry and the watch record now (for `/drain/status`).
-    pub fn snapshot(&self) -> (Registry, Verdict, core::Watch) {
+    pub fn snapshot(&self) -> (Registry, Verdict, core::Judging) {
         let reg = json_read::<_, Registry>(&self.host, keys::REGISTRY).unwrap_or_default();
         let watch = self.host.get(keys::WATCH).ok().and_then(|(b, _)| b);
-        let watch = watch_of(watch.as_deref());
+        let watch = judging_of(watch.as_deref());
         let v = reg.verdict(self.host.now().timer_ms());
         (reg, v, watch)
     }
 }
 
 /// The watch record in these bytes (default: absent, or of another form).
-fn watch_of(bytes: Option<&[u8]>) -> core::Watch {
-    bytes.and_then(core::Watch::from_bytes).unwrap_or_default()
+fn judging_of(bytes: Option<&[u8]>) -> core::Judging {
+    bytes
+        .and_then(core::Judging::from_bytes)
+        .unwrap_or_default()
 }
 
 #[cfg(test)]
@@ -358,43 +360,43 @@ mod tests {
         ActiveCount::of(part(Part::Streams), part(Part::Connections)).read()
     }
 
-    fn process(sim: &Sim) -> (Watch<&Sim>, Metrics<&Sim>) {
+    fn process(sim: &Sim) -> (Judge<&Sim>, Metrics<&Sim>) {
         count::create_shared(&sim);
         count::announce_traffic(&sim);
         ensure_registry(&sim);
-        (Watch::new(sim, 100), Metrics::define(sim))
+        (Judge::new(sim, 100), Metrics::define(sim))
     }
 
     #[test]
     fn a_root_that_says_goodbye_marks_nothing() {
         let sim = Sim::at(1_000);
-        let (watch, metrics) = process(&sim);
+        let (judge, metrics) = process(&sim);
         let old = Heartbeat::new(&sim, 100);
         old.beat();
         let new = Heartbeat::new(&sim, 100);
         new.beat();
-        assert!(watch.seen());
+        assert!(judge.seen());
         drop(old); // removed cleanly (LDS update)
         for _ in 0..50 {
             sim.advance(100);
             new.beat();
-            watch.tick(&metrics);
+            judge.tick(&metrics);
         }
         assert!(reading(&sim).reliable);
-        assert_eq!(watch.snapshot().0.roots.len(), 1);
+        assert_eq!(judge.snapshot().0.roots.len(), 1);
     }
 
     #[test]
     fn a_judgement_that_changes_nothing_writes_nothing() {
         let sim = Sim::at(1_000);
-        let (watch, metrics) = process(&sim);
+        let (judge, metrics) = process(&sim);
         let root = Heartbeat::new(&sim, 100);
         let tick = |beat: bool| {
             sim.advance(100);
             if beat {
                 root.beat();
             }
-            watch.tick(&metrics);
+            judge.tick(&metrics);
         };
         tick(true);
         let version = |key| (&sim).get(key).unwrap().1.unwrap();
@@ -415,48 +417,48 @@ mod tests {
     #[test]
     fn a_root_that_stops_beating_is_lost_and_the_count_unreliable() {
         let sim = Sim::at(1_000);
-        let (watch, metrics) = process(&sim);
+        let (judge, metrics) = process(&sim);
         let dead = Heartbeat::new(&sim, 100);
         dead.beat();
         std::mem::forget(dead); // a trapped VM runs nothing, not even Drop
         for _ in 0..20 {
             sim.advance(100);
-            watch.tick(&metrics);
+            judge.tick(&metrics);
         }
         assert!(reading(&sim).reliable, "2 s is not yet stale");
         // Silence counts from the watch's first tick (1.1 s): lost after 3.1 s.
         sim.advance(100);
-        watch.tick(&metrics);
+        judge.tick(&metrics);
         assert!(
             reading(&sim).reliable,
             "2 s of judged silence is not yet stale"
         );
         sim.advance(100);
-        watch.tick(&metrics);
+        judge.tick(&metrics);
         let r = reading(&sim);
         assert!(!r.reliable && r.for_decisions() >= 1);
         assert_eq!(r.why, Some(Unreliable::TrafficRoleLost));
         assert_eq!(sim.metric(crate::metric_names::TRAFFIC_ROLES_LOST), 1);
-        assert_eq!(watch.snapshot().0.lost_total, 1);
+        assert_eq!(judge.snapshot().0.lost_total, 1);
     }
 
     #[test]
     fn a_stall_of_the_whole_process_loses_nothing() {
         let sim = Sim::at(1_000);
-        let (watch, metrics) = process(&sim);
+        let (judge, metrics) = process(&sim);
         let roots: Vec<_> = (0..3).map(|_| Heartbeat::new(&sim, 100)).collect();
         let tick = |sim: &Sim| {
             sim.advance(100);
             roots.iter().for_each(Heartbeat::beat);
-            watch.tick(&metrics);
+            judge.tick(&metrics);
         };
         for _ in 0..10 {
             tick(&sim);
         }
         sim.advance(3_500); // SIGSTOP: nothing runs, every clock moves on
-        watch.tick(&metrics); // the health tick comes first after it
+        judge.tick(&metrics); // the health tick comes first after it
         tick(&sim);
-        let (reg, _, w) = watch.snapshot();
+        let (reg, _, w) = judge.snapshot();
         assert_eq!((reg.roots.len(), reg.lost_total), (3, 0));
         assert_eq!((w.stalls, w.longest_stall_ms), (1, 3_500));
         assert!(reading(&sim).reliable);
@@ -465,7 +467,7 @@ mod tests {
     #[test]
     fn a_late_root_is_lost_then_back_and_the_count_trusted_again() {
         let sim = Sim::at(1_000);
-        let (watch, metrics) = process(&sim);
+        let (judge, metrics) = process(&sim);
         let on_time = Heartbeat::new(&sim, 100);
         let late = Heartbeat::new(&sim, 100);
         for i in 0..40 {
@@ -474,47 +476,47 @@ mod tests {
             if i < 5 {
                 late.beat(); // then its worker is busy for 3.5 s
             }
-            watch.tick(&metrics);
+            judge.tick(&metrics);
         }
         assert_eq!(reading(&sim).why, Some(Unreliable::TrafficRoleLost));
         late.beat();
         sim.advance(100);
-        watch.tick(&metrics);
+        judge.tick(&metrics);
         let r = reading(&sim);
         assert!(r.reliable, "back: {r:?}");
-        let (reg, _, _) = watch.snapshot();
+        let (reg, _, _) = judge.snapshot();
         assert_eq!((reg.lost_total, reg.back_total, reg.roots.len()), (1, 1, 2));
     }
 
     #[test]
     fn every_root_gone_without_a_replacement_is_unreliable_for_good() {
         let sim = Sim::at(1_000);
-        let (watch, metrics) = process(&sim);
+        let (judge, metrics) = process(&sim);
         let only = Heartbeat::new(&sim, 100);
         only.beat();
         only.goodbye();
         // The grace counts from the watch's first tick (1.1 s): gone after 3.1 s.
         for _ in 0..22 {
             sim.advance(100);
-            watch.tick(&metrics);
+            judge.tick(&metrics);
         }
         assert_eq!(reading(&sim).why, Some(Unreliable::TrafficRoleGone));
         let again = Heartbeat::new(&sim, 100);
         again.beat();
         sim.advance(100);
-        watch.tick(&metrics);
+        judge.tick(&metrics);
         assert_eq!(reading(&sim).why, Some(Unreliable::TrafficRoleGone));
     }
 
     #[test]
     fn heartbeat_keys_stay_bounded_over_reconfigurations() {
         let sim = Sim::at(1_000);
-        let (watch, metrics) = process(&sim);
+        let (judge, metrics) = process(&sim);
         for _ in 0..300 {
             let root = Heartbeat::new(&sim, 100);
             root.beat();
             sim.advance(100);
-            watch.tick(&metrics);
+            judge.tick(&metrics);
         } // each dropped: a goodbye
         let beats = (0..400u64)
             .filter(|id| sim.value(&keys::beat(*id)).is_some())

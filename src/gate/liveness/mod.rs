@@ -10,7 +10,7 @@
 //! once, however many reconfigurations come and go.
 //!
 //! The health role judges on its tick (one health root per tick period does,
-//! see [`Watch`]):
+//! see [`Judging`]):
 //!
 //! - no traffic root ever registered in this `vm_id`: the gateway does not
 //!   count, so it is not announced ([`Verdict::waiting`]: LB check and
@@ -311,7 +311,7 @@ impl Registry {
 /// judges (at most one per half `tick`) and read by every health tick, in a
 /// fixed form (`to_bytes`) that costs no parse.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Watch {
+pub struct Judging {
     /// The last judging tick (timer clock).
     pub last_ms: Option<u64>,
     /// Silence is judged from here at the earliest: the first on-time tick
@@ -323,14 +323,14 @@ pub struct Watch {
     pub longest_stall_ms: u64,
 }
 
-/// The size of `Watch::to_bytes`.
-pub const WATCH_BYTES: usize = 32;
+/// The size of `Judging::to_bytes`.
+pub const JUDGING_BYTES: usize = 32;
 
-impl Watch {
+impl Judging {
     /// Four little-endian `u64` (`put_words`): `last_ms` (`u64::MAX`: none),
     /// `since_ms`, `stalls`, `longest_stall_ms`.
-    pub fn to_bytes(&self) -> [u8; WATCH_BYTES] {
-        let mut out = [0; WATCH_BYTES];
+    pub fn to_bytes(&self) -> [u8; JUDGING_BYTES] {
+        let mut out = [0; JUDGING_BYTES];
         let last = self.last_ms.unwrap_or(u64::MAX);
         put_words(
             &mut out,
@@ -340,9 +340,9 @@ impl Watch {
     }
 
     /// The watch `to_bytes` wrote (`None`: another form).
-    pub fn from_bytes(bytes: &[u8]) -> Option<Watch> {
+    pub fn from_bytes(bytes: &[u8]) -> Option<Judging> {
         let mut next = words(bytes, 4)?;
-        Some(Watch {
+        Some(Judging {
             last_ms: Some(next()).filter(|v| *v != u64::MAX),
             since_ms: next(),
             stalls: next(),
@@ -355,12 +355,12 @@ impl Watch {
     /// silence counted from the `since_ms` of the watch it writes, and with
     /// the gap when the health role did not run for `late_after_ms` (a stall:
     /// judged afresh from now on).
-    pub fn next(&self, now_ms: u64, tick_ms: u64) -> Option<(Watch, Option<u64>)> {
+    pub fn next(&self, now_ms: u64, tick_ms: u64) -> Option<(Judging, Option<u64>)> {
         let last_ms = Some(now_ms);
         match self.last_ms.map(|last| now_ms.saturating_sub(last)) {
             Some(gap) if gap < tick_ms / 2 => None,
             Some(gap) if gap >= late_after_ms(tick_ms) => Some((
-                Watch {
+                Judging {
                     last_ms,
                     since_ms: now_ms,
                     stalls: self.stalls.saturating_add(1),
@@ -368,9 +368,9 @@ impl Watch {
                 },
                 Some(gap),
             )),
-            Some(_) => Some((Watch { last_ms, ..*self }, None)),
+            Some(_) => Some((Judging { last_ms, ..*self }, None)),
             None => Some((
-                Watch {
+                Judging {
                     last_ms,
                     since_ms: now_ms,
                     ..*self
@@ -605,7 +605,7 @@ mod tests {
 
     #[test]
     fn one_health_tick_judges_per_half_tick_and_a_stall_restarts_the_run() {
-        let w = Watch::default();
+        let w = Judging::default();
         let Some((w, None)) = w.next(1_000, 100) else {
             panic!("the first tick judges")
         };
@@ -621,19 +621,19 @@ mod tests {
     }
 
     #[test]
-    fn the_watch_round_trips_its_fixed_form() {
+    fn the_judging_record_round_trips_its_fixed_form() {
         for w in [
-            Watch::default(),
-            Watch {
+            Judging::default(),
+            Judging {
                 last_ms: Some(0),
                 since_ms: 7,
                 stalls: 2,
                 longest_stall_ms: 3_500,
             },
         ] {
-            assert_eq!(Watch::from_bytes(&w.to_bytes()), Some(w));
+            assert_eq!(Judging::from_bytes(&w.to_bytes()), Some(w));
         }
-        assert_eq!(Watch::from_bytes(b"{}"), None);
+        assert_eq!(Judging::from_bytes(b"{}"), None);
     }
 
     #[test]
