@@ -1,38 +1,28 @@
 //! Is the traffic role there, and alive? Pure.
 //!
 //! Every traffic root context (one per worker VM per listener filter
-//! configuration, and one in the main thread's VM) takes an id from the
+//! configuration, one in the main thread's VM) takes an id from the
 //! [`Registry`] on its first tick, writes a heartbeat from every tick (its
-//! own shared-data key, no compare-and-swap, no per-stream cost) and leaves
-//! when its root context is removed cleanly (`on_done`, or dropped: LDS
-//! update, plugin reconfigured). Ids are reused: the smallest free one is
-//! taken, so the beat and in-flight keys stay as many as the roots alive at
-//! once, however many reconfigurations come and go.
+//! own shared-data key, no per-stream cost) and leaves when its root context
+//! is removed cleanly (`on_done`, or dropped: LDS update, plugin
+//! reconfigured). The smallest free id is taken, so the beat and in-flight
+//! keys stay as many as the roots alive at once.
 //!
-//! The health role judges on its tick (one health root per tick period does,
-//! see [`Judging`]):
+//! The health role judges on its tick (at most one health root per half
+//! tick, see [`Judging`]):
 //!
-//! - no traffic root ever registered in this `vm_id`: the gateway does not
-//!   count, so it is not announced ([`Verdict::waiting`]: LB check and
-//!   readiness 503);
-//! - a root silent for [`stale_after_ms`] without a goodbye is **lost**: its
-//!   VM may have failed, so what it counted may never be given back and what
-//!   its worker runs now may go uncounted — the count is unreliable (it never
-//!   reads 0; a drain waits). A lost root that **beats again** was only late
-//!   (a busy worker, a long main-thread task): it is registered again, and
-//!   once no root is lost the count is trusted again. A VM that really died
-//!   never beats again: the count stays unreliable until istio-proxy restarts;
-//! - silence is only judged while the health role itself runs: when its own
-//!   tick was late by [`late_after_ms`] — the whole process stalled (SIGSTOP,
-//!   CPU throttling, a node under memory pressure) — every root gets a fresh
-//!   [`stale_after_ms`] to beat before any is judged, so a stall of the whole
-//!   process loses nothing;
+//! - no traffic root ever registered in this `vm_id`: the gateway is not
+//!   announced ([`Verdict::waiting`]: LB check and readiness 503);
+//! - a root silent for [`stale_after_ms`] without a goodbye is **lost**: what
+//!   it counted may never be given back, so the count is unreliable (it never
+//!   reads 0; a drain waits). A lost root that **beats again** was only late:
+//!   it is registered again, and once none is lost the count is trusted again;
+//! - silence is only judged while the health role itself runs: after a stall
+//!   of the whole process ([`late_after_ms`]: SIGSTOP, CPU throttling) every
+//!   root gets a fresh [`stale_after_ms`] to beat before any is judged;
 //! - every root gone with a goodbye and none back for [`stale_after_ms`] of
-//!   the shortest tick: the filter disappeared from the listeners, the
-//!   streams that run now are not counted — unreliable too, and for the life
-//!   of the process: a stream that started in the gap is invisible to
-//!   drain-gate and nothing bounds how long it runs, so no later moment is
-//!   provably exact.
+//!   the shortest tick: the filter left the listeners, and a stream that
+//!   started in the gap is invisible — unreliable for the life of the process.
 //!
 //! None of this changes the LB answer: a flip would cut what is in flight.
 
@@ -40,21 +30,19 @@ pub mod host;
 
 use crate::json::{named, record};
 
-/// A root whose last beat is older than this many of its ticks is lost.
-pub const STALE_TICKS: u64 = 10;
-/// ... and never less than this: a worker busy for a moment is not lost.
+/// A root silent this long is never lost sooner: a worker busy for a moment.
 pub const STALE_MIN_MS: u64 = 2_000;
 /// Most traffic roots registered at once: one per worker and traffic filter
-/// configuration, one more in the main thread's VM, and the roots of every
-/// replaced filter chain until it has drained (Envoy keeps it for its drain
-/// time: a listener updated every second with a 45 s drain time holds 45 sets
-/// of roots). Past it a root is refused (and the count not trusted: nobody
-/// watches that root).
+/// configuration, one in the main thread's VM, and those of every replaced
+/// filter chain until it has drained (a listener updated every second with a
+/// 45 s drain time holds 45 sets). Past it a root is refused (and the count
+/// not trusted).
 pub const MAX_ROOTS: usize = 512;
 
-/// How long a root with this tick may stay silent before it counts as lost.
+/// How long a root with this tick may stay silent before it counts as lost:
+/// ten of its ticks, `STALE_MIN_MS` at least.
 pub fn stale_after_ms(tick_ms: u64) -> u64 {
-    tick_ms.saturating_mul(STALE_TICKS).max(STALE_MIN_MS)
+    tick_ms.saturating_mul(10).max(STALE_MIN_MS)
 }
 
 /// A gap this long between two health ticks is a stall of the process (the
@@ -120,28 +108,24 @@ record! {
         pub ids_high: u64,
         /// A traffic root has registered at least once.
         pub seen: bool,
-        /// A role was loaded as the wrong kind of filter: what passed it was not
-        /// counted, for the life of the process.
+        /// A role was loaded as the wrong kind of filter (for the life of the process).
         pub misplaced: bool,
         pub roots: Vec<Root>,
         /// Lost and not back (their ids stay reserved, so that a beat on their
-        /// key is theirs). At most `MAX_ROOTS`; past that the oldest is dropped
-        /// and counted in `dropped_lost`.
+        /// key is theirs); past `MAX_ROOTS` the oldest is dropped.
         pub lost: Vec<Lost>,
         /// Lost roots dropped from `lost`: never seen back, so never trusted again.
         pub dropped_lost: u64,
         /// Roots lost in total, and lost roots that beat again.
         pub lost_total: u64,
         pub back_total: u64,
-        /// Registrations refused because `MAX_ROOTS` were registered.
+        /// Registrations refused because `MAX_ROOTS` were registered, and when
+        /// the last one was (a refused root retries every tick).
         pub refused: u64,
-        /// When the last refusal happened (a refused root retries every tick:
-        /// none for `stale_after_ms` means every root got in).
         pub last_refused_ms: Option<u64>,
         /// When the last root said goodbye, while none is registered.
         pub empty_since_ms: Option<u64>,
-        /// A gap without any root (every root said goodbye, none back in time)
-        /// began then: streams that started in it were not counted.
+        /// When a gap without any root began (streams in it were not counted).
         pub gap_since_ms: Option<u64>,
         /// The shortest tick of any root seen: bounds how long "gone" waits.
         pub min_tick_ms: Option<u64>,
@@ -193,10 +177,9 @@ impl Registry {
         left
     }
 
-    /// Roots whose last beat (`beat(id)`; a root that never beat counts from
-    /// its registration) is older than their stale threshold, silence being
-    /// counted from `judging_since_ms` at the earliest (the health role's
-    /// own run of on-time ticks, see `late_after_ms`).
+    /// Roots whose last beat (`beat(id)`, else their registration) is older
+    /// than their stale threshold, silence counted from `judging_since_ms` at
+    /// the earliest (the health role's own run of on-time ticks).
     pub fn stale(
         &self,
         now_ms: u64,
@@ -230,11 +213,9 @@ impl Registry {
         }
         self.lost_total = self.lost_total.saturating_add(moved.len() as u64);
         self.lost.extend(moved.iter().cloned());
-        if self.lost.len() > MAX_ROOTS {
-            let extra = self.lost.len() - MAX_ROOTS;
-            self.lost.drain(..extra);
-            self.dropped_lost = self.dropped_lost.saturating_add(extra as u64);
-        }
+        let extra = self.lost.len().saturating_sub(MAX_ROOTS);
+        self.lost.drain(..extra);
+        self.dropped_lost = self.dropped_lost.saturating_add(extra as u64);
         if self.roots.is_empty() && !moved.is_empty() {
             // Not a goodbye: "gone" does not apply, "lost" does.
             self.empty_since_ms = None;
@@ -256,33 +237,26 @@ impl Registry {
                 tick_ms: l.tick_ms,
                 since_ms: beat(l.id).unwrap_or(l.last_beat_ms),
             });
-        }
-        if !back.is_empty() {
             self.empty_since_ms = None;
         }
         self.back_total = self.back_total.saturating_add(back.len() as u64);
         back
     }
 
-    /// Every root gone with a goodbye, none back in time: the grace counted,
-    /// like silence, from `judging_since_ms` at the earliest (a stall right
-    /// after an LDS update's goodbye is not a missing replacement).
-    pub fn gone(&self, now_ms: u64, judging_since_ms: u64) -> bool {
-        let grace = stale_after_ms(self.min_tick_ms.unwrap_or(0));
-        self.roots.is_empty()
-            && self
-                .empty_since_ms
-                .is_some_and(|t| now_ms.saturating_sub(t.max(judging_since_ms)) > grace)
-    }
-
-    /// Records the start of a gap when every root has been gone past its
-    /// grace (idempotent); returns whether this call began it.
+    /// Notes the start of a gap once every root has been gone with a goodbye
+    /// past the grace of the shortest tick — counted, like silence, from
+    /// `judging_since_ms` at the earliest (a stall right after an LDS update's
+    /// goodbye is not a missing replacement). Returns whether this call began it.
     pub fn note_gap(&mut self, now_ms: u64, judging_since_ms: u64) -> bool {
-        if self.gap_since_ms.is_none() && self.gone(now_ms, judging_since_ms) {
+        let grace = stale_after_ms(self.min_tick_ms.unwrap_or(0));
+        let began = self.gap_since_ms.is_none()
+            && self.roots.is_empty()
+            && (self.empty_since_ms)
+                .is_some_and(|t| now_ms.saturating_sub(t.max(judging_since_ms)) > grace);
+        if began {
             self.gap_since_ms = self.empty_since_ms;
-            return true;
         }
-        false
+        began
     }
 
     pub fn verdict(&self, now_ms: u64) -> Verdict {
@@ -306,31 +280,27 @@ impl Registry {
     }
 }
 
-/// Who judges the registry, and since when its run of on-time ticks lasts:
-/// one value per process (shared data), written by the health tick that
-/// judges (at most one per half `tick`) and read by every health tick, in a
-/// fixed form (`to_bytes`) that costs no parse.
+/// Who judged the registry last, and since when the health role's run of
+/// on-time ticks lasts: one per process in shared data (`keys::WATCH`), in a
+/// fixed form that costs no parse.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Judging {
     /// The last judging tick (timer clock).
     pub last_ms: Option<u64>,
     /// Silence is judged from here at the earliest: the first on-time tick
-    /// after the health role last did not run for `late_after_ms`.
+    /// after the last stall.
     pub since_ms: u64,
-    /// Stalls seen (the health role did not run for `late_after_ms`).
+    /// Stalls seen (the health role did not run for `late_after_ms`), and the
+    /// longest.
     pub stalls: u64,
-    /// The longest stall seen.
     pub longest_stall_ms: u64,
 }
 
-/// The size of `Judging::to_bytes`.
-pub const JUDGING_BYTES: usize = 32;
-
 impl Judging {
-    /// Four little-endian `u64` (`put_words`): `last_ms` (`u64::MAX`: none),
-    /// `since_ms`, `stalls`, `longest_stall_ms`.
-    pub fn to_bytes(&self) -> [u8; JUDGING_BYTES] {
-        let mut out = [0; JUDGING_BYTES];
+    /// Four little-endian `u64`: `last_ms` (`u64::MAX`: none), `since_ms`,
+    /// `stalls`, `longest_stall_ms`.
+    pub fn to_bytes(&self) -> [u8; 32] {
+        let mut out = [0; 32];
         let last = self.last_ms.unwrap_or(u64::MAX);
         put_words(
             &mut out,
@@ -339,7 +309,7 @@ impl Judging {
         out
     }
 
-    /// The watch `to_bytes` wrote (`None`: another form).
+    /// What `to_bytes` wrote (`None`: another form).
     pub fn from_bytes(bytes: &[u8]) -> Option<Judging> {
         let mut next = words(bytes, 4)?;
         Some(Judging {
@@ -350,49 +320,37 @@ impl Judging {
         })
     }
 
-    /// What a health tick at `now_ms` does with the watch record: `None`,
-    /// another health tick judged less than half a tick ago; else it judges,
-    /// silence counted from the `since_ms` of the watch it writes, and with
-    /// the gap when the health role did not run for `late_after_ms` (a stall:
-    /// judged afresh from now on).
+    /// A health tick at `now_ms`: `None` when another one judged less than
+    /// half a tick ago; else it judges, from the `since_ms` of the record it
+    /// writes, with the gap when the health role did not run for
+    /// `late_after_ms` (a stall: judged afresh from now on).
     pub fn next(&self, now_ms: u64, tick_ms: u64) -> Option<(Judging, Option<u64>)> {
-        let last_ms = Some(now_ms);
-        match self.last_ms.map(|last| now_ms.saturating_sub(last)) {
-            Some(gap) if gap < tick_ms / 2 => None,
-            Some(gap) if gap >= late_after_ms(tick_ms) => Some((
-                Judging {
-                    last_ms,
-                    since_ms: now_ms,
-                    stalls: self.stalls.saturating_add(1),
-                    longest_stall_ms: self.longest_stall_ms.max(gap),
-                },
-                Some(gap),
-            )),
-            Some(_) => Some((Judging { last_ms, ..*self }, None)),
-            None => Some((
-                Judging {
-                    last_ms,
-                    since_ms: now_ms,
-                    ..*self
-                },
-                None,
-            )),
+        let gap = self.last_ms.map(|last| now_ms.saturating_sub(last));
+        if gap.is_some_and(|g| g < tick_ms / 2) {
+            return None;
         }
+        let stall = gap.filter(|g| *g >= late_after_ms(tick_ms));
+        let afresh = gap.is_none() || stall.is_some();
+        let next = Judging {
+            last_ms: Some(now_ms),
+            since_ms: if afresh { now_ms } else { self.since_ms },
+            stalls: self.stalls.saturating_add(u64::from(stall.is_some())),
+            longest_stall_ms: self.longest_stall_ms.max(stall.unwrap_or(0)),
+        };
+        Some((next, stall))
     }
 }
 
 /// Writes `fields` into `out` as little-endian `u64`s, in order: the fixed
-/// forms kept in shared data (the watch, the in-flight summaries), which
-/// cost no parse.
+/// forms kept in shared data, which cost no parse.
 pub fn put_words(out: &mut [u8], fields: &[u64]) {
     for (chunk, v) in out.chunks_exact_mut(8).zip(fields) {
         chunk.copy_from_slice(&v.to_le_bytes());
     }
 }
 
-/// The little-endian `u64`s of a fixed form (`put_words`, the durations'
-/// total, `crate::instruments::sizing::BYTES`), one per call, if `bytes` holds `n` of
-/// them (`None`: another form).
+/// The little-endian `u64`s of a fixed form, one per call, if `bytes` holds
+/// `n` of them (`None`: another form).
 pub fn words(bytes: &[u8], n: usize) -> Option<impl FnMut() -> u64 + '_> {
     let mut fields = bytes
         .chunks_exact(8)
