@@ -1,16 +1,11 @@
 //! Traffic-role liveness in shared data (the decisions are `crate::gate::liveness`).
 //!
 //! A traffic root registers ([`Heartbeat::beat`], first tick), writes its beat
-//! from every tick to its own key (one unconditional write of 8 bytes, nothing
-//! per stream), and unregisters when removed cleanly. The health roots'
-//! [`Judge`] judges the registry — at most one health tick per half `tick`
-//! does, the others skip — and writes the verdict the count reads
-//! (`keys::VERDICT`).
-//!
-//! Registrations and beats are written on the timers' clock
-//! (`clock::Now::timer_ms`): the host's monotonic clock, one for every worker
-//! of the process (no wall-clock step moves it, so a step can neither fake a
-//! dead root nor hide one), else the wall clock.
+//! from every tick to its own key (8 bytes, nothing per stream), and
+//! unregisters when removed cleanly. The health roots' [`Judge`] judges the
+//! registry and writes the verdict the count reads (`keys::VERDICT`). Times
+//! are on the timers' clock (`clock::Now::timer_ms`): monotonic when the host
+//! has one, so a wall-clock step can neither fake a dead root nor hide one.
 
 use std::cell::Cell;
 use std::rc::Rc;
@@ -21,11 +16,11 @@ use crate::host::keys;
 use crate::host::logs;
 use crate::host::metrics::Metrics;
 use crate::host::shared::{
-    self, cas_update, cas_update_versioned, json_read, json_update, Seen, SharedError,
+    self, cas_update, cas_update_versioned, json_read, json_update, Decision, Seen, SharedError,
 };
 use crate::host::wasm_host::{Envoy, Host};
 
-/// Creates the registry and the watch record if absent (configure runs on
+/// Creates the registry and the judging record if absent (configure runs on
 /// the main thread before any worker VM, so this cannot race another creator).
 pub fn ensure_registry<H: Host>(host: &H) {
     shared::ensure_json(host, keys::REGISTRY, &Registry::default());
@@ -34,15 +29,15 @@ pub fn ensure_registry<H: Host>(host: &H) {
     }
 }
 
-/// Changes the registry (compare-and-swap); every change moves its
-/// generation on, which orders the verdicts judged from it.
+/// Changes the registry (compare-and-swap), moving its generation on: the
+/// verdicts judged from it are ordered by it.
 fn update<H: Host, R>(host: &H, mut f: impl FnMut(&mut Registry) -> R) -> Result<R, SharedError> {
     let mut out = None;
     update_registry(host, &mut |r| out = Some(f(r)))?;
     out.ok_or(SharedError::Contention)
 }
 
-/// `update`'s body, one copy for every caller: `f` runs once per attempt.
+/// `update`'s body, one copy for every caller.
 fn update_registry<H: Host>(host: &H, f: &mut dyn FnMut(&mut Registry)) -> Result<(), SharedError> {
     json_update(host, keys::REGISTRY, |r: &mut Registry| {
         r.generation = r.generation.saturating_add(1);
@@ -62,10 +57,9 @@ pub fn misplaced<H: Host>(host: &H) {
 }
 
 /// One per traffic root context. It registers on its first tick or its
-/// first stream, not on configure: Envoy also configures the plugin once in
-/// the main thread's base VM to validate it, and that root context never
-/// ticks, carries no stream and is never removed — registered, it would look
-/// like a lost VM.
+/// first stream, not on configure: the plugin is also configured once in
+/// the main thread's base VM to validate it, a root context that never ticks
+/// nor is removed — registered, it would look like a lost VM.
 #[derive(Debug)]
 pub struct Heartbeat<H: Host = Envoy> {
     host: H,
@@ -93,65 +87,45 @@ impl<H: Host> Heartbeat<H> {
         self.id.get()
     }
 
-    /// From a stream's creation: registers a root that has not ticked yet
-    /// (one `Cell` read once registered). A VM can only fail while it runs a
-    /// callback — a tick or a stream — so with this, every VM that fails was
+    /// From a stream's creation and every tick: registers a root not yet
+    /// registered (one `Cell` read once it is). A VM can only fail while it
+    /// runs a callback — a tick or a stream — so every VM that fails was
     /// registered first and is noticed.
     pub fn ensure(&self) {
         if self.id.get().is_none() && !self.done.get() {
-            self.register_now();
+            self.register();
         }
-    }
-
-    /// `register` out of the stream's path: its result's room is taken
-    /// only when it runs.
-    #[cold]
-    #[inline(never)]
-    fn register_now(&self) {
-        self.register();
     }
 
     /// From the tick: registers (first tick, or retried until it works),
     /// then says this root is alive.
     pub fn beat(&self) {
-        if self.done.get() {
-            return;
+        self.ensure();
+        if let Some(id) = self.id.get() {
+            let now = self.host.now().timer_ms();
+            let _ = self.host.set(&keys::beat(id), &now.to_le_bytes(), None);
         }
-        let Some(id) = self.id.get().or_else(|| self.register()) else {
-            return;
-        };
-        let _ = self.host.set(
-            &keys::beat(id),
-            &self.host.now().timer_ms().to_le_bytes(),
-            None,
-        );
     }
 
-    fn register(&self) -> Option<u64> {
-        let now = self.host.now().timer_ms();
-        let tick_ms = self.tick_ms;
+    /// Out of the stream's path: its room is taken only when it runs.
+    #[cold]
+    #[inline(never)]
+    fn register(&self) {
+        let (now, tick_ms) = (self.host.now().timer_ms(), self.tick_ms);
         match update(&self.host, |r| r.announce(tick_ms, now)) {
             Ok(Some(id)) => {
                 logs::info!("event=traffic_role_registered id={id}");
                 self.id.set(Some(id));
-                Some(id)
             }
-            Ok(None) => {
-                if !self.refused.replace(true) {
-                    logs::error!(
-                        "event=traffic_role_refused why=too_many_traffic_roots max={} what=\"more \
-                         traffic root contexts than drain-gate watches (one per worker and traffic \
-                         filter, plus the main thread's): lower the Envoy concurrency; the count is \
-                         not trusted meanwhile\"",
-                        core::MAX_ROOTS
-                    );
-                }
-                None
-            }
-            Err(e) => {
-                logs::error!("event=traffic_role_unregistered error=\"{e}\"");
-                None
-            }
+            Ok(None) if !self.refused.replace(true) => logs::error!(
+                "event=traffic_role_refused why=too_many_traffic_roots max={} what=\"more \
+                 traffic root contexts than drain-gate watches (one per worker and traffic \
+                 filter, plus the main thread's): lower the Envoy concurrency; the count is \
+                 not trusted meanwhile\"",
+                core::MAX_ROOTS
+            ),
+            Ok(None) => {}
+            Err(e) => logs::error!("event=traffic_role_unregistered error=\"{e}\""),
         }
     }
 
@@ -173,7 +147,7 @@ impl<H: Host> Drop for Heartbeat<H> {
     }
 }
 
-/// One per health root context.
+/// One per health root context: judges the traffic roots.
 #[derive(Debug)]
 pub struct Judge<H: Host = Envoy> {
     host: H,
@@ -194,47 +168,40 @@ impl<H: Host> Judge<H> {
         }
     }
 
-    /// The registry now (default when absent or unreadable), parsed only
-    /// when it changed since this root parsed it last.
-    fn registry(&self) -> Rc<Registry> {
-        self.registry
-            .read(&self.host, keys::REGISTRY)
-            .ok()
-            .flatten()
-            .unwrap_or_default()
-    }
-
-    /// The ids of the registered roots now.
+    /// The ids of the registered roots now (the registry parsed only when it
+    /// changed since this root parsed it last).
     pub fn ids(&self) -> Vec<u64> {
-        self.registry().roots.iter().map(|r| r.id).collect()
+        let reg = self.registry.read(&self.host, keys::REGISTRY);
+        let reg = reg.ok().flatten().unwrap_or_default();
+        reg.roots.iter().map(|r| r.id).collect()
     }
 
     /// Whether the gateway may be announced (a traffic root has registered).
     pub fn seen(&self) -> bool {
         if !self.seen.get() {
-            self.seen.set(self.registry().seen);
+            let reg = self.registry.read(&self.host, keys::REGISTRY);
+            self.seen.set(reg.is_ok_and(|r| r.is_some_and(|r| r.seen)));
         }
         self.seen.get()
     }
 
-    /// Whether this health tick judges, and silence counted from when: at
-    /// most one health tick per half `tick` judges; one that comes after the
-    /// health role did not run for `late_after_ms` starts the run afresh.
+    /// Whether this health tick judges, and silence counted from when (see
+    /// `core::Judging::next`).
     fn judge(&self, now: u64) -> Option<u64> {
         let tick_ms = self.tick_ms;
-        let judged: Result<_, SharedError> = cas_update(&self.host, keys::WATCH, |bytes| {
+        let judged = cas_update(&self.host, keys::WATCH, |bytes| {
             // Absent or of another form (never expected): judged afresh.
-            Ok(match judging_of(bytes).next(now, tick_ms) {
-                None => shared::Decision::Keep(None),
-                Some((w, stall)) => {
-                    shared::Decision::Write(w.to_bytes().to_vec(), Some((w.since_ms, stall)))
+            Ok::<_, SharedError>(match judging_of(bytes).next(now, tick_ms) {
+                None => Decision::Keep(None),
+                Some((j, stall)) => {
+                    Decision::Write(j.to_bytes().to_vec(), Some((j.since_ms, stall)))
                 }
             })
         });
-        let (since, stall) = judged.unwrap_or_else(|e| {
-            logs::warning!("event=shared_data_error key={} error=\"{e}\"", keys::WATCH);
-            None
-        })?;
+        let judged = judged.inspect_err(|e| {
+            logs::warning!("event=shared_data_error key={} error=\"{e}\"", keys::WATCH)
+        });
+        let (since, stall) = judged.ok().flatten()?;
         if let Some(gap) = stall {
             logs::warning!(
                 "event=stall late_ms={gap} what=\"the health role did not run for {gap} ms (the \
@@ -248,8 +215,7 @@ impl<H: Host> Judge<H> {
 
     /// From the health tick: registers again the lost roots that beat again,
     /// moves silent roots to `lost`, notes a gap without roots, and writes
-    /// the verdict the count reads. `true`: this tick judged (at most one per
-    /// half `tick` in the process does).
+    /// the verdict the count reads. `true`: this tick judged.
     pub fn tick(&self, metrics: &Metrics<H>) -> bool {
         let now = self.host.now().timer_ms();
         let Some(since) = self.judge(now) else {
@@ -273,24 +239,23 @@ impl<H: Host> Judge<H> {
             if !unchanged {
                 r.generation = r.generation.saturating_add(1);
             }
-            let out = ((back, lost, gap, r.verdict(now), r.seen), r.generation);
+            let out = (back, lost, gap, r.verdict(now), r.generation);
             Ok::<_, SharedError>(if unchanged {
-                shared::Decision::Keep(out)
+                Decision::Keep(out)
             } else {
-                shared::Decision::Write(shared::encode(keys::REGISTRY, &r)?, out)
+                Decision::Write(shared::encode(keys::REGISTRY, &r)?, out)
             })
         });
-        let ((back, lost, gap, verdict, seen), gen) = match judged {
-            Ok(j) => j,
-            Err(e) => {
-                logs::warning!(
-                    "event=shared_data_error key={} error=\"{e}\"",
-                    keys::REGISTRY
-                );
-                return true;
-            }
+        let judged = judged.inspect_err(|e| {
+            logs::warning!(
+                "event=shared_data_error key={} error=\"{e}\"",
+                keys::REGISTRY
+            )
+        });
+        let Ok((back, lost, gap, verdict, gen)) = judged else {
+            return true;
         };
-        self.seen.set(self.seen.get() || seen);
+        self.seen.set(self.seen.get() || !verdict.waiting);
         for l in &back {
             logs::warning!(
                 "event=traffic_role_back id={} silent_ms={} what=\"a traffic root declared lost \
@@ -330,17 +295,16 @@ impl<H: Host> Judge<H> {
         true
     }
 
-    /// The registry and the watch record now (for `/drain/status`).
+    /// The registry and the judging record now (for `/drain/status`).
     pub fn snapshot(&self) -> (Registry, Verdict, core::Judging) {
         let reg = json_read::<_, Registry>(&self.host, keys::REGISTRY).unwrap_or_default();
-        let watch = self.host.get(keys::WATCH).ok().and_then(|(b, _)| b);
-        let watch = judging_of(watch.as_deref());
+        let judging = self.host.get(keys::WATCH).ok().and_then(|(b, _)| b);
         let v = reg.verdict(self.host.now().timer_ms());
-        (reg, v, watch)
+        (reg, v, judging_of(judging.as_deref()))
     }
 }
 
-/// The watch record in these bytes (default: absent, or of another form).
+/// The judging record in these bytes (default: absent, or of another form).
 fn judging_of(bytes: Option<&[u8]>) -> core::Judging {
     bytes
         .and_then(core::Judging::from_bytes)
