@@ -11,8 +11,8 @@ use std::cell::Cell;
 use std::rc::Rc;
 
 use crate::gate::count;
-use crate::gate::liveness::{self as core, Registry, Verdict};
-use crate::host::keys;
+use crate::gate::liveness::{self as core, Judging, Registry, Verdict};
+use crate::host::keys::{self, REGISTRY, WATCH};
 use crate::host::logs;
 use crate::host::metrics::Metrics;
 use crate::host::shared::{
@@ -23,9 +23,9 @@ use crate::host::wasm_host::{Envoy, Host};
 /// Creates the registry and the judging record if absent (configure runs on
 /// the main thread before any worker VM, so this cannot race another creator).
 pub fn ensure_registry<H: Host>(host: &H) {
-    shared::ensure_json(host, keys::REGISTRY, &Registry::default());
-    if let Err(e) = shared::create(host, keys::WATCH, &core::Judging::default().to_bytes()) {
-        logs::error!("event=shared_data_error key={} error=\"{e}\"", keys::WATCH);
+    shared::ensure_json(host, REGISTRY, &Registry::default());
+    if let Err(e) = shared::create(host, WATCH, &Judging::default().to_bytes()) {
+        logs::error!("event=shared_data_error key={WATCH} error=\"{e}\"");
     }
 }
 
@@ -39,7 +39,7 @@ fn update<H: Host, R>(host: &H, mut f: impl FnMut(&mut Registry) -> R) -> Result
 
 /// `update`'s body, one copy for every caller.
 fn update_registry<H: Host>(host: &H, f: &mut dyn FnMut(&mut Registry)) -> Result<(), SharedError> {
-    json_update(host, keys::REGISTRY, |r: &mut Registry| {
+    json_update(host, REGISTRY, |r: &mut Registry| {
         r.generation = r.generation.saturating_add(1);
         f(r);
     })
@@ -49,10 +49,7 @@ fn update_registry<H: Host>(host: &H, f: &mut dyn FnMut(&mut Registry)) -> Resul
 /// is loaded where it cannot count (`Unreliable::MisplacedRole`).
 pub fn misplaced<H: Host>(host: &H) {
     if let Err(e) = update(host, |r| r.misplaced = true) {
-        logs::error!(
-            "event=shared_data_error key={} error=\"{e}\"",
-            keys::REGISTRY
-        );
+        logs::error!("event=shared_data_error key={REGISTRY} error=\"{e}\"");
     }
 }
 
@@ -171,7 +168,7 @@ impl<H: Host> Judge<H> {
     /// The ids of the registered roots now (the registry parsed only when it
     /// changed since this root parsed it last).
     pub fn ids(&self) -> Vec<u64> {
-        let reg = self.registry.read(&self.host, keys::REGISTRY);
+        let reg = self.registry.read(&self.host, REGISTRY);
         let reg = reg.ok().flatten().unwrap_or_default();
         reg.roots.iter().map(|r| r.id).collect()
     }
@@ -179,17 +176,17 @@ impl<H: Host> Judge<H> {
     /// Whether the gateway may be announced (a traffic root has registered).
     pub fn seen(&self) -> bool {
         if !self.seen.get() {
-            let reg = self.registry.read(&self.host, keys::REGISTRY);
+            let reg = self.registry.read(&self.host, REGISTRY);
             self.seen.set(reg.is_ok_and(|r| r.is_some_and(|r| r.seen)));
         }
         self.seen.get()
     }
 
     /// Whether this health tick judges, and silence counted from when (see
-    /// `core::Judging::next`).
+    /// `Judging::next`).
     fn judge(&self, now: u64) -> Option<u64> {
         let tick_ms = self.tick_ms;
-        let judged = cas_update(&self.host, keys::WATCH, |bytes| {
+        let judged = cas_update(&self.host, WATCH, |bytes| {
             // Absent or of another form (never expected): judged afresh.
             Ok::<_, SharedError>(match judging_of(bytes).next(now, tick_ms) {
                 None => Decision::Keep(None),
@@ -198,9 +195,8 @@ impl<H: Host> Judge<H> {
                 }
             })
         });
-        let judged = judged.inspect_err(|e| {
-            logs::warning!("event=shared_data_error key={} error=\"{e}\"", keys::WATCH)
-        });
+        let judged = judged
+            .inspect_err(|e| logs::warning!("event=shared_data_error key={WATCH} error=\"{e}\""));
         let (since, stall) = judged.ok().flatten()?;
         if let Some(gap) = stall {
             logs::warning!(
@@ -225,9 +221,9 @@ impl<H: Host> Judge<H> {
         // Written only when the judgement changed it: a judgement that finds
         // every root beating leaves the registry (and its generation) as it
         // was, and the next reader parses nothing.
-        let judged = cas_update_versioned(&self.host, keys::REGISTRY, |bytes, cas| {
+        let judged = cas_update_versioned(&self.host, REGISTRY, |bytes, cas| {
             let was = match bytes {
-                Some(b) => self.registry.value(keys::REGISTRY, b, cas)?,
+                Some(b) => self.registry.value(REGISTRY, b, cas)?,
                 None => Rc::default(),
             };
             let mut r = Registry::clone(&was);
@@ -243,14 +239,11 @@ impl<H: Host> Judge<H> {
             Ok::<_, SharedError>(if unchanged {
                 Decision::Keep(out)
             } else {
-                Decision::Write(shared::encode(keys::REGISTRY, &r)?, out)
+                Decision::Write(shared::encode(REGISTRY, &r)?, out)
             })
         });
         let judged = judged.inspect_err(|e| {
-            logs::warning!(
-                "event=shared_data_error key={} error=\"{e}\"",
-                keys::REGISTRY
-            )
+            logs::warning!("event=shared_data_error key={REGISTRY} error=\"{e}\"")
         });
         let Ok((back, lost, gap, verdict, gen)) = judged else {
             return true;
@@ -296,19 +289,17 @@ impl<H: Host> Judge<H> {
     }
 
     /// The registry and the judging record now (for `/drain/status`).
-    pub fn snapshot(&self) -> (Registry, Verdict, core::Judging) {
-        let reg = json_read::<_, Registry>(&self.host, keys::REGISTRY).unwrap_or_default();
-        let judging = self.host.get(keys::WATCH).ok().and_then(|(b, _)| b);
+    pub fn snapshot(&self) -> (Registry, Verdict, Judging) {
+        let reg = json_read::<_, Registry>(&self.host, REGISTRY).unwrap_or_default();
+        let judging = self.host.get(WATCH).ok().and_then(|(b, _)| b);
         let v = reg.verdict(self.host.now().timer_ms());
         (reg, v, judging_of(judging.as_deref()))
     }
 }
 
 /// The judging record in these bytes (default: absent, or of another form).
-fn judging_of(bytes: Option<&[u8]>) -> core::Judging {
-    bytes
-        .and_then(core::Judging::from_bytes)
-        .unwrap_or_default()
+fn judging_of(bytes: Option<&[u8]>) -> Judging {
+    bytes.and_then(Judging::from_bytes).unwrap_or_default()
 }
 
 #[cfg(test)]

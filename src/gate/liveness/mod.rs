@@ -302,10 +302,8 @@ impl Judging {
     pub fn to_bytes(&self) -> [u8; 32] {
         let mut out = [0; 32];
         let last = self.last_ms.unwrap_or(u64::MAX);
-        put_words(
-            &mut out,
-            &[last, self.since_ms, self.stalls, self.longest_stall_ms],
-        );
+        let fields = [last, self.since_ms, self.stalls, self.longest_stall_ms];
+        put_words(&mut out, &fields);
         out
     }
 
