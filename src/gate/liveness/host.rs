@@ -30,15 +30,8 @@ pub fn ensure_registry<H: Host>(host: &H) {
 }
 
 /// Changes the registry (compare-and-swap), moving its generation on: the
-/// verdicts judged from it are ordered by it.
-fn update<H: Host, R>(host: &H, mut f: impl FnMut(&mut Registry) -> R) -> Result<R, SharedError> {
-    let mut out = None;
-    update_registry(host, &mut |r| out = Some(f(r)))?;
-    out.ok_or(SharedError::Contention)
-}
-
-/// `update`'s body, one copy for every caller.
-fn update_registry<H: Host>(host: &H, f: &mut dyn FnMut(&mut Registry)) -> Result<(), SharedError> {
+/// verdicts judged from it are ordered by it. One copy for every caller.
+fn update<H: Host>(host: &H, f: &mut dyn FnMut(&mut Registry)) -> Result<(), SharedError> {
     json_update(host, REGISTRY, |r: &mut Registry| {
         r.generation = r.generation.saturating_add(1);
         f(r);
@@ -48,7 +41,7 @@ fn update_registry<H: Host>(host: &H, f: &mut dyn FnMut(&mut Registry)) -> Resul
 /// Marks the count unreliable for the life of the process because a role
 /// is loaded where it cannot count (`Unreliable::MisplacedRole`).
 pub fn misplaced<H: Host>(host: &H) {
-    if let Err(e) = update(host, |r| r.misplaced = true) {
+    if let Err(e) = update(host, &mut |r| r.misplaced = true) {
         logs::error!("event=shared_data_error key={REGISTRY} error=\"{e}\"");
     }
 }
@@ -109,7 +102,8 @@ impl<H: Host> Heartbeat<H> {
     #[inline(never)]
     fn register(&self) {
         let (now, tick_ms) = (self.host.now().timer_ms(), self.tick_ms);
-        match update(&self.host, |r| r.announce(tick_ms, now)) {
+        let mut id = None;
+        match update(&self.host, &mut |r| id = r.announce(tick_ms, now)).map(|()| id) {
             Ok(Some(id)) => {
                 logs::info!("event=traffic_role_registered id={id}");
                 self.id.set(Some(id));
@@ -131,8 +125,8 @@ impl<H: Host> Heartbeat<H> {
         self.done.set(true);
         let Some(id) = self.id.take() else { return };
         let now = self.host.now().timer_ms();
-        match update(&self.host, |r| r.goodbye(id, now)) {
-            Ok(_) => logs::info!("event=traffic_role_unregistered id={id} why=goodbye"),
+        match update(&self.host, &mut |r| _ = r.goodbye(id, now)) {
+            Ok(()) => logs::info!("event=traffic_role_unregistered id={id} why=goodbye"),
             Err(e) => logs::error!("event=traffic_role_goodbye_failed id={id} error=\"{e}\""),
         }
     }
