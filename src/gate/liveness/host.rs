@@ -236,11 +236,12 @@ impl<H: Host> Judge<H> {
                 Decision::Write(shared::encode(REGISTRY, &r)?, out)
             })
         });
-        let judged = judged.inspect_err(|e| {
-            logs::warning!("event=shared_data_error key={REGISTRY} error=\"{e}\"")
-        });
-        let Ok((back, lost, gap, verdict, gen)) = judged else {
-            return true;
+        let (back, lost, gap, verdict, gen) = match judged {
+            Ok(j) => j,
+            Err(e) => {
+                logs::warning!("event=shared_data_error key={REGISTRY} error=\"{e}\"");
+                return true;
+            }
         };
         self.seen.set(self.seen.get() || !verdict.waiting);
         for l in &back {

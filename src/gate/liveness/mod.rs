@@ -213,9 +213,11 @@ impl Registry {
         }
         self.lost_total = self.lost_total.saturating_add(moved.len() as u64);
         self.lost.extend(moved.iter().cloned());
-        let extra = self.lost.len().saturating_sub(MAX_ROOTS);
-        self.lost.drain(..extra);
-        self.dropped_lost = self.dropped_lost.saturating_add(extra as u64);
+        if self.lost.len() > MAX_ROOTS {
+            let extra = self.lost.len() - MAX_ROOTS;
+            self.lost.drain(..extra);
+            self.dropped_lost = self.dropped_lost.saturating_add(extra as u64);
+        }
         if self.roots.is_empty() && !moved.is_empty() {
             // Not a goodbye: "gone" does not apply, "lost" does.
             self.empty_since_ms = None;
