@@ -1,11 +1,16 @@
 //! Traffic-role liveness in shared data (the decisions are `crate::gate::liveness`).
 //!
 //! A traffic root registers ([`Heartbeat::beat`], first tick), writes its beat
-//! from every tick to its own key (8 bytes, nothing per stream), and
-//! unregisters when removed cleanly. The health roots' [`Judge`] judges the
-//! registry and writes the verdict the count reads (`keys::VERDICT`). Times
-//! are on the timers' clock (`clock::Now::timer_ms`): monotonic when the host
-//! has one, so a wall-clock step can neither fake a dead root nor hide one.
+//! from every tick to its own key (one unconditional write of 8 bytes, nothing
+//! per stream), and unregisters when removed cleanly. The health roots'
+//! [`Judge`] judges the registry — at most one health tick per half `tick`
+//! does, the others skip — and writes the verdict the count reads
+//! (`keys::VERDICT`).
+//!
+//! Registrations and beats are written on the timers' clock
+//! (`clock::Now::timer_ms`): the host's monotonic clock, one for every worker
+//! of the process (no wall-clock step moves it, so a step can neither fake a
+//! dead root nor hide one), else the wall clock.
 
 use std::cell::Cell;
 use std::rc::Rc;
@@ -47,9 +52,10 @@ pub fn misplaced<H: Host>(host: &H) {
 }
 
 /// One per traffic root context. It registers on its first tick or its
-/// first stream, not on configure: the plugin is also configured once in
-/// the main thread's base VM to validate it, a root context that never ticks
-/// nor is removed — registered, it would look like a lost VM.
+/// first stream, not on configure: Envoy also configures the plugin once in
+/// the main thread's base VM to validate it, and that root context never
+/// ticks, carries no stream and is never removed — registered, it would look
+/// like a lost VM.
 #[derive(Debug)]
 pub struct Heartbeat<H: Host = Envoy> {
     host: H,
@@ -162,9 +168,8 @@ impl<H: Host> Judge<H> {
     /// The ids of the registered roots now (the registry parsed only when it
     /// changed since this root parsed it last).
     pub fn ids(&self) -> Vec<u64> {
-        let reg = self.registry.read(&self.host, REGISTRY);
-        let reg = reg.ok().flatten().unwrap_or_default();
-        reg.roots.iter().map(|r| r.id).collect()
+        let reg = self.registry.read(&self.host, REGISTRY).ok().flatten();
+        reg.map_or_else(Vec::new, |r| r.roots.iter().map(|r| r.id).collect())
     }
 
     /// Whether the gateway may be announced (a traffic root has registered).
@@ -269,16 +274,15 @@ impl<H: Host> Judge<H> {
                  counted, so the count is not trusted until istio-proxy restarts\""
             );
         }
-        if !count::write_verdict(&self.host, gen, verdict.unreliable) {
-            return true;
-        }
-        match verdict.unreliable {
-            Some(why) => logs::error!(
-                "event=count_unreliable why={} what=\"the count is not trusted to reach 0; a \
-                 drain waits for drain_timeout unless the reason ends first\"",
-                why.name()
-            ),
-            None => logs::info!("event=count_reliable what=\"the count is trusted again\""),
+        if count::write_verdict(&self.host, gen, verdict.unreliable) {
+            match verdict.unreliable {
+                Some(why) => logs::error!(
+                    "event=count_unreliable why={} what=\"the count is not trusted to reach 0; a \
+                     drain waits for drain_timeout unless the reason ends first\"",
+                    why.name()
+                ),
+                None => logs::info!("event=count_reliable what=\"the count is trusted again\""),
+            }
         }
         true
     }

@@ -1,28 +1,38 @@
 //! Is the traffic role there, and alive? Pure.
 //!
 //! Every traffic root context (one per worker VM per listener filter
-//! configuration, one in the main thread's VM) takes an id from the
+//! configuration, and one in the main thread's VM) takes an id from the
 //! [`Registry`] on its first tick, writes a heartbeat from every tick (its
-//! own shared-data key, no per-stream cost) and leaves when its root context
-//! is removed cleanly (`on_done`, or dropped: LDS update, plugin
-//! reconfigured). The smallest free id is taken, so the beat and in-flight
-//! keys stay as many as the roots alive at once.
+//! own shared-data key, no compare-and-swap, no per-stream cost) and leaves
+//! when its root context is removed cleanly (`on_done`, or dropped: LDS
+//! update, plugin reconfigured). Ids are reused: the smallest free one is
+//! taken, so the beat and in-flight keys stay as many as the roots alive at
+//! once, however many reconfigurations come and go.
 //!
-//! The health role judges on its tick (at most one health root per half
-//! tick, see [`Judging`]):
+//! The health role judges on its tick (one health root per tick period does,
+//! see [`Judging`]):
 //!
-//! - no traffic root ever registered in this `vm_id`: the gateway is not
-//!   announced ([`Verdict::waiting`]: LB check and readiness 503);
-//! - a root silent for [`stale_after_ms`] without a goodbye is **lost**: what
-//!   it counted may never be given back, so the count is unreliable (it never
-//!   reads 0; a drain waits). A lost root that **beats again** was only late:
-//!   it is registered again, and once none is lost the count is trusted again;
-//! - silence is only judged while the health role itself runs: after a stall
-//!   of the whole process ([`late_after_ms`]: SIGSTOP, CPU throttling) every
-//!   root gets a fresh [`stale_after_ms`] to beat before any is judged;
+//! - no traffic root ever registered in this `vm_id`: the gateway does not
+//!   count, so it is not announced ([`Verdict::waiting`]: LB check and
+//!   readiness 503);
+//! - a root silent for [`stale_after_ms`] without a goodbye is **lost**: its
+//!   VM may have failed, so what it counted may never be given back and what
+//!   its worker runs now may go uncounted — the count is unreliable (it never
+//!   reads 0; a drain waits). A lost root that **beats again** was only late
+//!   (a busy worker, a long main-thread task): it is registered again, and
+//!   once no root is lost the count is trusted again. A VM that really died
+//!   never beats again: the count stays unreliable until istio-proxy restarts;
+//! - silence is only judged while the health role itself runs: when its own
+//!   tick was late by [`late_after_ms`] — the whole process stalled (SIGSTOP,
+//!   CPU throttling, a node under memory pressure) — every root gets a fresh
+//!   [`stale_after_ms`] to beat before any is judged, so a stall of the whole
+//!   process loses nothing;
 //! - every root gone with a goodbye and none back for [`stale_after_ms`] of
-//!   the shortest tick: the filter left the listeners, and a stream that
-//!   started in the gap is invisible — unreliable for the life of the process.
+//!   the shortest tick: the filter disappeared from the listeners, the
+//!   streams that run now are not counted — unreliable too, and for the life
+//!   of the process: a stream that started in the gap is invisible to
+//!   drain-gate and nothing bounds how long it runs, so no later moment is
+//!   provably exact.
 //!
 //! None of this changes the LB answer: a flip would cut what is in flight.
 
@@ -33,10 +43,11 @@ use crate::json::{named, record};
 /// A root silent this long is never lost sooner: a worker busy for a moment.
 pub const STALE_MIN_MS: u64 = 2_000;
 /// Most traffic roots registered at once: one per worker and traffic filter
-/// configuration, one in the main thread's VM, and those of every replaced
-/// filter chain until it has drained (a listener updated every second with a
-/// 45 s drain time holds 45 sets). Past it a root is refused (and the count
-/// not trusted).
+/// configuration, one more in the main thread's VM, and the roots of every
+/// replaced filter chain until it has drained (Envoy keeps it for its drain
+/// time: a listener updated every second with a 45 s drain time holds 45 sets
+/// of roots). Past it a root is refused (and the count not trusted: nobody
+/// watches that root).
 pub const MAX_ROOTS: usize = 512;
 
 /// How long a root with this tick may stay silent before it counts as lost:
@@ -108,24 +119,28 @@ record! {
         pub ids_high: u64,
         /// A traffic root has registered at least once.
         pub seen: bool,
-        /// A role was loaded as the wrong kind of filter (for the life of the process).
+        /// A role was loaded as the wrong kind of filter: what passed it was not
+        /// counted, for the life of the process.
         pub misplaced: bool,
         pub roots: Vec<Root>,
         /// Lost and not back (their ids stay reserved, so that a beat on their
-        /// key is theirs); past `MAX_ROOTS` the oldest is dropped.
+        /// key is theirs). At most `MAX_ROOTS`; past that the oldest is dropped
+        /// and counted in `dropped_lost`.
         pub lost: Vec<Lost>,
         /// Lost roots dropped from `lost`: never seen back, so never trusted again.
         pub dropped_lost: u64,
         /// Roots lost in total, and lost roots that beat again.
         pub lost_total: u64,
         pub back_total: u64,
-        /// Registrations refused because `MAX_ROOTS` were registered, and when
-        /// the last one was (a refused root retries every tick).
+        /// Registrations refused because `MAX_ROOTS` were registered.
         pub refused: u64,
+        /// When the last refusal happened (a refused root retries every tick:
+        /// none for `stale_after_ms` means every root got in).
         pub last_refused_ms: Option<u64>,
         /// When the last root said goodbye, while none is registered.
         pub empty_since_ms: Option<u64>,
-        /// When a gap without any root began (streams in it were not counted).
+        /// A gap without any root (every root said goodbye, none back in time)
+        /// began then: streams that started in it were not counted.
         pub gap_since_ms: Option<u64>,
         /// The shortest tick of any root seen: bounds how long "gone" waits.
         pub min_tick_ms: Option<u64>,
