@@ -100,14 +100,10 @@ pub fn interval(gaps: &[u32]) -> Interval {
     }
     let n = sorted.len();
     let mid = |i: usize| sorted.get(i).copied();
-    let ms = if n < MIN_GAPS {
-        None
-    } else if n % 2 == 1 {
-        mid(n / 2)
-    } else {
-        // Between the two middle gaps: neither is passed.
-        mid(n / 2 - 1).zip(mid(n / 2)).map(|(a, b)| a + (b - a) / 2)
-    };
+    // Of an even number, between the two middle gaps: neither is passed.
+    let ms = (mid(n.saturating_sub(1) / 2).zip(mid(n / 2)))
+        .filter(|_| n >= MIN_GAPS)
+        .map(|(a, b)| a + (b - a) / 2);
     Interval {
         ms,
         gaps: n,
@@ -116,45 +112,61 @@ pub fn interval(gaps: &[u32]) -> Interval {
     }
 }
 
-/// A checker's fields but its source and its gaps, which change only with
-/// `last_seen_ms` (`Checker::checked`): what tells whether a check changed it.
-type CheckerState = (u32, u32, u64, Option<u64>, Option<u64>, Option<u64>);
-
 impl Checker {
-    fn state(&self) -> CheckerState {
-        (
-            self.consecutive_non_200,
-            self.consecutive_503,
-            self.last_seen_ms,
-            self.last_404_ms,
-            self.down_ms,
-            self.down_last_ms,
-        )
-    }
-
     /// Its check interval, as its last gaps say.
     pub fn interval(&self) -> Interval {
         interval(&self.gaps_ms)
     }
 
-    /// A check at `now_ms`: the gap since its last one is kept when that one
-    /// was answered 200 or 404 (the counts are those of the last check still).
-    /// A check no later than the last one recorded (the same millisecond, or
-    /// another worker's later check written first) changes nothing; one after
-    /// the checker was gone (`CHECKER_TTL_MS`) starts its gaps anew: its LB may
-    /// have been reconfigured meanwhile.
-    fn checked(&mut self, now_ms: u64) {
-        let Some(gap) = now_ms.checked_sub(self.last_seen_ms).filter(|g| *g > 0) else {
-            return;
+    /// Records an answer `status` served at `now_ms`; returns whether it
+    /// changed the checker. The gap since its last check is kept when that
+    /// one was answered 200 or 404. A check no later than the last one
+    /// recorded (the same millisecond, or another worker's later check written
+    /// first) adds no gap; one after the checker was gone (`CHECKER_TTL_MS`)
+    /// starts its gaps anew: its LB may have been reconfigured meanwhile.
+    fn served(&mut self, status: u16, now_ms: u64, lb_fall: u32) -> bool {
+        // Its source and its gaps change only with `last_seen_ms`.
+        let state = |c: &Checker| {
+            (
+                c.consecutive_non_200,
+                c.consecutive_503,
+                c.last_seen_ms,
+                c.last_404_ms,
+                c.down_ms,
+                c.down_last_ms,
+            )
         };
-        self.last_seen_ms = now_ms;
-        if gap > CHECKER_TTL_MS {
-            self.gaps_ms.clear();
-        } else if self.consecutive_503 == 0 {
-            self.gaps_ms.push(u32::try_from(gap).unwrap_or(u32::MAX));
-            let excess = self.gaps_ms.len().saturating_sub(MAX_GAPS);
-            self.gaps_ms.drain(..excess);
+        let before = state(self);
+        // The counts are still those of its last check here.
+        if let Some(gap) = now_ms.checked_sub(self.last_seen_ms).filter(|g| *g > 0) {
+            self.last_seen_ms = now_ms;
+            if gap > CHECKER_TTL_MS {
+                self.gaps_ms.clear();
+            } else if self.consecutive_503 == 0 {
+                self.gaps_ms.push(u32::try_from(gap).unwrap_or(u32::MAX));
+                let excess = self.gaps_ms.len().saturating_sub(MAX_GAPS);
+                self.gaps_ms.drain(..excess);
+            }
         }
+        self.consecutive_non_200 = match status {
+            200 => 0,
+            _ => self.consecutive_non_200.saturating_add(1),
+        };
+        if status == 404 {
+            self.last_404_ms = Some(now_ms);
+        }
+        if status == 503 {
+            self.consecutive_503 = self.consecutive_503.saturating_add(1);
+            if self.consecutive_503 == lb_fall {
+                self.down_ms = Some(now_ms);
+            }
+            if (lb_fall..=lb_fall.saturating_mul(DOWN_SPREAD)).contains(&self.consecutive_503) {
+                self.down_last_ms = Some(now_ms);
+            }
+        } else {
+            self.consecutive_503 = 0;
+        }
+        state(self) != before
     }
 }
 
@@ -257,22 +269,16 @@ impl Checkers {
     /// True when there is at least one live checker and each has been served
     /// `lb_fall` consecutive 503s.
     pub fn all_down(&self, now_ms: u64, lb_fall: u32) -> bool {
-        let mut any = false;
-        for c in self.live(now_ms) {
-            if c.consecutive_503 < lb_fall {
-                return false;
-            }
-            any = true;
-        }
-        any
+        let mut live = self.live(now_ms).peekable();
+        live.peek().is_some() && live.all(|c| c.consecutive_503 >= lb_fall)
     }
 
     /// Records one answer served to `source`. Returns whether anything
     /// changed (the caller writes only then).
     pub fn observe(&mut self, source: &str, status: u16, now_ms: u64, lb_fall: u32) -> bool {
         let was = (self.observed_down_ms, self.announced_ms);
-        let (idx, mut changed) = match self.list.iter().position(|c| c.source == source) {
-            Some(i) => (i, false),
+        let changed = match self.list.iter_mut().find(|c| c.source == source) {
+            Some(c) => c.served(status, now_ms, lb_fall),
             None => {
                 if self.list.len() >= MAX_CHECKERS {
                     let seen = |(i, c): (usize, &Checker)| (c.last_seen_ms, i);
@@ -280,44 +286,21 @@ impl Checkers {
                         self.list.swap_remove(oldest);
                     }
                 }
-                self.list.push(Checker {
+                let mut c = Checker {
                     source: source.to_string(),
                     last_seen_ms: now_ms,
                     ..Checker::default()
-                });
-                (self.list.len() - 1, true)
+                };
+                c.served(status, now_ms, lb_fall);
+                self.list.push(c);
+                true
             }
         };
-        if let Some(c) = self.list.get_mut(idx) {
-            let before = c.state();
-            c.checked(now_ms);
-            if status == 200 {
-                c.consecutive_non_200 = 0;
-                self.announced_ms.get_or_insert(now_ms);
-            } else {
-                c.consecutive_non_200 = c.consecutive_non_200.saturating_add(1);
-            }
-            if status == 404 {
-                c.last_404_ms = Some(now_ms);
-            }
-            if status == 503 {
-                c.consecutive_503 = c.consecutive_503.saturating_add(1);
-                if c.consecutive_503 == lb_fall {
-                    c.down_ms = Some(now_ms);
-                }
-                if (lb_fall..=lb_fall.saturating_mul(DOWN_SPREAD)).contains(&c.consecutive_503) {
-                    c.down_last_ms = Some(now_ms);
-                }
-            } else {
-                c.consecutive_503 = 0;
-            }
-            changed |= c.state() != before;
+        if status == 200 {
+            self.announced_ms.get_or_insert(now_ms);
         }
-        if self.all_down(now_ms, lb_fall) {
-            self.observed_down_ms.get_or_insert(now_ms);
-        } else {
-            self.observed_down_ms = None;
-        }
+        let down = self.all_down(now_ms, lb_fall);
+        self.observed_down_ms = down.then(|| self.observed_down_ms.unwrap_or(now_ms));
         changed || (self.observed_down_ms, self.announced_ms) != was
     }
 
@@ -350,17 +333,12 @@ impl Checkers {
     /// both. Without a live checker: `NoChecker` when `lb_checkers` names the
     /// LB (`need_checker`: something should ask, and nothing does), else `NoLb`.
     pub fn gate(&self, since_ms: u64, now_ms: u64, need_checker: bool) -> Gate {
-        let mut any = false;
-        for c in self.live(now_ms) {
-            if !c.last_404_ms.is_some_and(|t| t >= since_ms) {
-                return Gate::Waiting;
-            }
-            any = true;
-        }
-        match (any, need_checker) {
-            (true, _) => Gate::Open,
+        let mut live = self.live(now_ms).peekable();
+        match (live.peek().is_some(), need_checker) {
             (false, true) => Gate::NoChecker,
             (false, false) => Gate::NoLb,
+            _ if live.all(|c| c.last_404_ms.is_some_and(|t| t >= since_ms)) => Gate::Open,
+            _ => Gate::Waiting,
         }
     }
 
@@ -382,11 +360,8 @@ impl Checkers {
     pub fn cut_by_lb(&self, now_ms: u64, source: impl FnOnce() -> Option<IpAddr>) -> bool {
         let open = |c: &Checker, spread: bool| {
             c.down_ms.is_some_and(|first| {
-                let last = c
-                    .down_last_ms
-                    .filter(|_| spread)
-                    .map_or(first, |l| l.max(first));
-                first <= now_ms && now_ms <= last.saturating_add(CUT_WINDOW_MS)
+                let last = c.down_last_ms.filter(|_| spread).unwrap_or(first);
+                first <= now_ms && now_ms <= last.max(first).saturating_add(CUT_WINDOW_MS)
             })
         };
         if !self.list.iter().any(|c| open(c, true)) {

@@ -20,9 +20,9 @@ pub const ACTIVE_CONNECTIONS: &str = "drain_gate.active_connections.v1";
 pub const UNCOUNTED: &str = "drain_gate.uncounted.v1";
 /// The liveness verdict (the registry generation it was judged at, u64, then
 /// a `crate::gate::liveness::Unreliable` name; no name: trusted), written by the health
-/// role's watch.
+/// role's judge.
 pub const VERDICT: &str = "drain_gate.verdict.v1";
-/// Who judges the registry, and since when (`crate::gate::liveness::Watch`, its
+/// Who judges the registry, and since when (`crate::gate::liveness::Judging`, its
 /// fixed little-endian form).
 pub const WATCH: &str = "drain_gate.watch.v2";
 /// Which of drain-gate's gauges are live (JSON), probed once per process.

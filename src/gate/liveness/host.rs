@@ -3,7 +3,7 @@
 //! A traffic root registers ([`Heartbeat::beat`], first tick), writes its beat
 //! from every tick to its own key (one unconditional write of 8 bytes, nothing
 //! per stream), and unregisters when removed cleanly. The health roots'
-//! [`Watch`] judges the registry — at most one health tick per half `tick`
+//! [`Judge`] judges the registry — at most one health tick per half `tick`
 //! does, the others skip — and writes the verdict the count reads
 //! (`keys::VERDICT`).
 //!
@@ -16,35 +16,28 @@ use std::cell::Cell;
 use std::rc::Rc;
 
 use crate::gate::count;
-use crate::gate::liveness::{self as core, Registry, Verdict};
-use crate::host::keys;
+use crate::gate::liveness::{self as core, Judging, Registry, Verdict};
+use crate::host::keys::{self, REGISTRY, WATCH};
 use crate::host::logs;
 use crate::host::metrics::Metrics;
 use crate::host::shared::{
-    self, cas_update, cas_update_versioned, json_read, json_update, Seen, SharedError,
+    self, cas_update, cas_update_versioned, json_read, json_update, Decision, Seen, SharedError,
 };
 use crate::host::wasm_host::{Envoy, Host};
 
-/// Creates the registry and the watch record if absent (configure runs on
+/// Creates the registry and the judging record if absent (configure runs on
 /// the main thread before any worker VM, so this cannot race another creator).
 pub fn ensure_registry<H: Host>(host: &H) {
-    shared::ensure_json(host, keys::REGISTRY, &Registry::default());
-    if let Err(e) = shared::create(host, keys::WATCH, &core::Watch::default().to_bytes()) {
-        logs::error!("event=shared_data_error key={} error=\"{e}\"", keys::WATCH);
+    shared::ensure_json(host, REGISTRY, &Registry::default());
+    if let Err(e) = shared::create(host, WATCH, &Judging::default().to_bytes()) {
+        logs::error!("event=shared_data_error key={WATCH} error=\"{e}\"");
     }
 }
 
-/// Changes the registry (compare-and-swap); every change moves its
-/// generation on, which orders the verdicts judged from it.
-fn update<H: Host, R>(host: &H, mut f: impl FnMut(&mut Registry) -> R) -> Result<R, SharedError> {
-    let mut out = None;
-    update_registry(host, &mut |r| out = Some(f(r)))?;
-    out.ok_or(SharedError::Contention)
-}
-
-/// `update`'s body, one copy for every caller: `f` runs once per attempt.
-fn update_registry<H: Host>(host: &H, f: &mut dyn FnMut(&mut Registry)) -> Result<(), SharedError> {
-    json_update(host, keys::REGISTRY, |r: &mut Registry| {
+/// Changes the registry (compare-and-swap), moving its generation on: the
+/// verdicts judged from it are ordered by it. One copy for every caller.
+fn update<H: Host>(host: &H, f: &mut dyn FnMut(&mut Registry)) -> Result<(), SharedError> {
+    json_update(host, REGISTRY, |r: &mut Registry| {
         r.generation = r.generation.saturating_add(1);
         f(r);
     })
@@ -53,11 +46,8 @@ fn update_registry<H: Host>(host: &H, f: &mut dyn FnMut(&mut Registry)) -> Resul
 /// Marks the count unreliable for the life of the process because a role
 /// is loaded where it cannot count (`Unreliable::MisplacedRole`).
 pub fn misplaced<H: Host>(host: &H) {
-    if let Err(e) = update(host, |r| r.misplaced = true) {
-        logs::error!(
-            "event=shared_data_error key={} error=\"{e}\"",
-            keys::REGISTRY
-        );
+    if let Err(e) = update(host, &mut |r| r.misplaced = true) {
+        logs::error!("event=shared_data_error key={REGISTRY} error=\"{e}\"");
     }
 }
 
@@ -93,65 +83,46 @@ impl<H: Host> Heartbeat<H> {
         self.id.get()
     }
 
-    /// From a stream's creation: registers a root that has not ticked yet
-    /// (one `Cell` read once registered). A VM can only fail while it runs a
-    /// callback — a tick or a stream — so with this, every VM that fails was
+    /// From a stream's creation and every tick: registers a root not yet
+    /// registered (one `Cell` read once it is). A VM can only fail while it
+    /// runs a callback — a tick or a stream — so every VM that fails was
     /// registered first and is noticed.
     pub fn ensure(&self) {
         if self.id.get().is_none() && !self.done.get() {
-            self.register_now();
+            self.register();
         }
-    }
-
-    /// `register` out of the stream's path: its result's room is taken
-    /// only when it runs.
-    #[cold]
-    #[inline(never)]
-    fn register_now(&self) {
-        self.register();
     }
 
     /// From the tick: registers (first tick, or retried until it works),
     /// then says this root is alive.
     pub fn beat(&self) {
-        if self.done.get() {
-            return;
+        self.ensure();
+        if let Some(id) = self.id.get() {
+            let now = self.host.now().timer_ms();
+            let _ = self.host.set(&keys::beat(id), &now.to_le_bytes(), None);
         }
-        let Some(id) = self.id.get().or_else(|| self.register()) else {
-            return;
-        };
-        let _ = self.host.set(
-            &keys::beat(id),
-            &self.host.now().timer_ms().to_le_bytes(),
-            None,
-        );
     }
 
-    fn register(&self) -> Option<u64> {
-        let now = self.host.now().timer_ms();
-        let tick_ms = self.tick_ms;
-        match update(&self.host, |r| r.announce(tick_ms, now)) {
+    /// Out of the stream's path: its room is taken only when it runs.
+    #[cold]
+    #[inline(never)]
+    fn register(&self) {
+        let (now, tick_ms) = (self.host.now().timer_ms(), self.tick_ms);
+        let mut id = None;
+        match update(&self.host, &mut |r| id = r.announce(tick_ms, now)).map(|()| id) {
             Ok(Some(id)) => {
                 logs::info!("event=traffic_role_registered id={id}");
                 self.id.set(Some(id));
-                Some(id)
             }
-            Ok(None) => {
-                if !self.refused.replace(true) {
-                    logs::error!(
-                        "event=traffic_role_refused why=too_many_traffic_roots max={} what=\"more \
-                         traffic root contexts than drain-gate watches (one per worker and traffic \
-                         filter, plus the main thread's): lower the Envoy concurrency; the count is \
-                         not trusted meanwhile\"",
-                        core::MAX_ROOTS
-                    );
-                }
-                None
-            }
-            Err(e) => {
-                logs::error!("event=traffic_role_unregistered error=\"{e}\"");
-                None
-            }
+            Ok(None) if !self.refused.replace(true) => logs::error!(
+                "event=traffic_role_refused why=too_many_traffic_roots max={} what=\"more \
+                 traffic root contexts than drain-gate watches (one per worker and traffic \
+                 filter, plus the main thread's): lower the Envoy concurrency; the count is \
+                 not trusted meanwhile\"",
+                core::MAX_ROOTS
+            ),
+            Ok(None) => {}
+            Err(e) => logs::error!("event=traffic_role_unregistered error=\"{e}\""),
         }
     }
 
@@ -160,8 +131,8 @@ impl<H: Host> Heartbeat<H> {
         self.done.set(true);
         let Some(id) = self.id.take() else { return };
         let now = self.host.now().timer_ms();
-        match update(&self.host, |r| r.goodbye(id, now)) {
-            Ok(_) => logs::info!("event=traffic_role_unregistered id={id} why=goodbye"),
+        match update(&self.host, &mut |r| _ = r.goodbye(id, now)) {
+            Ok(()) => logs::info!("event=traffic_role_unregistered id={id} why=goodbye"),
             Err(e) => logs::error!("event=traffic_role_goodbye_failed id={id} error=\"{e}\""),
         }
     }
@@ -173,9 +144,9 @@ impl<H: Host> Drop for Heartbeat<H> {
     }
 }
 
-/// One per health root context.
+/// One per health root context: judges the traffic roots.
 #[derive(Debug)]
-pub struct Watch<H: Host = Envoy> {
+pub struct Judge<H: Host = Envoy> {
     host: H,
     tick_ms: u64,
     /// Once a traffic root was seen, it stays seen: no read per check.
@@ -184,9 +155,9 @@ pub struct Watch<H: Host = Envoy> {
     registry: Seen<Registry>,
 }
 
-impl<H: Host> Watch<H> {
-    pub fn new(host: H, tick_ms: u64) -> Watch<H> {
-        Watch {
+impl<H: Host> Judge<H> {
+    pub fn new(host: H, tick_ms: u64) -> Judge<H> {
+        Judge {
             host,
             tick_ms,
             seen: Cell::new(false),
@@ -194,47 +165,38 @@ impl<H: Host> Watch<H> {
         }
     }
 
-    /// The registry now (default when absent or unreadable), parsed only
-    /// when it changed since this root parsed it last.
-    fn registry(&self) -> Rc<Registry> {
-        self.registry
-            .read(&self.host, keys::REGISTRY)
-            .ok()
-            .flatten()
-            .unwrap_or_default()
-    }
-
-    /// The ids of the registered roots now.
+    /// The ids of the registered roots now (the registry parsed only when it
+    /// changed since this root parsed it last).
     pub fn ids(&self) -> Vec<u64> {
-        self.registry().roots.iter().map(|r| r.id).collect()
+        let reg = self.registry.read(&self.host, REGISTRY).ok().flatten();
+        reg.map_or_else(Vec::new, |r| r.roots.iter().map(|r| r.id).collect())
     }
 
     /// Whether the gateway may be announced (a traffic root has registered).
     pub fn seen(&self) -> bool {
         if !self.seen.get() {
-            self.seen.set(self.registry().seen);
+            let reg = self.registry.read(&self.host, REGISTRY);
+            self.seen.set(reg.is_ok_and(|r| r.is_some_and(|r| r.seen)));
         }
         self.seen.get()
     }
 
-    /// Whether this health tick judges, and silence counted from when: at
-    /// most one health tick per half `tick` judges; one that comes after the
-    /// health role did not run for `late_after_ms` starts the run afresh.
+    /// Whether this health tick judges, and silence counted from when (see
+    /// `Judging::next`).
     fn judge(&self, now: u64) -> Option<u64> {
         let tick_ms = self.tick_ms;
-        let judged: Result<_, SharedError> = cas_update(&self.host, keys::WATCH, |bytes| {
+        let judged = cas_update(&self.host, WATCH, |bytes| {
             // Absent or of another form (never expected): judged afresh.
-            Ok(match watch_of(bytes).next(now, tick_ms) {
-                None => shared::Decision::Keep(None),
-                Some((w, stall)) => {
-                    shared::Decision::Write(w.to_bytes().to_vec(), Some((w.since_ms, stall)))
+            Ok::<_, SharedError>(match judging_of(bytes).next(now, tick_ms) {
+                None => Decision::Keep(None),
+                Some((j, stall)) => {
+                    Decision::Write(j.to_bytes().to_vec(), Some((j.since_ms, stall)))
                 }
             })
         });
-        let (since, stall) = judged.unwrap_or_else(|e| {
-            logs::warning!("event=shared_data_error key={} error=\"{e}\"", keys::WATCH);
-            None
-        })?;
+        let judged = judged
+            .inspect_err(|e| logs::warning!("event=shared_data_error key={WATCH} error=\"{e}\""));
+        let (since, stall) = judged.ok().flatten()?;
         if let Some(gap) = stall {
             logs::warning!(
                 "event=stall late_ms={gap} what=\"the health role did not run for {gap} ms (the \
@@ -248,8 +210,7 @@ impl<H: Host> Watch<H> {
 
     /// From the health tick: registers again the lost roots that beat again,
     /// moves silent roots to `lost`, notes a gap without roots, and writes
-    /// the verdict the count reads. `true`: this tick judged (at most one per
-    /// half `tick` in the process does).
+    /// the verdict the count reads. `true`: this tick judged.
     pub fn tick(&self, metrics: &Metrics<H>) -> bool {
         let now = self.host.now().timer_ms();
         let Some(since) = self.judge(now) else {
@@ -259,9 +220,9 @@ impl<H: Host> Watch<H> {
         // Written only when the judgement changed it: a judgement that finds
         // every root beating leaves the registry (and its generation) as it
         // was, and the next reader parses nothing.
-        let judged = cas_update_versioned(&self.host, keys::REGISTRY, |bytes, cas| {
+        let judged = cas_update_versioned(&self.host, REGISTRY, |bytes, cas| {
             let was = match bytes {
-                Some(b) => self.registry.value(keys::REGISTRY, b, cas)?,
+                Some(b) => self.registry.value(REGISTRY, b, cas)?,
                 None => Rc::default(),
             };
             let mut r = Registry::clone(&was);
@@ -273,24 +234,21 @@ impl<H: Host> Watch<H> {
             if !unchanged {
                 r.generation = r.generation.saturating_add(1);
             }
-            let out = ((back, lost, gap, r.verdict(now), r.seen), r.generation);
+            let out = (back, lost, gap, r.verdict(now), r.generation);
             Ok::<_, SharedError>(if unchanged {
-                shared::Decision::Keep(out)
+                Decision::Keep(out)
             } else {
-                shared::Decision::Write(shared::encode(keys::REGISTRY, &r)?, out)
+                Decision::Write(shared::encode(REGISTRY, &r)?, out)
             })
         });
-        let ((back, lost, gap, verdict, seen), gen) = match judged {
+        let (back, lost, gap, verdict, gen) = match judged {
             Ok(j) => j,
             Err(e) => {
-                logs::warning!(
-                    "event=shared_data_error key={} error=\"{e}\"",
-                    keys::REGISTRY
-                );
+                logs::warning!("event=shared_data_error key={REGISTRY} error=\"{e}\"");
                 return true;
             }
         };
-        self.seen.set(self.seen.get() || seen);
+        self.seen.set(self.seen.get() || !verdict.waiting);
         for l in &back {
             logs::warning!(
                 "event=traffic_role_back id={} silent_ms={} what=\"a traffic root declared lost \
@@ -316,33 +274,31 @@ impl<H: Host> Watch<H> {
                  counted, so the count is not trusted until istio-proxy restarts\""
             );
         }
-        if !count::write_verdict(&self.host, gen, verdict.unreliable) {
-            return true;
-        }
-        match verdict.unreliable {
-            Some(why) => logs::error!(
-                "event=count_unreliable why={} what=\"the count is not trusted to reach 0; a \
-                 drain waits for drain_timeout unless the reason ends first\"",
-                why.name()
-            ),
-            None => logs::info!("event=count_reliable what=\"the count is trusted again\""),
+        if count::write_verdict(&self.host, gen, verdict.unreliable) {
+            match verdict.unreliable {
+                Some(why) => logs::error!(
+                    "event=count_unreliable why={} what=\"the count is not trusted to reach 0; a \
+                     drain waits for drain_timeout unless the reason ends first\"",
+                    why.name()
+                ),
+                None => logs::info!("event=count_reliable what=\"the count is trusted again\""),
+            }
         }
         true
     }
 
-    /// The registry and the watch record now (for `/drain/status`).
-    pub fn snapshot(&self) -> (Registry, Verdict, core::Watch) {
-        let reg = json_read::<_, Registry>(&self.host, keys::REGISTRY).unwrap_or_default();
-        let watch = self.host.get(keys::WATCH).ok().and_then(|(b, _)| b);
-        let watch = watch_of(watch.as_deref());
+    /// The registry and the judging record now (for `/drain/status`).
+    pub fn snapshot(&self) -> (Registry, Verdict, Judging) {
+        let reg = json_read::<_, Registry>(&self.host, REGISTRY).unwrap_or_default();
+        let judging = self.host.get(WATCH).ok().and_then(|(b, _)| b);
         let v = reg.verdict(self.host.now().timer_ms());
-        (reg, v, watch)
+        (reg, v, judging_of(judging.as_deref()))
     }
 }
 
-/// The watch record in these bytes (default: absent, or of another form).
-fn watch_of(bytes: Option<&[u8]>) -> core::Watch {
-    bytes.and_then(core::Watch::from_bytes).unwrap_or_default()
+/// The judging record in these bytes (default: absent, or of another form).
+fn judging_of(bytes: Option<&[u8]>) -> Judging {
+    bytes.and_then(Judging::from_bytes).unwrap_or_default()
 }
 
 #[cfg(test)]
@@ -358,43 +314,43 @@ mod tests {
         ActiveCount::of(part(Part::Streams), part(Part::Connections)).read()
     }
 
-    fn process(sim: &Sim) -> (Watch<&Sim>, Metrics<&Sim>) {
+    fn process(sim: &Sim) -> (Judge<&Sim>, Metrics<&Sim>) {
         count::create_shared(&sim);
         count::announce_traffic(&sim);
         ensure_registry(&sim);
-        (Watch::new(sim, 100), Metrics::define(sim))
+        (Judge::new(sim, 100), Metrics::define(sim))
     }
 
     #[test]
     fn a_root_that_says_goodbye_marks_nothing() {
         let sim = Sim::at(1_000);
-        let (watch, metrics) = process(&sim);
+        let (judge, metrics) = process(&sim);
         let old = Heartbeat::new(&sim, 100);
         old.beat();
         let new = Heartbeat::new(&sim, 100);
         new.beat();
-        assert!(watch.seen());
+        assert!(judge.seen());
         drop(old); // removed cleanly (LDS update)
         for _ in 0..50 {
             sim.advance(100);
             new.beat();
-            watch.tick(&metrics);
+            judge.tick(&metrics);
         }
         assert!(reading(&sim).reliable);
-        assert_eq!(watch.snapshot().0.roots.len(), 1);
+        assert_eq!(judge.snapshot().0.roots.len(), 1);
     }
 
     #[test]
     fn a_judgement_that_changes_nothing_writes_nothing() {
         let sim = Sim::at(1_000);
-        let (watch, metrics) = process(&sim);
+        let (judge, metrics) = process(&sim);
         let root = Heartbeat::new(&sim, 100);
         let tick = |beat: bool| {
             sim.advance(100);
             if beat {
                 root.beat();
             }
-            watch.tick(&metrics);
+            judge.tick(&metrics);
         };
         tick(true);
         let version = |key| (&sim).get(key).unwrap().1.unwrap();
@@ -415,48 +371,48 @@ mod tests {
     #[test]
     fn a_root_that_stops_beating_is_lost_and_the_count_unreliable() {
         let sim = Sim::at(1_000);
-        let (watch, metrics) = process(&sim);
+        let (judge, metrics) = process(&sim);
         let dead = Heartbeat::new(&sim, 100);
         dead.beat();
         std::mem::forget(dead); // a trapped VM runs nothing, not even Drop
         for _ in 0..20 {
             sim.advance(100);
-            watch.tick(&metrics);
+            judge.tick(&metrics);
         }
         assert!(reading(&sim).reliable, "2 s is not yet stale");
         // Silence counts from the watch's first tick (1.1 s): lost after 3.1 s.
         sim.advance(100);
-        watch.tick(&metrics);
+        judge.tick(&metrics);
         assert!(
             reading(&sim).reliable,
             "2 s of judged silence is not yet stale"
         );
         sim.advance(100);
-        watch.tick(&metrics);
+        judge.tick(&metrics);
         let r = reading(&sim);
         assert!(!r.reliable && r.for_decisions() >= 1);
         assert_eq!(r.why, Some(Unreliable::TrafficRoleLost));
         assert_eq!(sim.metric(crate::metric_names::TRAFFIC_ROLES_LOST), 1);
-        assert_eq!(watch.snapshot().0.lost_total, 1);
+        assert_eq!(judge.snapshot().0.lost_total, 1);
     }
 
     #[test]
     fn a_stall_of_the_whole_process_loses_nothing() {
         let sim = Sim::at(1_000);
-        let (watch, metrics) = process(&sim);
+        let (judge, metrics) = process(&sim);
         let roots: Vec<_> = (0..3).map(|_| Heartbeat::new(&sim, 100)).collect();
         let tick = |sim: &Sim| {
             sim.advance(100);
             roots.iter().for_each(Heartbeat::beat);
-            watch.tick(&metrics);
+            judge.tick(&metrics);
         };
         for _ in 0..10 {
             tick(&sim);
         }
         sim.advance(3_500); // SIGSTOP: nothing runs, every clock moves on
-        watch.tick(&metrics); // the health tick comes first after it
+        judge.tick(&metrics); // the health tick comes first after it
         tick(&sim);
-        let (reg, _, w) = watch.snapshot();
+        let (reg, _, w) = judge.snapshot();
         assert_eq!((reg.roots.len(), reg.lost_total), (3, 0));
         assert_eq!((w.stalls, w.longest_stall_ms), (1, 3_500));
         assert!(reading(&sim).reliable);
@@ -465,7 +421,7 @@ mod tests {
     #[test]
     fn a_late_root_is_lost_then_back_and_the_count_trusted_again() {
         let sim = Sim::at(1_000);
-        let (watch, metrics) = process(&sim);
+        let (judge, metrics) = process(&sim);
         let on_time = Heartbeat::new(&sim, 100);
         let late = Heartbeat::new(&sim, 100);
         for i in 0..40 {
@@ -474,47 +430,47 @@ mod tests {
             if i < 5 {
                 late.beat(); // then its worker is busy for 3.5 s
             }
-            watch.tick(&metrics);
+            judge.tick(&metrics);
         }
         assert_eq!(reading(&sim).why, Some(Unreliable::TrafficRoleLost));
         late.beat();
         sim.advance(100);
-        watch.tick(&metrics);
+        judge.tick(&metrics);
         let r = reading(&sim);
         assert!(r.reliable, "back: {r:?}");
-        let (reg, _, _) = watch.snapshot();
+        let (reg, _, _) = judge.snapshot();
         assert_eq!((reg.lost_total, reg.back_total, reg.roots.len()), (1, 1, 2));
     }
 
     #[test]
     fn every_root_gone_without_a_replacement_is_unreliable_for_good() {
         let sim = Sim::at(1_000);
-        let (watch, metrics) = process(&sim);
+        let (judge, metrics) = process(&sim);
         let only = Heartbeat::new(&sim, 100);
         only.beat();
         only.goodbye();
         // The grace counts from the watch's first tick (1.1 s): gone after 3.1 s.
         for _ in 0..22 {
             sim.advance(100);
-            watch.tick(&metrics);
+            judge.tick(&metrics);
         }
         assert_eq!(reading(&sim).why, Some(Unreliable::TrafficRoleGone));
         let again = Heartbeat::new(&sim, 100);
         again.beat();
         sim.advance(100);
-        watch.tick(&metrics);
+        judge.tick(&metrics);
         assert_eq!(reading(&sim).why, Some(Unreliable::TrafficRoleGone));
     }
 
     #[test]
     fn heartbeat_keys_stay_bounded_over_reconfigurations() {
         let sim = Sim::at(1_000);
-        let (watch, metrics) = process(&sim);
+        let (judge, metrics) = process(&sim);
         for _ in 0..300 {
             let root = Heartbeat::new(&sim, 100);
             root.beat();
             sim.advance(100);
-            watch.tick(&metrics);
+            judge.tick(&metrics);
         } // each dropped: a goodbye
         let beats = (0..400u64)
             .filter(|id| sim.value(&keys::beat(*id)).is_some())

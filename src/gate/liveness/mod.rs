@@ -10,7 +10,7 @@
 //! once, however many reconfigurations come and go.
 //!
 //! The health role judges on its tick (one health root per tick period does,
-//! see [`Watch`]):
+//! see [`Judging`]):
 //!
 //! - no traffic root ever registered in this `vm_id`: the gateway does not
 //!   count, so it is not announced ([`Verdict::waiting`]: LB check and
@@ -40,9 +40,7 @@ pub mod host;
 
 use crate::json::{named, record};
 
-/// A root whose last beat is older than this many of its ticks is lost.
-pub const STALE_TICKS: u64 = 10;
-/// ... and never less than this: a worker busy for a moment is not lost.
+/// A root silent this long is never lost sooner: a worker busy for a moment.
 pub const STALE_MIN_MS: u64 = 2_000;
 /// Most traffic roots registered at once: one per worker and traffic filter
 /// configuration, one more in the main thread's VM, and the roots of every
@@ -52,9 +50,10 @@ pub const STALE_MIN_MS: u64 = 2_000;
 /// watches that root).
 pub const MAX_ROOTS: usize = 512;
 
-/// How long a root with this tick may stay silent before it counts as lost.
+/// How long a root with this tick may stay silent before it counts as lost:
+/// ten of its ticks, `STALE_MIN_MS` at least.
 pub fn stale_after_ms(tick_ms: u64) -> u64 {
-    tick_ms.saturating_mul(STALE_TICKS).max(STALE_MIN_MS)
+    tick_ms.saturating_mul(10).max(STALE_MIN_MS)
 }
 
 /// A gap this long between two health ticks is a stall of the process (the
@@ -193,10 +192,9 @@ impl Registry {
         left
     }
 
-    /// Roots whose last beat (`beat(id)`; a root that never beat counts from
-    /// its registration) is older than their stale threshold, silence being
-    /// counted from `judging_since_ms` at the earliest (the health role's
-    /// own run of on-time ticks, see `late_after_ms`).
+    /// Roots whose last beat (`beat(id)`, else their registration) is older
+    /// than their stale threshold, silence counted from `judging_since_ms` at
+    /// the earliest (the health role's own run of on-time ticks).
     pub fn stale(
         &self,
         now_ms: u64,
@@ -256,33 +254,26 @@ impl Registry {
                 tick_ms: l.tick_ms,
                 since_ms: beat(l.id).unwrap_or(l.last_beat_ms),
             });
-        }
-        if !back.is_empty() {
             self.empty_since_ms = None;
         }
         self.back_total = self.back_total.saturating_add(back.len() as u64);
         back
     }
 
-    /// Every root gone with a goodbye, none back in time: the grace counted,
-    /// like silence, from `judging_since_ms` at the earliest (a stall right
-    /// after an LDS update's goodbye is not a missing replacement).
-    pub fn gone(&self, now_ms: u64, judging_since_ms: u64) -> bool {
-        let grace = stale_after_ms(self.min_tick_ms.unwrap_or(0));
-        self.roots.is_empty()
-            && self
-                .empty_since_ms
-                .is_some_and(|t| now_ms.saturating_sub(t.max(judging_since_ms)) > grace)
-    }
-
-    /// Records the start of a gap when every root has been gone past its
-    /// grace (idempotent); returns whether this call began it.
+    /// Notes the start of a gap once every root has been gone with a goodbye
+    /// past the grace of the shortest tick — counted, like silence, from
+    /// `judging_since_ms` at the earliest (a stall right after an LDS update's
+    /// goodbye is not a missing replacement). Returns whether this call began it.
     pub fn note_gap(&mut self, now_ms: u64, judging_since_ms: u64) -> bool {
-        if self.gap_since_ms.is_none() && self.gone(now_ms, judging_since_ms) {
+        let grace = stale_after_ms(self.min_tick_ms.unwrap_or(0));
+        let began = self.gap_since_ms.is_none()
+            && self.roots.is_empty()
+            && (self.empty_since_ms)
+                .is_some_and(|t| now_ms.saturating_sub(t.max(judging_since_ms)) > grace);
+        if began {
             self.gap_since_ms = self.empty_since_ms;
-            return true;
         }
-        false
+        began
     }
 
     pub fn verdict(&self, now_ms: u64) -> Verdict {
@@ -306,43 +297,37 @@ impl Registry {
     }
 }
 
-/// Who judges the registry, and since when its run of on-time ticks lasts:
-/// one value per process (shared data), written by the health tick that
-/// judges (at most one per half `tick`) and read by every health tick, in a
-/// fixed form (`to_bytes`) that costs no parse.
+/// Who judged the registry last, and since when the health role's run of
+/// on-time ticks lasts: one per process in shared data (`keys::WATCH`), in a
+/// fixed form that costs no parse.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Watch {
+pub struct Judging {
     /// The last judging tick (timer clock).
     pub last_ms: Option<u64>,
     /// Silence is judged from here at the earliest: the first on-time tick
-    /// after the health role last did not run for `late_after_ms`.
+    /// after the last stall.
     pub since_ms: u64,
-    /// Stalls seen (the health role did not run for `late_after_ms`).
+    /// Stalls seen (the health role did not run for `late_after_ms`), and the
+    /// longest.
     pub stalls: u64,
-    /// The longest stall seen.
     pub longest_stall_ms: u64,
 }
 
-/// The size of `Watch::to_bytes`.
-pub const WATCH_BYTES: usize = 32;
-
-impl Watch {
-    /// Four little-endian `u64` (`put_words`): `last_ms` (`u64::MAX`: none),
-    /// `since_ms`, `stalls`, `longest_stall_ms`.
-    pub fn to_bytes(&self) -> [u8; WATCH_BYTES] {
-        let mut out = [0; WATCH_BYTES];
+impl Judging {
+    /// Four little-endian `u64`: `last_ms` (`u64::MAX`: none), `since_ms`,
+    /// `stalls`, `longest_stall_ms`.
+    pub fn to_bytes(&self) -> [u8; 32] {
+        let mut out = [0; 32];
         let last = self.last_ms.unwrap_or(u64::MAX);
-        put_words(
-            &mut out,
-            &[last, self.since_ms, self.stalls, self.longest_stall_ms],
-        );
+        let fields = [last, self.since_ms, self.stalls, self.longest_stall_ms];
+        put_words(&mut out, &fields);
         out
     }
 
-    /// The watch `to_bytes` wrote (`None`: another form).
-    pub fn from_bytes(bytes: &[u8]) -> Option<Watch> {
+    /// What `to_bytes` wrote (`None`: another form).
+    pub fn from_bytes(bytes: &[u8]) -> Option<Judging> {
         let mut next = words(bytes, 4)?;
-        Some(Watch {
+        Some(Judging {
             last_ms: Some(next()).filter(|v| *v != u64::MAX),
             since_ms: next(),
             stalls: next(),
@@ -350,49 +335,37 @@ impl Watch {
         })
     }
 
-    /// What a health tick at `now_ms` does with the watch record: `None`,
-    /// another health tick judged less than half a tick ago; else it judges,
-    /// silence counted from the `since_ms` of the watch it writes, and with
-    /// the gap when the health role did not run for `late_after_ms` (a stall:
-    /// judged afresh from now on).
-    pub fn next(&self, now_ms: u64, tick_ms: u64) -> Option<(Watch, Option<u64>)> {
-        let last_ms = Some(now_ms);
-        match self.last_ms.map(|last| now_ms.saturating_sub(last)) {
-            Some(gap) if gap < tick_ms / 2 => None,
-            Some(gap) if gap >= late_after_ms(tick_ms) => Some((
-                Watch {
-                    last_ms,
-                    since_ms: now_ms,
-                    stalls: self.stalls.saturating_add(1),
-                    longest_stall_ms: self.longest_stall_ms.max(gap),
-                },
-                Some(gap),
-            )),
-            Some(_) => Some((Watch { last_ms, ..*self }, None)),
-            None => Some((
-                Watch {
-                    last_ms,
-                    since_ms: now_ms,
-                    ..*self
-                },
-                None,
-            )),
+    /// A health tick at `now_ms`: `None` when another one judged less than
+    /// half a tick ago; else it judges, from the `since_ms` of the record it
+    /// writes, with the gap when the health role did not run for
+    /// `late_after_ms` (a stall: judged afresh from now on).
+    pub fn next(&self, now_ms: u64, tick_ms: u64) -> Option<(Judging, Option<u64>)> {
+        let gap = self.last_ms.map(|last| now_ms.saturating_sub(last));
+        if gap.is_some_and(|g| g < tick_ms / 2) {
+            return None;
         }
+        let stall = gap.filter(|g| *g >= late_after_ms(tick_ms));
+        let afresh = gap.is_none() || stall.is_some();
+        let next = Judging {
+            last_ms: Some(now_ms),
+            since_ms: if afresh { now_ms } else { self.since_ms },
+            stalls: self.stalls.saturating_add(u64::from(stall.is_some())),
+            longest_stall_ms: self.longest_stall_ms.max(stall.unwrap_or(0)),
+        };
+        Some((next, stall))
     }
 }
 
 /// Writes `fields` into `out` as little-endian `u64`s, in order: the fixed
-/// forms kept in shared data (the watch, the in-flight summaries), which
-/// cost no parse.
+/// forms kept in shared data, which cost no parse.
 pub fn put_words(out: &mut [u8], fields: &[u64]) {
     for (chunk, v) in out.chunks_exact_mut(8).zip(fields) {
         chunk.copy_from_slice(&v.to_le_bytes());
     }
 }
 
-/// The little-endian `u64`s of a fixed form (`put_words`, the durations'
-/// total, `crate::instruments::sizing::BYTES`), one per call, if `bytes` holds `n` of
-/// them (`None`: another form).
+/// The little-endian `u64`s of a fixed form, one per call, if `bytes` holds
+/// `n` of them (`None`: another form).
 pub fn words(bytes: &[u8], n: usize) -> Option<impl FnMut() -> u64 + '_> {
     let mut fields = bytes
         .chunks_exact(8)
@@ -605,7 +578,7 @@ mod tests {
 
     #[test]
     fn one_health_tick_judges_per_half_tick_and_a_stall_restarts_the_run() {
-        let w = Watch::default();
+        let w = Judging::default();
         let Some((w, None)) = w.next(1_000, 100) else {
             panic!("the first tick judges")
         };
@@ -621,19 +594,19 @@ mod tests {
     }
 
     #[test]
-    fn the_watch_round_trips_its_fixed_form() {
+    fn the_judging_record_round_trips_its_fixed_form() {
         for w in [
-            Watch::default(),
-            Watch {
+            Judging::default(),
+            Judging {
                 last_ms: Some(0),
                 since_ms: 7,
                 stalls: 2,
                 longest_stall_ms: 3_500,
             },
         ] {
-            assert_eq!(Watch::from_bytes(&w.to_bytes()), Some(w));
+            assert_eq!(Judging::from_bytes(&w.to_bytes()), Some(w));
         }
-        assert_eq!(Watch::from_bytes(b"{}"), None);
+        assert_eq!(Judging::from_bytes(b"{}"), None);
     }
 
     #[test]

@@ -30,7 +30,7 @@ use crate::gate::clock::Now;
 use crate::gate::count::ActiveCount;
 use crate::gate::fsm::host::{self as store, Store};
 use crate::gate::fsm::{CloseAfter, Move, Record};
-use crate::gate::liveness::host::Watch;
+use crate::gate::liveness::host::Judge;
 use crate::gate::placeholder::{Action as PlaceholderAction, Placeholders};
 use crate::gate::refusal::NewRequests;
 use crate::gate::rotation::host::Rotator;
@@ -64,7 +64,7 @@ pub struct Health<H: Host = Envoy> {
     pub termination: termination::Watch<H>,
     store: Store<H>,
     waiters: RefCell<Vec<Waiter>>,
-    watch: Watch<H>,
+    watch: Judge<H>,
     /// The last tick could not read (or update) the record: checks fail
     /// closed until a tick succeeds again.
     unreadable: Cell<bool>,
@@ -107,7 +107,7 @@ impl<H: Host + Copy> Health<H> {
         let health = Health {
             rotator: Rotator::new(host, config.rotate_connections.clone(), refusing),
             termination: termination::Watch::new(host, config.termination_watch.clone()),
-            watch: Watch::new(host, config.shared.tick_ms),
+            watch: Judge::new(host, config.shared.tick_ms),
             config,
             active,
             metrics,
