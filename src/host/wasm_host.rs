@@ -86,16 +86,6 @@ pub fn one_instant<R>(f: impl FnOnce() -> R) -> R {
     r
 }
 
-/// Milliseconds since the Unix epoch from the host's wall clock (0 if it
-/// fails, which only delays timed transitions).
-fn wall_ms() -> u64 {
-    hostcalls::get_current_time()
-        .ok()
-        .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
-        .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
-        .unwrap_or(0)
-}
-
 #[cfg(target_arch = "wasm32")]
 #[link(wasm_import_module = "wasi_snapshot_preview1")]
 extern "C" {
@@ -152,17 +142,13 @@ fn get_property(path: &[u8]) -> Option<Vec<u8>> {
     Some(unsafe { Vec::from_raw_parts(data, size, size) })
 }
 
-/// Off wasm (host-side builds): the SDK's call (never made: tests use
-/// `sim`).
+/// Off wasm (host-side builds, whose tests use `sim`) there is no Envoy:
+/// no property, no clock.
 #[cfg(not(target_arch = "wasm32"))]
-fn get_property(path: &[u8]) -> Option<Vec<u8>> {
-    let path = std::str::from_utf8(path).ok()?;
-    hostcalls::get_property(path.split('\0').collect())
-        .ok()
-        .flatten()
+fn get_property(_: &[u8]) -> Option<Vec<u8>> {
+    None
 }
 
-/// Off wasm (host-side builds) there is no Envoy clock.
 #[cfg(not(target_arch = "wasm32"))]
 fn mono_ms() -> Option<u64> {
     None
@@ -198,8 +184,14 @@ impl Host for Envoy {
         if let Some(Some(now)) = held {
             return now;
         }
+        // Milliseconds since the Unix epoch from the host's wall clock (0 if
+        // it fails, which only delays timed transitions).
+        let wall_ms = hostcalls::get_current_time()
+            .ok()
+            .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
+            .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
         let now = Now {
-            wall_ms: wall_ms(),
+            wall_ms,
             mono_ms: mono_ms(),
         };
         if held.is_some() {
@@ -225,10 +217,8 @@ impl Host for Envoy {
     }
 
     fn http_call_has_header(&self, name: &str) -> bool {
-        matches!(
-            hostcalls::get_map_value_bytes(MapType::HttpCallResponseHeaders, name),
-            Ok(Some(_))
-        )
+        hostcalls::get_map_value_bytes(MapType::HttpCallResponseHeaders, name)
+            .is_ok_and(|v| v.is_some())
     }
 
     fn property(&self, path: &str) -> Option<Vec<u8>> {
@@ -251,10 +241,8 @@ impl Host for Envoy {
     /// Taken as bytes: the SDK's string form aborts the VM on a value that is
     /// not UTF-8.
     fn request_header(&self, name: &str) -> Option<String> {
-        match hostcalls::get_map_value_bytes(MapType::HttpRequestHeaders, name) {
-            Ok(Some(v)) => String::from_utf8(v).ok(),
-            _ => None,
-        }
+        let v = hostcalls::get_map_value_bytes(MapType::HttpRequestHeaders, name);
+        String::from_utf8(v.ok()??).ok()
     }
 
     fn set_response_header(&self, name: &str, value: &str) -> Result<(), Status> {
