@@ -86,6 +86,11 @@ pub struct Health<H: Host = Envoy> {
     lb_gauges_at: Cell<Option<u64>>,
 }
 
+/// Logs why the state could not be read.
+fn state_unavailable(error: impl std::fmt::Display) {
+    logs::error!("event=state_unavailable role=health error=\"{error}\"");
+}
+
 /// Sends `reply` on the stream `context_id` (`None`: the current one).
 fn send<H: Host>(host: &H, context_id: Option<u32>, reply: &Reply) {
     let headers: Vec<(&str, &str)> = reply
@@ -166,14 +171,18 @@ impl<H: Host> Health<H> {
     ) -> Result<Record, store::TransitionError> {
         self.store
             .advance(choose, self.active.read().active, &self.metrics)?;
-        self.store
-            .apply_due(
-                self.active.read().for_decisions(),
-                self.lb_down_ms(),
-                &self.metrics,
-            )
+        self.apply_due()
             .map(std::rc::Rc::unwrap_or_clone)
             .map_err(store::TransitionError::Shared)
+    }
+
+    /// Applies whatever became due (`Store::apply_due`) with the count now.
+    pub(super) fn apply_due(
+        &self,
+    ) -> Result<std::rc::Rc<Record>, crate::host::shared::SharedError> {
+        let active = self.active.read().for_decisions();
+        self.store
+            .apply_due(active, self.lb_down_ms(), &self.metrics)
     }
 
     pub(super) fn forget(&self, context_id: u32) {

@@ -1,7 +1,7 @@
 //! The request handler: routes each request of the health listener, answers
 //! checks and commands, holds `wait=closed` answers; and the HTTP stream.
 
-use super::{send, Health, Waiter};
+use super::{send, state_unavailable, Health, Waiter};
 use proxy_wasm::traits::{Context, HttpContext};
 use proxy_wasm::types::Action;
 use std::fmt::Display;
@@ -17,8 +17,8 @@ use crate::host::wasm_host::{Envoy, Host};
 use crate::net::Shown;
 
 /// Logs why the state could not be read; the answer is the core's.
-fn unavailable(error: &dyn Display) -> Reply {
-    logs::error!("event=state_unavailable role=health error=\"{error}\"");
+fn unavailable(error: impl Display) -> Reply {
+    state_unavailable(error);
     api::unavailable()
 }
 
@@ -27,9 +27,7 @@ impl<H: Host> Health<H> {
     /// `lb_checkers`). The 404 that completes what a gated soft drain waits
     /// for flips it at once if nothing is in flight.
     fn lb_observed(&self, state: State, served: u16, source: Option<IpAddr>) {
-        let Some(ip) = source else {
-            return;
-        };
+        let Some(ip) = source else { return };
         if !self.config.is_checker(ip) {
             self.ignored_check(ip, served);
             return;
@@ -41,12 +39,8 @@ impl<H: Host> Health<H> {
             logs::warning!("event=lb_record_unavailable error=\"{e}\"");
         }
         if state == State::Draining && served == 404 {
-            let active = self.active.read().for_decisions();
-            if let Err(e) = self
-                .store
-                .apply_due(active, self.lb_down_ms(), &self.metrics)
-            {
-                logs::error!("event=state_unavailable role=health error=\"{e}\"");
+            if let Err(e) = self.apply_due() {
+                state_unavailable(e);
             }
         }
     }
@@ -87,7 +81,7 @@ impl<H: Host> Health<H> {
                 Some(match self.command(cmd) {
                     Ok(next) => self.status_reply(&next),
                     Err(store::TransitionError::Illegal(e)) => api::illegal(e),
-                    Err(store::TransitionError::Shared(e)) => unavailable(&e),
+                    Err(store::TransitionError::Shared(e)) => unavailable(e),
                 })
             }),
             Endpoint::DrainAndWait { timeout_ms } => {
@@ -101,7 +95,7 @@ impl<H: Host> Health<H> {
     fn loaded(&self, then: impl FnOnce(Record) -> Option<Reply>) -> Option<Reply> {
         match self.store.load() {
             Ok(rec) => then(rec),
-            Err(e) => Some(unavailable(&e)),
+            Err(e) => Some(unavailable(e)),
         }
     }
 
@@ -115,7 +109,7 @@ impl<H: Host> Health<H> {
         let state = gauge.or_else(|| {
             self.store
                 .load()
-                .map_err(|e| logs::error!("event=state_unavailable role=health error=\"{e}\""))
+                .map_err(state_unavailable)
                 .ok()
                 .map(|rec| rec.state)
         });
@@ -151,7 +145,7 @@ impl<H: Host> Health<H> {
         };
         let rec = match joined {
             Ok(r) => r,
-            Err(e) => return Some(unavailable(&e)),
+            Err(e) => return Some(unavailable(e)),
         };
         if let Some(end) = api::wait_end(rec.state, false, self.lingering(&rec, self.host().now()))
         {
@@ -178,11 +172,6 @@ impl<H: Host> HealthStream<H> {
     }
 }
 
-/// The downstream peer address (`source.address` is "ip:port").
-fn source_ip<H: Host>(host: &H) -> Option<IpAddr> {
-    crate::net::peer_ip(&host.property("source\0address")?)
-}
-
 impl<H: Host> Context for HealthStream<H> {}
 
 impl<H: Host> HttpContext for HealthStream<H> {
@@ -197,7 +186,10 @@ impl<H: Host> HttpContext for HealthStream<H> {
             path: &path,
             if_none_match: if_none_match.as_deref(),
             authorization: authorization.as_deref(),
-            source: source_ip(host),
+            // The downstream peer address (`source.address` is "ip:port").
+            source: host
+                .property("source\0address")
+                .and_then(|a| crate::net::peer_ip(&a)),
         };
         if let Some(reply) = self.health.handle(&req, self.context_id) {
             send(host, None, &reply);

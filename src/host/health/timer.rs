@@ -1,7 +1,7 @@
 //! What each tick of a health root does: the clock-step watch, automatic
 //! transitions, the placeholders, and the release of held answers.
 
-use super::{send, Health, Waiter};
+use super::{send, state_unavailable, Health, Waiter};
 
 use crate::api::{self};
 use crate::gate::clock::{self, Now};
@@ -28,12 +28,8 @@ impl<H: Host> Health<H> {
             .store
             .apply_due(reading.for_decisions(), self.lb_down_ms(), &self.metrics);
         self.unreadable.set(due.is_err());
-        let rec = match due {
-            Ok(r) => r,
-            Err(e) => {
-                logs::error!("event=state_unavailable role=health error=\"{e}\"");
-                return;
-            }
+        let Ok(rec) = due.map_err(state_unavailable) else {
+            return;
         };
         self.metrics.sync_state(rec.state);
         self.judge_placeholders(&rec);
@@ -45,12 +41,9 @@ impl<H: Host> Health<H> {
         // not recorded yet (`keep_receipt`).
         let view = self.receipt_view(&rec);
         let flip = view.is_some_and(|(flip, _)| flip);
-        let oldest = if judged || flip {
-            let ids = self.watch.ids();
-            in_flight::read(self.host(), now.timer_ms(), ids).oldest_age_ms
-        } else {
-            None
-        };
+        let oldest = (judged || flip)
+            .then(|| in_flight::read(self.host(), now.timer_ms(), self.watch.ids()).oldest_age_ms)
+            .flatten();
         if judged {
             self.metrics.set_count_unreliable(!reading.reliable);
             self.metrics.set_oldest_in_flight(oldest);
@@ -146,7 +139,7 @@ impl<H: Host> Health<H> {
             ),
             // Another worker started it first.
             Err(store::TransitionError::Illegal(_)) => {}
-            Err(store::TransitionError::Shared(e)) => logs::error!("event=state_unavailable role=health error=\"{e}\""),
+            Err(store::TransitionError::Shared(e)) => state_unavailable(e),
         }
     }
 
@@ -166,20 +159,18 @@ impl<H: Host> Health<H> {
             return;
         }
         let lingering = self.lingering(rec, now);
+        let end = |w: &Waiter| api::wait_end(rec.state, w.timed_out(now), lingering);
         let (over, held): (Vec<Waiter>, Vec<Waiter>) = self
             .waiters
-            .borrow()
-            .iter()
-            .partition(|w| api::wait_end(rec.state, w.timed_out(now), lingering).is_some());
+            .take()
+            .into_iter()
+            .partition(|w| end(w).is_some());
         if !held.is_empty() {
             self.renew_hold();
         }
         *self.waiters.borrow_mut() = held;
-        for w in over {
-            if let Some(end) = api::wait_end(rec.state, w.timed_out(now), lingering) {
-                let reply = self.wait_reply(end, rec);
-                send(self.host(), Some(w.context_id), &reply);
-            }
+        for (w, end) in over.iter().filter_map(|w| Some((w, end(w)?))) {
+            send(self.host(), Some(w.context_id), &self.wait_reply(end, rec));
         }
     }
 
