@@ -121,34 +121,8 @@ extern "C" {
     ) -> u32;
 }
 
-/// A property by its path, its parts joined by NUL (`None`: absent, or the
-/// host refused).
-/// The status is read as a number: one the SDK does not know cannot abort
-/// the VM.
-#[cfg(target_arch = "wasm32")]
-fn get_property(path: &[u8]) -> Option<Vec<u8>> {
-    const OK: u32 = 0;
-    let mut data: *mut u8 = std::ptr::null_mut();
-    let mut size: usize = 0;
-    // SAFETY: the host reads `path` and writes a pointer and a size to two
-    // live locals of those types.
-    let status = unsafe { proxy_get_property(path.as_ptr(), path.len(), &mut data, &mut size) };
-    if status != OK || data.is_null() {
-        return None;
-    }
-    // SAFETY: `data` is a `size`-byte allocation the host made through
-    // `proxy_on_memory_allocate` (a boxed `[u8]` of that length), handed
-    // over to this module: owned by the Vec from here on.
-    Some(unsafe { Vec::from_raw_parts(data, size, size) })
-}
-
 /// Off wasm (host-side builds, whose tests use `sim`) there is no Envoy:
-/// no property, no clock.
-#[cfg(not(target_arch = "wasm32"))]
-fn get_property(_: &[u8]) -> Option<Vec<u8>> {
-    None
-}
-
+/// no clock, no property.
 #[cfg(not(target_arch = "wasm32"))]
 fn mono_ms() -> Option<u64> {
     None
@@ -210,10 +184,8 @@ impl Host for Envoy {
     }
 
     fn http_call_status(&self) -> Option<u16> {
-        hostcalls::get_map_value(MapType::HttpCallResponseHeaders, ":status")
-            .ok()
-            .flatten()
-            .and_then(|s| s.parse::<u16>().ok())
+        let status = hostcalls::get_map_value(MapType::HttpCallResponseHeaders, ":status");
+        status.ok()??.parse().ok()
     }
 
     fn http_call_has_header(&self, name: &str) -> bool {
@@ -221,8 +193,30 @@ impl Host for Envoy {
             .is_ok_and(|v| v.is_some())
     }
 
+    /// A property by its path, its parts joined by NUL (`None`: absent, or the
+    /// host refused).
+    /// The status is read as a number: one the SDK does not know cannot abort
+    /// the VM.
+    #[cfg(target_arch = "wasm32")]
     fn property(&self, path: &str) -> Option<Vec<u8>> {
-        get_property(path.as_bytes())
+        const OK: u32 = 0;
+        let mut data: *mut u8 = std::ptr::null_mut();
+        let mut size: usize = 0;
+        // SAFETY: the host reads `path` and writes a pointer and a size to two
+        // live locals of those types.
+        let status = unsafe { proxy_get_property(path.as_ptr(), path.len(), &mut data, &mut size) };
+        if status != OK || data.is_null() {
+            return None;
+        }
+        // SAFETY: `data` is a `size`-byte allocation the host made through
+        // `proxy_on_memory_allocate` (a boxed `[u8]` of that length), handed
+        // over to this module: owned by the Vec from here on.
+        Some(unsafe { Vec::from_raw_parts(data, size, size) })
+    }
+
+    #[cfg(not(target_arch = "wasm32"))]
+    fn property(&self, _: &str) -> Option<Vec<u8>> {
+        None
     }
 
     fn respond(
