@@ -159,18 +159,20 @@ impl<H: Host> Health<H> {
             return;
         }
         let lingering = self.lingering(rec, now);
-        let end = |w: &Waiter| api::wait_end(rec.state, w.timed_out(now), lingering);
         let (over, held): (Vec<Waiter>, Vec<Waiter>) = self
             .waiters
-            .take()
-            .into_iter()
-            .partition(|w| end(w).is_some());
+            .borrow()
+            .iter()
+            .partition(|w| api::wait_end(rec.state, w.timed_out(now), lingering).is_some());
         if !held.is_empty() {
             self.renew_hold();
         }
         *self.waiters.borrow_mut() = held;
-        for (w, end) in over.iter().filter_map(|w| Some((w, end(w)?))) {
-            send(self.host(), Some(w.context_id), &self.wait_reply(end, rec));
+        for w in over {
+            if let Some(end) = api::wait_end(rec.state, w.timed_out(now), lingering) {
+                let reply = self.wait_reply(end, rec);
+                send(self.host(), Some(w.context_id), &reply);
+            }
         }
     }
 
