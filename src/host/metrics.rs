@@ -127,12 +127,10 @@ record! {
 }
 
 fn live_gauges<H: Host>(host: &H, [state, active, conns]: [Option<u32>; 3]) -> Live {
-    let seen = host
-        .get(keys::GAUGES)
-        .ok()
-        .and_then(|(b, _)| shared::parse(keys::GAUGES, &b?).ok());
-    if let Some(live) = seen {
-        return live;
+    if let Ok(Some(b)) = host.get(keys::GAUGES).map(|(b, _)| b) {
+        if let Ok(live) = shared::parse(keys::GAUGES, &b) {
+            return live;
+        }
     }
     let live = Live {
         state: gauge_is_live(host, state),
