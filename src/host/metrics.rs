@@ -11,9 +11,10 @@ use crate::instruments::receipt::{End, Tally};
 use crate::json::record;
 use crate::metric_names::{self as names, histogram_counter, Kind, HISTOGRAM_COUNTERS as COUNTERS};
 
-/// `Named`: one id per metric of the table, each defined by its name.
+/// `Named`: one id per metric of the table, each defined by its name; a
+/// counter with a method name is bumped by that method of `Metrics`.
 macro_rules! named {
-    ($($field:ident: $name:ident,)*) => {
+    ($($field:ident: $name:ident $(=> $bump:ident)?,)*) => {
         #[derive(Clone, Copy, Debug, Default)]
         struct Named {
             $($field: Option<u32>,)*
@@ -24,6 +25,12 @@ macro_rules! named {
                 Named { $($field: define(host, names::$name),)* }
             }
         }
+
+        impl<H: Host> Metrics<H> {
+            $($(pub fn $bump(&self) {
+                self.bump(self.ids.$field);
+            })?)*
+        }
     };
 }
 
@@ -32,18 +39,19 @@ named! {
     forced: FORCED_CLOSES,
     count_unreliable: COUNT_UNRELIABLE,
     oldest_in_flight: OLDEST_IN_FLIGHT,
-    count_errors: COUNT_ERRORS,
-    traffic_roles_lost: TRAFFIC_ROLES_LOST,
-    clock_steps: CLOCK_STEPS,
-    lb_checks_ignored: LB_CHECKS_IGNORED,
+    count_errors: COUNT_ERRORS => count_error,
+    traffic_roles_lost: TRAFFIC_ROLES_LOST => traffic_role_lost,
+    clock_steps: CLOCK_STEPS => clock_step,
+    lb_checks_ignored: LB_CHECKS_IGNORED => lb_check_ignored,
     cut: CUT,
     cut_lb: CUT_LB,
     cut_tcp: CUT_TCP,
     completed: DRAIN_COMPLETED,
     ended_upstream: DRAIN_ENDED_UPSTREAM,
     refused: REFUSED,
-    drains_cut_short: DRAINS_CUT_SHORT,
-    termination_watch_unavailable: TERMINATION_WATCH_UNAVAILABLE,
+    drains_cut_short: DRAINS_CUT_SHORT => drain_cut_short,
+    // Bumped when the termination watch cannot see the SIGTERM (once per watch).
+    termination_watch_unavailable: TERMINATION_WATCH_UNAVAILABLE => termination_watch_unavailable,
     drain_timeout: DRAIN_TIMEOUT,
     drain_duration: DRAIN_DURATION,
     lb_check_interval: LB_CHECK_INTERVAL,
@@ -237,18 +245,6 @@ impl<H: Host> Metrics<H> {
         self.record(self.ids.oldest_in_flight, age_ms.unwrap_or(0) / 1000);
     }
 
-    pub fn count_error(&self) {
-        self.bump(self.ids.count_errors);
-    }
-
-    pub fn traffic_role_lost(&self) {
-        self.bump(self.ids.traffic_roles_lost);
-    }
-
-    pub fn clock_step(&self) {
-        self.bump(self.ids.clock_steps);
-    }
-
     /// The configured `drain_timeout`, in whole seconds.
     pub fn set_drain_timeout(&self, ms: u64) {
         self.record(self.ids.drain_timeout, ms / 1000);
@@ -259,23 +255,10 @@ impl<H: Host> Metrics<H> {
         self.record(self.ids.drain_duration, ms);
     }
 
-    pub fn drain_cut_short(&self) {
-        self.bump(self.ids.drains_cut_short);
-    }
-
-    /// The termination watch cannot see the SIGTERM (said once per watch).
-    pub fn termination_watch_unavailable(&self) {
-        self.bump(self.ids.termination_watch_unavailable);
-    }
-
     /// The LB's detection as measured now (`None`: nothing measured, both 0).
     pub fn set_lb_detection(&self, d: Option<&crate::gate::lb::Detection>) {
         self.record(self.ids.lb_check_interval, d.map_or(0, |d| d.interval_ms));
         self.record(self.ids.lb_buffer_short, d.map_or(0, |d| d.short_ms));
-    }
-
-    pub fn lb_check_ignored(&self) {
-        self.bump(self.ids.lb_checks_ignored);
     }
 
     /// The ignored-checks counter over every VM (0 when it cannot be read).

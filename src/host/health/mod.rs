@@ -151,11 +151,8 @@ impl<H: Host> Health<H> {
 
     /// What CLOSING waits for the LB before CLOSED, as configured.
     pub(super) fn lb_wait(&self) -> crate::gate::lb::Wait {
-        crate::gate::lb::Wait::of(
-            self.config.close_after,
-            self.config.lb_buffer_ms,
-            self.config.lb_down_timeout_ms,
-        )
+        let c = &self.config;
+        crate::gate::lb::Wait::of(c.close_after, c.lb_buffer_ms, c.lb_down_timeout_ms)
     }
 
     /// Moves the FSM for an admin command, then applies whatever became due
