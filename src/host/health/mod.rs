@@ -23,6 +23,7 @@ mod timer;
 pub use requests::HealthStream;
 
 use std::cell::{Cell, RefCell};
+use std::rc::Rc;
 
 use crate::api::{self, Reply};
 use crate::config;
@@ -36,7 +37,7 @@ use crate::gate::refusal::NewRequests;
 use crate::gate::rotation::host::Rotator;
 use crate::host::logs;
 use crate::host::metrics::Metrics;
-use crate::host::shared::Seen;
+use crate::host::shared::{Seen, SharedError};
 use crate::host::wasm_host::{Envoy, Host};
 use crate::instruments::termination::host as termination;
 
@@ -169,14 +170,12 @@ impl<H: Host> Health<H> {
         self.store
             .advance(choose, self.active.read().active, &self.metrics)?;
         self.apply_due()
-            .map(std::rc::Rc::unwrap_or_clone)
+            .map(Rc::unwrap_or_clone)
             .map_err(store::TransitionError::Shared)
     }
 
     /// Applies whatever became due (`Store::apply_due`) with the count now.
-    pub(super) fn apply_due(
-        &self,
-    ) -> Result<std::rc::Rc<Record>, crate::host::shared::SharedError> {
+    pub(super) fn apply_due(&self) -> Result<Rc<Record>, SharedError> {
         let active = self.active.read().for_decisions();
         self.store
             .apply_due(active, self.lb_down_ms(), &self.metrics)

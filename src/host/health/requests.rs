@@ -32,10 +32,10 @@ impl<H: Host> Health<H> {
             self.ignored_check(ip, served);
             return;
         }
-        if let Err(e) = self
+        let observed = self
             .store
-            .lb_observe(&Shown(ip).to_string(), served, self.config.lb_fall)
-        {
+            .lb_observe(&Shown(ip).to_string(), served, self.config.lb_fall);
+        if let Err(e) = observed {
             logs::warning!("event=lb_record_unavailable error=\"{e}\"");
         }
         if state == State::Draining && served == 404 {
@@ -70,21 +70,18 @@ impl<H: Host> Health<H> {
 
     /// The answer to one request, or `None` when it is held.
     pub(super) fn handle(&self, req: &api::Request, context_id: u32) -> Option<Reply> {
-        let endpoint = match api::route(req, &self.config) {
-            Ok(e) => e,
-            Err(reply) => return Some(reply),
-        };
-        match endpoint {
-            Endpoint::Check(audience) => Some(self.check(audience, req)),
-            Endpoint::Status => self.loaded(|rec| Some(self.status_reply(&rec))),
-            Endpoint::Transition(cmd) => self.loaded(|_| {
+        match api::route(req, &self.config) {
+            Err(reply) => Some(reply),
+            Ok(Endpoint::Check(audience)) => Some(self.check(audience, req)),
+            Ok(Endpoint::Status) => self.loaded(|rec| Some(self.status_reply(&rec))),
+            Ok(Endpoint::Transition(cmd)) => self.loaded(|_| {
                 Some(match self.command(cmd) {
                     Ok(next) => self.status_reply(&next),
                     Err(store::TransitionError::Illegal(e)) => api::illegal(e),
                     Err(store::TransitionError::Shared(e)) => unavailable(e),
                 })
             }),
-            Endpoint::DrainAndWait { timeout_ms } => {
+            Ok(Endpoint::DrainAndWait { timeout_ms }) => {
                 self.loaded(|rec| self.drain_and_wait(rec, timeout_ms, context_id))
             }
         }
@@ -134,13 +131,11 @@ impl<H: Host> Health<H> {
         if rec.state == State::Fault {
             return Some(self.wait_reply(api::WaitEnd::InFault, &rec));
         }
-        let joined = match rec.state {
-            State::Open => match self.command(api::Command::Drain) {
-                Ok(next) => Ok(next),
-                // Someone else started it first: join.
-                Err(store::TransitionError::Illegal(_)) => self.store.update(&fsm::resume),
-                Err(store::TransitionError::Shared(e)) => Err(e),
-            },
+        let started = (rec.state == State::Open).then(|| self.command(api::Command::Drain));
+        let joined = match started {
+            Some(Ok(next)) => Ok(next),
+            Some(Err(store::TransitionError::Shared(e))) => Err(e),
+            // Not OPEN, or someone else started it first: join.
             _ => self.store.update(&fsm::resume),
         };
         let rec = match joined {

@@ -54,20 +54,15 @@ impl<H: Host> Health<H> {
         }
         self.release_waiters(&rec, now);
         let held = !self.waiters.borrow().is_empty();
-        self.termination.tick(
-            held && matches!(rec.state, State::Draining | State::Closing),
-            &self.metrics,
-        );
+        let holding = held && matches!(rec.state, State::Draining | State::Closing);
+        self.termination.tick(holding, &self.metrics);
     }
 
     /// Sets the gauges of the LB's measured check interval and of what
     /// `lb_buffer` lacks (`crate::gate::lb::Checkers::detection`), once a second.
     fn lb_gauges(&self, now: u64) {
-        if self
-            .lb_gauges_at
-            .get()
-            .is_some_and(|at| now.saturating_sub(at) < LB_GAUGES_MS)
-        {
+        let at = self.lb_gauges_at.get();
+        if at.is_some_and(|at| now.saturating_sub(at) < LB_GAUGES_MS) {
             return;
         }
         self.lb_gauges_at.set(Some(now));
