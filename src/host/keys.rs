@@ -2,65 +2,56 @@
 //! `vm_id` and process-wide: every role of one Envoy reads and writes these.
 //! A `.v1` suffix names the value's format; a new format takes a new key.
 
-/// The FSM record (`crate::gate::fsm::Record`, JSON), written by compare-and-swap.
-pub const FSM: &str = "drain_gate.fsm.v1";
-/// What every LB checker has been answered (`crate::gate::lb::Checkers`, JSON;
-/// times on the timer clock).
-pub const LB: &str = "drain_gate.lb.v2";
-/// The clock-step record (`crate::gate::clock::Steps`, JSON).
-pub const CLOCK: &str = "drain_gate.clock.v1";
-/// The connection rotation of the last drain (`crate::gate::rotation::Record`, JSON).
-pub const ROTATION: &str = "drain_gate.rotation.v1";
-/// HTTP streams in flight when the gauge is not live (u64, little-endian).
-pub const ACTIVE_STREAMS: &str = "drain_gate.active.v1";
-/// TCP connections in flight when the gauge is not live (u64, little-endian).
-pub const ACTIVE_CONNECTIONS: &str = "drain_gate.active_connections.v1";
-/// Streams in flight that could not be counted (u64): the count is
-/// unreliable while it is above 0.
-pub const UNCOUNTED: &str = "drain_gate.uncounted.v1";
-/// The liveness verdict (the registry generation it was judged at, u64, then
-/// a `crate::gate::liveness::Unreliable` name; no name: trusted), written by the health
-/// role's judge.
-pub const VERDICT: &str = "drain_gate.verdict.v1";
-/// Who judges the registry, and since when (`crate::gate::liveness::Judging`, its
-/// fixed little-endian form).
-pub const WATCH: &str = "drain_gate.watch.v2";
-/// Which of drain-gate's gauges are live (JSON), probed once per process.
-pub const GAUGES: &str = "drain_gate.gauges.v1";
-/// Set by every traffic root at configure time: a traffic role counts in this vm_id.
-pub const TRAFFIC_PRESENT: &str = "drain_gate.traffic_present.v1";
-/// The traffic roots registered for liveness (`crate::gate::liveness::Registry`, JSON).
-pub const REGISTRY: &str = "drain_gate.traffic.v2";
-/// The placeholders running (`crate::gate::placeholder::Placeholders`, JSON).
-pub const PLACEHOLDERS: &str = "drain_gate.placeholders.v1";
+/// Declares each fixed key once, and [`FIXED`], every one of them.
+macro_rules! fixed {
+    ($($(#[$doc:meta])* $name:ident = $key:literal,)*) => {
+        $($(#[$doc])* pub const $name: &str = $key;)*
 
-/// The stream durations of every traffic root since the process started
-/// (the fixed little-endian form `crate::instruments::sizing::Durations::from_bytes`
-/// reads), added to once a tick.
-pub const DURATIONS: &str = "drain_gate.durations.v1";
+        /// Every key above: one each per process.
+        pub const FIXED: [&str; [$($name),*].len()] = [$($name),*];
+    };
+}
 
-/// The receipt's record (`crate::instruments::receipt::Record`, JSON): the latest drain's
-/// base and flip, and the line of a drain that ended until it is logged.
-pub const RECEIPT: &str = "drain_gate.receipt.v1";
-
-/// Every key above: one each per process.
-pub const FIXED: [&str; 15] = [
-    FSM,
-    LB,
-    CLOCK,
-    ROTATION,
-    ACTIVE_STREAMS,
-    ACTIVE_CONNECTIONS,
-    UNCOUNTED,
-    VERDICT,
-    WATCH,
-    GAUGES,
-    TRAFFIC_PRESENT,
-    REGISTRY,
-    PLACEHOLDERS,
-    DURATIONS,
-    RECEIPT,
-];
+fixed! {
+    /// The FSM record (`crate::gate::fsm::Record`, JSON), written by compare-and-swap.
+    FSM = "drain_gate.fsm.v1",
+    /// What every LB checker has been answered (`crate::gate::lb::Checkers`, JSON;
+    /// times on the timer clock).
+    LB = "drain_gate.lb.v2",
+    /// The clock-step record (`crate::gate::clock::Steps`, JSON).
+    CLOCK = "drain_gate.clock.v1",
+    /// The connection rotation of the last drain (`crate::gate::rotation::Record`, JSON).
+    ROTATION = "drain_gate.rotation.v1",
+    /// HTTP streams in flight when the gauge is not live (u64, little-endian).
+    ACTIVE_STREAMS = "drain_gate.active.v1",
+    /// TCP connections in flight when the gauge is not live (u64, little-endian).
+    ACTIVE_CONNECTIONS = "drain_gate.active_connections.v1",
+    /// Streams in flight that could not be counted (u64): the count is
+    /// unreliable while it is above 0.
+    UNCOUNTED = "drain_gate.uncounted.v1",
+    /// The liveness verdict (the registry generation it was judged at, u64, then
+    /// a `crate::gate::liveness::Unreliable` name; no name: trusted), written by the health
+    /// role's judge.
+    VERDICT = "drain_gate.verdict.v1",
+    /// Who judges the registry, and since when (`crate::gate::liveness::Judging`, its
+    /// fixed little-endian form).
+    WATCH = "drain_gate.watch.v2",
+    /// Which of drain-gate's gauges are live (JSON), probed once per process.
+    GAUGES = "drain_gate.gauges.v1",
+    /// Set by every traffic root at configure time: a traffic role counts in this vm_id.
+    TRAFFIC_PRESENT = "drain_gate.traffic_present.v1",
+    /// The traffic roots registered for liveness (`crate::gate::liveness::Registry`, JSON).
+    REGISTRY = "drain_gate.traffic.v2",
+    /// The placeholders running (`crate::gate::placeholder::Placeholders`, JSON).
+    PLACEHOLDERS = "drain_gate.placeholders.v1",
+    /// The stream durations of every traffic root since the process started
+    /// (the fixed little-endian form `crate::instruments::sizing::Durations::from_bytes`
+    /// reads), added to once a tick.
+    DURATIONS = "drain_gate.durations.v1",
+    /// The receipt's record (`crate::instruments::receipt::Record`, JSON): the latest drain's
+    /// base and flip, and the line of a drain that ended until it is logged.
+    RECEIPT = "drain_gate.receipt.v1",
+}
 
 /// How many keys drain-gate has created in this process: the fixed ones and,
 /// per registry id ever handed out (`ids_high`), a beat and an in-flight key.
@@ -80,21 +71,17 @@ const BEAT: &str = "drain_gate.beat.v1";
 /// `prefix.id`, the id in decimal: built by every tick, without the
 /// formatting machinery (`format!` costs several times more).
 fn keyed(prefix: &str, id: u64) -> String {
-    let mut digits = [0u8; 20];
-    let mut n = id;
-    let mut len = 0;
-    for d in digits.iter_mut() {
-        *d = b'0' + (n % 10) as u8;
-        n /= 10;
-        len += 1;
-        if n == 0 {
-            break;
+    /// Appends `n` in decimal.
+    fn push_decimal(key: &mut String, n: u64) {
+        if n >= 10 {
+            push_decimal(key, n / 10);
         }
+        key.push(char::from(b'0' + (n % 10) as u8));
     }
-    let mut key = String::with_capacity(prefix.len() + 1 + len);
+    let mut key = String::with_capacity(prefix.len() + 21);
     key.push_str(prefix);
     key.push('.');
-    key.extend(digits.iter().take(len).rev().map(|d| char::from(*d)));
+    push_decimal(&mut key, id);
     key
 }
 

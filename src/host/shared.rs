@@ -134,10 +134,8 @@ impl<T: FromJson> Seen<T> {
         host: &H,
         key: &'static str,
     ) -> Result<Option<Rc<T>>, SharedError> {
-        match host.get(key).map_err(SharedError::Read)? {
-            (Some(b), cas) => self.value(key, &b, cas).map(Some),
-            (None, _) => Ok(None),
-        }
+        let (bytes, cas) = host.get(key).map_err(SharedError::Read)?;
+        bytes.map(|b| self.value(key, &b, cas)).transpose()
     }
 }
 

@@ -86,16 +86,6 @@ pub fn one_instant<R>(f: impl FnOnce() -> R) -> R {
     r
 }
 
-/// Milliseconds since the Unix epoch from the host's wall clock (0 if it
-/// fails, which only delays timed transitions).
-fn wall_ms() -> u64 {
-    hostcalls::get_current_time()
-        .ok()
-        .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
-        .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
-        .unwrap_or(0)
-}
-
 #[cfg(target_arch = "wasm32")]
 #[link(wasm_import_module = "wasi_snapshot_preview1")]
 extern "C" {
@@ -131,38 +121,8 @@ extern "C" {
     ) -> u32;
 }
 
-/// A property by its path, its parts joined by NUL (`None`: absent, or the
-/// host refused).
-/// The status is read as a number: one the SDK does not know cannot abort
-/// the VM.
-#[cfg(target_arch = "wasm32")]
-fn get_property(path: &[u8]) -> Option<Vec<u8>> {
-    const OK: u32 = 0;
-    let mut data: *mut u8 = std::ptr::null_mut();
-    let mut size: usize = 0;
-    // SAFETY: the host reads `path` and writes a pointer and a size to two
-    // live locals of those types.
-    let status = unsafe { proxy_get_property(path.as_ptr(), path.len(), &mut data, &mut size) };
-    if status != OK || data.is_null() {
-        return None;
-    }
-    // SAFETY: `data` is a `size`-byte allocation the host made through
-    // `proxy_on_memory_allocate` (a boxed `[u8]` of that length), handed
-    // over to this module: owned by the Vec from here on.
-    Some(unsafe { Vec::from_raw_parts(data, size, size) })
-}
-
-/// Off wasm (host-side builds): the SDK's call (never made: tests use
-/// `sim`).
-#[cfg(not(target_arch = "wasm32"))]
-fn get_property(path: &[u8]) -> Option<Vec<u8>> {
-    let path = std::str::from_utf8(path).ok()?;
-    hostcalls::get_property(path.split('\0').collect())
-        .ok()
-        .flatten()
-}
-
-/// Off wasm (host-side builds) there is no Envoy clock.
+/// Off wasm (host-side builds, whose tests use `sim`) there is no Envoy:
+/// no clock, no property.
 #[cfg(not(target_arch = "wasm32"))]
 fn mono_ms() -> Option<u64> {
     None
@@ -198,8 +158,14 @@ impl Host for Envoy {
         if let Some(Some(now)) = held {
             return now;
         }
+        // Milliseconds since the Unix epoch from the host's wall clock (0 if
+        // it fails, which only delays timed transitions).
+        let wall_ms = hostcalls::get_current_time()
+            .ok()
+            .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
+            .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
         let now = Now {
-            wall_ms: wall_ms(),
+            wall_ms,
             mono_ms: mono_ms(),
         };
         if held.is_some() {
@@ -218,21 +184,39 @@ impl Host for Envoy {
     }
 
     fn http_call_status(&self) -> Option<u16> {
-        hostcalls::get_map_value(MapType::HttpCallResponseHeaders, ":status")
-            .ok()
-            .flatten()
-            .and_then(|s| s.parse::<u16>().ok())
+        let status = hostcalls::get_map_value(MapType::HttpCallResponseHeaders, ":status");
+        status.ok()??.parse().ok()
     }
 
     fn http_call_has_header(&self, name: &str) -> bool {
-        matches!(
-            hostcalls::get_map_value_bytes(MapType::HttpCallResponseHeaders, name),
-            Ok(Some(_))
-        )
+        hostcalls::get_map_value_bytes(MapType::HttpCallResponseHeaders, name)
+            .is_ok_and(|v| v.is_some())
     }
 
+    /// A property by its path, its parts joined by NUL (`None`: absent, or the
+    /// host refused).
+    /// The status is read as a number: one the SDK does not know cannot abort
+    /// the VM.
+    #[cfg(target_arch = "wasm32")]
     fn property(&self, path: &str) -> Option<Vec<u8>> {
-        get_property(path.as_bytes())
+        const OK: u32 = 0;
+        let mut data: *mut u8 = std::ptr::null_mut();
+        let mut size: usize = 0;
+        // SAFETY: the host reads `path` and writes a pointer and a size to two
+        // live locals of those types.
+        let status = unsafe { proxy_get_property(path.as_ptr(), path.len(), &mut data, &mut size) };
+        if status != OK || data.is_null() {
+            return None;
+        }
+        // SAFETY: `data` is a `size`-byte allocation the host made through
+        // `proxy_on_memory_allocate` (a boxed `[u8]` of that length), handed
+        // over to this module: owned by the Vec from here on.
+        Some(unsafe { Vec::from_raw_parts(data, size, size) })
+    }
+
+    #[cfg(not(target_arch = "wasm32"))]
+    fn property(&self, _: &str) -> Option<Vec<u8>> {
+        None
     }
 
     fn respond(
@@ -251,10 +235,8 @@ impl Host for Envoy {
     /// Taken as bytes: the SDK's string form aborts the VM on a value that is
     /// not UTF-8.
     fn request_header(&self, name: &str) -> Option<String> {
-        match hostcalls::get_map_value_bytes(MapType::HttpRequestHeaders, name) {
-            Ok(Some(v)) => String::from_utf8(v).ok(),
-            _ => None,
-        }
+        let v = hostcalls::get_map_value_bytes(MapType::HttpRequestHeaders, name);
+        String::from_utf8(v.ok()??).ok()
     }
 
     fn set_response_header(&self, name: &str, value: &str) -> Result<(), Status> {

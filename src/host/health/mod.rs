@@ -23,6 +23,7 @@ mod timer;
 pub use requests::HealthStream;
 
 use std::cell::{Cell, RefCell};
+use std::rc::Rc;
 
 use crate::api::{self, Reply};
 use crate::config;
@@ -36,7 +37,7 @@ use crate::gate::refusal::NewRequests;
 use crate::gate::rotation::host::Rotator;
 use crate::host::logs;
 use crate::host::metrics::Metrics;
-use crate::host::shared::Seen;
+use crate::host::shared::{Seen, SharedError};
 use crate::host::wasm_host::{Envoy, Host};
 use crate::instruments::termination::host as termination;
 
@@ -84,6 +85,11 @@ pub struct Health<H: Host = Envoy> {
     receipt_looked: Cell<Option<u64>>,
     /// When this root last set the LB detection gauges (timer clock).
     lb_gauges_at: Cell<Option<u64>>,
+}
+
+/// Logs why the state could not be read.
+fn state_unavailable(error: impl std::fmt::Display) {
+    logs::error!("event=state_unavailable role=health error=\"{error}\"");
 }
 
 /// Sends `reply` on the stream `context_id` (`None`: the current one).
@@ -146,11 +152,8 @@ impl<H: Host> Health<H> {
 
     /// What CLOSING waits for the LB before CLOSED, as configured.
     pub(super) fn lb_wait(&self) -> crate::gate::lb::Wait {
-        crate::gate::lb::Wait::of(
-            self.config.close_after,
-            self.config.lb_buffer_ms,
-            self.config.lb_down_timeout_ms,
-        )
+        let c = &self.config;
+        crate::gate::lb::Wait::of(c.close_after, c.lb_buffer_ms, c.lb_down_timeout_ms)
     }
 
     /// Moves the FSM for an admin command, then applies whatever became due
@@ -166,14 +169,16 @@ impl<H: Host> Health<H> {
     ) -> Result<Record, store::TransitionError> {
         self.store
             .advance(choose, self.active.read().active, &self.metrics)?;
-        self.store
-            .apply_due(
-                self.active.read().for_decisions(),
-                self.lb_down_ms(),
-                &self.metrics,
-            )
-            .map(std::rc::Rc::unwrap_or_clone)
+        self.apply_due()
+            .map(Rc::unwrap_or_clone)
             .map_err(store::TransitionError::Shared)
+    }
+
+    /// Applies whatever became due (`Store::apply_due`) with the count now.
+    pub(super) fn apply_due(&self) -> Result<Rc<Record>, SharedError> {
+        let active = self.active.read().for_decisions();
+        self.store
+            .apply_due(active, self.lb_down_ms(), &self.metrics)
     }
 
     pub(super) fn forget(&self, context_id: u32) {

@@ -1,7 +1,7 @@
 //! The request handler: routes each request of the health listener, answers
 //! checks and commands, holds `wait=closed` answers; and the HTTP stream.
 
-use super::{send, Health, Waiter};
+use super::{send, state_unavailable, Health, Waiter};
 use proxy_wasm::traits::{Context, HttpContext};
 use proxy_wasm::types::Action;
 use std::fmt::Display;
@@ -17,8 +17,8 @@ use crate::host::wasm_host::{Envoy, Host};
 use crate::net::Shown;
 
 /// Logs why the state could not be read; the answer is the core's.
-fn unavailable(error: &dyn Display) -> Reply {
-    logs::error!("event=state_unavailable role=health error=\"{error}\"");
+fn unavailable(error: impl Display) -> Reply {
+    state_unavailable(error);
     api::unavailable()
 }
 
@@ -27,26 +27,20 @@ impl<H: Host> Health<H> {
     /// `lb_checkers`). The 404 that completes what a gated soft drain waits
     /// for flips it at once if nothing is in flight.
     fn lb_observed(&self, state: State, served: u16, source: Option<IpAddr>) {
-        let Some(ip) = source else {
-            return;
-        };
+        let Some(ip) = source else { return };
         if !self.config.is_checker(ip) {
             self.ignored_check(ip, served);
             return;
         }
-        if let Err(e) = self
+        let observed = self
             .store
-            .lb_observe(&Shown(ip).to_string(), served, self.config.lb_fall)
-        {
+            .lb_observe(&Shown(ip).to_string(), served, self.config.lb_fall);
+        if let Err(e) = observed {
             logs::warning!("event=lb_record_unavailable error=\"{e}\"");
         }
         if state == State::Draining && served == 404 {
-            let active = self.active.read().for_decisions();
-            if let Err(e) = self
-                .store
-                .apply_due(active, self.lb_down_ms(), &self.metrics)
-            {
-                logs::error!("event=state_unavailable role=health error=\"{e}\"");
+            if let Err(e) = self.apply_due() {
+                state_unavailable(e);
             }
         }
     }
@@ -76,21 +70,18 @@ impl<H: Host> Health<H> {
 
     /// The answer to one request, or `None` when it is held.
     pub(super) fn handle(&self, req: &api::Request, context_id: u32) -> Option<Reply> {
-        let endpoint = match api::route(req, &self.config) {
-            Ok(e) => e,
-            Err(reply) => return Some(reply),
-        };
-        match endpoint {
-            Endpoint::Check(audience) => Some(self.check(audience, req)),
-            Endpoint::Status => self.loaded(|rec| Some(self.status_reply(&rec))),
-            Endpoint::Transition(cmd) => self.loaded(|_| {
+        match api::route(req, &self.config) {
+            Err(reply) => Some(reply),
+            Ok(Endpoint::Check(audience)) => Some(self.check(audience, req)),
+            Ok(Endpoint::Status) => self.loaded(|rec| Some(self.status_reply(&rec))),
+            Ok(Endpoint::Transition(cmd)) => self.loaded(|_| {
                 Some(match self.command(cmd) {
                     Ok(next) => self.status_reply(&next),
                     Err(store::TransitionError::Illegal(e)) => api::illegal(e),
-                    Err(store::TransitionError::Shared(e)) => unavailable(&e),
+                    Err(store::TransitionError::Shared(e)) => unavailable(e),
                 })
             }),
-            Endpoint::DrainAndWait { timeout_ms } => {
+            Ok(Endpoint::DrainAndWait { timeout_ms }) => {
                 self.loaded(|rec| self.drain_and_wait(rec, timeout_ms, context_id))
             }
         }
@@ -101,7 +92,7 @@ impl<H: Host> Health<H> {
     fn loaded(&self, then: impl FnOnce(Record) -> Option<Reply>) -> Option<Reply> {
         match self.store.load() {
             Ok(rec) => then(rec),
-            Err(e) => Some(unavailable(&e)),
+            Err(e) => Some(unavailable(e)),
         }
     }
 
@@ -115,7 +106,7 @@ impl<H: Host> Health<H> {
         let state = gauge.or_else(|| {
             self.store
                 .load()
-                .map_err(|e| logs::error!("event=state_unavailable role=health error=\"{e}\""))
+                .map_err(state_unavailable)
                 .ok()
                 .map(|rec| rec.state)
         });
@@ -140,18 +131,16 @@ impl<H: Host> Health<H> {
         if rec.state == State::Fault {
             return Some(self.wait_reply(api::WaitEnd::InFault, &rec));
         }
-        let joined = match rec.state {
-            State::Open => match self.command(api::Command::Drain) {
-                Ok(next) => Ok(next),
-                // Someone else started it first: join.
-                Err(store::TransitionError::Illegal(_)) => self.store.update(&fsm::resume),
-                Err(store::TransitionError::Shared(e)) => Err(e),
-            },
+        let started = (rec.state == State::Open).then(|| self.command(api::Command::Drain));
+        let joined = match started {
+            Some(Ok(next)) => Ok(next),
+            Some(Err(store::TransitionError::Shared(e))) => Err(e),
+            // Not OPEN, or someone else started it first: join.
             _ => self.store.update(&fsm::resume),
         };
         let rec = match joined {
             Ok(r) => r,
-            Err(e) => return Some(unavailable(&e)),
+            Err(e) => return Some(unavailable(e)),
         };
         if let Some(end) = api::wait_end(rec.state, false, self.lingering(&rec, self.host().now()))
         {
@@ -178,11 +167,6 @@ impl<H: Host> HealthStream<H> {
     }
 }
 
-/// The downstream peer address (`source.address` is "ip:port").
-fn source_ip<H: Host>(host: &H) -> Option<IpAddr> {
-    crate::net::peer_ip(&host.property("source\0address")?)
-}
-
 impl<H: Host> Context for HealthStream<H> {}
 
 impl<H: Host> HttpContext for HealthStream<H> {
@@ -197,7 +181,10 @@ impl<H: Host> HttpContext for HealthStream<H> {
             path: &path,
             if_none_match: if_none_match.as_deref(),
             authorization: authorization.as_deref(),
-            source: source_ip(host),
+            // The downstream peer address (`source.address` is "ip:port").
+            source: host
+                .property("source\0address")
+                .and_then(|a| crate::net::peer_ip(&a)),
         };
         if let Some(reply) = self.health.handle(&req, self.context_id) {
             send(host, None, &reply);

@@ -1,7 +1,7 @@
 //! What each tick of a health root does: the clock-step watch, automatic
 //! transitions, the placeholders, and the release of held answers.
 
-use super::{send, Health, Waiter};
+use super::{send, state_unavailable, Health, Waiter};
 
 use crate::api::{self};
 use crate::gate::clock::{self, Now};
@@ -28,12 +28,8 @@ impl<H: Host> Health<H> {
             .store
             .apply_due(reading.for_decisions(), self.lb_down_ms(), &self.metrics);
         self.unreadable.set(due.is_err());
-        let rec = match due {
-            Ok(r) => r,
-            Err(e) => {
-                logs::error!("event=state_unavailable role=health error=\"{e}\"");
-                return;
-            }
+        let Ok(rec) = due.map_err(state_unavailable) else {
+            return;
         };
         self.metrics.sync_state(rec.state);
         self.judge_placeholders(&rec);
@@ -45,12 +41,9 @@ impl<H: Host> Health<H> {
         // not recorded yet (`keep_receipt`).
         let view = self.receipt_view(&rec);
         let flip = view.is_some_and(|(flip, _)| flip);
-        let oldest = if judged || flip {
-            let ids = self.watch.ids();
-            in_flight::read(self.host(), now.timer_ms(), ids).oldest_age_ms
-        } else {
-            None
-        };
+        let oldest = (judged || flip)
+            .then(|| in_flight::read(self.host(), now.timer_ms(), self.watch.ids()).oldest_age_ms)
+            .flatten();
         if judged {
             self.metrics.set_count_unreliable(!reading.reliable);
             self.metrics.set_oldest_in_flight(oldest);
@@ -61,20 +54,15 @@ impl<H: Host> Health<H> {
         }
         self.release_waiters(&rec, now);
         let held = !self.waiters.borrow().is_empty();
-        self.termination.tick(
-            held && matches!(rec.state, State::Draining | State::Closing),
-            &self.metrics,
-        );
+        let holding = held && matches!(rec.state, State::Draining | State::Closing);
+        self.termination.tick(holding, &self.metrics);
     }
 
     /// Sets the gauges of the LB's measured check interval and of what
     /// `lb_buffer` lacks (`crate::gate::lb::Checkers::detection`), once a second.
     fn lb_gauges(&self, now: u64) {
-        if self
-            .lb_gauges_at
-            .get()
-            .is_some_and(|at| now.saturating_sub(at) < LB_GAUGES_MS)
-        {
+        let at = self.lb_gauges_at.get();
+        if at.is_some_and(|at| now.saturating_sub(at) < LB_GAUGES_MS) {
             return;
         }
         self.lb_gauges_at.set(Some(now));
@@ -146,7 +134,7 @@ impl<H: Host> Health<H> {
             ),
             // Another worker started it first.
             Err(store::TransitionError::Illegal(_)) => {}
-            Err(store::TransitionError::Shared(e)) => logs::error!("event=state_unavailable role=health error=\"{e}\""),
+            Err(store::TransitionError::Shared(e)) => state_unavailable(e),
         }
     }
 
