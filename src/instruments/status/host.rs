@@ -2,7 +2,7 @@
 
 use super::Health;
 
-use crate::api::{self, CountInfo, Reply, RotationView, TrafficInfo, View};
+use crate::api::{self, CountInfo, Reply, TrafficInfo, View};
 use crate::gate::clock;
 use crate::gate::fsm::Record;
 use crate::gate::lb::Checkers;
@@ -62,26 +62,16 @@ impl<H: Host> Health<H> {
                 placeholders: placeholders.present(),
                 placeholders_serving: placeholders.serving(),
             },
-            draining_lb_status: self.config.draining_lb_status,
+            config: &self.config,
             checkers: &checkers,
             ignored_checks: self.metrics.lb_checks_ignored(),
-            lb_fall: self.config.lb_fall,
-            close_after: self.config.close_after,
-            lb_wait: self.lb_wait(),
-            rotation: RotationView {
-                cluster: self.rotator.cluster(),
-                last: rotation.as_ref(),
-            },
+            rotation: rotation.as_ref(),
             footprint: api::Footprint {
                 metric_definitions: crate::host::metrics::definitions(),
                 shared_keys: crate::host::keys::created(reg.ids_high),
             },
             receipt: self.tally_of(rec),
-            new_requests: self.config.shared.draining_new_requests.name(),
-            refusal: self.config.shared.refusal,
             durations: crate::instruments::sizing::host::read(self.host()),
-            closing_ms: self.config.max_closing_ms(),
-            scrape_ms: self.config.scrape_interval_ms,
         })
     }
 
