@@ -609,12 +609,12 @@ proptest! {
         let checkers = Checkers::default();
         let view = api::View {
             rec: &rec,
-            active,
             now: Now::wall(now),
             timers: Timers::Monotonic,
             steps: Steps::default(),
             in_flight: InFlight::default(),
-            count: api::CountInfo { source: "gauge", reliable: true, http_streams: active, tcp_connections: 0, unreliable_reason: None },
+            count: drain_gate::gate::count::CountReading { active, streams: active, connections: 0, reliable: true, why: None },
+            count_source: "gauge",
             traffic: api::TrafficInfo { seen: true, roots: 1, ..api::TrafficInfo::default() },
             config: &Health::default(),
             checkers: &checkers,

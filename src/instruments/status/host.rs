@@ -1,32 +1,36 @@
 //! The status view: what every status and wait answer shows, read at once.
 
+use std::fmt::Display;
+
 use super::Health;
 
-use crate::api::{self, CountInfo, Reply, TrafficInfo, View};
-use crate::gate::clock;
+use crate::api::{self, Reply, TrafficInfo, View};
 use crate::gate::fsm::Record;
-use crate::gate::lb::Checkers;
 use crate::gate::placeholder::host as placeholder;
+use crate::gate::rotation;
 use crate::host::logs;
 use crate::host::wasm_host::Host;
 use crate::instruments::in_flight::host as in_flight;
+
+/// `read`'s value, or the default when a record cannot be read (a warning,
+/// `event`, says why).
+fn or_logged<T: Default, E: Display>(read: Result<T, E>, event: &str) -> T {
+    read.unwrap_or_else(|e| {
+        logs::warning!("event={event} error=\"{e}\"");
+        T::default()
+    })
+}
 
 impl<H: Host> Health<H> {
     /// Everything a status answer shows beyond the FSM record, read now and
     /// handed to `answer`.
     fn with_view(&self, rec: &Record, answer: &dyn Fn(&View) -> Reply) -> Reply {
-        let checkers = self.store.lb_checkers().unwrap_or_else(|e| {
-            logs::warning!("event=lb_record_unavailable error=\"{e}\"");
-            Checkers::default()
-        });
-        let rotation = crate::gate::rotation::host::load(self.host()).unwrap_or_else(|e| {
-            logs::warning!("event=rotation_record_unavailable error=\"{e}\"");
-            None
-        });
-        let steps = self.store.clock_steps().unwrap_or_else(|e| {
-            logs::warning!("event=clock_record_unavailable error=\"{e}\"");
-            clock::Steps::default()
-        });
+        let checkers = or_logged(self.store.lb_checkers(), "lb_record_unavailable");
+        let rotation = or_logged(
+            rotation::host::load(self.host()),
+            "rotation_record_unavailable",
+        );
+        let steps = or_logged(self.store.clock_steps(), "clock_record_unavailable");
         let (reg, verdict, watch) = self.watch.snapshot();
         let placeholders = placeholder::read(self.host());
         // The registered roots' summaries first, then the count, then the
@@ -37,19 +41,13 @@ impl<H: Host> Health<H> {
         let now = self.host().now();
         answer(&View {
             rec,
-            active: reading.active,
             now,
             timers: now.timers(),
             steps,
             in_flight: crate::instruments::in_flight::merge(&published, now.timer_ms())
                 .beside_count(reading.active, reading.reliable, now.timer_ms()),
-            count: CountInfo {
-                source: self.active.source_name(),
-                reliable: reading.reliable,
-                http_streams: reading.streams,
-                tcp_connections: reading.connections,
-                unreliable_reason: reading.why.map(|w| w.name()),
-            },
+            count: reading,
+            count_source: self.active.source_name(),
             traffic: TrafficInfo {
                 seen: !verdict.waiting,
                 roots: reg.roots.len(),

@@ -6,6 +6,7 @@ use serde::Serialize;
 use crate::api::reply::Reply;
 use crate::config;
 use crate::gate::clock::{rfc3339, Now, Steps, Timers};
+use crate::gate::count::CountReading;
 use crate::gate::fsm::{Record, State};
 use crate::gate::lb::{Checkers, Detection, Wait};
 use crate::gate::refusal::NewRequests;
@@ -14,24 +15,6 @@ use crate::instruments::in_flight::InFlight;
 use crate::instruments::receipt::Tally;
 use crate::instruments::sizing::{self, Durations};
 use crate::json::object;
-
-/// How the active count is kept; reported in the status.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
-pub struct CountInfo {
-    /// `gauge` (a live Envoy gauge) or `shared_data` (the stats
-    /// configuration dropped the gauge, so the count lives in shared data).
-    pub source: &'static str,
-    /// False once a stream could not be counted, a traffic VM was lost or
-    /// the traffic filter went away: the drain then waits for
-    /// `drain_timeout` instead of trusting a zero.
-    pub reliable: bool,
-    /// The two parts of `active`: HTTP streams (`traffic` role) and TCP
-    /// connections (`traffic_tcp` role).
-    pub http_streams: u64,
-    pub tcp_connections: u64,
-    /// Why it is not reliable (`crate::gate::liveness::Unreliable`), `null` when it is.
-    pub unreliable_reason: Option<&'static str>,
-}
 
 /// The traffic roles of this `vm_id` (see `crate::gate::liveness`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
@@ -72,7 +55,6 @@ pub struct Footprint {
 #[derive(Clone, Copy, Debug)]
 pub struct View<'a> {
     pub rec: &'a Record,
-    pub active: u64,
     pub now: Now,
     /// Which clock the timers run on, and the wall-clock steps seen so far.
     pub timers: Timers,
@@ -80,7 +62,11 @@ pub struct View<'a> {
     /// Every worker's streams in flight by age, as of their last tick, set
     /// beside the count (`InFlight::beside_count`).
     pub in_flight: InFlight,
-    pub count: CountInfo,
+    /// The active count, and how it is kept: `gauge` (a live Envoy gauge)
+    /// or `shared_data` (the stats configuration dropped the gauge, so the
+    /// count lives in shared data).
+    pub count: CountReading,
+    pub count_source: &'static str,
     pub traffic: TrafficInfo,
     /// The health role's configuration: how the LB is answered and watched,
     /// where connections are rotated, how new requests are refused, and the
@@ -134,8 +120,21 @@ fn document<'a>(v: &'a View<'a>, wait: Option<&'static str>) -> impl Serialize +
         ready: answers.ready,
         live: answers.live,
         lb_status: answers.lb_status,
-        active: v.active,
-        count: v.count,
+        active: v.count.active,
+        count: object!(Count {
+            source: v.count_source,
+            // False once a stream could not be counted, a traffic VM was lost
+            // or the traffic filter went away: the drain then waits for
+            // `drain_timeout` instead of trusting a zero.
+            reliable: v.count.reliable,
+            // The two parts of `active`: HTTP streams (`traffic` role) and
+            // TCP connections (`traffic_tcp` role).
+            http_streams: v.count.streams,
+            tcp_connections: v.count.connections,
+            // Why it is not reliable (`crate::gate::liveness::Unreliable`),
+            // `null` when it is.
+            unreliable_reason: v.count.why.map(|w| w.name()),
+        }),
         waiting_for: answers.waiting_for,
         traffic: v.traffic,
         // Every worker's streams in flight by age, and how old that list is.
@@ -371,7 +370,7 @@ pub fn wait_reply(end: WaitEnd, v: &View) -> Reply {
         error: error,
         message: message,
         state: v.rec.state,
-        active: v.active,
+        active: v.count.active,
         wait: wait,
     });
     Reply::json(code, &body)
@@ -400,7 +399,6 @@ mod tests {
         };
         let v = View {
             rec: &rec,
-            active: 3,
             now: Now::wall(1_764_000_000_500),
             timers: Timers::Monotonic,
             steps: Steps {
@@ -420,13 +418,14 @@ mod tests {
                 older_than_count: false,
                 ticked_ms: Some(1_764_000_000_400),
             },
-            count: CountInfo {
-                source: "gauge",
+            count: CountReading {
+                active: 3,
+                streams: 2,
+                connections: 1,
                 reliable: true,
-                http_streams: 2,
-                tcp_connections: 1,
-                unreliable_reason: None,
+                why: None,
             },
+            count_source: "gauge",
             traffic: TrafficInfo {
                 seen: true,
                 roots: 2,
@@ -491,7 +490,10 @@ mod tests {
             );
             // The last stream ended after the workers' ticks: the count reads 0.
             let ended = View {
-                active: 0,
+                count: CountReading {
+                    active: 0,
+                    ..v.count
+                },
                 in_flight: v.in_flight.beside_count(0, true, v.now.timer_ms()),
                 ..v
             };
@@ -507,7 +509,10 @@ mod tests {
                 "still as of the ticks"
             );
             let behind = View {
-                active: 2,
+                count: CountReading {
+                    active: 2,
+                    ..v.count
+                },
                 in_flight: v.in_flight.beside_count(2, true, v.now.timer_ms()),
                 ..v
             };
