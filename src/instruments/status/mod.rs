@@ -113,7 +113,8 @@ fn document<'a>(v: &'a View<'a>, wait: Option<&'static str>) -> impl Serialize +
     let answers =
         crate::gate::answer::verdict(r.state, v.traffic.seen, placeholders, c.draining_lb_status);
     let draining = r.state == State::Draining;
-    let since = r.drain_started_timer_ms().unwrap_or(0);
+    let started = r.drain_started_timer_ms();
+    let since = started.unwrap_or(0);
     let (f, t) = (&v.in_flight, &v.receipt);
     object!(Status {
         state: r.state,
@@ -200,9 +201,7 @@ fn document<'a>(v: &'a View<'a>, wait: Option<&'static str>) -> impl Serialize +
             // reached this gateway? False longer than a check interval: the
             // LB's checks of its node reach another pod, and never see this
             // one's 503.
-            checked_in_drain: r
-                .drain_started_timer_ms()
-                .map(|t| v.checkers.checked_since(t)),
+            checked_in_drain: started.map(|t| v.checkers.checked_since(t)),
             checkers: v
                 .checkers
                 .list
