@@ -34,25 +34,21 @@ pub fn read<H: Host>(host: &H) -> Option<Record> {
     read
 }
 
-/// Changes the record by `f`, written when `f` gives a value: that value,
-/// once written.
-pub fn take<H: Host, T>(host: &H, mut f: impl FnMut(&mut Record) -> Option<T>) -> Option<T> {
-    let mut out = None;
-    let written = change(host, &mut |r| {
-        out = f(r);
-        out.is_some()
-    });
-    out.filter(|_| written)
-}
-
 /// Writes the line of the drain `rec` holds, ended as `ended`
 /// (`Record::write_line`), and logs at once a line it displaces. Whether it wrote.
 pub fn write_line<H: Host>(host: &H, rec: &fsm::Record, ended: &str, t: Tally, now: Now) -> bool {
-    let written = take(host, |r| r.write_line(rec, ended, t, now));
-    if let Some(Some(line)) = &written {
+    let mut displaced = None;
+    let written = change(host, &mut |r| match r.write_line(rec, ended, t, now) {
+        Some(line) => {
+            displaced = line;
+            true
+        }
+        None => false,
+    });
+    if let Some(line) = displaced.filter(|_| written) {
         logs::info!("{line}"); // a second drain ended within a tick of the first
     }
-    written.is_some()
+    written
 }
 
 /// A transition was written (`next`, at `now`): a drain that began takes

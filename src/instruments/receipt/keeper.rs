@@ -45,7 +45,12 @@ impl<H: Host> Health<H> {
         if pending.is_none() || self.receipt_seen.replace(pending) != pending {
             return;
         }
-        if let Some(line) = shell::take(self.host(), receipt::Record::take_line) {
+        let mut line = None;
+        let taken = shell::change(self.host(), &mut |b| {
+            line = b.take_line();
+            line.is_some()
+        });
+        if let Some(line) = line.filter(|_| taken) {
             if let Some(ms) = receipt::duration_of(&line) {
                 self.metrics.drain_took(ms);
             }

@@ -1,36 +1,33 @@
 //! The status view: what every status and wait answer shows, read at once.
 
-use std::fmt::Display;
-
 use super::Health;
 
 use crate::api::{self, Reply, TrafficInfo, View};
+use crate::gate::clock;
 use crate::gate::fsm::Record;
+use crate::gate::lb::Checkers;
 use crate::gate::placeholder::host as placeholder;
 use crate::gate::rotation;
 use crate::host::logs;
 use crate::host::wasm_host::Host;
 use crate::instruments::in_flight::host as in_flight;
 
-/// `read`'s value, or the default when a record cannot be read (a warning,
-/// `event`, says why).
-fn or_logged<T: Default, E: Display>(read: Result<T, E>, event: &str) -> T {
-    read.unwrap_or_else(|e| {
-        logs::warning!("event={event} error=\"{e}\"");
-        T::default()
-    })
-}
-
 impl<H: Host> Health<H> {
     /// Everything a status answer shows beyond the FSM record, read now and
     /// handed to `answer`.
     fn with_view(&self, rec: &Record, answer: &dyn Fn(&View) -> Reply) -> Reply {
-        let checkers = or_logged(self.store.lb_checkers(), "lb_record_unavailable");
-        let rotation = or_logged(
-            rotation::host::load(self.host()),
-            "rotation_record_unavailable",
-        );
-        let steps = or_logged(self.store.clock_steps(), "clock_record_unavailable");
+        let checkers = self.store.lb_checkers().unwrap_or_else(|e| {
+            logs::warning!("event=lb_record_unavailable error=\"{e}\"");
+            Checkers::default()
+        });
+        let rotation = rotation::host::load(self.host()).unwrap_or_else(|e| {
+            logs::warning!("event=rotation_record_unavailable error=\"{e}\"");
+            None
+        });
+        let steps = self.store.clock_steps().unwrap_or_else(|e| {
+            logs::warning!("event=clock_record_unavailable error=\"{e}\"");
+            clock::Steps::default()
+        });
         let (reg, verdict, watch) = self.watch.snapshot();
         let placeholders = placeholder::read(self.host());
         // The registered roots' summaries first, then the count, then the
