@@ -61,8 +61,8 @@ impl<H: Host> Watch<H> {
     /// while `watching` (a preStop answer held in a drain), unless a call is
     /// in flight or the SIGTERM was seen.
     pub fn tick(&self, watching: bool, metrics: &Metrics<H>) {
-        let idle = self.sent.get().is_none() && !self.seen.get().done();
-        let Some(cluster) = self.cluster.as_deref().filter(|_| watching && idle) else {
+        let idle = || self.sent.get().is_none() && !self.seen.get().done();
+        let Some(cluster) = self.cluster.as_deref().filter(|_| watching && idle()) else {
             return;
         };
         let headers = [
