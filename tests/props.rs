@@ -609,27 +609,20 @@ proptest! {
         let checkers = Checkers::default();
         let view = api::View {
             rec: &rec,
-            active,
             now: Now::wall(now),
             timers: Timers::Monotonic,
             steps: Steps::default(),
             in_flight: InFlight::default(),
-            count: api::CountInfo { source: "gauge", reliable: true, http_streams: active, tcp_connections: 0, unreliable_reason: None },
+            count: drain_gate::gate::count::CountReading { active, streams: active, connections: 0, reliable: true, why: None },
+            count_source: "gauge",
             traffic: api::TrafficInfo { seen: true, roots: 1, ..api::TrafficInfo::default() },
-            draining_lb_status: 200,
+            config: &Health::default(),
             checkers: &checkers,
             ignored_checks: 0,
-            lb_fall: 2,
-            close_after: CloseAfter::LbBuffer,
-            lb_wait: lb::Wait::of(CloseAfter::LbBuffer, 10_000, 60_000),
-            rotation: api::RotationView { cluster: Some("admin"), last: None },
+            rotation: None,
             footprint: api::Footprint::default(),
             receipt: drain_gate::instruments::receipt::Tally::default(),
-            new_requests: "serve",
-            refusal: drain_gate::gate::refusal::Refusal::default(),
             durations: drain_gate::instruments::sizing::Durations::default(),
-            closing_ms: 10_000,
-            scrape_ms: 0,
         };
         let body: Value = serde_json::from_slice(&api::status(&view).body).unwrap();
         for field in ["state", "ready", "live", "lb_status", "active", "count", "waiting_for", "traffic", "in_flight", "progress", "lb", "clock", "connection_rotation"] {

@@ -36,7 +36,7 @@ pub mod reply;
 pub use crate::gate::answer::{etag, Audience};
 pub use crate::gate::clock::rfc3339;
 pub use crate::instruments::status::{
-    status, wait_end, wait_reply, CountInfo, Footprint, RotationView, TrafficInfo, View, WaitEnd,
+    status, wait_end, wait_reply, Footprint, TrafficInfo, View, WaitEnd,
 };
 use query::Params;
 use reply::{bad_request, error};

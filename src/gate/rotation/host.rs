@@ -84,10 +84,6 @@ impl<H: Host> Rotator<H> {
         }
     }
 
-    pub fn cluster(&self) -> Option<&str> {
-        self.cluster.as_deref()
-    }
-
     /// Runs in the health root context's tick: sends the drain's rotation
     /// once it is due (`rotation::due`), if this worker claims it first.
     pub fn tick(&self, now: &Record, gate: Option<Gate>) {

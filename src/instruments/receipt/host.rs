@@ -24,11 +24,21 @@ pub fn change<H: Host>(host: &H, change: &mut dyn FnMut(&mut Record) -> bool) ->
         .unwrap_or(false)
 }
 
+/// The record as it is now (`None`: unreadable, and logged).
+pub fn read<H: Host>(host: &H) -> Option<Record> {
+    let mut read = None;
+    change(host, &mut |r| {
+        read = Some(r.clone());
+        false
+    });
+    read
+}
+
 /// Writes the line of the drain `rec` holds, ended as `ended`
-/// (`Record::owe`), and logs at once a line it displaces. Whether it wrote.
-pub fn owe<H: Host>(host: &H, rec: &fsm::Record, ended: &str, counters: Tally, now: Now) -> bool {
+/// (`Record::write_line`), and logs at once a line it displaces. Whether it wrote.
+pub fn write_line<H: Host>(host: &H, rec: &fsm::Record, ended: &str, t: Tally, now: Now) -> bool {
     let mut displaced = None;
-    let written = change(host, &mut |r| match r.owe(rec, ended, counters, now) {
+    let written = change(host, &mut |r| match r.write_line(rec, ended, t, now) {
         Some(line) => {
             displaced = line;
             true
@@ -52,6 +62,6 @@ pub fn transition<H: Host>(host: &H, next: &fsm::Record, now: Now, metrics: &Met
     if next.state == State::Draining {
         change(host, &mut |r| r.began(drain, counters));
     } else {
-        owe(host, next, next.state.name(), counters, now);
+        write_line(host, next, next.state.name(), counters, now);
     }
 }

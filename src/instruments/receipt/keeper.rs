@@ -1,4 +1,4 @@
-//! The receipt keeper: the oldest stream at the flip, the owed receipt line
+//! The receipt keeper: the oldest stream at the flip, the pending receipt line
 //! logged once, and a SIGTERM that cuts the drain short, each written to the
 //! receipt's record (`host::receipt`).
 
@@ -15,22 +15,17 @@ impl<H: Host> Health<H> {
     /// something to look for there (the FSM moved, `rec.seq`, since this
     /// root last found nothing, or this root wrote a SIGTERM into it):
     /// whether the flip's oldest stream is due, and the drain whose line is
-    /// owed.
+    /// pending.
     pub(super) fn receipt_view(&self, rec: &Record) -> Option<(bool, Option<u64>)> {
         if self.receipt_looked.get() == Some(rec.seq) {
             return None;
         }
-        let mut view = None;
-        shell::change(self.host(), &mut |b| {
-            let owed = b.owed_line.as_ref().and(b.owed_drain);
-            view = Some((b.flip_due(rec).is_some(), owed));
-            false
-        });
-        view
+        let b = shell::read(self.host())?;
+        Some((b.flip_due(rec).is_some(), b.owed_line.and(b.owed_drain)))
     }
 
     /// Records the oldest stream at the flip (within a tick of it), and logs
-    /// the owed receipt line a tick after this root first saw it (the traffic
+    /// the pending receipt line a tick after this root first saw it (the traffic
     /// roots count the drain's last completed ends at their tick); one worker
     /// each.
     pub(super) fn keep_receipt(
@@ -39,20 +34,20 @@ impl<H: Host> Health<H> {
         view: (bool, Option<u64>),
         oldest: Option<u64>,
     ) {
-        let (flip, owed) = view;
+        let (flip, pending) = view;
         if flip {
             shell::change(self.host(), &mut |b| b.flipped(rec, oldest));
         }
-        if owed.is_none() && !flip {
+        if pending.is_none() && !flip {
             // Nothing more to do here until the FSM moves again.
             self.receipt_looked.set(Some(rec.seq));
         }
-        if owed.is_none() || self.receipt_seen.replace(owed) != owed {
+        if pending.is_none() || self.receipt_seen.replace(pending) != pending {
             return;
         }
         let mut line = None;
         let taken = shell::change(self.host(), &mut |b| {
-            line = b.take_owed();
+            line = b.take_line();
             line.is_some()
         });
         if let Some(line) = line.filter(|_| taken) {
@@ -74,7 +69,7 @@ impl<H: Host> Health<H> {
             return;
         };
         let now = self.host().now();
-        if shell::owe(self.host(), &rec, "SIGTERM", self.metrics.tally(), now) {
+        if shell::write_line(self.host(), &rec, "SIGTERM", self.metrics.tally(), now) {
             self.receipt_looked.set(None);
             self.metrics.drain_cut_short();
             logs::warning!("event=sigterm_before_closed state={}", rec.state.name());
@@ -83,13 +78,7 @@ impl<H: Host> Health<H> {
 
     /// What the latest drain counted so far (nothing before a first drain).
     pub(super) fn tally_of(&self, rec: &Record) -> receipt::Tally {
-        let mut base = None;
-        if rec.drain_id.is_some() {
-            shell::change(self.host(), &mut |b| {
-                base = b.base;
-                false
-            });
-        }
+        let base = rec.drain_id.and_then(|_| shell::read(self.host())?.base);
         base.map(|base| self.metrics.tally().since(&base))
             .unwrap_or_default()
     }

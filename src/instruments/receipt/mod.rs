@@ -23,13 +23,12 @@
 //! one: a completed end is added up by its worker and counted at its next
 //! tick. A drain's receipt is the counters minus those at its start (its
 //! [`Tally`] base in the receipt's own [`Record`], beside the FSM's); its
-//! line ([`Receipt`]) is written when the drain ends and logged a tick later,
-//! with the completed ends its workers counted meanwhile ([`Record::owe`]).
+//! line is written when the drain ends and logged a tick later, with the
+//! completed ends its workers counted meanwhile ([`Record::write_line`]).
 
 pub mod host;
 
 use crate::json::record;
-use std::fmt;
 
 use crate::gate::clock::{rfc3339, Now};
 use crate::gate::fsm::{self, State};
@@ -77,21 +76,22 @@ record! {
         /// tick of it (`flip_recorded`).
         pub oldest_at_flip_ms: Option<u64>,
         pub flip_recorded: bool = false,
-        /// The receipt line of a drain that ended, written then and logged a
-        /// tick later (`owe`; the next drain may begin meanwhile): what comes
-        /// before its completed count, that count, and what comes after.
+        /// The pending receipt line of a drain that ended, written then and
+        /// logged a tick later (`write_line`; the next drain may begin
+        /// meanwhile): what comes before its completed count, that count, and
+        /// what comes after. (`owed_*`: the record's field names, as written.)
         pub owed_line: Option<String>,
         pub owed_completed: u64 = 0,
         pub owed_tail: Option<String>,
         /// The drain that line is of, kept once it is logged: the drain whose
-        /// line is written (owed, then logged), once per drain.
+        /// line is written (pending, then logged), once per drain.
         pub owed_drain: Option<u64>,
     }
 }
 
 impl Record {
     /// Moves the record on to drain `drain` if it is not there (a drain whose
-    /// beginning it missed counts from no base), the owed line kept.
+    /// beginning it missed counts from no base), the pending line kept.
     fn at(&mut self, drain: u64) {
         if self.drain != Some(drain) {
             self.drain = Some(drain);
@@ -127,14 +127,20 @@ impl Record {
         true
     }
 
-    /// Writes the line of the drain `rec` (the FSM's record) holds
+    /// Writes the receipt line of the drain `rec` (the FSM's record) holds
     /// (`ended`: the state it ended in, or `SIGTERM`), its tally the
     /// `counters` now minus the drain's base (the completed ends its workers
     /// have not counted yet come with `add_completed`); `None` when no drain
-    /// began or its line is written. It is logged a tick later
-    /// (`take_owed`). A line still owed then — a second drain ended within
-    /// a tick — is returned to be logged at once.
-    pub fn owe(
+    /// began or its line is written. The line is pending until it is logged
+    /// a tick later (`take_line`). A line still pending then — a second drain
+    /// ended within a tick — is returned to be logged at once.
+    ///
+    /// The line (`event=drain_receipt`, once per drain: at CLOSED, on a
+    /// reopen, in FAULT, or at the pod's SIGTERM before CLOSED) is kept in
+    /// two halves around its completed count, the one field that can still
+    /// grow once it is written: `flipped` is when the LB check flipped to 503
+    /// (CLOSING), `oldest_at_flip_ms` the oldest stream in flight just after.
+    pub fn write_line(
         &mut self,
         rec: &fsm::Record,
         ended: &str,
@@ -146,30 +152,38 @@ impl Record {
             return None;
         }
         self.at(drain);
-        let tally = counters.since(&self.base.unwrap_or_default());
-        let (head, tail) = Receipt {
-            started_ms,
-            flipped_ms: rec.closing_ms,
-            closed_ms: rec.closed_ms,
-            ended,
-            forced: rec.forced,
-            duration_ms: rec.drain_duration_ms(now),
-            active_at_flip: rec.active_at_closing,
-            oldest_at_flip_ms: self.oldest_at_flip_ms,
-            tally,
-        }
-        .halves();
-        let displaced = self.take_owed();
-        self.owed_line = Some(head);
-        self.owed_completed = tally.completed;
-        self.owed_tail = Some(tail);
+        let t = counters.since(&self.base.unwrap_or_default());
+        let displaced = self.take_line();
+        self.owed_line = Some(format!(
+            "event=drain_receipt started={} flipped={} closed={} ended={ended} forced={} \
+             duration_ms={} completed=",
+            rfc3339(started_ms),
+            stamp(rec.closing_ms),
+            stamp(rec.closed_ms),
+            rec.forced,
+            num(rec.drain_duration_ms(now)),
+        ));
+        self.owed_completed = t.completed;
+        self.owed_tail = Some(format!(
+            " cut={} cut_http={} cut_tcp={} cut_lb={} cut_other={} ended_upstream={} refused={} \
+             active_at_flip={} oldest_at_flip_ms={}",
+            t.cut,
+            t.cut.saturating_sub(t.cut_tcp),
+            t.cut_tcp,
+            t.cut_lb,
+            t.cut.saturating_sub(t.cut_lb),
+            t.ended_upstream,
+            t.refused,
+            num(rec.active_at_closing),
+            num(self.oldest_at_flip_ms),
+        ));
         self.owed_drain = Some(drain);
         Some(displaced)
     }
 
-    /// Takes the owed line out (being logged), with the completed ends
-    /// counted since; `None` when none is owed (another worker logged it).
-    pub fn take_owed(&mut self) -> Option<String> {
+    /// Takes the pending line out (being logged), with the completed ends
+    /// counted since; `None` when none is pending (another worker logged it).
+    pub fn take_line(&mut self) -> Option<String> {
         let head = self.owed_line.take()?;
         let tail = self.owed_tail.take().unwrap_or_default();
         let completed = std::mem::take(&mut self.owed_completed);
@@ -177,17 +191,17 @@ impl Record {
     }
 
     /// Adds `n` completed ends of drain `drain`, counted by a traffic root at
-    /// its tick (its counter not moved yet), to that drain's owed line while
-    /// it waits, and takes them out of the latest drain's receipt if a newer
-    /// one began meanwhile (its base moves up with them). `false`: nothing
-    /// to change.
+    /// its tick (its counter not moved yet), to that drain's pending line
+    /// while it waits, and takes them out of the latest drain's receipt if a
+    /// newer one began meanwhile (its base moves up with them). `false`:
+    /// nothing to change.
     pub fn add_completed(&mut self, drain: u64, n: u64) -> bool {
-        let owed = self.owed_drain == Some(drain) && self.owed_line.is_some();
+        let pending = self.owed_drain == Some(drain) && self.owed_line.is_some();
         let newer = self.drain != Some(drain) && self.base.is_some();
-        if n == 0 || !(owed || newer) {
+        if n == 0 || !(pending || newer) {
             return false;
         }
-        if owed {
+        if pending {
             self.owed_completed = self.owed_completed.saturating_add(n);
         }
         if let (true, Some(base)) = (newer, self.base.as_mut()) {
@@ -195,26 +209,6 @@ impl Record {
         }
         true
     }
-}
-
-/// One drain, as its receipt line tells it (`event=drain_receipt`, logged
-/// once per drain, a tick after it ended: at CLOSED, on a reopen, in FAULT,
-/// or at the pod's SIGTERM before CLOSED, `ended=SIGTERM`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Receipt<'a> {
-    pub started_ms: u64,
-    /// When the LB check flipped to 503 (CLOSING), if it did.
-    pub flipped_ms: Option<u64>,
-    pub closed_ms: Option<u64>,
-    /// How the drain ended: the state it ended in (`CLOSED`, `OPEN`:
-    /// reopened, `FAULT`), or `SIGTERM`: the pod's, before CLOSED.
-    pub ended: &'a str,
-    pub forced: bool,
-    pub duration_ms: Option<u64>,
-    pub active_at_flip: Option<u64>,
-    /// The oldest stream in flight just after the flip (`None`: none was).
-    pub oldest_at_flip_ms: Option<u64>,
-    pub tally: Tally,
 }
 
 /// The `duration_ms` of a receipt line (`None`: none, or `-`).
@@ -231,46 +225,6 @@ fn stamp(ms: Option<u64>) -> String {
 
 fn num(n: Option<u64>) -> String {
     n.map_or_else(|| "-".to_string(), |n| n.to_string())
-}
-
-impl Receipt<'_> {
-    /// The line around its completed count: what comes before it (up to
-    /// `completed=`) and after it. The count itself is the one field that
-    /// can still grow once the line is written (`Record::owe`).
-    pub fn halves(&self) -> (String, String) {
-        let t = &self.tally;
-        let head = format!(
-            "event=drain_receipt started={} flipped={} closed={} ended={} forced={} duration_ms={} \
-             completed=",
-            rfc3339(self.started_ms),
-            stamp(self.flipped_ms),
-            stamp(self.closed_ms),
-            self.ended,
-            self.forced,
-            num(self.duration_ms),
-        );
-        let tail = format!(
-            " cut={} cut_http={} cut_tcp={} cut_lb={} cut_other={} ended_upstream={} refused={} \
-             active_at_flip={} oldest_at_flip_ms={}",
-            t.cut,
-            t.cut.saturating_sub(t.cut_tcp),
-            t.cut_tcp,
-            t.cut_lb,
-            t.cut.saturating_sub(t.cut_lb),
-            t.ended_upstream,
-            t.refused,
-            num(self.active_at_flip),
-            num(self.oldest_at_flip_ms),
-        );
-        (head, tail)
-    }
-}
-
-impl fmt::Display for Receipt<'_> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let (head, tail) = self.halves();
-        write!(f, "{head}{}{tail}", self.tally.completed)
-    }
 }
 
 /// How one stream or connection ended during a drain.
@@ -295,10 +249,9 @@ pub const DOWNSTREAM_FLAGS: u64 = 0x4000 | 0x1000_0000;
 /// — an upstream reset or timeout — ended upstream. (A stream whose response
 /// ended is sorted by [`http_done`].)
 pub fn http_end(flags: u64) -> End {
-    if flags & DOWNSTREAM_FLAGS != 0 {
-        End::Cut
-    } else {
-        End::Upstream
+    match flags & DOWNSTREAM_FLAGS {
+        0 => End::Upstream,
+        _ => End::Cut,
     }
 }
 
@@ -406,25 +359,24 @@ mod tests {
 
     #[test]
     fn the_receipt_line_names_every_count() {
-        let r = Receipt {
-            started_ms: 1_764_000_000_000,
-            flipped_ms: Some(1_764_000_009_000),
-            closed_ms: None,
-            ended: "OPEN",
-            forced: false,
-            duration_ms: Some(9_000),
-            active_at_flip: Some(0),
-            oldest_at_flip_ms: None,
-            tally: Tally {
-                cut: 3,
-                cut_lb: 2,
-                cut_tcp: 1,
-                completed: 40,
-                ended_upstream: 1,
-                refused: 7,
-            },
+        let mut rec = fsm::Record::new(0);
+        rec.drain_id = Some(1);
+        rec.drain_started_ms = Some(1_764_000_000_000);
+        rec.closing_ms = Some(1_764_000_009_000);
+        rec.active_at_closing = Some(0);
+        let tally = Tally {
+            cut: 3,
+            cut_lb: 2,
+            cut_tcp: 1,
+            completed: 40,
+            ended_upstream: 1,
+            refused: 7,
         };
-        let line = r.to_string();
+        let mut book = Record::default();
+        let at = Now::wall(1_764_000_020_000);
+        assert_eq!(book.write_line(&rec, "OPEN", tally, at), Some(None));
+        let pending = book.clone();
+        let line = book.take_line().unwrap_or_default();
         assert_eq!(
             line,
             "event=drain_receipt started=2025-11-24T16:00:00.000Z flipped=2025-11-24T16:00:09.000Z \
@@ -433,15 +385,16 @@ mod tests {
         );
         assert_eq!(duration_of(&line), Some(9_000));
         assert_eq!(duration_of(&line.replace("=9000", "=-")), None);
-        let (head, tail) = r.halves();
+        let mut book = pending;
+        assert!(book.add_completed(1, 2));
         assert_eq!(
-            format!("{head}42{tail}"),
-            line.replace(" completed=40 ", " completed=42 ")
+            book.take_line(),
+            Some(line.replace(" completed=40 ", " completed=42 "))
         );
     }
 
     #[test]
-    fn the_receipt_s_record_owes_one_line_per_drain_and_takes_late_completed_ends() {
+    fn the_receipt_s_record_writes_one_line_per_drain_and_takes_late_completed_ends() {
         let mut rec = fsm::Record::new(0);
         rec.state = State::Open;
         rec.drain_id = Some(1);
@@ -460,8 +413,12 @@ mod tests {
             ..Tally::default()
         };
         let at = Now::wall(1_764_000_001_000);
-        assert_eq!(book.owe(&rec, "OPEN", now, at), Some(None));
-        assert_eq!(book.owe(&rec, "OPEN", now, at), None, "once per drain");
+        assert_eq!(book.write_line(&rec, "OPEN", now, at), Some(None));
+        assert_eq!(
+            book.write_line(&rec, "OPEN", now, at),
+            None,
+            "once per drain"
+        );
         assert!(book.add_completed(1, 2), "its line waits: counted in it");
         assert!(!book.add_completed(1, 0));
         // A second drain began before the line was logged: the first's late
@@ -469,10 +426,10 @@ mod tests {
         assert!(book.began(2, now));
         assert!(book.add_completed(1, 1));
         assert_eq!(book.base.map(|b| b.completed), Some(14));
-        let line = book.take_owed().unwrap_or_default();
+        let line = book.take_line().unwrap_or_default();
         assert!(line.contains(" ended=OPEN "), "{line}");
         assert!(line.contains(" completed=6 cut=1 "), "{line}");
-        assert_eq!(book.take_owed(), None, "logged once");
+        assert_eq!(book.take_line(), None, "logged once");
         assert!(
             !book.add_completed(2, 5),
             "the running drain's: its counter says it"

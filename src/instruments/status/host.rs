@@ -2,11 +2,12 @@
 
 use super::Health;
 
-use crate::api::{self, CountInfo, Reply, RotationView, TrafficInfo, View};
+use crate::api::{self, Reply, TrafficInfo, View};
 use crate::gate::clock;
 use crate::gate::fsm::Record;
 use crate::gate::lb::Checkers;
 use crate::gate::placeholder::host as placeholder;
+use crate::gate::rotation;
 use crate::host::logs;
 use crate::host::wasm_host::Host;
 use crate::instruments::in_flight::host as in_flight;
@@ -19,7 +20,7 @@ impl<H: Host> Health<H> {
             logs::warning!("event=lb_record_unavailable error=\"{e}\"");
             Checkers::default()
         });
-        let rotation = crate::gate::rotation::host::load(self.host()).unwrap_or_else(|e| {
+        let rotation = rotation::host::load(self.host()).unwrap_or_else(|e| {
             logs::warning!("event=rotation_record_unavailable error=\"{e}\"");
             None
         });
@@ -37,19 +38,13 @@ impl<H: Host> Health<H> {
         let now = self.host().now();
         answer(&View {
             rec,
-            active: reading.active,
             now,
             timers: now.timers(),
             steps,
             in_flight: crate::instruments::in_flight::merge(&published, now.timer_ms())
                 .beside_count(reading.active, reading.reliable, now.timer_ms()),
-            count: CountInfo {
-                source: self.active.source_name(),
-                reliable: reading.reliable,
-                http_streams: reading.streams,
-                tcp_connections: reading.connections,
-                unreliable_reason: reading.why.map(|w| w.name()),
-            },
+            count: reading,
+            count_source: self.active.source_name(),
             traffic: TrafficInfo {
                 seen: !verdict.waiting,
                 roots: reg.roots.len(),
@@ -62,26 +57,16 @@ impl<H: Host> Health<H> {
                 placeholders: placeholders.present(),
                 placeholders_serving: placeholders.serving(),
             },
-            draining_lb_status: self.config.draining_lb_status,
+            config: &self.config,
             checkers: &checkers,
             ignored_checks: self.metrics.lb_checks_ignored(),
-            lb_fall: self.config.lb_fall,
-            close_after: self.config.close_after,
-            lb_wait: self.lb_wait(),
-            rotation: RotationView {
-                cluster: self.rotator.cluster(),
-                last: rotation.as_ref(),
-            },
+            rotation: rotation.as_ref(),
             footprint: api::Footprint {
                 metric_definitions: crate::host::metrics::definitions(),
                 shared_keys: crate::host::keys::created(reg.ids_high),
             },
             receipt: self.tally_of(rec),
-            new_requests: self.config.shared.draining_new_requests.name(),
-            refusal: self.config.shared.refusal,
             durations: crate::instruments::sizing::host::read(self.host()),
-            closing_ms: self.config.max_closing_ms(),
-            scrape_ms: self.config.scrape_interval_ms,
         })
     }
 

@@ -4,33 +4,17 @@
 use serde::Serialize;
 
 use crate::api::reply::Reply;
+use crate::config;
 use crate::gate::clock::{rfc3339, Now, Steps, Timers};
-use crate::gate::fsm::{CloseAfter, Record, State};
+use crate::gate::count::CountReading;
+use crate::gate::fsm::{Record, State};
 use crate::gate::lb::{Checkers, Detection, Wait};
-use crate::gate::refusal::Refusal;
+use crate::gate::refusal::NewRequests;
 use crate::gate::rotation;
 use crate::instruments::in_flight::InFlight;
 use crate::instruments::receipt::Tally;
 use crate::instruments::sizing::{self, Durations};
 use crate::json::object;
-
-/// How the active count is kept; reported in the status.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
-pub struct CountInfo {
-    /// `gauge` (a live Envoy gauge) or `shared_data` (the stats
-    /// configuration dropped the gauge, so the count lives in shared data).
-    pub source: &'static str,
-    /// False once a stream could not be counted, a traffic VM was lost or
-    /// the traffic filter went away: the drain then waits for
-    /// `drain_timeout` instead of trusting a zero.
-    pub reliable: bool,
-    /// The two parts of `active`: HTTP streams (`traffic` role) and TCP
-    /// connections (`traffic_tcp` role).
-    pub http_streams: u64,
-    pub tcp_connections: u64,
-    /// Why it is not reliable (`crate::gate::liveness::Unreliable`), `null` when it is.
-    pub unreliable_reason: Option<&'static str>,
-}
 
 /// The traffic roles of this `vm_id` (see `crate::gate::liveness`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
@@ -71,7 +55,6 @@ pub struct Footprint {
 #[derive(Clone, Copy, Debug)]
 pub struct View<'a> {
     pub rec: &'a Record,
-    pub active: u64,
     pub now: Now,
     /// Which clock the timers run on, and the wall-clock steps seen so far.
     pub timers: Timers,
@@ -79,40 +62,27 @@ pub struct View<'a> {
     /// Every worker's streams in flight by age, as of their last tick, set
     /// beside the count (`InFlight::beside_count`).
     pub in_flight: InFlight,
-    pub count: CountInfo,
+    /// The active count, and how it is kept: `gauge` (a live Envoy gauge)
+    /// or `shared_data` (the stats configuration dropped the gauge, so the
+    /// count lives in shared data).
+    pub count: CountReading,
+    pub count_source: &'static str,
     pub traffic: TrafficInfo,
-    pub draining_lb_status: u16,
+    /// The health role's configuration: how the LB is answered and watched,
+    /// where connections are rotated, how new requests are refused, and the
+    /// advice's grace period.
+    pub config: &'a config::Health,
     pub checkers: &'a Checkers,
     /// Checks answered from sources outside `lb_checkers` (the counter).
     pub ignored_checks: u64,
-    pub lb_fall: u32,
-    pub close_after: CloseAfter,
-    /// What CLOSING waits for the LB before CLOSED (`lb_buffer`, or
-    /// `lb_down_timeout` with `close_after: lb_observed_down`).
-    pub lb_wait: Wait,
-    pub rotation: RotationView<'a>,
+    /// The last drain's connection rotation, if one was called.
+    pub rotation: Option<&'a rotation::Record>,
     pub footprint: Footprint,
     /// What the current (or last) drain counted, as the traffic roots added
     /// it at their ticks (`crate::instruments::receipt`).
     pub receipt: Tally,
-    /// `draining_new_requests`.
-    pub new_requests: &'static str,
-    /// `refused_requests`, `draining_grpc_requests` and `refuse_with`.
-    pub refusal: Refusal,
     /// How long streams lasted since the process started (`crate::instruments::sizing`).
     pub durations: Durations,
-    /// The longest CLOSING (`config::Health::max_closing_ms`) and `scrape_interval`:
-    /// the advice's grace period.
-    pub closing_ms: u64,
-    pub scrape_ms: u64,
-}
-
-/// Connection rotation: configured where, and what the last drain's call did.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct RotationView<'a> {
-    /// `None`: turned off (`rotate_connections: false`).
-    pub cluster: Option<&'a str>,
-    pub last: Option<&'a rotation::Record>,
 }
 
 /// A time of the timers' clock, shown on the wall clock.
@@ -128,7 +98,10 @@ fn age(now: Now, t: u64) -> u64 {
 /// The status document; `wait` names how a held wait ended (`closed`), and
 /// is left out of `GET /drain/status`.
 fn document<'a>(v: &'a View<'a>, wait: Option<&'static str>) -> impl Serialize + 'a {
-    let r = v.rec;
+    let (r, c) = (v.rec, v.config);
+    // What CLOSING waits for the LB before CLOSED (`lb_buffer`, or
+    // `lb_down_timeout` with `close_after: lb_observed_down`).
+    let lb_wait = Wait::of(c.close_after, c.lb_buffer_ms, c.lb_down_timeout_ms);
     let now = v.now.timer_ms();
     let shown = |t: u64| on_wall(v.now, t);
     let placeholders = crate::gate::placeholder::action(
@@ -138,17 +111,31 @@ fn document<'a>(v: &'a View<'a>, wait: Option<&'static str>) -> impl Serialize +
         r.state,
     );
     let answers =
-        crate::gate::answer::verdict(r.state, v.traffic.seen, placeholders, v.draining_lb_status);
+        crate::gate::answer::verdict(r.state, v.traffic.seen, placeholders, c.draining_lb_status);
     let draining = r.state == State::Draining;
-    let since = r.drain_started_timer_ms().unwrap_or(0);
+    let started = r.drain_started_timer_ms();
+    let since = started.unwrap_or(0);
     let (f, t) = (&v.in_flight, &v.receipt);
     object!(Status {
         state: r.state,
         ready: answers.ready,
         live: answers.live,
         lb_status: answers.lb_status,
-        active: v.active,
-        count: v.count,
+        active: v.count.active,
+        count: object!(Count {
+            source: v.count_source,
+            // False once a stream could not be counted, a traffic VM was lost
+            // or the traffic filter went away: the drain then waits for
+            // `drain_timeout` instead of trusting a zero.
+            reliable: v.count.reliable,
+            // The two parts of `active`: HTTP streams (`traffic` role) and
+            // TCP connections (`traffic_tcp` role).
+            http_streams: v.count.streams,
+            tcp_connections: v.count.connections,
+            // Why it is not reliable (`crate::gate::liveness::Unreliable`),
+            // `null` when it is.
+            unreliable_reason: v.count.why.map(|w| w.name()),
+        }),
         waiting_for: answers.waiting_for,
         traffic: v.traffic,
         // Every worker's streams in flight by age, and how old that list is.
@@ -182,25 +169,23 @@ fn document<'a>(v: &'a View<'a>, wait: Option<&'static str>) -> impl Serialize +
             transitions: r
                 .history
                 .iter()
-                .map(|s| {
-                    object!(Step {
-                        from: s.from,
-                        to: s.to,
-                        reason: s.reason.name(),
-                        at: rfc3339(s.at_ms),
-                        active: s.active,
-                    })
-                })
+                .map(|s| object!(Step {
+                    from: s.from,
+                    to: s.to,
+                    reason: s.reason.name(),
+                    at: rfc3339(s.at_ms),
+                    active: s.active,
+                }))
                 .collect::<Vec<_>>(),
         }),
         // What each LB checker has been answered, and whether the LB saw the
         // drain. The record keeps timer-clock times; they are shown on the
         // wall clock.
         lb: object!(Lb {
-            close_after: v.close_after,
-            lb_fall: v.lb_fall,
-            observed_down: v.checkers.all_down(now, v.lb_fall),
-            observed_down_at: v.checkers.down_since(now, v.lb_fall).map(shown),
+            close_after: c.close_after,
+            lb_fall: c.lb_fall,
+            observed_down: v.checkers.all_down(now, c.lb_fall),
+            observed_down_at: v.checkers.down_since(now, c.lb_fall).map(shown),
             // DRAINING: at least one live checker, and every one has been
             // served a 404 since the drain began. Never true when no checker asked.
             saw_drain: draining && v.checkers.saw_drain(since, now),
@@ -216,30 +201,23 @@ fn document<'a>(v: &'a View<'a>, wait: Option<&'static str>) -> impl Serialize +
             // reached this gateway? False longer than a check interval: the
             // LB's checks of its node reach another pod, and never see this
             // one's 503.
-            checked_in_drain: r
-                .drain_started_timer_ms()
-                .map(|t| v.checkers.checked_since(t)),
+            checked_in_drain: started.map(|t| v.checkers.checked_since(t)),
             checkers: v
                 .checkers
                 .list
                 .iter()
-                .map(|c| {
-                    object!(Checker {
-                        source: &c.source,
-                        consecutive_non_200: c.consecutive_non_200,
-                        consecutive_503: c.consecutive_503,
-                        last_seen: shown(c.last_seen_ms),
-                        last_404: c.last_404_ms.map(shown),
-                        // Its check interval, measured from the gaps between its checks.
-                        check_interval: c.interval(),
-                    })
-                })
+                .map(|c| object!(Checker {
+                    source: &c.source,
+                    consecutive_non_200: c.consecutive_non_200,
+                    consecutive_503: c.consecutive_503,
+                    last_seen: shown(c.last_seen_ms),
+                    last_404: c.last_404_ms.map(shown),
+                    // Its check interval, measured from the gaps between its checks.
+                    check_interval: c.interval(),
+                }))
                 .collect::<Vec<_>>(),
             // `null` until a live checker's interval is measured.
-            detection: v
-                .checkers
-                .detection(now, v.lb_fall, v.lb_wait)
-                .map(detection),
+            detection: v.checkers.detection(now, c.lb_fall, lb_wait).map(detection),
             // Checks from sources outside `lb_checkers`; `count`: answered but
             // not recorded, since the process started.
             ignored_checks: object!(Ignored {
@@ -249,10 +227,10 @@ fn document<'a>(v: &'a View<'a>, wait: Option<&'static str>) -> impl Serialize +
             }),
         }),
         connection_rotation: object!(Rotation {
-            enabled: v.rotation.cluster.is_some(),
-            cluster: v.rotation.cluster,
+            enabled: c.rotate_connections.is_some(),
+            cluster: c.rotate_connections.as_deref(),
             admin_path: rotation::ADMIN_PATH,
-            last: v.rotation.last.map(|r| {
+            last: v.rotation.map(|r| {
                 object!(RotationLast {
                     drain_started_at: rfc3339(r.drain_started_ms),
                     // What made it due: `soft_drain_gate` (the LB stopped
@@ -297,20 +275,20 @@ fn document<'a>(v: &'a View<'a>, wait: Option<&'static str>) -> impl Serialize +
         }),
         refusing: object!(Refusing {
             // `draining_new_requests`: `serve` or `refuse`.
-            mode: v.new_requests,
+            mode: c.shared.draining_new_requests.name(),
             // `refused_requests`: which requests (gRPC apart) are refused.
-            requests: v.refusal.requests.name(),
+            requests: c.shared.refusal.requests.name(),
             // `draining_grpc_requests`: gRPC requests `serve`d or `refuse`d too.
-            grpc: v.refusal.grpc.name(),
+            grpc: c.shared.refusal.grpc.name(),
             // `refuse_with`: `response` (the 503) or `reset`.
-            refuse_with: v.refusal.with.name(),
+            refuse_with: c.shared.refusal.with.name(),
             // New requests are being refused now (refuse mode, and a drain running).
-            active: v.new_requests == "refuse" && r.state != State::Open,
+            active: c.shared.draining_new_requests == NewRequests::Refuse && r.state != State::Open,
             // Requests refused in the current (or last) drain.
             this_drain: t.refused,
         }),
         durations: v.durations,
-        advice: sizing::advise(&v.durations, v.closing_ms, v.scrape_ms),
+        advice: sizing::advise(&v.durations, c.max_closing_ms(), c.scrape_interval_ms),
         #[serde(
             skip_serializing_if = "crate::json::Absent::absent",
             bound = "wait: Serialize + crate::json::Absent"
@@ -321,6 +299,8 @@ fn document<'a>(v: &'a View<'a>, wait: Option<&'static str>) -> impl Serialize +
 
 /// The LB's detection of the flip as measured, beside what CLOSING waits.
 fn detection(d: Detection<'_>) -> impl Serialize + '_ {
+    let (checker, interval_ms, lb_fall) = (d.checker, d.interval_ms, d.lb_fall);
+    let (detection_ms, short_ms, Wait { name, ms }) = (d.detection_ms, d.short_ms, d.wait);
     object!(Detection {
         // The live checker with the longest measured interval.
         checker: d.checker,
@@ -336,18 +316,10 @@ fn detection(d: Detection<'_>) -> impl Serialize + '_ {
         // Set when it falls short: what that means.
         warning: (d.short_ms > 0).then(|| {
             format!(
-                "{} ({} ms) is {} ms shorter than the LB's detection: lb_fall {} × the {} ms \
-                 between checks measured from {} = {} ms; CLOSED, and the pod's exit, may come \
-                 before the LB marks the gateway DOWN: raise {} above {} ms",
-                d.wait.name,
-                d.wait.ms,
-                d.short_ms,
-                d.lb_fall,
-                d.interval_ms,
-                d.checker,
-                d.detection_ms,
-                d.wait.name,
-                d.detection_ms
+                "{name} ({ms} ms) is {short_ms} ms shorter than the LB's detection: lb_fall \
+                 {lb_fall} × the {interval_ms} ms between checks measured from {checker} = \
+                 {detection_ms} ms; CLOSED, and the pod's exit, may come before the LB marks the \
+                 gateway DOWN: raise {name} above {detection_ms} ms"
             )
         }),
     })
@@ -397,7 +369,7 @@ pub fn wait_reply(end: WaitEnd, v: &View) -> Reply {
         error: error,
         message: message,
         state: v.rec.state,
-        active: v.active,
+        active: v.count.active,
         wait: wait,
     });
     Reply::json(code, &body)
@@ -420,9 +392,12 @@ mod tests {
     fn sample<R>(f: impl FnOnce(View) -> R) -> R {
         let checkers = Checkers::default();
         let rec = Record::new(1_764_000_000_000);
+        let config = config::Health {
+            rotate_connections: None,
+            ..config::Health::default()
+        };
         let v = View {
             rec: &rec,
-            active: 3,
             now: Now::wall(1_764_000_000_500),
             timers: Timers::Monotonic,
             steps: Steps {
@@ -442,32 +417,26 @@ mod tests {
                 older_than_count: false,
                 ticked_ms: Some(1_764_000_000_400),
             },
-            count: CountInfo {
-                source: "gauge",
+            count: CountReading {
+                active: 3,
+                streams: 2,
+                connections: 1,
                 reliable: true,
-                http_streams: 2,
-                tcp_connections: 1,
-                unreliable_reason: None,
+                why: None,
             },
+            count_source: "gauge",
             traffic: TrafficInfo {
                 seen: true,
                 roots: 2,
                 ..TrafficInfo::default()
             },
-            draining_lb_status: 200,
+            config: &config,
             checkers: &checkers,
             ignored_checks: 0,
-            lb_fall: 2,
-            close_after: CloseAfter::LbBuffer,
-            lb_wait: Wait::of(CloseAfter::LbBuffer, 10_000, 60_000),
-            rotation: RotationView::default(),
+            rotation: None,
             footprint: Footprint::default(),
             receipt: Tally::default(),
-            new_requests: "serve",
-            refusal: Refusal::default(),
             durations: Durations::default(),
-            closing_ms: 10_000,
-            scrape_ms: 0,
         };
         f(v)
     }
@@ -520,7 +489,10 @@ mod tests {
             );
             // The last stream ended after the workers' ticks: the count reads 0.
             let ended = View {
-                active: 0,
+                count: CountReading {
+                    active: 0,
+                    ..v.count
+                },
                 in_flight: v.in_flight.beside_count(0, true, v.now.timer_ms()),
                 ..v
             };
@@ -536,7 +508,10 @@ mod tests {
                 "still as of the ticks"
             );
             let behind = View {
-                active: 2,
+                count: CountReading {
+                    active: 2,
+                    ..v.count
+                },
                 in_flight: v.in_flight.beside_count(2, true, v.now.timer_ms()),
                 ..v
             };
@@ -606,11 +581,13 @@ mod tests {
                 1_764_000_000_200,
             )
             .answered(Some(404), 1_764_000_000_300);
+            let config = config::Health {
+                rotate_connections: Some("admin".into()),
+                ..v.config.clone()
+            };
             let with = View {
-                rotation: RotationView {
-                    cluster: Some("admin"),
-                    last: Some(&failed),
-                },
+                config: &config,
+                rotation: Some(&failed),
                 ..v
             };
             let r = &body(&status(&with))["connection_rotation"];
@@ -682,15 +659,19 @@ mod tests {
         checkers.observe("10.0.0.2", 200, now - 1_000, 2);
         checkers.observe("10.0.0.2", 200, now, 2);
         sample(|v| {
-            let lb = |wait: Wait| {
+            let lb = |lb_buffer_ms| {
+                let config = config::Health {
+                    lb_buffer_ms,
+                    ..v.config.clone()
+                };
                 body(&status(&View {
                     checkers: &checkers,
-                    lb_wait: wait,
+                    config: &config,
                     ..v
                 }))["lb"]
                     .clone()
             };
-            let short = lb(Wait::of(CloseAfter::LbBuffer, 500, 60_000));
+            let short = lb(500);
             assert_eq!(
                 short["checkers"][0]["check_interval"],
                 serde_json::json!({"ms": 500, "gaps": 4, "min_gap_ms": 500, "max_gap_ms": 500})
@@ -717,13 +698,13 @@ mod tests {
                     &serde_json::json!(500)
                 )
             );
-            let warning = d["warning"].as_str().unwrap();
-            assert!(
-                warning.starts_with("lb_buffer (500 ms) is 500 ms shorter than the LB's detection")
-                    && warning.contains("10.0.0.1"),
-                "{warning}"
+            assert_eq!(
+                d["warning"],
+                "lb_buffer (500 ms) is 500 ms shorter than the LB's detection: lb_fall 2 × the \
+                 500 ms between checks measured from 10.0.0.1 = 1000 ms; CLOSED, and the pod's \
+                 exit, may come before the LB marks the gateway DOWN: raise lb_buffer above 1000 ms"
             );
-            let covered = lb(Wait::of(CloseAfter::LbBuffer, 1_000, 60_000));
+            let covered = lb(1_000);
             assert_eq!(
                 (
                     &covered["detection"]["short_ms"],

@@ -34,7 +34,7 @@ use crate::instruments::termination::{self, Answer, Verdict};
 /// pilot-agent's readiness path.
 pub const READY_PATH: &str = "/healthz/ready";
 /// How long one readiness call may take.
-const TIMEOUT_MS: u64 = 1_000;
+const TIMEOUT: Duration = Duration::from_millis(1_000);
 
 /// This worker's readiness call in flight, if any.
 #[derive(Debug)]
@@ -61,21 +61,16 @@ impl<H: Host> Watch<H> {
     /// while `watching` (a preStop answer held in a drain), unless a call is
     /// in flight or the SIGTERM was seen.
     pub fn tick(&self, watching: bool, metrics: &Metrics<H>) {
-        let Some(cluster) = self.cluster.as_deref().filter(|_| watching) else {
+        let idle = || self.sent.get().is_none() && !self.seen.get().done();
+        let Some(cluster) = self.cluster.as_deref().filter(|_| watching && idle()) else {
             return;
         };
-        if self.sent.get().is_some() || self.seen.get().done() {
-            return;
-        }
         let headers = [
             (":method", "GET"),
             (":path", READY_PATH),
             (":authority", "pilot-agent"),
         ];
-        match self
-            .host
-            .http_call(cluster, &headers, Duration::from_millis(TIMEOUT_MS))
-        {
+        match self.host.http_call(cluster, &headers, TIMEOUT) {
             Ok(token) => self.sent.set(Some(token)),
             Err(e) => {
                 let verdict = self.judge(|w| w.refused());

@@ -63,32 +63,24 @@ pub enum Unavailable {
 /// `reason=… [status=…] detail="…"`: the warning line's fields.
 impl fmt::Display for Unavailable {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let (reason, status, detail) = match *self {
-            Unavailable::CallRefused => (
-                "call_refused",
-                None,
-                "Envoy refused the call: no such cluster?",
-            ),
-            Unavailable::NoAnswer => ("no_answer", None, "the call ended without an answer"),
-            Unavailable::LocalReply(s) => (
+        let (reason, detail) = match *self {
+            Self::CallRefused => ("call_refused", "Envoy refused the call: no such cluster?"),
+            Self::NoAnswer => ("no_answer", "the call ended without an answer"),
+            Self::LocalReply(_) => (
                 "local_reply",
-                Some(s),
                 "Envoy answered itself: nothing answered on the cluster's port",
             ),
-            Unavailable::NotPilotAgent(s) => (
+            Self::NotPilotAgent(_) => (
                 "not_pilot_agent",
-                Some(s),
                 "not the answer of pilot-agent's readiness",
             ),
-            Unavailable::NotReady => (
-                "not_ready",
-                Some(503),
-                "pilot-agent not ready: 503 before any 200",
-            ),
+            Self::NotReady => ("not_ready", "pilot-agent not ready: 503 before any 200"),
         };
         write!(f, "reason={reason}")?;
-        if let Some(s) = status {
-            write!(f, " status={s}")?;
+        match *self {
+            Self::LocalReply(s) | Self::NotPilotAgent(s) => write!(f, " status={s}")?,
+            Self::NotReady => f.write_str(" status=503")?,
+            Self::CallRefused | Self::NoAnswer => {}
         }
         write!(
             f,
