@@ -138,33 +138,33 @@ key_table! {
     /// Every configuration key, in the order they are checked.
     pub const KEYS: [&str; 20] = [
         "role",
-        "drain_timeout" => |c, v| set(&mut c.drain_timeout_ms, duration(v, 1, MAX_MS)),
+        "drain_timeout" => |c, v| duration(v, 1, MAX_MS).map(|x| c.drain_timeout_ms = x),
         "min_drain" => min_drain,
-        "lb_buffer" => |c, v| set(&mut c.lb_buffer_ms, duration(v, 0, MAX_MS)),
-        "tick" => |c, v| set(&mut c.shared.tick_ms, duration(v, 10, MAX_TICK_MS)),
+        "lb_buffer" => |c, v| duration(v, 0, MAX_MS).map(|x| c.lb_buffer_ms = x),
+        "tick" => |c, v| duration(v, 10, MAX_TICK_MS).map(|x| c.shared.tick_ms = x),
         "draining_lb_status" => |c, v| {
             let status = v.as_u64().filter(|s| *s == 200 || *s == 404);
-            set(&mut c.draining_lb_status, found(status.map(|s| s as u16), "200 or 404", v))
+            found(status.map(|s| s as u16), "200 or 404", v).map(|x| c.draining_lb_status = x)
         },
-        "admin_allow" => |c, v| set(&mut c.admin_allow, cidr_list(v)),
-        "admin_token" => |c, v| set(&mut c.admin_tokens, admin_tokens(v)),
+        "admin_allow" => |c, v| cidr_list(v).map(|x| c.admin_allow = x),
+        "admin_token" => |c, v| admin_tokens(v).map(|x| c.admin_tokens = x),
         "close_after" => |c, v| {
-            set(&mut c.close_after, one_of(v, CloseAfter::ALL, CloseAfter::name))
+            one_of(v, CloseAfter::ALL, CloseAfter::name).map(|x| c.close_after = x)
         },
         "lb_fall" => |c, v| {
-            let fall = v.as_u64().filter(|n| (1..=10).contains(n));
-            set(&mut c.lb_fall, found(fall.map(|n| n as u32), "a whole number from 1 to 10", v))
+            let fall = v.as_u64().filter(|n| matches!(n, 1..=10));
+            found(fall.map(|n| n as u32), "a whole number from 1 to 10", v).map(|x| c.lb_fall = x)
         },
-        "lb_down_timeout" => |c, v| set(&mut c.lb_down_timeout_ms, duration(v, 1, MAX_MS)),
+        "lb_down_timeout" => |c, v| duration(v, 1, MAX_MS).map(|x| c.lb_down_timeout_ms = x),
         "rotate_connections" => |c, v| {
-            set(&mut c.rotate_connections, cluster(v, rotation::DEFAULT_CLUSTER))
+            cluster(v, rotation::DEFAULT_CLUSTER).map(|x| c.rotate_connections = x)
         },
-        "lb_checkers" => |c, v| set(&mut c.lb_checkers, lb_checkers(v)),
+        "lb_checkers" => |c, v| lb_checkers(v).map(|x| c.lb_checkers = x),
         "soft_drain_gate" => |c, v| {
-            set(&mut c.soft_drain_gate, found(v.as_bool(), "true or false", v))
+            found(v.as_bool(), "true or false", v).map(|x| c.soft_drain_gate = x)
         },
         "draining_new_requests" => |c, v| {
-            set(&mut c.shared.draining_new_requests, one_of(v, &NEW_REQUESTS, NewRequests::name))
+            one_of(v, &NEW_REQUESTS, NewRequests::name).map(|x| c.shared.draining_new_requests = x)
         },
         "refused_requests" => |c, v| {
             let all = [Refused::Idempotent, Refused::IdempotentOrKeyed, Refused::All];
@@ -177,9 +177,9 @@ key_table! {
             let all = [RefuseWith::Response, RefuseWith::Reset];
             refusing(c, v, &all, RefuseWith::name).map(|w| c.shared.refusal.with = w)
         },
-        "termination_watch" => |c, v| set(&mut c.termination_watch, cluster(v, AGENT_CLUSTER)),
+        "termination_watch" => |c, v| cluster(v, AGENT_CLUSTER).map(|x| c.termination_watch = x),
         "scrape_interval" => |c, v| {
-            set(&mut c.scrape_interval_ms, duration(v, 0, MAX_SCRAPE_INTERVAL_MS))
+            duration(v, 0, MAX_SCRAPE_INTERVAL_MS).map(|x| c.scrape_interval_ms = x)
         },
     ];
 }
@@ -226,30 +226,28 @@ fn err(key: &str, problem: impl Into<String>) -> ConfigError {
 /// A configuration value as an error message shows it: strings quoted,
 /// numbers and literals as written, lists and objects by kind. (Not `Value`'s
 /// own `Display`, which brings a float formatter into the module.)
-fn shown(v: &Value) -> String {
-    match v {
-        Value::Null => "null".into(),
-        Value::Bool(b) => b.to_string(),
-        Value::Number(n) => match (n.as_u64(), n.as_i64()) {
-            (Some(u), _) => u.to_string(),
-            (None, Some(i)) => i.to_string(),
-            (None, None) => "a fractional number".into(),
-        },
-        Value::String(s) => format!("\"{s}\""),
-        Value::Array(_) => "a list".into(),
-        Value::Object(_) => "an object".into(),
+struct Shown<'a>(&'a Value);
+
+impl fmt::Display for Shown<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.0 {
+            Value::Null => f.write_str("null"),
+            Value::Bool(b) => write!(f, "{b}"),
+            Value::Number(n) => match (n.as_u64(), n.as_i64()) {
+                (Some(u), _) => write!(f, "{u}"),
+                (None, Some(i)) => write!(f, "{i}"),
+                (None, None) => f.write_str("a fractional number"),
+            },
+            Value::String(s) => write!(f, "\"{s}\""),
+            Value::Array(_) => f.write_str("a list"),
+            Value::Object(_) => f.write_str("an object"),
+        }
     }
 }
 
 /// What a key's value should have been, and what it was.
 fn expected(what: &str, v: &Value) -> String {
-    format!("expected {what}, got {}", shown(v))
-}
-
-/// `field` set to what was read of a value.
-fn set<T>(field: &mut T, read: Result<T, String>) -> Result<(), String> {
-    *field = read?;
-    Ok(())
+    format!("expected {what}, got {}", Shown(v))
 }
 
 /// What was found in `v`, or that it should have been `what`.
@@ -277,13 +275,14 @@ fn one_of<T: Copy>(v: &Value, all: &[T], name: fn(T) -> &'static str) -> Result<
         if v.as_str() == Some(name(*t)) {
             return Ok(*t);
         }
-        let sep = match i {
-            0 => "",
-            _ if i + 1 == all.len() => " or ",
-            _ => ", ",
-        };
-        names.push_str(&format!("{sep}\"{}\"", name(*t)));
+        names.push_str(match i {
+            0 => "\"",
+            _ if i + 1 == all.len() => "\" or \"",
+            _ => "\", \"",
+        });
+        names.push_str(name(*t));
     }
+    names.push('"');
     Err(expected(&names, v))
 }
 
@@ -299,13 +298,17 @@ fn refusing<T: Copy + Default + PartialEq>(
     name: fn(T) -> &'static str,
 ) -> Result<T, String> {
     let way = one_of(v, all, name)?;
-    if way != T::default() && c.shared.draining_new_requests != NewRequests::Refuse {
-        return Err(format!(
-            "\"{}\" needs draining_new_requests: \"refuse\"",
-            name(way)
-        ));
+    if way != T::default() {
+        needs_refusing(c, name(way))?;
     }
     Ok(way)
+}
+
+fn needs_refusing(c: &Health, way: &str) -> Result<(), String> {
+    if c.shared.draining_new_requests == NewRequests::Refuse {
+        return Ok(());
+    }
+    Err(format!("\"{way}\" needs draining_new_requests: \"refuse\""))
 }
 
 /// The role a `role` value names: what makes its configuration of the keys.
@@ -333,10 +336,11 @@ fn min_drain(c: &mut Health, v: &Value) -> Result<(), String> {
 
 fn cidr_list(v: &Value) -> Result<Vec<Cidr>, String> {
     let items = found(v.as_array(), "a list of CIDRs", v)?;
-    items
-        .iter()
-        .map(|item| Cidr::parse(found(item.as_str(), "a CIDR string", item)?))
-        .collect()
+    let mut list = Vec::with_capacity(items.len());
+    for item in items {
+        list.push(Cidr::parse(found(item.as_str(), "a CIDR string", item)?)?);
+    }
+    Ok(list)
 }
 
 /// `null` (the chart's default) is the default: every source counts.
@@ -398,7 +402,7 @@ fn cluster(v: &Value, default: &str) -> Result<Option<String>, String> {
         _ => Err(format!(
             "expected false, true or an Envoy cluster name (1 to {MAX_CLUSTER_LEN} \
              printable ASCII characters), got {}",
-            shown(v)
+            Shown(v)
         )),
     }
 }
