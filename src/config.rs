@@ -168,14 +168,19 @@ key_table! {
         },
         "refused_requests" => |c, v| {
             let all = [Refused::Idempotent, Refused::IdempotentOrKeyed, Refused::All];
-            refusing(c, v, &all, Refused::name).map(|r| c.shared.refusal.requests = r)
+            let requests = one_of(v, &all, Refused::name)?;
+            c.shared.refusal.requests = requests;
+            needs_refusing(c, requests == Refused::Idempotent, requests.name())
         },
         "draining_grpc_requests" => |c, v| {
-            refusing(c, v, &NEW_REQUESTS, NewRequests::name).map(|g| c.shared.refusal.grpc = g)
+            let grpc = one_of(v, &NEW_REQUESTS, NewRequests::name)?;
+            c.shared.refusal.grpc = grpc;
+            needs_refusing(c, grpc == NewRequests::Serve, grpc.name())
         },
         "refuse_with" => |c, v| {
-            let all = [RefuseWith::Response, RefuseWith::Reset];
-            refusing(c, v, &all, RefuseWith::name).map(|w| c.shared.refusal.with = w)
+            let with = one_of(v, &[RefuseWith::Response, RefuseWith::Reset], RefuseWith::name)?;
+            c.shared.refusal.with = with;
+            needs_refusing(c, with == RefuseWith::Response, with.name())
         },
         "termination_watch" => |c, v| cluster(v, AGENT_CLUSTER).map(|x| c.termination_watch = x),
         "scrape_interval" => |c, v| {
@@ -289,23 +294,10 @@ fn one_of<T: Copy>(v: &Value, all: &[T], name: fn(T) -> &'static str) -> Result<
 /// The values of `draining_new_requests` and `draining_grpc_requests`.
 const NEW_REQUESTS: [NewRequests; 2] = [NewRequests::Serve, NewRequests::Refuse];
 
-/// A way of refusing: one that is not the default needs the refusing
-/// (checked after `draining_new_requests`, the order of `KEYS`).
-fn refusing<T: Copy + Default + PartialEq>(
-    c: &Health,
-    v: &Value,
-    all: &[T],
-    name: fn(T) -> &'static str,
-) -> Result<T, String> {
-    let way = one_of(v, all, name)?;
-    if way != T::default() {
-        needs_refusing(c, name(way))?;
-    }
-    Ok(way)
-}
-
-fn needs_refusing(c: &Health, way: &str) -> Result<(), String> {
-    if c.shared.draining_new_requests == NewRequests::Refuse {
+/// A way of refusing other than the default needs the refusing (checked
+/// after `draining_new_requests`, the order of `KEYS`).
+fn needs_refusing(c: &Health, default: bool, way: &str) -> Result<(), String> {
+    if default || c.shared.draining_new_requests == NewRequests::Refuse {
         return Ok(());
     }
     Err(format!("\"{way}\" needs draining_new_requests: \"refuse\""))

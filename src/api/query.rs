@@ -100,19 +100,23 @@ fn takes_phrase(takes: &[&str]) -> String {
 
 /// Percent-decodes one name or value (RFC 3986 `%HH`); `+` stays `+`.
 pub fn decode(s: &str) -> Result<Vec<u8>, Reply> {
-    let hex = |b: Option<u8>| {
-        b.and_then(|b| char::from(b).to_digit(16))
-            .ok_or_else(|| bad_request("malformed percent-escape in the query (expected %HH)"))
-    };
     let mut out = Vec::with_capacity(s.len());
     let mut bytes = s.bytes();
     while let Some(b) = bytes.next() {
         out.push(match b {
-            b'%' => (hex(bytes.next())? << 4 | hex(bytes.next())?) as u8,
+            b'%' => hex(bytes.next())? << 4 | hex(bytes.next())?,
             _ => b,
         });
     }
     Ok(out)
+}
+
+/// One hex digit of a percent-escape.
+fn hex(b: Option<u8>) -> Result<u8, Reply> {
+    let digit = b.and_then(|b| char::from(b).to_digit(16));
+    digit
+        .map(|d| d as u8)
+        .ok_or_else(|| bad_request("malformed percent-escape in the query (expected %HH)"))
 }
 
 #[cfg(test)]
