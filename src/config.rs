@@ -167,8 +167,7 @@ key_table! {
             one_of(v, &NEW_REQUESTS, NewRequests::name).map(|x| c.shared.draining_new_requests = x)
         },
         "refused_requests" => |c, v| {
-            let all = [Refused::Idempotent, Refused::IdempotentOrKeyed, Refused::All];
-            let requests = one_of(v, &all, Refused::name)?;
+            let requests = one_of(v, &REFUSED, Refused::name)?;
             c.shared.refusal.requests = requests;
             needs_refusing(c, requests == Refused::Idempotent, requests.name())
         },
@@ -293,6 +292,12 @@ fn one_of<T: Copy>(v: &Value, all: &[T], name: fn(T) -> &'static str) -> Result<
 
 /// The values of `draining_new_requests` and `draining_grpc_requests`.
 const NEW_REQUESTS: [NewRequests; 2] = [NewRequests::Serve, NewRequests::Refuse];
+/// The values of `refused_requests`.
+const REFUSED: [Refused; 3] = [
+    Refused::Idempotent,
+    Refused::IdempotentOrKeyed,
+    Refused::All,
+];
 
 /// A way of refusing other than the default needs the refusing (checked
 /// after `draining_new_requests`, the order of `KEYS`).
