@@ -148,9 +148,7 @@ key_table! {
         },
         "admin_allow" => |c, v| cidr_list(v).map(|x| c.admin_allow = x),
         "admin_token" => |c, v| admin_tokens(v).map(|x| c.admin_tokens = x),
-        "close_after" => |c, v| {
-            one_of(v, CloseAfter::ALL, CloseAfter::name).map(|x| c.close_after = x)
-        },
+        "close_after" => |c, v| close_after(v).map(|x| c.close_after = x),
         "lb_fall" => |c, v| {
             let fall = v.as_u64().filter(|n| matches!(n, 1..=10));
             found(fall.map(|n| n as u32), "a whole number from 1 to 10", v).map(|x| c.lb_fall = x)
@@ -164,20 +162,20 @@ key_table! {
             found(v.as_bool(), "true or false", v).map(|x| c.soft_drain_gate = x)
         },
         "draining_new_requests" => |c, v| {
-            one_of(v, &NEW_REQUESTS, NewRequests::name).map(|x| c.shared.draining_new_requests = x)
+            new_requests(v).map(|x| c.shared.draining_new_requests = x)
         },
         "refused_requests" => |c, v| {
-            let requests = one_of(v, &REFUSED, Refused::name)?;
+            let requests = refused(v)?;
             c.shared.refusal.requests = requests;
             needs_refusing(c, requests == Refused::Idempotent, requests.name())
         },
         "draining_grpc_requests" => |c, v| {
-            let grpc = one_of(v, &NEW_REQUESTS, NewRequests::name)?;
+            let grpc = new_requests(v)?;
             c.shared.refusal.grpc = grpc;
             needs_refusing(c, grpc == NewRequests::Serve, grpc.name())
         },
         "refuse_with" => |c, v| {
-            let with = one_of(v, &[RefuseWith::Response, RefuseWith::Reset], RefuseWith::name)?;
+            let with = refuse_with(v)?;
             c.shared.refusal.with = with;
             needs_refusing(c, with == RefuseWith::Response, with.name())
         },
@@ -271,33 +269,35 @@ fn duration(v: &Value, min_ms: u64, max_ms: u64) -> Result<u64, String> {
     Err(format!("\"{s}\" is {side} {}", duration::format_ms(limit)))
 }
 
-/// The one of `all` a string value names, or which names it may be:
-/// `"a", "b" or "c"`.
-fn one_of<T: Copy>(v: &Value, all: &[T], name: fn(T) -> &'static str) -> Result<T, String> {
-    let mut names = String::new();
-    for (i, t) in all.iter().enumerate() {
-        if v.as_str() == Some(name(*t)) {
-            return Ok(*t);
-        }
-        names.push_str(match i {
-            0 => "\"",
-            _ if i + 1 == all.len() => "\" or \"",
-            _ => "\", \"",
-        });
-        names.push_str(name(*t));
+fn close_after(v: &Value) -> Result<CloseAfter, String> {
+    match v.as_str() {
+        Some("lb_buffer") => Ok(CloseAfter::LbBuffer),
+        Some("lb_observed_down") => Ok(CloseAfter::LbObservedDown),
+        _ => Err(expected("\"lb_buffer\" or \"lb_observed_down\"", v)),
     }
-    names.push('"');
-    Err(expected(&names, v))
 }
 
-/// The values of `draining_new_requests` and `draining_grpc_requests`.
-const NEW_REQUESTS: [NewRequests; 2] = [NewRequests::Serve, NewRequests::Refuse];
-/// The values of `refused_requests`.
-const REFUSED: [Refused; 3] = [
-    Refused::Idempotent,
-    Refused::IdempotentOrKeyed,
-    Refused::All,
-];
+fn new_requests(v: &Value) -> Result<NewRequests, String> {
+    match v.as_str() {
+        Some("serve") => Ok(NewRequests::Serve),
+        Some("refuse") => Ok(NewRequests::Refuse),
+        _ => Err(expected("\"serve\" or \"refuse\"", v)),
+    }
+}
+
+/// Which requests are refused: what the LB in front may send again.
+fn refused(v: &Value) -> Result<Refused, String> {
+    let what = "\"idempotent\", \"idempotent_or_key\" or \"all\"";
+    found(v.as_str().and_then(Refused::parse), what, v)
+}
+
+fn refuse_with(v: &Value) -> Result<RefuseWith, String> {
+    match v.as_str() {
+        Some("response") => Ok(RefuseWith::Response),
+        Some("reset") => Ok(RefuseWith::Reset),
+        _ => Err(expected("\"response\" or \"reset\"", v)),
+    }
+}
 
 /// A way of refusing other than the default needs the refusing (checked
 /// after `draining_new_requests`, the order of `KEYS`).
