@@ -41,8 +41,9 @@ fn number(s: &str, radix: u32, max_digits: usize) -> Option<u32> {
     if s.is_empty() || s.len() > max_digits {
         return None;
     }
-    s.chars().try_fold(0u32, |n, c| {
-        n.checked_mul(radix)?.checked_add(c.to_digit(radix)?)
+    s.bytes().try_fold(0u32, |n, b| {
+        n.checked_mul(radix)?
+            .checked_add(char::from(b).to_digit(radix)?)
     })
 }
 
