@@ -2,19 +2,16 @@
 //! load: the role, with what it reads. Every refusal names the key and the
 //! problem. Pure.
 //!
-//! Which role reads which key is in the types: [`Shared`] holds the keys both
-//! the traffic and the health role read (all the traffic role reads),
-//! [`Health`] those and the health role's own. Every key is checked whatever
-//! the role (a chart passes every value to every role).
-//!
-//! Every key is written once, in `KEYS`: the known-key check, the order keys
-//! are checked in, and the key a refusal names all come from that table.
+//! [`Shared`] holds the keys both the traffic and the health role read (all
+//! the traffic role reads), [`Health`] those and the health role's own. Every
+//! key is checked whatever the role (a chart passes every value to every
+//! role), in the order of `KEYS`, the one table that writes each key.
 
 use serde_json::{Map, Value};
 use std::fmt;
 use std::net::IpAddr;
 
-use crate::duration;
+use crate::duration::{self, MAX_MS};
 use crate::gate::fsm::{CloseAfter, DrainPlan};
 use crate::gate::refusal::{NewRequests, Refusal, RefuseWith, Refused};
 use crate::gate::rotation;
@@ -30,11 +27,9 @@ pub enum Config {
     TrafficTcp(Shared),
     /// Serves the FSM on the dedicated health listener.
     Health(Health),
-    /// Stands in for a traffic filter whose own configuration did not load:
-    /// the configuration an ECDS filter runs until its own arrives (Envoy's
-    /// `default_config`), and instead of it when it is refused. Counts
-    /// nothing; its presence keeps the gateway out (`crate::gate::placeholder`).
-    /// Reads only `tick`.
+    /// Stands in for a traffic filter whose own configuration did not load
+    /// (Envoy's ECDS `default_config`, or a refused one): counts nothing, and
+    /// keeps the gateway out (`crate::gate::placeholder`). Reads only `tick`.
     Placeholder { tick_ms: u64 },
 }
 
@@ -86,9 +81,6 @@ pub struct Health {
     pub scrape_interval_ms: u64,
 }
 
-/// What is wrong with one key's value (the refusal names the key).
-type ValueError = String;
-
 /// A refused configuration: which key, and what is wrong with it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ConfigError {
@@ -110,17 +102,23 @@ pub const MIN_TOKEN_LEN: usize = 16;
 pub const MAX_TOKENS: usize = 4;
 /// Longest `tick` accepted.
 const MAX_TICK_MS: u64 = 10_000;
+/// Longest `scrape_interval` accepted.
+const MAX_SCRAPE_INTERVAL_MS: u64 = 60_000;
+/// Longest accepted cluster name.
+const MAX_CLUSTER_LEN: usize = 256;
+/// istio-proxy's cluster to pilot-agent's status port (`termination_watch: true`).
+pub const AGENT_CLUSTER: &str = "agent";
 /// The longest a held `wait=closed` or `/prestop` can last, under any
 /// configuration: `drain_timeout` + `lb_down_timeout` (each at most 60m) +
 /// `scrape_interval` (at most 60s) + 5s. The health listener's
 /// `stream_idle_timeout` is set above it (`envoyfilter/envoy.yaml` and the
 /// Istio health listeners).
-pub const MAX_WAIT_MS: u64 = 2 * duration::MAX_MS + MAX_SCRAPE_INTERVAL_MS + 5_000;
+pub const MAX_WAIT_MS: u64 = 2 * MAX_MS + MAX_SCRAPE_INTERVAL_MS + 5_000;
 
 /// Sets one field from the key's value, or says what is wrong with the
 /// value (the caller names the key). Every key but `role` sets a field of
 /// what the health role reads, which holds every other role's keys.
-type Apply = fn(&mut Health, &Value) -> Result<(), ValueError>;
+type Apply = fn(&mut Health, &Value) -> Result<(), String>;
 
 /// The values `role` takes.
 const ROLES: &str = "\"traffic\", \"traffic_tcp\", \"health\" or \"placeholder\"";
@@ -140,25 +138,51 @@ key_table! {
     /// Every configuration key, in the order they are checked.
     pub const KEYS: [&str; 20] = [
         "role",
-        "drain_timeout" => drain_timeout,
+        "drain_timeout" => |c, v| duration(v, 1, MAX_MS).map(|x| c.drain_timeout_ms = x),
         "min_drain" => min_drain,
-        "lb_buffer" => lb_buffer,
-        "tick" => tick,
-        "draining_lb_status" => draining_lb_status,
-        "admin_allow" => admin_allow,
-        "admin_token" => admin_token,
-        "close_after" => close_after,
-        "lb_fall" => lb_fall,
-        "lb_down_timeout" => lb_down_timeout,
-        "rotate_connections" => rotate_connections,
-        "lb_checkers" => lb_checkers,
-        "soft_drain_gate" => soft_drain_gate,
-        "draining_new_requests" => draining_new_requests,
-        "refused_requests" => refused_requests,
-        "draining_grpc_requests" => draining_grpc_requests,
-        "refuse_with" => refuse_with,
-        "termination_watch" => termination_watch,
-        "scrape_interval" => scrape_interval,
+        "lb_buffer" => |c, v| duration(v, 0, MAX_MS).map(|x| c.lb_buffer_ms = x),
+        "tick" => |c, v| duration(v, 10, MAX_TICK_MS).map(|x| c.shared.tick_ms = x),
+        "draining_lb_status" => |c, v| {
+            let status = v.as_u64().filter(|s| *s == 200 || *s == 404);
+            found(status.map(|s| s as u16), "200 or 404", v).map(|x| c.draining_lb_status = x)
+        },
+        "admin_allow" => |c, v| cidr_list(v).map(|x| c.admin_allow = x),
+        "admin_token" => |c, v| admin_tokens(v).map(|x| c.admin_tokens = x),
+        "close_after" => |c, v| close_after(v).map(|x| c.close_after = x),
+        "lb_fall" => |c, v| {
+            let fall = v.as_u64().filter(|n| matches!(n, 1..=10));
+            found(fall.map(|n| n as u32), "a whole number from 1 to 10", v).map(|x| c.lb_fall = x)
+        },
+        "lb_down_timeout" => |c, v| duration(v, 1, MAX_MS).map(|x| c.lb_down_timeout_ms = x),
+        "rotate_connections" => |c, v| {
+            cluster(v, rotation::DEFAULT_CLUSTER).map(|x| c.rotate_connections = x)
+        },
+        "lb_checkers" => |c, v| lb_checkers(v).map(|x| c.lb_checkers = x),
+        "soft_drain_gate" => |c, v| {
+            found(v.as_bool(), "true or false", v).map(|x| c.soft_drain_gate = x)
+        },
+        "draining_new_requests" => |c, v| {
+            new_requests(v).map(|x| c.shared.draining_new_requests = x)
+        },
+        "refused_requests" => |c, v| {
+            let requests = refused(v)?;
+            c.shared.refusal.requests = requests;
+            needs_refusing(c, requests == Refused::Idempotent, requests.name())
+        },
+        "draining_grpc_requests" => |c, v| {
+            let grpc = new_requests(v)?;
+            c.shared.refusal.grpc = grpc;
+            needs_refusing(c, grpc == NewRequests::Serve, grpc.name())
+        },
+        "refuse_with" => |c, v| {
+            let with = refuse_with(v)?;
+            c.shared.refusal.with = with;
+            needs_refusing(c, with == RefuseWith::Response, with.name())
+        },
+        "termination_watch" => |c, v| cluster(v, AGENT_CLUSTER).map(|x| c.termination_watch = x),
+        "scrape_interval" => |c, v| {
+            duration(v, 0, MAX_SCRAPE_INTERVAL_MS).map(|x| c.scrape_interval_ms = x)
+        },
     ];
 }
 
@@ -224,33 +248,68 @@ impl fmt::Display for Shown<'_> {
 }
 
 /// What a key's value should have been, and what it was.
-fn expected(what: &str, v: &Value) -> ValueError {
+fn expected(what: &str, v: &Value) -> String {
     format!("expected {what}, got {}", Shown(v))
 }
 
+/// What was found in `v`, or that it should have been `what`.
+fn found<T>(read: Option<T>, what: &str, v: &Value) -> Result<T, String> {
+    read.ok_or_else(|| expected(what, v))
+}
+
 /// A duration value from `min_ms` to `max_ms`.
-fn duration(v: &Value, min_ms: u64, max_ms: u64) -> Result<u64, ValueError> {
-    let s = v
-        .as_str()
-        .ok_or_else(|| expected("a duration string like \"30s\"", v))?;
-    let ms = duration::parse_ms(s).map_err(|e| e.to_string())?;
-    if ms < min_ms {
-        return Err(format!(
-            "\"{s}\" is below the minimum {}",
-            duration::format_ms(min_ms)
-        ));
+fn duration(v: &Value, min_ms: u64, max_ms: u64) -> Result<u64, String> {
+    let s = found(v.as_str(), "a duration string like \"30s\"", v)?;
+    let ms = duration::parse_ms(s)?;
+    let (side, limit) = match ms {
+        _ if ms < min_ms => ("below the minimum", min_ms),
+        _ if ms > max_ms => ("above the maximum", max_ms),
+        _ => return Ok(ms),
+    };
+    Err(format!("\"{s}\" is {side} {}", duration::format_ms(limit)))
+}
+
+fn close_after(v: &Value) -> Result<CloseAfter, String> {
+    match v.as_str() {
+        Some("lb_buffer") => Ok(CloseAfter::LbBuffer),
+        Some("lb_observed_down") => Ok(CloseAfter::LbObservedDown),
+        _ => Err(expected("\"lb_buffer\" or \"lb_observed_down\"", v)),
     }
-    if ms > max_ms {
-        return Err(format!(
-            "\"{s}\" is above the maximum {}",
-            duration::format_ms(max_ms)
-        ));
+}
+
+fn new_requests(v: &Value) -> Result<NewRequests, String> {
+    match v.as_str() {
+        Some("serve") => Ok(NewRequests::Serve),
+        Some("refuse") => Ok(NewRequests::Refuse),
+        _ => Err(expected("\"serve\" or \"refuse\"", v)),
     }
-    Ok(ms)
+}
+
+/// Which requests are refused: what the LB in front may send again.
+fn refused(v: &Value) -> Result<Refused, String> {
+    let what = "\"idempotent\", \"idempotent_or_key\" or \"all\"";
+    found(v.as_str().and_then(Refused::parse), what, v)
+}
+
+fn refuse_with(v: &Value) -> Result<RefuseWith, String> {
+    match v.as_str() {
+        Some("response") => Ok(RefuseWith::Response),
+        Some("reset") => Ok(RefuseWith::Reset),
+        _ => Err(expected("\"response\" or \"reset\"", v)),
+    }
+}
+
+/// A way of refusing other than the default needs the refusing (checked
+/// after `draining_new_requests`, the order of `KEYS`).
+fn needs_refusing(c: &Health, default: bool, way: &str) -> Result<(), String> {
+    if default || c.shared.draining_new_requests == NewRequests::Refuse {
+        return Ok(());
+    }
+    Err(format!("\"{way}\" needs draining_new_requests: \"refuse\""))
 }
 
 /// The role a `role` value names: what makes its configuration of the keys.
-fn role(v: &Value) -> Result<fn(Health) -> Config, ValueError> {
+fn role(v: &Value) -> Result<fn(Health) -> Config, String> {
     match v.as_str() {
         Some("traffic") => Ok(|h| Config::Traffic(h.shared)),
         Some("traffic_tcp") => Ok(|h| Config::TrafficTcp(h.shared)),
@@ -262,132 +321,39 @@ fn role(v: &Value) -> Result<fn(Health) -> Config, ValueError> {
     }
 }
 
-fn drain_timeout(c: &mut Health, v: &Value) -> Result<(), ValueError> {
-    duration(v, 1, duration::MAX_MS).map(|ms| c.drain_timeout_ms = ms)
-}
-
 /// Checked after `drain_timeout` (the order of `KEYS`); without the key it
 /// is 0, which never exceeds a valid `drain_timeout`.
-fn min_drain(c: &mut Health, v: &Value) -> Result<(), ValueError> {
-    c.min_drain_ms = duration(v, 0, duration::MAX_MS)?;
+fn min_drain(c: &mut Health, v: &Value) -> Result<(), String> {
+    c.min_drain_ms = duration(v, 0, MAX_MS)?;
     if c.min_drain_ms > c.drain_timeout_ms {
         return Err("must not exceed drain_timeout".into());
     }
     Ok(())
 }
 
-fn lb_buffer(c: &mut Health, v: &Value) -> Result<(), ValueError> {
-    duration(v, 0, duration::MAX_MS).map(|ms| c.lb_buffer_ms = ms)
-}
-
-fn tick(c: &mut Health, v: &Value) -> Result<(), ValueError> {
-    duration(v, 10, MAX_TICK_MS).map(|ms| c.shared.tick_ms = ms)
-}
-
-fn draining_lb_status(c: &mut Health, v: &Value) -> Result<(), ValueError> {
-    c.draining_lb_status = match v.as_u64() {
-        Some(200) => 200,
-        Some(404) => 404,
-        _ => return Err(expected("200 or 404", v)),
-    };
-    Ok(())
-}
-
-fn cidr_list(v: &Value) -> Result<Vec<Cidr>, ValueError> {
-    let items = v.as_array().ok_or_else(|| expected("a list of CIDRs", v))?;
+fn cidr_list(v: &Value) -> Result<Vec<Cidr>, String> {
+    let items = found(v.as_array(), "a list of CIDRs", v)?;
     let mut list = Vec::with_capacity(items.len());
     for item in items {
-        let text = item
-            .as_str()
-            .ok_or_else(|| expected("a CIDR string", item))?;
-        list.push(Cidr::parse(text)?);
+        list.push(Cidr::parse(found(item.as_str(), "a CIDR string", item)?)?);
     }
     Ok(list)
 }
 
-fn admin_allow(c: &mut Health, v: &Value) -> Result<(), ValueError> {
-    cidr_list(v).map(|list| c.admin_allow = list)
-}
-
 /// `null` (the chart's default) is the default: every source counts.
-fn lb_checkers(c: &mut Health, v: &Value) -> Result<(), ValueError> {
+fn lb_checkers(v: &Value) -> Result<Option<Vec<Cidr>>, String> {
     if v.is_null() {
-        c.lb_checkers = None;
-        return Ok(());
+        return Ok(None);
     }
-    let list = cidr_list(v)?;
-    if list.is_empty() {
-        return Err(
+    match cidr_list(v)? {
+        list if list.is_empty() => Err(
             "an empty list would ignore every checker; omit the key to count every source".into(),
-        );
-    }
-    c.lb_checkers = Some(list);
-    Ok(())
-}
-
-fn soft_drain_gate(c: &mut Health, v: &Value) -> Result<(), ValueError> {
-    c.soft_drain_gate = v.as_bool().ok_or_else(|| expected("true or false", v))?;
-    Ok(())
-}
-
-fn new_requests(v: &Value) -> Result<NewRequests, ValueError> {
-    match v.as_str() {
-        Some("serve") => Ok(NewRequests::Serve),
-        Some("refuse") => Ok(NewRequests::Refuse),
-        _ => Err(expected("\"serve\" or \"refuse\"", v)),
+        ),
+        list => Ok(Some(list)),
     }
 }
 
-fn draining_new_requests(c: &mut Health, v: &Value) -> Result<(), ValueError> {
-    new_requests(v).map(|n| c.shared.draining_new_requests = n)
-}
-
-/// A way of refusing that is not the default needs the refusing (checked
-/// after `draining_new_requests`, the order of `KEYS`).
-fn needs_refusing(c: &Health, value: &str) -> Result<(), ValueError> {
-    if c.shared.draining_new_requests == NewRequests::Refuse {
-        return Ok(());
-    }
-    Err(format!(
-        "\"{value}\" needs draining_new_requests: \"refuse\""
-    ))
-}
-
-/// Which requests are refused: what the LB in front may send again.
-fn refused_requests(c: &mut Health, v: &Value) -> Result<(), ValueError> {
-    c.shared.refusal.requests = v
-        .as_str()
-        .and_then(Refused::parse)
-        .ok_or_else(|| expected("\"idempotent\", \"idempotent_or_key\" or \"all\"", v))?;
-    if c.shared.refusal.requests != Refused::Idempotent {
-        needs_refusing(c, c.shared.refusal.requests.name())?;
-    }
-    Ok(())
-}
-
-/// gRPC is served unless it is refused too: an LB that cannot resend a
-/// gRPC call would pass the refusal to its client.
-fn draining_grpc_requests(c: &mut Health, v: &Value) -> Result<(), ValueError> {
-    c.shared.refusal.grpc = new_requests(v)?;
-    if c.shared.refusal.grpc == NewRequests::Refuse {
-        needs_refusing(c, "refuse")?;
-    }
-    Ok(())
-}
-
-fn refuse_with(c: &mut Health, v: &Value) -> Result<(), ValueError> {
-    c.shared.refusal.with = match v.as_str() {
-        Some("response") => RefuseWith::Response,
-        Some("reset") => RefuseWith::Reset,
-        _ => return Err(expected("\"response\" or \"reset\"", v)),
-    };
-    if c.shared.refusal.with == RefuseWith::Reset {
-        needs_refusing(c, "reset")?;
-    }
-    Ok(())
-}
-
-fn admin_token(c: &mut Health, v: &Value) -> Result<(), ValueError> {
+fn admin_tokens(v: &Value) -> Result<Vec<String>, String> {
     let tokens: Vec<&str> = match v {
         Value::String(t) if t.is_empty() => Vec::new(),
         Value::String(t) => vec![t.as_str()],
@@ -409,37 +375,17 @@ fn admin_token(c: &mut Health, v: &Value) -> Result<(), ValueError> {
             return Err("may only hold letters, digits and -._~+/=".into());
         }
     }
-    c.admin_tokens = tokens.into_iter().map(str::to_string).collect();
-    Ok(())
+    Ok(tokens.into_iter().map(str::to_string).collect())
 }
 
-fn close_after(c: &mut Health, v: &Value) -> Result<(), ValueError> {
-    c.close_after = match v.as_str() {
-        Some("lb_buffer") => CloseAfter::LbBuffer,
-        Some("lb_observed_down") => CloseAfter::LbObservedDown,
-        _ => return Err(expected("\"lb_buffer\" or \"lb_observed_down\"", v)),
-    };
-    Ok(())
+/// RFC 7235 token68 characters (what may follow `Bearer `).
+fn is_token68(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || b"-._~+/=".contains(&b)
 }
-
-fn lb_fall(c: &mut Health, v: &Value) -> Result<(), ValueError> {
-    c.lb_fall = match v.as_u64() {
-        Some(n @ 1..=10) => n as u32,
-        _ => return Err(expected("a whole number from 1 to 10", v)),
-    };
-    Ok(())
-}
-
-fn lb_down_timeout(c: &mut Health, v: &Value) -> Result<(), ValueError> {
-    duration(v, 1, duration::MAX_MS).map(|ms| c.lb_down_timeout_ms = ms)
-}
-
-/// Longest accepted cluster name.
-const MAX_CLUSTER_LEN: usize = 256;
 
 /// An Envoy cluster a key names: `false` turns it off, `true` is `default`,
 /// a string names the cluster.
-fn cluster(v: &Value, default: &str) -> Result<Option<String>, ValueError> {
+fn cluster(v: &Value, default: &str) -> Result<Option<String>, String> {
     match v {
         Value::Bool(false) => Ok(None),
         Value::Bool(true) => Ok(Some(default.into())),
@@ -456,24 +402,6 @@ fn cluster(v: &Value, default: &str) -> Result<Option<String>, ValueError> {
             Shown(v)
         )),
     }
-}
-
-fn rotate_connections(c: &mut Health, v: &Value) -> Result<(), ValueError> {
-    cluster(v, rotation::DEFAULT_CLUSTER).map(|name| c.rotate_connections = name)
-}
-
-/// istio-proxy's cluster to pilot-agent's status port (`true`).
-pub const AGENT_CLUSTER: &str = "agent";
-
-fn termination_watch(c: &mut Health, v: &Value) -> Result<(), ValueError> {
-    cluster(v, AGENT_CLUSTER).map(|name| c.termination_watch = name)
-}
-
-/// Longest `scrape_interval` accepted.
-const MAX_SCRAPE_INTERVAL_MS: u64 = 60_000;
-
-fn scrape_interval(c: &mut Health, v: &Value) -> Result<(), ValueError> {
-    duration(v, 0, MAX_SCRAPE_INTERVAL_MS).map(|ms| c.scrape_interval_ms = ms)
 }
 
 /// `names` for an error message: `a, b, c` (one small loop, not the
@@ -598,11 +526,6 @@ impl Health {
     pub fn default_wait_ms(&self) -> u64 {
         self.drain_timeout_ms + self.max_closing_ms() + self.scrape_interval_ms + 5_000
     }
-}
-
-/// RFC 7235 token68 characters (what may follow `Bearer `).
-fn is_token68(b: u8) -> bool {
-    b.is_ascii_alphanumeric() || b"-._~+/=".contains(&b)
 }
 
 #[cfg(test)]

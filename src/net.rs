@@ -10,7 +10,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 /// one peer reads the same on every listener.
 pub fn peer_ip(bytes: &[u8]) -> Option<IpAddr> {
     let text = std::str::from_utf8(bytes).ok()?;
-    whole(text, |p| p.socket_ip())
+    socket_ip(text)
         .or_else(|| parse_ip(text))
         .map(|ip| ip.to_canonical())
 }
@@ -19,182 +19,80 @@ pub fn peer_ip(bytes: &[u8]) -> Option<IpAddr> {
 /// same address): drain-gate's own reader, a fraction of the size of core's
 /// in the module.
 pub fn parse_ip(s: &str) -> Option<IpAddr> {
-    whole(s, |p| p.ip())
+    ipv4(s).map(IpAddr::V4).or_else(|| ipv6(s).map(IpAddr::V6))
 }
 
-/// What `read` makes of all of `s`.
-fn whole<T>(s: &str, read: impl FnOnce(&mut Parser<'_>) -> Option<T>) -> Option<T> {
-    let mut p = Parser { rest: s.as_bytes() };
-    read(&mut p).filter(|_| p.rest.is_empty())
+/// The IP of a socket address as `str::parse::<SocketAddr>` reads one:
+/// `a.b.c.d:port` or `[ip6%scope]:port`, the scope optional.
+fn socket_ip(s: &str) -> Option<IpAddr> {
+    let port = |p: &str| number(p, 10, usize::MAX).is_some_and(|n| n <= u32::from(u16::MAX));
+    let Some(v6) = s.strip_prefix("[") else {
+        let (ip, p) = s.split_once(':')?;
+        return ipv4(ip).filter(|_| port(p)).map(IpAddr::V4);
+    };
+    let (ip, p) = v6.split_once(']')?;
+    let (ip, scope) = ip.split_once('%').unwrap_or((ip, "0"));
+    let ok = port(p.strip_prefix(":")?) && number(scope, 10, usize::MAX).is_some();
+    ipv6(ip).filter(|_| ok).map(IpAddr::V6)
 }
 
-/// Reads addresses as core's `net` parser does: every step that fails puts
-/// back what it read.
-struct Parser<'a> {
-    rest: &'a [u8],
+/// The value of `s`, 1 to `max_digits` digits in `radix`.
+fn number(s: &str, radix: u32, max_digits: usize) -> Option<u32> {
+    if s.is_empty() || s.len() > max_digits {
+        return None;
+    }
+    s.bytes().try_fold(0u32, |n, b| {
+        n.checked_mul(radix)?
+            .checked_add(char::from(b).to_digit(radix)?)
+    })
 }
 
-impl Parser<'_> {
-    fn atomically<T>(&mut self, f: impl FnOnce(&mut Self) -> Option<T>) -> Option<T> {
-        let start = self.rest;
-        let out = f(self);
-        if out.is_none() {
-            self.rest = start;
+/// `a.b.c.d`, each a decimal from 0 to 255 without a leading zero.
+fn ipv4(s: &str) -> Option<Ipv4Addr> {
+    let mut parts = s.split('.');
+    let mut octets = [0u8; 4];
+    for octet in &mut octets {
+        let part = parts
+            .next()
+            .filter(|p| p.len() == 1 || !p.starts_with("0"))?;
+        *octet = u8::try_from(number(part, 10, 3)?).ok()?;
+    }
+    parts.next().is_none().then_some(octets.into())
+}
+
+/// Groups of 1 to 4 hex digits, the last two of them possibly an IPv4
+/// address; at most one `::` for one or more zero groups.
+fn ipv6(s: &str) -> Option<Ipv6Addr> {
+    let Some(gap) = s.as_bytes().windows(2).position(|w| w == b"::") else {
+        let (bits, n, _) = groups(s)?;
+        return (n == 8).then_some(bits.into());
+    };
+    let (head, n, head_v4) = groups(s.get(..gap)?)?;
+    let (tail, m, _) = groups(s.get(gap + 2..)?)?;
+    let bits = head.checked_shl(16 * (8 - n.min(8)) as u32).unwrap_or(0) | tail;
+    (!head_v4 && n + m < 8).then_some(bits.into())
+}
+
+/// The `:`-separated groups of `s` (none if it is empty) as one number: it,
+/// how many groups, and whether an IPv4 address, which only the last may be,
+/// ended them.
+fn groups(s: &str) -> Option<(u128, usize, bool)> {
+    if s.is_empty() {
+        return Some((0, 0, false));
+    }
+    let (mut bits, mut n, mut parts) = (0u128, 0, s.split(':').peekable());
+    while let Some(part) = parts.next() {
+        if part.contains('.') {
+            let v4 = u128::from(u32::from(ipv4(part)?));
+            return parts
+                .peek()
+                .is_none()
+                .then_some((bits << 32 | v4, n + 2, true));
         }
-        out
+        bits = bits << 16 | u128::from(number(part, 16, 4)?);
+        n += 1;
     }
-
-    fn given(&mut self, c: u8) -> Option<()> {
-        self.atomically(|p| {
-            let (first, rest) = p.rest.split_first()?;
-            p.rest = rest;
-            (*first == c).then_some(())
-        })
-    }
-
-    fn digit(&mut self, radix: u32) -> Option<u32> {
-        self.atomically(|p| {
-            let (first, rest) = p.rest.split_first()?;
-            p.rest = rest;
-            char::from(*first).to_digit(radix)
-        })
-    }
-
-    /// A number up to `max`, of at most `max_digits` digits; a leading zero
-    /// only alone unless `zero_prefix`.
-    fn number(
-        &mut self,
-        radix: u32,
-        max_digits: Option<usize>,
-        zero_prefix: bool,
-        max: u32,
-    ) -> Option<u32> {
-        self.atomically(|p| {
-            let leading_zero = p.rest.first() == Some(&b'0');
-            let (mut n, mut digits) = (0u32, 0usize);
-            while let Some(d) = p.digit(radix) {
-                n = n.checked_mul(radix)?.checked_add(d).filter(|n| *n <= max)?;
-                digits += 1;
-                if max_digits.is_some_and(|m| digits > m) {
-                    return None;
-                }
-            }
-            match digits {
-                0 => None,
-                1 => Some(n),
-                _ if leading_zero && !zero_prefix => None,
-                _ => Some(n),
-            }
-        })
-    }
-
-    /// `read`, after `sep` unless it is the first of a list.
-    fn separated<T>(
-        &mut self,
-        sep: u8,
-        index: usize,
-        read: impl FnOnce(&mut Self) -> Option<T>,
-    ) -> Option<T> {
-        self.atomically(|p| {
-            if index > 0 {
-                p.given(sep)?;
-            }
-            read(p)
-        })
-    }
-
-    fn ipv4(&mut self) -> Option<Ipv4Addr> {
-        self.atomically(|p| {
-            let mut octets = [0u8; 4];
-            for (i, slot) in octets.iter_mut().enumerate() {
-                let n = p.separated(b'.', i, |p| p.number(10, Some(3), false, 255))?;
-                *slot = u8::try_from(n).ok()?;
-            }
-            Some(Ipv4Addr::from(octets))
-        })
-    }
-
-    /// Groups of an IPv6 address into `groups`, the last two possibly an
-    /// embedded IPv4 address: how many, and whether that ended them.
-    fn groups(&mut self, groups: &mut [u16]) -> (usize, bool) {
-        let limit = groups.len();
-        for i in 0..limit {
-            if i + 1 < limit {
-                if let Some(v4) = self.separated(b':', i, Parser::ipv4) {
-                    let [a, b, c, d] = v4.octets();
-                    if let Some(pair) = groups.get_mut(i..i + 2) {
-                        pair.copy_from_slice(&[
-                            u16::from_be_bytes([a, b]),
-                            u16::from_be_bytes([c, d]),
-                        ]);
-                    }
-                    return (i + 2, true);
-                }
-            }
-            let group = self.separated(b':', i, |p| p.number(16, Some(4), true, 0xffff));
-            match (group.and_then(|g| u16::try_from(g).ok()), groups.get_mut(i)) {
-                (Some(g), Some(slot)) => *slot = g,
-                _ => return (i, false),
-            }
-        }
-        (limit, false)
-    }
-
-    fn ipv6(&mut self) -> Option<Ipv6Addr> {
-        self.atomically(|p| {
-            let mut head = [0u16; 8];
-            let (head_size, head_ipv4) = p.groups(&mut head);
-            if head_size == 8 {
-                return Some(head.into());
-            }
-            if head_ipv4 {
-                return None;
-            }
-            p.given(b':')?;
-            p.given(b':')?;
-            let mut tail = [0u16; 7];
-            let limit = 8 - (head_size + 1);
-            let (tail_size, _) = p.groups(tail.get_mut(..limit)?);
-            head.get_mut(8 - tail_size..)?
-                .copy_from_slice(tail.get(..tail_size)?);
-            Some(head.into())
-        })
-    }
-
-    fn ip(&mut self) -> Option<IpAddr> {
-        self.ipv4()
-            .map(IpAddr::V4)
-            .or_else(|| self.ipv6().map(IpAddr::V6))
-    }
-
-    fn port(&mut self) -> Option<u32> {
-        self.atomically(|p| {
-            p.given(b':')?;
-            p.number(10, None, true, u32::from(u16::MAX))
-        })
-    }
-
-    /// The IP of a socket address as `str::parse::<SocketAddr>` reads one.
-    fn socket_ip(&mut self) -> Option<IpAddr> {
-        let v4 = self.atomically(|p| {
-            let ip = p.ipv4()?;
-            p.port()?;
-            Some(IpAddr::V4(ip))
-        });
-        v4.or_else(|| {
-            self.atomically(|p| {
-                p.given(b'[')?;
-                let ip = p.ipv6()?;
-                p.atomically(|p| {
-                    p.given(b'%')?;
-                    p.number(10, None, true, u32::MAX)
-                });
-                p.given(b']')?;
-                p.port()?;
-                Some(IpAddr::V6(ip))
-            })
-        })
-    }
+    Some((bits, n, false))
 }
 
 /// An IP address written as its `Display` writes it (RFC 5952 for IPv6, an
@@ -226,35 +124,29 @@ fn write_v4(f: &mut fmt::Formatter<'_>, v4: Ipv4Addr) -> fmt::Result {
 /// The groups in lowercase hex, the longest run of two or more zero groups
 /// (the first, if several are as long) as `::`.
 fn write_v6(f: &mut fmt::Formatter<'_>, groups: [u16; 8]) -> fmt::Result {
-    let (mut best, mut best_len, mut start, mut len) = (0, 0, 0, 0);
+    let (mut best, mut len) = (0..0, 0);
     for (i, g) in groups.iter().enumerate() {
-        if *g != 0 {
-            len = 0;
+        len = if *g == 0 { len + 1 } else { 0 };
+        if len > best.len() {
+            best = i + 1 - len..i + 1;
+        }
+    }
+    if best.len() < 2 {
+        best = 8..8;
+    }
+    for (i, g) in groups.iter().enumerate() {
+        if i == best.start {
+            f.write_str("::")?;
+        }
+        if best.contains(&i) {
             continue;
         }
-        if len == 0 {
-            start = i;
+        if i > 0 && i != best.end {
+            f.write_str(":")?;
         }
-        len += 1;
-        if len > best_len {
-            (best, best_len) = (start, len);
-        }
+        write!(f, "{g:x}")?;
     }
-    let list = |f: &mut fmt::Formatter<'_>, part: &[u16]| -> fmt::Result {
-        for (i, g) in part.iter().enumerate() {
-            if i > 0 {
-                f.write_str(":")?;
-            }
-            write!(f, "{g:x}")?;
-        }
-        Ok(())
-    };
-    if best_len < 2 {
-        return list(f, &groups);
-    }
-    list(f, groups.get(..best).unwrap_or_default())?;
-    f.write_str("::")?;
-    list(f, groups.get(best + best_len..).unwrap_or_default())
+    Ok(())
 }
 
 /// An IPv4 or IPv6 network, e.g. `127.0.0.0/8`.
@@ -267,11 +159,11 @@ pub struct Cidr {
 /// The loopback networks, IPv4 and IPv6.
 pub const LOOPBACK: [Cidr; 2] = [
     Cidr {
-        net: IpAddr::V4(std::net::Ipv4Addr::new(127, 0, 0, 0)),
+        net: IpAddr::V4(Ipv4Addr::new(127, 0, 0, 0)),
         prefix: 8,
     },
     Cidr {
-        net: IpAddr::V6(std::net::Ipv6Addr::LOCALHOST),
+        net: IpAddr::V6(Ipv6Addr::LOCALHOST),
         prefix: 128,
     },
 ];
@@ -279,27 +171,21 @@ pub const LOOPBACK: [Cidr; 2] = [
 impl Cidr {
     /// The network `s` writes, or why it is not one drain-gate accepts.
     pub fn parse(s: &str) -> Result<Cidr, String> {
-        let (addr, prefix) = match s.split_once('/') {
-            Some((a, p)) => (a, Some(p)),
-            None => (s, None),
-        };
+        let (addr, prefix) = s.split_once('/').map_or((s, None), |(a, p)| (a, Some(p)));
         let net = parse_ip(addr).ok_or_else(|| format!("\"{s}\" is not an IP address or CIDR"))?;
         let max = if net.is_ipv4() { 32 } else { 128 };
-        let prefix = match prefix {
+        let prefix = match prefix.map(str::parse::<u8>) {
             None => max,
-            Some(p) => match p.parse::<u8>() {
-                Ok(n) if n <= max => n,
-                _ => return Err(format!("\"{s}\" has a prefix length outside 0..={max}")),
-            },
+            Some(Ok(n)) if n <= max => n,
+            Some(_) => return Err(format!("\"{s}\" has a prefix length outside 0..={max}")),
         };
         let (bits, width) = bits(net);
         let kept = masked(bits, prefix, width);
         if kept != bits {
-            let network = match net {
+            let network = Shown(match net {
                 IpAddr::V4(_) => IpAddr::V4((kept as u32).into()),
                 IpAddr::V6(_) => IpAddr::V6(kept.into()),
-            };
-            let network = Shown(network);
+            });
             return Err(format!(
                 "\"{s}\" has host bits set (did you mean \"{network}/{prefix}\"?)"
             ));

@@ -90,37 +90,33 @@ impl Params {
     }
 }
 
-/// "this endpoint takes wait, timeout" / "this endpoint takes no query parameters".
 /// "takes no query parameters", "takes wait, timeout".
 fn takes_phrase(takes: &[&str]) -> String {
-    if takes.is_empty() {
-        "takes no query parameters".to_string()
-    } else {
-        format!("takes {}", crate::config::listed(takes))
+    match takes {
+        [] => "takes no query parameters".to_string(),
+        _ => format!("takes {}", crate::config::listed(takes)),
     }
 }
 
 /// Percent-decodes one name or value (RFC 3986 `%HH`); `+` stays `+`.
 pub fn decode(s: &str) -> Result<Vec<u8>, Reply> {
-    let malformed = || bad_request("malformed percent-escape in the query (expected %HH)");
     let mut out = Vec::with_capacity(s.len());
     let mut bytes = s.bytes();
     while let Some(b) = bytes.next() {
-        if b != b'%' {
-            out.push(b);
-            continue;
-        }
-        let hi = bytes.next().and_then(hex).ok_or_else(malformed)?;
-        let lo = bytes.next().and_then(hex).ok_or_else(malformed)?;
-        out.push(hi << 4 | lo);
+        out.push(match b {
+            b'%' => hex(bytes.next())? << 4 | hex(bytes.next())?,
+            _ => b,
+        });
     }
     Ok(out)
 }
 
-fn hex(b: u8) -> Option<u8> {
-    char::from(b)
-        .to_digit(16)
-        .and_then(|d| u8::try_from(d).ok())
+/// One hex digit of a percent-escape.
+fn hex(b: Option<u8>) -> Result<u8, Reply> {
+    let digit = b.and_then(|b| char::from(b).to_digit(16));
+    digit
+        .map(|d| d as u8)
+        .ok_or_else(|| bad_request("malformed percent-escape in the query (expected %HH)"))
 }
 
 #[cfg(test)]
