@@ -61,11 +61,13 @@ impl<H: Host> Context for Stream<H> {}
 
 impl<H: Host> HttpContext for Stream<H> {
     fn on_http_request_headers(&mut self, num_headers: usize, end_of_stream: bool) -> Action {
+        if let Stream::Traffic(t) = self {
+            return t.on_http_request_headers(num_headers, end_of_stream);
+        }
         match self {
-            Stream::Traffic(t) => t.on_http_request_headers(num_headers, end_of_stream),
             Stream::Health(h) => h.on_http_request_headers(num_headers, end_of_stream),
             Stream::Stand(s) => s.on_http_request_headers(num_headers, end_of_stream),
-            Stream::Passthrough => Action::Continue,
+            Stream::Traffic(_) | Stream::Passthrough => Action::Continue,
         }
     }
 
