@@ -146,8 +146,7 @@ pub struct Root<H: Host = Envoy> {
     pub role: Role<H>,
     /// Learnt from the first context the host creates (see `get_type`).
     filter: Cell<Option<Filter>>,
-    /// Whether this root runs its role for the contexts it is given: the
-    /// role's kind of filter is the one it sits in (`place`).
+    /// Whether this root runs its role for its contexts (`place`).
     in_place: Cell<bool>,
     host: H,
     /// This VM's metrics over `host`.
@@ -241,7 +240,6 @@ impl<H: Host + Copy> Root<H> {
         }
     }
 
-    /// `loaded_as`'s first look, once per root context.
     #[cold]
     #[inline(never)]
     fn learn_filter(&self) -> Filter {
