@@ -61,11 +61,13 @@ impl<H: Host> Context for Stream<H> {}
 
 impl<H: Host> HttpContext for Stream<H> {
     fn on_http_request_headers(&mut self, num_headers: usize, end_of_stream: bool) -> Action {
+        if let Stream::Traffic(t) = self {
+            return t.on_http_request_headers(num_headers, end_of_stream);
+        }
         match self {
-            Stream::Traffic(t) => t.on_http_request_headers(num_headers, end_of_stream),
             Stream::Health(h) => h.on_http_request_headers(num_headers, end_of_stream),
             Stream::Stand(s) => s.on_http_request_headers(num_headers, end_of_stream),
-            Stream::Passthrough => Action::Continue,
+            Stream::Traffic(_) | Stream::Passthrough => Action::Continue,
         }
     }
 
@@ -144,6 +146,8 @@ pub struct Root<H: Host = Envoy> {
     pub role: Role<H>,
     /// Learnt from the first context the host creates (see `get_type`).
     filter: Cell<Option<Filter>>,
+    /// Whether this root runs its role for its contexts (`place`).
+    in_place: Cell<bool>,
     host: H,
     /// This VM's metrics over `host`.
     metrics: fn(H) -> Metrics<H>,
@@ -197,6 +201,7 @@ impl<H: Host + Copy> Root<H> {
         Root {
             role: Role::Unconfigured,
             filter: Cell::new(None),
+            in_place: Cell::new(false),
             host,
             metrics,
         }
@@ -229,21 +234,30 @@ impl<H: Host + Copy> Root<H> {
     /// protocol when it is created, a connection does not. One host call per
     /// root context, never per stream.
     fn loaded_as(&self) -> Filter {
-        if let Some(f) = self.filter.get() {
-            return f;
+        match self.filter.get() {
+            Some(f) => f,
+            None => self.learn_filter(),
         }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn learn_filter(&self) -> Filter {
         let http = self.host.property("request\0protocol").is_some();
         let filter = if http { Filter::Http } else { Filter::Network };
         self.filter.set(Some(filter));
+        self.place();
         if self.role.filter().is_some_and(|want| want != filter) {
             self.misplaced(filter);
         }
         filter
     }
 
-    /// Whether this root runs its role for the contexts it is given.
-    fn in_place(&self) -> bool {
-        self.role.filter() == self.filter.get()
+    /// Settles `in_place` once the role and the filter are known, not per stream.
+    fn place(&self) {
+        let known = self.filter.get().is_some();
+        self.in_place
+            .set(known && self.role.filter() == self.filter.get());
     }
 }
 
@@ -319,6 +333,7 @@ impl<H: Host + Copy + 'static> RootContext for Root<H> {
             }
             Config::Placeholder { .. } => Role::Placeholder(Rc::new(Stand::new(self.host))),
         };
+        self.place();
         true
     }
 
@@ -333,7 +348,7 @@ impl<H: Host + Copy + 'static> RootContext for Root<H> {
     }
 
     fn create_http_context(&self, context_id: u32) -> Option<Box<dyn HttpContext>> {
-        if !self.in_place() {
+        if !self.in_place.get() {
             return Some(Box::new(Stream::<H>::Passthrough));
         }
         match &self.role {
@@ -352,7 +367,7 @@ impl<H: Host + Copy + 'static> RootContext for Root<H> {
     /// Connections of a network filter (`traffic_tcp`).
     fn create_stream_context(&self, _: u32) -> Option<Box<dyn StreamContext>> {
         match &self.role {
-            Role::Traffic(t) if self.in_place() => {
+            Role::Traffic(t) if self.in_place.get() => {
                 Some(Box::new(Stream::Traffic(TrafficStream::new(Rc::clone(t)))))
             }
             _ => Some(Box::new(Stream::<H>::Passthrough)),

@@ -427,6 +427,7 @@ impl<H: Host> TrafficStream<H> {
         self.counted
     }
 
+    #[inline(always)]
     pub fn new(traffic: Rc<Traffic<H>>) -> TrafficStream<H> {
         traffic.heartbeat.ensure();
         let counted = traffic.counter().admit(traffic.exact());
