@@ -367,7 +367,7 @@ impl Checkers {
         if !self.list.iter().any(|c| open(c, true)) {
             return false;
         }
-        let source = source().map(|ip| crate::net::Shown(ip).to_string());
+        let source = source().map(|ip| ip.to_string());
         let own = |c: &&Checker| source.as_deref() == Some(c.source.as_str());
         match self.list.iter().find(own) {
             Some(c) => open(c, true),

@@ -53,8 +53,9 @@ END = "<!-- end of bench results -->"
 # two thirds of a MiB, envoyfilter/docs/limits.md), V8 compiles it per worker. 250,000 until the traffic roles
 # measured stream durations (src/instruments/sizing/mod.rs, +9 KB after the module was cut from 265,850 to 251,480 bytes);
 # 270,000 until the LB's check intervals (src/gate/lb.rs) and the quiet tick's fixed forms and version caches
-# (src/host/shared.rs, in_flight, liveness): 273,824 bytes with them.
-MODULE_BUDGET_BYTES = 275_000
+# (src/host/shared.rs, in_flight, liveness): 273,824 bytes with them; 275,000 until `make build` built the
+# module as the cdylib alone (231,974 bytes; 235,928 with std's address parser in src/net.rs).
+MODULE_BUDGET_BYTES = 250_000
 # The budget a kept run was measured against when it does not say (runs before it was recorded).
 EARLIER_BUDGET_BYTES = 250_000
 CLK = os.sysconf("SC_CLK_TCK")

@@ -14,7 +14,6 @@ use crate::gate::fsm::host as store;
 use crate::gate::fsm::{self, Record, State};
 use crate::host::logs;
 use crate::host::wasm_host::{Envoy, Host};
-use crate::net::Shown;
 
 /// Logs why the state could not be read; the answer is the core's.
 fn unavailable(error: impl Display) -> Reply {
@@ -34,7 +33,7 @@ impl<H: Host> Health<H> {
         }
         let observed = self
             .store
-            .lb_observe(&Shown(ip).to_string(), served, self.config.lb_fall);
+            .lb_observe(&ip.to_string(), served, self.config.lb_fall);
         if let Err(e) = observed {
             logs::warning!("event=lb_record_unavailable error=\"{e}\"");
         }
@@ -56,12 +55,12 @@ impl<H: Host> Health<H> {
                 Err(e) => logs::warning!("event=lb_record_unavailable error=\"{e}\""),
             }
         }
-        match self.store.lb_ignore(&Shown(ip).to_string()) {
+        match self.store.lb_ignore(&ip.to_string()) {
             Ok(true) => logs::warning!(
                 "event=lb_check_ignored source={} what=\"a /health_check.html from outside \
                  lb_checkers: answered, not recorded; if it is the LB, a soft drain's gate and \
                  lb_observed_down never see it\"",
-                Shown(ip)
+                ip
             ),
             Ok(false) => {}
             Err(e) => logs::warning!("event=lb_record_unavailable error=\"{e}\""),
