@@ -50,7 +50,7 @@
 use std::rc::Rc;
 
 use drain_gate::config::{self, Config, Shared};
-use drain_gate::gate::count::traffic::{Traffic, TrafficStream};
+use drain_gate::host::traffic::{Traffic, TrafficStream};
 use drain_gate::gate::count::Part;
 use drain_gate::gate::fsm::host::Store;
 use drain_gate::gate::fsm::{Move, Reason, Record, State};

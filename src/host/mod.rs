@@ -14,6 +14,7 @@ pub mod logs;
 pub mod metrics;
 pub mod root;
 pub mod shared;
+pub mod traffic;
 #[cfg(not(target_arch = "wasm32"))]
 pub mod sim;
 pub mod wasm_host;

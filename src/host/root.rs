@@ -13,7 +13,7 @@ use super::logs;
 use super::metrics::Metrics;
 use super::wasm_host::{Envoy, Host};
 use crate::config::Config;
-use crate::gate::count::traffic::{Traffic, TrafficStream};
+use crate::host::traffic::{Traffic, TrafficStream};
 use crate::gate::count::{self, Part};
 use crate::gate::fsm::host::Store;
 use crate::gate::liveness::host as liveness;

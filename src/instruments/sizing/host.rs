@@ -114,7 +114,7 @@ impl<H: Host> Book<H> {
 mod tests {
     use super::*;
     use crate::config::Shared;
-    use crate::gate::count::traffic::{Traffic, TrafficStream};
+    use crate::host::traffic::{Traffic, TrafficStream};
     use crate::gate::count::Part;
     use crate::host::metrics::Metrics;
     use crate::host::sim::Sim;

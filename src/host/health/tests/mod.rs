@@ -10,7 +10,7 @@ use super::*;
 pub(crate) use crate::api::{self, Reply};
 use crate::config;
 pub(crate) use crate::config::Config;
-pub(crate) use crate::gate::count::traffic::{Traffic, TrafficStream};
+pub(crate) use crate::host::traffic::{Traffic, TrafficStream};
 pub(crate) use crate::gate::count::Part;
 pub(crate) use crate::gate::fsm::{self, State};
 pub(crate) use crate::host::logs;

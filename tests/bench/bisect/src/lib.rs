@@ -10,7 +10,7 @@
 
 include!("../../../fixtures/src_modules.rs");
 
-use gate::count::traffic::Traffic;
+use host::traffic::Traffic;
 use host::root::{Role, Root};
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::ContextType;
