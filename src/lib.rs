@@ -348,4 +348,29 @@ mod tests {
         let found = circles(&graph);
         assert!(found.is_empty(), "import circles:{}", found.join("\n"));
     }
+
+    /// The gate decides nothing on what an instrument measures: no module of
+    /// `gate` uses one of `instruments` (the roles' shells feed them the
+    /// gate's events: `host::traffic`, `host::health`, `Store::raising`).
+    #[test]
+    fn the_gate_uses_no_instrument() {
+        let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+        let graph = module_graph(&src);
+        assert!(graph.contains_key("gate::fsm::host") && graph.contains_key("gate::count"));
+        let uses: Vec<String> = graph
+            .iter()
+            .filter(|(from, _)| *from == "gate" || contains("gate", from))
+            .flat_map(|(from, edges)| {
+                edges
+                    .iter()
+                    .filter(|(to, _)| contains("instruments", to))
+                    .map(move |(to, why)| format!("\n  {from} -> {to}  ({why})"))
+            })
+            .collect();
+        assert!(
+            uses.is_empty(),
+            "the gate uses instruments:{}",
+            uses.concat()
+        );
+    }
 }

@@ -50,7 +50,6 @@
 use std::rc::Rc;
 
 use drain_gate::config::{self, Config, Shared};
-use drain_gate::host::traffic::{Traffic, TrafficStream};
 use drain_gate::gate::count::Part;
 use drain_gate::gate::fsm::host::Store;
 use drain_gate::gate::fsm::{Move, Reason, Record, State};
@@ -59,7 +58,9 @@ use drain_gate::host::health::Health;
 use drain_gate::host::keys;
 use drain_gate::host::metrics::Metrics;
 use drain_gate::host::sim::Sim;
+use drain_gate::host::traffic::{Traffic, TrafficStream};
 use drain_gate::host::wasm_host::Host;
+use drain_gate::instruments::receipt;
 use drain_gate::instruments::receipt::{Tally, DOWNSTREAM_FLAGS};
 use drain_gate::metric_names as names;
 use proptest::prelude::*;
@@ -470,7 +471,7 @@ impl<'a> Model<'a> {
             Op::Stall(ms) => self.sim.advance(ms),
             Op::DrainStart => {
                 if !self.drain {
-                    let store = Store::new(self.sim);
+                    let store = Store::new(self.sim).raising(receipt::host::transition);
                     let mv = Move {
                         expected_from: State::Open,
                         to: State::Draining,
@@ -1045,7 +1046,7 @@ fn a_stall_of_the_whole_process_disarms_nothing() {
     let (reg, _, watch) = drain_gate::gate::liveness::host::Judge::new(&sim, TICK_MS).snapshot();
     assert_eq!((reg.lost_total, watch.stalls), (0, 1));
     // A drain with the stream in flight: held; the stream's end flips it.
-    let store = Store::new(&sim);
+    let store = Store::new(&sim).raising(receipt::host::transition);
     let metrics = Metrics::define(&sim);
     let plan = config::Health::default().plan();
     let mv = Move {

@@ -13,12 +13,12 @@ use super::logs;
 use super::metrics::Metrics;
 use super::wasm_host::{Envoy, Host};
 use crate::config::Config;
-use crate::host::traffic::{Traffic, TrafficStream};
 use crate::gate::count::{self, Part};
 use crate::gate::fsm::host::Store;
 use crate::gate::liveness::host as liveness;
 use crate::gate::placeholder::host::{self as placeholder, Stand, StandStream};
 use crate::gate::rotation::host as rotation;
+use crate::host::traffic::{Traffic, TrafficStream};
 
 thread_local! {
     /// This VM's metric ids, defined once: Envoy does not deduplicate
@@ -193,6 +193,7 @@ pub fn create_shared<H: Host + Copy>(host: H) {
     placeholder::ensure(&host);
     count::create_shared(&host);
     crate::instruments::sizing::host::create_shared(&host);
+    crate::instruments::receipt::host::create(&host);
 }
 
 impl<H: Host + Copy> Root<H> {

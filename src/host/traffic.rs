@@ -161,7 +161,7 @@ impl<H: Host + Copy> Traffic<H> {
             part,
             active: ActiveCount::new(&metrics),
             metrics,
-            store: Store::new(host),
+            store: Store::new(host).raising(crate::instruments::receipt::host::transition),
             draining: Cell::new(true),
             drain: Cell::new(None),
             new_requests: config.draining_new_requests,

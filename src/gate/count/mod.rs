@@ -21,7 +21,6 @@
 //! above 0, or the liveness verdict (`keys::VERDICT`, the health role's watch
 //! writes it) names a reason, the count is unreliable and never reads 0.
 
-
 use std::cell::Cell;
 
 use crate::gate::liveness::Unreliable;

@@ -31,14 +31,19 @@ impl From<SharedError> for TransitionError {
     }
 }
 
+/// What a role's shell runs after each transition it wrote (the instruments
+/// that hang off transitions: `Store::raising`).
+pub type Raise<H> = fn(&H, &Record, Now, &Metrics<H>);
+
 /// The shared records, through one host, and the versions of them this
 /// reader parsed last (`shared::Seen`).
-#[derive(Debug, Default)]
-pub struct Store<H> {
+#[derive(Debug)]
+pub struct Store<H: Host> {
     host: H,
     fsm: Seen<Record>,
     clock: Seen<Steps>,
     lb: Seen<Checkers>,
+    raise: Raise<H>,
 }
 
 impl<H: Host> Store<H> {
@@ -48,7 +53,13 @@ impl<H: Host> Store<H> {
             fsm: Seen::default(),
             clock: Seen::default(),
             lb: Seen::default(),
+            raise: |_, _, _, _| {},
         }
+    }
+
+    /// This store, raising each transition it writes to `raise`.
+    pub fn raising(self, raise: Raise<H>) -> Store<H> {
+        Store { raise, ..self }
     }
 
     pub fn host(&self) -> &H {
@@ -67,8 +78,8 @@ impl<H: Host> Store<H> {
     }
 
     /// Creates the records several workers update, if absent: the FSM record
-    /// (OPEN), the LB checkers, the clock-step record, the receipt's record,
-    /// each as it reads when absent. Run on configure (see
+    /// (OPEN), the LB checkers, the clock-step record, each as it reads when
+    /// absent. Run on configure (see
     /// `count::create_shared`): every later write is versioned.
     pub fn create(&self) {
         let open = Record::new(self.host.now().wall_ms);
@@ -76,8 +87,6 @@ impl<H: Host> Store<H> {
             (keys::FSM, shared::encode(keys::FSM, &open)),
             (keys::LB, shared::encode(keys::LB, &Checkers::default())),
             (keys::CLOCK, shared::encode(keys::CLOCK, &Steps::default())),
-            // The receipt's record (`host::receipt`): no drain yet.
-            (keys::RECEIPT, Ok(b"{}".to_vec())),
         ];
         for (key, bytes) in created {
             if let Err(e) = bytes.and_then(|b| shared::create(&self.host, key, &b)) {
@@ -88,7 +97,7 @@ impl<H: Host> Store<H> {
 
     /// Applies `fsm::advance` with the move `choose` picks for the current
     /// record, retrying on CAS conflicts. The winner logs the transition,
-    /// raises it to the receipt (`host::receipt::transition`) and counts it.
+    /// raises it (`Store::raising`) and counts it.
     pub fn advance(
         &self,
         choose: &dyn Fn(&Record) -> Move,
@@ -116,7 +125,7 @@ impl<H: Host> Store<H> {
             next.forced,
             next.seq
         );
-        crate::instruments::receipt::host::transition(&self.host, &next, now, metrics);
+        (self.raise)(&self.host, &next, now, metrics);
         metrics.transition(&next);
         Ok(next)
     }

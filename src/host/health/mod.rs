@@ -117,7 +117,7 @@ impl<H: Host + Copy> Health<H> {
             config,
             active,
             metrics,
-            store: Store::new(host),
+            store: Store::new(host).raising(crate::instruments::receipt::host::transition),
             waiters: RefCell::new(Vec::new()),
             receipt_seen: Cell::new(None),
             receipt_looked: Cell::new(None),

@@ -1,7 +1,7 @@
 //! The receipt's record in shared data (`keys::RECEIPT`,
 //! `crate::instruments::receipt::Record`), beside the FSM's and written on the events of
 //! a drain: whoever writes a transition raises the drain's beginning and its
-//! end (`transition`, from `Store::advance`); a traffic root adds the
+//! end (`transition`, which the roles' stores raise: `Store::raising`); a traffic root adds the
 //! completed ends it counted at its tick (`Record::add_completed`); the
 //! health role records the flip and the pod's SIGTERM, and logs the line
 //! (`health::receipt`).
@@ -14,6 +14,16 @@ use crate::host::metrics::Metrics;
 use crate::host::shared;
 use crate::host::wasm_host::Host;
 use crate::instruments::receipt::{Record, Tally};
+
+/// Creates the record, if absent: no drain yet (`root::create_shared`).
+pub fn create<H: Host>(host: &H) {
+    if let Err(e) = shared::create(host, keys::RECEIPT, b"{}") {
+        logs::error!(
+            "event=shared_data_error key={} error=\"{e}\"",
+            keys::RECEIPT
+        );
+    }
+}
 
 /// Changes the record as `change` says (compare-and-swap, retried; written
 /// when it says it changed it). Whether it was written (a failure is logged).

@@ -114,10 +114,10 @@ impl<H: Host> Book<H> {
 mod tests {
     use super::*;
     use crate::config::Shared;
-    use crate::host::traffic::{Traffic, TrafficStream};
     use crate::gate::count::Part;
     use crate::host::metrics::Metrics;
     use crate::host::sim::Sim;
+    use crate::host::traffic::{Traffic, TrafficStream};
     use std::rc::Rc;
 
     #[test]

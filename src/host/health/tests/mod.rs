@@ -10,12 +10,12 @@ use super::*;
 pub(crate) use crate::api::{self, Reply};
 use crate::config;
 pub(crate) use crate::config::Config;
-pub(crate) use crate::host::traffic::{Traffic, TrafficStream};
 pub(crate) use crate::gate::count::Part;
 pub(crate) use crate::gate::fsm::{self, State};
 pub(crate) use crate::host::logs;
 pub(crate) use crate::host::metrics::Metrics;
 pub(crate) use crate::host::sim::Sim;
+pub(crate) use crate::host::traffic::{Traffic, TrafficStream};
 pub(crate) use proxy_wasm::types::Action;
 pub(crate) use std::rc::Rc;
 
