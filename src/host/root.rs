@@ -339,25 +339,28 @@ impl<H: Host + Copy + 'static> RootContext for Root<H> {
     }
 
     fn create_http_context(&self, context_id: u32) -> Option<Box<dyn HttpContext>> {
-        Some(Box::new(match &self.role {
-            _ if !self.in_place.get() => Stream::Passthrough,
-            Role::Traffic(t) => Stream::Traffic(TrafficStream::new(Rc::clone(t))),
-            Role::Health(h) => Stream::Health(HealthStream::new(context_id, Rc::clone(h))),
-            Role::Placeholder(p) => Stream::Stand(StandStream(Rc::clone(p))),
+        match &self.role {
+            _ if !self.in_place.get() => Some(Box::new(Stream::<H>::Passthrough)),
+            Role::Traffic(t) => Some(Box::new(Stream::Traffic(TrafficStream::new(Rc::clone(t))))),
+            Role::Health(h) => Some(Box::new(Stream::Health(HealthStream::new(
+                context_id,
+                Rc::clone(h),
+            )))),
+            Role::Placeholder(p) => Some(Box::new(Stream::Stand(StandStream(Rc::clone(p))))),
             // The host does not create streams for a plugin whose
             // configuration was refused; if it ever did, pass them through.
-            Role::Unconfigured => Stream::Passthrough,
-        }))
+            Role::Unconfigured => Some(Box::new(Stream::<H>::Passthrough)),
+        }
     }
 
     /// Connections of a network filter (`traffic_tcp`).
     fn create_stream_context(&self, _: u32) -> Option<Box<dyn StreamContext>> {
-        Some(Box::new(match &self.role {
+        match &self.role {
             Role::Traffic(t) if self.in_place.get() => {
-                Stream::Traffic(TrafficStream::new(Rc::clone(t)))
+                Some(Box::new(Stream::Traffic(TrafficStream::new(Rc::clone(t)))))
             }
-            _ => Stream::<H>::Passthrough,
-        }))
+            _ => Some(Box::new(Stream::<H>::Passthrough)),
+        }
     }
 
     /// Which kind of context the host's new contexts are: what the filter
