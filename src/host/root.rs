@@ -47,13 +47,13 @@ enum Stream<H: Host> {
 }
 
 impl<H: Host> Stream<H> {
-    /// The traffic role's stream, the only one with callbacks past the
-    /// request headers.
-    fn traffic(&mut self) -> Option<&mut TrafficStream<H>> {
-        match self {
-            Stream::Traffic(t) => Some(t),
-            _ => None,
+    /// Runs `f` on the traffic role's stream, the only one with callbacks
+    /// past the request headers; every such callback continues.
+    fn traffic(&mut self, f: impl FnOnce(&mut TrafficStream<H>)) -> Action {
+        if let Stream::Traffic(t) = self {
+            f(t);
         }
+        Action::Continue
     }
 }
 
@@ -62,7 +62,7 @@ impl<H: Host> Context for Stream<H> {}
 impl<H: Host> HttpContext for Stream<H> {
     fn on_http_request_headers(&mut self, num_headers: usize, end_of_stream: bool) -> Action {
         if let Stream::Traffic(t) = self {
-            return t.on_http_request_headers(num_headers, end_of_stream);
+            return t.request_headers();
         }
         match self {
             Stream::Health(h) => h.on_http_request_headers(num_headers, end_of_stream),
@@ -71,54 +71,46 @@ impl<H: Host> HttpContext for Stream<H> {
         }
     }
 
-    fn on_http_response_headers(&mut self, num_headers: usize, end_of_stream: bool) -> Action {
-        self.traffic().map_or(Action::Continue, |t| {
-            t.on_http_response_headers(num_headers, end_of_stream)
-        })
+    fn on_http_response_headers(&mut self, _: usize, end_of_stream: bool) -> Action {
+        self.traffic(|t| t.response_headers(end_of_stream))
     }
 
-    fn on_http_response_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
-        self.traffic().map_or(Action::Continue, |t| {
-            t.on_http_response_body(body_size, end_of_stream)
-        })
+    fn on_http_response_body(&mut self, _: usize, end_of_stream: bool) -> Action {
+        self.traffic(|t| t.response(end_of_stream))
     }
 
-    fn on_http_response_trailers(&mut self, num_trailers: usize) -> Action {
-        self.traffic().map_or(Action::Continue, |t| {
-            t.on_http_response_trailers(num_trailers)
-        })
+    fn on_http_response_trailers(&mut self, _: usize) -> Action {
+        self.traffic(|t| t.response(true))
     }
 
     fn on_log(&mut self) {
-        if let Some(t) = self.traffic() {
-            HttpContext::on_log(t);
-        }
+        self.traffic(TrafficStream::log);
     }
 }
 
 impl<H: Host> StreamContext for Stream<H> {
-    fn on_downstream_data(&mut self, data_size: usize, end_of_stream: bool) -> Action {
-        self.traffic().map_or(Action::Continue, |t| {
-            t.on_downstream_data(data_size, end_of_stream)
+    fn on_downstream_data(&mut self, _: usize, end_of_stream: bool) -> Action {
+        self.traffic(|t| {
+            if end_of_stream {
+                t.half_closed(true)
+            }
         })
     }
 
-    fn on_upstream_data(&mut self, data_size: usize, end_of_stream: bool) -> Action {
-        self.traffic().map_or(Action::Continue, |t| {
-            t.on_upstream_data(data_size, end_of_stream)
+    fn on_upstream_data(&mut self, _: usize, end_of_stream: bool) -> Action {
+        self.traffic(|t| {
+            if end_of_stream {
+                t.half_closed(false)
+            }
         })
     }
 
     fn on_downstream_close(&mut self, peer: PeerType) {
-        if let Some(t) = self.traffic() {
-            t.on_downstream_close(peer);
-        }
+        self.traffic(|t| t.closed(true, peer));
     }
 
     fn on_upstream_close(&mut self, peer: PeerType) {
-        if let Some(t) = self.traffic() {
-            t.on_upstream_close(peer);
-        }
+        self.traffic(|t| t.closed(false, peer));
     }
 }
 
@@ -216,17 +208,18 @@ impl<H: Host + Copy> Root<H> {
             Filter::Http => ("an HTTP filter", "a network filter before tcp_proxy"),
             Filter::Network => ("a network filter", "an HTTP filter"),
         };
+        let traffic = matches!(self.role, Role::Traffic(_));
         logs::error!(
             "event=misplaced_role role={} what=\"loaded as {kind}; this role is {wanted}: it passes \
              everything through, counts nothing{}\"",
             self.role.name(),
-            if matches!(self.role, Role::Traffic(_)) {
+            if traffic {
                 ", and the count is not trusted until istio-proxy restarts"
             } else {
                 ""
             }
         );
-        if matches!(self.role, Role::Traffic(_)) {
+        if traffic {
             liveness::misplaced(&self.host);
         }
     }
@@ -235,10 +228,7 @@ impl<H: Host + Copy> Root<H> {
     /// protocol when it is created, a connection does not. One host call per
     /// root context, never per stream.
     fn loaded_as(&self) -> Filter {
-        match self.filter.get() {
-            Some(f) => f,
-            None => self.learn_filter(),
-        }
+        self.filter.get().unwrap_or_else(|| self.learn_filter())
     }
 
     #[cold]
@@ -256,9 +246,9 @@ impl<H: Host + Copy> Root<H> {
 
     /// Settles `in_place` once the role and the filter are known, not per stream.
     fn place(&self) {
-        let known = self.filter.get().is_some();
+        let filter = self.filter.get();
         self.in_place
-            .set(known && self.role.filter() == self.filter.get());
+            .set(filter.is_some() && self.role.filter() == filter);
     }
 }
 
@@ -349,10 +339,8 @@ impl<H: Host + Copy + 'static> RootContext for Root<H> {
     }
 
     fn create_http_context(&self, context_id: u32) -> Option<Box<dyn HttpContext>> {
-        if !self.in_place.get() {
-            return Some(Box::new(Stream::<H>::Passthrough));
-        }
         match &self.role {
+            _ if !self.in_place.get() => Some(Box::new(Stream::<H>::Passthrough)),
             Role::Traffic(t) => Some(Box::new(Stream::Traffic(TrafficStream::new(Rc::clone(t))))),
             Role::Health(h) => Some(Box::new(Stream::Health(HealthStream::new(
                 context_id,

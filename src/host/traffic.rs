@@ -6,7 +6,6 @@
 //! last stream or connection of either part, and keeps the ages of what it
 //! has in flight.
 
-use proxy_wasm::traits::{Context, HttpContext, StreamContext};
 use proxy_wasm::types::{Action, PeerType};
 use std::cell::{Cell, RefCell};
 use std::rc::Rc;
@@ -239,10 +238,9 @@ impl<H: Host> Traffic<H> {
         self.durations.tick();
         let hint = self.metrics.state_hint();
         // Out of OPEN the record says which drain runs (and what holds it).
-        let rec = match hint {
-            Some(State::Open) => None,
-            _ => self.store.current().ok(),
-        };
+        let rec = (hint != Some(State::Open))
+            .then(|| self.store.current().ok())
+            .flatten();
         self.flush_completed();
         let state = hint
             .or(rec.as_ref().map(|r| r.state))
@@ -277,13 +275,11 @@ impl<H: Host> Traffic<H> {
     /// the same argument once more.
     fn stream_ended(&self) {
         let exact = self.exact();
-        if self.counter().exit(exact) > 0 || !exact {
-            return; // streams in flight here, no drain running, or min_drain holds it
+        // Not while streams are in flight here, no drain runs, min_drain holds
+        // it, or a gate does (the health role flips on the 404 that passes it).
+        if self.counter().exit(exact) == 0 && exact && self.hold.get() != FlipHold::Gate {
+            self.try_flip();
         }
-        if self.hold.get() == FlipHold::Gate {
-            return; // the health role flips on the 404 that passes it
-        }
-        self.try_flip();
     }
 
     /// What holds the running drain's flip back now (the tick asks, once per
@@ -354,29 +350,23 @@ impl<H: Host> Traffic<H> {
 
     /// The global count may be 0 during a drain: flip if it is.
     fn try_flip(&self) {
-        if self
-            .metrics
-            .state_hint()
-            .is_some_and(|s| s != State::Draining)
+        let hint = self.metrics.state_hint();
+        if !hint.is_some_and(|s| s != State::Draining)
+            && self.active.reads_zero()
+            && self.active.read().for_decisions() == 0
         {
-            return;
-        }
-        if !self.active.reads_zero() || self.active.read().for_decisions() > 0 {
-            return;
-        }
-        if let Err(e) = self.store.apply_due(0, None, &self.metrics) {
-            logs::error!("event=state_unavailable role=traffic error=\"{e}\"");
+            if let Err(e) = self.store.apply_due(0, None, &self.metrics) {
+                logs::error!("event=state_unavailable role=traffic error=\"{e}\"");
+            }
         }
     }
 }
 
 /// The request headers of the stream whose callback runs, as the refusal
 /// reads them: one host call per header it asks for.
-struct RequestHeaders<'h, H: Host>(&'h H);
-
-impl<H: Host> refusal::Headers for RequestHeaders<'_, H> {
+impl<H: Host> refusal::Headers for H {
     fn get(&self, name: &str) -> Option<String> {
-        self.0.request_header(name)
+        self.request_header(name)
     }
 }
 
@@ -422,11 +412,6 @@ pub struct TrafficStream<H: Host = Envoy> {
 }
 
 impl<H: Host> TrafficStream<H> {
-    /// Whether this stream is in the count (else in `keys::UNCOUNTED`).
-    pub fn counted(&self) -> bool {
-        self.counted
-    }
-
     #[inline(always)]
     pub fn new(traffic: Rc<Traffic<H>>) -> TrafficStream<H> {
         traffic.heartbeat.ensure();
@@ -471,7 +456,7 @@ impl<H: Host> TrafficStream<H> {
     fn refuse(&mut self) -> Action {
         let refusal = self.traffic.refusal;
         let host = self.traffic.metrics.host();
-        let meet = refusal.meet(&RequestHeaders(host));
+        let meet = refusal.meet(host);
         if meet == Meet::Serve {
             return Action::Continue;
         }
@@ -566,12 +551,10 @@ impl<H: Host> TrafficStream<H> {
 
     /// One side of a connection closed (Envoy's close event).
     pub fn closed(&mut self, downstream: bool, peer: PeerType) {
-        if downstream {
-            if peer == PeerType::Remote {
-                self.downstream_ended(First::DownstreamReset);
-            }
-        } else {
-            self.upstream_ended = true;
+        match (downstream, peer) {
+            (false, _) => self.upstream_ended = true,
+            (true, PeerType::Remote) => self.downstream_ended(First::DownstreamReset),
+            (true, _) => {}
         }
     }
 
@@ -594,57 +577,6 @@ impl<H: Host> TrafficStream<H> {
                 self.at_lb_down = Some(self.traffic.at_lb_down(true));
             }
         }
-    }
-}
-
-impl<H: Host> Context for TrafficStream<H> {}
-
-impl<H: Host> HttpContext for TrafficStream<H> {
-    fn on_http_request_headers(&mut self, _: usize, _: bool) -> Action {
-        self.request_headers()
-    }
-
-    fn on_http_response_headers(&mut self, _: usize, end_of_stream: bool) -> Action {
-        self.response_headers(end_of_stream);
-        Action::Continue
-    }
-
-    fn on_http_response_body(&mut self, _: usize, end_of_stream: bool) -> Action {
-        self.response(end_of_stream);
-        Action::Continue
-    }
-
-    fn on_http_response_trailers(&mut self, _: usize) -> Action {
-        self.response(true);
-        Action::Continue
-    }
-
-    fn on_log(&mut self) {
-        self.log();
-    }
-}
-
-impl<H: Host> StreamContext for TrafficStream<H> {
-    fn on_downstream_data(&mut self, _: usize, end_of_stream: bool) -> Action {
-        if end_of_stream {
-            self.half_closed(true);
-        }
-        Action::Continue
-    }
-
-    fn on_upstream_data(&mut self, _: usize, end_of_stream: bool) -> Action {
-        if end_of_stream {
-            self.half_closed(false);
-        }
-        Action::Continue
-    }
-
-    fn on_downstream_close(&mut self, peer: PeerType) {
-        self.closed(true, peer);
-    }
-
-    fn on_upstream_close(&mut self, peer: PeerType) {
-        self.closed(false, peer);
     }
 }
 
