@@ -15,6 +15,7 @@ use crate::duration::{self, MAX_MS};
 use crate::gate::fsm::{CloseAfter, DrainPlan};
 use crate::gate::refusal::{NewRequests, Refusal, RefuseWith, Refused};
 use crate::gate::rotation;
+use crate::json::FromJson;
 use crate::net::{Cidr, LOOPBACK};
 
 /// A validated configuration: the role, with the keys it reads.
@@ -122,6 +123,8 @@ type Apply = fn(&mut Health, &Value) -> Result<(), String>;
 
 /// The values `role` takes.
 const ROLES: &str = "\"traffic\", \"traffic_tcp\", \"health\" or \"placeholder\"";
+/// The values `draining_new_requests` and `draining_grpc_requests` take.
+const SERVE_OR_REFUSE: &str = "\"serve\" or \"refuse\"";
 
 /// Declares `KEYS` (the names, `role` first) and `RULES` (each other name
 /// with what sets it) from one list, so a key is written exactly once.
@@ -148,7 +151,9 @@ key_table! {
         },
         "admin_allow" => |c, v| cidr_list(v).map(|x| c.admin_allow = x),
         "admin_token" => |c, v| admin_tokens(v).map(|x| c.admin_tokens = x),
-        "close_after" => |c, v| close_after(v).map(|x| c.close_after = x),
+        "close_after" => |c, v| {
+            one_of(v, "\"lb_buffer\" or \"lb_observed_down\"").map(|x| c.close_after = x)
+        },
         "lb_fall" => |c, v| {
             let fall = v.as_u64().filter(|n| matches!(n, 1..=10));
             found(fall.map(|n| n as u32), "a whole number from 1 to 10", v).map(|x| c.lb_fall = x)
@@ -162,20 +167,20 @@ key_table! {
             found(v.as_bool(), "true or false", v).map(|x| c.soft_drain_gate = x)
         },
         "draining_new_requests" => |c, v| {
-            new_requests(v).map(|x| c.shared.draining_new_requests = x)
+            one_of(v, SERVE_OR_REFUSE).map(|x| c.shared.draining_new_requests = x)
         },
         "refused_requests" => |c, v| {
-            let requests = refused(v)?;
+            let requests = one_of(v, "\"idempotent\", \"idempotent_or_key\" or \"all\"")?;
             c.shared.refusal.requests = requests;
             needs_refusing(c, requests == Refused::Idempotent, requests.name())
         },
         "draining_grpc_requests" => |c, v| {
-            let grpc = new_requests(v)?;
+            let grpc = one_of(v, SERVE_OR_REFUSE)?;
             c.shared.refusal.grpc = grpc;
             needs_refusing(c, grpc == NewRequests::Serve, grpc.name())
         },
         "refuse_with" => |c, v| {
-            let with = refuse_with(v)?;
+            let with = one_of(v, "\"response\" or \"reset\"")?;
             c.shared.refusal.with = with;
             needs_refusing(c, with == RefuseWith::Response, with.name())
         },
@@ -269,34 +274,9 @@ fn duration(v: &Value, min_ms: u64, max_ms: u64) -> Result<u64, String> {
     Err(format!("\"{s}\" is {side} {}", duration::format_ms(limit)))
 }
 
-fn close_after(v: &Value) -> Result<CloseAfter, String> {
-    match v.as_str() {
-        Some("lb_buffer") => Ok(CloseAfter::LbBuffer),
-        Some("lb_observed_down") => Ok(CloseAfter::LbObservedDown),
-        _ => Err(expected("\"lb_buffer\" or \"lb_observed_down\"", v)),
-    }
-}
-
-fn new_requests(v: &Value) -> Result<NewRequests, String> {
-    match v.as_str() {
-        Some("serve") => Ok(NewRequests::Serve),
-        Some("refuse") => Ok(NewRequests::Refuse),
-        _ => Err(expected("\"serve\" or \"refuse\"", v)),
-    }
-}
-
-/// Which requests are refused: what the LB in front may send again.
-fn refused(v: &Value) -> Result<Refused, String> {
-    let what = "\"idempotent\", \"idempotent_or_key\" or \"all\"";
-    found(v.as_str().and_then(Refused::parse), what, v)
-}
-
-fn refuse_with(v: &Value) -> Result<RefuseWith, String> {
-    match v.as_str() {
-        Some("response") => Ok(RefuseWith::Response),
-        Some("reset") => Ok(RefuseWith::Reset),
-        _ => Err(expected("\"response\" or \"reset\"", v)),
-    }
+/// The variant of a `named!` enum that `v` names, or that it should have been `what`.
+fn one_of<T: FromJson>(v: &Value, what: &str) -> Result<T, String> {
+    found(T::from_json(v).ok(), what, v)
 }
 
 /// A way of refusing other than the default needs the refusing (checked
@@ -333,23 +313,18 @@ fn min_drain(c: &mut Health, v: &Value) -> Result<(), String> {
 
 fn cidr_list(v: &Value) -> Result<Vec<Cidr>, String> {
     let items = found(v.as_array(), "a list of CIDRs", v)?;
-    let mut list = Vec::with_capacity(items.len());
-    for item in items {
-        list.push(Cidr::parse(found(item.as_str(), "a CIDR string", item)?)?);
-    }
-    Ok(list)
+    let cidr = |item: &Value| found(item.as_str(), "a CIDR string", item).and_then(Cidr::parse);
+    items.iter().map(cidr).collect()
 }
 
 /// `null` (the chart's default) is the default: every source counts.
 fn lb_checkers(v: &Value) -> Result<Option<Vec<Cidr>>, String> {
-    if v.is_null() {
-        return Ok(None);
-    }
-    match cidr_list(v)? {
-        list if list.is_empty() => Err(
+    match v {
+        Value::Null => Ok(None),
+        Value::Array(items) if items.is_empty() => Err(
             "an empty list would ignore every checker; omit the key to count every source".into(),
         ),
-        list => Ok(Some(list)),
+        _ => cidr_list(v).map(Some),
     }
 }
 
@@ -367,20 +342,17 @@ fn admin_tokens(v: &Value) -> Result<Vec<String>, String> {
             ))
         }
     };
+    // RFC 7235 token68 characters (what may follow `Bearer `).
+    let token68 = |b: u8| b.is_ascii_alphanumeric() || b"-._~+/=".contains(&b);
     for t in &tokens {
         if t.len() < MIN_TOKEN_LEN {
             return Err(format!("shorter than {MIN_TOKEN_LEN} characters"));
         }
-        if !t.bytes().all(is_token68) {
+        if !t.bytes().all(token68) {
             return Err("may only hold letters, digits and -._~+/=".into());
         }
     }
     Ok(tokens.into_iter().map(str::to_string).collect())
-}
-
-/// RFC 7235 token68 characters (what may follow `Bearer `).
-fn is_token68(b: u8) -> bool {
-    b.is_ascii_alphanumeric() || b"-._~+/=".contains(&b)
 }
 
 /// An Envoy cluster a key names: `false` turns it off, `true` is `default`,

@@ -49,13 +49,8 @@ impl Cidr {
             Some(Ok(n)) if n <= max => n,
             Some(_) => return Err(format!("\"{s}\" has a prefix length outside 0..={max}")),
         };
-        let (bits, width) = bits(net);
-        let kept = masked(bits, prefix, width);
-        if kept != bits {
-            let network = match net {
-                IpAddr::V4(_) => IpAddr::V4((kept as u32).into()),
-                IpAddr::V6(_) => IpAddr::V6(kept.into()),
-            };
+        let network = masked(net, prefix);
+        if network != net {
             return Err(format!(
                 "\"{s}\" has host bits set (did you mean \"{network}/{prefix}\"?)"
             ));
@@ -66,24 +61,22 @@ impl Cidr {
     /// Whether `ip` is in the network; an IPv4-mapped IPv6 address as the
     /// IPv4 address.
     pub fn contains(&self, ip: IpAddr) -> bool {
-        let (net, width) = bits(self.net);
-        let (ip, ip_width) = bits(ip.to_canonical());
-        width == ip_width && masked(ip, self.prefix, width) == net
+        masked(ip.to_canonical(), self.prefix) == self.net
     }
 }
 
-/// An address as a number, and its width in bits.
-fn bits(ip: IpAddr) -> (u128, u32) {
+/// `ip` with every bit past the first `prefix` cleared.
+fn masked(ip: IpAddr, prefix: u8) -> IpAddr {
+    let (bits, width) = match ip {
+        IpAddr::V4(v4) => (u32::from(v4).into(), 32u32),
+        IpAddr::V6(v6) => (u128::from(v6), 128),
+    };
+    let clear = width.saturating_sub(u32::from(prefix));
+    let kept = bits.checked_shr(clear).map_or(0, |top| top << clear);
     match ip {
-        IpAddr::V4(v4) => (u32::from(v4).into(), 32),
-        IpAddr::V6(v6) => (v6.into(), 128),
+        IpAddr::V4(_) => IpAddr::V4((kept as u32).into()),
+        IpAddr::V6(_) => IpAddr::V6(kept.into()),
     }
-}
-
-/// `bits` (of `width`) with every bit past the first `prefix` cleared.
-fn masked(bits: u128, prefix: u8, width: u32) -> u128 {
-    let clear = width.saturating_sub(prefix.into());
-    bits.checked_shr(clear).map_or(0, |top| top << clear)
 }
 
 impl fmt::Display for Cidr {
