@@ -291,35 +291,14 @@ pub fn advance(rec: &Record, mv: Move, now: Now, active: u64) -> Result<Record, 
         });
     }
     let mut next = rec.clone();
-    stamp_entry(&mut next, &mv, now, active).ok_or(illegal)?;
-    next.seq = rec.seq.saturating_add(1);
-    if mv.to == State::Draining {
-        next.drain_id = Some(next.seq);
-    }
-    next.history.push(Step {
-        from: rec.state,
-        to: mv.to,
-        reason: mv.reason,
-        at_ms: now_ms,
-        active,
-    });
-    if next.history.len() > HISTORY {
-        let extra = next.history.len() - HISTORY;
-        next.history.drain(..extra);
-    }
-    Ok(next)
-}
-
-/// Sets what entering `mv.to` at `now` records: the timestamps and plan of a
-/// drain, CLOSING's count and forced flag. `None` when a drain has no plan.
-fn stamp_entry(next: &mut Record, mv: &Move, now: Now, active: u64) -> Option<()> {
-    let now_ms = now.wall_ms;
+    // What entering `mv.to` records: the timestamps and plan of a drain,
+    // CLOSING's count and forced flag.
     next.state = mv.to;
     next.since_ms = now_ms;
     next.reason = mv.reason;
     match mv.to {
         State::Draining => {
-            next.plan = Some(mv.plan?);
+            next.plan = Some(mv.plan.ok_or(illegal)?);
             next.drain_started_ms = Some(now_ms);
             next.drain_started_mono_ms = now.mono_ms;
             next.closing_ms = None;
@@ -345,7 +324,20 @@ fn stamp_entry(next: &mut Record, mv: &Move, now: Now, active: u64) -> Option<()
         }
         State::Fault => {}
     }
-    Some(())
+    next.seq = rec.seq.saturating_add(1);
+    if mv.to == State::Draining {
+        next.drain_id = Some(next.seq);
+    }
+    next.history.push(Step {
+        from: rec.state,
+        to: mv.to,
+        reason: mv.reason,
+        at_ms: now_ms,
+        active,
+    });
+    let extra = next.history.len().saturating_sub(HISTORY);
+    next.history.drain(..extra);
+    Ok(next)
 }
 
 /// The automatic transition due now, if any (applied by the tick and by the
@@ -431,10 +423,9 @@ pub fn renew_hold(rec: &Record, now: Now, lease_ms: u64) -> Option<Record> {
 /// joined it: the pod is going away, CLOSING must end by itself), or `None`
 /// when it is not one. CLOSING keeps its start, so `lb_buffer` counts from it.
 pub fn resume(rec: &Record) -> Option<Record> {
-    let plan = rec.plan.filter(|p| p.hold_closing)?;
-    if !matches!(rec.state, State::Draining | State::Closing) {
-        return None;
-    }
+    let plan = rec
+        .plan
+        .filter(|p| p.hold_closing && matches!(rec.state, State::Draining | State::Closing))?;
     let mut next = rec.clone();
     next.plan = Some(DrainPlan {
         hold_closing: false,
