@@ -97,13 +97,9 @@ impl Refused {
 
     /// Whether a (non-gRPC) request is one to refuse.
     fn takes(self, req: &impl Headers) -> bool {
-        match self {
-            Refused::All => true,
-            Refused::Idempotent => is_idempotent(req.get(METHOD).as_deref()),
-            Refused::IdempotentOrKeyed => {
-                is_idempotent(req.get(METHOD).as_deref()) || req.get(IDEMPOTENCY_KEY).is_some()
-            }
-        }
+        self == Refused::All
+            || is_idempotent(req.get(METHOD).as_deref())
+            || (self == Refused::IdempotentOrKeyed && req.get(IDEMPOTENCY_KEY).is_some())
     }
 }
 
