@@ -77,16 +77,9 @@ impl<H: Host> Store<H> {
     /// `count::create_shared`): every later write is versioned.
     pub fn create(&self) {
         let open = Record::new(self.host.now().wall_ms);
-        let created = [
-            (keys::FSM, shared::encode(keys::FSM, &open)),
-            (keys::LB, shared::encode(keys::LB, &Checkers::default())),
-            (keys::CLOCK, shared::encode(keys::CLOCK, &Steps::default())),
-        ];
-        for (key, bytes) in created {
-            if let Err(e) = bytes.and_then(|b| shared::create(&self.host, key, &b)) {
-                logs::error!("event=shared_data_error key={key} error=\"{e}\"");
-            }
-        }
+        shared::ensure_json(&self.host, keys::FSM, &open);
+        shared::ensure_json(&self.host, keys::LB, &Checkers::default());
+        shared::ensure_json(&self.host, keys::CLOCK, &Steps::default());
     }
 
     /// Applies `fsm::advance` with the move `choose` picks for the current
@@ -226,10 +219,8 @@ impl<H: Host> Store<H> {
     ) -> Result<bool, SharedError> {
         let now_ms = self.host.now().timer_ms();
         cas_update_versioned(&self.host, keys::LB, |bytes, cas| {
-            let mut c = match bytes {
-                Some(b) => Checkers::clone(&*self.lb.value(keys::LB, b, cas)?),
-                None => Checkers::default(),
-            };
+            let seen = bytes.map(|b| self.lb.value(keys::LB, b, cas)).transpose()?;
+            let mut c = seen.map_or_else(Checkers::default, |c| Checkers::clone(&c));
             if !change(&mut c, now_ms) {
                 return Ok(Decision::Keep(false));
             }
@@ -263,10 +254,8 @@ impl<H: Host> Store<H> {
         threshold_ms: u64,
     ) -> Result<Option<(Steps, i64)>, SharedError> {
         cas_update_versioned(&self.host, keys::CLOCK, |bytes, cas| {
-            let steps = match bytes {
-                Some(b) => *self.clock.value(keys::CLOCK, b, cas)?,
-                None => Steps::default(),
-            };
+            let seen = bytes.map(|b| self.clock.value(keys::CLOCK, b, cas));
+            let steps = seen.transpose()?.map_or_else(Steps::default, |s| *s);
             let (next, step) = match steps.look(now, threshold_ms) {
                 Look::Same => return Ok(Decision::Keep(None)),
                 Look::Crept(next) => (next, None),
