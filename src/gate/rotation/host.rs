@@ -110,9 +110,7 @@ impl<H: Host> Rotator<H> {
     /// After the claim, one writer per drain, so no compare-and-swap: the
     /// last write wins.
     fn save(&self, rec: &rotation::Record) {
-        let newer = matches!(load(&self.host),
-            Ok(Some(r)) if r.drain_started_ms > rec.drain_started_ms);
-        if newer {
+        if matches!(load(&self.host), Ok(Some(r)) if r.drain_started_ms > rec.drain_started_ms) {
             return;
         }
         let saved = shared::encode(keys::ROTATION, rec).and_then(|bytes| {
