@@ -77,9 +77,16 @@ impl<H: Host> Store<H> {
     /// `count::create_shared`): every later write is versioned.
     pub fn create(&self) {
         let open = Record::new(self.host.now().wall_ms);
-        shared::ensure_json(&self.host, keys::FSM, &open);
-        shared::ensure_json(&self.host, keys::LB, &Checkers::default());
-        shared::ensure_json(&self.host, keys::CLOCK, &Steps::default());
+        let created = [
+            (keys::FSM, shared::encode(keys::FSM, &open)),
+            (keys::LB, shared::encode(keys::LB, &Checkers::default())),
+            (keys::CLOCK, shared::encode(keys::CLOCK, &Steps::default())),
+        ];
+        for (key, bytes) in created {
+            if let Err(e) = bytes.and_then(|b| shared::create(&self.host, key, &b)) {
+                logs::error!("event=shared_data_error key={key} error=\"{e}\"");
+            }
+        }
     }
 
     /// Applies `fsm::advance` with the move `choose` picks for the current

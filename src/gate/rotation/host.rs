@@ -15,7 +15,7 @@ use crate::gate::lb::Gate;
 use crate::gate::rotation::{self, Outcome};
 use crate::host::keys;
 use crate::host::logs;
-use crate::host::shared::{self, json_change, json_read, SharedError};
+use crate::host::shared::{self, cas_update, json_read, Decision, SharedError};
 use crate::host::wasm_host::{Envoy, Host};
 
 /// This worker's part in the rotation: at most one call at a time.
@@ -60,15 +60,16 @@ pub fn load<H: Host>(host: &H) -> Result<Option<rotation::Record>, SharedError> 
 /// Claims the rotation of `claim`'s drain for this worker: written unless
 /// that drain (or a later one) already has a record. `true`: claimed.
 fn claim_drain<H: Host>(host: &H, claim: &rotation::Record) -> Result<bool, SharedError> {
-    json_change(host, keys::ROTATION, |current: &mut Option<_>| {
-        if current
-            .as_ref()
-            .is_some_and(|r: &rotation::Record| r.drain_started_ms >= claim.drain_started_ms)
-        {
-            return false;
+    cas_update(host, keys::ROTATION, |bytes| {
+        let current: Option<rotation::Record> =
+            bytes.map_or(Ok(None), |b| shared::parse(keys::ROTATION, b))?;
+        if current.is_some_and(|r| r.drain_started_ms >= claim.drain_started_ms) {
+            return Ok(Decision::Keep(false));
         }
-        *current = Some(claim.clone());
-        true
+        Ok(Decision::Write(
+            shared::encode(keys::ROTATION, &Some(claim))?,
+            true,
+        ))
     })
 }
 
