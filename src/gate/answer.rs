@@ -68,12 +68,10 @@ pub const WAITING_FOR_FILTER: &str = "filter_config";
 /// What the gateway waits for before it is announced, if anything (the
 /// placeholders' `action`: see `crate::gate::placeholder`).
 pub fn waiting_for(traffic_seen: bool, placeholders: Action) -> Option<&'static str> {
-    if !traffic_seen {
-        Some(WAITING_FOR_TRAFFIC)
-    } else if placeholders == Action::KeepOut {
-        Some(WAITING_FOR_FILTER)
-    } else {
-        None
+    match (traffic_seen, placeholders) {
+        (false, _) => Some(WAITING_FOR_TRAFFIC),
+        (true, Action::KeepOut) => Some(WAITING_FOR_FILTER),
+        (true, _) => None,
     }
 }
 

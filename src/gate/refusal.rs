@@ -97,13 +97,9 @@ impl Refused {
 
     /// Whether a (non-gRPC) request is one to refuse.
     fn takes(self, req: &impl Headers) -> bool {
-        match self {
-            Refused::All => true,
-            Refused::Idempotent => is_idempotent(req.get(METHOD).as_deref()),
-            Refused::IdempotentOrKeyed => {
-                is_idempotent(req.get(METHOD).as_deref()) || req.get(IDEMPOTENCY_KEY).is_some()
-            }
-        }
+        self == Refused::All
+            || is_idempotent(req.get(METHOD).as_deref())
+            || (self == Refused::IdempotentOrKeyed && req.get(IDEMPOTENCY_KEY).is_some())
     }
 }
 
@@ -117,18 +113,14 @@ pub struct Refusal {
 }
 
 impl Refusal {
-    /// Whether meeting a request needs its `content-type` (one host call):
-    /// not when every request is reset alike.
-    fn asks_content_type(self) -> bool {
-        !(self.requests == Refused::All
-            && self.grpc == NewRequests::Refuse
-            && self.with == RefuseWith::Reset)
-    }
-
     /// What a new request meets. A gRPC call is a POST: it is refused only
     /// when gRPC is (`draining_grpc_requests`), whatever `refused_requests`.
     pub fn meet(self, req: &impl Headers) -> Meet {
-        let grpc = self.asks_content_type() && is_grpc(req.get(CONTENT_TYPE).as_deref());
+        // Its `content-type` (one host call) is not asked for when every
+        // request is reset alike.
+        let all_alike = self.requests == Refused::All && self.grpc == NewRequests::Refuse;
+        let grpc = !(all_alike && self.with == RefuseWith::Reset)
+            && is_grpc(req.get(CONTENT_TYPE).as_deref());
         let refused = if grpc {
             self.grpc == NewRequests::Refuse
         } else {

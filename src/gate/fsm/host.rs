@@ -25,12 +25,6 @@ pub enum TransitionError {
     Shared(SharedError),
 }
 
-impl From<SharedError> for TransitionError {
-    fn from(e: SharedError) -> TransitionError {
-        TransitionError::Shared(e)
-    }
-}
-
 /// What a role's shell runs after each transition it wrote (the instruments
 /// that hang off transitions: `Store::raising`).
 pub type Raise<H> = fn(&H, &Record, Now, &Metrics<H>);
@@ -107,11 +101,13 @@ impl<H: Host> Store<H> {
         let now = self.host.now();
         // Why the last attempt could not move.
         let illegal = Cell::new(None);
-        let next = self.update(&|rec| {
-            let moved = fsm::advance(rec, choose(rec), now, active);
-            illegal.set(moved.as_ref().err().copied());
-            moved.ok()
-        })?;
+        let next = self
+            .update(&|rec| {
+                let moved = fsm::advance(rec, choose(rec), now, active);
+                illegal.set(moved.as_ref().err().copied());
+                moved.ok()
+            })
+            .map_err(TransitionError::Shared)?;
         if let Some(e) = illegal.get() {
             return Err(TransitionError::Illegal(e));
         }
@@ -216,8 +212,7 @@ impl<H: Host> Store<H> {
     /// last one changes the record (the gap is the checker's interval,
     /// `crate::gate::lb`); a check that changes nothing costs the read alone.
     pub fn lb_observe(&self, source: &str, status: u16, lb_fall: u32) -> Result<(), SharedError> {
-        let now_ms = self.host.now().timer_ms();
-        self.lb_change(&mut |c| c.observe(source, status, now_ms, lb_fall))
+        self.lb_change(&mut |c, now_ms| c.observe(source, status, now_ms, lb_fall))
             .map(drop)
     }
 
@@ -227,14 +222,13 @@ impl<H: Host> Store<H> {
     /// module's size is budgeted.
     fn lb_change(
         &self,
-        change: &mut dyn FnMut(&mut Checkers) -> bool,
+        change: &mut dyn FnMut(&mut Checkers, u64) -> bool,
     ) -> Result<bool, SharedError> {
+        let now_ms = self.host.now().timer_ms();
         cas_update_versioned(&self.host, keys::LB, |bytes, cas| {
-            let mut c = match bytes {
-                Some(b) => Checkers::clone(&*self.lb.value(keys::LB, b, cas)?),
-                None => Checkers::default(),
-            };
-            if !change(&mut c) {
+            let seen = bytes.map(|b| self.lb.value(keys::LB, b, cas)).transpose()?;
+            let mut c = seen.map_or_else(Checkers::default, |c| Checkers::clone(&c));
+            if !change(&mut c, now_ms) {
                 return Ok(Decision::Keep(false));
             }
             Ok(Decision::Write(shared::encode(keys::LB, &c)?, true))
@@ -244,15 +238,13 @@ impl<H: Host> Store<H> {
     /// A 200 served to a source outside `lb_checkers`: the gateway is announced
     /// (written once).
     pub fn lb_announce(&self) -> Result<bool, SharedError> {
-        let now_ms = self.host.now().timer_ms();
-        self.lb_change(&mut |c| c.announce(now_ms))
+        self.lb_change(&mut |c, now_ms| c.announce(now_ms))
     }
 
     /// Records a check from outside `lb_checkers`; `true` when its source is
     /// new (the caller logs it once).
     pub fn lb_ignore(&self, source: &str) -> Result<bool, SharedError> {
-        let now_ms = self.host.now().timer_ms();
-        self.lb_change(&mut |c| c.ignore(source, now_ms))
+        self.lb_change(&mut |c, now_ms| c.ignore(source, now_ms))
     }
 
     /// The clock-step record (see `crate::gate::clock::Steps`).
@@ -269,17 +261,14 @@ impl<H: Host> Store<H> {
         threshold_ms: u64,
     ) -> Result<Option<(Steps, i64)>, SharedError> {
         cas_update_versioned(&self.host, keys::CLOCK, |bytes, cas| {
-            let steps = match bytes {
-                Some(b) => *self.clock.value(keys::CLOCK, b, cas)?,
-                None => Steps::default(),
-            };
+            let seen = bytes.map(|b| self.clock.value(keys::CLOCK, b, cas));
+            let steps = seen.transpose()?.map_or_else(Steps::default, |s| *s);
             let (next, step) = match steps.look(now, threshold_ms) {
                 Look::Same => return Ok(Decision::Keep(None)),
                 Look::Crept(next) => (next, None),
-                Look::Stepped(next, by) => (next, Some(by)),
+                Look::Stepped(next, by) => (next, Some((next, by))),
             };
-            let out = shared::encode(keys::CLOCK, &next)?;
-            Ok(Decision::Write(out, step.map(|by| (next, by))))
+            Ok(Decision::Write(shared::encode(keys::CLOCK, &next)?, step))
         })
     }
 }

@@ -185,10 +185,6 @@ record! {
 }
 
 impl Hold {
-    pub fn active(&self, now: Now) -> bool {
-        !now.passed(self.renewed_ms, self.renewed_mono_ms, self.lease_ms)
-    }
-
     /// When the lease runs out, on the wall clock (for display).
     pub fn until_ms(&self) -> u64 {
         self.renewed_ms.saturating_add(self.lease_ms)
@@ -205,7 +201,8 @@ impl Record {
 
     /// The active preStop hold, if any.
     pub fn active_hold(&self, now: Now) -> Option<Hold> {
-        self.hold.filter(|h| h.active(now))
+        self.hold
+            .filter(|h| !now.passed(h.renewed_ms, h.renewed_mono_ms, h.lease_ms))
     }
 
     /// Whether CLOSING waits for an operator (a maintenance drain).
@@ -228,11 +225,6 @@ impl Record {
     /// (`crate::gate::clock::Now::timer_ms`): what the LB record is compared with.
     pub fn drain_started_timer_ms(&self) -> Option<u64> {
         self.drain_started_mono_ms.or(self.drain_started_ms)
-    }
-
-    /// When CLOSING began, on the clock the timers run on.
-    pub fn closing_timer_ms(&self) -> Option<u64> {
-        self.closing_mono_ms.or(self.closing_ms)
     }
 
     /// Whether `span_ms` has passed since the drain started.
@@ -291,35 +283,14 @@ pub fn advance(rec: &Record, mv: Move, now: Now, active: u64) -> Result<Record, 
         });
     }
     let mut next = rec.clone();
-    stamp_entry(&mut next, &mv, now, active).ok_or(illegal)?;
-    next.seq = rec.seq.saturating_add(1);
-    if mv.to == State::Draining {
-        next.drain_id = Some(next.seq);
-    }
-    next.history.push(Step {
-        from: rec.state,
-        to: mv.to,
-        reason: mv.reason,
-        at_ms: now_ms,
-        active,
-    });
-    if next.history.len() > HISTORY {
-        let extra = next.history.len() - HISTORY;
-        next.history.drain(..extra);
-    }
-    Ok(next)
-}
-
-/// Sets what entering `mv.to` at `now` records: the timestamps and plan of a
-/// drain, CLOSING's count and forced flag. `None` when a drain has no plan.
-fn stamp_entry(next: &mut Record, mv: &Move, now: Now, active: u64) -> Option<()> {
-    let now_ms = now.wall_ms;
+    // What entering `mv.to` records: the timestamps and plan of a drain,
+    // CLOSING's count and forced flag.
     next.state = mv.to;
     next.since_ms = now_ms;
     next.reason = mv.reason;
     match mv.to {
         State::Draining => {
-            next.plan = Some(mv.plan?);
+            next.plan = Some(mv.plan.ok_or(illegal)?);
             next.drain_started_ms = Some(now_ms);
             next.drain_started_mono_ms = now.mono_ms;
             next.closing_ms = None;
@@ -345,7 +316,20 @@ fn stamp_entry(next: &mut Record, mv: &Move, now: Now, active: u64) -> Option<()
         }
         State::Fault => {}
     }
-    Some(())
+    next.seq = rec.seq.saturating_add(1);
+    if mv.to == State::Draining {
+        next.drain_id = Some(next.seq);
+    }
+    next.history.push(Step {
+        from: rec.state,
+        to: mv.to,
+        reason: mv.reason,
+        at_ms: now_ms,
+        active,
+    });
+    let extra = next.history.len().saturating_sub(HISTORY);
+    next.history.drain(..extra);
+    Ok(next)
 }
 
 /// The automatic transition due now, if any (applied by the tick and by the
@@ -353,44 +337,38 @@ fn stamp_entry(next: &mut Record, mv: &Move, now: Now, active: u64) -> Option<()
 /// DOWN (`crate::gate::lb`), on the timers' clock (`crate::gate::clock`).
 pub fn due(rec: &Record, now: Now, active: u64, lb_down_ms: Option<u64>) -> Option<Move> {
     let plan = rec.plan?;
-    let auto = |to, reason| {
-        Some(Move {
-            expected_from: rec.state,
-            to,
-            reason,
-            plan: None,
-            force: false,
-        })
-    };
-    match rec.state {
+    let (to, reason) = match rec.state {
         State::Draining if active == 0 && rec.drain_for(now, plan.min_drain_ms) => {
-            auto(State::Closing, Reason::ActiveZero)
+            (State::Closing, Reason::ActiveZero)
         }
         State::Draining if rec.drain_for(now, plan.drain_timeout_ms) => {
-            auto(State::Closing, Reason::DrainTimeout)
+            (State::Closing, Reason::DrainTimeout)
         }
-        State::Closing if plan.hold_closing => None,
+        State::Closing if plan.hold_closing => return None,
+        State::Closing if plan.close_after == CloseAfter::LbBuffer => {
+            let elapsed = rec.closing_for(now, plan.lb_buffer_ms);
+            (State::Closed, elapsed.then_some(Reason::LbBufferElapsed)?)
+        }
         State::Closing => {
-            let closing = rec.closing_timer_ms()?;
-            match plan.close_after {
-                CloseAfter::LbBuffer if rec.closing_for(now, plan.lb_buffer_ms) => {
-                    auto(State::Closed, Reason::LbBufferElapsed)
-                }
-                CloseAfter::LbBuffer => None,
-                CloseAfter::LbObservedDown => {
-                    let seen = lb_down_ms.filter(|t| *t >= closing);
-                    if seen.is_some_and(|t| now.timer_ms() >= t.saturating_add(plan.lb_buffer_ms)) {
-                        auto(State::Closed, Reason::LbObservedDown)
-                    } else if rec.closing_for(now, plan.lb_down_timeout_ms) {
-                        auto(State::Closed, Reason::LbDownTimeout)
-                    } else {
-                        None
-                    }
-                }
+            // When CLOSING began, on the clock the timers run on.
+            let closing = rec.closing_mono_ms.or(rec.closing_ms)?;
+            let seen = lb_down_ms.filter(|t| *t >= closing);
+            if seen.is_some_and(|t| now.timer_ms() >= t.saturating_add(plan.lb_buffer_ms)) {
+                (State::Closed, Reason::LbObservedDown)
+            } else {
+                let timed_out = rec.closing_for(now, plan.lb_down_timeout_ms);
+                (State::Closed, timed_out.then_some(Reason::LbDownTimeout)?)
             }
         }
-        _ => None,
-    }
+        _ => return None,
+    };
+    Some(Move {
+        expected_from: rec.state,
+        to,
+        reason,
+        plan: None,
+        force: false,
+    })
 }
 
 /// `due`, but a soft drain (`plan.lb_gate`) acts on a count of 0 only once
@@ -431,10 +409,9 @@ pub fn renew_hold(rec: &Record, now: Now, lease_ms: u64) -> Option<Record> {
 /// joined it: the pod is going away, CLOSING must end by itself), or `None`
 /// when it is not one. CLOSING keeps its start, so `lb_buffer` counts from it.
 pub fn resume(rec: &Record) -> Option<Record> {
-    let plan = rec.plan.filter(|p| p.hold_closing)?;
-    if !matches!(rec.state, State::Draining | State::Closing) {
-        return None;
-    }
+    let plan = rec
+        .plan
+        .filter(|p| p.hold_closing && matches!(rec.state, State::Draining | State::Closing))?;
     let mut next = rec.clone();
     next.plan = Some(DrainPlan {
         hold_closing: false,

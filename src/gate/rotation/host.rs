@@ -95,13 +95,12 @@ impl<H: Host> Rotator<H> {
             return;
         };
         let claim = rotation::Record::pending(drain_ms, trigger, self.host.now().wall_ms);
-        match claim_drain(&self.host, &claim) {
-            Ok(true) => {}
-            Ok(false) => return, // another worker sent it, or a later drain's is recorded
-            Err(e) => {
-                logs::warning!("event=rotation_record_unavailable error=\"{e}\"");
-                return;
-            }
+        let claimed = claim_drain(&self.host, &claim).unwrap_or_else(|e| {
+            logs::warning!("event=rotation_record_unavailable error=\"{e}\"");
+            false
+        });
+        if !claimed {
+            return; // another worker sent it, or a later drain's is recorded
         }
         let rec = self.send(claim);
         log_outcome(&rec);
@@ -112,9 +111,7 @@ impl<H: Host> Rotator<H> {
     /// After the claim, one writer per drain, so no compare-and-swap: the
     /// last write wins.
     fn save(&self, rec: &rotation::Record) {
-        let newer = matches!(load(&self.host),
-            Ok(Some(r)) if r.drain_started_ms > rec.drain_started_ms);
-        if newer {
+        if matches!(load(&self.host), Ok(Some(r)) if r.drain_started_ms > rec.drain_started_ms) {
             return;
         }
         let saved = shared::encode(keys::ROTATION, rec).and_then(|bytes| {
