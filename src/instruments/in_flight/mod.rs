@@ -54,26 +54,24 @@ impl Histogram {
         [self.lt_1s, self.lt_10s, self.lt_60s, self.ge_60s]
     }
 
-    fn slots(&mut self) -> [&mut u64; 4] {
-        [
-            &mut self.lt_1s,
-            &mut self.lt_10s,
-            &mut self.lt_60s,
-            &mut self.ge_60s,
-        ]
-    }
-
     fn add(&mut self, age_ms: u64, n: u64) {
-        let i = AGE_BOUNDS_MS.partition_point(|b| *b <= age_ms);
-        if let Some(slot) = self.slots().into_iter().nth(i) {
-            *slot = slot.saturating_add(n);
-        }
+        let slot = if age_ms < AGE_BOUNDS_MS[0] {
+            &mut self.lt_1s
+        } else if age_ms < AGE_BOUNDS_MS[1] {
+            &mut self.lt_10s
+        } else if age_ms < AGE_BOUNDS_MS[2] {
+            &mut self.lt_60s
+        } else {
+            &mut self.ge_60s
+        };
+        *slot = slot.saturating_add(n);
     }
 
     fn merge(&mut self, other: &Histogram) {
-        for (a, b) in self.slots().into_iter().zip(other.counts()) {
-            *a = a.saturating_add(b);
-        }
+        self.lt_1s = self.lt_1s.saturating_add(other.lt_1s);
+        self.lt_10s = self.lt_10s.saturating_add(other.lt_10s);
+        self.lt_60s = self.lt_60s.saturating_add(other.lt_60s);
+        self.ge_60s = self.ge_60s.saturating_add(other.ge_60s);
     }
 }
 
