@@ -48,12 +48,9 @@ pub fn read<H: Host>(host: &H) -> Option<Record> {
 /// (`Record::write_line`), and logs at once a line it displaces. Whether it wrote.
 pub fn write_line<H: Host>(host: &H, rec: &fsm::Record, ended: &str, t: Tally, now: Now) -> bool {
     let mut displaced = None;
-    let written = change(host, &mut |r| match r.write_line(rec, ended, t, now) {
-        Some(line) => {
-            displaced = line;
-            true
-        }
-        None => false,
+    let written = change(host, &mut |r| {
+        let line = r.write_line(rec, ended, t, now);
+        line.map(|line| displaced = line).is_some()
     });
     if let Some(line) = displaced.filter(|_| written) {
         logs::info!("{line}"); // a second drain ended within a tick of the first

@@ -158,10 +158,10 @@ impl Record {
             "event=drain_receipt started={} flipped={} closed={} ended={ended} forced={} \
              duration_ms={} completed=",
             rfc3339(started_ms),
-            stamp(rec.closing_ms),
-            stamp(rec.closed_ms),
+            dash(rec.closing_ms.map(rfc3339)),
+            dash(rec.closed_ms.map(rfc3339)),
             rec.forced,
-            num(rec.drain_duration_ms(now)),
+            dash(rec.drain_duration_ms(now)),
         ));
         self.owed_completed = t.completed;
         self.owed_tail = Some(format!(
@@ -174,8 +174,8 @@ impl Record {
             t.cut.saturating_sub(t.cut_lb),
             t.ended_upstream,
             t.refused,
-            num(rec.active_at_closing),
-            num(self.oldest_at_flip_ms),
+            dash(rec.active_at_closing),
+            dash(self.oldest_at_flip_ms),
         ));
         self.owed_drain = Some(drain);
         Some(displaced)
@@ -219,12 +219,8 @@ pub fn duration_of(line: &str) -> Option<u64> {
         .ok()
 }
 
-fn stamp(ms: Option<u64>) -> String {
-    ms.map_or_else(|| "-".to_string(), rfc3339)
-}
-
-fn num(n: Option<u64>) -> String {
-    n.map_or_else(|| "-".to_string(), |n| n.to_string())
+fn dash(v: Option<impl std::fmt::Display>) -> String {
+    v.map_or_else(|| "-".to_string(), |v| v.to_string())
 }
 
 /// How one stream or connection ended during a drain.

@@ -3,9 +3,7 @@
 use super::Health;
 
 use crate::api::{self, Reply, TrafficInfo, View};
-use crate::gate::clock;
 use crate::gate::fsm::Record;
-use crate::gate::lb::Checkers;
 use crate::gate::placeholder::host as placeholder;
 use crate::gate::rotation;
 use crate::host::logs;
@@ -16,18 +14,9 @@ impl<H: Host> Health<H> {
     /// Everything a status answer shows beyond the FSM record, read now and
     /// handed to `answer`.
     fn with_view(&self, rec: &Record, answer: &dyn Fn(&View) -> Reply) -> Reply {
-        let checkers = self.store.lb_checkers().unwrap_or_else(|e| {
-            logs::warning!("event=lb_record_unavailable error=\"{e}\"");
-            Checkers::default()
-        });
-        let rotation = rotation::host::load(self.host()).unwrap_or_else(|e| {
-            logs::warning!("event=rotation_record_unavailable error=\"{e}\"");
-            None
-        });
-        let steps = self.store.clock_steps().unwrap_or_else(|e| {
-            logs::warning!("event=clock_record_unavailable error=\"{e}\"");
-            clock::Steps::default()
-        });
+        let checkers = or_warn(self.store.lb_checkers(), "lb");
+        let rotation = or_warn(rotation::host::load(self.host()), "rotation");
+        let steps = or_warn(self.store.clock_steps(), "clock");
         let (reg, verdict, watch) = self.watch.snapshot();
         let placeholders = placeholder::read(self.host());
         // The registered roots' summaries first, then the count, then the
@@ -77,4 +66,12 @@ impl<H: Host> Health<H> {
     pub(super) fn wait_reply(&self, end: api::WaitEnd, rec: &Record) -> Reply {
         self.with_view(rec, &|v| api::wait_reply(end, v))
     }
+}
+
+/// The record read, or (logged) its default when it cannot be read.
+fn or_warn<T: Default, E: std::fmt::Display>(read: Result<T, E>, record: &str) -> T {
+    read.unwrap_or_else(|e| {
+        logs::warning!("event={record}_record_unavailable error=\"{e}\"");
+        T::default()
+    })
 }

@@ -85,16 +85,6 @@ pub struct View<'a> {
     pub durations: Durations,
 }
 
-/// A time of the timers' clock, shown on the wall clock.
-fn on_wall(now: Now, t: u64) -> String {
-    rfc3339(now.wall_ms.saturating_sub(age(now, t)))
-}
-
-/// How long ago a time of the timers' clock was.
-fn age(now: Now, t: u64) -> u64 {
-    now.timer_ms().saturating_sub(t)
-}
-
 /// The status document; `wait` names how a held wait ended (`closed`), and
 /// is left out of `GET /drain/status`.
 fn document<'a>(v: &'a View<'a>, wait: Option<&'static str>) -> impl Serialize + 'a {
@@ -103,7 +93,9 @@ fn document<'a>(v: &'a View<'a>, wait: Option<&'static str>) -> impl Serialize +
     // `lb_down_timeout` with `close_after: lb_observed_down`).
     let lb_wait = Wait::of(c.close_after, c.lb_buffer_ms, c.lb_down_timeout_ms);
     let now = v.now.timer_ms();
-    let shown = |t: u64| on_wall(v.now, t);
+    // How long ago a time of the timers' clock was, and that time on the wall clock.
+    let age = |t: u64| now.saturating_sub(t);
+    let shown = |t: u64| rfc3339(v.now.wall_ms.saturating_sub(age(t)));
     let placeholders = crate::gate::placeholder::action(
         v.traffic.placeholders,
         v.traffic.placeholders_serving,
@@ -144,7 +136,7 @@ fn document<'a>(v: &'a View<'a>, wait: Option<&'static str>) -> impl Serialize +
             ages: f.ages,
             // When the list was true (`null`: no worker's summary, and no count of 0).
             as_of: f.as_of_ms.map(shown),
-            age_ms: f.as_of_ms.map(|t| age(v.now, t)),
+            age_ms: f.as_of_ms.map(age),
             // Some listed streams have ended since `as_of`: the count is below the list.
             older_than_count: f.older_than_count,
         }),
@@ -269,7 +261,7 @@ fn document<'a>(v: &'a View<'a>, wait: Option<&'static str>) -> impl Serialize +
             // `completed` counts the completed ends up to this moment: the
             // oldest of the workers' last ticks (each counts its own at its tick).
             completed_as_of: f.ticked_ms.map(shown),
-            completed_age_ms: f.ticked_ms.map(|t| age(v.now, t)),
+            completed_age_ms: f.ticked_ms.map(age),
             ended_upstream: t.ended_upstream,
             refused: t.refused,
         }),
