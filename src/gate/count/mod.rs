@@ -228,8 +228,8 @@ pub struct ActiveCount<H: Host = Envoy> {
 impl<H: Host + Copy> ActiveCount<H> {
     pub fn new(metrics: &Metrics<H>) -> ActiveCount<H> {
         let (m, host) = (metrics, *metrics.host());
-        let streams = m.active.filter(|_| m.active_live);
-        let connections = m.active_connections.filter(|_| m.active_connections_live);
+        let streams = m.active.filter(|_| m.live.active);
+        let connections = m.active_connections.filter(|_| m.live.active_connections);
         ActiveCount::of(
             PartCounter::new(host, Part::Streams, streams),
             PartCounter::new(host, Part::Connections, connections),
