@@ -167,7 +167,11 @@ impl<T: FromJson> FromJson for Option<T> {
 impl<T: FromJson> FromJson for Vec<T> {
     fn from_json(v: &Value) -> Result<Self, FieldError> {
         let items = v.as_array().ok_or(FieldError::expected("a list"))?;
-        items.iter().map(T::from_json).collect()
+        let mut out = Vec::with_capacity(items.len());
+        for item in items {
+            out.push(T::from_json(item)?);
+        }
+        Ok(out)
     }
 }
 
