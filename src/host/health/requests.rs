@@ -156,14 +156,8 @@ impl<H: Host> Health<H> {
 }
 
 pub struct HealthStream<H: Host = Envoy> {
-    context_id: u32,
-    health: Rc<Health<H>>,
-}
-
-impl<H: Host> HealthStream<H> {
-    pub fn new(context_id: u32, health: Rc<Health<H>>) -> HealthStream<H> {
-        HealthStream { context_id, health }
-    }
+    pub context_id: u32,
+    pub health: Rc<Health<H>>,
 }
 
 impl<H: Host> Context for HealthStream<H> {}
