@@ -206,7 +206,7 @@ impl<H: Host> PartCounter<H> {
 /// `false`: not written. An absent key (`create_shared` made it) or one that
 /// is not a count is a failure: an unversioned write could lose an update.
 fn change<H: Host>(host: &H, key: &str, f: impl Fn(u64) -> u64) -> bool {
-    cas_update(host, key, |bytes| {
+    cas_update(host, key, |bytes, _| {
         let value = bytes.and_then(shared::u64_of).ok_or(None)?;
         Ok::<_, Option<SharedError>>(Decision::Write(f(value).to_le_bytes().to_vec(), ()))
     })
@@ -334,7 +334,7 @@ pub fn write_verdict<H: Host>(host: &H, gen: u64, why: Option<Unreliable>) -> bo
     let name = why.map_or("", Unreliable::name).as_bytes();
     let mut bytes = gen.to_le_bytes().to_vec();
     bytes.extend_from_slice(name);
-    cas_update(host, VERDICT, |current| {
+    cas_update(host, VERDICT, |current, _| {
         let written = current.unwrap_or_default();
         let newer = written.get(..8).and_then(shared::u64_of) > Some(gen);
         Ok::<_, SharedError>(if newer || written == bytes {

@@ -13,7 +13,7 @@ use crate::gate::lb::{Checkers, Gate};
 use crate::host::keys;
 use crate::host::logs;
 use crate::host::metrics::Metrics;
-use crate::host::shared::{self, cas_update_versioned, json_read, Decision, Seen, SharedError};
+use crate::host::shared::{self, cas_update, json_read, Decision, Seen, SharedError};
 use crate::host::wasm_host::Host;
 
 /// Why a transition did not happen.
@@ -146,7 +146,7 @@ impl<H: Host> Store<H> {
         &self,
         change: &dyn Fn(&Record) -> Option<Record>,
     ) -> Result<Rc<Record>, SharedError> {
-        cas_update_versioned(&self.host, keys::FSM, |bytes, cas| {
+        cas_update(&self.host, keys::FSM, |bytes, cas| {
             // Absent: the OPEN record of a process that never wrote one (the
             // first VM creates it on its first write).
             let rec = match bytes {
@@ -229,7 +229,7 @@ impl<H: Host> Store<H> {
         &self,
         change: &mut dyn FnMut(&mut Checkers) -> bool,
     ) -> Result<bool, SharedError> {
-        cas_update_versioned(&self.host, keys::LB, |bytes, cas| {
+        cas_update(&self.host, keys::LB, |bytes, cas| {
             let mut c = match bytes {
                 Some(b) => Checkers::clone(&*self.lb.value(keys::LB, b, cas)?),
                 None => Checkers::default(),
@@ -268,7 +268,7 @@ impl<H: Host> Store<H> {
         now: Now,
         threshold_ms: u64,
     ) -> Result<Option<(Steps, i64)>, SharedError> {
-        cas_update_versioned(&self.host, keys::CLOCK, |bytes, cas| {
+        cas_update(&self.host, keys::CLOCK, |bytes, cas| {
             let steps = match bytes {
                 Some(b) => *self.clock.value(keys::CLOCK, b, cas)?,
                 None => Steps::default(),
