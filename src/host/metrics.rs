@@ -85,10 +85,9 @@ pub fn definitions() -> u64 {
 
 fn define<H: Host>(host: &H, name: &str) -> Option<u32> {
     DEFINITIONS.fetch_add(1, Ordering::Relaxed);
-    let kind = names::ALL.iter().find(|(n, _)| *n == name).map(|(_, k)| *k);
-    let t = match kind {
-        Some(Kind::Gauge) => MetricType::Gauge,
-        Some(Kind::Histogram) => MetricType::Histogram,
+    let t = match names::ALL.iter().find(|(n, _)| *n == name) {
+        Some((_, Kind::Gauge)) => MetricType::Gauge,
+        Some((_, Kind::Histogram)) => MetricType::Histogram,
         _ => MetricType::Counter,
     };
     host.define_metric(t, name)
