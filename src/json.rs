@@ -111,12 +111,6 @@ pub fn field<T: FromJson>(
     }
 }
 
-/// What a record read by [`field`] gives: the record, or the first field that
-/// was not what drain-gate writes.
-pub fn fields<T>(read: Option<T>, bad: Option<FieldError>) -> Result<T, FieldError> {
-    read.ok_or(bad.unwrap_or(FieldError::expected("an object")))
-}
-
 /// `FromJson` for a value `serde_json` reads directly.
 macro_rules! read_with {
     ($($t:ty: $read:expr, $expected:literal;)*) => {$(
@@ -175,19 +169,6 @@ impl<T: FromJson> FromJson for Vec<T> {
     }
 }
 
-/// The variant of `all` whose `name` is `s`.
-pub fn by_name<T: Copy>(
-    v: &Value,
-    all: &[T],
-    name: fn(T) -> &'static str,
-) -> Result<T, FieldError> {
-    let s = v.as_str().ok_or(FieldError::expected("a name"))?;
-    all.iter()
-        .copied()
-        .find(|t| name(*t) == s)
-        .ok_or(FieldError::expected("one of the names drain-gate writes"))
-}
-
 /// A struct written with `derive(Serialize)` and read by [`FromJson`], its
 /// field names declared once. `field: Type = default` reads `default` when
 /// the field is absent or null (a record written before the field existed).
@@ -213,7 +194,7 @@ macro_rules! record {
                         $( $f: $crate::json::field(o, stringify!($f), $crate::json::record!(@default $t $(, $d)?), &mut bad)?, )*
                     })
                 })();
-                $crate::json::fields(read, bad)
+                read.ok_or(bad.unwrap_or($crate::json::FieldError::expected("an object")))
             }
         }
     };
@@ -256,7 +237,9 @@ macro_rules! named {
 
         impl $crate::json::FromJson for $name {
             fn from_json(v: &serde_json::Value) -> Result<Self, $crate::json::FieldError> {
-                $crate::json::by_name(v, $name::ALL, $name::name)
+                let s = v.as_str().ok_or($crate::json::FieldError::expected("a name"))?;
+                $name::ALL.iter().copied().find(|t| t.name() == s)
+                    .ok_or($crate::json::FieldError::expected("one of the names drain-gate writes"))
             }
         }
     };

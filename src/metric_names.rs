@@ -17,104 +17,85 @@ pub enum Kind {
     Buckets,
 }
 
+use crate::instruments::sizing::EXPORT_LE_MS;
+
 /// A metric: its name and its kind.
 pub type Metric = (&'static str, Kind);
 
-pub const ACTIVE_REQUESTS: &str = "drain_gate_active_requests";
-pub const ACTIVE_CONNECTIONS: &str = "drain_gate_active_connections";
-pub const STATE: &str = "drain_gate_state";
-pub const FORCED_CLOSES: &str = "drain_gate_forced_closes";
-pub const COUNT_ERRORS: &str = "drain_gate_count_errors";
-pub const COUNT_UNRELIABLE: &str = "drain_gate_count_unreliable";
-pub const TRAFFIC_ROLES_LOST: &str = "drain_gate_traffic_roles_lost";
-pub const OLDEST_IN_FLIGHT: &str = "drain_gate_oldest_in_flight_seconds";
-pub const CLOCK_STEPS: &str = "drain_gate_clock_steps";
-pub const LB_CHECKS_IGNORED: &str = "drain_gate_lb_checks_ignored";
-pub const CUT: &str = "drain_gate_cut";
-pub const CUT_LB: &str = "drain_gate_cut_lb";
-pub const CUT_TCP: &str = "drain_gate_cut_tcp";
-pub const DRAIN_COMPLETED: &str = "drain_gate_drain_completed";
-pub const DRAIN_ENDED_UPSTREAM: &str = "drain_gate_drain_ended_upstream";
-pub const REFUSED: &str = "drain_gate_refused";
-pub const DRAINS_CUT_SHORT: &str = "drain_gate_drains_cut_short";
-pub const TERMINATION_WATCH_UNAVAILABLE: &str = "drain_gate_termination_watch_unavailable";
-pub const STREAM_DURATION: &str = "drain_gate_stream_duration_ms";
-pub const UPGRADED_DURATION: &str = "drain_gate_upgraded_duration_ms";
-pub const TCP_DURATION: &str = "drain_gate_tcp_duration_ms";
-pub const DRAIN_TIMEOUT: &str = "drain_gate_drain_timeout_seconds";
-pub const DRAIN_DURATION: &str = "drain_gate_drain_duration_ms";
-pub const LB_CHECK_INTERVAL: &str = "drain_gate_lb_check_interval_ms";
-pub const LB_BUFFER_SHORT: &str = "drain_gate_lb_buffer_short_ms";
+/// Declares each metric's name once, as a constant, and [`ALL`], every one
+/// of them with its kind, in the order given.
+macro_rules! metrics {
+    ($($name:ident = $metric:literal: $kind:ident,)*) => {
+        $(pub const $name: &str = $metric;)*
+
+        pub const ALL: [Metric; [$($name),*].len()] = [$(($name, Kind::$kind)),*];
+    };
+}
+
+metrics! {
+    ACTIVE_REQUESTS = "drain_gate_active_requests": Gauge,
+    ACTIVE_CONNECTIONS = "drain_gate_active_connections": Gauge,
+    STATE = "drain_gate_state": Gauge,
+    TRANSITIONS_TO_OPEN = "drain_gate_transitions_to_open": Counter,
+    TRANSITIONS_TO_DRAINING = "drain_gate_transitions_to_draining": Counter,
+    TRANSITIONS_TO_CLOSING = "drain_gate_transitions_to_closing": Counter,
+    TRANSITIONS_TO_CLOSED = "drain_gate_transitions_to_closed": Counter,
+    TRANSITIONS_TO_FAULT = "drain_gate_transitions_to_fault": Counter,
+    FORCED_CLOSES = "drain_gate_forced_closes": Counter,
+    COUNT_ERRORS = "drain_gate_count_errors": Counter,
+    COUNT_UNRELIABLE = "drain_gate_count_unreliable": Gauge,
+    TRAFFIC_ROLES_LOST = "drain_gate_traffic_roles_lost": Counter,
+    OLDEST_IN_FLIGHT = "drain_gate_oldest_in_flight_seconds": Gauge,
+    CLOCK_STEPS = "drain_gate_clock_steps": Counter,
+    LB_CHECKS_IGNORED = "drain_gate_lb_checks_ignored": Counter,
+    CUT = "drain_gate_cut": Counter,
+    CUT_LB = "drain_gate_cut_lb": Counter,
+    CUT_TCP = "drain_gate_cut_tcp": Counter,
+    DRAIN_COMPLETED = "drain_gate_drain_completed": Counter,
+    DRAIN_ENDED_UPSTREAM = "drain_gate_drain_ended_upstream": Counter,
+    REFUSED = "drain_gate_refused": Counter,
+    DRAINS_CUT_SHORT = "drain_gate_drains_cut_short": Counter,
+    TERMINATION_WATCH_UNAVAILABLE = "drain_gate_termination_watch_unavailable": Counter,
+    STREAM_DURATION = "drain_gate_stream_duration_ms": Buckets,
+    UPGRADED_DURATION = "drain_gate_upgraded_duration_ms": Buckets,
+    TCP_DURATION = "drain_gate_tcp_duration_ms": Buckets,
+    DRAIN_TIMEOUT = "drain_gate_drain_timeout_seconds": Gauge,
+    DRAIN_DURATION = "drain_gate_drain_duration_ms": Histogram,
+    LB_CHECK_INTERVAL = "drain_gate_lb_check_interval_ms": Gauge,
+    LB_BUFFER_SHORT = "drain_gate_lb_buffer_short_ms": Gauge,
+}
 
 /// The transition counter for each target state, indexed like `State::ALL`.
 pub const TRANSITIONS_TO: [&str; 5] = [
-    "drain_gate_transitions_to_open",
-    "drain_gate_transitions_to_draining",
-    "drain_gate_transitions_to_closing",
-    "drain_gate_transitions_to_closed",
-    "drain_gate_transitions_to_fault",
-];
-
-pub const ALL: [Metric; 30] = [
-    (ACTIVE_REQUESTS, Kind::Gauge),
-    (ACTIVE_CONNECTIONS, Kind::Gauge),
-    (STATE, Kind::Gauge),
-    (TRANSITIONS_TO[0], Kind::Counter),
-    (TRANSITIONS_TO[1], Kind::Counter),
-    (TRANSITIONS_TO[2], Kind::Counter),
-    (TRANSITIONS_TO[3], Kind::Counter),
-    (TRANSITIONS_TO[4], Kind::Counter),
-    (FORCED_CLOSES, Kind::Counter),
-    (COUNT_ERRORS, Kind::Counter),
-    (COUNT_UNRELIABLE, Kind::Gauge),
-    (TRAFFIC_ROLES_LOST, Kind::Counter),
-    (OLDEST_IN_FLIGHT, Kind::Gauge),
-    (CLOCK_STEPS, Kind::Counter),
-    (LB_CHECKS_IGNORED, Kind::Counter),
-    (CUT, Kind::Counter),
-    (CUT_LB, Kind::Counter),
-    (CUT_TCP, Kind::Counter),
-    (DRAIN_COMPLETED, Kind::Counter),
-    (DRAIN_ENDED_UPSTREAM, Kind::Counter),
-    (REFUSED, Kind::Counter),
-    (DRAINS_CUT_SHORT, Kind::Counter),
-    (TERMINATION_WATCH_UNAVAILABLE, Kind::Counter),
-    (STREAM_DURATION, Kind::Buckets),
-    (UPGRADED_DURATION, Kind::Buckets),
-    (TCP_DURATION, Kind::Buckets),
-    (DRAIN_TIMEOUT, Kind::Gauge),
-    (DRAIN_DURATION, Kind::Histogram),
-    (LB_CHECK_INTERVAL, Kind::Gauge),
-    (LB_BUFFER_SHORT, Kind::Gauge),
+    TRANSITIONS_TO_OPEN,
+    TRANSITIONS_TO_DRAINING,
+    TRANSITIONS_TO_CLOSING,
+    TRANSITIONS_TO_CLOSED,
+    TRANSITIONS_TO_FAULT,
 ];
 
 /// Counters per histogram of counters (`STREAM_DURATION`, `UPGRADED_DURATION`,
 /// `TCP_DURATION`): one per exported `le`, `+Inf`, `_count`, `_sum`.
-pub const HISTOGRAM_COUNTERS: usize = crate::instruments::sizing::EXPORT_LE_MS.len() + 3;
+pub const HISTOGRAM_COUNTERS: usize = EXPORT_LE_MS.len() + 3;
 
 /// The name of a family's `j`-th counter: its buckets in `crate::instruments::sizing::EXPORT_LE_MS`'s
 /// order, `+Inf`, `_count`, `_sum`.
 pub fn histogram_counter(base: &str, j: usize) -> String {
+    let n = EXPORT_LE_MS.len();
+    let le = EXPORT_LE_MS.get(j).map(u64::to_string);
+    let le = le.as_deref().or((j == n).then_some("+Inf"));
     let mut name = String::with_capacity(64);
-    let le = crate::instruments::sizing::EXPORT_LE_MS
-        .get(j)
-        .map(|le| le.to_string());
-    let le = le
-        .as_deref()
-        .or((j == crate::instruments::sizing::EXPORT_LE_MS.len()).then_some("+Inf"));
     if let Some(le) = le {
         name.push_str("le=.=");
         name.push_str(le);
         name.push_str(";.;");
     }
     name.push_str(base);
-    name.push_str(
-        match (le, j > crate::instruments::sizing::EXPORT_LE_MS.len() + 1) {
-            (Some(_), _) => "_bucket",
-            (None, false) => "_count",
-            (None, true) => "_sum",
-        },
-    );
+    name.push_str(match (le, j > n + 1) {
+        (Some(_), _) => "_bucket",
+        (None, false) => "_count",
+        (None, true) => "_sum",
+    });
     name
 }
 

@@ -65,11 +65,9 @@ pub struct Metrics<H: Host = Envoy> {
     host: H,
     pub active: Option<u32>,
     pub active_connections: Option<u32>,
-    /// The state gauge proved live: traffic streams may read it as a hint.
-    state_live: bool,
-    /// The count's gauges proved live (else the count lives in shared data).
-    pub active_live: bool,
-    pub active_connections_live: bool,
+    /// Which gauges proved live: the state gauge (traffic streams may read
+    /// it as a hint) and the count's (else the count lives in shared data).
+    pub live: Live,
     transitions: [Option<u32>; 5],
     ids: Named,
     /// The stream-duration counters (`host::sizing`).
@@ -87,10 +85,9 @@ pub fn definitions() -> u64 {
 
 fn define<H: Host>(host: &H, name: &str) -> Option<u32> {
     DEFINITIONS.fetch_add(1, Ordering::Relaxed);
-    let kind = names::ALL.iter().find(|(n, _)| *n == name).map(|(_, k)| *k);
-    let t = match kind {
-        Some(Kind::Gauge) => MetricType::Gauge,
-        Some(Kind::Histogram) => MetricType::Histogram,
+    let t = match names::ALL.iter().find(|(n, _)| *n == name) {
+        Some((_, Kind::Gauge)) => MetricType::Gauge,
+        Some((_, Kind::Histogram)) => MetricType::Histogram,
         _ => MetricType::Counter,
     };
     host.define_metric(t, name)
@@ -127,10 +124,10 @@ record! {
     /// probe racing a `record` could leave the state gauge wrapped to 2⁶⁴−1), and
     /// no later root probes again (a `stats_matcher` is fixed at bootstrap).
     #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-    struct Live {
+    pub struct Live {
         state: bool,
-        active: bool,
-        active_connections: bool,
+        pub active: bool,
+        pub active_connections: bool,
     }
 }
 
@@ -159,14 +156,11 @@ impl<H: Host + Copy> Metrics<H> {
         let ids = Named::define(&host);
         let active = define(&host, names::ACTIVE_REQUESTS);
         let active_connections = define(&host, names::ACTIVE_CONNECTIONS);
-        let live = live_gauges(&host, [ids.state, active, active_connections]);
         Metrics {
             host,
             active,
             active_connections,
-            state_live: live.state,
-            active_live: live.active,
-            active_connections_live: live.active_connections,
+            live: live_gauges(&host, [ids.state, active, active_connections]),
             transitions,
             ids,
             durations: FAMILIES
@@ -214,7 +208,7 @@ impl<H: Host> Metrics<H> {
 
     /// The raw value of the state gauge, if that gauge is live.
     fn state_gauge(&self) -> Option<u64> {
-        let id = self.ids.state.filter(|_| self.state_live)?;
+        let id = self.ids.state.filter(|_| self.live.state)?;
         self.host.metric_get(id).ok()
     }
 

@@ -342,10 +342,10 @@ impl<H: Host + Copy + 'static> RootContext for Root<H> {
         match &self.role {
             _ if !self.in_place.get() => Some(Box::new(Stream::<H>::Passthrough)),
             Role::Traffic(t) => Some(Box::new(Stream::Traffic(TrafficStream::new(Rc::clone(t))))),
-            Role::Health(h) => Some(Box::new(Stream::Health(HealthStream::new(
+            Role::Health(h) => Some(Box::new(Stream::Health(HealthStream {
                 context_id,
-                Rc::clone(h),
-            )))),
+                health: Rc::clone(h),
+            }))),
             Role::Placeholder(p) => Some(Box::new(Stream::Stand(StandStream(Rc::clone(p))))),
             // The host does not create streams for a plugin whose
             // configuration was refused; if it ever did, pass them through.

@@ -58,7 +58,8 @@ pub enum Decision<R> {
 }
 
 /// The one compare-and-swap loop: reads `key`, lets `f` decide from the
-/// current bytes (`None`: absent), writes with the version it read, and
+/// current bytes (`None`: absent) and their version (`None`: absent; a
+/// [`Seen`] value needs it), writes with the version it read, and
 /// starts again when another writer came first. An absent key is written
 /// unconditionally: shared data has no create-if-absent, so two writers that
 /// both find a key absent both write, and one update is lost. Every key that
@@ -66,16 +67,6 @@ pub enum Decision<R> {
 /// (`host::root::create_shared`), which Envoy runs on the main thread before
 /// any worker VM exists; the count's keys refuse an absent value outright.
 pub fn cas_update<H: Host + ?Sized, R, E: From<SharedError>>(
-    host: &H,
-    key: &str,
-    mut f: impl FnMut(Option<&[u8]>) -> Result<Decision<R>, E>,
-) -> Result<R, E> {
-    cas_update_versioned(host, key, |bytes, _| f(bytes))
-}
-
-/// `cas_update` whose `f` is also shown the version of the bytes it decides
-/// from (`None`: absent), as a [`Seen`] value needs.
-pub fn cas_update_versioned<H: Host + ?Sized, R, E: From<SharedError>>(
     host: &H,
     key: &str,
     mut f: impl FnMut(Option<&[u8]>, Option<u32>) -> Result<Decision<R>, E>,
@@ -160,7 +151,7 @@ where
     H: Host + ?Sized,
     T: serde::Serialize + FromJson + Default,
 {
-    cas_update(host, key, |bytes| {
+    cas_update(host, key, |bytes, _| {
         let mut value: T = parse_or_default(key, bytes)?;
         let r = f(&mut value);
         Ok::<_, SharedError>(Decision::Write(encode(key, &value)?, r))
@@ -177,7 +168,7 @@ where
     H: Host + ?Sized,
     T: serde::Serialize + FromJson + Default,
 {
-    cas_update(host, key, |bytes| {
+    cas_update(host, key, |bytes, _| {
         let mut value: T = parse_or_default(key, bytes)?;
         if !f(&mut value) {
             return Ok(Decision::Keep(false));

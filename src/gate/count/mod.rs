@@ -206,7 +206,7 @@ impl<H: Host> PartCounter<H> {
 /// `false`: not written. An absent key (`create_shared` made it) or one that
 /// is not a count is a failure: an unversioned write could lose an update.
 fn change<H: Host>(host: &H, key: &str, f: impl Fn(u64) -> u64) -> bool {
-    cas_update(host, key, |bytes| {
+    cas_update(host, key, |bytes, _| {
         let value = bytes.and_then(shared::u64_of).ok_or(None)?;
         Ok::<_, Option<SharedError>>(Decision::Write(f(value).to_le_bytes().to_vec(), ()))
     })
@@ -228,8 +228,8 @@ pub struct ActiveCount<H: Host = Envoy> {
 impl<H: Host + Copy> ActiveCount<H> {
     pub fn new(metrics: &Metrics<H>) -> ActiveCount<H> {
         let (m, host) = (metrics, *metrics.host());
-        let streams = m.active.filter(|_| m.active_live);
-        let connections = m.active_connections.filter(|_| m.active_connections_live);
+        let streams = m.active.filter(|_| m.live.active);
+        let connections = m.active_connections.filter(|_| m.live.active_connections);
         ActiveCount::of(
             PartCounter::new(host, Part::Streams, streams),
             PartCounter::new(host, Part::Connections, connections),
@@ -334,7 +334,7 @@ pub fn write_verdict<H: Host>(host: &H, gen: u64, why: Option<Unreliable>) -> bo
     let name = why.map_or("", Unreliable::name).as_bytes();
     let mut bytes = gen.to_le_bytes().to_vec();
     bytes.extend_from_slice(name);
-    cas_update(host, VERDICT, |current| {
+    cas_update(host, VERDICT, |current, _| {
         let written = current.unwrap_or_default();
         let newer = written.get(..8).and_then(shared::u64_of) > Some(gen);
         Ok::<_, SharedError>(if newer || written == bytes {

@@ -13,7 +13,7 @@ use crate::gate::lb::{Checkers, Gate};
 use crate::host::keys;
 use crate::host::logs;
 use crate::host::metrics::Metrics;
-use crate::host::shared::{self, cas_update_versioned, json_read, Decision, Seen, SharedError};
+use crate::host::shared::{self, cas_update, json_read, Decision, Seen, SharedError};
 use crate::host::wasm_host::Host;
 
 /// Why a transition did not happen.
@@ -142,7 +142,7 @@ impl<H: Host> Store<H> {
         &self,
         change: &dyn Fn(&Record) -> Option<Record>,
     ) -> Result<Rc<Record>, SharedError> {
-        cas_update_versioned(&self.host, keys::FSM, |bytes, cas| {
+        cas_update(&self.host, keys::FSM, |bytes, cas| {
             // Absent: the OPEN record of a process that never wrote one (the
             // first VM creates it on its first write).
             let rec = match bytes {
@@ -225,7 +225,7 @@ impl<H: Host> Store<H> {
         change: &mut dyn FnMut(&mut Checkers, u64) -> bool,
     ) -> Result<bool, SharedError> {
         let now_ms = self.host.now().timer_ms();
-        cas_update_versioned(&self.host, keys::LB, |bytes, cas| {
+        cas_update(&self.host, keys::LB, |bytes, cas| {
             let seen = bytes.map(|b| self.lb.value(keys::LB, b, cas)).transpose()?;
             let mut c = seen.map_or_else(Checkers::default, |c| Checkers::clone(&c));
             if !change(&mut c, now_ms) {
@@ -260,7 +260,7 @@ impl<H: Host> Store<H> {
         now: Now,
         threshold_ms: u64,
     ) -> Result<Option<(Steps, i64)>, SharedError> {
-        cas_update_versioned(&self.host, keys::CLOCK, |bytes, cas| {
+        cas_update(&self.host, keys::CLOCK, |bytes, cas| {
             let seen = bytes.map(|b| self.clock.value(keys::CLOCK, b, cas));
             let steps = seen.transpose()?.map_or_else(Steps::default, |s| *s);
             let (next, step) = match steps.look(now, threshold_ms) {

@@ -20,9 +20,7 @@ use crate::gate::liveness::{self as core, Judging, Registry, Verdict};
 use crate::host::keys::{self, REGISTRY, WATCH};
 use crate::host::logs;
 use crate::host::metrics::Metrics;
-use crate::host::shared::{
-    self, cas_update, cas_update_versioned, json_read, json_update, Decision, Seen, SharedError,
-};
+use crate::host::shared::{self, cas_update, json_read, json_update, Decision, Seen, SharedError};
 use crate::host::wasm_host::{Envoy, Host};
 
 /// Creates the registry and the judging record if absent (configure runs on
@@ -185,7 +183,7 @@ impl<H: Host> Judge<H> {
     /// `Judging::next`).
     fn judge(&self, now: u64) -> Option<u64> {
         let tick_ms = self.tick_ms;
-        let judged = cas_update(&self.host, WATCH, |bytes| {
+        let judged = cas_update(&self.host, WATCH, |bytes, _| {
             // Absent or of another form (never expected): judged afresh.
             Ok::<_, SharedError>(match judging_of(bytes).next(now, tick_ms) {
                 None => Decision::Keep(None),
@@ -220,7 +218,7 @@ impl<H: Host> Judge<H> {
         // Written only when the judgement changed it: a judgement that finds
         // every root beating leaves the registry (and its generation) as it
         // was, and the next reader parses nothing.
-        let judged = cas_update_versioned(&self.host, REGISTRY, |bytes, cas| {
+        let judged = cas_update(&self.host, REGISTRY, |bytes, cas| {
             let was = match bytes {
                 Some(b) => self.registry.value(REGISTRY, b, cas)?,
                 None => Rc::default(),

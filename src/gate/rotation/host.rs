@@ -60,7 +60,7 @@ pub fn load<H: Host>(host: &H) -> Result<Option<rotation::Record>, SharedError> 
 /// Claims the rotation of `claim`'s drain for this worker: written unless
 /// that drain (or a later one) already has a record. `true`: claimed.
 fn claim_drain<H: Host>(host: &H, claim: &rotation::Record) -> Result<bool, SharedError> {
-    cas_update(host, keys::ROTATION, |bytes| {
+    cas_update(host, keys::ROTATION, |bytes, _| {
         let current: Option<rotation::Record> =
             bytes.map_or(Ok(None), |b| shared::parse(keys::ROTATION, b))?;
         if current.is_some_and(|r| r.drain_started_ms >= claim.drain_started_ms) {

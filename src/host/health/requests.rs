@@ -102,13 +102,8 @@ impl<H: Host> Health<H> {
     /// record the tick could not read fails the checks closed from then on.
     fn check(&self, audience: Audience, req: &api::Request) -> Reply {
         let gauge = self.metrics.state_hint().filter(|_| !self.unreadable.get());
-        let state = gauge.or_else(|| {
-            self.store
-                .load()
-                .map_err(state_unavailable)
-                .ok()
-                .map(|rec| rec.state)
-        });
+        let state =
+            gauge.or_else(|| Some(self.store.load().map_err(state_unavailable).ok()?.state));
         let answer = answer::answer(&answer::Inputs {
             audience,
             state,
@@ -130,16 +125,14 @@ impl<H: Host> Health<H> {
         if rec.state == State::Fault {
             return Some(self.wait_reply(api::WaitEnd::InFault, &rec));
         }
-        let started = (rec.state == State::Open).then(|| self.command(api::Command::Drain));
-        let joined = match started {
+        let joined = match (rec.state == State::Open).then(|| self.command(api::Command::Drain)) {
             Some(Ok(next)) => Ok(next),
             Some(Err(store::TransitionError::Shared(e))) => Err(e),
             // Not OPEN, or someone else started it first: join.
             _ => self.store.update(&fsm::resume),
         };
-        let rec = match joined {
-            Ok(r) => r,
-            Err(e) => return Some(unavailable(e)),
+        let Ok(rec) = joined.map_err(state_unavailable) else {
+            return Some(api::unavailable());
         };
         if let Some(end) = api::wait_end(rec.state, false, self.lingering(&rec, self.host().now()))
         {
@@ -156,14 +149,8 @@ impl<H: Host> Health<H> {
 }
 
 pub struct HealthStream<H: Host = Envoy> {
-    context_id: u32,
-    health: Rc<Health<H>>,
-}
-
-impl<H: Host> HealthStream<H> {
-    pub fn new(context_id: u32, health: Rc<Health<H>>) -> HealthStream<H> {
-        HealthStream { context_id, health }
-    }
+    pub context_id: u32,
+    pub health: Rc<Health<H>>,
 }
 
 impl<H: Host> Context for HealthStream<H> {}

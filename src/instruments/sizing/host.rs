@@ -81,7 +81,7 @@ impl<H: Host> Book<H> {
             return;
         }
         let pending = book.take();
-        let merged = cas_update(&self.host, DURATIONS, |bytes| {
+        let merged = cas_update(&self.host, DURATIONS, |bytes, _| {
             // Absent or not this form (never expected): starts again from these.
             let total = bytes.filter(|b| b.len() == BYTES);
             let mut total = total.map_or_else(|| vec![0; BYTES], <[u8]>::to_vec);
