@@ -142,15 +142,11 @@ pub fn encode<T: serde::Serialize>(key: &'static str, value: &T) -> Result<Vec<u
 
 /// `cas_update` for a JSON value that starts as `T::default()` when absent:
 /// `f` changes it, and the changed value is written.
-pub fn json_update<H, T, R>(
+pub fn json_update<H: Host + ?Sized, T: serde::Serialize + FromJson + Default, R>(
     host: &H,
     key: &'static str,
     mut f: impl FnMut(&mut T) -> R,
-) -> Result<R, SharedError>
-where
-    H: Host + ?Sized,
-    T: serde::Serialize + FromJson + Default,
-{
+) -> Result<R, SharedError> {
     cas_update(host, key, |bytes, _| {
         let mut value: T = parse_or_default(key, bytes)?;
         let r = f(&mut value);
@@ -159,15 +155,11 @@ where
 }
 
 /// `json_update` that writes only when `f` says it changed the value.
-pub fn json_change<H, T>(
+pub fn json_change<H: Host + ?Sized, T: serde::Serialize + FromJson + Default>(
     host: &H,
     key: &'static str,
     mut f: impl FnMut(&mut T) -> bool,
-) -> Result<bool, SharedError>
-where
-    H: Host + ?Sized,
-    T: serde::Serialize + FromJson + Default,
-{
+) -> Result<bool, SharedError> {
     cas_update(host, key, |bytes, _| {
         let mut value: T = parse_or_default(key, bytes)?;
         if !f(&mut value) {
@@ -178,13 +170,11 @@ where
 }
 
 /// A JSON value, `T::default()` when absent.
-pub fn json_read<H, T>(host: &H, key: &'static str) -> Result<T, SharedError>
-where
-    H: Host + ?Sized,
-    T: FromJson + Default,
-{
-    let (bytes, _) = host.get(key).map_err(SharedError::Read)?;
-    parse_or_default(key, bytes.as_deref())
+pub fn json_read<H: Host + ?Sized, T: FromJson + Default>(
+    host: &H,
+    key: &'static str,
+) -> Result<T, SharedError> {
+    parse_or_default(key, host.get(key).map_err(SharedError::Read)?.0.as_deref())
 }
 
 /// The JSON value of `bytes` read under `key`, `T::default()` when absent.
@@ -198,8 +188,12 @@ fn parse_or_default<T: FromJson + Default>(
 /// A little-endian `u64` (the counts, the beats), `None` when absent or of
 /// another shape.
 pub fn read_u64<H: Host + ?Sized>(host: &H, key: &str) -> Result<Option<u64>, SharedError> {
-    let (bytes, _) = host.get(key).map_err(SharedError::Read)?;
-    Ok(bytes.as_deref().and_then(u64_of))
+    Ok(host
+        .get(key)
+        .map_err(SharedError::Read)?
+        .0
+        .as_deref()
+        .and_then(u64_of))
 }
 
 /// The `u64` in these bytes, if they are one.

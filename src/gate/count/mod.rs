@@ -230,22 +230,15 @@ impl<H: Host + Copy> ActiveCount<H> {
         let (m, host) = (metrics, *metrics.host());
         let streams = m.active.filter(|_| m.live.active);
         let connections = m.active_connections.filter(|_| m.live.active_connections);
-        ActiveCount::of(
-            PartCounter::new(host, Part::Streams, streams),
-            PartCounter::new(host, Part::Connections, connections),
-        )
+        ActiveCount {
+            streams: PartCounter::new(host, Part::Streams, streams),
+            connections: PartCounter::new(host, Part::Connections, connections),
+            traffic_seen: Cell::new(false),
+        }
     }
 }
 
 impl<H: Host> ActiveCount<H> {
-    pub fn of(streams: PartCounter<H>, connections: PartCounter<H>) -> ActiveCount<H> {
-        ActiveCount {
-            streams,
-            connections,
-            traffic_seen: Cell::new(false),
-        }
-    }
-
     /// The counter of one part.
     pub fn part(&self, part: Part) -> &PartCounter<H> {
         match part {

@@ -13,7 +13,6 @@
 //! dead root nor hide one), else the wall clock.
 
 use std::cell::Cell;
-use std::rc::Rc;
 
 use crate::gate::count;
 use crate::gate::liveness::{self as core, Judging, Registry, Verdict};
@@ -219,10 +218,8 @@ impl<H: Host> Judge<H> {
         // every root beating leaves the registry (and its generation) as it
         // was, and the next reader parses nothing.
         let judged = cas_update(&self.host, REGISTRY, |bytes, cas| {
-            let was = match bytes {
-                Some(b) => self.registry.value(REGISTRY, b, cas)?,
-                None => Rc::default(),
-            };
+            let was = bytes.map(|b| self.registry.value(REGISTRY, b, cas));
+            let was = was.transpose()?.unwrap_or_default();
             let mut r = Registry::clone(&was);
             let back = r.revive(beat);
             let dead = r.stale(now, since, beat);
@@ -239,12 +236,11 @@ impl<H: Host> Judge<H> {
                 Decision::Write(shared::encode(REGISTRY, &r)?, out)
             })
         });
-        let (back, lost, gap, verdict, gen) = match judged {
-            Ok(j) => j,
-            Err(e) => {
-                logs::warning!("event=shared_data_error key={REGISTRY} error=\"{e}\"");
-                return true;
-            }
+        let judged = judged.inspect_err(|e| {
+            logs::warning!("event=shared_data_error key={REGISTRY} error=\"{e}\"")
+        });
+        let Ok((back, lost, gap, verdict, gen)) = judged else {
+            return true;
         };
         self.seen.set(self.seen.get() || !verdict.waiting);
         for l in &back {
@@ -303,13 +299,12 @@ fn judging_of(bytes: Option<&[u8]>) -> Judging {
 #[allow(clippy::unwrap_used, clippy::indexing_slicing)]
 mod tests {
     use super::*;
-    use crate::gate::count::{ActiveCount, Part, PartCounter};
+    use crate::gate::count::ActiveCount;
     use crate::gate::liveness::Unreliable;
     use crate::host::sim::Sim;
 
     fn reading(sim: &Sim) -> count::CountReading {
-        let part = |p| PartCounter::new(sim, p, None);
-        ActiveCount::of(part(Part::Streams), part(Part::Connections)).read()
+        ActiveCount::new(&Metrics::define(sim)).read()
     }
 
     fn process(sim: &Sim) -> (Judge<&Sim>, Metrics<&Sim>) {

@@ -219,20 +219,14 @@ impl Registry {
     /// Moves `dead` roots from `roots` to `lost`; returns those that were
     /// still registered (another health worker may have moved them first).
     pub fn mark_lost(&mut self, dead: &[Lost]) -> Vec<Lost> {
-        let mut moved = Vec::new();
-        for d in dead {
-            if self.roots.iter().any(|r| r.id == d.id) {
-                self.roots.retain(|r| r.id != d.id);
-                moved.push(d.clone());
-            }
-        }
+        let registered = |d: &&Lost| self.roots.iter().any(|r| r.id == d.id);
+        let moved: Vec<Lost> = dead.iter().filter(registered).cloned().collect();
+        self.roots.retain(|r| !moved.iter().any(|m| m.id == r.id));
         self.lost_total = self.lost_total.saturating_add(moved.len() as u64);
         self.lost.extend(moved.iter().cloned());
-        if self.lost.len() > MAX_ROOTS {
-            let extra = self.lost.len() - MAX_ROOTS;
-            self.lost.drain(..extra);
-            self.dropped_lost = self.dropped_lost.saturating_add(extra as u64);
-        }
+        let extra = self.lost.len().saturating_sub(MAX_ROOTS);
+        self.lost.drain(..extra);
+        self.dropped_lost = self.dropped_lost.saturating_add(extra as u64);
         if self.roots.is_empty() && !moved.is_empty() {
             // Not a goodbye: "gone" does not apply, "lost" does.
             self.empty_since_ms = None;
