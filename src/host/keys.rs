@@ -62,14 +62,11 @@ pub fn created(ids_high: u64) -> u64 {
 /// A traffic root's heartbeat: the timer-clock time of its last tick (u64).
 /// One per registry id; ids are reused, so these stay bounded.
 pub fn beat(id: u64) -> String {
-    keyed(BEAT, id)
+    keyed("drain_gate.beat.v1.", id)
 }
 
-/// The prefix of the heartbeats' keys.
-const BEAT: &str = "drain_gate.beat.v1";
-
-/// `prefix.id`, the id in decimal: built by every tick, without the
-/// formatting machinery (`format!` costs several times more).
+/// The prefix (ending in `.`) then the id in decimal: built by every tick,
+/// without the formatting machinery (`format!` costs several times more).
 fn keyed(prefix: &str, id: u64) -> String {
     /// Appends `n` in decimal.
     fn push_decimal(key: &mut String, n: u64) {
@@ -78,20 +75,16 @@ fn keyed(prefix: &str, id: u64) -> String {
         }
         key.push(char::from(b'0' + (n % 10) as u8));
     }
-    let mut key = String::with_capacity(prefix.len() + 21);
+    let mut key = String::with_capacity(prefix.len() + 20);
     key.push_str(prefix);
-    key.push('.');
     push_decimal(&mut key, id);
     key
 }
 
-/// The prefix of the in-flight summaries' keys.
-pub const IN_FLIGHT: &str = "drain_gate.in_flight.v3";
-
 /// A traffic root's in-flight summary (`crate::instruments::in_flight::Published`, its
 /// fixed little-endian form), under its registry id: written when it changed.
 pub fn in_flight(id: u64) -> String {
-    keyed(IN_FLIGHT, id)
+    keyed("drain_gate.in_flight.v3.", id)
 }
 
 #[cfg(test)]

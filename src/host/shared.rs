@@ -188,12 +188,8 @@ fn parse_or_default<T: FromJson + Default>(
 /// A little-endian `u64` (the counts, the beats), `None` when absent or of
 /// another shape.
 pub fn read_u64<H: Host + ?Sized>(host: &H, key: &str) -> Result<Option<u64>, SharedError> {
-    Ok(host
-        .get(key)
-        .map_err(SharedError::Read)?
-        .0
-        .as_deref()
-        .and_then(u64_of))
+    let (bytes, _) = host.get(key).map_err(SharedError::Read)?;
+    Ok(bytes.as_deref().and_then(u64_of))
 }
 
 /// The `u64` in these bytes, if they are one.
@@ -204,7 +200,13 @@ pub fn u64_of(bytes: &[u8]) -> Option<u64> {
 /// Creates `key` holding `value` as JSON unless it exists (configure-time
 /// creation: `create`); a failure is logged, naming the key.
 pub fn ensure_json<H: Host + ?Sized, T: serde::Serialize>(host: &H, key: &'static str, value: &T) {
-    if let Err(e) = encode(key, value).and_then(|bytes| create(host, key, &bytes)) {
+    let created = encode(key, value).and_then(|bytes| create(host, key, &bytes));
+    log_failure(key, created);
+}
+
+/// Logs a failed access to `key` (`event=shared_data_error`).
+pub fn log_failure<T>(key: &str, result: Result<T, SharedError>) {
+    if let Err(e) = result {
         super::logs::error!("event=shared_data_error key={key} error=\"{e}\"");
     }
 }

@@ -70,9 +70,7 @@ pub struct PartCounter<H: Host = Envoy> {
 /// every later write is versioned.
 pub fn create_shared<H: Host>(host: &H) {
     for key in [ACTIVE_STREAMS, ACTIVE_CONNECTIONS, UNCOUNTED, VERDICT] {
-        if let Err(e) = shared::create(host, key, &0u64.to_le_bytes()) {
-            logs::error!("event=shared_data_error key={key} error=\"{e}\"");
-        }
+        shared::log_failure(key, shared::create(host, key, &0u64.to_le_bytes()));
     }
 }
 

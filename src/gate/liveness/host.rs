@@ -26,9 +26,8 @@ use crate::host::wasm_host::{Envoy, Host};
 /// the main thread before any worker VM, so this cannot race another creator).
 pub fn ensure_registry<H: Host>(host: &H) {
     shared::ensure_json(host, REGISTRY, &Registry::default());
-    if let Err(e) = shared::create(host, WATCH, &Judging::default().to_bytes()) {
-        logs::error!("event=shared_data_error key={WATCH} error=\"{e}\"");
-    }
+    let judging = Judging::default().to_bytes();
+    shared::log_failure(WATCH, shared::create(host, WATCH, &judging));
 }
 
 /// Changes the registry (compare-and-swap), moving its generation on: the
@@ -43,9 +42,7 @@ fn update<H: Host>(host: &H, f: &mut dyn FnMut(&mut Registry)) -> Result<(), Sha
 /// Marks the count unreliable for the life of the process because a role
 /// is loaded where it cannot count (`Unreliable::MisplacedRole`).
 pub fn misplaced<H: Host>(host: &H) {
-    if let Err(e) = update(host, &mut |r| r.misplaced = true) {
-        logs::error!("event=shared_data_error key={REGISTRY} error=\"{e}\"");
-    }
+    shared::log_failure(REGISTRY, update(host, &mut |r| r.misplaced = true));
 }
 
 /// One per traffic root context. It registers on its first tick or its
@@ -225,15 +222,13 @@ impl<H: Host> Judge<H> {
             let dead = r.stale(now, since, beat);
             let lost = r.mark_lost(&dead);
             let gap = r.note_gap(now, since);
-            let unchanged = bytes.is_some() && r == *was;
-            if !unchanged {
-                r.generation = r.generation.saturating_add(1);
-            }
+            let changed = bytes.is_none() || r != *was;
+            r.generation = r.generation.saturating_add(u64::from(changed));
             let out = (back, lost, gap, r.verdict(now), r.generation);
-            Ok::<_, SharedError>(if unchanged {
-                Decision::Keep(out)
-            } else {
+            Ok::<_, SharedError>(if changed {
                 Decision::Write(shared::encode(REGISTRY, &r)?, out)
+            } else {
+                Decision::Keep(out)
             })
         });
         let judged = judged.inspect_err(|e| {
