@@ -47,8 +47,6 @@ impl fmt::Display for SharedError {
     }
 }
 
-impl std::error::Error for SharedError {}
-
 /// What the update function decides for the value it was shown.
 pub enum Decision<R> {
     /// Write these bytes (if nobody wrote meanwhile) and return `R`.

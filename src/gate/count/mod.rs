@@ -296,9 +296,8 @@ impl<H: Host> Drop for PartCounter<H> {
     /// The root context is gone (plugin removed or reconfigured) and so are
     /// its streams: give back everything it still holds.
     fn drop(&mut self) {
-        let held = self.held.get();
-        if held > 0 {
-            self.add(-(held as i64));
+        if self.held.get() > 0 {
+            self.add(-(self.held.get() as i64));
         }
     }
 }
