@@ -36,13 +36,11 @@ pub enum SharedError {
 impl fmt::Display for SharedError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            SharedError::Read(s) => write!(f, "shared data read failed: {s:?}"),
-            SharedError::Write(s) => write!(f, "shared data write failed: {s:?}"),
-            SharedError::Contention => write!(f, "too much contention on shared data"),
-            SharedError::Unreadable { key, why } => write!(f, "unreadable {key}: {why}"),
-            SharedError::Unwritable { key } => {
-                write!(f, "{key}: the value could not be serialized")
-            }
+            Self::Read(s) => write!(f, "shared data read failed: {s:?}"),
+            Self::Write(s) => write!(f, "shared data write failed: {s:?}"),
+            Self::Contention => write!(f, "too much contention on shared data"),
+            Self::Unreadable { key, why } => write!(f, "unreadable {key}: {why}"),
+            Self::Unwritable { key } => write!(f, "{key}: the value could not be serialized"),
         }
     }
 }

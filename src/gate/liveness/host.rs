@@ -178,10 +178,9 @@ impl<H: Host> Judge<H> {
     /// Whether this health tick judges, and silence counted from when (see
     /// `Judging::next`).
     fn judge(&self, now: u64) -> Option<u64> {
-        let tick_ms = self.tick_ms;
         let judged = cas_update(&self.host, WATCH, |bytes, _| {
             // Absent or of another form (never expected): judged afresh.
-            Ok::<_, SharedError>(match judging_of(bytes).next(now, tick_ms) {
+            Ok::<_, SharedError>(match judging_of(bytes).next(now, self.tick_ms) {
                 None => Decision::Keep(None),
                 Some((j, stall)) => {
                     Decision::Write(j.to_bytes().to_vec(), Some((j.since_ms, stall)))
@@ -196,7 +195,7 @@ impl<H: Host> Judge<H> {
                 "event=stall late_ms={gap} what=\"the health role did not run for {gap} ms (the \
                  process stalled: CPU throttling, a long main-thread task, memory pressure); \
                  traffic roots get a fresh {} ms to beat before any is judged lost\"",
-                core::stale_after_ms(tick_ms)
+                core::stale_after_ms(self.tick_ms)
             );
         }
         Some(since)
