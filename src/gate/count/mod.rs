@@ -322,7 +322,8 @@ fn verdict<H: Host>(host: &H) -> Result<Option<Unreliable>, ()> {
 /// this write (the caller logs it once).
 pub fn write_verdict<H: Host>(host: &H, gen: u64, why: Option<Unreliable>) -> bool {
     let name = why.map_or("", Unreliable::name).as_bytes();
-    let bytes = [gen.to_le_bytes().as_slice(), name].concat();
+    let mut bytes = gen.to_le_bytes().to_vec();
+    bytes.extend_from_slice(name);
     cas_update(host, VERDICT, |current, _| {
         let written = current.unwrap_or_default();
         let newer = written.get(..8).and_then(shared::u64_of) > Some(gen);
