@@ -90,15 +90,12 @@ named! {
 }
 
 impl Refused {
-    /// Reads a `refused_requests` value.
-    pub fn parse(name: &str) -> Option<Refused> {
-        Refused::ALL.iter().copied().find(|r| r.name() == name)
-    }
-
     /// Whether a (non-gRPC) request is one to refuse.
     fn takes(self, req: &impl Headers) -> bool {
         self == Refused::All
-            || is_idempotent(req.get(METHOD).as_deref())
+            || req
+                .get(METHOD)
+                .is_some_and(|m| IDEMPOTENT_METHODS.contains(&m.as_str()))
             || (self == Refused::IdempotentOrKeyed && req.get(IDEMPOTENCY_KEY).is_some())
     }
 }
@@ -132,11 +129,6 @@ impl Refusal {
             (true, RefuseWith::Reset) => Meet::Reset,
         }
     }
-}
-
-/// Whether a method is one of RFC 9110's idempotent ones.
-pub fn is_idempotent(method: Option<&str>) -> bool {
-    method.is_some_and(|m| IDEMPOTENT_METHODS.contains(&m))
 }
 
 /// Whether a request with this `content-type` is gRPC, as Envoy tells it
@@ -280,6 +272,11 @@ mod tests {
         );
     }
 
+    /// A `refused_requests` value, read as the configuration reads it.
+    fn parse(name: &str) -> Option<Refused> {
+        crate::json::FromJson::from_json(&serde_json::Value::from(name)).ok()
+    }
+
     #[test]
     fn names_read_back() {
         for r in [
@@ -287,8 +284,8 @@ mod tests {
             Refused::IdempotentOrKeyed,
             Refused::All,
         ] {
-            assert_eq!(Refused::parse(r.name()), Some(r));
+            assert_eq!(parse(r.name()), Some(r));
         }
-        assert_eq!(Refused::parse("any"), None);
+        assert_eq!(parse("any"), None);
     }
 }
