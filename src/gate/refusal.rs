@@ -89,17 +89,6 @@ named! {
     }
 }
 
-impl Refused {
-    /// Whether a (non-gRPC) request is one to refuse.
-    fn takes(self, req: &impl Headers) -> bool {
-        self == Refused::All
-            || req
-                .get(METHOD)
-                .is_some_and(|m| IDEMPOTENT_METHODS.contains(&m.as_str()))
-            || (self == Refused::IdempotentOrKeyed && req.get(IDEMPOTENCY_KEY).is_some())
-    }
-}
-
 /// The refusing's configuration: `refused_requests`,
 /// `draining_grpc_requests` and `refuse_with`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -118,10 +107,18 @@ impl Refusal {
         let all_alike = self.requests == Refused::All && self.grpc == NewRequests::Refuse;
         let grpc = !(all_alike && self.with == RefuseWith::Reset)
             && is_grpc(req.get(CONTENT_TYPE).as_deref());
+        // A request to refuse (gRPC apart): the method is read only when the
+        // requests refused are not all, the key only when the method does not
+        // decide.
         let refused = if grpc {
             self.grpc == NewRequests::Refuse
         } else {
-            self.requests.takes(req)
+            let keyed = self.requests == Refused::IdempotentOrKeyed;
+            self.requests == Refused::All
+                || req
+                    .get(METHOD)
+                    .is_some_and(|m| IDEMPOTENT_METHODS.contains(&m.as_str()))
+                || (keyed && req.get(IDEMPOTENCY_KEY).is_some())
         };
         match (refused, self.with) {
             (false, _) => Meet::Serve,

@@ -265,22 +265,17 @@ pub struct Move {
 /// `expected_from` or the move is not in the table.
 pub fn advance(rec: &Record, mv: Move, now: Now, active: u64) -> Result<Record, Illegal> {
     let now_ms = now.wall_ms;
-    let illegal = Illegal {
+    let illegal = |hold_until_ms| Illegal {
         state: rec.state,
         requested: mv.to,
-        hold_until_ms: None,
+        hold_until_ms,
     };
     if rec.state != mv.expected_from || !legal(rec.state, mv.to) {
-        return Err(illegal);
+        return Err(illegal(None));
     }
-    if let Some(hold) = rec
-        .active_hold(now)
-        .filter(|_| mv.to == State::Open && !mv.force)
-    {
-        return Err(Illegal {
-            hold_until_ms: Some(hold.until_ms()),
-            ..illegal
-        });
+    let unforced_reopen = mv.to == State::Open && !mv.force;
+    if let Some(hold) = rec.active_hold(now).filter(|_| unforced_reopen) {
+        return Err(illegal(Some(hold.until_ms())));
     }
     let mut next = rec.clone();
     // What entering `mv.to` records: the timestamps and plan of a drain,
@@ -291,7 +286,7 @@ pub fn advance(rec: &Record, mv: Move, now: Now, active: u64) -> Result<Record, 
     next.seq = rec.seq.saturating_add(1);
     match mv.to {
         State::Draining => {
-            next.plan = Some(mv.plan.ok_or(illegal)?);
+            next.plan = Some(mv.plan.ok_or(illegal(None))?);
             next.drain_id = Some(next.seq);
             next.drain_started_ms = Some(now_ms);
             next.drain_started_mono_ms = now.mono_ms;
