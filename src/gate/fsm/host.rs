@@ -135,13 +135,12 @@ impl<H: Host> Store<H> {
                 Some(b) => self.fsm.value(keys::FSM, b, cas)?,
                 None => Rc::new(Record::new(self.host.now().wall_ms)),
             };
-            Ok(match (change(&rec), bytes) {
-                (Some(next), _) => {
-                    Decision::Write(shared::encode(keys::FSM, &next)?, Rc::new(next))
-                }
-                (None, None) => Decision::Write(shared::encode(keys::FSM, &*rec)?, rec),
-                (None, Some(_)) => Decision::Keep(rec),
-            })
+            let next = match change(&rec) {
+                Some(next) => Rc::new(next),
+                None if bytes.is_some() => return Ok(Decision::Keep(rec)),
+                None => rec,
+            };
+            Ok(Decision::Write(shared::encode(keys::FSM, &*next)?, next))
         })
     }
 
