@@ -86,13 +86,9 @@ pub fn verdict(
     let waiting_for = waiting_for(traffic_seen, placeholders);
     Verdict {
         // The endpoint stays until CLOSED; only FAULT asks for a restart.
-        ready: matches!(state, State::Open | State::Draining | State::Closing)
-            && waiting_for.is_none(),
+        ready: !matches!(state, State::Closed | State::Fault) && waiting_for.is_none(),
         live: state != State::Fault,
-        lb_status: match waiting_for {
-            Some(_) => 503,
-            None => state.lb_status(draining_lb_status),
-        },
+        lb_status: waiting_for.map_or(state.lb_status(draining_lb_status), |_| 503),
         waiting_for,
     }
 }

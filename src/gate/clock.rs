@@ -107,21 +107,19 @@ impl Steps {
             offset_ms: Some(offset),
             ..*self
         };
-        let Some(moved) = self.offset_ms.map(|before| offset.saturating_sub(before)) else {
-            return Look::Crept(crept);
-        };
-        if moved.unsigned_abs() >= threshold_ms {
-            let next = Steps {
-                count: self.count.saturating_add(1),
-                last_step_ms: Some(moved),
-                last_step_wall_ms: Some(now.wall_ms),
-                ..crept
-            };
-            Look::Stepped(next, moved)
-        } else if moved.unsigned_abs() > threshold_ms / 4 {
-            Look::Crept(crept)
-        } else {
-            Look::Same
+        // The first look only records the offset.
+        match self.offset_ms.map(|before| offset.saturating_sub(before)) {
+            Some(moved) if moved.unsigned_abs() >= threshold_ms => {
+                let next = Steps {
+                    count: self.count.saturating_add(1),
+                    last_step_ms: Some(moved),
+                    last_step_wall_ms: Some(now.wall_ms),
+                    ..crept
+                };
+                Look::Stepped(next, moved)
+            }
+            Some(moved) if moved.unsigned_abs() <= threshold_ms / 4 => Look::Same,
+            _ => Look::Crept(crept),
         }
     }
 }

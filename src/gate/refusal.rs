@@ -89,20 +89,6 @@ named! {
     }
 }
 
-impl Refused {
-    /// Reads a `refused_requests` value.
-    pub fn parse(name: &str) -> Option<Refused> {
-        Refused::ALL.iter().copied().find(|r| r.name() == name)
-    }
-
-    /// Whether a (non-gRPC) request is one to refuse.
-    fn takes(self, req: &impl Headers) -> bool {
-        self == Refused::All
-            || is_idempotent(req.get(METHOD).as_deref())
-            || (self == Refused::IdempotentOrKeyed && req.get(IDEMPOTENCY_KEY).is_some())
-    }
-}
-
 /// The refusing's configuration: `refused_requests`,
 /// `draining_grpc_requests` and `refuse_with`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -121,10 +107,18 @@ impl Refusal {
         let all_alike = self.requests == Refused::All && self.grpc == NewRequests::Refuse;
         let grpc = !(all_alike && self.with == RefuseWith::Reset)
             && is_grpc(req.get(CONTENT_TYPE).as_deref());
+        // A request to refuse (gRPC apart): the method is read only when the
+        // requests refused are not all, the key only when the method does not
+        // decide.
         let refused = if grpc {
             self.grpc == NewRequests::Refuse
         } else {
-            self.requests.takes(req)
+            let keyed = self.requests == Refused::IdempotentOrKeyed;
+            self.requests == Refused::All
+                || req
+                    .get(METHOD)
+                    .is_some_and(|m| IDEMPOTENT_METHODS.contains(&m.as_str()))
+                || (keyed && req.get(IDEMPOTENCY_KEY).is_some())
         };
         match (refused, self.with) {
             (false, _) => Meet::Serve,
@@ -132,11 +126,6 @@ impl Refusal {
             (true, RefuseWith::Reset) => Meet::Reset,
         }
     }
-}
-
-/// Whether a method is one of RFC 9110's idempotent ones.
-pub fn is_idempotent(method: Option<&str>) -> bool {
-    method.is_some_and(|m| IDEMPOTENT_METHODS.contains(&m))
 }
 
 /// Whether a request with this `content-type` is gRPC, as Envoy tells it
@@ -280,6 +269,11 @@ mod tests {
         );
     }
 
+    /// A `refused_requests` value, read as the configuration reads it.
+    fn parse(name: &str) -> Option<Refused> {
+        crate::json::FromJson::from_json(&serde_json::Value::from(name)).ok()
+    }
+
     #[test]
     fn names_read_back() {
         for r in [
@@ -287,8 +281,8 @@ mod tests {
             Refused::IdempotentOrKeyed,
             Refused::All,
         ] {
-            assert_eq!(Refused::parse(r.name()), Some(r));
+            assert_eq!(parse(r.name()), Some(r));
         }
-        assert_eq!(Refused::parse("any"), None);
+        assert_eq!(parse("any"), None);
     }
 }

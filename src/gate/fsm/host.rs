@@ -68,7 +68,7 @@ impl<H: Host> Store<H> {
 
     /// `load`, shared with the version parsed last (no copy of the record).
     pub fn current(&self) -> Result<Rc<Record>, SharedError> {
-        self.rewrite(&|_| None)
+        self.update(&|_| None)
     }
 
     /// Creates the records several workers update, if absent: the FSM record
@@ -77,16 +77,9 @@ impl<H: Host> Store<H> {
     /// `count::create_shared`): every later write is versioned.
     pub fn create(&self) {
         let open = Record::new(self.host.now().wall_ms);
-        let created = [
-            (keys::FSM, shared::encode(keys::FSM, &open)),
-            (keys::LB, shared::encode(keys::LB, &Checkers::default())),
-            (keys::CLOCK, shared::encode(keys::CLOCK, &Steps::default())),
-        ];
-        for (key, bytes) in created {
-            if let Err(e) = bytes.and_then(|b| shared::create(&self.host, key, &b)) {
-                logs::error!("event=shared_data_error key={key} error=\"{e}\"");
-            }
-        }
+        shared::ensure_json(&self.host, keys::FSM, &open);
+        shared::ensure_json(&self.host, keys::LB, &Checkers::default());
+        shared::ensure_json(&self.host, keys::CLOCK, &Steps::default());
     }
 
     /// Applies `fsm::advance` with the move `choose` picks for the current
@@ -111,6 +104,7 @@ impl<H: Host> Store<H> {
         if let Some(e) = illegal.get() {
             return Err(TransitionError::Illegal(e));
         }
+        let next = Rc::unwrap_or_clone(next);
         let from = next.history.last().map_or(next.state, |s| s.from);
         logs::info!(
             "event=transition from={} to={} reason={} active={} forced={} seq={}",
@@ -129,16 +123,8 @@ impl<H: Host> Store<H> {
     /// Rewrites the record with what `change` makes of it (a lease or a plan
     /// change, not a transition), retrying on CAS conflicts; `None` from
     /// `change` writes nothing (but the OPEN record of a process that never
-    /// wrote one). Returns the record as it now stands.
+    /// wrote one). Returns the record as it now stands, shared, not copied.
     pub fn update(
-        &self,
-        change: &dyn Fn(&Record) -> Option<Record>,
-    ) -> Result<Record, SharedError> {
-        self.rewrite(change).map(Rc::unwrap_or_clone)
-    }
-
-    /// `update`, the record as it now stands shared, not copied.
-    fn rewrite(
         &self,
         change: &dyn Fn(&Record) -> Option<Record>,
     ) -> Result<Rc<Record>, SharedError> {
@@ -149,13 +135,12 @@ impl<H: Host> Store<H> {
                 Some(b) => self.fsm.value(keys::FSM, b, cas)?,
                 None => Rc::new(Record::new(self.host.now().wall_ms)),
             };
-            Ok(match (change(&rec), bytes) {
-                (Some(next), _) => {
-                    Decision::Write(shared::encode(keys::FSM, &next)?, Rc::new(next))
-                }
-                (None, None) => Decision::Write(shared::encode(keys::FSM, &*rec)?, rec),
-                (None, Some(_)) => Decision::Keep(rec),
-            })
+            let next = match change(&rec) {
+                Some(next) => Rc::new(next),
+                None if bytes.is_some() => return Ok(Decision::Keep(rec)),
+                None => rec,
+            };
+            Ok(Decision::Write(shared::encode(keys::FSM, &*next)?, next))
         })
     }
 
@@ -211,9 +196,9 @@ impl<H: Host> Store<H> {
     /// Records an answer served to an LB checker. Each check a gap after the
     /// last one changes the record (the gap is the checker's interval,
     /// `crate::gate::lb`); a check that changes nothing costs the read alone.
-    pub fn lb_observe(&self, source: &str, status: u16, lb_fall: u32) -> Result<(), SharedError> {
+    /// `true` when it changed the record.
+    pub fn lb_observe(&self, source: &str, status: u16, lb_fall: u32) -> Result<bool, SharedError> {
         self.lb_change(&mut |c, now_ms| c.observe(source, status, now_ms, lb_fall))
-            .map(drop)
     }
 
     /// Rewrites the LB record with `change` when it says it changed it

@@ -265,22 +265,17 @@ pub struct Move {
 /// `expected_from` or the move is not in the table.
 pub fn advance(rec: &Record, mv: Move, now: Now, active: u64) -> Result<Record, Illegal> {
     let now_ms = now.wall_ms;
-    let illegal = Illegal {
+    let illegal = |hold_until_ms| Illegal {
         state: rec.state,
         requested: mv.to,
-        hold_until_ms: None,
+        hold_until_ms,
     };
     if rec.state != mv.expected_from || !legal(rec.state, mv.to) {
-        return Err(illegal);
+        return Err(illegal(None));
     }
-    if let Some(hold) = rec
-        .active_hold(now)
-        .filter(|_| mv.to == State::Open && !mv.force)
-    {
-        return Err(Illegal {
-            hold_until_ms: Some(hold.until_ms()),
-            ..illegal
-        });
+    let unforced_reopen = mv.to == State::Open && !mv.force;
+    if let Some(hold) = rec.active_hold(now).filter(|_| unforced_reopen) {
+        return Err(illegal(Some(hold.until_ms())));
     }
     let mut next = rec.clone();
     // What entering `mv.to` records: the timestamps and plan of a drain,
@@ -288,9 +283,11 @@ pub fn advance(rec: &Record, mv: Move, now: Now, active: u64) -> Result<Record, 
     next.state = mv.to;
     next.since_ms = now_ms;
     next.reason = mv.reason;
+    next.seq = rec.seq.saturating_add(1);
     match mv.to {
         State::Draining => {
-            next.plan = Some(mv.plan.ok_or(illegal)?);
+            next.plan = Some(mv.plan.ok_or(illegal(None))?);
+            next.drain_id = Some(next.seq);
             next.drain_started_ms = Some(now_ms);
             next.drain_started_mono_ms = now.mono_ms;
             next.closing_ms = None;
@@ -316,10 +313,6 @@ pub fn advance(rec: &Record, mv: Move, now: Now, active: u64) -> Result<Record, 
         }
         State::Fault => {}
     }
-    next.seq = rec.seq.saturating_add(1);
-    if mv.to == State::Draining {
-        next.drain_id = Some(next.seq);
-    }
     next.history.push(Step {
         from: rec.state,
         to: mv.to,
@@ -336,28 +329,26 @@ pub fn advance(rec: &Record, mv: Move, now: Now, active: u64) -> Result<Record, 
 /// end of the last traffic stream). `lb_down_ms`: when the LB was observed
 /// DOWN (`crate::gate::lb`), on the timers' clock (`crate::gate::clock`).
 pub fn due(rec: &Record, now: Now, active: u64, lb_down_ms: Option<u64>) -> Option<Move> {
+    use Reason::*;
+    use State::*;
     let plan = rec.plan?;
     let (to, reason) = match rec.state {
-        State::Draining if active == 0 && rec.drain_for(now, plan.min_drain_ms) => {
-            (State::Closing, Reason::ActiveZero)
-        }
-        State::Draining if rec.drain_for(now, plan.drain_timeout_ms) => {
-            (State::Closing, Reason::DrainTimeout)
-        }
-        State::Closing if plan.hold_closing => return None,
-        State::Closing if plan.close_after == CloseAfter::LbBuffer => {
+        Draining if active == 0 && rec.drain_for(now, plan.min_drain_ms) => (Closing, ActiveZero),
+        Draining if rec.drain_for(now, plan.drain_timeout_ms) => (Closing, DrainTimeout),
+        Closing if plan.hold_closing => return None,
+        Closing if plan.close_after == CloseAfter::LbBuffer => {
             let elapsed = rec.closing_for(now, plan.lb_buffer_ms);
-            (State::Closed, elapsed.then_some(Reason::LbBufferElapsed)?)
+            (Closed, elapsed.then_some(LbBufferElapsed)?)
         }
-        State::Closing => {
+        Closing => {
             // When CLOSING began, on the clock the timers run on.
             let closing = rec.closing_mono_ms.or(rec.closing_ms)?;
             let seen = lb_down_ms.filter(|t| *t >= closing);
             if seen.is_some_and(|t| now.timer_ms() >= t.saturating_add(plan.lb_buffer_ms)) {
-                (State::Closed, Reason::LbObservedDown)
+                (Closed, LbObservedDown)
             } else {
                 let timed_out = rec.closing_for(now, plan.lb_down_timeout_ms);
-                (State::Closed, timed_out.then_some(Reason::LbDownTimeout)?)
+                (Closed, timed_out.then_some(LbDownTimeout)?)
             }
         }
         _ => return None,

@@ -129,7 +129,7 @@ impl<H: Host> Health<H> {
             Some(Ok(next)) => Ok(next),
             Some(Err(store::TransitionError::Shared(e))) => Err(e),
             // Not OPEN, or someone else started it first: join.
-            _ => self.store.update(&fsm::resume),
+            _ => self.store.update(&fsm::resume).map(Rc::unwrap_or_clone),
         };
         let Ok(rec) = joined.map_err(state_unavailable) else {
             return Some(api::unavailable());
