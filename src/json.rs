@@ -30,14 +30,6 @@ impl FieldError {
             expected,
         }
     }
-
-    /// The error of a value read as `field`, unless an inner field named it.
-    pub fn under(self, field: &'static str) -> FieldError {
-        match self.field {
-            "" => FieldError { field, ..self },
-            _ => self,
-        }
-    }
 }
 
 impl fmt::Display for FieldError {
@@ -82,11 +74,6 @@ pub fn from_slice<T: FromJson>(bytes: &[u8]) -> Result<T, Unreadable> {
     T::from_json(&v).map_err(Unreadable::FieldError)
 }
 
-/// The object a record is read from.
-pub fn object_of(v: &Value) -> Result<&Map<String, Value>, FieldError> {
-    v.as_object().ok_or(FieldError::expected("an object"))
-}
-
 /// Field `name` of `o`; `default` when it is absent or null. `None` when it
 /// is not what drain-gate writes, and `bad` says why: a record's fields are
 /// read one after another until one is not (see [`record!`]), so that each
@@ -105,7 +92,10 @@ pub fn field<T: FromJson>(
     match read {
         Ok(v) => Some(v),
         Err(e) => {
-            *bad = Some(e.under(name));
+            *bad = Some(match e.field {
+                "" => FieldError { field: name, ..e },
+                _ => e,
+            });
             None
         }
     }
@@ -187,7 +177,7 @@ macro_rules! record {
 
         impl $crate::json::FromJson for $name {
             fn from_json(v: &serde_json::Value) -> Result<Self, $crate::json::FieldError> {
-                let o = $crate::json::object_of(v)?;
+                let o = v.as_object().ok_or($crate::json::FieldError::expected("an object"))?;
                 let mut bad = None;
                 let read = (|| {
                     Some($name {
