@@ -95,8 +95,6 @@ impl fmt::Display for ConfigError {
     }
 }
 
-impl std::error::Error for ConfigError {}
-
 /// Shortest accepted admin token: long enough not to be guessed.
 pub const MIN_TOKEN_LEN: usize = 16;
 /// Most admin tokens accepted at once (the current one and the next, with room).

@@ -203,8 +203,9 @@ macro_rules! named {
         }
     ) => {
         $(#[$m])*
+        #[derive(serde::Serialize)]
         $vis enum $name {
-            $( $(#[$vm])* $v, )*
+            $( $(#[$vm])* #[serde(rename = $s)] $v, )*
         }
 
         impl $name {
@@ -216,12 +217,6 @@ macro_rules! named {
                 match self {
                     $( $name::$v => $s, )*
                 }
-            }
-        }
-
-        impl serde::Serialize for $name {
-            fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-                s.serialize_str(self.name())
             }
         }
 
