@@ -103,36 +103,29 @@ pub fn field<T: FromJson>(
 
 /// `FromJson` for a value `serde_json` reads directly.
 macro_rules! read_with {
-    ($($t:ty: $read:expr, $expected:literal;)*) => {$(
+    ($($t:ty: $read:expr;)*) => {$(
         impl FromJson for $t {
             fn from_json(v: &Value) -> Result<Self, FieldError> {
-                $read(v).ok_or(FieldError::expected($expected))
+                $read(v)
             }
         }
     )*};
 }
 
 read_with! {
-    u64: Value::as_u64, "an unsigned integer";
-    i64: Value::as_i64, "an integer";
-    bool: Value::as_bool, "true or false";
-    String: |v: &Value| v.as_str().map(str::to_string), "a string";
+    u64: |v: &Value| v.as_u64().ok_or(FieldError::expected("an unsigned integer"));
+    i64: |v: &Value| v.as_i64().ok_or(FieldError::expected("an integer"));
+    bool: |v: &Value| v.as_bool().ok_or(FieldError::expected("true or false"));
+    String: |v: &Value| v.as_str().map(str::to_string).ok_or(FieldError::expected("a string"));
+    u32: |v| narrowed(v, "an integer below 2^32");
+    u16: |v| narrowed(v, "an integer below 65536");
 }
 
-impl FromJson for u32 {
-    fn from_json(v: &Value) -> Result<Self, FieldError> {
-        u64::from_json(v)?
-            .try_into()
-            .map_err(|_| FieldError::expected("an integer below 2^32"))
-    }
-}
-
-impl FromJson for u16 {
-    fn from_json(v: &Value) -> Result<Self, FieldError> {
-        u64::from_json(v)?
-            .try_into()
-            .map_err(|_| FieldError::expected("an integer below 65536"))
-    }
+/// An unsigned integer that must fit `T`; `expected` names the bound.
+fn narrowed<T: TryFrom<u64>>(v: &Value, expected: &'static str) -> Result<T, FieldError> {
+    u64::from_json(v)?
+        .try_into()
+        .map_err(|_| FieldError::expected(expected))
 }
 
 impl<T: FromJson> FromJson for Option<T> {
