@@ -13,7 +13,7 @@ use std::net::IpAddr;
 
 use crate::duration::{self, MAX_MS};
 use crate::gate::fsm::{CloseAfter, DrainPlan};
-use crate::gate::refusal::{NewRequests, Refusal, RefuseWith, Refused};
+use crate::gate::refusal::{NewRequests, Refusal};
 use crate::gate::rotation;
 use crate::json::FromJson;
 use crate::net::{Cidr, LOOPBACK};
@@ -95,8 +95,6 @@ impl fmt::Display for ConfigError {
     }
 }
 
-impl std::error::Error for ConfigError {}
-
 /// Shortest accepted admin token: long enough not to be guessed.
 pub const MIN_TOKEN_LEN: usize = 16;
 /// Most admin tokens accepted at once (the current one and the next, with room).
@@ -170,20 +168,10 @@ key_table! {
             one_of(v, SERVE_OR_REFUSE).map(|x| c.shared.draining_new_requests = x)
         },
         "refused_requests" => |c, v| {
-            let requests = one_of(v, "\"idempotent\", \"idempotent_or_key\" or \"all\"")?;
-            c.shared.refusal.requests = requests;
-            needs_refusing(c, requests == Refused::Idempotent, requests.name())
+            refusing(c, v, "\"idempotent\", \"idempotent_or_key\" or \"all\"", |r| &mut r.requests)
         },
-        "draining_grpc_requests" => |c, v| {
-            let grpc = one_of(v, SERVE_OR_REFUSE)?;
-            c.shared.refusal.grpc = grpc;
-            needs_refusing(c, grpc == NewRequests::Serve, grpc.name())
-        },
-        "refuse_with" => |c, v| {
-            let with = one_of(v, "\"response\" or \"reset\"")?;
-            c.shared.refusal.with = with;
-            needs_refusing(c, with == RefuseWith::Response, with.name())
-        },
+        "draining_grpc_requests" => |c, v| refusing(c, v, SERVE_OR_REFUSE, |r| &mut r.grpc),
+        "refuse_with" => |c, v| refusing(c, v, "\"response\" or \"reset\"", |r| &mut r.with),
         "termination_watch" => |c, v| cluster(v, AGENT_CLUSTER).map(|x| c.termination_watch = x),
         "scrape_interval" => |c, v| {
             duration(v, 0, MAX_SCRAPE_INTERVAL_MS).map(|x| c.scrape_interval_ms = x)
@@ -230,31 +218,27 @@ fn err(key: &str, problem: impl Into<String>) -> ConfigError {
     }
 }
 
-/// A configuration value as an error message shows it: strings quoted,
-/// numbers and literals as written, lists and objects by kind. (Not `Value`'s
-/// own `Display`, which brings a float formatter into the module.)
-struct Shown<'a>(&'a Value);
-
-impl fmt::Display for Shown<'_> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self.0 {
-            Value::Null => f.write_str("null"),
-            Value::Bool(b) => write!(f, "{b}"),
-            Value::Number(n) => match (n.as_u64(), n.as_i64()) {
-                (Some(u), _) => write!(f, "{u}"),
-                (None, Some(i)) => write!(f, "{i}"),
-                (None, None) => f.write_str("a fractional number"),
-            },
-            Value::String(s) => write!(f, "\"{s}\""),
-            Value::Array(_) => f.write_str("a list"),
-            Value::Object(_) => f.write_str("an object"),
-        }
-    }
+/// What a key's value should have been, and what it was: strings quoted,
+/// numbers and literals as written, lists and objects by kind.
+fn expected(what: &str, v: &Value) -> String {
+    format!("expected {what}, got {}", shown(v))
 }
 
-/// What a key's value should have been, and what it was.
-fn expected(what: &str, v: &Value) -> String {
-    format!("expected {what}, got {}", Shown(v))
+/// A configuration value as an error message shows it. (Not `Value`'s own
+/// `Display`, which brings a float formatter into the module.)
+fn shown(v: &Value) -> String {
+    match v {
+        Value::Null => "null".into(),
+        Value::Bool(b) => b.to_string(),
+        Value::Number(n) => match (n.as_u64(), n.as_i64()) {
+            (Some(u), _) => u.to_string(),
+            (None, Some(i)) => i.to_string(),
+            (None, None) => "a fractional number".into(),
+        },
+        Value::String(s) => format!("\"{s}\""),
+        Value::Array(_) => "a list".into(),
+        Value::Object(_) => "an object".into(),
+    }
 }
 
 /// What was found in `v`, or that it should have been `what`.
@@ -279,13 +263,21 @@ fn one_of<T: FromJson>(v: &Value, what: &str) -> Result<T, String> {
     found(T::from_json(v).ok(), what, v)
 }
 
-/// A way of refusing other than the default needs the refusing (checked
-/// after `draining_new_requests`, the order of `KEYS`).
-fn needs_refusing(c: &Health, default: bool, way: &str) -> Result<(), String> {
+/// Sets a way of refusing: one other than the default needs the refusing
+/// (checked after `draining_new_requests`, the order of `KEYS`).
+fn refusing<T: FromJson + Default + PartialEq>(
+    c: &mut Health,
+    v: &Value,
+    what: &str,
+    way: fn(&mut Refusal) -> &mut T,
+) -> Result<(), String> {
+    let set = one_of(v, what)?;
+    let default = set == T::default();
+    *way(&mut c.shared.refusal) = set;
     if default || c.shared.draining_new_requests == NewRequests::Refuse {
         return Ok(());
     }
-    Err(format!("\"{way}\" needs draining_new_requests: \"refuse\""))
+    Err(shown(v) + " needs draining_new_requests: \"refuse\"")
 }
 
 /// The role a `role` value names: what makes its configuration of the keys.
@@ -358,20 +350,16 @@ fn admin_tokens(v: &Value) -> Result<Vec<String>, String> {
 /// An Envoy cluster a key names: `false` turns it off, `true` is `default`,
 /// a string names the cluster.
 fn cluster(v: &Value, default: &str) -> Result<Option<String>, String> {
+    let printable = |name: &str| name.bytes().all(|b| b.is_ascii_graphic());
     match v {
-        Value::Bool(false) => Ok(None),
-        Value::Bool(true) => Ok(Some(default.into())),
-        Value::String(name)
-            if !name.is_empty()
-                && name.len() <= MAX_CLUSTER_LEN
-                && name.bytes().all(|b| b.is_ascii_graphic()) =>
-        {
+        Value::Bool(on) => Ok(on.then(|| default.into())),
+        Value::String(name) if (1..=MAX_CLUSTER_LEN).contains(&name.len()) && printable(name) => {
             Ok(Some(name.clone()))
         }
         _ => Err(format!(
             "expected false, true or an Envoy cluster name (1 to {MAX_CLUSTER_LEN} \
              printable ASCII characters), got {}",
-            Shown(v)
+            shown(v)
         )),
     }
 }
@@ -504,6 +492,7 @@ impl Health {
 #[allow(clippy::unwrap_used, clippy::indexing_slicing, clippy::panic)]
 mod tests {
     use super::*;
+    use crate::gate::refusal::{RefuseWith, Refused};
 
     fn parse(s: &str) -> Result<Config, ConfigError> {
         Config::parse(s.as_bytes())

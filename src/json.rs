@@ -30,14 +30,6 @@ impl FieldError {
             expected,
         }
     }
-
-    /// The error of a value read as `field`, unless an inner field named it.
-    pub fn under(self, field: &'static str) -> FieldError {
-        match self.field {
-            "" => FieldError { field, ..self },
-            _ => self,
-        }
-    }
 }
 
 impl fmt::Display for FieldError {
@@ -82,11 +74,6 @@ pub fn from_slice<T: FromJson>(bytes: &[u8]) -> Result<T, Unreadable> {
     T::from_json(&v).map_err(Unreadable::FieldError)
 }
 
-/// The object a record is read from.
-pub fn object_of(v: &Value) -> Result<&Map<String, Value>, FieldError> {
-    v.as_object().ok_or(FieldError::expected("an object"))
-}
-
 /// Field `name` of `o`; `default` when it is absent or null. `None` when it
 /// is not what drain-gate writes, and `bad` says why: a record's fields are
 /// read one after another until one is not (see [`record!`]), so that each
@@ -105,7 +92,10 @@ pub fn field<T: FromJson>(
     match read {
         Ok(v) => Some(v),
         Err(e) => {
-            *bad = Some(e.under(name));
+            *bad = Some(match e.field {
+                "" => FieldError { field: name, ..e },
+                _ => e,
+            });
             None
         }
     }
@@ -113,36 +103,29 @@ pub fn field<T: FromJson>(
 
 /// `FromJson` for a value `serde_json` reads directly.
 macro_rules! read_with {
-    ($($t:ty: $read:expr, $expected:literal;)*) => {$(
+    ($($t:ty: $read:expr;)*) => {$(
         impl FromJson for $t {
             fn from_json(v: &Value) -> Result<Self, FieldError> {
-                $read(v).ok_or(FieldError::expected($expected))
+                $read(v)
             }
         }
     )*};
 }
 
 read_with! {
-    u64: Value::as_u64, "an unsigned integer";
-    i64: Value::as_i64, "an integer";
-    bool: Value::as_bool, "true or false";
-    String: |v: &Value| v.as_str().map(str::to_string), "a string";
+    u64: |v: &Value| v.as_u64().ok_or(FieldError::expected("an unsigned integer"));
+    i64: |v: &Value| v.as_i64().ok_or(FieldError::expected("an integer"));
+    bool: |v: &Value| v.as_bool().ok_or(FieldError::expected("true or false"));
+    String: |v: &Value| v.as_str().map(str::to_string).ok_or(FieldError::expected("a string"));
+    u32: |v| narrowed(v, "an integer below 2^32");
+    u16: |v| narrowed(v, "an integer below 65536");
 }
 
-impl FromJson for u32 {
-    fn from_json(v: &Value) -> Result<Self, FieldError> {
-        u64::from_json(v)?
-            .try_into()
-            .map_err(|_| FieldError::expected("an integer below 2^32"))
-    }
-}
-
-impl FromJson for u16 {
-    fn from_json(v: &Value) -> Result<Self, FieldError> {
-        u64::from_json(v)?
-            .try_into()
-            .map_err(|_| FieldError::expected("an integer below 65536"))
-    }
+/// An unsigned integer that must fit `T`; `expected` names the bound.
+fn narrowed<T: TryFrom<u64>>(v: &Value, expected: &'static str) -> Result<T, FieldError> {
+    u64::from_json(v)?
+        .try_into()
+        .map_err(|_| FieldError::expected(expected))
 }
 
 impl<T: FromJson> FromJson for Option<T> {
@@ -187,7 +170,7 @@ macro_rules! record {
 
         impl $crate::json::FromJson for $name {
             fn from_json(v: &serde_json::Value) -> Result<Self, $crate::json::FieldError> {
-                let o = $crate::json::object_of(v)?;
+                let o = v.as_object().ok_or($crate::json::FieldError::expected("an object"))?;
                 let mut bad = None;
                 let read = (|| {
                     Some($name {
@@ -213,8 +196,9 @@ macro_rules! named {
         }
     ) => {
         $(#[$m])*
+        #[derive(serde::Serialize)]
         $vis enum $name {
-            $( $(#[$vm])* $v, )*
+            $( $(#[$vm])* #[serde(rename = $s)] $v, )*
         }
 
         impl $name {
@@ -226,12 +210,6 @@ macro_rules! named {
                 match self {
                     $( $name::$v => $s, )*
                 }
-            }
-        }
-
-        impl serde::Serialize for $name {
-            fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-                s.serialize_str(self.name())
             }
         }
 
