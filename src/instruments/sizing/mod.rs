@@ -137,20 +137,19 @@ impl Histogram {
         }
     }
 
-    /// `n` durations of `ms` into the count, sum and max (not the buckets).
-    fn tally(&mut self, ms: u64, n: u64) {
+    /// `n` durations, `sum_ms` in all and `max_ms` the longest, into the
+    /// count, sum and max (not the buckets).
+    fn tally(&mut self, n: u64, sum_ms: u64, max_ms: u64) {
         self.count = self.count.saturating_add(n);
-        self.sum_ms = self.sum_ms.saturating_add(ms.saturating_mul(n));
-        self.max_ms = self.max_ms.max(ms);
+        self.sum_ms = self.sum_ms.saturating_add(sum_ms);
+        self.max_ms = self.max_ms.max(max_ms);
     }
 
     pub fn merge(&mut self, other: &Histogram) {
         for (a, b) in self.buckets.iter_mut().zip(other.buckets.iter()) {
             *a = a.saturating_add(*b);
         }
-        self.count = self.count.saturating_add(other.count);
-        self.sum_ms = self.sum_ms.saturating_add(other.sum_ms);
-        self.max_ms = self.max_ms.max(other.max_ms);
+        self.tally(other.count, other.sum_ms, other.max_ms);
     }
 
     /// The `q`-quantile (`per_mille` / 1000) of what was recorded: the
@@ -185,8 +184,8 @@ impl Histogram {
     pub fn cumulative(&self) -> [u64; EXPORT_LE_MS.len()] {
         let mut seen = 0u64;
         // One pass: each `le` takes up the running sums where the last left off.
-        let mut sums = BOUNDS_MS.iter().zip(self.buckets).map(|(bound, n)| {
-            seen = seen.saturating_add(n);
+        let mut sums = BOUNDS_MS.iter().zip(self.buckets.iter()).map(|(bound, n)| {
+            seen = seen.saturating_add(*n);
             (*bound, seen)
         });
         EXPORT_LE_MS.map(|le| sums.find(|(b, _)| *b == le).map_or(0, |(_, n)| n))
@@ -240,7 +239,7 @@ impl Pending {
                 Some(n) => *n = n.wrapping_add(1),
                 None => h.fill(ms, 1),
             }
-            h.tally(ms, 1);
+            h.tally(1, ms, ms);
         }
     }
 
@@ -248,16 +247,14 @@ impl Pending {
     pub fn record_instant(&mut self, kind: Kind, n: u64) {
         if let Some(([first, ..], h)) = self.lane(kind) {
             *first = first.wrapping_add(n);
-            h.tally(0, n);
+            h.tally(n, 0, 0);
         }
     }
 
     /// The slots of `kind`, and its histogram of the rest.
     fn lane(&mut self, kind: Kind) -> Option<(&mut [u64; SLOTS], &mut Histogram)> {
-        self.slots
-            .iter_mut()
-            .zip(&mut self.long.0)
-            .nth(kind as usize)
+        let k = kind as usize;
+        self.slots.get_mut(k).zip(self.long.0.get_mut(k))
     }
 
     pub fn is_empty(&self) -> bool {
@@ -323,18 +320,16 @@ impl Durations {
             return false;
         }
         // Per kind: the buckets, count, sum, then max.
-        let per_kind = BUCKETS + 3;
-        for (k, h) in self.0.iter().enumerate() {
-            let first = k * per_kind;
+        for (h, words) in self.0.iter().zip(bytes.chunks_exact_mut(BYTES / 3)) {
             if h.count == 0 {
                 continue; // nothing recorded: every bucket, the sum and the max are 0
             }
             let adds = h.buckets.iter().copied().chain([h.count, h.sum_ms]);
             for (i, n) in adds.enumerate().filter(|(_, n)| *n > 0) {
-                update_word(bytes, first + i, |v| v.saturating_add(n));
+                update_word(words, i, |v| v.saturating_add(n));
             }
             if h.max_ms > 0 {
-                update_word(bytes, first + per_kind - 1, |v| v.max(h.max_ms));
+                update_word(words, BUCKETS + 2, |v| v.max(h.max_ms));
             }
         }
         true
@@ -406,7 +401,7 @@ mod tests {
     impl Histogram {
         pub fn record(&mut self, ms: u64) {
             self.fill(ms, 1);
-            self.tally(ms, 1);
+            self.tally(1, ms, ms);
         }
     }
 
