@@ -1113,9 +1113,8 @@ proptest! {
             prop_assert!(pending.take().add_into(&mut total));
         }
         let d = Durations::from_bytes(&total).unwrap();
-        for kind in Kind::ALL {
+        for (kind, h) in Kind::ALL.into_iter().zip(&d.0) {
             let ms: Vec<u64> = ends.iter().filter(|(k, _)| *k == kind).map(|(_, ms)| *ms).collect();
-            let h = d.kind(kind);
             prop_assert_eq!(h.count, ms.len() as u64);
             prop_assert_eq!(h.max_ms, ms.iter().copied().max().unwrap_or(0));
             prop_assert_eq!(h.sum_ms, ms.iter().fold(0u64, |a, b| a.saturating_add(*b)));
@@ -1134,20 +1133,21 @@ proptest! {
             }
         }
         let a = sizing::advise(&d, closing_ms, 0);
-        if d.http.count < sizing::MIN_SAMPLES {
+        let [http, ..] = &d.0;
+        if http.count < sizing::MIN_SAMPLES {
             prop_assert_eq!((a.drain_timeout_s, a.based_on_ms), (None, None));
             return Ok(());
         }
         let based_on = a.based_on_ms.unwrap();
         let timeout_s = a.drain_timeout_s.unwrap();
-        prop_assert!(based_on >= d.http.max_ms, "{} below the longest {}", based_on, d.http.max_ms);
+        prop_assert!(based_on >= http.max_ms, "{} below the longest {}", based_on, http.max_ms);
         let want = based_on.div_ceil(1_000).saturating_add(30).clamp(120, 3_600);
         prop_assert_eq!(timeout_s, want);
         if based_on <= 3_570_000 {
-            prop_assert!(timeout_s * 1_000 >= d.http.max_ms + 30_000, "{:?}", a);
+            prop_assert!(timeout_s * 1_000 >= http.max_ms + 30_000, "{:?}", a);
             prop_assert!(!a.based_on.contains("cut"), "{}", a.based_on);
         } else {
-            let cut = d.http.above(3_600_000);
+            let cut = http.above(3_600_000);
             prop_assert!(a.based_on.ends_with(&format!("up to {cut} of them last longer and are cut)")), "{}", a.based_on);
             prop_assert!(cut >= ends.iter().filter(|(k, ms)| *k == Kind::Http && *ms > 3_600_000).count() as u64);
         }

@@ -8,7 +8,7 @@
 
 use crate::gate::clock::Now;
 use crate::gate::fsm::{self, State};
-use crate::host::keys;
+use crate::host::keys::RECEIPT;
 use crate::host::logs;
 use crate::host::metrics::Metrics;
 use crate::host::shared;
@@ -17,11 +17,8 @@ use crate::instruments::receipt::{Record, Tally};
 
 /// Creates the record, if absent: no drain yet (`root::create_shared`).
 pub fn create<H: Host>(host: &H) {
-    if let Err(e) = shared::create(host, keys::RECEIPT, b"{}") {
-        logs::error!(
-            "event=shared_data_error key={} error=\"{e}\"",
-            keys::RECEIPT
-        );
+    if let Err(e) = shared::create(host, RECEIPT, b"{}") {
+        logs::error!("event=shared_data_error key={RECEIPT} error=\"{e}\"");
     }
 }
 
@@ -29,7 +26,7 @@ pub fn create<H: Host>(host: &H) {
 /// when it says it changed it). Whether it was written (a failure is logged).
 /// One copy of the update for every change: the module's size is budgeted.
 pub fn change<H: Host>(host: &H, change: &mut dyn FnMut(&mut Record) -> bool) -> bool {
-    shared::json_change(host, keys::RECEIPT, change)
+    shared::json_change(host, RECEIPT, change)
         .map_err(|e| logs::warning!("event=receipt_unavailable error=\"{e}\""))
         .unwrap_or(false)
 }

@@ -31,10 +31,9 @@ impl<H: Host> Health<H> {
     pub(super) fn keep_receipt(
         &self,
         rec: &Record,
-        view: (bool, Option<u64>),
+        (flip, pending): (bool, Option<u64>),
         oldest: Option<u64>,
     ) {
-        let (flip, pending) = view;
         if flip {
             shell::change(self.host(), &mut |b| b.flipped(rec, oldest));
         }

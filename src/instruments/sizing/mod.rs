@@ -137,20 +137,19 @@ impl Histogram {
         }
     }
 
-    /// `n` durations of `ms` into the count, sum and max (not the buckets).
-    fn tally(&mut self, ms: u64, n: u64) {
+    /// `n` durations, `sum_ms` in all and `max_ms` the longest, into the
+    /// count, sum and max (not the buckets).
+    fn tally(&mut self, n: u64, sum_ms: u64, max_ms: u64) {
         self.count = self.count.saturating_add(n);
-        self.sum_ms = self.sum_ms.saturating_add(ms.saturating_mul(n));
-        self.max_ms = self.max_ms.max(ms);
+        self.sum_ms = self.sum_ms.saturating_add(sum_ms);
+        self.max_ms = self.max_ms.max(max_ms);
     }
 
     pub fn merge(&mut self, other: &Histogram) {
         for (a, b) in self.buckets.iter_mut().zip(other.buckets.iter()) {
             *a = a.saturating_add(*b);
         }
-        self.count = self.count.saturating_add(other.count);
-        self.sum_ms = self.sum_ms.saturating_add(other.sum_ms);
-        self.max_ms = self.max_ms.max(other.max_ms);
+        self.tally(other.count, other.sum_ms, other.max_ms);
     }
 
     /// The `q`-quantile (`per_mille` / 1000) of what was recorded: the
@@ -183,18 +182,13 @@ impl Histogram {
     /// The samples at or below each of `EXPORT_LE_MS`, in order (then the
     /// `+Inf` bucket is `count`).
     pub fn cumulative(&self) -> [u64; EXPORT_LE_MS.len()] {
-        let mut out = [0; EXPORT_LE_MS.len()];
-        let (mut seen, mut j) = (0u64, 0usize);
-        for (bound, n) in BOUNDS_MS.iter().zip(self.buckets.iter()) {
+        let mut seen = 0u64;
+        // One pass: each `le` takes up the running sums where the last left off.
+        let mut sums = BOUNDS_MS.iter().zip(self.buckets.iter()).map(|(bound, n)| {
             seen = seen.saturating_add(*n);
-            if let (Some(slot), Some(le)) = (out.get_mut(j), EXPORT_LE_MS.get(j)) {
-                if le == bound {
-                    *slot = seen;
-                    j += 1;
-                }
-            }
-        }
-        out
+            (*bound, seen)
+        });
+        EXPORT_LE_MS.map(|le| sums.find(|(b, _)| *b == le).map_or(0, |(_, n)| n))
     }
 }
 
@@ -240,26 +234,31 @@ impl Pending {
         // spent per stream.
         let ticks = ms / self.tick_ms + u64::from(ms % self.tick_ms != 0);
         let ticks = usize::try_from(ticks).unwrap_or(usize::MAX);
-        let slots = self.slots.get_mut(kind as usize);
-        let h = self.long.kind_mut(kind);
-        match slots.and_then(|s| s.get_mut(ticks)) {
-            Some(n) => *n = n.wrapping_add(1),
-            None => h.fill(ms, 1),
+        if let Some((slots, h)) = self.lane(kind) {
+            match slots.get_mut(ticks) {
+                Some(n) => *n = n.wrapping_add(1),
+                None => h.fill(ms, 1),
+            }
+            h.tally(1, ms, ms);
         }
-        h.tally(ms, 1);
     }
 
     /// `n` streams of `kind` that lasted 0 ms: `record(kind, 0)` `n` times.
     pub fn record_instant(&mut self, kind: Kind, n: u64) {
-        if let Some([first, ..]) = self.slots.get_mut(kind as usize) {
+        if let Some(([first, ..], h)) = self.lane(kind) {
             *first = first.wrapping_add(n);
+            h.tally(n, 0, 0);
         }
-        let h = self.long.kind_mut(kind);
-        h.count = h.count.saturating_add(n);
+    }
+
+    /// The slots of `kind`, and its histogram of the rest.
+    fn lane(&mut self, kind: Kind) -> Option<(&mut [u64; SLOTS], &mut Histogram)> {
+        let k = kind as usize;
+        self.slots.get_mut(k).zip(self.long.0.get_mut(k))
     }
 
     pub fn is_empty(&self) -> bool {
-        Kind::ALL.iter().all(|k| self.long.kind(*k).count == 0)
+        self.long.0.iter().all(|h| h.count == 0)
     }
 
     /// Takes back what `take` gave (its write failed): kept for the next tick.
@@ -272,8 +271,7 @@ impl Pending {
     pub fn take(&mut self) -> Durations {
         let mut d = std::mem::take(&mut self.long);
         let tick_ms = self.tick_ms.get();
-        for (slots, kind) in self.slots.iter_mut().zip(Kind::ALL) {
-            let h = d.kind_mut(kind);
+        for (slots, h) in self.slots.iter_mut().zip(&mut d.0) {
             if h.count == 0 {
                 continue;
             }
@@ -296,34 +294,21 @@ fn update_word(bytes: &mut [u8], i: usize, f: impl Fn(u64) -> u64) {
     }
 }
 
-/// The durations of every kind (`/drain/status` `durations`).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
-pub struct Durations {
-    pub http: Histogram,
-    pub upgraded: Histogram,
-    pub tcp: Histogram,
+/// The durations of every kind, in `Kind::ALL`'s order.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Durations(pub [Histogram; 3]);
+
+/// `/drain/status` `durations`: each kind's `Summary` by its name.
+impl serde::Serialize for Durations {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_map(["http", "upgraded", "tcp"].iter().zip(&self.0))
+    }
 }
 
 impl Durations {
-    pub fn kind(&self, kind: Kind) -> &Histogram {
-        match kind {
-            Kind::Http => &self.http,
-            Kind::Upgraded => &self.upgraded,
-            Kind::Tcp => &self.tcp,
-        }
-    }
-
-    pub fn kind_mut(&mut self, kind: Kind) -> &mut Histogram {
-        match kind {
-            Kind::Http => &mut self.http,
-            Kind::Upgraded => &mut self.upgraded,
-            Kind::Tcp => &mut self.tcp,
-        }
-    }
-
     pub fn merge(&mut self, other: &Durations) {
-        for k in Kind::ALL {
-            self.kind_mut(k).merge(other.kind(k));
+        for (h, o) in self.0.iter_mut().zip(&other.0) {
+            h.merge(o);
         }
     }
 
@@ -335,19 +320,16 @@ impl Durations {
             return false;
         }
         // Per kind: the buckets, count, sum, then max.
-        let per_kind = BUCKETS + 3;
-        for (k, kind) in Kind::ALL.into_iter().enumerate() {
-            let h = self.kind(kind);
-            let first = k * per_kind;
+        for (h, words) in self.0.iter().zip(bytes.chunks_exact_mut(BYTES / 3)) {
             if h.count == 0 {
                 continue; // nothing recorded: every bucket, the sum and the max are 0
             }
             let adds = h.buckets.iter().copied().chain([h.count, h.sum_ms]);
             for (i, n) in adds.enumerate().filter(|(_, n)| *n > 0) {
-                update_word(bytes, first + i, |v| v.saturating_add(n));
+                update_word(words, i, |v| v.saturating_add(n));
             }
             if h.max_ms > 0 {
-                update_word(bytes, first + per_kind - 1, |v| v.max(h.max_ms));
+                update_word(words, BUCKETS + 2, |v| v.max(h.max_ms));
             }
         }
         true
@@ -357,8 +339,7 @@ impl Durations {
     pub fn from_bytes(bytes: &[u8]) -> Option<Durations> {
         let mut next = crate::gate::liveness::words(bytes, BYTES / 8)?;
         let mut d = Durations::default();
-        for k in Kind::ALL {
-            let h = d.kind_mut(k);
+        for h in &mut d.0 {
             h.buckets.fill_with(&mut next);
             (h.count, h.sum_ms, h.max_ms) = (next(), next(), next());
         }
@@ -387,7 +368,8 @@ pub struct Advice {
 /// connections are not in D: they last as long as their clients keep them
 /// (drain_timeout ends them; the receipt counts them).
 pub fn advise(d: &Durations, closing_ms: u64, scrape_ms: u64) -> Advice {
-    let (n, longest) = (d.http.count, d.http.max_ms);
+    let [http, ..] = &d.0;
+    let (n, longest) = (http.count, http.max_ms);
     if n < MIN_SAMPLES {
         return Advice {
             based_on: format!("not enough data: {n} HTTP streams measured, {MIN_SAMPLES} needed"),
@@ -398,12 +380,10 @@ pub fn advise(d: &Durations, closing_ms: u64, scrape_ms: u64) -> Advice {
     let wanted = longest.div_ceil(1_000) + MARGIN_S;
     let timeout = wanted.clamp(FLOOR_S, MAX_DRAIN_TIMEOUT_S);
     let grace = timeout + closing_ms.saturating_add(scrape_ms).div_ceil(1_000) + GRACE_EXTRA_S;
-    let capped = if wanted > MAX_DRAIN_TIMEOUT_S {
-        let cut = d.http.above(MAX_DRAIN_TIMEOUT_S * 1_000);
+    let cut = (wanted > MAX_DRAIN_TIMEOUT_S).then(|| http.above(MAX_DRAIN_TIMEOUT_S * 1_000));
+    let capped = cut.map_or_else(String::new, |cut| {
         format!(" (capped at drain_timeout's 60m: up to {cut} of them last longer and are cut)")
-    } else {
-        String::new()
-    };
+    });
     Advice {
         drain_timeout_s: Some(timeout),
         termination_grace_period_s: Some(grace),
@@ -421,11 +401,19 @@ mod tests {
     impl Histogram {
         pub fn record(&mut self, ms: u64) {
             self.fill(ms, 1);
-            self.tally(ms, 1);
+            self.tally(1, ms, ms);
         }
     }
 
     impl Durations {
+        pub fn kind(&self, kind: Kind) -> &Histogram {
+            &self.0[kind as usize]
+        }
+
+        pub fn kind_mut(&mut self, kind: Kind) -> &mut Histogram {
+            &mut self.0[kind as usize]
+        }
+
         pub fn record(&mut self, kind: Kind, ms: u64) {
             self.kind_mut(kind).record(ms);
         }
@@ -433,8 +421,7 @@ mod tests {
         /// The shared-data form (`BYTES`) of these durations.
         pub fn to_bytes(&self) -> Vec<u8> {
             let mut out = Vec::with_capacity(BYTES);
-            for k in Kind::ALL {
-                let h = self.kind(k);
+            for h in &self.0 {
                 for v in h.buckets.iter().chain([h.count, h.sum_ms, h.max_ms].iter()) {
                     out.extend_from_slice(&v.to_le_bytes());
                 }
@@ -560,7 +547,11 @@ mod tests {
         p.record(Kind::Http, 95_001);
         let mut d = Durations::default();
         d.merge(&p.take());
-        assert_eq!(d.http.quantile(999), Some(300), "the p99.9 is a short one");
+        assert_eq!(
+            d.kind(Kind::Http).quantile(999),
+            Some(300),
+            "the p99.9 is a short one"
+        );
         let a = advise(&d, 10_000, 0);
         assert_eq!(a.based_on_ms, Some(95_001));
         assert_eq!(
@@ -602,9 +593,9 @@ mod tests {
             want.record(Kind::Http, ms);
         }
         want.record(Kind::Tcp, 300);
-        want.http.sum_ms = 99 + 300 + 2_004 + 6_400 + 9_000_000;
-        want.tcp.sum_ms = 250;
-        want.tcp.max_ms = 250;
+        want.kind_mut(Kind::Http).sum_ms = 99 + 300 + 2_004 + 6_400 + 9_000_000;
+        want.kind_mut(Kind::Tcp).sum_ms = 250;
+        want.kind_mut(Kind::Tcp).max_ms = 250;
         assert_eq!(d, want, "ticks rounded up, the sum and max in ms");
     }
 
@@ -655,11 +646,11 @@ mod tests {
             prop_assert!(hb.add_into(&mut bytes));
             prop_assert_eq!(Durations::from_bytes(&bytes), Some(all));
             prop_assert!(!hb.add_into(&mut bytes[1..].to_vec()));
-            let cum = m.http.cumulative();
+            let cum = m.kind(Kind::Http).cumulative();
             for (le, n) in EXPORT_LE_MS.iter().zip(cum) {
                 prop_assert_eq!(n, a.iter().filter(|s| *s <= le).count() as u64);
             }
-            prop_assert_eq!(m.http.buckets.iter().sum::<u64>(), a.len() as u64);
+            prop_assert_eq!(m.kind(Kind::Http).buckets.iter().sum::<u64>(), a.len() as u64);
         }
     }
 }

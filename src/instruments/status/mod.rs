@@ -11,6 +11,7 @@ use crate::gate::fsm::{Record, State};
 use crate::gate::lb::{Checkers, Detection, Wait};
 use crate::gate::refusal::NewRequests;
 use crate::gate::rotation;
+use crate::gate::{answer, placeholder};
 use crate::instruments::in_flight::InFlight;
 use crate::instruments::receipt::Tally;
 use crate::instruments::sizing::{self, Durations};
@@ -96,14 +97,10 @@ fn document<'a>(v: &'a View<'a>, wait: Option<&'static str>) -> impl Serialize +
     // How long ago a time of the timers' clock was, and that time on the wall clock.
     let age = |t: u64| now.saturating_sub(t);
     let shown = |t: u64| rfc3339(v.now.wall_ms.saturating_sub(age(t)));
-    let placeholders = crate::gate::placeholder::action(
-        v.traffic.placeholders,
-        v.traffic.placeholders_serving,
-        v.checkers.announced_ms.is_some(),
-        r.state,
-    );
-    let answers =
-        crate::gate::answer::verdict(r.state, v.traffic.seen, placeholders, c.draining_lb_status);
+    let announced = v.checkers.announced_ms.is_some();
+    let (n, serving) = (v.traffic.placeholders, v.traffic.placeholders_serving);
+    let placeholders = placeholder::action(n, serving, announced, r.state);
+    let answers = answer::verdict(r.state, v.traffic.seen, placeholders, c.draining_lb_status);
     let draining = r.state == State::Draining;
     let started = r.drain_started_timer_ms();
     let since = started.unwrap_or(0);
