@@ -159,19 +159,18 @@ impl<H: Host> Traffic<H> {
         let state = hint
             .or(rec.as_ref().map(|r| r.state))
             .unwrap_or(State::Draining); // unknown: keep looking
-        let draining = state == State::Draining;
         self.drain.set(match (state, &rec) {
             (State::Open, _) => None,
             (_, Some(r)) => r.drain_id,
             (_, None) => self.drain.get(),
         });
-        self.phase.set(match (draining, &rec) {
-            (false, _) => Phase::Outside,
-            (true, Some(r)) => self.flip_hold(r),
-            (true, None) => Phase::Flips,
+        self.phase.set(match (state, &rec) {
+            (State::Draining, Some(r)) => self.flip_hold(r),
+            (State::Draining, None) => Phase::Flips,
+            _ => Phase::Outside,
         });
         self.counter().settle();
-        if draining && self.counter().in_flight() == 0 {
+        if state == State::Draining && self.counter().in_flight() == 0 {
             self.try_flip();
         }
     }
@@ -202,9 +201,8 @@ impl<H: Host> Traffic<H> {
         let (Some(plan), Some(started)) = (rec.plan, rec.drain_started_timer_ms()) else {
             return Phase::Flips;
         };
-        let now = self.metrics.host().now().timer_ms();
         let until = started.saturating_add(plan.min_drain_ms);
-        if now < until {
+        if self.metrics.host().now().timer_ms() < until {
             Phase::Minimum
         } else if self.store.gate(rec).is_some_and(|g| !g.passes()) {
             Phase::Gate

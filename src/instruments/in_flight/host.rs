@@ -1,7 +1,8 @@
-//! Carries each worker's in-flight ages (`crate::instruments::in_flight`) through shared
-//! data: every traffic root context publishes its summary from its tick
-//! under its registry id (`keys::in_flight`) when it changed, so the keys are
-//! as many as the roots alive at once; a reader merges the summaries of the
+//! Keeps each worker's in-flight ages (`crate::instruments::in_flight`) and
+//! carries them through shared data: every traffic root context keeps its
+//! streams in a `Book` and publishes its summary from its tick under its
+//! registry id (`keys::in_flight`) when it changed, so the keys are as many
+//! as the roots alive at once; a reader merges the summaries of the
 //! registered roots, each as fresh as its root's beat.
 
 use std::cell::{Cell, RefCell};
