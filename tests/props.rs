@@ -665,7 +665,7 @@ proptest! {
             match op {
                 AgeOp::Start(dt) => {
                     tick += dt;
-                    ages.enter(tick);
+                    ages.enter(tick, 1);
                     live.push(tick);
                 }
                 AgeOp::End(i) if !live.is_empty() => {
@@ -729,7 +729,7 @@ proptest! {
         for op in ops {
             match op {
                 ListOp::Start(w) => {
-                    ages[w].enter(tick[w]);
+                    ages[w].enter(tick[w], 1);
                     live.push((next, w, tick[w]));
                     next += 1;
                 }

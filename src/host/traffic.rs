@@ -7,7 +7,7 @@
 //! has in flight.
 
 use proxy_wasm::types::{Action, PeerType};
-use std::cell::{Cell, RefCell};
+use std::cell::Cell;
 use std::rc::Rc;
 
 use crate::config::Shared;
@@ -19,101 +19,25 @@ use crate::gate::refusal::{self, Meet, NewRequests, Refusal};
 use crate::host::logs;
 use crate::host::metrics::Metrics;
 use crate::host::wasm_host::{Envoy, Host};
-use crate::instruments::in_flight::host as in_flight;
-use crate::instruments::in_flight::{Ages, Published};
+use crate::instruments::in_flight::host::Book;
 use crate::instruments::receipt::{self, End, First};
 use crate::instruments::sizing::host as sizing;
 use crate::instruments::sizing::Kind;
 
-/// This worker's streams by start tick (`crate::instruments::in_flight`). A stream is
-/// stamped with the time of the last tick, so starting and ending one makes
-/// no host call; the tick publishes the summary.
-#[derive(Debug)]
-struct AgeBook<H: Host> {
-    host: H,
-    ages: RefCell<Ages>,
-    last_tick_ms: Cell<u64>,
-    /// Streams in flight that started at `last_tick_ms`, counted here (a
-    /// stream that starts and ends between two ticks borrows nothing) and
-    /// moved into `ages` under that tick by the next tick.
-    newest: Cell<u64>,
-    tick_ms: u64,
-    /// What this root wrote last, under which id: written again only when
-    /// it changed.
-    published: Cell<Option<(u64, Published)>>,
-}
-
-impl<H: Host> AgeBook<H> {
-    fn new(host: H, tick_ms: u64) -> AgeBook<H> {
-        let last_tick_ms = Cell::new(host.now().timer_ms());
-        AgeBook {
-            host,
-            ages: RefCell::new(Ages::default()),
-            last_tick_ms,
-            newest: Cell::new(0),
-            tick_ms,
-            published: Cell::new(None),
-        }
-    }
-
-    fn enter(&self) -> u64 {
-        self.newest.set(self.newest.get().saturating_add(1));
-        self.last_tick_ms.get()
-    }
-
-    /// How long ago, on tick boundaries, a stream that entered at
-    /// `started_ms` started (its duration when it ends now).
-    fn since(&self, started_ms: u64) -> u64 {
-        self.last_tick_ms.get().saturating_sub(started_ms)
-    }
-
-    /// A stream that entered at `started_ms` ends: how long it lasted
-    /// (`since`).
-    fn exit(&self, started_ms: u64) -> u64 {
-        let (newest, last_tick_ms) = (self.newest.get(), self.last_tick_ms.get());
-        if started_ms == last_tick_ms && newest > 0 {
-            self.newest.set(newest - 1);
-            return 0;
-        }
-        if let Ok(mut ages) = self.ages.try_borrow_mut() {
-            ages.exit(started_ms);
-        }
-        last_tick_ms.saturating_sub(started_ms)
-    }
-
-    /// Publishes the summary under the root's registry id (none yet: the
-    /// root has not registered, and no reader looks for it) if it changed.
-    fn tick(&self, id: Option<u64>) {
-        let now = self.host.now().timer_ms();
-        let newest = self.last_tick_ms.replace(now);
-        let Ok(mut ages) = self.ages.try_borrow_mut() else {
-            return;
-        };
-        ages.enter_n(newest, self.newest.take());
-        let Some(id) = id else {
-            return;
-        };
-        ages.compact();
-        let summary = ages.publish(now, self.tick_ms);
-        let same = self
-            .published
-            .get()
-            .is_some_and(|(was_id, was)| was_id == id && was.same_as(&summary));
-        if !same && in_flight::publish(&self.host, id, &summary) {
-            self.published.set(Some((id, summary)));
-        }
-    }
-}
-
-/// What holds a drain's flip back, learnt by the traffic role's tick.
+/// What the traffic role's last tick saw of a drain: whether streams are
+/// counted exactly (`Traffic::exact`), and what holds the flip back.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum FlipHold {
-    None,
-    /// `min_drain` has not elapsed: no flip before it does.
+enum Phase {
+    /// Not DRAINING: no stream end needs to look any further.
+    Outside,
+    /// DRAINING, but `min_drain` has not elapsed: no flip before it does.
     Minimum,
-    /// A soft drain's gate has not passed: the health role flips on the 404
-    /// that passes it, or on its tick.
+    /// DRAINING, but a soft drain's gate has not passed: the health role
+    /// flips on the 404 that passes it, or on its tick.
     Gate,
+    /// DRAINING (or may be: a root starts so): every stream is counted
+    /// exactly, and the last one's end flips.
+    Flips,
 }
 
 /// Shared by every stream (or connection) of one traffic root context.
@@ -124,11 +48,10 @@ pub struct Traffic<H: Host = Envoy> {
     active: ActiveCount<H>,
     metrics: Metrics<H>,
     store: Store<H>,
-    /// Whether the state was DRAINING at the last tick (or may be: it starts
-    /// true): every stream is then counted exactly (`exact`: unless
-    /// `min_drain` holds the flip), and the last one's end flips. Outside a
-    /// drain no stream end needs to look any further.
-    draining: Cell<bool>,
+    /// What the last tick saw of a drain: until a hold ends, a stream end
+    /// that brings the count to 0 does not look (the health role flips when
+    /// the hold ends).
+    phase: Cell<Phase>,
     /// The drain the last tick saw (`fsm::Record::drain_id`; `None`: OPEN,
     /// and a root created mid-drain sorts ends from its first tick on). Only
     /// during one does an end cost a look at how it ended (`crate::instruments::receipt`).
@@ -137,17 +60,14 @@ pub struct Traffic<H: Host = Envoy> {
     new_requests: NewRequests,
     /// How it refuses (`draining_grpc_requests`, `refuse_with`).
     refusal: Refusal,
-    /// What holds the flip of the running drain back, as of the last tick:
-    /// until then a stream end that brings the count to 0 does not look
-    /// (the health role flips when the hold ends).
-    hold: Cell<FlipHold>,
     /// Ends of the drain that completed since the last tick: the common end
     /// is added to its counter once a tick, not by a host call per stream
     /// (the receipt's other ends are counted at once), and to `drain`'s
     /// receipt when that one ended or a newer began meanwhile
     /// (`crate::instruments::receipt::Record::add_completed`).
     completed: Cell<u64>,
-    ages: AgeBook<H>,
+    /// This worker's streams by start tick (`crate::instruments::in_flight`).
+    ages: Book<H>,
     /// How long streams lasted (`crate::instruments::sizing`), flushed once a tick.
     durations: sizing::Book<H>,
     heartbeat: Heartbeat<H>,
@@ -161,13 +81,12 @@ impl<H: Host + Copy> Traffic<H> {
             active: ActiveCount::new(&metrics),
             metrics,
             store: Store::new(host).raising(crate::instruments::receipt::host::transition),
-            draining: Cell::new(true),
+            phase: Cell::new(Phase::Flips),
             drain: Cell::new(None),
             new_requests: config.draining_new_requests,
             refusal: config.refusal,
-            hold: Cell::new(FlipHold::None),
             completed: Cell::new(0),
-            ages: AgeBook::new(host, config.tick_ms),
+            ages: Book::new(host, config.tick_ms),
             durations: sizing::Book::new(host, config.tick_ms, metrics.durations),
             heartbeat: Heartbeat::new(host, config.tick_ms),
         }
@@ -185,7 +104,7 @@ impl<H: Host> Traffic<H> {
     /// serves (an over-count, never below the truth), and the tick that sees
     /// the minimum end gives it back before anything may flip.
     fn exact(&self) -> bool {
-        self.draining.get() && self.hold.get() != FlipHold::Minimum
+        !matches!(self.phase.get(), Phase::Outside | Phase::Minimum)
     }
 
     /// Streams (or connections) this root counted and has in flight.
@@ -209,11 +128,6 @@ impl<H: Host> Traffic<H> {
     pub fn goodbye(&self) {
         self.flush_completed();
         self.heartbeat.goodbye();
-    }
-
-    /// Whether a drain runs, as of the last tick: ends are sorted.
-    fn in_drain(&self) -> bool {
-        self.drain.get().is_some()
     }
 
     /// Adds the drain's ends that completed since the last tick to their
@@ -245,19 +159,18 @@ impl<H: Host> Traffic<H> {
         let state = hint
             .or(rec.as_ref().map(|r| r.state))
             .unwrap_or(State::Draining); // unknown: keep looking
-        let draining = state == State::Draining;
-        self.draining.set(draining);
         self.drain.set(match (state, &rec) {
             (State::Open, _) => None,
             (_, Some(r)) => r.drain_id,
             (_, None) => self.drain.get(),
         });
-        self.hold.set(match (draining, &rec) {
-            (true, Some(r)) => self.flip_hold(r),
-            _ => FlipHold::None,
+        self.phase.set(match (state, &rec) {
+            (State::Draining, Some(r)) => self.flip_hold(r),
+            (State::Draining, None) => Phase::Flips,
+            _ => Phase::Outside,
         });
         self.counter().settle();
-        if draining && self.counter().in_flight() == 0 {
+        if state == State::Draining && self.counter().in_flight() == 0 {
             self.try_flip();
         }
     }
@@ -274,10 +187,9 @@ impl<H: Host> Traffic<H> {
     /// the last HTTP stream and the last TCP connection ending at once is
     /// the same argument once more.
     fn stream_ended(&self) {
-        let exact = self.exact();
         // Not while streams are in flight here, no drain runs, min_drain holds
         // it, or a gate does (the health role flips on the 404 that passes it).
-        if self.counter().exit(exact) == 0 && exact && self.hold.get() != FlipHold::Gate {
+        if self.counter().exit(self.exact()) == 0 && self.phase.get() == Phase::Flips {
             self.try_flip();
         }
     }
@@ -285,18 +197,17 @@ impl<H: Host> Traffic<H> {
     /// What holds the running drain's flip back now (the tick asks, once per
     /// tick, only while DRAINING): a drain a `min_drain` or a gate holds open
     /// costs the streams that bring the count to 0 nothing until it ends.
-    fn flip_hold(&self, rec: &Record) -> FlipHold {
+    fn flip_hold(&self, rec: &Record) -> Phase {
         let (Some(plan), Some(started)) = (rec.plan, rec.drain_started_timer_ms()) else {
-            return FlipHold::None;
+            return Phase::Flips;
         };
-        let now = self.metrics.host().now().timer_ms();
         let until = started.saturating_add(plan.min_drain_ms);
-        if now < until {
-            FlipHold::Minimum
+        if self.metrics.host().now().timer_ms() < until {
+            Phase::Minimum
         } else if self.store.gate(rec).is_some_and(|g| !g.passes()) {
-            FlipHold::Gate
+            Phase::Gate
         } else {
-            FlipHold::None
+            Phase::Flips
         }
     }
 
@@ -313,7 +224,7 @@ impl<H: Host> Traffic<H> {
     /// in a drain and only in that mode.
     fn refuses(&self) -> bool {
         self.new_requests == NewRequests::Refuse
-            && self.in_drain()
+            && self.drain.get().is_some()
             && self.state_now().is_some_and(|s| s != State::Open)
     }
 
@@ -392,22 +303,21 @@ pub struct TrafficStream<H: Host = Envoy> {
     refused: bool,
     /// A refused gRPC request: its answer gets its 503 back on the way out.
     restore_status: bool,
-    /// A connection: its upstream side ended (a FIN or its close).
-    upstream_ended: bool,
-    /// A connection: which side ended first.
-    first: First,
+    /// A connection: which side ended first (`None`: neither yet).
+    first: Option<First>,
     /// An HTTP stream: its response ended (end of stream seen on the way
     /// out): it completed, or ended by Envoy's own answer (`on_log` reads
     /// which), whatever happens to its connection afterwards.
     response_done: bool,
-    /// How it ended, when it ended during a drain (HTTP: from `on_log`), and
-    /// whether a cut was the LB's.
-    end: Option<(End, bool)>,
+    /// How it ended, when it ended during a drain (HTTP: from `on_log`; a
+    /// connection: as it closes).
+    end: Option<End>,
     /// An HTTP stream of `crate::instruments::sizing::CLASSIFY_FROM_MS` or more that was
     /// upgraded (WebSocket, CONNECT), as its request headers say at its end.
     upgraded: bool,
-    /// A connection whose downstream ended first during a drain: whether
-    /// that came at a checker's DOWN (read when it happened).
+    /// Whether its end came at a checker's DOWN, read when it happened: an
+    /// HTTP stream's cut, or a connection's first end by its downstream
+    /// during a drain (else read as it closes).
     at_lb_down: Option<bool>,
 }
 
@@ -419,15 +329,13 @@ impl<H: Host> TrafficStream<H> {
         if !counted {
             count::not_counted(&traffic.metrics);
         }
-        let started_ms = traffic.ages.enter();
         TrafficStream {
+            started_ms: traffic.ages.enter(),
             traffic,
             counted,
-            started_ms,
             refused: false,
             restore_status: false,
-            upstream_ended: false,
-            first: First::Upstream,
+            first: None,
             response_done: false,
             end: None,
             at_lb_down: None,
@@ -460,18 +368,16 @@ impl<H: Host> TrafficStream<H> {
         if meet == Meet::Serve {
             return Action::Continue;
         }
-        self.refused = true;
-        self.restore_status = meet == (Meet::Respond { grpc: true });
         let sent = match meet {
             Meet::Reset => host.reset_stream(),
             _ => host.respond(None, refusal::STATUS, &refusal::HEADERS, refusal::BODY),
         };
         if let Err(e) = sent {
             logs::warning!("event=refuse_failed status={e:?}");
-            self.refused = false;
-            self.restore_status = false;
             return Action::Continue;
         }
+        self.refused = true;
+        self.restore_status = meet == (Meet::Respond { grpc: true });
         Action::Pause
     }
 
@@ -517,7 +423,7 @@ impl<H: Host> TrafficStream<H> {
     pub fn log(&mut self) {
         let long = self.traffic.ages.since(self.started_ms)
             >= crate::instruments::sizing::CLASSIFY_FROM_MS;
-        if long || self.traffic.in_drain() {
+        if long || self.traffic.drain.get().is_some() {
             self.look_at_end(long);
         }
     }
@@ -531,7 +437,7 @@ impl<H: Host> TrafficStream<H> {
             self.upgraded = host.request_header("upgrade").is_some()
                 || host.request_header(":method").as_deref() == Some("CONNECT");
         }
-        if !self.traffic.in_drain() {
+        if self.traffic.drain.get().is_none() {
             return;
         }
         let end = if self.refused {
@@ -545,35 +451,35 @@ impl<H: Host> TrafficStream<H> {
                 .unwrap_or(0);
             receipt::http_end(flags)
         };
-        let by_lb = end == End::Cut && self.traffic.at_lb_down(true);
-        self.end = Some((end, by_lb));
+        self.at_lb_down = Some(end == End::Cut && self.traffic.at_lb_down(true));
+        self.end = Some(end);
     }
 
     /// One side of a connection closed (Envoy's close event).
     pub fn closed(&mut self, downstream: bool, peer: PeerType) {
         match (downstream, peer) {
-            (false, _) => self.upstream_ended = true,
-            (true, PeerType::Remote) => self.downstream_ended(First::DownstreamReset),
+            (false, _) => self.side_ended(First::Upstream),
+            (true, PeerType::Remote) => self.side_ended(First::DownstreamReset),
             (true, _) => {}
         }
     }
 
     /// One side of a connection half-closed: its data ended (a FIN).
     pub fn half_closed(&mut self, downstream: bool) {
-        if downstream {
-            self.downstream_ended(First::DownstreamFin);
-        } else {
-            self.upstream_ended = true;
-        }
+        self.side_ended(match downstream {
+            true => First::DownstreamFin,
+            false => First::Upstream,
+        });
     }
 
-    /// The downstream ended its side: the first end, unless the upstream's
-    /// (or the downstream's own FIN) came before. During a drain, whether it
-    /// came at a checker's DOWN is read now, from this connection's callback.
-    fn downstream_ended(&mut self, how: First) {
-        if !self.upstream_ended && self.first == First::Upstream {
-            self.first = how;
-            if self.traffic.in_drain() {
+    /// A side ended: the first end, unless the other side's (or the
+    /// downstream's own FIN) came before. When the downstream's is first
+    /// during a drain, whether it came at a checker's DOWN is read now, from
+    /// this connection's callback.
+    fn side_ended(&mut self, how: First) {
+        if self.first.is_none() {
+            self.first = Some(how);
+            if how != First::Upstream && self.traffic.drain.get().is_some() {
                 self.at_lb_down = Some(self.traffic.at_lb_down(true));
             }
         }
@@ -582,28 +488,27 @@ impl<H: Host> TrafficStream<H> {
 
 impl<H: Host> Drop for TrafficStream<H> {
     fn drop(&mut self) {
-        let took = self.traffic.ages.exit(self.started_ms);
+        self.traffic.ages.exit(self.started_ms);
         if !self.refused {
             let kind = match (self.traffic.part, self.upgraded) {
                 (Part::Connections, _) => Kind::Tcp,
                 (_, true) => Kind::Upgraded,
                 _ => Kind::Http,
             };
+            let took = self.traffic.ages.since(self.started_ms);
             self.traffic.durations.record(kind, took);
         }
-        let end = match self.traffic.part {
-            Part::Streams => self.end,
-            Part::Connections => self.traffic.in_drain().then(|| {
-                // A downstream end seen before the drain did: its address is
-                // no longer readable here.
-                let at_down = self
-                    .at_lb_down
-                    .unwrap_or_else(|| self.traffic.at_lb_down(false));
-                (receipt::tcp_end(self.first, || at_down), at_down)
-            }),
-        };
-        if let Some((end, at_down)) = end {
-            self.traffic.sort_end(end, end == End::Cut && at_down);
+        if self.traffic.part == Part::Connections && self.traffic.drain.get().is_some() {
+            // A downstream end seen before the drain did: its address is no
+            // longer readable here.
+            let at_down = *self
+                .at_lb_down
+                .get_or_insert_with(|| self.traffic.at_lb_down(false));
+            self.end = Some(receipt::tcp_end(self.first.unwrap_or_default(), || at_down));
+        }
+        if let Some(end) = self.end {
+            self.traffic
+                .sort_end(end, end == End::Cut && self.at_lb_down == Some(true));
         }
         if self.counted {
             self.traffic.stream_ended();

@@ -1,21 +1,97 @@
-//! Carries each worker's in-flight ages (`crate::instruments::in_flight`) through shared
-//! data: every traffic root context publishes its summary from its tick
-//! under its registry id (`keys::in_flight`) when it changed, so the keys are
-//! as many as the roots alive at once; a reader merges the summaries of the
+//! Keeps each worker's in-flight ages (`crate::instruments::in_flight`) and
+//! carries them through shared data: every traffic root context keeps its
+//! streams in a `Book` and publishes its summary from its tick under its
+//! registry id (`keys::in_flight`) when it changed, so the keys are as many
+//! as the roots alive at once; a reader merges the summaries of the
 //! registered roots, each as fresh as its root's beat.
+
+use std::cell::{Cell, RefCell};
 
 use crate::host::keys;
 use crate::host::logs;
 use crate::host::shared;
 use crate::host::wasm_host::Host;
-use crate::instruments::in_flight::{self, InFlight, Published};
+use crate::instruments::in_flight::{self, Ages, InFlight, Published};
 
-/// Writes `summary` under `id`; `true` when it was written.
-pub fn publish<H: Host>(host: &H, id: u64, summary: &Published) -> bool {
-    let key = keys::in_flight(id);
-    host.set(&key, &summary.to_bytes(), None)
-        .inspect_err(|e| logs::warning!("event=shared_data_error key={key} status={e:?}"))
-        .is_ok()
+/// A traffic root's streams by start tick (`Ages`). A stream is stamped with
+/// the time of the last tick, so starting and ending one makes no host call;
+/// the tick publishes the summary.
+#[derive(Debug)]
+pub struct Book<H: Host> {
+    host: H,
+    ages: RefCell<Ages>,
+    last_tick_ms: Cell<u64>,
+    /// Streams in flight that started at `last_tick_ms`, counted here (a
+    /// stream that starts and ends between two ticks borrows nothing) and
+    /// moved into `ages` under that tick by the next tick.
+    newest: Cell<u64>,
+    tick_ms: u64,
+    /// What this root wrote last, under which id: written again only when
+    /// it changed.
+    published: Cell<Option<(u64, Published)>>,
+}
+
+impl<H: Host> Book<H> {
+    pub fn new(host: H, tick_ms: u64) -> Book<H> {
+        Book {
+            last_tick_ms: Cell::new(host.now().timer_ms()),
+            host,
+            ages: RefCell::new(Ages::default()),
+            newest: Cell::new(0),
+            tick_ms,
+            published: Cell::new(None),
+        }
+    }
+
+    /// A stream starts: the tick it is stamped with.
+    pub fn enter(&self) -> u64 {
+        self.newest.set(self.newest.get().saturating_add(1));
+        self.last_tick_ms.get()
+    }
+
+    /// How long ago, on tick boundaries, a stream that entered at
+    /// `started_ms` started (its duration when it ends now).
+    pub fn since(&self, started_ms: u64) -> u64 {
+        self.last_tick_ms.get().saturating_sub(started_ms)
+    }
+
+    /// A stream that entered at `started_ms` ends.
+    pub fn exit(&self, started_ms: u64) {
+        let newest = self.newest.get();
+        if started_ms == self.last_tick_ms.get() && newest > 0 {
+            self.newest.set(newest - 1);
+        } else if let Ok(mut ages) = self.ages.try_borrow_mut() {
+            ages.exit(started_ms);
+        }
+    }
+
+    /// Writes the summary under the root's registry id (none yet: the root
+    /// has not registered, and no reader looks for it) if it changed.
+    pub fn tick(&self, id: Option<u64>) {
+        let now = self.host.now().timer_ms();
+        let newest = self.last_tick_ms.replace(now);
+        let Ok(mut ages) = self.ages.try_borrow_mut() else {
+            return;
+        };
+        ages.enter(newest, self.newest.take());
+        let Some(id) = id else {
+            return;
+        };
+        ages.compact();
+        let summary = ages.publish(now, self.tick_ms);
+        if self
+            .published
+            .get()
+            .is_some_and(|(was_id, was)| was_id == id && was.same_as(&summary))
+        {
+            return;
+        }
+        let key = keys::in_flight(id);
+        match self.host.set(&key, &summary.to_bytes(), None) {
+            Ok(()) => self.published.set(Some((id, summary))),
+            Err(e) => logs::warning!("event=shared_data_error key={key} status={e:?}"),
+        }
+    }
 }
 
 /// The summaries of the roots `ids` (one that is missing is left out). A

@@ -151,13 +151,8 @@ pub struct InFlight {
 }
 
 impl Ages {
-    /// A stream starts: counted under the current tick.
-    pub fn enter(&mut self, tick_ms: u64) {
-        self.enter_n(tick_ms, 1);
-    }
-
     /// `n` streams started at `tick_ms` (none: nothing changes).
-    pub fn enter_n(&mut self, tick_ms: u64, n: u64) {
+    pub fn enter(&mut self, tick_ms: u64, n: u64) {
         if n == 0 {
             return;
         }
@@ -232,10 +227,8 @@ pub fn merge(published: &[Published], now_ms: u64) -> InFlight {
         }
         out.ages.merge(&p.ages);
         out.as_of_ms = oldest(out.as_of_ms, p.at_ms);
-        if let Some(started) = p.oldest_started_ms {
-            let age = now_ms.saturating_sub(started);
-            out.oldest_age_ms = Some(out.oldest_age_ms.map_or(age, |a| a.max(age)));
-        }
+        let age = p.oldest_started_ms.map(|s| now_ms.saturating_sub(s));
+        out.oldest_age_ms = out.oldest_age_ms.max(age); // None < Some
     }
     out
 }
@@ -275,9 +268,9 @@ mod tests {
     #[test]
     fn streams_are_aged_by_their_start_tick() {
         let mut a = Ages::default();
-        a.enter(1_000);
-        a.enter(1_000);
-        a.enter(5_500);
+        a.enter(1_000, 1);
+        a.enter(1_000, 1);
+        a.enter(5_500, 1);
         let p = a.publish(6_000, 100);
         assert_eq!(p.oldest_started_ms, Some(1_000));
         assert_eq!(
@@ -306,7 +299,7 @@ mod tests {
     #[test]
     fn a_summary_round_trips_its_fixed_form_and_compares_without_its_time() {
         let mut a = Ages::default();
-        a.enter(1_000);
+        a.enter(1_000, 1);
         let p = a.publish(1_500, 100);
         assert_eq!(Published::from_bytes(&p.to_bytes()), Some(p));
         let none = Published::default();
@@ -338,7 +331,7 @@ mod tests {
         let mut a = Ages::default();
         a.exit(7);
         assert_eq!(a, Ages::default());
-        a.enter(10);
+        a.enter(10, 1);
         a.exit(9);
         assert_eq!(a.in_flight(), 0);
     }
@@ -346,11 +339,11 @@ mod tests {
     #[test]
     fn streams_enter_a_tick_together() {
         let mut a = Ages::default();
-        a.enter_n(4_000, 0);
+        a.enter(4_000, 0);
         assert_eq!(a, Ages::default(), "no streams, no bucket");
-        a.enter_n(4_000, 2);
-        a.enter(4_000);
-        a.enter_n(3_500, 1);
+        a.enter(4_000, 2);
+        a.enter(4_000, 1);
+        a.enter(3_500, 1);
         assert_eq!(a.buckets, vec![(3_500, 1), (4_000, 3)]);
     }
 
@@ -359,7 +352,7 @@ mod tests {
         let mut a = Ages::default();
         let n = MAX_BUCKETS as u64 + 50;
         for t in 0..n {
-            a.enter(t * 100);
+            a.enter(t * 100, 1);
         }
         a.compact();
         assert!(a.buckets.len() <= MAX_BUCKETS);
@@ -434,7 +427,7 @@ mod tests {
     fn listed(n: u64) -> InFlight {
         let mut a = Ages::default();
         for _ in 0..n {
-            a.enter(5_000);
+            a.enter(5_000, 1);
         }
         merge(&[a.publish(10_000, 100)], 10_040)
     }
