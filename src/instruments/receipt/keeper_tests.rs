@@ -34,6 +34,35 @@ fn a_drain_s_receipt_is_logged_once_when_it_ends() {
 }
 
 #[test]
+fn a_drain_the_traffic_role_closes_itself_owes_its_receipt_at_once() {
+    let sim = Sim::at(T0);
+    // lb_buffer 0: the stream that brings the count to 0 moves DRAINING ->
+    // CLOSING -> CLOSED in its own callback; no health tick runs after it.
+    let (h, t) = gateway(&sim, r#"{"lb_buffer":"0s"}"#);
+    let s = TrafficStream::new(Rc::clone(&t));
+    call(&h, "POST", "/drain", 1).unwrap();
+    ticks(&sim, &h, &t, 1, 100);
+    end_with(&sim, s, How::Completed);
+    assert_eq!(h.store.load().unwrap().state, State::Closed);
+    let b = book(&sim);
+    assert!(
+        b.drain.is_some() && b.owed_drain == b.drain,
+        "the traffic role's transition raised the receipt's line: {b:?}"
+    );
+    ticks(&sim, &h, &t, 2, 100); // the health role takes a line it saw owed a tick before
+
+    let lines = receipt_lines();
+    assert_eq!(
+        (
+            lines.len(),
+            lines[0]["ended"].as_str(),
+            lines[0]["completed"].as_str()
+        ),
+        (1, "CLOSED", "1")
+    );
+}
+
+#[test]
 fn what_completed_after_the_last_traffic_tick_is_in_the_receipt() {
     let sim = Sim::at(T0);
     let (h, t) = gateway(&sim, r#"{"lb_buffer":"1s"}"#);
