@@ -1,7 +1,7 @@
 //! The request handler: routes each request of the health listener, answers
 //! checks and commands, holds `wait=closed` answers; and the HTTP stream.
 
-use super::{send, state_unavailable, Health, Waiter};
+use super::{lb_unavailable, send, state_unavailable, Health, Waiter};
 use proxy_wasm::traits::{Context, HttpContext};
 use proxy_wasm::types::Action;
 use std::fmt::Display;
@@ -35,7 +35,7 @@ impl<H: Host> Health<H> {
             .store
             .lb_observe(&ip.to_string(), served, self.config.lb_fall);
         if let Err(e) = observed {
-            logs::warning!("event=lb_record_unavailable error=\"{e}\"");
+            lb_unavailable(e);
         }
         if state == State::Draining && served == 404 {
             if let Err(e) = self.apply_due() {
@@ -52,7 +52,7 @@ impl<H: Host> Health<H> {
         if served == 200 && !self.announced.get() {
             match self.store.lb_announce() {
                 Ok(_) => self.announced.set(true),
-                Err(e) => logs::warning!("event=lb_record_unavailable error=\"{e}\""),
+                Err(e) => lb_unavailable(e),
             }
         }
         match self.store.lb_ignore(&ip.to_string()) {
@@ -63,7 +63,7 @@ impl<H: Host> Health<H> {
                 ip
             ),
             Ok(false) => {}
-            Err(e) => logs::warning!("event=lb_record_unavailable error=\"{e}\""),
+            Err(e) => lb_unavailable(e),
         }
     }
 

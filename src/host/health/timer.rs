@@ -1,12 +1,13 @@
 //! What each tick of a health root does: the clock-step watch, automatic
 //! transitions, the placeholders, and the release of held answers.
 
-use super::{send, state_unavailable, Health, Waiter};
+use super::{lb_unavailable, send, state_unavailable, Health};
 
 use crate::api::{self};
 use crate::gate::clock::{self, Now};
 use crate::gate::fsm::host as store;
-use crate::gate::fsm::{self, DrainPlan, Move, Reason, Record, State};
+use crate::gate::fsm::{self, Move, Reason, Record, State};
+use crate::gate::lb::Wait;
 use crate::gate::placeholder::host as placeholder;
 use crate::gate::placeholder::Action as PlaceholderAction;
 use crate::host::logs;
@@ -66,12 +67,11 @@ impl<H: Host> Health<H> {
             return;
         }
         self.lb_gauges_at.set(Some(now));
-        match self.store.lb_checkers() {
-            Ok(c) => {
-                let d = c.detection(now, self.config.lb_fall, self.lb_wait());
-                self.metrics.set_lb_detection(d.as_ref());
-            }
-            Err(e) => logs::warning!("event=lb_record_unavailable error=\"{e}\""),
+        let c = &self.config;
+        let wait = Wait::of(c.close_after, c.lb_buffer_ms, c.lb_down_timeout_ms);
+        if let Ok(checkers) = self.store.lb_checkers().map_err(lb_unavailable) {
+            let d = checkers.detection(now, c.lb_fall, wait);
+            self.metrics.set_lb_detection(d.as_ref());
         }
     }
 
@@ -101,9 +101,8 @@ impl<H: Host> Health<H> {
     fn judge_placeholders(&self, rec: &Record) {
         let p = placeholder::read_seen(self.host(), &self.placeholders_seen);
         if !self.announced.get() && p.present() > 0 {
-            match self.store.lb_checkers() {
-                Ok(c) => self.announced.set(c.announced_ms.is_some()),
-                Err(e) => logs::warning!("event=lb_record_unavailable error=\"{e}\""),
+            if let Ok(c) = self.store.lb_checkers().map_err(lb_unavailable) {
+                self.announced.set(c.announced_ms.is_some());
             }
         }
         let action = crate::gate::placeholder::action(
@@ -116,15 +115,10 @@ impl<H: Host> Health<H> {
         if action != PlaceholderAction::Drain {
             return;
         }
-        let started = self.advance(&|_: &Record| Move {
-            expected_from: State::Open,
-            to: State::Draining,
+        // A maintenance drain (`POST /drain?hold=closing`), for its own reason.
+        let started = self.advance(&|r: &Record| Move {
             reason: Reason::FilterNotLoaded,
-            plan: Some(DrainPlan {
-                hold_closing: true,
-                ..self.config.plan()
-            }),
-            force: false,
+            ..api::Command::HoldDrain.move_in(r.state, &self.config)
         });
         match started {
             Ok(_) => logs::error!(
@@ -154,20 +148,17 @@ impl<H: Host> Health<H> {
             return;
         }
         let lingering = self.lingering(rec, now);
-        let (over, held): (Vec<Waiter>, Vec<Waiter>) = self
-            .waiters
-            .borrow()
-            .iter()
-            .partition(|w| api::wait_end(rec.state, w.timed_out(now), lingering).is_some());
-        if !held.is_empty() {
+        let mut over = Vec::new();
+        self.waiters.borrow_mut().retain(|w| {
+            let end = api::wait_end(rec.state, w.timed_out(now), lingering);
+            over.extend(end.map(|end| (w.context_id, end)));
+            end.is_none()
+        });
+        if !self.waiters.borrow().is_empty() {
             self.renew_hold();
         }
-        *self.waiters.borrow_mut() = held;
-        for w in over {
-            if let Some(end) = api::wait_end(rec.state, w.timed_out(now), lingering) {
-                let reply = self.wait_reply(end, rec);
-                send(self.host(), Some(w.context_id), &reply);
-            }
+        for (context_id, end) in over {
+            send(self.host(), Some(context_id), &self.wait_reply(end, rec));
         }
     }
 
