@@ -49,12 +49,6 @@ struct Waiter {
     timeout_ms: u64,
 }
 
-impl Waiter {
-    fn timed_out(&self, now: Now) -> bool {
-        now.passed(self.since.wall_ms, self.since.mono_ms, self.timeout_ms)
-    }
-}
-
 /// Shared by every stream of one health root context.
 #[derive(Debug)]
 pub struct Health<H: Host = Envoy> {

@@ -150,7 +150,8 @@ impl<H: Host> Health<H> {
         let lingering = self.lingering(rec, now);
         let mut over = Vec::new();
         self.waiters.borrow_mut().retain(|w| {
-            let end = api::wait_end(rec.state, w.timed_out(now), lingering);
+            let timed_out = now.passed(w.since.wall_ms, w.since.mono_ms, w.timeout_ms);
+            let end = api::wait_end(rec.state, timed_out, lingering);
             over.extend(end.map(|end| (w.context_id, end)));
             end.is_none()
         });
