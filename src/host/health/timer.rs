@@ -8,8 +8,7 @@ use crate::gate::clock::{self, Now};
 use crate::gate::fsm::host as store;
 use crate::gate::fsm::{self, Move, Reason, Record, State};
 use crate::gate::lb::Wait;
-use crate::gate::placeholder::host as placeholder;
-use crate::gate::placeholder::Action as PlaceholderAction;
+use crate::gate::placeholder::{self, Action as PlaceholderAction};
 use crate::host::logs;
 use crate::host::wasm_host::Host;
 use crate::instruments::in_flight::host as in_flight;
@@ -99,18 +98,14 @@ impl<H: Host> Health<H> {
     /// drains an announced one once a placeholder served a request: a drain
     /// that holds CLOSING, as a maintenance drain does (`crate::gate::placeholder`).
     fn judge_placeholders(&self, rec: &Record) {
-        let p = placeholder::read_seen(self.host(), &self.placeholders_seen);
+        let p = placeholder::host::read_seen(self.host(), &self.placeholders_seen);
         if !self.announced.get() && p.present() > 0 {
             if let Ok(c) = self.store.lb_checkers().map_err(lb_unavailable) {
                 self.announced.set(c.announced_ms.is_some());
             }
         }
-        let action = crate::gate::placeholder::action(
-            p.present(),
-            p.serving(),
-            self.announced.get(),
-            rec.state,
-        );
+        let announced = self.announced.get();
+        let action = placeholder::action(p.present(), p.serving(), announced, rec.state);
         self.placeholders.set(action);
         if action != PlaceholderAction::Drain {
             return;
