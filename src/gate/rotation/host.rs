@@ -8,7 +8,6 @@
 //! compare-and-swap claims the drain's rotation record.
 
 use std::cell::RefCell;
-use std::time::Duration;
 
 use crate::gate::fsm::Record;
 use crate::gate::lb::Gate;
@@ -124,8 +123,7 @@ impl<H: Host> Rotator<H> {
             (":path", rotation::ADMIN_PATH),
             (":authority", "envoy-admin"),
         ];
-        let timeout = Duration::from_millis(rotation::TIMEOUT_MS);
-        match self.host.http_call(cluster, &headers, timeout) {
+        match self.host.http_call(cluster, &headers, rotation::TIMEOUT) {
             Ok(token) => {
                 *self.sent.borrow_mut() = Some((token, claim.clone()));
                 claim
