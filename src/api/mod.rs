@@ -34,7 +34,6 @@ pub mod query;
 pub mod reply;
 
 pub use crate::gate::answer::{etag, Audience};
-pub use crate::gate::clock::rfc3339;
 pub use crate::instruments::status::{
     status, wait_end, wait_reply, Footprint, TrafficInfo, View, WaitEnd,
 };

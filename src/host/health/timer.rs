@@ -3,7 +3,7 @@
 
 use super::{lb_unavailable, send, state_unavailable, Health};
 
-use crate::api::{self};
+use crate::api;
 use crate::gate::clock::{self, Now};
 use crate::gate::fsm::host as store;
 use crate::gate::fsm::{self, Move, Reason, Record, State};
@@ -83,7 +83,7 @@ impl<H: Host> Health<H> {
             Ok(Some((steps, by))) => {
                 logs::warning!(
                     "event=clock_step step_ms={by} wall={} steps={} timers={}",
-                    api::rfc3339(now.wall_ms),
+                    clock::rfc3339(now.wall_ms),
                     steps.count,
                     now.timers().name()
                 );
