@@ -207,13 +207,8 @@ fn chosen(route: &Route, p: &Params, cfg: &Health) -> Result<Endpoint, Reply> {
 /// Maps a request to an endpoint, or to the error answer (400, 401, 403, 404, 405).
 pub fn route(req: &Request, cfg: &Health) -> Result<Endpoint, Reply> {
     let (path, query) = req.path.split_once('?').unwrap_or((req.path, ""));
-    let Some(route) = route_of(path) else {
-        return Err(error(
-            404,
-            "not_found",
-            "no such endpoint; see openapi.yaml",
-        ));
-    };
+    let route = route_of(path)
+        .ok_or_else(|| error(404, "not_found", "no such endpoint; see openapi.yaml"))?;
     if !route.allows(req.method) {
         return Err(error(
             405,
