@@ -31,12 +31,9 @@ impl<H: Host> Health<H> {
             self.ignored_check(ip, served);
             return;
         }
-        let observed = self
-            .store
-            .lb_observe(&ip.to_string(), served, self.config.lb_fall);
-        if let Err(e) = observed {
-            lb_unavailable(e);
-        }
+        self.store
+            .lb_observe(&ip.to_string(), served, self.config.lb_fall)
+            .unwrap_or_else(lb_unavailable);
         if state == State::Draining && served == 404 {
             if let Err(e) = self.apply_due() {
                 state_unavailable(e);
