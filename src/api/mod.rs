@@ -225,10 +225,8 @@ pub fn route(req: &Request, cfg: &Health) -> Result<Endpoint, Reply> {
 }
 
 fn authorize(req: &Request, cfg: &Health) -> Result<(), Reply> {
-    if req
-        .source
-        .is_some_and(|ip| cfg.admin_allow.iter().any(|c| c.contains(ip)))
-    {
+    let allowed = |ip: IpAddr| cfg.admin_allow.iter().any(|c| c.contains(ip));
+    if req.source.is_some_and(allowed) {
         return Ok(());
     }
     if cfg.admin_tokens.is_empty() {
