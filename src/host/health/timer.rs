@@ -52,8 +52,7 @@ impl<H: Host> Health<H> {
         if let Some(view) = view {
             self.keep_receipt(&rec, view, oldest);
         }
-        self.release_waiters(&rec, now);
-        let held = !self.waiters.borrow().is_empty();
+        let held = self.release_waiters(&rec, now);
         let holding = held && matches!(rec.state, State::Draining | State::Closing);
         self.termination.tick(holding, &self.metrics);
     }
@@ -137,11 +136,8 @@ impl<H: Host> Health<H> {
     }
 
     /// Answers the held `wait=closed` requests whose wait is over; renews the
-    /// preStop hold of the others.
-    fn release_waiters(&self, rec: &Record, now: Now) {
-        if self.waiters.borrow().is_empty() {
-            return;
-        }
+    /// preStop hold of the others. Returns whether any are still held.
+    fn release_waiters(&self, rec: &Record, now: Now) -> bool {
         let lingering = self.lingering(rec, now);
         let mut over = Vec::new();
         self.waiters.borrow_mut().retain(|w| {
@@ -150,12 +146,14 @@ impl<H: Host> Health<H> {
             over.extend(end.map(|end| (w.context_id, end)));
             end.is_none()
         });
-        if !self.waiters.borrow().is_empty() {
+        let held = !self.waiters.borrow().is_empty();
+        if held {
             self.renew_hold();
         }
         for (context_id, end) in over {
             send(self.host(), Some(context_id), &self.wait_reply(end, rec));
         }
+        held
     }
 
     /// Whether CLOSED began less than `scrape_interval` ago: a held preStop
