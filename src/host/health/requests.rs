@@ -25,8 +25,7 @@ impl<H: Host> Health<H> {
     /// Remembers what an LB check was served (only sources in
     /// `lb_checkers`). The 404 that completes what a gated soft drain waits
     /// for flips it at once if nothing is in flight.
-    fn lb_observed(&self, state: State, served: u16, source: Option<IpAddr>) {
-        let Some(ip) = source else { return };
+    fn lb_observed(&self, state: State, served: u16, ip: IpAddr) {
         if !self.config.is_checker(ip) {
             self.ignored_check(ip, served);
             return;
@@ -109,8 +108,9 @@ impl<H: Host> Health<H> {
             draining_lb_status: self.config.draining_lb_status,
             if_none_match: req.if_none_match,
         });
-        if let (Some(state), Some(served)) = (state, answer.lb_served) {
-            self.lb_observed(state, served, req.source);
+        // A check whose source the host could not tell is answered, not remembered.
+        if let (Some(state), Some(served), Some(ip)) = (state, answer.lb_served, req.source) {
+            self.lb_observed(state, served, ip);
         }
         answer.reply
     }
