@@ -34,7 +34,6 @@ pub mod query;
 pub mod reply;
 
 pub use crate::gate::answer::{etag, Audience};
-pub use crate::gate::clock::rfc3339;
 pub use crate::instruments::status::{
     status, wait_end, wait_reply, Footprint, TrafficInfo, View, WaitEnd,
 };
@@ -208,13 +207,8 @@ fn chosen(route: &Route, p: &Params, cfg: &Health) -> Result<Endpoint, Reply> {
 /// Maps a request to an endpoint, or to the error answer (400, 401, 403, 404, 405).
 pub fn route(req: &Request, cfg: &Health) -> Result<Endpoint, Reply> {
     let (path, query) = req.path.split_once('?').unwrap_or((req.path, ""));
-    let Some(route) = route_of(path) else {
-        return Err(error(
-            404,
-            "not_found",
-            "no such endpoint; see openapi.yaml",
-        ));
-    };
+    let route = route_of(path)
+        .ok_or_else(|| error(404, "not_found", "no such endpoint; see openapi.yaml"))?;
     if !route.allows(req.method) {
         return Err(error(
             405,
@@ -231,10 +225,8 @@ pub fn route(req: &Request, cfg: &Health) -> Result<Endpoint, Reply> {
 }
 
 fn authorize(req: &Request, cfg: &Health) -> Result<(), Reply> {
-    if req
-        .source
-        .is_some_and(|ip| cfg.admin_allow.iter().any(|c| c.contains(ip)))
-    {
+    let allowed = |ip: IpAddr| cfg.admin_allow.iter().any(|c| c.contains(ip));
+    if req.source.is_some_and(allowed) {
         return Ok(());
     }
     if cfg.admin_tokens.is_empty() {

@@ -125,20 +125,14 @@ impl Checker {
     /// first) adds no gap; one after the checker was gone (`CHECKER_TTL_MS`)
     /// starts its gaps anew: its LB may have been reconfigured meanwhile.
     fn served(&mut self, status: u16, now_ms: u64, lb_fall: u32) -> bool {
-        // Its source and its gaps change only with `last_seen_ms`.
-        let state = |c: &Checker| {
-            (
-                c.consecutive_non_200,
-                c.consecutive_503,
-                c.last_seen_ms,
-                c.last_404_ms,
-                c.down_ms,
-                c.down_last_ms,
-            )
-        };
-        let before = state(self);
+        // Only a 200 to a checker whose last answer was 200, in no later
+        // millisecond, changes nothing (`consecutive_503` never exceeds
+        // `consecutive_non_200`; its gaps change only with `last_seen_ms`).
+        // A non-200 counts as a change even at the counts' saturation.
+        let mut changed = status != 200 || self.consecutive_non_200 > 0;
         // The counts are still those of its last check here.
         if let Some(gap) = now_ms.checked_sub(self.last_seen_ms).filter(|g| *g > 0) {
+            changed = true;
             self.last_seen_ms = now_ms;
             if gap > CHECKER_TTL_MS {
                 self.gaps_ms.clear();
@@ -166,7 +160,7 @@ impl Checker {
         } else {
             self.consecutive_503 = 0;
         }
-        state(self) != before
+        changed
     }
 }
 

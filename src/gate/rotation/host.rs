@@ -8,7 +8,6 @@
 //! compare-and-swap claims the drain's rotation record.
 
 use std::cell::RefCell;
-use std::time::Duration;
 
 use crate::gate::fsm::Record;
 use crate::gate::lb::Gate;
@@ -27,22 +26,6 @@ pub struct Rotator<H: Host = Envoy> {
     refusing: bool,
     /// This worker's rotation call in flight, if any: its token and record.
     sent: RefCell<Option<(u32, rotation::Record)>>,
-}
-
-fn log_outcome(rec: &rotation::Record) {
-    match rec.outcome {
-        Outcome::Done | Outcome::Pending => logs::info!(
-            "event=connection_rotation outcome={} trigger={} admin_status={}",
-            rec.outcome.name(),
-            rec.trigger.map_or("none", rotation::Trigger::name),
-            rec.admin_status.unwrap_or(0)
-        ),
-        Outcome::Failed => logs::warning!(
-            "event=connection_rotation outcome={} error=\"{}\"",
-            rec.outcome.name(),
-            rec.error.as_deref().unwrap_or("")
-        ),
-    }
 }
 
 /// Creates the rotation record (none yet) unless it exists: on configure,
@@ -102,15 +85,26 @@ impl<H: Host> Rotator<H> {
         if !claimed {
             return; // another worker sent it, or a later drain's is recorded
         }
-        let rec = self.send(claim);
-        log_outcome(&rec);
-        self.save(&rec);
+        self.save(&self.send(claim));
     }
 
-    /// Saves `rec` unless a later drain's rotation is already recorded.
-    /// After the claim, one writer per drain, so no compare-and-swap: the
-    /// last write wins.
+    /// Logs `rec`, and saves it unless a later drain's rotation is already
+    /// recorded. After the claim, one writer per drain, so no
+    /// compare-and-swap: the last write wins.
     fn save(&self, rec: &rotation::Record) {
+        match rec.outcome {
+            Outcome::Done | Outcome::Pending => logs::info!(
+                "event=connection_rotation outcome={} trigger={} admin_status={}",
+                rec.outcome.name(),
+                rec.trigger.map_or("none", rotation::Trigger::name),
+                rec.admin_status.unwrap_or(0)
+            ),
+            Outcome::Failed => logs::warning!(
+                "event=connection_rotation outcome={} error=\"{}\"",
+                rec.outcome.name(),
+                rec.error.as_deref().unwrap_or("")
+            ),
+        }
         if matches!(load(&self.host), Ok(Some(r)) if r.drain_started_ms > rec.drain_started_ms) {
             return;
         }
@@ -129,8 +123,7 @@ impl<H: Host> Rotator<H> {
             (":path", rotation::ADMIN_PATH),
             (":authority", "envoy-admin"),
         ];
-        let timeout = Duration::from_millis(rotation::TIMEOUT_MS);
-        match self.host.http_call(cluster, &headers, timeout) {
+        match self.host.http_call(cluster, &headers, rotation::TIMEOUT) {
             Ok(token) => {
                 *self.sent.borrow_mut() = Some((token, claim.clone()));
                 claim
@@ -152,8 +145,6 @@ impl<H: Host> Rotator<H> {
             return;
         };
         let status = (num_headers > 0).then(|| self.host.http_call_status());
-        let rec = sent.answered(status.flatten(), self.host.now().wall_ms);
-        log_outcome(&rec);
-        self.save(&rec);
+        self.save(&sent.answered(status.flatten(), self.host.now().wall_ms));
     }
 }

@@ -37,6 +37,8 @@
 
 pub mod host;
 
+use std::time::Duration;
+
 use crate::json::{named, record};
 
 use crate::gate::fsm::{self, State};
@@ -47,7 +49,7 @@ pub const DEFAULT_CLUSTER: &str = "drain_gate_envoy_admin";
 /// The one admin call: rotate connections, keep every listener open.
 pub const ADMIN_PATH: &str = "/drain_listeners?graceful&skip_exit";
 /// How long Envoy waits for the admin API to answer.
-pub const TIMEOUT_MS: u64 = 2_000;
+pub const TIMEOUT: Duration = Duration::from_secs(2);
 
 named! {
     #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

@@ -49,12 +49,6 @@ struct Waiter {
     timeout_ms: u64,
 }
 
-impl Waiter {
-    fn timed_out(&self, now: Now) -> bool {
-        now.passed(self.since.wall_ms, self.since.mono_ms, self.timeout_ms)
-    }
-}
-
 /// Shared by every stream of one health root context.
 #[derive(Debug)]
 pub struct Health<H: Host = Envoy> {
@@ -90,6 +84,11 @@ pub struct Health<H: Host = Envoy> {
 /// Logs why the state could not be read.
 fn state_unavailable(error: impl std::fmt::Display) {
     logs::error!("event=state_unavailable role=health error=\"{error}\"");
+}
+
+/// Logs why the LB record could not be read or written.
+fn lb_unavailable(error: SharedError) {
+    logs::warning!("event=lb_record_unavailable error=\"{error}\"");
 }
 
 /// Sends `reply` on the stream `context_id` (`None`: the current one).
@@ -148,12 +147,6 @@ impl<H: Host> Health<H> {
             .lb_checkers()
             .ok()
             .and_then(|c| c.down_since(self.host().now().timer_ms(), self.config.lb_fall))
-    }
-
-    /// What CLOSING waits for the LB before CLOSED, as configured.
-    pub(super) fn lb_wait(&self) -> crate::gate::lb::Wait {
-        let c = &self.config;
-        crate::gate::lb::Wait::of(c.close_after, c.lb_buffer_ms, c.lb_down_timeout_ms)
     }
 
     /// Moves the FSM for an admin command, then applies whatever became due

@@ -1,7 +1,7 @@
 //! The request handler: routes each request of the health listener, answers
 //! checks and commands, holds `wait=closed` answers; and the HTTP stream.
 
-use super::{send, state_unavailable, Health, Waiter};
+use super::{lb_unavailable, send, state_unavailable, Health, Waiter};
 use proxy_wasm::traits::{Context, HttpContext};
 use proxy_wasm::types::Action;
 use std::fmt::Display;
@@ -25,18 +25,14 @@ impl<H: Host> Health<H> {
     /// Remembers what an LB check was served (only sources in
     /// `lb_checkers`). The 404 that completes what a gated soft drain waits
     /// for flips it at once if nothing is in flight.
-    fn lb_observed(&self, state: State, served: u16, source: Option<IpAddr>) {
-        let Some(ip) = source else { return };
+    fn lb_observed(&self, state: State, served: u16, ip: IpAddr) {
         if !self.config.is_checker(ip) {
             self.ignored_check(ip, served);
             return;
         }
-        let observed = self
-            .store
-            .lb_observe(&ip.to_string(), served, self.config.lb_fall);
-        if let Err(e) = observed {
-            logs::warning!("event=lb_record_unavailable error=\"{e}\"");
-        }
+        self.store
+            .lb_observe(&ip.to_string(), served, self.config.lb_fall)
+            .unwrap_or_else(lb_unavailable);
         if state == State::Draining && served == 404 {
             if let Err(e) = self.apply_due() {
                 state_unavailable(e);
@@ -52,7 +48,7 @@ impl<H: Host> Health<H> {
         if served == 200 && !self.announced.get() {
             match self.store.lb_announce() {
                 Ok(_) => self.announced.set(true),
-                Err(e) => logs::warning!("event=lb_record_unavailable error=\"{e}\""),
+                Err(e) => lb_unavailable(e),
             }
         }
         match self.store.lb_ignore(&ip.to_string()) {
@@ -63,7 +59,7 @@ impl<H: Host> Health<H> {
                 ip
             ),
             Ok(false) => {}
-            Err(e) => logs::warning!("event=lb_record_unavailable error=\"{e}\""),
+            Err(e) => lb_unavailable(e),
         }
     }
 
@@ -112,8 +108,9 @@ impl<H: Host> Health<H> {
             draining_lb_status: self.config.draining_lb_status,
             if_none_match: req.if_none_match,
         });
-        if let (Some(state), Some(served)) = (state, answer.lb_served) {
-            self.lb_observed(state, served, req.source);
+        // A check whose source the host could not tell is answered, not remembered.
+        if let (Some(state), Some(served), Some(ip)) = (state, answer.lb_served, req.source) {
+            self.lb_observed(state, served, ip);
         }
         answer.reply
     }

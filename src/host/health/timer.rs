@@ -1,14 +1,14 @@
 //! What each tick of a health root does: the clock-step watch, automatic
 //! transitions, the placeholders, and the release of held answers.
 
-use super::{send, state_unavailable, Health, Waiter};
+use super::{lb_unavailable, send, state_unavailable, Health};
 
-use crate::api::{self};
+use crate::api;
 use crate::gate::clock::{self, Now};
 use crate::gate::fsm::host as store;
-use crate::gate::fsm::{self, DrainPlan, Move, Reason, Record, State};
-use crate::gate::placeholder::host as placeholder;
-use crate::gate::placeholder::Action as PlaceholderAction;
+use crate::gate::fsm::{self, Move, Reason, Record, State};
+use crate::gate::lb::Wait;
+use crate::gate::placeholder::{self, Action as PlaceholderAction};
 use crate::host::logs;
 use crate::host::wasm_host::Host;
 use crate::instruments::in_flight::host as in_flight;
@@ -52,8 +52,7 @@ impl<H: Host> Health<H> {
         if let Some(view) = view {
             self.keep_receipt(&rec, view, oldest);
         }
-        self.release_waiters(&rec, now);
-        let held = !self.waiters.borrow().is_empty();
+        let held = self.release_waiters(&rec, now);
         let holding = held && matches!(rec.state, State::Draining | State::Closing);
         self.termination.tick(holding, &self.metrics);
     }
@@ -66,12 +65,11 @@ impl<H: Host> Health<H> {
             return;
         }
         self.lb_gauges_at.set(Some(now));
-        match self.store.lb_checkers() {
-            Ok(c) => {
-                let d = c.detection(now, self.config.lb_fall, self.lb_wait());
-                self.metrics.set_lb_detection(d.as_ref());
-            }
-            Err(e) => logs::warning!("event=lb_record_unavailable error=\"{e}\""),
+        let c = &self.config;
+        let wait = Wait::of(c.close_after, c.lb_buffer_ms, c.lb_down_timeout_ms);
+        if let Ok(checkers) = self.store.lb_checkers().map_err(lb_unavailable) {
+            let d = checkers.detection(now, c.lb_fall, wait);
+            self.metrics.set_lb_detection(d.as_ref());
         }
     }
 
@@ -84,7 +82,7 @@ impl<H: Host> Health<H> {
             Ok(Some((steps, by))) => {
                 logs::warning!(
                     "event=clock_step step_ms={by} wall={} steps={} timers={}",
-                    api::rfc3339(now.wall_ms),
+                    clock::rfc3339(now.wall_ms),
                     steps.count,
                     now.timers().name()
                 );
@@ -99,32 +97,22 @@ impl<H: Host> Health<H> {
     /// drains an announced one once a placeholder served a request: a drain
     /// that holds CLOSING, as a maintenance drain does (`crate::gate::placeholder`).
     fn judge_placeholders(&self, rec: &Record) {
-        let p = placeholder::read_seen(self.host(), &self.placeholders_seen);
+        let p = placeholder::host::read_seen(self.host(), &self.placeholders_seen);
         if !self.announced.get() && p.present() > 0 {
-            match self.store.lb_checkers() {
-                Ok(c) => self.announced.set(c.announced_ms.is_some()),
-                Err(e) => logs::warning!("event=lb_record_unavailable error=\"{e}\""),
+            if let Ok(c) = self.store.lb_checkers().map_err(lb_unavailable) {
+                self.announced.set(c.announced_ms.is_some());
             }
         }
-        let action = crate::gate::placeholder::action(
-            p.present(),
-            p.serving(),
-            self.announced.get(),
-            rec.state,
-        );
+        let announced = self.announced.get();
+        let action = placeholder::action(p.present(), p.serving(), announced, rec.state);
         self.placeholders.set(action);
         if action != PlaceholderAction::Drain {
             return;
         }
-        let started = self.advance(&|_: &Record| Move {
-            expected_from: State::Open,
-            to: State::Draining,
+        // A maintenance drain (`POST /drain?hold=closing`), for its own reason.
+        let started = self.advance(&|r: &Record| Move {
             reason: Reason::FilterNotLoaded,
-            plan: Some(DrainPlan {
-                hold_closing: true,
-                ..self.config.plan()
-            }),
-            force: false,
+            ..api::Command::HoldDrain.move_in(r.state, &self.config)
         });
         match started {
             Ok(_) => logs::error!(
@@ -148,27 +136,24 @@ impl<H: Host> Health<H> {
     }
 
     /// Answers the held `wait=closed` requests whose wait is over; renews the
-    /// preStop hold of the others.
-    fn release_waiters(&self, rec: &Record, now: Now) {
-        if self.waiters.borrow().is_empty() {
-            return;
-        }
+    /// preStop hold of the others. Returns whether any are still held.
+    fn release_waiters(&self, rec: &Record, now: Now) -> bool {
         let lingering = self.lingering(rec, now);
-        let (over, held): (Vec<Waiter>, Vec<Waiter>) = self
-            .waiters
-            .borrow()
-            .iter()
-            .partition(|w| api::wait_end(rec.state, w.timed_out(now), lingering).is_some());
-        if !held.is_empty() {
+        let mut over = Vec::new();
+        self.waiters.borrow_mut().retain(|w| {
+            let timed_out = now.passed(w.since.wall_ms, w.since.mono_ms, w.timeout_ms);
+            let end = api::wait_end(rec.state, timed_out, lingering);
+            over.extend(end.map(|end| (w.context_id, end)));
+            end.is_none()
+        });
+        let held = !self.waiters.borrow().is_empty();
+        if held {
             self.renew_hold();
         }
-        *self.waiters.borrow_mut() = held;
-        for w in over {
-            if let Some(end) = api::wait_end(rec.state, w.timed_out(now), lingering) {
-                let reply = self.wait_reply(end, rec);
-                send(self.host(), Some(w.context_id), &reply);
-            }
+        for (context_id, end) in over {
+            send(self.host(), Some(context_id), &self.wait_reply(end, rec));
         }
+        held
     }
 
     /// Whether CLOSED began less than `scrape_interval` ago: a held preStop
