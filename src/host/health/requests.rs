@@ -30,9 +30,12 @@ impl<H: Host> Health<H> {
             self.ignored_check(ip, served);
             return;
         }
-        self.store
+        if let Err(e) = self
+            .store
             .lb_observe(&ip.to_string(), served, self.config.lb_fall)
-            .unwrap_or_else(lb_unavailable);
+        {
+            lb_unavailable(e);
+        }
         if state == State::Draining && served == 404 {
             if let Err(e) = self.apply_due() {
                 state_unavailable(e);
