@@ -124,8 +124,6 @@ pub struct Root<H: Host = Envoy> {
     /// a network filter connections), learnt from the first context the host
     /// creates (see `get_type`).
     filter: Cell<Option<ContextType>>,
-    /// Whether this root runs its role for its contexts (`place`).
-    in_place: Cell<bool>,
     host: H,
     /// This VM's metrics over `host`.
     metrics: fn(H) -> Metrics<H>,
@@ -180,7 +178,6 @@ impl<H: Host + Copy> Root<H> {
         Root {
             role: Role::Unconfigured,
             filter: Cell::new(None),
-            in_place: Cell::new(false),
             host,
             metrics,
         }
@@ -222,7 +219,6 @@ impl<H: Host + Copy> Root<H> {
             None => ContextType::StreamContext,
         };
         self.filter.set(Some(filter));
-        self.place();
         if self.role.filter().is_some_and(|want| want != filter) {
             self.misplaced(filter);
         }
@@ -230,11 +226,12 @@ impl<H: Host + Copy> Root<H> {
     }
 
     /// A stream (or connection) `context_id` of the role, or one that passes
-    /// through if the role does not run in this kind of filter (`in_place`).
+    /// through if the role does not run in this kind of filter (the host asks
+    /// `get_type` first, so the filter is known).
     /// Each arm boxes its own stream: built in place, not moved into the box.
     fn stream(&self, context_id: u32) -> Box<Stream<H>> {
         match &self.role {
-            _ if !self.in_place.get() => Box::new(Stream::Passthrough),
+            r if r.filter() != self.filter.get() => Box::new(Stream::Passthrough),
             Role::Traffic(t) => Box::new(Stream::Traffic(TrafficStream::new(Rc::clone(t)))),
             Role::Health(h) => Box::new(Stream::Health(HealthStream {
                 context_id,
@@ -245,13 +242,6 @@ impl<H: Host + Copy> Root<H> {
             // configuration was refused; if it ever did, pass them through.
             Role::Unconfigured => Box::new(Stream::Passthrough),
         }
-    }
-
-    /// Settles `in_place` once the role and the filter are known, not per stream.
-    fn place(&self) {
-        let filter = self.filter.get();
-        self.in_place
-            .set(filter.is_some() && self.role.filter() == filter);
     }
 }
 
@@ -327,7 +317,6 @@ impl<H: Host + Copy + 'static> RootContext for Root<H> {
             }
             Config::Placeholder { .. } => Role::Placeholder(Rc::new(Stand::new(self.host))),
         };
-        self.place();
         true
     }
 
