@@ -193,15 +193,12 @@ impl<H: Host + Copy> Root<H> {
             ("a network filter", "an HTTP filter")
         };
         let traffic = matches!(self.role, Role::Traffic(_));
+        let untrusted = ", and the count is not trusted until istio-proxy restarts";
         logs::error!(
             "event=misplaced_role role={} what=\"loaded as {kind}; this role is {wanted}: it passes \
              everything through, counts nothing{}\"",
             self.role.name(),
-            if traffic {
-                ", and the count is not trusted until istio-proxy restarts"
-            } else {
-                ""
-            }
+            if traffic { untrusted } else { "" }
         );
         if traffic {
             liveness::misplaced(&self.host);
@@ -291,10 +288,8 @@ impl<H: Host + Copy + 'static> RootContext for Root<H> {
             Ok(rec) => metrics.set_state(rec.state),
             Err(e) => logs::error!("event=state_unavailable error=\"{e}\""),
         }
-        if let Err(e) = self
-            .host
-            .set_tick_period(Duration::from_millis(config.tick_ms()))
-        {
+        let tick = Duration::from_millis(config.tick_ms());
+        if let Err(e) = self.host.set_tick_period(tick) {
             logs::error!("invalid configuration: tick: the host refused it: {e:?}");
             return false;
         }
