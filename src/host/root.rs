@@ -275,12 +275,8 @@ impl<H: Host + Copy + 'static> RootContext for Root<H> {
                 return false;
             }
         };
-        let config = match Config::parse(&bytes) {
-            Ok(c) => c,
-            Err(e) => {
-                logs::error!("{e}");
-                return false;
-            }
+        let Ok(config) = Config::parse(&bytes).map_err(|e| logs::error!("{e}")) else {
+            return false;
         };
         let metrics = (self.metrics)(self.host);
         create_shared(self.host);
