@@ -82,21 +82,12 @@ pub const HISTOGRAM_COUNTERS: usize = EXPORT_LE_MS.len() + 3;
 /// order, `+Inf`, `_count`, `_sum`.
 pub fn histogram_counter(base: &str, j: usize) -> String {
     let n = EXPORT_LE_MS.len();
-    let le = EXPORT_LE_MS.get(j).map(u64::to_string);
-    let le = le.as_deref().or((j == n).then_some("+Inf"));
-    let mut name = String::with_capacity(64);
-    if let Some(le) = le {
-        name.push_str("le=.=");
-        name.push_str(le);
-        name.push_str(";.;");
+    match EXPORT_LE_MS.get(j) {
+        Some(le) => format!("le=.={le};.;{base}_bucket"),
+        None if j == n => format!("le=.=+Inf;.;{base}_bucket"),
+        None if j == n + 1 => format!("{base}_count"),
+        None => format!("{base}_sum"),
     }
-    name.push_str(base);
-    name.push_str(match (le, j > n + 1) {
-        (Some(_), _) => "_bucket",
-        (None, false) => "_count",
-        (None, true) => "_sum",
-    });
-    name
 }
 
 #[cfg(test)]

@@ -28,7 +28,7 @@ macro_rules! named {
 
         impl<H: Host> Metrics<H> {
             $($(pub fn $bump(&self) {
-                self.bump(self.ids.$field);
+                self.add(self.ids.$field, 1);
             })?)*
         }
     };
@@ -68,6 +68,7 @@ pub struct Metrics<H: Host = Envoy> {
     /// Which gauges proved live: the state gauge (traffic streams may read
     /// it as a hint) and the count's (else the count lives in shared data).
     pub live: Live,
+    /// The transition counters, indexed by the target state's code.
     transitions: [Option<u32>; 5],
     ids: Named,
     /// The stream-duration counters (`host::sizing`).
@@ -108,10 +109,9 @@ const FAMILIES: [&str; 3] = [
 /// Adds 1 to the gauge, reads it back, removes the 1: a null stat (a gauge a
 /// `stats_matcher` excludes) reads 0.
 fn gauge_is_live<H: Host>(host: &H, id: Option<u32>) -> bool {
-    let Some(id) = id else { return false };
-    if host.metric_add(id, 1).is_err() {
+    let Some(id) = id.filter(|&id| host.metric_add(id, 1).is_ok()) else {
         return false;
-    }
+    };
     let seen = host.metric_get(id).unwrap_or(0);
     let _ = host.metric_add(id, -1);
     seen >= 1
@@ -132,10 +132,9 @@ record! {
 }
 
 fn live_gauges<H: Host>(host: &H, [state, active, conns]: [Option<u32>; 3]) -> Live {
-    if let Ok(Some(b)) = host.get(keys::GAUGES).map(|(b, _)| b) {
-        if let Ok(live) = shared::parse(keys::GAUGES, &b) {
-            return live;
-        }
+    let stored = host.get(keys::GAUGES).ok().and_then(|(b, _)| b);
+    if let Some(live) = stored.and_then(|b| shared::parse(keys::GAUGES, &b).ok()) {
+        return live;
     }
     let live = Live {
         state: gauge_is_live(host, state),
@@ -183,10 +182,6 @@ impl<H: Host> Metrics<H> {
         }
     }
 
-    fn bump(&self, id: Option<u32>) {
-        self.add(id, 1);
-    }
-
     fn record(&self, id: Option<u32>, value: u64) {
         if let Some(id) = id {
             let _ = self.host.metric_record(id, value);
@@ -223,10 +218,10 @@ impl<H: Host> Metrics<H> {
     /// Called once per transition, by the worker whose write won.
     pub fn transition(&self, next: &Record) {
         self.set_state(next.state);
-        let i = State::ALL.iter().position(|s| *s == next.state);
-        self.bump(i.and_then(|i| self.transitions.get(i).copied().flatten()));
+        let id = self.transitions.get(next.state as usize).copied().flatten();
+        self.add(id, 1);
         if next.state == State::Closing && next.forced {
-            self.bump(self.ids.forced);
+            self.add(self.ids.forced, 1);
         }
     }
 
@@ -269,12 +264,12 @@ impl<H: Host> Metrics<H> {
     pub fn ended(&self, end: End, tcp: bool, by_lb: bool) {
         match end {
             End::Completed => self.completed(1),
-            End::Upstream => self.bump(self.ids.ended_upstream),
-            End::Refused => self.bump(self.ids.refused),
+            End::Upstream => self.add(self.ids.ended_upstream, 1),
+            End::Refused => self.add(self.ids.refused, 1),
             End::Cut => {
-                self.bump(self.ids.cut);
-                self.bump(self.ids.cut_tcp.filter(|_| tcp));
-                self.bump(self.ids.cut_lb.filter(|_| by_lb));
+                self.add(self.ids.cut, 1);
+                self.add(self.ids.cut_tcp.filter(|_| tcp), 1);
+                self.add(self.ids.cut_lb.filter(|_| by_lb), 1);
             }
         }
     }

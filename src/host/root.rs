@@ -49,7 +49,7 @@ enum Stream<H: Host> {
 impl<H: Host> Stream<H> {
     /// Runs `f` on the traffic role's stream, the only one with callbacks
     /// past the request headers; every such callback continues.
-    fn traffic(&mut self, f: impl FnOnce(&mut TrafficStream<H>)) -> Action {
+    fn traffic<R>(&mut self, f: impl FnOnce(&mut TrafficStream<H>) -> R) -> Action {
         if let Stream::Traffic(t) = self {
             f(t);
         }
@@ -90,19 +90,11 @@ impl<H: Host> HttpContext for Stream<H> {
 
 impl<H: Host> StreamContext for Stream<H> {
     fn on_downstream_data(&mut self, _: usize, end_of_stream: bool) -> Action {
-        self.traffic(|t| {
-            if end_of_stream {
-                t.half_closed(true)
-            }
-        })
+        self.traffic(|t| end_of_stream.then(|| t.half_closed(true)))
     }
 
     fn on_upstream_data(&mut self, _: usize, end_of_stream: bool) -> Action {
-        self.traffic(|t| {
-            if end_of_stream {
-                t.half_closed(false)
-            }
-        })
+        self.traffic(|t| end_of_stream.then(|| t.half_closed(false)))
     }
 
     fn on_downstream_close(&mut self, peer: PeerType) {
@@ -124,22 +116,14 @@ pub enum Role<H: Host = Envoy> {
     Placeholder(Rc<Stand<H>>),
 }
 
-/// The kind of filter a root context sits in: an HTTP filter hands it
-/// streams, a network filter connections.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Filter {
-    Http,
-    Network,
-}
-
 /// A root context over the host `H` (Envoy in the module, the stand-in host
 /// in `cargo test`).
 pub struct Root<H: Host = Envoy> {
     pub role: Role<H>,
-    /// Learnt from the first context the host creates (see `get_type`).
-    filter: Cell<Option<Filter>>,
-    /// Whether this root runs its role for its contexts (`place`).
-    in_place: Cell<bool>,
+    /// The kind of filter this root sits in (an HTTP filter hands it streams,
+    /// a network filter connections), learnt from the first context the host
+    /// creates (see `get_type`).
+    filter: Cell<Option<ContextType>>,
     host: H,
     /// This VM's metrics over `host`.
     metrics: fn(H) -> Metrics<H>,
@@ -153,11 +137,11 @@ impl Default for Root {
 
 impl<H: Host> Role<H> {
     /// The kind of filter this role must be loaded as.
-    fn filter(&self) -> Option<Filter> {
+    fn filter(&self) -> Option<ContextType> {
         match self {
-            Role::Traffic(t) if t.part == Part::Connections => Some(Filter::Network),
-            Role::Traffic(_) | Role::Health(_) | Role::Placeholder(_) => Some(Filter::Http),
             Role::Unconfigured => None,
+            Role::Traffic(t) if t.part == Part::Connections => Some(ContextType::StreamContext),
+            _ => Some(ContextType::HttpContext),
         }
     }
 
@@ -194,7 +178,6 @@ impl<H: Host + Copy> Root<H> {
         Root {
             role: Role::Unconfigured,
             filter: Cell::new(None),
-            in_place: Cell::new(false),
             host,
             metrics,
         }
@@ -203,21 +186,19 @@ impl<H: Host + Copy> Root<H> {
     /// A role loaded as the wrong kind of filter: what passes it is not
     /// counted, so a traffic role marks the count unreliable for the life of
     /// the process (`Unreliable::MisplacedRole`); every role says so in one line.
-    fn misplaced(&self, loaded_as: Filter) {
-        let (kind, wanted) = match loaded_as {
-            Filter::Http => ("an HTTP filter", "a network filter before tcp_proxy"),
-            Filter::Network => ("a network filter", "an HTTP filter"),
+    fn misplaced(&self, loaded_as: ContextType) {
+        let (kind, wanted) = if loaded_as == ContextType::HttpContext {
+            ("an HTTP filter", "a network filter before tcp_proxy")
+        } else {
+            ("a network filter", "an HTTP filter")
         };
         let traffic = matches!(self.role, Role::Traffic(_));
+        let untrusted = ", and the count is not trusted until istio-proxy restarts";
         logs::error!(
             "event=misplaced_role role={} what=\"loaded as {kind}; this role is {wanted}: it passes \
              everything through, counts nothing{}\"",
             self.role.name(),
-            if traffic {
-                ", and the count is not trusted until istio-proxy restarts"
-            } else {
-                ""
-            }
+            if traffic { untrusted } else { "" }
         );
         if traffic {
             liveness::misplaced(&self.host);
@@ -227,28 +208,37 @@ impl<H: Host + Copy> Root<H> {
     /// The kind of filter the first context showed: an HTTP stream knows its
     /// protocol when it is created, a connection does not. One host call per
     /// root context, never per stream.
-    fn loaded_as(&self) -> Filter {
-        self.filter.get().unwrap_or_else(|| self.learn_filter())
-    }
-
     #[cold]
     #[inline(never)]
-    fn learn_filter(&self) -> Filter {
-        let http = self.host.property("request\0protocol").is_some();
-        let filter = if http { Filter::Http } else { Filter::Network };
+    fn learn_filter(&self) -> ContextType {
+        let filter = match self.host.property("request\0protocol") {
+            Some(_) => ContextType::HttpContext,
+            None => ContextType::StreamContext,
+        };
         self.filter.set(Some(filter));
-        self.place();
         if self.role.filter().is_some_and(|want| want != filter) {
             self.misplaced(filter);
         }
         filter
     }
 
-    /// Settles `in_place` once the role and the filter are known, not per stream.
-    fn place(&self) {
-        let filter = self.filter.get();
-        self.in_place
-            .set(filter.is_some() && self.role.filter() == filter);
+    /// A stream (or connection) `context_id` of the role, or one that passes
+    /// through if the role does not run in this kind of filter (the host asks
+    /// `get_type` first, so the filter is known).
+    /// Each arm boxes its own stream: built in place, not moved into the box.
+    fn stream(&self, context_id: u32) -> Box<Stream<H>> {
+        match &self.role {
+            r if r.filter() != self.filter.get() => Box::new(Stream::Passthrough),
+            Role::Traffic(t) => Box::new(Stream::Traffic(TrafficStream::new(Rc::clone(t)))),
+            Role::Health(h) => Box::new(Stream::Health(HealthStream {
+                context_id,
+                health: Rc::clone(h),
+            })),
+            Role::Placeholder(p) => Box::new(Stream::Stand(StandStream(Rc::clone(p)))),
+            // The host does not create streams for a plugin whose
+            // configuration was refused; if it ever did, pass them through.
+            Role::Unconfigured => Box::new(Stream::Passthrough),
+        }
     }
 }
 
@@ -285,12 +275,8 @@ impl<H: Host + Copy + 'static> RootContext for Root<H> {
                 return false;
             }
         };
-        let config = match Config::parse(&bytes) {
-            Ok(c) => c,
-            Err(e) => {
-                logs::error!("{e}");
-                return false;
-            }
+        let Ok(config) = Config::parse(&bytes).map_err(|e| logs::error!("{e}")) else {
+            return false;
         };
         let metrics = (self.metrics)(self.host);
         create_shared(self.host);
@@ -298,10 +284,8 @@ impl<H: Host + Copy + 'static> RootContext for Root<H> {
             Ok(rec) => metrics.set_state(rec.state),
             Err(e) => logs::error!("event=state_unavailable error=\"{e}\""),
         }
-        if let Err(e) = self
-            .host
-            .set_tick_period(Duration::from_millis(config.tick_ms()))
-        {
+        let tick = Duration::from_millis(config.tick_ms());
+        if let Err(e) = self.host.set_tick_period(tick) {
             logs::error!("invalid configuration: tick: the host refused it: {e:?}");
             return false;
         }
@@ -324,7 +308,6 @@ impl<H: Host + Copy + 'static> RootContext for Root<H> {
             }
             Config::Placeholder { .. } => Role::Placeholder(Rc::new(Stand::new(self.host))),
         };
-        self.place();
         true
     }
 
@@ -339,28 +322,12 @@ impl<H: Host + Copy + 'static> RootContext for Root<H> {
     }
 
     fn create_http_context(&self, context_id: u32) -> Option<Box<dyn HttpContext>> {
-        match &self.role {
-            _ if !self.in_place.get() => Some(Box::new(Stream::<H>::Passthrough)),
-            Role::Traffic(t) => Some(Box::new(Stream::Traffic(TrafficStream::new(Rc::clone(t))))),
-            Role::Health(h) => Some(Box::new(Stream::Health(HealthStream {
-                context_id,
-                health: Rc::clone(h),
-            }))),
-            Role::Placeholder(p) => Some(Box::new(Stream::Stand(StandStream(Rc::clone(p))))),
-            // The host does not create streams for a plugin whose
-            // configuration was refused; if it ever did, pass them through.
-            Role::Unconfigured => Some(Box::new(Stream::<H>::Passthrough)),
-        }
+        Some(self.stream(context_id))
     }
 
     /// Connections of a network filter (`traffic_tcp`).
-    fn create_stream_context(&self, _: u32) -> Option<Box<dyn StreamContext>> {
-        match &self.role {
-            Role::Traffic(t) if self.in_place.get() => {
-                Some(Box::new(Stream::Traffic(TrafficStream::new(Rc::clone(t)))))
-            }
-            _ => Some(Box::new(Stream::<H>::Passthrough)),
-        }
+    fn create_stream_context(&self, context_id: u32) -> Option<Box<dyn StreamContext>> {
+        Some(self.stream(context_id))
     }
 
     /// Which kind of context the host's new contexts are: what the filter
@@ -369,10 +336,7 @@ impl<H: Host + Copy + 'static> RootContext for Root<H> {
     /// so (`misplaced`), instead of the SDK aborting the VM on the first
     /// callback of the other kind.
     fn get_type(&self) -> Option<ContextType> {
-        Some(match self.loaded_as() {
-            Filter::Http => ContextType::HttpContext,
-            Filter::Network => ContextType::StreamContext,
-        })
+        Some(self.filter.get().unwrap_or_else(|| self.learn_filter()))
     }
 }
 
