@@ -563,7 +563,7 @@ impl<'a> Model<'a> {
         self.workers
             .iter()
             .flat_map(|w| w.roots())
-            .map(|r| r.traffic.in_flight())
+            .map(|r| r.traffic.counter().in_flight())
             .sum()
     }
 
@@ -572,7 +572,7 @@ impl<'a> Model<'a> {
         self.workers
             .iter()
             .flat_map(|w| w.roots())
-            .any(|r| r.traffic.owes_uncounted())
+            .any(|r| r.traffic.counter().mark_pending())
     }
 
     /// The health tick; a live root it declares lost must belong to a worker
@@ -818,7 +818,9 @@ fn run(
 fn count_at_the_end(m: &Model) -> Result<(), TestCaseError> {
     for w in &m.workers {
         prop_assert!(
-            !w.root.as_ref().is_some_and(|r| r.traffic.owes_uncounted()),
+            !w.root
+                .as_ref()
+                .is_some_and(|r| r.traffic.counter().mark_pending()),
             "a tick writes what a worker owes once writes succeed"
         );
     }

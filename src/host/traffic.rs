@@ -95,7 +95,7 @@ impl<H: Host + Copy> Traffic<H> {
 
 impl<H: Host> Traffic<H> {
     /// The counter of this root's part.
-    fn counter(&self) -> &PartCounter<H> {
+    pub fn counter(&self) -> &PartCounter<H> {
         self.active.part(self.part)
     }
 
@@ -105,17 +105,6 @@ impl<H: Host> Traffic<H> {
     /// the minimum end gives it back before anything may flip.
     fn exact(&self) -> bool {
         !matches!(self.phase.get(), Phase::Outside | Phase::Minimum)
-    }
-
-    /// Streams (or connections) this root counted and has in flight.
-    pub fn in_flight(&self) -> u64 {
-        self.counter().in_flight()
-    }
-
-    /// Whether this root has an uncounted stream the shared count does not
-    /// know of yet (its write failed; retried from the tick).
-    pub fn owes_uncounted(&self) -> bool {
-        self.counter().mark_pending()
     }
 
     /// This root's registry id, once it registered (its first tick).
