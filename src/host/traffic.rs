@@ -70,7 +70,8 @@ pub struct Traffic<H: Host = Envoy> {
     ages: Book<H>,
     /// How long streams lasted (`crate::instruments::sizing`), flushed once a tick.
     durations: sizing::Book<H>,
-    heartbeat: Heartbeat<H>,
+    /// Registers this root and beats for it (its id: `Heartbeat::id`).
+    pub heartbeat: Heartbeat<H>,
 }
 
 impl<H: Host + Copy> Traffic<H> {
@@ -105,11 +106,6 @@ impl<H: Host> Traffic<H> {
     /// the minimum end gives it back before anything may flip.
     fn exact(&self) -> bool {
         !matches!(self.phase.get(), Phase::Outside | Phase::Minimum)
-    }
-
-    /// This root's registry id, once it registered (its first tick).
-    pub fn id(&self) -> Option<u64> {
-        self.heartbeat.id()
     }
 
     /// The root context is being removed cleanly: count what completed,
