@@ -89,16 +89,11 @@ pub fn field<T: FromJson>(
         (None, None) => T::missing(),
         (Some(v), _) => T::from_json(v),
     };
-    match read {
-        Ok(v) => Some(v),
-        Err(e) => {
-            *bad = Some(match e.field {
-                "" => FieldError { field: name, ..e },
-                _ => e,
-            });
-            None
-        }
-    }
+    let named = |e: FieldError| match e.field {
+        "" => FieldError { field: name, ..e },
+        _ => e,
+    };
+    read.map_err(|e| *bad = Some(named(e))).ok()
 }
 
 /// `FromJson` for a value `serde_json` reads directly.
