@@ -89,16 +89,11 @@ pub fn field<T: FromJson>(
         (None, None) => T::missing(),
         (Some(v), _) => T::from_json(v),
     };
-    match read {
-        Ok(v) => Some(v),
-        Err(e) => {
-            *bad = Some(match e.field {
-                "" => FieldError { field: name, ..e },
-                _ => e,
-            });
-            None
-        }
-    }
+    let named = |e: FieldError| match e.field {
+        "" => FieldError { field: name, ..e },
+        _ => e,
+    };
+    read.map_err(|e| *bad = Some(named(e))).ok()
 }
 
 /// `FromJson` for a value `serde_json` reads directly.
@@ -211,12 +206,17 @@ macro_rules! named {
                     $( $name::$v => $s, )*
                 }
             }
+
+            /// The variant written as `s`, if any.
+            pub fn from_name(s: &str) -> Option<$name> {
+                $name::ALL.iter().copied().find(|t| t.name() == s)
+            }
         }
 
         impl $crate::json::FromJson for $name {
             fn from_json(v: &serde_json::Value) -> Result<Self, $crate::json::FieldError> {
                 let s = v.as_str().ok_or($crate::json::FieldError::expected("a name"))?;
-                $name::ALL.iter().copied().find(|t| t.name() == s)
+                $name::from_name(s)
                     .ok_or($crate::json::FieldError::expected("one of the names drain-gate writes"))
             }
         }

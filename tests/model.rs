@@ -506,11 +506,15 @@ impl<'a> Model<'a> {
             }
             Op::VmDeath(w) => {
                 let wk = &mut self.workers[w];
-                if wk.root.as_ref().is_some_and(|r| r.traffic.id().is_some()) {
+                if wk
+                    .root
+                    .as_ref()
+                    .is_some_and(|r| r.traffic.heartbeat.id().is_some())
+                {
                     // A dead VM runs nothing, not even Drop; Envoy cuts what
                     // was in flight on it, on every root of the VM.
                     for r in wk.root.take().into_iter().chain(wk.replaced.drain(..)) {
-                        wk.dead_ids.extend(r.traffic.id());
+                        wk.dead_ids.extend(r.traffic.heartbeat.id());
                         for s in r.open {
                             std::mem::forget(s);
                         }
@@ -531,7 +535,7 @@ impl<'a> Model<'a> {
                     self.workers[w]
                         .root
                         .as_ref()
-                        .is_some_and(|r| r.traffic.id().is_some())
+                        .is_some_and(|r| r.traffic.heartbeat.id().is_some())
                 };
                 if a != b && registered(a) && registered(b) {
                     self.sim.failures.set(1);
@@ -563,7 +567,7 @@ impl<'a> Model<'a> {
         self.workers
             .iter()
             .flat_map(|w| w.roots())
-            .map(|r| r.traffic.in_flight())
+            .map(|r| r.traffic.counter().in_flight())
             .sum()
     }
 
@@ -572,7 +576,7 @@ impl<'a> Model<'a> {
         self.workers
             .iter()
             .flat_map(|w| w.roots())
-            .any(|r| r.traffic.owes_uncounted())
+            .any(|r| r.traffic.counter().mark_pending())
     }
 
     /// The health tick; a live root it declares lost must belong to a worker
@@ -585,7 +589,7 @@ impl<'a> Model<'a> {
             let lost = w
                 .root
                 .as_ref()
-                .and_then(|r| r.traffic.id())
+                .and_then(|r| r.traffic.heartbeat.id())
                 .filter(|id| reg.lost.iter().any(|l| l.id == *id));
             if let (Some(id), false) = (lost, w.late) {
                 self.stall_loss
@@ -600,7 +604,7 @@ impl<'a> Model<'a> {
             drain_gate::gate::liveness::host::Judge::new(self.sim, TICK_MS).snapshot();
         self.workers
             .iter()
-            .filter_map(|w| w.root.as_ref().and_then(|r| r.traffic.id()))
+            .filter_map(|w| w.root.as_ref().and_then(|r| r.traffic.heartbeat.id()))
             .filter(|id| reg.lost.iter().any(|l| l.id == *id))
             .count() as u64
     }
@@ -818,7 +822,9 @@ fn run(
 fn count_at_the_end(m: &Model) -> Result<(), TestCaseError> {
     for w in &m.workers {
         prop_assert!(
-            !w.root.as_ref().is_some_and(|r| r.traffic.owes_uncounted()),
+            !w.root
+                .as_ref()
+                .is_some_and(|r| r.traffic.counter().mark_pending()),
             "a tick writes what a worker owes once writes succeed"
         );
     }

@@ -57,6 +57,11 @@ impl Now {
         self.since(wall_at, mono_at) >= span_ms
     }
 
+    /// `passed` for an instant that may not have come (`false` then).
+    pub fn passed_if(self, wall_at: Option<u64>, mono_at: Option<u64>, span_ms: u64) -> bool {
+        wall_at.is_some_and(|at| self.passed(at, mono_at, span_ms))
+    }
+
     /// Wall clock minus monotonic clock, if the host has both.
     pub fn offset_ms(self) -> Option<i64> {
         let wall = i64::try_from(self.wall_ms).ok()?;

@@ -197,14 +197,24 @@ pub fn u64_of(bytes: &[u8]) -> Option<u64> {
 /// creation: `create`); a failure is logged, naming the key.
 pub fn ensure_json<H: Host + ?Sized, T: serde::Serialize>(host: &H, key: &'static str, value: &T) {
     let created = encode(key, value).and_then(|bytes| create(host, key, &bytes));
-    log_failure(key, created);
+    logged(log::Level::Error, key, created);
 }
 
-/// Logs a failed access to `key` (`event=shared_data_error`).
-pub fn log_failure<T>(key: &str, result: Result<T, SharedError>) {
-    if let Err(e) = result {
-        super::logs::error!("event=shared_data_error key={key} error=\"{e}\"");
+/// `create` whose failure is logged, naming the key.
+pub fn ensure<H: Host + ?Sized>(host: &H, key: &str, value: &[u8]) {
+    logged(log::Level::Error, key, create(host, key, value));
+}
+
+/// The value of an access to `key`; a failure is logged at `level`
+/// (`event=shared_data_error`).
+pub fn logged<T>(level: log::Level, key: &str, result: Result<T, SharedError>) -> Option<T> {
+    if let Err(e) = &result {
+        super::logs::emit(
+            level,
+            format_args!("event=shared_data_error key={key} error=\"{e}\""),
+        );
     }
+    result.ok()
 }
 
 /// Writes `value` under `key` unless the key already exists (configure-time

@@ -70,7 +70,8 @@ pub struct Traffic<H: Host = Envoy> {
     ages: Book<H>,
     /// How long streams lasted (`crate::instruments::sizing`), flushed once a tick.
     durations: sizing::Book<H>,
-    heartbeat: Heartbeat<H>,
+    /// Registers this root and beats for it (its id: `Heartbeat::id`).
+    pub heartbeat: Heartbeat<H>,
 }
 
 impl<H: Host + Copy> Traffic<H> {
@@ -95,7 +96,7 @@ impl<H: Host + Copy> Traffic<H> {
 
 impl<H: Host> Traffic<H> {
     /// The counter of this root's part.
-    fn counter(&self) -> &PartCounter<H> {
+    pub fn counter(&self) -> &PartCounter<H> {
         self.active.part(self.part)
     }
 
@@ -105,22 +106,6 @@ impl<H: Host> Traffic<H> {
     /// the minimum end gives it back before anything may flip.
     fn exact(&self) -> bool {
         !matches!(self.phase.get(), Phase::Outside | Phase::Minimum)
-    }
-
-    /// Streams (or connections) this root counted and has in flight.
-    pub fn in_flight(&self) -> u64 {
-        self.counter().in_flight()
-    }
-
-    /// Whether this root has an uncounted stream the shared count does not
-    /// know of yet (its write failed; retried from the tick).
-    pub fn owes_uncounted(&self) -> bool {
-        self.counter().mark_pending()
-    }
-
-    /// This root's registry id, once it registered (its first tick).
-    pub fn id(&self) -> Option<u64> {
-        self.heartbeat.id()
     }
 
     /// The root context is being removed cleanly: count what completed,

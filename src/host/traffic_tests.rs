@@ -289,7 +289,7 @@ fn an_unchanged_in_flight_summary_is_not_written_again_and_stays_fresh_by_its_be
     let (h, t) = gateway(&sim, "{}");
     let stream = TrafficStream::new(Rc::clone(&t));
     ticks(&sim, &h, &t, 1, 100);
-    let key = crate::host::keys::in_flight(t.id().unwrap());
+    let key = crate::host::keys::in_flight(t.heartbeat.id().unwrap());
     let version = || (&sim).get(&key).unwrap().1.unwrap();
     let in_flight = || json(&call(&h, "GET", "/drain/status", 9).unwrap())["in_flight"].clone();
     let written = version();

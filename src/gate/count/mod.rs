@@ -70,7 +70,7 @@ pub struct PartCounter<H: Host = Envoy> {
 /// every later write is versioned.
 pub fn create_shared<H: Host>(host: &H) {
     for key in [ACTIVE_STREAMS, ACTIVE_CONNECTIONS, UNCOUNTED, VERDICT] {
-        shared::log_failure(key, shared::create(host, key, &0u64.to_le_bytes()));
+        shared::ensure(host, key, &0u64.to_le_bytes());
     }
 }
 

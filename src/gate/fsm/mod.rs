@@ -226,18 +226,6 @@ impl Record {
     pub fn drain_started_timer_ms(&self) -> Option<u64> {
         self.drain_started_mono_ms.or(self.drain_started_ms)
     }
-
-    /// Whether `span_ms` has passed since the drain started.
-    fn drain_for(&self, now: Now, span_ms: u64) -> bool {
-        self.drain_started_ms
-            .is_some_and(|at| now.passed(at, self.drain_started_mono_ms, span_ms))
-    }
-
-    /// Whether `span_ms` has passed since CLOSING was entered.
-    fn closing_for(&self, now: Now, span_ms: u64) -> bool {
-        self.closing_ms
-            .is_some_and(|at| now.passed(at, self.closing_mono_ms, span_ms))
-    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -332,12 +320,15 @@ pub fn due(rec: &Record, now: Now, active: u64, lb_down_ms: Option<u64>) -> Opti
     use Reason::*;
     use State::*;
     let plan = rec.plan?;
+    // Whether so long has passed since the drain started, since CLOSING began.
+    let drain_for = |span| now.passed_if(rec.drain_started_ms, rec.drain_started_mono_ms, span);
+    let closing_for = |span| now.passed_if(rec.closing_ms, rec.closing_mono_ms, span);
     let (to, reason) = match rec.state {
-        Draining if active == 0 && rec.drain_for(now, plan.min_drain_ms) => (Closing, ActiveZero),
-        Draining if rec.drain_for(now, plan.drain_timeout_ms) => (Closing, DrainTimeout),
+        Draining if active == 0 && drain_for(plan.min_drain_ms) => (Closing, ActiveZero),
+        Draining if drain_for(plan.drain_timeout_ms) => (Closing, DrainTimeout),
         Closing if plan.hold_closing => return None,
         Closing if plan.close_after == CloseAfter::LbBuffer => {
-            let elapsed = rec.closing_for(now, plan.lb_buffer_ms);
+            let elapsed = closing_for(plan.lb_buffer_ms);
             (Closed, elapsed.then_some(LbBufferElapsed)?)
         }
         Closing => {
@@ -347,7 +338,7 @@ pub fn due(rec: &Record, now: Now, active: u64, lb_down_ms: Option<u64>) -> Opti
             if seen.is_some_and(|t| now.timer_ms() >= t.saturating_add(plan.lb_buffer_ms)) {
                 (Closed, LbObservedDown)
             } else {
-                let timed_out = rec.closing_for(now, plan.lb_down_timeout_ms);
+                let timed_out = closing_for(plan.lb_down_timeout_ms);
                 (Closed, timed_out.then_some(LbDownTimeout)?)
             }
         }

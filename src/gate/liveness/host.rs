@@ -26,8 +26,7 @@ use crate::host::wasm_host::{Envoy, Host};
 /// the main thread before any worker VM, so this cannot race another creator).
 pub fn ensure_registry<H: Host>(host: &H) {
     shared::ensure_json(host, REGISTRY, &Registry::default());
-    let judging = Judging::default().to_bytes();
-    shared::log_failure(WATCH, shared::create(host, WATCH, &judging));
+    shared::ensure(host, WATCH, &Judging::default().to_bytes());
 }
 
 /// Changes the registry (compare-and-swap), moving its generation on: the
@@ -42,7 +41,8 @@ fn update<H: Host>(host: &H, f: &mut dyn FnMut(&mut Registry)) -> Result<(), Sha
 /// Marks the count unreliable for the life of the process because a role
 /// is loaded where it cannot count (`Unreliable::MisplacedRole`).
 pub fn misplaced<H: Host>(host: &H) {
-    shared::log_failure(REGISTRY, update(host, &mut |r| r.misplaced = true));
+    let marked = update(host, &mut |r| r.misplaced = true);
+    shared::logged(log::Level::Error, REGISTRY, marked);
 }
 
 /// One per traffic root context. It registers on its first tick or its
@@ -187,9 +187,7 @@ impl<H: Host> Judge<H> {
                 }
             })
         });
-        let judged = judged
-            .inspect_err(|e| logs::warning!("event=shared_data_error key={WATCH} error=\"{e}\""));
-        let (since, stall) = judged.ok().flatten()?;
+        let (since, stall) = shared::logged(log::Level::Warn, WATCH, judged).flatten()?;
         if let Some(gap) = stall {
             logs::warning!(
                 "event=stall late_ms={gap} what=\"the health role did not run for {gap} ms (the \
@@ -230,10 +228,9 @@ impl<H: Host> Judge<H> {
                 Decision::Keep(out)
             })
         });
-        let judged = judged.inspect_err(|e| {
-            logs::warning!("event=shared_data_error key={REGISTRY} error=\"{e}\"")
-        });
-        let Ok((back, lost, gap, verdict, gen)) = judged else {
+        let Some((back, lost, gap, verdict, gen)) =
+            shared::logged(log::Level::Warn, REGISTRY, judged)
+        else {
             return true;
         };
         self.seen.set(self.seen.get() || !verdict.waiting);

@@ -102,12 +102,6 @@ named! {
     }
 }
 
-impl Unreliable {
-    pub fn from_name(s: &str) -> Option<Unreliable> {
-        Unreliable::ALL.iter().copied().find(|w| w.name() == s)
-    }
-}
-
 record! {
     /// The traffic roots of one `vm_id`, in shared data (compare-and-swap).
     #[derive(Clone, Debug, Default, PartialEq, Eq)]

@@ -17,9 +17,7 @@ use crate::instruments::receipt::{Record, Tally};
 
 /// Creates the record, if absent: no drain yet (`root::create_shared`).
 pub fn create<H: Host>(host: &H) {
-    if let Err(e) = shared::create(host, RECEIPT, b"{}") {
-        logs::error!("event=shared_data_error key={RECEIPT} error=\"{e}\"");
-    }
+    shared::ensure(host, RECEIPT, b"{}");
 }
 
 /// Changes the record as `change` says (compare-and-swap, retried; written

@@ -13,7 +13,6 @@
 use std::cell::{Cell, RefCell};
 
 use crate::host::keys::DURATIONS;
-use crate::host::logs;
 use crate::host::metrics::Ids;
 use crate::host::shared::{self, cas_update, Decision, SharedError};
 use crate::host::wasm_host::Host;
@@ -22,9 +21,7 @@ use crate::instruments::sizing::{Durations, Kind, Pending, BYTES};
 /// Creates `keys::DURATIONS` (empty) unless it exists: on configure
 /// (`host::root::create_shared`), before any worker VM writes it.
 pub fn create_shared<H: Host>(host: &H) {
-    if let Err(e) = shared::create(host, DURATIONS, &[0; BYTES]) {
-        logs::error!("event=shared_data_error key={DURATIONS} error=\"{e}\"");
-    }
+    shared::ensure(host, DURATIONS, &[0; BYTES]);
 }
 
 /// The durations of every traffic root of this process since it started.
@@ -88,8 +85,7 @@ impl<H: Host> Book<H> {
             pending.add_into(&mut total);
             Ok::<_, SharedError>(Decision::Write(total, ()))
         });
-        if let Err(e) = merged {
-            logs::warning!("event=shared_data_error key={DURATIONS} error=\"{e}\"");
+        if shared::logged(log::Level::Warn, DURATIONS, merged).is_none() {
             book.keep(&pending);
             return;
         }
