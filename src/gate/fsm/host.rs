@@ -196,9 +196,9 @@ impl<H: Host> Store<H> {
     /// Records an answer served to an LB checker. Each check a gap after the
     /// last one changes the record (the gap is the checker's interval,
     /// `crate::gate::lb`); a check that changes nothing costs the read alone.
-    /// `true` when it changed the record.
-    pub fn lb_observe(&self, source: &str, status: u16, lb_fall: u32) -> Result<bool, SharedError> {
+    pub fn lb_observe(&self, source: &str, status: u16, lb_fall: u32) -> Result<(), SharedError> {
         self.lb_change(&mut |c, now_ms| c.observe(source, status, now_ms, lb_fall))
+            .map(drop)
     }
 
     /// Rewrites the LB record with `change` when it says it changed it

@@ -30,12 +30,9 @@ impl<H: Host> Health<H> {
             self.ignored_check(ip, served);
             return;
         }
-        if let Err(e) = self
-            .store
+        self.store
             .lb_observe(&ip.to_string(), served, self.config.lb_fall)
-        {
-            lb_unavailable(e);
-        }
+            .unwrap_or_else(lb_unavailable);
         if state == State::Draining && served == 404 {
             if let Err(e) = self.apply_due() {
                 state_unavailable(e);
