@@ -305,11 +305,8 @@ impl Judging {
     /// Four little-endian `u64`: `last_ms` (`u64::MAX`: none), `since_ms`,
     /// `stalls`, `longest_stall_ms`.
     pub fn to_bytes(&self) -> [u8; 32] {
-        let mut out = [0; 32];
         let last = self.last_ms.unwrap_or(u64::MAX);
-        let fields = [last, self.since_ms, self.stalls, self.longest_stall_ms];
-        put_words(&mut out, &fields);
-        out
+        put_words(&[last, self.since_ms, self.stalls, self.longest_stall_ms])
     }
 
     /// What `to_bytes` wrote (`None`: another form).
@@ -344,12 +341,14 @@ impl Judging {
     }
 }
 
-/// Writes `fields` into `out` as little-endian `u64`s, in order: the fixed
-/// forms kept in shared data, which cost no parse.
-pub fn put_words(out: &mut [u8], fields: &[u64]) {
+/// `fields` as little-endian `u64`s, in order (`B`: eight bytes each): the
+/// fixed forms kept in shared data, which cost no parse.
+pub fn put_words<const B: usize>(fields: &[u64]) -> [u8; B] {
+    let mut out = [0; B];
     for (chunk, v) in out.chunks_exact_mut(8).zip(fields) {
         chunk.copy_from_slice(&v.to_le_bytes());
     }
+    out
 }
 
 /// The little-endian `u64`s of a fixed form, one per call, if `bytes` holds

@@ -108,9 +108,7 @@ impl Published {
     pub fn to_bytes(&self) -> [u8; 56] {
         let [a, b, c, d] = self.ages.counts();
         let oldest = self.oldest_started_ms.unwrap_or(u64::MAX);
-        let mut out = [0; 56];
-        put_words(&mut out, &[self.at_ms, self.tick_ms, oldest, a, b, c, d]);
-        out
+        put_words(&[self.at_ms, self.tick_ms, oldest, a, b, c, d])
     }
 
     /// The summary `to_bytes` wrote (`None`: another form).
