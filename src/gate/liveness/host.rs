@@ -180,7 +180,8 @@ impl<H: Host> Judge<H> {
     fn judge(&self, now: u64) -> Option<u64> {
         let judged = cas_update(&self.host, WATCH, |bytes, _| {
             // Absent or of another form (never expected): judged afresh.
-            Ok::<_, SharedError>(match judging_of(bytes).next(now, self.tick_ms) {
+            let judging = bytes.and_then(Judging::from_bytes).unwrap_or_default();
+            Ok::<_, SharedError>(match judging.next(now, self.tick_ms) {
                 None => Decision::Keep(None),
                 Some((j, stall)) => {
                     Decision::Write(j.to_bytes().to_vec(), Some((j.since_ms, stall)))
@@ -275,15 +276,11 @@ impl<H: Host> Judge<H> {
     /// The registry and the judging record now (for `/drain/status`).
     pub fn snapshot(&self) -> (Registry, Verdict, Judging) {
         let reg = json_read::<_, Registry>(&self.host, REGISTRY).unwrap_or_default();
-        let judging = self.host.get(WATCH).ok().and_then(|(b, _)| b);
+        let (bytes, _) = self.host.get(WATCH).unwrap_or_default();
+        let judging = bytes.and_then(|b| Judging::from_bytes(&b));
         let v = reg.verdict(self.host.now().timer_ms());
-        (reg, v, judging_of(judging.as_deref()))
+        (reg, v, judging.unwrap_or_default())
     }
-}
-
-/// The judging record in these bytes (default: absent, or of another form).
-fn judging_of(bytes: Option<&[u8]>) -> Judging {
-    bytes.and_then(Judging::from_bytes).unwrap_or_default()
 }
 
 #[cfg(test)]
