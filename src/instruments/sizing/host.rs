@@ -26,11 +26,8 @@ pub fn create_shared<H: Host>(host: &H) {
 
 /// The durations of every traffic root of this process since it started.
 pub fn read<H: Host>(host: &H) -> Durations {
-    host.get(DURATIONS)
-        .ok()
-        .and_then(|(b, _)| b)
-        .and_then(|b| Durations::from_bytes(&b))
-        .unwrap_or_default()
+    let (bytes, _) = host.get(DURATIONS).unwrap_or_default();
+    Durations::from_bytes(&bytes.unwrap_or_default()).unwrap_or_default()
 }
 
 /// One traffic root's durations since its last tick, and its counters.
@@ -86,7 +83,7 @@ impl<H: Host> Book<H> {
             Ok::<_, SharedError>(Decision::Write(total, ()))
         });
         if shared::logged(log::Level::Warn, DURATIONS, merged).is_none() {
-            book.keep(&pending);
+            book.long.merge(&pending); // kept for the next tick
             return;
         }
         for (row, h) in self.ids.iter().zip(&pending.0) {

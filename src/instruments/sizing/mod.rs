@@ -261,11 +261,6 @@ impl Pending {
         self.long.0.iter().all(|h| h.count == 0)
     }
 
-    /// Takes back what `take` gave (its write failed): kept for the next tick.
-    pub fn keep(&mut self, d: &Durations) {
-        self.long.merge(d);
-    }
-
     /// What was recorded, bucketed; and starts again. Only the slots up to
     /// each kind's longest end are looked at.
     pub fn take(&mut self) -> Durations {
@@ -586,7 +581,7 @@ mod tests {
         assert!(!p.is_empty());
         let d = p.take();
         assert!(p.is_empty() && p.take() == Durations::default());
-        p.keep(&d);
+        p.long.merge(&d);
         assert_eq!(p.take(), d, "kept for the next tick");
         let mut want = Durations::default();
         for ms in [0, 100, 300, 2_100, 6_400, 9_000_000] {
