@@ -87,14 +87,8 @@ pub fn cas_update<H: Host + ?Sized, R, E: From<SharedError>>(
 /// parsed last are the bytes parsed then: read again, they cost the host's
 /// copy and no parse. One per reader (a role's root context): a tick that
 /// finds nothing changed parses nothing.
-#[derive(Debug)]
+#[derive(Debug, Default)]
 pub struct Seen<T>(RefCell<Option<(u32, usize, Rc<T>)>>);
-
-impl<T> Default for Seen<T> {
-    fn default() -> Seen<T> {
-        Seen(RefCell::new(None))
-    }
-}
 
 impl<T: FromJson> Seen<T> {
     /// The value of `bytes`, version `cas`, read under `key`: the one parsed
