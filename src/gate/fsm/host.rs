@@ -193,19 +193,13 @@ impl<H: Host> Store<H> {
         Ok(read.map_or_else(Checkers::default, |c| Checkers::clone(&c)))
     }
 
-    /// Records an answer served to an LB checker. Each check a gap after the
-    /// last one changes the record (the gap is the checker's interval,
+    /// Rewrites the LB record with `change` (a `Checkers` method given the
+    /// timer-clock time: `observe`, `announce`, `ignore`) when it says it
+    /// changed it (compare-and-swap, retried; parsed only when its version
+    /// moved since this store parsed it). Each check a gap after the last one
+    /// changes the record (the gap is the checker's interval,
     /// `crate::gate::lb`); a check that changes nothing costs the read alone.
-    pub fn lb_observe(&self, source: &str, status: u16, lb_fall: u32) -> Result<(), SharedError> {
-        self.lb_change(&mut |c, now_ms| c.observe(source, status, now_ms, lb_fall))
-            .map(drop)
-    }
-
-    /// Rewrites the LB record with `change` when it says it changed it
-    /// (compare-and-swap, retried; parsed only when its version moved since
-    /// this store parsed it). One copy of the update for every change: the
-    /// module's size is budgeted.
-    fn lb_change(
+    pub fn lb_change(
         &self,
         change: &mut dyn FnMut(&mut Checkers, u64) -> bool,
     ) -> Result<bool, SharedError> {
@@ -218,18 +212,6 @@ impl<H: Host> Store<H> {
             }
             Ok(Decision::Write(shared::encode(keys::LB, &c)?, true))
         })
-    }
-
-    /// A 200 served to a source outside `lb_checkers`: the gateway is announced
-    /// (written once).
-    pub fn lb_announce(&self) -> Result<bool, SharedError> {
-        self.lb_change(&mut |c, now_ms| c.announce(now_ms))
-    }
-
-    /// Records a check from outside `lb_checkers`; `true` when its source is
-    /// new (the caller logs it once).
-    pub fn lb_ignore(&self, source: &str) -> Result<bool, SharedError> {
-        self.lb_change(&mut |c, now_ms| c.ignore(source, now_ms))
     }
 
     /// The clock-step record (see `crate::gate::clock::Steps`).
