@@ -2,7 +2,7 @@
 //! (`/health_check.html`), Kubernetes readiness (`/health`) and liveness
 //! (`/live`) — as one function, [`answer`], of everything that decides it.
 //! Pure. A gateway in service answers what its state says (README.md's state
-//! table); one not yet announced ([`waiting_for`]) answers the LB check 503
+//! table); one not yet announced ([`Verdict::waiting_for`]) answers the LB check 503
 //! `WAIT` and readiness 503, whatever the state; a state that could not be
 //! read answers every audience 503 (fail closed). An answer that would be 200
 //! is 304 to a matching `If-None-Match`.
@@ -56,7 +56,7 @@ pub struct Verdict {
     pub ready: bool,
     pub live: bool,
     pub lb_status: u16,
-    /// What the gateway waits for before it is announced ([`waiting_for`]).
+    /// What the gateway waits for before it is announced.
     pub waiting_for: Option<&'static str>,
 }
 
@@ -65,25 +65,20 @@ pub const WAITING_FOR_TRAFFIC: &str = "traffic_role";
 /// ... or a traffic filter's own configuration (a placeholder runs instead).
 pub const WAITING_FOR_FILTER: &str = "filter_config";
 
-/// What the gateway waits for before it is announced, if anything (the
-/// placeholders' `action`: see `crate::gate::placeholder`).
-pub fn waiting_for(traffic_seen: bool, placeholders: Action) -> Option<&'static str> {
-    match (traffic_seen, placeholders) {
-        (false, _) => Some(WAITING_FOR_TRAFFIC),
-        (true, Action::KeepOut) => Some(WAITING_FOR_FILTER),
-        (true, _) => None,
-    }
-}
-
 /// What each audience is answered in `state` (the table above), unless the
-/// gateway waits: then neither the LB nor Kubernetes may send it any.
+/// gateway waits before it is announced (the placeholders' `action`: see
+/// `crate::gate::placeholder`): then neither the LB nor Kubernetes may send it any.
 pub fn verdict(
     state: State,
     traffic_seen: bool,
     placeholders: Action,
     draining_lb_status: u16,
 ) -> Verdict {
-    let waiting_for = waiting_for(traffic_seen, placeholders);
+    let waiting_for = match (traffic_seen, placeholders) {
+        (false, _) => Some(WAITING_FOR_TRAFFIC),
+        (true, Action::KeepOut) => Some(WAITING_FOR_FILTER),
+        (true, _) => None,
+    };
     Verdict {
         // The endpoint stays until CLOSED; only FAULT asks for a restart.
         ready: !matches!(state, State::Closed | State::Fault) && waiting_for.is_none(),
@@ -400,6 +395,10 @@ mod tests {
             let live = answer(&inputs(Audience::Liveness, State::Open, what)).reply;
             assert_eq!(live, check(Audience::Liveness, State::Open, &c, None));
         }
+    }
+
+    fn waiting_for(traffic_seen: bool, placeholders: Action) -> Option<&'static str> {
+        verdict(State::Open, traffic_seen, placeholders, 200).waiting_for
     }
 
     #[test]
