@@ -180,10 +180,9 @@ impl<H: Host> Store<H> {
             .filter(|p| p.lb_gate && rec.state == fsm::State::Draining)?;
         let since = rec.drain_started_timer_ms().unwrap_or(0);
         let now = self.host.now().timer_ms();
-        Some(match self.lb_checkers() {
-            Ok(c) => c.gate(since, now, plan.lb_gate_needs_checker),
-            Err(_) => Gate::Waiting,
-        })
+        // An LB record that cannot be read: waiting.
+        let gate = |c: Checkers| c.gate(since, now, plan.lb_gate_needs_checker);
+        Some(self.lb_checkers().map_or(Gate::Waiting, gate))
     }
 
     /// What every LB checker has been answered so far (parsed only when it
