@@ -249,15 +249,11 @@ impl Gate {
 }
 
 impl Checkers {
-    fn live(&self, now_ms: u64) -> impl Iterator<Item = &Checker> {
+    /// The checkers that asked within `CHECKER_TTL_MS`.
+    pub fn live(&self, now_ms: u64) -> impl Iterator<Item = &Checker> {
         self.list
             .iter()
             .filter(move |c| now_ms.saturating_sub(c.last_seen_ms) <= CHECKER_TTL_MS)
-    }
-
-    /// How many checkers asked within `CHECKER_TTL_MS`.
-    pub fn live_count(&self, now_ms: u64) -> usize {
-        self.live(now_ms).count()
     }
 
     /// True when there is at least one live checker and each has been served
