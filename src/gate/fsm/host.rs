@@ -181,15 +181,15 @@ impl<H: Host> Store<H> {
         let since = rec.drain_started_timer_ms().unwrap_or(0);
         let now = self.host.now().timer_ms();
         // An LB record that cannot be read: waiting.
-        let gate = |c: Checkers| c.gate(since, now, plan.lb_gate_needs_checker);
+        let gate = |c: Rc<Checkers>| c.gate(since, now, plan.lb_gate_needs_checker);
         Some(self.lb_checkers().map_or(Gate::Waiting, gate))
     }
 
     /// What every LB checker has been answered so far (parsed only when it
-    /// changed since this store parsed it: a cut during a drain reads it).
-    pub fn lb_checkers(&self) -> Result<Checkers, SharedError> {
-        let read = self.lb.read(&self.host, keys::LB)?;
-        Ok(read.map_or_else(Checkers::default, |c| Checkers::clone(&c)))
+    /// changed since this store parsed it: a cut during a drain reads it),
+    /// shared with the version parsed last (no copy).
+    pub fn lb_checkers(&self) -> Result<Rc<Checkers>, SharedError> {
+        Ok(self.lb.read(&self.host, keys::LB)?.unwrap_or_default())
     }
 
     /// Rewrites the LB record with `change` (a `Checkers` method given the
