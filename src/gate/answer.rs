@@ -13,8 +13,6 @@ use crate::api::reply::{unavailable, Reply, TEXT};
 use crate::gate::fsm::State;
 use crate::gate::placeholder::Action;
 
-const HEALTH_CACHE: &str = "max-age=1";
-
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Audience {
     /// `/health_check.html`: the external load balancer.
@@ -150,7 +148,7 @@ pub fn answer(i: &Inputs) -> Answer {
     let tag = etag(state, reply.status);
     // Preconditions only apply to answers that would be 2xx (RFC 9110 §13.2.2).
     let not_modified = reply.status == 200 && none_match(i.if_none_match, &tag);
-    let mut reply = reply.with("cache-control", HEALTH_CACHE).with("etag", tag);
+    let mut reply = reply.with("cache-control", "max-age=1").with("etag", tag);
     if not_modified {
         reply.status = 304;
         reply.body.clear();
