@@ -95,8 +95,7 @@ pub fn interval(gaps: &[u32]) -> Interval {
     // Sorted by insertion: at most MAX_GAPS, and no sort routine in the module.
     let mut sorted: Vec<u64> = Vec::with_capacity(gaps.len());
     for g in gaps.iter().map(|g| u64::from(*g)) {
-        let at = sorted.iter().position(|x| *x > g).unwrap_or(sorted.len());
-        sorted.insert(at, g);
+        sorted.insert(sorted.partition_point(|x| *x <= g), g);
     }
     let n = sorted.len();
     let mid = |i: usize| sorted.get(i).copied();
