@@ -91,14 +91,6 @@ pub fn etag(state: State, status: u16) -> String {
     format!("\"{}-{}\"", state.name().to_ascii_lowercase(), status)
 }
 
-fn none_match(header: Option<&str>, tag: &str) -> bool {
-    header.is_some_and(|h| {
-        h.split(',')
-            .map(str::trim)
-            .any(|t| t == "*" || t.strip_prefix("W/").unwrap_or(t) == tag)
-    })
-}
-
 /// The JSON body of readiness (`ready`, and `waiting_for` while the gateway
 /// waits) and liveness (`live`).
 #[derive(Serialize)]
@@ -147,7 +139,10 @@ pub fn answer(i: &Inputs) -> Answer {
     let lb_served = (i.audience == Audience::Lb && v.waiting_for.is_none()).then_some(reply.status);
     let tag = etag(state, reply.status);
     // Preconditions only apply to answers that would be 2xx (RFC 9110 §13.2.2).
-    let not_modified = reply.status == 200 && none_match(i.if_none_match, &tag);
+    // `If-None-Match`: a list of tags, weak or strong, or `*`.
+    let matches = |t: &str| t == "*" || t.strip_prefix("W/").unwrap_or(t) == tag;
+    let listed = |h: &str| h.split(',').map(str::trim).any(matches);
+    let not_modified = reply.status == 200 && i.if_none_match.is_some_and(listed);
     let mut reply = reply.with("cache-control", "max-age=1").with("etag", tag);
     if not_modified {
         reply.status = 304;
