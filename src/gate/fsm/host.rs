@@ -76,8 +76,7 @@ impl<H: Host> Store<H> {
     /// absent. Run on configure (see
     /// `count::create_shared`): every later write is versioned.
     pub fn create(&self) {
-        let open = Record::new(self.host.now().wall_ms);
-        shared::ensure_json(&self.host, keys::FSM, &open);
+        shared::ensure_json(&self.host, keys::FSM, &Record::new(self.host.now().wall_ms));
         shared::ensure_json(&self.host, keys::LB, &Checkers::default());
         shared::ensure_json(&self.host, keys::CLOCK, &Steps::default());
     }
