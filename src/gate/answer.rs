@@ -2,7 +2,7 @@
 //! (`/health_check.html`), Kubernetes readiness (`/health`) and liveness
 //! (`/live`) — as one function, [`answer`], of everything that decides it.
 //! Pure. A gateway in service answers what its state says (README.md's state
-//! table); one not yet announced ([`waiting_for`]) answers the LB check 503
+//! table); one not yet announced ([`Verdict::waiting_for`]) answers the LB check 503
 //! `WAIT` and readiness 503, whatever the state; a state that could not be
 //! read answers every audience 503 (fail closed). An answer that would be 200
 //! is 304 to a matching `If-None-Match`.
@@ -12,8 +12,6 @@ use serde::Serialize;
 use crate::api::reply::{unavailable, Reply, TEXT};
 use crate::gate::fsm::State;
 use crate::gate::placeholder::Action;
-
-const HEALTH_CACHE: &str = "max-age=1";
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Audience {
@@ -56,7 +54,7 @@ pub struct Verdict {
     pub ready: bool,
     pub live: bool,
     pub lb_status: u16,
-    /// What the gateway waits for before it is announced ([`waiting_for`]).
+    /// What the gateway waits for before it is announced.
     pub waiting_for: Option<&'static str>,
 }
 
@@ -65,25 +63,20 @@ pub const WAITING_FOR_TRAFFIC: &str = "traffic_role";
 /// ... or a traffic filter's own configuration (a placeholder runs instead).
 pub const WAITING_FOR_FILTER: &str = "filter_config";
 
-/// What the gateway waits for before it is announced, if anything (the
-/// placeholders' `action`: see `crate::gate::placeholder`).
-pub fn waiting_for(traffic_seen: bool, placeholders: Action) -> Option<&'static str> {
-    match (traffic_seen, placeholders) {
-        (false, _) => Some(WAITING_FOR_TRAFFIC),
-        (true, Action::KeepOut) => Some(WAITING_FOR_FILTER),
-        (true, _) => None,
-    }
-}
-
 /// What each audience is answered in `state` (the table above), unless the
-/// gateway waits: then neither the LB nor Kubernetes may send it any.
+/// gateway waits before it is announced (the placeholders' `action`: see
+/// `crate::gate::placeholder`): then neither the LB nor Kubernetes may send it any.
 pub fn verdict(
     state: State,
     traffic_seen: bool,
     placeholders: Action,
     draining_lb_status: u16,
 ) -> Verdict {
-    let waiting_for = waiting_for(traffic_seen, placeholders);
+    let waiting_for = match (traffic_seen, placeholders) {
+        (false, _) => Some(WAITING_FOR_TRAFFIC),
+        (true, Action::KeepOut) => Some(WAITING_FOR_FILTER),
+        (true, _) => None,
+    };
     Verdict {
         // The endpoint stays until CLOSED; only FAULT asks for a restart.
         ready: !matches!(state, State::Closed | State::Fault) && waiting_for.is_none(),
@@ -96,14 +89,6 @@ pub fn verdict(
 /// Entity tag of a health answer: changes exactly when the answer does.
 pub fn etag(state: State, status: u16) -> String {
     format!("\"{}-{}\"", state.name().to_ascii_lowercase(), status)
-}
-
-fn none_match(header: Option<&str>, tag: &str) -> bool {
-    header.is_some_and(|h| {
-        h.split(',')
-            .map(str::trim)
-            .any(|t| t == "*" || t.strip_prefix("W/").unwrap_or(t) == tag)
-    })
 }
 
 /// The JSON body of readiness (`ready`, and `waiting_for` while the gateway
@@ -154,8 +139,11 @@ pub fn answer(i: &Inputs) -> Answer {
     let lb_served = (i.audience == Audience::Lb && v.waiting_for.is_none()).then_some(reply.status);
     let tag = etag(state, reply.status);
     // Preconditions only apply to answers that would be 2xx (RFC 9110 §13.2.2).
-    let not_modified = reply.status == 200 && none_match(i.if_none_match, &tag);
-    let mut reply = reply.with("cache-control", HEALTH_CACHE).with("etag", tag);
+    // `If-None-Match`: a list of tags, weak or strong, or `*`.
+    let matches = |t: &str| t == "*" || t.strip_prefix("W/").unwrap_or(t) == tag;
+    let listed = |h: &str| h.split(',').map(str::trim).any(matches);
+    let not_modified = reply.status == 200 && i.if_none_match.is_some_and(listed);
+    let mut reply = reply.with("cache-control", "max-age=1").with("etag", tag);
     if not_modified {
         reply.status = 304;
         reply.body.clear();
@@ -400,6 +388,10 @@ mod tests {
             let live = answer(&inputs(Audience::Liveness, State::Open, what)).reply;
             assert_eq!(live, check(Audience::Liveness, State::Open, &c, None));
         }
+    }
+
+    fn waiting_for(traffic_seen: bool, placeholders: Action) -> Option<&'static str> {
+        verdict(State::Open, traffic_seen, placeholders, 200).waiting_for
     }
 
     #[test]

@@ -95,8 +95,7 @@ pub fn interval(gaps: &[u32]) -> Interval {
     // Sorted by insertion: at most MAX_GAPS, and no sort routine in the module.
     let mut sorted: Vec<u64> = Vec::with_capacity(gaps.len());
     for g in gaps.iter().map(|g| u64::from(*g)) {
-        let at = sorted.iter().position(|x| *x > g).unwrap_or(sorted.len());
-        sorted.insert(at, g);
+        sorted.insert(sorted.partition_point(|x| *x <= g), g);
     }
     let n = sorted.len();
     let mid = |i: usize| sorted.get(i).copied();
@@ -249,15 +248,11 @@ impl Gate {
 }
 
 impl Checkers {
-    fn live(&self, now_ms: u64) -> impl Iterator<Item = &Checker> {
+    /// The checkers that asked within `CHECKER_TTL_MS`.
+    pub fn live(&self, now_ms: u64) -> impl Iterator<Item = &Checker> {
         self.list
             .iter()
             .filter(move |c| now_ms.saturating_sub(c.last_seen_ms) <= CHECKER_TTL_MS)
-    }
-
-    /// How many checkers asked within `CHECKER_TTL_MS`.
-    pub fn live_count(&self, now_ms: u64) -> usize {
-        self.live(now_ms).count()
     }
 
     /// True when there is at least one live checker and each has been served

@@ -76,8 +76,7 @@ impl<H: Host> Store<H> {
     /// absent. Run on configure (see
     /// `count::create_shared`): every later write is versioned.
     pub fn create(&self) {
-        let open = Record::new(self.host.now().wall_ms);
-        shared::ensure_json(&self.host, keys::FSM, &open);
+        shared::ensure_json(&self.host, keys::FSM, &Record::new(self.host.now().wall_ms));
         shared::ensure_json(&self.host, keys::LB, &Checkers::default());
         shared::ensure_json(&self.host, keys::CLOCK, &Steps::default());
     }
@@ -180,32 +179,25 @@ impl<H: Host> Store<H> {
             .filter(|p| p.lb_gate && rec.state == fsm::State::Draining)?;
         let since = rec.drain_started_timer_ms().unwrap_or(0);
         let now = self.host.now().timer_ms();
-        Some(match self.lb_checkers() {
-            Ok(c) => c.gate(since, now, plan.lb_gate_needs_checker),
-            Err(_) => Gate::Waiting,
-        })
+        // An LB record that cannot be read: waiting.
+        let gate = |c: Rc<Checkers>| c.gate(since, now, plan.lb_gate_needs_checker);
+        Some(self.lb_checkers().map_or(Gate::Waiting, gate))
     }
 
     /// What every LB checker has been answered so far (parsed only when it
-    /// changed since this store parsed it: a cut during a drain reads it).
-    pub fn lb_checkers(&self) -> Result<Checkers, SharedError> {
-        let read = self.lb.read(&self.host, keys::LB)?;
-        Ok(read.map_or_else(Checkers::default, |c| Checkers::clone(&c)))
+    /// changed since this store parsed it: a cut during a drain reads it),
+    /// shared with the version parsed last (no copy).
+    pub fn lb_checkers(&self) -> Result<Rc<Checkers>, SharedError> {
+        Ok(self.lb.read(&self.host, keys::LB)?.unwrap_or_default())
     }
 
-    /// Records an answer served to an LB checker. Each check a gap after the
-    /// last one changes the record (the gap is the checker's interval,
+    /// Rewrites the LB record with `change` (a `Checkers` method given the
+    /// timer-clock time: `observe`, `announce`, `ignore`) when it says it
+    /// changed it (compare-and-swap, retried; parsed only when its version
+    /// moved since this store parsed it). Each check a gap after the last one
+    /// changes the record (the gap is the checker's interval,
     /// `crate::gate::lb`); a check that changes nothing costs the read alone.
-    pub fn lb_observe(&self, source: &str, status: u16, lb_fall: u32) -> Result<(), SharedError> {
-        self.lb_change(&mut |c, now_ms| c.observe(source, status, now_ms, lb_fall))
-            .map(drop)
-    }
-
-    /// Rewrites the LB record with `change` when it says it changed it
-    /// (compare-and-swap, retried; parsed only when its version moved since
-    /// this store parsed it). One copy of the update for every change: the
-    /// module's size is budgeted.
-    fn lb_change(
+    pub fn lb_change(
         &self,
         change: &mut dyn FnMut(&mut Checkers, u64) -> bool,
     ) -> Result<bool, SharedError> {
@@ -218,18 +210,6 @@ impl<H: Host> Store<H> {
             }
             Ok(Decision::Write(shared::encode(keys::LB, &c)?, true))
         })
-    }
-
-    /// A 200 served to a source outside `lb_checkers`: the gateway is announced
-    /// (written once).
-    pub fn lb_announce(&self) -> Result<bool, SharedError> {
-        self.lb_change(&mut |c, now_ms| c.announce(now_ms))
-    }
-
-    /// Records a check from outside `lb_checkers`; `true` when its source is
-    /// new (the caller logs it once).
-    pub fn lb_ignore(&self, source: &str) -> Result<bool, SharedError> {
-        self.lb_change(&mut |c, now_ms| c.ignore(source, now_ms))
     }
 
     /// The clock-step record (see `crate::gate::clock::Steps`).

@@ -72,13 +72,6 @@ named! {
     }
 }
 
-impl Reason {
-    /// A forced transition leaves the LB with requests still in flight.
-    pub fn forced(self) -> bool {
-        self == Reason::DrainTimeout
-    }
-}
-
 /// The only legal moves. Everything else is an illegal transition (HTTP 409).
 pub fn legal(from: State, to: State) -> bool {
     use State::*;
@@ -288,10 +281,10 @@ pub fn advance(rec: &Record, mv: Move, now: Now, active: u64) -> Result<Record, 
             next.closing_ms = Some(now_ms);
             next.closing_mono_ms = now.mono_ms;
             next.active_at_closing = Some(active);
-            // Forced: closed with requests still in flight. A drain the
-            // soft-drain gate held until drain_timeout with nothing in
-            // flight cut nothing.
-            next.forced = mv.reason.forced() && active > 0;
+            // Forced: closed by drain_timeout with requests still in flight
+            // (the LB is left with them). A drain the soft-drain gate held
+            // until drain_timeout with nothing in flight cut nothing.
+            next.forced = mv.reason == Reason::DrainTimeout && active > 0;
         }
         State::Closed => next.closed_ms = Some(now_ms),
         State::Open => {

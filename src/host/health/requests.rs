@@ -31,8 +31,8 @@ impl<H: Host> Health<H> {
             return;
         }
         self.store
-            .lb_observe(&ip.to_string(), served, self.config.lb_fall)
-            .unwrap_or_else(lb_unavailable);
+            .lb_change(&mut |c, now| c.observe(&ip.to_string(), served, now, self.config.lb_fall))
+            .map_or_else(lb_unavailable, drop);
         if state == State::Draining && served == 404 {
             if let Err(e) = self.apply_due() {
                 state_unavailable(e);
@@ -46,12 +46,13 @@ impl<H: Host> Health<H> {
     fn ignored_check(&self, ip: IpAddr, served: u16) {
         self.metrics.lb_check_ignored();
         if served == 200 && !self.announced.get() {
-            match self.store.lb_announce() {
+            match self.store.lb_change(&mut |c, now| c.announce(now)) {
                 Ok(_) => self.announced.set(true),
                 Err(e) => lb_unavailable(e),
             }
         }
-        match self.store.lb_ignore(&ip.to_string()) {
+        let source = ip.to_string();
+        match self.store.lb_change(&mut |c, now| c.ignore(&source, now)) {
             Ok(true) => logs::warning!(
                 "event=lb_check_ignored source={} what=\"a /health_check.html from outside \
                  lb_checkers: answered, not recorded; if it is the LB, a soft drain's gate and \

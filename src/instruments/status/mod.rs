@@ -185,7 +185,7 @@ fn document<'a>(v: &'a View<'a>, wait: Option<&'static str>) -> impl Serialize +
                 .filter(|p| p.lb_gate && draining)
                 .map(|p| v.checkers.gate(since, now, p.lb_gate_needs_checker)),
             // Checkers that asked within the last 30 s.
-            live_checkers: v.checkers.live_count(now),
+            live_checkers: v.checkers.live(now).count(),
             // Since the drain began (`null`: no drain yet), has any LB check
             // reached this gateway? False longer than a check interval: the
             // LB's checks of its node reach another pod, and never see this
