@@ -136,22 +136,17 @@ impl Default for Root {
 }
 
 impl<H: Host> Role<H> {
-    /// The kind of filter this role must be loaded as.
-    fn filter(&self) -> Option<ContextType> {
+    /// The role's name, and the kind of filter it must be loaded as.
+    fn kind(&self) -> (&'static str, Option<ContextType>) {
+        let http = Some(ContextType::HttpContext);
         match self {
-            Role::Unconfigured => None,
-            Role::Traffic(t) if t.part == Part::Connections => Some(ContextType::StreamContext),
-            _ => Some(ContextType::HttpContext),
-        }
-    }
-
-    fn name(&self) -> &'static str {
-        match self {
-            Role::Traffic(t) if t.part == Part::Connections => "traffic_tcp",
-            Role::Traffic(_) => "traffic",
-            Role::Health(_) => "health",
-            Role::Placeholder(_) => "placeholder",
-            Role::Unconfigured => "(unconfigured)",
+            Role::Traffic(t) if t.part == Part::Connections => {
+                ("traffic_tcp", Some(ContextType::StreamContext))
+            }
+            Role::Traffic(_) => ("traffic", http),
+            Role::Health(_) => ("health", http),
+            Role::Placeholder(_) => ("placeholder", http),
+            Role::Unconfigured => ("(unconfigured)", None),
         }
     }
 }
@@ -197,7 +192,7 @@ impl<H: Host + Copy> Root<H> {
         logs::error!(
             "event=misplaced_role role={} what=\"loaded as {kind}; this role is {wanted}: it passes \
              everything through, counts nothing{}\"",
-            self.role.name(),
+            self.role.kind().0,
             if traffic { untrusted } else { "" }
         );
         if traffic {
@@ -216,7 +211,7 @@ impl<H: Host + Copy> Root<H> {
             None => ContextType::StreamContext,
         };
         self.filter.set(Some(filter));
-        if self.role.filter().is_some_and(|want| want != filter) {
+        if self.role.kind().1.is_some_and(|want| want != filter) {
             self.misplaced(filter);
         }
         filter
@@ -228,7 +223,7 @@ impl<H: Host + Copy> Root<H> {
     /// Each arm boxes its own stream: built in place, not moved into the box.
     fn stream(&self, context_id: u32) -> Box<Stream<H>> {
         match &self.role {
-            r if r.filter() != self.filter.get() => Box::new(Stream::Passthrough),
+            r if r.kind().1 != self.filter.get() => Box::new(Stream::Passthrough),
             Role::Traffic(t) => Box::new(Stream::Traffic(TrafficStream::new(Rc::clone(t)))),
             Role::Health(h) => Box::new(Stream::Health(HealthStream {
                 context_id,
