@@ -46,7 +46,8 @@ impl<H: Host> Health<H> {
             .flatten();
         if judged {
             self.metrics.set_count_unreliable(!reading.reliable);
-            self.metrics.set_oldest_in_flight(oldest);
+            self.metrics
+                .set_oldest_in_flight_seconds(oldest.unwrap_or(0) / 1000);
             self.lb_gauges(now.timer_ms());
         }
         if let Some(view) = view {
