@@ -152,9 +152,7 @@ fn live_gauges<H: Host>(host: &H, [state, active, conns]: [Option<u32>; 3]) -> L
     };
     let written = shared::encode(keys::GAUGES, &live)
         .and_then(|bytes| shared::create(host, keys::GAUGES, &bytes));
-    if let Err(e) = written {
-        logs::warning!("event=shared_data_error key={} error=\"{e}\"", keys::GAUGES);
-    }
+    shared::logged(log::Level::Warn, keys::GAUGES, written);
     live
 }
 
