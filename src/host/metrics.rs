@@ -156,14 +156,13 @@ fn live_gauges<H: Host>(host: &H, [state, active, conns]: [Option<u32>; 3]) -> L
     live
 }
 
-impl<H: Host + Copy> Metrics<H> {
+impl<H: Host> Metrics<H> {
     pub fn define(host: H) -> Metrics<H> {
         let transitions = names::TRANSITIONS_TO.map(|name| define(&host, name));
         let ids = Named::define(&host);
         let active = define(&host, names::ACTIVE_REQUESTS);
         let active_connections = define(&host, names::ACTIVE_CONNECTIONS);
         Metrics {
-            host,
             active,
             active_connections,
             live: live_gauges(&host, [ids.state, active, active_connections]),
@@ -171,11 +170,10 @@ impl<H: Host + Copy> Metrics<H> {
             ids,
             durations: FAMILIES
                 .map(|f| std::array::from_fn(|j| define(&host, &histogram_counter(f, j)))),
+            host,
         }
     }
-}
 
-impl<H: Host> Metrics<H> {
     /// The host these metrics live in.
     pub fn host(&self) -> &H {
         &self.host
