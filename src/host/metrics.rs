@@ -141,8 +141,7 @@ record! {
 }
 
 fn live_gauges<H: Host>(host: &H, [state, active, conns]: [Option<u32>; 3]) -> Live {
-    let stored = host.get(keys::GAUGES).ok().and_then(|(b, _)| b);
-    if let Some(live) = stored.and_then(|b| shared::parse(keys::GAUGES, &b).ok()) {
+    if let Ok(Some(live)) = shared::json_read(host, keys::GAUGES) {
         return live;
     }
     let live = Live {
