@@ -96,18 +96,6 @@ extern "C" {
     fn clock_time_get(id: u32, precision: u64, time: *mut u64) -> u16;
 }
 
-/// Milliseconds on the host's monotonic clock, or `None` if the host does not
-/// answer. Called directly rather than through `std::time::Instant`, which
-/// panics (aborting the VM) when the host refuses the clock.
-fn mono_ms() -> Option<u64> {
-    const MONOTONIC: u32 = 1;
-    let mut nanos: u64 = 0;
-    // SAFETY: the host writes one u64 to the pointer it is given, which
-    // points at a live local of that type.
-    let errno = unsafe { clock_time_get(MONOTONIC, 1_000_000, &mut nanos) };
-    (errno == 0).then_some(nanos / 1_000_000)
-}
-
 #[link(wasm_import_module = "env")]
 extern "C" {
     /// proxy-wasm ABI 0.2.1: the value is written into memory the host
@@ -156,9 +144,17 @@ impl Host for Envoy {
             .ok()
             .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
             .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+        // Milliseconds on the host's monotonic clock (`None`: the host does
+        // not answer), read directly rather than through `std::time::Instant`,
+        // which panics (aborting the VM) when the host refuses the clock.
+        const MONOTONIC: u32 = 1;
+        let mut nanos: u64 = 0;
+        // SAFETY: the host writes one u64 to the pointer it is given, which
+        // points at a live local of that type.
+        let errno = unsafe { clock_time_get(MONOTONIC, 1_000_000, &mut nanos) };
         let now = Now {
             wall_ms,
-            mono_ms: mono_ms(),
+            mono_ms: (errno == 0).then_some(nanos / 1_000_000),
         };
         if held.is_some() {
             INSTANT.with(|i| i.set(Some(Some(now))));
