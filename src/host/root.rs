@@ -178,31 +178,13 @@ impl<H: Host + Copy> Root<H> {
         }
     }
 
-    /// A role loaded as the wrong kind of filter: what passes it is not
-    /// counted, so a traffic role marks the count unreliable for the life of
-    /// the process (`Unreliable::MisplacedRole`); every role says so in one line.
-    fn misplaced(&self, loaded_as: ContextType) {
-        let (kind, wanted) = if loaded_as == ContextType::HttpContext {
-            ("an HTTP filter", "a network filter before tcp_proxy")
-        } else {
-            ("a network filter", "an HTTP filter")
-        };
-        let traffic = matches!(self.role, Role::Traffic(_));
-        let untrusted = ", and the count is not trusted until istio-proxy restarts";
-        logs::error!(
-            "event=misplaced_role role={} what=\"loaded as {kind}; this role is {wanted}: it passes \
-             everything through, counts nothing{}\"",
-            self.role.kind().0,
-            if traffic { untrusted } else { "" }
-        );
-        if traffic {
-            liveness::misplaced(&self.host);
-        }
-    }
-
     /// The kind of filter the first context showed: an HTTP stream knows its
     /// protocol when it is created, a connection does not. One host call per
     /// root context, never per stream.
+    ///
+    /// A role loaded as the wrong kind of filter: what passes it is not
+    /// counted, so a traffic role marks the count unreliable for the life of
+    /// the process (`Unreliable::MisplacedRole`); every role says so in one line.
     #[cold]
     #[inline(never)]
     fn learn_filter(&self) -> ContextType {
@@ -212,7 +194,22 @@ impl<H: Host + Copy> Root<H> {
         };
         self.filter.set(Some(filter));
         if self.role.kind().1.is_some_and(|want| want != filter) {
-            self.misplaced(filter);
+            let (kind, wanted) = if filter == ContextType::HttpContext {
+                ("an HTTP filter", "a network filter before tcp_proxy")
+            } else {
+                ("a network filter", "an HTTP filter")
+            };
+            let traffic = matches!(self.role, Role::Traffic(_));
+            let untrusted = ", and the count is not trusted until istio-proxy restarts";
+            logs::error!(
+                "event=misplaced_role role={} what=\"loaded as {kind}; this role is {wanted}: it \
+                 passes everything through, counts nothing{}\"",
+                self.role.kind().0,
+                if traffic { untrusted } else { "" }
+            );
+            if traffic {
+                liveness::misplaced(&self.host);
+            }
         }
         filter
     }
