@@ -63,8 +63,9 @@ named! {
     drain_timeout: DRAIN_TIMEOUT = set_drain_timeout_seconds,
     // A drain's receipt line was logged: how long it took, in ms.
     drain_duration: DRAIN_DURATION = drain_took,
-    lb_check_interval: LB_CHECK_INTERVAL,
-    lb_buffer_short: LB_BUFFER_SHORT,
+    // The LB's detection as measured now (`crate::gate::lb::Detection`).
+    lb_check_interval: LB_CHECK_INTERVAL = set_lb_check_interval_ms,
+    lb_buffer_short: LB_BUFFER_SHORT = set_lb_buffer_short_ms,
 }
 
 /// Metric ids of this VM. A missing id (the host refused the definition) only
@@ -227,12 +228,6 @@ impl<H: Host> Metrics<H> {
         if next.state == State::Closing && next.forced {
             self.add(self.ids.forced, 1);
         }
-    }
-
-    /// The LB's detection as measured now (`None`: nothing measured, both 0).
-    pub fn set_lb_detection(&self, d: Option<&crate::gate::lb::Detection>) {
-        self.record(self.ids.lb_check_interval, d.map_or(0, |d| d.interval_ms));
-        self.record(self.ids.lb_buffer_short, d.map_or(0, |d| d.short_ms));
     }
 
     /// The ignored-checks counter over every VM (0 when it cannot be read).
