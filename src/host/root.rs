@@ -136,7 +136,9 @@ impl Default for Root {
 }
 
 impl<H: Host> Role<H> {
-    /// The role's name, and the kind of filter it must be loaded as.
+    /// The role's name, and the kind of filter it must be loaded as (inlined:
+    /// every stream asks, and only for the kind).
+    #[inline(always)]
     fn kind(&self) -> (&'static str, Option<ContextType>) {
         let http = Some(ContextType::HttpContext);
         match self {
