@@ -12,9 +12,10 @@ use crate::json::record;
 use crate::metric_names::{self as names, histogram_counter, Kind, HISTOGRAM_COUNTERS as COUNTERS};
 
 /// `Named`: one id per metric of the table, each defined by its name; a
-/// counter with a method name is bumped by that method of `Metrics`.
+/// counter with a method name (`+=`) is bumped by that method of `Metrics`, a
+/// gauge or histogram with one (`=`) set to (or recorded) the value given.
 macro_rules! named {
-    ($($field:ident: $name:ident $(=> $bump:ident)?,)*) => {
+    ($($field:ident: $name:ident $(+= $bump:ident)? $(= $set:ident)?,)*) => {
         #[derive(Clone, Copy, Debug, Default)]
         struct Named {
             $($field: Option<u32>,)*
@@ -30,6 +31,10 @@ macro_rules! named {
             $($(pub fn $bump(&self) {
                 self.add(self.ids.$field, 1);
             })?)*
+
+            $($(pub fn $set(&self, value: impl Into<u64>) {
+                self.record(self.ids.$field, value.into());
+            })?)*
         }
     };
 }
@@ -37,25 +42,30 @@ macro_rules! named {
 named! {
     state: STATE,
     forced: FORCED_CLOSES,
-    count_unreliable: COUNT_UNRELIABLE,
-    oldest_in_flight: OLDEST_IN_FLIGHT,
-    count_errors: COUNT_ERRORS => count_error,
-    traffic_roles_lost: TRAFFIC_ROLES_LOST => traffic_role_lost,
-    clock_steps: CLOCK_STEPS => clock_step,
-    lb_checks_ignored: LB_CHECKS_IGNORED => lb_check_ignored,
+    // 1 (`true`) while the count is not trusted.
+    count_unreliable: COUNT_UNRELIABLE = set_count_unreliable,
+    // In whole seconds, as the gauge's name says (Envoy gauges are integers).
+    oldest_in_flight: OLDEST_IN_FLIGHT = set_oldest_in_flight_seconds,
+    count_errors: COUNT_ERRORS += count_error,
+    traffic_roles_lost: TRAFFIC_ROLES_LOST += traffic_role_lost,
+    clock_steps: CLOCK_STEPS += clock_step,
+    lb_checks_ignored: LB_CHECKS_IGNORED += lb_check_ignored,
     cut: CUT,
     cut_lb: CUT_LB,
     cut_tcp: CUT_TCP,
     completed: DRAIN_COMPLETED,
     ended_upstream: DRAIN_ENDED_UPSTREAM,
     refused: REFUSED,
-    drains_cut_short: DRAINS_CUT_SHORT => drain_cut_short,
+    drains_cut_short: DRAINS_CUT_SHORT += drain_cut_short,
     // Bumped when the termination watch cannot see the SIGTERM (once per watch).
-    termination_watch_unavailable: TERMINATION_WATCH_UNAVAILABLE => termination_watch_unavailable,
-    drain_timeout: DRAIN_TIMEOUT,
-    drain_duration: DRAIN_DURATION,
-    lb_check_interval: LB_CHECK_INTERVAL,
-    lb_buffer_short: LB_BUFFER_SHORT,
+    termination_watch_unavailable: TERMINATION_WATCH_UNAVAILABLE += termination_watch_unavailable,
+    // The configured `drain_timeout`, in whole seconds.
+    drain_timeout: DRAIN_TIMEOUT = set_drain_timeout_seconds,
+    // A drain's receipt line was logged: how long it took, in ms.
+    drain_duration: DRAIN_DURATION = drain_took,
+    // The LB's detection as measured now (`crate::gate::lb::Detection`).
+    lb_check_interval: LB_CHECK_INTERVAL = set_lb_check_interval_ms,
+    lb_buffer_short: LB_BUFFER_SHORT = set_lb_buffer_short_ms,
 }
 
 /// Metric ids of this VM. A missing id (the host refused the definition) only
@@ -132,8 +142,7 @@ record! {
 }
 
 fn live_gauges<H: Host>(host: &H, [state, active, conns]: [Option<u32>; 3]) -> Live {
-    let stored = host.get(keys::GAUGES).ok().and_then(|(b, _)| b);
-    if let Some(live) = stored.and_then(|b| shared::parse(keys::GAUGES, &b).ok()) {
+    if let Ok(Some(live)) = shared::json_read(host, keys::GAUGES) {
         return live;
     }
     let live = Live {
@@ -143,20 +152,17 @@ fn live_gauges<H: Host>(host: &H, [state, active, conns]: [Option<u32>; 3]) -> L
     };
     let written = shared::encode(keys::GAUGES, &live)
         .and_then(|bytes| shared::create(host, keys::GAUGES, &bytes));
-    if let Err(e) = written {
-        logs::warning!("event=shared_data_error key={} error=\"{e}\"", keys::GAUGES);
-    }
+    shared::logged(log::Level::Warn, keys::GAUGES, written);
     live
 }
 
-impl<H: Host + Copy> Metrics<H> {
+impl<H: Host> Metrics<H> {
     pub fn define(host: H) -> Metrics<H> {
         let transitions = names::TRANSITIONS_TO.map(|name| define(&host, name));
         let ids = Named::define(&host);
         let active = define(&host, names::ACTIVE_REQUESTS);
         let active_connections = define(&host, names::ACTIVE_CONNECTIONS);
         Metrics {
-            host,
             active,
             active_connections,
             live: live_gauges(&host, [ids.state, active, active_connections]),
@@ -164,11 +170,10 @@ impl<H: Host + Copy> Metrics<H> {
             ids,
             durations: FAMILIES
                 .map(|f| std::array::from_fn(|j| define(&host, &histogram_counter(f, j)))),
+            host,
         }
     }
-}
 
-impl<H: Host> Metrics<H> {
     /// The host these metrics live in.
     pub fn host(&self) -> &H {
         &self.host
@@ -223,31 +228,6 @@ impl<H: Host> Metrics<H> {
         if next.state == State::Closing && next.forced {
             self.add(self.ids.forced, 1);
         }
-    }
-
-    pub fn set_count_unreliable(&self, unreliable: bool) {
-        self.record(self.ids.count_unreliable, u64::from(unreliable));
-    }
-
-    /// Whole seconds, as the gauge's name says (Envoy gauges are integers).
-    pub fn set_oldest_in_flight(&self, age_ms: Option<u64>) {
-        self.record(self.ids.oldest_in_flight, age_ms.unwrap_or(0) / 1000);
-    }
-
-    /// The configured `drain_timeout`, in whole seconds.
-    pub fn set_drain_timeout(&self, ms: u64) {
-        self.record(self.ids.drain_timeout, ms / 1000);
-    }
-
-    /// A drain's receipt line was logged: how long it took.
-    pub fn drain_took(&self, ms: u64) {
-        self.record(self.ids.drain_duration, ms);
-    }
-
-    /// The LB's detection as measured now (`None`: nothing measured, both 0).
-    pub fn set_lb_detection(&self, d: Option<&crate::gate::lb::Detection>) {
-        self.record(self.ids.lb_check_interval, d.map_or(0, |d| d.interval_ms));
-        self.record(self.ids.lb_buffer_short, d.map_or(0, |d| d.short_ms));
     }
 
     /// The ignored-checks counter over every VM (0 when it cannot be read).

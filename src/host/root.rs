@@ -136,22 +136,19 @@ impl Default for Root {
 }
 
 impl<H: Host> Role<H> {
-    /// The kind of filter this role must be loaded as.
-    fn filter(&self) -> Option<ContextType> {
+    /// The role's name, and the kind of filter it must be loaded as (inlined:
+    /// every stream asks, and only for the kind).
+    #[inline(always)]
+    fn kind(&self) -> (&'static str, Option<ContextType>) {
+        let http = Some(ContextType::HttpContext);
         match self {
-            Role::Unconfigured => None,
-            Role::Traffic(t) if t.part == Part::Connections => Some(ContextType::StreamContext),
-            _ => Some(ContextType::HttpContext),
-        }
-    }
-
-    fn name(&self) -> &'static str {
-        match self {
-            Role::Traffic(t) if t.part == Part::Connections => "traffic_tcp",
-            Role::Traffic(_) => "traffic",
-            Role::Health(_) => "health",
-            Role::Placeholder(_) => "placeholder",
-            Role::Unconfigured => "(unconfigured)",
+            Role::Traffic(t) if t.part == Part::Connections => {
+                ("traffic_tcp", Some(ContextType::StreamContext))
+            }
+            Role::Traffic(_) => ("traffic", http),
+            Role::Health(_) => ("health", http),
+            Role::Placeholder(_) => ("placeholder", http),
+            Role::Unconfigured => ("(unconfigured)", None),
         }
     }
 }
@@ -183,31 +180,13 @@ impl<H: Host + Copy> Root<H> {
         }
     }
 
-    /// A role loaded as the wrong kind of filter: what passes it is not
-    /// counted, so a traffic role marks the count unreliable for the life of
-    /// the process (`Unreliable::MisplacedRole`); every role says so in one line.
-    fn misplaced(&self, loaded_as: ContextType) {
-        let (kind, wanted) = if loaded_as == ContextType::HttpContext {
-            ("an HTTP filter", "a network filter before tcp_proxy")
-        } else {
-            ("a network filter", "an HTTP filter")
-        };
-        let traffic = matches!(self.role, Role::Traffic(_));
-        let untrusted = ", and the count is not trusted until istio-proxy restarts";
-        logs::error!(
-            "event=misplaced_role role={} what=\"loaded as {kind}; this role is {wanted}: it passes \
-             everything through, counts nothing{}\"",
-            self.role.name(),
-            if traffic { untrusted } else { "" }
-        );
-        if traffic {
-            liveness::misplaced(&self.host);
-        }
-    }
-
     /// The kind of filter the first context showed: an HTTP stream knows its
     /// protocol when it is created, a connection does not. One host call per
     /// root context, never per stream.
+    ///
+    /// A role loaded as the wrong kind of filter: what passes it is not
+    /// counted, so a traffic role marks the count unreliable for the life of
+    /// the process (`Unreliable::MisplacedRole`); every role says so in one line.
     #[cold]
     #[inline(never)]
     fn learn_filter(&self) -> ContextType {
@@ -216,8 +195,23 @@ impl<H: Host + Copy> Root<H> {
             None => ContextType::StreamContext,
         };
         self.filter.set(Some(filter));
-        if self.role.filter().is_some_and(|want| want != filter) {
-            self.misplaced(filter);
+        if self.role.kind().1.is_some_and(|want| want != filter) {
+            let (kind, wanted) = if filter == ContextType::HttpContext {
+                ("an HTTP filter", "a network filter before tcp_proxy")
+            } else {
+                ("a network filter", "an HTTP filter")
+            };
+            let traffic = matches!(self.role, Role::Traffic(_));
+            let untrusted = ", and the count is not trusted until istio-proxy restarts";
+            logs::error!(
+                "event=misplaced_role role={} what=\"loaded as {kind}; this role is {wanted}: it \
+                 passes everything through, counts nothing{}\"",
+                self.role.kind().0,
+                if traffic { untrusted } else { "" }
+            );
+            if traffic {
+                liveness::misplaced(&self.host);
+            }
         }
         filter
     }
@@ -228,7 +222,7 @@ impl<H: Host + Copy> Root<H> {
     /// Each arm boxes its own stream: built in place, not moved into the box.
     fn stream(&self, context_id: u32) -> Box<Stream<H>> {
         match &self.role {
-            r if r.filter() != self.filter.get() => Box::new(Stream::Passthrough),
+            r if r.kind().1 != self.filter.get() => Box::new(Stream::Passthrough),
             Role::Traffic(t) => Box::new(Stream::Traffic(TrafficStream::new(Rc::clone(t)))),
             Role::Health(h) => Box::new(Stream::Health(HealthStream {
                 context_id,

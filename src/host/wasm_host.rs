@@ -86,7 +86,8 @@ pub fn one_instant<R>(f: impl FnOnce() -> R) -> R {
     r
 }
 
-#[cfg(target_arch = "wasm32")]
+// The host's imports below are declared for every target: off wasm (the
+// tests, on `sim`) nothing calls `Envoy`, and the linker drops what uses them.
 #[link(wasm_import_module = "wasi_snapshot_preview1")]
 extern "C" {
     /// WASI preview 1. Envoy answers clock 1 (monotonic) from its time
@@ -95,20 +96,6 @@ extern "C" {
     fn clock_time_get(id: u32, precision: u64, time: *mut u64) -> u16;
 }
 
-/// Milliseconds on the host's monotonic clock, or `None` if the host does not
-/// answer. Called directly rather than through `std::time::Instant`, which
-/// panics (aborting the VM) when the host refuses the clock.
-#[cfg(target_arch = "wasm32")]
-fn mono_ms() -> Option<u64> {
-    const MONOTONIC: u32 = 1;
-    let mut nanos: u64 = 0;
-    // SAFETY: the host writes one u64 to the pointer it is given, which
-    // points at a live local of that type.
-    let errno = unsafe { clock_time_get(MONOTONIC, 1_000_000, &mut nanos) };
-    (errno == 0).then_some(nanos / 1_000_000)
-}
-
-#[cfg(target_arch = "wasm32")]
 #[link(wasm_import_module = "env")]
 extern "C" {
     /// proxy-wasm ABI 0.2.1: the value is written into memory the host
@@ -119,13 +106,6 @@ extern "C" {
         return_value_data: *mut *mut u8,
         return_value_size: *mut usize,
     ) -> u32;
-}
-
-/// Off wasm (host-side builds, whose tests use `sim`) there is no Envoy:
-/// no clock, no property.
-#[cfg(not(target_arch = "wasm32"))]
-fn mono_ms() -> Option<u64> {
-    None
 }
 
 impl Host for Envoy {
@@ -164,9 +144,17 @@ impl Host for Envoy {
             .ok()
             .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
             .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+        // Milliseconds on the host's monotonic clock (`None`: the host does
+        // not answer), read directly rather than through `std::time::Instant`,
+        // which panics (aborting the VM) when the host refuses the clock.
+        const MONOTONIC: u32 = 1;
+        let mut nanos: u64 = 0;
+        // SAFETY: the host writes one u64 to the pointer it is given, which
+        // points at a live local of that type.
+        let errno = unsafe { clock_time_get(MONOTONIC, 1_000_000, &mut nanos) };
         let now = Now {
             wall_ms,
-            mono_ms: mono_ms(),
+            mono_ms: (errno == 0).then_some(nanos / 1_000_000),
         };
         if held.is_some() {
             INSTANT.with(|i| i.set(Some(Some(now))));
@@ -197,7 +185,6 @@ impl Host for Envoy {
     /// host refused).
     /// The status is read as a number: one the SDK does not know cannot abort
     /// the VM.
-    #[cfg(target_arch = "wasm32")]
     fn property(&self, path: &str) -> Option<Vec<u8>> {
         const OK: u32 = 0;
         let mut data: *mut u8 = std::ptr::null_mut();
@@ -212,11 +199,6 @@ impl Host for Envoy {
         // `proxy_on_memory_allocate` (a boxed `[u8]` of that length), handed
         // over to this module: owned by the Vec from here on.
         Some(unsafe { Vec::from_raw_parts(data, size, size) })
-    }
-
-    #[cfg(not(target_arch = "wasm32"))]
-    fn property(&self, _: &str) -> Option<Vec<u8>> {
-        None
     }
 
     fn respond(

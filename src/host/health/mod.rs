@@ -108,7 +108,7 @@ impl<H: Host + Copy> Health<H> {
         let host = *metrics.host();
         let active = ActiveCount::new(&metrics);
         let refusing = config.shared.draining_new_requests == NewRequests::Refuse;
-        metrics.set_drain_timeout(config.drain_timeout_ms);
+        metrics.set_drain_timeout_seconds(config.drain_timeout_ms / 1000);
         let health = Health {
             rotator: Rotator::new(host, config.rotate_connections.clone(), refusing),
             termination: termination::Watch::new(host, config.termination_watch.clone()),

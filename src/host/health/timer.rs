@@ -46,7 +46,8 @@ impl<H: Host> Health<H> {
             .flatten();
         if judged {
             self.metrics.set_count_unreliable(!reading.reliable);
-            self.metrics.set_oldest_in_flight(oldest);
+            self.metrics
+                .set_oldest_in_flight_seconds(oldest.unwrap_or(0) / 1000);
             self.lb_gauges(now.timer_ms());
         }
         if let Some(view) = view {
@@ -69,7 +70,10 @@ impl<H: Host> Health<H> {
         let wait = Wait::of(c.close_after, c.lb_buffer_ms, c.lb_down_timeout_ms);
         if let Ok(checkers) = self.store.lb_checkers().map_err(lb_unavailable) {
             let d = checkers.detection(now, c.lb_fall, wait);
-            self.metrics.set_lb_detection(d.as_ref());
+            // Nothing measured: both 0.
+            let (interval, short) = d.map_or((0, 0), |d| (d.interval_ms, d.short_ms));
+            self.metrics.set_lb_check_interval_ms(interval);
+            self.metrics.set_lb_buffer_short_ms(short);
         }
     }
 
