@@ -14,7 +14,7 @@ use crate::gate::lb::Gate;
 use crate::gate::rotation::{self, Outcome};
 use crate::host::keys;
 use crate::host::logs;
-use crate::host::shared::{self, cas_update, json_read, Decision, SharedError};
+use crate::host::shared::{self, json_change, json_read, SharedError};
 use crate::host::wasm_host::{Envoy, Host};
 
 /// This worker's part in the rotation: at most one call at a time.
@@ -43,16 +43,14 @@ pub fn load<H: Host>(host: &H) -> Result<Option<rotation::Record>, SharedError> 
 /// Claims the rotation of `claim`'s drain for this worker: written unless
 /// that drain (or a later one) already has a record. `true`: claimed.
 fn claim_drain<H: Host>(host: &H, claim: &rotation::Record) -> Result<bool, SharedError> {
-    cas_update(host, keys::ROTATION, |bytes, _| {
-        let current: Option<rotation::Record> =
-            bytes.map_or(Ok(None), |b| shared::parse(keys::ROTATION, b))?;
-        if current.is_some_and(|r| r.drain_started_ms >= claim.drain_started_ms) {
-            return Ok(Decision::Keep(false));
+    let drain_ms = claim.drain_started_ms;
+    json_change(host, keys::ROTATION, |rec: &mut Option<_>| {
+        // Free when no drain, or only an earlier one, has a record.
+        let free = rec.as_ref().map(|r: &rotation::Record| r.drain_started_ms) < Some(drain_ms);
+        if free {
+            *rec = Some(claim.clone());
         }
-        Ok(Decision::Write(
-            shared::encode(keys::ROTATION, &Some(claim))?,
-            true,
-        ))
+        free
     })
 }
 
