@@ -3,7 +3,8 @@
 
 use serde::Serialize;
 
-use crate::gate::fsm::{Illegal, State};
+use crate::gate::fsm::Illegal;
+use crate::json::{object, Absent};
 
 /// One complete answer.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -39,15 +40,13 @@ impl Reply {
     }
 }
 
-#[derive(Serialize)]
-struct ErrorBody<'a> {
-    error: &'a str,
-    message: &'a str,
-}
-
 /// `{"error": ..., "message": ...}` with `status`.
 pub(crate) fn error(status: u16, error: &str, message: &str) -> Reply {
-    Reply::json(status, &ErrorBody { error, message })
+    let body = object!(ErrorBody {
+        error: error,
+        message: message,
+    });
+    Reply::json(status, &body)
 }
 
 /// 400 for a request the API understands but cannot take as written.
@@ -64,17 +63,6 @@ pub fn unavailable() -> Reply {
     )
 }
 
-#[derive(Serialize)]
-struct IllegalBody {
-    error: &'static str,
-    state: State,
-    requested: State,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    hold_until: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    message: Option<&'static str>,
-}
-
 /// Why a reopen through a preStop hold is refused.
 const PRESTOP_HOLD: &str = "a preStop hold is active: GET /prestop or POST /drain?wait=closed \
     is waiting for CLOSED. Reopening releases it, and kubelet then stops the pod while the LB \
@@ -87,22 +75,29 @@ pub fn illegal(e: Illegal) -> Reply {
         Some(_) => ("prestop_hold", Some(PRESTOP_HOLD)),
         None => ("illegal_transition", None),
     };
-    Reply::json(
-        409,
-        &IllegalBody {
-            error,
-            state: e.state,
-            requested: e.requested,
-            hold_until: e.hold_until_ms.map(crate::gate::clock::rfc3339),
-            message,
-        },
-    )
+    let body = object!(IllegalBody {
+        error: error,
+        state: e.state,
+        requested: e.requested,
+        #[serde(
+            skip_serializing_if = "Absent::absent",
+            bound = "hold_until: Serialize + Absent"
+        )]
+        hold_until: e.hold_until_ms.map(crate::gate::clock::rfc3339),
+        #[serde(
+            skip_serializing_if = "Absent::absent",
+            bound = "message: Serialize + Absent"
+        )]
+        message: message,
+    });
+    Reply::json(409, &body)
 }
 
 #[cfg(test)]
 #[allow(clippy::unwrap_used, clippy::indexing_slicing)]
 pub(crate) mod tests {
     use super::*;
+    use crate::gate::fsm::State;
 
     pub(crate) fn body(r: &Reply) -> serde_json::Value {
         serde_json::from_slice(&r.body).unwrap()

@@ -32,16 +32,9 @@ pub fn read<H: Host>(host: &H) -> Placeholders {
 
 /// `read`, parsed only when the record changed since `seen` parsed it.
 pub fn read_seen<H: Host>(host: &H, seen: &Seen<Placeholders>) -> Rc<Placeholders> {
-    match seen.read(host, keys::PLACEHOLDERS) {
-        Ok(p) => p.unwrap_or_default(),
-        Err(e) => {
-            logs::warning!(
-                "event=shared_data_error key={} error=\"{e}\"",
-                keys::PLACEHOLDERS
-            );
-            Rc::default()
-        }
-    }
+    let read = seen.read(host, keys::PLACEHOLDERS);
+    let read = shared::logged(log::Level::Warn, keys::PLACEHOLDERS, read);
+    read.flatten().unwrap_or_default()
 }
 
 /// One per placeholder root context.

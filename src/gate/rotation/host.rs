@@ -11,10 +11,10 @@ use std::cell::RefCell;
 
 use crate::gate::fsm::Record;
 use crate::gate::lb::Gate;
-use crate::gate::rotation::{self, Outcome};
+use crate::gate::rotation::{self, Outcome, Record as Rotation};
 use crate::host::keys;
 use crate::host::logs;
-use crate::host::shared::{self, cas_update, json_read, Decision, SharedError};
+use crate::host::shared::{self, json_change, json_read, SharedError};
 use crate::host::wasm_host::{Envoy, Host};
 
 /// This worker's part in the rotation: at most one call at a time.
@@ -25,35 +25,19 @@ pub struct Rotator<H: Host = Envoy> {
     cluster: Option<String>,
     refusing: bool,
     /// This worker's rotation call in flight, if any: its token and record.
-    sent: RefCell<Option<(u32, rotation::Record)>>,
+    sent: RefCell<Option<(u32, Rotation)>>,
 }
 
 /// Creates the rotation record (none yet) unless it exists: on configure,
 /// with the records of `Store::create` (see `root::create_shared`).
 pub fn create<H: Host>(host: &H) {
-    shared::ensure_json(host, keys::ROTATION, &None::<rotation::Record>);
+    shared::ensure_json(host, keys::ROTATION, &None::<Rotation>);
 }
 
 /// The rotation record of the last drain (`crate::gate::rotation`): written only
 /// by the worker that owns that drain's rotation, read by any status answer.
-pub fn load<H: Host>(host: &H) -> Result<Option<rotation::Record>, SharedError> {
+pub fn load<H: Host>(host: &H) -> Result<Option<Rotation>, SharedError> {
     json_read(host, keys::ROTATION)
-}
-
-/// Claims the rotation of `claim`'s drain for this worker: written unless
-/// that drain (or a later one) already has a record. `true`: claimed.
-fn claim_drain<H: Host>(host: &H, claim: &rotation::Record) -> Result<bool, SharedError> {
-    cas_update(host, keys::ROTATION, |bytes, _| {
-        let current: Option<rotation::Record> =
-            bytes.map_or(Ok(None), |b| shared::parse(keys::ROTATION, b))?;
-        if current.is_some_and(|r| r.drain_started_ms >= claim.drain_started_ms) {
-            return Ok(Decision::Keep(false));
-        }
-        Ok(Decision::Write(
-            shared::encode(keys::ROTATION, &Some(claim))?,
-            true,
-        ))
-    })
 }
 
 impl<H: Host> Rotator<H> {
@@ -77,21 +61,34 @@ impl<H: Host> Rotator<H> {
         ) else {
             return;
         };
-        let claim = rotation::Record::pending(drain_ms, trigger, self.host.now().wall_ms);
-        let claimed = claim_drain(&self.host, &claim).unwrap_or_else(|e| {
+        let claim = Rotation::pending(drain_ms, trigger, self.host.now().wall_ms);
+        if self.write(&claim, true) {
+            self.save(&self.send(claim));
+        } // else another worker sent it, or a later drain's is recorded
+    }
+
+    /// Writes `rec` as the rotation record unless a later drain's rotation is
+    /// recorded, or (`claim`: claiming the drain's rotation for this worker)
+    /// this drain's already is. `true`: written.
+    fn write(&self, rec: &Rotation, claim: bool) -> bool {
+        let ms = Some(rec.drain_started_ms);
+        json_change(&self.host, keys::ROTATION, |slot: &mut Option<Rotation>| {
+            let recorded = slot.as_ref().map(|r| r.drain_started_ms);
+            let free = if claim { recorded < ms } else { recorded <= ms };
+            if free {
+                *slot = Some(rec.clone());
+            }
+            free
+        })
+        .unwrap_or_else(|e| {
             logs::warning!("event=rotation_record_unavailable error=\"{e}\"");
             false
-        });
-        if !claimed {
-            return; // another worker sent it, or a later drain's is recorded
-        }
-        self.save(&self.send(claim));
+        })
     }
 
     /// Logs `rec`, and saves it unless a later drain's rotation is already
-    /// recorded. After the claim, one writer per drain, so no
-    /// compare-and-swap: the last write wins.
-    fn save(&self, rec: &rotation::Record) {
+    /// recorded (after the claim, one writer per drain).
+    fn save(&self, rec: &Rotation) {
         match rec.outcome {
             Outcome::Done | Outcome::Pending => logs::info!(
                 "event=connection_rotation outcome={} trigger={} admin_status={}",
@@ -105,18 +102,10 @@ impl<H: Host> Rotator<H> {
                 rec.error.as_deref().unwrap_or("")
             ),
         }
-        if matches!(load(&self.host), Ok(Some(r)) if r.drain_started_ms > rec.drain_started_ms) {
-            return;
-        }
-        let saved = shared::encode(keys::ROTATION, rec).and_then(|bytes| {
-            (self.host.set(keys::ROTATION, &bytes, None)).map_err(SharedError::Write)
-        });
-        if let Err(e) = saved {
-            logs::warning!("event=rotation_record_unavailable error=\"{e}\"");
-        }
+        self.write(rec, false);
     }
 
-    fn send(&self, claim: rotation::Record) -> rotation::Record {
+    fn send(&self, claim: Rotation) -> Rotation {
         let cluster = self.cluster.as_deref().unwrap_or(rotation::DEFAULT_CLUSTER);
         let headers = [
             (":method", "POST"),
@@ -128,7 +117,7 @@ impl<H: Host> Rotator<H> {
                 *self.sent.borrow_mut() = Some((token, claim.clone()));
                 claim
             }
-            Err(e) => rotation::Record {
+            Err(e) => Rotation {
                 outcome: Outcome::Failed,
                 requested_ms: None,
                 error: Some(format!(
