@@ -151,7 +151,7 @@ impl<H: Host> Health<H> {
             self.renew_hold();
         }
         for (context_id, end) in over {
-            send(self.host(), Some(context_id), &self.wait_reply(end, rec));
+            send(self.host(), Some(context_id), &self.status(rec, Some(end)));
         }
         held
     }
