@@ -156,10 +156,10 @@ impl<H: Host> Health<H> {
         held
     }
 
-    /// Whether CLOSED began less than `scrape_interval` ago: a held preStop
-    /// answer waits for a scrape to see it.
+    /// Whether CLOSED began less than `scrape_interval` ago (the record of a
+    /// CLOSED gateway always says when): a held preStop answer waits for a
+    /// scrape to see it.
     pub(super) fn lingering(&self, rec: &Record, now: Now) -> bool {
-        rec.closed_ms
-            .is_some_and(|at| !now.passed(at, None, self.config.scrape_interval_ms))
+        !now.passed_if(rec.closed_ms, None, self.config.scrape_interval_ms)
     }
 }
