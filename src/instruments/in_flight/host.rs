@@ -79,11 +79,8 @@ impl<H: Host> Book<H> {
         };
         ages.compact();
         let summary = ages.publish(now, self.tick_ms);
-        if self
-            .published
-            .get()
-            .is_some_and(|(was_id, was)| was_id == id && was.same_as(&summary))
-        {
+        let same = |(was_id, was): (u64, Published)| was_id == id && was.same_as(&summary);
+        if self.published.get().is_some_and(same) {
             return;
         }
         let key = keys::in_flight(id);
