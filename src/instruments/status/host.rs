@@ -57,7 +57,7 @@ impl<H: Host> Health<H> {
             receipt: self.tally_of(rec),
             durations: crate::instruments::sizing::host::read(self.host()),
         };
-        end.map_or_else(|| api::status(&view), |end| api::wait_reply(end, &view))
+        api::status(&view, end)
     }
 }
 
