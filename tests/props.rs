@@ -624,7 +624,7 @@ proptest! {
             receipt: drain_gate::instruments::receipt::Tally::default(),
             durations: drain_gate::instruments::sizing::Durations::default(),
         };
-        let body: Value = serde_json::from_slice(&api::status(&view).body).unwrap();
+        let body: Value = serde_json::from_slice(&api::status(&view, None).body).unwrap();
         for field in ["state", "ready", "live", "lb_status", "active", "count", "waiting_for", "traffic", "in_flight", "progress", "lb", "clock", "connection_rotation"] {
             prop_assert!(body.get(field).is_some(), "{field} missing: {body}");
         }

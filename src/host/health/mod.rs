@@ -140,13 +140,9 @@ impl<H: Host> Health<H> {
 
     /// When the LB was observed DOWN, if `close_after` asks for it.
     pub(super) fn lb_down_ms(&self) -> Option<u64> {
-        if self.config.close_after != CloseAfter::LbObservedDown {
-            return None;
-        }
-        self.store
-            .lb_checkers()
-            .ok()
-            .and_then(|c| c.down_since(self.host().now().timer_ms(), self.config.lb_fall))
+        let observed = self.config.close_after == CloseAfter::LbObservedDown;
+        let checkers = observed.then(|| self.store.lb_checkers().ok()).flatten()?;
+        checkers.down_since(self.host().now().timer_ms(), self.config.lb_fall)
     }
 
     /// Moves the FSM for an admin command, then applies whatever became due

@@ -69,10 +69,10 @@ impl<H: Host> Health<H> {
         match api::route(req, &self.config) {
             Err(reply) => Some(reply),
             Ok(Endpoint::Check(audience)) => Some(self.check(audience, req)),
-            Ok(Endpoint::Status) => self.loaded(|rec| Some(self.status_reply(&rec))),
+            Ok(Endpoint::Status) => self.loaded(|rec| Some(self.status(&rec, None))),
             Ok(Endpoint::Transition(cmd)) => self.loaded(|_| {
                 Some(match self.command(cmd) {
-                    Ok(next) => self.status_reply(&next),
+                    Ok(next) => self.status(&next, None),
                     Err(store::TransitionError::Illegal(e)) => api::illegal(e),
                     Err(store::TransitionError::Shared(e)) => unavailable(e),
                 })
@@ -121,7 +121,7 @@ impl<H: Host> Health<H> {
     /// it joins turns automatic (`fsm::resume`).
     fn drain_and_wait(&self, rec: Record, timeout_ms: u64, context_id: u32) -> Option<Reply> {
         if rec.state == State::Fault {
-            return Some(self.wait_reply(api::WaitEnd::InFault, &rec));
+            return Some(self.status(&rec, Some(api::WaitEnd::InFault)));
         }
         let joined = match (rec.state == State::Open).then(|| self.command(api::Command::Drain)) {
             Some(Ok(next)) => Ok(next),
@@ -134,7 +134,7 @@ impl<H: Host> Health<H> {
         };
         if let Some(end) = api::wait_end(rec.state, false, self.lingering(&rec, self.host().now()))
         {
-            return Some(self.wait_reply(end, &rec));
+            return Some(self.status(&rec, Some(end)));
         }
         self.waiters.borrow_mut().push(Waiter {
             context_id,

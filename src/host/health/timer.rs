@@ -11,7 +11,7 @@ use crate::gate::lb::Wait;
 use crate::gate::placeholder::{self, Action as PlaceholderAction};
 use crate::host::logs;
 use crate::host::wasm_host::Host;
-use crate::instruments::in_flight::host as in_flight;
+use crate::instruments::in_flight::{self, host::published};
 
 /// How often a health root sets the LB detection gauges: each second, not
 /// each tick (one read and parse of the LB record).
@@ -42,8 +42,8 @@ impl<H: Host> Health<H> {
         let view = self.receipt_view(&rec);
         let flip = view.is_some_and(|(flip, _)| flip);
         let oldest = (judged || flip)
-            .then(|| in_flight::read(self.host(), now.timer_ms(), self.watch.ids()).oldest_age_ms)
-            .flatten();
+            .then(|| published(self.host(), self.watch.ids()))
+            .and_then(|p| in_flight::merge(&p, now.timer_ms()).oldest_age_ms);
         if judged {
             self.metrics.set_count_unreliable(!reading.reliable);
             self.metrics
@@ -155,15 +155,15 @@ impl<H: Host> Health<H> {
             self.renew_hold();
         }
         for (context_id, end) in over {
-            send(self.host(), Some(context_id), &self.wait_reply(end, rec));
+            send(self.host(), Some(context_id), &self.status(rec, Some(end)));
         }
         held
     }
 
-    /// Whether CLOSED began less than `scrape_interval` ago: a held preStop
-    /// answer waits for a scrape to see it.
+    /// Whether CLOSED began less than `scrape_interval` ago (the record of a
+    /// CLOSED gateway always says when): a held preStop answer waits for a
+    /// scrape to see it.
     pub(super) fn lingering(&self, rec: &Record, now: Now) -> bool {
-        rec.closed_ms
-            .is_some_and(|at| !now.passed(at, None, self.config.scrape_interval_ms))
+        !now.passed_if(rec.closed_ms, None, self.config.scrape_interval_ms)
     }
 }

@@ -11,7 +11,7 @@ use crate::host::keys;
 use crate::host::logs;
 use crate::host::shared;
 use crate::host::wasm_host::Host;
-use crate::instruments::in_flight::{self, Ages, InFlight, Published};
+use crate::instruments::in_flight::{Ages, Published};
 
 /// A traffic root's streams by start tick (`Ages`). A stream is stamped with
 /// the time of the last tick, so starting and ending one makes no host call;
@@ -79,11 +79,8 @@ impl<H: Host> Book<H> {
         };
         ages.compact();
         let summary = ages.publish(now, self.tick_ms);
-        if self
-            .published
-            .get()
-            .is_some_and(|(was_id, was)| was_id == id && was.same_as(&summary))
-        {
+        let same = |(was_id, was): (u64, Published)| was_id == id && was.same_as(&summary);
+        if self.published.get().is_some_and(same) {
             return;
         }
         let key = keys::in_flight(id);
@@ -109,10 +106,4 @@ pub fn published<H: Host>(host: &H, ids: impl IntoIterator<Item = u64>) -> Vec<P
             })
         })
         .collect()
-}
-
-/// The ages of the roots `ids`, merged, as of `now_ms` (a summary that is
-/// missing or stale is left out).
-pub fn read<H: Host>(host: &H, now_ms: u64, ids: impl IntoIterator<Item = u64>) -> InFlight {
-    in_flight::merge(&published(host, ids), now_ms)
 }

@@ -55,14 +55,11 @@ impl Histogram {
     }
 
     fn add(&mut self, age_ms: u64, n: u64) {
-        let slot = if age_ms < AGE_BOUNDS_MS[0] {
-            &mut self.lt_1s
-        } else if age_ms < AGE_BOUNDS_MS[1] {
-            &mut self.lt_10s
-        } else if age_ms < AGE_BOUNDS_MS[2] {
-            &mut self.lt_60s
-        } else {
-            &mut self.ge_60s
+        let slot = match age_ms {
+            a if a < AGE_BOUNDS_MS[0] => &mut self.lt_1s,
+            a if a < AGE_BOUNDS_MS[1] => &mut self.lt_10s,
+            a if a < AGE_BOUNDS_MS[2] => &mut self.lt_60s,
+            _ => &mut self.ge_60s,
         };
         *slot = slot.saturating_add(n);
     }

@@ -11,9 +11,9 @@ use crate::host::wasm_host::Host;
 use crate::instruments::in_flight::host as in_flight;
 
 impl<H: Host> Health<H> {
-    /// Everything a status answer shows beyond the FSM record, read now and
-    /// handed to `answer`.
-    fn with_view(&self, rec: &Record, answer: &dyn Fn(&View) -> Reply) -> Reply {
+    /// The status answer (`end`: `None`) or a held wait's final answer, from
+    /// the FSM record and everything else it shows, read now.
+    pub(super) fn status(&self, rec: &Record, end: Option<api::WaitEnd>) -> Reply {
         let checkers = or_warn(self.store.lb_checkers(), "lb");
         let rotation = or_warn(rotation::host::load(self.host()), "rotation");
         let steps = or_warn(self.store.clock_steps(), "clock");
@@ -25,7 +25,7 @@ impl<H: Host> Health<H> {
         let published = in_flight::published(self.host(), reg.roots.iter().map(|r| r.id));
         let reading = self.active.read();
         let now = self.host().now();
-        answer(&View {
+        let view = View {
             rec,
             now,
             timers: now.timers(),
@@ -56,15 +56,8 @@ impl<H: Host> Health<H> {
             },
             receipt: self.tally_of(rec),
             durations: crate::instruments::sizing::host::read(self.host()),
-        })
-    }
-
-    pub(super) fn status_reply(&self, rec: &Record) -> Reply {
-        self.with_view(rec, &api::status)
-    }
-
-    pub(super) fn wait_reply(&self, end: api::WaitEnd, rec: &Record) -> Reply {
-        self.with_view(rec, &|v| api::wait_reply(end, v))
+        };
+        api::status(&view, end)
     }
 }
 

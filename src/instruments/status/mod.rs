@@ -314,11 +314,6 @@ fn detection(d: Detection<'_>) -> impl Serialize + '_ {
     })
 }
 
-/// `GET /drain/status` and the answer to a successful transition.
-pub fn status(v: &View) -> Reply {
-    Reply::json(200, &document(v, None))
-}
-
 /// How a held `wait=closed` ends.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum WaitEnd {
@@ -344,15 +339,18 @@ pub fn wait_end(state: State, timed_out: bool, lingering: bool) -> Option<WaitEn
     }
 }
 
-/// The final answer of a held wait: at CLOSED the status with `wait:
-/// "closed"`; an abort or a timeout a small error (whatever the number of LB
-/// checkers) naming the state it ended in — `GET /drain/status` has the rest.
-pub fn wait_reply(end: WaitEnd, v: &View) -> Reply {
+/// `GET /drain/status` and the answer to a successful transition (`end`:
+/// `None`), or the final answer of a held wait: at CLOSED the status with
+/// `wait: "closed"`; an abort or a timeout a small error (whatever the number
+/// of LB checkers) naming the state it ended in — `GET /drain/status` has the
+/// rest.
+pub fn status(v: &View, end: Option<WaitEnd>) -> Reply {
     let (code, error, wait, message) = match end {
-        WaitEnd::Closed => return Reply::json(200, &document(v, Some("closed"))),
-        WaitEnd::Aborted => (409, "drain_aborted", "aborted", ABORTED),
-        WaitEnd::InFault => (409, "in_fault", "fault", IN_FAULT),
-        WaitEnd::TimedOut => (504, "wait_timeout", "timeout", TIMED_OUT),
+        None => return Reply::json(200, &document(v, None)),
+        Some(WaitEnd::Closed) => return Reply::json(200, &document(v, Some("closed"))),
+        Some(WaitEnd::Aborted) => (409, "drain_aborted", "aborted", ABORTED),
+        Some(WaitEnd::InFault) => (409, "in_fault", "fault", IN_FAULT),
+        Some(WaitEnd::TimedOut) => (504, "wait_timeout", "timeout", TIMED_OUT),
     };
     let body = object!(WaitError {
         error: error,
@@ -376,6 +374,14 @@ mod tests {
     use super::*;
     use crate::api::reply::tests::body;
     use crate::instruments::in_flight::Histogram;
+
+    fn status(v: &View) -> Reply {
+        super::status(v, None)
+    }
+
+    fn wait_reply(end: WaitEnd, v: &View) -> Reply {
+        super::status(v, Some(end))
+    }
 
     /// Calls `f` with a status view of an OPEN gateway: 3 in flight, a clock step seen.
     fn sample<R>(f: impl FnOnce(View) -> R) -> R {

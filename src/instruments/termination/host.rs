@@ -23,7 +23,7 @@
 //! server's listener closes): its 503 reaches the watch on the connection
 //! Envoy keeps open to it, which the call at every tick keeps in use.
 
-use std::cell::Cell;
+use std::cell::{Cell, RefCell};
 use std::time::Duration;
 
 use crate::host::logs;
@@ -44,7 +44,7 @@ pub struct Watch<H: Host = Envoy> {
     cluster: Option<String>,
     sent: Cell<Option<u32>>,
     /// What the answers so far said.
-    seen: Cell<termination::Watch>,
+    seen: RefCell<termination::Watch>,
 }
 
 impl<H: Host> Watch<H> {
@@ -53,7 +53,7 @@ impl<H: Host> Watch<H> {
             host,
             cluster,
             sent: Cell::new(None),
-            seen: Cell::new(termination::Watch::default()),
+            seen: RefCell::default(),
         }
     }
 
@@ -61,7 +61,7 @@ impl<H: Host> Watch<H> {
     /// while `watching` (a preStop answer held in a drain), unless a call is
     /// in flight or the SIGTERM was seen.
     pub fn tick(&self, watching: bool, metrics: &Metrics<H>) {
-        let idle = || self.sent.get().is_none() && !self.seen.get().done();
+        let idle = || self.sent.get().is_none() && !self.seen.borrow().done();
         let Some(cluster) = self.cluster.as_deref().filter(|_| watching && idle()) else {
             return;
         };
@@ -73,7 +73,7 @@ impl<H: Host> Watch<H> {
         match self.host.http_call(cluster, &headers, TIMEOUT) {
             Ok(token) => self.sent.set(Some(token)),
             Err(e) => {
-                let verdict = self.judge(|w| w.refused());
+                let verdict = self.seen.borrow_mut().refused();
                 self.say(verdict, metrics, &format_args!(" host_status={e:?}"));
             }
         }
@@ -100,16 +100,9 @@ impl<H: Host> Watch<H> {
                 body_bytes,
             },
         };
-        let verdict = self.judge(|w| w.answered(answer));
+        let verdict = self.seen.borrow_mut().answered(answer);
         self.say(verdict, metrics, &"");
         verdict == Verdict::Sigterm
-    }
-
-    fn judge(&self, f: impl FnOnce(&mut termination::Watch) -> Verdict) -> Verdict {
-        let mut seen = self.seen.get();
-        let verdict = f(&mut seen);
-        self.seen.set(seen);
-        verdict
     }
 
     /// The watch cannot see the SIGTERM: one warning, one count.
