@@ -258,14 +258,6 @@ impl<H: Host> Traffic<H> {
     }
 }
 
-/// The request headers of the stream whose callback runs, as the refusal
-/// reads them: one host call per header it asks for.
-impl<H: Host> refusal::Headers for H {
-    fn get(&self, name: &str) -> Option<String> {
-        self.request_header(name)
-    }
-}
-
 /// One HTTP stream or one TCP connection. It is counted from its creation,
 /// which Envoy runs when the stream reaches this filter (the filter's
 /// `decodeHeaders`; a connection's `onNewConnection`), not when the
@@ -349,7 +341,7 @@ impl<H: Host> TrafficStream<H> {
     fn refuse(&mut self) -> Action {
         let refusal = self.traffic.refusal;
         let host = self.traffic.metrics.host();
-        let meet = refusal.meet(host);
+        let meet = refusal.meet(|name| host.request_header(name));
         if meet == Meet::Serve {
             return Action::Continue;
         }
