@@ -286,15 +286,12 @@ pub struct TrafficStream<H: Host = Envoy> {
     /// out): it completed, or ended by Envoy's own answer (`on_log` reads
     /// which), whatever happens to its connection afterwards.
     response_done: bool,
-    /// How it ended, when it ended during a drain (HTTP: from `on_log`; a
-    /// connection: as it closes).
-    end: Option<End>,
     /// An HTTP stream of `crate::instruments::sizing::CLASSIFY_FROM_MS` or more that was
     /// upgraded (WebSocket, CONNECT), as its request headers say at its end.
     upgraded: bool,
-    /// Whether its end came at a checker's DOWN, read when it happened: an
-    /// HTTP stream's cut, or a connection's first end by its downstream
-    /// during a drain (else read as it closes).
+    /// Whether a connection's first end, by its downstream during a drain,
+    /// came at a checker's DOWN, read when it happened (else read as it
+    /// closes).
     at_lb_down: Option<bool>,
 }
 
@@ -314,7 +311,6 @@ impl<H: Host> TrafficStream<H> {
             restore_status: false,
             first: None,
             response_done: false,
-            end: None,
             at_lb_down: None,
             upgraded: false,
         }
@@ -428,8 +424,8 @@ impl<H: Host> TrafficStream<H> {
                 .unwrap_or(0);
             receipt::http_end(flags)
         };
-        self.at_lb_down = Some(end == End::Cut && self.traffic.at_lb_down(true));
-        self.end = Some(end);
+        let by_lb = end == End::Cut && self.traffic.at_lb_down(true);
+        self.traffic.sort_end(end, by_lb);
     }
 
     /// One side of a connection closed (Envoy's close event).
@@ -478,14 +474,11 @@ impl<H: Host> Drop for TrafficStream<H> {
         if self.traffic.part == Part::Connections && self.traffic.drain.get().is_some() {
             // A downstream end seen before the drain did: its address is no
             // longer readable here.
-            let at_down = *self
+            let at_down = self
                 .at_lb_down
-                .get_or_insert_with(|| self.traffic.at_lb_down(false));
-            self.end = Some(receipt::tcp_end(self.first.unwrap_or_default(), || at_down));
-        }
-        if let Some(end) = self.end {
-            self.traffic
-                .sort_end(end, end == End::Cut && self.at_lb_down == Some(true));
+                .unwrap_or_else(|| self.traffic.at_lb_down(false));
+            let end = receipt::tcp_end(self.first.unwrap_or_default(), || at_down);
+            self.traffic.sort_end(end, end == End::Cut && at_down);
         }
         if self.counted {
             self.traffic.stream_ended();
