@@ -37,7 +37,7 @@ pub enum Config {
 /// The keys both the traffic and the health role read: all the traffic role
 /// reads. The health role shows the refusing in its status, and rotates the
 /// connections at a drain's start only when it refuses.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Shared {
     pub tick_ms: u64,
     /// What the traffic role does with a new HTTP request while draining.

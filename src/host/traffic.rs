@@ -15,7 +15,7 @@ use crate::gate::count::{self, ActiveCount, Part, PartCounter};
 use crate::gate::fsm::host::Store;
 use crate::gate::fsm::{Record, State};
 use crate::gate::liveness::host::Heartbeat;
-use crate::gate::refusal::{self, Meet, NewRequests, Refusal};
+use crate::gate::refusal::{self, Meet, NewRequests};
 use crate::host::logs;
 use crate::host::metrics::Metrics;
 use crate::host::wasm_host::{Envoy, Host};
@@ -56,10 +56,8 @@ pub struct Traffic<H: Host = Envoy> {
     /// and a root created mid-drain sorts ends from its first tick on). Only
     /// during one does an end cost a look at how it ended (`crate::instruments::receipt`).
     drain: Cell<Option<u64>>,
-    /// `draining_new_requests`.
-    new_requests: NewRequests,
-    /// How it refuses (`draining_grpc_requests`, `refuse_with`).
-    refusal: Refusal,
+    /// `draining_new_requests`, and how it refuses (`config::Shared`).
+    config: Shared,
     /// Ends of the drain that completed since the last tick: the common end
     /// is added to its counter once a tick, not by a host call per stream
     /// (the receipt's other ends are counted at once), and to `drain`'s
@@ -84,8 +82,7 @@ impl<H: Host + Copy> Traffic<H> {
             store: Store::new(host).raising(crate::instruments::receipt::host::transition),
             phase: Cell::new(Phase::Flips),
             drain: Cell::new(None),
-            new_requests: config.draining_new_requests,
-            refusal: config.refusal,
+            config: *config,
             completed: Cell::new(0),
             ages: Book::new(host, config.tick_ms),
             durations: sizing::Book::new(host, config.tick_ms, metrics.durations),
@@ -208,7 +205,7 @@ impl<H: Host> Traffic<H> {
     /// `/reopen` ends the refusing at once). One host call per request, only
     /// in a drain and only in that mode.
     fn refuses(&self) -> bool {
-        self.new_requests == NewRequests::Refuse
+        self.config.draining_new_requests == NewRequests::Refuse
             && self.drain.get().is_some()
             && self.state_now().is_some_and(|s| s != State::Open)
     }
@@ -335,7 +332,7 @@ impl<H: Host> TrafficStream<H> {
     #[cold]
     #[inline(never)]
     fn refuse(&mut self) -> Action {
-        let refusal = self.traffic.refusal;
+        let refusal = self.traffic.config.refusal;
         let host = self.traffic.metrics.host();
         let meet = refusal.meet(|name| host.request_header(name));
         if meet == Meet::Serve {
