@@ -67,15 +67,11 @@ impl Cidr {
 
 /// `ip` with every bit past the first `prefix` cleared.
 fn masked(ip: IpAddr, prefix: u8) -> IpAddr {
-    let (bits, width) = match ip {
-        IpAddr::V4(v4) => (u32::from(v4).into(), 32u32),
-        IpAddr::V6(v6) => (u128::from(v6), 128),
-    };
-    let clear = width.saturating_sub(u32::from(prefix));
-    let kept = bits.checked_shr(clear).map_or(0, |top| top << clear);
+    // The first `prefix` bits of a `width`-bit address set, in the low bits.
+    let mask = |width: u32| u128::MAX.checked_shl(width.saturating_sub(prefix.into()));
     match ip {
-        IpAddr::V4(_) => IpAddr::V4((kept as u32).into()),
-        IpAddr::V6(_) => IpAddr::V6(kept.into()),
+        IpAddr::V4(v4) => IpAddr::V4((u32::from(v4) & mask(32).unwrap_or(0) as u32).into()),
+        IpAddr::V6(v6) => IpAddr::V6((u128::from(v6) & mask(128).unwrap_or(0)).into()),
     }
 }
 
