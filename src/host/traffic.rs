@@ -335,10 +335,8 @@ impl<H: Host> TrafficStream<H> {
         let refusal = self.traffic.config.refusal;
         let host = self.traffic.metrics.host();
         let meet = refusal.meet(|name| host.request_header(name));
-        if meet == Meet::Serve {
-            return Action::Continue;
-        }
         let sent = match meet {
+            Meet::Serve => return Action::Continue,
             Meet::Reset => host.reset_stream(),
             _ => host.respond(None, refusal::STATUS, &refusal::HEADERS, refusal::BODY),
         };
