@@ -1,7 +1,6 @@
 //! IP networks for `admin_allow`, and peer addresses as Envoy gives them.
 //! Pure.
 
-use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
 /// The IP of a peer address as Envoy's `source.address` gives it
@@ -75,16 +74,18 @@ fn masked(ip: IpAddr, prefix: u8) -> IpAddr {
     }
 }
 
-impl fmt::Display for Cidr {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}/{}", self.net, self.prefix)
-    }
-}
-
 #[cfg(test)]
 #[allow(clippy::unwrap_used, clippy::indexing_slicing)]
 mod tests {
     use super::*;
+    use std::fmt;
+
+    /// As the configuration writes it (only tests show a network).
+    impl fmt::Display for Cidr {
+        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            write!(f, "{}/{}", self.net, self.prefix)
+        }
+    }
 
     #[test]
     fn cidr_matching() {
