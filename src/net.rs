@@ -25,14 +25,8 @@ pub struct Cidr {
 
 /// The loopback networks, IPv4 and IPv6.
 pub const LOOPBACK: [Cidr; 2] = [
-    Cidr {
-        net: IpAddr::V4(Ipv4Addr::new(127, 0, 0, 0)),
-        prefix: 8,
-    },
-    Cidr {
-        net: IpAddr::V6(Ipv6Addr::LOCALHOST),
-        prefix: 128,
-    },
+    Cidr::new(IpAddr::V4(Ipv4Addr::new(127, 0, 0, 0)), 8),
+    Cidr::new(IpAddr::V6(Ipv6Addr::LOCALHOST), 128),
 ];
 
 impl Cidr {
@@ -54,7 +48,11 @@ impl Cidr {
                 "\"{s}\" has host bits set (did you mean \"{network}/{prefix}\"?)"
             ));
         }
-        Ok(Cidr { net, prefix })
+        Ok(Cidr::new(net, prefix))
+    }
+
+    const fn new(net: IpAddr, prefix: u8) -> Cidr {
+        Cidr { net, prefix }
     }
 
     /// Whether `ip` is in the network; an IPv4-mapped IPv6 address as the
