@@ -37,7 +37,7 @@ pub enum Config {
 /// The keys both the traffic and the health role read: all the traffic role
 /// reads. The health role shows the refusing in its status, and rotates the
 /// connections at a drain's start only when it refuses.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Shared {
     pub tick_ms: u64,
     /// What the traffic role does with a new HTTP request while draining.
@@ -218,12 +218,6 @@ fn err(key: &str, problem: impl Into<String>) -> ConfigError {
     }
 }
 
-/// What a key's value should have been, and what it was: strings quoted,
-/// numbers and literals as written, lists and objects by kind.
-fn expected(what: &str, v: &Value) -> String {
-    format!("expected {what}, got {}", shown(v))
-}
-
 /// A configuration value as an error message shows it. (Not `Value`'s own
 /// `Display`, which brings a float formatter into the module.)
 fn shown(v: &Value) -> String {
@@ -241,9 +235,10 @@ fn shown(v: &Value) -> String {
     }
 }
 
-/// What was found in `v`, or that it should have been `what`.
+/// What was found in `v`, or that it should have been `what`: the error
+/// says what it was (`shown`).
 fn found<T>(read: Option<T>, what: &str, v: &Value) -> Result<T, String> {
-    read.ok_or_else(|| expected(what, v))
+    read.ok_or_else(|| format!("expected {what}, got {}", shown(v)))
 }
 
 /// A duration value from `min_ms` to `max_ms`.
@@ -289,7 +284,7 @@ fn role(v: &Value) -> Result<fn(Health) -> Config, String> {
         Some("placeholder") => Ok(|h| Config::Placeholder {
             tick_ms: h.shared.tick_ms,
         }),
-        _ => Err(expected(ROLES, v)),
+        _ => found(None, ROLES, v),
     }
 }
 

@@ -1,7 +1,6 @@
 //! IP networks for `admin_allow`, and peer addresses as Envoy gives them.
 //! Pure.
 
-use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
 /// The IP of a peer address as Envoy's `source.address` gives it
@@ -26,14 +25,8 @@ pub struct Cidr {
 
 /// The loopback networks, IPv4 and IPv6.
 pub const LOOPBACK: [Cidr; 2] = [
-    Cidr {
-        net: IpAddr::V4(Ipv4Addr::new(127, 0, 0, 0)),
-        prefix: 8,
-    },
-    Cidr {
-        net: IpAddr::V6(Ipv6Addr::LOCALHOST),
-        prefix: 128,
-    },
+    Cidr::new(IpAddr::V4(Ipv4Addr::new(127, 0, 0, 0)), 8),
+    Cidr::new(IpAddr::V6(Ipv6Addr::LOCALHOST), 128),
 ];
 
 impl Cidr {
@@ -55,7 +48,11 @@ impl Cidr {
                 "\"{s}\" has host bits set (did you mean \"{network}/{prefix}\"?)"
             ));
         }
-        Ok(Cidr { net, prefix })
+        Ok(Cidr::new(net, prefix))
+    }
+
+    const fn new(net: IpAddr, prefix: u8) -> Cidr {
+        Cidr { net, prefix }
     }
 
     /// Whether `ip` is in the network; an IPv4-mapped IPv6 address as the
@@ -67,21 +64,11 @@ impl Cidr {
 
 /// `ip` with every bit past the first `prefix` cleared.
 fn masked(ip: IpAddr, prefix: u8) -> IpAddr {
-    let (bits, width) = match ip {
-        IpAddr::V4(v4) => (u32::from(v4).into(), 32u32),
-        IpAddr::V6(v6) => (u128::from(v6), 128),
-    };
-    let clear = width.saturating_sub(u32::from(prefix));
-    let kept = bits.checked_shr(clear).map_or(0, |top| top << clear);
+    // The first `prefix` bits of a `width`-bit address set, in the low bits.
+    let mask = |width: u32| u128::MAX.checked_shl(width.saturating_sub(prefix.into()));
     match ip {
-        IpAddr::V4(_) => IpAddr::V4((kept as u32).into()),
-        IpAddr::V6(_) => IpAddr::V6(kept.into()),
-    }
-}
-
-impl fmt::Display for Cidr {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}/{}", self.net, self.prefix)
+        IpAddr::V4(v4) => IpAddr::V4((u32::from(v4) & mask(32).unwrap_or(0) as u32).into()),
+        IpAddr::V6(v6) => IpAddr::V6((u128::from(v6) & mask(128).unwrap_or(0)).into()),
     }
 }
 
@@ -89,6 +76,14 @@ impl fmt::Display for Cidr {
 #[allow(clippy::unwrap_used, clippy::indexing_slicing)]
 mod tests {
     use super::*;
+    use std::fmt;
+
+    /// As the configuration writes it (only tests show a network).
+    impl fmt::Display for Cidr {
+        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            write!(f, "{}/{}", self.net, self.prefix)
+        }
+    }
 
     #[test]
     fn cidr_matching() {

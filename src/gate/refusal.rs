@@ -56,12 +56,6 @@ pub const IDEMPOTENCY_KEY: &str = "idempotency-key";
 /// of the first, so an LB may send them again. Methods are case-sensitive.
 pub const IDEMPOTENT_METHODS: [&str; 6] = ["GET", "HEAD", "OPTIONS", "TRACE", "PUT", "DELETE"];
 
-/// The request headers a decision reads, each one a host call: the decision
-/// asks only for what it needs.
-pub trait Headers {
-    fn get(&self, name: &str) -> Option<String>;
-}
-
 /// What a new request meets while the refusing runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Meet {
@@ -99,14 +93,16 @@ pub struct Refusal {
 }
 
 impl Refusal {
-    /// What a new request meets. A gRPC call is a POST: it is refused only
-    /// when gRPC is (`draining_grpc_requests`), whatever `refused_requests`.
-    pub fn meet(self, req: &impl Headers) -> Meet {
+    /// What a new request meets, reading its headers through `header`, each
+    /// one a host call: only those the decision needs are asked for. A gRPC
+    /// call is a POST: it is refused only when gRPC is
+    /// (`draining_grpc_requests`), whatever `refused_requests`.
+    pub fn meet(self, header: impl Fn(&str) -> Option<String>) -> Meet {
         // Its `content-type` (one host call) is not asked for when every
         // request is reset alike.
         let all_alike = self.requests == Refused::All && self.grpc == NewRequests::Refuse;
         let grpc = !(all_alike && self.with == RefuseWith::Reset)
-            && is_grpc(req.get(CONTENT_TYPE).as_deref());
+            && is_grpc(header(CONTENT_TYPE).as_deref());
         // A request to refuse (gRPC apart): the method is read only when the
         // requests refused are not all, the key only when the method does not
         // decide.
@@ -115,10 +111,8 @@ impl Refusal {
         } else {
             let keyed = self.requests == Refused::IdempotentOrKeyed;
             self.requests == Refused::All
-                || req
-                    .get(METHOD)
-                    .is_some_and(|m| IDEMPOTENT_METHODS.contains(&m.as_str()))
-                || (keyed && req.get(IDEMPOTENCY_KEY).is_some())
+                || header(METHOD).is_some_and(|m| IDEMPOTENT_METHODS.contains(&m.as_str()))
+                || (keyed && header(IDEMPOTENCY_KEY).is_some())
         };
         match (refused, self.with) {
             (false, _) => Meet::Serve,
@@ -155,7 +149,7 @@ mod tests {
         }
     }
 
-    impl Headers for Req {
+    impl Req {
         fn get(&self, name: &str) -> Option<String> {
             self.asked.borrow_mut().push(name.to_string());
             self.headers
@@ -163,6 +157,11 @@ mod tests {
                 .find(|(n, _)| *n == name)
                 .map(|(_, v)| (*v).to_string())
         }
+    }
+
+    /// What the request meets under `r`.
+    fn meets(r: Refusal, req: &Req) -> Meet {
+        r.meet(|name| req.get(name))
     }
 
     const GRPC: (&str, &str) = ("content-type", "application/grpc");
@@ -197,17 +196,21 @@ mod tests {
         let r = Refusal::default();
         for m in IDEMPOTENT_METHODS {
             assert_eq!(
-                r.meet(&req(&[(":method", m)])),
+                meets(r, &req(&[(":method", m)])),
                 Meet::Respond { grpc: false },
                 "{m}"
             );
         }
         for m in ["POST", "PATCH", "CONNECT", "LOCK", "get", "PROPFIND", ""] {
-            assert_eq!(r.meet(&req(&[(":method", m)])), Meet::Serve, "{m}");
+            assert_eq!(meets(r, &req(&[(":method", m)])), Meet::Serve, "{m}");
         }
-        assert_eq!(r.meet(&req(&[])), Meet::Serve, "no method: served");
+        assert_eq!(meets(r, &req(&[])), Meet::Serve, "no method: served");
         let keyed = req(&[(":method", "POST"), ("idempotency-key", "k1")]);
-        assert_eq!(r.meet(&keyed), Meet::Serve, "a key counts only when chosen");
+        assert_eq!(
+            meets(r, &keyed),
+            Meet::Serve,
+            "a key counts only when chosen"
+        );
     }
 
     #[test]
@@ -218,10 +221,10 @@ mod tests {
             RefuseWith::Response,
         );
         let keyed = req(&[(":method", "POST"), ("idempotency-key", "k1")]);
-        assert_eq!(r.meet(&keyed), Meet::Respond { grpc: false });
-        assert_eq!(r.meet(&req(&[(":method", "POST")])), Meet::Serve);
+        assert_eq!(meets(r, &keyed), Meet::Respond { grpc: false });
+        assert_eq!(meets(r, &req(&[(":method", "POST")])), Meet::Serve);
         let get = req(&[(":method", "GET")]);
-        assert_eq!(r.meet(&get), Meet::Respond { grpc: false });
+        assert_eq!(meets(r, &get), Meet::Respond { grpc: false });
         assert!(
             !get.asked.borrow().iter().any(|n| n == IDEMPOTENCY_KEY),
             "a GET needs no key"
@@ -232,7 +235,7 @@ mod tests {
     fn all_refuses_every_method_without_reading_it() {
         let r = refusal(Refused::All, NewRequests::Serve, RefuseWith::Response);
         let post = req(&[(":method", "POST")]);
-        assert_eq!(r.meet(&post), Meet::Respond { grpc: false });
+        assert_eq!(meets(r, &post), Meet::Respond { grpc: false });
         assert_eq!(*post.asked.borrow(), vec![CONTENT_TYPE.to_string()]);
     }
 
@@ -244,10 +247,13 @@ mod tests {
             Refused::All,
         ] {
             let serve = refusal(requests, NewRequests::Serve, RefuseWith::Response);
-            assert_eq!(serve.meet(&req(&[(":method", "POST"), GRPC])), Meet::Serve);
+            assert_eq!(
+                meets(serve, &req(&[(":method", "POST"), GRPC])),
+                Meet::Serve
+            );
             let refuse = refusal(requests, NewRequests::Refuse, RefuseWith::Response);
             assert_eq!(
-                refuse.meet(&req(&[(":method", "POST"), GRPC])),
+                meets(refuse, &req(&[(":method", "POST"), GRPC])),
                 Meet::Respond { grpc: true },
                 "{requests:?}"
             );
@@ -257,12 +263,15 @@ mod tests {
     #[test]
     fn a_reset_refuses_what_a_response_would() {
         let reset = refusal(Refused::Idempotent, NewRequests::Serve, RefuseWith::Reset);
-        assert_eq!(reset.meet(&req(&[(":method", "GET")])), Meet::Reset);
-        assert_eq!(reset.meet(&req(&[(":method", "POST")])), Meet::Serve);
-        assert_eq!(reset.meet(&req(&[(":method", "POST"), GRPC])), Meet::Serve);
+        assert_eq!(meets(reset, &req(&[(":method", "GET")])), Meet::Reset);
+        assert_eq!(meets(reset, &req(&[(":method", "POST")])), Meet::Serve);
+        assert_eq!(
+            meets(reset, &req(&[(":method", "POST"), GRPC])),
+            Meet::Serve
+        );
         let reset_all = refusal(Refused::All, NewRequests::Refuse, RefuseWith::Reset);
         let post = req(&[(":method", "POST"), GRPC]);
-        assert_eq!(reset_all.meet(&post), Meet::Reset);
+        assert_eq!(meets(reset_all, &post), Meet::Reset);
         assert!(
             post.asked.borrow().is_empty(),
             "every request reset alike: no host call"

@@ -15,7 +15,7 @@ use crate::gate::count::{self, ActiveCount, Part, PartCounter};
 use crate::gate::fsm::host::Store;
 use crate::gate::fsm::{Record, State};
 use crate::gate::liveness::host::Heartbeat;
-use crate::gate::refusal::{self, Meet, NewRequests, Refusal};
+use crate::gate::refusal::{self, Meet, NewRequests};
 use crate::host::logs;
 use crate::host::metrics::Metrics;
 use crate::host::wasm_host::{Envoy, Host};
@@ -56,10 +56,8 @@ pub struct Traffic<H: Host = Envoy> {
     /// and a root created mid-drain sorts ends from its first tick on). Only
     /// during one does an end cost a look at how it ended (`crate::instruments::receipt`).
     drain: Cell<Option<u64>>,
-    /// `draining_new_requests`.
-    new_requests: NewRequests,
-    /// How it refuses (`draining_grpc_requests`, `refuse_with`).
-    refusal: Refusal,
+    /// `draining_new_requests`, and how it refuses (`config::Shared`).
+    config: Shared,
     /// Ends of the drain that completed since the last tick: the common end
     /// is added to its counter once a tick, not by a host call per stream
     /// (the receipt's other ends are counted at once), and to `drain`'s
@@ -84,8 +82,7 @@ impl<H: Host + Copy> Traffic<H> {
             store: Store::new(host).raising(crate::instruments::receipt::host::transition),
             phase: Cell::new(Phase::Flips),
             drain: Cell::new(None),
-            new_requests: config.draining_new_requests,
-            refusal: config.refusal,
+            config: *config,
             completed: Cell::new(0),
             ages: Book::new(host, config.tick_ms),
             durations: sizing::Book::new(host, config.tick_ms, metrics.durations),
@@ -208,7 +205,7 @@ impl<H: Host> Traffic<H> {
     /// `/reopen` ends the refusing at once). One host call per request, only
     /// in a drain and only in that mode.
     fn refuses(&self) -> bool {
-        self.new_requests == NewRequests::Refuse
+        self.config.draining_new_requests == NewRequests::Refuse
             && self.drain.get().is_some()
             && self.state_now().is_some_and(|s| s != State::Open)
     }
@@ -258,14 +255,6 @@ impl<H: Host> Traffic<H> {
     }
 }
 
-/// The request headers of the stream whose callback runs, as the refusal
-/// reads them: one host call per header it asks for.
-impl<H: Host> refusal::Headers for H {
-    fn get(&self, name: &str) -> Option<String> {
-        self.request_header(name)
-    }
-}
-
 /// One HTTP stream or one TCP connection. It is counted from its creation,
 /// which Envoy runs when the stream reaches this filter (the filter's
 /// `decodeHeaders`; a connection's `onNewConnection`), not when the
@@ -294,15 +283,12 @@ pub struct TrafficStream<H: Host = Envoy> {
     /// out): it completed, or ended by Envoy's own answer (`on_log` reads
     /// which), whatever happens to its connection afterwards.
     response_done: bool,
-    /// How it ended, when it ended during a drain (HTTP: from `on_log`; a
-    /// connection: as it closes).
-    end: Option<End>,
     /// An HTTP stream of `crate::instruments::sizing::CLASSIFY_FROM_MS` or more that was
     /// upgraded (WebSocket, CONNECT), as its request headers say at its end.
     upgraded: bool,
-    /// Whether its end came at a checker's DOWN, read when it happened: an
-    /// HTTP stream's cut, or a connection's first end by its downstream
-    /// during a drain (else read as it closes).
+    /// Whether a connection's first end, by its downstream during a drain,
+    /// came at a checker's DOWN, read when it happened (else read as it
+    /// closes).
     at_lb_down: Option<bool>,
 }
 
@@ -322,7 +308,6 @@ impl<H: Host> TrafficStream<H> {
             restore_status: false,
             first: None,
             response_done: false,
-            end: None,
             at_lb_down: None,
             upgraded: false,
         }
@@ -347,13 +332,11 @@ impl<H: Host> TrafficStream<H> {
     #[cold]
     #[inline(never)]
     fn refuse(&mut self) -> Action {
-        let refusal = self.traffic.refusal;
+        let refusal = self.traffic.config.refusal;
         let host = self.traffic.metrics.host();
-        let meet = refusal.meet(host);
-        if meet == Meet::Serve {
-            return Action::Continue;
-        }
+        let meet = refusal.meet(|name| host.request_header(name));
         let sent = match meet {
+            Meet::Serve => return Action::Continue,
             Meet::Reset => host.reset_stream(),
             _ => host.respond(None, refusal::STATUS, &refusal::HEADERS, refusal::BODY),
         };
@@ -436,8 +419,8 @@ impl<H: Host> TrafficStream<H> {
                 .unwrap_or(0);
             receipt::http_end(flags)
         };
-        self.at_lb_down = Some(end == End::Cut && self.traffic.at_lb_down(true));
-        self.end = Some(end);
+        let by_lb = end == End::Cut && self.traffic.at_lb_down(true);
+        self.traffic.sort_end(end, by_lb);
     }
 
     /// One side of a connection closed (Envoy's close event).
@@ -486,14 +469,11 @@ impl<H: Host> Drop for TrafficStream<H> {
         if self.traffic.part == Part::Connections && self.traffic.drain.get().is_some() {
             // A downstream end seen before the drain did: its address is no
             // longer readable here.
-            let at_down = *self
+            let at_down = self
                 .at_lb_down
-                .get_or_insert_with(|| self.traffic.at_lb_down(false));
-            self.end = Some(receipt::tcp_end(self.first.unwrap_or_default(), || at_down));
-        }
-        if let Some(end) = self.end {
-            self.traffic
-                .sort_end(end, end == End::Cut && self.at_lb_down == Some(true));
+                .unwrap_or_else(|| self.traffic.at_lb_down(false));
+            let end = receipt::tcp_end(self.first.unwrap_or_default(), || at_down);
+            self.traffic.sort_end(end, end == End::Cut && at_down);
         }
         if self.counted {
             self.traffic.stream_ended();
