@@ -26,14 +26,10 @@ pub trait Host {
     fn metric_record(&self, id: u32, value: u64) -> Result<(), Status>;
     /// Both clocks, read together.
     fn now(&self) -> Now;
-    /// An HTTP call to `cluster` from the root context; the answer comes back
+    /// An HTTP call to `cluster` from the root context — `request`: its method,
+    /// path and authority, no body; `wait`: its timeout. The answer comes back
     /// to `on_http_call_response` with the returned token.
-    fn http_call(
-        &self,
-        cluster: &str,
-        headers: &[(&str, &str)],
-        timeout: Duration,
-    ) -> Result<u32, Status>;
+    fn http_call(&self, cluster: &str, request: [&str; 3], wait: Duration) -> Result<u32, Status>;
     /// The `:status` of the HTTP call answer being delivered, if it has one.
     fn http_call_status(&self) -> Option<u16>;
     /// Whether the HTTP call answer being delivered has the header `name`.
@@ -162,13 +158,9 @@ impl Host for Envoy {
         now
     }
 
-    fn http_call(
-        &self,
-        cluster: &str,
-        headers: &[(&str, &str)],
-        timeout: Duration,
-    ) -> Result<u32, Status> {
-        hostcalls::dispatch_http_call(cluster, headers.to_vec(), None, vec![], timeout)
+    fn http_call(&self, to: &str, [m, p, a]: [&str; 3], wait: Duration) -> Result<u32, Status> {
+        let headers = vec![(":method", m), (":path", p), (":authority", a)];
+        hostcalls::dispatch_http_call(to, headers, None, vec![], wait)
     }
 
     fn http_call_status(&self) -> Option<u16> {

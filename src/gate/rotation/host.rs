@@ -107,12 +107,8 @@ impl<H: Host> Rotator<H> {
 
     fn send(&self, claim: Rotation) -> Rotation {
         let cluster = self.cluster.as_deref().unwrap_or(rotation::DEFAULT_CLUSTER);
-        let headers = [
-            (":method", "POST"),
-            (":path", rotation::ADMIN_PATH),
-            (":authority", "envoy-admin"),
-        ];
-        match self.host.http_call(cluster, &headers, rotation::TIMEOUT) {
+        let request = ["POST", rotation::ADMIN_PATH, "envoy-admin"];
+        match self.host.http_call(cluster, request, rotation::TIMEOUT) {
             Ok(token) => {
                 *self.sent.borrow_mut() = Some((token, claim.clone()));
                 claim

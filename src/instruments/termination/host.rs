@@ -65,12 +65,8 @@ impl<H: Host> Watch<H> {
         let Some(cluster) = self.cluster.as_deref().filter(|_| watching && idle()) else {
             return;
         };
-        let headers = [
-            (":method", "GET"),
-            (":path", READY_PATH),
-            (":authority", "pilot-agent"),
-        ];
-        match self.host.http_call(cluster, &headers, TIMEOUT) {
+        let request = ["GET", READY_PATH, "pilot-agent"];
+        match self.host.http_call(cluster, request, TIMEOUT) {
             Ok(token) => self.sent.set(Some(token)),
             Err(e) => {
                 let verdict = self.seen.borrow_mut().refused();
