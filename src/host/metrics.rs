@@ -13,9 +13,10 @@ use crate::metric_names::{self as names, histogram_counter, Kind, HISTOGRAM_COUN
 
 /// `Named`: one id per metric of the table, each defined by its name; a
 /// counter with a method name (`+=`) is bumped by that method of `Metrics`, a
-/// gauge or histogram with one (`=`) set to (or recorded) the value given.
+/// gauge or histogram with one (`=`) set to (or recorded) the value given; a
+/// counter with a `Tally` field (`=>`) is read into it by `Metrics::tally`.
 macro_rules! named {
-    ($($field:ident: $name:ident $(+= $bump:ident)? $(= $set:ident)?,)*) => {
+    ($($field:ident: $name:ident $(+= $bump:ident)? $(= $set:ident)? $(=> $tally:ident)?,)*) => {
         #[derive(Clone, Copy, Debug, Default)]
         struct Named {
             $($field: Option<u32>,)*
@@ -35,6 +36,11 @@ macro_rules! named {
             $($(pub fn $set(&self, value: impl Into<u64>) {
                 self.record(self.ids.$field, value.into());
             })?)*
+
+            /// The receipt's counters now.
+            pub fn tally(&self) -> Tally {
+                Tally { $($($tally: self.read(self.ids.$field),)?)* }
+            }
         }
     };
 }
@@ -50,12 +56,12 @@ named! {
     traffic_roles_lost: TRAFFIC_ROLES_LOST += traffic_role_lost,
     clock_steps: CLOCK_STEPS += clock_step,
     lb_checks_ignored: LB_CHECKS_IGNORED += lb_check_ignored,
-    cut: CUT,
-    cut_lb: CUT_LB,
-    cut_tcp: CUT_TCP,
-    completed: DRAIN_COMPLETED,
-    ended_upstream: DRAIN_ENDED_UPSTREAM,
-    refused: REFUSED,
+    cut: CUT => cut,
+    cut_lb: CUT_LB => cut_lb,
+    cut_tcp: CUT_TCP => cut_tcp,
+    completed: DRAIN_COMPLETED => completed,
+    ended_upstream: DRAIN_ENDED_UPSTREAM => ended_upstream,
+    refused: REFUSED => refused,
     drains_cut_short: DRAINS_CUT_SHORT += drain_cut_short,
     // Bumped when the termination watch cannot see the SIGTERM (once per watch).
     termination_watch_unavailable: TERMINATION_WATCH_UNAVAILABLE += termination_watch_unavailable,
@@ -258,17 +264,5 @@ impl<H: Host> Metrics<H> {
     /// (the traffic role adds them up between its ticks).
     pub fn completed(&self, n: u64) {
         self.add(self.ids.completed, n);
-    }
-
-    /// The receipt's counters now.
-    pub fn tally(&self) -> Tally {
-        Tally {
-            cut: self.read(self.ids.cut),
-            cut_lb: self.read(self.ids.cut_lb),
-            cut_tcp: self.read(self.ids.cut_tcp),
-            completed: self.read(self.ids.completed),
-            ended_upstream: self.read(self.ids.ended_upstream),
-            refused: self.read(self.ids.refused),
-        }
     }
 }
