@@ -13,6 +13,7 @@ use std::net::IpAddr;
 
 use crate::duration::{self, MAX_MS};
 use crate::gate::fsm::{CloseAfter, DrainPlan};
+use crate::gate::lb::Wait;
 use crate::gate::refusal::{NewRequests, Refusal};
 use crate::gate::rotation;
 use crate::json::FromJson;
@@ -434,6 +435,12 @@ impl Health {
         self.lb_checkers
             .as_ref()
             .map_or(true, |list| list.iter().any(|c| c.contains(source)))
+    }
+
+    /// What CLOSING waits for the LB before CLOSED: `lb_buffer`, or
+    /// `lb_down_timeout` with `close_after: lb_observed_down`.
+    pub fn lb_wait(&self) -> Wait {
+        Wait::of(self.close_after, self.lb_buffer_ms, self.lb_down_timeout_ms)
     }
 
     /// The longest CLOSING can last.

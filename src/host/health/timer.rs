@@ -7,7 +7,6 @@ use crate::api;
 use crate::gate::clock::{self, Now};
 use crate::gate::fsm::host as store;
 use crate::gate::fsm::{self, Move, Reason, Record, State};
-use crate::gate::lb::Wait;
 use crate::gate::placeholder::{self, Action as PlaceholderAction};
 use crate::host::logs;
 use crate::host::wasm_host::Host;
@@ -67,9 +66,8 @@ impl<H: Host> Health<H> {
         }
         self.lb_gauges_at.set(Some(now));
         let c = &self.config;
-        let wait = Wait::of(c.close_after, c.lb_buffer_ms, c.lb_down_timeout_ms);
         if let Ok(checkers) = self.store.lb_checkers().map_err(lb_unavailable) {
-            let d = checkers.detection(now, c.lb_fall, wait);
+            let d = checkers.detection(now, c.lb_fall, c.lb_wait());
             // Nothing measured: both 0.
             let (interval, short) = d.map_or((0, 0), |d| (d.interval_ms, d.short_ms));
             self.metrics.set_lb_check_interval_ms(interval);

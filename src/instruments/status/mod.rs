@@ -90,9 +90,7 @@ pub struct View<'a> {
 /// is left out of `GET /drain/status`.
 fn document<'a>(v: &'a View<'a>, wait: Option<&'static str>) -> impl Serialize + 'a {
     let (r, c) = (v.rec, v.config);
-    // What CLOSING waits for the LB before CLOSED (`lb_buffer`, or
-    // `lb_down_timeout` with `close_after: lb_observed_down`).
-    let lb_wait = Wait::of(c.close_after, c.lb_buffer_ms, c.lb_down_timeout_ms);
+    let lb_wait = c.lb_wait();
     let now = v.now.timer_ms();
     // How long ago a time of the timers' clock was, and that time on the wall clock.
     let age = |t: u64| now.saturating_sub(t);
