@@ -10,7 +10,7 @@ use std::net::IpAddr;
 use drain_gate::api::{self, Audience, Endpoint, Request};
 use drain_gate::config::{Config, Health, KEYS};
 use drain_gate::gate::answer::{answer, Inputs};
-use drain_gate::gate::clock::{self, Look, Now, Steps, Timers};
+use drain_gate::gate::clock::{self, Look, Now, Steps};
 use drain_gate::gate::fsm::{self, CloseAfter, DrainPlan, Move, Reason, Record, State, HISTORY};
 use drain_gate::gate::lb::{self as lb, Checkers, Gate, CHECKER_TTL_MS, MAX_GAPS, MIN_GAPS};
 use drain_gate::gate::placeholder::Action;
@@ -607,20 +607,24 @@ proptest! {
             }
         }
         let checkers = Checkers::default();
+        let mut registry = drain_gate::gate::liveness::Registry::default();
+        registry.announce(100, now);
         let view = api::View {
             rec: &rec,
             now: Now::wall(now),
-            timers: Timers::Monotonic,
             steps: Steps::default(),
             in_flight: InFlight::default(),
             count: drain_gate::gate::count::CountReading { active, streams: active, connections: 0, reliable: true, why: None },
             count_source: "gauge",
-            traffic: api::TrafficInfo { seen: true, roots: 1, ..api::TrafficInfo::default() },
+            registry: &registry,
+            watch: Default::default(),
+            placeholders: &Default::default(),
             config: &Health::default(),
             checkers: &checkers,
             ignored_checks: 0,
             rotation: None,
-            footprint: api::Footprint::default(),
+            metric_definitions: 0,
+            shared_keys: 0,
             receipt: drain_gate::instruments::receipt::Tally::default(),
             durations: drain_gate::instruments::sizing::Durations::default(),
         };

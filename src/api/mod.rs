@@ -34,7 +34,7 @@ pub mod query;
 pub mod reply;
 
 pub use crate::gate::answer::{etag, Audience};
-pub use crate::instruments::status::{status, wait_end, Footprint, TrafficInfo, View, WaitEnd};
+pub use crate::instruments::status::{status, wait_end, View, WaitEnd};
 use query::Params;
 use reply::{bad_request, error};
 pub use reply::{illegal, unavailable, Reply};

@@ -2,7 +2,7 @@
 
 use super::Health;
 
-use crate::api::{self, Reply, TrafficInfo, View};
+use crate::api::{self, Reply, View};
 use crate::gate::fsm::Record;
 use crate::gate::placeholder::host as placeholder;
 use crate::gate::rotation;
@@ -17,7 +17,7 @@ impl<H: Host> Health<H> {
         let checkers = or_warn(self.store.lb_checkers(), "lb");
         let rotation = or_warn(rotation::host::load(self.host()), "rotation");
         let steps = or_warn(self.store.clock_steps(), "clock");
-        let (reg, verdict, watch) = self.watch.snapshot();
+        let (reg, _, watch) = self.watch.snapshot();
         let placeholders = placeholder::read(self.host());
         // The registered roots' summaries first, then the count, then the
         // time: a listed stream still in flight is in the count
@@ -28,32 +28,20 @@ impl<H: Host> Health<H> {
         let view = View {
             rec,
             now,
-            timers: now.timers(),
             steps,
             in_flight: crate::instruments::in_flight::merge(&published, now.timer_ms())
                 .beside_count(reading.active, reading.reliable, now.timer_ms()),
             count: reading,
             count_source: self.active.source_name(),
-            traffic: TrafficInfo {
-                seen: !verdict.waiting,
-                roots: reg.roots.len(),
-                lost: (reg.lost.len() as u64).saturating_add(reg.dropped_lost),
-                lost_total: reg.lost_total,
-                back_total: reg.back_total,
-                refused: reg.refused,
-                stalls: watch.stalls,
-                longest_stall_ms: watch.longest_stall_ms,
-                placeholders: placeholders.present(),
-                placeholders_serving: placeholders.serving(),
-            },
+            registry: &reg,
+            watch,
+            placeholders: &placeholders,
             config: &self.config,
             checkers: &checkers,
             ignored_checks: self.metrics.lb_checks_ignored(),
             rotation: rotation.as_ref(),
-            footprint: api::Footprint {
-                metric_definitions: crate::host::metrics::definitions(),
-                shared_keys: crate::host::keys::created(reg.ids_high),
-            },
+            metric_definitions: crate::host::metrics::definitions(),
+            shared_keys: crate::host::keys::created(reg.ids_high),
             receipt: self.tally_of(rec),
             durations: crate::instruments::sizing::host::read(self.host()),
         };

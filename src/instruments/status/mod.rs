@@ -5,10 +5,11 @@ use serde::Serialize;
 
 use crate::api::reply::Reply;
 use crate::config;
-use crate::gate::clock::{rfc3339, Now, Steps, Timers};
+use crate::gate::clock::{rfc3339, Now, Steps};
 use crate::gate::count::CountReading;
 use crate::gate::fsm::{Record, State};
 use crate::gate::lb::{Checkers, Detection, Wait};
+use crate::gate::liveness::{Judging, Registry};
 use crate::gate::refusal::NewRequests;
 use crate::gate::rotation;
 use crate::gate::{answer, placeholder};
@@ -17,48 +18,13 @@ use crate::instruments::receipt::Tally;
 use crate::instruments::sizing::{self, Durations};
 use crate::json::object;
 
-/// The traffic roles of this `vm_id` (see `crate::gate::liveness`).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
-pub struct TrafficInfo {
-    /// A traffic root has registered at least once.
-    pub seen: bool,
-    /// Traffic root contexts registered now (one per worker VM, and one in
-    /// the main thread's, per filter configuration).
-    pub roots: usize,
-    /// Traffic root contexts silent without a goodbye now (not back).
-    pub lost: u64,
-    /// Ever declared lost, and of those, back (they beat again: late, not dead).
-    pub lost_total: u64,
-    pub back_total: u64,
-    /// Registrations refused (more traffic roots than drain-gate watches).
-    pub refused: u64,
-    /// Times the health role itself did not run for long (the process
-    /// stalled), and the longest such gap.
-    pub stalls: u64,
-    pub longest_stall_ms: u64,
-    /// Placeholders running now, and of those, the ones that passed a
-    /// request on: a traffic filter without its own configuration
-    /// (`crate::gate::placeholder`).
-    pub placeholders: u64,
-    pub placeholders_serving: u64,
-}
-
-/// What drain-gate keeps in the process, for an operator to see it bounded.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
-pub struct Footprint {
-    /// Metric definitions of the VM that answered (one set per VM).
-    pub metric_definitions: u64,
-    /// Shared-data keys drain-gate has created in this process.
-    pub shared_keys: u64,
-}
-
 /// Everything a status answer shows.
 #[derive(Clone, Copy, Debug)]
 pub struct View<'a> {
     pub rec: &'a Record,
+    /// The time, and which clock the timers run on (`Now::timers`).
     pub now: Now,
-    /// Which clock the timers run on, and the wall-clock steps seen so far.
-    pub timers: Timers,
+    /// The wall-clock steps seen so far.
     pub steps: Steps,
     /// Every worker's streams in flight by age, as of their last tick, set
     /// beside the count (`InFlight::beside_count`).
@@ -68,7 +34,13 @@ pub struct View<'a> {
     /// count lives in shared data).
     pub count: CountReading,
     pub count_source: &'static str,
-    pub traffic: TrafficInfo,
+    /// The traffic roles of this `vm_id` (`crate::gate::liveness`): the
+    /// registry of traffic roots, and how the health role's judging ran.
+    pub registry: &'a Registry,
+    pub watch: Judging,
+    /// The placeholders: traffic filters without their own configuration
+    /// (`crate::gate::placeholder`).
+    pub placeholders: &'a placeholder::Placeholders,
     /// The health role's configuration: how the LB is answered and watched,
     /// where connections are rotated, how new requests are refused, and the
     /// advice's grace period.
@@ -78,7 +50,11 @@ pub struct View<'a> {
     pub ignored_checks: u64,
     /// The last drain's connection rotation, if one was called.
     pub rotation: Option<&'a rotation::Record>,
-    pub footprint: Footprint,
+    /// What drain-gate keeps in the process, for an operator to see it
+    /// bounded: the metric definitions of the VM that answered (one set per
+    /// VM), and the shared-data keys created in this process.
+    pub metric_definitions: u64,
+    pub shared_keys: u64,
     /// What the current (or last) drain counted, as the traffic roots added
     /// it at their ticks (`crate::instruments::receipt`).
     pub receipt: Tally,
@@ -96,9 +72,9 @@ fn document<'a>(v: &'a View<'a>, wait: Option<&'static str>) -> impl Serialize +
     let age = |t: u64| now.saturating_sub(t);
     let shown = |t: u64| rfc3339(v.now.wall_ms.saturating_sub(age(t)));
     let announced = v.checkers.announced_ms.is_some();
-    let (n, serving) = (v.traffic.placeholders, v.traffic.placeholders_serving);
+    let (n, serving) = (v.placeholders.present(), v.placeholders.serving());
     let placeholders = placeholder::action(n, serving, announced, r.state);
-    let answers = answer::verdict(r.state, v.traffic.seen, placeholders, c.draining_lb_status);
+    let answers = answer::verdict(r.state, v.registry.seen, placeholders, c.draining_lb_status);
     let draining = r.state == State::Draining;
     let started = r.drain_started_timer_ms();
     let since = started.unwrap_or(0);
@@ -124,7 +100,28 @@ fn document<'a>(v: &'a View<'a>, wait: Option<&'static str>) -> impl Serialize +
             unreliable_reason: v.count.why.map(|w| w.name()),
         }),
         waiting_for: answers.waiting_for,
-        traffic: v.traffic,
+        traffic: object!(Traffic {
+            // A traffic root has registered at least once.
+            seen: v.registry.seen,
+            // Traffic root contexts registered now (one per worker VM, and
+            // one in the main thread's, per filter configuration).
+            roots: v.registry.roots.len(),
+            // Traffic root contexts silent without a goodbye now (not back).
+            lost: (v.registry.lost.len() as u64).saturating_add(v.registry.dropped_lost),
+            // Ever declared lost, and of those, back (they beat again: late, not dead).
+            lost_total: v.registry.lost_total,
+            back_total: v.registry.back_total,
+            // Registrations refused (more traffic roots than drain-gate watches).
+            refused: v.registry.refused,
+            // Times the health role itself did not run for long (the process
+            // stalled), and the longest such gap.
+            stalls: v.watch.stalls,
+            longest_stall_ms: v.watch.longest_stall_ms,
+            // Placeholders running now, and of those, the ones that passed a
+            // request on.
+            placeholders: n,
+            placeholders_serving: serving,
+        }),
         // Every worker's streams in flight by age, and how old that list is.
         in_flight: object!(InFlight {
             oldest_age_ms: f.oldest_age_ms,
@@ -232,12 +229,16 @@ fn document<'a>(v: &'a View<'a>, wait: Option<&'static str>) -> impl Serialize +
             }),
         }),
         clock: object!(Clock {
-            timers: v.timers,
+            timers: v.now.timers(),
             steps: v.steps.count,
             last_step_ms: v.steps.last_step_ms,
             last_step_at: v.steps.last_step_wall_ms.map(rfc3339),
         }),
-        footprint: v.footprint,
+        // What drain-gate keeps in the process, for an operator to see it bounded.
+        footprint: object!(Footprint {
+            metric_definitions: v.metric_definitions,
+            shared_keys: v.shared_keys,
+        }),
         // Streams and connections the current (or last) drain cut (`receipt` has the rest).
         cut: t.cut,
         // The current (or last) drain's receipt.
@@ -389,10 +390,16 @@ mod tests {
             rotate_connections: None,
             ..config::Health::default()
         };
+        let mut registry = Registry::default();
+        for _ in 0..2 {
+            registry.announce(100, 1_764_000_000_000);
+        }
         let v = View {
             rec: &rec,
-            now: Now::wall(1_764_000_000_500),
-            timers: Timers::Monotonic,
+            now: Now {
+                wall_ms: 1_764_000_000_500,
+                mono_ms: Some(1_764_000_000_500),
+            },
             steps: Steps {
                 offset_ms: Some(5),
                 count: 2,
@@ -418,16 +425,15 @@ mod tests {
                 why: None,
             },
             count_source: "gauge",
-            traffic: TrafficInfo {
-                seen: true,
-                roots: 2,
-                ..TrafficInfo::default()
-            },
+            registry: &registry,
+            watch: Judging::default(),
+            placeholders: &placeholder::Placeholders::default(),
             config: &config,
             checkers: &checkers,
             ignored_checks: 0,
             rotation: None,
-            footprint: Footprint::default(),
+            metric_definitions: 0,
+            shared_keys: 0,
             receipt: Tally::default(),
             durations: Durations::default(),
         };
@@ -599,7 +605,7 @@ mod tests {
             let s = body(&status(&v));
             assert_eq!(s["waiting_for"], serde_json::Value::Null);
             let waiting = View {
-                traffic: TrafficInfo::default(),
+                registry: &Registry::default(),
                 ..v
             };
             let s = body(&status(&waiting));
@@ -712,18 +718,16 @@ mod tests {
 
     #[test]
     fn status_says_a_placeholder_keeps_a_new_gateway_out_and_not_an_announced_one() {
-        let placeholders = TrafficInfo {
-            seen: true,
-            roots: 2,
-            placeholders: 3,
-            placeholders_serving: 1,
-            ..TrafficInfo::default()
-        };
+        let mut placeholders = placeholder::Placeholders::default();
+        for _ in 0..3 {
+            placeholders.register(1_764_000_000_000);
+        }
+        placeholders.serve(0);
         let mut announced = Checkers::default();
         announced.observe("10.0.0.1", 200, 1_764_000_000_000, 2);
         sample(|v| {
             let new = body(&status(&View {
-                traffic: placeholders,
+                placeholders: &placeholders,
                 ..v
             }));
             assert_eq!(
@@ -742,7 +746,7 @@ mod tests {
                 (&serde_json::json!(3), &serde_json::json!(1))
             );
             let old = body(&status(&View {
-                traffic: placeholders,
+                placeholders: &placeholders,
                 checkers: &announced,
                 ..v
             }));
