@@ -345,11 +345,11 @@ pub fn wait_end(state: State, timed_out: bool, lingering: bool) -> Option<WaitEn
 /// rest.
 pub fn status(v: &View, end: Option<WaitEnd>) -> Reply {
     let (code, error, wait, message) = match end {
-        None => return Reply::json(200, &document(v, None)),
-        Some(WaitEnd::Closed) => return Reply::json(200, &document(v, Some("closed"))),
         Some(WaitEnd::Aborted) => (409, "drain_aborted", "aborted", ABORTED),
         Some(WaitEnd::InFault) => (409, "in_fault", "fault", IN_FAULT),
         Some(WaitEnd::TimedOut) => (504, "wait_timeout", "timeout", TIMED_OUT),
+        // `None` (the status) or `Closed` (the status with `wait: "closed"`).
+        _ => return Reply::json(200, &document(v, end.map(|_| "closed"))),
     };
     let body = object!(WaitError {
         error: error,
