@@ -443,12 +443,10 @@ impl Health {
         Wait::of(self.close_after, self.lb_buffer_ms, self.lb_down_timeout_ms)
     }
 
-    /// The longest CLOSING can last.
+    /// The longest CLOSING can last: what it waits for the LB, never less
+    /// than `lb_buffer`.
     pub fn max_closing_ms(&self) -> u64 {
-        match self.close_after {
-            CloseAfter::LbBuffer => self.lb_buffer_ms,
-            CloseAfter::LbObservedDown => self.lb_down_timeout_ms.max(self.lb_buffer_ms),
-        }
+        self.lb_wait().ms.max(self.lb_buffer_ms)
     }
 
     /// How long a preStop hold outlives the last tick that renewed it: the
