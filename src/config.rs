@@ -32,7 +32,7 @@ pub enum Config {
     /// Stands in for a traffic filter whose own configuration did not load
     /// (Envoy's ECDS `default_config`, or a refused one): counts nothing, and
     /// keeps the gateway out (`crate::gate::placeholder`). Reads only `tick`.
-    Placeholder { tick_ms: u64 },
+    Placeholder(Shared),
 }
 
 /// The keys both the traffic and the health role read: all the traffic role
@@ -282,9 +282,7 @@ fn role(v: &Value) -> Result<fn(Health) -> Config, String> {
         Some("traffic") => Ok(|h| Config::Traffic(h.shared)),
         Some("traffic_tcp") => Ok(|h| Config::TrafficTcp(h.shared)),
         Some("health") => Ok(Config::Health),
-        Some("placeholder") => Ok(|h| Config::Placeholder {
-            tick_ms: h.shared.tick_ms,
-        }),
+        Some("placeholder") => Ok(|h| Config::Placeholder(h.shared)),
         _ => found(None, ROLES, v),
     }
 }
@@ -409,9 +407,8 @@ impl Config {
     /// The tick every role runs on (`tick`).
     pub fn tick_ms(&self) -> u64 {
         match self {
-            Config::Traffic(s) | Config::TrafficTcp(s) => s.tick_ms,
+            Config::Traffic(s) | Config::TrafficTcp(s) | Config::Placeholder(s) => s.tick_ms,
             Config::Health(h) => h.shared.tick_ms,
-            Config::Placeholder { tick_ms } => *tick_ms,
         }
     }
 }
@@ -530,7 +527,7 @@ mod tests {
             ("traffic", Config::Traffic(Shared::default())),
             ("traffic_tcp", Config::TrafficTcp(Shared::default())),
             ("health", Config::Health(Health::default())),
-            ("placeholder", Config::Placeholder { tick_ms: 100 }),
+            ("placeholder", Config::Placeholder(Shared::default())),
         ] {
             let c = parse(&format!(r#"{{"role":"{name}"}}"#)).unwrap();
             assert_eq!(c, role, "{name}");
