@@ -162,9 +162,7 @@ key_table! {
             cluster(v, rotation::DEFAULT_CLUSTER).map(|x| c.rotate_connections = x)
         },
         "lb_checkers" => |c, v| lb_checkers(v).map(|x| c.lb_checkers = x),
-        "soft_drain_gate" => |c, v| {
-            found(v.as_bool(), "true or false", v).map(|x| c.soft_drain_gate = x)
-        },
+        "soft_drain_gate" => |c, v| one_of(v, "true or false").map(|x| c.soft_drain_gate = x),
         "draining_new_requests" => |c, v| {
             one_of(v, SERVE_OR_REFUSE).map(|x| c.shared.draining_new_requests = x)
         },
@@ -254,7 +252,8 @@ fn duration(v: &Value, min_ms: u64, max_ms: u64) -> Result<u64, String> {
     Err(format!("\"{s}\" is {side} {}", duration::format_ms(limit)))
 }
 
-/// The variant of a `named!` enum that `v` names, or that it should have been `what`.
+/// What `v` holds (a `named!` enum's variant, a bool), or that it should
+/// have been `what`.
 fn one_of<T: FromJson>(v: &Value, what: &str) -> Result<T, String> {
     found(T::from_json(v).ok(), what, v)
 }
