@@ -267,12 +267,11 @@ fn refusing<T: FromJson + Default + PartialEq>(
     way: fn(&mut Refusal) -> &mut T,
 ) -> Result<(), String> {
     let set = one_of(v, what)?;
-    let default = set == T::default();
-    *way(&mut c.shared.refusal) = set;
-    if default || c.shared.draining_new_requests == NewRequests::Refuse {
-        return Ok(());
+    if set != T::default() && c.shared.draining_new_requests != NewRequests::Refuse {
+        return Err(shown(v) + " needs draining_new_requests: \"refuse\"");
     }
-    Err(shown(v) + " needs draining_new_requests: \"refuse\"")
+    *way(&mut c.shared.refusal) = set;
+    Ok(())
 }
 
 /// The role a `role` value names: what makes its configuration of the keys.
