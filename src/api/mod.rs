@@ -216,8 +216,7 @@ pub fn route(req: &Request, cfg: &Health) -> Result<Endpoint, Reply> {
     if route.admin {
         authorize(req, cfg)?;
     }
-    let params = Params::parse(query, route.params)?;
-    chosen(route, &params, cfg)
+    chosen(route, &Params::parse(query, route.params)?, cfg)
 }
 
 fn authorize(req: &Request, cfg: &Health) -> Result<(), Reply> {
