@@ -375,10 +375,8 @@ impl Config {
     pub fn parse(bytes: &[u8]) -> Result<Config, ConfigError> {
         let value: Value = serde_json::from_slice(bytes)
             .map_err(|e| err("(configuration)", format!("not valid JSON: {e}")))?;
-        let obj = value
-            .as_object()
-            .ok_or_else(|| err("(configuration)", "expected a JSON object"))?;
-        Config::from_object(obj)
+        let obj = value.as_object();
+        Config::from_object(obj.ok_or_else(|| err("(configuration)", "expected a JSON object"))?)
     }
 
     /// Applies every key of `obj` in the order of `KEYS`.
