@@ -32,7 +32,7 @@ pub enum Config {
     /// Stands in for a traffic filter whose own configuration did not load
     /// (Envoy's ECDS `default_config`, or a refused one): counts nothing, and
     /// keeps the gateway out (`crate::gate::placeholder`). Reads only `tick`.
-    Placeholder { tick_ms: u64 },
+    Placeholder(Shared),
 }
 
 /// The keys both the traffic and the health role read: all the traffic role
@@ -162,9 +162,7 @@ key_table! {
             cluster(v, rotation::DEFAULT_CLUSTER).map(|x| c.rotate_connections = x)
         },
         "lb_checkers" => |c, v| lb_checkers(v).map(|x| c.lb_checkers = x),
-        "soft_drain_gate" => |c, v| {
-            found(v.as_bool(), "true or false", v).map(|x| c.soft_drain_gate = x)
-        },
+        "soft_drain_gate" => |c, v| one_of(v, "true or false").map(|x| c.soft_drain_gate = x),
         "draining_new_requests" => |c, v| {
             one_of(v, SERVE_OR_REFUSE).map(|x| c.shared.draining_new_requests = x)
         },
@@ -254,7 +252,8 @@ fn duration(v: &Value, min_ms: u64, max_ms: u64) -> Result<u64, String> {
     Err(format!("\"{s}\" is {side} {}", duration::format_ms(limit)))
 }
 
-/// The variant of a `named!` enum that `v` names, or that it should have been `what`.
+/// What `v` holds (a `named!` enum's variant, a bool), or that it should
+/// have been `what`.
 fn one_of<T: FromJson>(v: &Value, what: &str) -> Result<T, String> {
     found(T::from_json(v).ok(), what, v)
 }
@@ -268,12 +267,11 @@ fn refusing<T: FromJson + Default + PartialEq>(
     way: fn(&mut Refusal) -> &mut T,
 ) -> Result<(), String> {
     let set = one_of(v, what)?;
-    let default = set == T::default();
-    *way(&mut c.shared.refusal) = set;
-    if default || c.shared.draining_new_requests == NewRequests::Refuse {
-        return Ok(());
+    if set != T::default() && c.shared.draining_new_requests != NewRequests::Refuse {
+        return Err(shown(v) + " needs draining_new_requests: \"refuse\"");
     }
-    Err(shown(v) + " needs draining_new_requests: \"refuse\"")
+    *way(&mut c.shared.refusal) = set;
+    Ok(())
 }
 
 /// The role a `role` value names: what makes its configuration of the keys.
@@ -282,9 +280,7 @@ fn role(v: &Value) -> Result<fn(Health) -> Config, String> {
         Some("traffic") => Ok(|h| Config::Traffic(h.shared)),
         Some("traffic_tcp") => Ok(|h| Config::TrafficTcp(h.shared)),
         Some("health") => Ok(Config::Health),
-        Some("placeholder") => Ok(|h| Config::Placeholder {
-            tick_ms: h.shared.tick_ms,
-        }),
+        Some("placeholder") => Ok(|h| Config::Placeholder(h.shared)),
         _ => found(None, ROLES, v),
     }
 }
@@ -379,10 +375,8 @@ impl Config {
     pub fn parse(bytes: &[u8]) -> Result<Config, ConfigError> {
         let value: Value = serde_json::from_slice(bytes)
             .map_err(|e| err("(configuration)", format!("not valid JSON: {e}")))?;
-        let obj = value
-            .as_object()
-            .ok_or_else(|| err("(configuration)", "expected a JSON object"))?;
-        Config::from_object(obj)
+        let obj = value.as_object();
+        Config::from_object(obj.ok_or_else(|| err("(configuration)", "expected a JSON object"))?)
     }
 
     /// Applies every key of `obj` in the order of `KEYS`.
@@ -409,9 +403,8 @@ impl Config {
     /// The tick every role runs on (`tick`).
     pub fn tick_ms(&self) -> u64 {
         match self {
-            Config::Traffic(s) | Config::TrafficTcp(s) => s.tick_ms,
+            Config::Traffic(s) | Config::TrafficTcp(s) | Config::Placeholder(s) => s.tick_ms,
             Config::Health(h) => h.shared.tick_ms,
-            Config::Placeholder { tick_ms } => *tick_ms,
         }
     }
 }
@@ -443,12 +436,10 @@ impl Health {
         Wait::of(self.close_after, self.lb_buffer_ms, self.lb_down_timeout_ms)
     }
 
-    /// The longest CLOSING can last.
+    /// The longest CLOSING can last: what it waits for the LB, never less
+    /// than `lb_buffer`.
     pub fn max_closing_ms(&self) -> u64 {
-        match self.close_after {
-            CloseAfter::LbBuffer => self.lb_buffer_ms,
-            CloseAfter::LbObservedDown => self.lb_down_timeout_ms.max(self.lb_buffer_ms),
-        }
+        self.lb_wait().ms.max(self.lb_buffer_ms)
     }
 
     /// How long a preStop hold outlives the last tick that renewed it: the
@@ -532,7 +523,7 @@ mod tests {
             ("traffic", Config::Traffic(Shared::default())),
             ("traffic_tcp", Config::TrafficTcp(Shared::default())),
             ("health", Config::Health(Health::default())),
-            ("placeholder", Config::Placeholder { tick_ms: 100 }),
+            ("placeholder", Config::Placeholder(Shared::default())),
         ] {
             let c = parse(&format!(r#"{{"role":"{name}"}}"#)).unwrap();
             assert_eq!(c, role, "{name}");

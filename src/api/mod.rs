@@ -180,26 +180,24 @@ fn chosen(route: &Route, p: &Params, cfg: &Health) -> Result<Endpoint, Reply> {
     let wait = || Endpoint::DrainAndWait {
         timeout_ms: p.timeout_ms.unwrap_or_else(|| cfg.default_wait_ms()),
     };
-    Ok(match route.endpoint {
-        Endpoint::DrainAndWait { .. } => wait(),
+    match route.endpoint {
+        Endpoint::DrainAndWait { .. } => Ok(wait()),
         Endpoint::Transition(Command::Reopen) if p.force => {
-            Endpoint::Transition(Command::ForceReopen)
+            Ok(Endpoint::Transition(Command::ForceReopen))
         }
         Endpoint::Transition(Command::Drain) => match (p.wait, p.hold) {
-            (true, true) => {
-                return Err(bad_request(
-                    "hold=closing never reaches CLOSED by itself: drop wait or hold",
-                ))
-            }
-            (true, false) => wait(),
+            (true, true) => Err(bad_request(
+                "hold=closing never reaches CLOSED by itself: drop wait or hold",
+            )),
+            (true, false) => Ok(wait()),
             (false, _) if p.timeout_ms.is_some() => {
-                return Err(bad_request("timeout is only valid with wait=closed"))
+                Err(bad_request("timeout is only valid with wait=closed"))
             }
-            (false, true) => Endpoint::Transition(Command::HoldDrain),
-            (false, false) => Endpoint::Transition(Command::Drain),
+            (false, true) => Ok(Endpoint::Transition(Command::HoldDrain)),
+            (false, false) => Ok(Endpoint::Transition(Command::Drain)),
         },
-        e => e,
-    })
+        e => Ok(e),
+    }
 }
 
 /// Maps a request to an endpoint, or to the error answer (400, 401, 403, 404, 405).
@@ -218,8 +216,7 @@ pub fn route(req: &Request, cfg: &Health) -> Result<Endpoint, Reply> {
     if route.admin {
         authorize(req, cfg)?;
     }
-    let params = Params::parse(query, route.params)?;
-    chosen(route, &params, cfg)
+    chosen(route, &Params::parse(query, route.params)?, cfg)
 }
 
 fn authorize(req: &Request, cfg: &Health) -> Result<(), Reply> {

@@ -38,18 +38,10 @@ impl Params {
         for pair in query.split('&').filter(|s| !s.is_empty()) {
             let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
             let (k, v) = (decode(k)?, decode(v)?);
-            let Some(name) = NAMES.iter().copied().find(|n| n.as_bytes() == k) else {
-                return Err(bad_request(&format!(
-                    "unknown query parameter; this endpoint {}",
-                    takes_phrase(takes)
-                )));
+            let known = NAMES.iter().copied().find(|n| n.as_bytes() == k);
+            let Some(name) = known.filter(|n| takes.contains(n)) else {
+                return Err(not_taken(known, takes));
             };
-            if !takes.contains(&name) {
-                return Err(bad_request(&format!(
-                    "{name}: not a parameter of this endpoint, which {}",
-                    takes_phrase(takes)
-                )));
-            }
             if given.contains(&name) {
                 return Err(bad_request(&format!(
                     "{name}: given more than once; give each query parameter once"
@@ -90,12 +82,18 @@ impl Params {
     }
 }
 
-/// "takes no query parameters", "takes wait, timeout".
-fn takes_phrase(takes: &[&str]) -> String {
-    match takes {
-        [] => "takes no query parameters".to_string(),
-        _ => format!("takes {}", crate::config::listed(takes)),
-    }
+/// 400 for a parameter the endpoint does not take (`known`: one another
+/// endpoint takes), saying what it takes: "no query parameters", "wait, timeout".
+fn not_taken(known: Option<&str>, takes: &[&str]) -> Reply {
+    let given = match known {
+        Some(name) => format!("{name}: not a parameter of this endpoint, which"),
+        None => "unknown query parameter; this endpoint".to_string(),
+    };
+    let takes = match takes {
+        [] => "no query parameters".to_string(),
+        _ => crate::config::listed(takes),
+    };
+    bad_request(&format!("{given} takes {takes}"))
 }
 
 /// Percent-decodes one name or value (RFC 3986 `%HH`); `+` stays `+`.

@@ -300,7 +300,7 @@ impl<H: Host + Copy + 'static> RootContext for Root<H> {
                 }
                 Role::Health(Rc::new(Health::new(health, metrics)))
             }
-            Config::Placeholder { .. } => Role::Placeholder(Rc::new(Stand::new(self.host))),
+            Config::Placeholder(_) => Role::Placeholder(Rc::new(Stand::new(self.host))),
         };
         true
     }
