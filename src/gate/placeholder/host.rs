@@ -8,8 +8,6 @@
 //! configures in the main thread's base VM to validate the plugin never
 //! ticks, carries no request and is never removed.
 
-use proxy_wasm::traits::{Context, HttpContext};
-use proxy_wasm::types::Action;
 use std::cell::Cell;
 use std::rc::Rc;
 
@@ -76,7 +74,7 @@ impl<H: Host> Stand<H> {
         Some(id)
     }
 
-    /// From each request it passes on: the first one marks it served.
+    /// From each request it passes on (uncounted): the first one marks it served.
     pub fn serve(&self) {
         // Once gone, `ensure` has no id: nothing to mark.
         if self.served.replace(true) {
@@ -111,18 +109,6 @@ impl<H: Host> Stand<H> {
 impl<H: Host> Drop for Stand<H> {
     fn drop(&mut self) {
         self.goodbye();
-    }
-}
-
-/// A request through a placeholder: passed on, uncounted.
-pub struct StandStream<H: Host = Envoy>(pub Rc<Stand<H>>);
-
-impl<H: Host> Context for StandStream<H> {}
-
-impl<H: Host> HttpContext for StandStream<H> {
-    fn on_http_request_headers(&mut self, _: usize, _: bool) -> Action {
-        self.0.serve();
-        Action::Continue
     }
 }
 
