@@ -16,7 +16,7 @@ use crate::config::Config;
 use crate::gate::count::{self, Part};
 use crate::gate::fsm::host::Store;
 use crate::gate::liveness::host as liveness;
-use crate::gate::placeholder::host::{self as placeholder, Stand, StandStream};
+use crate::gate::placeholder::host::{self as placeholder, Stand};
 use crate::gate::rotation::host as rotation;
 use crate::host::traffic::{Traffic, TrafficStream};
 
@@ -43,7 +43,8 @@ enum Stream<H: Host> {
     Passthrough,
     Traffic(TrafficStream<H>),
     Health(HealthStream<H>),
-    Stand(StandStream<H>),
+    /// A request through a placeholder: passed on, uncounted.
+    Stand(Rc<Stand<H>>),
 }
 
 impl<H: Host> Stream<H> {
@@ -66,7 +67,10 @@ impl<H: Host> HttpContext for Stream<H> {
         }
         match self {
             Stream::Health(h) => h.on_http_request_headers(num_headers, end_of_stream),
-            Stream::Stand(s) => s.on_http_request_headers(num_headers, end_of_stream),
+            Stream::Stand(s) => {
+                s.serve();
+                Action::Continue
+            }
             Stream::Traffic(_) | Stream::Passthrough => Action::Continue,
         }
     }
@@ -228,7 +232,7 @@ impl<H: Host + Copy> Root<H> {
                 context_id,
                 health: Rc::clone(h),
             })),
-            Role::Placeholder(p) => Box::new(Stream::Stand(StandStream(Rc::clone(p)))),
+            Role::Placeholder(p) => Box::new(Stream::Stand(Rc::clone(p))),
             // The host does not create streams for a plugin whose
             // configuration was refused; if it ever did, pass them through.
             Role::Unconfigured => Box::new(Stream::Passthrough),

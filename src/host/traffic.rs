@@ -129,8 +129,7 @@ impl<H: Host> Traffic<H> {
     /// unused lease, and during a drain check whether this VM's last stream
     /// already ended before it knew about the drain.
     pub fn tick(&self) {
-        self.heartbeat.beat();
-        self.ages.tick(self.heartbeat.id());
+        self.ages.tick(self.heartbeat.beat());
         self.durations.tick();
         let hint = self.metrics.state_hint();
         // Out of OPEN the record says which drain runs (and what holds it).

@@ -45,6 +45,30 @@ pub fn misplaced<H: Host>(host: &H) {
     shared::logged(log::Level::Error, REGISTRY, marked);
 }
 
+/// A root's membership of a shared record (the traffic roots' registry, the
+/// placeholders), registered once by its owner until its goodbye (which the
+/// owner also says from `Drop`): `None` until registered, then `Some(id)`,
+/// `Some(None)` once gone (never registered again).
+#[derive(Debug, Default)]
+pub struct Member(Cell<Option<Option<u64>>>);
+
+impl Member {
+    /// The id, registering with `register` first unless registered or gone
+    /// (one `Cell` read once registered).
+    #[inline(always)]
+    pub fn ensure(&self, register: impl FnOnce() -> Option<u64>) -> Option<u64> {
+        if self.0.get().is_none() {
+            self.0.set(register().map(Some));
+        }
+        self.0.get().flatten()
+    }
+
+    /// Gone for good: the id to leave the record with, if registered (once).
+    pub fn gone(&self) -> Option<u64> {
+        self.0.replace(Some(None)).flatten()
+    }
+}
+
 /// One per traffic root context. It registers on its first tick or its
 /// first stream, not on configure: Envoy also configures the plugin once in
 /// the main thread's base VM to validate it, and that root context never
@@ -54,11 +78,9 @@ pub fn misplaced<H: Host>(host: &H) {
 pub struct Heartbeat<H: Host = Envoy> {
     host: H,
     tick_ms: u64,
-    id: Cell<Option<u64>>,
+    member: Member,
     /// A registration was refused (`MAX_ROOTS`): logged once.
     refused: Cell<bool>,
-    /// Set by a goodbye: never register again.
-    done: Cell<bool>,
 }
 
 impl<H: Host> Heartbeat<H> {
@@ -66,48 +88,43 @@ impl<H: Host> Heartbeat<H> {
         Heartbeat {
             host,
             tick_ms,
-            id: Cell::new(None),
+            member: Member::default(),
             refused: Cell::new(false),
-            done: Cell::new(false),
         }
     }
 
     /// This root's registry id, once registered.
     pub fn id(&self) -> Option<u64> {
-        self.id.get()
+        self.member.0.get().flatten()
     }
 
     /// From a stream's creation and every tick: registers a root not yet
     /// registered (one `Cell` read once it is). A VM can only fail while it
     /// runs a callback — a tick or a stream — so every VM that fails was
-    /// registered first and is noticed.
-    pub fn ensure(&self) {
-        if self.id.get().is_none() && !self.done.get() {
-            self.register();
-        }
+    /// registered first and is noticed. Its id, once registered.
+    #[inline(always)]
+    pub fn ensure(&self) -> Option<u64> {
+        self.member.ensure(|| self.register())
     }
 
     /// From the tick: registers (first tick, or retried until it works),
-    /// then says this root is alive.
-    pub fn beat(&self) {
-        self.ensure();
-        if let Some(id) = self.id.get() {
-            let now = self.host.now().timer_ms();
-            let _ = self.host.set(&keys::beat(id), &now.to_le_bytes(), None);
-        }
+    /// then says this root is alive. Its id, once registered.
+    pub fn beat(&self) -> Option<u64> {
+        let id = self.ensure()?;
+        let now = self.host.now().timer_ms();
+        let _ = self.host.set(&keys::beat(id), &now.to_le_bytes(), None);
+        Some(id)
     }
 
     /// Out of the stream's path: its room is taken only when it runs.
     #[cold]
     #[inline(never)]
-    fn register(&self) {
+    fn register(&self) -> Option<u64> {
         let (now, tick_ms) = (self.host.now().timer_ms(), self.tick_ms);
         let mut id = None;
-        match update(&self.host, &mut |r| id = r.announce(tick_ms, now)).map(|()| id) {
-            Ok(Some(id)) => {
-                logs::info!("event=traffic_role_registered id={id}");
-                self.id.set(Some(id));
-            }
+        let announced = update(&self.host, &mut |r| id = r.announce(tick_ms, now)).map(|()| id);
+        match &announced {
+            Ok(Some(id)) => logs::info!("event=traffic_role_registered id={id}"),
             Ok(None) if !self.refused.replace(true) => logs::error!(
                 "event=traffic_role_refused why=too_many_traffic_roots max={} what=\"more \
                  traffic root contexts than drain-gate watches (one per worker and traffic \
@@ -118,12 +135,12 @@ impl<H: Host> Heartbeat<H> {
             Ok(None) => {}
             Err(e) => logs::error!("event=traffic_role_unregistered error=\"{e}\""),
         }
+        announced.ok().flatten()
     }
 
     /// Leaves the registry (root removed cleanly). Idempotent.
     pub fn goodbye(&self) {
-        self.done.set(true);
-        let Some(id) = self.id.take() else { return };
+        let Some(id) = self.member.gone() else { return };
         let now = self.host.now().timer_ms();
         match update(&self.host, &mut |r| _ = r.goodbye(id, now)) {
             Ok(()) => logs::info!("event=traffic_role_unregistered id={id} why=goodbye"),
@@ -384,7 +401,7 @@ mod tests {
         let roots: Vec<_> = (0..3).map(|_| Heartbeat::new(&sim, 100)).collect();
         let tick = |sim: &Sim| {
             sim.advance(100);
-            roots.iter().for_each(Heartbeat::beat);
+            roots.iter().for_each(|r| _ = r.beat());
             judge.tick(&metrics);
         };
         for _ in 0..10 {

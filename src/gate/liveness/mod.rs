@@ -177,9 +177,8 @@ impl Registry {
 
     /// A root leaves cleanly. Returns whether it was registered.
     pub fn goodbye(&mut self, id: u64, now_ms: u64) -> bool {
-        let before = self.roots.len();
-        self.roots.retain(|r| r.id != id);
-        let left = self.roots.len() < before;
+        let at = self.roots.iter().position(|r| r.id == id);
+        let left = at.map(|i| self.roots.remove(i)).is_some();
         if left && self.roots.is_empty() {
             self.empty_since_ms = Some(now_ms);
         }

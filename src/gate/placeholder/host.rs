@@ -8,11 +8,10 @@
 //! configures in the main thread's base VM to validate the plugin never
 //! ticks, carries no request and is never removed.
 
-use proxy_wasm::traits::{Context, HttpContext};
-use proxy_wasm::types::Action;
 use std::cell::Cell;
 use std::rc::Rc;
 
+use crate::gate::liveness::host::Member;
 use crate::gate::placeholder::Placeholders;
 use crate::host::keys;
 use crate::host::logs;
@@ -41,27 +40,22 @@ pub fn read_seen<H: Host>(host: &H, seen: &Seen<Placeholders>) -> Rc<Placeholder
 #[derive(Debug)]
 pub struct Stand<H: Host = Envoy> {
     host: H,
-    id: Cell<Option<u64>>,
+    member: Member,
     served: Cell<bool>,
-    /// Set by a goodbye: never register again.
-    done: Cell<bool>,
 }
 
 impl<H: Host> Stand<H> {
     pub fn new(host: H) -> Stand<H> {
         Stand {
             host,
-            id: Cell::new(None),
+            member: Member::default(),
             served: Cell::new(false),
-            done: Cell::new(false),
         }
     }
 
     /// From the tick: registers, once.
     pub fn tick(&self) {
-        if self.id.get().is_none() && !self.done.get() {
-            self.register();
-        }
+        self.member.ensure(|| self.register());
     }
 
     fn register(&self) -> Option<u64> {
@@ -77,16 +71,16 @@ impl<H: Host> Stand<H> {
             "event=placeholder_present id={id} what=\"a traffic filter runs drain-gate's placeholder: \
              its own configuration has not loaded (yet); a gateway not announced stays out\""
         );
-        self.id.set(Some(id));
         Some(id)
     }
 
-    /// From each request it passes on: the first one marks it served.
+    /// From each request it passes on (uncounted): the first one marks it served.
     pub fn serve(&self) {
-        if self.done.get() || self.served.replace(true) {
+        // Once gone, `ensure` has no id: nothing to mark.
+        if self.served.replace(true) {
             return;
         }
-        let Some(id) = self.id.get().or_else(|| self.register()) else {
+        let Some(id) = self.member.ensure(|| self.register()) else {
             return;
         };
         match json_change(&self.host, keys::PLACEHOLDERS, |p: &mut Placeholders| {
@@ -102,8 +96,7 @@ impl<H: Host> Stand<H> {
 
     /// Leaves the record (Envoy removed this placeholder). Idempotent.
     pub fn goodbye(&self) {
-        self.done.set(true);
-        let Some(id) = self.id.take() else { return };
+        let Some(id) = self.member.gone() else { return };
         match json_change(&self.host, keys::PLACEHOLDERS, |p: &mut Placeholders| {
             p.goodbye(id)
         }) {
@@ -116,18 +109,6 @@ impl<H: Host> Stand<H> {
 impl<H: Host> Drop for Stand<H> {
     fn drop(&mut self) {
         self.goodbye();
-    }
-}
-
-/// A request through a placeholder: passed on, uncounted.
-pub struct StandStream<H: Host = Envoy>(pub Rc<Stand<H>>);
-
-impl<H: Host> Context for StandStream<H> {}
-
-impl<H: Host> HttpContext for StandStream<H> {
-    fn on_http_request_headers(&mut self, _: usize, _: bool) -> Action {
-        self.0.serve();
-        Action::Continue
     }
 }
 

@@ -97,9 +97,8 @@ impl Placeholders {
 
     /// Placeholder `id` was removed (its filter got its own configuration).
     pub fn goodbye(&mut self, id: u64) -> bool {
-        let before = self.list.len();
-        self.list.retain(|p| p.id != id);
-        self.list.len() < before
+        let at = self.list.iter().position(|p| p.id == id);
+        at.map(|i| self.list.remove(i)).is_some()
     }
 
     /// Placeholders running now (a refused registration counts for ever).
