@@ -1163,7 +1163,7 @@ proptest! {
     fn the_interval_lies_between_the_shortest_and_the_longest_gap(
         gaps in prop::collection::vec(1u32..120_000, 0..=MAX_GAPS),
     ) {
-        let i = lb::interval(&gaps);
+        let i = lb::Checker { gaps_ms: gaps.clone(), ..Default::default() }.interval();
         prop_assert_eq!(i.gaps, gaps.len());
         prop_assert_eq!(i.ms.is_some(), gaps.len() >= MIN_GAPS);
         prop_assert_eq!(i.min_gap_ms, gaps.iter().min().map(|g| u64::from(*g)));
@@ -1210,7 +1210,8 @@ proptest! {
             "inter {} jitter {}: read {} from {:?}", inter, jitter, ms, checker.gaps_ms
         );
         let last = times.last().copied().unwrap_or(0);
-        prop_assert_eq!(c.slowest(last).map(|(_, ms)| ms), Some(ms));
-        prop_assert_eq!(c.slowest(last + CHECKER_TTL_MS + 1), None, "gone: nothing measured");
+        let slowest = |now| c.detection(now, 2, lb::Wait { name: "lb_buffer", ms: 0 }).map(|d| d.interval_ms);
+        prop_assert_eq!(slowest(last), Some(ms));
+        prop_assert_eq!(slowest(last + CHECKER_TTL_MS + 1), None, "gone: nothing measured");
     }
 }
