@@ -18,6 +18,14 @@ use drain_gate::instruments::in_flight::{Ages, InFlight};
 use proptest::prelude::*;
 use serde_json::{json, Value};
 
+/// A host that answered only the wall clock.
+fn wall_clock(wall_ms: u64) -> Now {
+    Now {
+        wall_ms,
+        mono_ms: None,
+    }
+}
+
 /// The reads, which anyone may call.
 /// Every path the router knows (`api::ROUTES`), and one it does not.
 fn paths() -> Vec<&'static str> {
@@ -532,7 +540,7 @@ proptest! {
                 Op::Ask(mv, dt, active) => {
                     now += dt;
                     let before = rec.clone();
-                    match fsm::advance(&rec, mv, Now::wall(now), active) {
+                    match fsm::advance(&rec, mv, wall_clock(now), active) {
                         Ok(next) => {
                             prop_assert!(fsm::legal(before.state, mv.to));
                             prop_assert_eq!(mv.expected_from, before.state);
@@ -546,7 +554,7 @@ proptest! {
                         Err(e) => {
                             prop_assert_eq!(e.state, before.state);
                             prop_assert_eq!(e.requested, mv.to);
-                            let held = mv.to == State::Open && before.active_hold(Now::wall(now)).is_some() && !mv.force;
+                            let held = mv.to == State::Open && before.active_hold(wall_clock(now)).is_some() && !mv.force;
                             prop_assert_eq!(e.hold_until_ms.is_some(), held && fsm::legal(before.state, mv.to)
                                 && mv.expected_from == before.state);
                             prop_assert!(!fsm::legal(before.state, mv.to) || mv.expected_from != before.state
@@ -557,7 +565,7 @@ proptest! {
                 Op::Due(dt, active, down) => {
                     now += dt;
                     let down = down.map(|d| now.saturating_sub(d));
-                    if let Some(mv) = fsm::due(&rec, Now::wall(now), active, down) {
+                    if let Some(mv) = fsm::due(&rec, wall_clock(now), active, down) {
                         prop_assert_eq!(mv.expected_from, rec.state);
                         prop_assert!(matches!(rec.state, State::Draining | State::Closing));
                         if mv.reason == Reason::ActiveZero {
@@ -565,16 +573,16 @@ proptest! {
                         }
                         prop_assert!(mv.to != State::Closed || !rec.holds_closing(),
                             "a maintenance drain closed by itself");
-                        let next = fsm::advance(&rec, mv, Now::wall(now), active);
+                        let next = fsm::advance(&rec, mv, wall_clock(now), active);
                         prop_assert!(next.is_ok(), "due proposed a move advance refuses: {mv:?}");
                         rec = next.unwrap();
                     }
                 }
                 Op::Hold(dt, lease) => {
                     now += dt;
-                    if let Some(next) = fsm::renew_hold(&rec, Now::wall(now), lease) {
+                    if let Some(next) = fsm::renew_hold(&rec, wall_clock(now), lease) {
                         prop_assert!(matches!(rec.state, State::Draining | State::Closing));
-                        prop_assert!(next.active_hold(Now::wall(now)).is_some() && next.state == rec.state && next.seq == rec.seq);
+                        prop_assert!(next.active_hold(wall_clock(now)).is_some() && next.state == rec.state && next.seq == rec.seq);
                         rec = next;
                     }
                 }
@@ -601,7 +609,7 @@ proptest! {
         for op in ops {
             if let Op::Ask(mv, dt, a) = op {
                 now += dt;
-                if let Ok(next) = fsm::advance(&rec, mv, Now::wall(now), a) {
+                if let Ok(next) = fsm::advance(&rec, mv, wall_clock(now), a) {
                     rec = next;
                 }
             }
@@ -609,7 +617,7 @@ proptest! {
         let checkers = Checkers::default();
         let view = api::View {
             rec: &rec,
-            now: Now::wall(now),
+            now: wall_clock(now),
             timers: Timers::Monotonic,
             steps: Steps::default(),
             in_flight: InFlight::default(),
@@ -946,7 +954,7 @@ proptest! {
         rec.plan = Some(DrainPlan { lb_gate: true, ..p });
         rec.drain_started_ms = Some(started);
         let now = started + dt;
-        let now = drain_gate::gate::clock::Now::wall(now);
+        let now = wall_clock(now);
         prop_assert_eq!(fsm::due_gated(&rec, now, active, None, true), fsm::due(&rec, now, active, None));
         match fsm::due_gated(&rec, now, active, None, false) {
             Some(mv) => {
