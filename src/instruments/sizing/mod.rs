@@ -145,13 +145,6 @@ impl Histogram {
         self.max_ms = self.max_ms.max(max_ms);
     }
 
-    pub fn merge(&mut self, other: &Histogram) {
-        for (a, b) in self.buckets.iter_mut().zip(other.buckets.iter()) {
-            *a = a.saturating_add(*b);
-        }
-        self.tally(other.count, other.sum_ms, other.max_ms);
-    }
-
     /// The `q`-quantile (`per_mille` / 1000) of what was recorded: the
     /// upper bound of the bucket holding the sample of rank ⌈q × count⌉,
     /// at most `max_ms` (`None`: nothing recorded).
@@ -303,7 +296,10 @@ impl serde::Serialize for Durations {
 impl Durations {
     pub fn merge(&mut self, other: &Durations) {
         for (h, o) in self.0.iter_mut().zip(&other.0) {
-            h.merge(o);
+            for (a, b) in h.buckets.iter_mut().zip(o.buckets.iter()) {
+                *a = a.saturating_add(*b);
+            }
+            h.tally(o.count, o.sum_ms, o.max_ms);
         }
     }
 
