@@ -24,6 +24,8 @@ pub mod host;
 
 use std::num::NonZeroU64;
 
+use crate::json::object;
+
 /// Upper bounds of the buckets (ms); one more bucket holds what is above.
 pub const BOUNDS_MS: [u64; 60] = [
     10, 12, 15, 20, 25, 30, 40, 50, 60, 80, //
@@ -86,9 +88,8 @@ pub fn bucket(ms: u64) -> usize {
     BOUNDS_MS.partition_point(|b| *b < ms)
 }
 
-/// Durations of one kind, bucketed; `/drain/status` shows its `Summary`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
-#[serde(into = "Summary")]
+/// Durations of one kind, bucketed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Histogram {
     pub buckets: [u64; BUCKETS],
     pub count: u64,
@@ -107,25 +108,17 @@ impl Default for Histogram {
     }
 }
 
-/// What `/drain/status` shows of one kind.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
-pub struct Summary {
-    pub count: u64,
-    pub p50_ms: Option<u64>,
-    pub p99_ms: Option<u64>,
-    pub p999_ms: Option<u64>,
-    pub max_ms: Option<u64>,
-}
-
-impl From<Histogram> for Summary {
-    fn from(h: Histogram) -> Summary {
-        Summary {
-            count: h.count,
-            p50_ms: h.quantile(500),
-            p99_ms: h.quantile(990),
-            p999_ms: h.quantile(999),
-            max_ms: (h.count > 0).then_some(h.max_ms),
-        }
+/// What `/drain/status` shows of one kind: the count, quantiles and max.
+impl serde::Serialize for Histogram {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let summary = object!(Summary {
+            count: self.count,
+            p50_ms: self.quantile(500),
+            p99_ms: self.quantile(990),
+            p999_ms: self.quantile(999),
+            max_ms: (self.count > 0).then_some(self.max_ms),
+        });
+        summary.serialize(s)
     }
 }
 
@@ -286,7 +279,7 @@ fn update_word(bytes: &mut [u8], i: usize, f: impl Fn(u64) -> u64) {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Durations(pub [Histogram; 3]);
 
-/// `/drain/status` `durations`: each kind's `Summary` by its name.
+/// `/drain/status` `durations`: each kind's summary by its name.
 impl serde::Serialize for Durations {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         s.collect_map(["http", "upgraded", "tcp"].iter().zip(&self.0))
@@ -453,19 +446,16 @@ mod tests {
         for _ in 0..4 {
             h.record(2_100);
         }
-        let s = Summary::from(h);
-        assert_eq!(s.count, 24);
-        assert_eq!(s.p50_ms, Some(300));
-        assert_eq!(
-            s.p99_ms,
-            Some(2_100),
-            "the bucket's 2.5 s, capped at the max"
-        );
-        assert_eq!(s.p999_ms, Some(2_100));
-        assert_eq!(s.max_ms, Some(2_100));
+        let s = serde_json::to_value(h).unwrap();
+        assert_eq!(s["count"], 24);
+        assert_eq!(s["p50_ms"], 300);
+        assert_eq!(s["p99_ms"], 2_100, "the bucket's 2.5 s, capped at the max");
+        assert_eq!(s["p999_ms"], 2_100);
+        assert_eq!(s["max_ms"], 2_100);
         assert_eq!(h.cumulative()[..6], [0, 0, 0, 0, 20, 20]);
         assert_eq!(h.cumulative()[6], 24);
-        assert_eq!(Summary::from(Histogram::default()), Summary::default());
+        let none = serde_json::json!({"count": 0, "p50_ms": null, "p99_ms": null, "p999_ms": null, "max_ms": null});
+        assert_eq!(serde_json::to_value(Histogram::default()).unwrap(), none);
     }
 
     #[test]
