@@ -137,10 +137,8 @@ impl Checker {
                 self.gaps_ms.drain(..excess);
             }
         }
-        self.consecutive_non_200 = match status {
-            200 => 0,
-            _ => self.consecutive_non_200.saturating_add(1),
-        };
+        let non_200 = self.consecutive_non_200.saturating_add(1);
+        self.consecutive_non_200 = if status == 200 { 0 } else { non_200 };
         if status == 404 {
             self.last_404_ms = Some(now_ms);
         }
