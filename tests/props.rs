@@ -9,7 +9,7 @@ use std::net::IpAddr;
 
 use drain_gate::api::{self, Audience, Endpoint, Request};
 use drain_gate::config::{Config, Health, KEYS};
-use drain_gate::gate::answer::{answer, Inputs};
+use drain_gate::gate::answer::{self, answer, Inputs};
 use drain_gate::gate::clock::{self, Look, Now, Steps};
 use drain_gate::gate::fsm::{self, CloseAfter, DrainPlan, Move, Reason, Record, State, HISTORY};
 use drain_gate::gate::lb::{self as lb, Checkers, Gate, CHECKER_TTL_MS, MAX_GAPS, MIN_GAPS};
@@ -17,6 +17,14 @@ use drain_gate::gate::placeholder::Action;
 use drain_gate::instruments::in_flight::{Ages, InFlight};
 use proptest::prelude::*;
 use serde_json::{json, Value};
+
+/// A host that answered only the wall clock.
+fn wall_clock(wall_ms: u64) -> Now {
+    Now {
+        wall_ms,
+        mono_ms: None,
+    }
+}
 
 /// The reads, which anyone may call.
 /// Every path the router knows (`api::ROUTES`), and one it does not.
@@ -211,7 +219,7 @@ proptest! {
             let r = check(inm.as_deref());
             prop_assert!([200, 304, 404, 500, 503].contains(&r.status));
             prop_assert_eq!(header(&r, "cache-control"), Some("max-age=1"));
-            prop_assert_eq!(header(&r, "etag").map(str::to_string), Some(api::etag(s, plain.status)));
+            prop_assert_eq!(header(&r, "etag").map(str::to_string), Some(format!("\"{}-{}\"", s.name().to_ascii_lowercase(), plain.status)));
             if r.status == 304 {
                 prop_assert_eq!(plain.status, 200);
                 prop_assert!(r.body.is_empty());
@@ -532,7 +540,7 @@ proptest! {
                 Op::Ask(mv, dt, active) => {
                     now += dt;
                     let before = rec.clone();
-                    match fsm::advance(&rec, mv, Now::wall(now), active) {
+                    match fsm::advance(&rec, mv, wall_clock(now), active) {
                         Ok(next) => {
                             prop_assert!(fsm::legal(before.state, mv.to));
                             prop_assert_eq!(mv.expected_from, before.state);
@@ -546,7 +554,7 @@ proptest! {
                         Err(e) => {
                             prop_assert_eq!(e.state, before.state);
                             prop_assert_eq!(e.requested, mv.to);
-                            let held = mv.to == State::Open && before.active_hold(Now::wall(now)).is_some() && !mv.force;
+                            let held = mv.to == State::Open && before.active_hold(wall_clock(now)).is_some() && !mv.force;
                             prop_assert_eq!(e.hold_until_ms.is_some(), held && fsm::legal(before.state, mv.to)
                                 && mv.expected_from == before.state);
                             prop_assert!(!fsm::legal(before.state, mv.to) || mv.expected_from != before.state
@@ -557,7 +565,7 @@ proptest! {
                 Op::Due(dt, active, down) => {
                     now += dt;
                     let down = down.map(|d| now.saturating_sub(d));
-                    if let Some(mv) = fsm::due(&rec, Now::wall(now), active, down) {
+                    if let Some(mv) = fsm::due(&rec, wall_clock(now), active, down) {
                         prop_assert_eq!(mv.expected_from, rec.state);
                         prop_assert!(matches!(rec.state, State::Draining | State::Closing));
                         if mv.reason == Reason::ActiveZero {
@@ -565,16 +573,16 @@ proptest! {
                         }
                         prop_assert!(mv.to != State::Closed || !rec.holds_closing(),
                             "a maintenance drain closed by itself");
-                        let next = fsm::advance(&rec, mv, Now::wall(now), active);
+                        let next = fsm::advance(&rec, mv, wall_clock(now), active);
                         prop_assert!(next.is_ok(), "due proposed a move advance refuses: {mv:?}");
                         rec = next.unwrap();
                     }
                 }
                 Op::Hold(dt, lease) => {
                     now += dt;
-                    if let Some(next) = fsm::renew_hold(&rec, Now::wall(now), lease) {
+                    if let Some(next) = fsm::renew_hold(&rec, wall_clock(now), lease) {
                         prop_assert!(matches!(rec.state, State::Draining | State::Closing));
-                        prop_assert!(next.active_hold(Now::wall(now)).is_some() && next.state == rec.state && next.seq == rec.seq);
+                        prop_assert!(next.active_hold(wall_clock(now)).is_some() && next.state == rec.state && next.seq == rec.seq);
                         rec = next;
                     }
                 }
@@ -601,7 +609,7 @@ proptest! {
         for op in ops {
             if let Op::Ask(mv, dt, a) = op {
                 now += dt;
-                if let Ok(next) = fsm::advance(&rec, mv, Now::wall(now), a) {
+                if let Ok(next) = fsm::advance(&rec, mv, wall_clock(now), a) {
                     rec = next;
                 }
             }
@@ -611,7 +619,7 @@ proptest! {
         registry.announce(100, now);
         let view = api::View {
             rec: &rec,
-            now: Now::wall(now),
+            now: wall_clock(now),
             steps: Steps::default(),
             in_flight: InFlight::default(),
             count: drain_gate::gate::count::CountReading { active, streams: active, connections: 0, reliable: true, why: None },
@@ -875,7 +883,7 @@ proptest! {
             for (rec, checkers, wall_ms) in [(&mut stepped, &mut c_stepped, wall_s), (&mut steady, &mut c_steady, wall_0)] {
                 let now = Now { wall_ms, mono_ms: Some(m) };
                 if checks {
-                    checkers.observe("10.0.0.1", rec.state.lb_status(404), m, 2);
+                    checkers.observe("10.0.0.1", answer::verdict(rec.state, true, Action::None, 404).lb_status, m, 2);
                 }
                 let lb_down = checkers.down_since(m, 2);
                 let since = rec.drain_started_timer_ms().unwrap();
@@ -950,7 +958,7 @@ proptest! {
         rec.plan = Some(DrainPlan { lb_gate: true, ..p });
         rec.drain_started_ms = Some(started);
         let now = started + dt;
-        let now = drain_gate::gate::clock::Now::wall(now);
+        let now = wall_clock(now);
         prop_assert_eq!(fsm::due_gated(&rec, now, active, None, true), fsm::due(&rec, now, active, None));
         match fsm::due_gated(&rec, now, active, None, false) {
             Some(mv) => {
@@ -1167,7 +1175,7 @@ proptest! {
     fn the_interval_lies_between_the_shortest_and_the_longest_gap(
         gaps in prop::collection::vec(1u32..120_000, 0..=MAX_GAPS),
     ) {
-        let i = lb::interval(&gaps);
+        let i = lb::Checker { gaps_ms: gaps.clone(), ..Default::default() }.interval();
         prop_assert_eq!(i.gaps, gaps.len());
         prop_assert_eq!(i.ms.is_some(), gaps.len() >= MIN_GAPS);
         prop_assert_eq!(i.min_gap_ms, gaps.iter().min().map(|g| u64::from(*g)));
@@ -1214,7 +1222,8 @@ proptest! {
             "inter {} jitter {}: read {} from {:?}", inter, jitter, ms, checker.gaps_ms
         );
         let last = times.last().copied().unwrap_or(0);
-        prop_assert_eq!(c.slowest(last).map(|(_, ms)| ms), Some(ms));
-        prop_assert_eq!(c.slowest(last + CHECKER_TTL_MS + 1), None, "gone: nothing measured");
+        let slowest = |now| c.detection(now, 2, lb::Wait { name: "lb_buffer", ms: 0 }).map(|d| d.interval_ms);
+        prop_assert_eq!(slowest(last), Some(ms));
+        prop_assert_eq!(slowest(last + CHECKER_TTL_MS + 1), None, "gone: nothing measured");
     }
 }

@@ -33,7 +33,7 @@ use crate::gate::fsm::{DrainPlan, Move, Reason, State};
 pub mod query;
 pub mod reply;
 
-pub use crate::gate::answer::{etag, Audience};
+pub use crate::gate::answer::Audience;
 pub use crate::instruments::status::{status, wait_end, View, WaitEnd};
 use query::Params;
 use reply::{bad_request, error};

@@ -81,14 +81,16 @@ pub fn verdict(
         // The endpoint stays until CLOSED; only FAULT asks for a restart.
         ready: !matches!(state, State::Closed | State::Fault) && waiting_for.is_none(),
         live: state != State::Fault,
-        lb_status: waiting_for.map_or(state.lb_status(draining_lb_status), |_| 503),
+        // The LB check (`/health_check.html`): in DRAINING 200 (the default)
+        // or 404 (HAProxy soft drain).
+        lb_status: match state {
+            _ if waiting_for.is_some() => 503,
+            State::Open => 200,
+            State::Draining => draining_lb_status,
+            State::Closing | State::Closed | State::Fault => 503,
+        },
         waiting_for,
     }
-}
-
-/// Entity tag of a health answer: changes exactly when the answer does.
-pub fn etag(state: State, status: u16) -> String {
-    format!("\"{}-{}\"", state.name().to_ascii_lowercase(), status)
 }
 
 /// The JSON body of readiness (`ready`, and `waiting_for` while the gateway
@@ -137,7 +139,8 @@ pub fn answer(i: &Inputs) -> Answer {
         }
     };
     let lb_served = (i.audience == Audience::Lb && v.waiting_for.is_none()).then_some(reply.status);
-    let tag = etag(state, reply.status);
+    // The entity tag: changes exactly when the answer does.
+    let tag = format!("\"{}-{}\"", state.name().to_ascii_lowercase(), reply.status);
     // Preconditions only apply to answers that would be 2xx (RFC 9110 §13.2.2).
     // `If-None-Match`: a list of tags, weak or strong, or `*`.
     let matches = |t: &str| t == "*" || t.strip_prefix("W/").unwrap_or(t) == tag;
@@ -150,18 +153,6 @@ pub fn answer(i: &Inputs) -> Answer {
         reply.headers.retain(|(name, _)| *name != "content-type");
     }
     Answer { reply, lb_served }
-}
-
-impl State {
-    /// What the external load balancer's check (`/health_check.html`) gets.
-    /// `draining_lb_status` is 200 (the default) or 404 (HAProxy soft drain).
-    pub fn lb_status(self, draining_lb_status: u16) -> u16 {
-        match self {
-            State::Open => 200,
-            State::Draining => draining_lb_status,
-            State::Closing | State::Closed | State::Fault => 503,
-        }
-    }
 }
 
 #[cfg(test)]

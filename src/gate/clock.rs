@@ -25,14 +25,6 @@ named! {
 }
 
 impl Now {
-    /// A host that answered only the wall clock.
-    pub fn wall(wall_ms: u64) -> Now {
-        Now {
-            wall_ms,
-            mono_ms: None,
-        }
-    }
-
     pub fn timers(self) -> Timers {
         self.mono_ms.map_or(Timers::Wall, |_| Timers::Monotonic)
     }
@@ -157,6 +149,16 @@ pub fn rfc3339(ms: u64) -> String {
 #[allow(clippy::panic)]
 mod tests {
     use super::*;
+
+    impl Now {
+        /// A host that answered only the wall clock.
+        pub fn wall(wall_ms: u64) -> Now {
+            Now {
+                wall_ms,
+                mono_ms: None,
+            }
+        }
+    }
 
     #[test]
     fn rfc3339_formatting() {

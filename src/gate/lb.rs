@@ -88,33 +88,29 @@ pub struct Interval {
     pub max_gap_ms: Option<u64>,
 }
 
-/// The interval `gaps` (ms, any order) measure: their median once there are
-/// `MIN_GAPS` of them, never below the shortest nor above the longest. One
-/// missed check (a gap twice as long) moves it by at most one rank.
-pub fn interval(gaps: &[u32]) -> Interval {
-    // Sorted by insertion: at most MAX_GAPS, and no sort routine in the module.
-    let mut sorted: Vec<u64> = Vec::with_capacity(gaps.len());
-    for g in gaps.iter().map(|g| u64::from(*g)) {
-        sorted.insert(sorted.partition_point(|x| *x <= g), g);
-    }
-    let n = sorted.len();
-    let mid = |i: usize| sorted.get(i).copied();
-    // Of an even number, between the two middle gaps: neither is passed.
-    let ms = (mid(n.saturating_sub(1) / 2).zip(mid(n / 2)))
-        .filter(|_| n >= MIN_GAPS)
-        .map(|(a, b)| a + (b - a) / 2);
-    Interval {
-        ms,
-        gaps: n,
-        min_gap_ms: sorted.first().copied(),
-        max_gap_ms: sorted.last().copied(),
-    }
-}
-
 impl Checker {
-    /// Its check interval, as its last gaps say.
+    /// Its check interval, as its last gaps (ms, any order) say: their median
+    /// once there are `MIN_GAPS` of them, never below the shortest nor above
+    /// the longest. One missed check (a gap twice as long) moves it by at most
+    /// one rank.
     pub fn interval(&self) -> Interval {
-        interval(&self.gaps_ms)
+        // Sorted by insertion: at most MAX_GAPS, and no sort routine in the module.
+        let mut sorted: Vec<u64> = Vec::with_capacity(self.gaps_ms.len());
+        for g in self.gaps_ms.iter().map(|g| u64::from(*g)) {
+            sorted.insert(sorted.partition_point(|x| *x <= g), g);
+        }
+        let n = sorted.len();
+        let mid = |i: usize| sorted.get(i).copied();
+        // Of an even number, between the two middle gaps: neither is passed.
+        let ms = (mid(n.saturating_sub(1) / 2).zip(mid(n / 2)))
+            .filter(|_| n >= MIN_GAPS)
+            .map(|(a, b)| a + (b - a) / 2);
+        Interval {
+            ms,
+            gaps: n,
+            min_gap_ms: sorted.first().copied(),
+            max_gap_ms: sorted.last().copied(),
+        }
     }
 
     /// Records an answer `status` served at `now_ms`; returns whether it
@@ -141,10 +137,8 @@ impl Checker {
                 self.gaps_ms.drain(..excess);
             }
         }
-        self.consecutive_non_200 = match status {
-            200 => 0,
-            _ => self.consecutive_non_200.saturating_add(1),
-        };
+        let non_200 = self.consecutive_non_200.saturating_add(1);
+        self.consecutive_non_200 = if status == 200 { 0 } else { non_200 };
         if status == 404 {
             self.last_404_ms = Some(now_ms);
         }
@@ -373,20 +367,16 @@ impl Checkers {
         self.list.iter().any(|c| c.last_seen_ms >= since_ms)
     }
 
-    /// The live checker whose measured interval is the longest, and that
-    /// interval (`None`: no live checker has `MIN_GAPS` gaps yet).
-    pub fn slowest(&self, now_ms: u64) -> Option<(&Checker, u64)> {
-        // The first of the longest.
-        self.live(now_ms)
-            .filter_map(|c| c.interval().ms.map(|ms| (c, ms)))
-            .min_by_key(|(_, ms)| std::cmp::Reverse(*ms))
-    }
-
     /// The LB's detection of a flip — `lb_fall` × the longest measured
     /// interval of a live checker — beside what CLOSING waits before CLOSED,
-    /// and by how much that falls short (`None`: nothing measured yet).
+    /// and by how much that falls short (`None`: no live checker has
+    /// `MIN_GAPS` gaps yet).
     pub fn detection(&self, now_ms: u64, lb_fall: u32, wait: Wait) -> Option<Detection<'_>> {
-        let (c, interval_ms) = self.slowest(now_ms)?;
+        // The first live checker of the longest interval.
+        let (c, interval_ms) = self
+            .live(now_ms)
+            .filter_map(|c| c.interval().ms.map(|ms| (c, ms)))
+            .min_by_key(|(_, ms)| std::cmp::Reverse(*ms))?;
         let detection_ms = interval_ms.saturating_mul(u64::from(lb_fall));
         Some(Detection {
             checker: &c.source,

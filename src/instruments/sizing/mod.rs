@@ -24,6 +24,8 @@ pub mod host;
 
 use std::num::NonZeroU64;
 
+use crate::json::object;
+
 /// Upper bounds of the buckets (ms); one more bucket holds what is above.
 pub const BOUNDS_MS: [u64; 60] = [
     10, 12, 15, 20, 25, 30, 40, 50, 60, 80, //
@@ -86,9 +88,8 @@ pub fn bucket(ms: u64) -> usize {
     BOUNDS_MS.partition_point(|b| *b < ms)
 }
 
-/// Durations of one kind, bucketed; `/drain/status` shows its `Summary`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
-#[serde(into = "Summary")]
+/// Durations of one kind, bucketed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Histogram {
     pub buckets: [u64; BUCKETS],
     pub count: u64,
@@ -107,25 +108,17 @@ impl Default for Histogram {
     }
 }
 
-/// What `/drain/status` shows of one kind.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
-pub struct Summary {
-    pub count: u64,
-    pub p50_ms: Option<u64>,
-    pub p99_ms: Option<u64>,
-    pub p999_ms: Option<u64>,
-    pub max_ms: Option<u64>,
-}
-
-impl From<Histogram> for Summary {
-    fn from(h: Histogram) -> Summary {
-        Summary {
-            count: h.count,
-            p50_ms: h.quantile(500),
-            p99_ms: h.quantile(990),
-            p999_ms: h.quantile(999),
-            max_ms: (h.count > 0).then_some(h.max_ms),
-        }
+/// What `/drain/status` shows of one kind: the count, quantiles and max.
+impl serde::Serialize for Histogram {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let summary = object!(Summary {
+            count: self.count,
+            p50_ms: self.quantile(500),
+            p99_ms: self.quantile(990),
+            p999_ms: self.quantile(999),
+            max_ms: (self.count > 0).then_some(self.max_ms),
+        });
+        summary.serialize(s)
     }
 }
 
@@ -143,13 +136,6 @@ impl Histogram {
         self.count = self.count.saturating_add(n);
         self.sum_ms = self.sum_ms.saturating_add(sum_ms);
         self.max_ms = self.max_ms.max(max_ms);
-    }
-
-    pub fn merge(&mut self, other: &Histogram) {
-        for (a, b) in self.buckets.iter_mut().zip(other.buckets.iter()) {
-            *a = a.saturating_add(*b);
-        }
-        self.tally(other.count, other.sum_ms, other.max_ms);
     }
 
     /// The `q`-quantile (`per_mille` / 1000) of what was recorded: the
@@ -267,9 +253,7 @@ impl Pending {
         let mut d = std::mem::take(&mut self.long);
         let tick_ms = self.tick_ms.get();
         for (slots, h) in self.slots.iter_mut().zip(&mut d.0) {
-            if h.count == 0 {
-                continue;
-            }
+            // Nothing recorded: its max is 0, and only the empty slot 0 is looked at.
             let top = usize::try_from(h.max_ms.div_ceil(tick_ms)).unwrap_or(SLOTS);
             for (ticks, n) in (0u64..).zip(slots.iter_mut().take(top.saturating_add(1))) {
                 if *n > 0 {
@@ -293,7 +277,7 @@ fn update_word(bytes: &mut [u8], i: usize, f: impl Fn(u64) -> u64) {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Durations(pub [Histogram; 3]);
 
-/// `/drain/status` `durations`: each kind's `Summary` by its name.
+/// `/drain/status` `durations`: each kind's summary by its name.
 impl serde::Serialize for Durations {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         s.collect_map(["http", "upgraded", "tcp"].iter().zip(&self.0))
@@ -303,7 +287,10 @@ impl serde::Serialize for Durations {
 impl Durations {
     pub fn merge(&mut self, other: &Durations) {
         for (h, o) in self.0.iter_mut().zip(&other.0) {
-            h.merge(o);
+            for (a, b) in h.buckets.iter_mut().zip(o.buckets.iter()) {
+                *a = a.saturating_add(*b);
+            }
+            h.tally(o.count, o.sum_ms, o.max_ms);
         }
     }
 
@@ -457,19 +444,16 @@ mod tests {
         for _ in 0..4 {
             h.record(2_100);
         }
-        let s = Summary::from(h);
-        assert_eq!(s.count, 24);
-        assert_eq!(s.p50_ms, Some(300));
-        assert_eq!(
-            s.p99_ms,
-            Some(2_100),
-            "the bucket's 2.5 s, capped at the max"
-        );
-        assert_eq!(s.p999_ms, Some(2_100));
-        assert_eq!(s.max_ms, Some(2_100));
+        let s = serde_json::to_value(h).unwrap();
+        assert_eq!(s["count"], 24);
+        assert_eq!(s["p50_ms"], 300);
+        assert_eq!(s["p99_ms"], 2_100, "the bucket's 2.5 s, capped at the max");
+        assert_eq!(s["p999_ms"], 2_100);
+        assert_eq!(s["max_ms"], 2_100);
         assert_eq!(h.cumulative()[..6], [0, 0, 0, 0, 20, 20]);
         assert_eq!(h.cumulative()[6], 24);
-        assert_eq!(Summary::from(Histogram::default()), Summary::default());
+        let none = serde_json::json!({"count": 0, "p50_ms": null, "p99_ms": null, "p999_ms": null, "max_ms": null});
+        assert_eq!(serde_json::to_value(Histogram::default()).unwrap(), none);
     }
 
     #[test]
