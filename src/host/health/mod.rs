@@ -75,7 +75,7 @@ pub struct Health<H: Host = Envoy> {
     /// what completed (`Traffic::tick`).
     receipt_seen: Cell<Option<u64>>,
     /// The FSM's `seq` at which this root last found nothing to do in the
-    /// receipt's record: it looks again when the FSM moves (`receipt_view`).
+    /// receipt's record: it looks again when the FSM moves (`keep_receipt`).
     receipt_looked: Cell<Option<u64>>,
     /// When this root last set the LB detection gauges (timer clock).
     lb_gauges_at: Cell<Option<u64>>,

@@ -2,6 +2,7 @@
 //! transitions, the placeholders, and the release of held answers.
 
 use super::{lb_unavailable, send, state_unavailable, Health};
+use std::cell::OnceCell;
 
 use crate::api;
 use crate::gate::clock::{self, Now};
@@ -37,21 +38,21 @@ impl<H: Host> Health<H> {
         // The process's gauges are written by the tick that judged liveness
         // (one per half tick in the process); the in-flight summaries are
         // read for it, and by a tick that finds the oldest stream at the flip
-        // not recorded yet (`keep_receipt`).
-        let view = self.receipt_view(&rec);
-        let flip = view.is_some_and(|(flip, _)| flip);
-        let oldest = (judged || flip)
-            .then(|| published(self.host(), self.watch.ids()))
-            .and_then(|p| in_flight::merge(&p, now.timer_ms()).oldest_age_ms);
+        // not recorded yet (`keep_receipt`): once at most.
+        let oldest = OnceCell::new();
+        let oldest = || {
+            *oldest.get_or_init(|| {
+                let p = published(self.host(), self.watch.ids());
+                in_flight::merge(&p, now.timer_ms()).oldest_age_ms
+            })
+        };
         if judged {
             self.metrics.set_count_unreliable(!reading.reliable);
             self.metrics
-                .set_oldest_in_flight_seconds(oldest.unwrap_or(0) / 1000);
+                .set_oldest_in_flight_seconds(oldest().unwrap_or(0) / 1000);
             self.lb_gauges(now.timer_ms());
         }
-        if let Some(view) = view {
-            self.keep_receipt(&rec, view, oldest);
-        }
+        self.keep_receipt(&rec, &oldest);
         let held = self.release_waiters(&rec, now);
         let holding = held && matches!(rec.state, State::Draining | State::Closing);
         self.termination.tick(holding, &self.metrics);
