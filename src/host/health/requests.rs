@@ -125,8 +125,7 @@ impl<H: Host> Health<H> {
             // Not OPEN, or someone else started it first: join.
             _ => Rc::unwrap_or_clone(self.store.update(&fsm::resume).map_err(Shared)?),
         };
-        if let Some(end) = api::wait_end(rec.state, false, self.lingering(&rec, self.host().now()))
-        {
+        if let Some(end) = self.wait_end(&rec, self.host().now(), false) {
             return Ok(Some((rec, Some(end))));
         }
         self.waiters.borrow_mut().push(Waiter {

@@ -141,11 +141,10 @@ impl<H: Host> Health<H> {
     /// Answers the held `wait=closed` requests whose wait is over; renews the
     /// preStop hold of the others. Returns whether any are still held.
     fn release_waiters(&self, rec: &Record, now: Now) -> bool {
-        let lingering = self.lingering(rec, now);
         let mut over = Vec::new();
         self.waiters.borrow_mut().retain(|w| {
             let timed_out = now.passed(w.since.wall_ms, w.since.mono_ms, w.timeout_ms);
-            let end = api::wait_end(rec.state, timed_out, lingering);
+            let end = self.wait_end(rec, now, timed_out);
             over.extend(end.map(|end| (w.context_id, end)));
             end.is_none()
         });
@@ -159,10 +158,11 @@ impl<H: Host> Health<H> {
         held
     }
 
-    /// Whether CLOSED began less than `scrape_interval` ago (the record of a
-    /// CLOSED gateway always says when): a held preStop answer waits for a
-    /// scrape to see it.
-    pub(super) fn lingering(&self, rec: &Record, now: Now) -> bool {
-        !now.passed_if(rec.closed_ms, None, self.config.scrape_interval_ms)
+    /// How a held wait ends now (`api::wait_end`), if it does: CLOSED lingers
+    /// while it began less than `scrape_interval` ago (the record of a CLOSED
+    /// gateway always says when), for a scrape to see it.
+    pub(super) fn wait_end(&self, rec: &Record, now: Now, timed_out: bool) -> Option<api::WaitEnd> {
+        let lingering = !now.passed_if(rec.closed_ms, None, self.config.scrape_interval_ms);
+        api::wait_end(rec.state, timed_out, lingering)
     }
 }
