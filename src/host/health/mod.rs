@@ -158,14 +158,14 @@ impl<H: Host> Health<H> {
     ) -> Result<Record, store::TransitionError> {
         self.store
             .advance(choose, self.active.read().active, &self.metrics)?;
-        self.apply_due()
+        self.apply_due(self.active.read().for_decisions())
             .map(Rc::unwrap_or_clone)
             .map_err(store::TransitionError::Shared)
     }
 
-    /// Applies whatever became due (`Store::apply_due`) with the count now.
-    pub(super) fn apply_due(&self) -> Result<Rc<Record>, SharedError> {
-        let active = self.active.read().for_decisions();
+    /// Applies whatever became due (`Store::apply_due`) with the count
+    /// `active` (`Reading::for_decisions`).
+    pub(super) fn apply_due(&self, active: u64) -> Result<Rc<Record>, SharedError> {
         self.store
             .apply_due(active, self.lb_down_ms(), &self.metrics)
     }

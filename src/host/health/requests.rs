@@ -31,7 +31,7 @@ impl<H: Host> Health<H> {
             .lb_change(&mut |c, now| c.observe(&ip.to_string(), served, now, self.config.lb_fall))
             .map_or_else(lb_unavailable, drop);
         if state == State::Draining && served == 404 {
-            if let Err(e) = self.apply_due() {
+            if let Err(e) = self.apply_due(self.active.read().for_decisions()) {
                 state_unavailable(e);
             }
         }

@@ -24,9 +24,7 @@ impl<H: Host> Health<H> {
         self.watch_clock();
         let judged = self.watch.tick(&self.metrics);
         let reading = self.active.read();
-        let due = self
-            .store
-            .apply_due(reading.for_decisions(), self.lb_down_ms(), &self.metrics);
+        let due = self.apply_due(reading.for_decisions());
         self.unreadable.set(due.is_err());
         let Ok(rec) = due.map_err(state_unavailable) else {
             return;
