@@ -106,7 +106,6 @@ fn send<H: Host>(host: &H, context_id: Option<u32>, reply: &Reply) {
 impl<H: Host + Copy> Health<H> {
     pub fn new(config: config::Health, metrics: Metrics<H>) -> Health<H> {
         let host = *metrics.host();
-        let active = ActiveCount::new(&metrics);
         let refusing = config.shared.draining_new_requests == NewRequests::Refuse;
         metrics.set_drain_timeout_seconds(config.drain_timeout_ms / 1000);
         let health = Health {
@@ -114,7 +113,7 @@ impl<H: Host + Copy> Health<H> {
             termination: termination::Watch::new(host, config.termination_watch.clone()),
             watch: Judge::new(host, config.shared.tick_ms),
             config,
-            active,
+            active: ActiveCount::new(&metrics),
             metrics,
             store: Store::new(host).raising(crate::instruments::receipt::host::transition),
             waiters: RefCell::new(Vec::new()),

@@ -104,8 +104,7 @@ impl<H: Host> Health<H> {
                 self.announced.set(c.announced_ms.is_some());
             }
         }
-        let announced = self.announced.get();
-        let action = placeholder::action(p.present(), p.serving(), announced, rec.state);
+        let action = placeholder::action(p.present(), p.serving(), self.announced.get(), rec.state);
         self.placeholders.set(action);
         if action != PlaceholderAction::Drain {
             return;
