@@ -64,9 +64,8 @@ impl<H: Host> Health<H> {
             return;
         }
         self.lb_gauges_at.set(Some(now));
-        let c = &self.config;
         if let Ok(checkers) = self.store.lb_checkers().map_err(lb_unavailable) {
-            let d = checkers.detection(now, c.lb_fall, c.lb_wait());
+            let d = checkers.detection(now, self.config.lb_fall, self.config.lb_wait());
             // Nothing measured: both 0.
             let (interval, short) = d.map_or((0, 0), |d| (d.interval_ms, d.short_ms));
             self.metrics.set_lb_check_interval_ms(interval);
