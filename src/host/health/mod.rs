@@ -137,13 +137,6 @@ impl<H: Host> Health<H> {
         self.store.host()
     }
 
-    /// When the LB was observed DOWN, if `close_after` asks for it.
-    pub(super) fn lb_down_ms(&self) -> Option<u64> {
-        let observed = self.config.close_after == CloseAfter::LbObservedDown;
-        let checkers = observed.then(|| self.store.lb_checkers().ok()).flatten()?;
-        checkers.down_since(self.host().now().timer_ms(), self.config.lb_fall)
-    }
-
     /// Moves the FSM for an admin command, then applies whatever became due
     /// (a drain with nothing in flight flips at once).
     pub(super) fn command(&self, cmd: api::Command) -> Result<Record, store::TransitionError> {
@@ -163,10 +156,14 @@ impl<H: Host> Health<H> {
     }
 
     /// Applies whatever became due (`Store::apply_due`) with the count
-    /// `active` (`Reading::for_decisions`).
+    /// `active` (`Reading::for_decisions`), and when the LB was observed
+    /// DOWN if `close_after` asks for it.
     pub(super) fn apply_due(&self, active: u64) -> Result<Rc<Record>, SharedError> {
-        self.store
-            .apply_due(active, self.lb_down_ms(), &self.metrics)
+        let observed = self.config.close_after == CloseAfter::LbObservedDown;
+        let checkers = observed.then(|| self.store.lb_checkers().ok()).flatten();
+        let lb_fall = self.config.lb_fall;
+        let lb_down_ms = checkers.and_then(|c| c.down_since(self.host().now().timer_ms(), lb_fall));
+        self.store.apply_due(active, lb_down_ms, &self.metrics)
     }
 
     pub(super) fn forget(&self, context_id: u32) {
