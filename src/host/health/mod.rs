@@ -75,7 +75,7 @@ pub struct Health<H: Host = Envoy> {
     /// what completed (`Traffic::tick`).
     receipt_seen: Cell<Option<u64>>,
     /// The FSM's `seq` at which this root last found nothing to do in the
-    /// receipt's record: it looks again when the FSM moves (`receipt_view`).
+    /// receipt's record: it looks again when the FSM moves (`keep_receipt`).
     receipt_looked: Cell<Option<u64>>,
     /// When this root last set the LB detection gauges (timer clock).
     lb_gauges_at: Cell<Option<u64>>,
@@ -106,7 +106,6 @@ fn send<H: Host>(host: &H, context_id: Option<u32>, reply: &Reply) {
 impl<H: Host + Copy> Health<H> {
     pub fn new(config: config::Health, metrics: Metrics<H>) -> Health<H> {
         let host = *metrics.host();
-        let active = ActiveCount::new(&metrics);
         let refusing = config.shared.draining_new_requests == NewRequests::Refuse;
         metrics.set_drain_timeout_seconds(config.drain_timeout_ms / 1000);
         let health = Health {
@@ -114,7 +113,7 @@ impl<H: Host + Copy> Health<H> {
             termination: termination::Watch::new(host, config.termination_watch.clone()),
             watch: Judge::new(host, config.shared.tick_ms),
             config,
-            active,
+            active: ActiveCount::new(&metrics),
             metrics,
             store: Store::new(host).raising(crate::instruments::receipt::host::transition),
             waiters: RefCell::new(Vec::new()),
@@ -138,13 +137,6 @@ impl<H: Host> Health<H> {
         self.store.host()
     }
 
-    /// When the LB was observed DOWN, if `close_after` asks for it.
-    pub(super) fn lb_down_ms(&self) -> Option<u64> {
-        let observed = self.config.close_after == CloseAfter::LbObservedDown;
-        let checkers = observed.then(|| self.store.lb_checkers().ok()).flatten()?;
-        checkers.down_since(self.host().now().timer_ms(), self.config.lb_fall)
-    }
-
     /// Moves the FSM for an admin command, then applies whatever became due
     /// (a drain with nothing in flight flips at once).
     pub(super) fn command(&self, cmd: api::Command) -> Result<Record, store::TransitionError> {
@@ -158,16 +150,20 @@ impl<H: Host> Health<H> {
     ) -> Result<Record, store::TransitionError> {
         self.store
             .advance(choose, self.active.read().active, &self.metrics)?;
-        self.apply_due()
+        self.apply_due(self.active.read().for_decisions())
             .map(Rc::unwrap_or_clone)
             .map_err(store::TransitionError::Shared)
     }
 
-    /// Applies whatever became due (`Store::apply_due`) with the count now.
-    pub(super) fn apply_due(&self) -> Result<Rc<Record>, SharedError> {
-        let active = self.active.read().for_decisions();
-        self.store
-            .apply_due(active, self.lb_down_ms(), &self.metrics)
+    /// Applies whatever became due (`Store::apply_due`) with the count
+    /// `active` (`Reading::for_decisions`), and when the LB was observed
+    /// DOWN if `close_after` asks for it.
+    pub(super) fn apply_due(&self, active: u64) -> Result<Rc<Record>, SharedError> {
+        let observed = self.config.close_after == CloseAfter::LbObservedDown;
+        let checkers = observed.then(|| self.store.lb_checkers().ok()).flatten();
+        let lb_fall = self.config.lb_fall;
+        let lb_down_ms = checkers.and_then(|c| c.down_since(self.host().now().timer_ms(), lb_fall));
+        self.store.apply_due(active, lb_down_ms, &self.metrics)
     }
 
     pub(super) fn forget(&self, context_id: u32) {

@@ -4,22 +4,19 @@
 use super::{lb_unavailable, send, state_unavailable, Health, Waiter};
 use proxy_wasm::traits::{Context, HttpContext};
 use proxy_wasm::types::Action;
-use std::fmt::Display;
 use std::net::IpAddr;
 use std::rc::Rc;
 
 use crate::api::{self, Audience, Endpoint, Reply};
 use crate::gate::answer;
-use crate::gate::fsm::host as store;
+use crate::gate::fsm::host::{self as store, TransitionError::Shared};
 use crate::gate::fsm::{self, Record, State};
 use crate::host::logs;
 use crate::host::wasm_host::{Envoy, Host};
 
-/// Logs why the state could not be read; the answer is the core's.
-fn unavailable(error: impl Display) -> Reply {
-    state_unavailable(error);
-    api::unavailable()
-}
+/// What an endpoint answers: the status of a record, with how a held wait
+/// ended (`None`: held), or the error it met.
+type Answer = Result<Option<(Record, Option<api::WaitEnd>)>, store::TransitionError>;
 
 impl<H: Host> Health<H> {
     /// Remembers what an LB check was served (only sources in
@@ -34,7 +31,7 @@ impl<H: Host> Health<H> {
             .lb_change(&mut |c, now| c.observe(&ip.to_string(), served, now, self.config.lb_fall))
             .map_or_else(lb_unavailable, drop);
         if state == State::Draining && served == 404 {
-            if let Err(e) = self.apply_due() {
+            if let Err(e) = self.apply_due(self.active.read().for_decisions()) {
                 state_unavailable(e);
             }
         }
@@ -64,32 +61,31 @@ impl<H: Host> Health<H> {
         }
     }
 
-    /// The answer to one request, or `None` when it is held.
+    /// The answer to one request, or `None` when it is held. Every endpoint
+    /// but the checks starts from the current record (503 when it cannot be
+    /// read) and answers with the status (`Answer`) or the error it met.
     pub(super) fn handle(&self, req: &api::Request, context_id: u32) -> Option<Reply> {
-        match api::route(req, &self.config) {
-            Err(reply) => Some(reply),
-            Ok(Endpoint::Check(audience)) => Some(self.check(audience, req)),
-            Ok(Endpoint::Status) => self.loaded(|rec| Some(self.status(&rec, None))),
-            Ok(Endpoint::Transition(cmd)) => self.loaded(|_| {
-                Some(match self.command(cmd) {
-                    Ok(next) => self.status(&next, None),
-                    Err(store::TransitionError::Illegal(e)) => api::illegal(e),
-                    Err(store::TransitionError::Shared(e)) => unavailable(e),
-                })
-            }),
-            Ok(Endpoint::DrainAndWait { timeout_ms }) => {
-                self.loaded(|rec| self.drain_and_wait(rec, timeout_ms, context_id))
+        let endpoint = match api::route(req, &self.config) {
+            Ok(Endpoint::Check(audience)) => return Some(self.check(audience, req)),
+            Ok(endpoint) => endpoint,
+            Err(reply) => return Some(reply),
+        };
+        let answer = match (self.store.load(), endpoint) {
+            (Err(e), _) => Err(Shared(e)),
+            (Ok(rec), Endpoint::DrainAndWait { timeout_ms }) => {
+                self.drain_and_wait(rec, timeout_ms, context_id)
             }
-        }
-    }
-
-    /// What `then` answers from the current record; 503 when it cannot be
-    /// read. Every endpoint but the checks starts there.
-    fn loaded(&self, then: impl FnOnce(Record) -> Option<Reply>) -> Option<Reply> {
-        match self.store.load() {
-            Ok(rec) => then(rec),
-            Err(e) => Some(unavailable(e)),
-        }
+            (Ok(_), Endpoint::Transition(cmd)) => self.command(cmd).map(|next| Some((next, None))),
+            (Ok(rec), _) => Ok(Some((rec, None))),
+        };
+        Some(match answer.transpose()? {
+            Ok((rec, end)) => self.status(&rec, end),
+            Err(store::TransitionError::Illegal(e)) => api::illegal(e),
+            Err(Shared(e)) => {
+                state_unavailable(e);
+                api::unavailable()
+            }
+        })
     }
 
     /// A health check, answered (`crate::gate::answer`) from the state gauge (one
@@ -119,22 +115,18 @@ impl<H: Host> Health<H> {
     /// Starts or joins a drain and holds the answer until it ends; a held
     /// answer is a preStop hold (`fsm::renew_hold`), and a maintenance drain
     /// it joins turns automatic (`fsm::resume`).
-    fn drain_and_wait(&self, rec: Record, timeout_ms: u64, context_id: u32) -> Option<Reply> {
+    fn drain_and_wait(&self, rec: Record, timeout_ms: u64, context_id: u32) -> Answer {
         if rec.state == State::Fault {
-            return Some(self.status(&rec, Some(api::WaitEnd::InFault)));
+            return Ok(Some((rec, Some(api::WaitEnd::InFault))));
         }
-        let joined = match (rec.state == State::Open).then(|| self.command(api::Command::Drain)) {
-            Some(Ok(next)) => Ok(next),
-            Some(Err(store::TransitionError::Shared(e))) => Err(e),
+        let rec = match (rec.state == State::Open).then(|| self.command(api::Command::Drain)) {
+            Some(Ok(next)) => next,
+            Some(Err(e @ Shared(_))) => return Err(e),
             // Not OPEN, or someone else started it first: join.
-            _ => self.store.update(&fsm::resume).map(Rc::unwrap_or_clone),
+            _ => Rc::unwrap_or_clone(self.store.update(&fsm::resume).map_err(Shared)?),
         };
-        let Ok(rec) = joined.map_err(state_unavailable) else {
-            return Some(api::unavailable());
-        };
-        if let Some(end) = api::wait_end(rec.state, false, self.lingering(&rec, self.host().now()))
-        {
-            return Some(self.status(&rec, Some(end)));
+        if let Some(end) = self.wait_end(&rec, self.host().now(), false) {
+            return Ok(Some((rec, Some(end))));
         }
         self.waiters.borrow_mut().push(Waiter {
             context_id,
@@ -142,7 +134,7 @@ impl<H: Host> Health<H> {
             timeout_ms,
         });
         self.renew_hold();
-        None
+        Ok(None)
     }
 }
 

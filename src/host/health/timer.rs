@@ -2,6 +2,7 @@
 //! transitions, the placeholders, and the release of held answers.
 
 use super::{lb_unavailable, send, state_unavailable, Health};
+use std::cell::OnceCell;
 
 use crate::api;
 use crate::gate::clock::{self, Now};
@@ -23,9 +24,7 @@ impl<H: Host> Health<H> {
         self.watch_clock();
         let judged = self.watch.tick(&self.metrics);
         let reading = self.active.read();
-        let due = self
-            .store
-            .apply_due(reading.for_decisions(), self.lb_down_ms(), &self.metrics);
+        let due = self.apply_due(reading.for_decisions());
         self.unreadable.set(due.is_err());
         let Ok(rec) = due.map_err(state_unavailable) else {
             return;
@@ -37,21 +36,21 @@ impl<H: Host> Health<H> {
         // The process's gauges are written by the tick that judged liveness
         // (one per half tick in the process); the in-flight summaries are
         // read for it, and by a tick that finds the oldest stream at the flip
-        // not recorded yet (`keep_receipt`).
-        let view = self.receipt_view(&rec);
-        let flip = view.is_some_and(|(flip, _)| flip);
-        let oldest = (judged || flip)
-            .then(|| published(self.host(), self.watch.ids()))
-            .and_then(|p| in_flight::merge(&p, now.timer_ms()).oldest_age_ms);
+        // not recorded yet (`keep_receipt`): once at most.
+        let oldest = OnceCell::new();
+        let oldest = || {
+            *oldest.get_or_init(|| {
+                let p = published(self.host(), self.watch.ids());
+                in_flight::merge(&p, now.timer_ms()).oldest_age_ms
+            })
+        };
         if judged {
             self.metrics.set_count_unreliable(!reading.reliable);
             self.metrics
-                .set_oldest_in_flight_seconds(oldest.unwrap_or(0) / 1000);
+                .set_oldest_in_flight_seconds(oldest().unwrap_or(0) / 1000);
             self.lb_gauges(now.timer_ms());
         }
-        if let Some(view) = view {
-            self.keep_receipt(&rec, view, oldest);
-        }
+        self.keep_receipt(&rec, &oldest);
         let held = self.release_waiters(&rec, now);
         let holding = held && matches!(rec.state, State::Draining | State::Closing);
         self.termination.tick(holding, &self.metrics);
@@ -65,9 +64,8 @@ impl<H: Host> Health<H> {
             return;
         }
         self.lb_gauges_at.set(Some(now));
-        let c = &self.config;
         if let Ok(checkers) = self.store.lb_checkers().map_err(lb_unavailable) {
-            let d = checkers.detection(now, c.lb_fall, c.lb_wait());
+            let d = checkers.detection(now, self.config.lb_fall, self.config.lb_wait());
             // Nothing measured: both 0.
             let (interval, short) = d.map_or((0, 0), |d| (d.interval_ms, d.short_ms));
             self.metrics.set_lb_check_interval_ms(interval);
@@ -105,8 +103,7 @@ impl<H: Host> Health<H> {
                 self.announced.set(c.announced_ms.is_some());
             }
         }
-        let announced = self.announced.get();
-        let action = placeholder::action(p.present(), p.serving(), announced, rec.state);
+        let action = placeholder::action(p.present(), p.serving(), self.announced.get(), rec.state);
         self.placeholders.set(action);
         if action != PlaceholderAction::Drain {
             return;
@@ -140,11 +137,10 @@ impl<H: Host> Health<H> {
     /// Answers the held `wait=closed` requests whose wait is over; renews the
     /// preStop hold of the others. Returns whether any are still held.
     fn release_waiters(&self, rec: &Record, now: Now) -> bool {
-        let lingering = self.lingering(rec, now);
         let mut over = Vec::new();
         self.waiters.borrow_mut().retain(|w| {
             let timed_out = now.passed(w.since.wall_ms, w.since.mono_ms, w.timeout_ms);
-            let end = api::wait_end(rec.state, timed_out, lingering);
+            let end = self.wait_end(rec, now, timed_out);
             over.extend(end.map(|end| (w.context_id, end)));
             end.is_none()
         });
@@ -158,10 +154,11 @@ impl<H: Host> Health<H> {
         held
     }
 
-    /// Whether CLOSED began less than `scrape_interval` ago (the record of a
-    /// CLOSED gateway always says when): a held preStop answer waits for a
-    /// scrape to see it.
-    pub(super) fn lingering(&self, rec: &Record, now: Now) -> bool {
-        !now.passed_if(rec.closed_ms, None, self.config.scrape_interval_ms)
+    /// How a held wait ends now (`api::wait_end`), if it does: CLOSED lingers
+    /// while it began less than `scrape_interval` ago (the record of a CLOSED
+    /// gateway always says when), for a scrape to see it.
+    pub(super) fn wait_end(&self, rec: &Record, now: Now, timed_out: bool) -> Option<api::WaitEnd> {
+        let lingering = !now.passed_if(rec.closed_ms, None, self.config.scrape_interval_ms);
+        api::wait_end(rec.state, timed_out, lingering)
     }
 }

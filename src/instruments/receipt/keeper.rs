@@ -11,30 +11,22 @@ use crate::instruments::receipt;
 use crate::instruments::receipt::host as shell;
 
 impl<H: Host> Health<H> {
-    /// What this tick has to do in the receipt's record, when it has
-    /// something to look for there (the FSM moved, `rec.seq`, since this
-    /// root last found nothing, or this root wrote a SIGTERM into it):
-    /// whether the flip's oldest stream is due, and the drain whose line is
-    /// pending.
-    pub(super) fn receipt_view(&self, rec: &Record) -> Option<(bool, Option<u64>)> {
-        if self.receipt_looked.get() == Some(rec.seq) {
-            return None;
-        }
-        let b = shell::read(self.host())?;
-        Some((b.flip_due(rec).is_some(), b.owed_line.and(b.owed_drain)))
-    }
-
     /// Records the oldest stream at the flip (within a tick of it), and logs
     /// the pending receipt line a tick after this root first saw it (the traffic
     /// roots count the drain's last completed ends at their tick); one worker
-    /// each.
-    pub(super) fn keep_receipt(
-        &self,
-        rec: &Record,
-        (flip, pending): (bool, Option<u64>),
-        oldest: Option<u64>,
-    ) {
+    /// each. It reads the receipt's record only when it has something to
+    /// look for there: the FSM moved (`rec.seq`) since this root last found
+    /// nothing, or this root wrote a SIGTERM into it.
+    pub(super) fn keep_receipt(&self, rec: &Record, oldest: &dyn Fn() -> Option<u64>) {
+        if self.receipt_looked.get() == Some(rec.seq) {
+            return;
+        }
+        let Some(b) = shell::read(self.host()) else {
+            return;
+        };
+        let (flip, pending) = (b.flip_due(rec).is_some(), b.owed_line.and(b.owed_drain));
         if flip {
+            let oldest = oldest();
             shell::change(self.host(), &mut |b| b.flipped(rec, oldest));
         }
         if pending.is_none() && !flip {
