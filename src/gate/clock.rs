@@ -44,14 +44,10 @@ impl Now {
         }
     }
 
-    /// Whether `span_ms` has passed since that instant.
-    pub fn passed(self, wall_at: u64, mono_at: Option<u64>, span_ms: u64) -> bool {
-        self.since(wall_at, mono_at) >= span_ms
-    }
-
-    /// `passed` for an instant that may not have come (`false` then).
-    pub fn passed_if(self, wall_at: Option<u64>, mono_at: Option<u64>, span_ms: u64) -> bool {
-        wall_at.is_some_and(|at| self.passed(at, mono_at, span_ms))
+    /// Whether `span_ms` has passed since that instant (`false` for an
+    /// instant that has not come).
+    pub fn passed(self, wall_at: Option<u64>, mono_at: Option<u64>, span_ms: u64) -> bool {
+        wall_at.is_some_and(|at| self.since(at, mono_at) >= span_ms)
     }
 
     /// Wall clock minus monotonic clock, if the host has both.
@@ -179,8 +175,8 @@ mod tests {
         let start = at(10_000_000, 50);
         let later = at(10_000_000 + 3_600_000, 1_050); // wall stepped +1h
         assert_eq!(later.since(start.wall_ms, start.mono_ms), 1_000);
-        assert!(later.passed(start.wall_ms, start.mono_ms, 1_000));
-        assert!(!later.passed(start.wall_ms, start.mono_ms, 1_001));
+        assert!(later.passed(Some(start.wall_ms), start.mono_ms, 1_000));
+        assert!(!later.passed(Some(start.wall_ms), start.mono_ms, 1_001));
         let back = at(10_000_000 - 3_600_000, 1_050); // wall stepped -1h
         assert_eq!(back.since(start.wall_ms, start.mono_ms), 1_000);
         assert_eq!(later.timers(), Timers::Monotonic);

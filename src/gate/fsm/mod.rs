@@ -195,7 +195,7 @@ impl Record {
     /// The active preStop hold, if any.
     pub fn active_hold(&self, now: Now) -> Option<Hold> {
         self.hold
-            .filter(|h| !now.passed(h.renewed_ms, h.renewed_mono_ms, h.lease_ms))
+            .filter(|h| !now.passed(Some(h.renewed_ms), h.renewed_mono_ms, h.lease_ms))
     }
 
     /// Whether CLOSING waits for an operator (a maintenance drain).
@@ -314,8 +314,8 @@ pub fn due(rec: &Record, now: Now, active: u64, lb_down_ms: Option<u64>) -> Opti
     use State::*;
     let plan = rec.plan?;
     // Whether so long has passed since the drain started, since CLOSING began.
-    let drain_for = |span| now.passed_if(rec.drain_started_ms, rec.drain_started_mono_ms, span);
-    let closing_for = |span| now.passed_if(rec.closing_ms, rec.closing_mono_ms, span);
+    let drain_for = |span| now.passed(rec.drain_started_ms, rec.drain_started_mono_ms, span);
+    let closing_for = |span| now.passed(rec.closing_ms, rec.closing_mono_ms, span);
     let (to, reason) = match rec.state {
         Draining if active == 0 && drain_for(plan.min_drain_ms) => (Closing, ActiveZero),
         Draining if drain_for(plan.drain_timeout_ms) => (Closing, DrainTimeout),
@@ -347,7 +347,7 @@ pub fn due(rec: &Record, now: Now, active: u64, lb_down_ms: Option<u64>) -> Opti
 }
 
 /// `due`, but a soft drain (`plan.lb_gate`) acts on a count of 0 only once
-/// `lb_saw_drain` (`crate::gate::lb::Checkers::saw_drain`): else the LB would
+/// `lb_saw_drain` (`crate::gate::lb::Checkers::gate`): else the LB would
 /// go from UP straight to DOWN. `drain_timeout` applies with the real count.
 pub fn due_gated(
     rec: &Record,
@@ -366,7 +366,7 @@ pub fn due_gated(
 /// old, or the record is not in a drain a hold can protect.
 pub fn renew_hold(rec: &Record, now: Now, lease_ms: u64) -> Option<Record> {
     let fresh = |h: Hold| {
-        h.lease_ms == lease_ms && !now.passed(h.renewed_ms, h.renewed_mono_ms, lease_ms / 2)
+        h.lease_ms == lease_ms && !now.passed(Some(h.renewed_ms), h.renewed_mono_ms, lease_ms / 2)
     };
     if !matches!(rec.state, State::Draining | State::Closing) || rec.hold.is_some_and(fresh) {
         return None;

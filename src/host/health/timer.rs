@@ -139,7 +139,7 @@ impl<H: Host> Health<H> {
     fn release_waiters(&self, rec: &Record, now: Now) -> bool {
         let mut over = Vec::new();
         self.waiters.borrow_mut().retain(|w| {
-            let timed_out = now.passed(w.since.wall_ms, w.since.mono_ms, w.timeout_ms);
+            let timed_out = now.passed(Some(w.since.wall_ms), w.since.mono_ms, w.timeout_ms);
             let end = self.wait_end(rec, now, timed_out);
             over.extend(end.map(|end| (w.context_id, end)));
             end.is_none()
@@ -158,7 +158,7 @@ impl<H: Host> Health<H> {
     /// while it began less than `scrape_interval` ago (the record of a CLOSED
     /// gateway always says when), for a scrape to see it.
     pub(super) fn wait_end(&self, rec: &Record, now: Now, timed_out: bool) -> Option<api::WaitEnd> {
-        let lingering = !now.passed_if(rec.closed_ms, None, self.config.scrape_interval_ms);
+        let lingering = !now.passed(rec.closed_ms, None, self.config.scrape_interval_ms);
         api::wait_end(rec.state, timed_out, lingering)
     }
 }
