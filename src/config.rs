@@ -433,7 +433,11 @@ impl Health {
     /// What CLOSING waits for the LB before CLOSED: `lb_buffer`, or
     /// `lb_down_timeout` with `close_after: lb_observed_down`.
     pub fn lb_wait(&self) -> Wait {
-        Wait::of(self.close_after, self.lb_buffer_ms, self.lb_down_timeout_ms)
+        let (name, ms) = match self.close_after {
+            CloseAfter::LbBuffer => ("lb_buffer", self.lb_buffer_ms),
+            CloseAfter::LbObservedDown => ("lb_down_timeout", self.lb_down_timeout_ms),
+        };
+        Wait { name, ms }
     }
 
     /// The longest CLOSING can last: what it waits for the LB, never less

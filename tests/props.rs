@@ -969,10 +969,11 @@ proptest! {
         }
     }
 
-    /// The checkers' view: `saw_drain` is exactly "at least one live checker,
-    /// and every one was served a 404 at or after the drain start", and the
-    /// gate holds exactly until then — or, with no live checker, holds only
-    /// when `lb_checkers` names the LB.
+    /// The checkers' view: the drain is seen (`Gate::Open`, the status'
+    /// `saw_drain`) exactly "at least one live checker, and every one was
+    /// served a 404 at or after the drain start", and the gate holds
+    /// exactly until then — or, with no live checker, holds only when
+    /// `lb_checkers` names the LB.
     #[test]
     fn saw_drain_matches_its_definition(answers in prop::collection::vec((0u8..6, prop::sample::select(vec![200u16, 404, 503]), 0u64..50_000), 0..40),
                                        since in 0u64..50_000) {
@@ -984,7 +985,7 @@ proptest! {
         }
         let live: Vec<_> = c.list.iter().filter(|x| now - x.last_seen_ms <= drain_gate::gate::lb::CHECKER_TTL_MS).collect();
         let all_404 = live.iter().all(|x| x.last_404_ms.is_some_and(|t| t >= since));
-        prop_assert_eq!(c.saw_drain(since, now), !live.is_empty() && all_404, "never saw what nobody asked");
+        prop_assert_eq!(c.gate(since, now, false) == Gate::Open, !live.is_empty() && all_404, "never saw what nobody asked");
         for need in [false, true] {
             let expect = match (live.is_empty(), all_404, need) {
                 (true, _, false) => Gate::NoLb,

@@ -18,7 +18,6 @@
 use serde::Serialize;
 use std::net::IpAddr;
 
-use crate::gate::fsm::CloseAfter;
 use crate::json::record;
 
 /// A checker not seen for this long is gone (LB failover, reconfiguration)
@@ -168,16 +167,6 @@ pub struct Wait {
     pub ms: u64,
 }
 
-impl Wait {
-    pub fn of(close_after: CloseAfter, lb_buffer_ms: u64, lb_down_timeout_ms: u64) -> Wait {
-        let (name, ms) = match close_after {
-            CloseAfter::LbBuffer => ("lb_buffer", lb_buffer_ms),
-            CloseAfter::LbObservedDown => ("lb_down_timeout", lb_down_timeout_ms),
-        };
-        Wait { name, ms }
-    }
-}
-
 /// The LB's detection of the flip, as drain-gate measures it, beside what
 /// CLOSING waits (`Checkers::detection`).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -323,12 +312,6 @@ impl Checkers {
             _ if live.all(|c| c.last_404_ms.is_some_and(|t| t >= since_ms)) => Gate::Open,
             _ => Gate::Waiting,
         }
-    }
-
-    /// Whether the LB was seen to pass the drain: at least one live checker,
-    /// and every one served the 404 since `since_ms`. Never true on nothing.
-    pub fn saw_drain(&self, since_ms: u64, now_ms: u64) -> bool {
-        self.gate(since_ms, now_ms, false) == Gate::Open
     }
 
     /// Whether a cut at `now_ms` is the LB's. An LB resets its own sessions,
@@ -482,28 +465,34 @@ mod tests {
             Gate::NoChecker,
             "lb_checkers named, nobody asks"
         );
-        assert!(!c.saw_drain(0, 0), "never saw what nobody asked");
+        assert!(
+            c.gate(0, 0, false) != Gate::Open,
+            "never saw what nobody asked"
+        );
         c.observe("a", 404, 500, 2); // a 404 of an earlier drain
         c.observe("b", 200, 900, 2);
         assert_eq!(c.gate(1_000, 1_000, false), Gate::Waiting);
         c.observe("a", 404, 1_100, 2);
-        assert!(!c.saw_drain(1_000, 1_100), "b not yet");
+        assert!(c.gate(1_000, 1_100, false) != Gate::Open, "b not yet");
         c.observe("b", 404, 1_900, 2);
-        assert!(c.saw_drain(1_000, 1_900));
+        assert!(c.gate(1_000, 1_900, false) == Gate::Open);
         // A checker appearing mid-drain holds the gate until its first check
         // is answered, which in DRAINING is a 404.
         c.observe("new", 200, 2_000, 2);
-        assert!(!c.saw_drain(1_000, 2_000));
+        assert!(c.gate(1_000, 2_000, false) != Gate::Open);
         c.observe("new", 404, 2_500, 2);
-        assert!(c.saw_drain(1_000, 2_500));
+        assert!(c.gate(1_000, 2_500, false) == Gate::Open);
         // One that vanishes stops holding it after the TTL.
         c.observe("late", 200, 900, 2);
-        assert!(!c.saw_drain(1_000, 2_500));
+        assert!(c.gate(1_000, 2_500, false) != Gate::Open);
         let later = 900 + CHECKER_TTL_MS + 1;
         for k in ["a", "b", "new"] {
             c.observe(k, 404, later, 2);
         }
-        assert!(c.saw_drain(1_000, later), "late is no longer live");
+        assert!(
+            c.gate(1_000, later, false) == Gate::Open,
+            "late is no longer live"
+        );
         // Every checker ages out: with lb_checkers named the gate holds again.
         let gone = later + CHECKER_TTL_MS + 1;
         assert_eq!(c.gate(1_000, gone, true), Gate::NoChecker);
@@ -588,7 +577,10 @@ mod tests {
 
     #[test]
     fn the_detection_is_lb_fall_times_the_slowest_live_checker_s_interval() {
-        let wait = Wait::of(CloseAfter::LbBuffer, 500, 60_000);
+        let wait = Wait {
+            name: "lb_buffer",
+            ms: 500,
+        };
         let mut c = Checkers::default();
         assert_eq!(c.detection(0, 2, wait), None, "nobody checks");
         for t in [0, 500, 1_000, 1_500] {
@@ -609,9 +601,15 @@ mod tests {
             (d.checker, d.interval_ms, d.detection_ms, d.short_ms),
             ("slow", 1_000, 3_000, 2_500)
         );
-        let covered = Wait::of(CloseAfter::LbBuffer, 3_000, 0);
+        let covered = Wait {
+            name: "lb_buffer",
+            ms: 3_000,
+        };
         assert_eq!(c.detection(3_000, 3, covered).unwrap().short_ms, 0);
-        let observed = Wait::of(CloseAfter::LbObservedDown, 0, 2_000);
+        let observed = Wait {
+            name: "lb_down_timeout",
+            ms: 2_000,
+        };
         let d = c.detection(3_000, 2, observed).unwrap();
         assert_eq!((d.wait.name, d.short_ms), ("lb_down_timeout", 0));
         // slow stops checking: once it is gone, fast is the slowest again.

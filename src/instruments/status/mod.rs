@@ -8,7 +8,7 @@ use crate::config;
 use crate::gate::clock::{rfc3339, Now, Steps};
 use crate::gate::count::CountReading;
 use crate::gate::fsm::{Record, State};
-use crate::gate::lb::{Checkers, Detection, Wait};
+use crate::gate::lb::{Checkers, Detection, Gate, Wait};
 use crate::gate::liveness::{Judging, Registry};
 use crate::gate::refusal::NewRequests;
 use crate::gate::rotation;
@@ -172,7 +172,7 @@ fn document<'a>(v: &'a View<'a>, wait: Option<&'static str>) -> impl Serialize +
             observed_down_at: v.checkers.down_since(now, c.lb_fall).map(shown),
             // DRAINING: at least one live checker, and every one has been
             // served a 404 since the drain began. Never true when no checker asked.
-            saw_drain: draining && v.checkers.saw_drain(since, now),
+            saw_drain: draining && v.checkers.gate(since, now, false) == Gate::Open,
             // A gated soft drain: what its active = 0 flip waits for (`null`
             // when no gated drain is running).
             gate: r
