@@ -17,7 +17,7 @@ use crate::gate::fsm::{Record, State};
 use crate::gate::liveness::host::Heartbeat;
 use crate::gate::refusal::{self, Meet, NewRequests};
 use crate::host::logs;
-use crate::host::metrics::Metrics;
+use crate::host::metrics::{Id, Metrics};
 use crate::host::wasm_host::{Envoy, Host};
 use crate::instruments::in_flight::host::Book;
 use crate::instruments::receipt::{self, End, First};
@@ -122,7 +122,7 @@ impl<H: Host> Traffic<H> {
                 r.add_completed(drain, n)
             });
         }
-        self.metrics.completed(n);
+        self.metrics.add(Id::DrainCompleted, n);
     }
 
     /// Every `tick`: publish the ages; is a drain running? Give back the
