@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use super::wasm_host::{Envoy, Host};
 use super::{keys, logs, shared};
 use crate::gate::fsm::{Record, State};
-use crate::instruments::receipt::{End, Tally};
+use crate::instruments::receipt::Tally;
 use crate::json::record;
 pub use crate::metric_names::Id;
 use crate::metric_names::{self as names, histogram_counter, Kind, HISTOGRAM_COUNTERS as COUNTERS};
@@ -200,20 +200,6 @@ impl<H: Host> Metrics<H> {
             completed: self.read(Id::DrainCompleted),
             ended_upstream: self.read(Id::DrainEndedUpstream),
             refused: self.read(Id::Refused),
-        }
-    }
-
-    /// How a stream or connection that ended during a drain ended.
-    pub fn ended(&self, end: End, tcp: bool, by_lb: bool) {
-        match end {
-            End::Completed => self.add(Id::DrainCompleted, 1),
-            End::Upstream => self.add(Id::DrainEndedUpstream, 1),
-            End::Refused => self.add(Id::Refused, 1),
-            End::Cut => {
-                self.add(Id::Cut, 1);
-                self.add(Id::CutTcp, u64::from(tcp));
-                self.add(Id::CutLb, u64::from(by_lb));
-            }
         }
     }
 }
