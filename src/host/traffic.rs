@@ -426,28 +426,19 @@ impl<H: Host> TrafficStream<H> {
         self.traffic.sort_end(end, || self.traffic.at_lb_down(true));
     }
 
-    /// One side of a connection closed (Envoy's close event).
-    pub fn closed(&mut self, downstream: bool, peer: PeerType) {
-        match (downstream, peer) {
-            (false, _) => self.side_ended(First::Upstream),
-            (true, PeerType::Remote) => self.side_ended(First::DownstreamReset),
-            (true, _) => {}
-        }
-    }
-
-    /// One side of a connection half-closed: its data ended (a FIN).
-    pub fn half_closed(&mut self, downstream: bool) {
-        self.side_ended(match downstream {
-            true => First::DownstreamFin,
-            false => First::Upstream,
-        });
-    }
-
-    /// A side ended: the first end, unless the other side's (or the
-    /// downstream's own FIN) came before. When the downstream's is first
-    /// during a drain, whether it came at a checker's DOWN is read now, from
-    /// this connection's callback.
-    fn side_ended(&mut self, how: First) {
+    /// One side of a connection ended: `closed` by Envoy's close event (by
+    /// that peer), or, `None`, half-closed: its data ended (a FIN). The first
+    /// end counts, unless the other side's (or the downstream's own FIN) came
+    /// before; Envoy closing the downstream itself is none. When the
+    /// downstream's is first during a drain, whether it came at a checker's
+    /// DOWN is read now, from this connection's callback.
+    pub fn side_ended(&mut self, downstream: bool, closed: Option<PeerType>) {
+        let how = match (downstream, closed) {
+            (false, _) => First::Upstream,
+            (true, None) => First::DownstreamFin,
+            (true, Some(PeerType::Remote)) => First::DownstreamReset,
+            (true, Some(_)) => return,
+        };
         if self.first.is_none() {
             self.first = Some(how);
             if how != First::Upstream && self.traffic.drain.get().is_some() {
