@@ -78,14 +78,15 @@ record! {
     }
 }
 
-fn live_gauges<H: Host>(host: &H, [state, active, conns]: [Option<u32>; 3]) -> Live {
+fn live_gauges<H: Host>(m: &Metrics<H>) -> Live {
+    let host = &m.host;
     if let Ok(Some(live)) = shared::json_read(host, keys::GAUGES) {
         return live;
     }
     let live = Live {
-        state: gauge_is_live(host, state),
-        active: gauge_is_live(host, active),
-        active_connections: gauge_is_live(host, conns),
+        state: gauge_is_live(host, m.id(Id::State)),
+        active: gauge_is_live(host, m.id(Id::ActiveRequests)),
+        active_connections: gauge_is_live(host, m.id(Id::ActiveConnections)),
     };
     let written = shared::encode(keys::GAUGES, &live)
         .and_then(|bytes| shared::create(host, keys::GAUGES, &bytes));
@@ -108,10 +109,7 @@ impl<H: Host> Metrics<H> {
             durations: FAMILIES.map(|f| std::array::from_fn(|j| counter(&histogram_counter(f, j)))),
             host,
         };
-        m.live = live_gauges(
-            &m.host,
-            [Id::State, Id::ActiveRequests, Id::ActiveConnections].map(|i| m.id(i)),
-        );
+        m.live = live_gauges(&m);
         m
     }
 
