@@ -22,57 +22,61 @@ use crate::instruments::sizing::EXPORT_LE_MS;
 /// A metric: its name and its kind.
 pub type Metric = (&'static str, Kind);
 
-/// Declares each metric's name once, as a constant, and [`ALL`], every one
-/// of them with its kind, in the order given.
+/// Declares each metric once: its name as a constant, its [`Id`] (its place
+/// in [`ALL`]), and [`ALL`], every one of them with its kind, in the order given.
 macro_rules! metrics {
-    ($($name:ident = $metric:literal: $kind:ident,)*) => {
+    ($($id:ident $name:ident = $metric:literal: $kind:ident,)*) => {
         $(pub const $name: &str = $metric;)*
+
+        /// A metric, by its place in [`ALL`].
+        #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+        pub enum Id {
+            $($id,)*
+        }
 
         pub const ALL: [Metric; [$($name),*].len()] = [$(($name, Kind::$kind)),*];
     };
 }
 
 metrics! {
-    ACTIVE_REQUESTS = "drain_gate_active_requests": Gauge,
-    ACTIVE_CONNECTIONS = "drain_gate_active_connections": Gauge,
-    STATE = "drain_gate_state": Gauge,
-    TRANSITIONS_TO_OPEN = "drain_gate_transitions_to_open": Counter,
-    TRANSITIONS_TO_DRAINING = "drain_gate_transitions_to_draining": Counter,
-    TRANSITIONS_TO_CLOSING = "drain_gate_transitions_to_closing": Counter,
-    TRANSITIONS_TO_CLOSED = "drain_gate_transitions_to_closed": Counter,
-    TRANSITIONS_TO_FAULT = "drain_gate_transitions_to_fault": Counter,
-    FORCED_CLOSES = "drain_gate_forced_closes": Counter,
-    COUNT_ERRORS = "drain_gate_count_errors": Counter,
-    COUNT_UNRELIABLE = "drain_gate_count_unreliable": Gauge,
-    TRAFFIC_ROLES_LOST = "drain_gate_traffic_roles_lost": Counter,
-    OLDEST_IN_FLIGHT = "drain_gate_oldest_in_flight_seconds": Gauge,
-    CLOCK_STEPS = "drain_gate_clock_steps": Counter,
-    LB_CHECKS_IGNORED = "drain_gate_lb_checks_ignored": Counter,
-    CUT = "drain_gate_cut": Counter,
-    CUT_LB = "drain_gate_cut_lb": Counter,
-    CUT_TCP = "drain_gate_cut_tcp": Counter,
-    DRAIN_COMPLETED = "drain_gate_drain_completed": Counter,
-    DRAIN_ENDED_UPSTREAM = "drain_gate_drain_ended_upstream": Counter,
-    REFUSED = "drain_gate_refused": Counter,
-    DRAINS_CUT_SHORT = "drain_gate_drains_cut_short": Counter,
-    TERMINATION_WATCH_UNAVAILABLE = "drain_gate_termination_watch_unavailable": Counter,
-    STREAM_DURATION = "drain_gate_stream_duration_ms": Buckets,
-    UPGRADED_DURATION = "drain_gate_upgraded_duration_ms": Buckets,
-    TCP_DURATION = "drain_gate_tcp_duration_ms": Buckets,
-    DRAIN_TIMEOUT = "drain_gate_drain_timeout_seconds": Gauge,
-    DRAIN_DURATION = "drain_gate_drain_duration_ms": Histogram,
-    LB_CHECK_INTERVAL = "drain_gate_lb_check_interval_ms": Gauge,
-    LB_BUFFER_SHORT = "drain_gate_lb_buffer_short_ms": Gauge,
+    ActiveRequests ACTIVE_REQUESTS = "drain_gate_active_requests": Gauge,
+    ActiveConnections ACTIVE_CONNECTIONS = "drain_gate_active_connections": Gauge,
+    State STATE = "drain_gate_state": Gauge,
+    // The transition counters, in `State::ALL`'s order (`host::metrics`
+    // finds each from the first).
+    TransitionsToOpen TRANSITIONS_TO_OPEN = "drain_gate_transitions_to_open": Counter,
+    TransitionsToDraining TRANSITIONS_TO_DRAINING = "drain_gate_transitions_to_draining": Counter,
+    TransitionsToClosing TRANSITIONS_TO_CLOSING = "drain_gate_transitions_to_closing": Counter,
+    TransitionsToClosed TRANSITIONS_TO_CLOSED = "drain_gate_transitions_to_closed": Counter,
+    TransitionsToFault TRANSITIONS_TO_FAULT = "drain_gate_transitions_to_fault": Counter,
+    ForcedCloses FORCED_CLOSES = "drain_gate_forced_closes": Counter,
+    CountErrors COUNT_ERRORS = "drain_gate_count_errors": Counter,
+    // 1 (`true`) while the count is not trusted.
+    CountUnreliable COUNT_UNRELIABLE = "drain_gate_count_unreliable": Gauge,
+    TrafficRolesLost TRAFFIC_ROLES_LOST = "drain_gate_traffic_roles_lost": Counter,
+    // In whole seconds, as the name says (Envoy gauges are integers).
+    OldestInFlight OLDEST_IN_FLIGHT = "drain_gate_oldest_in_flight_seconds": Gauge,
+    ClockSteps CLOCK_STEPS = "drain_gate_clock_steps": Counter,
+    LbChecksIgnored LB_CHECKS_IGNORED = "drain_gate_lb_checks_ignored": Counter,
+    Cut CUT = "drain_gate_cut": Counter,
+    CutLb CUT_LB = "drain_gate_cut_lb": Counter,
+    CutTcp CUT_TCP = "drain_gate_cut_tcp": Counter,
+    DrainCompleted DRAIN_COMPLETED = "drain_gate_drain_completed": Counter,
+    DrainEndedUpstream DRAIN_ENDED_UPSTREAM = "drain_gate_drain_ended_upstream": Counter,
+    Refused REFUSED = "drain_gate_refused": Counter,
+    DrainsCutShort DRAINS_CUT_SHORT = "drain_gate_drains_cut_short": Counter,
+    TerminationWatchUnavailable TERMINATION_WATCH_UNAVAILABLE = "drain_gate_termination_watch_unavailable": Counter,
+    StreamDuration STREAM_DURATION = "drain_gate_stream_duration_ms": Buckets,
+    UpgradedDuration UPGRADED_DURATION = "drain_gate_upgraded_duration_ms": Buckets,
+    TcpDuration TCP_DURATION = "drain_gate_tcp_duration_ms": Buckets,
+    // The configured `drain_timeout`, in whole seconds.
+    DrainTimeout DRAIN_TIMEOUT = "drain_gate_drain_timeout_seconds": Gauge,
+    // A drain's receipt line was logged: how long it took, in ms.
+    DrainDuration DRAIN_DURATION = "drain_gate_drain_duration_ms": Histogram,
+    // The LB's detection as measured now (`crate::gate::lb::Detection`).
+    LbCheckInterval LB_CHECK_INTERVAL = "drain_gate_lb_check_interval_ms": Gauge,
+    LbBufferShort LB_BUFFER_SHORT = "drain_gate_lb_buffer_short_ms": Gauge,
 }
-
-/// The transition counter for each target state, indexed like `State::ALL`.
-pub const TRANSITIONS_TO: [&str; 5] = [
-    TRANSITIONS_TO_OPEN,
-    TRANSITIONS_TO_DRAINING,
-    TRANSITIONS_TO_CLOSING,
-    TRANSITIONS_TO_CLOSED,
-    TRANSITIONS_TO_FAULT,
-];
 
 /// Counters per histogram of counters (`STREAM_DURATION`, `UPGRADED_DURATION`,
 /// `TCP_DURATION`): one per exported `le`, `+Inf`, `_count`, `_sum`.
@@ -112,11 +116,11 @@ mod tests {
         (ACTIVE_REQUESTS, "HTTP streams in flight on the traffic listeners (all workers)"),
         (ACTIVE_CONNECTIONS, "connections in flight on the TCP and TLS-passthrough chains (all workers)"),
         (STATE, "0 OPEN, 1 DRAINING, 2 CLOSING, 3 CLOSED, 4 FAULT"),
-        (TRANSITIONS_TO[0], "transitions into OPEN (reopen)"),
-        (TRANSITIONS_TO[1], "transitions into DRAINING"),
-        (TRANSITIONS_TO[2], "transitions into CLOSING (LB check flips to 503)"),
-        (TRANSITIONS_TO[3], "transitions into CLOSED (readiness flips to 503)"),
-        (TRANSITIONS_TO[4], "transitions into FAULT"),
+        (TRANSITIONS_TO_OPEN, "transitions into OPEN (reopen)"),
+        (TRANSITIONS_TO_DRAINING, "transitions into DRAINING"),
+        (TRANSITIONS_TO_CLOSING, "transitions into CLOSING (LB check flips to 503)"),
+        (TRANSITIONS_TO_CLOSED, "transitions into CLOSED (readiness flips to 503)"),
+        (TRANSITIONS_TO_FAULT, "transitions into FAULT"),
         (FORCED_CLOSES, "drains closed by drain_timeout with requests still in flight"),
         (COUNT_ERRORS, "streams the filter could not count (the drain then waits for drain_timeout)"),
         (COUNT_UNRELIABLE, "1 while the health role does not trust the count (count.unreliable_reason in /drain/status says why)"),

@@ -389,7 +389,7 @@ impl<'a> Model<'a> {
                 how
             }
             (Part::Connections, How::Cut) => {
-                s.closed(true, PeerType::Remote);
+                s.side_ended(true, Some(PeerType::Remote));
                 how
             }
             (Part::Connections, _) => How::Completed,

@@ -94,19 +94,19 @@ impl<H: Host> HttpContext for Stream<H> {
 
 impl<H: Host> StreamContext for Stream<H> {
     fn on_downstream_data(&mut self, _: usize, end_of_stream: bool) -> Action {
-        self.traffic(|t| end_of_stream.then(|| t.half_closed(true)))
+        self.traffic(|t| end_of_stream.then(|| t.side_ended(true, None)))
     }
 
     fn on_upstream_data(&mut self, _: usize, end_of_stream: bool) -> Action {
-        self.traffic(|t| end_of_stream.then(|| t.half_closed(false)))
+        self.traffic(|t| end_of_stream.then(|| t.side_ended(false, None)))
     }
 
     fn on_downstream_close(&mut self, peer: PeerType) {
-        self.traffic(|t| t.closed(true, peer));
+        self.traffic(|t| t.side_ended(true, Some(peer)));
     }
 
     fn on_upstream_close(&mut self, peer: PeerType) {
-        self.traffic(|t| t.closed(false, peer));
+        self.traffic(|t| t.side_ended(false, Some(peer)));
     }
 }
 

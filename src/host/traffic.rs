@@ -17,7 +17,7 @@ use crate::gate::fsm::{Record, State};
 use crate::gate::liveness::host::Heartbeat;
 use crate::gate::refusal::{self, Meet, NewRequests};
 use crate::host::logs;
-use crate::host::metrics::Metrics;
+use crate::host::metrics::{Id, Metrics};
 use crate::host::wasm_host::{Envoy, Host};
 use crate::instruments::in_flight::host::Book;
 use crate::instruments::receipt::{self, End, First};
@@ -122,7 +122,7 @@ impl<H: Host> Traffic<H> {
                 r.add_completed(drain, n)
             });
         }
-        self.metrics.completed(n);
+        self.metrics.add(Id::DrainCompleted, n);
     }
 
     /// Every `tick`: publish the ages; is a drain running? Give back the
@@ -140,16 +140,15 @@ impl<H: Host> Traffic<H> {
         let state = hint
             .or(rec.as_ref().map(|r| r.state))
             .unwrap_or(State::Draining); // unknown: keep looking
-        self.drain.set(match (state, &rec) {
-            (State::Open, _) => None,
-            (_, Some(r)) => r.drain_id,
-            (_, None) => self.drain.get(),
-        });
-        self.phase.set(match (state, &rec) {
-            (State::Draining, Some(r)) => self.flip_hold(r),
-            (State::Draining, None) => Phase::Flips,
-            _ => Phase::Outside,
-        });
+        let (drain, phase) = match (state, &rec) {
+            (State::Open, _) => (None, Phase::Outside),
+            (State::Draining, Some(r)) => (r.drain_id, self.flip_hold(r)),
+            (State::Draining, None) => (self.drain.get(), Phase::Flips),
+            (_, Some(r)) => (r.drain_id, Phase::Outside),
+            (_, None) => (self.drain.get(), Phase::Outside),
+        };
+        self.drain.set(drain);
+        self.phase.set(phase);
         self.counter().settle();
         if state == State::Draining && self.counter().in_flight() == 0 {
             self.try_flip();
@@ -211,15 +210,20 @@ impl<H: Host> Traffic<H> {
 
     /// How a stream or connection that ended during a drain ended, counted
     /// (`crate::instruments::receipt`). A cut is confirmed against the state (the tick's
-    /// view may be a tick old); `by_lb`: it came at a checker's DOWN
-    /// (`at_lb_down`, read when the end was seen).
-    fn sort_end(&self, end: End, by_lb: bool) {
+    /// view may be a tick old); `by_lb`, asked of a cut only: it came at a
+    /// checker's DOWN (`at_lb_down`).
+    fn sort_end(&self, end: End, by_lb: impl FnOnce() -> bool) {
+        let m = &self.metrics;
         match end {
             End::Completed => self.completed.set(self.completed.get().saturating_add(1)),
             End::Cut if self.state_now() == Some(State::Open) => {} // reopened meanwhile: not a drain's end
-            _ => self
-                .metrics
-                .ended(end, self.part == Part::Connections, by_lb),
+            End::Upstream => m.add(Id::DrainEndedUpstream, 1),
+            End::Refused => m.add(Id::Refused, 1),
+            End::Cut => {
+                m.add(Id::Cut, 1);
+                m.add(Id::CutTcp, u64::from(self.part == Part::Connections));
+                m.add(Id::CutLb, u64::from(by_lb()));
+            }
         }
     }
 
@@ -418,32 +422,22 @@ impl<H: Host> TrafficStream<H> {
                 .unwrap_or(0);
             receipt::http_end(flags)
         };
-        let by_lb = end == End::Cut && self.traffic.at_lb_down(true);
-        self.traffic.sort_end(end, by_lb);
+        self.traffic.sort_end(end, || self.traffic.at_lb_down(true));
     }
 
-    /// One side of a connection closed (Envoy's close event).
-    pub fn closed(&mut self, downstream: bool, peer: PeerType) {
-        match (downstream, peer) {
-            (false, _) => self.side_ended(First::Upstream),
-            (true, PeerType::Remote) => self.side_ended(First::DownstreamReset),
-            (true, _) => {}
-        }
-    }
-
-    /// One side of a connection half-closed: its data ended (a FIN).
-    pub fn half_closed(&mut self, downstream: bool) {
-        self.side_ended(match downstream {
-            true => First::DownstreamFin,
-            false => First::Upstream,
-        });
-    }
-
-    /// A side ended: the first end, unless the other side's (or the
-    /// downstream's own FIN) came before. When the downstream's is first
-    /// during a drain, whether it came at a checker's DOWN is read now, from
-    /// this connection's callback.
-    fn side_ended(&mut self, how: First) {
+    /// One side of a connection ended: `closed` by Envoy's close event (by
+    /// that peer), or, `None`, half-closed: its data ended (a FIN). The first
+    /// end counts, unless the other side's (or the downstream's own FIN) came
+    /// before; Envoy closing the downstream itself is none. When the
+    /// downstream's is first during a drain, whether it came at a checker's
+    /// DOWN is read now, from this connection's callback.
+    pub fn side_ended(&mut self, downstream: bool, closed: Option<PeerType>) {
+        let how = match (downstream, closed) {
+            (false, _) => First::Upstream,
+            (true, None) => First::DownstreamFin,
+            (true, Some(PeerType::Remote)) => First::DownstreamReset,
+            (true, Some(_)) => return,
+        };
         if self.first.is_none() {
             self.first = Some(how);
             if how != First::Upstream && self.traffic.drain.get().is_some() {
@@ -472,7 +466,7 @@ impl<H: Host> Drop for TrafficStream<H> {
                 .at_lb_down
                 .unwrap_or_else(|| self.traffic.at_lb_down(false));
             let end = receipt::tcp_end(self.first.unwrap_or_default(), || at_down);
-            self.traffic.sort_end(end, end == End::Cut && at_down);
+            self.traffic.sort_end(end, || at_down);
         }
         if self.counted {
             self.traffic.stream_ended();

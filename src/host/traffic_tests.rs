@@ -78,17 +78,17 @@ fn a_connection_the_downstream_ended_first_is_a_cut_when_reset_or_at_the_lb_s_do
         (conn(), conn(), conn(), conn());
     call(&h, "POST", "/drain", 1).unwrap();
     tcp.tick();
-    reset.closed(true, PeerType::Remote); // a reset from the client side
+    reset.side_ended(true, Some(PeerType::Remote)); // a reset from the client side
     drop(reset);
-    upstream_first.half_closed(false); // the upstream's FIN first ...
-    upstream_first.half_closed(true);
-    upstream_first.closed(false, PeerType::Unknown);
-    upstream_first.closed(true, PeerType::Local); // ... then Envoy closed the client side
+    upstream_first.side_ended(false, None); // the upstream's FIN first ...
+    upstream_first.side_ended(true, None);
+    upstream_first.side_ended(false, Some(PeerType::Unknown));
+    upstream_first.side_ended(true, Some(PeerType::Local)); // ... then Envoy closed the client side
     drop(upstream_first);
-    done.half_closed(true); // a client done with its connection: its FIN first ...
-    done.half_closed(false); // ... answered by the upstream's
-    done.closed(false, PeerType::Unknown);
-    done.closed(true, PeerType::Local);
+    done.side_ended(true, None); // a client done with its connection: its FIN first ...
+    done.side_ended(false, None); // ... answered by the upstream's
+    done.side_ended(false, Some(PeerType::Unknown));
+    done.side_ended(true, Some(PeerType::Local));
     drop(done);
     let r = receipt_after_tick(&h, &tcp);
     assert_eq!(
@@ -107,8 +107,8 @@ fn a_connection_the_downstream_ended_first_is_a_cut_when_reset_or_at_the_lb_s_do
     }
     sim.advance(5);
     sim.set_property("source.address", b"127.0.0.1:40100");
-    at_down.half_closed(true);
-    at_down.closed(true, PeerType::Remote);
+    at_down.side_ended(true, None);
+    at_down.side_ended(true, Some(PeerType::Remote));
     drop(at_down);
     // Its 3rd and 4th 503 (a second backend's DOWN may come then) hold the
     // window open for its own address, 2 s past the 4th.
@@ -118,16 +118,16 @@ fn a_connection_the_downstream_ended_first_is_a_cut_when_reset_or_at_the_lb_s_do
     }
     sim.advance(1_500); // 3.5 s after the DOWN
     sim.set_property("source.address", b"10.1.2.3:51000");
-    client_in_window.half_closed(true); // a client in the cluster done with it
-    client_in_window.half_closed(false);
+    client_in_window.side_ended(true, None); // a client in the cluster done with it
+    client_in_window.side_ended(false, None);
     drop(client_in_window);
     sim.set_property("source.address", b"127.0.0.1:40101");
-    lb_in_window.half_closed(true); // the checker's own address: its FIN is the LB's
+    lb_in_window.side_ended(true, None); // the checker's own address: its FIN is the LB's
     drop(lb_in_window);
     sim.advance(6_500); // 10 s after the DOWN: a FIN is a client's again
-    late.half_closed(true);
-    late.half_closed(false);
-    late.closed(true, PeerType::Local);
+    late.side_ended(true, None);
+    late.side_ended(false, None);
+    late.side_ended(true, Some(PeerType::Local));
     drop(late);
     let r = receipt_after_tick(&h, &tcp);
     assert_eq!(

@@ -26,7 +26,7 @@ use std::cell::Cell;
 use crate::gate::liveness::Unreliable;
 use crate::host::keys::{ACTIVE_CONNECTIONS, ACTIVE_STREAMS, TRAFFIC_PRESENT, UNCOUNTED, VERDICT};
 use crate::host::logs;
-use crate::host::metrics::Metrics;
+use crate::host::metrics::{Id, Metrics};
 use crate::host::shared::{self, cas_update, Decision, SharedError};
 use crate::host::wasm_host::{Envoy, Host};
 /// How much a root context adds to the global count at a time outside a drain.
@@ -226,8 +226,10 @@ pub struct ActiveCount<H: Host = Envoy> {
 impl<H: Host + Copy> ActiveCount<H> {
     pub fn new(metrics: &Metrics<H>) -> ActiveCount<H> {
         let (m, host) = (metrics, *metrics.host());
-        let streams = m.active.filter(|_| m.live.active);
-        let connections = m.active_connections.filter(|_| m.live.active_connections);
+        let streams = m.id(Id::ActiveRequests).filter(|_| m.live.active);
+        let connections = m
+            .id(Id::ActiveConnections)
+            .filter(|_| m.live.active_connections);
         ActiveCount {
             streams: PartCounter::new(host, Part::Streams, streams),
             connections: PartCounter::new(host, Part::Connections, connections),
@@ -339,11 +341,11 @@ pub fn write_verdict<H: Host>(host: &H, gen: u64, why: Option<Unreliable>) -> bo
 /// A stream that could not be counted (the counter counts it as uncounted
 /// until it ends): counted as an error, logged.
 pub fn not_counted<H: Host>(metrics: &Metrics<H>) {
-    metrics.count_error();
+    metrics.add(Id::CountErrors, 1);
     logs::error!(
         "event=count_error what=\"stream not counted; the count is unreliable until it ends\""
     );
-    metrics.set_count_unreliable(true);
+    metrics.set(Id::CountUnreliable, true);
 }
 
 /// The global count as a role reads it.

@@ -18,7 +18,7 @@ use crate::gate::count;
 use crate::gate::liveness::{self as core, Judging, Registry, Verdict};
 use crate::host::keys::{self, REGISTRY, WATCH};
 use crate::host::logs;
-use crate::host::metrics::Metrics;
+use crate::host::metrics::{Id, Metrics};
 use crate::host::shared::{self, cas_update, json_read, json_update, Decision, Seen, SharedError};
 use crate::host::wasm_host::{Envoy, Host};
 
@@ -268,7 +268,7 @@ impl<H: Host> Judge<H> {
                 l.id,
                 l.last_beat_ms
             );
-            metrics.traffic_role_lost();
+            metrics.add(Id::TrafficRolesLost, 1);
         }
         if gap {
             logs::error!(

@@ -36,7 +36,7 @@ use crate::gate::placeholder::{Action as PlaceholderAction, Placeholders};
 use crate::gate::refusal::NewRequests;
 use crate::gate::rotation::host::Rotator;
 use crate::host::logs;
-use crate::host::metrics::Metrics;
+use crate::host::metrics::{Id, Metrics};
 use crate::host::shared::{Seen, SharedError};
 use crate::host::wasm_host::{Envoy, Host};
 use crate::instruments::termination::host as termination;
@@ -107,7 +107,7 @@ impl<H: Host + Copy> Health<H> {
     pub fn new(config: config::Health, metrics: Metrics<H>) -> Health<H> {
         let host = *metrics.host();
         let refusing = config.shared.draining_new_requests == NewRequests::Refuse;
-        metrics.set_drain_timeout_seconds(config.drain_timeout_ms / 1000);
+        metrics.set(Id::DrainTimeout, config.drain_timeout_ms / 1000);
         let health = Health {
             rotator: Rotator::new(host, config.rotate_connections.clone(), refusing),
             termination: termination::Watch::new(host, config.termination_watch.clone()),

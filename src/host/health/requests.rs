@@ -11,8 +11,8 @@ use crate::api::{self, Audience, Endpoint, Reply};
 use crate::gate::answer;
 use crate::gate::fsm::host::{self as store, TransitionError::Shared};
 use crate::gate::fsm::{self, Record, State};
-use crate::host::logs;
 use crate::host::wasm_host::{Envoy, Host};
+use crate::host::{logs, metrics::Id};
 
 /// What an endpoint answers: the status of a record, with how a held wait
 /// ended (`None`: held), or the error it met.
@@ -41,7 +41,7 @@ impl<H: Host> Health<H> {
     /// and logged once per new source, so that an LB whose checks arrive from
     /// another address (SNAT, a wrong CIDR) is seen, not silently ignored.
     fn ignored_check(&self, ip: IpAddr, served: u16) {
-        self.metrics.lb_check_ignored();
+        self.metrics.add(Id::LbChecksIgnored, 1);
         if served == 200 && !self.announced.get() {
             match self.store.lb_change(&mut |c, now| c.announce(now)) {
                 Ok(_) => self.announced.set(true),

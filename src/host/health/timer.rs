@@ -9,8 +9,8 @@ use crate::gate::clock::{self, Now};
 use crate::gate::fsm::host as store;
 use crate::gate::fsm::{self, Move, Reason, Record, State};
 use crate::gate::placeholder::{self, Action as PlaceholderAction};
-use crate::host::logs;
 use crate::host::wasm_host::Host;
+use crate::host::{logs, metrics::Id};
 use crate::instruments::in_flight::{self, host::published};
 
 /// How often a health root sets the LB detection gauges: each second, not
@@ -45,9 +45,9 @@ impl<H: Host> Health<H> {
             })
         };
         if judged {
-            self.metrics.set_count_unreliable(!reading.reliable);
+            self.metrics.set(Id::CountUnreliable, !reading.reliable);
             self.metrics
-                .set_oldest_in_flight_seconds(oldest().unwrap_or(0) / 1000);
+                .set(Id::OldestInFlight, oldest().unwrap_or(0) / 1000);
             self.lb_gauges(now.timer_ms());
         }
         self.keep_receipt(&rec, &oldest);
@@ -68,8 +68,8 @@ impl<H: Host> Health<H> {
             let d = checkers.detection(now, self.config.lb_fall, self.config.lb_wait());
             // Nothing measured: both 0.
             let (interval, short) = d.map_or((0, 0), |d| (d.interval_ms, d.short_ms));
-            self.metrics.set_lb_check_interval_ms(interval);
-            self.metrics.set_lb_buffer_short_ms(short);
+            self.metrics.set(Id::LbCheckInterval, interval);
+            self.metrics.set(Id::LbBufferShort, short);
         }
     }
 
@@ -86,7 +86,7 @@ impl<H: Host> Health<H> {
                     steps.count,
                     now.timers().name()
                 );
-                self.metrics.clock_step();
+                self.metrics.add(Id::ClockSteps, 1);
             }
             Ok(None) => {}
             Err(e) => logs::warning!("event=clock_record_unavailable error=\"{e}\""),

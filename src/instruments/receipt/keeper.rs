@@ -5,8 +5,8 @@
 use super::Health;
 
 use crate::gate::fsm::{Record, State};
-use crate::host::logs;
 use crate::host::wasm_host::Host;
+use crate::host::{logs, metrics::Id};
 use crate::instruments::receipt;
 use crate::instruments::receipt::host as shell;
 
@@ -43,7 +43,7 @@ impl<H: Host> Health<H> {
         });
         if let Some(line) = line.filter(|_| taken) {
             if let Some(ms) = receipt::duration_of(&line) {
-                self.metrics.drain_took(ms);
+                self.metrics.set(Id::DrainDuration, ms);
             }
             logs::info!("{line}")
         }
@@ -62,7 +62,7 @@ impl<H: Host> Health<H> {
         let now = self.host().now();
         if shell::write_line(self.host(), &rec, "SIGTERM", self.metrics.tally(), now) {
             self.receipt_looked.set(None);
-            self.metrics.drain_cut_short();
+            self.metrics.add(Id::DrainsCutShort, 1);
             logs::warning!("event=sigterm_before_closed state={}", rec.state.name());
         }
     }

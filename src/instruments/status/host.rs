@@ -6,8 +6,8 @@ use crate::api::{self, Reply, View};
 use crate::gate::fsm::Record;
 use crate::gate::placeholder::host as placeholder;
 use crate::gate::rotation;
-use crate::host::logs;
 use crate::host::wasm_host::Host;
+use crate::host::{logs, metrics::Id};
 use crate::instruments::in_flight::host as in_flight;
 
 impl<H: Host> Health<H> {
@@ -38,7 +38,7 @@ impl<H: Host> Health<H> {
             placeholders: &placeholders,
             config: &self.config,
             checkers: &checkers,
-            ignored_checks: self.metrics.lb_checks_ignored(),
+            ignored_checks: self.metrics.read(Id::LbChecksIgnored),
             rotation: rotation.as_ref(),
             metric_definitions: crate::host::metrics::definitions(),
             shared_keys: crate::host::keys::created(reg.ids_high),

@@ -27,7 +27,7 @@ use std::cell::{Cell, RefCell};
 use std::time::Duration;
 
 use crate::host::logs;
-use crate::host::metrics::Metrics;
+use crate::host::metrics::{Id, Metrics};
 use crate::host::wasm_host::{Envoy, Host};
 use crate::instruments::termination::{self, Answer, Verdict};
 
@@ -106,7 +106,7 @@ impl<H: Host> Watch<H> {
         if let Verdict::Unavailable(why) = verdict {
             let cluster = self.cluster.as_deref().unwrap_or_default();
             logs::warning!("event=termination_watch_unavailable cluster={cluster}{extra} {why}");
-            metrics.termination_watch_unavailable();
+            metrics.add(Id::TerminationWatchUnavailable, 1);
         }
     }
 }
