@@ -99,6 +99,17 @@ mod tests {
     use super::*;
 
     #[test]
+    fn each_state_s_transition_counter_is_the_first_one_plus_its_code() {
+        // `host::metrics` finds a transition's counter this way.
+        for state in crate::gate::fsm::State::ALL {
+            let at = Id::TransitionsToOpen as usize + *state as usize;
+            let name = ALL.get(at).map(|m| m.0);
+            let want = format!("drain_gate_transitions_to_{}", state.name().to_lowercase());
+            assert_eq!(name, Some(want.as_str()), "{state:?}");
+        }
+    }
+
+    #[test]
     #[allow(clippy::indexing_slicing)]
     fn histogram_counters_carry_their_le_in_istio_s_tag_form() {
         let names: Vec<String> = (0..HISTOGRAM_COUNTERS)
