@@ -148,7 +148,7 @@ record! {
 }
 
 fn live_gauges<H: Host>(host: &H, [state, active, conns]: [Option<u32>; 3]) -> Live {
-    if let Ok(Some(live)) = shared::json_read(host, keys::GAUGES) {
+    if let Ok(Some(live)) = shared::Seen::new(keys::GAUGES).load(host) {
         return live;
     }
     let live = Live {

@@ -24,7 +24,8 @@ pub fn create<H: Host>(host: &H) {
 /// when it says it changed it). Whether it was written (a failure is logged).
 /// One copy of the update for every change: the module's size is budgeted.
 pub fn change<H: Host>(host: &H, change: &mut dyn FnMut(&mut Record) -> bool) -> bool {
-    shared::json_change(host, RECEIPT, change)
+    shared::Seen::new(RECEIPT)
+        .edit(host, change)
         .map_err(|e| logs::warning!("event=receipt_unavailable error=\"{e}\""))
         .unwrap_or(false)
 }
