@@ -13,7 +13,7 @@ use crate::gate::lb::{Checkers, Gate};
 use crate::host::keys;
 use crate::host::logs;
 use crate::host::metrics::Metrics;
-use crate::host::shared::{self, Decision, Seen, SharedError};
+use crate::host::shared::{Decision, Seen, SharedError};
 use crate::host::wasm_host::Host;
 
 /// Why a transition did not happen.
@@ -69,16 +69,6 @@ impl<H: Host> Store<H> {
     /// `load`, shared with the version parsed last (no copy of the record).
     pub fn current(&self) -> Result<Rc<Record>, SharedError> {
         self.update(&|_| None)
-    }
-
-    /// Creates the records several workers update, if absent: the FSM record
-    /// (OPEN), the LB checkers, the clock-step record, each as it reads when
-    /// absent. Run on configure (see
-    /// `count::create_shared`): every later write is versioned.
-    pub fn create(&self) {
-        shared::ensure_json(&self.host, keys::FSM, &Record::new(self.host.now().wall_ms));
-        shared::ensure_json(&self.host, keys::LB, &Checkers::default());
-        shared::ensure_json(&self.host, keys::CLOCK, &Steps::default());
     }
 
     /// Applies `fsm::advance` with the move `choose` picks for the current

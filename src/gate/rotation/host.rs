@@ -29,7 +29,7 @@ pub struct Rotator<H: Host = Envoy> {
 }
 
 /// Creates the rotation record (none yet) unless it exists: on configure,
-/// with the records of `Store::create` (see `root::create_shared`).
+/// with the records beside the FSM's (see `root::create_shared`).
 pub fn create<H: Host>(host: &H) {
     shared::ensure_json(host, keys::ROTATION, &None::<Rotation>);
 }
