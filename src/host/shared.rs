@@ -90,35 +90,29 @@ pub fn cas_update<H: Host + ?Sized, R, E: From<SharedError>>(
 /// root context): a tick that finds nothing changed parses nothing. A writer
 /// without one (`load`, `edit`, `update`) parses afresh and keeps nothing.
 #[derive(Debug)]
-pub struct Seen<T> {
-    key: &'static str,
-    last: RefCell<Option<(u32, usize, Rc<T>)>>,
-}
+pub struct Seen<T>(&'static str, RefCell<Option<(u32, usize, Rc<T>)>>);
 
 impl<T: FromJson> Seen<T> {
     pub const fn new(key: &'static str) -> Seen<T> {
-        Seen {
-            key,
-            last: RefCell::new(None),
-        }
+        Seen(key, RefCell::new(None))
     }
 
     /// The value of `bytes`, version `cas`: the one parsed last when the
     /// version did not move, else parsed now (and kept).
     fn value(&self, bytes: &[u8], cas: Option<u32>) -> Result<Rc<T>, SharedError> {
-        if let Some((seen, len, value)) = &*self.last.borrow() {
+        if let Some((seen, len, value)) = &*self.1.borrow() {
             if Some(*seen) == cas && *len == bytes.len() {
                 return Ok(Rc::clone(value));
             }
         }
-        let value = Rc::new(parse(self.key, bytes)?);
-        *self.last.borrow_mut() = cas.map(|c| (c, bytes.len(), Rc::clone(&value)));
+        let value = Rc::new(parse(self.0, bytes)?);
+        *self.1.borrow_mut() = cas.map(|c| (c, bytes.len(), Rc::clone(&value)));
         Ok(value)
     }
 
     /// The value now (`None`: absent).
     pub fn read<H: Host + ?Sized>(&self, host: &H) -> Result<Option<Rc<T>>, SharedError> {
-        let (bytes, cas) = host.get(self.key).map_err(SharedError::Read)?;
+        let (bytes, cas) = host.get(self.0).map_err(SharedError::Read)?;
         bytes.map(|b| self.value(&b, cas)).transpose()
     }
 }
@@ -132,10 +126,10 @@ impl<T: FromJson + serde::Serialize> Seen<T> {
         host: &H,
         mut f: impl FnMut(Option<Rc<T>>) -> Decision<R, V>,
     ) -> Result<R, SharedError> {
-        cas_update(host, self.key, |bytes, cas| {
+        cas_update(host, self.0, |bytes, cas| {
             let seen = bytes.map(|b| self.value(b, cas)).transpose()?;
             Ok(match f(seen) {
-                Decision::Write(v, r) => Decision::Write(encode(self.key, v.borrow())?, r),
+                Decision::Write(v, r) => Decision::Write(encode(self.0, v.borrow())?, r),
                 Decision::Keep(r) => Decision::Keep(r),
             })
         })
@@ -147,11 +141,8 @@ impl<T: FromJson + serde::Serialize> Seen<T> {
 impl<T: FromJson + serde::Serialize + Default> Seen<T> {
     /// The value now.
     pub fn load<H: Host + ?Sized>(&self, host: &H) -> Result<T, SharedError> {
-        self.or_default(host.get(self.key).map_err(SharedError::Read)?.0.as_deref())
-    }
-
-    fn or_default(&self, bytes: Option<&[u8]>) -> Result<T, SharedError> {
-        bytes.map_or_else(|| Ok(T::default()), |b| parse(self.key, b))
+        let (bytes, _) = host.get(self.0).map_err(SharedError::Read)?;
+        bytes.map_or_else(|| Ok(T::default()), |b| parse(self.0, &b))
     }
 
     /// `cas_update` of the record that changes the value with `f` and writes
@@ -161,10 +152,10 @@ impl<T: FromJson + serde::Serialize + Default> Seen<T> {
         host: &H,
         f: &mut dyn FnMut(&mut T) -> bool,
     ) -> Result<bool, SharedError> {
-        cas_update(host, self.key, |bytes, _| {
-            let mut value = self.or_default(bytes)?;
+        cas_update(host, self.0, |bytes, _| {
+            let mut value = bytes.map_or_else(|| Ok(T::default()), |b| parse(self.0, b))?;
             Ok(match f(&mut value) {
-                true => Decision::Write(encode(self.key, &value)?, true),
+                true => Decision::Write(encode(self.0, &value)?, true),
                 false => Decision::Keep(false),
             })
         })
