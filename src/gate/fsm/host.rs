@@ -201,10 +201,8 @@ impl<H: Host> Store<H> {
 
     /// The clock-step record (see `crate::gate::clock::Steps`).
     pub fn clock_steps(&self) -> Result<Steps, SharedError> {
-        Ok(self
-            .clock
-            .read(&self.host)?
-            .map_or_else(Steps::default, |s| *s))
+        let steps = self.clock.read(&self.host)?;
+        Ok(steps.map_or_else(Steps::default, |s| *s))
     }
 
     /// Compares the clocks with the clock-step record and updates it. Returns
@@ -216,10 +214,8 @@ impl<H: Host> Store<H> {
         threshold_ms: u64,
     ) -> Result<Option<(Steps, i64)>, SharedError> {
         self.clock.change(&self.host, |seen| {
-            match seen
-                .map_or_else(Steps::default, |s| *s)
-                .look(now, threshold_ms)
-            {
+            let steps = seen.map_or_else(Steps::default, |s| *s);
+            match steps.look(now, threshold_ms) {
                 Look::Same => Decision::Keep(None),
                 Look::Crept(next) => Decision::Write(next, None),
                 Look::Stepped(next, by) => Decision::Write(next, Some((next, by))),
