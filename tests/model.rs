@@ -482,7 +482,8 @@ impl<'a> Model<'a> {
                     // An injected failure leaves it OPEN: tried again later.
                     if let Ok(rec) = store.advance(&|_| mv, 0, &self.metrics) {
                         self.drain = true;
-                        let base = drain_gate::host::shared::json_read(&self.sim, keys::RECEIPT)
+                        let base = drain_gate::host::shared::Seen::new(keys::RECEIPT)
+                            .load(&self.sim)
                             .map(|r: drain_gate::instruments::receipt::Record| r.base);
                         self.drain_started = rec.drain_started_timer_ms().zip(base.ok().flatten());
                     }

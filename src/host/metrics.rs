@@ -80,7 +80,7 @@ record! {
 
 fn live_gauges<H: Host>(m: &Metrics<H>) -> Live {
     let host = &m.host;
-    if let Ok(Some(live)) = shared::json_read(host, keys::GAUGES) {
+    if let Ok(Some(live)) = shared::Seen::new(keys::GAUGES).load(host) {
         return live;
     }
     let live = Live {

@@ -164,13 +164,20 @@ impl<H: Host> Role<H> {
 /// compare-and-swap writes with a version (`shared::cas_update`).
 /// `keys::GAUGES` is created with the metrics (`Metrics::define`).
 pub fn create_shared<H: Host + Copy>(host: H) {
-    Store::new(host).create();
+    use super::keys::{CLOCK, DURATIONS, FSM, LB, RECEIPT};
+    use super::shared::{ensure, ensure_json};
+    use crate::gate::{clock::Steps, fsm::Record, lb::Checkers};
+    // The FSM record OPEN, the LB checkers and the clock-step record as each
+    // reads when absent; the durations empty; the receipt: no drain yet.
+    ensure_json(&host, FSM, &Record::new(host.now().wall_ms));
+    ensure_json(&host, LB, &Checkers::default());
+    ensure_json(&host, CLOCK, &Steps::default());
     rotation::create(&host);
     liveness::ensure_registry(&host);
     placeholder::ensure(&host);
     count::create_shared(&host);
-    crate::instruments::sizing::host::create_shared(&host);
-    crate::instruments::receipt::host::create(&host);
+    ensure(&host, DURATIONS, &[0; crate::instruments::sizing::BYTES]);
+    ensure(&host, RECEIPT, b"{}");
 }
 
 impl<H: Host + Copy> Root<H> {

@@ -4,6 +4,7 @@
 //! forms, and the one error type of a shared-data access.
 
 use proxy_wasm::types::Status;
+use std::borrow::Borrow;
 use std::cell::RefCell;
 use std::fmt;
 use std::rc::Rc;
@@ -45,10 +46,10 @@ impl fmt::Display for SharedError {
     }
 }
 
-/// What the update function decides for the value it was shown.
-pub enum Decision<R> {
-    /// Write these bytes (if nobody wrote meanwhile) and return `R`.
-    Write(Vec<u8>, R),
+/// What an update decides for the value it was shown.
+pub enum Decision<R, V = Vec<u8>> {
+    /// Write this value (if nobody wrote meanwhile) and return `R`.
+    Write(V, R),
     /// Write nothing and return `R`.
     Keep(R),
 }
@@ -81,42 +82,97 @@ pub fn cas_update<H: Host + ?Sized, R, E: From<SharedError>>(
     Err(SharedError::Contention.into())
 }
 
-/// A JSON value of one key as its reader parsed it last, with the version
-/// (`cas`) and length of the bytes it was parsed from. Shared data is
-/// versioned — every write moves the key's `cas` on — so bytes of the version
-/// parsed last are the bytes parsed then: read again, they cost the host's
-/// copy and no parse. One per reader (a role's root context): a tick that
-/// finds nothing changed parses nothing.
-#[derive(Debug, Default)]
-pub struct Seen<T>(RefCell<Option<(u32, usize, Rc<T>)>>);
+/// A JSON record in shared data: its key, and its value as this reader
+/// parsed it last, with the version (`cas`) and length of the bytes it was
+/// parsed from. Shared data is versioned — every write moves the key's `cas`
+/// on — so bytes of the version parsed last are the bytes parsed then: read
+/// again, they cost the host's copy and no parse. One per reader (a role's
+/// root context): a tick that finds nothing changed parses nothing. A writer
+/// without one (`load`, `edit`, `update`) parses afresh and keeps nothing.
+#[derive(Debug)]
+pub struct Seen<T>(&'static str, RefCell<Option<(u32, usize, Rc<T>)>>);
 
 impl<T: FromJson> Seen<T> {
-    /// The value of `bytes`, version `cas`, read under `key`: the one parsed
-    /// last when the version did not move, else parsed now (and kept).
-    pub fn value(
-        &self,
-        key: &'static str,
-        bytes: &[u8],
-        cas: Option<u32>,
-    ) -> Result<Rc<T>, SharedError> {
-        if let Some((seen, len, value)) = &*self.0.borrow() {
+    pub const fn new(key: &'static str) -> Seen<T> {
+        Seen(key, RefCell::new(None))
+    }
+
+    /// The value of `bytes`, version `cas`: the one parsed last when the
+    /// version did not move, else parsed now (and kept).
+    fn value(&self, bytes: &[u8], cas: Option<u32>) -> Result<Rc<T>, SharedError> {
+        if let Some((seen, len, value)) = &*self.1.borrow() {
             if Some(*seen) == cas && *len == bytes.len() {
                 return Ok(Rc::clone(value));
             }
         }
-        let value = Rc::new(parse(key, bytes)?);
-        *self.0.borrow_mut() = cas.map(|c| (c, bytes.len(), Rc::clone(&value)));
+        let value = Rc::new(parse(self.0, bytes)?);
+        *self.1.borrow_mut() = cas.map(|c| (c, bytes.len(), Rc::clone(&value)));
         Ok(value)
     }
 
-    /// The value under `key` now (`None`: absent).
-    pub fn read<H: Host + ?Sized>(
+    /// The value now (`None`: absent).
+    pub fn read<H: Host + ?Sized>(&self, host: &H) -> Result<Option<Rc<T>>, SharedError> {
+        let (bytes, cas) = host.get(self.0).map_err(SharedError::Read)?;
+        bytes.map(|b| self.value(&b, cas)).transpose()
+    }
+}
+
+impl<T: FromJson + serde::Serialize> Seen<T> {
+    /// `cas_update` of the record: `f` decides from the value (`None`:
+    /// absent), parsed only when its version moved since this reader parsed
+    /// it, and the value it says to write is written.
+    pub fn change<H: Host + ?Sized, R, V: Borrow<T>>(
         &self,
         host: &H,
-        key: &'static str,
-    ) -> Result<Option<Rc<T>>, SharedError> {
-        let (bytes, cas) = host.get(key).map_err(SharedError::Read)?;
-        bytes.map(|b| self.value(key, &b, cas)).transpose()
+        mut f: impl FnMut(Option<Rc<T>>) -> Decision<R, V>,
+    ) -> Result<R, SharedError> {
+        cas_update(host, self.0, |bytes, cas| {
+            let seen = bytes.map(|b| self.value(b, cas)).transpose()?;
+            Ok(match f(seen) {
+                Decision::Write(v, r) => Decision::Write(encode(self.0, v.borrow())?, r),
+                Decision::Keep(r) => Decision::Keep(r),
+            })
+        })
+    }
+}
+
+/// A record that reads `T::default()` when absent, parsed afresh: for
+/// readers and writers that keep nothing.
+impl<T: FromJson + serde::Serialize + Default> Seen<T> {
+    /// The value now.
+    pub fn load<H: Host + ?Sized>(&self, host: &H) -> Result<T, SharedError> {
+        let (bytes, _) = host.get(self.0).map_err(SharedError::Read)?;
+        bytes.map_or_else(|| Ok(T::default()), |b| parse(self.0, &b))
+    }
+
+    /// `cas_update` of the record that changes the value with `f` and writes
+    /// it when `f` says it changed it; whether it did.
+    pub fn edit<H: Host + ?Sized>(
+        &self,
+        host: &H,
+        f: &mut dyn FnMut(&mut T) -> bool,
+    ) -> Result<bool, SharedError> {
+        cas_update(host, self.0, |bytes, _| {
+            let mut value = bytes.map_or_else(|| Ok(T::default()), |b| parse(self.0, b))?;
+            Ok(match f(&mut value) {
+                true => Decision::Write(encode(self.0, &value)?, true),
+                false => Decision::Keep(false),
+            })
+        })
+    }
+
+    /// `edit` that always writes; what `f` returned.
+    pub fn update<H: Host + ?Sized, R: Default>(
+        &self,
+        host: &H,
+        mut f: impl FnMut(&mut T) -> R,
+    ) -> Result<R, SharedError> {
+        let mut r = R::default();
+        self.edit(host, &mut |value| {
+            r = f(value);
+            true
+        })
+        .map(|_| r)
     }
 }
 
@@ -128,51 +184,6 @@ pub fn parse<T: FromJson>(key: &'static str, bytes: &[u8]) -> Result<T, SharedEr
 /// Serializes a value for `key`.
 pub fn encode<T: serde::Serialize>(key: &'static str, value: &T) -> Result<Vec<u8>, SharedError> {
     serde_json::to_vec(value).map_err(|_| SharedError::Unwritable { key })
-}
-
-/// `cas_update` for a JSON value that starts as `T::default()` when absent:
-/// `f` changes it, and the changed value is written.
-pub fn json_update<H: Host + ?Sized, T: serde::Serialize + FromJson + Default, R>(
-    host: &H,
-    key: &'static str,
-    mut f: impl FnMut(&mut T) -> R,
-) -> Result<R, SharedError> {
-    cas_update(host, key, |bytes, _| {
-        let mut value: T = parse_or_default(key, bytes)?;
-        let r = f(&mut value);
-        Ok::<_, SharedError>(Decision::Write(encode(key, &value)?, r))
-    })
-}
-
-/// `json_update` that writes only when `f` says it changed the value.
-pub fn json_change<H: Host + ?Sized, T: serde::Serialize + FromJson + Default>(
-    host: &H,
-    key: &'static str,
-    mut f: impl FnMut(&mut T) -> bool,
-) -> Result<bool, SharedError> {
-    cas_update(host, key, |bytes, _| {
-        let mut value: T = parse_or_default(key, bytes)?;
-        if !f(&mut value) {
-            return Ok(Decision::Keep(false));
-        }
-        Ok::<_, SharedError>(Decision::Write(encode(key, &value)?, true))
-    })
-}
-
-/// A JSON value, `T::default()` when absent.
-pub fn json_read<H: Host + ?Sized, T: FromJson + Default>(
-    host: &H,
-    key: &'static str,
-) -> Result<T, SharedError> {
-    parse_or_default(key, host.get(key).map_err(SharedError::Read)?.0.as_deref())
-}
-
-/// The JSON value of `bytes` read under `key`, `T::default()` when absent.
-fn parse_or_default<T: FromJson + Default>(
-    key: &'static str,
-    bytes: Option<&[u8]>,
-) -> Result<T, SharedError> {
-    bytes.map_or_else(|| Ok(T::default()), |b| parse(key, b))
 }
 
 /// A little-endian `u64` (the counts, the beats), `None` when absent or of

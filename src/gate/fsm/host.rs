@@ -13,7 +13,7 @@ use crate::gate::lb::{Checkers, Gate};
 use crate::host::keys;
 use crate::host::logs;
 use crate::host::metrics::Metrics;
-use crate::host::shared::{self, cas_update, json_read, Decision, Seen, SharedError};
+use crate::host::shared::{Decision, Seen, SharedError};
 use crate::host::wasm_host::Host;
 
 /// Why a transition did not happen.
@@ -44,9 +44,9 @@ impl<H: Host> Store<H> {
     pub fn new(host: H) -> Store<H> {
         Store {
             host,
-            fsm: Seen::default(),
-            clock: Seen::default(),
-            lb: Seen::default(),
+            fsm: Seen::new(keys::FSM),
+            clock: Seen::new(keys::CLOCK),
+            lb: Seen::new(keys::LB),
             raise: |_, _, _, _| {},
         }
     }
@@ -69,16 +69,6 @@ impl<H: Host> Store<H> {
     /// `load`, shared with the version parsed last (no copy of the record).
     pub fn current(&self) -> Result<Rc<Record>, SharedError> {
         self.update(&|_| None)
-    }
-
-    /// Creates the records several workers update, if absent: the FSM record
-    /// (OPEN), the LB checkers, the clock-step record, each as it reads when
-    /// absent. Run on configure (see
-    /// `count::create_shared`): every later write is versioned.
-    pub fn create(&self) {
-        shared::ensure_json(&self.host, keys::FSM, &Record::new(self.host.now().wall_ms));
-        shared::ensure_json(&self.host, keys::LB, &Checkers::default());
-        shared::ensure_json(&self.host, keys::CLOCK, &Steps::default());
     }
 
     /// Applies `fsm::advance` with the move `choose` picks for the current
@@ -127,19 +117,17 @@ impl<H: Host> Store<H> {
         &self,
         change: &dyn Fn(&Record) -> Option<Record>,
     ) -> Result<Rc<Record>, SharedError> {
-        cas_update(&self.host, keys::FSM, |bytes, cas| {
+        self.fsm.change(&self.host, |seen| {
+            let present = seen.is_some();
             // Absent: the OPEN record of a process that never wrote one (the
             // first VM creates it on its first write).
-            let rec = match bytes {
-                Some(b) => self.fsm.value(keys::FSM, b, cas)?,
-                None => Rc::new(Record::new(self.host.now().wall_ms)),
-            };
+            let rec = seen.unwrap_or_else(|| Rc::new(Record::new(self.host.now().wall_ms)));
             let next = match change(&rec) {
                 Some(next) => Rc::new(next),
-                None if bytes.is_some() => return Ok(Decision::Keep(rec)),
+                None if present => return Decision::Keep(rec),
                 None => rec,
             };
-            Ok(Decision::Write(shared::encode(keys::FSM, &*next)?, next))
+            Decision::Write(Rc::clone(&next), next)
         })
     }
 
@@ -188,7 +176,7 @@ impl<H: Host> Store<H> {
     /// changed since this store parsed it: a cut during a drain reads it),
     /// shared with the version parsed last (no copy).
     pub fn lb_checkers(&self) -> Result<Rc<Checkers>, SharedError> {
-        Ok(self.lb.read(&self.host, keys::LB)?.unwrap_or_default())
+        Ok(self.lb.read(&self.host)?.unwrap_or_default())
     }
 
     /// Rewrites the LB record with `change` (a `Checkers` method given the
@@ -202,19 +190,19 @@ impl<H: Host> Store<H> {
         change: &mut dyn FnMut(&mut Checkers, u64) -> bool,
     ) -> Result<bool, SharedError> {
         let now_ms = self.host.now().timer_ms();
-        cas_update(&self.host, keys::LB, |bytes, cas| {
-            let seen = bytes.map(|b| self.lb.value(keys::LB, b, cas)).transpose()?;
+        self.lb.change(&self.host, |seen| {
             let mut c = seen.map_or_else(Checkers::default, |c| Checkers::clone(&c));
-            if !change(&mut c, now_ms) {
-                return Ok(Decision::Keep(false));
+            match change(&mut c, now_ms) {
+                true => Decision::Write(c, true),
+                false => Decision::Keep(false),
             }
-            Ok(Decision::Write(shared::encode(keys::LB, &c)?, true))
         })
     }
 
     /// The clock-step record (see `crate::gate::clock::Steps`).
     pub fn clock_steps(&self) -> Result<Steps, SharedError> {
-        json_read(&self.host, keys::CLOCK)
+        let steps = self.clock.read(&self.host)?;
+        Ok(steps.map_or_else(Steps::default, |s| *s))
     }
 
     /// Compares the clocks with the clock-step record and updates it. Returns
@@ -225,15 +213,13 @@ impl<H: Host> Store<H> {
         now: Now,
         threshold_ms: u64,
     ) -> Result<Option<(Steps, i64)>, SharedError> {
-        cas_update(&self.host, keys::CLOCK, |bytes, cas| {
-            let seen = bytes.map(|b| self.clock.value(keys::CLOCK, b, cas));
-            let steps = seen.transpose()?.map_or_else(Steps::default, |s| *s);
-            let (next, step) = match steps.look(now, threshold_ms) {
-                Look::Same => return Ok(Decision::Keep(None)),
-                Look::Crept(next) => (next, None),
-                Look::Stepped(next, by) => (next, Some((next, by))),
-            };
-            Ok(Decision::Write(shared::encode(keys::CLOCK, &next)?, step))
+        self.clock.change(&self.host, |seen| {
+            let steps = seen.map_or_else(Steps::default, |s| *s);
+            match steps.look(now, threshold_ms) {
+                Look::Same => Decision::Keep(None),
+                Look::Crept(next) => Decision::Write(next, None),
+                Look::Stepped(next, by) => Decision::Write(next, Some((next, by))),
+            }
         })
     }
 }

@@ -19,7 +19,7 @@ use crate::gate::liveness::{self as core, Judging, Registry, Verdict};
 use crate::host::keys::{self, REGISTRY, WATCH};
 use crate::host::logs;
 use crate::host::metrics::{Id, Metrics};
-use crate::host::shared::{self, cas_update, json_read, json_update, Decision, Seen, SharedError};
+use crate::host::shared::{self, cas_update, Decision, Seen, SharedError};
 use crate::host::wasm_host::{Envoy, Host};
 
 /// Creates the registry and the judging record if absent (configure runs on
@@ -32,7 +32,7 @@ pub fn ensure_registry<H: Host>(host: &H) {
 /// Changes the registry (compare-and-swap), moving its generation on: the
 /// verdicts judged from it are ordered by it. One copy for every caller.
 fn update<H: Host>(host: &H, f: &mut dyn FnMut(&mut Registry)) -> Result<(), SharedError> {
-    json_update(host, REGISTRY, |r: &mut Registry| {
+    Seen::new(REGISTRY).update(host, |r: &mut Registry| {
         r.generation = r.generation.saturating_add(1);
         f(r);
     })
@@ -172,21 +172,21 @@ impl<H: Host> Judge<H> {
             host,
             tick_ms,
             seen: Cell::new(false),
-            registry: Seen::default(),
+            registry: Seen::new(REGISTRY),
         }
     }
 
     /// The ids of the registered roots now (the registry parsed only when it
     /// changed since this root parsed it last).
     pub fn ids(&self) -> Vec<u64> {
-        let reg = self.registry.read(&self.host, REGISTRY).ok().flatten();
+        let reg = self.registry.read(&self.host).ok().flatten();
         reg.map_or_else(Vec::new, |r| r.roots.iter().map(|r| r.id).collect())
     }
 
     /// Whether the gateway may be announced (a traffic root has registered).
     pub fn seen(&self) -> bool {
         if !self.seen.get() {
-            let reg = self.registry.read(&self.host, REGISTRY);
+            let reg = self.registry.read(&self.host);
             self.seen.set(reg.is_ok_and(|r| r.is_some_and(|r| r.seen)));
         }
         self.seen.get()
@@ -229,22 +229,21 @@ impl<H: Host> Judge<H> {
         // Written only when the judgement changed it: a judgement that finds
         // every root beating leaves the registry (and its generation) as it
         // was, and the next reader parses nothing.
-        let judged = cas_update(&self.host, REGISTRY, |bytes, cas| {
-            let was = bytes.map(|b| self.registry.value(REGISTRY, b, cas));
-            let was = was.transpose()?.unwrap_or_default();
+        let judged = self.registry.change(&self.host, |seen| {
+            let absent = seen.is_none();
+            let was = seen.unwrap_or_default();
             let mut r = Registry::clone(&was);
             let back = r.revive(beat);
             let dead = r.stale(now, since, beat);
             let lost = r.mark_lost(&dead);
             let gap = r.note_gap(now, since);
-            let changed = bytes.is_none() || r != *was;
+            let changed = absent || r != *was;
             r.generation = r.generation.saturating_add(u64::from(changed));
             let out = (back, lost, gap, r.verdict(now), r.generation);
-            Ok::<_, SharedError>(if changed {
-                Decision::Write(shared::encode(REGISTRY, &r)?, out)
-            } else {
-                Decision::Keep(out)
-            })
+            match changed {
+                true => Decision::Write(r, out),
+                false => Decision::Keep(out),
+            }
         });
         let Some((back, lost, gap, verdict, gen)) =
             shared::logged(log::Level::Warn, REGISTRY, judged)
@@ -292,7 +291,7 @@ impl<H: Host> Judge<H> {
 
     /// The registry and the judging record now (for `/drain/status`).
     pub fn snapshot(&self) -> (Registry, Verdict, Judging) {
-        let reg = json_read::<_, Registry>(&self.host, REGISTRY).unwrap_or_default();
+        let reg = self.registry.load(&self.host).unwrap_or_default();
         let (bytes, _) = self.host.get(WATCH).unwrap_or_default();
         let judging = bytes.and_then(|b| Judging::from_bytes(&b));
         let v = reg.verdict(self.host.now().timer_ms());

@@ -15,7 +15,7 @@ use crate::gate::liveness::host::Member;
 use crate::gate::placeholder::Placeholders;
 use crate::host::keys;
 use crate::host::logs;
-use crate::host::shared::{self, json_change, json_update, Seen};
+use crate::host::shared::{self, Seen};
 use crate::host::wasm_host::{Envoy, Host};
 
 /// Creates the record if absent (configure runs on the main thread before any
@@ -26,12 +26,12 @@ pub fn ensure<H: Host>(host: &H) {
 
 /// The placeholders of this `vm_id` (none when unreadable: the error is logged).
 pub fn read<H: Host>(host: &H) -> Placeholders {
-    Placeholders::clone(&read_seen(host, &Seen::default()))
+    Placeholders::clone(&read_seen(host, &Seen::new(keys::PLACEHOLDERS)))
 }
 
 /// `read`, parsed only when the record changed since `seen` parsed it.
 pub fn read_seen<H: Host>(host: &H, seen: &Seen<Placeholders>) -> Rc<Placeholders> {
-    let read = seen.read(host, keys::PLACEHOLDERS);
+    let read = seen.read(host);
     let read = shared::logged(log::Level::Warn, keys::PLACEHOLDERS, read);
     read.flatten().unwrap_or_default()
 }
@@ -60,13 +60,12 @@ impl<H: Host> Stand<H> {
 
     fn register(&self) -> Option<u64> {
         let now = self.host.now().timer_ms();
-        let id = json_update(&self.host, keys::PLACEHOLDERS, |p: &mut Placeholders| {
-            p.register(now)
-        })
-        .unwrap_or_else(|e| {
-            logs::error!("event=placeholder_unregistered error=\"{e}\"");
-            None
-        })?;
+        let id = Seen::new(keys::PLACEHOLDERS)
+            .update(&self.host, |p: &mut Placeholders| p.register(now))
+            .unwrap_or_else(|e| {
+                logs::error!("event=placeholder_unregistered error=\"{e}\"");
+                None
+            })?;
         logs::warning!(
             "event=placeholder_present id={id} what=\"a traffic filter runs drain-gate's placeholder: \
              its own configuration has not loaded (yet); a gateway not announced stays out\""
@@ -83,9 +82,7 @@ impl<H: Host> Stand<H> {
         let Some(id) = self.member.ensure(|| self.register()) else {
             return;
         };
-        match json_change(&self.host, keys::PLACEHOLDERS, |p: &mut Placeholders| {
-            p.serve(id)
-        }) {
+        match Seen::new(keys::PLACEHOLDERS).edit(&self.host, &mut |p: &mut Placeholders| p.serve(id)) {
             Ok(_) => logs::error!(
                 "event=placeholder_served id={id} what=\"a request passed a traffic filter that runs without \
                  its own configuration: the module did not load; an announced gateway drains\""
@@ -97,9 +94,9 @@ impl<H: Host> Stand<H> {
     /// Leaves the record (Envoy removed this placeholder). Idempotent.
     pub fn goodbye(&self) {
         let Some(id) = self.member.gone() else { return };
-        match json_change(&self.host, keys::PLACEHOLDERS, |p: &mut Placeholders| {
-            p.goodbye(id)
-        }) {
+        match Seen::new(keys::PLACEHOLDERS)
+            .edit(&self.host, &mut |p: &mut Placeholders| p.goodbye(id))
+        {
             Ok(_) => logs::info!("event=placeholder_gone id={id}"),
             Err(e) => logs::error!("event=placeholder_goodbye_failed id={id} error=\"{}\"", e),
         }

@@ -14,7 +14,7 @@ use crate::gate::lb::Gate;
 use crate::gate::rotation::{self, Outcome, Record as Rotation};
 use crate::host::keys;
 use crate::host::logs;
-use crate::host::shared::{self, json_change, json_read, SharedError};
+use crate::host::shared::{self, Seen, SharedError};
 use crate::host::wasm_host::{Envoy, Host};
 
 /// This worker's part in the rotation: at most one call at a time.
@@ -29,7 +29,7 @@ pub struct Rotator<H: Host = Envoy> {
 }
 
 /// Creates the rotation record (none yet) unless it exists: on configure,
-/// with the records of `Store::create` (see `root::create_shared`).
+/// with the records beside the FSM's (see `root::create_shared`).
 pub fn create<H: Host>(host: &H) {
     shared::ensure_json(host, keys::ROTATION, &None::<Rotation>);
 }
@@ -37,7 +37,7 @@ pub fn create<H: Host>(host: &H) {
 /// The rotation record of the last drain (`crate::gate::rotation`): written only
 /// by the worker that owns that drain's rotation, read by any status answer.
 pub fn load<H: Host>(host: &H) -> Result<Option<Rotation>, SharedError> {
-    json_read(host, keys::ROTATION)
+    Seen::new(keys::ROTATION).load(host)
 }
 
 impl<H: Host> Rotator<H> {
@@ -72,18 +72,19 @@ impl<H: Host> Rotator<H> {
     /// this drain's already is. `true`: written.
     fn write(&self, rec: &Rotation, claim: bool) -> bool {
         let ms = Some(rec.drain_started_ms);
-        json_change(&self.host, keys::ROTATION, |slot: &mut Option<Rotation>| {
-            let recorded = slot.as_ref().map(|r| r.drain_started_ms);
-            let free = if claim { recorded < ms } else { recorded <= ms };
-            if free {
-                *slot = Some(rec.clone());
-            }
-            free
-        })
-        .unwrap_or_else(|e| {
-            logs::warning!("event=rotation_record_unavailable error=\"{e}\"");
-            false
-        })
+        Seen::new(keys::ROTATION)
+            .edit(&self.host, &mut |slot: &mut Option<Rotation>| {
+                let recorded = slot.as_ref().map(|r| r.drain_started_ms);
+                let free = if claim { recorded < ms } else { recorded <= ms };
+                if free {
+                    *slot = Some(rec.clone());
+                }
+                free
+            })
+            .unwrap_or_else(|e| {
+                logs::warning!("event=rotation_record_unavailable error=\"{e}\"");
+                false
+            })
     }
 
     /// Logs `rec`, and saves it unless a later drain's rotation is already

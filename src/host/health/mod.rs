@@ -122,7 +122,7 @@ impl<H: Host + Copy> Health<H> {
             lb_gauges_at: Cell::new(None),
             unreadable: Cell::new(false),
             placeholders: Cell::new(PlaceholderAction::None),
-            placeholders_seen: Seen::default(),
+            placeholders_seen: Seen::new(crate::host::keys::PLACEHOLDERS),
             announced: Cell::new(false),
         };
         // Record where the wall clock stands before the first tick, so that

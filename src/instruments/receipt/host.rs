@@ -15,16 +15,12 @@ use crate::host::shared;
 use crate::host::wasm_host::Host;
 use crate::instruments::receipt::{Record, Tally};
 
-/// Creates the record, if absent: no drain yet (`root::create_shared`).
-pub fn create<H: Host>(host: &H) {
-    shared::ensure(host, RECEIPT, b"{}");
-}
-
 /// Changes the record as `change` says (compare-and-swap, retried; written
 /// when it says it changed it). Whether it was written (a failure is logged).
 /// One copy of the update for every change: the module's size is budgeted.
 pub fn change<H: Host>(host: &H, change: &mut dyn FnMut(&mut Record) -> bool) -> bool {
-    shared::json_change(host, RECEIPT, change)
+    shared::Seen::new(RECEIPT)
+        .edit(host, change)
         .map_err(|e| logs::warning!("event=receipt_unavailable error=\"{e}\""))
         .unwrap_or(false)
 }

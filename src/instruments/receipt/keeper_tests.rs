@@ -6,7 +6,9 @@ use super::*;
 
 /// The receipt's record, as it stands.
 fn book(sim: &Sim) -> crate::instruments::receipt::Record {
-    crate::host::shared::json_read(&sim, crate::host::keys::RECEIPT).unwrap()
+    crate::host::shared::Seen::new(crate::host::keys::RECEIPT)
+        .load(&sim)
+        .unwrap()
 }
 
 #[test]

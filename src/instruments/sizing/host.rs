@@ -18,12 +18,6 @@ use crate::host::shared::{self, cas_update, Decision, SharedError};
 use crate::host::wasm_host::Host;
 use crate::instruments::sizing::{Durations, Kind, Pending, BYTES};
 
-/// Creates `keys::DURATIONS` (empty) unless it exists: on configure
-/// (`host::root::create_shared`), before any worker VM writes it.
-pub fn create_shared<H: Host>(host: &H) {
-    shared::ensure(host, DURATIONS, &[0; BYTES]);
-}
-
 /// The durations of every traffic root of this process since it started.
 pub fn read<H: Host>(host: &H) -> Durations {
     let (bytes, _) = host.get(DURATIONS).unwrap_or_default();
