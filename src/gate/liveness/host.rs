@@ -291,7 +291,8 @@ impl<H: Host> Judge<H> {
 
     /// The registry and the judging record now (for `/drain/status`).
     pub fn snapshot(&self) -> (Registry, Verdict, Judging) {
-        let reg = self.registry.load(&self.host).unwrap_or_default();
+        let reg = self.registry.read(&self.host).ok().flatten();
+        let reg = reg.map_or_else(Registry::default, |r| Registry::clone(&r));
         let (bytes, _) = self.host.get(WATCH).unwrap_or_default();
         let judging = bytes.and_then(|b| Judging::from_bytes(&b));
         let v = reg.verdict(self.host.now().timer_ms());
