@@ -584,8 +584,7 @@ impl<'a> Model<'a> {
     /// that was late.
     fn health_tick(&mut self) {
         self.health.tick();
-        let (reg, _, _) =
-            drain_gate::gate::liveness::host::Judge::new(self.sim, TICK_MS).snapshot();
+        let (reg, _) = drain_gate::gate::liveness::host::Judge::new(self.sim, TICK_MS).snapshot();
         for w in &self.workers {
             let lost = w
                 .root
@@ -601,8 +600,7 @@ impl<'a> Model<'a> {
 
     /// Live roots the registry holds as lost now.
     fn lost_alive_now(&self) -> u64 {
-        let (reg, _, _) =
-            drain_gate::gate::liveness::host::Judge::new(self.sim, TICK_MS).snapshot();
+        let (reg, _) = drain_gate::gate::liveness::host::Judge::new(self.sim, TICK_MS).snapshot();
         self.workers
             .iter()
             .filter_map(|w| w.root.as_ref().and_then(|r| r.traffic.heartbeat.id()))
@@ -613,8 +611,7 @@ impl<'a> Model<'a> {
     /// A dead VM whose root the registry has not declared lost yet (or one
     /// that died before it registered).
     fn death_unmarked(&self) -> bool {
-        let (reg, _, _) =
-            drain_gate::gate::liveness::host::Judge::new(self.sim, TICK_MS).snapshot();
+        let (reg, _) = drain_gate::gate::liveness::host::Judge::new(self.sim, TICK_MS).snapshot();
         let verdict_lost = self.health.active.read().why == Some(Unreliable::TrafficRoleLost);
         self.workers.iter().any(|w| {
             w.dead_ids
@@ -1050,7 +1047,7 @@ fn a_stall_of_the_whole_process_disarms_nothing() {
     }
     let r = m.health.active.read();
     assert!(r.reliable, "{r:?}");
-    let (reg, _, watch) = drain_gate::gate::liveness::host::Judge::new(&sim, TICK_MS).snapshot();
+    let (reg, watch) = drain_gate::gate::liveness::host::Judge::new(&sim, TICK_MS).snapshot();
     assert_eq!((reg.lost_total, watch.stalls), (0, 1));
     // A drain with the stream in flight: held; the stream's end flips it.
     let store = Store::new(&sim).raising(receipt::host::transition);
@@ -1096,7 +1093,7 @@ fn a_busy_worker_is_lost_then_back() {
     m.step(&Op::Time(TICK_MS, false));
     let r = m.health.active.read();
     assert!(r.reliable, "{r:?}");
-    let (reg, _, _) = drain_gate::gate::liveness::host::Judge::new(&sim, TICK_MS).snapshot();
+    let (reg, _) = drain_gate::gate::liveness::host::Judge::new(&sim, TICK_MS).snapshot();
     assert_eq!((reg.lost_total, reg.back_total), (1, 1));
     assert_eq!(sim.metric(names::TRAFFIC_ROLES_LOST), 1);
     let _ = (&sim).now();

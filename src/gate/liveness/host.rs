@@ -13,9 +13,10 @@
 //! dead root nor hide one), else the wall clock.
 
 use std::cell::Cell;
+use std::rc::Rc;
 
 use crate::gate::count;
-use crate::gate::liveness::{self as core, Judging, Registry, Verdict};
+use crate::gate::liveness::{self as core, Judging, Registry};
 use crate::host::keys::{self, REGISTRY, WATCH};
 use crate::host::logs;
 use crate::host::metrics::{Id, Metrics};
@@ -289,14 +290,13 @@ impl<H: Host> Judge<H> {
         true
     }
 
-    /// The registry and the judging record now (for `/drain/status`).
-    pub fn snapshot(&self) -> (Registry, Verdict, Judging) {
+    /// The registry (this root's parsed copy, shared) and the judging record
+    /// now (for `/drain/status`).
+    pub fn snapshot(&self) -> (Rc<Registry>, Judging) {
         let reg = self.registry.read(&self.host).ok().flatten();
-        let reg = reg.map_or_else(Registry::default, |r| Registry::clone(&r));
         let (bytes, _) = self.host.get(WATCH).unwrap_or_default();
         let judging = bytes.and_then(|b| Judging::from_bytes(&b));
-        let v = reg.verdict(self.host.now().timer_ms());
-        (reg, v, judging.unwrap_or_default())
+        (reg.unwrap_or_default(), judging.unwrap_or_default())
     }
 }
 
@@ -410,7 +410,7 @@ mod tests {
         sim.advance(3_500); // SIGSTOP: nothing runs, every clock moves on
         judge.tick(&metrics); // the health tick comes first after it
         tick(&sim);
-        let (reg, _, w) = judge.snapshot();
+        let (reg, w) = judge.snapshot();
         assert_eq!((reg.roots.len(), reg.lost_total), (3, 0));
         assert_eq!((w.stalls, w.longest_stall_ms), (1, 3_500));
         assert!(reading(&sim).reliable);
@@ -436,7 +436,7 @@ mod tests {
         judge.tick(&metrics);
         let r = reading(&sim);
         assert!(r.reliable, "back: {r:?}");
-        let (reg, _, _) = judge.snapshot();
+        let (reg, _) = judge.snapshot();
         assert_eq!((reg.lost_total, reg.back_total, reg.roots.len()), (1, 1, 2));
     }
 

@@ -17,7 +17,7 @@ impl<H: Host> Health<H> {
         let checkers = or_warn(self.store.lb_checkers(), "lb");
         let rotation = or_warn(rotation::host::load(self.host()), "rotation");
         let steps = or_warn(self.store.clock_steps(), "clock");
-        let (reg, _, watch) = self.watch.snapshot();
+        let (reg, watch) = self.watch.snapshot();
         let placeholders = placeholder::read_seen(self.host(), &self.placeholders_seen);
         // The registered roots' summaries first, then the count, then the
         // time: a listed stream still in flight is in the count
