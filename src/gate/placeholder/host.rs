@@ -24,12 +24,8 @@ pub fn ensure<H: Host>(host: &H) {
     shared::ensure_json(host, keys::PLACEHOLDERS, &Placeholders::default());
 }
 
-/// The placeholders of this `vm_id` (none when unreadable: the error is logged).
-pub fn read<H: Host>(host: &H) -> Placeholders {
-    Placeholders::clone(&read_seen(host, &Seen::new(keys::PLACEHOLDERS)))
-}
-
-/// `read`, parsed only when the record changed since `seen` parsed it.
+/// The placeholders of this `vm_id` (none when unreadable: the error is
+/// logged), parsed only when the record changed since `seen` parsed it.
 pub fn read_seen<H: Host>(host: &H, seen: &Seen<Placeholders>) -> Rc<Placeholders> {
     let read = seen.read(host);
     let read = shared::logged(log::Level::Warn, keys::PLACEHOLDERS, read);
@@ -114,6 +110,11 @@ impl<H: Host> Drop for Stand<H> {
 mod tests {
     use super::*;
     use crate::host::sim::Sim;
+
+    /// The placeholders now, parsed afresh.
+    fn read<H: Host>(host: &H) -> Placeholders {
+        Placeholders::clone(&read_seen(host, &Seen::new(keys::PLACEHOLDERS)))
+    }
 
     #[test]
     fn present_on_its_first_tick_served_on_its_first_request_gone_when_dropped() {
