@@ -9,8 +9,10 @@ use std::rc::Rc;
 use std::time::Duration;
 
 use super::health::{Health, HealthStream};
+use super::keys::{CLOCK, DURATIONS, FSM, LB, RECEIPT};
 use super::logs;
 use super::metrics::Metrics;
+use super::shared::{ensure, ensure_json};
 use super::wasm_host::{Envoy, Host};
 use crate::config::Config;
 use crate::gate::count::{self, Part};
@@ -18,6 +20,7 @@ use crate::gate::fsm::host::Store;
 use crate::gate::liveness::host as liveness;
 use crate::gate::placeholder::host::{self as placeholder, Stand};
 use crate::gate::rotation::host as rotation;
+use crate::gate::{clock::Steps, fsm::Record, lb::Checkers};
 use crate::host::traffic::{Traffic, TrafficStream};
 
 thread_local! {
@@ -164,9 +167,6 @@ impl<H: Host> Role<H> {
 /// compare-and-swap writes with a version (`shared::cas_update`).
 /// `keys::GAUGES` is created with the metrics (`Metrics::define`).
 pub fn create_shared<H: Host + Copy>(host: H) {
-    use super::keys::{CLOCK, DURATIONS, FSM, LB, RECEIPT};
-    use super::shared::{ensure, ensure_json};
-    use crate::gate::{clock::Steps, fsm::Record, lb::Checkers};
     // The FSM record OPEN, the LB checkers and the clock-step record as each
     // reads when absent; the durations empty; the receipt: no drain yet.
     ensure_json(&host, FSM, &Record::new(host.now().wall_ms));
