@@ -253,7 +253,10 @@ impl Pending {
         let mut d = std::mem::take(&mut self.long);
         let tick_ms = self.tick_ms.get();
         for (slots, h) in self.slots.iter_mut().zip(&mut d.0) {
-            // Nothing recorded: its max is 0, and only the empty slot 0 is looked at.
+            // Nothing recorded: no slot to look at.
+            if h.count == 0 {
+                continue;
+            }
             let top = usize::try_from(h.max_ms.div_ceil(tick_ms)).unwrap_or(SLOTS);
             for (ticks, n) in (0u64..).zip(slots.iter_mut().take(top.saturating_add(1))) {
                 if *n > 0 {
