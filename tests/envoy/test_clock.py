@@ -152,17 +152,22 @@ class Checker(threading.Thread):
         super().__init__(daemon=True)
         self.gw, self.served, self.stop = gw, [], threading.Event()
         self.paused = threading.Event()
+        # Held while a check is in flight, until its answer is in `served`.
+        self.checking = threading.Lock()
 
     def run(self):
         while not self.stop.is_set():
-            if not self.paused.is_set():
-                self.served.append(fresh_get(self.gw.ports.health, "/health_check.html")[0])
+            with self.checking:
+                if not self.paused.is_set():
+                    self.served.append(fresh_get(self.gw.ports.health, "/health_check.html")[0])
             time.sleep(0.2)
 
     def pause(self):
-        """Until `resume`: the check in flight, if any, has been answered when this returns."""
+        """Until `paused` is cleared: the check in flight, if any, has been answered and
+        recorded when this returns."""
         self.paused.set()
-        time.sleep(0.3)
+        with self.checking:
+            pass
 
 
 @pytest.fixture
@@ -200,7 +205,9 @@ def test_a_step_neither_opens_nor_shuts_the_soft_drain_gate(stepped, checker, st
         time.sleep(0.1)
     lb.paused.clear()
     st = wait_for(lambda: (s := status(gw))["state"] == "CLOSING" and s, 5, what="the flip at the 404")
-    assert 404 in lb.served and st["progress"]["reason"] == "active_zero"
+    # The checker records its answer after the gateway flipped on it.
+    wait_for(lambda: 404 in lb.served, 5, what="the checker served its 404")
+    assert st["progress"]["reason"] == "active_zero"
     assert st["progress"]["drain_duration_ms"] < 5_000, "not held to drain_timeout"
 
 
